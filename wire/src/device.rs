@@ -1,0 +1,71 @@
+//! What a device reports about itself: device info (`device-info/<device>`) and heartbeat
+//! (`device-heartbeat/<device>`). Unknown fields are tolerated so that an older operator reads a newer agent.
+
+use crate::{Architecture, BoundedText, DeviceId, Id128, Timestamp, Version};
+use serde::{Deserialize, Serialize};
+
+/// Something a device's agent and updater can do, advertised so the operator only targets capable devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Capability {
+    /// Agent self-upgrade from `https://` artifacts.
+    AgentUpgradeV1,
+    /// Agent self-upgrade from `oci://` artifacts (needs an updater with OCI support).
+    OciArtifactsV1,
+    /// The built-in `apt full-upgrade` system upgrade task.
+    AptFullUpgradeV1,
+    /// A capability this reader does not know (reported by a newer device).
+    #[serde(other)]
+    Unknown,
+}
+
+/// The operating system, from `/etc/os-release`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OsInfo {
+    /// `ID`, e.g. `debian` or `raspbian`.
+    pub id: BoundedText,
+    /// `VERSION_ID`, e.g. `12`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_id: Option<BoundedText>,
+    /// `PRETTY_NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretty_name: Option<BoundedText>,
+}
+
+/// Device information, published by the agent at start-up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceInfo {
+    /// The device.
+    pub device_id: DeviceId,
+    /// The running agent's compiled version.
+    pub agent_version: Version,
+    /// The device's architecture.
+    pub architecture: Architecture,
+    /// Its operating system.
+    pub os: OsInfo,
+    /// What it can do.
+    pub capabilities: Vec<Capability>,
+    /// The current boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<Id128>,
+    /// When this was published.
+    pub published_at: Timestamp,
+}
+
+/// A liveness beat, published at a fixed interval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Heartbeat {
+    /// The device.
+    pub device_id: DeviceId,
+    /// When it was sent.
+    pub at: Timestamp,
+    /// The running agent's version.
+    pub agent_version: Version,
+    /// The current boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<Id128>,
+    /// Increases by one per beat within one agent process.
+    pub sequence: u64,
+}

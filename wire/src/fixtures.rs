@@ -1,0 +1,214 @@
+//! Fixed example values for tests, golden files and docs. Deterministic: no clock, no randomness.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use crate::*;
+use std::collections::BTreeMap;
+
+pub const DEVICE: &str = "device-1";
+pub const ATTEMPT: &str = "6f1c2b9e-8d0a-4c55-9a77-3f2e1d0c9b8a";
+pub const RUN: &str = "0d9f5a62-3b1e-4f7a-8c2d-5e6f7a8b9c0d";
+pub const BOOT: &str = "4c1f0e2d3b4a59687766554433221100";
+
+/// `2026-11-30T01:00:00Z` plus `secs` seconds.
+pub fn t(secs: u64) -> Timestamp {
+    Timestamp::from_unix_ms((1_796_000_400 + secs) * 1000)
+}
+
+pub fn device() -> DeviceId {
+    DeviceId::try_from(DEVICE).unwrap()
+}
+
+pub fn attempt() -> AgentUpgradeAttempt {
+    AgentUpgradeAttempt {
+        attempt_id: AttemptId::try_from(ATTEMPT).unwrap(),
+        device_id: device(),
+        target_version: Version::try_from("1.2.0").unwrap(),
+        architecture: Architecture::Arm64,
+        artifact: "https://artifacts.example.com/fleet-agent/1.2.0/fleet-agent-arm64"
+            .parse()
+            .unwrap(),
+        byte_limit: ByteLimit::try_from(20 * 1024 * 1024).unwrap(),
+        sha256: Sha256Hex::try_from(
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        )
+        .unwrap(),
+    }
+}
+
+pub fn upgrade_status() -> AgentUpgradeStatus {
+    let a = attempt();
+    let mut s = AgentUpgradeStatus {
+        device_id: device(),
+        attempt_id: Some(a.attempt_id),
+        target_version: Some(a.target_version.clone()),
+        attempt_digest: Some(a.digest()),
+        phase: UpgradePhase::Preparing,
+        reason: None,
+        detail: Some(BoundedText::lossy("downloading")),
+        error: None,
+        attempt_started_at: t(0),
+        phase_changed_at: t(0),
+        drain_duration_ms: None,
+        boot_id: Some(Id128::try_from(BOOT).unwrap()),
+        invocation_id: None,
+        journal_unit: Some(UnitName::try_from("fleet-updater.service").unwrap()),
+        transitions: Transitions::default(),
+    };
+    s.transitions.push(Transition {
+        phase: UpgradePhase::Preparing,
+        at: t(0),
+        reason: None,
+    });
+    s
+}
+
+/// A status that went all the way through a rollback, with every optional field set.
+pub fn failed_status() -> AgentUpgradeStatus {
+    let mut s = upgrade_status();
+    s.enter(UpgradePhase::Stopping, t(30), Some(UpgradeReason::Updater));
+    s.drain_duration_ms = Some(840);
+    s.enter(UpgradePhase::Starting, t(31), None);
+    s.enter(
+        UpgradePhase::RollingBack,
+        t(271),
+        Some(UpgradeReason::StartFailed),
+    );
+    s.enter(
+        UpgradePhase::Failed,
+        t(275),
+        Some(UpgradeReason::StartFailed),
+    );
+    s.detail = Some(BoundedText::lossy("previous agent 1.1.0 restored"));
+    s.error = Some(BoundedText::lossy(
+        "fleet-agent.service did not become ready within 4min",
+    ));
+    s.invocation_id = Some(Id128::try_from("0123456789abcdef0123456789abcdef").unwrap());
+    s
+}
+
+pub fn workload(name: &str) -> WorkloadSpec {
+    let mut w = WorkloadSpec::new(
+        WorkloadName::try_from(name).unwrap(),
+        "localhost/busybox:1.36",
+    )
+    .unwrap();
+    w.command = vec!["httpd".into(), "-f".into(), "-p".into(), "8080".into()];
+    w.env = BTreeMap::from([("MODE".into(), "demo".into())]);
+    w.ports = vec![PortMapping {
+        host_port: 8080,
+        container_port: 8080,
+        protocol: Protocol::Tcp,
+    }];
+    w.volumes = vec![VolumeMount {
+        source: "web-data".into(),
+        target: "/data".into(),
+        read_only: false,
+    }];
+    w.labels = BTreeMap::from([("app".into(), name.into())]);
+    w
+}
+
+pub fn desired_state() -> DesiredState {
+    DesiredState::new(device(), 7, vec![workload("web")]).unwrap()
+}
+
+pub fn workload_status() -> DeviceWorkloadStatus {
+    let w = workload("web");
+    DeviceWorkloadStatus {
+        device_id: device(),
+        generation: 7,
+        at: t(60),
+        workloads: vec![WorkloadStatus {
+            name: w.name.clone(),
+            state: WorkloadState::Running,
+            container_id: Some("3f2a".repeat(16)),
+            spec_digest: Some(w.digest()),
+            error: None,
+        }],
+    }
+}
+
+pub fn device_info() -> DeviceInfo {
+    DeviceInfo {
+        device_id: device(),
+        agent_version: Version::try_from("1.1.0").unwrap(),
+        architecture: Architecture::Arm64,
+        os: OsInfo {
+            id: BoundedText::lossy("debian"),
+            version_id: Some(BoundedText::lossy("12")),
+            pretty_name: Some(BoundedText::lossy("Debian GNU/Linux 12 (bookworm)")),
+        },
+        capabilities: vec![
+            Capability::AgentUpgradeV1,
+            Capability::OciArtifactsV1,
+            Capability::AptFullUpgradeV1,
+        ],
+        boot_id: Some(Id128::try_from(BOOT).unwrap()),
+        published_at: t(1),
+    }
+}
+
+pub fn heartbeat() -> Heartbeat {
+    Heartbeat {
+        device_id: device(),
+        at: t(90),
+        agent_version: Version::try_from("1.1.0").unwrap(),
+        boot_id: Some(Id128::try_from(BOOT).unwrap()),
+        sequence: 3,
+    }
+}
+
+pub fn system_attempt() -> SystemUpgradeAttempt {
+    SystemUpgradeAttempt {
+        run_uid: AttemptId::try_from(RUN).unwrap(),
+        device_id: device(),
+        operation: TaskOperation::AptFullUpgradeV1,
+        expires_at: t(21600),
+    }
+}
+
+pub fn system_status() -> SystemUpgradeStatus {
+    let mut transitions = Transitions::default();
+    transitions.push(Transition {
+        phase: SystemUpgradePhase::Accepted,
+        at: t(10),
+        reason: None,
+    });
+    transitions.push(Transition {
+        phase: SystemUpgradePhase::Upgrading,
+        at: t(11),
+        reason: None,
+    });
+    transitions.push(Transition {
+        phase: SystemUpgradePhase::Rebooting,
+        at: t(400),
+        reason: None,
+    });
+    transitions.push(Transition {
+        phase: SystemUpgradePhase::Succeeded,
+        at: t(460),
+        reason: None,
+    });
+    SystemUpgradeStatus {
+        run_uid: AttemptId::try_from(RUN).unwrap(),
+        device_id: device(),
+        phase: SystemUpgradePhase::Succeeded,
+        reason: None,
+        error: None,
+        accepted_at: t(10),
+        completed_at: Some(t(460)),
+        first_heartbeat_after_completion: Some(t(470)),
+        reboot_required: true,
+        transitions,
+    }
+}
+
+pub fn updater_status() -> UpdaterStatus {
+    UpdaterStatus {
+        updater_version: "0.1.0".into(),
+        boot_id: Some(Id128::try_from(BOOT).unwrap()),
+        recovering: false,
+        agent_upgrade: Some(upgrade_status()),
+        system_upgrade: None,
+    }
+}

@@ -1,0 +1,142 @@
+//! The updater's durable journal phases, their legal transitions and their mapping onto public phases.
+
+use crate::UpgradePhase;
+use serde::{Deserialize, Serialize};
+
+/// A phase the updater persists before acting on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JournalPhase {
+    /// Download, verify, install, probe. Recovery: restore the previous link, record failed, start the previous
+    /// service; a restore or start failure enters rollback-failed.
+    Preparing,
+    /// Stop, switch, start. Recovery: record rolling-back, restore the previous link, stop, start the previous.
+    Activating,
+    /// The target became ready. Recovery: keep the target.
+    Committed,
+    /// Restoring the previous agent. Recovery: restore the previous link and repeat stop/start.
+    RollingBack,
+    /// The attempt failed; the previous agent is active. Recovery: keep it; no automatic retry.
+    Failed,
+    /// Quarantine. Recovery: refuse every new attempt until direct root repair.
+    RollbackFailed,
+}
+
+/// Where an `activating` cutover is, which decides its public phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CutoverStep {
+    /// Waiting for systemd to stop the old agent.
+    Stopping,
+    /// The link is switched; waiting for the new agent's readiness.
+    Starting,
+}
+
+impl JournalPhase {
+    /// Every phase, for table tests and docs.
+    pub const ALL: [JournalPhase; 6] = [
+        Self::Preparing,
+        Self::Activating,
+        Self::Committed,
+        Self::RollingBack,
+        Self::Failed,
+        Self::RollbackFailed,
+    ];
+
+    /// The legal transitions of the journal state machine.
+    pub fn can_move_to(self, next: JournalPhase) -> bool {
+        use JournalPhase::*;
+        matches!(
+            (self, next),
+            (Preparing, Activating | Failed | RollbackFailed)
+                | (Activating, Committed | RollingBack)
+                | (RollingBack, RollingBack | Failed | RollbackFailed)
+        )
+    }
+
+    /// True when the attempt is over; a new attempt may start unless quarantined.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Committed | Self::Failed | Self::RollbackFailed)
+    }
+
+    /// True when a new attempt may replace this journal.
+    pub fn accepts_new_attempt(self) -> bool {
+        matches!(self, Self::Committed | Self::Failed)
+    }
+
+    /// The public phase, given where an `activating` cutover is.
+    pub fn public(self, step: CutoverStep) -> UpgradePhase {
+        match self {
+            Self::Preparing => UpgradePhase::Preparing,
+            Self::Activating => match step {
+                CutoverStep::Stopping => UpgradePhase::Stopping,
+                CutoverStep::Starting => UpgradePhase::Starting,
+            },
+            Self::Committed => UpgradePhase::Complete,
+            Self::RollingBack => UpgradePhase::RollingBack,
+            Self::Failed => UpgradePhase::Failed,
+            Self::RollbackFailed => UpgradePhase::RollbackFailed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JournalPhase::*;
+    use super::*;
+
+    /// The whole transition table, written out: a change to the state machine must change this test.
+    #[test]
+    fn transition_table() {
+        let legal = [
+            (Preparing, Activating),
+            (Preparing, Failed),
+            (Preparing, RollbackFailed),
+            (Activating, Committed),
+            (Activating, RollingBack),
+            (RollingBack, RollingBack),
+            (RollingBack, Failed),
+            (RollingBack, RollbackFailed),
+        ];
+        for from in JournalPhase::ALL {
+            for to in JournalPhase::ALL {
+                assert_eq!(
+                    from.can_move_to(to),
+                    legal.contains(&(from, to)),
+                    "{from:?} -> {to:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn public_mapping_and_gates() {
+        assert_eq!(
+            Activating.public(CutoverStep::Stopping),
+            UpgradePhase::Stopping
+        );
+        assert_eq!(
+            Activating.public(CutoverStep::Starting),
+            UpgradePhase::Starting
+        );
+        assert_eq!(
+            Committed.public(CutoverStep::Stopping),
+            UpgradePhase::Complete
+        );
+        assert_eq!(
+            RollbackFailed.public(CutoverStep::Starting),
+            UpgradePhase::RollbackFailed
+        );
+        assert!(
+            !RollbackFailed.accepts_new_attempt()
+                && Failed.accepts_new_attempt()
+                && !Preparing.accepts_new_attempt()
+        );
+        for p in JournalPhase::ALL {
+            assert_eq!(
+                p.is_terminal(),
+                JournalPhase::ALL.iter().all(|n| !p.can_move_to(*n))
+            );
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! NATS JetStream KV layout: bucket names, who writes them, and key builders. `docs/kv-layout.md` is checked
+//! against [`BUCKETS`] by a test.
+
+use crate::{AttemptId, DeviceId, ValidationError};
+use std::time::Duration;
+
+/// Device information, key `<device-id>`; written by the agent.
+pub const DEVICE_INFO: &str = "device-info";
+/// Heartbeats, key `<device-id>`; written by the agent.
+pub const DEVICE_HEARTBEAT: &str = "device-heartbeat";
+/// Desired Podman workloads, key `<device-id>`; written by the operator.
+pub const DESIRED_STATE: &str = "device-desired-state";
+/// Workload status, key `<device-id>`; written by the agent.
+pub const WORKLOAD_STATUS: &str = "device-workload-status";
+/// Agent-upgrade intent (`AgentUpgradeAttempt`), key `<device-id>`; CAS-written by the operator.
+pub const AGENT_UPGRADE_INTENT: &str = "agent-upgrade-intent";
+/// Agent-upgrade status, key `<device-id>`; written by the agent from the updater's journal.
+pub const AGENT_UPGRADE_STATUS: &str = "agent-upgrade-status";
+/// System-upgrade intent, key `<device-id>.<run-uid>`; written by the operator, removed when terminal.
+pub const SYSTEM_UPGRADE_INTENT: &str = "system-upgrade-intent";
+/// System-upgrade status, key `<device-id>.<run-uid>`; written by the agent; kept for bounded diagnostics.
+pub const SYSTEM_UPGRADE_STATUS: &str = "system-upgrade-status";
+/// Frozen task-run target plans, key `<run-uid>`; created atomically by the operator.
+pub const TASK_PLANS: &str = "task-plans";
+/// FleetLock holders for the HA store, key `<group>`; written by fleetlock-server replicas with CAS.
+pub const FLEETLOCK: &str = "fleetlock";
+
+/// How a bucket's keys are formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyShape {
+    /// `<device-id>`
+    Device,
+    /// `<device-id>.<run-uid>`
+    DeviceRun,
+    /// `<run-uid>`
+    Run,
+    /// `<group>` (FleetLock group name)
+    Group,
+}
+
+impl KeyShape {
+    /// The pattern as written in the docs.
+    pub fn pattern(self) -> &'static str {
+        match self {
+            Self::Device => "<device-id>",
+            Self::DeviceRun => "<device-id>.<run-uid>",
+            Self::Run => "<run-uid>",
+            Self::Group => "<group>",
+        }
+    }
+}
+
+/// One bucket of the layout and its settings. Buckets are file-backed and keep one value per key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketSpec {
+    /// Bucket name.
+    pub name: &'static str,
+    /// Key shape.
+    pub key: KeyShape,
+    /// Who writes it.
+    pub writer: &'static str,
+    /// Largest value in bytes.
+    pub max_value_bytes: i32,
+    /// Values older than this are removed by JetStream (`None`: kept).
+    pub max_age: Option<Duration>,
+}
+
+const MIB: i32 = 1024 * 1024;
+
+/// The whole layout. The operator creates these buckets; agents only open them.
+pub const BUCKETS: &[BucketSpec] = &[
+    BucketSpec {
+        name: DEVICE_INFO,
+        key: KeyShape::Device,
+        writer: "agent",
+        max_value_bytes: 64 * 1024,
+        max_age: None,
+    },
+    BucketSpec {
+        name: DEVICE_HEARTBEAT,
+        key: KeyShape::Device,
+        writer: "agent",
+        max_value_bytes: 4096,
+        max_age: None,
+    },
+    BucketSpec {
+        name: DESIRED_STATE,
+        key: KeyShape::Device,
+        writer: "operator",
+        max_value_bytes: MIB,
+        max_age: None,
+    },
+    BucketSpec {
+        name: WORKLOAD_STATUS,
+        key: KeyShape::Device,
+        writer: "agent",
+        max_value_bytes: MIB,
+        max_age: None,
+    },
+    BucketSpec {
+        name: AGENT_UPGRADE_INTENT,
+        key: KeyShape::Device,
+        writer: "operator (CAS)",
+        max_value_bytes: 64 * 1024,
+        max_age: None,
+    },
+    BucketSpec {
+        name: AGENT_UPGRADE_STATUS,
+        key: KeyShape::Device,
+        writer: "agent",
+        max_value_bytes: 64 * 1024,
+        max_age: None,
+    },
+    BucketSpec {
+        name: SYSTEM_UPGRADE_INTENT,
+        key: KeyShape::DeviceRun,
+        writer: "operator",
+        max_value_bytes: 4096,
+        max_age: Some(Duration::from_secs(30 * 24 * 3600)),
+    },
+    BucketSpec {
+        name: SYSTEM_UPGRADE_STATUS,
+        key: KeyShape::DeviceRun,
+        writer: "agent",
+        max_value_bytes: 64 * 1024,
+        max_age: Some(Duration::from_secs(90 * 24 * 3600)),
+    },
+    BucketSpec {
+        name: TASK_PLANS,
+        key: KeyShape::Run,
+        writer: "operator",
+        max_value_bytes: MIB,
+        max_age: Some(Duration::from_secs(90 * 24 * 3600)),
+    },
+    BucketSpec {
+        name: FLEETLOCK,
+        key: KeyShape::Group,
+        writer: "fleetlock-server (CAS)",
+        max_value_bytes: 64 * 1024,
+        max_age: None,
+    },
+];
+
+/// Buckets the agent must be able to open before it is ready.
+pub const AGENT_REQUIRED_BUCKETS: &[&str] = &[
+    DEVICE_INFO,
+    DEVICE_HEARTBEAT,
+    DESIRED_STATE,
+    WORKLOAD_STATUS,
+    AGENT_UPGRADE_INTENT,
+    AGENT_UPGRADE_STATUS,
+    SYSTEM_UPGRADE_INTENT,
+    SYSTEM_UPGRADE_STATUS,
+];
+
+/// The spec of bucket `name`, if it is part of the layout.
+pub fn bucket(name: &str) -> Option<&'static BucketSpec> {
+    BUCKETS.iter().find(|b| b.name == name)
+}
+
+/// Key `<device-id>`.
+pub fn device_key(device: &DeviceId) -> String {
+    device.as_str().to_owned()
+}
+
+/// Key `<device-id>.<run-uid>`.
+pub fn run_key(device: &DeviceId, run: &AttemptId) -> String {
+    format!("{device}.{run}")
+}
+
+/// The KV watch filter for every run key of one device: `<device-id>.>`.
+pub fn device_runs_filter(device: &DeviceId) -> String {
+    format!("{device}.>")
+}
+
+/// Splits a `<device-id>.<run-uid>` key, validating both parts.
+pub fn parse_run_key(key: &str) -> Result<(DeviceId, AttemptId), ValidationError> {
+    let (d, r) = key.split_once('.').ok_or_else(|| {
+        ValidationError::new("run key", format!("{key:?} is not <device-id>.<run-uid>"))
+    })?;
+    Ok((DeviceId::try_from(d)?, AttemptId::try_from(r)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_names_are_valid_and_unique() {
+        let mut names: Vec<&str> = BUCKETS.iter().map(|b| b.name).collect();
+        assert!(names.iter().all(|n| n
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), BUCKETS.len());
+        assert!(AGENT_REQUIRED_BUCKETS.iter().all(|n| bucket(n).is_some()));
+    }
+
+    #[test]
+    fn run_keys_round_trip() {
+        let d = DeviceId::try_from("device-1").expect("id");
+        let r = AttemptId::new_random();
+        let k = run_key(&d, &r);
+        assert_eq!(parse_run_key(&k), Ok((d.clone(), r)));
+        assert_eq!(device_runs_filter(&d), "device-1.>");
+        assert!(parse_run_key("device-1").is_err());
+        assert!(parse_run_key("a.b.c").is_err());
+    }
+}

@@ -1,0 +1,42 @@
+//! `fleet-wire`: every contract that crosses a process or a network boundary in Harmony Fleet.
+//!
+//! Types validate in their constructors and on deserialization, so a value of a type here is valid by
+//! construction. Canonical digests, KV bucket and key names, the updater socket protocol and the limits table
+//! live here too. This crate does no I/O beyond reading and writing frames on a caller's reader or writer.
+
+pub mod artifact;
+pub mod device;
+pub mod digest;
+mod error;
+#[doc(hidden)]
+pub mod fixtures;
+pub mod ids;
+pub mod journal;
+pub mod kv;
+pub mod limits;
+pub mod socket;
+pub mod status;
+pub mod tasks;
+pub mod text;
+pub mod time;
+pub mod upgrade;
+pub mod workload;
+
+pub use artifact::{Artifact, HttpsUrl, OciReference};
+pub use device::{Capability, DeviceInfo, Heartbeat, OsInfo};
+pub use error::ValidationError;
+pub use ids::{Architecture, AttemptId, DeviceId, Id128, Sha256Hex, UnitName, Version};
+pub use journal::{CutoverStep, JournalPhase};
+pub use socket::{ErrorCode, Request, RequestFrame, Response, ResponseFrame, UpdaterStatus};
+pub use status::{AgentUpgradeStatus, Transition, UpgradePhase, UpgradeReason};
+pub use tasks::{
+    SystemUpgradeAttempt, SystemUpgradePhase, SystemUpgradeReason, SystemUpgradeStatus,
+    TaskOperation,
+};
+pub use text::{BoundedText, Transitions};
+pub use time::Timestamp;
+pub use upgrade::{AgentUpgradeAttempt, ByteLimit};
+pub use workload::{
+    DesiredState, DeviceWorkloadStatus, PortMapping, Protocol, RestartPolicy, VolumeMount,
+    WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
+};

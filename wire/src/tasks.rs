@@ -1,0 +1,121 @@
+//! Fleet tasks on the device: the system-upgrade attempt (`system-upgrade-intent/<device>.<run-uid>`) and its
+//! status (`system-upgrade-status/<device>.<run-uid>`).
+
+use crate::status::Transition;
+use crate::{AttemptId, BoundedText, DeviceId, Timestamp, Transitions, ValidationError};
+use serde::{Deserialize, Serialize};
+
+/// A built-in task operation. The API carries no package names, repositories, commands or reboot arguments:
+/// apt, dpkg, repository and reboot policy are compiled into the updater.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TaskOperation {
+    /// `apt-get update` + `apt-get full-upgrade` non-interactively, then a coordinated reboot when required.
+    AptFullUpgradeV1,
+}
+
+/// One system-upgrade attempt for one device. The task run's UID is the attempt id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SystemUpgradeAttempt {
+    /// The TaskRun's UID, which is also this attempt's id.
+    pub run_uid: AttemptId,
+    /// The device.
+    pub device_id: DeviceId,
+    /// What to run.
+    pub operation: TaskOperation,
+    /// The run's deadline: an attempt not accepted by then never starts. It does not interrupt apt once accepted.
+    pub expires_at: Timestamp,
+}
+
+impl SystemUpgradeAttempt {
+    /// Rejects an attempt for another device or one that has expired at `now`.
+    pub fn check_startable(
+        &self,
+        device: &DeviceId,
+        now: Timestamp,
+    ) -> Result<(), ValidationError> {
+        if &self.device_id != device {
+            return Err(ValidationError::new(
+                "device id",
+                format!("attempt is for device {:?}", self.device_id.as_str()),
+            ));
+        }
+        if now >= self.expires_at {
+            return Err(ValidationError::new(
+                "expiresAt",
+                format!("the attempt expired at {}", self.expires_at),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Phase of a system upgrade on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SystemUpgradePhase {
+    /// The updater accepted the attempt and journaled it.
+    Accepted,
+    /// apt/dpkg are running.
+    Upgrading,
+    /// Packages are upgraded; waiting for a coordinated reboot slot or rebooting.
+    Rebooting,
+    /// Done (and rebooted when required).
+    Succeeded,
+    /// Failed; see reason and error.
+    Failed,
+}
+
+impl SystemUpgradePhase {
+    /// True when nothing further happens to the attempt.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+}
+
+/// Why a system upgrade failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SystemUpgradeReason {
+    /// The attempt reached the device after `expiresAt`.
+    Expired,
+    /// The attempt was invalid or for another device.
+    Rejected,
+    /// apt or dpkg exited non-zero.
+    AptFailed,
+    /// The updater was interrupted and could not resume.
+    Interrupted,
+    /// The coordinated reboot did not happen.
+    RebootFailed,
+}
+
+/// Status of one system-upgrade attempt, published by the agent from the updater's journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SystemUpgradeStatus {
+    /// The TaskRun's UID (the attempt id).
+    pub run_uid: AttemptId,
+    /// The device.
+    pub device_id: DeviceId,
+    /// Current phase.
+    pub phase: SystemUpgradePhase,
+    /// Why, for `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<SystemUpgradeReason>,
+    /// The latest error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<BoundedText>,
+    /// When the updater accepted the attempt.
+    pub accepted_at: Timestamp,
+    /// When the updater finished (succeeded or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Timestamp>,
+    /// The agent's first heartbeat after the updater completed; success counts only if it precedes the deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_heartbeat_after_completion: Option<Timestamp>,
+    /// Whether the upgrade required a reboot.
+    #[serde(default)]
+    pub reboot_required: bool,
+    /// The most recent transitions, oldest first, at most 16.
+    pub transitions: Transitions<Transition<SystemUpgradePhase>>,
+}

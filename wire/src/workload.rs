@@ -1,0 +1,462 @@
+//! Podman workloads: the desired state the operator writes to `device-desired-state/<device>`, the labels the
+//! agent puts on the containers it owns, and the workload status it reports to `device-workload-status/<device>`.
+
+use crate::digest::canonical_digest;
+use crate::error::shown;
+use crate::{BoundedText, DeviceId, Sha256Hex, Timestamp, ValidationError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Domain tag of [`WorkloadSpec::digest`].
+pub const WORKLOAD_DIGEST_DOMAIN: &str = "harmony-fleet/workload-spec/v1";
+/// Most workloads on one device.
+pub const MAX_WORKLOADS: usize = 64;
+/// Prefix reserved for labels the agent sets; desired-state labels may not use it.
+pub const RESERVED_LABEL_PREFIX: &str = "io.nationtech.fleet.";
+/// Label marking a container as owned by the agent (value `"true"`). Containers without it are never touched.
+pub const LABEL_MANAGED: &str = "io.nationtech.fleet.managed";
+/// Label carrying the workload name.
+pub const LABEL_WORKLOAD: &str = "io.nationtech.fleet.workload";
+/// Label carrying the device id.
+pub const LABEL_DEVICE: &str = "io.nationtech.fleet.device";
+/// Label carrying [`WorkloadSpec::digest`]; a differing digest means the container must be replaced.
+pub const LABEL_SPEC_DIGEST: &str = "io.nationtech.fleet.spec-digest";
+/// Label carrying the label schema version, so older agents can read containers created by newer ones.
+pub const LABEL_SCHEMA: &str = "io.nationtech.fleet.schema";
+/// Current value of [`LABEL_SCHEMA`].
+pub const LABEL_SCHEMA_VERSION: &str = "1";
+
+/// The complete desired state of one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    try_from = "RawDesiredState"
+)]
+pub struct DesiredState {
+    /// The device.
+    pub device_id: DeviceId,
+    /// Increases with every change the operator makes.
+    pub generation: u64,
+    /// The workloads, unique by name, at most [`MAX_WORKLOADS`].
+    pub workloads: Vec<WorkloadSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawDesiredState {
+    device_id: DeviceId,
+    generation: u64,
+    workloads: Vec<WorkloadSpec>,
+}
+
+impl TryFrom<RawDesiredState> for DesiredState {
+    type Error = ValidationError;
+    fn try_from(r: RawDesiredState) -> Result<Self, ValidationError> {
+        DesiredState::new(r.device_id, r.generation, r.workloads)
+    }
+}
+
+impl DesiredState {
+    /// Builds a desired state, checking the workload count and name uniqueness.
+    pub fn new(
+        device_id: DeviceId,
+        generation: u64,
+        workloads: Vec<WorkloadSpec>,
+    ) -> Result<Self, ValidationError> {
+        if workloads.len() > MAX_WORKLOADS {
+            return Err(ValidationError::new(
+                "desired state",
+                format!("more than {MAX_WORKLOADS} workloads"),
+            ));
+        }
+        let mut names: Vec<&str> = workloads.iter().map(|w| w.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ValidationError::new(
+                "desired state",
+                format!("workload name {:?} appears twice", w[0]),
+            ));
+        }
+        Ok(Self {
+            device_id,
+            generation,
+            workloads,
+        })
+    }
+}
+
+/// A workload name: a DNS-1123 label, used in the container name `fleet-<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct WorkloadName(String);
+
+impl TryFrom<String> for WorkloadName {
+    type Error = ValidationError;
+    fn try_from(s: String) -> Result<Self, ValidationError> {
+        // Same alphabet as device ids: it ends up in container names, labels and KV values.
+        crate::DeviceId::try_from(s.as_str())
+            .map(|_| Self(s.clone()))
+            .map_err(|e| ValidationError::new("workload name", e.reason))
+    }
+}
+impl TryFrom<&str> for WorkloadName {
+    type Error = ValidationError;
+    fn try_from(s: &str) -> Result<Self, ValidationError> {
+        Self::try_from(s.to_owned())
+    }
+}
+impl From<WorkloadName> for String {
+    fn from(n: WorkloadName) -> String {
+        n.0
+    }
+}
+impl WorkloadName {
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// The Podman container name the agent gives this workload.
+    pub fn container_name(&self) -> String {
+        format!("fleet-{}", self.0)
+    }
+}
+
+/// When Podman restarts a workload's container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Never.
+    No,
+    /// Always, including after a reboot of Podman's restart service.
+    #[default]
+    Always,
+    /// When it exits non-zero.
+    OnFailure,
+    /// Unless stopped by a person.
+    UnlessStopped,
+}
+
+impl RestartPolicy {
+    /// Podman's name for the policy.
+    pub fn podman_name(self) -> &'static str {
+        match self {
+            Self::No => "no",
+            Self::Always => "always",
+            Self::OnFailure => "on-failure",
+            Self::UnlessStopped => "unless-stopped",
+        }
+    }
+}
+
+/// A port protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP.
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+/// A published port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortMapping {
+    /// Port on the device (1–65535).
+    pub host_port: u16,
+    /// Port in the container (1–65535).
+    pub container_port: u16,
+    /// TCP or UDP.
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+/// A mount: a named Podman volume or an absolute host path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeMount {
+    /// A volume name (`[A-Za-z0-9][A-Za-z0-9_.-]*`) or an absolute host path without `..`.
+    pub source: String,
+    /// Absolute path in the container without `..`.
+    pub target: String,
+    /// Mount read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// One Podman workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    try_from = "RawWorkloadSpec"
+)]
+pub struct WorkloadSpec {
+    /// Unique on the device.
+    pub name: WorkloadName,
+    /// Image reference, pulled by Podman.
+    pub image: String,
+    /// Command and arguments; empty = the image's default.
+    pub command: Vec<String>,
+    /// Environment variables.
+    pub env: BTreeMap<String, String>,
+    /// Published ports.
+    pub ports: Vec<PortMapping>,
+    /// Mounts.
+    pub volumes: Vec<VolumeMount>,
+    /// Restart policy.
+    pub restart_policy: RestartPolicy,
+    /// Extra container labels (not under [`RESERVED_LABEL_PREFIX`]).
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawWorkloadSpec {
+    name: WorkloadName,
+    image: String,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    ports: Vec<PortMapping>,
+    #[serde(default)]
+    volumes: Vec<VolumeMount>,
+    #[serde(default)]
+    restart_policy: RestartPolicy,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+impl TryFrom<RawWorkloadSpec> for WorkloadSpec {
+    type Error = ValidationError;
+    fn try_from(r: RawWorkloadSpec) -> Result<Self, ValidationError> {
+        let spec = WorkloadSpec {
+            name: r.name,
+            image: r.image,
+            command: r.command,
+            env: r.env,
+            ports: r.ports,
+            volumes: r.volumes,
+            restart_policy: r.restart_policy,
+            labels: r.labels,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+fn clean_path(p: &str) -> bool {
+    p.starts_with('/')
+        && p.len() <= 4096
+        && !p.split('/').any(|c| c == "..")
+        && !p.chars().any(char::is_control)
+}
+
+impl WorkloadSpec {
+    /// A spec with defaults for everything but name and image.
+    pub fn new(name: WorkloadName, image: impl Into<String>) -> Result<Self, ValidationError> {
+        let spec = WorkloadSpec {
+            name,
+            image: image.into(),
+            command: vec![],
+            env: BTreeMap::new(),
+            ports: vec![],
+            volumes: vec![],
+            restart_policy: RestartPolicy::default(),
+            labels: BTreeMap::new(),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks every field; every constructor and deserialization calls it.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let err = |why: String| {
+            Err(ValidationError::new(
+                "workload",
+                format!("{}: {why}", self.name.as_str()),
+            ))
+        };
+        let printable = |s: &str| {
+            !s.is_empty() && s.len() <= 512 && s.bytes().all(|b| (0x21..0x7f).contains(&b))
+        };
+        if !printable(&self.image) {
+            return err(format!(
+                "image {} must be 1–512 printable ASCII characters",
+                shown(&self.image)
+            ));
+        }
+        if self.command.len() > 64
+            || self
+                .command
+                .iter()
+                .any(|a| a.len() > 4096 || a.contains('\0'))
+        {
+            return err("command has more than 64 arguments, one over 4096 bytes, or a NUL".into());
+        }
+        if self.env.len() > 128 {
+            return err("more than 128 environment variables".into());
+        }
+        for (k, v) in &self.env {
+            let name_ok = k
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && k.len() <= 256
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !name_ok || v.len() > 32 * 1024 || v.contains('\0') {
+                return err(format!("environment variable {} is invalid", shown(k)));
+            }
+        }
+        if self.ports.len() > 64
+            || self
+                .ports
+                .iter()
+                .any(|p| p.host_port == 0 || p.container_port == 0)
+        {
+            return err("ports must be 1–65535, at most 64 mappings".into());
+        }
+        for v in &self.volumes {
+            let named = v
+                .source
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric())
+                && v.source.len() <= 255
+                && v.source
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+            if !(named || clean_path(&v.source)) || !clean_path(&v.target) {
+                return err(format!(
+                    "volume {} -> {} is invalid",
+                    shown(&v.source),
+                    shown(&v.target)
+                ));
+            }
+        }
+        if self.volumes.len() > 64 || self.labels.len() > 64 {
+            return err("at most 64 volumes and 64 labels".into());
+        }
+        for (k, v) in &self.labels {
+            if k.is_empty()
+                || k.len() > 253
+                || v.len() > 1024
+                || k.starts_with(RESERVED_LABEL_PREFIX)
+            {
+                return err(format!("label {} is invalid or reserved", shown(k)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Canonical digest of the spec; stored on the container as [`LABEL_SPEC_DIGEST`].
+    pub fn digest(&self) -> Sha256Hex {
+        canonical_digest(WORKLOAD_DIGEST_DOMAIN, self)
+    }
+}
+
+/// What a workload's container is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadState {
+    /// Running with the desired spec.
+    Running,
+    /// Created or starting.
+    Starting,
+    /// Exited (and not being restarted).
+    Exited,
+    /// No container exists yet.
+    Missing,
+    /// The last reconcile of this workload failed; see `error`.
+    Failed,
+}
+
+/// Status of one workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    /// The workload.
+    pub name: WorkloadName,
+    /// Its state.
+    pub state: WorkloadState,
+    /// The Podman container id, when one exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// Digest of the spec the container was created from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_digest: Option<Sha256Hex>,
+    /// The latest error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<BoundedText>,
+}
+
+/// Status of every workload on a device, published at a fixed interval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceWorkloadStatus {
+    /// The device.
+    pub device_id: DeviceId,
+    /// The desired-state generation last applied.
+    pub generation: u64,
+    /// When this was measured.
+    pub at: Timestamp,
+    /// One entry per desired or owned workload.
+    pub workloads: Vec<WorkloadStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures;
+
+    #[test]
+    fn validation() {
+        let ok = fixtures::workload("web");
+        assert!(ok.validate().is_ok());
+        let mut bad = ok.clone();
+        bad.labels.insert(LABEL_MANAGED.into(), "false".into());
+        assert!(bad.validate().is_err(), "reserved label");
+        let mut bad = ok.clone();
+        bad.volumes.push(VolumeMount {
+            source: "/srv/../etc".into(),
+            target: "/x".into(),
+            read_only: false,
+        });
+        assert!(bad.validate().is_err(), "dot-dot");
+        let mut bad = ok.clone();
+        bad.env.insert("BAD-NAME".into(), "x".into());
+        assert!(bad.validate().is_err(), "env name");
+        let mut bad = ok.clone();
+        bad.image = "two words".into();
+        assert!(bad.validate().is_err(), "image");
+        assert!(WorkloadName::try_from("Web").is_err());
+    }
+
+    #[test]
+    fn desired_state_rejects_duplicates_and_defaults_fields() {
+        let d = fixtures::device();
+        let dup = DesiredState::new(
+            d.clone(),
+            1,
+            vec![fixtures::workload("a"), fixtures::workload("a")],
+        );
+        assert!(dup.is_err());
+        let json = r#"{"deviceId":"device-1","generation":3,"workloads":[{"name":"a","image":"localhost/busybox:1"}]}"#;
+        let s: DesiredState = serde_json::from_str(json).expect("minimal spec");
+        assert_eq!(s.workloads[0].restart_policy, RestartPolicy::Always);
+        let bad = r#"{"deviceId":"device-1","generation":3,"workloads":[{"name":"a","image":"x","labels":{"io.nationtech.fleet.managed":"no"}}]}"#;
+        assert!(serde_json::from_str::<DesiredState>(bad).is_err());
+    }
+
+    #[test]
+    fn digest_changes_with_the_spec() {
+        let a = fixtures::workload("a");
+        let mut b = a.clone();
+        b.env.insert("X".into(), "1".into());
+        assert_ne!(a.digest(), b.digest());
+    }
+}

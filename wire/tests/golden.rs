@@ -1,0 +1,141 @@
+//! Golden files pin every wire shape: a change to a serialization must change a file under `tests/golden/`.
+//! `UPDATE_GOLDEN=1 cargo test -p fleet-wire --test golden` rewrites them; review the diff.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_wire::socket::{
+    ErrorCode, Request, RequestFrame, Response, ResponseFrame, PROTOCOL_VERSION,
+};
+use fleet_wire::*;
+use serde::{de::DeserializeOwned, Serialize};
+use std::fmt::Debug;
+use std::path::PathBuf;
+
+fn check<T: Serialize + DeserializeOwned + PartialEq + Debug>(name: &str, value: &T) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.json"));
+    let json = serde_json::to_string_pretty(value).unwrap() + "\n";
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &json).unwrap();
+    }
+    let golden = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create it)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        json, golden,
+        "{name}: serialization changed; if intended, UPDATE_GOLDEN=1 and review"
+    );
+    let back: T = serde_json::from_str(&golden)
+        .unwrap_or_else(|e| panic!("{name}: golden does not parse: {e}"));
+    assert_eq!(&back, value, "{name}: round trip");
+}
+
+fn request(request: Request) -> RequestFrame {
+    RequestFrame {
+        protocol: PROTOCOL_VERSION,
+        request,
+    }
+}
+fn response(response: Response) -> ResponseFrame {
+    ResponseFrame {
+        protocol: PROTOCOL_VERSION,
+        response,
+    }
+}
+
+#[test]
+fn agent_upgrade_shapes() {
+    check("agent-upgrade-attempt", &fixtures::attempt());
+    let mut oci = fixtures::attempt();
+    oci.artifact = format!(
+        "oci://registry.example.com/harmony/fleet-agent:1.2.0@sha256:{}",
+        "c".repeat(64)
+    )
+    .parse()
+    .unwrap();
+    check("agent-upgrade-attempt-oci", &oci);
+    check(
+        "agent-upgrade-status-preparing",
+        &fixtures::upgrade_status(),
+    );
+    check("agent-upgrade-status-failed", &fixtures::failed_status());
+}
+
+/// The canonical digest is part of the contract: agent and updater of different releases must agree on it.
+#[test]
+fn attempt_digest_is_pinned() {
+    assert_eq!(
+        fixtures::attempt().digest().as_str(),
+        include_str!("golden/agent-upgrade-attempt.digest").trim()
+    );
+    assert_eq!(
+        fixtures::workload("web").digest().as_str(),
+        include_str!("golden/workload-spec.digest").trim()
+    );
+}
+
+#[test]
+fn socket_shapes() {
+    check("socket-request-status", &request(Request::Status {}));
+    check(
+        "socket-request-upgrade",
+        &request(Request::Upgrade {
+            attempt: fixtures::attempt(),
+        }),
+    );
+    check(
+        "socket-request-system-upgrade",
+        &request(Request::SystemUpgrade {
+            attempt: fixtures::system_attempt(),
+        }),
+    );
+    check(
+        "socket-response-status",
+        &response(Response::Status {
+            status: fixtures::updater_status(),
+        }),
+    );
+    check(
+        "socket-response-accepted",
+        &response(Response::Accepted {
+            status: fixtures::updater_status(),
+        }),
+    );
+    check(
+        "socket-response-error",
+        &response(Response::error(
+            ErrorCode::Conflict,
+            "attempt 6f1c… was accepted with other content",
+        )),
+    );
+}
+
+#[test]
+fn task_shapes() {
+    check("system-upgrade-attempt", &fixtures::system_attempt());
+    check("system-upgrade-status", &fixtures::system_status());
+}
+
+#[test]
+fn device_and_workload_shapes() {
+    check("device-info", &fixtures::device_info());
+    check("heartbeat", &fixtures::heartbeat());
+    check("desired-state", &fixtures::desired_state());
+    check("workload-status", &fixtures::workload_status());
+}
+
+/// Older readers must cope with newer devices: unknown fields and capabilities in device info are tolerated.
+#[test]
+fn device_info_tolerates_newer_writers() {
+    let mut v = serde_json::to_value(fixtures::device_info()).unwrap();
+    v["futureField"] = serde_json::json!({"x": 1});
+    v["capabilities"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!("TeleportV9"));
+    let info: DeviceInfo = serde_json::from_value(v).expect("tolerant");
+    assert_eq!(info.capabilities.last(), Some(&Capability::Unknown));
+}
