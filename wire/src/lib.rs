@@ -14,6 +14,7 @@ pub mod ids;
 pub mod journal;
 pub mod kv;
 pub mod limits;
+pub mod probe;
 pub mod socket;
 pub mod status;
 pub mod tasks;
@@ -27,6 +28,7 @@ pub use device::{Capability, DeviceInfo, Heartbeat, OsInfo};
 pub use error::ValidationError;
 pub use ids::{Architecture, AttemptId, DeviceId, Id128, Sha256Hex, UnitName, Version};
 pub use journal::{CutoverStep, JournalPhase};
+pub use probe::{SelfTestCheck, SelfTestReport};
 pub use socket::{ErrorCode, Request, RequestFrame, Response, ResponseFrame, UpdaterStatus};
 pub use status::{AgentUpgradeStatus, Transition, UpgradePhase, UpgradeReason};
 pub use tasks::{

@@ -114,6 +114,27 @@ fn socket_shapes() {
 }
 
 #[test]
+fn self_test_report_shape() {
+    let report = SelfTestReport {
+        version: Version::try_from("1.2.0").unwrap(),
+        passed: false,
+        checks: vec![
+            SelfTestCheck {
+                name: "config".into(),
+                ok: true,
+                error: None,
+            },
+            SelfTestCheck {
+                name: "nats".into(),
+                ok: false,
+                error: Some(BoundedText::lossy("connection refused")),
+            },
+        ],
+    };
+    check("self-test-report", &report);
+}
+
+#[test]
 fn task_shapes() {
     check("system-upgrade-attempt", &fixtures::system_attempt());
     check("system-upgrade-status", &fixtures::system_status());

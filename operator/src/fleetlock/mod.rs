@@ -1,0 +1,1 @@
+//! The FleetLock coordinated-reboot lock server (being built).

@@ -1,0 +1,1 @@
+//! Fetching candidate artifacts over HTTPS and from OCI registries (being built).

@@ -1,0 +1,1 @@
+//! The coordinated-reboot client (FleetLock) used by system upgrades and by its own timer (being built).
