@@ -212,3 +212,31 @@ pub fn updater_status() -> UpdaterStatus {
         system_upgrade: None,
     }
 }
+
+pub fn task_plan() -> TaskPlan {
+    let d = |s: &str| DeviceId::try_from(s).unwrap();
+    TaskPlan::new(
+        AttemptId::try_from(RUN).unwrap(),
+        TaskOperation::AptFullUpgradeV1,
+        t(21600),
+        vec![d("device-1")],
+        vec![d("device-2"), d("device-3")],
+        t(5),
+    )
+    .unwrap()
+}
+
+pub fn task_run_status() -> TaskRunStatus {
+    TaskRunStatus {
+        phase: Some(TaskRunPhase::Failed),
+        targets: 3,
+        succeeded: 0,
+        failed: 1,
+        start_time: Some(t(5)),
+        completion_time: Some(t(700)),
+        reason: Some(TaskRunReason::CanaryFailed),
+        latest_error: Some(BoundedText::lossy(
+            "device-1: apt-get full-upgrade exited with 100",
+        )),
+    }
+}

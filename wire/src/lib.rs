@@ -10,6 +10,7 @@ pub mod digest;
 mod error;
 #[doc(hidden)]
 pub mod fixtures;
+pub mod fleetlock;
 pub mod ids;
 pub mod journal;
 pub mod kv;
@@ -17,6 +18,7 @@ pub mod limits;
 pub mod probe;
 pub mod socket;
 pub mod status;
+pub mod taskrun;
 pub mod tasks;
 pub mod text;
 pub mod time;
@@ -31,6 +33,7 @@ pub use journal::{CutoverStep, JournalPhase};
 pub use probe::{SelfTestCheck, SelfTestReport};
 pub use socket::{ErrorCode, Request, RequestFrame, Response, ResponseFrame, UpdaterStatus};
 pub use status::{AgentUpgradeStatus, Transition, UpgradePhase, UpgradeReason};
+pub use taskrun::{TaskPlan, TaskRunPhase, TaskRunReason, TaskRunStatus};
 pub use tasks::{
     SystemUpgradeAttempt, SystemUpgradePhase, SystemUpgradeReason, SystemUpgradeStatus,
     TaskOperation,

@@ -138,6 +138,8 @@ fn self_test_report_shape() {
 fn task_shapes() {
     check("system-upgrade-attempt", &fixtures::system_attempt());
     check("system-upgrade-status", &fixtures::system_status());
+    check("task-plan", &fixtures::task_plan());
+    check("task-run-status", &fixtures::task_run_status());
 }
 
 #[test]
