@@ -1,0 +1,796 @@
+//! A whole Debian device booted with systemd-nspawn (test-rig.md): an overlay of the cached tree per guest, its
+//! own network namespace with a veth pair to the host, its own cgroup, a restart loop for guest reboots, and
+//! power cuts. Everything is torn down on drop.
+//!
+//! systemd is not PID 1 on the test machine, so nspawn runs with `--register=no --keep-unit` inside a private
+//! mount namespace (`unshare -m --propagation private`) that has a tmpfs on `/run/systemd/nspawn`. The guest's
+//! network namespace is created by the rig (`ip netns add`) and handed to nspawn, so it survives guest reboots:
+//! the guest is `10.213.x.2`, the host side of the veth is `10.213.x.1`. Host services bound to 127.0.0.1 (NATS,
+//! HTTPS artifact servers) are exposed to the guest with [`Guest::forward`].
+
+use crate::util::{require_binary, wait_for, workspace_root};
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The recipe name `scripts/setup.d/60-nspawn-tree.sh` builds (its `recipe=` line).
+pub const TREE_RECIPE: &str = "bookworm-v3";
+
+const INSTALL_HINT: &str = "Run `scripts/setup` (scripts/setup.d/60-nspawn-tree.sh debootstraps the Debian \
+    bookworm tree with systemd and Podman into $FLEET_CACHE/nspawn/), or point FLEET_NSPAWN_TREE at such a tree.";
+
+/// The exit code systemd-nspawn returns when the guest rebooted.
+const NSPAWN_REBOOT_EXIT: i32 = 133;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// The cached Debian tree: `$FLEET_NSPAWN_TREE`, else `$FLEET_CACHE/nspawn/<recipe>` (default cache
+/// `<repo>/.cache`). Panics with an install hint when it is missing or incomplete.
+pub fn cached_tree() -> PathBuf {
+    let tree = match std::env::var_os("FLEET_NSPAWN_TREE") {
+        Some(t) => PathBuf::from(t),
+        None => std::env::var_os("FLEET_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace_root().join(".cache"))
+            .join("nspawn")
+            .join(TREE_RECIPE),
+    };
+    let stamp = tree.join("etc/fleet-test-tree");
+    assert!(
+        stamp.is_file(),
+        "no complete nspawn tree at {} (missing {}). {INSTALL_HINT}",
+        tree.display(),
+        stamp.display()
+    );
+    tree
+}
+
+/// Runs a host command, failing the test with its output when it fails.
+fn host(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed with {}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn sigkill(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes what guests of dead test processes left behind (their network namespaces and cgroups); names carry the
+/// owning test process's PID.
+fn sweep_stale() {
+    let Ok(entries) = fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name
+            .strip_prefix("fleet-vm-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !pid_alive(pid) {
+            let _ = Command::new("ip").args(["netns", "del", &name]).output();
+            for root in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"] {
+                remove_cgroup(&Path::new(root).join(&name));
+            }
+        }
+    }
+}
+
+/// Kills every process in a cgroup tree and removes it, deepest first.
+fn remove_cgroup(dir: &Path) {
+    if !dir.is_dir() {
+        return;
+    }
+    let _ = fs::write(dir.join("cgroup.kill"), "1");
+    for _ in 0..100 {
+        let mut alive = false;
+        for procs in cgroup_procs_files(dir) {
+            for pid in fs::read_to_string(&procs).unwrap_or_default().lines() {
+                if let Ok(pid) = pid.trim().parse::<u32>() {
+                    alive = true;
+                    sigkill(pid);
+                }
+            }
+        }
+        if !alive {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut dirs = vec![];
+    collect_dirs(dir, &mut dirs);
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    for d in dirs {
+        let _ = fs::remove_dir(&d);
+    }
+}
+
+fn cgroup_procs_files(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![];
+    collect_dirs(dir, &mut dirs);
+    dirs.into_iter().map(|d| d.join("cgroup.procs")).collect()
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    out.push(dir.to_path_buf());
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                collect_dirs(&e.path(), out);
+            }
+        }
+    }
+}
+
+/// How a guest boots.
+#[derive(Debug, Clone, Default)]
+pub struct GuestOptions {
+    /// The tree to overlay; default [`cached_tree`].
+    pub tree: Option<PathBuf>,
+    /// Extra `systemd-nspawn` arguments.
+    pub extra_nspawn_args: Vec<String>,
+}
+
+/// A booted nspawn guest. Killed, unmounted and removed on drop.
+pub struct Guest {
+    name: String,
+    dir: tempfile::TempDir,
+    tree: PathBuf,
+    options: GuestOptions,
+    host_ip: Ipv4Addr,
+    guest_ip: Ipv4Addr,
+    host_if: String,
+    wrapper: Option<Child>,
+    forwards: Vec<Forward>,
+    mounted: bool,
+}
+
+impl Guest {
+    /// Boots a guest from the cached tree and waits until systemd reports `running` or `degraded`.
+    pub fn boot() -> Self {
+        Self::boot_with(GuestOptions::default())
+    }
+
+    /// Boots a guest with `options` and waits until it is up.
+    pub fn boot_with(options: GuestOptions) -> Self {
+        let guest = Self::create(options);
+        guest.wait_up(Duration::from_secs(60));
+        guest
+    }
+
+    /// Prepares the overlay, the network and the cgroups, and starts nspawn without waiting for the boot.
+    pub fn create(options: GuestOptions) -> Self {
+        for tool in ["systemd-nspawn", "unshare", "nsenter", "ip"] {
+            require_binary(
+                tool,
+                "FLEET_NO_SUCH_OVERRIDE",
+                &[],
+                "Run `scripts/setup` (apt packages systemd-container, util-linux, iproute2).",
+            );
+        }
+        let tree = options.tree.clone().unwrap_or_else(cached_tree);
+        sweep_stale();
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let name = format!("fleet-vm-{}-{n}", std::process::id());
+        let dir = tempfile::Builder::new()
+            .prefix("fleet-guest-")
+            .tempdir_in(std::env::var_os("FLEET_GUEST_DIR").unwrap_or_else(|| "/var/tmp".into()))
+            .unwrap_or_else(|e| panic!("temp dir for a guest: {e}"));
+        for d in ["upper", "work", "root"] {
+            fs::create_dir(dir.path().join(d)).unwrap_or_else(|e| panic!("mkdir {d}: {e}"));
+        }
+        let (host_ip, guest_ip, host_if) = setup_network(&name);
+        let mut g = Self {
+            name,
+            dir,
+            tree,
+            options,
+            host_ip,
+            guest_ip,
+            host_if,
+            wrapper: None,
+            forwards: vec![],
+            mounted: false,
+        };
+        g.mount_overlay();
+        g.start_wrapper();
+        g
+    }
+
+    fn mount_overlay(&mut self) {
+        let d = self.dir.path();
+        host(
+            Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o"])
+                .arg(format!(
+                    "lowerdir={},upperdir={},workdir={}",
+                    self.tree.display(),
+                    d.join("upper").display(),
+                    d.join("work").display()
+                ))
+                .arg(d.join("root")),
+        );
+        self.mounted = true;
+    }
+
+    fn start_wrapper(&mut self) {
+        let root = self.dir.path().join("root");
+        let log = self.dir.path().join("console.log");
+        let name = &self.name;
+        let mut nspawn = vec![
+            "systemd-nspawn".to_string(),
+            "--quiet".into(),
+            "--boot".into(),
+            format!("--directory={}", root.display()),
+            format!("--machine={name}"),
+            "--register=no".into(),
+            "--keep-unit".into(),
+            format!("--network-namespace-path=/run/netns/{name}"),
+            "--system-call-filter=@keyring bpf".into(),
+            "--console=read-only".into(),
+            "--link-journal=no".into(),
+            "--resolv-conf=off".into(),
+            "--timezone=off".into(),
+        ];
+        nspawn.extend(self.options.extra_nspawn_args.iter().cloned());
+        let quoted: Vec<String> = nspawn.iter().map(|a| shell_quote(a)).collect();
+        // The wrapper moves itself into the guest's own cgroups before nspawn starts, mounts a private tmpfs on
+        // /run/systemd/nspawn, and starts nspawn again whenever the guest reboots (exit 133).
+        let script = format!(
+            r#"set -u
+for h in unified systemd; do
+  mkdir -p /sys/fs/cgroup/$h/{name}
+  echo $$ > /sys/fs/cgroup/$h/{name}/cgroup.procs
+done
+mkdir -p /run/systemd/nspawn
+mount -t tmpfs tmpfs /run/systemd/nspawn
+while :; do
+  SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 {cmd}
+  rc=$?
+  echo "== nspawn exited with $rc" >&2
+  [ $rc -eq {reboot} ] || exit $rc
+done
+"#,
+            cmd = quoted.join(" "),
+            reboot = NSPAWN_REBOOT_EXIT,
+        );
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap_or_else(|e| panic!("console log: {e}"));
+        let log2 = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("console log: {e}"));
+        let child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start systemd-nspawn: {e}"));
+        self.wrapper = Some(child);
+    }
+
+    /// The guest's machine name (also its cgroup and network namespace name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The guest's root directory as seen from the host (the overlay's merged view).
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// A path inside the guest, as seen from the host.
+    pub fn path(&self, guest_path: &str) -> PathBuf {
+        self.root().join(guest_path.trim_start_matches('/'))
+    }
+
+    /// The guest's address (it reaches the host at [`Self::host_ip`]).
+    pub fn guest_ip(&self) -> Ipv4Addr {
+        self.guest_ip
+    }
+
+    /// The host's address on the guest's veth pair.
+    pub fn host_ip(&self) -> Ipv4Addr {
+        self.host_ip
+    }
+
+    /// The console output of every boot so far (for failure messages).
+    pub fn console(&self) -> String {
+        fs::read_to_string(self.dir.path().join("console.log")).unwrap_or_default()
+    }
+
+    /// The PID (in the host's namespace) of the guest's PID 1, when a guest is running.
+    pub fn pid1(&self) -> Option<u32> {
+        let procs = fs::read_dir("/proc").ok()?;
+        let marker = format!("/{}/", self.name);
+        for e in procs.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+                continue;
+            };
+            let nspid = status.lines().find(|l| l.starts_with("NSpid:"));
+            let is_init = nspid
+                .map(|l| {
+                    let ids: Vec<&str> = l.split_whitespace().skip(1).collect();
+                    ids.len() >= 2 && ids.last() == Some(&"1")
+                })
+                .unwrap_or(false);
+            if !is_init {
+                continue;
+            }
+            let cg = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if cg.lines().any(|l| format!("{l}/").contains(&marker)) {
+                return Some(pid);
+            }
+        }
+        None
+    }
+
+    fn require_pid1(&self) -> u32 {
+        self.pid1().unwrap_or_else(|| {
+            panic!(
+                "guest {} is not running. Console:\n{}",
+                self.name,
+                tail(&self.console(), 3000)
+            )
+        })
+    }
+
+    /// Runs a command inside the guest with `nsenter -a` (as root, outside nspawn's seccomp filter and cgroup: run
+    /// what a test checks through units or [`Self::systemd_run`]).
+    pub fn exec(&self, args: &[&str]) -> Output {
+        let pid = self.require_pid1();
+        Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-a", "--"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("nsenter into {}: {e}", self.name))
+    }
+
+    /// Runs `sh -c script` in the guest and returns stdout; fails the test when it fails.
+    pub fn sh(&self, script: &str) -> String {
+        let out = self.exec(&["sh", "-c", script]);
+        assert!(
+            out.status.success(),
+            "in guest {}: `{script}` failed with {}:\n{}{}",
+            self.name,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// `sh -c script` in the guest; stdout, stderr and success, never failing the test.
+    pub fn try_sh(&self, script: &str) -> (bool, String) {
+        let out = self.exec(&["sh", "-c", script]);
+        let mut text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+
+    /// `systemctl <args>` in the guest; its trimmed stdout (whatever its exit code).
+    pub fn systemctl(&self, args: &[&str]) -> String {
+        let mut all = vec!["systemctl"];
+        all.extend_from_slice(args);
+        let out = self.exec(&all);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Runs `args` as a transient service inside the guest (`systemd-run --wait --pipe`), so that it runs under
+    /// the guest's seccomp filter and cgroups like a real unit would.
+    pub fn systemd_run(&self, args: &[&str]) -> Output {
+        let pid = self.require_pid1();
+        Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-a", "--"])
+            .args(["systemd-run", "--quiet", "--wait", "--pipe", "--collect"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("systemd-run in {}: {e}", self.name))
+    }
+
+    /// The state of one unit (`active`, `inactive`, `failed`, `activating`, …).
+    pub fn unit_state(&self, unit: &str) -> String {
+        self.systemctl(&["is-active", unit])
+    }
+
+    /// Waits until `unit` reaches `state`; fails the test with the unit's status and journal otherwise.
+    pub fn wait_unit(&self, unit: &str, state: &str, timeout: Duration) {
+        let ok = wait_for(timeout, || (self.unit_state(unit) == state).then_some(()));
+        if ok.is_none() {
+            panic!(
+                "{unit} did not become {state} within {timeout:?} (it is {}).\n{}\n{}",
+                self.unit_state(unit),
+                self.systemctl(&["status", "--no-pager", unit]),
+                self.journal(unit, 60)
+            );
+        }
+    }
+
+    /// The last `lines` journal lines of `unit`.
+    pub fn journal(&self, unit: &str, lines: u32) -> String {
+        let out = self.exec(&[
+            "journalctl",
+            "--no-pager",
+            "-o",
+            "short-monotonic",
+            "-n",
+            &lines.to_string(),
+            "-u",
+            unit,
+        ]);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// The guest's current boot id (nspawn gives every guest boot a new one).
+    pub fn boot_id(&self) -> String {
+        self.sh("cat /proc/sys/kernel/random/boot_id")
+            .trim()
+            .to_string()
+    }
+
+    /// Waits until the guest's systemd reports `running` or `degraded`; returns which.
+    pub fn wait_up(&self, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            if let Some(c) = self.wrapper_exit() {
+                panic!(
+                    "guest {} stopped during boot ({c}). Console:\n{}",
+                    self.name,
+                    tail(&self.console(), 3000)
+                );
+            }
+            if self.pid1().is_some() {
+                last = self.systemctl(&["is-system-running"]);
+                if last == "running" || last == "degraded" {
+                    return last;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "guest {} did not reach running/degraded within {timeout:?} (last: {last:?}). Failed units: {}\n\
+             Console:\n{}",
+            self.name,
+            self.pid1()
+                .map(|_| self.systemctl(&["--failed", "--no-legend"]))
+                .unwrap_or_default(),
+            tail(&self.console(), 3000)
+        );
+    }
+
+    fn wrapper_exit(&self) -> Option<String> {
+        // try_wait needs &mut; a wrapper that is gone has no /proc entry that is not a zombie.
+        let pid = self.wrapper.as_ref()?.id();
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .next();
+        matches!(state, None | Some("Z")).then(|| "the nspawn wrapper exited".to_string())
+    }
+
+    /// Reboots the guest (`systemctl reboot`) and waits until it is up again with a new boot id.
+    pub fn reboot(&self) -> String {
+        let before = self.boot_id();
+        let old_pid1 = self.pid1();
+        let _ = self.exec(&["systemctl", "reboot"]);
+        let gone = wait_for(Duration::from_secs(60), || {
+            (self.pid1() != old_pid1).then_some(())
+        });
+        assert!(
+            gone.is_some(),
+            "guest {} did not reboot within 60 s",
+            self.name
+        );
+        self.wait_up(Duration::from_secs(60));
+        let after = self.boot_id();
+        assert_ne!(before, after, "the boot id did not change across a reboot");
+        after
+    }
+
+    /// Cuts the power: SIGKILLs the guest's PID 1 (and so everything in its PID namespace) and the nspawn
+    /// wrapper. The disk (the overlay's upper directory) is kept; [`Self::power_on`] boots it again. Note that the
+    /// host's page cache survives, so unsynced writes are not lost as they would be on real hardware.
+    pub fn power_cut(&mut self) {
+        if let Some(pid) = self.pid1() {
+            sigkill(pid);
+        }
+        if let Some(mut w) = self.wrapper.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+        for root in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"] {
+            remove_cgroup(&Path::new(root).join(&self.name));
+        }
+        let gone = wait_for(Duration::from_secs(30), || {
+            self.pid1().is_none().then_some(())
+        });
+        assert!(gone.is_some(), "guest {} survived a power cut", self.name);
+    }
+
+    /// Boots the guest again after [`Self::power_cut`] and waits until it is up.
+    pub fn power_on(&mut self) {
+        assert!(self.wrapper.is_none(), "power_on: the guest is running");
+        self.start_wrapper();
+        self.wait_up(Duration::from_secs(60));
+    }
+
+    /// Exposes `127.0.0.1:<port>` of the host to the guest at `<host_ip>:<port>` (a TCP relay in this process).
+    /// Dropping the returned handle, or [`Forward::set_connected`]`(false)`, takes the relay down: the guest
+    /// then sees its connections reset and new ones refused, as for a device that went offline.
+    pub fn forward(&mut self, port: u16) -> ForwardHandle {
+        let f = Forward::start(
+            SocketAddr::from((self.host_ip, port)),
+            SocketAddr::from(([127, 0, 0, 1], port)),
+        );
+        let h = f.handle();
+        self.forwards.push(f);
+        h
+    }
+
+    /// Copies a host file into the guest at `guest_path` with `mode`, creating parent directories.
+    pub fn install_file(&self, host_path: &Path, guest_path: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let dest = self.path(guest_path);
+        if let Some(p) = dest.parent() {
+            fs::create_dir_all(p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+        }
+        fs::copy(host_path, &dest)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", host_path.display(), dest.display()));
+        fs::set_permissions(&dest, fs::Permissions::from_mode(mode))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", dest.display()));
+    }
+
+    /// Writes `contents` to `guest_path` in the guest with `mode`, creating parent directories.
+    pub fn write_file(&self, guest_path: &str, contents: &[u8], mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let dest = self.path(guest_path);
+        if let Some(p) = dest.parent() {
+            fs::create_dir_all(p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+        }
+        fs::write(&dest, contents).unwrap_or_else(|e| panic!("write {}: {e}", dest.display()));
+        fs::set_permissions(&dest, fs::Permissions::from_mode(mode))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", dest.display()));
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        self.forwards.clear();
+        self.power_cut();
+        if self.mounted {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path().join("root"))
+                .output();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .output();
+    }
+}
+
+fn tail(s: &str, max: usize) -> &str {
+    let start = s.len().saturating_sub(max);
+    let start = (start..s.len())
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(s.len());
+    &s[start..]
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Creates the guest's network namespace with a veth pair to the host on a free 10.213.0.0/16 /30.
+fn setup_network(name: &str) -> (Ipv4Addr, Ipv4Addr, String) {
+    host(Command::new("ip").args(["netns", "add", name]));
+    let used = String::from_utf8_lossy(
+        &host(Command::new("ip").args(["-4", "-o", "addr", "show"])).stdout,
+    )
+    .to_string();
+    let seed = std::process::id().wrapping_mul(2654435761) ^ COUNTER.load(Ordering::SeqCst);
+    for i in 0..64u32 {
+        let slot = (seed.wrapping_add(i.wrapping_mul(97))) % 16000;
+        let (a, b) = ((slot * 4) / 256, (slot * 4) % 256);
+        let host_ip = Ipv4Addr::new(10, 213, a as u8, (b + 1) as u8);
+        let guest_ip = Ipv4Addr::new(10, 213, a as u8, (b + 2) as u8);
+        if used.contains(&format!("inet {host_ip}/")) {
+            continue;
+        }
+        let host_if = format!("fv{:x}", slot + 0x10000 * (std::process::id() % 0x100));
+        let ok = Command::new("ip")
+            .args([
+                "link", "add", &host_if, "type", "veth", "peer", "name", "host0", "netns", name,
+            ])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !ok {
+            continue;
+        }
+        host(Command::new("ip").args(["addr", "add", &format!("{host_ip}/30"), "dev", &host_if]));
+        host(Command::new("ip").args(["link", "set", &host_if, "up"]));
+        host(Command::new("ip").args([
+            "-n",
+            name,
+            "addr",
+            "add",
+            &format!("{guest_ip}/30"),
+            "dev",
+            "host0",
+        ]));
+        host(Command::new("ip").args(["-n", name, "link", "set", "host0", "up"]));
+        host(Command::new("ip").args(["-n", name, "link", "set", "lo", "up"]));
+        host(Command::new("ip").args([
+            "-n",
+            name,
+            "route",
+            "add",
+            "default",
+            "via",
+            &host_ip.to_string(),
+        ]));
+        return (host_ip, guest_ip, host_if);
+    }
+    let _ = Command::new("ip").args(["netns", "del", name]).output();
+    panic!("no free 10.213.x.y/30 for a guest veth pair");
+}
+
+/// A running TCP relay (see [`Guest::forward`]); stopped on drop.
+pub struct Forward {
+    state: Arc<ForwardState>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct ForwardState {
+    stop: AtomicBool,
+    connected: AtomicBool,
+    conns: Mutex<Vec<TcpStream>>,
+    listen: SocketAddr,
+}
+
+/// A handle that switches a [`Forward`] relay between connected and offline.
+#[derive(Clone)]
+pub struct ForwardHandle(Arc<ForwardState>);
+
+impl ForwardHandle {
+    /// `false` resets every relayed connection and refuses new ones (the device is offline); `true` relays again.
+    pub fn set_connected(&self, connected: bool) {
+        self.0.connected.store(connected, Ordering::SeqCst);
+        if !connected {
+            let mut conns = self.0.conns.lock().unwrap_or_else(|p| p.into_inner());
+            for c in conns.drain(..) {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// The address the guest connects to.
+    pub fn addr(&self) -> SocketAddr {
+        self.0.listen
+    }
+}
+
+impl Forward {
+    fn start(listen: SocketAddr, target: SocketAddr) -> Self {
+        let listener =
+            TcpListener::bind(listen).unwrap_or_else(|e| panic!("relay: bind {listen}: {e}"));
+        listener
+            .set_nonblocking(true)
+            .unwrap_or_else(|e| panic!("relay: nonblocking: {e}"));
+        let state = Arc::new(ForwardState {
+            stop: AtomicBool::new(false),
+            connected: AtomicBool::new(true),
+            conns: Mutex::new(vec![]),
+            listen,
+        });
+        let st = state.clone();
+        let thread = std::thread::spawn(move || {
+            while !st.stop.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        if !st.connected.load(Ordering::SeqCst) {
+                            drop(client);
+                            continue;
+                        }
+                        let _ = client.set_nonblocking(false);
+                        let Ok(server) =
+                            TcpStream::connect_timeout(&target, Duration::from_secs(5))
+                        else {
+                            continue;
+                        };
+                        relay(&st, client, server);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Self {
+            state,
+            thread: Some(thread),
+        }
+    }
+
+    fn handle(&self) -> ForwardHandle {
+        ForwardHandle(self.state.clone())
+    }
+}
+
+fn relay(st: &Arc<ForwardState>, client: TcpStream, server: TcpStream) {
+    let pairs = [
+        (client.try_clone(), server.try_clone()),
+        (server.try_clone(), client.try_clone()),
+    ];
+    {
+        let mut conns = st.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns.push(client);
+        conns.push(server);
+    }
+    for pair in pairs {
+        if let (Ok(mut from), Ok(mut to)) = pair {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                loop {
+                    match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Write);
+            });
+        }
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        ForwardHandle(self.state.clone()).set_connected(false);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

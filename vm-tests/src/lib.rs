@@ -1,0 +1,2 @@
+//! `fleet-vm-tests`: whole-device scenarios on real systemd. The tests in `tests/` boot Debian guests with
+//! systemd-nspawn (`fleet_rig::nspawn`), install Harmony Fleet with `scripts/device-setup`, and drive upgrades.
