@@ -1,13 +1,14 @@
 //! `scripts/device-setup` in a booted guest: what it installs, that a second run changes nothing, that it
 //! refuses to run during an agent upgrade or a quarantine, and that the fleet-agent user's rootless Podman
-//! answers on its socket. Stub binaries stand in for the agent and updater (`--no-start`): the whole-device
-//! scenarios run the real ones.
+//! answers on its socket; and the root repair of `rollback-failed`. A notify stub (`src/bin/notify-stub.rs`)
+//! stands in for the agent and the updater: the whole-device scenarios run the real ones.
 
 use fleet_rig::nspawn::Guest;
-use fleet_vm_tests::device::{device_setup, stage_bytes, stage_setup, text};
+use fleet_vm_tests::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
+use std::path::Path;
+use std::time::Duration;
 
-const STUB: &[u8] =
-    b"#!/bin/sh\n[ \"$1\" = --version ] && { echo 0.9.0; exit 0; }\nexec sleep infinity\n";
+const STUB: &str = env!("CARGO_BIN_EXE_notify-stub");
 
 fn journal_with_phase(phase: &str) -> String {
     // Only the top-level "phase" matters to device-setup; the rest mimics the journal's shape.
@@ -20,8 +21,8 @@ fn journal_with_phase(phase: &str) -> String {
 fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
     let guest = Guest::boot();
     stage_setup(&guest);
-    let agent = stage_bytes(&guest, STUB, "fleet-agent", 0o755);
-    let updater = stage_bytes(&guest, STUB, "fleet-updater", 0o755);
+    let agent = stage_file(&guest, Path::new(STUB), "fleet-agent-v0.9.0", 0o755);
+    let updater = stage_file(&guest, Path::new(STUB), "fleet-updater", 0o755);
     let cfg = stage_bytes(&guest, b"device_id = \"device-1\"\n", "agent.toml", 0o644);
     let ucfg = stage_bytes(&guest, b"", "updater.toml", 0o644);
     let args = [
@@ -121,4 +122,74 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
         let out = device_setup(&guest, &args);
         assert!(out.status.success(), "{phase}: {}", text(&out));
     }
+
+    // Started, both units are active (the stub sends READY=1 like the real daemons).
+    let started: Vec<&str> = args[..args.len() - 1].to_vec();
+    let out = device_setup(&guest, &started);
+    assert!(out.status.success(), "start: {}", text(&out));
+    guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(30));
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(30));
+}
+
+#[test]
+fn root_repair_leaves_quarantine_only_when_the_selected_agent_starts() {
+    let guest = Guest::boot();
+    stage_setup(&guest);
+    let agent = stage_file(&guest, Path::new(STUB), "fleet-agent-v1.0.0", 0o755);
+    let good = stage_file(&guest, Path::new(STUB), "fleet-agent-v1.0.1", 0o755);
+    let updater = stage_file(&guest, Path::new(STUB), "fleet-updater", 0o755);
+    let cfg = stage_bytes(&guest, b"device_id = \"device-1\"\n", "agent.toml", 0o644);
+    let out = device_setup(
+        &guest,
+        &[
+            "--agent",
+            &agent,
+            "--updater",
+            &updater,
+            "--agent-config",
+            &cfg,
+            "--updater-config",
+            &cfg,
+        ],
+    );
+    assert!(out.status.success(), "setup: {}", text(&out));
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(30));
+
+    // Quarantine with an unstartable selected binary (the previous one was damaged).
+    guest.write_file(
+        "/var/lib/fleet-updater/journal.json",
+        journal_with_phase("rollback-failed").as_bytes(),
+        0o600,
+    );
+    guest.sh("f=/usr/lib/harmony-fleet/fleet-agent-v1.0.0; rm $f && printf 'not an executable' > $f && chmod 755 $f");
+    let out = device_setup(&guest, &[]);
+    assert!(
+        !out.status.success() && text(&out).contains("quarantined"),
+        "{}",
+        text(&out)
+    );
+
+    // Repair keeping the broken selection: the agent does not start, so the quarantine stays.
+    let out = device_setup(&guest, &["--repair-rollback-failed"]);
+    assert!(
+        !out.status.success(),
+        "repair with a broken agent succeeded: {}",
+        text(&out)
+    );
+    assert!(text(&out).contains("stays quarantined"), "{}", text(&out));
+    guest.sh("grep -q '\"phase\":\"rollback-failed\"' /var/lib/fleet-updater/journal.json");
+
+    // Repair selecting a good agent: it starts, the journal is moved aside, both units are active.
+    let out = device_setup(&guest, &["--agent", &good, "--repair-rollback-failed"]);
+    assert!(out.status.success(), "repair: {}", text(&out));
+    assert_eq!(
+        guest.sh("readlink /usr/local/bin/fleet-agent").trim(),
+        "/usr/lib/harmony-fleet/fleet-agent-v1.0.1"
+    );
+    guest.sh("test ! -e /var/lib/fleet-updater/journal.json && ls /var/lib/fleet-updater/journal.json.rollback-failed.*");
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(30));
+    guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(30));
+    // And setup runs normally again.
+    let out = device_setup(&guest, &[]);
+    assert!(out.status.success(), "after repair: {}", text(&out));
 }
