@@ -1,0 +1,169 @@
+//! Why a fetch failed, and the public [`UpgradeReason`] each failure maps to.
+
+use fleet_wire::{Sha256Hex, UpgradeReason};
+use std::path::PathBuf;
+
+/// A failed fetch. URLs in these messages never carry a query string (it may hold a signed storage token).
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The PEM bundle of extra trusted roots could not be read or held no certificate.
+    #[error("extra CA bundle {path}: {detail}; point the updater's CA setting at a readable PEM file of root certificates")]
+    CaFile {
+        /// The bundle's path.
+        path: PathBuf,
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// Neither the system store nor the extra CA bundle provided a trusted root.
+    #[error("no trusted root certificates: the system store (/etc/ssl/certs) is empty and no extra CA bundle is configured; install ca-certificates")]
+    NoRoots,
+    /// Connecting, TLS, or reading the response failed.
+    #[error("request to {url} failed: {detail}")]
+    Transport {
+        /// The URL, without its query.
+        url: String,
+        /// The transport's error.
+        detail: String,
+    },
+    /// The connect time-out or the whole-request deadline passed.
+    #[error(
+        "request to {url} timed out ({detail}); check the network path to the artifact server"
+    )]
+    TimedOut {
+        /// The URL, without its query.
+        url: String,
+        /// Which time-out.
+        detail: String,
+    },
+    /// The server answered with a status other than success.
+    #[error(
+        "{url} answered HTTP {status}; check that the artifact exists and is readable anonymously"
+    )]
+    Status {
+        /// The URL, without its query.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The server answered with a redirect, which is refused (blob downloads excepted, see docs/artifacts.md).
+    #[error("{url} answered with a redirect (HTTP {status}); redirects are refused: publish the artifact at its final https:// URL")]
+    Redirected {
+        /// The URL, without its query.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// The response declared more bytes than the limit; nothing was downloaded.
+    #[error("the artifact declares {declared} bytes, more than its limit of {limit} bytes")]
+    DeclaredTooLarge {
+        /// Declared size in bytes (Content-Length or the OCI layer size).
+        declared: u64,
+        /// The enforced limit in bytes.
+        limit: u64,
+    },
+    /// The body went past the limit while streaming.
+    #[error("the artifact exceeded its limit of {limit} bytes while downloading")]
+    StreamedTooLarge {
+        /// The enforced limit in bytes.
+        limit: u64,
+    },
+    /// A digest did not match.
+    #[error("{what} digest mismatch: expected sha256:{expected}, got sha256:{actual}")]
+    DigestMismatch {
+        /// What was checked: `artifact`, `manifest` or `layer`.
+        what: &'static str,
+        /// The digest that was required.
+        expected: Sha256Hex,
+        /// The digest that was found.
+        actual: Sha256Hex,
+    },
+    /// The OCI manifest is not a Harmony agent artifact (type, layer count, media type, size, JSON).
+    #[error("not a Harmony agent artifact: {0}")]
+    Invalid(String),
+    /// The registry's anonymous token challenge could not be satisfied.
+    #[error("registry token: {0}")]
+    Auth(String),
+    /// Writing the temporary file failed.
+    #[error("writing the download in {dir}: {source}")]
+    Io {
+        /// The temporary directory.
+        dir: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl FetchError {
+    /// The typed reason the public status carries for this failure.
+    pub fn reason(&self) -> UpgradeReason {
+        match self {
+            FetchError::DeclaredTooLarge { .. } | FetchError::StreamedTooLarge { .. } => {
+                UpgradeReason::ArtifactTooLarge
+            }
+            FetchError::DigestMismatch { .. } => UpgradeReason::DigestMismatch,
+            FetchError::Invalid(_) => UpgradeReason::ArtifactInvalid,
+            FetchError::CaFile { .. }
+            | FetchError::NoRoots
+            | FetchError::Transport { .. }
+            | FetchError::TimedOut { .. }
+            | FetchError::Status { .. }
+            | FetchError::Redirected { .. }
+            | FetchError::Auth(_)
+            | FetchError::Io { .. } => UpgradeReason::DownloadFailed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons() {
+        let d = Sha256Hex::from_bytes([0; 32]);
+        let table: Vec<(FetchError, UpgradeReason)> = vec![
+            (FetchError::NoRoots, UpgradeReason::DownloadFailed),
+            (
+                FetchError::Redirected {
+                    url: "u".into(),
+                    status: 302,
+                },
+                UpgradeReason::DownloadFailed,
+            ),
+            (
+                FetchError::TimedOut {
+                    url: "u".into(),
+                    detail: "d".into(),
+                },
+                UpgradeReason::DownloadFailed,
+            ),
+            (
+                FetchError::DeclaredTooLarge {
+                    declared: 2,
+                    limit: 1,
+                },
+                UpgradeReason::ArtifactTooLarge,
+            ),
+            (
+                FetchError::StreamedTooLarge { limit: 1 },
+                UpgradeReason::ArtifactTooLarge,
+            ),
+            (
+                FetchError::DigestMismatch {
+                    what: "layer",
+                    expected: d.clone(),
+                    actual: d,
+                },
+                UpgradeReason::DigestMismatch,
+            ),
+            (
+                FetchError::Invalid("x".into()),
+                UpgradeReason::ArtifactInvalid,
+            ),
+            (FetchError::Auth("x".into()), UpgradeReason::DownloadFailed),
+        ];
+        for (e, r) in table {
+            assert_eq!(e.reason(), r, "{e}");
+        }
+    }
+}
