@@ -2,8 +2,11 @@
 //!
 //! A part that is missing fails the test with a message saying how to install it; nothing is ever skipped.
 
+pub mod https;
 pub mod nats;
 pub mod nspawn;
+pub mod registry;
+pub mod tls;
 pub mod util;
 
 pub use nats::NatsServer;
