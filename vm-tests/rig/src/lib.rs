@@ -5,6 +5,7 @@
 pub mod https;
 pub mod nats;
 pub mod nspawn;
+pub mod podman;
 pub mod registry;
 pub mod tls;
 pub mod util;

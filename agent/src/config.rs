@@ -1,0 +1,370 @@
+//! The agent's configuration file (TOML): typed, validated, unknown keys rejected. See `docs/agent-config.md`.
+
+use fleet_wire::limits::{NATS_CONNECT_ATTEMPT_TIMEOUT, NATS_RETRY_WINDOW};
+use fleet_wire::DeviceId;
+use serde::Deserialize;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where the agent reads its configuration unless `--config` says otherwise.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/harmony-fleet/agent.toml";
+/// Largest configuration file read, in bytes.
+pub const CONFIG_MAX_BYTES: u64 = 64 * 1024;
+
+/// A secret string (password, token): never printed, not even by `Debug`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret value, for handing to the NATS client only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// How the agent authenticates to NATS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NatsAuth {
+    /// No credentials (tests, a local server).
+    None,
+    /// User and password.
+    UserPassword {
+        /// The user.
+        user: String,
+        /// The password.
+        password: Secret,
+    },
+    /// A token.
+    Token(Secret),
+}
+
+/// NATS settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// Server URLs, tried in turn.
+    pub urls: Vec<String>,
+    /// Credentials.
+    pub auth: NatsAuth,
+    /// One connection attempt (at most 15 s).
+    pub connect_timeout: Duration,
+    /// Window within which attempts are retried before giving up (at most 3 min).
+    pub retry_window: Duration,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// This device.
+    pub device_id: DeviceId,
+    /// Root prefix every managed path derives from (`/` on a device).
+    pub root: PathBuf,
+    /// NATS.
+    pub nats: NatsConfig,
+    /// Whether the agent manages Podman workloads.
+    pub podman_enabled: bool,
+    /// The libpod REST API socket.
+    pub podman_socket: PathBuf,
+    /// Seconds Podman waits for a container to stop before killing it.
+    pub podman_stop_timeout: Duration,
+    /// The updater's socket.
+    pub updater_socket: PathBuf,
+    /// Heartbeat interval.
+    pub heartbeat_interval: Duration,
+    /// Workload status interval.
+    pub status_interval: Duration,
+    /// Full re-read of the desired state and reconcile, besides the watch.
+    pub resync_interval: Duration,
+    /// How often the updater's status is polled while an upgrade is active.
+    pub updater_poll_interval: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    device_id: String,
+    #[serde(default)]
+    root: Option<PathBuf>,
+    nats: RawNats,
+    #[serde(default)]
+    podman: RawPodman,
+    #[serde(default)]
+    updater: RawUpdater,
+    #[serde(default)]
+    intervals: RawIntervals,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNats {
+    urls: Vec<String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    password: Option<Secret>,
+    #[serde(default)]
+    token: Option<Secret>,
+    #[serde(default)]
+    connect_timeout_secs: Option<u64>,
+    #[serde(default)]
+    retry_window_secs: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPodman {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    socket: Option<PathBuf>,
+    #[serde(default)]
+    stop_timeout_secs: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawUpdater {
+    #[serde(default)]
+    socket: Option<PathBuf>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawIntervals {
+    #[serde(default)]
+    heartbeat_secs: Option<u64>,
+    #[serde(default)]
+    status_secs: Option<u64>,
+    #[serde(default)]
+    resync_secs: Option<u64>,
+    #[serde(default)]
+    updater_poll_ms: Option<u64>,
+}
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read configuration {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown or mistyped keys.
+    #[error("configuration {path} is invalid: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("configuration key `{key}` is invalid: {message}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        message: message.into(),
+    }
+}
+
+fn secs(
+    key: &'static str,
+    v: Option<u64>,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<Duration, ConfigError> {
+    let v = v.unwrap_or(default);
+    if v < min || v > max {
+        return Err(invalid(key, format!("{v} is outside {min}..={max}")));
+    }
+    Ok(Duration::from_secs(v))
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let read_err = |source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        if meta.len() > CONFIG_MAX_BYTES {
+            return Err(ConfigError::Parse {
+                path: path.to_owned(),
+                message: format!("larger than {CONFIG_MAX_BYTES} bytes"),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates configuration text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        let device_id = DeviceId::try_from(raw.device_id.as_str())
+            .map_err(|e| invalid("device_id", e.to_string()))?;
+        let root = raw.root.unwrap_or_else(|| PathBuf::from("/"));
+        if !root.is_absolute() {
+            return Err(invalid("root", "must be an absolute path"));
+        }
+        let n = raw.nats;
+        if n.urls.is_empty() || n.urls.len() > 16 {
+            return Err(invalid("nats.urls", "give 1 to 16 server URLs"));
+        }
+        for u in &n.urls {
+            let ok = ["nats://", "tls://"].iter().any(|p| u.starts_with(p))
+                && u.len() <= 512
+                && !u.contains('@');
+            if !ok {
+                return Err(invalid(
+                    "nats.urls",
+                    "each URL must be nats://host:port or tls://host:port, without credentials (use user/password or token)",
+                ));
+            }
+        }
+        let auth = match (n.user, n.password, n.token) {
+            (None, None, None) => NatsAuth::None,
+            (Some(user), Some(password), None) if !user.is_empty() => {
+                NatsAuth::UserPassword { user, password }
+            }
+            (None, None, Some(t)) if !t.expose().is_empty() => NatsAuth::Token(t),
+            _ => {
+                return Err(invalid(
+                    "nats",
+                    "set either `user` and `password`, or `token`, or neither",
+                ))
+            }
+        };
+        let nats = NatsConfig {
+            urls: n.urls,
+            auth,
+            connect_timeout: secs(
+                "nats.connect_timeout_secs",
+                n.connect_timeout_secs,
+                NATS_CONNECT_ATTEMPT_TIMEOUT.as_secs(),
+                1,
+                NATS_CONNECT_ATTEMPT_TIMEOUT.as_secs(),
+            )?,
+            retry_window: secs(
+                "nats.retry_window_secs",
+                n.retry_window_secs,
+                NATS_RETRY_WINDOW.as_secs(),
+                0,
+                NATS_RETRY_WINDOW.as_secs(),
+            )?,
+        };
+        let podman_socket = match raw.podman.socket {
+            Some(p) if p.is_absolute() => p,
+            Some(_) => return Err(invalid("podman.socket", "must be an absolute path")),
+            // Rootless Podman of the user the agent runs as (fleet-agent on a device).
+            // SAFETY: getuid has no preconditions and cannot fail.
+            None => PathBuf::from(format!("/run/user/{}/podman/podman.sock", unsafe {
+                libc::getuid()
+            })),
+        };
+        let updater_socket = match raw.updater.socket {
+            Some(p) if p.is_absolute() => p,
+            Some(_) => return Err(invalid("updater.socket", "must be an absolute path")),
+            None => crate::paths::Paths::new(&root).updater_socket(),
+        };
+        let i = raw.intervals;
+        let poll_ms = i.updater_poll_ms.unwrap_or(2000);
+        if !(100..=60_000).contains(&poll_ms) {
+            return Err(invalid(
+                "intervals.updater_poll_ms",
+                format!("{poll_ms} is outside 100..=60000"),
+            ));
+        }
+        Ok(Config {
+            device_id,
+            root,
+            nats,
+            podman_enabled: raw.podman.enabled.unwrap_or(true),
+            podman_socket,
+            podman_stop_timeout: secs(
+                "podman.stop_timeout_secs",
+                raw.podman.stop_timeout_secs,
+                10,
+                0,
+                40,
+            )?,
+            updater_socket,
+            heartbeat_interval: secs("intervals.heartbeat_secs", i.heartbeat_secs, 30, 1, 3600)?,
+            status_interval: secs("intervals.status_secs", i.status_secs, 30, 1, 3600)?,
+            resync_interval: secs("intervals.resync_secs", i.resync_secs, 60, 1, 3600)?,
+            updater_poll_interval: Duration::from_millis(poll_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = "device_id = \"device-1\"\n[nats]\nurls = [\"nats://127.0.0.1:4222\"]\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MIN).expect("valid");
+        assert_eq!(c.root, PathBuf::from("/"));
+        assert_eq!(
+            c.updater_socket,
+            PathBuf::from("/run/fleet-updater/updater.sock")
+        );
+        assert_eq!(c.nats.connect_timeout, Duration::from_secs(15));
+        assert_eq!(c.nats.retry_window, Duration::from_secs(180));
+        assert!(c.podman_enabled);
+        assert_eq!(c.nats.auth, NatsAuth::None);
+    }
+
+    #[test]
+    fn rejects_unknown_keys_and_bad_values() {
+        assert!(matches!(
+            Config::parse(&format!("{MIN}colour = 1\n")),
+            Err(ConfigError::Parse { .. })
+        ));
+        let e = Config::parse(&MIN.replace("device-1", "Device 1")).expect_err("id");
+        assert!(e.to_string().contains("device_id"), "{e}");
+        let e = Config::parse(&format!("{MIN}connect_timeout_secs = 60\n")).expect_err("range");
+        assert!(e.to_string().contains("connect_timeout_secs"), "{e}");
+        let e = Config::parse(&format!("{MIN}token = \"t\"\nuser = \"u\"\n")).expect_err("auth");
+        assert!(e.to_string().contains("either"), "{e}");
+        let e = Config::parse(&MIN.replace("nats://", "nats://u:p@")).expect_err("url creds");
+        assert!(e.to_string().contains("credentials"), "{e}");
+    }
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let c = Config::parse(&format!("{MIN}user = \"agent\"\npassword = \"hunter2\"\n"))
+            .expect("valid");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2") && shown.contains("<redacted>"));
+    }
+}

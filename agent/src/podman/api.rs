@@ -1,0 +1,327 @@
+//! libpod REST API calls the agent needs: ping, list its labelled containers, create, start, stop, remove, and
+//! pull an image only when it is missing.
+
+use super::http::{self, HttpError};
+use fleet_wire::workload::{
+    LABEL_DEVICE, LABEL_MANAGED, LABEL_SCHEMA, LABEL_SCHEMA_VERSION, LABEL_SPEC_DIGEST,
+    LABEL_WORKLOAD,
+};
+use fleet_wire::{DeviceId, WorkloadSpec};
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// API version prefix; Podman 4.x serves it.
+const API: &str = "/v4.0.0/libpod";
+/// Time-out of quick calls (list, inspect, create, start, remove).
+const QUICK: Duration = Duration::from_secs(30);
+/// Time-out of an image pull.
+const PULL: Duration = Duration::from_secs(5 * 60);
+
+/// A Podman failure.
+#[derive(Debug, thiserror::Error)]
+pub enum PodmanError {
+    /// The socket could not be used.
+    #[error("{0}")]
+    Http(#[from] HttpError),
+    /// Podman answered with an error status.
+    #[error("podman {call} answered {status}: {message}")]
+    Status {
+        /// The call.
+        call: String,
+        /// HTTP status.
+        status: u16,
+        /// Podman's message.
+        message: String,
+    },
+    /// The answer did not have the expected shape.
+    #[error("podman {call}: unexpected answer: {message}")]
+    Decode {
+        /// The call.
+        call: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// A container as listed by Podman.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Container id.
+    pub id: String,
+    /// First name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Podman state: `created`, `running`, `exited`, ...
+    pub state: String,
+    /// Start time (Unix seconds), 0 if never started.
+    pub started_at: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListEntry {
+    id: String,
+    #[serde(default)]
+    names: Vec<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    started_at: i64,
+}
+
+/// A libpod API client bound to one socket.
+#[derive(Debug, Clone)]
+pub struct Podman {
+    socket: PathBuf,
+    stop_timeout: Duration,
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+impl Podman {
+    /// A client for the socket at `socket`; `stop_timeout` is Podman's grace period before it kills.
+    pub fn new(socket: &Path, stop_timeout: Duration) -> Self {
+        Self {
+            socket: socket.to_owned(),
+            stop_timeout,
+        }
+    }
+
+    /// The socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        timeout: Duration,
+        ok: &[u16],
+    ) -> Result<Vec<u8>, PodmanError> {
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        let r = http::request(
+            &self.socket,
+            method,
+            &format!("{API}{path}"),
+            bytes.as_deref(),
+            timeout,
+        )?;
+        if ok.contains(&r.status) {
+            return Ok(r.body);
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(&r.body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&r.body).chars().take(512).collect());
+        Err(PodmanError::Status {
+            call: format!("{method} {}", path.split('?').next().unwrap_or(path)),
+            status: r.status,
+            message,
+        })
+    }
+
+    /// `GET /_ping`: Podman answers.
+    pub fn ping(&self) -> Result<(), PodmanError> {
+        self.call("GET", "/_ping", None, Duration::from_secs(10), &[200])
+            .map(|_| ())
+    }
+
+    /// Every container carrying the managed label, running or not.
+    pub fn list_managed(&self) -> Result<Vec<Observed>, PodmanError> {
+        let filters = json!({ "label": [format!("{LABEL_MANAGED}=true")] }).to_string();
+        let body = self.call(
+            "GET",
+            &format!("/containers/json?all=true&filters={}", enc(&filters)),
+            None,
+            QUICK,
+            &[200],
+        )?;
+        let list: Vec<ListEntry> =
+            serde_json::from_slice(&body).map_err(|e| PodmanError::Decode {
+                call: "list containers".into(),
+                message: e.to_string(),
+            })?;
+        Ok(list
+            .into_iter()
+            .map(|e| Observed {
+                id: e.id,
+                name: e.names.into_iter().next().unwrap_or_default(),
+                labels: e.labels.unwrap_or_default(),
+                state: e.state,
+                started_at: e.started_at,
+            })
+            // Defence in depth: never act on a container without the label, whatever the filter did.
+            .filter(|o| o.labels.get(LABEL_MANAGED).map(String::as_str) == Some("true"))
+            .collect())
+    }
+
+    fn ensure_image(&self, image: &str) -> Result<(), PodmanError> {
+        let exists = self.call(
+            "GET",
+            &format!("/images/{}/exists", enc(image)),
+            None,
+            QUICK,
+            &[204, 404],
+        );
+        // `exists` answers 204 with an empty body and 404 with a JSON message.
+        if let Ok(body) = &exists {
+            if body.is_empty() {
+                return Ok(());
+            }
+        }
+        let body = self.call(
+            "POST",
+            &format!("/images/pull?reference={}&quiet=true", enc(image)),
+            None,
+            PULL,
+            &[200],
+        )?;
+        // The pull answers 200 and streams progress objects; a failure is an object with "error".
+        for line in body.split(|b| *b == b'\n') {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
+                if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+                    if !e.is_empty() {
+                        return Err(PodmanError::Status {
+                            call: "POST /images/pull".into(),
+                            status: 200,
+                            message: e.chars().take(512).collect(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the container for `spec` with the agent's labels; returns its id.
+    pub fn create(&self, device: &DeviceId, spec: &WorkloadSpec) -> Result<String, PodmanError> {
+        self.ensure_image(&spec.image)?;
+        let body = create_body(device, spec);
+        let out = self.call("POST", "/containers/create", Some(&body), QUICK, &[201])?;
+        serde_json::from_slice::<serde_json::Value>(&out)
+            .ok()
+            .and_then(|v| v.get("Id").and_then(|i| i.as_str()).map(str::to_owned))
+            .ok_or_else(|| PodmanError::Decode {
+                call: "create container".into(),
+                message: "no Id".into(),
+            })
+    }
+
+    /// Starts a container (already running is fine).
+    pub fn start(&self, id: &str) -> Result<(), PodmanError> {
+        self.call(
+            "POST",
+            &format!("/containers/{}/start", enc(id)),
+            None,
+            QUICK,
+            &[204, 304],
+        )
+        .map(|_| ())
+    }
+
+    /// Stops (grace period, then kill) and removes a container.
+    pub fn remove(&self, id: &str) -> Result<(), PodmanError> {
+        let grace = self.stop_timeout.as_secs();
+        self.call(
+            "POST",
+            &format!("/containers/{}/stop?timeout={grace}", enc(id)),
+            None,
+            QUICK + self.stop_timeout,
+            &[204, 304, 404],
+        )?;
+        self.call(
+            "DELETE",
+            &format!("/containers/{}?force=true&timeout=0", enc(id)),
+            None,
+            QUICK,
+            &[200, 204, 404],
+        )
+        .map(|_| ())
+    }
+}
+
+/// The libpod `SpecGenerator` for a workload.
+pub fn create_body(device: &DeviceId, spec: &WorkloadSpec) -> serde_json::Value {
+    let mut labels = spec.labels.clone();
+    labels.insert(LABEL_MANAGED.into(), "true".into());
+    labels.insert(LABEL_WORKLOAD.into(), spec.name.as_str().into());
+    labels.insert(LABEL_DEVICE.into(), device.as_str().into());
+    labels.insert(LABEL_SPEC_DIGEST.into(), spec.digest().to_string());
+    labels.insert(LABEL_SCHEMA.into(), LABEL_SCHEMA_VERSION.into());
+    let ports: Vec<_> = spec
+        .ports
+        .iter()
+        .map(|p| {
+            json!({
+                "host_port": p.host_port,
+                "container_port": p.container_port,
+                "protocol": match p.protocol { fleet_wire::Protocol::Tcp => "tcp", fleet_wire::Protocol::Udp => "udp" },
+            })
+        })
+        .collect();
+    let ro = |r: bool| if r { vec!["ro"] } else { vec!["rw"] };
+    let mounts: Vec<_> = spec
+        .volumes
+        .iter()
+        .filter(|v| v.source.starts_with('/'))
+        .map(|v| json!({"type": "bind", "source": v.source, "destination": v.target, "options": ro(v.read_only)}))
+        .collect();
+    let volumes: Vec<_> = spec
+        .volumes
+        .iter()
+        .filter(|v| !v.source.starts_with('/'))
+        .map(|v| json!({"Name": v.source, "Dest": v.target, "Options": ro(v.read_only)}))
+        .collect();
+    let mut body = json!({
+        "name": spec.name.container_name(),
+        "image": spec.image,
+        "env": spec.env,
+        "labels": labels,
+        "portmappings": ports,
+        "mounts": mounts,
+        "volumes": volumes,
+        "restart_policy": spec.restart_policy.podman_name(),
+    });
+    if !spec.command.is_empty() {
+        body["command"] = json!(spec.command);
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_wire::fixtures;
+
+    #[test]
+    fn create_body_carries_labels_and_spec() {
+        let w = fixtures::workload("web");
+        let b = create_body(&fixtures::device(), &w);
+        assert_eq!(b["name"], "fleet-web");
+        assert_eq!(b["labels"][LABEL_MANAGED], "true");
+        assert_eq!(b["labels"][LABEL_SPEC_DIGEST], w.digest().to_string());
+        assert_eq!(b["labels"]["app"], "web");
+        assert_eq!(b["volumes"][0]["Name"], "web-data");
+        assert_eq!(b["portmappings"][0]["host_port"], 8080);
+        assert_eq!(b["restart_policy"], "always");
+        assert_eq!(enc("a b/c"), "a%20b%2Fc");
+    }
+}

@@ -1,0 +1,6 @@
+//! Podman through the libpod REST API on its Unix socket: the HTTP client and the container operations.
+
+pub mod api;
+pub mod http;
+
+pub use api::{Observed, Podman, PodmanError};

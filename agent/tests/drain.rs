@@ -1,0 +1,89 @@
+//! SIGTERM during a slow Podman mutation: the agent admits no new mutation, waits for the current one, publishes
+//! an acknowledged `stopping` status with reason and drain duration, notifies STOPPING=1 and exits 0. Also: a
+//! second agent exits at once with a clear error while the first holds the lock.
+#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use fleet_wire::kv;
+use fleet_wire::{
+    AgentUpgradeStatus, DesiredState, DeviceId, UpgradePhase, UpgradeReason, WorkloadName,
+    WorkloadSpec,
+};
+use std::time::{Duration, Instant};
+
+#[test]
+fn sigterm_waits_for_the_current_mutation() {
+    let rig = Rig::new(true, "");
+    // `sleep` as PID 1 ignores SIGTERM, so stopping it takes the whole 4 s grace period: a slow mutation.
+    let mut w = WorkloadSpec::new(WorkloadName::try_from("slow").unwrap(), IMAGE).unwrap();
+    w.command = vec!["sleep".into(), "1000".into()];
+    let put = |workloads: Vec<WorkloadSpec>, g| {
+        let d = DesiredState::new(DeviceId::try_from(DEVICE).unwrap(), g, workloads).unwrap();
+        store(&rig.nc(), kv::DESIRED_STATE)
+            .put(DEVICE, serde_json::to_vec(&d).unwrap())
+            .expect("put");
+    };
+    put(vec![w], 1);
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+
+    // The lock: a second agent refuses to start and touches nothing.
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-agent"))
+        .arg("--config")
+        .arg(&rig.config)
+        .output()
+        .expect("second agent");
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("another fleet-agent holds"), "{err}");
+
+    let p = rig.podman.as_ref().unwrap();
+    eventually(
+        &agent,
+        Duration::from_secs(60),
+        "slow workload running",
+        || {
+            let out = p.try_podman(&["inspect", "--format", "{{.State.Status}}", "fleet-slow"]);
+            (String::from_utf8_lossy(&out.stdout).trim() == "running").then_some(())
+        },
+    );
+    // Removing it is the slow mutation.
+    put(vec![], 2);
+    eventually(&agent, Duration::from_secs(20), "removal started", || {
+        agent
+            .log_text()
+            .contains("removing container")
+            .then_some(())
+    });
+    let signalled = Instant::now();
+    agent.sigterm();
+    agent.wait_notify("STOPPING=1", Duration::from_secs(40));
+    let status = agent.wait_exit(Duration::from_secs(40));
+    assert!(status.success(), "exit {status}: {}", agent.log_text());
+    assert!(
+        signalled.elapsed() < Duration::from_secs(60),
+        "drain must finish well inside TimeoutStopSec=60"
+    );
+    assert_eq!(
+        p.podman(&[
+            "ps",
+            "-a",
+            "--filter",
+            "name=fleet-slow",
+            "--format",
+            "{{.ID}}"
+        ]),
+        "",
+        "the mutation in progress completed"
+    );
+    let got: AgentUpgradeStatus =
+        get_json(&store(&rig.nc(), kv::AGENT_UPGRADE_STATUS), DEVICE).expect("stopping status");
+    assert_eq!(got.phase, UpgradePhase::Stopping);
+    assert_eq!(got.reason, Some(UpgradeReason::Shutdown));
+    let drained = got.drain_duration_ms.expect("drain duration");
+    assert!(
+        drained >= 500,
+        "the drain waited for the stop in progress ({drained} ms)"
+    );
+}

@@ -1,0 +1,212 @@
+//! Reconciliation against real Podman and a real nats-server: create, update, remove, a foreign container left
+//! alone, an agent restart that restarts nothing, and 30 s of NATS outage that touches no container.
+#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use fleet_wire::kv;
+use fleet_wire::{
+    DesiredState, DeviceId, DeviceInfo, DeviceWorkloadStatus, Heartbeat, WorkloadName,
+    WorkloadSpec, WorkloadState,
+};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    id: String,
+    started_at: i64,
+    state: String,
+}
+
+fn containers(rig: &Rig) -> BTreeMap<String, Seen> {
+    let out = rig
+        .podman
+        .as_ref()
+        .expect("podman")
+        .podman(&["ps", "-a", "--format", "json"]);
+    let list: Vec<serde_json::Value> =
+        serde_json::from_str(if out.is_empty() { "[]" } else { &out }).expect("ps json");
+    list.iter()
+        .map(|c| {
+            (
+                c["Names"][0].as_str().unwrap_or("").to_string(),
+                Seen {
+                    id: c["Id"].as_str().unwrap_or("").to_string(),
+                    started_at: c["StartedAt"].as_i64().unwrap_or(0),
+                    state: c["State"].as_str().unwrap_or("").to_string(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn workload(name: &str, marker: &str) -> WorkloadSpec {
+    let mut w = WorkloadSpec::new(WorkloadName::try_from(name).unwrap(), IMAGE).unwrap();
+    w.command = vec!["sleep".into(), "1000".into()];
+    w.env.insert("MARKER".into(), marker.into());
+    w.labels.insert("app".into(), name.into());
+    w
+}
+
+fn put_desired(rig: &Rig, generation: u64, workloads: Vec<WorkloadSpec>) {
+    let d = DesiredState::new(DeviceId::try_from(DEVICE).unwrap(), generation, workloads).unwrap();
+    store(&rig.nc(), kv::DESIRED_STATE)
+        .put(DEVICE, serde_json::to_vec(&d).unwrap())
+        .expect("put desired");
+}
+
+fn running(seen: &BTreeMap<String, Seen>, names: &[&str]) -> bool {
+    names
+        .iter()
+        .all(|n| seen.get(*n).is_some_and(|s| s.state == "running"))
+}
+
+#[test]
+fn reconciles_desired_state_and_survives_restart_and_nats_outage() {
+    let mut rig = Rig::new(true, "");
+    let p = rig.podman.as_ref().unwrap();
+    // A container the agent does not own, with a name in the agent's namespace.
+    p.podman(&[
+        "run",
+        "-d",
+        "--name",
+        "fleet-foreign",
+        IMAGE,
+        "sleep",
+        "1000",
+    ]);
+    put_desired(&rig, 1, vec![workload("web", "1"), workload("db", "1")]);
+
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let nc = rig.nc();
+    let info: DeviceInfo =
+        get_json(&store(&nc, kv::DEVICE_INFO), DEVICE).expect("device info published");
+    assert_eq!(info.os.id.as_str(), "debian");
+    assert!(!info.capabilities.is_empty());
+
+    let first = eventually(
+        &agent,
+        Duration::from_secs(60),
+        "containers created",
+        || {
+            let s = containers(&rig);
+            running(&s, &["fleet-web", "fleet-db"]).then_some(s)
+        },
+    );
+    let foreign = first["fleet-foreign"].clone();
+    let wl_status = store(&nc, kv::WORKLOAD_STATUS);
+    eventually(
+        &agent,
+        Duration::from_secs(30),
+        "workload status running",
+        || {
+            let s: DeviceWorkloadStatus = get_json(&wl_status, DEVICE)?;
+            (s.generation == 1
+                && s.workloads.len() == 2
+                && s.workloads
+                    .iter()
+                    .all(|w| w.state == WorkloadState::Running))
+            .then_some(())
+        },
+    );
+
+    // A change replaces only the changed workload.
+    put_desired(&rig, 2, vec![workload("web", "2"), workload("db", "1")]);
+    let second = eventually(&agent, Duration::from_secs(60), "web replaced", || {
+        let s = containers(&rig);
+        (running(&s, &["fleet-web", "fleet-db"]) && s["fleet-web"].id != first["fleet-web"].id)
+            .then_some(s)
+    });
+    assert_eq!(
+        second["fleet-db"], first["fleet-db"],
+        "db untouched by web's change"
+    );
+    let env = p.podman(&[
+        "inspect",
+        "--format",
+        "{{range .Config.Env}}{{println .}}{{end}}",
+        "fleet-web",
+    ]);
+    assert!(env.lines().any(|l| l == "MARKER=2"), "{env}");
+
+    // A removal removes.
+    put_desired(&rig, 3, vec![workload("web", "2")]);
+    let third = eventually(&agent, Duration::from_secs(60), "db removed", || {
+        let s = containers(&rig);
+        (!s.contains_key("fleet-db")).then_some(s)
+    });
+    assert_eq!(third["fleet-web"], second["fleet-web"]);
+    assert_eq!(
+        third["fleet-foreign"], foreign,
+        "the foreign container is never touched"
+    );
+
+    // An agent restart restarts nothing.
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    // Let at least two resync passes run.
+    let hb = store(&nc, kv::DEVICE_HEARTBEAT);
+    eventually(
+        &agent,
+        Duration::from_secs(30),
+        "heartbeats after restart",
+        || {
+            let h: Heartbeat = get_json(&hb, DEVICE)?;
+            (h.sequence >= 5).then_some(())
+        },
+    );
+    assert_eq!(
+        containers(&rig),
+        third,
+        "no container restarted or replaced by an agent restart"
+    );
+
+    // NATS down for 30 s: the agent keeps running, touches nothing, and reconnects.
+    rig.nats.stop();
+    std::thread::sleep(Duration::from_secs(30));
+    assert!(
+        agent.child.try_wait().expect("try_wait").is_none(),
+        "agent exited during the outage:\n{}",
+        agent.log_text()
+    );
+    assert_eq!(
+        containers(&rig),
+        third,
+        "no container touched while NATS was down"
+    );
+    rig.nats.start_again();
+    let nc = rig.nc();
+    put_desired(&rig, 4, vec![workload("web", "2"), workload("cache", "1")]);
+    let fourth = eventually(
+        &agent,
+        Duration::from_secs(60),
+        "change applied after reconnect",
+        || {
+            let s = containers(&rig);
+            running(&s, &["fleet-cache"]).then_some(s)
+        },
+    );
+    assert_eq!(fourth["fleet-web"], third["fleet-web"]);
+    assert_eq!(fourth["fleet-foreign"], foreign);
+    let hb = store(&nc, kv::DEVICE_HEARTBEAT);
+    let before: Heartbeat = eventually(
+        &agent,
+        Duration::from_secs(30),
+        "heartbeat after reconnect",
+        || get_json(&hb, DEVICE),
+    );
+    eventually(
+        &agent,
+        Duration::from_secs(30),
+        "heartbeats continue",
+        || {
+            let h: Heartbeat = get_json(&hb, DEVICE)?;
+            (h.sequence > before.sequence).then_some(())
+        },
+    );
+    drop(rig);
+}

@@ -1,0 +1,156 @@
+//! The upgrade relay against a real nats-server and an in-test updater peer: invalid intents are rejected with
+//! a status error and never reach the updater; a valid one is bound, published as `preparing`, sent once, and
+//! every updater phase up to `complete` is mirrored; SIGTERM while the updater is stopping the agent gives an
+//! acknowledged `stopping` status with reason `updater`.
+#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use fleet_wire::kv;
+use fleet_wire::{
+    AgentUpgradeAttempt, AgentUpgradeStatus, Architecture, AttemptId, DeviceId, UpgradePhase,
+    UpgradeReason,
+};
+use std::time::Duration;
+
+fn attempt() -> AgentUpgradeAttempt {
+    let mut a = fleet_wire::fixtures::attempt();
+    a.attempt_id = AttemptId::new_random();
+    a.device_id = DeviceId::try_from(DEVICE).unwrap();
+    a.architecture = Architecture::current().unwrap();
+    a
+}
+
+#[test]
+fn rejects_invalid_intents_and_relays_a_valid_one() {
+    let rig = Rig::new(false, "");
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let nc = rig.nc();
+    let intents = store(&nc, kv::AGENT_UPGRADE_INTENT);
+    let statuses = store(&nc, kv::AGENT_UPGRADE_STATUS);
+    let put = |bytes: Vec<u8>| intents.put(DEVICE, bytes).expect("put intent");
+    let wait_rejected = |after: u64, needle: &str| {
+        eventually(
+            &agent,
+            Duration::from_secs(20),
+            &format!("rejection mentioning {needle:?}"),
+            || {
+                let e = statuses.entry(DEVICE).ok().flatten()?;
+                if e.revision <= after {
+                    return None;
+                }
+                let s: AgentUpgradeStatus = serde_json::from_slice(&e.value).ok()?;
+                let err = s.error.as_ref()?.to_string();
+                (s.phase == UpgradePhase::Failed
+                    && s.reason == Some(UpgradeReason::Rejected)
+                    && err.contains(needle))
+                .then_some(e.revision)
+            },
+        )
+    };
+    let mut rev = 0;
+    let mut other_device = attempt();
+    other_device.device_id = DeviceId::try_from("device-2").unwrap();
+    put(serde_json::to_vec(&other_device).unwrap());
+    rev = wait_rejected(rev, "device");
+    let mut wrong_arch = attempt();
+    wrong_arch.architecture = match wrong_arch.architecture {
+        Architecture::Amd64 => Architecture::Arm64,
+        Architecture::Arm64 => Architecture::Amd64,
+    };
+    put(serde_json::to_vec(&wrong_arch).unwrap());
+    rev = wait_rejected(rev, "architecture");
+    let mut bad_uuid = serde_json::to_value(attempt()).unwrap();
+    bad_uuid["attemptId"] = "6f1c2b9e-not-a-uuid".into();
+    put(serde_json::to_vec(&bad_uuid).unwrap());
+    rev = wait_rejected(rev, "UUID");
+    put(b"{\"attemptId\": ".to_vec());
+    rev = wait_rejected(rev, "malformed");
+    assert!(
+        rig.peer.mutating_requests().is_empty(),
+        "invalid intents reached the updater"
+    );
+
+    // A valid attempt: preparing, one request, then every phase the updater reports is mirrored.
+    let good = attempt();
+    put(serde_json::to_vec(&good).unwrap());
+    eventually(
+        &agent,
+        Duration::from_secs(20),
+        "one upgrade request",
+        || (rig.peer.mutating_requests().len() == 1).then_some(()),
+    );
+    let sent = rig.peer.mutating_requests();
+    assert_eq!(
+        sent[0],
+        fleet_wire::Request::Upgrade {
+            attempt: good.clone()
+        }
+    );
+    let bindings = std::fs::read_to_string(
+        rig.root
+            .path()
+            .join("var/lib/fleet-agent/upgrade-bindings.json"),
+    )
+    .expect("bindings");
+    assert!(
+        bindings.contains(&good.attempt_id.to_string())
+            && bindings.contains(good.digest().as_str())
+    );
+    let mut s = fleet_wire::fixtures::upgrade_status();
+    s.device_id = good.device_id.clone();
+    s.attempt_id = Some(good.attempt_id);
+    s.attempt_digest = Some(good.digest());
+    for (phase, at) in [
+        (UpgradePhase::Preparing, 1),
+        (UpgradePhase::Stopping, 2),
+        (UpgradePhase::Starting, 3),
+        (UpgradePhase::Complete, 4),
+    ] {
+        if phase != UpgradePhase::Preparing {
+            s.enter(phase, fleet_wire::fixtures::t(at), None);
+        }
+        rig.peer.status.lock().unwrap().agent_upgrade = Some(s.clone());
+        eventually(
+            &agent,
+            Duration::from_secs(20),
+            &format!("phase {phase:?} mirrored"),
+            || {
+                let got: AgentUpgradeStatus = get_json(&statuses, DEVICE)?;
+                (got == s).then_some(())
+            },
+        );
+    }
+
+    // The same UUID with other content is rejected and not sent.
+    let mut reused = good.clone();
+    reused.target_version = fleet_wire::Version::try_from("9.9.9").unwrap();
+    let cur = statuses.entry(DEVICE).unwrap().unwrap().revision;
+    put(serde_json::to_vec(&reused).unwrap());
+    wait_rejected(cur.max(rev), "already used");
+    assert_eq!(
+        rig.peer.mutating_requests().len(),
+        1,
+        "only the valid attempt reached the updater"
+    );
+}
+
+#[test]
+fn sigterm_while_the_updater_stops_the_agent_reports_reason_updater() {
+    let rig = Rig::new(false, "");
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let mut s = fleet_wire::fixtures::upgrade_status();
+    s.device_id = DeviceId::try_from(DEVICE).unwrap();
+    s.enter(UpgradePhase::Stopping, fleet_wire::fixtures::t(2), None);
+    rig.peer.status.lock().unwrap().agent_upgrade = Some(s);
+    agent.sigterm();
+    agent.wait_notify("STOPPING=1", Duration::from_secs(30));
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    let got: AgentUpgradeStatus =
+        get_json(&store(&rig.nc(), kv::AGENT_UPGRADE_STATUS), DEVICE).expect("status");
+    assert_eq!(got.phase, UpgradePhase::Stopping);
+    assert_eq!(got.reason, Some(UpgradeReason::Updater));
+    assert!(got.drain_duration_ms.is_some());
+}
