@@ -3,3 +3,22 @@
 
 pub mod fetch;
 pub mod reboot;
+
+pub mod accept;
+pub mod child;
+pub mod config;
+pub mod durable;
+pub mod fault;
+pub mod fetcher;
+pub mod install;
+pub mod journal;
+pub mod machine;
+pub mod notify;
+pub mod paths;
+pub mod peer;
+pub mod probe;
+pub mod run;
+pub mod service;
+pub mod socket;
+pub mod transaction;
+pub mod users;

@@ -1,5 +1,50 @@
-//! fleet-updater: the device agent (being built: see the updater issue).
+//! fleet-updater: the root updater daemon (thin main: arguments, logging, then the library).
+
+use fleet_updater::config::DEFAULT_CONFIG_PATH;
+use std::path::PathBuf;
+
+const HELP: &str = "\
+fleet-updater: the root updater of Harmony Fleet devices. Owns the agent-upgrade transaction (download, verify,
+install, probe, stop, switch, start, commit or roll back) and its crash-safe journal, and answers the agent on
+<root>/run/fleet-updater/updater.sock. Runs as root under systemd (Type=notify).
+
+Usage:
+  fleet-updater [--config PATH]   run (default config: /etc/harmony-fleet/updater.toml)
+  fleet-updater --version         print the version
+  fleet-updater --help            this text
+
+Configuration keys (TOML, all optional): root, extra_ca_file, agent_unit, agent_user, socket_group.
+Logging: RUST_LOG (default info). See docs/updater.md.";
+
 fn main() {
-    eprintln!("fleet-updater is not built yet");
+    let mut config = PathBuf::from(DEFAULT_CONFIG_PATH);
+    let mut args = std::env::args_os().skip(1);
+    while let Some(a) = args.next() {
+        match a.to_str() {
+            Some("--help" | "-h") => {
+                println!("{HELP}");
+                return;
+            }
+            Some("--version" | "-V") => {
+                println!("{}", env!("CARGO_PKG_VERSION"));
+                return;
+            }
+            Some("--config") => match args.next() {
+                Some(p) => config = PathBuf::from(p),
+                None => usage("--config needs a path"),
+            },
+            _ => usage(&format!("unknown argument {}", a.to_string_lossy())),
+        }
+    }
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    if let Err(e) = fleet_updater::run::run(&config) {
+        log::error!("{e}");
+        eprintln!("fleet-updater: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn usage(why: &str) -> ! {
+    eprintln!("fleet-updater: {why}\n\n{HELP}");
     std::process::exit(2);
 }

@@ -1,0 +1,173 @@
+//! Running a child process with a hard time bound: its own process group, bounded captured output, killed
+//! (with its whole group) on time-out.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// A child that exited within its bound.
+#[derive(Debug)]
+pub struct Finished {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Its standard output, at most the byte bound given.
+    pub stdout: Vec<u8>,
+    /// Its standard error, at most the byte bound given.
+    pub stderr: Vec<u8>,
+}
+
+impl Finished {
+    /// The last line or so of stderr, for an error message.
+    pub fn stderr_tail(&self) -> String {
+        let s = String::from_utf8_lossy(&self.stderr);
+        let t = s.trim();
+        let start = t.len().saturating_sub(400);
+        let start = (start..t.len())
+            .find(|&i| t.is_char_boundary(i))
+            .unwrap_or(t.len());
+        t[start..].to_string()
+    }
+}
+
+/// Why a bounded child did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ChildError {
+    /// It could not be started.
+    #[error("could not start {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// It ran past its bound and was killed.
+    #[error("{program} did not finish within {bound:?} and was killed")]
+    TimedOut {
+        /// The program.
+        program: String,
+        /// The bound.
+        bound: Duration,
+    },
+    /// Waiting for it failed.
+    #[error("waiting for {program} failed: {source}")]
+    Wait {
+        /// The program.
+        program: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn reader<R: Read + Send + 'static>(mut r: R, max: usize) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let room = max.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+        }
+        kept
+    })
+}
+
+fn kill_group(pid: u32) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) on our own child's process group; ESRCH when it is gone is harmless.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Runs `cmd` (stdin null, output captured up to `max_output` bytes each) and waits at most `bound`.
+pub fn run_bounded(
+    cmd: &mut Command,
+    bound: Duration,
+    max_output: usize,
+) -> Result<Finished, ChildError> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|source| ChildError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    let pid = child.id();
+    let out = child.stdout.take().map(|s| reader(s, max_output));
+    let err = child.stderr.take().map(|s| reader(s, max_output));
+    let deadline = Instant::now() + bound;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) if Instant::now() >= deadline => {
+                kill_group(pid);
+                let _ = child.wait();
+                break Err(ChildError::TimedOut {
+                    program: program.clone(),
+                    bound,
+                });
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(20)),
+            Err(source) => {
+                kill_group(pid);
+                let _ = child.wait();
+                break Err(ChildError::Wait {
+                    program: program.clone(),
+                    source,
+                });
+            }
+        }
+    };
+    // Leftovers of the child's group would hold the pipes open: they go with it.
+    kill_group(pid);
+    let stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
+    let stderr = err.and_then(|h| h.join().ok()).unwrap_or_default();
+    Ok(Finished {
+        status: status?,
+        stdout,
+        stderr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captures_and_kills() {
+        let f = run_bounded(
+            Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]),
+            Duration::from_secs(10),
+            1024,
+        )
+        .expect("runs");
+        assert_eq!(f.status.code(), Some(3));
+        assert_eq!(f.stdout, b"out\n");
+        assert_eq!(f.stderr_tail(), "err");
+        let started = Instant::now();
+        let e = run_bounded(
+            Command::new("sh").args(["-c", "sleep 30 & sleep 30"]),
+            Duration::from_millis(300),
+            1024,
+        )
+        .expect_err("times out");
+        assert!(matches!(e, ChildError::TimedOut { .. }), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let big = run_bounded(
+            Command::new("sh").args(["-c", "head -c 100000 /dev/zero"]),
+            Duration::from_secs(10),
+            10,
+        )
+        .expect("runs");
+        assert_eq!(big.stdout.len(), 10);
+    }
+}

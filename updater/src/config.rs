@@ -1,0 +1,171 @@
+//! The updater's configuration file (TOML, typed, validated, unknown keys rejected).
+
+use fleet_wire::UnitName;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Where the configuration lives by default.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/harmony-fleet/updater.toml";
+/// Largest configuration file read, in bytes.
+pub const CONFIG_MAX_BYTES: u64 = 64 * 1024;
+
+/// The file as written; every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    root: Option<PathBuf>,
+    extra_ca_file: Option<PathBuf>,
+    agent_unit: Option<String>,
+    agent_user: Option<String>,
+    socket_group: Option<String>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Root prefix of every managed path (`/` on a device).
+    pub root: PathBuf,
+    /// PEM file of extra CA certificates trusted for artifact downloads, besides the system roots.
+    pub extra_ca_file: Option<PathBuf>,
+    /// The agent's systemd unit.
+    pub agent_unit: UnitName,
+    /// The user the candidate's `--self-test` runs as.
+    pub agent_user: String,
+    /// The group admitted to the socket (besides root).
+    pub socket_group: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/"),
+            extra_ca_file: None,
+            agent_unit: UnitName::try_from("fleet-agent.service")
+                .unwrap_or_else(|_| unreachable!("a valid literal unit name")),
+            agent_user: "fleet-agent".into(),
+            socket_group: "fleet-agent".into(),
+        }
+    }
+}
+
+/// The configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration {path}: {why}")]
+pub struct ConfigError {
+    path: String,
+    why: String,
+}
+
+fn account_name_ok(s: &str) -> bool {
+    let mut chars = s.chars();
+    s.len() <= 32
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+impl Config {
+    /// Parses and validates TOML text; `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let fail = |why: String| ConfigError {
+            path: origin.into(),
+            why,
+        };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| fail(e.to_string()))?;
+        let mut c = Config::default();
+        if let Some(root) = raw.root {
+            if !root.is_absolute() {
+                return Err(fail(format!(
+                    "root {} must be an absolute path",
+                    root.display()
+                )));
+            }
+            c.root = root;
+        }
+        if let Some(ca) = raw.extra_ca_file {
+            if !ca.is_absolute() {
+                return Err(fail(format!(
+                    "extra_ca_file {} must be an absolute path",
+                    ca.display()
+                )));
+            }
+            c.extra_ca_file = Some(ca);
+        }
+        if let Some(unit) = raw.agent_unit {
+            c.agent_unit =
+                UnitName::try_from(unit).map_err(|e| fail(format!("agent_unit: {e}")))?;
+            if !c.agent_unit.as_str().ends_with(".service") {
+                return Err(fail("agent_unit must name a .service unit".into()));
+            }
+        }
+        for (key, value, slot) in [
+            ("agent_user", raw.agent_user, &mut c.agent_user),
+            ("socket_group", raw.socket_group, &mut c.socket_group),
+        ] {
+            if let Some(v) = value {
+                if !account_name_ok(&v) {
+                    return Err(fail(format!(
+                        "{key} {v:?} is not a user/group name ([a-z_][a-z0-9_-]*, at most 32)"
+                    )));
+                }
+                *slot = v;
+            }
+        }
+        Ok(c)
+    }
+
+    /// Reads and validates the file at `path`. A missing file at the default path means the defaults.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let origin = path.display().to_string();
+        let fail = |why: String| ConfigError {
+            path: origin.clone(),
+            why,
+        };
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && path == Path::new(DEFAULT_CONFIG_PATH) =>
+            {
+                return Ok(Config::default())
+            }
+            Err(e) => return Err(fail(e.to_string())),
+        };
+        if meta.len() > CONFIG_MAX_BYTES {
+            return Err(fail(format!("larger than {CONFIG_MAX_BYTES} bytes")));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+        Self::parse(&text, &origin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_validates_and_rejects_unknown_keys() {
+        let c = Config::parse(
+            "root = \"/tmp/x\"\nextra_ca_file = \"/etc/ca.pem\"\nagent_unit = \"a.service\"\nagent_user = \"agent\"\n",
+            "t",
+        )
+        .expect("valid");
+        assert_eq!(c.root, Path::new("/tmp/x"));
+        assert_eq!(c.agent_unit.as_str(), "a.service");
+        assert_eq!(c.socket_group, "fleet-agent");
+        assert_eq!(Config::parse("", "t").expect("empty"), Config::default());
+        for bad in [
+            "rooot = \"/\"",
+            "root = \"relative\"",
+            "agent_unit = \"x\"",
+            "agent_unit = \"x.socket\"",
+            "agent_user = \"Root;rm\"",
+            "root = 3",
+        ] {
+            assert!(Config::parse(bad, "t").is_err(), "{bad}");
+        }
+        let e = Config::parse("rooot = \"/\"", "/etc/u.toml").expect_err("unknown");
+        assert!(e.to_string().contains("rooot"), "{e}");
+    }
+}

@@ -1,0 +1,125 @@
+//! The candidate probe: `<candidate> --self-test` as the agent user (uid, gid, supplementary groups, clean
+//! environment), bounded and killed on time-out; its report's version must equal the target.
+
+use crate::child::{self, ChildError};
+use crate::users::{self, UserIds};
+use fleet_wire::probe::SELF_TEST_REPORT_MAX_BYTES;
+use fleet_wire::{SelfTestReport, UpgradeReason, Version};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// Why the probe did not pass.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ProbeError {
+    /// `probe-failed` or `version-mismatch`.
+    pub reason: UpgradeReason,
+    /// For a person.
+    pub message: String,
+}
+
+fn failed(message: String) -> ProbeError {
+    ProbeError {
+        reason: UpgradeReason::ProbeFailed,
+        message,
+    }
+}
+
+/// Runs the self-test probe of candidates as one user.
+#[derive(Debug, Clone)]
+pub struct Prober {
+    user: String,
+    bound: Duration,
+}
+
+impl Prober {
+    /// Probes as `user`, bounded by `bound` (production: [`fleet_wire::limits::PROBE_TIMEOUT`]).
+    pub fn new(user: impl Into<String>, bound: Duration) -> Self {
+        Self {
+            user: user.into(),
+            bound,
+        }
+    }
+
+    fn command(candidate: &Path, user: &UserIds) -> Command {
+        let mut cmd = Command::new(candidate);
+        cmd.arg("--self-test")
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", &user.home)
+            .env("USER", &user.name)
+            .env("LOGNAME", &user.name)
+            .env("LANG", "C.UTF-8")
+            .current_dir("/");
+        let (uid, gid, groups) = (user.uid, user.gid, user.groups.clone());
+        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system calls on data
+        // prepared before the fork. Groups first, then gid, then uid: each step needs the privilege the next drops.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Runs the probe of `candidate` and checks its report against `target`.
+    pub fn probe(&self, candidate: &Path, target: &Version) -> Result<SelfTestReport, ProbeError> {
+        let user =
+            users::user_by_name(&self.user).map_err(|e| failed(format!("probe user: {e}")))?;
+        let mut cmd = Self::command(candidate, &user);
+        let finished = child::run_bounded(&mut cmd, self.bound, SELF_TEST_REPORT_MAX_BYTES + 1)
+            .map_err(|e| match e {
+                ChildError::TimedOut { bound, .. } => failed(format!(
+                    "self-test did not finish within {bound:?} and was killed"
+                )),
+                e => failed(format!("self-test: {e}")),
+            })?;
+        let out = String::from_utf8_lossy(&finished.stdout);
+        let line = out.trim();
+        if line.is_empty() || line.contains('\n') {
+            return Err(failed(format!(
+                "self-test ({}) printed {} instead of exactly one report line; stderr: {}",
+                finished.status,
+                if line.is_empty() {
+                    "nothing"
+                } else {
+                    "several lines"
+                },
+                finished.stderr_tail()
+            )));
+        }
+        let report = SelfTestReport::parse(line.as_bytes())
+            .map_err(|e| failed(format!("self-test report: {e}")))?;
+        if &report.version != target {
+            return Err(ProbeError {
+                reason: UpgradeReason::VersionMismatch,
+                message: format!(
+                    "candidate reports version {}, the attempt targets {}",
+                    report.version, target
+                ),
+            });
+        }
+        if !report.passed || !finished.status.success() {
+            let why = report.first_failure().map_or_else(
+                || format!("exit status {}", finished.status),
+                |c| {
+                    format!(
+                        "check {} failed: {}",
+                        c.name,
+                        c.error.as_ref().map_or("", |e| e.as_str())
+                    )
+                },
+            );
+            return Err(failed(format!("self-test failed: {why}")));
+        }
+        Ok(report)
+    }
+}

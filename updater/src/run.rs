@@ -1,0 +1,59 @@
+//! The daemon: configuration, journal and start-up recovery, the socket, readiness, then serving forever.
+
+use crate::config::Config;
+use crate::fault::Faults;
+use crate::fetcher;
+use crate::paths::Paths;
+use crate::probe::Prober;
+use crate::service::Systemctl;
+use crate::socket::{self, ServerConfig};
+use crate::transaction::{Bounds, Deps, Updater};
+use crate::{notify, users};
+use fleet_wire::limits::PROBE_TIMEOUT;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Runs the updater with the configuration at `config_path`. Returns only on a start-up error (journal,
+/// configuration, socket), with a message that tells the operator what to inspect.
+pub fn run(config_path: &Path) -> Result<(), String> {
+    let cfg = Config::load(config_path).map_err(|e| e.to_string())?;
+    let paths = Paths::new(&cfg.root);
+    let allowed_gid = users::group_gid(&cfg.socket_group).map_err(|e| e.to_string())?;
+    let deps = Deps {
+        fetcher: fetcher::production(cfg.extra_ca_file.as_deref())?,
+        services: Arc::new(Systemctl),
+        prober: Prober::new(cfg.agent_user.clone(), PROBE_TIMEOUT),
+        faults: Faults::from_env(),
+    };
+    let (updater, pending) = Updater::open(
+        paths.clone(),
+        cfg.agent_unit.clone(),
+        deps,
+        Bounds::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let listener = socket::bind(&paths, allowed_gid)
+        .map_err(|e| format!("cannot create {}: {e}", paths.socket().display()))?;
+    log::info!(
+        "fleet-updater {} listening on {} (root {})",
+        env!("CARGO_PKG_VERSION"),
+        paths.socket().display(),
+        paths.root().display()
+    );
+    if let Err(e) = notify::notify("READY=1\nSTATUS=serving") {
+        log::warn!("sd_notify READY=1 failed: {e}");
+    }
+    if let Some(p) = pending {
+        let u = updater.clone();
+        std::thread::Builder::new()
+            .name("recovery".into())
+            .spawn(move || {
+                if let Err(c) = u.finish_recovery(p) {
+                    log::error!("{c}");
+                }
+            })
+            .map_err(|e| format!("cannot start the recovery thread: {e}"))?;
+    }
+    socket::serve(listener, updater, ServerConfig::new(allowed_gid))
+        .map_err(|e| format!("serving {}: {e}", paths.socket().display()))
+}

@@ -1,0 +1,636 @@
+//! The agent-upgrade transaction: accepting an attempt, preparing (fetch, install, probe), the cutover (stop,
+//! switch, start, commit) and the rollback path, each durable step journaled before the next begins.
+
+use crate::accept::{self, Decision};
+use crate::durable;
+use crate::fault::{Crashed, Faults};
+use crate::fetcher::Fetcher;
+use crate::install;
+use crate::journal::{Journal, JournalError};
+use crate::machine::{self, Event, Recovery};
+use crate::paths::Paths;
+use crate::probe::Prober;
+use crate::service::ServiceManager;
+use fleet_wire::limits::{UPDATER_START_BOUND, UPDATER_STOP_BOUND};
+use fleet_wire::{
+    AgentUpgradeAttempt, Architecture, BoundedText, CutoverStep, ErrorCode, Id128, JournalPhase,
+    Response, Timestamp, UnitName, UpdaterStatus, UpgradeReason,
+};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The updater's own unit: its journald log tells each attempt's story.
+pub const UPDATER_UNIT: &str = "fleet-updater.service";
+
+/// What the transaction needs from the outside world.
+pub struct Deps {
+    /// Downloads artifacts.
+    pub fetcher: Box<dyn Fetcher>,
+    /// Stops and starts the agent unit.
+    pub services: Arc<dyn ServiceManager>,
+    /// Probes candidates.
+    pub prober: Prober,
+    /// Crash points (tests).
+    pub faults: Faults,
+}
+
+/// Bounds of the cutover's service operations.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// `systemctl stop` bound.
+    pub stop: Duration,
+    /// `systemctl start` bound.
+    pub start: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            stop: UPDATER_STOP_BOUND,
+            start: UPDATER_START_BOUND,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    journal: Option<Journal>,
+    step: Option<(CutoverStep, Timestamp)>,
+    recovering: bool,
+    /// Set when the journal could not be written: the transaction stopped; a restart recovers.
+    fatal: Option<String>,
+}
+
+struct Inner {
+    paths: Paths,
+    unit: UnitName,
+    deps: Deps,
+    bounds: Bounds,
+    state: Mutex<State>,
+    /// Held while a mutating request is being accepted: one at a time.
+    mutating: Mutex<()>,
+    boot_id: Option<Id128>,
+    invocation_id: Option<Id128>,
+}
+
+/// The updater: cheap to clone, shared by the socket handlers and the transaction thread.
+#[derive(Clone)]
+pub struct Updater {
+    inner: Arc<Inner>,
+}
+
+/// Why a transaction stopped dead (nothing after the point ran, nothing was cleaned up).
+#[derive(Debug)]
+enum Stop {
+    Crashed(Crashed),
+    JournalWrite(String),
+}
+
+impl From<Crashed> for Stop {
+    fn from(c: Crashed) -> Self {
+        Stop::Crashed(c)
+    }
+}
+
+/// A step of preparation failed (the attempt fails) or the transaction stopped dead.
+enum Fail {
+    Stop(Stop),
+    Step(UpgradeReason, String),
+}
+
+impl From<Crashed> for Fail {
+    fn from(c: Crashed) -> Self {
+        Fail::Stop(Stop::Crashed(c))
+    }
+}
+
+/// The result of accepting an upgrade request.
+#[derive(Debug)]
+pub enum Accepted {
+    /// A new transaction was journaled; run it with [`Updater::run_transaction`].
+    Started(UpdaterStatus),
+    /// Same attempt as the current one: nothing to run.
+    Current(UpdaterStatus),
+}
+
+/// An upgrade request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The error code to answer with.
+    pub code: ErrorCode,
+    /// For a person.
+    pub message: String,
+}
+
+impl Refused {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Refused> for Response {
+    fn from(r: Refused) -> Response {
+        Response::error(r.code, r.message)
+    }
+}
+
+/// The stop/start part of start-up recovery, which continues after the updater's readiness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingRecovery {
+    stop_first: bool,
+}
+
+/// The updater could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The journal is unreadable or invalid.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// A recovery step could not be journaled.
+    #[error("start-up recovery could not write the journal: {0}")]
+    JournalWrite(String),
+    /// A crash point was hit during recovery (fault injection).
+    #[error(transparent)]
+    Crashed(#[from] Crashed),
+}
+
+fn read_boot_id() -> Option<Id128> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .and_then(|s| Id128::parse_lenient(&s).ok())
+}
+
+/// Downloads interrupted by a crash are useless: a new attempt downloads again.
+fn remove_partial_downloads(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_file()) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+fn path_text(p: &Path) -> Option<String> {
+    p.to_str().map(str::to_owned)
+}
+
+impl Updater {
+    /// Opens the updater over `paths`: reads the journal (an unreadable or invalid one is an error: the socket
+    /// must not open) and runs the synchronous part of start-up recovery, which selects the previous link and
+    /// persists the recovery phase. Run the returned [`PendingRecovery`] (stop/start) after readiness.
+    pub fn open(
+        paths: Paths,
+        unit: UnitName,
+        deps: Deps,
+        bounds: Bounds,
+    ) -> Result<(Updater, Option<PendingRecovery>), StartError> {
+        let journal = Journal::load(&paths.journal())?;
+        remove_partial_downloads(&paths.download_dir());
+        let updater = Updater {
+            inner: Arc::new(Inner {
+                paths,
+                unit,
+                deps,
+                bounds,
+                state: Mutex::new(State {
+                    journal,
+                    ..State::default()
+                }),
+                mutating: Mutex::new(()),
+                boot_id: read_boot_id(),
+                invocation_id: std::env::var("INVOCATION_ID")
+                    .ok()
+                    .and_then(|s| Id128::parse_lenient(&s).ok()),
+            }),
+        };
+        let pending = updater.recover_sync().map_err(|s| match s {
+            Stop::Crashed(c) => StartError::Crashed(c),
+            Stop::JournalWrite(e) => StartError::JournalWrite(e),
+        })?;
+        updater.state().recovering = pending.is_some();
+        Ok((updater, pending))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means a handler panicked; the state itself stays consistent.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn faults(&self) -> &Faults {
+        &self.inner.deps.faults
+    }
+
+    /// The paths this updater manages.
+    pub fn paths(&self) -> &Paths {
+        &self.inner.paths
+    }
+
+    /// What the updater knows; never waits for a transaction step.
+    pub fn status(&self) -> UpdaterStatus {
+        let st = self.state();
+        let agent_upgrade = st.journal.as_ref().map(|j| {
+            let mut s = j.public(
+                st.step,
+                self.inner.boot_id.clone(),
+                self.inner.invocation_id.clone(),
+                UnitName::try_from(UPDATER_UNIT).ok(),
+            );
+            if let Some(f) = &st.fatal {
+                s.error = Some(BoundedText::lossy(f));
+            }
+            s
+        });
+        UpdaterStatus {
+            updater_version: env!("CARGO_PKG_VERSION").into(),
+            boot_id: self.inner.boot_id.clone(),
+            recovering: st.recovering,
+            agent_upgrade,
+            system_upgrade: None,
+        }
+    }
+
+    /// Moves the journal by `event`, persisting before returning; `error` replaces the stored error if given.
+    fn transition(&self, event: Event, error: Option<String>) -> Result<(), Stop> {
+        let Some(mut j) = self.state().journal.clone() else {
+            return Err(Stop::JournalWrite("no transaction to move".into()));
+        };
+        let from = j.phase;
+        j.apply(event, Timestamp::now())
+            .map_err(|e| Stop::JournalWrite(e.to_string()))?;
+        if let Some(e) = &error {
+            j.error = Some(BoundedText::lossy(e));
+        }
+        if let Err(e) = j.store(&self.inner.paths.journal()) {
+            let msg = format!("{e}; the transaction stopped: restart fleet-updater to recover");
+            log::error!("attempt {}: {msg}", j.attempt.attempt_id);
+            self.state().fatal = Some(msg.clone());
+            return Err(Stop::JournalWrite(msg));
+        }
+        log::info!(
+            "attempt {}: {:?} -> {:?}{}{}",
+            j.attempt.attempt_id,
+            from,
+            j.phase,
+            j.reason.map(|r| format!(" ({r:?})")).unwrap_or_default(),
+            error.map(|e| format!(": {e}")).unwrap_or_default()
+        );
+        let mut st = self.state();
+        if j.phase != JournalPhase::Activating {
+            st.step = None;
+        }
+        st.journal = Some(j);
+        Ok(())
+    }
+
+    fn set_detail(&self, detail: &str) {
+        if let Some(j) = self.state().journal.as_mut() {
+            j.detail = Some(BoundedText::lossy(detail));
+        }
+    }
+
+    fn set_step(&self, step: CutoverStep) {
+        self.state().step = Some((step, Timestamp::now()));
+    }
+
+    /// Accepts an upgrade request: validates it, decides (idempotent, conflict, quarantined, busy) and journals a
+    /// new transaction in `preparing`. Only one mutating request is accepted at a time.
+    pub fn accept(&self, attempt: AgentUpgradeAttempt) -> Result<Accepted, Refused> {
+        let Ok(_one_at_a_time) = self.inner.mutating.try_lock() else {
+            return Err(Refused::new(
+                ErrorCode::Busy,
+                "another mutating request is being handled; try again",
+            ));
+        };
+        if Architecture::current() != Some(attempt.architecture) {
+            return Err(Refused::new(
+                ErrorCode::Invalid,
+                format!(
+                    "invalid architecture: the attempt is for {}, this device is {}",
+                    attempt.architecture,
+                    Architecture::current().map_or("unsupported", |a| a.as_str())
+                ),
+            ));
+        }
+        let earlier = {
+            let st = self.state();
+            if st.recovering {
+                return Err(Refused::new(
+                    ErrorCode::Busy,
+                    "start-up recovery is still restarting the previous agent; try again",
+                ));
+            }
+            match accept::decide(st.journal.as_ref(), &attempt) {
+                Decision::Current => {
+                    drop(st);
+                    return Ok(Accepted::Current(self.status()));
+                }
+                Decision::Conflict(m) => return Err(Refused::new(ErrorCode::Conflict, m)),
+                Decision::Quarantined => {
+                    return Err(Refused::new(
+                        ErrorCode::Quarantined,
+                        "the updater is in rollback-failed and refuses every new attempt until root repair \
+                         (docs/updater.md, \"Root repair\")",
+                    ))
+                }
+                Decision::Busy => {
+                    return Err(Refused::new(
+                        ErrorCode::Busy,
+                        "another upgrade transaction is running; try again when it has ended",
+                    ))
+                }
+                Decision::Start => st
+                    .journal
+                    .as_ref()
+                    .map(Journal::successor_history)
+                    .unwrap_or_default(),
+            }
+        };
+        let paths = &self.inner.paths;
+        let link = paths.active_link();
+        let internal = |m: String| Refused::new(ErrorCode::Internal, m);
+        let previous = std::fs::read_link(&link).map_err(|e| {
+            internal(format!(
+                "cannot read the active agent link {}: {e}; device setup installs it",
+                link.display()
+            ))
+        })?;
+        if !paths.resolve_link_target(&previous).is_file() {
+            return Err(internal(format!(
+                "the active agent link {} points at {}, which is not a file; repair as root",
+                link.display(),
+                previous.display()
+            )));
+        }
+        let target = paths.binary(&attempt.target_version);
+        let (Some(previous), Some(target)) = (path_text(&previous), path_text(&target)) else {
+            return Err(internal("a managed path is not UTF-8".into()));
+        };
+        let id = attempt.attempt_id;
+        let mut j = Journal::begin(attempt, previous, target, earlier, Timestamp::now());
+        j.detail = Some(BoundedText::lossy("accepted"));
+        j.validate().map_err(internal)?;
+        j.store(&paths.journal())
+            .map_err(|e| internal(e.to_string()))?;
+        log::info!("attempt {id}: accepted, journal preparing");
+        {
+            let mut st = self.state();
+            st.journal = Some(j);
+            st.step = None;
+            st.fatal = None;
+        }
+        Ok(Accepted::Started(self.status()))
+    }
+
+    /// Accepts `attempt` and, when it starts a transaction, runs it on this thread (tests and tools).
+    pub fn upgrade_blocking(&self, attempt: AgentUpgradeAttempt) -> Result<Response, Crashed> {
+        match self.accept(attempt) {
+            Err(r) => Ok(r.into()),
+            Ok(Accepted::Current(status)) => Ok(Response::Accepted { status }),
+            Ok(Accepted::Started(_)) => {
+                self.run_transaction()?;
+                Ok(Response::Accepted {
+                    status: self.status(),
+                })
+            }
+        }
+    }
+
+    /// Runs the accepted transaction to its end (committed, failed or rollback-failed). `Err` only when a crash
+    /// point stopped it dead.
+    pub fn run_transaction(&self) -> Result<(), Crashed> {
+        match self.transact() {
+            Ok(()) => Ok(()),
+            Err(Stop::Crashed(c)) => Err(c),
+            Err(Stop::JournalWrite(e)) => {
+                log::error!("transaction stopped: {e}");
+                Ok(())
+            }
+        }
+    }
+
+    fn transact(&self) -> Result<(), Stop> {
+        self.faults().check("journal-preparing")?;
+        let Some(j) = self.state().journal.clone() else {
+            return Ok(());
+        };
+        if j.phase != JournalPhase::Preparing {
+            return Ok(());
+        }
+        match self.prepare(&j.attempt) {
+            Ok(()) => {}
+            Err(Fail::Stop(s)) => return Err(s),
+            Err(Fail::Step(reason, msg)) => {
+                self.set_detail("preparation failed; the previous agent keeps running");
+                self.transition(Event::PrepareFailed(reason), Some(msg))?;
+                self.faults().check("journal-failed")?;
+                return Ok(());
+            }
+        }
+        self.set_detail("candidate probed; stopping the agent");
+        self.transition(Event::Prepared, None)?;
+        self.faults().check("journal-activating")?;
+        self.cutover(&j)
+    }
+
+    fn prepare(&self, attempt: &AgentUpgradeAttempt) -> Result<(), Fail> {
+        let paths = &self.inner.paths;
+        let dest = paths.binary(&attempt.target_version);
+        let limit = attempt.effective_byte_limit();
+        let step = |r: UpgradeReason, m: String| Fail::Step(r, m);
+        if std::fs::symlink_metadata(&dest).is_ok() {
+            self.set_detail("re-verifying the installed candidate");
+            install::reverify(&dest, &attempt.sha256, limit)
+                .map_err(|e| step(e.reason, e.message))?;
+        } else {
+            let tmp = paths.download_dir();
+            durable::ensure_dir(&paths.binaries_dir(), 0o755)
+                .and_then(|()| durable::ensure_dir(&tmp, 0o700))
+                .map_err(|e| {
+                    step(
+                        UpgradeReason::InstallFailed,
+                        format!("creating {}: {e}", tmp.display()),
+                    )
+                })?;
+            self.set_detail("downloading the candidate");
+            let d = self
+                .inner
+                .deps
+                .fetcher
+                .fetch(attempt, &tmp)
+                .map_err(|e| step(e.reason, e.message))?;
+            self.faults().check("fetched")?;
+            if d.sha256 != attempt.sha256 {
+                let _ = std::fs::remove_file(&d.path);
+                return Err(step(
+                    UpgradeReason::DigestMismatch,
+                    format!("downloaded SHA-256 {} is not {}", d.sha256, attempt.sha256),
+                ));
+            }
+            install::install(&d.path, &dest).map_err(|e| step(e.reason, e.message))?;
+            self.faults().check("installed")?;
+        }
+        self.set_detail("probing the candidate (--self-test)");
+        self.inner
+            .deps
+            .prober
+            .probe(&dest, &attempt.target_version)
+            .map_err(|e| step(e.reason, e.message))?;
+        self.faults().check("probed")?;
+        Ok(())
+    }
+
+    fn cutover(&self, j: &Journal) -> Result<(), Stop> {
+        let unit = &self.inner.unit;
+        let services = &self.inner.deps.services;
+        self.set_step(CutoverStep::Stopping);
+        let t0 = Instant::now();
+        if let Err(e) = services.stop(unit, self.inner.bounds.stop) {
+            return self.roll_back(UpgradeReason::StopFailed, format!("stopping {unit}: {e}"));
+        }
+        let drained = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if let Some(j) = self.state().journal.as_mut() {
+            j.drain_duration_ms = Some(drained);
+        }
+        self.faults().check("stopped")?;
+        let link = self.inner.paths.active_link();
+        if let Err(e) = durable::replace_symlink(&link, Path::new(&j.target_link)) {
+            return self.roll_back(
+                UpgradeReason::StartFailed,
+                format!("switching {} to {}: {e}", link.display(), j.target_link),
+            );
+        }
+        self.faults().check("link-switched")?;
+        self.set_step(CutoverStep::Starting);
+        self.set_detail("starting the candidate; commit on readiness");
+        if let Err(e) = services.start(unit, self.inner.bounds.start) {
+            return self.roll_back(
+                UpgradeReason::StartFailed,
+                format!("starting {unit} with the candidate: {e}"),
+            );
+        }
+        self.faults().check("started")?;
+        self.set_detail("the candidate is ready: committed");
+        self.transition(Event::Ready, None)?;
+        self.faults().check("journal-committed")?;
+        Ok(())
+    }
+
+    fn roll_back(&self, reason: UpgradeReason, error: String) -> Result<(), Stop> {
+        self.set_detail("rolling back to the previous agent");
+        self.transition(Event::CutoverFailed(reason), Some(error))?;
+        self.faults().check("journal-rolling-back")?;
+        if self.restore_link()? {
+            self.restart_previous(true, reason)?;
+        }
+        Ok(())
+    }
+
+    /// Selects the previous binary again. On failure journals `rollback-failed` and returns false.
+    fn restore_link(&self) -> Result<bool, Stop> {
+        let Some(previous) = self
+            .state()
+            .journal
+            .as_ref()
+            .map(|j| j.previous_link.clone())
+        else {
+            return Ok(false);
+        };
+        let link = self.inner.paths.active_link();
+        if let Err(e) = durable::replace_symlink(&link, Path::new(&previous)) {
+            self.set_detail("restoring the previous link failed: quarantined");
+            self.transition(
+                Event::RestoreFailed,
+                Some(format!("restoring {} -> {previous}: {e}", link.display())),
+            )?;
+            self.faults().check("journal-rollback-failed")?;
+            return Ok(false);
+        }
+        self.faults().check("link-restored")?;
+        Ok(true)
+    }
+
+    /// Stops (when `stop_first`) and starts the agent unit with the previous link selected, then journals
+    /// `failed` (previous agent running) or `rollback-failed`.
+    fn restart_previous(&self, stop_first: bool, reason: UpgradeReason) -> Result<(), Stop> {
+        let unit = &self.inner.unit;
+        let services = &self.inner.deps.services;
+        if stop_first {
+            self.set_detail("stopping the agent to restore the previous binary");
+            if let Err(e) = services.stop(unit, self.inner.bounds.stop) {
+                // Starting still decides: systemd's own stop time-out has killed the agent by now.
+                log::warn!("rollback: stopping {unit}: {e}");
+            }
+            self.faults().check("rollback-stopped")?;
+        }
+        self.set_detail("starting the previous agent");
+        if let Err(e) = services.start(unit, self.inner.bounds.start) {
+            self.set_detail("starting the previous agent failed: quarantined");
+            self.transition(
+                Event::RestoreFailed,
+                Some(format!("starting {unit} with the previous binary: {e}")),
+            )?;
+            self.faults().check("journal-rollback-failed")?;
+            return Ok(());
+        }
+        self.faults().check("rollback-started")?;
+        self.set_detail("the previous agent is running again");
+        self.transition(Event::RolledBack(reason), None)?;
+        self.faults().check("journal-failed")?;
+        Ok(())
+    }
+
+    /// The synchronous part of start-up recovery (before readiness): the seed's table, row by row.
+    fn recover_sync(&self) -> Result<Option<PendingRecovery>, Stop> {
+        let Some(phase) = self.state().journal.as_ref().map(|j| j.phase) else {
+            return Ok(None);
+        };
+        let plan = machine::recovery(phase);
+        log::info!("start-up recovery: journal phase {phase:?}: {plan:?}");
+        match plan {
+            Recovery::Keep => Ok(None),
+            Recovery::Quarantine => {
+                log::error!(
+                    "the updater is quarantined (rollback-failed): every new attempt is refused until root repair"
+                );
+                Ok(None)
+            }
+            Recovery::RestoreAndStart => {
+                self.set_detail("interrupted during preparation: restoring the previous agent");
+                Ok(self
+                    .restore_link()?
+                    .then_some(PendingRecovery { stop_first: false }))
+            }
+            Recovery::RollBack | Recovery::RepeatRollBack => {
+                self.set_detail("interrupted: rolling back to the previous agent");
+                self.transition(Event::Interrupted, None)?;
+                self.faults().check("journal-rolling-back")?;
+                Ok(self
+                    .restore_link()?
+                    .then_some(PendingRecovery { stop_first: true }))
+            }
+        }
+    }
+
+    /// The rest of start-up recovery (stop/start of the previous agent), run after readiness while status
+    /// answers with `recovering: true`.
+    pub fn finish_recovery(&self, pending: PendingRecovery) -> Result<(), Crashed> {
+        let r = self.restart_previous(pending.stop_first, UpgradeReason::Interrupted);
+        self.state().recovering = false;
+        match r {
+            Ok(()) => Ok(()),
+            Err(Stop::Crashed(c)) => Err(c),
+            Err(Stop::JournalWrite(e)) => {
+                log::error!("recovery stopped: {e}");
+                Ok(())
+            }
+        }
+    }
+}
