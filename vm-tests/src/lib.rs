@@ -1,4 +1,6 @@
 //! `fleet-vm-tests`: whole-device scenarios on real systemd. The tests in `tests/` boot Debian guests with
 //! systemd-nspawn (`fleet_rig::nspawn`), install Harmony Fleet with `scripts/device-setup`, and drive upgrades.
 
+pub mod builds;
 pub mod device;
+pub mod fleet;

@@ -11,14 +11,25 @@ fn guest_boots_reboots_and_reaches_the_host() {
     let first = guest.boot_id();
     assert_eq!(first.len(), 36, "boot id {first:?}");
 
-    // NATS on the host's 127.0.0.1 is reachable from the guest's private network through the relay.
+    // NATS on the host's 127.0.0.1 is reachable at the guest's own 127.0.0.1 through the relay.
     let relay = guest.forward(nats.port());
     let hello = guest.sh(&format!(
         "busybox timeout 5 busybox nc {} {} </dev/null | head -c 4",
-        relay.addr().ip(),
+        "127.0.0.1",
         relay.addr().port()
     ));
     assert_eq!(hello, "INFO", "the guest did not see the NATS greeting");
+    // Offline: the relay refuses to carry connections; online again: it does.
+    let probe = "busybox timeout 5 busybox nc 127.0.0.1 PORT </dev/null | head -c 4"
+        .replace("PORT", &relay.addr().port().to_string());
+    relay.set_connected(false);
+    assert_eq!(
+        guest.try_sh(&probe).1,
+        "",
+        "the relay carried a connection while offline"
+    );
+    relay.set_connected(true);
+    assert_eq!(guest.sh(&probe), "INFO");
 
     let second = guest.reboot();
     assert_ne!(first, second, "a reboot gives a new boot id");

@@ -550,14 +550,15 @@ done
         self.wait_up(Duration::from_secs(60));
     }
 
-    /// Exposes `127.0.0.1:<port>` of the host to the guest at `<host_ip>:<port>` (a TCP relay in this process).
-    /// Dropping the returned handle, or [`Forward::set_connected`]`(false)`, takes the relay down: the guest
-    /// then sees its connections reset and new ones refused, as for a device that went offline.
+    /// Exposes the host's `127.0.0.1:<port>` to the guest at the guest's own `127.0.0.1:<port>`: a relay in this
+    /// process whose listening socket lives in the guest's network namespace. URLs and certificates made for
+    /// `127.0.0.1` (NATS, the test CA's HTTPS servers) therefore work unchanged inside the guest. Dropping the
+    /// guest, or [`ForwardHandle::set_connected`]`(false)`, takes the relay down: the guest then sees its
+    /// connections reset and new ones refused, as for a device that went offline.
     pub fn forward(&mut self, port: u16) -> ForwardHandle {
-        let f = Forward::start(
-            SocketAddr::from((self.host_ip, port)),
-            SocketAddr::from(([127, 0, 0, 1], port)),
-        );
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let listener = bind_in_netns(&format!("/run/netns/{}", self.name), listen);
+        let f = Forward::start(listener, listen, listen);
         let h = f.handle();
         self.forwards.push(f);
         h
@@ -675,6 +676,26 @@ fn setup_network(name: &str) -> (Ipv4Addr, Ipv4Addr, String) {
     panic!("no free 10.213.x.y/30 for a guest veth pair");
 }
 
+/// Binds a TCP listener inside the network namespace at `netns_path`: a short-lived thread enters the namespace
+/// (setns affects only the calling thread), binds, and hands the socket back. The socket stays in that namespace;
+/// connections the relay makes from other threads are made in the host's namespace.
+fn bind_in_netns(netns_path: &str, addr: SocketAddr) -> TcpListener {
+    use std::os::fd::AsRawFd;
+    let ns = fs::File::open(netns_path).unwrap_or_else(|e| panic!("open {netns_path}: {e}"));
+    let t = std::thread::spawn(move || -> std::io::Result<TcpListener> {
+        // SAFETY: setns(2) on a valid, open namespace file descriptor; it changes only this thread, which ends
+        // right after binding.
+        let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        TcpListener::bind(addr)
+    });
+    t.join()
+        .unwrap_or_else(|_| panic!("relay bind thread panicked"))
+        .unwrap_or_else(|e| panic!("relay: bind {addr} in {netns_path}: {e}"))
+}
+
 /// A running TCP relay (see [`Guest::forward`]); stopped on drop.
 pub struct Forward {
     state: Arc<ForwardState>,
@@ -711,9 +732,7 @@ impl ForwardHandle {
 }
 
 impl Forward {
-    fn start(listen: SocketAddr, target: SocketAddr) -> Self {
-        let listener =
-            TcpListener::bind(listen).unwrap_or_else(|e| panic!("relay: bind {listen}: {e}"));
+    fn start(listener: TcpListener, listen: SocketAddr, target: SocketAddr) -> Self {
         listener
             .set_nonblocking(true)
             .unwrap_or_else(|e| panic!("relay: nonblocking: {e}"));

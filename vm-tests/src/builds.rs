@@ -1,0 +1,97 @@
+//! The project's binaries for whole-device tests: the updater and the agent at several compiled versions
+//! (`FLEET_AGENT_VERSION=… cargo build`), built once per test process into their own target directory.
+//!
+//! `cargo test` holds its own target directory's lock while tests run, so these builds use
+//! `<target dir>/vm-tests-build` (override: `FLEET_VM_BUILD_DIR`). Each version is copied out after its build,
+//! because the next version's build replaces the binary.
+
+use fleet_rig::workspace_root;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+/// The bootstrap version installed by device setup in the scenarios.
+pub const V1: &str = "1.0.0";
+/// The first upgrade target.
+pub const V2: &str = "2.0.0";
+/// A later target (the intent changed again while a device was offline).
+pub const V3: &str = "3.0.0";
+
+fn build_root() -> PathBuf {
+    if let Some(d) = std::env::var_os("FLEET_VM_BUILD_DIR") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join("vm-tests-build")
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO")
+        .ok()
+        .or_else(|| option_env!("CARGO").map(str::to_string))
+        .unwrap_or_else(|| "cargo".into())
+}
+
+static LOCK: Mutex<()> = Mutex::new(());
+static BUILT: OnceLock<Mutex<BTreeMap<String, PathBuf>>> = OnceLock::new();
+
+fn build(package: &str, bin: &str, version: Option<&str>) -> PathBuf {
+    let key = format!("{bin}@{}", version.unwrap_or("default"));
+    let built = BUILT.get_or_init(|| Mutex::new(BTreeMap::new()));
+    if let Some(p) = built.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return p.clone();
+    }
+    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = built.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return p.clone();
+    }
+    let root = build_root();
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(workspace_root())
+        .args(["build", "--quiet", "-p", package, "--bin", bin])
+        .env("CARGO_TARGET_DIR", root.join("target"));
+    match version {
+        Some(v) => cmd.env("FLEET_AGENT_VERSION", v),
+        None => cmd.env_remove("FLEET_AGENT_VERSION"),
+    };
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build {bin}: {e}"));
+    assert!(
+        out.status.success(),
+        "building {bin} ({key}) failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from = root.join("target/debug").join(bin);
+    let dest_dir = root.join("bin");
+    std::fs::create_dir_all(&dest_dir).unwrap_or_else(|e| panic!("mkdir {dest_dir:?}: {e}"));
+    let dest = dest_dir.join(match version {
+        Some(v) => format!("{bin}-v{v}"),
+        None => bin.to_string(),
+    });
+    copy_atomic(&from, &dest);
+    built
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, dest.clone());
+    dest
+}
+
+fn copy_atomic(from: &Path, to: &Path) {
+    let tmp = to.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::copy(from, &tmp).unwrap_or_else(|e| panic!("copy {from:?} to {tmp:?}: {e}"));
+    std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("rename {tmp:?} to {to:?}: {e}"));
+}
+
+/// The agent compiled with `FLEET_AGENT_VERSION=version`.
+pub fn agent(version: &str) -> PathBuf {
+    build("fleet-agent", "fleet-agent", Some(version))
+}
+
+/// The updater.
+pub fn updater() -> PathBuf {
+    build("fleet-updater", "fleet-updater", None)
+}

@@ -1,0 +1,243 @@
+//! A whole device for scenarios: an nspawn guest with Harmony Fleet installed by device setup, talking to a NATS
+//! server on the host through its veth relay, and the operator's side of NATS (buckets, desired state, intents,
+//! status) played by the test.
+#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this module is its one importer here
+
+use crate::builds;
+use crate::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
+use fleet_rig::nspawn::{ForwardHandle, Guest};
+use fleet_rig::{wait_for, NatsServer};
+use fleet_wire::{
+    kv, AgentUpgradeAttempt, AgentUpgradeStatus, DesiredState, DeviceId, UpgradePhase,
+};
+use std::path::Path;
+use std::time::Duration;
+
+/// The device id every scenario device uses.
+pub const DEVICE: &str = "device-1";
+/// Where the test CA certificate is placed in the guest (the updater's `extra_ca_file`).
+pub const GUEST_CA_FILE: &str = "/etc/harmony-fleet/test-ca.pem";
+
+/// The operator's side of NATS: every bucket of the layout, created as the operator would.
+pub struct Operator {
+    js: nats::jetstream::JetStream,
+}
+
+impl Operator {
+    /// Connects to `server` and creates every bucket of [`kv::BUCKETS`].
+    pub fn new(server: &NatsServer) -> Self {
+        let js = nats::jetstream::new(server.connect());
+        for spec in kv::BUCKETS {
+            js.create_key_value(&nats::kv::Config {
+                bucket: spec.name.to_owned(),
+                history: 1,
+                max_value_size: spec.max_value_bytes,
+                max_age: spec.max_age.unwrap_or(Duration::ZERO),
+                storage: nats::jetstream::StorageType::File,
+                ..Default::default()
+            })
+            .unwrap_or_else(|e| panic!("create bucket {}: {e}", spec.name));
+        }
+        Self { js }
+    }
+
+    fn store(&self, bucket: &str) -> nats::kv::Store {
+        self.js
+            .key_value(bucket)
+            .unwrap_or_else(|e| panic!("open bucket {bucket}: {e}"))
+    }
+
+    /// Writes the device's desired state.
+    pub fn put_desired(&self, desired: &DesiredState) {
+        let value = serde_json::to_vec(desired).unwrap_or_else(|e| panic!("json: {e}"));
+        self.store(kv::DESIRED_STATE)
+            .put(DEVICE, value)
+            .unwrap_or_else(|e| panic!("put desired state: {e}"));
+    }
+
+    /// Writes an upgrade intent (create on first write, else update by the current revision, like the operator).
+    pub fn put_intent(&self, attempt: &AgentUpgradeAttempt) {
+        let store = self.store(kv::AGENT_UPGRADE_INTENT);
+        let value = serde_json::to_vec(attempt).unwrap_or_else(|e| panic!("json: {e}"));
+        let current = store.entry(DEVICE).ok().flatten();
+        match current {
+            Some(e) if !e.value.is_empty() => {
+                store
+                    .update(DEVICE, value, e.revision)
+                    .unwrap_or_else(|e| panic!("CAS update intent: {e}"));
+            }
+            _ => {
+                store
+                    .put(DEVICE, value)
+                    .unwrap_or_else(|e| panic!("put intent: {e}"));
+            }
+        }
+    }
+
+    /// The device's current upgrade status in NATS, if any.
+    pub fn status(&self) -> Option<AgentUpgradeStatus> {
+        let raw = self.store(kv::AGENT_UPGRADE_STATUS).get(DEVICE).ok()??;
+        serde_json::from_slice(&raw).ok()
+    }
+
+    /// Whether the device has published its device info (the agent is up and talking to NATS).
+    pub fn has_device_info(&self) -> bool {
+        matches!(self.store(kv::DEVICE_INFO).get(DEVICE), Ok(Some(_)))
+    }
+
+    /// Waits until the status for `attempt` reaches `phase`; fails with the last status seen otherwise.
+    pub fn wait_phase(
+        &self,
+        attempt: &AgentUpgradeAttempt,
+        phase: UpgradePhase,
+        timeout: Duration,
+    ) -> AgentUpgradeStatus {
+        let mut last = None;
+        let found = wait_for(timeout, || {
+            let s = self.status()?;
+            let hit = s.attempt_id.as_ref() == Some(&attempt.attempt_id) && s.phase == phase;
+            last = Some(s.clone());
+            hit.then_some(s)
+        });
+        found.unwrap_or_else(|| {
+            panic!(
+                "status of attempt {} did not reach {phase:?} within {timeout:?}; last: {last:#?}",
+                attempt.attempt_id
+            )
+        })
+    }
+}
+
+/// A device: the guest, its NATS relay, and the versions installed.
+pub struct Device {
+    /// The booted guest.
+    pub guest: Guest,
+    /// The guest's connection to NATS (switch it off for an offline device).
+    pub nats_link: ForwardHandle,
+}
+
+/// The agent configuration scenarios use.
+pub fn agent_config(nats_url: &str) -> String {
+    format!(
+        "device_id = \"{DEVICE}\"\n\n[nats]\nurls = [\"{nats_url}\"]\nconnect_timeout_secs = 5\n\n\
+         [intervals]\nheartbeat_secs = 5\nupdater_poll_ms = 200\n"
+    )
+}
+
+impl Device {
+    /// Boots a guest and installs the updater and agent `bootstrap` with device setup; waits until both units
+    /// are active and the agent has published its device info. `ca_pem` is trusted by the updater for artifacts.
+    pub fn install(
+        nats: &NatsServer,
+        operator: &Operator,
+        bootstrap: &str,
+        ca_pem: Option<&[u8]>,
+    ) -> Self {
+        let mut guest = Guest::boot();
+        let nats_link = guest.forward(nats.port());
+        stage_setup(&guest);
+        let agent = stage_file(
+            &guest,
+            &builds::agent(bootstrap),
+            &format!("fleet-agent-v{bootstrap}"),
+            0o755,
+        );
+        let updater = stage_file(&guest, &builds::updater(), "fleet-updater", 0o755);
+        let url = format!("nats://{}", nats_link.addr());
+        let acfg = stage_bytes(&guest, agent_config(&url).as_bytes(), "agent.toml", 0o644);
+        let mut ucfg = String::new();
+        if let Some(pem) = ca_pem {
+            guest.write_file(GUEST_CA_FILE, pem, 0o644);
+            ucfg.push_str(&format!("extra_ca_file = \"{GUEST_CA_FILE}\"\n"));
+        }
+        let ucfg = stage_bytes(&guest, ucfg.as_bytes(), "updater.toml", 0o644);
+        let out = device_setup(
+            &guest,
+            &[
+                "--agent",
+                &agent,
+                "--updater",
+                &updater,
+                "--agent-config",
+                &acfg,
+                "--updater-config",
+                &ucfg,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "device-setup failed:\n{}\n{}\n{}",
+            text(&out),
+            guest.journal("fleet-agent.service", 40),
+            guest.journal("fleet-updater.service", 40)
+        );
+        let d = Self { guest, nats_link };
+        d.guest
+            .wait_unit("fleet-updater.service", "active", Duration::from_secs(60));
+        d.guest
+            .wait_unit("fleet-agent.service", "active", Duration::from_secs(240));
+        let info = wait_for(Duration::from_secs(60), || {
+            operator.has_device_info().then_some(())
+        });
+        assert!(
+            info.is_some(),
+            "the agent published no device info.\n{}",
+            d.guest.journal("fleet-agent.service", 60)
+        );
+        d
+    }
+
+    /// The active symlink's target.
+    pub fn active_link(&self) -> String {
+        self.guest
+            .sh("readlink /usr/local/bin/fleet-agent")
+            .trim()
+            .to_string()
+    }
+
+    /// The updater journal's durable phase (`none` without a journal).
+    pub fn journal_phase(&self) -> String {
+        let path = self.guest.path("/var/lib/fleet-updater/journal.json");
+        let Ok(raw) = std::fs::read(&path) else {
+            return "none".into();
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(&raw).unwrap_or_else(|e| panic!("journal is not JSON: {e}"));
+        v["phase"].as_str().unwrap_or("unknown").to_string()
+    }
+
+    /// The version the running agent reports (`fleet-agent --version` of the active link).
+    pub fn active_version(&self) -> String {
+        self.guest
+            .sh("/usr/local/bin/fleet-agent --version")
+            .trim()
+            .to_string()
+    }
+
+    /// The main PID of the agent's unit (0 when it is not running).
+    pub fn agent_pid(&self) -> u32 {
+        self.guest
+            .systemctl(&["show", "-p", "MainPID", "--value", "fleet-agent.service"])
+            .parse()
+            .unwrap_or(0)
+    }
+
+    /// Both units' journals, for failure messages.
+    pub fn logs(&self) -> String {
+        format!(
+            "--- fleet-updater ---\n{}\n--- fleet-agent ---\n{}",
+            self.guest.journal("fleet-updater.service", 80),
+            self.guest.journal("fleet-agent.service", 80)
+        )
+    }
+}
+
+/// The device id as a wire type.
+pub fn device_id() -> DeviceId {
+    DeviceId::try_from(DEVICE).unwrap_or_else(|e| panic!("device id: {e}"))
+}
+
+/// Copies `host` into the guest at `guest_path` (helper for artifacts and wrappers).
+pub fn put(guest: &Guest, host: &Path, guest_path: &str) {
+    guest.install_file(host, guest_path, 0o755);
+}
