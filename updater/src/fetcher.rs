@@ -35,25 +35,38 @@ pub trait Fetcher: Send + Sync {
     ) -> Result<Downloaded, DownloadError>;
 }
 
-/// The production fetcher until the network download (`crate::fetch`) is wired in: every download fails.
-#[derive(Debug, Clone, Default)]
-pub struct NoNetwork;
+/// The production fetcher: HTTPS and anonymous OCI pulls through [`crate::fetch`].
+#[derive(Debug, Clone)]
+pub struct NetworkFetcher {
+    cfg: crate::fetch::FetchConfig,
+}
 
-impl Fetcher for NoNetwork {
-    fn fetch(&self, _: &AgentUpgradeAttempt, _: &Path) -> Result<Downloaded, DownloadError> {
-        Err(DownloadError {
-            reason: UpgradeReason::DownloadFailed,
-            message: "this updater build has no artifact download".into(),
-        })
+impl Fetcher for NetworkFetcher {
+    fn fetch(
+        &self,
+        attempt: &AgentUpgradeAttempt,
+        tmp_dir: &Path,
+    ) -> Result<Downloaded, DownloadError> {
+        crate::fetch::fetch(attempt, tmp_dir, &self.cfg)
+            .map(|f| Downloaded {
+                path: f.path,
+                sha256: f.sha256,
+                bytes: f.bytes,
+            })
+            .map_err(|e| DownloadError {
+                reason: e.reason(),
+                message: e.to_string(),
+            })
     }
 }
 
 /// The fetcher the daemon uses, trusting the PEM bundle `extra_ca_file` besides the system roots.
 pub fn production(extra_ca_file: Option<&Path>) -> Result<Box<dyn Fetcher>, String> {
+    let mut cfg = crate::fetch::FetchConfig::default();
     if let Some(ca) = extra_ca_file {
-        if !ca.is_file() {
-            return Err(format!("extra_ca_file {} is not a file", ca.display()));
-        }
+        cfg = cfg
+            .with_ca_file(ca)
+            .map_err(|e| format!("extra_ca_file: {e}"))?;
     }
-    Ok(Box::new(NoNetwork))
+    Ok(Box::new(NetworkFetcher { cfg }))
 }

@@ -348,3 +348,48 @@ fn probe_is_killed_at_its_bound() {
     assert!(e.message.contains("killed"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(30));
 }
+
+#[test]
+fn success_over_real_https_with_the_production_fetcher() {
+    require_agent_user();
+    let dev = Device::new();
+    let bytes = candidate(TARGET);
+    let ca = fleet_rig::tls::TestCa::new();
+    let server =
+        fleet_rig::https::HttpsServer::serve(&ca, fleet_rig::https::Reply::ok(bytes.clone()));
+    let fetcher = fleet_updater::fetcher::production(Some(ca.ca_file())).expect("fetcher");
+    let services = FakeServices::new(&dev);
+    let (u, _) = fleet_updater::transaction::Updater::open(
+        dev.paths.clone(),
+        fleet_wire::UnitName::try_from("fleet-agent.service").expect("unit"),
+        fleet_updater::transaction::Deps {
+            fetcher,
+            services: services.clone(),
+            prober: Prober::new("fleet-agent", Duration::from_secs(60)),
+            faults: Faults::none(),
+        },
+        fleet_updater::transaction::Bounds::default(),
+    )
+    .expect("open");
+    let mut a = attempt_for(&bytes, TARGET);
+    a.artifact = server.url("/fleet-agent-1.2.0").parse().expect("url");
+    let r = u.upgrade_blocking(a).expect("no crash");
+    assert_eq!(phase_of(&r), (UpgradePhase::Complete, None));
+    assert_eq!(dev.active(), TARGET);
+    assert_eq!(std::fs::read(dev.binary(TARGET)).expect("read"), bytes);
+    // A wrong digest over the network fails with the fetcher's typed reason and leaves nothing behind.
+    let mut bad = attempt_for(b"other bytes", "1.3.0");
+    bad.artifact = server.url("/fleet-agent-1.3.0").parse().expect("url");
+    let r = u.upgrade_blocking(bad).expect("no crash");
+    assert_eq!(
+        phase_of(&r),
+        (UpgradePhase::Failed, Some(UpgradeReason::DigestMismatch))
+    );
+    assert_eq!(
+        std::fs::read_dir(dev.paths.download_dir())
+            .expect("ls")
+            .count(),
+        0
+    );
+    assert!(!dev.binary("1.3.0").exists());
+}
