@@ -323,11 +323,20 @@ impl Agent {
                 next_resync = now + self.cfg.resync_interval;
                 match self.kv.get(kv::DESIRED_STATE, &self.key) {
                     Ok(c) => {
-                        self.apply_desired(c);
+                        self.apply_desired_from(c, true);
                     }
                     Err(e) => log::warn!("re-reading the desired state: {e}; keeping the last one"),
                 }
                 self.reconcile_now();
+                // An intent deferred while a request was in flight, or missed by a lost watch, is read again.
+                if self.in_flight.is_none() {
+                    if let Ok(c) = self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
+                        if self.intent_rev != Some(c.revision) {
+                            self.intent_rev = None;
+                            self.on_intent(c);
+                        }
+                    }
+                }
             }
             if now >= next_poll {
                 next_poll = now
@@ -351,7 +360,18 @@ impl Agent {
 
     /// Takes a desired-state value; returns true when it changed what the agent wants.
     fn apply_desired(&mut self, c: Change) -> bool {
-        if self.desired_rev.is_some_and(|r| c.revision <= r) {
+        self.apply_desired_from(c, false)
+    }
+
+    /// `reread`: the value comes from a full read, so any other revision counts (a re-created bucket restarts
+    /// its revisions); watch events only count when newer.
+    fn apply_desired_from(&mut self, c: Change, reread: bool) -> bool {
+        let stale = match self.desired_rev {
+            Some(r) if reread => c.revision == r,
+            Some(r) => c.revision <= r,
+            None => false,
+        };
+        if stale {
             return false;
         }
         self.desired_rev = Some(c.revision);
@@ -455,14 +475,20 @@ impl Agent {
             .kv
             .get(kv::AGENT_UPGRADE_STATUS, &self.key)
             .map_err(|e| fail("upgrade-status", e))?;
-        let stale_drain = match &current.value {
-            Value::Put(b) => serde_json::from_slice::<AgentUpgradeStatus>(b)
-                .map(|s| s.phase == UpgradePhase::Stopping)
-                .unwrap_or(false),
-            Value::Absent => false,
+        let published = match &current.value {
+            Value::Put(b) => serde_json::from_slice::<AgentUpgradeStatus>(b).ok(),
+            Value::Absent => None,
         };
+        let stale_drain = published
+            .as_ref()
+            .is_some_and(|p| p.phase == UpgradePhase::Stopping);
         if let Some(s) = recovered {
-            if !s.phase.is_terminal() || stale_drain || s.phase == UpgradePhase::Complete {
+            // Publish an active transaction, replace our own drain record, and bring an older record of the
+            // same attempt up to date (e.g. `complete` that the previous process did not mirror).
+            let outdated = published
+                .as_ref()
+                .is_some_and(|p| p.attempt_id == s.attempt_id && p != &s);
+            if !s.phase.is_terminal() || stale_drain || outdated {
                 self.put_upgrade_status(&s)
                     .map_err(|e| fail("upgrade-status", e))?;
             }

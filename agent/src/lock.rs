@@ -1,4 +1,4 @@
-//! The process lock: an exclusive `flock` on `<root>/run/fleet-agent/agent.lock`, held for the process lifetime,
+//! The process lock: an exclusive `flock` on `<root>/var/lib/fleet-agent/agent.lock`, held for the process lifetime,
 //! so only one agent mutates workloads.
 
 use std::fs::{File, OpenOptions};

@@ -20,9 +20,10 @@ impl Paths {
         self.root.join(rel)
     }
 
-    /// `<root>/run/fleet-agent/agent.lock`: the process lock (systemd `RuntimeDirectory=fleet-agent`).
+    /// `<root>/var/lib/fleet-agent/agent.lock`: the process lock. In the state directory (the fleet-agent user's
+    /// home, created by device setup) so it needs no runtime directory; `flock` ends with the process anyway.
     pub fn lock_file(&self) -> PathBuf {
-        self.under("run/fleet-agent/agent.lock")
+        self.state_dir().join("agent.lock")
     }
 
     /// `<root>/var/lib/fleet-agent`: durable state (systemd `StateDirectory=fleet-agent`).

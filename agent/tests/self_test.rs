@@ -112,3 +112,37 @@ fn self_test_passes_when_healthy_and_names_each_failure() {
     assert_eq!(name, "nats", "{err}");
     rig.write_config("");
 }
+
+#[test]
+fn the_agent_exits_non_zero_when_nats_stays_unreachable_or_the_config_is_invalid() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = fleet_rig::free_port();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "device_id = \"{DEVICE}\"\nroot = \"{}\"\n[nats]\nurls = [\"nats://127.0.0.1:{port}\"]\nconnect_timeout_secs = 1\nretry_window_secs = 2\n[podman]\nenabled = false\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-agent"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("could not connect to NATS"), "{err}");
+
+    std::fs::write(&config, "device_id = 1\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-agent"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config"));
+}
