@@ -72,7 +72,11 @@ fn rejects_invalid_intents_and_relays_a_valid_one() {
         "invalid intents reached the updater"
     );
 
-    // A valid attempt: preparing, one request, then every phase the updater reports is mirrored.
+    // A valid attempt: preparing, one request, then every phase the updater reports is mirrored. The updater
+    // takes 4 s to answer (a slow preparation): the agent keeps running its loops meanwhile.
+    rig.peer
+        .upgrade_delay_ms
+        .store(4000, std::sync::atomic::Ordering::SeqCst);
     let good = attempt();
     put(serde_json::to_vec(&good).unwrap());
     eventually(
@@ -80,6 +84,24 @@ fn rejects_invalid_intents_and_relays_a_valid_one() {
         Duration::from_secs(20),
         "one upgrade request",
         || (rig.peer.mutating_requests().len() == 1).then_some(()),
+    );
+    let preparing: AgentUpgradeStatus = get_json(&statuses, DEVICE).expect("status");
+    assert_eq!(
+        (preparing.phase, preparing.attempt_id),
+        (UpgradePhase::Preparing, Some(good.attempt_id))
+    );
+    let hb = store(&nc, kv::DEVICE_HEARTBEAT);
+    let beat = |h: &nats::kv::Store| {
+        get_json::<fleet_wire::Heartbeat>(h, DEVICE)
+            .map(|b| b.sequence)
+            .unwrap_or(0)
+    };
+    let before = beat(&hb);
+    eventually(
+        &agent,
+        Duration::from_secs(3),
+        "heartbeats while the upgrade request is pending",
+        || (beat(&hb) >= before + 2).then_some(()),
     );
     let sent = rig.peer.mutating_requests();
     assert_eq!(

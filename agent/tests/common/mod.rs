@@ -42,6 +42,8 @@ pub struct UpdaterPeer {
     pub status: Arc<Mutex<UpdaterStatus>>,
     pub requests: Arc<Mutex<Vec<Request>>>,
     pub path: PathBuf,
+    /// Milliseconds the peer waits before answering an upgrade request (a slow preparation).
+    pub upgrade_delay_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl UpdaterPeer {
@@ -56,7 +58,8 @@ impl UpdaterPeer {
             system_upgrade: None,
         }));
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let (s, r) = (status.clone(), requests.clone());
+        let upgrade_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (s, r, delay) = (status.clone(), requests.clone(), upgrade_delay_ms.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
@@ -71,7 +74,13 @@ impl UpdaterPeer {
                         let st = s.lock().unwrap().clone();
                         match req {
                             Request::Status {} => Response::Status { status: st },
-                            _ => Response::Accepted { status: st },
+                            _ => {
+                                let ms = delay.load(std::sync::atomic::Ordering::SeqCst);
+                                std::thread::sleep(Duration::from_millis(ms));
+                                Response::Accepted {
+                                    status: s.lock().unwrap().clone(),
+                                }
+                            }
                         }
                     }
                     Err(e) => Response::error(e.code, e.message),
@@ -90,6 +99,7 @@ impl UpdaterPeer {
             status,
             requests,
             path: path.to_owned(),
+            upgrade_delay_ms,
         }
     }
 
