@@ -703,7 +703,10 @@ impl Agent {
                 now,
             ),
         };
-        if s.phase != UpgradePhase::Stopping || s.reason != Some(reason) {
+        if s.phase == UpgradePhase::Stopping {
+            // The updater already recorded the transition; add the reason without a duplicate entry.
+            s.reason = Some(reason);
+        } else {
             s.enter(UpgradePhase::Stopping, now, Some(reason));
         }
         s.drain_duration_ms = Some(drain_ms);

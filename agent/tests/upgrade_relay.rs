@@ -73,7 +73,7 @@ fn rejects_invalid_intents_and_relays_a_valid_one() {
     );
 
     // A valid attempt: preparing, one request, then every phase the updater reports is mirrored. The updater
-    // takes 4 s to answer (a slow preparation): the agent keeps running its loops meanwhile.
+    // takes 10 s to answer (a slow preparation): the agent keeps running its loops meanwhile.
     rig.peer
         .upgrade_delay_ms
         .store(4000, std::sync::atomic::Ordering::SeqCst);
@@ -99,7 +99,7 @@ fn rejects_invalid_intents_and_relays_a_valid_one() {
     let before = beat(&hb);
     eventually(
         &agent,
-        Duration::from_secs(3),
+        Duration::from_secs(8),
         "heartbeats while the upgrade request is pending",
         || (beat(&hb) >= before + 2).then_some(()),
     );

@@ -61,38 +61,11 @@ impl UpdaterPeer {
         let upgrade_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (s, r, delay) = (status.clone(), requests.clone(), upgrade_delay_ms.clone());
         std::thread::spawn(move || {
+            // One thread per connection, like the real updater: status stays available during an upgrade.
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-                let Ok(Some(line)) = read_frame(&mut reader, 1 << 20) else {
-                    continue;
-                };
-                let response = match parse_request(&line) {
-                    Ok(req) => {
-                        r.lock().unwrap().push(req.clone());
-                        let st = s.lock().unwrap().clone();
-                        match req {
-                            Request::Status {} => Response::Status { status: st },
-                            _ => {
-                                let ms = delay.load(std::sync::atomic::Ordering::SeqCst);
-                                std::thread::sleep(Duration::from_millis(ms));
-                                Response::Accepted {
-                                    status: s.lock().unwrap().clone(),
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => Response::error(e.code, e.message),
-                };
-                let mut w = conn;
-                let _ = write_frame(
-                    &mut w,
-                    &ResponseFrame {
-                        protocol: PROTOCOL_VERSION,
-                        response,
-                    },
-                );
+                let (s, r, delay) = (s.clone(), r.clone(), delay.clone());
+                std::thread::spawn(move || serve(conn, &s, &r, &delay));
             }
         });
         Self {
@@ -113,6 +86,46 @@ impl UpdaterPeer {
             .cloned()
             .collect()
     }
+}
+
+fn serve(
+    conn: std::os::unix::net::UnixStream,
+    s: &Mutex<UpdaterStatus>,
+    r: &Mutex<Vec<Request>>,
+    delay: &std::sync::atomic::AtomicU64,
+) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let Ok(clone) = conn.try_clone() else { return };
+    let mut reader = BufReader::new(clone);
+    let Ok(Some(line)) = read_frame(&mut reader, 1 << 20) else {
+        return;
+    };
+    let response = match parse_request(&line) {
+        Ok(req) => {
+            r.lock().unwrap().push(req.clone());
+            match req {
+                Request::Status {} => Response::Status {
+                    status: s.lock().unwrap().clone(),
+                },
+                _ => {
+                    let ms = delay.load(std::sync::atomic::Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(ms));
+                    Response::Accepted {
+                        status: s.lock().unwrap().clone(),
+                    }
+                }
+            }
+        }
+        Err(e) => Response::error(e.code, e.message),
+    };
+    let mut w = conn;
+    let _ = write_frame(
+        &mut w,
+        &ResponseFrame {
+            protocol: PROTOCOL_VERSION,
+            response,
+        },
+    );
 }
 
 /// Everything one agent test needs.
