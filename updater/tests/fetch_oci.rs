@@ -1,7 +1,7 @@
 //! Acceptance tests of `fetch` for `oci://` artifacts against a real registry (Debian `docker-registry` over
 //! HTTPS with a generated CA): tag and digest references, wrong artifact type, two layers, digest mismatches,
-//! oversize layers; and the anonymous Bearer-token challenge plus blob redirects against the in-test HTTPS
-//! server playing a token-protected registry.
+//! oversize layers; the anonymous Bearer-token challenge against a real registry with token auth (a test token
+//! server issuing ES256 JWTs) and, with blob redirects, against the in-test HTTPS server playing a registry.
 
 use fleet_rig::https::{HttpsServer, Reply, Request};
 use fleet_rig::registry::{artifact_manifest, digest, Registry};
@@ -185,6 +185,71 @@ fn wrong_artifact_type_and_two_layers_are_invalid() {
             assert!(matches!(e, FetchError::Invalid(_)), "{reference}: {e}");
         }
     }
+}
+
+#[test]
+fn anonymous_pull_through_a_real_registry_token_challenge() {
+    let ca = TestCa::new();
+    let reg = Registry::start_with_token_auth(&ca);
+    let agent = binary(6, 500_000);
+    let manifest = reg.push_artifact(
+        "harmony/fleet-agent",
+        "1.2.0",
+        Some(OCI_AGENT_ARTIFACT_TYPE),
+        &[(LAYER, &agent)],
+    );
+    // Without a token the registry refuses and challenges.
+    let resp = ca
+        .client()
+        .get(reg.url("/v2/harmony/fleet-agent/manifests/1.2.0"))
+        .call()
+        .expect("GET");
+    assert_eq!(resp.status(), 401);
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(challenge.starts_with("Bearer realm="), "{challenge}");
+
+    let pushes = reg.token_server().expect("token server").requests().len();
+    let tmp = tempfile::tempdir().expect("tmp");
+    let host = reg.host();
+    for reference in [
+        format!("oci://{host}/harmony/fleet-agent:1.2.0"),
+        format!("oci://{host}/harmony/fleet-agent@{manifest}"),
+    ] {
+        let f = fetch(
+            &attempt(&reference, sha(&agent), 1 << 20),
+            tmp.path(),
+            &cfg(&ca),
+        )
+        .unwrap_or_else(|e| panic!("{reference}: {e}"));
+        assert_eq!(std::fs::read(&f.path).expect("read"), agent);
+        std::fs::remove_file(&f.path).expect("rm");
+    }
+    let token_requests = reg.token_server().expect("token server").requests();
+    let ours = &token_requests[pushes..];
+    assert_eq!(ours.len(), 2, "one anonymous token per fetch: {ours:?}");
+    for r in ours {
+        assert_eq!(
+            r.query("scope").as_deref(),
+            Some("repository:harmony/fleet-agent:pull")
+        );
+        assert!(r.header("authorization").is_none(), "anonymous");
+    }
+    // A failure through the same flow still leaves nothing behind.
+    fails(
+        &attempt(
+            &format!("oci://{host}/harmony/fleet-agent:1.2.0"),
+            sha(b"other"),
+            1 << 20,
+        ),
+        tmp.path(),
+        &ca,
+        UpgradeReason::DigestMismatch,
+    );
 }
 
 /// The in-test HTTPS server playing a registry that requires an anonymous bearer token, stores its blob behind a

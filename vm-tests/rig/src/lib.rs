@@ -8,6 +8,7 @@ pub mod nspawn;
 pub mod podman;
 pub mod registry;
 pub mod tls;
+pub mod token;
 pub mod util;
 
 pub use nats::NatsServer;

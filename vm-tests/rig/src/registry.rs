@@ -3,6 +3,7 @@
 //! HTTP API (blob upload POST + PUT, manifest PUT).
 
 use crate::tls::TestCa;
+use crate::token::{TokenServer, TOKEN_ISSUER, TOKEN_SERVICE};
 use crate::util::{free_port, require_binary, wait_for};
 use sha2::{Digest, Sha256};
 use std::process::{Child, Command, Stdio};
@@ -22,6 +23,7 @@ pub struct Registry {
     port: u16,
     _dir: tempfile::TempDir,
     client: ureq::Agent,
+    token: Option<TokenServer>,
 }
 
 /// `sha256:<hex>` of `bytes`.
@@ -67,6 +69,21 @@ impl Registry {
 
     /// Starts a registry serving HTTPS with a certificate from `ca`; ready when `GET /v2/` answers 200.
     pub fn start(ca: &TestCa) -> Self {
+        Self::spawn(ca, None)
+    }
+
+    /// Starts a registry that requires Bearer tokens from a [`TokenServer`] (anonymous token requests are
+    /// granted): a client must follow the `401` challenge, as with public registries.
+    pub fn start_with_token_auth(ca: &TestCa) -> Self {
+        Self::spawn(ca, Some(TokenServer::start(ca)))
+    }
+
+    /// The token server, when started with token auth.
+    pub fn token_server(&self) -> Option<&TokenServer> {
+        self.token.as_ref()
+    }
+
+    fn spawn(ca: &TestCa, token: Option<TokenServer>) -> Self {
         let bin = Self::binary();
         let dir = tempfile::Builder::new()
             .prefix("fleet-registry-")
@@ -80,6 +97,14 @@ impl Registry {
             cert.cert_file.display(),
             cert.key_file.display(),
         );
+        let config = match &token {
+            None => config,
+            Some(t) => format!(
+                "{config}auth:\n  token:\n    realm: {}\n    service: {TOKEN_SERVICE}\n    issuer: {TOKEN_ISSUER}\n    rootcertbundle: {}\n",
+                t.realm(),
+                ca.ca_file().display()
+            ),
+        };
         let config_file = dir.path().join("config.yml");
         std::fs::write(&config_file, config)
             .unwrap_or_else(|e| panic!("write registry config: {e}"));
@@ -101,6 +126,7 @@ impl Registry {
             port,
             _dir: dir,
             client: ca.client(),
+            token,
         };
         let url = reg.url("/v2/");
         let up = wait_for(Duration::from_secs(20), || {
@@ -113,7 +139,7 @@ impl Registry {
                 .get(&url)
                 .call()
                 .ok()
-                .filter(|r| r.status() == 200)
+                .filter(|r| r.status() == 200 || r.status() == 401)
         });
         if up.is_none() {
             let _ = reg.child.kill();
@@ -132,12 +158,40 @@ impl Registry {
         format!("https://127.0.0.1:{}{path}", self.port)
     }
 
+    /// `Authorization` for pushing to `repo`: a pull+push token when the registry uses token auth.
+    fn auth(&self, repo: &str) -> Option<String> {
+        let t = self.token.as_ref()?;
+        let scope = format!("repository:{repo}:pull,push");
+        let mut resp = self
+            .client
+            .get(t.realm())
+            .query("service", TOKEN_SERVICE)
+            .query("scope", &scope)
+            .call()
+            .unwrap_or_else(|e| panic!("token request: {e}"));
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .unwrap_or_else(|e| panic!("token response: {e}"));
+        let body: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("token response {text}: {e}"));
+        let token = body["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("token response without a token: {body}"));
+        Some(format!("Bearer {token}"))
+    }
+
     /// Uploads `blob` to `repo` (POST an upload session, then one monolithic PUT); returns its digest.
     pub fn push_blob(&self, repo: &str, blob: &[u8]) -> String {
         let d = digest(blob);
-        let start = self
+        let auth = self.auth(repo);
+        let mut post = self
             .client
-            .post(self.url(&format!("/v2/{repo}/blobs/uploads/")))
+            .post(self.url(&format!("/v2/{repo}/blobs/uploads/")));
+        if let Some(a) = &auth {
+            post = post.header("Authorization", a);
+        }
+        let start = post
             .send_empty()
             .unwrap_or_else(|e| panic!("start blob upload: {e}"));
         assert_eq!(start.status(), 202, "start blob upload to {repo}");
@@ -153,22 +207,28 @@ impl Registry {
             self.url(&location)
         };
         let sep = if location.contains('?') { '&' } else { '?' };
-        let put = self
+        let mut put = self
             .client
             .put(format!("{location}{sep}digest={d}"))
-            .header("Content-Type", "application/octet-stream")
-            .send(blob)
-            .unwrap_or_else(|e| panic!("blob PUT: {e}"));
+            .header("Content-Type", "application/octet-stream");
+        if let Some(a) = &auth {
+            put = put.header("Authorization", a);
+        }
+        let put = put.send(blob).unwrap_or_else(|e| panic!("blob PUT: {e}"));
         assert_eq!(put.status(), 201, "blob PUT {d} to {repo}");
         d
     }
 
     /// PUTs `manifest` (an OCI image manifest) as `repo:reference`; returns the manifest's digest.
     pub fn push_manifest(&self, repo: &str, reference: &str, manifest: &[u8]) -> String {
-        let mut resp = self
+        let mut put = self
             .client
             .put(self.url(&format!("/v2/{repo}/manifests/{reference}")))
-            .header("Content-Type", OCI_MANIFEST_MEDIA_TYPE)
+            .header("Content-Type", OCI_MANIFEST_MEDIA_TYPE);
+        if let Some(a) = self.auth(repo) {
+            put = put.header("Authorization", a);
+        }
+        let mut resp = put
             .send(manifest)
             .unwrap_or_else(|e| panic!("manifest PUT: {e}"));
         let status = resp.status();
