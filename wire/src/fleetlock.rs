@@ -1,0 +1,370 @@
+//! The FleetLock protocol (Zincati/airlock compatible) and the lock server's status, state and audit shapes.
+//!
+//! Requests: `POST /v1/pre-reboot` and `POST /v1/steady-state` with the header `fleet-lock-protocol: true` and the
+//! body `{"client_params":{"id":"…","group":"…"}}`. Errors are `{"kind":"…","value":"…"}` with a kind from
+//! [`ErrorKind`]. `docs/fleetlock.md` describes the whole protocol.
+
+use crate::{Timestamp, ValidationError};
+use serde::{Deserialize, Serialize};
+
+/// The header every protocol request must carry, with the value `true`.
+pub const PROTOCOL_HEADER: &str = "fleet-lock-protocol";
+/// Path of the lock request.
+pub const PRE_REBOOT_PATH: &str = "/v1/pre-reboot";
+/// Path of the release request.
+pub const STEADY_STATE_PATH: &str = "/v1/steady-state";
+/// Path of the (non-protocol) status document.
+pub const STATUS_PATH: &str = "/v1/status";
+/// Path of the admin release request.
+pub const ADMIN_RELEASE_PATH: &str = "/v1/admin/release";
+/// The group a client names when it has none of its own (Zincati's default).
+pub const DEFAULT_GROUP: &str = "default";
+/// Largest request body the server reads, in bytes.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// Longest client id, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+/// Longest group name, in bytes.
+pub const MAX_GROUP_BYTES: usize = 128;
+/// Longest hostname a client may report, in bytes.
+pub const MAX_HOSTNAME_BYTES: usize = 253;
+
+/// The body of both protocol requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRequest {
+    /// Who asks, and for which group.
+    pub client_params: ClientParams,
+}
+
+/// The client's identity. Unknown fields are ignored, as airlock does, so clients may send more.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientParams {
+    /// The client's id: Zincati sends its app-specific machine id; fleet-reboot does the same.
+    pub id: String,
+    /// The group the client names (`default` if it has none).
+    pub group: String,
+    /// The client's hostname (an optional extension: Zincati does not send it, fleet-reboot does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+impl LockRequest {
+    /// Parses and validates a request body.
+    pub fn parse(body: &[u8]) -> Result<Self, (ErrorKind, String)> {
+        if body.len() > MAX_BODY_BYTES {
+            return Err((
+                ErrorKind::BodyTooLarge,
+                format!("body longer than {MAX_BODY_BYTES} bytes"),
+            ));
+        }
+        let r: LockRequest = serde_json::from_slice(body).map_err(|e| {
+            (
+                ErrorKind::InvalidBody,
+                format!("body is not a FleetLock request: {e}"),
+            )
+        })?;
+        validate_id(&r.client_params.id).map_err(|e| (ErrorKind::InvalidId, e.to_string()))?;
+        validate_group(&r.client_params.group)
+            .map_err(|e| (ErrorKind::InvalidGroup, e.to_string()))?;
+        if let Some(h) = &r.client_params.hostname {
+            validate_hostname(h).map_err(|e| (ErrorKind::InvalidBody, e.to_string()))?;
+        }
+        Ok(r)
+    }
+}
+
+/// A client id must be non-empty, at most [`MAX_ID_BYTES`] long and free of control characters.
+pub fn validate_id(id: &str) -> Result<(), ValidationError> {
+    let err = |why: &str| ValidationError::new("fleetlock id", why.to_owned());
+    if id.is_empty() {
+        return Err(err("must not be empty"));
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(err("longer than 256 bytes"));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(err("contains control characters"));
+    }
+    Ok(())
+}
+
+/// A group name matches `^[a-zA-Z0-9.-]+$` and is at most [`MAX_GROUP_BYTES`] long.
+pub fn validate_group(group: &str) -> Result<(), ValidationError> {
+    let ok = !group.is_empty()
+        && group.len() <= MAX_GROUP_BYTES
+        && group
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            "fleetlock group",
+            format!(
+                "{:?} does not match ^[a-zA-Z0-9.-]+$ (at most {MAX_GROUP_BYTES} bytes)",
+                truncate(group)
+            ),
+        ))
+    }
+}
+
+/// A reported hostname: letters, digits, `.`, `-` and `_`, at most [`MAX_HOSTNAME_BYTES`] long.
+pub fn validate_hostname(h: &str) -> Result<(), ValidationError> {
+    let ok = !h.is_empty()
+        && h.len() <= MAX_HOSTNAME_BYTES
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            "fleetlock hostname",
+            format!("{:?} is not a hostname", truncate(h)),
+        ))
+    }
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+/// The fixed set of error kinds a FleetLock server answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    /// The `fleet-lock-protocol: true` header is missing or has another value (400).
+    MissingProtocolHeader,
+    /// The body is not JSON of the request shape (400).
+    InvalidBody,
+    /// The body is larger than [`MAX_BODY_BYTES`] (413).
+    BodyTooLarge,
+    /// `client_params.id` is empty or too long (400).
+    InvalidId,
+    /// `client_params.group` does not match `^[a-zA-Z0-9.-]+$` (400).
+    InvalidGroup,
+    /// The group named in the request is not configured (400).
+    UnknownGroup,
+    /// Every slot of one of the client's groups is held by another client (409).
+    AllSlotsTaken,
+    /// Missing or wrong credentials (401).
+    Unauthorized,
+    /// No such endpoint (404).
+    NotFound,
+    /// The endpoint does not take this method (405).
+    MethodNotAllowed,
+    /// The client was too slow to send its request (408).
+    Timeout,
+    /// The lock store could not make the change durable (503); nothing changed.
+    StoreUnavailable,
+}
+
+impl ErrorKind {
+    /// Every kind, for metrics.
+    pub const ALL: [ErrorKind; 12] = [
+        Self::MissingProtocolHeader,
+        Self::InvalidBody,
+        Self::BodyTooLarge,
+        Self::InvalidId,
+        Self::InvalidGroup,
+        Self::UnknownGroup,
+        Self::AllSlotsTaken,
+        Self::Unauthorized,
+        Self::NotFound,
+        Self::MethodNotAllowed,
+        Self::Timeout,
+        Self::StoreUnavailable,
+    ];
+
+    /// The kind as it appears on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MissingProtocolHeader => "missing-protocol-header",
+            Self::InvalidBody => "invalid-body",
+            Self::BodyTooLarge => "body-too-large",
+            Self::InvalidId => "invalid-id",
+            Self::InvalidGroup => "invalid-group",
+            Self::UnknownGroup => "unknown-group",
+            Self::AllSlotsTaken => "all-slots-taken",
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound => "not-found",
+            Self::MethodNotAllowed => "method-not-allowed",
+            Self::Timeout => "timeout",
+            Self::StoreUnavailable => "store-unavailable",
+        }
+    }
+
+    /// The HTTP status the server answers with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Self::MissingProtocolHeader
+            | Self::InvalidBody
+            | Self::InvalidId
+            | Self::InvalidGroup
+            | Self::UnknownGroup => 400,
+            Self::BodyTooLarge => 413,
+            Self::AllSlotsTaken => 409,
+            Self::Unauthorized => 401,
+            Self::NotFound => 404,
+            Self::MethodNotAllowed => 405,
+            Self::Timeout => 408,
+            Self::StoreUnavailable => 503,
+        }
+    }
+}
+
+/// Every error answer: `{"kind":"…","value":"…"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub kind: ErrorKind,
+    /// A human-readable explanation.
+    pub value: String,
+}
+
+/// One lock holder as stored and reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Holder {
+    /// The client id from the request.
+    pub id: String,
+    /// The hostname the client reported, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// The client's IP address as the server saw it.
+    pub ip: String,
+    /// When the slot was taken.
+    pub taken_at: Timestamp,
+}
+
+/// The holders of one group: the value of key `<group>` in the `fleetlock` KV bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupHolders {
+    /// Format version (1).
+    pub version: u32,
+    /// Current holders, oldest first.
+    pub holders: Vec<Holder>,
+}
+
+/// The file store's state file: every group's holders.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    /// Format version (1).
+    pub version: u32,
+    /// Holders per group (groups without holders are omitted).
+    pub groups: std::collections::BTreeMap<String, Vec<Holder>>,
+}
+
+/// One group in the status document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupStatus {
+    /// Group name.
+    pub name: String,
+    /// Configured slots.
+    pub slots: u32,
+    /// Current holders.
+    pub holders: Vec<Holder>,
+}
+
+/// `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    /// Which store holds the truth: `file` or `nats`.
+    pub store: String,
+    /// Whether the config file as it is now on disk is valid (false: the last good one is in use).
+    pub config_valid: bool,
+    /// Why the config file on disk was rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_error: Option<String>,
+    /// Lock time-to-live in seconds, if one is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+    /// Every configured group (and any group that still has holders).
+    pub groups: Vec<GroupStatus>,
+}
+
+/// `POST /v1/admin/release`: frees one holder's slot by hand.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminRelease {
+    /// The group to release in.
+    pub group: String,
+    /// The holder's id.
+    pub id: String,
+    /// Why (kept in the audit record).
+    pub reason: String,
+}
+
+/// Why a holder lost its slot without asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuditAction {
+    /// An administrator released it.
+    AdminRelease,
+    /// Its time-to-live ran out.
+    TtlExpired,
+}
+
+/// One line of the audit log (JSON lines).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditRecord {
+    /// When.
+    pub at: Timestamp,
+    /// What.
+    pub action: AuditAction,
+    /// In which group.
+    pub group: String,
+    /// Which holder id.
+    pub id: String,
+    /// Whether a holder was actually removed.
+    pub removed: bool,
+    /// Who asked (client IP for admin releases, `server` for expiry).
+    pub actor: String,
+    /// The administrator's reason, or the TTL.
+    pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_validate() {
+        let ok = br#"{"client_params":{"id":"abc","group":"default","extra":1}}"#;
+        assert_eq!(
+            LockRequest::parse(ok).map(|r| r.client_params.id),
+            Ok("abc".into())
+        );
+        let e = |b: &[u8]| LockRequest::parse(b).map_err(|e| e.0).err();
+        assert_eq!(
+            e(br#"{"client_params":{"id":"","group":"a"}}"#),
+            Some(ErrorKind::InvalidId)
+        );
+        assert_eq!(
+            e(br#"{"client_params":{"id":"x","group":"a b"}}"#),
+            Some(ErrorKind::InvalidGroup)
+        );
+        assert_eq!(
+            e(br#"{"client_params":{"id":"x","group":""}}"#),
+            Some(ErrorKind::InvalidGroup)
+        );
+        assert_eq!(e(b"nope"), Some(ErrorKind::InvalidBody));
+        assert_eq!(
+            e(&vec![b' '; MAX_BODY_BYTES + 1]),
+            Some(ErrorKind::BodyTooLarge)
+        );
+        assert!(validate_group("a-B.9").is_ok());
+        assert!(validate_group("a_b").is_err());
+    }
+
+    #[test]
+    fn kinds_are_kebab_and_distinct() {
+        for k in ErrorKind::ALL {
+            let json = serde_json::to_string(&k).expect("json");
+            assert_eq!(json, format!("\"{}\"", k.as_str()));
+            assert!(k.http_status() >= 400);
+        }
+        assert_eq!(ErrorKind::AllSlotsTaken.as_str(), "all-slots-taken");
+    }
+}
