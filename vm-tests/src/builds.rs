@@ -51,7 +51,7 @@ fn build(package: &str, bin: &str, version: Option<&str>) -> PathBuf {
     let root = build_root();
     let mut cmd = Command::new(cargo());
     cmd.current_dir(workspace_root())
-        .args(["build", "--quiet", "-p", package, "--bin", bin])
+        .args(["build", "--quiet", "--locked", "-p", package, "--bin", bin])
         .env("CARGO_TARGET_DIR", root.join("target"));
     match version {
         Some(v) => cmd.env("FLEET_AGENT_VERSION", v),

@@ -126,15 +126,20 @@ pub fn agent_config(nats_url: &str) -> String {
 
 impl Device {
     /// Boots a guest and installs the updater and agent `bootstrap` with device setup; waits until both units
-    /// are active and the agent has published its device info. `ca_pem` is trusted by the updater for artifacts.
+    /// are active and the agent has published its device info. The updater trusts `artifacts`' CA, and the
+    /// artifact server is reachable from the guest at the same URL as from the host.
     pub fn install(
         nats: &NatsServer,
         operator: &Operator,
         bootstrap: &str,
-        ca_pem: Option<&[u8]>,
+        artifacts: Option<&Artifacts>,
     ) -> Self {
         let mut guest = Guest::boot();
         let nats_link = guest.forward(nats.port());
+        let ca_pem = artifacts.map(|a| {
+            guest.forward(a.port());
+            a.ca_pem()
+        });
         stage_setup(&guest);
         let agent = stage_file(
             &guest,
@@ -147,7 +152,7 @@ impl Device {
         let acfg = stage_bytes(&guest, agent_config(&url).as_bytes(), "agent.toml", 0o644);
         let mut ucfg = String::new();
         if let Some(pem) = ca_pem {
-            guest.write_file(GUEST_CA_FILE, pem, 0o644);
+            guest.write_file(GUEST_CA_FILE, pem.as_slice(), 0o644);
             ucfg.push_str(&format!("extra_ca_file = \"{GUEST_CA_FILE}\"\n"));
         }
         let ucfg = stage_bytes(&guest, ucfg.as_bytes(), "updater.toml", 0o644);
@@ -240,4 +245,119 @@ pub fn device_id() -> DeviceId {
 /// Copies `host` into the guest at `guest_path` (helper for artifacts and wrappers).
 pub fn put(guest: &Guest, host: &Path, guest_path: &str) {
     guest.install_file(host, guest_path, 0o755);
+}
+
+/// Agent binaries served over HTTPS by a test CA's server, as the operator's artifact store would.
+pub struct Artifacts {
+    /// The CA the updater trusts (`extra_ca_file`).
+    pub ca: fleet_rig::tls::TestCa,
+    server: fleet_rig::https::HttpsServer,
+    files: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, std::path::PathBuf>>>,
+}
+
+impl Default for Artifacts {
+    fn default() -> Self {
+        Self::start()
+    }
+}
+
+impl Artifacts {
+    /// Starts the server (on the host's 127.0.0.1; [`Device::install`] relays it into the guest).
+    pub fn start() -> Self {
+        use fleet_rig::https::{HttpsServer, Reply};
+        let ca = fleet_rig::tls::TestCa::new();
+        let files: std::sync::Arc<
+            std::sync::Mutex<std::collections::BTreeMap<String, std::path::PathBuf>>,
+        > = Default::default();
+        let f = files.clone();
+        let server = HttpsServer::start(&ca, move |req| {
+            let map = f.lock().unwrap_or_else(|p| p.into_inner());
+            match map.get(req.path()) {
+                Some(p) => Reply::File(p.clone()),
+                None => Reply::status(404, &[]),
+            }
+        });
+        Self { ca, server, files }
+    }
+
+    /// The server's port on 127.0.0.1 (host and guest alike).
+    pub fn port(&self) -> u16 {
+        self.server.port()
+    }
+
+    /// The CA certificate as PEM.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.ca.ca_file()).unwrap_or_else(|e| panic!("read CA: {e}"))
+    }
+
+    /// Publishes `file` at `/<name>` and returns an attempt for it targeting `version`.
+    pub fn attempt(&self, file: &Path, name: &str, version: &str) -> AgentUpgradeAttempt {
+        use sha2::Digest;
+        let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("read {file:?}: {e}"));
+        let sha: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+        self.files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(format!("/{name}"), file.to_path_buf());
+        let json = serde_json::json!({
+            "attemptId": fleet_wire::AttemptId::new_random(),
+            "deviceId": DEVICE,
+            "targetVersion": version,
+            "architecture": fleet_wire::Architecture::current()
+                .unwrap_or_else(|| panic!("this host's architecture is not a fleet architecture")),
+            "artifact": self.server.url(&format!("/{name}")),
+            "byteLimit": fleet_wire::limits::ARTIFACT_MAX_BYTES,
+            "sha256": fleet_wire::Sha256Hex::from_bytes(sha),
+        });
+        serde_json::from_value(json).unwrap_or_else(|e| panic!("attempt: {e}"))
+    }
+
+    /// How many requests the server answered.
+    pub fn requests(&self) -> usize {
+        self.server.requests().len()
+    }
+}
+
+/// The image scenarios run: the cached tree's static busybox, imported into the fleet-agent user's Podman.
+pub const TEST_IMAGE: &str = "localhost/busybox:fleet-test";
+
+impl Device {
+    /// Imports [`TEST_IMAGE`] into the fleet-agent user's rootless Podman.
+    pub fn import_test_image(&self) {
+        self.guest.sh(&format!(
+            "cd /tmp && runuser -u fleet-agent -- env XDG_RUNTIME_DIR=/run/user/$(id -u fleet-agent) \
+             podman import --quiet /usr/share/fleet-test/busybox-rootfs.tar {TEST_IMAGE} >/dev/null"
+        ));
+    }
+
+    /// The libpod inspect document of a container of the fleet-agent user, if it exists.
+    pub fn container(&self, name: &str) -> Option<serde_json::Value> {
+        let (ok, out) = self.guest.try_sh(&format!(
+            "curl -sf --max-time 10 --unix-socket /run/user/$(id -u fleet-agent)/podman/podman.sock \
+             http://d/v4.0.0/libpod/containers/{name}/json"
+        ));
+        if !ok {
+            return None;
+        }
+        serde_json::from_str(&out).ok()
+    }
+}
+
+/// A desired state with one long-running busybox workload called `name`.
+pub fn desired_one_workload(generation: u64, name: &str) -> DesiredState {
+    let mut w = fleet_wire::WorkloadSpec::new(
+        fleet_wire::WorkloadName::try_from(name).unwrap_or_else(|e| panic!("name: {e}")),
+        TEST_IMAGE,
+    )
+    .unwrap_or_else(|e| panic!("workload: {e}"));
+    w.command = vec!["sleep".into(), "100000".into()];
+    DesiredState::new(device_id(), generation, vec![w]).unwrap_or_else(|e| panic!("desired: {e}"))
+}
+
+static ONE_DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Serializes whole-device scenarios within a test binary: each one boots a guest running systemd, Podman, the
+/// agent and the updater, and two cores do not carry several of them well.
+pub fn one_device_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_DEVICE.lock().unwrap_or_else(|p| p.into_inner())
 }
