@@ -7,7 +7,7 @@ use fleet_vm_tests::builds::{self, V1, V2};
 use fleet_vm_tests::fleet::{
     desired_one_workload, one_device_at_a_time, Artifacts, Device, Operator,
 };
-use fleet_wire::UpgradePhase;
+use fleet_wire::{UpgradePhase, UpgradeReason};
 use std::time::Duration;
 
 const LIB: &str = "/usr/lib/harmony-fleet";
@@ -85,5 +85,149 @@ fn a_upgrade_commits_and_containers_keep_running() {
     assert_eq!(
         after["State"]["StartedAt"], started,
         "the container was restarted"
+    );
+}
+
+/// Writes a candidate "binary": a shell script around the real v2 agent (installed in the guest at `real`), so
+/// that one behaviour can be broken while the rest is the real agent.
+fn wrapper_candidate(dir: &tempfile::TempDir, name: &str, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.path().join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write candidate");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    p
+}
+
+const REAL_V2: &str = "/opt/fleet-test/fleet-agent-real-v2";
+
+/// b. The v2 candidate fails `--self-test` → `failed`; v1 is never stopped.
+#[test]
+fn b_candidate_failing_its_probe_fails_and_v1_keeps_running() {
+    let _one = one_device_at_a_time();
+    let nats = NatsServer::start();
+    let operator = Operator::new(&nats);
+    let artifacts = Artifacts::start();
+    let device = Device::install(&nats, &operator, V1, Some(&artifacts));
+    device
+        .guest
+        .install_file(&builds::agent(V2), REAL_V2, 0o755);
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The real v2 agent, probing a configuration it cannot read.
+    let candidate = wrapper_candidate(
+        &dir,
+        "probe-fails",
+        &format!(
+            "[ \"$1\" = --self-test ] && exec {REAL_V2} --self-test --config /nonexistent/agent.toml\n\
+             exec {REAL_V2} \"$@\""
+        ),
+    );
+    let v1_pid = device.agent_pid();
+    let v1_since = device.guest.systemctl(&[
+        "show",
+        "-p",
+        "ActiveEnterTimestampMonotonic",
+        "--value",
+        "fleet-agent.service",
+    ]);
+
+    let attempt = artifacts.attempt(&candidate, "fleet-agent-v2-probe-fails", V2);
+    operator.put_intent(&attempt);
+    let status = operator.wait_phase(&attempt, UpgradePhase::Failed, Duration::from_secs(240));
+
+    assert_eq!(
+        status.reason,
+        Some(UpgradeReason::ProbeFailed),
+        "{status:#?}"
+    );
+    assert!(status.error.is_some(), "no error in {status:#?}");
+    assert_eq!(device.active_link(), format!("{LIB}/fleet-agent-v{V1}"));
+    assert_eq!(device.journal_phase(), "failed");
+    // v1 was never stopped: the same process, active since the same moment.
+    assert_eq!(device.guest.unit_state("fleet-agent.service"), "active");
+    assert_eq!(
+        device.agent_pid(),
+        v1_pid,
+        "v1 was restarted.\n{}",
+        device.logs()
+    );
+    assert_eq!(
+        device.guest.systemctl(&[
+            "show",
+            "-p",
+            "ActiveEnterTimestampMonotonic",
+            "--value",
+            "fleet-agent.service"
+        ]),
+        v1_since
+    );
+    let phases: Vec<UpgradePhase> = status
+        .transitions
+        .as_slice()
+        .iter()
+        .map(|t| t.phase)
+        .collect();
+    assert!(
+        !phases.contains(&UpgradePhase::Stopping),
+        "v1 was stopped: {phases:?}"
+    );
+}
+
+/// c. v2 passes the probe but exits instead of becoming ready → rolled back to v1, status `failed` with reason.
+#[test]
+fn c_candidate_that_never_becomes_ready_is_rolled_back() {
+    let _one = one_device_at_a_time();
+    let nats = NatsServer::start();
+    let operator = Operator::new(&nats);
+    let artifacts = Artifacts::start();
+    let device = Device::install(&nats, &operator, V1, Some(&artifacts));
+    device
+        .guest
+        .install_file(&builds::agent(V2), REAL_V2, 0o755);
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The real v2 probe passes (and reports 2.0.0); the service itself exits before READY=1.
+    let candidate = wrapper_candidate(
+        &dir,
+        "never-ready",
+        &format!(
+            "[ \"$1\" = --self-test ] && exec {REAL_V2} \"$@\"\n\
+             [ \"$1\" = --version ] && exec {REAL_V2} \"$@\"\n\
+             echo 'candidate exits before readiness' >&2\nexit 1"
+        ),
+    );
+    let v1_pid = device.agent_pid();
+
+    let attempt = artifacts.attempt(&candidate, "fleet-agent-v2-never-ready", V2);
+    operator.put_intent(&attempt);
+    let status = operator.wait_phase(&attempt, UpgradePhase::Failed, Duration::from_secs(300));
+
+    assert_eq!(
+        status.reason,
+        Some(UpgradeReason::StartFailed),
+        "{status:#?}"
+    );
+    assert!(status.error.is_some(), "no error in {status:#?}");
+    let phases: Vec<UpgradePhase> = status
+        .transitions
+        .as_slice()
+        .iter()
+        .map(|t| t.phase)
+        .collect();
+    for want in [
+        UpgradePhase::Stopping,
+        UpgradePhase::RollingBack,
+        UpgradePhase::Failed,
+    ] {
+        assert!(phases.contains(&want), "{want:?} missing from {phases:?}");
+    }
+    assert_eq!(device.active_link(), format!("{LIB}/fleet-agent-v{V1}"));
+    assert_eq!(device.journal_phase(), "failed");
+    device
+        .guest
+        .wait_unit("fleet-agent.service", "active", Duration::from_secs(60));
+    assert_eq!(device.active_version(), V1);
+    assert_ne!(
+        device.agent_pid(),
+        v1_pid,
+        "v1 was restarted after the rollback"
     );
 }
