@@ -46,6 +46,22 @@ fn workload(name: &str, marker: &str) -> WorkloadSpec {
     w.command = vec!["sleep".into(), "1000".into()];
     w.env.insert("MARKER".into(), marker.into());
     w.labels.insert("app".into(), name.into());
+    if name == "web" {
+        // A named volume, a read-only bind mount and a non-default restart policy.
+        w.volumes = vec![
+            fleet_wire::VolumeMount {
+                source: "web-data".into(),
+                target: "/data".into(),
+                read_only: false,
+            },
+            fleet_wire::VolumeMount {
+                source: "/tmp".into(),
+                target: "/host".into(),
+                read_only: true,
+            },
+        ];
+        w.restart_policy = fleet_wire::RestartPolicy::OnFailure;
+    }
     w
 }
 
@@ -130,6 +146,19 @@ fn reconciles_desired_state_and_survives_restart_and_nats_outage() {
         "fleet-web",
     ]);
     assert!(env.lines().any(|l| l == "MARKER=2"), "{env}");
+    let spec = p.podman(&[
+        "inspect",
+        "--format",
+        "{{range .Mounts}}{{.Type}}:{{.Name}}:{{.Destination}}:{{.RW}};{{end}} {{.HostConfig.RestartPolicy.Name}} {{index .Config.Labels \"app\"}} {{index .Config.Labels \"io.nationtech.fleet.managed\"}}",
+        "fleet-web",
+    ]);
+    for want in [
+        "volume:web-data:/data:true;",
+        "bind::/host:false;",
+        " on-failure web true",
+    ] {
+        assert!(spec.contains(want), "{want:?} missing in {spec:?}");
+    }
 
     // A removal removes.
     put_desired(&rig, 3, vec![workload("web", "2")]);
