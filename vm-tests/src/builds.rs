@@ -49,6 +49,20 @@ fn build(package: &str, bin: &str, version: Option<&str>) -> PathBuf {
         return p.clone();
     }
     let root = build_root();
+    let dest_dir = root.join("bin");
+    let dest = dest_dir.join(match version {
+        Some(v) => format!("{bin}-v{v}"),
+        None => bin.to_string(),
+    });
+    // Another test binary of this run may have built it already: reuse a copy newer than every source it is
+    // built from (switching FLEET_AGENT_VERSION back and forth would otherwise rebuild the agent each time).
+    if newer_than_sources(&dest, package) {
+        built
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, dest.clone());
+        return dest;
+    }
     let mut cmd = Command::new(cargo());
     cmd.current_dir(workspace_root())
         .args(["build", "--quiet", "--locked", "-p", package, "--bin", bin])
@@ -66,18 +80,47 @@ fn build(package: &str, bin: &str, version: Option<&str>) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     let from = root.join("target/debug").join(bin);
-    let dest_dir = root.join("bin");
     std::fs::create_dir_all(&dest_dir).unwrap_or_else(|e| panic!("mkdir {dest_dir:?}: {e}"));
-    let dest = dest_dir.join(match version {
-        Some(v) => format!("{bin}-v{v}"),
-        None => bin.to_string(),
-    });
     copy_atomic(&from, &dest);
     built
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(key, dest.clone());
     dest
+}
+
+/// True when `dest` exists and is newer than every file of the workspace manifests, `wire/` and the package.
+fn newer_than_sources(dest: &Path, package: &str) -> bool {
+    let Ok(built) = std::fs::metadata(dest).and_then(|m| m.modified()) else {
+        return false;
+    };
+    let ws = workspace_root();
+    let dir = package.trim_start_matches("fleet-");
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for p in [
+        ws.join("Cargo.toml"),
+        ws.join("Cargo.lock"),
+        ws.join("wire"),
+        ws.join(dir),
+    ] {
+        newest = newest.max(newest_mtime(&p));
+    }
+    built > newest
+}
+
+fn newest_mtime(p: &Path) -> std::time::SystemTime {
+    let Ok(meta) = std::fs::symlink_metadata(p) else {
+        return std::time::SystemTime::UNIX_EPOCH;
+    };
+    let mut newest = meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    if meta.is_dir() {
+        if let Ok(entries) = std::fs::read_dir(p) {
+            for e in entries.flatten() {
+                newest = newest.max(newest_mtime(&e.path()));
+            }
+        }
+    }
+    newest
 }
 
 fn copy_atomic(from: &Path, to: &Path) {
