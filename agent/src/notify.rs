@@ -34,5 +34,21 @@ mod tests {
         let mut buf = [0u8; 64];
         let n = rx.recv(&mut buf).expect("recv");
         assert_eq!(&buf[..n], b"READY=1");
+
+        // An abstract-namespace address, as systemd may hand out: `@name`.
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("fleet-agent-test-{}", std::process::id());
+        let addr =
+            std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("addr");
+        let rx = std::os::unix::net::UnixDatagram::bind_addr(&addr).expect("bind abstract");
+        std::env::set_var("NOTIFY_SOCKET", format!("@{name}"));
+        assert!(super::notify("STOPPING=1").expect("send abstract"));
+        std::env::remove_var("NOTIFY_SOCKET");
+        let n = rx.recv(&mut buf).expect("recv");
+        assert_eq!(&buf[..n], b"STOPPING=1");
+        assert!(
+            !super::notify("READY=1").expect("unset"),
+            "nothing is sent without NOTIFY_SOCKET"
+        );
     }
 }
