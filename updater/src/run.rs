@@ -16,6 +16,7 @@ use std::sync::Arc;
 /// Runs the updater with the configuration at `config_path`. Returns only on a start-up error (journal,
 /// configuration, socket), with a message that tells the operator what to inspect.
 pub fn run(config_path: &Path) -> Result<(), String> {
+    limit_malloc_arenas();
     let cfg = Config::load(config_path).map_err(|e| e.to_string())?;
     let paths = Paths::new(&cfg.root);
     let allowed_gid = users::group_gid(&cfg.socket_group).map_err(|e| e.to_string())?;
@@ -56,4 +57,13 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     }
     socket::serve(listener, updater, ServerConfig::new(allowed_gid))
         .map_err(|e| format!("serving {}: {e}", paths.socket().display()))
+}
+
+/// Socket handlers are short-lived threads: one malloc arena keeps their memory from growing per thread.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only tunes glibc's allocator; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }

@@ -321,12 +321,6 @@ impl Updater {
         }
         let earlier = {
             let st = self.state();
-            if st.recovering {
-                return Err(Refused::new(
-                    ErrorCode::Busy,
-                    "start-up recovery is still restarting the previous agent; try again",
-                ));
-            }
             match accept::decide(st.journal.as_ref(), &attempt) {
                 Decision::Current => {
                     drop(st);
@@ -344,6 +338,13 @@ impl Updater {
                     return Err(Refused::new(
                         ErrorCode::Busy,
                         "another upgrade transaction is running; try again when it has ended",
+                    ))
+                }
+                // Recovery restarting the previous agent is part of the last transaction.
+                Decision::Start if st.recovering => {
+                    return Err(Refused::new(
+                        ErrorCode::Busy,
+                        "start-up recovery is still restarting the previous agent; try again",
                     ))
                 }
                 Decision::Start => st

@@ -500,3 +500,62 @@ fn a_corrupt_journal_stops_the_updater_before_anything_else() {
     assert!(services.take_calls().is_empty());
     assert_eq!(dev.active(), PREVIOUS);
 }
+
+#[test]
+fn status_answers_on_the_socket_while_recovery_restarts_the_agent() {
+    use fleet_updater::socket::{self, ServerConfig};
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+
+    require_agent_user();
+    let dev = Device::new();
+    let bytes = candidate(TARGET);
+    let services = FakeServices::new(&dev);
+    let (u, _) = dev
+        .open(
+            fetcher_for(&bytes),
+            services.clone(),
+            Faults::crash_at("link-switched"),
+        )
+        .expect("open");
+    u.upgrade_blocking(attempt_for(&bytes, TARGET))
+        .expect_err("crash");
+    drop(u);
+    let gate = Arc::new(Gate::default());
+    *services.start_gate.lock().expect("lock") = Some(gate.clone());
+    let (u, pending) = dev
+        .open(fetcher_for(&bytes), services.clone(), Faults::none())
+        .expect("open");
+    let gid = fleet_updater::users::group_gid("fleet-agent").expect("group");
+    let listener = socket::bind(&dev.paths, gid).expect("bind");
+    socket::spawn(listener, u.clone(), ServerConfig::new(0)).expect("serve");
+    let recovery = {
+        let u = u.clone();
+        let p = pending.expect("pending");
+        std::thread::spawn(move || u.finish_recovery(p))
+    };
+    let status = || -> fleet_wire::UpdaterStatus {
+        let mut s = UnixStream::connect(dev.paths.socket()).expect("connect");
+        s.write_all(b"{\"protocol\":1,\"request\":{\"op\":\"status\"}}\n")
+            .expect("write");
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).expect("read");
+        match serde_json::from_str::<fleet_wire::ResponseFrame>(&line)
+            .expect("json")
+            .response
+        {
+            Response::Status { status } => status,
+            other => panic!("{other:?}"),
+        }
+    };
+    // The start of the previous agent is held: status answers, recovering, rolling back.
+    let s = status();
+    assert!(s.recovering);
+    assert_eq!(s.agent_upgrade.expect("status").phase, P::RollingBack);
+    gate.open();
+    recovery.join().expect("thread").expect("recovers");
+    let s = status();
+    assert!(!s.recovering);
+    assert_eq!(s.agent_upgrade.expect("status").phase, P::Failed);
+}

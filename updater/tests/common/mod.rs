@@ -201,6 +201,8 @@ pub struct FakeServices {
     pub calls: Mutex<Vec<String>>,
     pub fail_starts: AtomicUsize,
     pub fail_stops: AtomicUsize,
+    /// When set, every start waits for this gate.
+    pub start_gate: Mutex<Option<Arc<Gate>>>,
 }
 
 impl FakeServices {
@@ -210,6 +212,7 @@ impl FakeServices {
             calls: Mutex::new(Vec::new()),
             fail_starts: AtomicUsize::new(0),
             fail_stops: AtomicUsize::new(0),
+            start_gate: Mutex::new(None),
         })
     }
     pub fn take_calls(&self) -> Vec<String> {
@@ -242,6 +245,10 @@ impl ServiceManager for FakeServices {
             })
             .unwrap_or_else(|_| "no-link".into());
         self.calls.lock().expect("lock").push(format!("start {t}"));
+        let gate = self.start_gate.lock().expect("lock").clone();
+        if let Some(g) = gate {
+            g.wait();
+        }
         if Self::take_failure(&self.fail_starts) {
             return Err(ServiceError("scripted start failure".into()));
         }
