@@ -175,17 +175,19 @@ fn reconciles_desired_state_and_survives_restart_and_nats_outage() {
     // An agent restart restarts nothing.
     agent.sigterm();
     assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    let restarted_at = fleet_wire::Timestamp::now();
     let mut agent = rig.spawn_agent();
     agent.wait_ready();
-    // Let at least two resync passes run.
+    // Let the first reconcile and at least two resync passes (2 s apart) of the new process run: its own
+    // heartbeats (sequence restarts at 1) reach 5 only after about 5 s.
     let hb = store(&nc, kv::DEVICE_HEARTBEAT);
     eventually(
         &agent,
         Duration::from_secs(30),
-        "heartbeats after restart",
+        "heartbeats of the new process",
         || {
             let h: Heartbeat = get_json(&hb, DEVICE)?;
-            (h.sequence >= 5).then_some(())
+            (h.at > restarted_at && h.sequence >= 5).then_some(())
         },
     );
     assert_eq!(
