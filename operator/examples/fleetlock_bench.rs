@@ -1,0 +1,160 @@
+//! Benchmark of `fleetlock-server`: lock + unlock pairs per second and p99 latency with N concurrent clients
+//! (enough slots for all), for the file store (with fsync) or the NATS store with several replicas. Prints one
+//! Markdown table row. A reference row measures one fsync per request, as a server without group commit would do.
+//!
+//! `cargo run --release --example fleetlock_bench -- --bin target/release/fleetlock-server --store file
+//!  --dir <dir on a real disk> [--clients 50] [--seconds 5] [--replicas 3]`
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_operator::fleetlock::client::{Conn, ServerProcess};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let store = arg("--store").unwrap_or_else(|| "file".into());
+    let clients: usize = arg("--clients").map_or(50, |v| v.parse().unwrap());
+    let seconds: u64 = arg("--seconds").map_or(5, |v| v.parse().unwrap());
+    let dir = PathBuf::from(arg("--dir").expect("--dir <directory on a real disk>"));
+    std::fs::create_dir_all(&dir).unwrap();
+    if store == "fsync-reference" {
+        return fsync_reference(&dir, seconds);
+    }
+    let bin = PathBuf::from(arg("--bin").expect("--bin <fleetlock-server>"));
+    let _nats;
+    let (store_yaml, replicas) = if store == "nats" {
+        let n = fleet_rig::NatsServer::start();
+        let y = format!("store: {{kind: nats, url: \"{}\"}}", n.url());
+        _nats = Some(n);
+        (y, arg("--replicas").map_or(3, |v| v.parse().unwrap()))
+    } else {
+        _nats = None;
+        let d = dir.join("store");
+        let _ = std::fs::remove_dir_all(&d);
+        (format!("store: {{kind: file, dir: {}}}", d.display()), 1)
+    };
+    let cfg = dir.join(format!("bench-{store}.yaml"));
+    std::fs::write(
+        &cfg,
+        format!("{store_yaml}\ndefault_slots: {}\n", clients * 2),
+    )
+    .unwrap();
+    let servers: Vec<ServerProcess> = (0..replicas)
+        .map(|_| ServerProcess::start(&bin, &cfg).unwrap())
+        .collect();
+    let barrier = Arc::new(Barrier::new(clients + 1));
+    let handles: Vec<_> = (0..clients)
+        .map(|i| {
+            let addr = servers[i % servers.len()].addr;
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut c = Conn::connect(addr).unwrap();
+                let id = format!("bench-{i}");
+                let mut pairs = Vec::new();
+                let mut requests = Vec::new();
+                let mut errors = 0u64;
+                barrier.wait();
+                let end = Instant::now() + Duration::from_secs(seconds);
+                while Instant::now() < end {
+                    let t0 = Instant::now();
+                    let a = c.fleetlock(true, &id, "default").unwrap();
+                    let t1 = Instant::now();
+                    let b = c.fleetlock(false, &id, "default").unwrap();
+                    let t2 = Instant::now();
+                    errors += u64::from(a.status != 200) + u64::from(b.status != 200);
+                    requests.push(t1 - t0);
+                    requests.push(t2 - t1);
+                    pairs.push(t2 - t0);
+                }
+                (pairs, requests, errors)
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    let mut pairs = Vec::new();
+    let mut requests = Vec::new();
+    let mut errors = 0;
+    for h in handles {
+        let (p, r, e) = h.join().unwrap();
+        pairs.extend(p);
+        requests.extend(r);
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    pairs.sort();
+    requests.sort();
+    let mut commits = 0u64;
+    for s in &servers {
+        let m = s
+            .conn()
+            .unwrap()
+            .request("GET", "/metrics", &[], b"")
+            .unwrap()
+            .text();
+        commits += m
+            .lines()
+            .find(|l| l.starts_with("fleetlock_store_commits_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    let label = if store == "nats" {
+        format!("fleetlock-server, NATS KV store, {replicas} replicas")
+    } else {
+        "fleetlock-server, file store (fsync, group commit)".into()
+    };
+    let row = format!(
+        "| {label} | {clients} | {:.0} | {:.2} | {:.2} | {:.1} | {errors} |",
+        pairs.len() as f64 / elapsed,
+        pct(&pairs, 0.99),
+        pct(&requests, 0.99),
+        (requests.len() as f64) / (commits.max(1) as f64),
+    );
+    println!("{row}");
+    let _ = std::io::stdout().flush();
+}
+
+/// One write + fsync + rename + directory fsync per request, sequentially: what a server without group commit
+/// can do at most (pairs/s = requests/s / 2).
+fn fsync_reference(dir: &std::path::Path, seconds: u64) {
+    let tmp = dir.join("ref.tmp");
+    let path = dir.join("ref.json");
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut lat = Vec::new();
+    let started = Instant::now();
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        let mut f = std::fs::File::create(&tmp).unwrap();
+        f.write_all(br#"{"version":1,"groups":{"default":[]}}"#)
+            .unwrap();
+        f.sync_all().unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        std::fs::File::open(dir).unwrap().sync_all().unwrap();
+        lat.push(t0.elapsed());
+    }
+    let per_s = lat.len() as f64 / started.elapsed().as_secs_f64();
+    lat.sort();
+    println!(
+        "| reference: one fsync per request, sequential | 1 | {:.0} | {:.2} | {:.2} | 1.0 | 0 |",
+        per_s / 2.0,
+        pct(&lat, 0.99) * 2.0,
+        pct(&lat, 0.99)
+    );
+}

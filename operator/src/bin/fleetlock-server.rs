@@ -1,0 +1,61 @@
+//! `fleetlock-server`: the FleetLock coordinated-reboot lock server (no Kubernetes needed).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+const HELP: &str = "fleetlock-server: a FleetLock lock server for coordinated reboots (Zincati/airlock protocol)
+
+Usage: fleetlock-server [--listen ADDR:PORT] [--config PATH]
+
+  --listen ADDR:PORT  where to serve HTTP (default 0.0.0.0:7450)
+  --config PATH       YAML config: default_slots, groups, store, ttl, auth, audit_log (re-read on change).
+                      Without it: group `default` with one slot, file store under /var/lib/fleetlock.
+  --help              this text
+  --version           the version
+
+Endpoints: POST /v1/pre-reboot, POST /v1/steady-state (header fleet-lock-protocol: true),
+GET /v1/status, GET /metrics, GET /healthz, POST /v1/admin/release. Logging: RUST_LOG (default info).
+See docs/fleetlock.md.";
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let mut listen: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 7450));
+    let mut config: Option<PathBuf> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--help" | "-h" => {
+                println!("{HELP}");
+                return;
+            }
+            "--version" => {
+                println!("{}", env!("CARGO_PKG_VERSION"));
+                return;
+            }
+            "--listen" => match args.next().map(|v| v.parse()) {
+                Some(Ok(a)) => listen = a,
+                _ => fail("--listen needs ADDR:PORT, e.g. 0.0.0.0:7450"),
+            },
+            "--config" => match args.next() {
+                Some(p) => config = Some(PathBuf::from(p)),
+                None => fail("--config needs a path"),
+            },
+            other => fail(&format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => fail(&format!("tokio runtime: {e}")),
+    };
+    if let Err(e) = rt.block_on(fleet_operator::fleetlock::run(listen, config)) {
+        fail(&e);
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("fleetlock-server: {msg}");
+    std::process::exit(2);
+}

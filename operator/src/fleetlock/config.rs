@@ -1,0 +1,384 @@
+//! Server configuration (YAML, the prototype's keys plus store, TTL and auth) and group membership.
+
+use fleet_wire::fleetlock::{validate_group, DEFAULT_GROUP};
+use serde::Deserialize;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Largest config file read, in bytes.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+/// Most slots one group may have.
+pub const MAX_SLOTS: u32 = 100_000;
+/// Most groups.
+pub const MAX_GROUPS: usize = 1024;
+/// Default store directory.
+pub const DEFAULT_DIR: &str = "/var/lib/fleetlock";
+
+/// The whole config file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Slots of group `default` (hosts in no group).
+    #[serde(default = "one")]
+    pub default_slots: u32,
+    /// Named groups.
+    #[serde(default)]
+    pub groups: Vec<GroupConfig>,
+    /// Where holders live.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// Holders older than this lose their slot (off by default: a host that never returns keeps it).
+    #[serde(default, with = "opt_duration")]
+    pub ttl: Option<Duration>,
+    /// Client and admin credentials (off by default).
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Audit log of admin releases and TTL expiries (JSON lines); default `<store dir>/audit.jsonl`.
+    #[serde(default)]
+    pub audit_log: Option<PathBuf>,
+    /// Time a client has to send its request head, and then its body (default 10s).
+    #[serde(default = "ten_seconds", with = "duration")]
+    pub client_timeout: Duration,
+}
+
+fn ten_seconds() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// One named group.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupConfig {
+    /// Group name (`^[a-zA-Z0-9.-]+$`).
+    pub name: String,
+    /// How many members may hold a slot at once.
+    pub slots: u32,
+    /// Hostnames, IP addresses or machine ids (as the client sends them in `id`).
+    #[serde(default)]
+    pub members: Vec<String>,
+}
+
+/// Which store holds the truth.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum StoreConfig {
+    /// A state file, fsynced before every answer.
+    File {
+        /// Directory of `state.json` (default `/var/lib/fleetlock`).
+        #[serde(default = "default_dir")]
+        dir: PathBuf,
+    },
+    /// NATS JetStream KV (bucket `fleetlock`, key = group) with compare-and-set: several replicas share it.
+    Nats {
+        /// Server URL(s), comma-separated.
+        url: String,
+        /// Optional NATS credentials file.
+        #[serde(default)]
+        credentials: Option<PathBuf>,
+    },
+}
+
+fn default_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_DIR)
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self::File { dir: default_dir() }
+    }
+}
+
+impl StoreConfig {
+    /// `file` or `nats`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::File { .. } => "file",
+            Self::Nats { .. } => "nats",
+        }
+    }
+}
+
+/// Credentials. Secrets are never logged or shown in status.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Bearer tokens any client may use.
+    #[serde(default)]
+    pub tokens: Vec<String>,
+    /// Basic-auth pairs (Zincati sends them from `http://user:password@host/` in its base URL).
+    #[serde(default)]
+    pub basic: Vec<BasicCredential>,
+    /// Bearer tokens for `POST /v1/admin/release` (no admin release without one).
+    #[serde(default)]
+    pub admin_tokens: Vec<String>,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "AuthConfig {{ tokens: {}, basic: {}, admin_tokens: {} }}",
+            self.tokens.len(),
+            self.basic.len(),
+            self.admin_tokens.len()
+        )
+    }
+}
+
+/// One basic-auth pair.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicCredential {
+    /// User name.
+    pub username: String,
+    /// Password.
+    pub password: String,
+}
+
+impl AuthConfig {
+    /// Whether clients must authenticate.
+    pub fn clients_need_auth(&self) -> bool {
+        !self.tokens.is_empty() || !self.basic.is_empty()
+    }
+}
+
+mod duration {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+mod opt_duration {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s: Option<String> = Option::deserialize(d)?;
+        s.map(|s| humantime::parse_duration(&s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            default_slots: 1,
+            groups: Vec::new(),
+            store: StoreConfig::default(),
+            ttl: None,
+            auth: AuthConfig::default(),
+            audit_log: None,
+            client_timeout: ten_seconds(),
+        }
+    }
+}
+
+/// The groups a request belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    /// (group, slots), sorted by name.
+    pub groups: Vec<(String, u32)>,
+}
+
+impl Config {
+    /// Parses and validates YAML text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let c: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            serde_yaml::from_str(text).map_err(|e| e.to_string())?
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Reads and parses a config file (at most [`MAX_CONFIG_BYTES`]).
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = read_bounded(path)?;
+        Self::parse(&text)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.default_slots > MAX_SLOTS {
+            return Err(format!("default_slots: more than {MAX_SLOTS}"));
+        }
+        if self.groups.len() > MAX_GROUPS {
+            return Err(format!("groups: more than {MAX_GROUPS}"));
+        }
+        let mut names = BTreeSet::new();
+        for (i, g) in self.groups.iter().enumerate() {
+            validate_group(&g.name).map_err(|e| format!("groups[{i}].name: {e}"))?;
+            if g.name == DEFAULT_GROUP {
+                return Err(format!(
+                    "groups[{i}]: `default` is configured with default_slots, not as a group"
+                ));
+            }
+            if !names.insert(g.name.as_str()) {
+                return Err(format!("groups[{i}]: duplicate group {:?}", g.name));
+            }
+            if g.slots > MAX_SLOTS {
+                return Err(format!("groups[{i}].slots: more than {MAX_SLOTS}"));
+            }
+        }
+        if let Some(t) = self.ttl {
+            if t < Duration::from_secs(1) {
+                return Err("ttl: shorter than 1s".into());
+            }
+        }
+        if self.client_timeout < Duration::from_millis(100)
+            || self.client_timeout > Duration::from_secs(300)
+        {
+            return Err("client_timeout: must be between 100ms and 5min".into());
+        }
+        if let StoreConfig::Nats { url, .. } = &self.store {
+            if url.trim().is_empty() {
+                return Err("store.url: empty".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The slots of `group`, if it is configured (`default` always is).
+    pub fn slots(&self, group: &str) -> Option<u32> {
+        if group == DEFAULT_GROUP {
+            return Some(self.default_slots);
+        }
+        self.groups
+            .iter()
+            .find(|g| g.name == group)
+            .map(|g| g.slots)
+    }
+
+    /// Every configured group name, `default` first.
+    pub fn group_names(&self) -> Vec<String> {
+        std::iter::once(DEFAULT_GROUP.to_string())
+            .chain(self.groups.iter().map(|g| g.name.clone()))
+            .collect()
+    }
+
+    /// The groups of a client: every group listing its id, hostname or IP as a member, plus the group it named
+    /// (unless that is `default`); `default` if none. `Err` names an unknown group.
+    pub fn membership(
+        &self,
+        id: &str,
+        hostname: Option<&str>,
+        ip: &str,
+        named: &str,
+    ) -> Result<Membership, String> {
+        let mut out = std::collections::BTreeMap::new();
+        if named != DEFAULT_GROUP {
+            let slots = self
+                .slots(named)
+                .ok_or_else(|| format!("group {named:?} is not configured on this server"))?;
+            out.insert(named.to_string(), slots);
+        }
+        for g in &self.groups {
+            let hit = g
+                .members
+                .iter()
+                .any(|m| m == id || m == ip || Some(m.as_str()) == hostname);
+            if hit {
+                out.insert(g.name.clone(), g.slots);
+            }
+        }
+        if out.is_empty() {
+            out.insert(DEFAULT_GROUP.to_string(), self.default_slots);
+        }
+        Ok(Membership {
+            groups: out.into_iter().collect(),
+        })
+    }
+
+    /// Where audit records go.
+    pub fn audit_path(&self) -> PathBuf {
+        if let Some(p) = &self.audit_log {
+            return p.clone();
+        }
+        match &self.store {
+            StoreConfig::File { dir } => dir.join("audit.jsonl"),
+            StoreConfig::Nats { .. } => default_dir().join("audit.jsonl"),
+        }
+    }
+}
+
+/// Reads a text file of at most [`MAX_CONFIG_BYTES`].
+pub fn read_bounded(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut text = String::new();
+    f.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "{}: larger than {MAX_CONFIG_BYTES} bytes",
+            path.display()
+        ));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROTOTYPE: &str = "default_slots: 1 # hosts in no group share the group 'default'
+groups:
+  - name: db
+    slots: 1
+    members:
+      - db1
+      - db2
+      - 10.0.0.23
+  - name: swarm
+    slots: 2
+    members: [db2, m-1]
+";
+
+    #[test]
+    fn prototype_config_and_membership() {
+        let c = Config::parse(PROTOTYPE).expect("parses");
+        assert_eq!(c.store, StoreConfig::default());
+        let m = |id, host, ip, named| c.membership(id, host, ip, named).map(|m| m.groups);
+        let g = |v: &[(&str, u32)]| Ok(v.iter().map(|(a, b)| (a.to_string(), *b)).collect());
+        assert_eq!(m("x", None, "10.0.0.1", "default"), g(&[("default", 1)]));
+        assert_eq!(m("x", Some("db1"), "10.0.0.1", "default"), g(&[("db", 1)]));
+        assert_eq!(m("x", None, "10.0.0.23", "default"), g(&[("db", 1)]));
+        assert_eq!(m("m-1", None, "10.0.0.1", "default"), g(&[("swarm", 2)]));
+        assert_eq!(
+            m("x", Some("db2"), "10.0.0.1", "default"),
+            g(&[("db", 1), ("swarm", 2)])
+        );
+        assert_eq!(m("x", None, "10.0.0.1", "swarm"), g(&[("swarm", 2)]));
+        assert!(m("x", None, "10.0.0.1", "nope").is_err());
+    }
+
+    #[test]
+    fn invalid_configs_are_rejected() {
+        for bad in [
+            "groups: [{name: 'a b', slots: 1}]",
+            "groups: [{name: a, slots: 1}, {name: a, slots: 2}]",
+            "groups: [{name: default, slots: 1}]",
+            "default_slots: -1",
+            "ttl: soon",
+            "store: {kind: nats, url: ''}",
+            "unknown: 1",
+        ] {
+            assert!(Config::parse(bad).is_err(), "{bad}");
+        }
+        let c =
+            Config::parse("ttl: 2h\nstore: {kind: file, dir: /tmp/x}\nauth: {tokens: [s3cret]}")
+                .expect("ok");
+        assert_eq!(c.ttl, Some(Duration::from_secs(7200)));
+        assert!(!format!("{:?}", c.auth).contains("s3cret"));
+    }
+}

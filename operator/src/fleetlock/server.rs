@@ -1,0 +1,180 @@
+//! The server: shared state, the accept loop with bounded connections and time-outs, and config reloading.
+
+use super::config::Config;
+use super::http;
+use super::metrics::Metrics;
+use super::store::Store;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Most connections served at once; more are closed right away.
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Largest buffered request head (request line + headers), in bytes.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// How often the config file is checked for changes.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Everything a request handler needs.
+pub struct App {
+    config: RwLock<Arc<Config>>,
+    config_error: RwLock<Option<String>>,
+    /// The lock store.
+    pub store: Store,
+    /// Counters.
+    pub metrics: Metrics,
+}
+
+impl App {
+    /// A new app with a valid config and an opened store.
+    pub fn new(config: Config, store: Store) -> Self {
+        Self {
+            config: RwLock::new(Arc::new(config)),
+            config_error: RwLock::new(None),
+            store,
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// The config in force (the last good one).
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Why the config file on disk was rejected, if it was.
+    pub fn config_error(&self) -> Option<String> {
+        self.config_error.read().ok().and_then(|e| e.clone())
+    }
+
+    fn set_config(&self, c: Config) {
+        if let Ok(mut g) = self.config.write() {
+            *g = Arc::new(c);
+        }
+        if let Ok(mut e) = self.config_error.write() {
+            *e = None;
+        }
+    }
+
+    fn set_error(&self, why: String) {
+        if let Ok(mut e) = self.config_error.write() {
+            *e = Some(why);
+        }
+    }
+}
+
+/// Loads the config (defaults when `path` is `None`), opens the store, binds `listen` and serves until SIGTERM or
+/// SIGINT.
+pub async fn run(listen: SocketAddr, path: Option<PathBuf>) -> Result<(), String> {
+    let config = match &path {
+        Some(p) => Config::load(p).map_err(|e| format!("config {}: {e}", p.display()))?,
+        None => Config::default(),
+    };
+    let store = Store::open(&config.store).await?;
+    log::info!(
+        "fleetlock-server: {} store, {} group(s) besides default, listening on {listen}",
+        store.kind(),
+        config.groups.len()
+    );
+    let app = Arc::new(App::new(config, store));
+    if let Some(p) = path {
+        tokio::spawn(watch_config(app.clone(), p));
+    }
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("listen on {listen}: {e}"))?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    tokio::select! {
+        r = serve(listener, app) => r,
+        _ = term.recv() => { log::info!("SIGTERM: stopping"); Ok(()) }
+        _ = tokio::signal::ctrl_c() => { log::info!("SIGINT: stopping"); Ok(()) }
+    }
+}
+
+/// Serves connections from `listener` forever.
+pub async fn serve(listener: TcpListener, app: Arc<App>) -> Result<(), String> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors and similar: back off instead of spinning.
+                log::warn!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            log::warn!("more than {MAX_CONNECTIONS} connections: closing one from {peer}");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let timeout = app.config().client_timeout;
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| http::handle(app.clone(), peer, req));
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeout)
+                .max_buf_size(MAX_HEAD_BYTES)
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                log::debug!("connection from {peer}: {e}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Re-reads the config file when its content changes; an invalid file keeps the last good config.
+async fn watch_config(app: Arc<App>, path: PathBuf) {
+    let mut last = read(&path);
+    loop {
+        tokio::time::sleep(RELOAD_INTERVAL).await;
+        let now = read(&path);
+        if now == last {
+            continue;
+        }
+        last = now.clone();
+        match now.and_then(|t| Config::parse(&t)) {
+            Ok(mut c) => {
+                let old = app.config();
+                if c.store != old.store {
+                    log::warn!(
+                        "config {}: the store changed; that takes a restart, the running store stays",
+                        path.display()
+                    );
+                    c.store = old.store.clone();
+                }
+                log::info!(
+                    "config {}: reloaded ({} groups)",
+                    path.display(),
+                    c.groups.len()
+                );
+                app.set_config(c);
+            }
+            Err(e) => {
+                log::error!(
+                    "config {}: invalid, keeping the last good config: {e}",
+                    path.display()
+                );
+                app.metrics
+                    .reload_failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                app.set_error(e);
+            }
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    super::config::read_bounded(path)
+}

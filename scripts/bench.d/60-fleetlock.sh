@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# FleetLock server: lock + unlock pairs/s and p99 latency with 50 concurrent clients (enough slots for all), for the
+# file store (real fsync, group commit) and the NATS KV store with 3 replicas; reference: one fsync per request.
+# Goals: file store >= 5,000 pairs/s with p99 <= 20 ms; NATS store >= 1,000 pairs/s; zero errors.
+set -euo pipefail
+root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
+cd "$root"
+export FLEET_NATS_SERVER=${FLEET_NATS_SERVER:-$root/.venv/bin/nats-server}
+cargo build --release --locked -p fleet-operator --bin fleetlock-server --example fleetlock_bench >&2
+target=${CARGO_TARGET_DIR:-$root/target}
+bench=$target/release/examples/fleetlock_bench
+server=$target/release/fleetlock-server
+# A directory on the real disk (not tmpfs), so fsync costs what it costs on a device.
+dir=${FLEET_CACHE:-$root/.cache}/bench-fleetlock
+rm -rf "$dir"; mkdir -p "$dir"
+echo "| setup | clients | pairs/s | p99 pair (ms) | p99 request (ms) | requests per commit | errors |"
+echo "|---|---|---|---|---|---|---|"
+"$bench" --store fsync-reference --dir "$dir" --seconds 3
+"$bench" --store file --bin "$server" --dir "$dir" --clients 50 --seconds 5
+"$bench" --store nats --bin "$server" --dir "$dir" --clients 50 --seconds 5 --replicas 3
+echo
+echo "Goals: file store >= 5000 pairs/s with p99 pair <= 20 ms; NATS store (3 replicas) >= 1000 pairs/s; 0 errors."
+rm -rf "$dir"

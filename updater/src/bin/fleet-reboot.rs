@@ -1,0 +1,56 @@
+//! `fleet-reboot`: one run of the coordinated-reboot client (from fleet-reboot.timer).
+
+use fleet_updater::reboot::{self, RebootConfig, RunOptions};
+use std::path::PathBuf;
+
+const HELP: &str =
+    "fleet-reboot: reboot this host into a staged update when the time, its health, its
+dependencies and a FleetLock slot allow it; release the slot after the reboot.
+
+Usage: fleet-reboot [--config PATH]
+
+  --config PATH  YAML config (default /etc/harmony-fleet/fleet-reboot.yaml): server, group,
+                 window{timezone,days,start,end}, timeout, require_hosts, range{cidr,port,min_up},
+                 allow_degraded, token, health_wait, root
+  --help         this text
+  --version      the version
+
+Exit status: 0 when the run finished (rebooting, released, or \"not now\" with a logged reason);
+1 when something needs an operator (bad config or files, a failed reboot command).";
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let mut config = PathBuf::from(reboot::config::DEFAULT_CONFIG);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--help" | "-h" => {
+                println!("{HELP}");
+                return;
+            }
+            "--version" => {
+                println!("{}", env!("CARGO_PKG_VERSION"));
+                return;
+            }
+            "--config" => match args.next() {
+                Some(p) => config = PathBuf::from(p),
+                None => fail("--config needs a path"),
+            },
+            other => fail(&format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    let cfg = match RebootConfig::load(&config) {
+        Ok(c) => c,
+        Err(e) => fail(&e),
+    };
+    match reboot::run_once(&cfg, &reboot::system::Host, RunOptions::default()) {
+        Ok(o) => log::info!("done: {o:?}"),
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    log::error!("{msg}");
+    eprintln!("fleet-reboot: {msg}");
+    std::process::exit(1);
+}

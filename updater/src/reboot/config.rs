@@ -1,0 +1,201 @@
+//! The reboot client's config: the prototype's YAML keys (`server`, `group`, `window`, `timeout`,
+//! `require_hosts`, `range`, `allow_degraded`) plus `token`, `health_wait` and `root`.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default config path; the timer's service only runs when it exists.
+pub const DEFAULT_CONFIG: &str = "/etc/harmony-fleet/fleet-reboot.yaml";
+/// Largest config file read, in bytes.
+pub const MAX_CONFIG_BYTES: u64 = 256 * 1024;
+
+/// The config file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RebootConfig {
+    /// FleetLock server base URL, e.g. `http://10.0.0.10:7450`.
+    pub server: String,
+    /// The group to name in requests (`default` if absent).
+    #[serde(default = "default_group")]
+    pub group: String,
+    /// The reboot window; absent = any time.
+    #[serde(default)]
+    pub window: Option<WindowConfig>,
+    /// Time-out of each remote check and of each request to the server, in seconds (default 2).
+    #[serde(default = "default_timeout")]
+    pub timeout: f64,
+    /// `host:port` (must accept TCP) or `http(s)://…` (must answer 2xx).
+    #[serde(default)]
+    pub require_hosts: Vec<String>,
+    /// At least `min_up` hosts of `cidr` must accept TCP on `port`.
+    #[serde(default)]
+    pub range: Option<RangeConfig>,
+    /// Whether `degraded` counts as healthy.
+    #[serde(default)]
+    pub allow_degraded: bool,
+    /// Optional bearer token for the server.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// How long to wait for health after a reboot before giving up until the next run, in seconds (default 300).
+    #[serde(default = "default_health_wait")]
+    pub health_wait: f64,
+    /// Root prefix of every path (tests point it at a temporary directory).
+    #[serde(default = "default_root")]
+    pub root: PathBuf,
+}
+
+/// A weekly window in a time zone.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowConfig {
+    /// IANA time zone, e.g. `Europe/Vienna` (default `UTC`).
+    #[serde(default = "utc")]
+    pub timezone: String,
+    /// Days the window starts on: `mon` … `sun` (default every day).
+    #[serde(default)]
+    pub days: Vec<String>,
+    /// Start, `HH:MM` local time.
+    pub start: String,
+    /// End, `HH:MM` local time; before `start` means the window crosses midnight.
+    pub end: String,
+}
+
+/// A CIDR range of neighbours.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeConfig {
+    /// e.g. `10.0.0.0/24` (at most 1,024 addresses).
+    pub cidr: String,
+    /// TCP port that must answer.
+    pub port: u16,
+    /// How many hosts must answer.
+    pub min_up: u32,
+}
+
+fn default_group() -> String {
+    "default".into()
+}
+fn default_timeout() -> f64 {
+    2.0
+}
+fn default_health_wait() -> f64 {
+    300.0
+}
+fn default_root() -> PathBuf {
+    PathBuf::from("/")
+}
+fn utc() -> String {
+    "UTC".into()
+}
+
+fn secs(v: f64, what: &str, max: f64) -> Result<Duration, String> {
+    if !(v.is_finite() && v > 0.0 && v <= max) {
+        return Err(format!("{what}: must be between 0 and {max} seconds"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl RebootConfig {
+    /// Parses and validates YAML text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let c: RebootConfig = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        if !(c.server.starts_with("http://") || c.server.starts_with("https://")) {
+            return Err(format!("server: {:?} is not an http(s) URL", c.server));
+        }
+        fleet_wire::fleetlock::validate_group(&c.group).map_err(|e| format!("group: {e}"))?;
+        c.timeout()?;
+        c.health_wait()?;
+        if c.require_hosts.len() > 64 {
+            return Err("require_hosts: more than 64 entries".into());
+        }
+        if let Some(w) = &c.window {
+            super::window::Window::from_config(w)?;
+        }
+        if let Some(r) = &c.range {
+            let n = super::deps::cidr_hosts(&r.cidr)?.len();
+            if r.min_up as usize > n {
+                return Err(format!(
+                    "range.min_up: {} but {} has only {n} hosts",
+                    r.min_up, r.cidr
+                ));
+            }
+        }
+        Ok(c)
+    }
+
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        use std::io::Read;
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(format!(
+                "{}: larger than {MAX_CONFIG_BYTES} bytes",
+                path.display()
+            ));
+        }
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The per-check time-out.
+    pub fn timeout(&self) -> Result<Duration, String> {
+        secs(self.timeout, "timeout", 60.0)
+    }
+
+    /// How long to wait for health after a reboot.
+    pub fn health_wait(&self) -> Result<Duration, String> {
+        secs(self.health_wait, "health_wait", 3600.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prototype_example_parses() {
+        let c = RebootConfig::parse(
+            r#"server: http://10.0.0.10:7450
+group: default
+window:
+  timezone: UTC
+  days: [mon, tue, wed, thu, fri, sat, sun]
+  start: "02:00"
+  end: "05:00"
+timeout: 2
+require_hosts:
+  - 10.0.0.5:443
+  - https://status.example.lan/health
+range:
+  cidr: 10.0.0.0/24
+  port: 22
+  min_up: 7
+allow_degraded: false
+"#,
+        )
+        .expect("parses");
+        assert_eq!(c.timeout(), Ok(Duration::from_secs(2)));
+        assert_eq!(c.range.map(|r| r.min_up), Some(7));
+        assert_eq!(c.root, PathBuf::from("/"));
+    }
+
+    #[test]
+    fn bad_configs_are_rejected() {
+        for bad in [
+            "server: 10.0.0.10:7450",
+            "server: http://x\ngroup: 'a b'",
+            "server: http://x\ntimeout: 0",
+            "server: http://x\nwindow: {timezone: Mars/Base, start: '02:00', end: '03:00'}",
+            "server: http://x\nwindow: {start: '25:00', end: '03:00'}",
+            "server: http://x\nwindow: {days: [someday], start: '01:00', end: '03:00'}",
+            "server: http://x\nrange: {cidr: 10.0.0.0/8, port: 22, min_up: 1}",
+            "server: http://x\nrange: {cidr: 10.0.0.0/30, port: 22, min_up: 3}",
+            "server: http://x\nunknown: 1",
+        ] {
+            assert!(RebootConfig::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
