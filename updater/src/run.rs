@@ -22,7 +22,7 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     let allowed_gid = users::group_gid(&cfg.socket_group).map_err(|e| e.to_string())?;
     let deps = Deps {
         fetcher: fetcher::production(cfg.extra_ca_file.as_deref())?,
-        services: Arc::new(Systemctl),
+        services: Arc::new(Systemctl::default()),
         prober: Prober::new(cfg.agent_user.clone(), PROBE_TIMEOUT),
         faults: Faults::from_env(),
     };

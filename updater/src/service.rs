@@ -20,13 +20,36 @@ pub trait ServiceManager: Send + Sync {
 }
 
 /// `systemctl` of the host's system manager.
-#[derive(Debug, Clone, Default)]
-pub struct Systemctl;
+#[derive(Debug, Clone)]
+pub struct Systemctl {
+    program: std::path::PathBuf,
+}
+
+impl Default for Systemctl {
+    fn default() -> Self {
+        Self {
+            program: "systemctl".into(),
+        }
+    }
+}
+
+impl Systemctl {
+    /// Runs `program` instead of `systemctl` (tests).
+    pub fn with_program(program: impl Into<std::path::PathBuf>) -> Self {
+        Self {
+            program: program.into(),
+        }
+    }
+}
 
 const OUTPUT_MAX_BYTES: usize = 16 * 1024;
 
-fn systemctl(args: &[&str], bound: Duration) -> Result<child::Finished, ServiceError> {
-    let mut cmd = Command::new("systemctl");
+fn systemctl(
+    program: &std::path::Path,
+    args: &[&str],
+    bound: Duration,
+) -> Result<child::Finished, ServiceError> {
+    let mut cmd = Command::new(program);
     cmd.args(args);
     let f = child::run_bounded(&mut cmd, bound, OUTPUT_MAX_BYTES)
         .map_err(|e| ServiceError(e.to_string()))?;
@@ -44,10 +67,51 @@ fn systemctl(args: &[&str], bound: Duration) -> Result<child::Finished, ServiceE
 
 impl ServiceManager for Systemctl {
     fn stop(&self, unit: &UnitName, bound: Duration) -> Result<(), ServiceError> {
-        systemctl(&["stop", unit.as_str()], bound).map(|_| ())
+        systemctl(&self.program, &["stop", unit.as_str()], bound).map(|_| ())
     }
 
     fn start(&self, unit: &UnitName, bound: Duration) -> Result<(), ServiceError> {
-        systemctl(&["start", unit.as_str()], bound).map(|_| ())
+        systemctl(&self.program, &["start", unit.as_str()], bound).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn script(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
+        let p = dir.join(format!("systemctl-{}", body.len()));
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        p
+    }
+
+    #[test]
+    fn runs_bounded_and_reports_failures() {
+        let d = tempfile::tempdir().expect("tmp");
+        let unit = UnitName::try_from("fleet-agent.service").expect("unit");
+        let log = d.path().join("log");
+        let ok = script(d.path(), &format!("echo \"$@\" >> {}", log.display()));
+        let s = Systemctl::with_program(&ok);
+        s.stop(&unit, Duration::from_secs(10)).expect("stop");
+        s.start(&unit, Duration::from_secs(10)).expect("start");
+        assert_eq!(
+            std::fs::read_to_string(&log).expect("log"),
+            "stop fleet-agent.service\nstart fleet-agent.service\n"
+        );
+        let failing = script(
+            d.path(),
+            "echo 'Job for fleet-agent.service failed' >&2; exit 1",
+        );
+        let e = Systemctl::with_program(&failing)
+            .start(&unit, Duration::from_secs(10))
+            .expect_err("fails");
+        assert!(e.0.contains("Job for fleet-agent.service failed"), "{e}");
+        let hanging = script(d.path(), "sleep 60");
+        let e = Systemctl::with_program(&hanging)
+            .stop(&unit, Duration::from_millis(300))
+            .expect_err("times out");
+        assert!(e.0.contains("killed"), "{e}");
     }
 }
