@@ -107,6 +107,11 @@ fn status_and_bad_requests() {
         )),
         ErrorCode::Invalid
     );
+    // Deep nesting is refused by the parser's recursion limit, on a handler's small stack.
+    let mut deep = "[".repeat(100_000).into_bytes();
+    deep.push(b'\n');
+    assert_eq!(code(&request(&sock, &deep)), ErrorCode::Malformed);
+    assert!(matches!(request(&sock, STATUS), Response::Status { .. }));
 }
 
 #[test]
