@@ -312,9 +312,14 @@ impl Artifacts {
         serde_json::from_value(json).unwrap_or_else(|e| panic!("attempt: {e}"))
     }
 
-    /// How many requests the server answered.
-    pub fn requests(&self) -> usize {
-        self.server.requests().len()
+    /// How many requests the server answered for `/<name>`.
+    pub fn requests_for(&self, name: &str) -> usize {
+        let path = format!("/{name}");
+        self.server
+            .requests()
+            .iter()
+            .filter(|r| r.path() == path)
+            .count()
     }
 }
 
