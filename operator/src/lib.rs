@@ -2,3 +2,14 @@
 //! server, which runs with no Kubernetes at all.
 
 pub mod fleetlock;
+// operator (issue 6)
+pub mod conditions;
+pub mod crd;
+pub mod deploy;
+pub mod engine;
+pub mod kv;
+pub mod mirror;
+pub mod placement;
+pub mod release;
+pub mod report;
+pub mod validate;

@@ -1,5 +1,88 @@
-//! fleet-operator: the device agent (being built: see the operator issue).
-fn main() {
-    eprintln!("fleet-operator is not built yet");
-    std::process::exit(2);
+//! fleet-operator: parses arguments, sets up logging and runs the control loop (`fleet_operator::engine`).
+
+use std::process::ExitCode;
+
+const HELP: &str = "\
+fleet-operator: Harmony Fleet's Kubernetes operator. Watches Device, DeviceGroup, FleetDeployment and
+AgentRelease objects (fleet.nationtech.io/v1alpha1), writes each device's desired state and agent-upgrade
+intents into NATS JetStream KV (creating the buckets), and mirrors device reports into Device status.
+
+Usage: fleet-operator [--nats-url URL]
+       fleet-operator --help | --version
+
+Options:
+  --nats-url URL   NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222)
+Environment:
+  KUBECONFIG / in-cluster service account   how the Kubernetes API is reached
+  POD_NAME         this replica's name in events
+  FLEET_LABEL_SELECTOR  handle only fleet objects with these labels (e.g. fleet=eu)
+  RUST_LOG         log filter (default: info)
+
+Several replicas may run at once: every NATS write is compare-and-set by revision (docs/crds.md).";
+
+fn main() -> ExitCode {
+    let mut nats_url =
+        std::env::var("FLEET_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--help" | "-h" => {
+                println!("{HELP}");
+                return ExitCode::SUCCESS;
+            }
+            "--version" => {
+                println!("{}", env!("CARGO_PKG_VERSION"));
+                return ExitCode::SUCCESS;
+            }
+            "--nats-url" => match args.next() {
+                Some(u) => nats_url = u,
+                None => {
+                    eprintln!("--nats-url needs a value; see --help");
+                    return ExitCode::from(2);
+                }
+            },
+            other => {
+                eprintln!("unknown argument {other:?}; see --help");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let client = match kube::Client::try_default().await {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!(
+                    "cannot reach the Kubernetes API (set KUBECONFIG or run in a pod): {e}"
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        let opts = fleet_operator::engine::Options {
+            nats_url,
+            instance: std::env::var("POD_NAME").ok(),
+            label_selector: std::env::var("FLEET_LABEL_SELECTOR")
+                .ok()
+                .filter(|s| !s.is_empty()),
+        };
+        tokio::select! {
+            r = fleet_operator::engine::run(client, opts) => {
+                if let Err(e) = r {
+                    log::error!("{e}");
+                }
+                ExitCode::FAILURE
+            }
+            _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+        }
+    })
 }

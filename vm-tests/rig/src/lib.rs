@@ -3,6 +3,7 @@
 //! A part that is missing fails the test with a message saying how to install it; nothing is ever skipped.
 
 pub mod https;
+pub mod kube;
 pub mod nats;
 pub mod nspawn;
 pub mod podman;

@@ -1,0 +1,137 @@
+//! Status conditions, as pure functions: one desired condition per type; the transition time is kept while the
+//! status stays the same, so an unchanged condition compares equal and causes no write.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Condition type: the object is doing what it asks for.
+pub const READY: &str = "Ready";
+/// Condition type: the operator can reach NATS.
+pub const NATS_REACHABLE: &str = "NatsReachable";
+
+/// Reason: placed (or resolved) successfully.
+pub const REASON_PLACED: &str = "Placed";
+/// Reason: the spec is invalid.
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+/// Reason: a group's source errored (never treated as an empty group).
+pub const REASON_GROUP_SOURCE: &str = "GroupSourceError";
+/// Reason: a workload name or a device is claimed by another object.
+pub const REASON_CONFLICT: &str = "Conflict";
+/// Reason: NATS answered.
+pub const REASON_NATS_OK: &str = "Connected";
+/// Reason: NATS did not answer.
+pub const REASON_NATS_UNREACHABLE: &str = "NatsUnreachable";
+/// Most characters of a condition message (the API server's own limit is 32 KiB; people read these).
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// A condition the operator wants to be true now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Want {
+    /// Type.
+    pub type_: &'static str,
+    /// True or False.
+    pub ok: bool,
+    /// PascalCase reason.
+    pub reason: &'static str,
+    /// Human message.
+    pub message: String,
+}
+
+fn bounded(s: &str) -> String {
+    if s.chars().count() <= MAX_MESSAGE_CHARS {
+        s.to_owned()
+    } else {
+        let mut t: String = s.chars().take(MAX_MESSAGE_CHARS - 1).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// Builds the condition list from `wants`, keeping `lastTransitionTime` of `existing` conditions whose status did
+/// not change (so an unchanged list is equal to the existing one).
+pub fn merge(
+    existing: &[Condition],
+    wants: &[Want],
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    wants
+        .iter()
+        .map(|w| {
+            let status = if w.ok { "True" } else { "False" };
+            let old = existing.iter().find(|c| c.type_ == w.type_);
+            let last_transition_time = match old {
+                Some(c) if c.status == status => c.last_transition_time.clone(),
+                _ => now.clone(),
+            };
+            Condition {
+                type_: w.type_.to_owned(),
+                status: status.to_owned(),
+                reason: w.reason.to_owned(),
+                message: bounded(&w.message),
+                observed_generation: generation,
+                last_transition_time,
+            }
+        })
+        .collect()
+}
+
+/// Conditions that just turned False (or appeared False): each deserves a Warning event.
+pub fn newly_failing<'a>(existing: &[Condition], next: &'a [Condition]) -> Vec<&'a Condition> {
+    next.iter()
+        .filter(|c| c.status == "False")
+        .filter(|c| {
+            !existing
+                .iter()
+                .any(|o| o.type_ == c.type_ && o.status == "False" && o.reason == c.reason)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Time {
+        Time(s.parse().expect("time"))
+    }
+    fn want(ok: bool, reason: &'static str) -> Want {
+        Want {
+            type_: READY,
+            ok,
+            reason,
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn merge_and_events_table() {
+        let t0 = t("2026-11-30T01:00:00Z");
+        let t1 = t("2026-11-30T02:00:00Z");
+        let first = merge(&[], &[want(true, REASON_PLACED)], Some(1), &t0);
+        assert_eq!(first[0].last_transition_time, t0);
+        assert!(newly_failing(&[], &first).is_empty());
+        // same status: identical list, no event
+        let same = merge(&first, &[want(true, REASON_PLACED)], Some(1), &t1);
+        assert_eq!(same, first);
+        // turns False: new transition time and one event
+        let bad = merge(&first, &[want(false, REASON_INVALID_SPEC)], Some(2), &t1);
+        assert_eq!(bad[0].last_transition_time, t1);
+        assert_eq!(newly_failing(&first, &bad).len(), 1);
+        // stays False for the same reason: no second event
+        let still = merge(&bad, &[want(false, REASON_INVALID_SPEC)], Some(2), &t0);
+        assert_eq!(still[0].last_transition_time, t1);
+        assert!(newly_failing(&bad, &still).is_empty());
+        // False for another reason: an event again
+        let other = merge(&bad, &[want(false, REASON_GROUP_SOURCE)], Some(2), &t0);
+        assert_eq!(newly_failing(&bad, &other).len(), 1);
+        // long messages are bounded
+        let long = Want {
+            message: "x".repeat(5000),
+            ..want(true, REASON_PLACED)
+        };
+        assert_eq!(
+            merge(&[], &[long], None, &t0)[0].message.chars().count(),
+            MAX_MESSAGE_CHARS
+        );
+    }
+}

@@ -1,0 +1,239 @@
+//! The fleet CRDs in `fleet.nationtech.io/v1alpha1`: Device, DeviceGroup, FleetDeployment and AgentRelease.
+//!
+//! All four are cluster-scoped: device ids are fleet-wide. Fields whose shape is a fleet-wire contract (workloads,
+//! artifacts, the agent-upgrade status) are the fleet-wire types themselves, published in the CRD schema as objects
+//! with `x-kubernetes-preserve-unknown-fields`; the operator validates them with fleet-wire's own constructors.
+
+use fleet_wire::{AgentUpgradeStatus, Architecture, Capability, Version};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of every fleet CRD.
+pub const GROUP: &str = "fleet.nationtech.io";
+
+/// Schema of a field whose shape is defined (and validated) by fleet-wire: any object.
+fn wire_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut m = serde_json::Map::new();
+    m.insert("type".into(), "object".into());
+    m.insert("x-kubernetes-preserve-unknown-fields".into(), true.into());
+    schemars::Schema::from(m)
+}
+
+/// Schema of a list of fleet-wire objects.
+fn wire_object_list(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut m = serde_json::Map::new();
+    m.insert("type".into(), "array".into());
+    m.insert("items".into(), wire_object(g).to_value());
+    schemars::Schema::from(m)
+}
+
+/// Schema of a fleet-wire value serialized as a string (versions, artifacts, digests, architectures).
+fn wire_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut m = serde_json::Map::new();
+    m.insert("type".into(), "string".into());
+    schemars::Schema::from(m)
+}
+
+/// Schema of an optional list of strings.
+fn string_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut m = serde_json::Map::new();
+    m.insert("type".into(), "array".into());
+    m.insert("items".into(), serde_json::json!({"type": "string"}));
+    schemars::Schema::from(m)
+}
+
+/// A device of the fleet; its name is the device id. People set `metadata.labels`; the operator creates the
+/// object when a device first reports and mirrors what the device reports into `status`.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "fleet.nationtech.io",
+    version = "v1alpha1",
+    kind = "Device",
+    status = "DeviceStatus",
+    shortname = "fdev",
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.agentVersion"}"#,
+    printcolumn = r#"{"name":"Arch","type":"string","jsonPath":".status.architecture"}"#,
+    printcolumn = r#"{"name":"Heartbeat","type":"string","jsonPath":".status.lastHeartbeat"}"#,
+    printcolumn = r#"{"name":"Upgrade","type":"string","jsonPath":".status.agentUpgrade.phase"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSpec {
+    /// Free-form note for people (for example where the device is installed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// What the device reports, mirrored from NATS KV by the operator.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceStatus {
+    /// The running agent's version (`device-info`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "wire_string")]
+    pub agent_version: Option<Version>,
+    /// Architecture (`amd64`, `arm64`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "wire_string")]
+    pub architecture: Option<Architecture>,
+    /// Capabilities the agent advertises.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "string_list")]
+    pub capabilities: Vec<Capability>,
+    /// Operating system pretty name, when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os: Option<String>,
+    /// Time of the last heartbeat (RFC 3339, UTC), coalesced to at most one status write per
+    /// [`crate::mirror::HEARTBEAT_COALESCE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<String>,
+    /// The agent-upgrade status (`agent-upgrade-status`): fleet-wire `AgentUpgradeStatus`, bounded by its
+    /// constructors (phase, reason, latest error, at most 16 transitions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "wire_object")]
+    pub agent_upgrade: Option<AgentUpgradeStatus>,
+}
+
+/// A named set of devices, selected by labels on Device objects.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "fleet.nationtech.io",
+    version = "v1alpha1",
+    kind = "DeviceGroup",
+    status = "DeviceGroupStatus",
+    shortname = "fdg",
+    printcolumn = r#"{"name":"Members","type":"integer","jsonPath":".status.memberCount"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceGroupSpec {
+    /// Which Devices belong: `matchLabels` is a conjunction; an empty selector selects every device;
+    /// `matchExpressions` is not supported yet and makes the group's source fail (condition `Ready=False`,
+    /// reason `GroupSourceError`), which is never treated as an empty group.
+    pub selector: LabelSelector,
+}
+
+/// Resolution of a group.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceGroupStatus {
+    /// Number of member devices; absent while the source errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_count: Option<u32>,
+    /// `Ready`: True when resolved (even to zero members), False with reason `GroupSourceError` otherwise.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// Where a deployment or release goes: devices in at least one allowed group AND matching `targetSelector`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// DeviceGroups this object may target (at least one); a device outside all of them is never targeted.
+    pub allowed_groups: Vec<String>,
+    /// Narrows the authorized devices: `matchLabels` is a conjunction; empty selects every authorized device;
+    /// `matchExpressions` fails closed (condition `Ready=False`, reason `InvalidSpec`).
+    #[serde(default)]
+    pub target_selector: LabelSelector,
+}
+
+/// Podman workloads placed on devices.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "fleet.nationtech.io",
+    version = "v1alpha1",
+    kind = "FleetDeployment",
+    status = "PlacementStatus",
+    shortname = "fdep",
+    printcolumn = r#"{"name":"Devices","type":"integer","jsonPath":".status.targetedDevices"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetDeploymentSpec {
+    /// Which devices.
+    #[serde(flatten)]
+    pub placement: Placement,
+    /// The workloads, each a fleet-wire `WorkloadSpec`, unique by name across every deployment on a device.
+    /// Kept as JSON here and validated by [`crate::validate`], so that one invalid object gets an `InvalidSpec`
+    /// condition instead of breaking the watch of every FleetDeployment.
+    #[schemars(schema_with = "wire_object_list")]
+    pub workloads: Vec<serde_json::Value>,
+}
+
+/// Status of a placed object (FleetDeployment or AgentRelease).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Devices targeted; absent when placement failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targeted_devices: Option<u32>,
+    /// AgentRelease only: devices already running their desired version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date: Option<u32>,
+    /// AgentRelease only: devices whose current attempt failed (never retried automatically).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<u32>,
+    /// AgentRelease only: devices with an attempt in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_progress: Option<u32>,
+    /// `Ready` (reasons `Placed`, `InvalidSpec`, `GroupSourceError`, `Conflict`) and `NatsReachable`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// The desired agent version for one architecture. Plain strings here, validated into fleet-wire types by
+/// [`crate::validate`] (an invalid build gets an `InvalidSpec` condition).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseBuild {
+    /// `amd64` or `arm64` (fleet-wire `Architecture`).
+    pub architecture: String,
+    /// The version the agent must report after the upgrade (fleet-wire `Version`).
+    pub version: String,
+    /// `https://…` or `oci://…` (fleet-wire `Artifact`).
+    pub artifact: String,
+    /// SHA-256 of the artifact bytes (64 lowercase hex digits).
+    pub sha256: String,
+    /// Largest artifact accepted, in bytes (1 up to 100 MiB).
+    pub byte_limit: u64,
+}
+
+/// The desired agent release: one build per architecture, placed like a FleetDeployment.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "fleet.nationtech.io",
+    version = "v1alpha1",
+    kind = "AgentRelease",
+    status = "PlacementStatus",
+    shortname = "frel",
+    printcolumn = r#"{"name":"Devices","type":"integer","jsonPath":".status.targetedDevices"}"#,
+    printcolumn = r#"{"name":"UpToDate","type":"integer","jsonPath":".status.upToDate"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.failed"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentReleaseSpec {
+    /// Which devices.
+    #[serde(flatten)]
+    pub placement: Placement,
+    /// One build per architecture.
+    pub builds: Vec<ReleaseBuild>,
+}
+
+/// Every CRD, in the order crdgen writes them.
+pub fn all_crds(
+) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
+    use kube::CustomResourceExt;
+    vec![
+        Device::crd(),
+        DeviceGroup::crd(),
+        FleetDeployment::crd(),
+        AgentRelease::crd(),
+    ]
+}

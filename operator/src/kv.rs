@@ -1,0 +1,286 @@
+//! NATS JetStream KV for the operator: creating the buckets of `fleet_wire::kv::BUCKETS`, mirroring buckets into
+//! memory with a watch, and compare-and-set writes that re-read on conflict.
+
+use async_nats::jetstream::{self, kv};
+use futures::StreamExt;
+use serde::{de::DeserializeOwned, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// How long one NATS request may take before the operator calls NATS unreachable.
+pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many times a CAS write re-reads and retries after losing a race before giving up for this pass.
+pub const CAS_ATTEMPTS: usize = 5;
+
+/// A NATS failure, with the operation that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("NATS {op}: {message}")]
+pub struct NatsError {
+    /// What was being done.
+    pub op: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl NatsError {
+    fn new(op: impl Into<String>, e: impl std::fmt::Display) -> Self {
+        Self {
+            op: op.into(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Connects (failing fast if the server does not answer) and returns a JetStream context.
+pub async fn connect(url: &str) -> Result<(async_nats::Client, jetstream::Context), NatsError> {
+    let client = async_nats::ConnectOptions::new()
+        .name("fleet-operator")
+        .connection_timeout(NATS_REQUEST_TIMEOUT)
+        .request_timeout(Some(NATS_REQUEST_TIMEOUT))
+        .connect(url)
+        .await
+        .map_err(|e| NatsError::new(format!("connect to {url}"), e))?;
+    let js = jetstream::new(client.clone());
+    Ok((client, js))
+}
+
+/// The KV configuration of one bucket of the layout: file storage, one value per key.
+pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
+    kv::Config {
+        bucket: spec.name.to_owned(),
+        description: format!(
+            "Harmony Fleet: keys {}, written by {}",
+            spec.key.pattern(),
+            spec.writer
+        ),
+        max_value_size: spec.max_value_bytes,
+        history: 1,
+        max_age: spec.max_age.unwrap_or(Duration::ZERO),
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
+/// Opens every bucket of `fleet_wire::kv::BUCKETS`, creating the missing ones (agents never create buckets).
+pub async fn ensure_buckets(
+    js: &jetstream::Context,
+) -> Result<BTreeMap<&'static str, kv::Store>, NatsError> {
+    let mut out = BTreeMap::new();
+    for spec in fleet_wire::kv::BUCKETS {
+        let store = match js.get_key_value(spec.name).await {
+            Ok(s) => s,
+            Err(_) => match js.create_key_value(bucket_config(spec)).await {
+                Ok(s) => s,
+                // Another replica may have created it in between.
+                Err(e) => js
+                    .get_key_value(spec.name)
+                    .await
+                    .map_err(|_| NatsError::new(format!("create bucket {}", spec.name), e))?,
+            },
+        };
+        out.insert(spec.name, store);
+    }
+    Ok(out)
+}
+
+/// One key as last seen: its revision and its parsed value (`None`: deleted, or not a valid value).
+#[derive(Debug, Clone)]
+pub struct Seen<T> {
+    /// KV revision.
+    pub revision: u64,
+    /// Parsed value.
+    pub value: Option<T>,
+}
+
+/// An in-memory mirror of one bucket, kept current by a watch task.
+pub struct Mirror<T> {
+    bucket: &'static str,
+    map: RwLock<BTreeMap<String, Seen<T>>>,
+    synced: std::sync::atomic::AtomicBool,
+}
+
+impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
+    /// An empty mirror of `bucket`.
+    pub fn new(bucket: &'static str) -> Arc<Self> {
+        Arc::new(Self {
+            bucket,
+            map: RwLock::new(BTreeMap::new()),
+            synced: false.into(),
+        })
+    }
+
+    /// Watches `store` from its current values on, updating the mirror and waking `notify` on each change.
+    /// Returns when the watch ends (NATS went away); the caller starts it again.
+    pub async fn run(self: Arc<Self>, store: kv::Store, notify: Arc<Notify>) -> NatsError {
+        let mut watch = match store.watch_with_history(">").await {
+            Ok(w) => w,
+            Err(e) => return NatsError::new(format!("watch {}", self.bucket), e),
+        };
+        // An empty bucket never delivers an entry: it is synced from the start.
+        let empty = store
+            .status()
+            .await
+            .map(|s| s.values() == 0)
+            .unwrap_or(false);
+        if empty {
+            self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
+            notify.notify_one();
+        }
+        while let Some(entry) = watch.next().await {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => return NatsError::new(format!("watch {}", self.bucket), e),
+            };
+            let value = match entry.operation {
+                kv::Operation::Put => match serde_json::from_slice::<T>(&entry.value) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        log::warn!("{}/{}: ignoring invalid value: {e}", self.bucket, entry.key);
+                        None
+                    }
+                },
+                kv::Operation::Delete | kv::Operation::Purge => None,
+            };
+            self.record(&entry.key, entry.revision, value);
+            if entry.delta == 0 {
+                self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            notify.notify_one();
+        }
+        NatsError::new(format!("watch {}", self.bucket), "the watch ended")
+    }
+
+    /// Records a value seen (or written) at `revision`; older revisions never overwrite newer ones.
+    pub fn record(&self, key: &str, revision: u64, value: Option<T>) {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        match map.get(key) {
+            Some(old) if old.revision >= revision => {}
+            _ => {
+                map.insert(key.to_owned(), Seen { revision, value });
+            }
+        }
+    }
+
+    /// True once the initial values have been read.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The current entry of `key`.
+    pub fn get(&self, key: &str) -> Option<Seen<T>> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// A copy of every live value.
+    pub fn values(&self) -> BTreeMap<String, T> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|(k, s)| s.value.clone().map(|v| (k.clone(), v)))
+            .collect()
+    }
+
+    /// Number of keys seen (including deleted ones).
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// True when no key has been seen.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a CAS write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CasOutcome {
+    /// The current value already was what `decide` wants.
+    Unchanged,
+    /// Written at this revision.
+    Written(u64),
+}
+
+async fn read<T: DeserializeOwned>(
+    store: &kv::Store,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<Seen<T>>, NatsError> {
+    let entry = store
+        .entry(key)
+        .await
+        .map_err(|e| NatsError::new(format!("read {bucket}/{key}"), e))?;
+    Ok(entry.map(|e| Seen {
+        revision: e.revision,
+        value: match e.operation {
+            kv::Operation::Put => serde_json::from_slice(&e.value).ok(),
+            _ => None,
+        },
+    }))
+}
+
+/// Compare-and-set write of one key.
+///
+/// `decide` sees the current value (`None` if absent, deleted or invalid) and returns the value to write, or
+/// `None` when the current one is right. The first try uses `known` (the mirror's view) without a read; a lost
+/// race (another writer changed the key) re-reads the key and decides again, so writers never overwrite each
+/// other and two operators deciding the same thing write it once.
+pub async fn cas_write<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static>(
+    store: &kv::Store,
+    mirror: &Mirror<T>,
+    key: &str,
+    mut decide: impl FnMut(Option<&T>) -> Option<T>,
+) -> Result<CasOutcome, NatsError> {
+    let bucket = mirror.bucket;
+    let mut known = mirror.get(key);
+    for _ in 0..CAS_ATTEMPTS {
+        let Some(next) = decide(known.as_ref().and_then(|s| s.value.as_ref())) else {
+            return Ok(CasOutcome::Unchanged);
+        };
+        let bytes = serde_json::to_vec(&next)
+            .map_err(|e| NatsError::new(format!("encode {bucket}/{key}"), e))?;
+        let result = match &known {
+            None => store.create(key, bytes.into()).await.map_err(|e| {
+                if e.kind() == kv::CreateErrorKind::AlreadyExists {
+                    None
+                } else {
+                    Some(NatsError::new(format!("create {bucket}/{key}"), e))
+                }
+            }),
+            Some(seen) => store
+                .update(key, bytes.into(), seen.revision)
+                .await
+                .map_err(|e| {
+                    if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
+                        None
+                    } else {
+                        Some(NatsError::new(format!("update {bucket}/{key}"), e))
+                    }
+                }),
+        };
+        match result {
+            Ok(rev) => {
+                mirror.record(key, rev, Some(next));
+                return Ok(CasOutcome::Written(rev));
+            }
+            Err(Some(e)) => return Err(e),
+            Err(None) => {
+                // Lost a race: re-read and decide again.
+                known = read(store, bucket, key).await?;
+                if let Some(s) = &known {
+                    mirror.record(key, s.revision, s.value.clone());
+                }
+            }
+        }
+    }
+    Err(NatsError::new(
+        format!("write {bucket}/{key}"),
+        format!("still conflicting after {CAS_ATTEMPTS} re-reads; retried on the next pass"),
+    ))
+}

@@ -1,0 +1,126 @@
+//! Device status mirrored from NATS KV (`device-info`, `device-heartbeat`, `agent-upgrade-status`), as a pure
+//! function. Heartbeats are coalesced so that a large fleet does not turn every beat into an API write.
+
+use crate::crd::DeviceStatus;
+use fleet_wire::{AgentUpgradeStatus, DeviceInfo, Heartbeat, Timestamp};
+use std::time::Duration;
+
+/// A heartbeat newer than the mirrored one by less than this is not written to the Device status.
+pub const HEARTBEAT_COALESCE: Duration = Duration::from_secs(30);
+
+/// What NATS says about one device.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reported {
+    /// From `device-info`.
+    pub info: Option<DeviceInfo>,
+    /// From `device-heartbeat`.
+    pub heartbeat: Option<Heartbeat>,
+    /// From `agent-upgrade-status`.
+    pub upgrade: Option<AgentUpgradeStatus>,
+}
+
+/// The Device status to write, given what is currently mirrored; `None` when nothing needs writing.
+pub fn device_status(current: Option<&DeviceStatus>, r: &Reported) -> Option<DeviceStatus> {
+    let mut next = DeviceStatus {
+        agent_version: r.info.as_ref().map(|i| i.agent_version.clone()),
+        architecture: r.info.as_ref().map(|i| i.architecture),
+        capabilities: r
+            .info
+            .as_ref()
+            .map(|i| i.capabilities.clone())
+            .unwrap_or_default(),
+        os: r.info.as_ref().map(|i| {
+            i.os.pretty_name
+                .as_ref()
+                .unwrap_or(&i.os.id)
+                .as_str()
+                .to_owned()
+        }),
+        last_heartbeat: r.heartbeat.as_ref().map(|h| h.at.to_string()),
+        agent_upgrade: r.upgrade.clone(),
+    };
+    // A heartbeat's own agent version is fresher than the info's after a cutover.
+    if let Some(h) = &r.heartbeat {
+        if next.agent_version.is_some() {
+            next.agent_version = Some(h.agent_version.clone());
+        }
+    }
+    let current = current.cloned().unwrap_or_default();
+    // Keep the mirrored heartbeat when the new one is within the coalescing window.
+    if let (Some(old), Some(new)) = (&current.last_heartbeat, &next.last_heartbeat) {
+        let parse = |s: &str| s.parse::<Timestamp>().ok();
+        if let (Some(o), Some(n)) = (parse(old), parse(new)) {
+            if n.unix_ms() >= o.unix_ms() && n.since(o) < HEARTBEAT_COALESCE {
+                next.last_heartbeat = current.last_heartbeat.clone();
+            }
+        }
+    }
+    (next != current).then_some(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_wire::{fixtures, Version};
+
+    #[test]
+    fn status_table() {
+        let info = fixtures::device_info();
+        let mut hb = fixtures::heartbeat();
+        let base = Reported {
+            info: Some(info.clone()),
+            heartbeat: Some(hb.clone()),
+            upgrade: Some(fixtures::failed_status()),
+        };
+        let first = device_status(None, &base).expect("first write");
+        assert_eq!(first.agent_version, Some(hb.agent_version.clone()));
+        assert_eq!(first.architecture, Some(info.architecture));
+        assert_eq!(
+            first.agent_upgrade.as_ref().map(|u| u.transitions.len()),
+            Some(5)
+        );
+        assert_eq!(first.last_heartbeat, Some(hb.at.to_string()));
+
+        // unchanged: nothing to write
+        assert_eq!(device_status(Some(&first), &base), None);
+
+        // a beat 10 s later is coalesced; 40 s later is written
+        hb.at = hb.at.plus(Duration::from_secs(10));
+        let r = Reported {
+            heartbeat: Some(hb.clone()),
+            ..base.clone()
+        };
+        assert_eq!(device_status(Some(&first), &r), None);
+        hb.at = hb.at.plus(Duration::from_secs(30));
+        let r = Reported {
+            heartbeat: Some(hb.clone()),
+            ..base.clone()
+        };
+        assert_eq!(
+            device_status(Some(&first), &r).and_then(|s| s.last_heartbeat),
+            Some(hb.at.to_string())
+        );
+
+        // a new version reported in the heartbeat is written at once
+        hb.agent_version = Version::try_from("9.0.0").expect("v");
+        let r = Reported {
+            heartbeat: Some(hb.clone()),
+            ..base.clone()
+        };
+        assert_eq!(
+            device_status(Some(&first), &r).and_then(|s| s.agent_version),
+            Some(hb.agent_version.clone())
+        );
+
+        // an upgrade status change is written
+        let r = Reported {
+            upgrade: Some(fixtures::upgrade_status()),
+            ..base.clone()
+        };
+        assert!(device_status(Some(&first), &r).is_some());
+
+        // nothing reported at all: an empty status, written once
+        let empty = device_status(None, &Reported::default());
+        assert_eq!(empty, None);
+    }
+}

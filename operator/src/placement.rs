@@ -1,0 +1,434 @@
+//! Placement, as pure functions: label selectors, group membership, which devices a FleetDeployment or
+//! AgentRelease targets, and each device's desired workloads. No I/O; table-tested.
+
+use fleet_wire::{DeviceId, WorkloadSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Labels of one device.
+pub type Labels = BTreeMap<String, String>;
+
+/// A selector the operator cannot evaluate (fails closed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    /// `matchExpressions` is not implemented; nothing is selected until it is removed.
+    #[error(
+        "matchExpressions is not supported yet; use matchLabels (nothing is selected until then)"
+    )]
+    ExpressionsUnsupported,
+}
+
+/// Whether `labels` satisfy `sel`: every `matchLabels` pair must be present; an empty selector matches everything;
+/// any `matchExpressions` is an error.
+pub fn selector_matches(sel: &LabelSelector, labels: &Labels) -> Result<bool, SelectorError> {
+    if sel
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return Err(SelectorError::ExpressionsUnsupported);
+    }
+    Ok(sel
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// Why a group has no usable member list. Never the same as an empty group.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GroupError {
+    /// No DeviceGroup of that name exists.
+    #[error("DeviceGroup {0:?} does not exist")]
+    NotFound(String),
+    /// The group's selector cannot be evaluated.
+    #[error("DeviceGroup {group:?} selector: {error}")]
+    Selector {
+        /// The group.
+        group: String,
+        /// Why.
+        error: SelectorError,
+    },
+}
+
+/// Resolves a group's members among `devices`.
+pub fn resolve_group(
+    name: &str,
+    selector: &LabelSelector,
+    devices: &BTreeMap<DeviceId, Labels>,
+) -> Result<BTreeSet<DeviceId>, GroupError> {
+    let mut out = BTreeSet::new();
+    for (id, labels) in devices {
+        let hit = selector_matches(selector, labels).map_err(|error| GroupError::Selector {
+            group: name.to_owned(),
+            error,
+        })?;
+        if hit {
+            out.insert(id.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Why a placed object targets nothing (fail closed: its previous placement is held, see [`desired_workloads`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// The object's spec is invalid (condition reason `InvalidSpec`).
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// A group it relies on could not be resolved (condition reason `GroupSourceError`).
+    #[error("{0}")]
+    GroupSource(GroupError),
+}
+
+impl PlacementError {
+    /// The condition reason for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidSpec(_) => "InvalidSpec",
+            Self::GroupSource(_) => "GroupSourceError",
+        }
+    }
+}
+
+/// Devices targeted: members of at least one of `allowed_groups` AND matching `target`.
+pub fn place(
+    allowed_groups: &[String],
+    target: &LabelSelector,
+    groups: &BTreeMap<String, Result<BTreeSet<DeviceId>, GroupError>>,
+    devices: &BTreeMap<DeviceId, Labels>,
+) -> Result<BTreeSet<DeviceId>, PlacementError> {
+    if allowed_groups.is_empty() {
+        return Err(PlacementError::InvalidSpec(
+            "allowedGroups must name at least one DeviceGroup".into(),
+        ));
+    }
+    if target
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return Err(PlacementError::InvalidSpec(format!(
+            "targetSelector: {}",
+            SelectorError::ExpressionsUnsupported
+        )));
+    }
+    let mut authorized = BTreeSet::new();
+    for g in allowed_groups {
+        match groups.get(g) {
+            None => return Err(PlacementError::GroupSource(GroupError::NotFound(g.clone()))),
+            Some(Err(e)) => return Err(PlacementError::GroupSource(e.clone())),
+            Some(Ok(members)) => authorized.extend(members.iter().cloned()),
+        }
+    }
+    let mut out = BTreeSet::new();
+    for id in authorized {
+        let labels = devices.get(&id).cloned().unwrap_or_default();
+        if selector_matches(target, &labels)
+            .map_err(|e| PlacementError::InvalidSpec(e.to_string()))?
+        {
+            out.insert(id);
+        }
+    }
+    Ok(out)
+}
+
+/// One FleetDeployment's placement input.
+#[derive(Debug, Clone)]
+pub struct DeploymentInput {
+    /// Its name.
+    pub name: String,
+    /// Its validated workloads.
+    pub workloads: Vec<WorkloadSpec>,
+    /// Where it goes, or why that is unknown.
+    pub targets: Result<BTreeSet<DeviceId>, PlacementError>,
+}
+
+/// Result of [`desired_workloads`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DesiredWorkloads {
+    /// Each device's workloads, sorted by name.
+    pub per_device: BTreeMap<DeviceId, Vec<WorkloadSpec>>,
+    /// Deployments that lost a workload-name conflict: deployment → (device, workload name, winner).
+    pub conflicts: BTreeMap<String, Vec<(DeviceId, String, String)>>,
+}
+
+/// Computes every device's workloads from the deployments.
+///
+/// A deployment whose placement failed fails closed *without* tearing down: on each device, workloads that
+/// `current` already has under one of that deployment's workload names are held unchanged (unless a placed
+/// deployment claims that name), so a typo or a broken group never stops running workloads. Two placed
+/// deployments placing the same workload name on one device conflict: the one whose name sorts first keeps it.
+pub fn desired_workloads(
+    devices: &BTreeSet<DeviceId>,
+    deployments: &[DeploymentInput],
+    current: &BTreeMap<DeviceId, Vec<WorkloadSpec>>,
+) -> DesiredWorkloads {
+    let mut out = DesiredWorkloads::default();
+    let mut owner: BTreeMap<(DeviceId, String), String> = BTreeMap::new();
+    // Placed deployments claim workload names first (in name order); failed ones only hold what is left.
+    let mut sorted: Vec<&DeploymentInput> = deployments.iter().collect();
+    sorted.sort_by(|a, b| (a.targets.is_err(), &a.name).cmp(&(b.targets.is_err(), &b.name)));
+    for d in &sorted {
+        let add = |out: &mut DesiredWorkloads,
+                   owner: &mut BTreeMap<(DeviceId, String), String>,
+                   dev: &DeviceId,
+                   w: &WorkloadSpec| {
+            let key = (dev.clone(), w.name.as_str().to_owned());
+            if let Some(winner) = owner.get(&key) {
+                if winner != &d.name && d.targets.is_ok() {
+                    out.conflicts.entry(d.name.clone()).or_default().push((
+                        dev.clone(),
+                        key.1.clone(),
+                        winner.clone(),
+                    ));
+                }
+                return;
+            }
+            owner.insert(key, d.name.clone());
+            out.per_device
+                .entry(dev.clone())
+                .or_default()
+                .push(w.clone());
+        };
+        match &d.targets {
+            Ok(targets) => {
+                for dev in targets.iter().filter(|t| devices.contains(*t)) {
+                    for w in &d.workloads {
+                        add(&mut out, &mut owner, dev, w);
+                    }
+                }
+            }
+            Err(_) => {
+                let names: BTreeSet<&str> = d.workloads.iter().map(|w| w.name.as_str()).collect();
+                for (dev, ws) in current.iter().filter(|(dev, _)| devices.contains(*dev)) {
+                    for w in ws.iter().filter(|w| names.contains(w.name.as_str())) {
+                        add(&mut out, &mut owner, dev, w);
+                    }
+                }
+            }
+        }
+    }
+    for dev in devices {
+        out.per_device.entry(dev.clone()).or_default();
+    }
+    for ws in out.per_device.values_mut() {
+        ws.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+    fn sel(pairs: &[(&str, &str)]) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(labels(pairs)),
+            match_expressions: None,
+        }
+    }
+    fn expr_sel() -> LabelSelector {
+        LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "site".into(),
+                operator: "In".into(),
+                values: Some(vec!["a".into()]),
+            }]),
+        }
+    }
+    fn id(s: &str) -> DeviceId {
+        DeviceId::try_from(s).expect("id")
+    }
+    fn devices() -> BTreeMap<DeviceId, Labels> {
+        [
+            ("d1", labels(&[("site", "a"), ("role", "cam")])),
+            ("d2", labels(&[("site", "a")])),
+            ("d3", labels(&[("site", "b"), ("role", "cam")])),
+            ("d4", labels(&[])),
+        ]
+        .into_iter()
+        .map(|(k, v)| (id(k), v))
+        .collect()
+    }
+    fn ids(v: &[&str]) -> BTreeSet<DeviceId> {
+        v.iter().map(|s| id(s)).collect()
+    }
+
+    #[test]
+    fn selector_table() {
+        let l = labels(&[("site", "a"), ("role", "cam")]);
+        let cases: &[(LabelSelector, Result<bool, SelectorError>)] = &[
+            (LabelSelector::default(), Ok(true)),
+            (sel(&[]), Ok(true)),
+            (sel(&[("site", "a")]), Ok(true)),
+            (sel(&[("site", "a"), ("role", "cam")]), Ok(true)),
+            (sel(&[("site", "a"), ("role", "gw")]), Ok(false)),
+            (sel(&[("zone", "a")]), Ok(false)),
+            (expr_sel(), Err(SelectorError::ExpressionsUnsupported)),
+            (
+                LabelSelector {
+                    match_labels: None,
+                    match_expressions: Some(vec![]),
+                },
+                Ok(true),
+            ),
+        ];
+        for (i, (s, want)) in cases.iter().enumerate() {
+            assert_eq!(&selector_matches(s, &l), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn groups_resolve_and_errors_differ_from_empty() {
+        let d = devices();
+        assert_eq!(
+            resolve_group("g", &sel(&[("site", "a")]), &d),
+            Ok(ids(&["d1", "d2"]))
+        );
+        assert_eq!(
+            resolve_group("g", &sel(&[("site", "z")]), &d),
+            Ok(BTreeSet::new())
+        );
+        assert!(matches!(
+            resolve_group("g", &expr_sel(), &d),
+            Err(GroupError::Selector { .. })
+        ));
+    }
+
+    #[test]
+    fn placement_table() {
+        let d = devices();
+        let mut groups = BTreeMap::new();
+        groups.insert("site-a".to_string(), Ok(ids(&["d1", "d2"])));
+        groups.insert("cams".to_string(), Ok(ids(&["d1", "d3"])));
+        groups.insert("empty".to_string(), Ok(BTreeSet::new()));
+        groups.insert(
+            "broken".to_string(),
+            Err(GroupError::Selector {
+                group: "broken".into(),
+                error: SelectorError::ExpressionsUnsupported,
+            }),
+        );
+        let g = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        type Case = (
+            Vec<String>,
+            LabelSelector,
+            Result<BTreeSet<DeviceId>, &'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            // empty selector: every authorized device
+            (
+                g(&["site-a"]),
+                LabelSelector::default(),
+                Ok(ids(&["d1", "d2"])),
+            ),
+            // union of groups AND selector
+            (
+                g(&["site-a", "cams"]),
+                sel(&[("role", "cam")]),
+                Ok(ids(&["d1", "d3"])),
+            ),
+            // matchLabels conjunction
+            (
+                g(&["site-a", "cams"]),
+                sel(&[("role", "cam"), ("site", "b")]),
+                Ok(ids(&["d3"])),
+            ),
+            // a selector never widens beyond the groups
+            (g(&["site-a"]), sel(&[("site", "b")]), Ok(ids(&[]))),
+            (g(&["empty"]), LabelSelector::default(), Ok(ids(&[]))),
+            (g(&[]), LabelSelector::default(), Err("InvalidSpec")),
+            (g(&["site-a"]), expr_sel(), Err("InvalidSpec")),
+            (
+                g(&["site-a", "broken"]),
+                LabelSelector::default(),
+                Err("GroupSourceError"),
+            ),
+            (
+                g(&["missing"]),
+                LabelSelector::default(),
+                Err("GroupSourceError"),
+            ),
+        ];
+        for (i, (allowed, target, want)) in cases.into_iter().enumerate() {
+            let got = place(&allowed, &target, &groups, &d).map_err(|e| e.reason());
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    fn w(name: &str, image: &str) -> WorkloadSpec {
+        serde_json::from_value(serde_json::json!({"name": name, "image": image})).expect("workload")
+    }
+
+    #[test]
+    fn desired_workloads_table() {
+        let devs = ids(&["d1", "d2", "d3"]);
+        let ok = |name: &str, ws: Vec<WorkloadSpec>, t: &[&str]| DeploymentInput {
+            name: name.into(),
+            workloads: ws,
+            targets: Ok(ids(t)),
+        };
+        let failed = |name: &str, ws: Vec<WorkloadSpec>| DeploymentInput {
+            name: name.into(),
+            workloads: ws,
+            targets: Err(PlacementError::InvalidSpec("x".into())),
+        };
+        let mut current = BTreeMap::new();
+        current.insert(id("d2"), vec![w("web", "old"), w("gone", "x")]);
+        current.insert(id("d3"), vec![w("web", "old")]);
+
+        // plain placement; unplaced devices get an explicit empty state; unknown targets are ignored
+        let r = desired_workloads(
+            &devs,
+            &[ok("a", vec![w("web", "v1")], &["d1", "d9"])],
+            &current,
+        );
+        assert_eq!(r.per_device[&id("d1")], vec![w("web", "v1")]);
+        assert!(r.per_device[&id("d2")].is_empty() && r.per_device[&id("d3")].is_empty());
+        assert!(!r.per_device.contains_key(&id("d9")));
+
+        // a failed deployment holds what devices already run under its workload names, nothing else
+        let r = desired_workloads(&devs, &[failed("a", vec![w("web", "v2")])], &current);
+        assert_eq!(r.per_device[&id("d2")], vec![w("web", "old")]);
+        assert_eq!(r.per_device[&id("d3")], vec![w("web", "old")]);
+        assert!(r.per_device[&id("d1")].is_empty());
+
+        // conflicts: the first name wins, the loser is reported; workloads are sorted by name
+        let r = desired_workloads(
+            &devs,
+            &[
+                ok("b", vec![w("web", "b"), w("aaa", "b")], &["d1"]),
+                ok("a", vec![w("web", "a")], &["d1"]),
+            ],
+            &current,
+        );
+        assert_eq!(r.per_device[&id("d1")], vec![w("aaa", "b"), w("web", "a")]);
+        assert_eq!(
+            r.conflicts["b"],
+            vec![(id("d1"), "web".to_string(), "a".to_string())]
+        );
+        assert!(!r.conflicts.contains_key("a"));
+
+        // a failed deployment sorting first neither takes over a placed one's workload nor reports a conflict
+        let r = desired_workloads(
+            &devs,
+            &[
+                failed("a", vec![w("web", "x")]),
+                ok("b", vec![w("web", "v3")], &["d2"]),
+            ],
+            &current,
+        );
+        assert_eq!(r.per_device[&id("d2")], vec![w("web", "v3")]);
+        assert_eq!(r.per_device[&id("d3")], vec![w("web", "old")], "held");
+        assert!(r.conflicts.is_empty());
+    }
+}

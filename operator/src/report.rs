@@ -1,0 +1,117 @@
+//! Writes to the Kubernetes API: status patches of fleet objects, Warning events for conditions that turned
+//! False, and creation of Device objects for devices that reported in NATS.
+
+use crate::conditions;
+use crate::crd::{Device, DeviceSpec, DeviceStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Field manager and event reporter name.
+pub const MANAGER: &str = "fleet-operator";
+
+/// The event reporter for this process (`instance`: e.g. the pod name, to tell replicas apart).
+pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: MANAGER.into(),
+            instance,
+        },
+    )
+}
+
+/// Patches the `status` of the cluster-scoped object `obj` (merge patch) and publishes one Warning event per
+/// condition in `failing` (conditions that just turned False).
+pub async fn write_status<K, S>(
+    client: &Client,
+    recorder: &Recorder,
+    obj: &K,
+    status: &S,
+    failing: &[&Condition],
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
+    S: Serialize,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let mut reference = obj.object_ref(&());
+    // Fleet objects are cluster-scoped: their events live in `default`, and API servers before 1.22 insist that
+    // the regarding object's namespace equals the event's.
+    reference.namespace = Some("default".into());
+    for c in failing {
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: c.reason.clone(),
+            note: Some(c.message.clone()),
+            action: if c.type_ == conditions::NATS_REACHABLE {
+                "WriteNats".into()
+            } else {
+                "Place".into()
+            },
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            // Events are best effort: the condition carries the same message.
+            log::warn!("event {} for {name}: {e}", c.reason);
+        }
+    }
+    let api: Api<K> = Api::all(client.clone());
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": status })),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Creates the Device object `name` if it does not exist (a device that reported in NATS), with `labels`.
+pub async fn create_device(
+    client: &Client,
+    name: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let api: Api<Device> = Api::all(client.clone());
+    let mut device = Device::new(name, DeviceSpec::default());
+    if !labels.is_empty() {
+        device.metadata.labels = Some(labels.clone());
+    }
+    match api
+        .create(
+            &PostParams {
+                field_manager: Some(MANAGER.into()),
+                ..Default::default()
+            },
+            &device,
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Patches a Device's mirrored status.
+pub async fn write_device_status(
+    client: &Client,
+    name: &str,
+    status: &DeviceStatus,
+) -> Result<(), kube::Error> {
+    let api: Api<Device> = Api::all(client.clone());
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "status": status })),
+    )
+    .await?;
+    Ok(())
+}

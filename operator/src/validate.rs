@@ -1,0 +1,176 @@
+//! Spec validation: turns the JSON kept in FleetDeployment and AgentRelease specs into fleet-wire types, or says
+//! clearly what is wrong (condition reason `InvalidSpec`). Pure.
+
+use crate::crd::{AgentReleaseSpec, FleetDeploymentSpec, ReleaseBuild};
+use fleet_wire::{Architecture, Artifact, ByteLimit, Sha256Hex, Version, WorkloadSpec};
+use std::collections::BTreeSet;
+
+/// Most workloads in one FleetDeployment (the per-device ceiling of fleet-wire).
+pub const MAX_DEPLOYMENT_WORKLOADS: usize = fleet_wire::workload::MAX_WORKLOADS;
+
+/// One validated release build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Build {
+    /// Architecture.
+    pub architecture: Architecture,
+    /// Target version.
+    pub version: Version,
+    /// Where to fetch it.
+    pub artifact: Artifact,
+    /// Artifact digest.
+    pub sha256: Sha256Hex,
+    /// Largest artifact accepted.
+    pub byte_limit: ByteLimit,
+}
+
+/// Validates a FleetDeployment's workloads: each a valid `WorkloadSpec`, names unique, at most 64.
+pub fn deployment_workloads(spec: &FleetDeploymentSpec) -> Result<Vec<WorkloadSpec>, String> {
+    if spec.workloads.len() > MAX_DEPLOYMENT_WORKLOADS {
+        return Err(format!(
+            "workloads: more than {MAX_DEPLOYMENT_WORKLOADS} entries"
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut out = Vec::with_capacity(spec.workloads.len());
+    for (i, raw) in spec.workloads.iter().enumerate() {
+        let w: WorkloadSpec =
+            serde_json::from_value(raw.clone()).map_err(|e| format!("workloads[{i}]: {e}"))?;
+        if !names.insert(w.name.as_str().to_owned()) {
+            return Err(format!(
+                "workloads[{i}]: name {:?} appears twice",
+                w.name.as_str()
+            ));
+        }
+        out.push(w);
+    }
+    Ok(out)
+}
+
+fn build(i: usize, b: &ReleaseBuild) -> Result<Build, String> {
+    let at = |what: &str, e: fleet_wire::ValidationError| format!("builds[{i}].{what}: {e}");
+    let architecture: Architecture = serde_json::from_value(serde_json::Value::String(
+        b.architecture.clone(),
+    ))
+    .map_err(|_| {
+        format!(
+            "builds[{i}].architecture: {:?} is not amd64 or arm64",
+            b.architecture
+        )
+    })?;
+    Ok(Build {
+        architecture,
+        version: Version::try_from(b.version.as_str()).map_err(|e| at("version", e))?,
+        artifact: Artifact::try_from(b.artifact.clone()).map_err(|e| at("artifact", e))?,
+        sha256: Sha256Hex::try_from(b.sha256.as_str()).map_err(|e| at("sha256", e))?,
+        byte_limit: ByteLimit::try_from(b.byte_limit).map_err(|e| at("byteLimit", e))?,
+    })
+}
+
+/// Validates an AgentRelease's builds: at least one, each valid, one per architecture.
+pub fn release_builds(spec: &AgentReleaseSpec) -> Result<Vec<Build>, String> {
+    if spec.builds.is_empty() {
+        return Err("builds: at least one build is needed".into());
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, b) in spec.builds.iter().enumerate() {
+        let b = build(i, b)?;
+        if !seen.insert(b.architecture.to_string()) {
+            return Err(format!(
+                "builds[{i}]: architecture {} appears twice",
+                b.architecture
+            ));
+        }
+        out.push(b);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::Placement;
+    use serde_json::json;
+
+    fn rb(arch: &str, version: &str, sha: &str, limit: u64) -> ReleaseBuild {
+        ReleaseBuild {
+            architecture: arch.into(),
+            version: version.into(),
+            artifact: "https://example.com/fleet-agent".into(),
+            sha256: sha.into(),
+            byte_limit: limit,
+        }
+    }
+
+    #[test]
+    fn deployment_table() {
+        let cases: Vec<(Vec<serde_json::Value>, Result<usize, &str>)> = vec![
+            (vec![], Ok(0)),
+            (vec![json!({"name": "web", "image": "nginx"})], Ok(1)),
+            (
+                vec![
+                    json!({"name": "web", "image": "a"}),
+                    json!({"name": "web", "image": "b"}),
+                ],
+                Err("appears twice"),
+            ),
+            (
+                vec![json!({"name": "Bad_Name", "image": "a"})],
+                Err("workloads[0]"),
+            ),
+            (
+                vec![json!({"name": "web", "image": "a", "extra": 1})],
+                Err("workloads[0]"),
+            ),
+        ];
+        for (i, (workloads, want)) in cases.into_iter().enumerate() {
+            let spec = FleetDeploymentSpec {
+                placement: Placement::default(),
+                workloads,
+            };
+            match (deployment_workloads(&spec), want) {
+                (Ok(v), Ok(n)) => assert_eq!(v.len(), n, "case {i}"),
+                (Err(e), Err(frag)) => assert!(e.contains(frag), "case {i}: {e}"),
+                (got, want) => panic!("case {i}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn release_table() {
+        let sha = "a".repeat(64);
+        let cases: Vec<(Vec<ReleaseBuild>, Result<usize, &str>)> = vec![
+            (vec![], Err("at least one")),
+            (vec![rb("amd64", "1.2.0", &sha, 1000)], Ok(1)),
+            (
+                vec![
+                    rb("amd64", "1.2.0", &sha, 1000),
+                    rb("arm64", "1.2.0", &sha, 1000),
+                ],
+                Ok(2),
+            ),
+            (
+                vec![
+                    rb("amd64", "1.2.0", &sha, 1000),
+                    rb("amd64", "1.3.0", &sha, 1000),
+                ],
+                Err("appears twice"),
+            ),
+            (vec![rb("riscv", "1.2.0", &sha, 1000)], Err("architecture")),
+            (vec![rb("amd64", "1.2.0", "xyz", 1000)], Err("sha256")),
+            (vec![rb("amd64", "1.2.0", &sha, 0)], Err("byteLimit")),
+            (vec![rb("amd64", "../1", &sha, 10)], Err("version")),
+        ];
+        for (i, (builds, want)) in cases.into_iter().enumerate() {
+            let spec = AgentReleaseSpec {
+                placement: Placement::default(),
+                builds,
+            };
+            match (release_builds(&spec), want) {
+                (Ok(v), Ok(n)) => assert_eq!(v.len(), n, "case {i}"),
+                (Err(e), Err(frag)) => assert!(e.contains(frag), "case {i}: {e}"),
+                (got, want) => panic!("case {i}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}

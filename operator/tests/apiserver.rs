@@ -1,0 +1,566 @@
+//! The operator against a real kube-apiserver + etcd (one pair for this whole test binary, shared by its tests)
+//! and a real nats-server per test. Each test labels its objects with its own `fleet-test=<id>` and runs its
+//! operators with that label selector, so tests run in parallel without seeing each other's objects.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use async_nats::jetstream::{self, kv};
+use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
+use fleet_operator::engine::{self, Options};
+use fleet_rig::kube::KubeApiServer;
+use fleet_rig::NatsServer;
+use fleet_wire::{
+    fixtures, AgentUpgradeAttempt, AttemptId, DesiredState, DeviceId, DeviceInfo, UpgradePhase,
+    Version,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::json;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+static API: OnceLock<KubeApiServer> = OnceLock::new();
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn client() -> Client {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let api = tokio::task::spawn_blocking(|| API.get_or_init(KubeApiServer::start))
+        .await
+        .expect("apiserver start");
+    let mut cfg = kube::Config::new(api.url().parse().expect("url"));
+    cfg.accept_invalid_certs = true;
+    cfg.auth_info.token = Some(api.token().to_owned().into());
+    let client = Client::try_from(cfg).expect("client");
+    install_crds(&client).await;
+    client
+}
+
+/// Applies the CRDs exactly as `operator/deploy/crds.yaml` has them and waits until they are established.
+async fn install_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in fleet_operator::crd::all_crds() {
+        let name = crd.metadata.name.clone().expect("name");
+        api.patch(
+            &name,
+            &PatchParams::apply("fleet-test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        eventually("CRD established", || async {
+            let c = api.get(&name).await.ok()?;
+            let conds = c.status?.conditions?;
+            conds
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Fleet {
+    client: Client,
+    nats: NatsServer,
+    js: jetstream::Context,
+    run: String,
+    operators: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for o in &self.operators {
+            o.abort();
+        }
+    }
+}
+
+impl Fleet {
+    async fn new(run: &str) -> Self {
+        let client = client().await;
+        let nats = NatsServer::start();
+        let nc = async_nats::connect(nats.url()).await.expect("nats");
+        let run = format!("{run}-{}", std::process::id());
+        Self {
+            client,
+            js: jetstream::new(nc),
+            nats,
+            run,
+            operators: vec![],
+        }
+    }
+
+    fn start_operator(&mut self) {
+        let opts = Options {
+            nats_url: self.nats.url(),
+            instance: Some(format!("op-{}", self.operators.len())),
+            label_selector: Some(format!("fleet-test={}", self.run)),
+        };
+        let client = self.client.clone();
+        self.operators.push(tokio::spawn(async move {
+            let _ = engine::run(client, opts).await;
+        }));
+    }
+
+    fn name(&self, base: &str) -> String {
+        format!("{base}-{}", self.run)
+    }
+
+    fn meta(&self, name: &str, extra: serde_json::Value) -> serde_json::Value {
+        let mut labels = json!({"fleet-test": self.run});
+        if let Some(m) = extra.as_object() {
+            for (k, v) in m {
+                labels[k] = v.clone();
+            }
+        }
+        json!({"name": name, "labels": labels})
+    }
+
+    async fn create<K>(&self, obj: serde_json::Value) -> K
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug,
+    {
+        let k: K = serde_json::from_value(obj).expect("object");
+        Api::<K>::all(self.client.clone())
+            .create(&PostParams::default(), &k)
+            .await
+            .expect("create")
+    }
+
+    async fn device(&self, name: &str, labels: serde_json::Value) {
+        let meta = self.meta(name, labels);
+        self.create::<Device>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device", "metadata": meta, "spec": {}}))
+            .await;
+    }
+
+    async fn group(&self, name: &str, selector: serde_json::Value) {
+        let meta = self.meta(name, json!({}));
+        self.create::<DeviceGroup>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup", "metadata": meta, "spec": {"selector": selector}}))
+            .await;
+    }
+
+    async fn bucket(&self, name: &str) -> kv::Store {
+        eventually(
+            &format!("bucket {name} created by the operator"),
+            || async { self.js.get_key_value(name).await.ok() },
+        )
+        .await
+    }
+
+    async fn desired(&self, device: &str) -> Option<DesiredState> {
+        let store = self.bucket(fleet_wire::kv::DESIRED_STATE).await;
+        let v = store.get(device).await.ok()??;
+        Some(serde_json::from_slice(&v).expect("desired state"))
+    }
+
+    async fn ready_reason<K>(&self, name: &str) -> Option<String>
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + serde::Serialize,
+    {
+        let obj = Api::<K>::all(self.client.clone()).get(name).await.ok()?;
+        let v = serde_json::to_value(obj).ok()?;
+        let conds = v.pointer("/status/conditions")?.as_array()?.clone();
+        conds
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .map(|c| c["reason"].as_str().unwrap_or_default().to_owned())
+    }
+}
+
+fn workload_names(s: &DesiredState) -> Vec<String> {
+    s.workloads
+        .iter()
+        .map(|w| w.name.as_str().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_writes_kv_and_follows_labels() {
+    let mut f = Fleet::new("place").await;
+    let (d1, d2, d3) = (f.name("cam-1"), f.name("cam-2"), f.name("gw-1"));
+    f.device(&d1, json!({"site": "a"})).await;
+    f.device(&d2, json!({"site": "b"})).await;
+    f.device(&d3, json!({"site": "a", "role": "gw"})).await;
+    let group = f.name("all");
+    f.group(&group, json!({"matchLabels": {"fleet-test": f.run}}))
+        .await;
+    let broken = f.name("broken");
+    f.group(
+        &broken,
+        json!({"matchExpressions": [{"key": "site", "operator": "Exists"}]}),
+    )
+    .await;
+    let dep = f.name("web");
+    let meta = f.meta(&dep, json!({}));
+    f.create::<FleetDeployment>(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment", "metadata": meta,
+        "spec": {"allowedGroups": [group], "targetSelector": {"matchLabels": {"site": "a"}},
+                 "workloads": [{"name": "web", "image": "localhost/web:1"}]}
+    }))
+    .await;
+    f.start_operator();
+
+    // apply CRs -> NATS KV written (buckets created by the operator)
+    let s1 = eventually("d1 desired state", || async {
+        f.desired(&d1)
+            .await
+            .filter(|s| workload_names(s) == ["web"])
+    })
+    .await;
+    assert_eq!(s1.device_id.as_str(), d1);
+    eventually("gw-1 desired state", || async {
+        f.desired(&d3)
+            .await
+            .filter(|s| workload_names(s) == ["web"])
+    })
+    .await;
+    let s2 = eventually("d2 empty desired state", || async { f.desired(&d2).await }).await;
+    assert!(s2.workloads.is_empty(), "site=b is not targeted: {s2:?}");
+    eventually("deployment Ready=Placed", || async {
+        (f.ready_reason::<FleetDeployment>(&dep).await.as_deref() == Some("Placed")).then_some(())
+    })
+    .await;
+
+    // change a device label -> placement follows, generation increases
+    Api::<Device>::all(f.client.clone())
+        .patch(
+            &d2,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"site": "a"}}})),
+        )
+        .await
+        .expect("label");
+    let s2b = eventually("d2 follows its label", || async {
+        f.desired(&d2)
+            .await
+            .filter(|s| workload_names(s) == ["web"])
+    })
+    .await;
+    assert!(s2b.generation > s2.generation);
+    Api::<Device>::all(f.client.clone())
+        .patch(
+            &d1,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"site": "c"}}})),
+        )
+        .await
+        .expect("label");
+    eventually("d1 loses the workload", || async {
+        f.desired(&d1).await.filter(|s| s.workloads.is_empty())
+    })
+    .await;
+
+    // a group whose source errors is not an empty group: condition on the group and on a deployment using it,
+    // and the devices keep what they run
+    let dep2 = f.name("broken-dep");
+    let meta = f.meta(&dep2, json!({}));
+    f.create::<FleetDeployment>(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment", "metadata": meta,
+        "spec": {"allowedGroups": [broken], "workloads": [{"name": "web", "image": "localhost/web:2"}]}
+    }))
+    .await;
+    eventually("broken group condition", || async {
+        (f.ready_reason::<DeviceGroup>(&broken).await.as_deref() == Some("GroupSourceError"))
+            .then_some(())
+    })
+    .await;
+    eventually("deployment on a broken group", || async {
+        (f.ready_reason::<FleetDeployment>(&dep2).await.as_deref() == Some("GroupSourceError"))
+            .then_some(())
+    })
+    .await;
+
+    // matchExpressions in targetSelector fails closed with InvalidSpec; running workloads are held
+    Api::<FleetDeployment>::all(f.client.clone())
+        .patch(
+            &dep,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"targetSelector": {"matchLabels": null, "matchExpressions": [{"key": "site", "operator": "In", "values": ["a"]}]}}})),
+        )
+        .await
+        .expect("patch");
+    eventually("InvalidSpec condition", || async {
+        (f.ready_reason::<FleetDeployment>(&dep).await.as_deref() == Some("InvalidSpec"))
+            .then_some(())
+    })
+    .await;
+    let held = f.desired(&d2).await.expect("d2");
+    assert_eq!(
+        workload_names(&held),
+        ["web"],
+        "workloads are held while the spec is invalid"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(f.client.clone(), "default");
+    eventually("InvalidSpec event", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("InvalidSpec")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(dep.as_str())
+            })
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_status_follows_nats() {
+    let mut f = Fleet::new("status").await;
+    f.start_operator();
+    let name = f.name("pi");
+    let info_store = f.bucket(fleet_wire::kv::DEVICE_INFO).await;
+    let mut info = fixtures::device_info();
+    info.device_id = DeviceId::try_from(name.as_str()).unwrap();
+    info_store
+        .put(name.as_str(), serde_json::to_vec(&info).unwrap().into())
+        .await
+        .expect("put info");
+    // the Device is created (with the operator's selector labels) and its status mirrors the report
+    let devices: Api<Device> = Api::all(f.client.clone());
+    eventually("Device status mirrors device-info", || async {
+        let d = devices.get(&name).await.ok()?;
+        (d.status?.agent_version?.as_str() == "1.1.0").then_some(())
+    })
+    .await;
+    // a device reports a new version -> the Device status follows
+    info.agent_version = Version::try_from("1.2.0").unwrap();
+    info_store
+        .put(name.as_str(), serde_json::to_vec(&info).unwrap().into())
+        .await
+        .expect("put info");
+    let mut hb = fixtures::heartbeat();
+    hb.device_id = info.device_id.clone();
+    hb.agent_version = info.agent_version.clone();
+    f.bucket(fleet_wire::kv::DEVICE_HEARTBEAT)
+        .await
+        .put(name.as_str(), serde_json::to_vec(&hb).unwrap().into())
+        .await
+        .expect("put heartbeat");
+    let mut st = fixtures::failed_status();
+    st.device_id = info.device_id.clone();
+    f.bucket(fleet_wire::kv::AGENT_UPGRADE_STATUS)
+        .await
+        .put(name.as_str(), serde_json::to_vec(&st).unwrap().into())
+        .await
+        .expect("put status");
+    let status = eventually("Device status follows", || async {
+        let s = devices.get(&name).await.ok()?.status?;
+        (s.agent_version.as_ref()?.as_str() == "1.2.0"
+            && s.agent_upgrade.is_some()
+            && s.last_heartbeat.is_some())
+        .then_some(s)
+    })
+    .await;
+    let up = status.agent_upgrade.expect("upgrade");
+    assert_eq!(up.phase, UpgradePhase::Failed);
+    assert_eq!(up.transitions, st.transitions);
+    assert_eq!(status.last_heartbeat, Some(hb.at.to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_operators_write_each_attempt_once() {
+    const N: usize = 12;
+    let mut f = Fleet::new("release").await;
+    let group = f.name("fleet");
+    f.group(&group, json!({"matchLabels": {"fleet-test": f.run}}))
+        .await;
+    let mut names = vec![];
+    for i in 0..N {
+        let n = f.name(&format!("dev-{i}"));
+        f.device(&n, json!({})).await;
+        names.push(n);
+    }
+    // the operators create the buckets; write device info once they exist
+    f.start_operator();
+    f.start_operator();
+    let info_store = f.bucket(fleet_wire::kv::DEVICE_INFO).await;
+    for n in &names {
+        let mut info: DeviceInfo = fixtures::device_info();
+        info.device_id = DeviceId::try_from(n.as_str()).unwrap();
+        info.agent_version = Version::try_from("1.0.0").unwrap();
+        info_store
+            .put(n.as_str(), serde_json::to_vec(&info).unwrap().into())
+            .await
+            .expect("info");
+    }
+    // one device already runs the release
+    let mut info = fixtures::device_info();
+    let current = f.name("current");
+    info.device_id = DeviceId::try_from(current.as_str()).unwrap();
+    info.agent_version = Version::try_from("2.0.0").unwrap();
+    f.device(&current, json!({})).await;
+    info_store
+        .put(current.as_str(), serde_json::to_vec(&info).unwrap().into())
+        .await
+        .expect("info");
+
+    let rel = f.name("v2");
+    let meta = f.meta(&rel, json!({}));
+    let a = fixtures::attempt();
+    f.create::<AgentRelease>(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "AgentRelease", "metadata": meta,
+        "spec": {"allowedGroups": [group], "builds": [{"architecture": "arm64", "version": "2.0.0",
+                 "artifact": a.artifact.to_string(), "sha256": a.sha256.as_str(), "byteLimit": 20_000_000}]}
+    }))
+    .await;
+    let intents = f.bucket(fleet_wire::kv::AGENT_UPGRADE_INTENT).await;
+    let attempts: Vec<(u64, AgentUpgradeAttempt)> =
+        eventually("an attempt per outdated device", || async {
+            let mut out = vec![];
+            for n in &names {
+                let e = intents.entry(n.as_str()).await.ok()??;
+                out.push((e.revision, serde_json::from_slice(&e.value).ok()?));
+            }
+            Some(out)
+        })
+        .await;
+    for (n, (_, a)) in names.iter().zip(&attempts) {
+        assert_eq!(a.device_id.as_str(), n);
+        assert_eq!(a.target_version.as_str(), "2.0.0");
+    }
+    assert!(
+        intents.get(current.as_str()).await.expect("get").is_none(),
+        "up-to-date device gets no attempt"
+    );
+    let ids: std::collections::BTreeSet<AttemptId> =
+        attempts.iter().map(|(_, a)| a.attempt_id).collect();
+    assert_eq!(ids.len(), N, "each attempt has its own UUID");
+
+    // a failed attempt for the same release is reused, not retried
+    let mut failed = fixtures::failed_status();
+    failed.device_id = attempts[0].1.device_id.clone();
+    failed.attempt_id = Some(attempts[0].1.attempt_id);
+    f.bucket(fleet_wire::kv::AGENT_UPGRADE_STATUS)
+        .await
+        .put(
+            names[0].as_str(),
+            serde_json::to_vec(&failed).unwrap().into(),
+        )
+        .await
+        .expect("status");
+    let releases: Api<AgentRelease> = Api::all(f.client.clone());
+    eventually("release status counts the failure", || async {
+        let s = releases.get(&rel).await.ok()?.status?;
+        (s.failed == Some(1) && s.up_to_date == Some(1) && s.targeted_devices == Some(N as u32 + 1))
+            .then_some(())
+    })
+    .await;
+    // nudge both operators with unrelated changes, then check that nothing was written twice
+    for i in 0..3 {
+        releases
+            .patch(
+                &rel,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"nudge": i.to_string()}}})),
+            )
+            .await
+            .expect("nudge");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Every write to the bucket takes one stream sequence number: N means each attempt was written once.
+    let mut stream =
+        f.js.get_stream(format!("KV_{}", fleet_wire::kv::AGENT_UPGRADE_INTENT))
+            .await
+            .expect("stream");
+    let last = stream
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence;
+    assert_eq!(
+        last as usize, N,
+        "two operators wrote {last} intents for {N} devices"
+    );
+    for (n, (rev, a)) in names.iter().zip(&attempts) {
+        let e = intents
+            .entry(n.as_str())
+            .await
+            .expect("entry")
+            .expect("present");
+        assert_eq!(e.revision, *rev, "{n} rewritten");
+        let now: AgentUpgradeAttempt = serde_json::from_slice(&e.value).unwrap();
+        assert_eq!(&now, a);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_unreachable_is_a_condition_and_an_event() {
+    let mut f = Fleet::new("nonats").await;
+    let group = f.name("all");
+    f.group(&group, json!({"matchLabels": {"fleet-test": f.run}}))
+        .await;
+    let dep = f.name("web");
+    let meta = f.meta(&dep, json!({}));
+    f.create::<FleetDeployment>(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment", "metadata": meta,
+        "spec": {"allowedGroups": [group], "workloads": [{"name": "web", "image": "localhost/web:1"}]}
+    }))
+    .await;
+    // an operator pointed at a port where nothing listens
+    let opts = Options {
+        nats_url: format!("nats://127.0.0.1:{}", fleet_rig::free_port()),
+        instance: None,
+        label_selector: Some(format!("fleet-test={}", f.run)),
+    };
+    let client = f.client.clone();
+    f.operators.push(tokio::spawn(async move {
+        let _ = engine::run(client, opts).await;
+    }));
+    let deployments: Api<FleetDeployment> = Api::all(f.client.clone());
+    let cond = eventually("NatsReachable=False", || async {
+        let s = deployments.get(&dep).await.ok()?.status?;
+        s.conditions
+            .into_iter()
+            .find(|c| c.type_ == "NatsReachable" && c.status == "False")
+    })
+    .await;
+    assert_eq!(cond.reason, "NatsUnreachable");
+    assert!(
+        cond.message.contains("connect to nats://127.0.0.1:"),
+        "{}",
+        cond.message
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(f.client.clone(), "default");
+    eventually("NatsUnreachable event", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("NatsUnreachable")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(dep.as_str())
+            })
+            .then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,54 @@
+//! The committed deploy manifests match the code: `deploy/crds.yaml` is exactly what `crdgen` prints, and the
+//! RBAC rules cover every CRD and its status subresource.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+fn read(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn crds_yaml_matches_crdgen() {
+    let generated = fleet_operator::deploy::crds_yaml().expect("yaml");
+    assert!(
+        read("crds.yaml") == generated,
+        "operator/deploy/crds.yaml is stale: run `cargo run -p fleet-operator --bin crdgen > operator/deploy/crds.yaml`"
+    );
+}
+
+#[test]
+fn rbac_covers_every_crd() {
+    let rbac = read("rbac.yaml");
+    for crd in fleet_operator::crd::all_crds() {
+        assert_eq!(crd.spec.group, fleet_operator::crd::GROUP);
+        let plural = &crd.spec.names.plural;
+        assert!(
+            rbac.contains(&format!("\"{plural}\"")),
+            "rbac.yaml lacks {plural}"
+        );
+        assert!(
+            rbac.contains(&format!("\"{plural}/status\"")),
+            "rbac.yaml lacks {plural}/status"
+        );
+        let v = &crd.spec.versions[0];
+        assert!(
+            v.subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some(),
+            "{plural} has a status subresource"
+        );
+        assert!(
+            !v.additional_printer_columns
+                .as_ref()
+                .is_none_or(|c| c.is_empty()),
+            "{plural} has printer columns"
+        );
+    }
+    let deployment = read("deployment.yaml");
+    assert!(deployment.contains("serviceAccountName: fleet-operator"));
+}

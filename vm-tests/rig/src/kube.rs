@@ -1,0 +1,224 @@
+//! A real kube-apiserver (built by `scripts/setup.d/50-kube-apiserver.sh`) on a real etcd (Debian `etcd-server`),
+//! both on free loopback ports with temporary state, token authentication and a self-signed serving certificate.
+//!
+//! Both processes are killed on drop, and also by a small watchdog once the test process is gone, so that a
+//! server kept in a `static` for a whole test binary does not outlive it.
+
+use crate::util::{free_port, require_binary, wait_for, workspace_root};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const APISERVER_HINT: &str = "Run `scripts/setup` (its part 50-kube-apiserver builds kube-apiserver from Debian's \
+    kubernetes source package into $FLEET_CACHE/kube-apiserver/), or point FLEET_KUBE_APISERVER at a binary.";
+const ETCD_HINT: &str =
+    "Run `scripts/setup` (it installs Debian's etcd-server), or point FLEET_ETCD at an etcd 3.4+ binary.";
+/// How long the API server may take to answer `/readyz` (about 4 s on an idle 2-core machine).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A running etcd + kube-apiserver pair.
+pub struct KubeApiServer {
+    dir: tempfile::TempDir,
+    port: u16,
+    token: String,
+    etcd: Option<Child>,
+    apiserver: Option<Child>,
+}
+
+fn kube_apiserver_binary() -> PathBuf {
+    let cache = std::env::var_os("FLEET_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".cache"));
+    require_binary(
+        "kube-apiserver",
+        "FLEET_KUBE_APISERVER",
+        &[cache.join("kube-apiserver/kube-apiserver")],
+        APISERVER_HINT,
+    )
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+impl KubeApiServer {
+    /// Starts etcd and kube-apiserver and waits for `/readyz`. Panics (failing the test) if either cannot start.
+    pub fn start() -> Self {
+        let apiserver_bin = kube_apiserver_binary();
+        let etcd_bin = require_binary(
+            "etcd",
+            "FLEET_ETCD",
+            &[PathBuf::from("/usr/bin/etcd")],
+            ETCD_HINT,
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("fleet-kube-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("temp dir for kube-apiserver: {e}"));
+        let d = dir.path().to_path_buf();
+        let d = d.as_path();
+        let token = format!("fleet-test-{}", std::process::id());
+        fs::write(
+            d.join("tokens.csv"),
+            format!("{token},fleet-admin,fleet-admin,\"system:masters\"\n"),
+        )
+        .unwrap_or_else(|e| panic!("token file: {e}"));
+        let key = d.join("sa.key");
+        let status = Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&key)
+            .arg("2048")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("openssl (apt-get install openssl): {e}"));
+        assert!(status.success(), "openssl genrsa failed");
+        let log = |name: &str| {
+            fs::File::create(d.join(name)).unwrap_or_else(|e| panic!("log file {name}: {e}"))
+        };
+
+        let (client_port, peer_port) = (free_port(), free_port());
+        let etcd = Command::new(&etcd_bin)
+            .arg("--data-dir")
+            .arg(d.join("etcd"))
+            .args([
+                "--name",
+                "fleet-test",
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{client_port}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{client_port}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-cluster",
+                &format!("fleet-test=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync",
+            ])
+            .env("ETCD_UNSUPPORTED_ARCH", "")
+            .stdin(Stdio::null())
+            .stdout(log("etcd.log"))
+            .stderr(log("etcd.err"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", etcd_bin.display()));
+        let port = free_port();
+        let mut s = Self {
+            dir,
+            port,
+            token,
+            etcd: Some(etcd),
+            apiserver: None,
+        };
+        let d = s.dir.path().to_path_buf();
+        let up = wait_for(Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", client_port)).ok()
+        });
+        assert!(
+            up.is_some(),
+            "etcd did not listen on {client_port}:\n{}",
+            log_tail(&d.join("etcd.err"))
+        );
+        let apiserver = Command::new(&apiserver_bin)
+            .args([
+                &format!("--etcd-servers=http://127.0.0.1:{client_port}"),
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                &format!("--secure-port={port}"),
+                "--insecure-port=0",
+                &format!("--cert-dir={}", d.join("certs").display()),
+                &format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                "--authorization-mode=RBAC",
+                &format!("--service-account-key-file={}", key.display()),
+                &format!("--service-account-signing-key-file={}", key.display()),
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.96.0.0/24",
+                "--enable-priority-and-fairness=false",
+                "--v=1",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log("apiserver.log"))
+            .stderr(log("apiserver.err"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", apiserver_bin.display()));
+        s.apiserver = Some(apiserver);
+        s.spawn_watchdog();
+        let url = s.url();
+        let auth = format!("Authorization: Bearer {}", s.token);
+        let ready = wait_for(READY_TIMEOUT, || {
+            if let Some(Ok(Some(st))) = s.apiserver.as_mut().map(|c| c.try_wait()) {
+                panic!(
+                    "kube-apiserver exited with {st}:\n{}",
+                    log_tail(&d.join("apiserver.err"))
+                );
+            }
+            let out = Command::new("curl")
+                .args([
+                    "-sk",
+                    "--max-time",
+                    "2",
+                    "-H",
+                    &auth,
+                    &format!("{url}/readyz"),
+                ])
+                .output()
+                .ok()?;
+            (out.stdout == b"ok").then_some(())
+        });
+        assert!(
+            ready.is_some(),
+            "kube-apiserver at {url} was not ready within {READY_TIMEOUT:?}:\n{}",
+            log_tail(&d.join("apiserver.err"))
+        );
+        s
+    }
+
+    fn spawn_watchdog(&self) {
+        let pids: Vec<String> = [&self.etcd, &self.apiserver]
+            .iter()
+            .filter_map(|c| c.as_ref().map(|c| c.id().to_string()))
+            .collect();
+        // Kills the servers once this test process has exited (a `static` is never dropped).
+        let script = "while kill -0 \"$0\" 2>/dev/null; do sleep 1; done; kill \"$@\" 2>/dev/null";
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(std::process::id().to_string())
+            .args(&pids)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+    }
+
+    /// `https://127.0.0.1:<port>` (self-signed certificate).
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// A bearer token of a `system:masters` user.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The directory with the servers' logs (`apiserver.err`, `etcd.err`).
+    pub fn log_dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for KubeApiServer {
+    fn drop(&mut self) {
+        for c in [self.apiserver.take(), self.etcd.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
