@@ -12,10 +12,10 @@ if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q '^Kubernetes v'; then
   echo "kube-apiserver already built: $bin ($("$bin" --version))"; exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-# Go toolchain (installed system-wide, like the other apt parts) and rsync-free build.
-if ! [ -x /usr/lib/go-1.19/bin/go ]; then
+# Go toolchain and build tools (installed system-wide, like the other apt parts).
+if ! [ -x /usr/lib/go-1.19/bin/go ] || ! command -v make >/dev/null || ! command -v dpkg-source >/dev/null; then
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends golang-1.19-go >/dev/null
+  apt-get install -y -qq --no-install-recommends golang-1.19-go make dpkg-dev ca-certificates >/dev/null
 fi
 work=$cache/kube-apiserver-build
 rm -rf "$work"
