@@ -1,7 +1,9 @@
 //! The file store: every group's holders in `<dir>/state.json`, written to a temporary file, fsynced, renamed and
-//! the directory fsynced before any answer. One writer task batches whatever requests queued up during the
-//! previous fsync into one commit (group commit), so every answer waits for the fsync that covers it and
-//! throughput is not capped at one fsync per request.
+//! the directory fsynced before any answer. Group commit in a two-stage pipeline: the writer thread applies
+//! whatever requests queued up into one batch and writes + fsyncs its temporary file while the committer thread
+//! renames the previous batch's file and fsyncs the directory. Batches are renamed and answered strictly in order,
+//! every answer waits for the rename + directory fsync that covers it, and throughput is not capped at one fsync
+//! per request. A failed commit fails every batch built on it, and the writer starts again from the durable state.
 
 use super::{Applied, StoreError, MAX_BATCH};
 use crate::fleetlock::state::{self, Op};
@@ -12,7 +14,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
@@ -64,17 +66,27 @@ impl FileStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Holders::new(),
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
-        let _ = std::fs::remove_file(dir.join(format!("{STATE_FILE}.tmp")));
+        remove_temporaries(dir);
         let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
         let view = Arc::new(RwLock::new(held.clone()));
         let commits = Arc::new(AtomicU64::new(0));
-        tokio::spawn(writer(
-            rx,
-            held,
-            dir.to_path_buf(),
-            view.clone(),
-            commits.clone(),
-        ));
+        // Plain threads: the fsyncs block anyway, and no async hop sits between a batch and its fsync.
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            durable: Mutex::new(held.clone()),
+        });
+        // At most one batch waits between the stages: two commits in flight.
+        let (to_commit, commit_rx) = std::sync::mpsc::sync_channel::<Staged>(1);
+        let (d, sh) = (dir.to_path_buf(), shared.clone());
+        std::thread::Builder::new()
+            .name("fleetlock-writer".into())
+            .spawn(move || writer(rx, held, d, sh, to_commit))
+            .map_err(|e| format!("writer thread: {e}"))?;
+        let (d, v, c) = (dir.to_path_buf(), view.clone(), commits.clone());
+        std::thread::Builder::new()
+            .name("fleetlock-commit".into())
+            .spawn(move || committer(commit_rx, d, shared, v, c))
+            .map_err(|e| format!("commit thread: {e}"))?;
         Ok(Self {
             tx,
             view,
@@ -125,17 +137,48 @@ fn lock_dir(dir: &Path) -> Result<File, String> {
     Ok(f)
 }
 
-async fn writer(
+/// State shared by the two stages.
+struct Shared {
+    /// Bumped by the committer when a commit fails: batches built in an older epoch fail too.
+    epoch: AtomicU64,
+    /// The state as last made durable (the writer restarts from it after a failure).
+    durable: Mutex<Holders>,
+}
+
+/// A batch between the stages.
+struct Staged {
+    epoch: u64,
+    /// The fsynced temporary file to rename, if the batch changed anything.
+    tmp: Option<Result<PathBuf, String>>,
+    state: Holders,
+    replies: Vec<(oneshot::Sender<Result<Applied, StoreError>>, Applied)>,
+}
+
+fn writer(
     mut rx: mpsc::Receiver<Job>,
-    mut durable: Holders,
+    mut working: Holders,
     dir: PathBuf,
-    view: Arc<RwLock<Holders>>,
-    commits: Arc<AtomicU64>,
+    shared: Arc<Shared>,
+    to_commit: std::sync::mpsc::SyncSender<Staged>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    let mut epoch = 0;
+    let mut seq: u64 = 0;
+    while let Some(first) = rx.blocking_recv() {
+        // Everything that queued up meanwhile goes into this batch.
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let now_epoch = shared.epoch.load(Ordering::Acquire);
+        if now_epoch != epoch {
+            epoch = now_epoch;
+            working = shared.durable.lock().map(|d| d.clone()).unwrap_or_default();
+        }
         let now = Timestamp::now();
-        let mut working = durable.clone();
         let mut changed = false;
         let mut replies = Vec::with_capacity(batch.len());
         for job in batch.drain(..) {
@@ -160,50 +203,105 @@ async fn writer(
             changed |= c;
             replies.push((job.reply, Applied { result, expired }));
         }
-        if changed {
+        let tmp = changed.then(|| {
+            seq += 1;
             let file = StateFile {
                 version: 1,
                 groups: working.clone(),
             };
-            let d = dir.clone();
-            let res = tokio::task::spawn_blocking(move || write_durable(&d, &file))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r);
-            match res {
-                Ok(()) => {
-                    commits.fetch_add(1, Ordering::Relaxed);
-                    durable = working;
-                    if let Ok(mut v) = view.write() {
-                        v.clone_from(&durable);
-                    }
-                }
-                Err(e) => {
-                    log::error!("fleetlock file store: commit failed, answering 503: {e}");
-                    for (reply, _) in replies {
-                        let _ = reply.send(Err(StoreError(e.clone())));
-                    }
-                    continue;
-                }
-            }
-        }
-        for (reply, applied) in replies {
-            let _ = reply.send(Ok(applied));
+            let tmp = dir.join(format!("{STATE_FILE}.tmp.{seq}"));
+            write_synced(&tmp, &file).map(|()| tmp)
+        });
+        let staged = Staged {
+            epoch,
+            tmp,
+            state: working.clone(),
+            replies,
+        };
+        if to_commit.send(staged).is_err() {
+            return;
         }
     }
 }
 
-/// Temporary file, fsync, rename over the state file, fsync of the directory.
-fn write_durable(dir: &Path, state: &StateFile) -> Result<(), String> {
+fn committer(
+    rx: std::sync::mpsc::Receiver<Staged>,
+    dir: PathBuf,
+    shared: Arc<Shared>,
+    view: Arc<RwLock<Holders>>,
+    commits: Arc<AtomicU64>,
+) {
+    while let Ok(staged) = rx.recv() {
+        let current = shared.epoch.load(Ordering::Acquire);
+        let result = if staged.epoch != current {
+            if let Some(Ok(tmp)) = &staged.tmp {
+                let _ = std::fs::remove_file(tmp);
+            }
+            Err("an earlier commit failed; ask again".to_string())
+        } else {
+            match staged.tmp {
+                None => Ok(()),
+                Some(Err(e)) => Err(e),
+                Some(Ok(tmp)) => rename_synced(&dir, &tmp).map(|()| {
+                    commits.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut d) = shared.durable.lock() {
+                        d.clone_from(&staged.state);
+                    }
+                    if let Ok(mut v) = view.write() {
+                        v.clone_from(&staged.state);
+                    }
+                }),
+            }
+        };
+        match result {
+            Ok(()) => {
+                for (reply, applied) in staged.replies {
+                    let _ = reply.send(Ok(applied));
+                }
+            }
+            Err(e) => {
+                if staged.epoch == current {
+                    // Later batches were built on this one: fail them and restart from the durable state.
+                    shared.epoch.fetch_add(1, Ordering::AcqRel);
+                    log::error!("fleetlock file store: commit failed, answering 503: {e}");
+                    remove_temporaries(&dir);
+                }
+                for (reply, _) in staged.replies {
+                    let _ = reply.send(Err(StoreError(e.clone())));
+                }
+            }
+        }
+    }
+}
+
+fn remove_temporaries(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if name
+            .to_str()
+            .is_some_and(|n| n.starts_with(&format!("{STATE_FILE}.tmp")))
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Writes `state` to the temporary file `tmp` and fsyncs it.
+fn write_synced(tmp: &Path, state: &StateFile) -> Result<(), String> {
     let bytes = serde_json::to_vec_pretty(state).map_err(|e| e.to_string())?;
-    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
-    let path = dir.join(STATE_FILE);
     let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
-    let mut f = File::create(&tmp).map_err(io)?;
+    let mut f = File::create(tmp).map_err(io)?;
     f.write_all(&bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.sync_all().map_err(io)
+}
+
+/// Renames the fsynced `tmp` over the state file and fsyncs the directory.
+fn rename_synced(dir: &Path, tmp: &Path) -> Result<(), String> {
+    let path = dir.join(STATE_FILE);
+    std::fs::rename(tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| format!("{}: {e}", dir.display()))
