@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 /// Concurrent NATS writes per pass.
-pub const WRITE_CONCURRENCY: usize = 256;
+pub const WRITE_CONCURRENCY: usize = 1024;
 /// Concurrent Kubernetes writes per pass.
 pub const KUBE_CONCURRENCY: usize = 16;
 /// Changes arriving within this window are handled by one pass.
@@ -478,41 +478,40 @@ impl Engine {
             let writes = if let (Some(link), None) = (link, &nats_error) {
                 match link.store(layout::AGENT_UPGRADE_INTENT) {
                     Ok(store) => {
-                        let results: Vec<Result<CasOutcome, NatsError>> = futures::stream::iter(
-                            mine.iter().cloned(),
-                        )
-                        .map(|dev: DeviceId| {
-                            let info = infos.get(dev.as_str());
-                            let builds = &builds;
-                            async move {
-                                kv::cas_write(
-                                    store,
-                                    &self.mirrors.intent,
-                                    &layout::device_key(&dev),
-                                    |cur| match release::decide_intent(
-                                        &dev,
-                                        info,
-                                        builds,
-                                        cur,
-                                        AttemptId::new_random,
-                                    ) {
-                                        IntentDecision::Write(a) => {
-                                            log::info!(
+                        let results: Vec<Result<CasOutcome, NatsError>> =
+                            futures::stream::iter(mine.iter().cloned())
+                                .map(|dev: DeviceId| {
+                                    let info = infos.get(dev.as_str());
+                                    let builds = &builds;
+                                    async move {
+                                        kv::cas_write(
+                                            store,
+                                            &self.mirrors.intent,
+                                            &layout::device_key(&dev),
+                                            |cur| match release::decide_intent(
+                                                &dev,
+                                                info,
+                                                builds,
+                                                cur,
+                                                AttemptId::new_random,
+                                            ) {
+                                                IntentDecision::Write(a) => {
+                                                    log::info!(
                                                 "device {dev}: agent-upgrade attempt {} to {}",
                                                 a.attempt_id,
                                                 a.target_version
                                             );
-                                            Some(a)
-                                        }
-                                        _ => None,
-                                    },
-                                )
-                                .await
-                            }
-                        })
-                        .buffer_unordered(WRITE_CONCURRENCY)
-                        .collect()
-                        .await;
+                                                    Some(a)
+                                                }
+                                                _ => None,
+                                            },
+                                        )
+                                        .await
+                                    }
+                                })
+                                .buffer_unordered(WRITE_CONCURRENCY)
+                                .collect()
+                                .await;
                         results.into_iter().find_map(Result::err)
                     }
                     Err(e) => Some(e),
