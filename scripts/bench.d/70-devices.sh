@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Whole-device benchmarks: the cutover gap of an agent upgrade on an nspawn device (old agent stopped → new agent
+# READY, idle drain; reference: a plain `systemctl restart` of the same agent in the same run), and the stripped
+# release sizes for aarch64 (Raspberry Pi OS) next to x86_64.
+set -euo pipefail
+root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
+cd "$root"
+export FLEET_CACHE=${FLEET_CACHE:-$root/.cache}
+export FLEET_NATS_SERVER=${FLEET_NATS_SERVER:-$root/.venv/bin/nats-server}
+target=${CARGO_TARGET_DIR:-$root/target}
+
+cargo build --quiet --locked -p fleet-vm-tests --bin cutover-bench
+"$target/debug/cutover-bench"
+echo
+
+scripts/cross-build >"$target/cross-build.log" 2>&1 || { tail -20 "$target/cross-build.log" >&2; exit 1; }
+size() { awk -F'|' -v t="$1" -v b="$2" '$2 ~ t && $3 ~ b {gsub(/ /, "", $4); print $4}' "$target/dist/sizes.md"; }
+mib() { awk -v b="$1" 'BEGIN{printf "%.2f MiB", b/1048576}'; }
+verdict() { [ "$1" -le "$2" ] && echo met || echo "NOT met"; }
+a_agent=$(size aarch64 fleet-agent); a_upd=$(size aarch64 fleet-updater)
+x_agent=$(size x86_64 fleet-agent); x_upd=$(size x86_64 fleet-updater)
+echo "| stripped release binary | aarch64 (Raspberry Pi OS) | x86_64 (reference) | goal (aarch64) |"
+echo "|---|---|---|---|"
+echo "| fleet-agent | $(mib "$a_agent") | $(mib "$x_agent") | ≤ 5 MiB: $(verdict "$a_agent" 5242880) |"
+echo "| fleet-updater | $(mib "$a_upd") | $(mib "$x_upd") | ≤ 4 MiB: $(verdict "$a_upd" 4194304) |"
