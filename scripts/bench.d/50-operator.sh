@@ -5,6 +5,11 @@ set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
 export FLEET_NATS_SERVER=${FLEET_NATS_SERVER:-$root/.venv/bin/nats-server}
-cargo build --release --locked -q -p fleet-operator --example operator_bench
+cargo build --release --locked -q -p fleet-operator --bin fleet-operator --example operator_bench \
+  --example operator_bench_e2e
 target=${CARGO_TARGET_DIR:-$root/target}
+# 1. the placement write path against raw KV puts, same server, same run
 "$target/release/examples/operator_bench"
+echo
+# 2. the real binary against a real kube-apiserver with 10,000 Devices (needs scripts/setup's kube-apiserver)
+FLEET_OPERATOR_BIN=$target/release/fleet-operator "$target/release/examples/operator_bench_e2e"
