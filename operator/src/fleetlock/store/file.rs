@@ -306,3 +306,50 @@ fn rename_synced(dir: &Path, tmp: &Path) -> Result<(), String> {
         .and_then(|d| d.sync_all())
         .map_err(|e| format!("{}: {e}", dir.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleetlock::state::OpResult;
+
+    fn lock(id: &str) -> Op {
+        Op::Lock {
+            groups: vec![("g".into(), 5)],
+            holder: Holder {
+                id: id.into(),
+                hostname: None,
+                ip: "127.0.0.1".into(),
+                taken_at: Timestamp::from_unix_ms(1),
+            },
+        }
+    }
+
+    /// A real file-system fault: a directory where the state file goes makes the rename fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_commit_answers_503_and_changes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join(STATE_FILE);
+        {
+            let s = FileStore::open(dir.path()).expect("open");
+            let ok = s.apply(lock("a"), None).await.expect("a");
+            assert_eq!(ok.result, OpResult::Locked);
+            std::fs::remove_file(&state).expect("rm");
+            std::fs::create_dir(&state).expect("mkdir");
+            assert!(s.apply(lock("b"), None).await.is_err(), "b must fail");
+            std::fs::remove_dir(&state).expect("rmdir");
+            assert!(s.apply(lock("c"), None).await.is_ok());
+            let ids: Vec<String> = s.holders()["g"].iter().map(|h| h.id.clone()).collect();
+            assert_eq!(ids, ["a", "c"], "b's failed commit left no trace");
+        }
+        // Reopened from disk: the same holders; no temporary files left.
+        let s = FileStore::open(dir.path()).expect("reopen");
+        let ids: Vec<String> = s.holders()["g"].iter().map(|h| h.id.clone()).collect();
+        assert_eq!(ids, ["a", "c"]);
+        let temps = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+            .count();
+        assert_eq!(temps, 0);
+    }
+}
