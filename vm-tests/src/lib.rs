@@ -4,3 +4,4 @@
 pub mod builds;
 pub mod device;
 pub mod fleet;
+pub mod qemu;

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# QEMU (TCG) for the real-kernel whole-device tests (vm-tests/qemu/run): qemu-system-x86 from bookworm-backports
+# (the machine's qemu-utils 10 is from backports; bookworm's qemu-system-x86 7.2 conflicts with it), installed
+# with a PRIVATE apt configuration under $FLEET_CACHE/qemu/apt (own sources list and lists directory), so /etc/apt
+# is left alone. Then a bootable disk image, cached under $FLEET_CACHE/qemu/<recipe>/: the nspawn tree (60) plus
+# linux-image-amd64, initramfs-tools and socat, a static network setup for QEMU's user-mode network, and a
+# command channel on a virtio-serial port. Idempotent: built in a temp dir, renamed into place when complete.
+set -euo pipefail
+cache=${FLEET_CACHE:?FLEET_CACHE must be set (scripts/setup sets it)}
+here=$(cd "$(dirname "$0")" && pwd)
+
+if ! command -v qemu-system-x86_64 >/dev/null; then
+  apt_dir=$cache/qemu/apt
+  mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
+  key=/usr/share/keyrings/debian-archive-keyring.gpg
+  mirror=${FLEET_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+  cat >"$apt_dir/sources.list" <<SRC
+deb [signed-by=$key] $mirror bookworm main
+deb [signed-by=$key] $mirror bookworm-updates main
+deb [signed-by=$key] http://deb.debian.org/debian-security bookworm-security main
+deb [signed-by=$key] $mirror bookworm-backports main
+SRC
+  apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+    -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache::Archives=$apt_dir/archives")
+  echo "installing qemu-system-x86 from bookworm-backports (private apt config in $apt_dir)"
+  apt-get "${apt_opts[@]}" update -qq
+  # Name the backports versions per package instead of -t bookworm-backports: that would also upgrade
+  # qemu-user-static, which the aarch64 tests use.
+  DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends \
+    qemu-system-x86/bookworm-backports qemu-system-common/bookworm-backports \
+    qemu-system-data/bookworm-backports seabios/bookworm-backports ipxe-qemu >/dev/null
+fi
+qemu-system-x86_64 --version | head -1
+command -v qemu-img >/dev/null || { echo "missing qemu-img: apt-get install qemu-utils" >&2; exit 1; }
+
+# The image starts from the nspawn tree.
+bash "$here/60-nspawn-tree.sh" >/dev/null
+base_recipe=$(cat "$cache/nspawn/bookworm-v3/etc/fleet-test-tree")
+recipe=qemu-v1-$base_recipe
+out=$cache/qemu/$recipe
+if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$recipe" ]; then
+  echo "qemu image present: $out"; exit 0
+fi
+mkdir -p "$cache/qemu"
+work=$(mktemp -d "$cache/qemu/.build-XXXXXX")
+tree=$work/tree
+mounted=()
+cleanup() {
+  local i
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
+  rm -rf --one-file-system "$work"
+}
+trap cleanup EXIT
+cp -a "$cache/nspawn/bookworm-v3" "$tree"
+for d in proc sys dev; do mount --rbind "/$d" "$tree/$d"; mounted+=("$tree/$d"); done
+cp /etc/resolv.conf "$tree/etc/resolv.conf"
+echo "installing a kernel, initramfs-tools and socat into the image tree (a few minutes)"
+chroot "$tree" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >"$work/apt.log" 2>&1 || { tail -20 "$work/apt.log" >&2; exit 1; }
+chroot "$tree" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  linux-image-amd64 initramfs-tools socat >>"$work/apt.log" 2>&1 || { tail -20 "$work/apt.log" >&2; exit 1; }
+chroot "$tree" apt-get clean
+rm -rf "$tree"/var/lib/apt/lists/*
+for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}"; done
+mounted=()
+: >"$tree/etc/resolv.conf"
+
+# The root file system is /dev/vda (the kernel command line mounts it read-write).
+echo '/dev/vda / ext4 rw,errors=remount-ro 0 1' >"$tree/etc/fstab"
+# QEMU user-mode network: the guest is 10.0.2.15, the host's loopback is 10.0.2.2 (net.ifnames=0: eth0).
+cat >"$tree/etc/systemd/system/fleet-qemu-net.service" <<'UNIT'
+[Unit]
+Description=Static address on QEMU's user-mode network
+Before=network.target
+Wants=network.target
+DefaultDependencies=no
+After=systemd-udevd.service sys-subsystem-net-devices-eth0.device
+BindsTo=sys-subsystem-net-devices-eth0.device
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/sbin/ip link set lo up
+ExecStart=/sbin/ip link set eth0 up
+ExecStart=/sbin/ip addr replace 10.0.2.15/24 dev eth0
+ExecStart=/sbin/ip route replace default via 10.0.2.2
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+# The host drives the guest through a virtio-serial port: one request per line "<id> <base64 command>", one
+# answer per line "<id> <exit code> <base64 output>". No login, no ssh, nothing to parse on a console.
+cat >"$tree/usr/local/sbin/fleet-qemu-shell" <<'SH'
+#!/bin/bash
+# Runs commands the test host sends over the virtio-serial port fleet.shell (vm-tests/qemu).
+port=/dev/virtio-ports/fleet.shell
+for _ in $(seq 600); do [ -e "$port" ] && break; sleep 0.1; done
+exec 3<>"$port"
+while IFS= read -r line <&3; do
+  id=${line%% *}
+  cmd=$(printf '%s' "${line#* }" | base64 -d 2>/dev/null) || continue
+  out=$(timeout 300 bash -c "$cmd" 2>&1 </dev/null); rc=$?
+  printf '%s %s %s\n' "$id" "$rc" "$(printf '%s' "$out" | base64 -w0)" >&3
+done
+SH
+chmod 0755 "$tree/usr/local/sbin/fleet-qemu-shell"
+cat >"$tree/etc/systemd/system/fleet-qemu-shell.service" <<'UNIT'
+[Unit]
+Description=Command channel for the vm-tests/qemu host (virtio-serial port fleet.shell)
+After=systemd-udevd.service systemd-udev-trigger.service
+
+[Service]
+ExecStart=/usr/local/sbin/fleet-qemu-shell
+Restart=always
+RestartSec=1
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+for u in fleet-qemu-net fleet-qemu-shell; do
+  ln -sf "/etc/systemd/system/$u.service" "$tree/etc/systemd/system/multi-user.target.wants/$u.service"
+done
+
+mkdir -p "$work/out"
+cp -L "$tree/vmlinuz" "$work/out/vmlinuz"
+cp -L "$tree/initrd.img" "$work/out/initrd.img"
+echo "making the ext4 disk image"
+mkfs.ext4 -q -L fleet-root -d "$tree" "$work/out/disk.raw" 3G
+echo "$recipe" >"$work/out/stamp"
+rm -rf --one-file-system "$out"
+mv "$work/out" "$out"
+for old in "$cache"/qemu/qemu-v*; do [ "$old" = "$out" ] || rm -rf --one-file-system "$old"; done
+du -sh --apparent-size "$out"/*

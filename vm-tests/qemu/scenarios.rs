@@ -1,0 +1,390 @@
+//! `fleet-qemu-scenarios`: scenarios a and e of the whole-device tests on a real kernel (QEMU TCG), with real
+//! reboots. Prints PASS/FAIL per scenario with its time; exits 1 when one failed. Run it through
+//! `vm-tests/qemu/run`, which sets up QEMU, the disk image and nats-server first.
+
+use fleet_rig::{wait_for, NatsServer};
+use fleet_vm_tests::builds::{self, V1, V2};
+use fleet_vm_tests::fleet::{agent_config, Artifacts, Operator, GUEST_CA_FILE};
+use fleet_vm_tests::qemu::{
+    make_stage_disk, stripped_copy, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST,
+};
+use fleet_wire::{AgentUpgradeAttempt, AgentUpgradeStatus, UpgradePhase, UpgradeReason};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const LIB: &str = "/usr/lib/harmony-fleet";
+const REAL_V2: &str = "/opt/fleet-test/fleet-agent-real-v2";
+
+const HELP: &str = "fleet-qemu-scenarios [a|e]...\n\n\
+Whole-device scenarios on a real kernel under QEMU (TCG), default both:\n  \
+a  v1 -> v2 commits, the new agent is ready; the guest reboots itself and v2 comes back ready\n  \
+e  power cut (kill -9 of QEMU) during `activating`; after the next boot v1 is selected and the status says so\n\n\
+Needs qemu-system-x86_64, the image of scripts/setup.d/65-qemu.sh and FLEET_NATS_SERVER: use vm-tests/qemu/run.";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{HELP}");
+        return;
+    }
+    let wanted: Vec<&str> = if args.is_empty() {
+        vec!["a", "e"]
+    } else {
+        args.iter().map(String::as_str).collect()
+    };
+    let mut failed = false;
+    for name in wanted {
+        let run: fn() = match name {
+            "a" => scenario_a,
+            "e" => scenario_e,
+            other => {
+                eprintln!("unknown scenario {other:?}\n\n{HELP}");
+                std::process::exit(2);
+            }
+        };
+        let start = Instant::now();
+        let ok = std::panic::catch_unwind(run).is_ok();
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "{} scenario {name} ({:.0} s)",
+            if ok { "PASS" } else { "FAIL" },
+            secs
+        );
+        failed |= !ok;
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+fn step(msg: &str) {
+    eprintln!("[{}] {msg}", chrono_now());
+}
+
+fn chrono_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!(
+        "{:02}:{:02}:{:02}",
+        secs / 3600 % 24,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// Host-side services and a booted v1 device.
+struct Rig {
+    _nats: NatsServer,
+    operator: Operator,
+    artifacts: Artifacts,
+    vm: Vm,
+    dir: tempfile::TempDir,
+}
+
+/// Boots a fresh guest, installs the updater and agent v1 with `scripts/device-setup` from the staging disk, and
+/// waits until both units are active and the agent has published its device info.
+fn install_v1() -> Rig {
+    let nats = NatsServer::start();
+    let operator = Operator::new(&nats);
+    let artifacts = Artifacts::start();
+    let dir = tempfile::Builder::new()
+        .prefix("fleet-qemu-")
+        .tempdir_in(run_dir())
+        .unwrap_or_else(|e| panic!("temp dir: {e}"));
+    let stage = dir.path().join("stage");
+    let repo = fleet_rig::workspace_root();
+    for sub in ["scripts", "agent/systemd", "updater/systemd", "files"] {
+        std::fs::create_dir_all(stage.join(sub)).unwrap_or_else(|e| panic!("mkdir: {e}"));
+    }
+    for f in [
+        "scripts/device-setup",
+        "agent/systemd/fleet-agent.service",
+        "updater/systemd/fleet-updater.service",
+    ] {
+        std::fs::copy(repo.join(f), stage.join(f)).unwrap_or_else(|e| panic!("copy {f}: {e}"));
+    }
+    step("building agent v1, v2 and the updater");
+    let files = stage.join("files");
+    stripped_copy(
+        &builds::agent(V1),
+        &files.join(format!("fleet-agent-v{V1}")),
+    );
+    stripped_copy(&builds::agent(V2), &files.join("fleet-agent-real-v2"));
+    stripped_copy(&builds::updater(), &files.join("fleet-updater"));
+    let nats_url = format!("nats://{HOST_FROM_GUEST}:{}", nats.port());
+    write(&files.join("agent.toml"), &agent_config(&nats_url));
+    write(
+        &files.join("updater.toml"),
+        &format!("extra_ca_file = \"{GUEST_CA_FILE}\"\n"),
+    );
+    std::fs::write(files.join("test-ca.pem"), artifacts.ca_pem())
+        .unwrap_or_else(|e| panic!("write CA: {e}"));
+    // The artifact URL and the test certificate name 127.0.0.1: inside the guest, socat relays it to the host.
+    write(
+        &files.join("fleet-artifact-relay.service"),
+        &format!(
+            "[Unit]\nDescription=Relay of the test artifact server (guest 127.0.0.1:{p} -> host)\n\
+             After=fleet-qemu-net.service\n\n[Service]\nExecStart=/usr/bin/socat \
+             TCP-LISTEN:{p},bind=127.0.0.1,fork,reuseaddr TCP:{HOST_FROM_GUEST}:{p}\nRestart=always\n\n\
+             [Install]\nWantedBy=multi-user.target\n",
+            p = artifacts.port()
+        ),
+    );
+    let disk = dir.path().join("stage.raw");
+    make_stage_disk(&stage, &disk);
+
+    step("booting the guest (QEMU TCG)");
+    let mut vm = Vm::new(dir.path(), Image::cached(), &disk);
+    let boot = vm.power_on();
+    step(&format!("guest up, boot id {boot}"));
+    let s = GUEST_STAGE;
+    vm.sh(&format!(
+        "mkdir -p {s} && mount -o ro /dev/vdb {s} && \
+         install -D -m 0644 {s}/files/test-ca.pem {GUEST_CA_FILE} && \
+         install -D -m 0755 {s}/files/fleet-agent-real-v2 {REAL_V2} && \
+         install -m 0644 {s}/files/fleet-artifact-relay.service /etc/systemd/system/ && \
+         systemctl daemon-reload && systemctl enable --now fleet-artifact-relay.service"
+    ));
+    step("device-setup");
+    let (code, out) = vm.sh_code(&format!(
+        "{s}/scripts/device-setup --agent {s}/files/fleet-agent-v{V1} --updater {s}/files/fleet-updater \
+         --agent-config {s}/files/agent.toml --updater-config {s}/files/updater.toml"
+    ));
+    assert!(code == 0, "device-setup failed ({code}):\n{out}");
+    let mut rig = Rig {
+        _nats: nats,
+        operator,
+        artifacts,
+        vm,
+        dir,
+    };
+    wait_unit(&mut rig.vm, "fleet-updater.service", "active", 120);
+    wait_unit(&mut rig.vm, "fleet-agent.service", "active", 240);
+    let info = wait_for(Duration::from_secs(120), || {
+        rig.operator.has_device_info().then_some(())
+    });
+    if info.is_none() {
+        panic!("the agent published no device info.\n{}", logs(&mut rig.vm));
+    }
+    assert_eq!(active_link(&mut rig.vm), format!("{LIB}/fleet-agent-v{V1}"));
+    step("v1 installed, active and talking to NATS");
+    rig
+}
+
+fn run_dir() -> std::path::PathBuf {
+    std::env::var_os("FLEET_QEMU_RUN_DIR")
+        .map(Into::into)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+fn write(p: &Path, s: &str) {
+    std::fs::write(p, s).unwrap_or_else(|e| panic!("write {p:?}: {e}"));
+}
+
+fn wait_unit(vm: &mut Vm, unit: &str, state: &str, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        last = vm.sh_code(&format!("systemctl is-active {unit}")).1;
+        if last.trim() == state {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!(
+        "{unit} did not become {state} within {secs} s (it is {}).\n{}",
+        last.trim(),
+        logs(vm)
+    );
+}
+
+fn active_link(vm: &mut Vm) -> String {
+    vm.sh("readlink /usr/local/bin/fleet-agent")
+        .trim()
+        .to_string()
+}
+
+fn active_version(vm: &mut Vm) -> String {
+    vm.sh("/usr/local/bin/fleet-agent --version")
+        .trim()
+        .to_string()
+}
+
+fn journal_phase(vm: &mut Vm) -> String {
+    let (code, raw) = vm.sh_code("cat /var/lib/fleet-updater/journal.json");
+    if code != 0 {
+        return "none".into();
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&raw).unwrap_or_else(|e| panic!("journal is not JSON: {e}: {raw}"));
+    v["phase"].as_str().unwrap_or("unknown").to_string()
+}
+
+fn agent_pid(vm: &mut Vm) -> u32 {
+    vm.sh("systemctl show -p MainPID --value fleet-agent.service")
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+fn logs(vm: &mut Vm) -> String {
+    let (_, out) = vm.sh_code(
+        "journalctl -b --no-pager -n 80 -u fleet-updater.service; echo ---; \
+         journalctl -b --no-pager -n 80 -u fleet-agent.service",
+    );
+    out
+}
+
+fn wait_complete(
+    rig: &mut Rig,
+    attempt: &AgentUpgradeAttempt,
+    phase: UpgradePhase,
+) -> AgentUpgradeStatus {
+    let mut last = None;
+    let found = wait_for(Duration::from_secs(480), || {
+        let s = rig.operator.status()?;
+        let hit = s.attempt_id.as_ref() == Some(&attempt.attempt_id) && s.phase == phase;
+        last = Some(s.clone());
+        hit.then_some(s)
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "the status did not reach {phase:?}; last: {last:#?}\n{}",
+            logs(&mut rig.vm)
+        )
+    })
+}
+
+/// a. v1 → v2 commits and the new agent is ready (Type=notify unit active, new process, `--version` 2.0.0,
+/// journal `committed`, NATS status `complete` for this attempt with its digest); then the guest reboots itself
+/// and, on the new boot, v2 is still selected, started by systemd and ready, and the journal still `committed`.
+fn scenario_a() {
+    let mut rig = install_v1();
+    let old_pid = agent_pid(&mut rig.vm);
+    let v2 = rig.dir.path().join("fleet-agent-v2");
+    stripped_copy(&builds::agent(V2), &v2);
+    let attempt = rig.artifacts.attempt(&v2, "fleet-agent-v2", V2);
+    rig.operator.put_intent(&attempt);
+    step("intent v2 written; waiting for complete");
+    let status = wait_complete(&mut rig, &attempt, UpgradePhase::Complete);
+    let vm = &mut rig.vm;
+    assert_eq!(active_link(vm), format!("{LIB}/fleet-agent-v{V2}"));
+    assert_eq!(
+        vm.sh_code("systemctl is-active fleet-agent.service")
+            .1
+            .trim(),
+        "active"
+    );
+    assert_ne!(agent_pid(vm), old_pid, "the old agent process still runs");
+    assert_eq!(active_version(vm), V2);
+    assert_eq!(journal_phase(vm), "committed");
+    assert_eq!(status.target_version.as_ref().map(|v| v.as_str()), Some(V2));
+    assert_eq!(status.attempt_digest.as_ref(), Some(&attempt.digest()));
+    assert_eq!(rig.artifacts.requests_for("fleet-agent-v2"), 1);
+    step("committed; the guest reboots itself");
+
+    let boot_before = vm
+        .sh("cat /proc/sys/kernel/random/boot_id")
+        .trim()
+        .to_string();
+    vm.reboot();
+    let boot_after = vm.wait_boot(Some(&boot_before), Duration::from_secs(300));
+    assert_ne!(boot_after, boot_before);
+    step(&format!("rebooted: boot id {boot_before} -> {boot_after}"));
+    wait_unit(vm, "fleet-updater.service", "active", 120);
+    wait_unit(vm, "fleet-agent.service", "active", 240);
+    assert_eq!(active_link(vm), format!("{LIB}/fleet-agent-v{V2}"));
+    assert_eq!(active_version(vm), V2);
+    assert_eq!(journal_phase(vm), "committed");
+    // The unit is Type=notify: `active` means this boot's v2 process sent READY.
+    let since =
+        vm.sh("systemctl show -p ActiveEnterTimestampMonotonic --value fleet-agent.service");
+    assert!(since.trim().parse::<u64>().unwrap_or(0) > 0, "{since}");
+    let after = rig
+        .operator
+        .status()
+        .unwrap_or_else(|| panic!("no status after reboot"));
+    assert_eq!(after.phase, UpgradePhase::Complete, "{after:#?}");
+    assert_eq!(after.attempt_id.as_ref(), Some(&attempt.attempt_id));
+}
+
+/// The slow candidate: probes like the real v2; as a service it starts 30 s late (TCG is slow: the window must
+/// outlast a few polls of the journal over the command channel).
+fn slow_candidate(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join("slow-v2");
+    let body = format!(
+        "#!/bin/sh\n\
+         case \"$1\" in --self-test|--version|--help) exec {REAL_V2} \"$@\" ;; esac\n\
+         sleep 30 & wait $!\n\
+         exec {REAL_V2} \"$@\"\n"
+    );
+    write(&p, &body);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("chmod: {e}"));
+    p
+}
+
+/// e. A power cut (SIGKILL of QEMU) while the updater's journal says `activating`; after the next boot v1 is
+/// selected, active and reporting version 1.0.0, the journal says `failed`, and the NATS status of the attempt is
+/// `failed` with reason `interrupted`, went through `rolling-back`, and carries the new boot's id.
+fn scenario_e() {
+    let mut rig = install_v1();
+    let attempt = rig
+        .artifacts
+        .attempt(&slow_candidate(rig.dir.path()), "fleet-agent-v2-slow", V2);
+    rig.operator.put_intent(&attempt);
+    step("intent (slow v2) written; waiting for the journal to say activating");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let phase = journal_phase(&mut rig.vm);
+        if phase == "activating" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the journal did not reach activating (it is {phase}).\n{}",
+            logs(&mut rig.vm)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let boot_before = rig
+        .vm
+        .sh("cat /proc/sys/kernel/random/boot_id")
+        .trim()
+        .to_string();
+    step("activating: power cut (kill -9 of QEMU)");
+    rig.vm.power_cut();
+    let boot_after = rig.vm.power_on();
+    assert_ne!(boot_after, boot_before);
+    step(&format!(
+        "powered on again: boot id {boot_before} -> {boot_after}"
+    ));
+
+    let status = wait_complete(&mut rig, &attempt, UpgradePhase::Failed);
+    let vm = &mut rig.vm;
+    assert_eq!(active_link(vm), format!("{LIB}/fleet-agent-v{V1}"));
+    assert_eq!(journal_phase(vm), "failed", "{}", logs(vm));
+    wait_unit(vm, "fleet-agent.service", "active", 240);
+    wait_unit(vm, "fleet-updater.service", "active", 120);
+    assert_eq!(active_version(vm), V1);
+    assert_eq!(
+        status.reason,
+        Some(UpgradeReason::Interrupted),
+        "{status:#?}"
+    );
+    let phases: Vec<UpgradePhase> = status
+        .transitions
+        .as_slice()
+        .iter()
+        .map(|t| t.phase)
+        .collect();
+    assert!(phases.contains(&UpgradePhase::RollingBack), "{phases:?}");
+    assert_eq!(
+        status.boot_id.map(|b| b.to_string().replace('-', "")),
+        Some(boot_after.replace('-', "")),
+        "the status is not from the new boot"
+    );
+}
