@@ -8,8 +8,12 @@
 set -euo pipefail
 cache=${FLEET_CACHE:?FLEET_CACHE must be set (scripts/setup sets it)}
 here=$(cd "$(dirname "$0")" && pwd)
+# Only vm-tests/qemu/run needs this (a few minutes and ~400 MB on a fresh machine): it sets FLEET_SETUP_QEMU=1.
+if [ "${FLEET_SETUP_QEMU:-0}" != 1 ]; then
+  echo "skipped: QEMU is set up by vm-tests/qemu/run (or FLEET_SETUP_QEMU=1 scripts/setup qemu)"; exit 0
+fi
 
-if ! command -v qemu-system-x86_64 >/dev/null; then
+if ! command -v qemu-system-x86_64 >/dev/null || ! command -v qemu-img >/dev/null; then
   apt_dir=$cache/qemu/apt
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
   key=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -28,10 +32,10 @@ SRC
   # qemu-user-static, which the aarch64 tests use.
   DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends \
     qemu-system-x86/bookworm-backports qemu-system-common/bookworm-backports \
-    qemu-system-data/bookworm-backports seabios/bookworm-backports ipxe-qemu >/dev/null
+    qemu-system-data/bookworm-backports seabios/bookworm-backports qemu-utils/bookworm-backports ipxe-qemu \
+    >/dev/null
 fi
 qemu-system-x86_64 --version | head -1
-command -v qemu-img >/dev/null || { echo "missing qemu-img: apt-get install qemu-utils" >&2; exit 1; }
 
 # The image starts from the nspawn tree.
 bash "$here/60-nspawn-tree.sh" >/dev/null
