@@ -26,19 +26,13 @@ pub struct Operator {
 impl Operator {
     /// Connects to `server` and creates every bucket of [`kv::BUCKETS`].
     pub fn new(server: &NatsServer) -> Self {
-        let js = nats::jetstream::new(server.connect());
+        let conn = server.connect();
         for spec in kv::BUCKETS {
-            js.create_key_value(&nats::kv::Config {
-                bucket: spec.name.to_owned(),
-                history: 1,
-                max_value_size: spec.max_value_bytes,
-                max_age: spec.max_age.unwrap_or(Duration::ZERO),
-                storage: nats::jetstream::StorageType::File,
-                ..Default::default()
-            })
-            .unwrap_or_else(|e| panic!("create bucket {}: {e}", spec.name));
+            fleet_rig::nats::nats_client::create_bucket(&conn, spec);
         }
-        Self { js }
+        Self {
+            js: nats::jetstream::new(conn),
+        }
     }
 
     fn store(&self, bucket: &str) -> nats::kv::Store {

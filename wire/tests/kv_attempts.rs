@@ -2,22 +2,15 @@
 //! agent's read, with the `fleet-wire` types and KV layout.
 #![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::nats::nats_client::create_bucket;
 use fleet_rig::NatsServer;
 use fleet_wire::{fixtures, kv, AgentUpgradeAttempt, AttemptId, Version};
-use std::time::Duration;
 
 fn open(server: &NatsServer, name: &str) -> nats::kv::Store {
-    let spec = kv::bucket(name).expect("bucket in layout");
-    let js = nats::jetstream::new(server.connect());
-    js.create_key_value(&nats::kv::Config {
-        bucket: spec.name.to_owned(),
-        history: 1,
-        max_value_size: spec.max_value_bytes,
-        max_age: spec.max_age.unwrap_or(Duration::ZERO),
-        storage: nats::jetstream::StorageType::File,
-        ..Default::default()
-    })
-    .expect("create bucket")
+    create_bucket(
+        &server.connect(),
+        kv::bucket(name).expect("bucket in layout"),
+    )
 }
 
 #[test]

@@ -19,15 +19,7 @@ pub const DEVICE: &str = "device-1";
 
 /// Creates every bucket the agent requires (the operator does this on a real fleet).
 pub fn create_buckets(nc: &nats::Connection) {
-    let js = nats::jetstream::new(nc.clone());
-    for b in AGENT_REQUIRED_BUCKETS {
-        js.create_key_value(&nats::kv::Config {
-            bucket: (*b).to_string(),
-            history: 1,
-            ..Default::default()
-        })
-        .unwrap_or_else(|e| panic!("create bucket {b}: {e}"));
-    }
+    fleet_rig::nats::nats_client::create_buckets(nc, AGENT_REQUIRED_BUCKETS);
 }
 
 /// A KV handle for the test's own reads and writes.

@@ -155,4 +155,33 @@ pub mod nats_client {
             .connect(url)
             .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
     }
+
+    /// A KV bucket handle.
+    #[allow(deprecated)]
+    pub type Store = nats::kv::Store;
+
+    /// Creates the bucket `spec` the way the operator does: file-backed, one value per key, the layout's value size
+    /// and age limits. Fails the test on error.
+    #[allow(deprecated)]
+    pub fn create_bucket(conn: &Connection, spec: &fleet_wire::kv::BucketSpec) -> Store {
+        nats::jetstream::new(conn.clone())
+            .create_key_value(&nats::kv::Config {
+                bucket: spec.name.to_owned(),
+                history: 1,
+                max_value_size: spec.max_value_bytes,
+                max_age: spec.max_age.unwrap_or(std::time::Duration::ZERO),
+                storage: nats::jetstream::StorageType::File,
+                ..Default::default()
+            })
+            .unwrap_or_else(|e| panic!("create bucket {}: {e}", spec.name))
+    }
+
+    /// Creates the named buckets of the layout ([`fleet_wire::kv::BUCKETS`]); a name outside it fails the test.
+    pub fn create_buckets(conn: &Connection, names: &[&str]) {
+        for name in names {
+            let spec = fleet_wire::kv::bucket(name)
+                .unwrap_or_else(|| panic!("bucket {name} is not in the KV layout"));
+            create_bucket(conn, spec);
+        }
+    }
 }
