@@ -28,6 +28,7 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, Store as Cache};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
+use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +71,18 @@ impl Drop for Link {
 }
 
 impl Link {
+    /// Feeds `mirror` from a watch of its own bucket, waking `notify` on every change.
+    fn watch<T: DeserializeOwned + Clone + Send + Sync + 'static>(
+        &mut self,
+        mirror: &Arc<Mirror<T>>,
+        notify: &Arc<Notify>,
+    ) -> Result<(), NatsError> {
+        let store = self.store(mirror.bucket())?.clone();
+        self.watches
+            .push(tokio::spawn(mirror.clone().run(store, notify.clone())));
+        Ok(())
+    }
+
     fn store(&self, bucket: &str) -> Result<&Store, NatsError> {
         self.stores.get(bucket).ok_or_else(|| NatsError {
             op: format!("open bucket {bucket}"),
@@ -127,36 +140,11 @@ async fn open_link(url: &str, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link,
         stores,
         watches: vec![],
     };
-    let n = notify.clone();
-    link.watches.push(tokio::spawn(
-        m.info
-            .clone()
-            .run(link.store(layout::DEVICE_INFO)?.clone(), n),
-    ));
-    let n = notify.clone();
-    link.watches.push(tokio::spawn(
-        m.heartbeat
-            .clone()
-            .run(link.store(layout::DEVICE_HEARTBEAT)?.clone(), n),
-    ));
-    let n = notify.clone();
-    link.watches.push(tokio::spawn(
-        m.upgrade
-            .clone()
-            .run(link.store(layout::AGENT_UPGRADE_STATUS)?.clone(), n),
-    ));
-    let n = notify.clone();
-    link.watches.push(tokio::spawn(
-        m.desired
-            .clone()
-            .run(link.store(layout::DESIRED_STATE)?.clone(), n),
-    ));
-    let n = notify.clone();
-    link.watches.push(tokio::spawn(
-        m.intent
-            .clone()
-            .run(link.store(layout::AGENT_UPGRADE_INTENT)?.clone(), n),
-    ));
+    link.watch(&m.info, notify)?;
+    link.watch(&m.heartbeat, notify)?;
+    link.watch(&m.upgrade, notify)?;
+    link.watch(&m.desired, notify)?;
+    link.watch(&m.intent, notify)?;
     Ok(link)
 }
 

@@ -102,6 +102,11 @@ pub struct Mirror<T> {
 }
 
 impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
+    /// The bucket this mirrors.
+    pub fn bucket(&self) -> &'static str {
+        self.bucket
+    }
+
     /// An empty mirror of `bucket`.
     pub fn new(bucket: &'static str) -> Arc<Self> {
         Arc::new(Self {
