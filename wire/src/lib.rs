@@ -8,6 +8,7 @@ pub mod artifact;
 pub mod device;
 pub mod digest;
 mod error;
+pub mod fetch;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod fleetlock;
@@ -28,6 +29,7 @@ pub mod workload;
 pub use artifact::{Artifact, HttpsUrl, OciReference};
 pub use device::{Capability, DeviceInfo, Heartbeat, OsInfo};
 pub use error::ValidationError;
+pub use fetch::{FetchFailure, FetchRequest};
 pub use ids::{Architecture, AttemptId, DeviceId, Id128, Sha256Hex, UnitName, Version};
 pub use journal::{CutoverStep, JournalPhase};
 pub use probe::{SelfTestCheck, SelfTestReport};

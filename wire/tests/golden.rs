@@ -114,6 +114,29 @@ fn socket_shapes() {
 }
 
 #[test]
+fn fetch_helper_shapes() {
+    let a = fixtures::attempt();
+    check(
+        "fetch-request",
+        &FetchRequest::new(
+            a.artifact,
+            a.sha256,
+            a.byte_limit,
+            Some("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into()),
+        ),
+    );
+    check(
+        "fetch-failure",
+        &FetchFailure {
+            reason: UpgradeReason::ArtifactTooLarge,
+            message: BoundedText::lossy(
+                "the artifact exceeded its limit of 1048576 bytes while downloading",
+            ),
+        },
+    );
+}
+
+#[test]
 fn self_test_report_shape() {
     let report = SelfTestReport {
         version: Version::try_from("1.2.0").unwrap(),
