@@ -1,11 +1,15 @@
 //! Running a child process with a hard time bound: its own process group, bounded captured output, killed
-//! (with its whole group) on time-out.
+//! (with its whole group) on time-out; optionally as an unprivileged user with a clean environment.
 
+use crate::users::UserIds;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A child that exited within its bound.
 #[derive(Debug)]
@@ -60,7 +64,79 @@ pub enum ChildError {
     },
 }
 
-fn reader<R: Read + Send + 'static>(mut r: R, max: usize) -> thread::JoinHandle<Vec<u8>> {
+/// Makes `cmd` run as `user` (supplementary groups, gid, uid) with a clean environment, in `/`.
+pub fn as_user(cmd: &mut Command, user: &UserIds) {
+    cmd.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", &user.home)
+        .env("USER", &user.name)
+        .env("LOGNAME", &user.name)
+        .env("LANG", "C.UTF-8")
+        .current_dir("/");
+    let (uid, gid, groups) = (user.uid, user.gid, user.groups.clone());
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system calls on data
+    // prepared before the fork. Groups first, then gid, then uid: each step needs the privilege the next drops.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Kills a child's process group when its bound passes, unless stopped first.
+pub struct Watchdog {
+    stop: mpsc::Sender<()>,
+    fired: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts watching the process group of `pid` (a child spawned with `process_group(0)`).
+    pub fn start(pid: u32, bound: Duration) -> Self {
+        let (stop, rx) = mpsc::channel::<()>();
+        let fired = Arc::new(AtomicBool::new(false));
+        let f = fired.clone();
+        let thread = thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(bound) {
+                f.store(true, Ordering::SeqCst);
+                kill_group(pid);
+            }
+        });
+        Self {
+            stop,
+            fired,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops watching; true if the bound had passed and the group was killed.
+    pub fn stop(mut self) -> bool {
+        self.halt();
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    fn halt(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// Reads `r` to its end on a thread, keeping at most `max` bytes.
+pub fn reader<R: Read + Send + 'static>(mut r: R, max: usize) -> thread::JoinHandle<Vec<u8>> {
     thread::spawn(move || {
         let mut kept = Vec::new();
         let mut buf = [0u8; 8192];
@@ -77,7 +153,8 @@ fn reader<R: Read + Send + 'static>(mut r: R, max: usize) -> thread::JoinHandle<
     })
 }
 
-fn kill_group(pid: u32) {
+/// Kills the process group `pid` (SIGKILL).
+pub fn kill_group(pid: u32) {
     if let Ok(pid) = libc::pid_t::try_from(pid) {
         // SAFETY: kill(2) on our own child's process group; ESRCH when it is gone is harmless.
         unsafe {
@@ -104,28 +181,18 @@ pub fn run_bounded(
     let pid = child.id();
     let out = child.stdout.take().map(|s| reader(s, max_output));
     let err = child.stderr.take().map(|s| reader(s, max_output));
-    let deadline = Instant::now() + bound;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Ok(status),
-            Ok(None) if Instant::now() >= deadline => {
-                kill_group(pid);
-                let _ = child.wait();
-                break Err(ChildError::TimedOut {
-                    program: program.clone(),
-                    bound,
-                });
-            }
-            Ok(None) => thread::sleep(Duration::from_millis(20)),
-            Err(source) => {
-                kill_group(pid);
-                let _ = child.wait();
-                break Err(ChildError::Wait {
-                    program: program.clone(),
-                    source,
-                });
-            }
-        }
+    let watchdog = Watchdog::start(pid, bound);
+    let waited = child.wait();
+    let status = if watchdog.stop() {
+        Err(ChildError::TimedOut {
+            program: program.clone(),
+            bound,
+        })
+    } else {
+        waited.map_err(|source| ChildError::Wait {
+            program: program.clone(),
+            source,
+        })
     };
     // Leftovers of the child's group would hold the pipes open: they go with it.
     kill_group(pid);
@@ -153,7 +220,7 @@ mod tests {
         assert_eq!(f.status.code(), Some(3));
         assert_eq!(f.stdout, b"out\n");
         assert_eq!(f.stderr_tail(), "err");
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         let e = run_bounded(
             Command::new("sh").args(["-c", "sleep 30 & sleep 30"]),
             Duration::from_millis(300),

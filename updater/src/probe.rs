@@ -5,7 +5,6 @@ use crate::child::{self, ChildError};
 use crate::users::{self, UserIds};
 use fleet_wire::probe::SELF_TEST_REPORT_MAX_BYTES;
 use fleet_wire::{SelfTestReport, UpgradeReason, Version};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -45,28 +44,8 @@ impl Prober {
 
     fn command(candidate: &Path, user: &UserIds) -> Command {
         let mut cmd = Command::new(candidate);
-        cmd.arg("--self-test")
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("HOME", &user.home)
-            .env("USER", &user.name)
-            .env("LOGNAME", &user.name)
-            .env("LANG", "C.UTF-8")
-            .current_dir("/");
-        let (uid, gid, groups) = (user.uid, user.gid, user.groups.clone());
-        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system calls on data
-        // prepared before the fork. Groups first, then gid, then uid: each step needs the privilege the next drops.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        cmd.arg("--self-test");
+        child::as_user(&mut cmd, user);
         cmd
     }
 

@@ -21,7 +21,11 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     let paths = Paths::new(&cfg.root);
     let allowed_gid = users::group_gid(&cfg.socket_group).map_err(|e| e.to_string())?;
     let deps = Deps {
-        fetcher: fetcher::production(cfg.extra_ca_file.as_deref())?,
+        fetcher: Box::new(fetcher::production(
+            helper_path()?,
+            &cfg.agent_user,
+            cfg.extra_ca_file.as_deref(),
+        )?),
         services: Arc::new(Systemctl::default()),
         prober: Prober::new(cfg.agent_user.clone(), PROBE_TIMEOUT),
         faults: Faults::from_env(),
@@ -57,6 +61,22 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     }
     socket::serve(listener, updater, ServerConfig::new(allowed_gid))
         .map_err(|e| format!("serving {}: {e}", paths.socket().display()))
+}
+
+/// The download helper `fleet-fetch`, installed beside this executable. Missing, it fails each download with a
+/// clear message; the updater still starts, so recovery and status never depend on it.
+fn helper_path() -> Result<std::path::PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| {
+        format!("cannot find this executable's path (for fleet-fetch beside it): {e}")
+    })?;
+    let helper = exe.with_file_name("fleet-fetch");
+    if !helper.is_file() {
+        log::warn!(
+            "{} is missing: agent upgrades will fail to download until it is installed",
+            helper.display()
+        );
+    }
+    Ok(helper)
 }
 
 /// Socket handlers are short-lived threads: one malloc arena keeps their memory from growing per thread.

@@ -357,13 +357,18 @@ fn success_over_real_https_with_the_production_fetcher() {
     let ca = fleet_rig::tls::TestCa::new();
     let server =
         fleet_rig::https::HttpsServer::serve(&ca, fleet_rig::https::Reply::ok(bytes.clone()));
-    let fetcher = fleet_updater::fetcher::production(Some(ca.ca_file())).expect("fetcher");
+    let fetcher = fleet_updater::fetcher::production(
+        fetch_helper_in(dev.dir.path()),
+        "fleet-agent",
+        Some(ca.ca_file()),
+    )
+    .expect("fetcher");
     let services = FakeServices::new(&dev);
     let (u, _) = fleet_updater::transaction::Updater::open(
         dev.paths.clone(),
         fleet_wire::UnitName::try_from("fleet-agent.service").expect("unit"),
         fleet_updater::transaction::Deps {
-            fetcher,
+            fetcher: Box::new(fetcher),
             services: services.clone(),
             prober: Prober::new("fleet-agent", Duration::from_secs(60)),
             faults: Faults::none(),

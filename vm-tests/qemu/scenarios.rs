@@ -113,6 +113,7 @@ fn install_v1() -> Rig {
     );
     stripped_copy(&builds::agent(V2), &files.join("fleet-agent-real-v2"));
     stripped_copy(&builds::updater(), &files.join("fleet-updater"));
+    stripped_copy(&builds::fetch_helper(), &files.join("fleet-fetch"));
     let nats_url = format!("nats://{HOST_FROM_GUEST}:{}", nats.port());
     write(&files.join("agent.toml"), &agent_config(&nats_url));
     write(

@@ -138,3 +138,8 @@ pub fn agent(version: &str) -> PathBuf {
 pub fn updater() -> PathBuf {
     build("fleet-updater", "fleet-updater", None)
 }
+
+/// The updater's download helper, installed beside it.
+pub fn fetch_helper() -> PathBuf {
+    build("fleet-updater", "fleet-fetch", None)
+}

@@ -142,6 +142,8 @@ impl Device {
             0o755,
         );
         let updater = stage_file(&guest, &builds::updater(), "fleet-updater", 0o755);
+        // device-setup installs the download helper from beside the updater.
+        stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
         let url = format!("nats://{}", nats_link.addr());
         let acfg = stage_bytes(&guest, agent_config(&url).as_bytes(), "agent.toml", 0o644);
         let mut ucfg = String::new();

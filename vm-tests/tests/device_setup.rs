@@ -23,6 +23,7 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
     stage_setup(&guest);
     let agent = stage_file(&guest, Path::new(STUB), "fleet-agent-v0.9.0", 0o755);
     let updater = stage_file(&guest, Path::new(STUB), "fleet-updater", 0o755);
+    stage_file(&guest, Path::new(STUB), "fleet-fetch", 0o755);
     let cfg = stage_bytes(&guest, b"device_id = \"device-1\"\n", "agent.toml", 0o644);
     let ucfg = stage_bytes(&guest, b"", "updater.toml", 0o644);
     let args = [
@@ -46,7 +47,7 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
     let facts = guest.sh(
         "id fleet-agent; grep '^fleet-agent:' /etc/subuid /etc/subgid; ls /var/lib/systemd/linger; \
          readlink /usr/local/bin/fleet-agent; \
-         stat -c '%n %U:%G %a' /usr/lib/harmony-fleet/fleet-agent-v0.9.0 /usr/local/sbin/fleet-updater \
+         stat -c '%n %U:%G %a' /usr/lib/harmony-fleet/fleet-agent-v0.9.0 /usr/local/sbin/fleet-updater /usr/local/sbin/fleet-fetch \
            /etc/harmony-fleet /etc/harmony-fleet/agent.toml /etc/harmony-fleet/updater.toml \
            /var/lib/fleet-updater /var/lib/fleet-agent; \
          systemctl is-enabled fleet-agent.service fleet-updater.service; \
@@ -63,6 +64,7 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
         "/usr/lib/harmony-fleet/fleet-agent-v0.9.0\n",
         "/usr/lib/harmony-fleet/fleet-agent-v0.9.0 root:root 755",
         "/usr/local/sbin/fleet-updater root:root 755",
+        "/usr/local/sbin/fleet-fetch root:root 755",
         "/etc/harmony-fleet root:fleet-agent 750",
         "/etc/harmony-fleet/agent.toml root:fleet-agent 640",
         "/var/lib/fleet-updater root:root 700",
@@ -138,6 +140,7 @@ fn root_repair_leaves_quarantine_only_when_the_selected_agent_starts() {
     let agent = stage_file(&guest, Path::new(STUB), "fleet-agent-v1.0.0", 0o755);
     let good = stage_file(&guest, Path::new(STUB), "fleet-agent-v1.0.1", 0o755);
     let updater = stage_file(&guest, Path::new(STUB), "fleet-updater", 0o755);
+    stage_file(&guest, Path::new(STUB), "fleet-fetch", 0o755);
     let cfg = stage_bytes(&guest, b"device_id = \"device-1\"\n", "agent.toml", 0o644);
     let out = device_setup(
         &guest,

@@ -1,5 +1,5 @@
-//! Streams a body into a new temporary file with a fixed buffer: byte limit, SHA-256 and fsync on the way,
-//! and the file removed again on any error.
+//! Streams a body through a fixed buffer with the byte limit and SHA-256 checked on the way: to the helper's
+//! stdout, or into a new temporary file (fsynced, removed again on any error) on the updater's side.
 
 use super::{FetchError, Fetched};
 use fleet_wire::Sha256Hex;
@@ -24,7 +24,7 @@ impl TempFile {
     pub(crate) fn create(dir: &Path) -> Result<Self, FetchError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let io = |source| FetchError::Io {
-            dir: dir.to_owned(),
+            target: dir.display().to_string(),
             source,
         };
         let mut last = None;
@@ -78,7 +78,7 @@ impl Drop for TempFile {
 }
 
 /// Where a streamed body's read errors are mapped (network) versus write errors (disk).
-pub(crate) trait ReadErrorMap {
+pub trait ReadErrorMap {
     /// Maps an error from the body reader.
     fn map(&self, e: std::io::Error) -> FetchError;
 }
@@ -89,48 +89,47 @@ impl<F: Fn(std::io::Error) -> FetchError> ReadErrorMap for F {
     }
 }
 
-/// Streams `body` into a new temporary file in `dir`, failing once more than `limit` bytes arrive, then checks
-/// the SHA-256 against `expected` (`what` names it in the error) and fsyncs.
-pub(crate) fn stream_to_temp(
+/// A body streamed through the checks: its SHA-256 (equal to the one expected) and size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Streamed {
+    /// SHA-256 of the bytes.
+    pub sha256: Sha256Hex,
+    /// How many bytes.
+    pub bytes: u64,
+}
+
+/// Copies `body` to `out` through a fixed buffer, failing once more than `limit` bytes arrive, then checks the
+/// SHA-256 against `expected` (`what` names it in the error). `write_err` maps a failed write to `out`.
+pub(crate) fn stream(
     body: impl Read,
-    dir: &Path,
+    out: &mut impl Write,
     limit: u64,
     expected: &Sha256Hex,
     what: &'static str,
     read_err: impl ReadErrorMap,
-) -> Result<Fetched, FetchError> {
-    let mut tmp = TempFile::create(dir)?;
-    let io = |source| FetchError::Io {
-        dir: dir.to_owned(),
-        source,
-    };
+    write_err: impl Fn(std::io::Error) -> FetchError,
+) -> Result<Streamed, FetchError> {
     let mut hasher = Sha256::new();
     let mut total: u64 = 0;
     // One more byte than the limit tells an oversize body from one of exactly the limit.
     let mut body = body.take(limit.saturating_add(1));
     let mut buf = vec![0u8; BUF_BYTES];
-    {
-        let file = tmp
-            .file
-            .as_mut()
-            .ok_or_else(|| io(std::io::Error::other("temporary file already closed")))?;
-        loop {
-            let n = match body.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(read_err.map(e)),
-            };
-            total += n as u64;
-            if total > limit {
-                return Err(FetchError::StreamedTooLarge { limit });
-            }
-            let chunk = &buf[..n];
-            hasher.update(chunk);
-            file.write_all(chunk).map_err(io)?;
+    loop {
+        let n = match body.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_err.map(e)),
+        };
+        total += n as u64;
+        if total > limit {
+            return Err(FetchError::StreamedTooLarge { limit });
         }
-        file.sync_all().map_err(io)?;
+        let chunk = &buf[..n];
+        hasher.update(chunk);
+        out.write_all(chunk).map_err(&write_err)?;
     }
+    out.flush().map_err(&write_err)?;
     let actual = Sha256Hex::from_bytes(hasher.finalize().into());
     if &actual != expected {
         return Err(FetchError::DigestMismatch {
@@ -139,10 +138,50 @@ pub(crate) fn stream_to_temp(
             actual,
         });
     }
-    Ok(Fetched {
-        path: tmp.keep(),
+    Ok(Streamed {
         sha256: actual,
         bytes: total,
+    })
+}
+
+/// Runs `write` on a new temporary file in `dir` (giving it the error mapping for the file), then fsyncs the
+/// file. On any error the file is removed again.
+pub fn into_temp(
+    dir: &Path,
+    write: impl FnOnce(&mut File, &dyn Fn(std::io::Error) -> FetchError) -> Result<Streamed, FetchError>,
+) -> Result<Fetched, FetchError> {
+    let mut tmp = TempFile::create(dir)?;
+    let io = |source| FetchError::Io {
+        target: dir.display().to_string(),
+        source,
+    };
+    let streamed = {
+        let file = tmp
+            .file
+            .as_mut()
+            .ok_or_else(|| io(std::io::Error::other("temporary file already closed")))?;
+        let s = write(file, &io)?;
+        file.sync_all().map_err(io)?;
+        s
+    };
+    Ok(Fetched {
+        path: tmp.keep(),
+        sha256: streamed.sha256,
+        bytes: streamed.bytes,
+    })
+}
+
+/// Streams `body` into a new temporary file in `dir` with [`stream`]'s checks (see [`into_temp`]).
+pub fn stream_to_temp(
+    body: impl Read,
+    dir: &Path,
+    limit: u64,
+    expected: &Sha256Hex,
+    what: &'static str,
+    read_err: impl ReadErrorMap,
+) -> Result<Fetched, FetchError> {
+    into_temp(dir, |file, io| {
+        stream(body, file, limit, expected, what, read_err, io)
     })
 }
 

@@ -1,16 +1,15 @@
 //! Why a fetch failed, and the public [`UpgradeReason`] each failure maps to.
 
 use fleet_wire::{Sha256Hex, UpgradeReason};
-use std::path::PathBuf;
 
 /// A failed fetch. URLs in these messages never carry a query string (it may hold a signed storage token).
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// The PEM bundle of extra trusted roots could not be read or held no certificate.
-    #[error("extra CA bundle {path}: {detail}; point the updater's CA setting at a readable PEM file of root certificates")]
+    #[error("extra CA bundle {bundle}: {detail}; point the updater's CA setting at a readable PEM file of root certificates")]
     CaFile {
-        /// The bundle's path.
-        path: PathBuf,
+        /// The bundle's path, or where it came from.
+        bundle: String,
         /// What was wrong with it.
         detail: String,
     },
@@ -83,11 +82,11 @@ pub enum FetchError {
     /// The registry's anonymous token challenge could not be satisfied.
     #[error("registry token: {0}")]
     Auth(String),
-    /// Writing the temporary file failed.
-    #[error("writing the download in {dir}: {source}")]
+    /// Writing the download (the temporary file, or the helper's pipe to the updater) failed.
+    #[error("writing the download to {target}: {source}")]
     Io {
-        /// The temporary directory.
-        dir: PathBuf,
+        /// Where it was written: the temporary directory, or the pipe.
+        target: String,
         /// The I/O error.
         source: std::io::Error,
     },

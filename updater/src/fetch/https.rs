@@ -1,30 +1,32 @@
 //! `https://` artifacts: one GET, redirects refused, declared size checked before the body is read.
 
 use super::client::{content_length, redact, Client, Response};
-use super::download::stream_to_temp;
-use super::{FetchError, Fetched};
+use super::download::{stream, Streamed};
+use super::FetchError;
 use fleet_wire::{HttpsUrl, Sha256Hex};
-use std::path::Path;
+use std::io::Write;
 
-/// Downloads `url` into a temporary file in `tmp_dir`, verified against `expected`.
+/// Downloads `url` into `out`, verified against `expected`.
 pub(crate) fn fetch(
     client: &Client,
     url: &HttpsUrl,
     expected: &Sha256Hex,
     limit: u64,
-    tmp_dir: &Path,
-) -> Result<Fetched, FetchError> {
+    out: &mut impl Write,
+    write_err: impl Fn(std::io::Error) -> FetchError,
+) -> Result<Streamed, FetchError> {
     let url = url.as_str();
     let resp = client.get(url, None, None, &[])?;
     check_success(&resp, url)?;
     check_declared(&resp, limit)?;
-    stream_to_temp(
+    stream(
         resp.into_body().into_reader(),
-        tmp_dir,
+        out,
         limit,
         expected,
         "artifact",
         |e| client.map_read_error(url, e),
+        write_err,
     )
 }
 

@@ -1,19 +1,25 @@
-//! Fetching a candidate agent artifact — a direct `https://` URL or an anonymous `oci://` pull — into a new
-//! temporary file, bounded in bytes and time and verified by SHA-256 while streaming (docs/artifacts.md).
+//! Fetching a candidate agent artifact — a direct `https://` URL or an anonymous `oci://` pull — bounded in
+//! bytes and time and verified by SHA-256 while streaming (docs/artifacts.md). In production this runs in the
+//! `fleet-fetch` helper as the agent user ([`helper`]); the root updater only reads the helper's bytes from a
+//! pipe, checks them again and writes the file (`crate::fetcher`).
 
 mod client;
 mod download;
 mod error;
+pub mod helper;
 mod https;
 mod oci;
 
+pub use download::{stream_to_temp, ReadErrorMap, Streamed};
 pub use error::FetchError;
 pub use oci::{BLOB_MAX_REDIRECTS, TOKEN_MAX_BYTES, TOKEN_RESPONSE_MAX_BYTES};
 
+use fleet_wire::fetch::CA_BUNDLE_MAX_BYTES;
 use fleet_wire::limits::{HTTPS_CONNECT_TIMEOUT, HTTPS_REQUEST_TIMEOUT};
 use fleet_wire::{AgentUpgradeAttempt, Artifact, Sha256Hex};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -40,29 +46,51 @@ impl Default for FetchConfig {
 
 impl FetchConfig {
     /// Adds every certificate of the PEM bundle at `path` to the trusted roots (the system roots stay trusted).
-    pub fn with_ca_file(mut self, path: &Path) -> Result<Self, FetchError> {
-        let err = |detail: String| FetchError::CaFile {
-            path: path.to_owned(),
-            detail,
-        };
-        // A CA bundle is small; refuse to parse something that is not.
-        let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
-        if meta.len() > 4 * 1024 * 1024 {
-            return Err(err(format!(
-                "{} bytes is too large for a CA bundle",
-                meta.len()
-            )));
-        }
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| err(e.to_string()))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| err(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(err("holds no PEM certificate".into()));
-        }
-        self.extra_roots.extend(certs);
+    pub fn with_ca_file(self, path: &Path) -> Result<Self, FetchError> {
+        let pem = read_ca_bundle(path)?;
+        self.with_ca_pem(&pem, &path.display().to_string())
+    }
+
+    /// Adds every certificate of the PEM text `pem` (from `bundle`, for messages) to the trusted roots.
+    pub fn with_ca_pem(mut self, pem: &str, bundle: &str) -> Result<Self, FetchError> {
+        self.extra_roots.extend(parse_ca_pem(pem, bundle)?);
         Ok(self)
     }
+}
+
+/// Reads and checks the PEM bundle at `path` (at most [`CA_BUNDLE_MAX_BYTES`], at least one certificate).
+pub fn read_ca_bundle(path: &Path) -> Result<String, FetchError> {
+    let err = |detail: String| FetchError::CaFile {
+        bundle: path.display().to_string(),
+        detail,
+    };
+    // A CA bundle is small; refuse to read something that is not.
+    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+    let mut pem = String::new();
+    file.take(CA_BUNDLE_MAX_BYTES as u64 + 1)
+        .read_to_string(&mut pem)
+        .map_err(|e| err(e.to_string()))?;
+    if pem.len() > CA_BUNDLE_MAX_BYTES {
+        return Err(err(format!(
+            "larger than {CA_BUNDLE_MAX_BYTES} bytes: too large for a CA bundle"
+        )));
+    }
+    parse_ca_pem(&pem, &path.display().to_string())?;
+    Ok(pem)
+}
+
+fn parse_ca_pem(pem: &str, bundle: &str) -> Result<Vec<CertificateDer<'static>>, FetchError> {
+    let err = |detail: String| FetchError::CaFile {
+        bundle: bundle.to_owned(),
+        detail,
+    };
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(err("holds no PEM certificate".into()));
+    }
+    Ok(certs)
 }
 
 /// A downloaded, verified artifact in a temporary file the caller now owns (and must rename or remove).
@@ -76,30 +104,33 @@ pub struct Fetched {
     pub bytes: u64,
 }
 
-/// Downloads the attempt's artifact into a new temporary file in `tmp_dir`.
-///
-/// The byte limit is `attempt.effective_byte_limit()`, enforced on a declared size before the body is read and
-/// while streaming; the SHA-256 is computed while streaming and compared with `attempt.sha256`; the file is
-/// fsynced. On any error no temporary file is left behind.
+/// Downloads `artifact` into `out`: the byte limit is enforced on a declared size before the body is read and
+/// while streaming, and the SHA-256 is computed while streaming and compared with `sha256`. `write_err` maps a
+/// failed write to `out`. This is what `fleet-fetch` runs, as the agent user, writing to the updater's pipe.
+pub fn fetch_to(
+    artifact: &Artifact,
+    sha256: &Sha256Hex,
+    limit: u64,
+    cfg: &FetchConfig,
+    out: &mut impl Write,
+    write_err: impl Fn(std::io::Error) -> FetchError,
+) -> Result<Streamed, FetchError> {
+    let client = client::Client::new(cfg)?;
+    match artifact {
+        Artifact::Https(url) => https::fetch(&client, url, sha256, limit, out, write_err),
+        Artifact::Oci(r) => oci::fetch(&client, r, sha256, limit, out, write_err),
+    }
+}
+
+/// Downloads the attempt's artifact in this process into a new temporary file in `tmp_dir` (mode 0600,
+/// fsynced) with [`fetch_to`]'s checks. On any error no temporary file is left behind.
 pub fn fetch(
     attempt: &AgentUpgradeAttempt,
     tmp_dir: &Path,
     cfg: &FetchConfig,
 ) -> Result<Fetched, FetchError> {
     let limit = attempt.effective_byte_limit();
-    let client = client::Client::new(cfg)?;
-    let result = match &attempt.artifact {
-        Artifact::Https(url) => https::fetch(&client, url, &attempt.sha256, limit, tmp_dir),
-        Artifact::Oci(r) => oci::fetch(&client, r, &attempt.sha256, limit, tmp_dir),
-    };
-    match &result {
-        Ok(f) => log::info!(
-            "attempt {}: fetched {} bytes, sha256 {} verified",
-            attempt.attempt_id,
-            f.bytes,
-            f.sha256
-        ),
-        Err(e) => log::warn!("attempt {}: fetch failed: {e}", attempt.attempt_id),
-    }
-    result
+    download::into_temp(tmp_dir, |file, io| {
+        fetch_to(&attempt.artifact, &attempt.sha256, limit, cfg, file, io)
+    })
 }

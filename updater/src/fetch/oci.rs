@@ -2,9 +2,9 @@
 //! challenge; the manifest must be a Harmony agent artifact with exactly one agent-binary layer.
 
 use super::client::{content_length, header, redact, Client, Response};
-use super::download::stream_to_temp;
+use super::download::{stream, Streamed};
 use super::https::{check_declared, check_success};
-use super::{FetchError, Fetched};
+use super::FetchError;
 use fleet_wire::artifact::{
     OCI_AGENT_ARTIFACT_TYPE, OCI_AGENT_LAYER_MEDIA_TYPE, OCI_MANIFEST_MAX_BYTES,
     OCI_MANIFEST_MEDIA_TYPE,
@@ -12,8 +12,7 @@ use fleet_wire::artifact::{
 use fleet_wire::{OciReference, Sha256Hex};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use std::io::Read;
-use std::path::Path;
+use std::io::{Read, Write};
 
 /// Largest token response read from a registry's token realm, in bytes.
 pub const TOKEN_RESPONSE_MAX_BYTES: u64 = 64 * 1024;
@@ -22,14 +21,15 @@ pub const TOKEN_MAX_BYTES: usize = 16 * 1024;
 /// Redirects followed for a blob GET (to the registry's storage), each https:// only.
 pub const BLOB_MAX_REDIRECTS: usize = 3;
 
-/// Pulls the agent layer of `r` into a temporary file in `tmp_dir`.
+/// Pulls the agent layer of `r` into `out`.
 pub(crate) fn fetch(
     client: &Client,
     r: &OciReference,
     expected: &Sha256Hex,
     limit: u64,
-    tmp_dir: &Path,
-) -> Result<Fetched, FetchError> {
+    out: &mut impl Write,
+    write_err: impl Fn(std::io::Error) -> FetchError,
+) -> Result<Streamed, FetchError> {
     let base = format!("https://{}/v2/{}", r.registry, r.repository);
     let mut session = Session {
         client,
@@ -74,17 +74,16 @@ pub(crate) fn fetch(
     let blob_url = format!("{base}/blobs/sha256:{}", layer.digest);
     let (resp, final_url) = session.get_blob(&blob_url)?;
     check_declared(&resp, limit)?;
-    let fetched = stream_to_temp(
+    let fetched = stream(
         resp.into_body().into_reader(),
-        tmp_dir,
+        out,
         limit,
         &layer.digest,
         "layer",
         |e| client.map_read_error(&final_url, e),
+        write_err,
     )?;
     if fetched.bytes != layer.size {
-        // Dropping the temporary file: `Fetched` owns no guard, so remove it here.
-        let _ = std::fs::remove_file(&fetched.path);
         return Err(FetchError::Invalid(format!(
             "the layer has {} bytes, the manifest declares {}",
             fetched.bytes, layer.size

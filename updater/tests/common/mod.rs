@@ -124,6 +124,14 @@ impl Device {
     }
 }
 
+/// The real `fleet-fetch` helper, copied into `dir` (mode 0755) where the agent user, which runs it, can reach it.
+pub fn fetch_helper_in(dir: &Path) -> PathBuf {
+    let helper = dir.join("fleet-fetch");
+    std::fs::copy(env!("CARGO_BIN_EXE_fleet-fetch"), &helper).expect("copy fleet-fetch");
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    helper
+}
+
 /// Serves one artifact from memory, as the real fetcher would: a fsynced temp file inside `tmp_dir`, size limit
 /// and SHA-256 enforced. An optional gate holds each download until opened.
 pub struct LocalFetcher {

@@ -37,6 +37,7 @@ fn run(stop: &AtomicBool) -> bool {
     step(&format!("building the agent at {V1}, {V2} and a broken {V3}, and the updater (cached after the first run)"));
     builds::agent(V1);
     builds::updater();
+    builds::fetch_helper();
     let (a2, a3) = (builds::agent(V2), builds::agent(V3));
     if stop.load(Ordering::SeqCst) {
         return false;

@@ -1,0 +1,82 @@
+//! The helper's side of the fetch contract (`fleet-fetch`, run by the updater as the agent user): read one
+//! `FetchRequest` line from stdin, stream the verified artifact to stdout, or describe the failure.
+
+use super::{fetch_to, FetchConfig, FetchError};
+use fleet_wire::fetch::{FetchFailure, FETCH_REQUEST_MAX_BYTES};
+use fleet_wire::{BoundedText, FetchRequest, UpgradeReason};
+use std::io::{Read, Write};
+
+fn failure(reason: UpgradeReason, message: impl AsRef<str>) -> FetchFailure {
+    FetchFailure {
+        reason,
+        message: BoundedText::lossy(message),
+    }
+}
+
+impl From<FetchError> for FetchFailure {
+    fn from(e: FetchError) -> Self {
+        failure(e.reason(), e.to_string())
+    }
+}
+
+/// Serves one request: reads it from `input` (bounded), then streams the artifact to `out`. The caller prints
+/// the failure as one JSON line on stderr and exits non-zero.
+pub fn serve(input: impl Read, out: &mut impl Write) -> Result<u64, FetchFailure> {
+    let mut line = Vec::new();
+    input
+        .take(FETCH_REQUEST_MAX_BYTES as u64 + 1)
+        .read_to_end(&mut line)
+        .map_err(|e| {
+            failure(
+                UpgradeReason::DownloadFailed,
+                format!("reading the request: {e}"),
+            )
+        })?;
+    let req = FetchRequest::parse(line.trim_ascii_end())
+        .map_err(|e| failure(UpgradeReason::DownloadFailed, e.to_string()))?;
+    let mut cfg = FetchConfig::default();
+    if let Some(pem) = &req.extra_roots_pem {
+        cfg = cfg.with_ca_pem(pem, "from the updater's extra_ca_file")?;
+    }
+    let pipe = |source| FetchError::Io {
+        target: "the updater's pipe".into(),
+        source,
+    };
+    let streamed = fetch_to(
+        &req.artifact,
+        &req.sha256,
+        req.byte_limit.bytes(),
+        &cfg,
+        out,
+        pipe,
+    )?;
+    Ok(streamed.bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_wire::fixtures;
+
+    #[test]
+    fn bad_requests_fail_before_any_network() {
+        let mut out = Vec::new();
+        let f = serve(&b"{not json"[..], &mut out).expect_err("malformed");
+        assert_eq!(f.reason, UpgradeReason::DownloadFailed);
+        assert!(
+            f.message.as_str().contains("fetch request"),
+            "{}",
+            f.message
+        );
+        let a = fixtures::attempt();
+        let mut req = FetchRequest::new(a.artifact, a.sha256, a.byte_limit, None);
+        req.extra_roots_pem = Some("not a certificate".into());
+        let f = serve(&serde_json::to_vec(&req).expect("json")[..], &mut out).expect_err("pem");
+        assert!(
+            f.message.as_str().contains("no PEM certificate"),
+            "{}",
+            f.message
+        );
+        assert!(out.is_empty());
+    }
+}
