@@ -17,9 +17,11 @@ scripts/cross-build >"$target/cross-build.log" 2>&1 || { tail -20 "$target/cross
 size() { awk -F'|' -v t="$1" -v b="$2" '$2 ~ t && $3 ~ b {gsub(/ /, "", $4); print $4}' "$target/dist/sizes.md"; }
 mib() { awk -v b="$1" 'BEGIN{printf "%.2f MiB", b/1048576}'; }
 verdict() { [ "$1" -le "$2" ] && echo met || echo "NOT met"; }
-a_agent=$(size aarch64 fleet-agent); a_upd=$(size aarch64 fleet-updater)
-x_agent=$(size x86_64 fleet-agent); x_upd=$(size x86_64 fleet-updater)
+a_agent=$(size aarch64 fleet-agent); a_upd=$(size aarch64 fleet-updater); a_fetch=$(size aarch64 fleet-fetch)
+x_agent=$(size x86_64 fleet-agent); x_upd=$(size x86_64 fleet-updater); x_fetch=$(size x86_64 fleet-fetch)
 echo "| stripped release binary | aarch64 (Raspberry Pi OS) | x86_64 (reference) | goal (aarch64) |"
 echo "|---|---|---|---|"
 echo "| fleet-agent | $(mib "$a_agent") | $(mib "$x_agent") | ≤ 5 MiB: $(verdict "$a_agent" 5242880) |"
-echo "| fleet-updater | $(mib "$a_upd") | $(mib "$x_upd") | ≤ 4 MiB: $(verdict "$a_upd" 4194304) |"
+echo "| fleet-updater | $(mib "$a_upd") | $(mib "$x_upd") | |"
+echo "| fleet-fetch (the updater's download helper) | $(mib "$a_fetch") | $(mib "$x_fetch") | |"
+echo "| updater total (fleet-updater + fleet-fetch) | $(mib $((a_upd + a_fetch))) | $(mib $((x_upd + x_fetch))) | ≤ 4 MiB: $(verdict $((a_upd + a_fetch)) 4194304) |"
