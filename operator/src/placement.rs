@@ -57,17 +57,18 @@ pub fn resolve_group(
     selector: &LabelSelector,
     devices: &BTreeMap<DeviceId, Labels>,
 ) -> Result<BTreeSet<DeviceId>, GroupError> {
-    let mut out = BTreeSet::new();
-    for (id, labels) in devices {
-        let hit = selector_matches(selector, labels).map_err(|error| GroupError::Selector {
-            group: name.to_owned(),
-            error,
-        })?;
-        if hit {
-            out.insert(id.clone());
-        }
-    }
-    Ok(out)
+    // Collected in key order, so the set is built in bulk rather than by one insert per member.
+    devices
+        .iter()
+        .filter_map(|(id, labels)| match selector_matches(selector, labels) {
+            Ok(true) => Some(Ok(id.clone())),
+            Ok(false) => None,
+            Err(error) => Some(Err(GroupError::Selector {
+                group: name.to_owned(),
+                error,
+            })),
+        })
+        .collect()
 }
 
 /// Why a placed object targets nothing (fail closed: its previous placement is held, see [`desired_workloads`]).
@@ -113,24 +114,34 @@ pub fn place(
             SelectorError::ExpressionsUnsupported
         )));
     }
-    let mut authorized = BTreeSet::new();
+    // Borrowed and merged (each group is sorted already), then cloned once per targeted device.
+    let mut authorized: Vec<&DeviceId> = Vec::new();
     for g in allowed_groups {
         match groups.get(g) {
             None => return Err(PlacementError::GroupSource(GroupError::NotFound(g.clone()))),
             Some(Err(e)) => return Err(PlacementError::GroupSource(e.clone())),
-            Some(Ok(members)) => authorized.extend(members.iter().cloned()),
+            Some(Ok(members)) => authorized.extend(members.iter()),
         }
     }
-    let mut out = BTreeSet::new();
-    for id in authorized {
-        let labels = devices.get(&id).cloned().unwrap_or_default();
-        if selector_matches(target, &labels)
-            .map_err(|e| PlacementError::InvalidSpec(e.to_string()))?
-        {
-            out.insert(id);
-        }
-    }
-    Ok(out)
+    authorized.sort_unstable();
+    authorized.dedup();
+    // An empty `matchLabels` reads no label: skip looking each device up.
+    let reads_labels = target.match_labels.as_ref().is_some_and(|m| !m.is_empty());
+    let no_labels = Labels::new();
+    authorized
+        .into_iter()
+        .filter_map(|id| {
+            let labels = match reads_labels {
+                true => devices.get(id).unwrap_or(&no_labels),
+                false => &no_labels,
+            };
+            match selector_matches(target, labels) {
+                Ok(true) => Some(Ok(id.clone())),
+                Ok(false) => None,
+                Err(e) => Some(Err(PlacementError::InvalidSpec(e.to_string()))),
+            }
+        })
+        .collect()
 }
 
 /// One FleetDeployment's placement input.
@@ -159,43 +170,38 @@ pub struct DesiredWorkloads {
 /// `current` already has under one of that deployment's workload names are held unchanged (unless a placed
 /// deployment claims that name), so a typo or a broken group never stops running workloads. Two placed
 /// deployments placing the same workload name on one device conflict: the one whose name sorts first keeps it.
-pub fn desired_workloads(
-    devices: &BTreeSet<DeviceId>,
-    deployments: &[DeploymentInput],
-    current: &BTreeMap<DeviceId, Vec<WorkloadSpec>>,
+pub fn desired_workloads<'a>(
+    devices: &'a BTreeSet<DeviceId>,
+    deployments: &'a [DeploymentInput],
+    current: &'a BTreeMap<DeviceId, Vec<WorkloadSpec>>,
 ) -> DesiredWorkloads {
-    let mut out = DesiredWorkloads::default();
-    let mut owner: BTreeMap<(DeviceId, String), String> = BTreeMap::new();
+    let mut conflicts: BTreeMap<String, Vec<(DeviceId, String, String)>> = BTreeMap::new();
+    // Each device's workloads with the deployment that placed them, borrowed: cloned once, at the end.
+    let mut placed: BTreeMap<&DeviceId, Vec<(&WorkloadSpec, &str)>> = BTreeMap::new();
     // Placed deployments claim workload names first (in name order); failed ones only hold what is left.
     let mut sorted: Vec<&DeploymentInput> = deployments.iter().collect();
     sorted.sort_by(|a, b| (a.targets.is_err(), &a.name).cmp(&(b.targets.is_err(), &b.name)));
     for d in &sorted {
-        let add = |out: &mut DesiredWorkloads,
-                   owner: &mut BTreeMap<(DeviceId, String), String>,
-                   dev: &DeviceId,
-                   w: &WorkloadSpec| {
-            let key = (dev.clone(), w.name.as_str().to_owned());
-            if let Some(winner) = owner.get(&key) {
-                if winner != &d.name && d.targets.is_ok() {
-                    out.conflicts.entry(d.name.clone()).or_default().push((
+        let mut add = |dev: &'a DeviceId, w: &'a WorkloadSpec| {
+            let on_device = placed.entry(dev).or_default();
+            // At most MAX_WORKLOADS per device: a scan is cheaper than a map keyed by (device, name).
+            if let Some((_, winner)) = on_device.iter().find(|(x, _)| x.name == w.name) {
+                if *winner != d.name && d.targets.is_ok() {
+                    conflicts.entry(d.name.clone()).or_default().push((
                         dev.clone(),
-                        key.1.clone(),
-                        winner.clone(),
+                        w.name.as_str().to_owned(),
+                        (*winner).to_owned(),
                     ));
                 }
                 return;
             }
-            owner.insert(key, d.name.clone());
-            out.per_device
-                .entry(dev.clone())
-                .or_default()
-                .push(w.clone());
+            on_device.push((w, &d.name));
         };
         match &d.targets {
             Ok(targets) => {
                 for dev in targets.iter().filter(|t| devices.contains(*t)) {
                     for w in &d.workloads {
-                        add(&mut out, &mut owner, dev, w);
+                        add(dev, w);
                     }
                 }
             }
@@ -203,19 +209,29 @@ pub fn desired_workloads(
                 let names: BTreeSet<&str> = d.workloads.iter().map(|w| w.name.as_str()).collect();
                 for (dev, ws) in current.iter().filter(|(dev, _)| devices.contains(*dev)) {
                     for w in ws.iter().filter(|w| names.contains(w.name.as_str())) {
-                        add(&mut out, &mut owner, dev, w);
+                        add(dev, w);
                     }
                 }
             }
         }
     }
-    for dev in devices {
-        out.per_device.entry(dev.clone()).or_default();
+    // Every device gets an entry (an explicit empty state when nothing is placed), workloads sorted by name;
+    // collected in key order, so the map is built in bulk.
+    let per_device = devices
+        .iter()
+        .map(|dev| {
+            let mut ws = placed.remove(dev).unwrap_or_default();
+            ws.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+            (
+                dev.clone(),
+                ws.into_iter().map(|(w, _)| w.clone()).collect(),
+            )
+        })
+        .collect();
+    DesiredWorkloads {
+        per_device,
+        conflicts,
     }
-    for ws in out.per_device.values_mut() {
-        ws.sort_by(|a, b| a.name.cmp(&b.name));
-    }
-    out
 }
 
 #[cfg(test)]
