@@ -160,12 +160,19 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
     /// Records a value seen (or written) at `revision`; older revisions never overwrite newer ones.
     pub fn record(&self, key: &str, revision: u64, value: Option<T>) {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        match map.get(key) {
+        match map.get_mut(key) {
             Some(old) if old.revision >= revision => {}
-            _ => {
+            Some(old) => *old = Seen { revision, value },
+            None => {
                 map.insert(key.to_owned(), Seen { revision, value });
             }
         }
+    }
+
+    /// Calls `f` with the current entry of `key`, in place (no copy of the value). `f` runs under the mirror's
+    /// read lock: it must be quick and must not use this mirror.
+    pub fn with<R>(&self, key: &str, f: impl FnOnce(Option<&Seen<T>>) -> R) -> R {
+        f(self.map.read().unwrap_or_else(|p| p.into_inner()).get(key))
     }
 
     /// True once the initial values have been read.
@@ -243,14 +250,28 @@ pub async fn cas_write<T: Serialize + DeserializeOwned + Clone + Send + Sync + '
     mut decide: impl FnMut(Option<&T>) -> Option<T>,
 ) -> Result<CasOutcome, NatsError> {
     let bucket = mirror.bucket;
-    let mut known = mirror.get(key);
-    for _ in 0..CAS_ATTEMPTS {
-        let Some(next) = decide(known.as_ref().and_then(|s| s.value.as_ref())) else {
+    // What the last try saw: on the first try the mirror (read in place), after a lost race a fresh read.
+    let mut known: Option<Seen<T>> = None;
+    for attempt in 0..CAS_ATTEMPTS {
+        let (revision, next) = if attempt == 0 {
+            mirror.with(key, |seen| {
+                (
+                    seen.map(|s| s.revision),
+                    decide(seen.and_then(|s| s.value.as_ref())),
+                )
+            })
+        } else {
+            (
+                known.as_ref().map(|s| s.revision),
+                decide(known.as_ref().and_then(|s| s.value.as_ref())),
+            )
+        };
+        let Some(next) = next else {
             return Ok(CasOutcome::Unchanged);
         };
         let bytes = serde_json::to_vec(&next)
             .map_err(|e| NatsError::new(format!("encode {bucket}/{key}"), e))?;
-        let result = match &known {
+        let result = match revision {
             None => store.create(key, bytes.into()).await.map_err(|e| {
                 if e.kind() == kv::CreateErrorKind::AlreadyExists {
                     None
@@ -258,8 +279,8 @@ pub async fn cas_write<T: Serialize + DeserializeOwned + Clone + Send + Sync + '
                     Some(NatsError::new(format!("create {bucket}/{key}"), e))
                 }
             }),
-            Some(seen) => store
-                .update(key, bytes.into(), seen.revision)
+            Some(revision) => store
+                .update(key, bytes.into(), revision)
                 .await
                 .map_err(|e| {
                     if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
