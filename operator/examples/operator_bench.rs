@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_operator::crd::{Device, DeviceSpec, DeviceStatus};
-use fleet_operator::engine::{write_desired, WRITE_CONCURRENCY};
+use fleet_operator::engine::{current_workloads, write_desired, WRITE_CONCURRENCY};
 use fleet_operator::kv::{self, Mirror};
 use fleet_operator::placement::{self, DeploymentInput};
 use fleet_wire::{fixtures, DesiredState, DeviceId};
@@ -97,7 +97,7 @@ fn main() {
         let inputs = vec![DeploymentInput { name: "web".into(), workloads: vec![workload.clone()], targets }];
         let desired = placement::desired_workloads(&devset, &inputs, &BTreeMap::new());
         let compute_secs = t.elapsed().as_secs_f64();
-        let written = write_desired(desired_store, &mirror, &desired.per_device).await.expect("write");
+        let written = write_desired(desired_store, &mirror, desired.per_device).await.expect("write");
         let place_secs = t.elapsed().as_secs_f64();
         assert_eq!(written, n);
         let mut stream = js.get_stream(format!("KV_{}", fleet_wire::kv::DESIRED_STATE)).await.expect("stream");
@@ -106,10 +106,9 @@ fn main() {
 
         // A second pass with nothing changed: decided from the mirror, no writes.
         let t = Instant::now();
-        let current: BTreeMap<DeviceId, Vec<fleet_wire::WorkloadSpec>> =
-            mirror.values().into_values().map(|s| (s.device_id, s.workloads)).collect();
+        let current = current_workloads(&mirror, &inputs);
         let again = placement::desired_workloads(&devset, &inputs, &current);
-        let rewritten = write_desired(desired_store, &mirror, &again.per_device).await.expect("write");
+        let rewritten = write_desired(desired_store, &mirror, again.per_device).await.expect("write");
         let idle_secs = t.elapsed().as_secs_f64();
         assert_eq!(rewritten, 0);
 

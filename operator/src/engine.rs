@@ -244,14 +244,10 @@ pub async fn run(
 pub async fn write_desired(
     store: &Store,
     mirror: &Mirror<DesiredState>,
-    per_device: &BTreeMap<DeviceId, Vec<WorkloadSpec>>,
+    per_device: BTreeMap<DeviceId, Vec<WorkloadSpec>>,
 ) -> Result<usize, NatsError> {
-    // Owned items: borrowed ones make the future's lifetimes too general for `tokio::spawn`.
-    let items: Vec<(DeviceId, Vec<WorkloadSpec>)> = per_device
-        .iter()
-        .map(|(d, w)| (d.clone(), w.clone()))
-        .collect();
-    let results: Vec<CasOutcome> = futures::stream::iter(items)
+    // Owned items (taken, not copied): borrowed ones make the future's lifetimes too general for `tokio::spawn`.
+    futures::stream::iter(per_device)
         .map(|(dev, want)| async move {
             kv::cas_write(
                 store,
@@ -274,12 +270,27 @@ pub async fn write_desired(
             .await
         })
         .buffer_unordered(WRITE_CONCURRENCY)
-        .try_collect()
-        .await?;
-    Ok(results
-        .iter()
-        .filter(|r| matches!(r, CasOutcome::Written(_)))
-        .count())
+        .try_fold(0, |written, outcome| async move {
+            Ok(written + usize::from(matches!(outcome, CasOutcome::Written(_))))
+        })
+        .await
+}
+
+/// Each device's current workloads from the desired-state mirror, as [`placement::desired_workloads`] reads
+/// them. Only a deployment whose placement failed reads them (to hold what runs), so without one the copy is
+/// skipped.
+pub fn current_workloads(
+    mirror: &Mirror<DesiredState>,
+    inputs: &[DeploymentInput],
+) -> BTreeMap<DeviceId, Vec<WorkloadSpec>> {
+    if inputs.iter().all(|i| i.targets.is_ok()) {
+        return BTreeMap::new();
+    }
+    mirror
+        .values()
+        .into_values()
+        .map(|s| (s.device_id, s.workloads))
+        .collect()
 }
 
 struct Engine {
@@ -400,18 +411,12 @@ impl Engine {
                 targets,
             });
         }
-        let current: BTreeMap<DeviceId, Vec<WorkloadSpec>> = self
-            .mirrors
-            .desired
-            .values()
-            .into_values()
-            .map(|s| (s.device_id, s.workloads))
-            .collect();
+        let current = current_workloads(&self.mirrors.desired, &inputs);
         let desired = placement::desired_workloads(&device_set, &inputs, &current);
         if let (Some(link), None) = (link, &nats_error) {
             match link.store(layout::DESIRED_STATE) {
                 Ok(store) => {
-                    match write_desired(store, &self.mirrors.desired, &desired.per_device).await {
+                    match write_desired(store, &self.mirrors.desired, desired.per_device).await {
                         Ok(n) if n > 0 => log::info!("wrote {n} desired states"),
                         Ok(_) => {}
                         Err(e) => nats_error = Some(e.to_string()),
