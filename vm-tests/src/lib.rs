@@ -5,3 +5,4 @@ pub mod builds;
 pub mod device;
 pub mod fleet;
 pub mod qemu;
+pub mod scene;

@@ -5,61 +5,35 @@
 //! cutover stays in `activating` long enough to be interrupted) and that takes a few seconds to stop (so a
 //! rollback stays in `rolling-back`).
 
-use fleet_rig::{wait_for, NatsServer};
-use fleet_vm_tests::builds::{self, V1, V2};
-use fleet_vm_tests::fleet::{one_device_at_a_time, Artifacts, Device, Operator};
+use fleet_rig::wait_for;
+use fleet_vm_tests::builds::V1;
+use fleet_vm_tests::fleet::{one_device_at_a_time, Device};
+use fleet_vm_tests::scene::{Scene, LIB, REAL_V2};
 use fleet_wire::{UpgradePhase, UpgradeReason};
 use std::time::Duration;
 
-const LIB: &str = "/usr/lib/harmony-fleet";
-const REAL_V2: &str = "/opt/fleet-test/fleet-agent-real-v2";
-
 /// The slow candidate: probes like the real v2; as a service it starts 8 s late and needs 3 s to stop.
-fn slow_candidate(dir: &tempfile::TempDir) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let p = dir.path().join("slow-v2");
-    let body = format!(
-        "#!/bin/sh\n\
-         case \"$1\" in --self-test|--version|--help) exec {REAL_V2} \"$@\" ;; esac\n\
+fn slow_candidate() -> String {
+    format!(
+        "case \"$1\" in --self-test|--version|--help) exec {REAL_V2} \"$@\" ;; esac\n\
          trap 'sleep 3; exit 143' TERM\n\
          sleep 8 & wait $!\n\
-         exec {REAL_V2} \"$@\"\n"
-    );
-    std::fs::write(&p, body).expect("write candidate");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    p
+         exec {REAL_V2} \"$@\""
+    )
 }
 
 struct Setup {
-    _nats: NatsServer,
-    operator: Operator,
-    _artifacts: Artifacts,
-    device: Device,
+    scene: Scene,
     attempt: fleet_wire::AgentUpgradeAttempt,
-    _dir: tempfile::TempDir,
 }
 
 /// A v1 device whose intent now asks for the slow v2; returns once the journal says `activating`.
 fn upgrade_until_activating() -> Setup {
-    let nats = NatsServer::start();
-    let operator = Operator::new(&nats);
-    let artifacts = Artifacts::start();
-    let device = Device::install(&nats, &operator, V1, Some(&artifacts));
-    device
-        .guest
-        .install_file(&builds::agent(V2), REAL_V2, 0o755);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let attempt = artifacts.attempt(&slow_candidate(&dir), "fleet-agent-v2-slow", V2);
-    operator.put_intent(&attempt);
-    wait_journal(&device, "activating", Duration::from_secs(180));
-    Setup {
-        _nats: nats,
-        operator,
-        _artifacts: artifacts,
-        device,
-        attempt,
-        _dir: dir,
-    }
+    let scene = Scene::v1_with_real_v2();
+    let attempt = scene.v2_attempt("slow", &slow_candidate());
+    scene.operator.put_intent(&attempt);
+    wait_journal(&scene.device, "activating", Duration::from_secs(180));
+    Setup { scene, attempt }
 }
 
 fn wait_journal(device: &Device, phase: &str, timeout: Duration) {
@@ -74,10 +48,11 @@ fn wait_journal(device: &Device, phase: &str, timeout: Duration) {
 
 /// After recovery: v1 selected, active and reporting; journal and NATS status `failed` because of the interruption.
 fn assert_recovered_to_v1(s: &Setup) -> fleet_wire::AgentUpgradeStatus {
-    let status = s
-        .operator
-        .wait_phase(&s.attempt, UpgradePhase::Failed, Duration::from_secs(240));
-    let d = &s.device;
+    let status =
+        s.scene
+            .operator
+            .wait_phase(&s.attempt, UpgradePhase::Failed, Duration::from_secs(240));
+    let d = &s.scene.device;
     assert_eq!(d.active_link(), format!("{LIB}/fleet-agent-v{V1}"));
     assert_eq!(d.journal_phase(), "failed", "{}", d.logs());
     d.guest
@@ -136,13 +111,13 @@ fn kill_updater(device: &Device) -> String {
 fn d_updater_killed_during_activating_and_rolling_back_recovers() {
     let _one = one_device_at_a_time();
     let s = upgrade_until_activating();
-    kill_updater(&s.device);
+    kill_updater(&s.scene.device);
     // Recovery of `activating`: record rolling-back, restore v1, stop the candidate (3 s), start v1.
-    wait_journal(&s.device, "rolling-back", Duration::from_secs(60));
-    kill_updater(&s.device);
+    wait_journal(&s.scene.device, "rolling-back", Duration::from_secs(60));
+    kill_updater(&s.scene.device);
     // Recovery of `rolling-back`: restore the link again and repeat stop/start.
     assert_recovered_to_v1(&s);
-    let kills = s.device.guest.systemctl(&[
+    let kills = s.scene.device.guest.systemctl(&[
         "show",
         "-p",
         "NRestarts",
@@ -158,14 +133,14 @@ fn d_updater_killed_during_activating_and_rolling_back_recovers() {
 fn e_power_cut_during_activating_boots_into_v1() {
     let _one = one_device_at_a_time();
     let mut s = upgrade_until_activating();
-    let boot_before = s.device.guest.boot_id();
-    s.device.guest.power_cut();
-    s.device.guest.power_on();
-    assert_ne!(s.device.guest.boot_id(), boot_before);
+    let boot_before = s.scene.device.guest.boot_id();
+    s.scene.device.guest.power_cut();
+    s.scene.device.guest.power_on();
+    assert_ne!(s.scene.device.guest.boot_id(), boot_before);
     let status = assert_recovered_to_v1(&s);
     assert_eq!(
         status.boot_id.map(|b| b.to_string().replace('-', "")),
-        Some(s.device.guest.boot_id().replace('-', "")),
+        Some(s.scene.device.guest.boot_id().replace('-', "")),
         "the status is not from the new boot"
     );
 }

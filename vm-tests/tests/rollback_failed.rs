@@ -3,42 +3,26 @@
 //! repair (docs/device-setup.md: select a good agent, see it start, `device-setup --repair-rollback-failed`)
 //! brings the device back, and a new attempt then commits.
 
-use fleet_rig::{wait_for, NatsServer};
+use fleet_rig::wait_for;
 use fleet_vm_tests::builds::{self, V1, V2};
 use fleet_vm_tests::device::{device_setup, text};
-use fleet_vm_tests::fleet::{one_device_at_a_time, Artifacts, Device, Operator};
+use fleet_vm_tests::fleet::one_device_at_a_time;
+use fleet_vm_tests::scene::{Scene, LIB, REAL_V2};
 use fleet_wire::{UpgradePhase, UpgradeReason};
 use std::time::Duration;
-
-const LIB: &str = "/usr/lib/harmony-fleet";
-const REAL_V2: &str = "/opt/fleet-test/fleet-agent-real-v2";
 
 #[test]
 fn f_rollback_failed_quarantines_until_root_repair() {
     let _one = one_device_at_a_time();
-    let nats = NatsServer::start();
-    let operator = Operator::new(&nats);
-    let artifacts = Artifacts::start();
-    let device = Device::install(&nats, &operator, V1, Some(&artifacts));
-    device
-        .guest
-        .install_file(&builds::agent(V2), REAL_V2, 0o755);
-    let dir = tempfile::tempdir().expect("temp dir");
+    let scene = Scene::v1_with_real_v2();
+    let (device, operator, artifacts) = (&scene.device, &scene.operator, &scene.artifacts);
     // Probes like the real v2; as a service it exits after 5 s without readiness.
-    let candidate = {
-        use std::os::unix::fs::PermissionsExt;
-        let p = dir.path().join("fails-late");
-        std::fs::write(
-            &p,
-            format!(
-                "#!/bin/sh\ncase \"$1\" in --self-test|--version) exec {REAL_V2} \"$@\" ;; esac\nsleep 5\nexit 1\n"
-            ),
-        )
-        .expect("write");
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        p
-    };
-    let attempt = artifacts.attempt(&candidate, "fleet-agent-v2-fails-late", V2);
+    let attempt = scene.v2_attempt(
+        "fails-late",
+        &format!(
+            "case \"$1\" in --self-test|--version) exec {REAL_V2} \"$@\" ;; esac\nsleep 5\nexit 1"
+        ),
+    );
     operator.put_intent(&attempt);
     let activating = wait_for(Duration::from_secs(180), || {
         (device.journal_phase() == "activating").then_some(())

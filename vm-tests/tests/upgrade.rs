@@ -7,10 +7,9 @@ use fleet_vm_tests::builds::{self, V1, V2};
 use fleet_vm_tests::fleet::{
     desired_one_workload, one_device_at_a_time, Artifacts, Device, Operator,
 };
+use fleet_vm_tests::scene::{Scene, LIB, REAL_V2};
 use fleet_wire::{UpgradePhase, UpgradeReason};
 use std::time::Duration;
-
-const LIB: &str = "/usr/lib/harmony-fleet";
 
 /// a. v1 → v2 commits; the new agent is READY; the device's container keeps running throughout.
 #[test]
@@ -88,39 +87,12 @@ fn a_upgrade_commits_and_containers_keep_running() {
     );
 }
 
-/// Writes a candidate "binary": a shell script around the real v2 agent (installed in the guest at `real`), so
-/// that one behaviour can be broken while the rest is the real agent.
-fn wrapper_candidate(dir: &tempfile::TempDir, name: &str, body: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let p = dir.path().join(name);
-    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write candidate");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    p
-}
-
-const REAL_V2: &str = "/opt/fleet-test/fleet-agent-real-v2";
-
 /// b. The v2 candidate fails `--self-test` → `failed`; v1 is never stopped.
 #[test]
 fn b_candidate_failing_its_probe_fails_and_v1_keeps_running() {
     let _one = one_device_at_a_time();
-    let nats = NatsServer::start();
-    let operator = Operator::new(&nats);
-    let artifacts = Artifacts::start();
-    let device = Device::install(&nats, &operator, V1, Some(&artifacts));
-    device
-        .guest
-        .install_file(&builds::agent(V2), REAL_V2, 0o755);
-    let dir = tempfile::tempdir().expect("temp dir");
-    // The real v2 agent, probing a configuration it cannot read.
-    let candidate = wrapper_candidate(
-        &dir,
-        "probe-fails",
-        &format!(
-            "[ \"$1\" = --self-test ] && exec {REAL_V2} --self-test --config /nonexistent/agent.toml\n\
-             exec {REAL_V2} \"$@\""
-        ),
-    );
+    let scene = Scene::v1_with_real_v2();
+    let (device, operator) = (&scene.device, &scene.operator);
     let v1_pid = device.agent_pid();
     let v1_since = device.guest.systemctl(&[
         "show",
@@ -130,7 +102,14 @@ fn b_candidate_failing_its_probe_fails_and_v1_keeps_running() {
         "fleet-agent.service",
     ]);
 
-    let attempt = artifacts.attempt(&candidate, "fleet-agent-v2-probe-fails", V2);
+    // The real v2 agent, probing a configuration it cannot read.
+    let attempt = scene.v2_attempt(
+        "probe-fails",
+        &format!(
+            "[ \"$1\" = --self-test ] && exec {REAL_V2} --self-test --config /nonexistent/agent.toml\n\
+             exec {REAL_V2} \"$@\""
+        ),
+    );
     operator.put_intent(&attempt);
     let status = operator.wait_phase(&attempt, UpgradePhase::Failed, Duration::from_secs(240));
 
@@ -176,17 +155,12 @@ fn b_candidate_failing_its_probe_fails_and_v1_keeps_running() {
 #[test]
 fn c_candidate_that_never_becomes_ready_is_rolled_back() {
     let _one = one_device_at_a_time();
-    let nats = NatsServer::start();
-    let operator = Operator::new(&nats);
-    let artifacts = Artifacts::start();
-    let device = Device::install(&nats, &operator, V1, Some(&artifacts));
-    device
-        .guest
-        .install_file(&builds::agent(V2), REAL_V2, 0o755);
-    let dir = tempfile::tempdir().expect("temp dir");
+    let scene = Scene::v1_with_real_v2();
+    let (device, operator) = (&scene.device, &scene.operator);
+    let v1_pid = device.agent_pid();
+
     // The real v2 probe passes (and reports 2.0.0); the service itself exits before READY=1.
-    let candidate = wrapper_candidate(
-        &dir,
+    let attempt = scene.v2_attempt(
         "never-ready",
         &format!(
             "[ \"$1\" = --self-test ] && exec {REAL_V2} \"$@\"\n\
@@ -194,9 +168,6 @@ fn c_candidate_that_never_becomes_ready_is_rolled_back() {
              echo 'candidate exits before readiness' >&2\nexit 1"
         ),
     );
-    let v1_pid = device.agent_pid();
-
-    let attempt = artifacts.attempt(&candidate, "fleet-agent-v2-never-ready", V2);
     operator.put_intent(&attempt);
     let status = operator.wait_phase(&attempt, UpgradePhase::Failed, Duration::from_secs(300));
 
