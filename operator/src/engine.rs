@@ -239,26 +239,82 @@ pub async fn run(
     }
 }
 
+/// Tasks one pass's desired-state writes are spread over, so that deciding, encoding and bookkeeping run on more
+/// than one core. Together they keep at most [`WRITE_CONCURRENCY`] writes in flight.
+pub const WRITE_SHARDS: usize = 2;
+
 /// Writes each device's desired state (compare-and-set; unchanged ones are skipped). Returns how many keys were
-/// written. Used by the control loop and by the benchmark.
+/// written, or the first error (the other writes then stop). Used by the control loop and by the benchmark.
 pub async fn write_desired(
     store: &Store,
+    mirror: &Arc<Mirror<DesiredState>>,
+    per_device: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
+) -> Result<usize, NatsError> {
+    let mut shards: Vec<Vec<(DeviceId, Arc<[WorkloadSpec]>)>> = (0..WRITE_SHARDS)
+        .map(|_| Vec::with_capacity(per_device.len() / WRITE_SHARDS + 1))
+        .collect();
+    for (i, item) in per_device.into_iter().enumerate() {
+        shards[i % WRITE_SHARDS].push(item);
+    }
+    let mut tasks = AbortOnDrop(
+        shards
+            .into_iter()
+            .map(|shard| {
+                let (store, mirror) = (store.clone(), mirror.clone());
+                tokio::spawn(async move {
+                    write_desired_shard(&store, &mirror, shard, WRITE_CONCURRENCY / WRITE_SHARDS)
+                        .await
+                })
+            })
+            .collect(),
+    );
+    let mut done: futures::stream::FuturesUnordered<_> = tasks.0.iter_mut().collect();
+    let mut written = 0;
+    while let Some(joined) = done.next().await {
+        written += match joined {
+            Ok(result) => result?,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => {
+                return Err(NatsError {
+                    op: "write desired states".into(),
+                    message: e.to_string(),
+                })
+            }
+        };
+    }
+    Ok(written)
+}
+
+/// Spawned tasks that end when this is dropped (an error, or the caller dropped).
+struct AbortOnDrop<T>(Vec<tokio::task::JoinHandle<T>>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+async fn write_desired_shard(
+    store: &Store,
     mirror: &Mirror<DesiredState>,
-    per_device: BTreeMap<DeviceId, Vec<WorkloadSpec>>,
+    items: Vec<(DeviceId, Arc<[WorkloadSpec]>)>,
+    concurrency: usize,
 ) -> Result<usize, NatsError> {
     // Owned items (taken, not copied): borrowed ones make the future's lifetimes too general for `tokio::spawn`.
-    futures::stream::iter(per_device)
+    futures::stream::iter(items)
         .map(|(dev, want)| async move {
             kv::cas_write(
                 store,
                 mirror,
                 &layout::device_key(&dev),
                 |cur: Option<&DesiredState>| {
-                    if cur.is_some_and(|c| c.workloads == want) {
+                    if cur.is_some_and(|c| c.workloads[..] == want[..]) {
                         return None;
                     }
                     let generation = cur.map(|c| c.generation + 1).unwrap_or(1);
-                    match DesiredState::new(dev.clone(), generation, want.clone()) {
+                    match DesiredState::new(dev.clone(), generation, want.to_vec()) {
                         Ok(s) => Some(s),
                         Err(e) => {
                             log::warn!("desired state of {dev}: {e}");
@@ -269,7 +325,7 @@ pub async fn write_desired(
             )
             .await
         })
-        .buffer_unordered(WRITE_CONCURRENCY)
+        .buffer_unordered(concurrency)
         .try_fold(0, |written, outcome| async move {
             Ok(written + usize::from(matches!(outcome, CasOutcome::Written(_))))
         })

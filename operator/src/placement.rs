@@ -3,7 +3,8 @@
 
 use fleet_wire::{DeviceId, WorkloadSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// Labels of one device.
 pub type Labels = BTreeMap<String, String>;
@@ -158,8 +159,9 @@ pub struct DeploymentInput {
 /// Result of [`desired_workloads`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DesiredWorkloads {
-    /// Each device's workloads, sorted by name.
-    pub per_device: BTreeMap<DeviceId, Vec<WorkloadSpec>>,
+    /// Each device's workloads, sorted by name. Devices given the same workloads share one list (a deployment
+    /// on 10,000 devices is one list, not 10,000 copies).
+    pub per_device: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
     /// Deployments that lost a workload-name conflict: deployment → (device, workload name, winner).
     pub conflicts: BTreeMap<String, Vec<(DeviceId, String, String)>>,
 }
@@ -216,16 +218,20 @@ pub fn desired_workloads<'a>(
         }
     }
     // Every device gets an entry (an explicit empty state when nothing is placed), workloads sorted by name;
-    // collected in key order, so the map is built in bulk.
+    // collected in key order, so the map is built in bulk. Lists made of the same workload objects are shared,
+    // keyed by the objects' addresses (all borrowed for 'a, so an address names one object throughout).
+    let mut shared: HashMap<Vec<*const WorkloadSpec>, Arc<[WorkloadSpec]>> = HashMap::new();
     let per_device = devices
         .iter()
         .map(|dev| {
             let mut ws = placed.remove(dev).unwrap_or_default();
             ws.sort_by(|a, b| a.0.name.cmp(&b.0.name));
-            (
-                dev.clone(),
-                ws.into_iter().map(|(w, _)| w.clone()).collect(),
-            )
+            let key: Vec<*const WorkloadSpec> = ws.iter().map(|(w, _)| *w as *const _).collect();
+            let list = shared
+                .entry(key)
+                .or_insert_with(|| ws.iter().map(|(w, _)| (*w).clone()).collect())
+                .clone();
+            (dev.clone(), list)
         })
         .collect();
     DesiredWorkloads {
@@ -408,14 +414,27 @@ mod tests {
             &[ok("a", vec![w("web", "v1")], &["d1", "d9"])],
             &current,
         );
-        assert_eq!(r.per_device[&id("d1")], vec![w("web", "v1")]);
+        assert_eq!(r.per_device[&id("d1")][..], vec![w("web", "v1")]);
         assert!(r.per_device[&id("d2")].is_empty() && r.per_device[&id("d3")].is_empty());
         assert!(!r.per_device.contains_key(&id("d9")));
 
+        // devices given the same workloads share one list
+        let r = desired_workloads(
+            &devs,
+            &[ok("a", vec![w("web", "v1")], &["d1", "d2"])],
+            &BTreeMap::new(),
+        );
+        assert!(Arc::ptr_eq(
+            &r.per_device[&id("d1")],
+            &r.per_device[&id("d2")]
+        ));
+        assert_eq!(r.per_device[&id("d2")][..], vec![w("web", "v1")]);
+        assert!(r.per_device[&id("d3")].is_empty());
+
         // a failed deployment holds what devices already run under its workload names, nothing else
         let r = desired_workloads(&devs, &[failed("a", vec![w("web", "v2")])], &current);
-        assert_eq!(r.per_device[&id("d2")], vec![w("web", "old")]);
-        assert_eq!(r.per_device[&id("d3")], vec![w("web", "old")]);
+        assert_eq!(r.per_device[&id("d2")][..], vec![w("web", "old")]);
+        assert_eq!(r.per_device[&id("d3")][..], vec![w("web", "old")]);
         assert!(r.per_device[&id("d1")].is_empty());
 
         // conflicts: the first name wins, the loser is reported; workloads are sorted by name
@@ -427,7 +446,10 @@ mod tests {
             ],
             &current,
         );
-        assert_eq!(r.per_device[&id("d1")], vec![w("aaa", "b"), w("web", "a")]);
+        assert_eq!(
+            r.per_device[&id("d1")][..],
+            vec![w("aaa", "b"), w("web", "a")]
+        );
         assert_eq!(
             r.conflicts["b"],
             vec![(id("d1"), "web".to_string(), "a".to_string())]
@@ -443,8 +465,8 @@ mod tests {
             ],
             &current,
         );
-        assert_eq!(r.per_device[&id("d2")], vec![w("web", "v3")]);
-        assert_eq!(r.per_device[&id("d3")], vec![w("web", "old")], "held");
+        assert_eq!(r.per_device[&id("d2")][..], vec![w("web", "v3")]);
+        assert_eq!(r.per_device[&id("d3")][..], vec![w("web", "old")], "held");
         assert!(r.conflicts.is_empty());
     }
 }
