@@ -310,3 +310,29 @@ pub async fn cas_write<T: Serialize + DeserializeOwned + Clone + Send + Sync + '
         format!("still conflicting after {CAS_ATTEMPTS} re-reads; retried on the next pass"),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirror_keeps_the_newest_revision() {
+        let m = Mirror::<String>::new("b");
+        type Held<'a> = (u64, Option<&'a str>);
+        // (record revision, value) → what the mirror then holds
+        let cases: &[(u64, Option<&str>, Held)] = &[
+            (3, Some("a"), (3, Some("a"))),
+            (2, Some("old"), (3, Some("a"))),
+            (3, Some("same revision"), (3, Some("a"))),
+            (4, None, (4, None)),
+            (5, Some("b"), (5, Some("b"))),
+        ];
+        for (i, (rev, value, want)) in cases.iter().enumerate() {
+            m.record("k", *rev, value.map(str::to_owned));
+            let got = m.with("k", |s| s.map(|s| (s.revision, s.value.clone())));
+            assert_eq!(got, Some((want.0, want.1.map(str::to_owned))), "case {i}");
+        }
+        assert!(m.with("other", |s| s.is_none()));
+        assert_eq!(m.values().len(), 1);
+    }
+}
