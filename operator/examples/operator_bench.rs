@@ -1,16 +1,22 @@
 //! Benchmark (run by `scripts/bench.d/50-operator.sh`): placing one FleetDeployment on 10,000 devices through
 //! the operator's own placement and compare-and-set write path, against raw KV puts of the same values to the
 //! same nats-server in the same run; and the process's RSS holding 10,000 devices. Prints a Markdown table.
+//!
+//! The two are measured `FLEET_BENCH_RUNS` times (default 5), alternately first, each time into fresh buckets,
+//! and the table gives medians and ranges: one ~0.2 s sample of either side is at the mercy of whatever else
+//! runs on the machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use async_nats::jetstream;
 use fleet_operator::crd::{Device, DeviceSpec, DeviceStatus};
 use fleet_operator::engine::{current_workloads, write_desired, WRITE_CONCURRENCY};
 use fleet_operator::kv::{self, Mirror};
-use fleet_operator::placement::{self, DeploymentInput};
-use fleet_wire::{fixtures, DesiredState, DeviceId};
+use fleet_operator::placement::{self, DeploymentInput, Labels};
+use fleet_wire::{fixtures, DesiredState, DeviceId, WorkloadSpec};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 fn rss_kib(field: &str) -> u64 {
@@ -22,11 +28,127 @@ fn rss_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn main() {
-    let n: usize = std::env::var("FLEET_BENCH_DEVICES")
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
+        .unwrap_or(default)
+}
+
+/// Median and range of `v`.
+fn stats(v: &[f64]) -> (f64, f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    let median = if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    };
+    (median, s[0], s[s.len() - 1])
+}
+
+/// Reference: raw puts of the same pre-serialized values into a fresh bucket, same concurrency. Seconds.
+async fn raw_puts(js: &jetstream::Context, run: usize, values: &[(String, Vec<u8>)]) -> f64 {
+    let spec = fleet_wire::kv::bucket(fleet_wire::kv::DESIRED_STATE).expect("spec");
+    let mut raw_cfg = kv::bucket_config(spec);
+    raw_cfg.bucket = format!("bench-raw-{run}");
+    let raw = js.create_key_value(raw_cfg).await.expect("raw bucket");
+    let t = Instant::now();
+    let puts: Vec<_> = futures::stream::iter(values.iter().cloned())
+        .map(|(k, v)| {
+            let raw = raw.clone();
+            async move { raw.put(k, v.into()).await }
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    assert!(puts.iter().all(|r| r.is_ok()));
+    t.elapsed().as_secs_f64()
+}
+
+/// What the operator needs to place: the fleet's labels and one deployment.
+struct Fleet {
+    labels: BTreeMap<DeviceId, Labels>,
+    workload: WorkloadSpec,
+}
+
+/// One placement as the operator's pass makes it: the device set and deployment inputs (held, like the pass
+/// holds them) and every device's desired workloads (handed to the writes).
+type Placed = (
+    BTreeSet<DeviceId>,
+    Vec<DeploymentInput>,
+    BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
+);
+
+/// Resolves the group, places the deployment and computes every device's desired workloads.
+fn place(
+    fleet: &Fleet,
+    current: impl FnOnce(&[DeploymentInput]) -> BTreeMap<DeviceId, Vec<WorkloadSpec>>,
+) -> Placed {
+    let sel = LabelSelector {
+        match_labels: Some([("fleet".to_string(), "bench".to_string())].into()),
+        match_expressions: None,
+    };
+    let mut groups = BTreeMap::new();
+    groups.insert(
+        "all".to_string(),
+        placement::resolve_group("all", &sel, &fleet.labels),
+    );
+    let targets = placement::place(
+        &["all".to_string()],
+        &LabelSelector::default(),
+        &groups,
+        &fleet.labels,
+    );
+    let devset: BTreeSet<DeviceId> = fleet.labels.keys().cloned().collect();
+    let inputs = vec![DeploymentInput {
+        name: "web".into(),
+        workloads: vec![fleet.workload.clone()],
+        targets,
+    }];
+    let current = current(&inputs);
+    let per_device = placement::desired_workloads(&devset, &inputs, &current).per_device;
+    (devset, inputs, per_device)
+}
+
+/// The operator: place the deployment and CAS-write every device's desired state into a fresh desired-state
+/// bucket. Returns (total seconds, placement computation seconds, the mirror, what the placement holds).
+async fn operator(
+    js: &jetstream::Context,
+    fleet: &Fleet,
+    n: usize,
+) -> (
+    f64,
+    f64,
+    Arc<Mirror<DesiredState>>,
+    (BTreeSet<DeviceId>, Vec<DeploymentInput>),
+) {
+    // A fresh, empty desired-state bucket (created by the operator's own ensure_buckets).
+    let _ = js.delete_key_value(fleet_wire::kv::DESIRED_STATE).await;
+    let stores = kv::ensure_buckets(js).await.expect("buckets");
+    let desired_store = stores.get(fleet_wire::kv::DESIRED_STATE).expect("store");
+    let mirror: Arc<Mirror<DesiredState>> = Mirror::new(fleet_wire::kv::DESIRED_STATE);
+    let t = Instant::now();
+    let (devset, inputs, per_device) = place(fleet, |inputs| current_workloads(&mirror, inputs));
+    let compute_secs = t.elapsed().as_secs_f64();
+    let written = write_desired(desired_store, &mirror, per_device)
+        .await
+        .expect("write");
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(written, n);
+    let mut stream = js
+        .get_stream(format!("KV_{}", fleet_wire::kv::DESIRED_STATE))
+        .await
+        .expect("stream");
+    let keys = stream.info().await.expect("stream info").state.messages;
+    assert_eq!(keys as usize, n, "desired-state keys written");
+    (secs, compute_secs, mirror, (devset, inputs))
+}
+
+fn main() {
+    let n = env_usize("FLEET_BENCH_DEVICES", 10_000);
+    let runs = env_usize("FLEET_BENCH_RUNS", 5).max(1);
     let nats = fleet_rig::NatsServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -35,11 +157,6 @@ fn main() {
     let rss_before = rss_kib("VmRSS:");
     rt.block_on(async move {
         let (_client, js) = kv::connect(&nats.url()).await.expect("nats");
-        let stores = kv::ensure_buckets(&js).await.expect("buckets");
-        let spec = fleet_wire::kv::bucket(fleet_wire::kv::DESIRED_STATE).expect("spec");
-        let mut raw_cfg = kv::bucket_config(spec);
-        raw_cfg.bucket = "bench-raw".into();
-        let raw = js.create_key_value(raw_cfg).await.expect("raw bucket");
 
         // The fleet as the operator holds it: Device objects (like its reflector cache) and their labels.
         let workload = fixtures::workload("web");
@@ -64,8 +181,7 @@ fn main() {
             devices_objs.push(d);
             labels.insert(info.device_id, l);
         }
-
-        // Reference: raw puts of the same desired-state values, same concurrency.
+        // The reference's values: the same desired states, serialized beforehand.
         let values: Vec<(String, Vec<u8>)> = labels
             .keys()
             .map(|id| {
@@ -73,60 +189,67 @@ fn main() {
                 (id.as_str().to_owned(), serde_json::to_vec(&s).unwrap())
             })
             .collect();
-        let t = Instant::now();
-        let puts: Vec<_> = futures::stream::iter(values.iter().cloned())
-            .map(|(k, v)| {
-                let raw = raw.clone();
-                async move { raw.put(k, v.into()).await }
-            })
-            .buffer_unordered(WRITE_CONCURRENCY)
-            .collect()
-            .await;
-        assert!(puts.iter().all(|r| r.is_ok()));
-        let raw_secs = t.elapsed().as_secs_f64();
+        let fleet = Fleet { labels, workload };
 
-        // The operator: resolve the group, place the deployment, CAS-write every device's desired state.
-        let desired_store = stores.get(fleet_wire::kv::DESIRED_STATE).expect("store");
-        let mirror: std::sync::Arc<Mirror<DesiredState>> = Mirror::new(fleet_wire::kv::DESIRED_STATE);
-        let t = Instant::now();
-        let sel = LabelSelector { match_labels: Some([("fleet".to_string(), "bench".to_string())].into()), match_expressions: None };
-        let mut groups = BTreeMap::new();
-        groups.insert("all".to_string(), placement::resolve_group("all", &sel, &labels));
-        let targets = placement::place(&["all".to_string()], &LabelSelector::default(), &groups, &labels);
-        let devset: BTreeSet<DeviceId> = labels.keys().cloned().collect();
-        let inputs = vec![DeploymentInput { name: "web".into(), workloads: vec![workload.clone()], targets }];
-        let desired = placement::desired_workloads(&devset, &inputs, &BTreeMap::new());
-        let compute_secs = t.elapsed().as_secs_f64();
-        let written = write_desired(desired_store, &mirror, desired.per_device).await.expect("write");
-        let place_secs = t.elapsed().as_secs_f64();
-        assert_eq!(written, n);
-        let mut stream = js.get_stream(format!("KV_{}", fleet_wire::kv::DESIRED_STATE)).await.expect("stream");
-        let keys = stream.info().await.expect("stream info").state.messages;
-        assert_eq!(keys as usize, n, "desired-state keys written");
-
-        // A second pass with nothing changed: decided from the mirror, no writes.
-        let t = Instant::now();
-        let current = current_workloads(&mirror, &inputs);
-        let again = placement::desired_workloads(&devset, &inputs, &current);
-        let rewritten = write_desired(desired_store, &mirror, again.per_device).await.expect("write");
-        let idle_secs = t.elapsed().as_secs_f64();
-        assert_eq!(rewritten, 0);
-
-        let rss = rss_kib("VmRSS:");
-        let raw_rate = n as f64 / raw_secs;
-        let place_rate = n as f64 / place_secs;
-        println!("| measurement ({n} devices, one nats-server, {WRITE_CONCURRENCY} writes in flight) | value |");
+        let (mut raw_rates, mut op_rates, mut ratios, mut computes) = (vec![], vec![], vec![], vec![]);
+        let mut first = None;
+        for run in 0..runs {
+            // Alternately first, so that neither side always runs on a server the other has just loaded.
+            let (raw_secs, (op_secs, compute_secs, mirror, placed)) = if run % 2 == 0 {
+                let r = raw_puts(&js, run, &values).await;
+                (r, operator(&js, &fleet, n).await)
+            } else {
+                let o = operator(&js, &fleet, n).await;
+                (raw_puts(&js, run, &values).await, o)
+            };
+            // Every value the operator wrote is the reference's value, byte for byte.
+            if run == 0 {
+                let stores = kv::ensure_buckets(&js).await.expect("buckets");
+                let store = &stores[fleet_wire::kv::DESIRED_STATE];
+                for (k, v) in values.iter().step_by(997) {
+                    let got = store.get(k).await.expect("get").expect("key");
+                    assert_eq!(&got[..], &v[..], "{k}: the operator wrote what the reference put");
+                }
+            }
+            let _ = js.delete_key_value(format!("bench-raw-{run}")).await;
+            raw_rates.push(n as f64 / raw_secs);
+            op_rates.push(n as f64 / op_secs);
+            ratios.push(raw_secs / op_secs);
+            computes.push(compute_secs * 1000.0);
+            if run == 0 {
+                // A second pass with nothing changed: decided from the mirror, no writes.
+                let stores = kv::ensure_buckets(&js).await.expect("buckets");
+                let t = Instant::now();
+                let (_, _, again) = place(&fleet, |inputs| current_workloads(&mirror, inputs));
+                let rewritten = write_desired(&stores[fleet_wire::kv::DESIRED_STATE], &mirror, again)
+                    .await
+                    .expect("write");
+                let idle_secs = t.elapsed().as_secs_f64();
+                assert_eq!(rewritten, 0);
+                // RSS holding the fleet, one placement and the KV mirror.
+                let rss = (rss_kib("VmRSS:"), rss_kib("VmHWM:"));
+                first = Some((idle_secs, rss));
+                drop(placed);
+            }
+            drop(mirror);
+        }
+        let (idle_secs, (rss, hwm)) = first.expect("first run");
+        let (raw_m, raw_lo, raw_hi) = stats(&raw_rates);
+        let (op_m, op_lo, op_hi) = stats(&op_rates);
+        let (ratio_m, ratio_lo, ratio_hi) = stats(&ratios);
+        let (comp_m, comp_lo, comp_hi) = stats(&computes);
+        println!("| measurement ({n} devices, one nats-server, {WRITE_CONCURRENCY} writes in flight; median of {runs} runs, alternately first, range in brackets) | value |");
         println!("|---|---|");
-        println!("| reference: raw KV put of the same values | {raw_rate:.0} keys/s ({raw_secs:.2} s) |");
-        println!("| operator: place one deployment, CAS-write desired states | {place_rate:.0} keys/s ({place_secs:.2} s) |");
-        println!("| ratio operator / raw (goal ≥ 0.5) | {:.2} |", place_rate / raw_rate);
-        println!("| of which placement computation (groups, selector, desired workloads) | {:.0} ms |", compute_secs * 1000.0);
-        println!("| operator: pass with nothing changed (no writes) | {:.0} ms |", idle_secs * 1000.0);
+        println!("| reference: raw KV put of the same values | {raw_m:.0} keys/s ({raw_lo:.0}–{raw_hi:.0}) |");
+        println!("| operator: place one deployment, CAS-write desired states | {op_m:.0} keys/s ({op_lo:.0}–{op_hi:.0}) |");
+        println!("| ratio operator / raw, per run (goal ≥ 0.5) | {ratio_m:.2} ({ratio_lo:.2}–{ratio_hi:.2}) |");
+        println!("| of which placement computation (groups, selector, desired workloads) | {comp_m:.0} ms ({comp_lo:.0}–{comp_hi:.0}) |");
+        println!("| operator: pass with nothing changed (no writes), first run | {:.0} ms |", idle_secs * 1000.0);
         println!(
-            "| operator RSS holding {n} Device objects + placement + KV mirror | {:.1} MiB (before: {:.1} MiB, peak {:.1} MiB) |",
+            "| operator RSS holding {n} Device objects + placement + KV mirror, first run | {:.1} MiB (before: {:.1} MiB, peak {:.1} MiB) |",
             rss as f64 / 1024.0,
             rss_before as f64 / 1024.0,
-            rss_kib("VmHWM:") as f64 / 1024.0
+            hwm as f64 / 1024.0
         );
         drop(devices_objs);
     });
