@@ -138,17 +138,28 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
                 Ok(e) => e,
                 Err(e) => return NatsError::new(format!("watch {}", self.bucket), e),
             };
-            let value = match entry.operation {
-                kv::Operation::Put => match serde_json::from_slice::<T>(&entry.value) {
-                    Ok(v) => Some(v),
-                    Err(e) => {
-                        log::warn!("{}/{}: ignoring invalid value: {e}", self.bucket, entry.key);
-                        None
-                    }
-                },
-                kv::Operation::Delete | kv::Operation::Purge => None,
-            };
-            self.record(&entry.key, entry.revision, value);
+            // The operator's own writes come back through the watch, already recorded: an entry the mirror holds
+            // at this revision or a newer one would not be recorded, so it is not parsed either.
+            let held = self.with(&entry.key, |s| {
+                s.is_some_and(|s| s.revision >= entry.revision)
+            });
+            if !held {
+                let value = match entry.operation {
+                    kv::Operation::Put => match serde_json::from_slice::<T>(&entry.value) {
+                        Ok(v) => Some(v),
+                        Err(e) => {
+                            log::warn!(
+                                "{}/{}: ignoring invalid value: {e}",
+                                self.bucket,
+                                entry.key
+                            );
+                            None
+                        }
+                    },
+                    kv::Operation::Delete | kv::Operation::Purge => None,
+                };
+                self.record(&entry.key, entry.revision, value);
+            }
             if entry.delta == 0 {
                 self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
             }
