@@ -67,6 +67,14 @@ async fn raw_puts(js: &jetstream::Context, run: usize, values: &[(String, Vec<u8
     t.elapsed().as_secs_f64()
 }
 
+/// One side of a measurement run.
+#[derive(Clone, Copy)]
+enum Side {
+    Raw,
+    Operator,
+    Watched,
+}
+
 /// What the operator needs to place: the fleet's labels and one deployment.
 struct Fleet {
     labels: BTreeMap<DeviceId, Labels>,
@@ -113,11 +121,14 @@ fn place(
 }
 
 /// The operator: place the deployment and CAS-write every device's desired state into a fresh desired-state
-/// bucket. Returns (total seconds, placement computation seconds, the mirror, what the placement holds).
+/// bucket, with or without the desired-state watch that the operator process runs next to its writes (its own
+/// writes come back through it). Checks the values are the reference's, byte for byte. Returns (total seconds,
+/// placement computation seconds, the mirror, what the placement holds).
 async fn operator(
     js: &jetstream::Context,
     fleet: &Fleet,
-    n: usize,
+    values: &[(String, Vec<u8>)],
+    watch: bool,
 ) -> (
     f64,
     f64,
@@ -129,6 +140,21 @@ async fn operator(
     let stores = kv::ensure_buckets(js).await.expect("buckets");
     let desired_store = stores.get(fleet_wire::kv::DESIRED_STATE).expect("store");
     let mirror: Arc<Mirror<DesiredState>> = Mirror::new(fleet_wire::kv::DESIRED_STATE);
+    let watcher = watch.then(|| {
+        tokio::spawn(
+            mirror
+                .clone()
+                .run(desired_store.clone(), Arc::new(tokio::sync::Notify::new())),
+        )
+    });
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while watch && !mirror.is_synced() {
+        assert!(
+            Instant::now() < deadline,
+            "the desired-state watch did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let t = Instant::now();
     let (devset, inputs, per_device) = place(fleet, |inputs| current_workloads(&mirror, inputs));
     let compute_secs = t.elapsed().as_secs_f64();
@@ -136,13 +162,24 @@ async fn operator(
         .await
         .expect("write");
     let secs = t.elapsed().as_secs_f64();
-    assert_eq!(written, n);
+    if let Some(w) = watcher {
+        w.abort();
+    }
+    assert_eq!(written, values.len());
     let mut stream = js
         .get_stream(format!("KV_{}", fleet_wire::kv::DESIRED_STATE))
         .await
         .expect("stream");
     let keys = stream.info().await.expect("stream info").state.messages;
-    assert_eq!(keys as usize, n, "desired-state keys written");
+    assert_eq!(keys as usize, values.len(), "desired-state keys written");
+    for (k, v) in values.iter().step_by(997) {
+        let got = desired_store.get(k).await.expect("get").expect("key");
+        assert_eq!(
+            &got[..],
+            &v[..],
+            "{k}: the operator wrote what the reference put"
+        );
+    }
     (secs, compute_secs, mirror, (devset, inputs))
 }
 
@@ -192,46 +229,46 @@ fn main() {
         let fleet = Fleet { labels, workload };
 
         let (mut raw_rates, mut op_rates, mut ratios, mut computes) = (vec![], vec![], vec![], vec![]);
+        let (mut watched_rates, mut watched_ratios) = (vec![], vec![]);
         let mut first = None;
         for run in 0..runs {
-            // Alternately first, so that neither side always runs on a server the other has just loaded.
-            let (raw_secs, (op_secs, compute_secs, mirror, placed)) = if run % 2 == 0 {
-                let r = raw_puts(&js, run, &values).await;
-                (r, operator(&js, &fleet, n).await)
-            } else {
-                let o = operator(&js, &fleet, n).await;
-                (raw_puts(&js, run, &values).await, o)
-            };
-            // Every value the operator wrote is the reference's value, byte for byte.
-            if run == 0 {
-                let stores = kv::ensure_buckets(&js).await.expect("buckets");
-                let store = &stores[fleet_wire::kv::DESIRED_STATE];
-                for (k, v) in values.iter().step_by(997) {
-                    let got = store.get(k).await.expect("get").expect("key");
-                    assert_eq!(&got[..], &v[..], "{k}: the operator wrote what the reference put");
+            // Alternately first and last, so that no side always runs on a server another has just loaded.
+            let mut order = [Side::Raw, Side::Operator, Side::Watched];
+            if run % 2 == 1 {
+                order.reverse();
+            }
+            let (mut raw_secs, mut op_secs, mut watched_secs) = (0.0, 0.0, 0.0);
+            for side in order {
+                match side {
+                    Side::Raw => raw_secs = raw_puts(&js, run, &values).await,
+                    Side::Watched => watched_secs = operator(&js, &fleet, &values, true).await.0,
+                    Side::Operator => {
+                        let (secs, compute_secs, mirror, placed) = operator(&js, &fleet, &values, false).await;
+                        op_secs = secs;
+                        computes.push(compute_secs * 1000.0);
+                        if run == 0 {
+                            // A second pass with nothing changed: decided from the mirror, no writes.
+                            let stores = kv::ensure_buckets(&js).await.expect("buckets");
+                            let t = Instant::now();
+                            let (_, _, again) = place(&fleet, |inputs| current_workloads(&mirror, inputs));
+                            let rewritten = write_desired(&stores[fleet_wire::kv::DESIRED_STATE], &mirror, again)
+                                .await
+                                .expect("write");
+                            let idle_secs = t.elapsed().as_secs_f64();
+                            assert_eq!(rewritten, 0);
+                            // RSS holding the fleet, one placement and the KV mirror.
+                            first = Some((idle_secs, (rss_kib("VmRSS:"), rss_kib("VmHWM:"))));
+                        }
+                        drop((mirror, placed));
+                    }
                 }
             }
             let _ = js.delete_key_value(format!("bench-raw-{run}")).await;
             raw_rates.push(n as f64 / raw_secs);
             op_rates.push(n as f64 / op_secs);
             ratios.push(raw_secs / op_secs);
-            computes.push(compute_secs * 1000.0);
-            if run == 0 {
-                // A second pass with nothing changed: decided from the mirror, no writes.
-                let stores = kv::ensure_buckets(&js).await.expect("buckets");
-                let t = Instant::now();
-                let (_, _, again) = place(&fleet, |inputs| current_workloads(&mirror, inputs));
-                let rewritten = write_desired(&stores[fleet_wire::kv::DESIRED_STATE], &mirror, again)
-                    .await
-                    .expect("write");
-                let idle_secs = t.elapsed().as_secs_f64();
-                assert_eq!(rewritten, 0);
-                // RSS holding the fleet, one placement and the KV mirror.
-                let rss = (rss_kib("VmRSS:"), rss_kib("VmHWM:"));
-                first = Some((idle_secs, rss));
-                drop(placed);
-            }
-            drop(mirror);
+            watched_rates.push(n as f64 / watched_secs);
+            watched_ratios.push(raw_secs / watched_secs);
         }
         let (idle_secs, (rss, hwm)) = first.expect("first run");
         let (raw_m, raw_lo, raw_hi) = stats(&raw_rates);
@@ -243,6 +280,9 @@ fn main() {
         println!("| reference: raw KV put of the same values | {raw_m:.0} keys/s ({raw_lo:.0}–{raw_hi:.0}) |");
         println!("| operator: place one deployment, CAS-write desired states | {op_m:.0} keys/s ({op_lo:.0}–{op_hi:.0}) |");
         println!("| ratio operator / raw, per run (goal ≥ 0.5) | {ratio_m:.2} ({ratio_lo:.2}–{ratio_hi:.2}) |");
+        let (w_m, w_lo, w_hi) = stats(&watched_rates);
+        let (wr_m, wr_lo, wr_hi) = stats(&watched_ratios);
+        println!("| the same with the operator's desired-state KV watch running (as in the fleet-operator process) | {w_m:.0} keys/s ({w_lo:.0}–{w_hi:.0}); / raw {wr_m:.2} ({wr_lo:.2}–{wr_hi:.2}) |");
         println!("| of which placement computation (groups, selector, desired workloads) | {comp_m:.0} ms ({comp_lo:.0}–{comp_hi:.0}) |");
         println!("| operator: pass with nothing changed (no writes), first run | {:.0} ms |", idle_secs * 1000.0);
         println!(
