@@ -8,8 +8,9 @@ export FLEET_NATS_SERVER=${FLEET_NATS_SERVER:-$root/.venv/bin/nats-server}
 cargo build --release --locked -q -p fleet-operator --bin fleet-operator --example operator_bench \
   --example operator_bench_e2e
 target=${CARGO_TARGET_DIR:-$root/target}
-# 1. the placement write path against raw KV puts, same server, same run: FLEET_BENCH_RUNS pairs (default 5),
-#    alternately first, into fresh buckets; medians with ranges
+# 1. the placement write path against raw KV puts, same server, same run: FLEET_BENCH_RUNS rounds (default 5) of
+#    raw puts / operator / operator with its desired-state watch, alternately first and last, into fresh buckets;
+#    medians with ranges
 "$target/release/examples/operator_bench"
 echo
 # 2. the real binary against a real kube-apiserver with 10,000 Devices (needs scripts/setup's kube-apiserver)
