@@ -186,7 +186,8 @@ pub fn desired_workloads<'a>(
     for d in &sorted {
         let mut add = |dev: &'a DeviceId, w: &'a WorkloadSpec| {
             let on_device = placed.entry(dev).or_default();
-            // At most MAX_WORKLOADS per device: a scan is cheaper than a map keyed by (device, name).
+            // A device carries few workloads (a valid desired state at most fleet_wire::workload::MAX_WORKLOADS): a scan
+            // of its list is cheaper than a map keyed by (device, name).
             if let Some((_, winner)) = on_device.iter().find(|(x, _)| x.name == w.name) {
                 if *winner != d.name && d.targets.is_ok() {
                     conflicts.entry(d.name.clone()).or_default().push((
