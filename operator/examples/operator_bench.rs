@@ -275,7 +275,7 @@ fn main() {
         let (op_m, op_lo, op_hi) = stats(&op_rates);
         let (ratio_m, ratio_lo, ratio_hi) = stats(&ratios);
         let (comp_m, comp_lo, comp_hi) = stats(&computes);
-        println!("| measurement ({n} devices, one nats-server, {WRITE_CONCURRENCY} writes in flight; median of {runs} runs, alternately first, range in brackets) | value |");
+        println!("| measurement ({n} devices, one nats-server, {WRITE_CONCURRENCY} writes in flight; median of {runs} runs, sides alternately first and last, range in brackets) | value |");
         println!("|---|---|");
         println!("| reference: raw KV put of the same values | {raw_m:.0} keys/s ({raw_lo:.0}–{raw_hi:.0}) |");
         println!("| operator: place one deployment, CAS-write desired states | {op_m:.0} keys/s ({op_lo:.0}–{op_hi:.0}) |");
