@@ -195,7 +195,7 @@ impl Config {
         let c: Config = if text.trim().is_empty() {
             Config::default()
         } else {
-            serde_yaml::from_str(text).map_err(|e| e.to_string())?
+            serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?
         };
         c.validate()?;
         Ok(c)
