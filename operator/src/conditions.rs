@@ -3,6 +3,24 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+/// A fleet object's status, which carries conditions.
+pub trait WithConditions {
+    /// The conditions.
+    fn conditions(&self) -> &[Condition];
+}
+
+impl WithConditions for crate::crd::DeviceGroupStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+}
+
+impl WithConditions for crate::crd::PlacementStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+}
+
 /// Condition type: the object is doing what it asks for.
 pub const READY: &str = "Ready";
 /// Condition type: the operator can reach NATS.

@@ -417,7 +417,39 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
+/// One Kubernetes write of a pass.
+type Write<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), kube::Error>> + Send + 'a>>;
+
 impl Engine {
+    /// The status patch of `obj` from `old` to `next`, with a Warning event for each condition that just turned
+    /// False; `None` when nothing changed.
+    fn status_write<'a, K, S>(&'a self, obj: &Arc<K>, old: &S, next: S) -> Option<Write<'a>>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'a,
+        S: conditions::WithConditions + PartialEq + serde::Serialize + Send + Sync + 'a,
+    {
+        if &next == old {
+            return None;
+        }
+        let failing: Vec<_> = conditions::newly_failing(old.conditions(), next.conditions())
+            .into_iter()
+            .cloned()
+            .collect();
+        let obj = obj.clone();
+        Some(Box::pin(async move {
+            let f: Vec<_> = failing.iter().collect();
+            report::write_status(&self.client, &self.recorder, obj.as_ref(), &next, &f).await
+        }))
+    }
+
     async fn pass(&self, link: Option<&Link>, mut nats_error: Option<String>) {
         let now = now();
         // Devices and their labels; names that are not device ids are ignored.
@@ -606,9 +638,6 @@ impl Engine {
 
         // Statuses and events.
         let nats = nats_want(&nats_error);
-        type Write<'a> = std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<(), kube::Error>> + Send + 'a>,
-        >;
         let mut kube_writes: Vec<Write<'_>> = Vec::new();
         for g in &group_objs {
             let (count, want) = match groups.get(&g.name_any()) {
@@ -632,17 +661,7 @@ impl Engine {
                     &now,
                 ),
             };
-            if next != old {
-                let failing: Vec<_> = conditions::newly_failing(&old.conditions, &next.conditions)
-                    .into_iter()
-                    .cloned()
-                    .collect();
-                let g = g.clone();
-                kube_writes.push(Box::pin(async move {
-                    let f: Vec<_> = failing.iter().collect();
-                    report::write_status(&self.client, &self.recorder, g.as_ref(), &next, &f).await
-                }));
-            }
+            kube_writes.extend(self.status_write(g, &old, next));
         }
         for d in &dep_objs {
             let name = d.name_any();
@@ -676,17 +695,7 @@ impl Engine {
                 ),
                 ..Default::default()
             };
-            if next != old {
-                let failing: Vec<_> = conditions::newly_failing(&old.conditions, &next.conditions)
-                    .into_iter()
-                    .cloned()
-                    .collect();
-                let d = d.clone();
-                kube_writes.push(Box::pin(async move {
-                    let f: Vec<_> = failing.iter().collect();
-                    report::write_status(&self.client, &self.recorder, d.as_ref(), &next, &f).await
-                }));
-            }
+            kube_writes.extend(self.status_write(d, &old, next));
         }
         for r in &rel_objs {
             let name = r.name_any();
@@ -717,17 +726,7 @@ impl Engine {
                     &now,
                 ),
             };
-            if next != old {
-                let failing: Vec<_> = conditions::newly_failing(&old.conditions, &next.conditions)
-                    .into_iter()
-                    .cloned()
-                    .collect();
-                let r = r.clone();
-                kube_writes.push(Box::pin(async move {
-                    let f: Vec<_> = failing.iter().collect();
-                    report::write_status(&self.client, &self.recorder, r.as_ref(), &next, &f).await
-                }));
-            }
+            kube_writes.extend(self.status_write(r, &old, next));
         }
 
         // Devices: create the ones that reported, mirror what they report.
