@@ -36,6 +36,15 @@ pub struct DownloadError {
     pub message: String,
 }
 
+impl From<&FetchError> for DownloadError {
+    fn from(e: &FetchError) -> Self {
+        DownloadError {
+            reason: e.reason(),
+            message: e.to_string(),
+        }
+    }
+}
+
 /// Downloads an attempt's artifact into `tmp_dir`, enforcing its byte limit and SHA-256 while streaming.
 pub trait Fetcher: Send + Sync {
     /// Fetches `attempt`'s artifact.
@@ -179,10 +188,7 @@ impl Fetcher for HelperFetcher {
             // This side's checks failed: too many bytes (the helper was stopped), or wrong bytes from a
             // helper that claims success.
             (Ok(s), Err(e)) if s.success() || matches!(e, FetchError::StreamedTooLarge { .. }) => {
-                Err(DownloadError {
-                    reason: e.reason(),
-                    message: e.to_string(),
-                })
+                Err(e.into())
             }
             // The helper failed: its own account is the most precise one.
             (Ok(s), _) => Err(match reported {
@@ -200,12 +206,7 @@ impl Fetcher for HelperFetcher {
             // Bytes this side accepted, but the run as a whole failed: they are not installed.
             let _ = std::fs::remove_file(&f.path);
         }
-        match verdict.and_then(|()| {
-            received.map_err(|e| DownloadError {
-                reason: e.reason(),
-                message: e.to_string(),
-            })
-        }) {
+        match verdict.and_then(|()| received.map_err(|e| DownloadError::from(&e))) {
             Ok(f) => {
                 log::info!(
                     "attempt {}: fetched {} bytes, sha256 {} verified",
