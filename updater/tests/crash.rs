@@ -464,7 +464,7 @@ fn a_crash_during_recovery_is_recovered_again() {
     assert_eq!(dev.active(), PREVIOUS);
     let j = dev.journal().expect("journal");
     assert_eq!(j.phase, J::Failed);
-    let phases: Vec<J> = j.transitions.as_slice().iter().map(|t| t.phase).collect();
+    let phases = j.transitions.phases();
     assert_eq!(
         phases,
         [

@@ -56,7 +56,7 @@ fn success_installs_switches_and_commits() {
     let j = dev.journal().expect("journal");
     assert_eq!(j.phase, JournalPhase::Committed);
     assert!(j.drain_duration_ms.is_some());
-    let phases: Vec<_> = j.transitions.as_slice().iter().map(|t| t.phase).collect();
+    let phases = j.transitions.phases();
     assert_eq!(
         phases,
         [
@@ -66,12 +66,7 @@ fn success_installs_switches_and_commits() {
         ]
     );
     let status = u.status().agent_upgrade.expect("status");
-    let public: Vec<_> = status
-        .transitions
-        .as_slice()
-        .iter()
-        .map(|t| t.phase)
-        .collect();
+    let public = status.transitions.phases();
     assert_eq!(
         public,
         [
@@ -207,7 +202,7 @@ fn failed_start_rolls_back_and_failed_rollback_quarantines() {
         ["stop", "start 1.2.0", "stop", "start 1.1.0"]
     );
     let j = dev.journal().expect("journal");
-    let phases: Vec<_> = j.transitions.as_slice().iter().map(|t| t.phase).collect();
+    let phases = j.transitions.phases();
     assert_eq!(
         phases,
         [

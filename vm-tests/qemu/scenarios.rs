@@ -376,12 +376,7 @@ fn scenario_e() {
         Some(UpgradeReason::Interrupted),
         "{status:#?}"
     );
-    let phases: Vec<UpgradePhase> = status
-        .transitions
-        .as_slice()
-        .iter()
-        .map(|t| t.phase)
-        .collect();
+    let phases = status.transitions.phases();
     assert!(phases.contains(&UpgradePhase::RollingBack), "{phases:?}");
     assert_eq!(
         status.boot_id.map(|b| b.to_string().replace('-', "")),

@@ -65,12 +65,7 @@ fn assert_recovered_to_v1(s: &Setup) -> fleet_wire::AgentUpgradeStatus {
         Some(UpgradeReason::Interrupted),
         "{status:#?}"
     );
-    let phases: Vec<UpgradePhase> = status
-        .transitions
-        .as_slice()
-        .iter()
-        .map(|t| t.phase)
-        .collect();
+    let phases = status.transitions.phases();
     assert!(phases.contains(&UpgradePhase::RollingBack), "{phases:?}");
     status
 }

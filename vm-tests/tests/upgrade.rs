@@ -52,13 +52,8 @@ fn a_upgrade_commits_and_containers_keep_running() {
     assert_eq!(device.journal_phase(), "committed");
     // The public timeline went through the cutover in order (the updater records `activating` once, so
     // `starting` shows as the current phase while it lasts but not as a transition of its own).
-    let phases: Vec<UpgradePhase> = status
-        .transitions
-        .as_slice()
-        .iter()
-        .map(|t| t.phase)
-        .filter(|p| *p != UpgradePhase::Starting)
-        .collect();
+    let mut phases = status.transitions.phases();
+    phases.retain(|p| *p != UpgradePhase::Starting);
     assert_eq!(
         phases,
         [
@@ -139,12 +134,7 @@ fn b_candidate_failing_its_probe_fails_and_v1_keeps_running() {
         ]),
         v1_since
     );
-    let phases: Vec<UpgradePhase> = status
-        .transitions
-        .as_slice()
-        .iter()
-        .map(|t| t.phase)
-        .collect();
+    let phases = status.transitions.phases();
     assert!(
         !phases.contains(&UpgradePhase::Stopping),
         "v1 was stopped: {phases:?}"
@@ -177,12 +167,7 @@ fn c_candidate_that_never_becomes_ready_is_rolled_back() {
         "{status:#?}"
     );
     assert!(status.error.is_some(), "no error in {status:#?}");
-    let phases: Vec<UpgradePhase> = status
-        .transitions
-        .as_slice()
-        .iter()
-        .map(|t| t.phase)
-        .collect();
+    let phases = status.transitions.phases();
     for want in [
         UpgradePhase::Stopping,
         UpgradePhase::RollingBack,

@@ -83,6 +83,13 @@ pub struct Transition<P> {
     pub reason: Option<UpgradeReason>,
 }
 
+impl<P: Copy> crate::Transitions<Transition<P>> {
+    /// The phases entered, oldest first.
+    pub fn phases(&self) -> Vec<P> {
+        self.as_slice().iter().map(|t| t.phase).collect()
+    }
+}
+
 /// Public status of one agent-upgrade attempt.
 ///
 /// `attemptId`, `targetVersion` and `attemptDigest` are absent only for an intent rejected before it could be
