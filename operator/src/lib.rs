@@ -2,7 +2,7 @@
 //! server, which runs with no Kubernetes at all.
 
 pub mod fleetlock;
-// operator (issue 6)
+// Deployments, agent releases and the device mirror.
 pub mod conditions;
 pub mod crd;
 pub mod deploy;
