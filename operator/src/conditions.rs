@@ -25,6 +25,9 @@ impl WithConditions for crate::crd::PlacementStatus {
 pub const READY: &str = "Ready";
 /// Condition type: the operator can reach NATS.
 pub const NATS_REACHABLE: &str = "NatsReachable";
+/// Condition type (AgentRelease): True while targeted devices failed their current attempt. Unlike the others it
+/// is bad when True, as Kubernetes' own `*Degraded`/`*Pressure` conditions are.
+pub const DEGRADED: &str = "Degraded";
 
 /// Reason: placed (or resolved) successfully.
 pub const REASON_PLACED: &str = "Placed";
@@ -38,6 +41,10 @@ pub const REASON_CONFLICT: &str = "Conflict";
 pub const REASON_NATS_OK: &str = "Connected";
 /// Reason: NATS did not answer.
 pub const REASON_NATS_UNREACHABLE: &str = "NatsUnreachable";
+/// Reason (Degraded=True): devices failed their current attempt.
+pub const REASON_DEVICES_FAILED: &str = "DevicesFailed";
+/// Reason (Degraded=False): no targeted device has failed.
+pub const REASON_NO_FAILURES: &str = "NoFailures";
 /// Most characters of a condition message (the API server's own limit is 32 KiB; people read these).
 pub const MAX_MESSAGE_CHARS: usize = 1024;
 
@@ -46,7 +53,7 @@ pub const MAX_MESSAGE_CHARS: usize = 1024;
 pub struct Want {
     /// Type.
     pub type_: &'static str,
-    /// True or False.
+    /// The condition's status: true for "True" (which is bad for [`DEGRADED`], see [`is_bad`]).
     pub ok: bool,
     /// PascalCase reason.
     pub reason: &'static str,
@@ -93,14 +100,23 @@ pub fn merge(
         .collect()
 }
 
-/// Conditions that just turned False (or appeared False): each deserves a Warning event.
+/// Whether a condition reports a problem: False for the positive types, True for `Degraded`.
+pub fn is_bad(c: &Condition) -> bool {
+    if c.type_ == DEGRADED {
+        c.status == "True"
+    } else {
+        c.status == "False"
+    }
+}
+
+/// Conditions that just turned bad (or appeared bad), see [`is_bad`]: each deserves a Warning event.
 pub fn newly_failing<'a>(existing: &[Condition], next: &'a [Condition]) -> Vec<&'a Condition> {
     next.iter()
-        .filter(|c| c.status == "False")
+        .filter(|c| is_bad(c))
         .filter(|c| {
             !existing
                 .iter()
-                .any(|o| o.type_ == c.type_ && o.status == "False" && o.reason == c.reason)
+                .any(|o| o.type_ == c.type_ && is_bad(o) && o.reason == c.reason)
         })
         .collect()
 }
@@ -142,6 +158,18 @@ mod tests {
         // False for another reason: an event again
         let other = merge(&bad, &[want(false, REASON_GROUP_SOURCE)], Some(2), &t0);
         assert_eq!(newly_failing(&bad, &other).len(), 1);
+        // Degraded is bad when True: an event when it turns True, none when it is False
+        let degraded = |ok: bool, reason| Want {
+            type_: DEGRADED,
+            ok,
+            reason,
+            message: "m".into(),
+        };
+        let calm = merge(&[], &[degraded(false, REASON_NO_FAILURES)], None, &t0);
+        assert!(newly_failing(&[], &calm).is_empty());
+        let hurt = merge(&calm, &[degraded(true, REASON_DEVICES_FAILED)], None, &t1);
+        assert_eq!(newly_failing(&calm, &hurt).len(), 1);
+        assert!(newly_failing(&hurt, &hurt).is_empty());
         // long messages are bounded
         let long = Want {
             message: "x".repeat(5000),

@@ -214,7 +214,8 @@ pub struct ReleaseBuild {
     printcolumn = r#"{"name":"Devices","type":"integer","jsonPath":".status.targetedDevices"}"#,
     printcolumn = r#"{"name":"UpToDate","type":"integer","jsonPath":".status.upToDate"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.failed"}"#,
-    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentReleaseSpec {

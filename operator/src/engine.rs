@@ -413,6 +413,50 @@ fn ready_want(result: &Result<String, (&'static str, String)>) -> Want {
     }
 }
 
+/// A release's counts and a few failed devices' descriptions, or why it could not be placed (reason, message).
+type ReleaseResult = Result<(ReleaseCounts, Vec<String>), (&'static str, String)>;
+
+/// Most failed devices a Degraded message names (the counts carry the rest).
+const FAILED_EXAMPLES: usize = 5;
+
+/// "1 device", "3 devices".
+fn devices(n: u32) -> String {
+    if n == 1 {
+        "1 device".into()
+    } else {
+        format!("{n} devices")
+    }
+}
+
+/// Degraded=True while some targeted devices failed their current attempt, naming a few with their reasons.
+fn degraded_want(c: &ReleaseCounts, failed: &[String]) -> Want {
+    if c.failed == 0 {
+        return Want {
+            type_: conditions::DEGRADED,
+            ok: false,
+            reason: conditions::REASON_NO_FAILURES,
+            message: "no targeted device has failed its current attempt".into(),
+        };
+    }
+    let more = (c.failed as usize).saturating_sub(failed.len());
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Want {
+        type_: conditions::DEGRADED,
+        ok: true,
+        reason: conditions::REASON_DEVICES_FAILED,
+        message: format!(
+            "{} of {} failed the agent upgrade: {}{tail}; see each Device's status.agentUpgrade",
+            c.failed,
+            devices(c.targeted),
+            failed.join(", ")
+        ),
+    }
+}
+
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
@@ -519,8 +563,7 @@ impl Engine {
         let mut sorted_rel: Vec<_> = rel_objs.iter().collect();
         sorted_rel.sort_by_key(|r| r.name_any());
         let mut owner: BTreeMap<DeviceId, String> = BTreeMap::new();
-        let mut rel_results: BTreeMap<String, Result<ReleaseCounts, (&'static str, String)>> =
-            BTreeMap::new();
+        let mut rel_results: BTreeMap<String, ReleaseResult> = BTreeMap::new();
         let infos = self.mirrors.info.values();
         let statuses = self.mirrors.upgrade.values();
         for r in sorted_rel {
@@ -603,6 +646,7 @@ impl Engine {
             if let Some(e) = writes {
                 nats_error = Some(e.to_string());
             }
+            let mut failed = Vec::new();
             for dev in &mine {
                 let cur = self.mirrors.intent.get(dev.as_str()).and_then(|s| s.value);
                 let decision = release::decide_intent(
@@ -612,15 +656,15 @@ impl Engine {
                     cur.as_ref(),
                     AttemptId::new_random,
                 );
-                release::count_device(
-                    &mut counts,
-                    &decision,
-                    cur.as_ref(),
-                    statuses.get(dev.as_str()),
-                );
+                let status = statuses.get(dev.as_str());
+                if release::count_device(&mut counts, &decision, cur.as_ref(), status)
+                    && failed.len() < FAILED_EXAMPLES
+                {
+                    failed.push(release::describe_failure(dev, status));
+                }
             }
             if conflicts.is_empty() {
-                rel_results.insert(name, Ok(counts));
+                rel_results.insert(name, Ok((counts, failed)));
             } else {
                 conflicts.truncate(10);
                 rel_results.insert(
@@ -643,7 +687,7 @@ impl Engine {
             let (count, want) = match groups.get(&g.name_any()) {
                 Some(Ok(m)) => (
                     Some(m.len() as u32),
-                    ready_want(&Ok(format!("{} devices", m.len()))),
+                    ready_want(&Ok(devices(m.len() as u32))),
                 ),
                 Some(Err(e)) => (
                     None,
@@ -674,7 +718,7 @@ impl Engine {
                             c.len(), c[0].1, c[0].0, c[0].2
                         ),
                     )),
-                    None => Ok(format!("placed on {n} devices")),
+                    None => Ok(format!("placed on {}", devices(*n as u32))),
                 },
                 Some(Err(e)) => Err((e.reason(), format!("{e}; workloads already placed are kept unchanged"))),
                 None => continue,
@@ -702,16 +746,22 @@ impl Engine {
             let Some(result) = rel_results.get(&name) else {
                 continue;
             };
-            let counts = result.as_ref().ok().copied();
+            let counts = result.as_ref().ok().map(|(c, _)| *c);
             let ready = result
                 .as_ref()
-                .map(|c| {
+                .map(|(c, _)| {
                     format!(
-                        "{} devices, {} up to date, {} failed",
-                        c.targeted, c.up_to_date, c.failed
+                        "{}, {} up to date, {} failed",
+                        devices(c.targeted),
+                        c.up_to_date,
+                        c.failed
                     )
                 })
                 .map_err(Clone::clone);
+            let mut wants = vec![ready_want(&ready), nats.clone()];
+            if let Ok((c, failed)) = result {
+                wants.push(degraded_want(c, failed));
+            }
             let old = r.status.clone().unwrap_or_default();
             let next = PlacementStatus {
                 observed_generation: r.metadata.generation,
@@ -719,12 +769,7 @@ impl Engine {
                 up_to_date: counts.map(|c| c.up_to_date),
                 failed: counts.map(|c| c.failed),
                 in_progress: counts.map(|c| c.in_progress),
-                conditions: conditions::merge(
-                    &old.conditions,
-                    &[ready_want(&ready), nats.clone()],
-                    r.metadata.generation,
-                    &now,
-                ),
+                conditions: conditions::merge(&old.conditions, &wants, r.metadata.generation, &now),
             };
             kube_writes.extend(self.status_write(r, &old, next));
         }

@@ -58,6 +58,12 @@ pub fn resolve_group(
     selector: &LabelSelector,
     devices: &BTreeMap<DeviceId, Labels>,
 ) -> Result<BTreeSet<DeviceId>, GroupError> {
+    // A selector that cannot be evaluated is an error even when there are no devices to evaluate it on: an
+    // empty fleet must not turn a broken group into a group of 0.
+    selector_matches(selector, &Labels::new()).map_err(|error| GroupError::Selector {
+        group: name.to_owned(),
+        error,
+    })?;
     // Collected in key order, so the set is built in bulk rather than by one insert per member.
     devices
         .iter()
@@ -323,6 +329,11 @@ mod tests {
         );
         assert!(matches!(
             resolve_group("g", &expr_sel(), &d),
+            Err(GroupError::Selector { .. })
+        ));
+        // with no devices at all, a broken selector is still an error, not an empty group
+        assert!(matches!(
+            resolve_group("g", &expr_sel(), &BTreeMap::new()),
             Err(GroupError::Selector { .. })
         ));
     }

@@ -89,12 +89,13 @@ pub struct ReleaseCounts {
 }
 
 /// Aggregates one device into `counts`: its decision, and the status the agent reported for the current attempt.
+/// Returns true when the device counted as failed.
 pub fn count_device(
     counts: &mut ReleaseCounts,
     decision: &IntentDecision,
     current: Option<&AgentUpgradeAttempt>,
     status: Option<&AgentUpgradeStatus>,
-) {
+) -> bool {
     counts.targeted += 1;
     match decision {
         IntentDecision::UpToDate => counts.up_to_date += 1,
@@ -104,11 +105,35 @@ pub fn count_device(
                 s.attempt_id.is_some() && s.attempt_id == current.map(|a| a.attempt_id)
             };
             match status.filter(same).map(|s| s.phase) {
-                Some(UpgradePhase::Failed | UpgradePhase::RollbackFailed) => counts.failed += 1,
+                Some(UpgradePhase::Failed | UpgradePhase::RollbackFailed) => {
+                    counts.failed += 1;
+                    return true;
+                }
                 _ => counts.in_progress += 1,
             }
         }
         IntentDecision::Unknown | IntentDecision::NoBuild | IntentDecision::Incapable => {}
+    }
+    false
+}
+
+/// How a failed device reads in a condition message: its id, phase and typed reason (`dev-1 failed: probe-failed`).
+pub fn describe_failure(device: &DeviceId, status: Option<&AgentUpgradeStatus>) -> String {
+    let word = |v: serde_json::Result<serde_json::Value>| {
+        v.ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    match status {
+        Some(s) => match s.reason {
+            Some(r) => format!(
+                "{device} {}: {}",
+                word(serde_json::to_value(s.phase)),
+                word(serde_json::to_value(r))
+            ),
+            None => format!("{device} {}", word(serde_json::to_value(s.phase))),
+        },
+        None => device.to_string(),
     }
 }
 
@@ -247,12 +272,19 @@ mod tests {
         let mut old_failed = fixtures::failed_status();
         old_failed.attempt_id = Some(AttemptId::new_random());
         let mut c = ReleaseCounts::default();
-        count_device(&mut c, &IntentDecision::UpToDate, None, None);
-        count_device(&mut c, &IntentDecision::Keep, Some(&a), Some(&failed));
-        count_device(&mut c, &IntentDecision::Keep, Some(&a), Some(&running));
-        count_device(&mut c, &IntentDecision::Keep, Some(&a), Some(&old_failed));
-        count_device(&mut c, &IntentDecision::Write(a.clone()), None, None);
-        count_device(&mut c, &IntentDecision::Unknown, None, None);
+        let counted_failed = [
+            count_device(&mut c, &IntentDecision::UpToDate, None, None),
+            count_device(&mut c, &IntentDecision::Keep, Some(&a), Some(&failed)),
+            count_device(&mut c, &IntentDecision::Keep, Some(&a), Some(&running)),
+            count_device(&mut c, &IntentDecision::Keep, Some(&a), Some(&old_failed)),
+            count_device(&mut c, &IntentDecision::Write(a.clone()), None, None),
+            count_device(&mut c, &IntentDecision::Unknown, None, None),
+        ];
+        assert_eq!(counted_failed, [false, true, false, false, false, false]);
+        let dev = DeviceId::try_from("dev-1").expect("id");
+        let text = describe_failure(&dev, Some(&failed));
+        assert_eq!(text, "dev-1 failed: start-failed");
+        assert_eq!(describe_failure(&dev, None), "dev-1");
         assert_eq!(
             c,
             ReleaseCounts {

@@ -24,8 +24,8 @@ pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
     )
 }
 
-/// Patches the `status` of the cluster-scoped object `obj` (merge patch) and publishes one Warning event per
-/// condition in `failing` (conditions that just turned False).
+/// Replaces the `status` of the cluster-scoped object `obj` and publishes one Warning event per
+/// condition in `failing` (conditions that just turned bad).
 pub async fn write_status<K, S>(
     client: &Client,
     recorder: &Recorder,
@@ -51,10 +51,10 @@ where
             type_: EventType::Warning,
             reason: c.reason.clone(),
             note: Some(c.message.clone()),
-            action: if c.type_ == conditions::NATS_REACHABLE {
-                "WriteNats".into()
-            } else {
-                "Place".into()
+            action: match c.type_.as_str() {
+                conditions::NATS_REACHABLE => "WriteNats".into(),
+                conditions::DEGRADED => "Upgrade".into(),
+                _ => "Place".into(),
             },
             secondary: None,
         };
@@ -64,13 +64,21 @@ where
         }
     }
     let api: Api<K> = Api::all(client.clone());
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({ "status": status })),
-    )
-    .await?;
+    api.patch_status(&name, &PatchParams::default(), &replace_status(status)?)
+        .await?;
     Ok(())
+}
+
+/// A patch that replaces `status` whole. A merge patch would keep every key the new status lacks (an earlier
+/// attempt's `reason` or `error`, a group's old `memberCount`), so a person would read fields that are no longer
+/// true; JSON patch `add` on `/status` replaces the object (and creates it when absent).
+pub fn replace_status<S: Serialize>(status: &S) -> Result<Patch<()>, kube::Error> {
+    let value = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        { "op": "add", "path": "/status", "value": value }
+    ]))
+    .map_err(kube::Error::SerdeError)?;
+    Ok(Patch::Json(patch))
 }
 
 /// Creates the Device object `name` if it does not exist (a device that reported in NATS), with `labels`.
@@ -100,18 +108,14 @@ pub async fn create_device(
     }
 }
 
-/// Patches a Device's mirrored status.
+/// Replaces a Device's mirrored status.
 pub async fn write_device_status(
     client: &Client,
     name: &str,
     status: &DeviceStatus,
 ) -> Result<(), kube::Error> {
     let api: Api<Device> = Api::all(client.clone());
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({ "status": status })),
-    )
-    .await?;
+    api.patch_status(name, &PatchParams::default(), &replace_status(status)?)
+        .await?;
     Ok(())
 }

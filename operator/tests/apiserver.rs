@@ -384,6 +384,67 @@ async fn device_status_follows_nats() {
     assert_eq!(up.phase, UpgradePhase::Failed);
     assert_eq!(up.transitions, st.transitions);
     assert_eq!(status.last_heartbeat, Some(hb.at.to_string()));
+
+    // a new attempt's record without reason, error or invocation id: the Device shows exactly that record, with
+    // nothing left over from the failed one
+    let mut next = fixtures::upgrade_status();
+    next.device_id = info.device_id.clone();
+    next.attempt_id = Some(AttemptId::new_random());
+    assert!(next.reason.is_none() && next.error.is_none() && next.invocation_id.is_none());
+    f.bucket(fleet_wire::kv::AGENT_UPGRADE_STATUS)
+        .await
+        .put(name.as_str(), serde_json::to_vec(&next).unwrap().into())
+        .await
+        .expect("put status");
+    let up = eventually("Device shows the new attempt", || async {
+        let u = devices.get(&name).await.ok()?.status?.agent_upgrade?;
+        (u.attempt_id == next.attempt_id).then_some(u)
+    })
+    .await;
+    assert_eq!(up, next, "the Device mirrors the current record exactly");
+    let raw = Api::<Device>::all(f.client.clone())
+        .get(&name)
+        .await
+        .expect("get");
+    let v = serde_json::to_value(raw).unwrap();
+    let rec = v.pointer("/status/agentUpgrade").expect("agentUpgrade");
+    for stale in ["reason", "error", "invocationId", "drainDurationMs"] {
+        assert!(rec.get(stale).is_none(), "stale {stale} kept: {rec}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_in_source_error_has_no_member_count() {
+    let mut f = Fleet::new("grouperr").await;
+    f.start_operator();
+    let group = f.name("site");
+    f.group(&group, json!({"matchLabels": {"fleet-test": f.run}}))
+        .await;
+    let groups: Api<DeviceGroup> = Api::all(f.client.clone());
+    // no devices at all: a valid group has 0 members
+    eventually("memberCount 0", || async {
+        (groups.get(&group).await.ok()?.status?.member_count == Some(0)).then_some(())
+    })
+    .await;
+    // the selector breaks while there are still no devices: a source error, and no count at all (not 0)
+    groups
+        .patch(
+            &group,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {"matchExpressions": [
+                {"key": "site", "operator": "In", "values": ["a"]}]}}})),
+        )
+        .await
+        .expect("patch group");
+    let s = eventually("GroupSourceError", || async {
+        let s = groups.get(&group).await.ok()?.status?;
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.reason == "GroupSourceError")
+            .then_some(s)
+    })
+    .await;
+    assert_eq!(s.member_count, None, "a group in source error has no count");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,9 +529,40 @@ async fn two_operators_write_each_attempt_once() {
         .await
         .expect("status");
     let releases: Api<AgentRelease> = Api::all(f.client.clone());
-    eventually("release status counts the failure", || async {
+    let status = eventually("release status counts the failure", || async {
         let s = releases.get(&rel).await.ok()?.status?;
         (s.failed == Some(1) && s.up_to_date == Some(1) && s.targeted_devices == Some(N as u32 + 1))
+            .then_some(s)
+    })
+    .await;
+    // a release with a failed device says so in a condition a person notices, and in a Warning event
+    let degraded = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .expect("Degraded condition");
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "DevicesFailed")
+    );
+    assert!(
+        degraded
+            .message
+            .contains(&format!("{} failed: start-failed", names[0])),
+        "{}",
+        degraded.message
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(f.client.clone(), "default");
+    eventually("DevicesFailed Warning event", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("DevicesFailed")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(rel.as_str())
+            })
             .then_some(())
     })
     .await;
