@@ -70,6 +70,8 @@ struct Agent {
     errors: BTreeMap<WorkloadName, String>,
     mirrored: Option<AgentUpgradeStatus>,
     in_flight: Option<AttemptId>,
+    /// The attempt last published as pending because the updater was unreachable, with its error text.
+    last_pending: Option<(AttemptId, Option<BoundedText>)>,
     beat: u64,
     draining: Arc<AtomicBool>,
     tx: mpsc::Sender<Event>,
@@ -181,6 +183,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         errors: BTreeMap::new(),
         mirrored: None,
         in_flight: None,
+        last_pending: None,
         beat: 0,
         draining,
         tx,
@@ -319,6 +322,11 @@ impl Agent {
                 continue; // the signal event is next in the channel
             }
             let now = Instant::now();
+            // An attempt that just became active (sent, accepted) is polled at the active rate from now on, not
+            // after the idle interval that was scheduled before it.
+            if self.upgrade_active() {
+                next_poll = next_poll.min(now + self.cfg.updater_poll_interval);
+            }
             if now >= next_resync {
                 next_resync = now + self.cfg.resync_interval;
                 match self.kv.get(kv::DESIRED_STATE, &self.key) {
@@ -623,6 +631,7 @@ impl Agent {
         match r {
             Ok(Response::Accepted { status }) | Ok(Response::Status { status }) => {
                 log::info!("updater accepted attempt {id}");
+                self.last_pending = None;
                 self.bindings.mark_accepted(&id);
                 if let Err(e) = self.bindings.save(&self.paths.bindings_file()) {
                     log::warn!("recording acceptance of {id}: {e}");
@@ -644,13 +653,40 @@ impl Agent {
                 self.fail_attempt(id, reason, format!("updater refused: {code:?}: {message}"));
             }
             Err(e) => {
-                log::warn!("upgrade request {id} failed: {e}");
                 // The updater may still have it: the status poll shows the truth if it does.
                 self.poll_updater();
                 if self.mirrored.as_ref().and_then(|s| s.attempt_id) != Some(id) {
-                    self.fail_attempt(id, UpgradeReason::Busy, format!("updater unreachable: {e}"));
+                    self.updater_unreachable(id, &e);
                 }
             }
+        }
+    }
+
+    /// The updater never accepted attempt `id` because it could not be reached (socket absent, updater
+    /// restarting): the attempt has not failed. Publish it as pending with reason `updater-unreachable` and read
+    /// the intent again at the next resync, which sends it once the updater answers (it is bound, not accepted).
+    fn updater_unreachable(&mut self, id: AttemptId, e: &str) {
+        log::info!("upgrade attempt {id} not delivered, the updater is unreachable ({e}); it stays pending and is sent again when the updater answers");
+        self.intent_rev = None;
+        let bound = self.bindings.get(&id).map(|b| b.digest.clone());
+        let mut s = relay::new_status(
+            &self.cfg.device_id,
+            Some(id),
+            None,
+            bound.and_then(|d| fleet_wire::Sha256Hex::try_from(d.as_str()).ok()),
+            UpgradePhase::Preparing,
+            Some(UpgradeReason::UpdaterUnreachable),
+            Timestamp::now(),
+        );
+        s.error = Some(BoundedText::lossy(format!(
+            "the updater is unreachable ({e}); the attempt is delivered when it answers again"
+        )));
+        if self.last_pending.as_ref() == Some(&(id, s.error.clone())) {
+            return; // the same wait, already published
+        }
+        match self.put_upgrade_status(&s) {
+            Ok(_) => self.last_pending = Some((id, s.error.clone())),
+            Err(e) => log::warn!("publishing the pending attempt {id}: {e}"),
         }
     }
 
@@ -672,7 +708,8 @@ impl Agent {
     }
 
     /// SIGTERM: mutations are no longer admitted (the flag was set by the signal thread) and the current one has
-    /// finished (reconcile runs on this thread). Publish the acknowledged `stopping` status, flush, notify, exit.
+    /// finished (reconcile runs on this thread). During a cutover (or with an attempt in progress) publish the
+    /// acknowledged `stopping` status; otherwise only log the drain. Then flush, notify, exit.
     fn drain(&mut self, signalled: Instant) -> Result<(), AgentError> {
         let drain_ms = u64::try_from(signalled.elapsed().as_millis()).unwrap_or(u64::MAX);
         let current = self
@@ -691,17 +728,17 @@ impl Agent {
             UpgradeReason::Shutdown
         };
         let now = Timestamp::now();
+        // `agent-upgrade-status` describes the last attempt. A stop with no attempt in progress (a reboot, an
+        // admin's restart) is not part of one: writing `stopping` there would erase a terminal record (a failed
+        // upgrade would look in progress), so it is only logged.
         let mut s = match current {
             Some(s) if by_updater || !s.phase.is_terminal() => s,
-            _ => relay::new_status(
-                &self.cfg.device_id,
-                None,
-                None,
-                None,
-                UpgradePhase::Stopping,
-                Some(reason),
-                now,
-            ),
+            _ => {
+                log::info!(
+                    "drained in {drain_ms} ms ({reason:?}); no upgrade attempt in progress, agent-upgrade-status left as it is"
+                );
+                return self.finish_drain();
+            }
         };
         if s.phase == UpgradePhase::Stopping {
             // The updater already recorded the transition; add the reason without a duplicate entry.
@@ -720,6 +757,11 @@ impl Agent {
             ),
             Err(e) => log::warn!("stopping status not acknowledged: {e}"),
         }
+        self.finish_drain()
+    }
+
+    /// The end of every drain: flush NATS, notify STOPPING=1, exit.
+    fn finish_drain(&mut self) -> Result<(), AgentError> {
         if let Err(e) = self.nats.flush(DRAIN_FLUSH_TIMEOUT) {
             log::warn!("NATS flush: {e}");
         }

@@ -1,6 +1,7 @@
-//! SIGTERM during a slow Podman mutation: the agent admits no new mutation, waits for the current one, publishes
-//! an acknowledged `stopping` status with reason and drain duration, notifies STOPPING=1 and exits 0. Also: a
-//! second agent exits at once with a clear error while the first holds the lock.
+//! SIGTERM during a slow Podman mutation: the agent admits no new mutation, waits for the current one, logs the
+//! drain duration, notifies STOPPING=1 and exits 0 — and, with no upgrade attempt in progress, leaves the last
+//! attempt's terminal `agent-upgrade-status` record exactly as it was (a stop must not make a failed upgrade look
+//! in progress). Also: a second agent exits at once with a clear error while the first holds the lock.
 #![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -25,6 +26,13 @@ fn sigterm_waits_for_the_current_mutation() {
             .expect("put");
     };
     put(vec![w], 1);
+    // The last attempt failed: the updater reports it, and it is what NATS shows.
+    let mut failed = fleet_wire::fixtures::failed_status();
+    failed.device_id = DeviceId::try_from(DEVICE).unwrap();
+    rig.peer.status.lock().unwrap().agent_upgrade = Some(failed.clone());
+    store(&rig.nc(), kv::AGENT_UPGRADE_STATUS)
+        .put(DEVICE, serde_json::to_vec(&failed).unwrap())
+        .expect("put failed status");
     let mut agent = rig.spawn_agent();
     agent.wait_ready();
 
@@ -78,12 +86,23 @@ fn sigterm_waits_for_the_current_mutation() {
         "the mutation in progress completed"
     );
     let got: AgentUpgradeStatus =
-        get_json(&store(&rig.nc(), kv::AGENT_UPGRADE_STATUS), DEVICE).expect("stopping status");
-    assert_eq!(got.phase, UpgradePhase::Stopping);
-    assert_eq!(got.reason, Some(UpgradeReason::Shutdown));
-    let drained = got.drain_duration_ms.expect("drain duration");
+        get_json(&store(&rig.nc(), kv::AGENT_UPGRADE_STATUS), DEVICE).expect("status");
+    assert_eq!(
+        got, failed,
+        "a stop outside an attempt leaves the terminal record"
+    );
+    assert_eq!(got.phase, UpgradePhase::Failed);
+    assert_eq!(got.reason, Some(UpgradeReason::StartFailed));
+    let log = agent.log_text();
+    let drained: u64 = log
+        .split("drained in ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no drain duration logged: {log}"));
     assert!(
         drained >= 500,
         "the drain waited for the stop in progress ({drained} ms)"
     );
+    assert!(log.contains("Shutdown"), "{log}");
 }

@@ -176,3 +176,113 @@ fn sigterm_while_the_updater_stops_the_agent_reports_reason_updater() {
     assert_eq!(got.reason, Some(UpgradeReason::Updater));
     assert!(got.drain_duration_ms.is_some());
 }
+
+/// Once the updater accepted an attempt, its status is polled every `updater_poll_ms`, not at the idle resync
+/// interval that was scheduled before the attempt arrived: a result reaches NATS within a few polls.
+#[test]
+fn an_accepted_attempt_is_polled_at_the_active_rate() {
+    let rig = Rig::new(false, "");
+    // A long idle interval, so that a result mirrored in time can only come from the active poll rate.
+    let text = std::fs::read_to_string(&rig.config).expect("config");
+    std::fs::write(
+        &rig.config,
+        text.replace("resync_secs = 2", "resync_secs = 60"),
+    )
+    .expect("config");
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let nc = rig.nc();
+    let statuses = store(&nc, kv::AGENT_UPGRADE_STATUS);
+    let good = attempt();
+    let mut s = fleet_wire::fixtures::upgrade_status();
+    s.device_id = good.device_id.clone();
+    s.attempt_id = Some(good.attempt_id);
+    s.attempt_digest = Some(good.digest());
+    s.target_version = Some(good.target_version.clone());
+    // the updater accepts and reports `preparing`
+    rig.peer.status.lock().unwrap().agent_upgrade = Some(s.clone());
+    store(&nc, kv::AGENT_UPGRADE_INTENT)
+        .put(DEVICE, serde_json::to_vec(&good).unwrap())
+        .expect("put intent");
+    eventually(
+        &agent,
+        Duration::from_secs(20),
+        "one upgrade request",
+        || (rig.peer.mutating_requests().len() == 1).then_some(()),
+    );
+    // then fails; NATS must show it long before the 60 s idle interval
+    s.enter(
+        UpgradePhase::Failed,
+        fleet_wire::fixtures::t(5),
+        Some(UpgradeReason::DigestMismatch),
+    );
+    rig.peer.status.lock().unwrap().agent_upgrade = Some(s.clone());
+    let changed = std::time::Instant::now();
+    eventually(
+        &agent,
+        Duration::from_secs(10),
+        "failed mirrored at the active poll rate",
+        || {
+            let got: AgentUpgradeStatus = get_json(&statuses, DEVICE)?;
+            (got.phase == UpgradePhase::Failed).then_some(())
+        },
+    );
+    eprintln!(
+        "result mirrored {:?} after the updater reported it",
+        changed.elapsed()
+    );
+}
+
+/// An intent that arrives while the updater is unreachable has not failed: it is published as pending (phase
+/// `preparing`, reason `updater-unreachable`) and delivered once the updater answers again.
+#[test]
+fn an_unreachable_updater_keeps_the_attempt_pending_and_gets_it_later() {
+    let rig = Rig::new(false, "");
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let nc = rig.nc();
+    let statuses = store(&nc, kv::AGENT_UPGRADE_STATUS);
+    // the updater goes away (its socket is gone, as while it restarts)
+    std::fs::remove_file(&rig.peer.path).expect("remove updater socket");
+    let good = attempt();
+    store(&nc, kv::AGENT_UPGRADE_INTENT)
+        .put(DEVICE, serde_json::to_vec(&good).unwrap())
+        .expect("put intent");
+    let pending: AgentUpgradeStatus = eventually(
+        &agent,
+        Duration::from_secs(20),
+        "pending with reason updater-unreachable",
+        || {
+            let s: AgentUpgradeStatus = get_json(&statuses, DEVICE)?;
+            (s.reason == Some(UpgradeReason::UpdaterUnreachable)).then_some(s)
+        },
+    );
+    assert_eq!(pending.phase, UpgradePhase::Preparing);
+    assert_eq!(pending.attempt_id, Some(good.attempt_id));
+    assert!(
+        pending
+            .error
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("unreachable")),
+        "{pending:?}"
+    );
+    // the updater is back: the attempt is delivered, once, without a new intent
+    let back = UpdaterPeer::start(&rig.peer.path);
+    eventually(&agent, Duration::from_secs(20), "attempt delivered", || {
+        (back.mutating_requests().len() == 1).then_some(())
+    });
+    assert_eq!(
+        back.mutating_requests()[0],
+        fleet_wire::Request::Upgrade {
+            attempt: good.clone()
+        }
+    );
+    let s: AgentUpgradeStatus = get_json(&statuses, DEVICE).expect("status");
+    assert_ne!(s.phase, UpgradePhase::Failed, "{s:?}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        back.mutating_requests().len(),
+        1,
+        "sent once after acceptance"
+    );
+}

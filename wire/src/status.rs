@@ -68,6 +68,9 @@ pub enum UpgradeReason {
     Interrupted,
     /// Restoring the previous link or starting the previous agent failed.
     RestoreFailed,
+    /// The agent could not reach the updater: the attempt is still pending (phase `preparing`) and is delivered
+    /// when the updater answers again. Never a failure.
+    UpdaterUnreachable,
 }
 
 /// One timed phase change.
