@@ -176,10 +176,31 @@ fn handle(stream: &UnixStream, updater: &Updater, cfg: &ServerConfig) {
                 }
             }
         },
-        Ok(Request::SystemUpgrade { .. }) => Response::error(
-            ErrorCode::UnknownRequest,
-            "system-upgrade is not implemented by this updater yet",
-        ),
+        Ok(Request::SystemUpgrade { attempt }) => match updater.accept_system(attempt) {
+            Err(r) => r.into(),
+            Ok(Accepted::Current(status)) => Response::Accepted { status },
+            Ok(Accepted::Started(status)) => {
+                let u = updater.clone();
+                let spawned =
+                    thread::Builder::new()
+                        .name("system-upgrade".into())
+                        .spawn(move || {
+                            if let Err(c) = u.run_system() {
+                                log::error!("{c}");
+                            }
+                        });
+                match spawned {
+                    Ok(_) => Response::Accepted { status },
+                    Err(e) => Response::error(
+                        ErrorCode::Internal,
+                        format!(
+                            "could not start the system-upgrade thread: {e}; restart fleet-updater (the \
+                             journaled attempt resumes)"
+                        ),
+                    ),
+                }
+            }
+        },
     };
     answer(stream, response);
 }
