@@ -67,9 +67,11 @@ pub enum SystemUpgradePhase {
 }
 
 impl SystemUpgradeStatus {
-    /// A status for an attempt the updater never accepted (refused, expired, rejected): phase `failed`.
+    /// A status for an attempt the updater never accepted (expired, rejected, refused): phase `failed`, with
+    /// `acceptedAt` and `completedAt` both the time of the decision.
     pub fn refused(
-        attempt: &SystemUpgradeAttempt,
+        run_uid: AttemptId,
+        device_id: DeviceId,
         reason: SystemUpgradeReason,
         error: impl AsRef<str>,
         at: Timestamp,
@@ -81,8 +83,8 @@ impl SystemUpgradeStatus {
             reason: None,
         });
         Self {
-            run_uid: attempt.run_uid,
-            device_id: attempt.device_id.clone(),
+            run_uid,
+            device_id,
             phase: SystemUpgradePhase::Failed,
             reason: Some(reason),
             error: Some(BoundedText::lossy(error)),
