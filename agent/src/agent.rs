@@ -348,6 +348,11 @@ impl Agent {
                 continue; // the signal event is next in the channel
             }
             let now = Instant::now();
+            // A transaction just became active (sent, accepted): poll at the fast rate from now on, not after a
+            // slow-rate wait scheduled while nothing was active.
+            if self.upgrade_active() {
+                next_poll = next_poll.min(now + self.cfg.updater_poll_interval);
+            }
             if now >= next_resync {
                 next_resync = now + self.cfg.resync_interval;
                 match self.kv.get(kv::DESIRED_STATE, &self.key) {
