@@ -30,7 +30,10 @@ pub fn run(config_path: &Path) -> Result<(), String> {
         services: Arc::new(Systemctl::default()),
         prober: Prober::new(cfg.agent_user.clone(), PROBE_TIMEOUT),
         faults: Faults::from_env(),
-        system: SystemDeps::production(&paths),
+        system: SystemDeps {
+            reboot_retry: cfg.system_reboot_retry,
+            ..SystemDeps::production(&paths)
+        },
     };
     let (updater, pending) = Updater::open(
         paths.clone(),

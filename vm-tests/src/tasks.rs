@@ -257,7 +257,9 @@ impl FleetLock {
             .spawn()
             .unwrap_or_else(|e| panic!("start fleetlock-server: {e}"));
         let s = Self { child, port, dir };
-        let up = wait_for(Duration::from_secs(30), || s.get("/healthz").map(|_| ()));
+        let up = wait_for(Duration::from_secs(30), || {
+            get(s.port, "/healthz").map(|_| ())
+        });
         assert!(up.is_some(), "fleetlock-server did not start:\n{}", s.log());
         s
     }
@@ -267,30 +269,22 @@ impl FleetLock {
         self.port
     }
 
-    fn get(&self, path: &str) -> Option<String> {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            c,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut out = String::new();
-        c.take(1 << 20).read_to_string(&mut out).ok()?;
-        let (head, body) = out.split_once("\r\n\r\n")?;
-        head.starts_with("HTTP/1.1 200").then(|| body.to_string())
-    }
-
     /// Holders of group `default` (`/v1/status`).
     pub fn holders(&self) -> usize {
-        let body = self.get("/v1/status").unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        v["groups"]
-            .as_array()
-            .and_then(|g| g.iter().find(|g| g["name"] == "default"))
-            .and_then(|g| g["holders"].as_array().map(Vec::len))
-            .unwrap_or(0)
+        self.holder_ids().len()
+    }
+
+    /// The ids holding a slot of group `default` now.
+    pub fn holder_ids(&self) -> Vec<String> {
+        holder_ids_at(self.port)
+    }
+
+    /// The guest configuration for `fleet-reboot` and the updater's reboots: this server, group `default`.
+    pub fn client_config(&self) -> String {
+        format!(
+            "server: http://127.0.0.1:{}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n",
+            self.port
+        )
     }
 
     /// The server's log.
@@ -304,4 +298,36 @@ impl Drop for FleetLock {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET <path>` from a server on 127.0.0.1:`port`; the body of a 200 answer.
+fn get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    c.take(1 << 20).read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// The ids holding a slot of group `default` of the FleetLock server on 127.0.0.1:`port` (`/v1/status`).
+pub fn holder_ids_at(port: u16) -> Vec<String> {
+    let body = get(port, "/v1/status").unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    v["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|g| g["name"] == "default"))
+        .and_then(|g| g["holders"].as_array())
+        .map(|h| {
+            h.iter()
+                .filter_map(|x| x["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -9,7 +9,9 @@
 use fleet_rig::NatsServer;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::fleet::{one_device_at_a_time, Device, Operator};
-use fleet_vm_tests::tasks::{apt_history_runs, installed, AptRepo, FleetLock, Tasks};
+use fleet_vm_tests::tasks::{
+    apt_history_runs, holder_ids_at, installed, AptRepo, FleetLock, Tasks,
+};
 use fleet_wire::{Capability, SystemUpgradePhase as P, SystemUpgradeReason as R};
 use std::time::Duration;
 
@@ -181,11 +183,7 @@ fn system_upgrade_on_a_debian_device() {
     //    written, the guest reboots, and after the boot the run completes and the slot is released.
     guest.write_file(
         "/etc/harmony-fleet/fleet-reboot.yaml",
-        format!(
-            "server: http://127.0.0.1:{}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n",
-            lock.port()
-        )
-        .as_bytes(),
+        lock.client_config().as_bytes(),
         0o644,
     );
     repo.install_now(guest, &repo.build("fleet-test-reboot", "1.0", ""));
@@ -242,4 +240,125 @@ fn system_upgrade_on_a_debian_device() {
         history + 1,
         "apt ran once across the reboot"
     );
+}
+
+/// One device of the two-device case: its own NATS (both use the scenario device id), device, buckets and
+/// repository, the shared FleetLock server relayed into its guest.
+struct Member {
+    device: Device,
+    tasks: Tasks,
+    _link: fleet_rig::nspawn::ForwardHandle,
+    _operator: Operator,
+    _nats: NatsServer,
+}
+
+#[test]
+fn two_devices_in_a_one_slot_group_never_reboot_together() {
+    let _one = one_device_at_a_time();
+    let lock = FleetLock::start();
+    let members: Vec<Member> = (0..2)
+        .map(|_| {
+            let nats = NatsServer::start();
+            let operator = Operator::new(&nats);
+            let mut device = Device::install(&nats, &operator, V1, None);
+            let link = device.guest.forward(lock.port());
+            let guest = &device.guest;
+            guest.write_file(
+                "/etc/harmony-fleet/fleet-reboot.yaml",
+                lock.client_config().as_bytes(),
+                0o644,
+            );
+            // The device that waits for the slot asks again every 3 s instead of every minute.
+            guest.sh(
+                "echo 'system_reboot_retry_secs = 3' >> /etc/harmony-fleet/updater.toml && \
+                 systemctl restart fleet-updater.service",
+            );
+            guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(60));
+            let repo = AptRepo::in_guest(guest);
+            repo.install_now(guest, &repo.build("fleet-test-reboot", "1.0", ""));
+            repo.publish(&repo.build(
+                "fleet-test-reboot",
+                "2.0",
+                "[ \"$1\" = configure ] && touch /run/reboot-required || true",
+            ));
+            Member {
+                tasks: Tasks::new(&nats),
+                device,
+                _link: link,
+                _operator: operator,
+                _nats: nats,
+            }
+        })
+        .collect();
+    let boots: Vec<String> = members.iter().map(|m| m.device.guest.boot_id()).collect();
+    let ids: Vec<String> = members
+        .iter()
+        .map(|m| {
+            m.device
+                .guest
+                .sh("cat /etc/machine-id; cat /proc/sys/kernel/hostname")
+        })
+        .collect();
+    assert_ne!(ids[0], ids[1], "both guests have the same identity");
+
+    // Watch the group's holders while both run: never more than one, and the order they held it in.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let stop = stop.clone();
+        let port = lock.port();
+        std::thread::spawn(move || {
+            let (mut max, mut order) = (0usize, Vec::<String>::new());
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let ids = holder_ids_at(port);
+                max = max.max(ids.len());
+                for id in ids {
+                    if order.last() != Some(&id) {
+                        order.push(id);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (max, order)
+        })
+    };
+    let attempts: Vec<_> = members
+        .iter()
+        .map(|m| {
+            let a = Tasks::attempt(HOUR);
+            m.tasks.put_intent(&a);
+            a
+        })
+        .collect();
+    for (m, a) in members.iter().zip(&attempts) {
+        let done = m.tasks.wait(
+            a,
+            Duration::from_secs(400),
+            "success with the first heartbeat after the reboot",
+            |s| {
+                s.phase.is_terminal()
+                    && (s.phase != P::Succeeded || s.first_heartbeat_after_completion.is_some())
+            },
+            || {
+                format!(
+                    "{}\n--- fleetlock-server ---\n{}",
+                    m.device.logs(),
+                    lock.log()
+                )
+            },
+        );
+        assert_eq!((done.phase, done.reason), (P::Succeeded, None), "{done:#?}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (max, order) = watcher.join().expect("watcher");
+    for (m, before) in members.iter().zip(&boots) {
+        assert_ne!(&m.device.guest.boot_id(), before, "a device did not reboot");
+    }
+    assert_eq!(max, 1, "two holders of a one-slot group at once");
+    assert_eq!(
+        order.len(),
+        2,
+        "the slot went to one device, then the other: {order:?}"
+    );
+    assert_ne!(order[0], order[1]);
+    assert_eq!(lock.holders(), 0, "{}", lock.log());
 }
