@@ -171,34 +171,18 @@ impl SystemJournal {
 
     /// Parses and validates journal bytes; `origin` names the file in errors.
     pub fn parse(bytes: &[u8], origin: &str) -> Result<Self, SystemJournalError> {
-        let fail = |why: String| SystemJournalError {
+        durable::parse_validated(bytes).map_err(|why| SystemJournalError {
             path: origin.into(),
             why,
-        };
-        if bytes.len() as u64 > MAX_BYTES {
-            return Err(fail(format!("is larger than {MAX_BYTES} bytes")));
-        }
-        let j: SystemJournal =
-            serde_json::from_slice(bytes).map_err(|e| fail(format!("does not parse: {e}")))?;
-        j.validate()
-            .map_err(|e| fail(format!("is not valid: {e}")))?;
-        Ok(j)
+        })
     }
 
     /// Reads the journal at `path`; `Ok(None)` when no system upgrade ever ran.
     pub fn load(path: &Path) -> Result<Option<Self>, SystemJournalError> {
-        let origin = path.display().to_string();
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(SystemJournalError {
-                    path: origin,
-                    why: format!("cannot be read: {e}"),
-                })
-            }
-        };
-        Self::parse(&bytes, &origin).map(Some)
+        durable::load_validated(path).map_err(|why| SystemJournalError {
+            path: path.display().to_string(),
+            why,
+        })
     }
 
     /// Writes the journal to `path` durably.
@@ -246,6 +230,13 @@ impl SystemJournal {
             output_tail: self.output_tail.clone(),
             transitions,
         }
+    }
+}
+
+impl durable::Validated for SystemJournal {
+    const MAX_BYTES: u64 = MAX_BYTES;
+    fn check(&self) -> Result<(), String> {
+        self.validate()
     }
 }
 
