@@ -183,6 +183,23 @@ fn apt_runs_once_per_attempt_whatever_is_sent_again() {
 }
 
 #[test]
+fn a_corrupt_system_journal_stops_the_updater_before_its_socket_opens() {
+    let dev = Device::new();
+    let apt = FakeApt::new(&dev, "true", "true", "true");
+    std::fs::create_dir_all(dev.paths.state_dir()).expect("mkdir");
+    std::fs::write(dev.paths.system_journal(), b"{\"format\":1,").expect("write");
+    let e = match dev.open_system(&apt, vec![], Faults::none()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("opened over a corrupt journal"),
+    };
+    assert!(
+        e.contains("system-upgrade.json") && e.contains("does not parse"),
+        "{e}"
+    );
+    assert!(apt.calls().is_empty());
+}
+
+#[test]
 fn an_expired_attempt_never_starts() {
     let dev = Device::new();
     let apt = FakeApt::new(&dev, "true", "true", "true");

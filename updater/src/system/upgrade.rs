@@ -106,7 +106,10 @@ impl SystemUpgrades {
                     None,
                 )
                 .map_err(|_| {
-                    SystemOpenError::JournalWrite(format!("{}", this.journal_path.display()))
+                    SystemOpenError::JournalWrite(format!(
+                        "recording `repairing` in {} failed (see the log line before)",
+                        this.journal_path.display()
+                    ))
                 })?;
             }
         }
