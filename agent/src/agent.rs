@@ -1,6 +1,6 @@
 //! The running agent: start-up in the seed's readiness order, then one event loop that applies desired-state
-//! changes, relays upgrade intents, mirrors the updater's status, publishes heartbeat and workload status, and
-//! drains on SIGTERM.
+//! changes, relays agent-upgrade and system-upgrade intents, mirrors the updater's status, publishes heartbeat and
+//! workload status, and drains on SIGTERM.
 
 use crate::config::Config;
 use crate::lock::ProcessLock;
