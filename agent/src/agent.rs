@@ -1,6 +1,6 @@
 //! The running agent: start-up in the seed's readiness order, then one event loop that applies desired-state
-//! changes, relays upgrade intents, mirrors the updater's status, publishes heartbeat and workload status, and
-//! drains on SIGTERM.
+//! changes, relays agent-upgrade and system-upgrade intents, mirrors the updater's status, publishes heartbeat and
+//! workload status, and drains on SIGTERM.
 
 use crate::config::Config;
 use crate::lock::ProcessLock;
@@ -9,12 +9,13 @@ use crate::paths::Paths;
 use crate::podman::Podman;
 use crate::reconcile;
 use crate::relay::{self, Bindings, Decision};
+use crate::system_relay::{self, SystemRelay};
 use crate::updater::UpdaterClient;
 use fleet_wire::kv::{self, AGENT_REQUIRED_BUCKETS};
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, Architecture, AttemptId, BoundedText, DesiredState,
-    DeviceInfo, DeviceWorkloadStatus, ErrorCode, Heartbeat, Response, Timestamp, UpgradePhase,
-    UpgradeReason, Version, WorkloadName, WorkloadSpec,
+    DeviceInfo, DeviceWorkloadStatus, ErrorCode, Heartbeat, Response, SystemUpgradeStatus,
+    Timestamp, UpgradePhase, UpgradeReason, Version, WorkloadName, WorkloadSpec,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -50,6 +51,8 @@ enum Event {
     Desired(Change),
     Intent(Change),
     UpgradeAnswer(AttemptId, Box<Result<Response, String>>),
+    SystemIntent(String, Change),
+    SystemAnswer(AttemptId, Box<Result<Response, String>>),
 }
 
 struct Agent {
@@ -72,6 +75,9 @@ struct Agent {
     in_flight: Option<AttemptId>,
     /// The attempt last published as pending because the updater was unreachable, with its error text.
     last_pending: Option<(AttemptId, Option<BoundedText>)>,
+    system: SystemRelay,
+    /// Intents whose published status could not be read yet; read again on the next updater poll.
+    system_unread: Vec<(String, Change)>,
     beat: u64,
     draining: Arc<AtomicBool>,
     tx: mpsc::Sender<Event>,
@@ -122,19 +128,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         .map_err(|e| fail("buckets", e))?;
     let key = kv::device_key(&cfg.device_id);
 
-    // Readiness 4: device info.
-    let info = DeviceInfo {
-        device_id: cfg.device_id.clone(),
-        agent_version: version.clone(),
-        architecture: arch,
-        os: crate::device::os_info(&paths.os_release()),
-        capabilities: crate::device::capabilities(),
-        boot_id: crate::device::boot_id(),
-        published_at: Timestamp::now(),
-    };
-    put_json(&kv, kv::DEVICE_INFO, &key, &info).map_err(|e| fail("device-info", e))?;
-
-    // Readiness 5 and 6: the recovered updater transaction, and this binary's version against its target.
+    // The updater's status first: device info advertises only what the local updater supports.
     let updater = UpdaterClient::new(&cfg.updater_socket);
     let status =
         retry_until(STARTUP_DEPENDENCY_WAIT, &draining, || updater.status()).map_err(|e| {
@@ -143,6 +137,21 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
                 format!("{e} (is fleet-updater.service running?)"),
             )
         })?;
+
+    // Readiness 4: device info.
+    let info = DeviceInfo {
+        device_id: cfg.device_id.clone(),
+        agent_version: version.clone(),
+        architecture: arch,
+        os: crate::device::os_info(&paths.os_release()),
+        capabilities: crate::device::capabilities(&status.capabilities),
+        boot_id: crate::device::boot_id(),
+        published_at: Timestamp::now(),
+    };
+    put_json(&kv, kv::DEVICE_INFO, &key, &info).map_err(|e| fail("device-info", e))?;
+
+    // Readiness 5 and 6: the recovered updater transaction, and this binary's version against its target.
+    let recovered_system = status.system_upgrade.clone();
     let recovered = status
         .agent_upgrade
         .filter(|s| s.device_id == cfg.device_id);
@@ -165,6 +174,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     }
     let bindings = Bindings::load(&paths.bindings_file()).map_err(|e| fail("state", e))?;
 
+    let system = SystemRelay::new(cfg.device_id.clone());
     let mut agent = Agent {
         cfg,
         version,
@@ -184,6 +194,8 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         mirrored: None,
         in_flight: None,
         last_pending: None,
+        system,
+        system_unread: Vec::new(),
         beat: 0,
         draining,
         tx,
@@ -198,6 +210,8 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
 
     // Readiness 8: transaction status, when an upgrade is active (or our own drain record is stale).
     agent.publish_recovered(recovered)?;
+    // A system upgrade the updater finished or continued while the agent was down (e.g. across its reboot).
+    agent.reflect_system(recovered_system);
     if stop_early(&agent.draining) {
         return early_exit();
     }
@@ -291,6 +305,16 @@ impl Agent {
                 })
                 .map_err(|e| fail("watch", e))?;
         }
+        // Every run key of this device, current and new, so a reboot never loses the active run.
+        let tx = self.tx.clone();
+        self.kv
+            .watch_keys(
+                kv::SYSTEM_UPGRADE_INTENT,
+                &kv::device_runs_filter(&self.cfg.device_id),
+                stop.clone(),
+                move |k, c| tx.send(Event::SystemIntent(k, c)).is_ok(),
+            )
+            .map_err(|e| fail("watch", e))?;
         let now = Instant::now();
         let mut next_beat = now + self.cfg.heartbeat_interval;
         let mut next_status = now + self.cfg.status_interval;
@@ -313,6 +337,11 @@ impl Agent {
                 }
                 Ok(Event::Intent(c)) => self.on_intent(c),
                 Ok(Event::UpgradeAnswer(id, r)) => self.on_upgrade_answer(id, *r),
+                Ok(Event::SystemIntent(k, c)) => self.on_system_intent(&k, c),
+                Ok(Event::SystemAnswer(id, r)) => {
+                    let effects = self.system.on_answer(id, *r, Timestamp::now());
+                    self.apply_system(effects);
+                }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(fail("event loop", "event channel closed"));
@@ -466,8 +495,105 @@ impl Agent {
             boot_id: crate::device::boot_id(),
             sequence: self.beat,
         };
-        if let Err(e) = put_json(&self.kv, kv::DEVICE_HEARTBEAT, &self.key, &h) {
-            log::warn!("publishing heartbeat: {e}");
+        match put_json(&self.kv, kv::DEVICE_HEARTBEAT, &self.key, &h) {
+            Ok(_) => {
+                // Only a heartbeat NATS acknowledged counts as the first one after a system upgrade.
+                let effects = self.system.on_heartbeat(h.at);
+                self.apply_system(effects);
+            }
+            Err(e) => log::warn!("publishing heartbeat: {e}"),
+        }
+    }
+
+    fn on_system_intent(&mut self, key: &str, c: Change) {
+        // A run seen for the first time: what was published for it decides whether it is new (agent restart).
+        let published = if self.system.knows(key) {
+            None
+        } else {
+            match self.kv.get(kv::SYSTEM_UPGRADE_STATUS, key) {
+                Ok(Change {
+                    value: Value::Put(b),
+                    ..
+                }) => serde_json::from_slice::<SystemUpgradeStatus>(&b).ok(),
+                Ok(_) => None,
+                Err(e) => {
+                    // Without knowing, never send: the next updater poll tries again.
+                    log::warn!("reading system-upgrade-status/{key}: {e}; will retry");
+                    self.system_unread.push((key.to_owned(), c));
+                    return;
+                }
+            }
+        };
+        let value = match &c.value {
+            Value::Put(b) => Some(b.as_slice()),
+            Value::Absent => None,
+        };
+        let effects = self
+            .system
+            .on_intent(key, value, published, Timestamp::now());
+        self.apply_system(effects);
+    }
+
+    /// Reflects the updater's system-upgrade status. For a run the relay does not know yet (agent restart), what
+    /// NATS holds is read first, so that the agent's own fields (the heartbeat) are kept.
+    fn reflect_system(&mut self, status: Option<SystemUpgradeStatus>) {
+        if let Some(s) = &status {
+            if s.device_id == self.cfg.device_id && !self.system.knows_run(&s.run_uid) {
+                let key = kv::run_key(&s.device_id, &s.run_uid);
+                match self.kv.get(kv::SYSTEM_UPGRADE_STATUS, &key) {
+                    Ok(Change {
+                        value: Value::Put(b),
+                        ..
+                    }) => {
+                        if let Ok(p) = serde_json::from_slice::<SystemUpgradeStatus>(&b) {
+                            self.system.remember(p);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        log::warn!("reading system-upgrade-status/{key}: {e}; will retry");
+                        return;
+                    }
+                }
+            }
+        }
+        let effects = self.system.on_updater_status(status);
+        self.apply_system(effects);
+    }
+
+    /// Carries out the system relay's effects: acknowledged status writes, one request to the updater.
+    fn apply_system(&mut self, effects: Vec<system_relay::Effect>) {
+        for e in effects {
+            match e {
+                system_relay::Effect::Publish(s) => {
+                    let key = kv::run_key(&s.device_id, &s.run_uid);
+                    match put_json(&self.kv, kv::SYSTEM_UPGRADE_STATUS, &key, &s) {
+                        Ok(_) => self.system.published(*s),
+                        Err(e) => {
+                            log::warn!("publishing system-upgrade-status/{key}: {e}; will retry")
+                        }
+                    }
+                }
+                system_relay::Effect::Send(a) => {
+                    let id = a.run_uid;
+                    log::info!("sending system upgrade run {id} to the updater");
+                    let client = self.updater.clone();
+                    let tx = self.tx.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("system-upgrade-request".into())
+                        .spawn(move || {
+                            let r = client.system_upgrade(*a).map_err(|e| e.to_string());
+                            let _ = tx.send(Event::SystemAnswer(id, Box::new(r)));
+                        });
+                    if let Err(e) = spawned {
+                        log::error!("cannot start the system-upgrade request: {e}");
+                        let effects =
+                            self.system
+                                .on_answer(id, Err(e.to_string()), Timestamp::now());
+                        self.apply_system(effects);
+                    }
+                }
+            }
         }
     }
 
@@ -507,6 +633,7 @@ impl Agent {
 
     fn upgrade_active(&self) -> bool {
         self.in_flight.is_some()
+            || self.system.active()
             || self
                 .mirrored
                 .as_ref()
@@ -516,6 +643,12 @@ impl Agent {
     fn poll_updater(&mut self) {
         match self.updater.status() {
             Ok(st) => {
+                self.reflect_system(st.system_upgrade);
+                let effects = self.system.drive(Timestamp::now());
+                self.apply_system(effects);
+                for (k, c) in std::mem::take(&mut self.system_unread) {
+                    self.on_system_intent(&k, c);
+                }
                 if let Some(s) = st
                     .agent_upgrade
                     .filter(|s| s.device_id == self.cfg.device_id)

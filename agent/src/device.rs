@@ -41,13 +41,36 @@ pub fn boot_id() -> Option<Id128> {
     Id128::parse_lenient(s.trim()).ok()
 }
 
-/// What this agent can do: self-upgrade from HTTPS and OCI artifacts (the updater does the fetching).
-pub fn capabilities() -> Vec<Capability> {
-    vec![Capability::AgentUpgradeV1, Capability::OciArtifactsV1]
+/// What this device can do: agent self-upgrade from HTTPS always (every updater has it), and OCI artifacts and
+/// the apt system upgrade only when the local updater says it supports them (an older updater lacks them, so
+/// the operator never plans such work for this device).
+pub fn capabilities(updater: &[Capability]) -> Vec<Capability> {
+    let mut c = vec![Capability::AgentUpgradeV1];
+    for needs_updater in [Capability::OciArtifactsV1, Capability::AptFullUpgradeV1] {
+        if updater.contains(&needs_updater) {
+            c.push(needs_updater);
+        }
+    }
+    c
 }
 
 #[cfg(test)]
 mod tests {
+    use fleet_wire::Capability::*;
+
+    #[test]
+    fn capabilities_follow_the_updater() {
+        assert_eq!(super::capabilities(&[]), [AgentUpgradeV1]);
+        assert_eq!(
+            super::capabilities(&[OciArtifactsV1]),
+            [AgentUpgradeV1, OciArtifactsV1]
+        );
+        assert_eq!(
+            super::capabilities(&[AptFullUpgradeV1, Unknown, AgentUpgradeV1, OciArtifactsV1]),
+            [AgentUpgradeV1, OciArtifactsV1, AptFullUpgradeV1]
+        );
+    }
+
     #[test]
     fn parses_os_release() {
         let o = super::parse_os_release(

@@ -13,6 +13,7 @@ pub mod podman;
 pub mod probe;
 pub mod reconcile;
 pub mod relay;
+pub mod system_relay;
 pub mod updater;
 
 /// The compiled version text (`FLEET_AGENT_VERSION` at build time, else the package version).

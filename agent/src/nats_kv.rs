@@ -254,6 +254,18 @@ impl Buckets {
         stop: Arc<AtomicBool>,
         send: impl Fn(Change) -> bool + Send + 'static,
     ) -> io::Result<std::thread::JoinHandle<()>> {
+        self.watch_keys(bucket, key, stop, move |_, c| send(c))
+    }
+
+    /// Like [`Self::watch`] for a key filter such as `<device-id>.>`: every current key's latest value first
+    /// (so nothing written before the watch is missed), then every change, each with its key.
+    pub fn watch_keys(
+        &self,
+        bucket: &str,
+        key: &str,
+        stop: Arc<AtomicBool>,
+        send: impl Fn(String, Change) -> bool + Send + 'static,
+    ) -> io::Result<std::thread::JoinHandle<()>> {
         let this = self.clone();
         let (bucket, key) = (bucket.to_owned(), key.to_owned());
         std::thread::Builder::new()
@@ -293,7 +305,11 @@ impl Buckets {
                             Some("DEL") | Some("PURGE") => Value::Absent,
                             _ => Value::Put(msg.data.clone()),
                         };
-                        if !send(Change { revision, value }) {
+                        let prefix = format!("$KV.{bucket}.");
+                        let Some(k) = msg.subject.strip_prefix(prefix.as_str()) else {
+                            continue;
+                        };
+                        if !send(k.to_owned(), Change { revision, value }) {
                             let _ = sub.unsubscribe();
                             return;
                         }

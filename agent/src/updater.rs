@@ -7,7 +7,8 @@ use fleet_wire::limits::{
 };
 use fleet_wire::socket::{read_frame, write_frame, PROTOCOL_VERSION};
 use fleet_wire::{
-    AgentUpgradeAttempt, Request, RequestFrame, Response, ResponseFrame, UpdaterStatus,
+    AgentUpgradeAttempt, Request, RequestFrame, Response, ResponseFrame, SystemUpgradeAttempt,
+    UpdaterStatus,
 };
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
@@ -112,6 +113,14 @@ impl UpdaterClient {
     pub fn upgrade(&self, attempt: AgentUpgradeAttempt) -> Result<Response, UpdaterError> {
         self.exchange(
             Request::Upgrade { attempt },
+            SOCKET_UPGRADE_RESPONSE_TIMEOUT,
+        )
+    }
+
+    /// Sends one system-upgrade request (the updater answers once it journaled the attempt, or refuses it).
+    pub fn system_upgrade(&self, attempt: SystemUpgradeAttempt) -> Result<Response, UpdaterError> {
+        self.exchange(
+            Request::SystemUpgrade { attempt },
             SOCKET_UPGRADE_RESPONSE_TIMEOUT,
         )
     }

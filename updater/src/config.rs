@@ -18,6 +18,7 @@ struct RawConfig {
     agent_unit: Option<String>,
     agent_user: Option<String>,
     socket_group: Option<String>,
+    system_reboot_retry_secs: Option<u64>,
 }
 
 /// The validated configuration.
@@ -33,6 +34,8 @@ pub struct Config {
     pub agent_user: String,
     /// The group admitted to the socket (besides root).
     pub socket_group: String,
+    /// Time between coordinated-reboot runs while a system upgrade waits for its reboot.
+    pub system_reboot_retry: std::time::Duration,
 }
 
 impl Default for Config {
@@ -44,6 +47,7 @@ impl Default for Config {
                 .unwrap_or_else(|_| unreachable!("a valid literal unit name")),
             agent_user: "fleet-agent".into(),
             socket_group: "fleet-agent".into(),
+            system_reboot_retry: crate::system::upgrade::REBOOT_RETRY,
         }
     }
 }
@@ -98,6 +102,14 @@ impl Config {
             if !c.agent_unit.as_str().ends_with(".service") {
                 return Err(fail("agent_unit must name a .service unit".into()));
             }
+        }
+        if let Some(secs) = raw.system_reboot_retry_secs {
+            if !(1..=3600).contains(&secs) {
+                return Err(fail(format!(
+                    "system_reboot_retry_secs {secs} must be between 1 and 3600"
+                )));
+            }
+            c.system_reboot_retry = std::time::Duration::from_secs(secs);
         }
         for (key, value, slot) in [
             ("agent_user", raw.agent_user, &mut c.agent_user),
@@ -154,6 +166,12 @@ mod tests {
         assert_eq!(c.root, Path::new("/tmp/x"));
         assert_eq!(c.agent_unit.as_str(), "a.service");
         assert_eq!(c.socket_group, "fleet-agent");
+        assert_eq!(
+            Config::parse("system_reboot_retry_secs = 5", "t")
+                .expect("valid")
+                .system_reboot_retry,
+            std::time::Duration::from_secs(5)
+        );
         assert_eq!(Config::parse("", "t").expect("empty"), Config::default());
         for bad in [
             "rooot = \"/\"",
@@ -162,6 +180,8 @@ mod tests {
             "agent_unit = \"x.socket\"",
             "agent_user = \"Root;rm\"",
             "root = 3",
+            "system_reboot_retry_secs = 0",
+            "system_reboot_retry_secs = 9999",
         ] {
             assert!(Config::parse(bad, "t").is_err(), "{bad}");
         }

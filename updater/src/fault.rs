@@ -20,6 +20,14 @@ pub const POINTS: &[&str] = &[
     "journal-rollback-failed",
 ];
 
+/// The system-upgrade transaction's crash points, in order (their own list: `POINTS` is the agent-upgrade
+/// transaction's crash table).
+pub const SYSTEM_POINTS: &[&str] = &["system-journal-upgrading", "system-upgraded"];
+
+fn known(point: &str) -> bool {
+    POINTS.contains(&point) || SYSTEM_POINTS.contains(&point)
+}
+
 /// The transaction stopped dead at a crash point: nothing after it ran, nothing was cleaned up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("crashed at injected fault point {0}")]
@@ -43,7 +51,7 @@ impl Faults {
     /// Stop the transaction dead at `point` (tests).
     #[cfg(feature = "fault-injection")]
     pub fn crash_at(point: &str) -> Self {
-        assert!(POINTS.contains(&point), "unknown crash point {point}");
+        assert!(known(point), "unknown crash point {point}");
         Self {
             point: Some(point.into()),
             abort_process: false,
@@ -65,7 +73,7 @@ impl Faults {
     /// Passes unless `point` is the chosen crash point.
     #[inline]
     pub fn check(&self, point: &'static str) -> Result<(), Crashed> {
-        debug_assert!(POINTS.contains(&point), "unlisted crash point {point}");
+        debug_assert!(known(point), "unlisted crash point {point}");
         #[cfg(feature = "fault-injection")]
         if self.point.as_deref() == Some(point) {
             log::error!("fault injection: crashing at {point}");

@@ -206,34 +206,18 @@ impl Journal {
 
     /// Parses and validates journal bytes; `origin` names the file in errors.
     pub fn parse(bytes: &[u8], origin: &str) -> Result<Self, JournalError> {
-        let fail = |why: String| JournalError {
+        durable::parse_validated(bytes).map_err(|why| JournalError {
             path: origin.into(),
             why,
-        };
-        if bytes.len() as u64 > JOURNAL_MAX_BYTES {
-            return Err(fail(format!("is larger than {JOURNAL_MAX_BYTES} bytes")));
-        }
-        let j: Journal =
-            serde_json::from_slice(bytes).map_err(|e| fail(format!("does not parse: {e}")))?;
-        j.validate()
-            .map_err(|e| fail(format!("is not valid: {e}")))?;
-        Ok(j)
+        })
     }
 
     /// Reads the journal at `path`; `Ok(None)` when there is none (no transaction ever ran).
     pub fn load(path: &Path) -> Result<Option<Self>, JournalError> {
-        let origin = path.display().to_string();
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(JournalError {
-                    path: origin,
-                    why: format!("cannot be read: {e}"),
-                })
-            }
-        };
-        Self::parse(&bytes, &origin).map(Some)
+        durable::load_validated(path).map_err(|why| JournalError {
+            path: path.display().to_string(),
+            why,
+        })
     }
 
     /// The file's bytes (pretty JSON, one trailing newline).
@@ -311,6 +295,13 @@ impl Journal {
             journal_unit,
             transitions,
         }
+    }
+}
+
+impl durable::Validated for Journal {
+    const MAX_BYTES: u64 = JOURNAL_MAX_BYTES;
+    fn check(&self) -> Result<(), String> {
+        self.validate()
     }
 }
 

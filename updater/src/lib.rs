@@ -20,5 +20,6 @@ pub mod probe;
 pub mod run;
 pub mod service;
 pub mod socket;
+pub mod system;
 pub mod transaction;
 pub mod users;

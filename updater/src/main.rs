@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 const HELP: &str = "\
 fleet-updater: the root updater of Harmony Fleet devices. Owns the agent-upgrade transaction (download, verify,
-install, probe, stop, switch, start, commit or roll back) and its crash-safe journal, and answers the agent on
+install, probe, stop, switch, start, commit or roll back), the system upgrade (apt-get update, apt-get
+full-upgrade, a coordinated reboot when needed) and their crash-safe journals, and answers the agent on
 <root>/run/fleet-updater/updater.sock. Runs as root under systemd (Type=notify). Downloads run in the helper
 fleet-fetch, installed beside this executable, as agent_user; the updater checks size and SHA-256 again itself.
 
@@ -14,7 +15,8 @@ Usage:
   fleet-updater --version         print the version
   fleet-updater --help            this text
 
-Configuration keys (TOML, all optional): root, extra_ca_file, agent_unit, agent_user, socket_group.
+Configuration keys (TOML, all optional): root, extra_ca_file, agent_unit, agent_user, socket_group,
+system_reboot_retry_secs.
 Logging: RUST_LOG (default info). See docs/updater.md.";
 
 fn main() {

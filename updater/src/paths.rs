@@ -56,6 +56,22 @@ impl Paths {
         self.state_dir().join("journal.json")
     }
 
+    /// `<root>/var/lib/fleet-updater/system-upgrade.json`: the system-upgrade journal.
+    pub fn system_journal(&self) -> PathBuf {
+        self.state_dir().join("system-upgrade.json")
+    }
+
+    /// `<root>/run/reboot-required`: Debian's flag that an upgraded package wants a reboot.
+    pub fn reboot_required(&self) -> PathBuf {
+        self.under("run/reboot-required")
+    }
+
+    /// `<root>/etc/harmony-fleet/fleet-reboot.yaml`: the coordinated-reboot configuration (shared with
+    /// `fleet-reboot`).
+    pub fn reboot_config(&self) -> PathBuf {
+        self.under("etc/harmony-fleet/fleet-reboot.yaml")
+    }
+
     /// `<root>/run/fleet-updater`: the socket's directory.
     pub fn run_dir(&self) -> PathBuf {
         self.under("run/fleet-updater")

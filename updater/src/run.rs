@@ -7,6 +7,7 @@ use crate::paths::Paths;
 use crate::probe::Prober;
 use crate::service::Systemctl;
 use crate::socket::{self, ServerConfig};
+use crate::system::SystemDeps;
 use crate::transaction::{Bounds, Deps, Updater};
 use crate::{notify, users};
 use fleet_wire::limits::PROBE_TIMEOUT;
@@ -29,6 +30,10 @@ pub fn run(config_path: &Path) -> Result<(), String> {
         services: Arc::new(Systemctl::default()),
         prober: Prober::new(cfg.agent_user.clone(), PROBE_TIMEOUT),
         faults: Faults::from_env(),
+        system: SystemDeps {
+            reboot_retry: cfg.system_reboot_retry,
+            ..SystemDeps::production(&paths)
+        },
     };
     let (updater, pending) = Updater::open(
         paths.clone(),
@@ -58,6 +63,17 @@ pub fn run(config_path: &Path) -> Result<(), String> {
                 }
             })
             .map_err(|e| format!("cannot start the recovery thread: {e}"))?;
+    }
+    if updater.system_pending() {
+        let u = updater.clone();
+        std::thread::Builder::new()
+            .name("system-upgrade".into())
+            .spawn(move || {
+                if let Err(c) = u.run_system() {
+                    log::error!("{c}");
+                }
+            })
+            .map_err(|e| format!("cannot start the system-upgrade thread: {e}"))?;
     }
     socket::serve(listener, updater, ServerConfig::new(allowed_gid))
         .map_err(|e| format!("serving {}: {e}", paths.socket().display()))

@@ -2,9 +2,10 @@
 //! peer credentials checked, status always answered, mutating requests handed to the transaction.
 
 use crate::durable;
+use crate::fault::Crashed;
 use crate::paths::Paths;
 use crate::peer;
-use crate::transaction::{Accepted, Updater};
+use crate::transaction::{Accepted, Refused, Updater};
 use fleet_wire::limits::{
     SOCKET_FRAME_MAX_BYTES, SOCKET_MAX_HANDLERS, SOCKET_REQUEST_READ_TIMEOUT,
     SOCKET_STATUS_RESPONSE_TIMEOUT,
@@ -153,35 +154,46 @@ fn handle(stream: &UnixStream, updater: &Updater, cfg: &ServerConfig) {
         Ok(Request::Status {}) => Response::Status {
             status: updater.status(),
         },
-        Ok(Request::Upgrade { attempt }) => match updater.accept(attempt) {
-            Err(r) => r.into(),
-            Ok(Accepted::Current(status)) => Response::Accepted { status },
-            Ok(Accepted::Started(status)) => {
+        Ok(Request::Upgrade { attempt }) => started(updater.accept(attempt), "transaction", {
+            let u = updater.clone();
+            move || u.run_transaction()
+        }),
+        Ok(Request::SystemUpgrade { attempt }) => {
+            started(updater.accept_system(attempt), "system-upgrade", {
                 let u = updater.clone();
-                let spawned = thread::Builder::new()
-                    .name("transaction".into())
-                    .spawn(move || {
-                        if let Err(c) = u.run_transaction() {
-                            log::error!("{c}");
-                        }
-                    });
-                match spawned {
-                    Ok(_) => Response::Accepted { status },
-                    Err(e) => Response::error(
-                        ErrorCode::Internal,
-                        format!(
-                            "could not start the transaction thread: {e}; restart fleet-updater"
-                        ),
-                    ),
-                }
-            }
-        },
-        Ok(Request::SystemUpgrade { .. }) => Response::error(
-            ErrorCode::UnknownRequest,
-            "system-upgrade is not implemented by this updater yet",
-        ),
+                move || u.run_system()
+            })
+        }
     };
     answer(stream, response);
+}
+
+/// The answer to a mutating request: a refusal, the current status, or (for a new transaction) its status once
+/// `run` has been started on its own thread named `name`.
+fn started(
+    accepted: Result<Accepted, Refused>,
+    name: &str,
+    run: impl FnOnce() -> Result<(), Crashed> + Send + 'static,
+) -> Response {
+    let status = match accepted {
+        Err(r) => return r.into(),
+        Ok(Accepted::Current(status)) => return Response::Accepted { status },
+        Ok(Accepted::Started(status)) => status,
+    };
+    let spawned = thread::Builder::new().name(name.into()).spawn(move || {
+        if let Err(c) = run() {
+            log::error!("{c}");
+        }
+    });
+    match spawned {
+        Ok(_) => Response::Accepted { status },
+        Err(e) => Response::error(
+            ErrorCode::Internal,
+            format!(
+                "could not start the {name} thread: {e}; restart fleet-updater (start-up recovery takes over the journaled attempt)"
+            ),
+        ),
+    }
 }
 
 /// One handler slot, released even if the handler panics.

@@ -11,10 +11,14 @@ use crate::machine::{self, Event, Recovery};
 use crate::paths::Paths;
 use crate::probe::Prober;
 use crate::service::ServiceManager;
+use crate::system::machine::AgentSide;
+use crate::system::upgrade::SystemOpenError;
+use crate::system::{SystemDeps, SystemUpgrades};
 use fleet_wire::limits::{UPDATER_START_BOUND, UPDATER_STOP_BOUND};
 use fleet_wire::{
-    AgentUpgradeAttempt, Architecture, BoundedText, CutoverStep, ErrorCode, Id128, JournalPhase,
-    Response, Timestamp, UnitName, UpdaterStatus, UpgradeReason,
+    AgentUpgradeAttempt, Architecture, BoundedText, Capability, CutoverStep, ErrorCode, Id128,
+    JournalPhase, Response, SystemUpgradeAttempt, Timestamp, UnitName, UpdaterStatus,
+    UpgradeReason,
 };
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,6 +37,8 @@ pub struct Deps {
     pub prober: Prober,
     /// Crash points (tests).
     pub faults: Faults,
+    /// The system upgrade's apt policy and reboot client.
+    pub system: SystemDeps,
 }
 
 /// Bounds of the cutover's service operations.
@@ -62,14 +68,23 @@ struct State {
     fatal: Option<String>,
 }
 
+/// The agent-upgrade part of [`Deps`] (the system part moves into [`SystemUpgrades`]).
+struct AgentDeps {
+    fetcher: Box<dyn Fetcher>,
+    services: Arc<dyn ServiceManager>,
+    prober: Prober,
+    faults: Faults,
+}
+
 struct Inner {
     paths: Paths,
     unit: UnitName,
-    deps: Deps,
+    deps: AgentDeps,
     bounds: Bounds,
     state: Mutex<State>,
     /// Held while a mutating request is being accepted: one at a time.
     mutating: Mutex<()>,
+    system: SystemUpgrades,
     boot_id: Option<Id128>,
     invocation_id: Option<Id128>,
 }
@@ -156,6 +171,9 @@ pub enum StartError {
     /// A crash point was hit during recovery (fault injection).
     #[error(transparent)]
     Crashed(#[from] Crashed),
+    /// The system-upgrade journal is unreadable or invalid, or its recovery could not be journaled.
+    #[error(transparent)]
+    System(#[from] SystemOpenError),
 }
 
 fn read_boot_id() -> Option<Id128> {
@@ -190,6 +208,20 @@ impl Updater {
         bounds: Bounds,
     ) -> Result<(Updater, Option<PendingRecovery>), StartError> {
         let journal = Journal::load(&paths.journal())?;
+        let Deps {
+            fetcher,
+            services,
+            prober,
+            faults,
+            system,
+        } = deps;
+        let system = SystemUpgrades::open(&paths, system, faults.clone())?;
+        let deps = AgentDeps {
+            fetcher,
+            services,
+            prober,
+            faults,
+        };
         remove_partial_downloads(&paths.download_dir());
         let updater = Updater {
             inner: Arc::new(Inner {
@@ -202,6 +234,7 @@ impl Updater {
                     ..State::default()
                 }),
                 mutating: Mutex::new(()),
+                system,
                 boot_id: read_boot_id(),
                 invocation_id: std::env::var("INVOCATION_ID")
                     .ok()
@@ -253,8 +286,58 @@ impl Updater {
             boot_id: self.inner.boot_id.clone(),
             recovering: st.recovering,
             agent_upgrade,
-            system_upgrade: None,
+            system_upgrade: self.inner.system.public(),
+            capabilities: self.capabilities(),
         }
+    }
+
+    /// What this updater can do: agent upgrades from HTTPS and OCI artifacts always, the system upgrade when
+    /// apt-get and dpkg are installed.
+    pub fn capabilities(&self) -> Vec<Capability> {
+        let mut c = vec![Capability::AgentUpgradeV1, Capability::OciArtifactsV1];
+        if self.inner.system.available() {
+            c.push(Capability::AptFullUpgradeV1);
+        }
+        c
+    }
+
+    /// Accepts a `system-upgrade` request (one mutating request at a time, one transaction at a time across
+    /// both kinds): `Started` means run [`Updater::run_system`]; `Current` means the attempt is already known and
+    /// apt does not run again.
+    pub fn accept_system(&self, attempt: SystemUpgradeAttempt) -> Result<Accepted, Refused> {
+        let Ok(_one_at_a_time) = self.inner.mutating.try_lock() else {
+            return Err(Refused::new(
+                ErrorCode::Busy,
+                "another mutating request is being handled; try again",
+            ));
+        };
+        let agent = {
+            let st = self.state();
+            AgentSide {
+                busy: st.recovering || st.journal.as_ref().is_some_and(|j| !j.phase.is_terminal()),
+                quarantined: st
+                    .journal
+                    .as_ref()
+                    .is_some_and(|j| j.phase == JournalPhase::RollbackFailed),
+            }
+        };
+        let started = self.inner.system.accept(attempt, agent, Timestamp::now())?;
+        Ok(if started {
+            Accepted::Started(self.status())
+        } else {
+            Accepted::Current(self.status())
+        })
+    }
+
+    /// Runs the system-upgrade transaction from its durable phase (after acceptance, or work start-up recovery
+    /// left). `Err` only when a crash point stopped it dead.
+    pub fn run_system(&self) -> Result<(), Crashed> {
+        self.inner.system.run()
+    }
+
+    /// Whether start-up left system-upgrade work to run after readiness.
+    pub fn system_pending(&self) -> bool {
+        self.inner.system.pending()
     }
 
     /// Moves the journal by `event`, persisting before returning; `error` replaces the stored error if given.
@@ -338,6 +421,12 @@ impl Updater {
                     return Err(Refused::new(
                         ErrorCode::Busy,
                         "another upgrade transaction is running; try again when it has ended",
+                    ))
+                }
+                Decision::Start if self.inner.system.active() => {
+                    return Err(Refused::new(
+                        ErrorCode::Busy,
+                        "a system upgrade is running; try again when it has ended",
                     ))
                 }
                 // Recovery restarting the previous agent is part of the last transaction.

@@ -367,6 +367,7 @@ fn success_over_real_https_with_the_production_fetcher() {
             services: services.clone(),
             prober: Prober::new("fleet-agent", Duration::from_secs(60)),
             faults: Faults::none(),
+            system: dev.system_deps(Vec::new()),
         },
         fleet_updater::transaction::Bounds::default(),
     )

@@ -143,3 +143,16 @@ pub fn updater() -> PathBuf {
 pub fn fetch_helper() -> PathBuf {
     build("fleet-updater", "fleet-fetch", None)
 }
+
+/// The FleetLock server: the workspace's own build when it is up to date (a `cargo test --workspace` run builds
+/// it before any test starts), otherwise built here.
+pub fn fleetlock_server() -> PathBuf {
+    let own = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("debug/fleetlock-server");
+    if newer_than_sources(&own, "fleet-operator") {
+        return own;
+    }
+    build("fleet-operator", "fleetlock-server", None)
+}

@@ -6,3 +6,4 @@ pub mod device;
 pub mod fleet;
 pub mod qemu;
 pub mod scene;
+pub mod tasks;

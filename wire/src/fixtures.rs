@@ -199,6 +199,8 @@ pub fn system_status() -> SystemUpgradeStatus {
         completed_at: Some(t(460)),
         first_heartbeat_after_completion: Some(t(470)),
         reboot_required: true,
+        detail: None,
+        output_tail: None,
         transitions,
     }
 }
@@ -209,7 +211,12 @@ pub fn updater_status() -> UpdaterStatus {
         boot_id: Some(Id128::try_from(BOOT).unwrap()),
         recovering: false,
         agent_upgrade: Some(upgrade_status()),
-        system_upgrade: None,
+        system_upgrade: Some(system_status()),
+        capabilities: vec![
+            Capability::AgentUpgradeV1,
+            Capability::OciArtifactsV1,
+            Capability::AptFullUpgradeV1,
+        ],
     }
 }
 

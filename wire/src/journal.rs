@@ -1,6 +1,6 @@
 //! The updater's durable journal phases, their legal transitions and their mapping onto public phases.
 
-use crate::UpgradePhase;
+use crate::{SystemUpgradePhase, UpgradePhase};
 use serde::{Deserialize, Serialize};
 
 /// A phase the updater persists before acting on it.
@@ -77,6 +77,104 @@ impl JournalPhase {
             Self::Failed => UpgradePhase::Failed,
             Self::RollbackFailed => UpgradePhase::RollbackFailed,
         }
+    }
+}
+
+/// A phase of the system-upgrade transaction the updater persists before acting on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SystemJournalPhase {
+    /// Accepted; apt has not started. Recovery: run the upgrade (apt never ran for this attempt).
+    Accepted,
+    /// `apt-get update` / `apt-get full-upgrade` may be running. Recovery: record repairing, never run apt again.
+    Upgrading,
+    /// `dpkg --configure -a` repairs an interrupted or failed dpkg run. Recovery: run it again, then failed.
+    Repairing,
+    /// Packages are upgraded and a reboot is needed: the coordinated-reboot client runs (lock, reboot, release).
+    /// Recovery: run the client again; after the reboot it waits for health and releases the lock.
+    Rebooting,
+    /// Done. Recovery: keep.
+    Succeeded,
+    /// Failed (see reason). Recovery: keep; an attempt id never runs apt twice.
+    Failed,
+}
+
+impl SystemJournalPhase {
+    /// Every phase, for table tests and docs.
+    pub const ALL: [SystemJournalPhase; 6] = [
+        Self::Accepted,
+        Self::Upgrading,
+        Self::Repairing,
+        Self::Rebooting,
+        Self::Succeeded,
+        Self::Failed,
+    ];
+
+    /// The legal transitions of the system-upgrade journal.
+    pub fn can_move_to(self, next: SystemJournalPhase) -> bool {
+        use SystemJournalPhase::*;
+        matches!(
+            (self, next),
+            (Accepted, Upgrading | Failed)
+                | (Upgrading, Repairing | Rebooting | Succeeded | Failed)
+                | (Repairing, Failed)
+                | (Rebooting, Succeeded | Failed)
+        )
+    }
+
+    /// True when nothing further happens to the attempt.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+
+    /// The public phase (`repairing` is part of `upgrading` for the operator).
+    pub fn public(self) -> SystemUpgradePhase {
+        match self {
+            Self::Accepted => SystemUpgradePhase::Accepted,
+            Self::Upgrading | Self::Repairing => SystemUpgradePhase::Upgrading,
+            Self::Rebooting => SystemUpgradePhase::Rebooting,
+            Self::Succeeded => SystemUpgradePhase::Succeeded,
+            Self::Failed => SystemUpgradePhase::Failed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod system_tests {
+    use super::SystemJournalPhase::*;
+    use super::*;
+
+    /// The whole system-upgrade transition table, written out.
+    #[test]
+    fn system_transition_table() {
+        let legal = [
+            (Accepted, Upgrading),
+            (Accepted, Failed),
+            (Upgrading, Repairing),
+            (Upgrading, Rebooting),
+            (Upgrading, Succeeded),
+            (Upgrading, Failed),
+            (Repairing, Failed),
+            (Rebooting, Succeeded),
+            (Rebooting, Failed),
+        ];
+        for from in SystemJournalPhase::ALL {
+            for to in SystemJournalPhase::ALL {
+                assert_eq!(
+                    from.can_move_to(to),
+                    legal.contains(&(from, to)),
+                    "{from:?} -> {to:?}"
+                );
+            }
+            assert_eq!(
+                from.is_terminal(),
+                SystemJournalPhase::ALL
+                    .iter()
+                    .all(|n| !from.can_move_to(*n))
+            );
+            assert_eq!(from.is_terminal(), from.public().is_terminal());
+        }
+        assert_eq!(Repairing.public(), SystemUpgradePhase::Upgrading);
     }
 }
 

@@ -31,7 +31,7 @@ pub use device::{Capability, DeviceInfo, Heartbeat, OsInfo};
 pub use error::ValidationError;
 pub use fetch::{FetchFailure, FetchRequest};
 pub use ids::{Architecture, AttemptId, DeviceId, Id128, Sha256Hex, UnitName, Version};
-pub use journal::{CutoverStep, JournalPhase};
+pub use journal::{CutoverStep, JournalPhase, SystemJournalPhase};
 pub use probe::{SelfTestCheck, SelfTestReport};
 pub use socket::{ErrorCode, Request, RequestFrame, Response, ResponseFrame, UpdaterStatus};
 pub use status::{AgentUpgradeStatus, Transition, UpgradePhase, UpgradeReason};

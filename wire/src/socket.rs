@@ -9,7 +9,7 @@
 
 use crate::limits::SOCKET_FRAME_MAX_BYTES;
 use crate::{
-    AgentUpgradeAttempt, AgentUpgradeStatus, BoundedText, Id128, SystemUpgradeAttempt,
+    AgentUpgradeAttempt, AgentUpgradeStatus, BoundedText, Capability, Id128, SystemUpgradeAttempt,
     SystemUpgradeStatus,
 };
 use serde::{Deserialize, Serialize};
@@ -124,6 +124,8 @@ pub enum ErrorCode {
     Conflict,
     /// The updater is quarantined (`rollback-failed`) and refuses every new attempt.
     Quarantined,
+    /// The attempt's `expiresAt` passed before the updater accepted it: it never starts.
+    Expired,
     /// Something failed inside the updater; see the journal.
     Internal,
 }
@@ -145,6 +147,10 @@ pub struct UpdaterStatus {
     /// The current or last system-upgrade transaction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_upgrade: Option<SystemUpgradeStatus>,
+    /// What this updater can do (the agent advertises these). An older updater sends none: the agent then
+    /// advertises only `AgentUpgradeV1`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<Capability>,
 }
 
 /// Why a request line could not be turned into a [`Request`].
@@ -380,6 +386,7 @@ mod tests {
                 recovering: false,
                 agent_upgrade: None,
                 system_upgrade: None,
+                capabilities: Vec::new(),
             },
         };
         let mut out = Vec::new();

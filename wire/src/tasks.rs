@@ -66,6 +66,39 @@ pub enum SystemUpgradePhase {
     Failed,
 }
 
+impl SystemUpgradeStatus {
+    /// A status for an attempt the updater never accepted (expired, rejected, refused): phase `failed`, with
+    /// `acceptedAt` and `completedAt` both the time of the decision.
+    pub fn refused(
+        run_uid: AttemptId,
+        device_id: DeviceId,
+        reason: SystemUpgradeReason,
+        error: impl AsRef<str>,
+        at: Timestamp,
+    ) -> Self {
+        let mut transitions = Transitions::default();
+        transitions.push(Transition {
+            phase: SystemUpgradePhase::Failed,
+            at,
+            reason: None,
+        });
+        Self {
+            run_uid,
+            device_id,
+            phase: SystemUpgradePhase::Failed,
+            reason: Some(reason),
+            error: Some(BoundedText::lossy(error)),
+            accepted_at: at,
+            completed_at: Some(at),
+            first_heartbeat_after_completion: None,
+            reboot_required: false,
+            detail: None,
+            output_tail: None,
+            transitions,
+        }
+    }
+}
+
 impl SystemUpgradePhase {
     /// True when nothing further happens to the attempt.
     pub fn is_terminal(self) -> bool {
@@ -87,6 +120,15 @@ pub enum SystemUpgradeReason {
     Interrupted,
     /// The coordinated reboot did not happen.
     RebootFailed,
+    /// The dpkg/apt lock stayed held by another process past the updater's wait.
+    AptLockHeld,
+    /// dpkg failed to unpack or configure a package (the updater ran `dpkg --configure -a` afterwards).
+    DpkgError,
+    /// `apt-get update` or a package download could not reach a repository.
+    RepositoryUnreachable,
+    /// The upgrade needs a reboot, but this device cannot take one (no coordinated-reboot configuration, or
+    /// the reboot client reported an error an operator must fix).
+    RebootRefused,
 }
 
 /// Status of one system-upgrade attempt, published by the agent from the updater's journal.
@@ -116,6 +158,12 @@ pub struct SystemUpgradeStatus {
     /// Whether the upgrade required a reboot.
     #[serde(default)]
     pub reboot_required: bool,
+    /// Progress detail for a person (what runs now, or why the reboot waits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<BoundedText>,
+    /// The last lines apt/dpkg printed (bounded; the whole output is in the updater's journald log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<BoundedText>,
     /// The most recent transitions, oldest first, at most 16.
     pub transitions: Transitions<Transition<SystemUpgradePhase>>,
 }

@@ -61,6 +61,7 @@ fn socket_protocol_names_every_op_code_and_phase() {
         Invalid,
         Conflict,
         Quarantined,
+        Expired,
         Internal,
     ] {
         let name = json_name(code);
@@ -71,6 +72,13 @@ fn socket_protocol_names_every_op_code_and_phase() {
         assert!(
             page.contains(&format!("| `{name}` |")),
             "journal phase {name}"
+        );
+    }
+    for p in fleet_wire::SystemJournalPhase::ALL {
+        let name = json_name(p);
+        assert!(
+            page.contains(&format!("| `{name}` |")),
+            "system journal phase {name}"
         );
     }
     use UpgradePhase::*;

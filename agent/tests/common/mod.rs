@@ -48,6 +48,7 @@ impl UpdaterPeer {
             recovering: false,
             agent_upgrade: None,
             system_upgrade: None,
+            capabilities: Vec::new(),
         }));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let upgrade_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -7,7 +7,11 @@ use fleet_updater::fetcher::{DownloadError, Downloaded, Fetcher};
 use fleet_updater::journal::Journal;
 use fleet_updater::paths::Paths;
 use fleet_updater::probe::Prober;
+use fleet_updater::reboot::Outcome as RebootOutcome;
 use fleet_updater::service::{ServiceError, ServiceManager};
+use fleet_updater::system::apt::Apt;
+use fleet_updater::system::reboot::Rebooter;
+use fleet_updater::system::SystemDeps;
 use fleet_updater::transaction::{Bounds, Deps, PendingRecovery, StartError, Updater};
 use fleet_wire::{
     AgentUpgradeAttempt, Architecture, AttemptId, ByteLimit, DeviceId, Sha256Hex, UnitName,
@@ -118,9 +122,42 @@ impl Device {
                 services,
                 prober: Prober::new("fleet-agent", Duration::from_secs(60)),
                 faults,
+                system: self.system_deps(Vec::new()),
             },
             Bounds::default(),
         )
+    }
+
+    /// Opens the updater with the fake apt of [`FakeApt`] and a scripted reboot client.
+    pub fn open_system(
+        &self,
+        apt: &FakeApt,
+        reboots: Vec<Result<RebootOutcome, String>>,
+        faults: Faults,
+    ) -> Result<(Updater, Option<PendingRecovery>), StartError> {
+        let mut system = self.system_deps(reboots);
+        system.apt = Apt::new(apt.dir.clone());
+        Updater::open(
+            self.paths.clone(),
+            UnitName::try_from("fleet-agent.service").expect("unit"),
+            Deps {
+                fetcher: fetcher_for(b"x"),
+                services: FakeServices::new(self),
+                prober: Prober::new("fleet-agent", Duration::from_secs(60)),
+                faults,
+                system,
+            },
+            Bounds::default(),
+        )
+    }
+
+    /// No apt (an empty binary directory) and a reboot client answering `reboots` in order.
+    pub fn system_deps(&self, reboots: Vec<Result<RebootOutcome, String>>) -> SystemDeps {
+        SystemDeps {
+            apt: Apt::new(self.dir.path().join("no-apt")),
+            rebooter: Box::new(ScriptedReboots(Mutex::new(reboots.into()))),
+            reboot_retry: Duration::from_millis(20),
+        }
     }
 }
 
@@ -273,5 +310,60 @@ pub fn fetcher_for(bytes: &[u8]) -> Box<LocalFetcher> {
 pub fn require_agent_user() {
     if fleet_updater::users::user_by_name("fleet-agent").is_err() {
         panic!("the fleet-agent user is missing: run scripts/setup (scripts/setup.d/30-users.sh) as root");
+    }
+}
+
+/// A reboot client scripted for fault injection: answers in order, then `NotNow` forever.
+pub struct ScriptedReboots(Mutex<std::collections::VecDeque<Result<RebootOutcome, String>>>);
+
+impl Rebooter for ScriptedReboots {
+    fn step(&self) -> Result<RebootOutcome, String> {
+        self.0
+            .lock()
+            .expect("lock")
+            .pop_front()
+            .unwrap_or_else(|| Ok(RebootOutcome::NotNow("scripted: no more answers".into())))
+    }
+}
+
+/// `apt-get` and `dpkg` stand-ins in a directory: each call appends its arguments to `calls`, then runs the
+/// shell body given for that command (`update`, `full-upgrade`, `dpkg`). `$ROOT` in a body is the device root.
+pub struct FakeApt {
+    pub dir: PathBuf,
+}
+
+impl FakeApt {
+    pub fn new(device: &Device, update: &str, full_upgrade: &str, dpkg: &str) -> Self {
+        let dir = device.dir.path().join("fake-apt");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let calls = dir.join("calls");
+        let root = device.dir.path().display().to_string();
+        let write = |name: &str, body: String| {
+            let p = dir.join(name);
+            std::fs::write(
+                &p,
+                format!(
+                    "#!/bin/sh\nROOT={root}\necho \"{name} $*\" >> {}\n{body}\n",
+                    calls.display()
+                ),
+            )
+            .expect("write");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        };
+        write(
+            "apt-get",
+            format!("case \"$*\" in\n*full-upgrade) {full_upgrade} ;;\n*update) {update} ;;\nesac"),
+        );
+        write("dpkg", dpkg.to_string());
+        Self { dir }
+    }
+
+    /// The calls so far, one line each (`apt-get <args>` / `dpkg <args>`).
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 }

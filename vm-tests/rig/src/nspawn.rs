@@ -235,6 +235,14 @@ impl Guest {
                 .arg(d.join("root")),
         );
         self.mounted = true;
+        // The cached tree carries dbus's /var/lib/dbus/machine-id, which systemd copies into an empty
+        // /etc/machine-id: every guest would share one machine id. Point it at /etc/machine-id, as Debian does, so
+        // that systemd takes the guest's own id from nspawn's --uuid.
+        let dbus_id = d.join("root/var/lib/dbus/machine-id");
+        if dbus_id.is_file() && !dbus_id.is_symlink() {
+            let _ = std::fs::remove_file(&dbus_id);
+            let _ = std::os::unix::fs::symlink("/etc/machine-id", &dbus_id);
+        }
     }
 
     fn start_wrapper(&mut self) {
@@ -247,6 +255,9 @@ impl Guest {
             "--boot".into(),
             format!("--directory={}", root.display()),
             format!("--machine={name}"),
+            // Its own machine id (stable across its reboots): an empty /etc/machine-id in the shared tree would
+            // otherwise give every guest the same one, and FleetLock would see two devices as one.
+            format!("--uuid={}", machine_uuid(name)),
             "--register=no".into(),
             "--keep-unit".into(),
             format!("--network-namespace-path=/run/netns/{name}"),
@@ -615,6 +626,19 @@ fn tail(s: &str, max: usize) -> &str {
         .find(|i| s.is_char_boundary(*i))
         .unwrap_or(s.len());
     &s[start..]
+}
+
+/// A 128-bit id in hex derived from the guest's name (unique per guest, the same for every boot of it).
+fn machine_uuid(name: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    [0u8, 1]
+        .iter()
+        .map(|salt| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (salt, name).hash(&mut h);
+            format!("{:016x}", h.finish())
+        })
+        .collect()
 }
 
 fn shell_quote(s: &str) -> String {

@@ -1,0 +1,287 @@
+//! The durable journal of the current (or last) system-upgrade transaction, in its own file beside the
+//! agent-upgrade journal: versioned JSON, unknown fields refused, validated on load, written with the shared
+//! durable-write code (temp file + fsync + rename + directory fsync).
+
+use super::machine::{self, Event, IllegalTransition};
+use crate::durable;
+use fleet_wire::{
+    BoundedText, SystemJournalPhase, SystemUpgradeAttempt, SystemUpgradePhase, SystemUpgradeReason,
+    SystemUpgradeStatus, Timestamp, Transition, Transitions,
+};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The journal format this build writes and reads.
+pub const FORMAT: u32 = 1;
+/// Largest journal file read, in bytes.
+pub const MAX_BYTES: u64 = 256 * 1024;
+/// Earlier runs remembered, so a repeated run id is recognised and never runs apt again.
+pub const MAX_EARLIER: usize = 64;
+
+/// One timed phase change of the journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Step {
+    /// The phase entered.
+    pub phase: SystemJournalPhase,
+    /// When.
+    pub at: Timestamp,
+    /// Why, for `repairing` and `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<SystemUpgradeReason>,
+}
+
+/// A run finished before the current one: its identity and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EarlierRun {
+    /// The run UID (attempt id).
+    pub run_uid: fleet_wire::AttemptId,
+    /// How it ended.
+    pub phase: SystemJournalPhase,
+}
+
+/// The journal file's content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SystemJournal {
+    /// Always [`FORMAT`].
+    pub format: u32,
+    /// The attempt, as accepted.
+    pub attempt: SystemUpgradeAttempt,
+    /// The durable phase.
+    pub phase: SystemJournalPhase,
+    /// Why the phase was entered (repairing, failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<SystemUpgradeReason>,
+    /// The latest error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<BoundedText>,
+    /// The last lines apt/dpkg printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tail: Option<BoundedText>,
+    /// Whether the upgrade needs (needed) a reboot.
+    #[serde(default)]
+    pub reboot_required: bool,
+    /// When the attempt was accepted.
+    pub accepted_at: Timestamp,
+    /// The newest transitions (at most 16), oldest first; the last one is the current phase.
+    pub transitions: Transitions<Step>,
+    /// Runs finished before this one (at most 64), oldest first.
+    #[serde(default)]
+    pub earlier: Vec<EarlierRun>,
+}
+
+/// The journal could not be read or is not valid: the updater must not start.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "system-upgrade journal {path} {why}. The updater does not start and infers nothing from the file system: as \
+     root, inspect it (and `dpkg --audit`), then repair as docs/updater.md (\"Root repair\") describes"
+)]
+pub struct SystemJournalError {
+    path: String,
+    why: String,
+}
+
+impl SystemJournal {
+    /// A new transaction in `accepted`.
+    pub fn begin(attempt: SystemUpgradeAttempt, earlier: Vec<EarlierRun>, now: Timestamp) -> Self {
+        let mut transitions = Transitions::default();
+        transitions.push(Step {
+            phase: SystemJournalPhase::Accepted,
+            at: now,
+            reason: None,
+        });
+        Self {
+            format: FORMAT,
+            attempt,
+            phase: SystemJournalPhase::Accepted,
+            reason: None,
+            error: None,
+            output_tail: None,
+            reboot_required: false,
+            accepted_at: now,
+            transitions,
+            earlier,
+        }
+    }
+
+    /// The earlier runs a successor remembers: these plus this one, bounded.
+    pub fn successor_history(&self) -> Vec<EarlierRun> {
+        let mut v = self.earlier.clone();
+        v.push(EarlierRun {
+            run_uid: self.attempt.run_uid,
+            phase: self.phase,
+        });
+        let excess = v.len().saturating_sub(MAX_EARLIER);
+        v.drain(..excess);
+        v
+    }
+
+    /// Applies `event` at `now` (pure: the caller persists).
+    pub fn apply(&mut self, event: Event, now: Timestamp) -> Result<(), IllegalTransition> {
+        let (phase, reason) = machine::next(self.phase, event)?;
+        if let Event::Upgraded { reboot } = event {
+            self.reboot_required = reboot;
+        }
+        self.phase = phase;
+        self.reason = reason;
+        self.transitions.push(Step {
+            phase,
+            at: now,
+            reason,
+        });
+        Ok(())
+    }
+
+    /// Checks what deserialization cannot: format, transition history.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.format != FORMAT {
+            return Err(format!(
+                "has format {}; this updater reads format {FORMAT}",
+                self.format
+            ));
+        }
+        let ts = self.transitions.as_slice();
+        match ts.last() {
+            Some(last) if last.phase == self.phase && last.reason == self.reason => {}
+            _ => return Err("the last transition does not match phase and reason".into()),
+        }
+        if ts.len() < fleet_wire::limits::MAX_TRANSITIONS
+            && ts[0].phase != SystemJournalPhase::Accepted
+        {
+            return Err("the first transition is not accepted".into());
+        }
+        for w in ts.windows(2) {
+            if !w[0].phase.can_move_to(w[1].phase) {
+                return Err(format!(
+                    "illegal transition {:?} -> {:?}",
+                    w[0].phase, w[1].phase
+                ));
+            }
+            if w[1].at < w[0].at {
+                return Err("transitions are not in time order".into());
+            }
+        }
+        if self.earlier.len() > MAX_EARLIER {
+            return Err(format!("more than {MAX_EARLIER} earlier runs"));
+        }
+        Ok(())
+    }
+
+    /// Parses and validates journal bytes; `origin` names the file in errors.
+    pub fn parse(bytes: &[u8], origin: &str) -> Result<Self, SystemJournalError> {
+        durable::parse_validated(bytes).map_err(|why| SystemJournalError {
+            path: origin.into(),
+            why,
+        })
+    }
+
+    /// Reads the journal at `path`; `Ok(None)` when no system upgrade ever ran.
+    pub fn load(path: &Path) -> Result<Option<Self>, SystemJournalError> {
+        durable::load_validated(path).map_err(|why| SystemJournalError {
+            path: path.display().to_string(),
+            why,
+        })
+    }
+
+    /// Writes the journal to `path` durably.
+    pub fn store(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            durable::ensure_dir(dir, 0o700)?;
+        }
+        let mut bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        durable::write_atomic(path, &bytes, 0o600)
+    }
+
+    /// When the attempt ended, if it has.
+    pub fn completed_at(&self) -> Option<Timestamp> {
+        self.phase
+            .is_terminal()
+            .then(|| self.transitions.last().map_or(self.accepted_at, |t| t.at))
+    }
+
+    /// The public status. `detail` is in-memory progress.
+    pub fn public(&self, detail: Option<&str>) -> SystemUpgradeStatus {
+        let mut transitions: Transitions<Transition<SystemUpgradePhase>> = Transitions::default();
+        for t in self.transitions.as_slice() {
+            let phase = t.phase.public();
+            // `repairing` is part of `upgrading` publicly: one entry.
+            if transitions.last().map(|l| l.phase) != Some(phase) {
+                transitions.push(Transition {
+                    phase,
+                    at: t.at,
+                    reason: None,
+                });
+            }
+        }
+        SystemUpgradeStatus {
+            run_uid: self.attempt.run_uid,
+            device_id: self.attempt.device_id.clone(),
+            phase: self.phase.public(),
+            reason: self.reason.filter(|_| self.phase.is_terminal()),
+            error: self.error.clone(),
+            accepted_at: self.accepted_at,
+            completed_at: self.completed_at(),
+            first_heartbeat_after_completion: None,
+            reboot_required: self.reboot_required,
+            detail: detail.map(BoundedText::lossy),
+            output_tail: self.output_tail.clone(),
+            transitions,
+        }
+    }
+}
+
+impl durable::Validated for SystemJournal {
+    const MAX_BYTES: u64 = MAX_BYTES;
+    fn check(&self) -> Result<(), String> {
+        self.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_wire::fixtures;
+
+    #[test]
+    fn round_trips_validates_and_maps_to_public() {
+        let mut j = SystemJournal::begin(fixtures::system_attempt(), vec![], fixtures::t(10));
+        j.apply(Event::Start, fixtures::t(11)).expect("legal");
+        j.apply(
+            Event::NeedsRepair(SystemUpgradeReason::Interrupted),
+            fixtures::t(12),
+        )
+        .expect("legal");
+        let bytes = serde_json::to_vec(&j).expect("json");
+        assert_eq!(SystemJournal::parse(&bytes, "t").expect("valid"), j);
+        let s = j.public(Some("running dpkg --configure -a"));
+        assert_eq!(s.phase, SystemUpgradePhase::Upgrading);
+        assert_eq!(s.reason, None, "reason only once terminal");
+        assert_eq!(s.transitions.len(), 2);
+        j.apply(
+            Event::Repaired(SystemUpgradeReason::Interrupted),
+            fixtures::t(13),
+        )
+        .expect("legal");
+        let s = j.public(None);
+        assert_eq!(
+            (s.phase, s.reason, s.completed_at),
+            (
+                SystemUpgradePhase::Failed,
+                Some(SystemUpgradeReason::Interrupted),
+                Some(fixtures::t(13))
+            )
+        );
+        let mut bad = j.clone();
+        bad.phase = SystemJournalPhase::Succeeded;
+        assert!(SystemJournal::parse(&serde_json::to_vec(&bad).expect("json"), "t").is_err());
+        let mut v = serde_json::to_value(&j).expect("json");
+        v["surprise"] = serde_json::json!(1);
+        let e = SystemJournal::parse(&serde_json::to_vec(&v).expect("json"), "/j")
+            .expect_err("unknown field")
+            .to_string();
+        assert!(e.contains("/j") && e.contains("inspect"), "{e}");
+    }
+}

@@ -1,0 +1,333 @@
+//! What the system-upgrade scenarios share: a local apt repository built with `dpkg-deb` and
+//! `dpkg-scanpackages` inside a guest (the only source apt sees there), and the operator's side of the
+//! system-upgrade buckets (intent in, status out).
+#![allow(deprecated)] // the blocking `nats` client is deprecated upstream
+
+use crate::fleet::{device_id, DEVICE};
+use fleet_rig::nspawn::Guest;
+use fleet_rig::{wait_for, NatsServer};
+use fleet_wire::{
+    kv, AttemptId, SystemUpgradeAttempt, SystemUpgradeStatus, TaskOperation, Timestamp,
+};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Where the repository lives in the guest (`deb [trusted=yes] file:/srv/fleet-test-repo ./`).
+pub const GUEST_REPO: &str = "/srv/fleet-test-repo";
+
+/// A flat apt repository in a guest, built on the host with the real Debian tools.
+pub struct AptRepo {
+    dir: PathBuf,
+    work: tempfile::TempDir,
+}
+
+fn run(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e} (install dpkg-dev: scripts/setup apt)"));
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl AptRepo {
+    /// Makes the repository the guest's only apt source (the guest has no other network anyway).
+    pub fn in_guest(guest: &Guest) -> Self {
+        guest.sh(&format!(
+            "mkdir -p {GUEST_REPO} && rm -f /etc/apt/sources.list.d/* && \
+             echo 'deb [trusted=yes] file:{GUEST_REPO} ./' > /etc/apt/sources.list"
+        ));
+        let repo = Self {
+            dir: guest.path(GUEST_REPO),
+            work: tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}")),
+        };
+        repo.index();
+        repo
+    }
+
+    /// Builds package `name` at `version` (architecture `all`, one file `/usr/share/fleet-test/<name>`
+    /// holding the version) with the `postinst` script given (empty: none), returns the `.deb` on the host.
+    pub fn build(&self, name: &str, version: &str, postinst: &str) -> PathBuf {
+        let root = self.work.path().join(format!("{name}_{version}"));
+        let debian = root.join("DEBIAN");
+        std::fs::create_dir_all(&debian).unwrap_or_else(|e| panic!("mkdir: {e}"));
+        std::fs::create_dir_all(root.join("usr/share/fleet-test"))
+            .unwrap_or_else(|e| panic!("mkdir: {e}"));
+        std::fs::write(root.join("usr/share/fleet-test").join(name), version)
+            .unwrap_or_else(|e| panic!("write: {e}"));
+        std::fs::write(
+            debian.join("control"),
+            format!(
+                "Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: Harmony Fleet tests \
+                 <tests@example.invalid>\nDescription: test package for system upgrades\n"
+            ),
+        )
+        .unwrap_or_else(|e| panic!("write control: {e}"));
+        if !postinst.is_empty() {
+            let p = debian.join("postinst");
+            std::fs::write(&p, format!("#!/bin/sh\nset -e\n{postinst}\n"))
+                .unwrap_or_else(|e| panic!("write postinst: {e}"));
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("chmod: {e}"));
+        }
+        let deb = self.work.path().join(format!("{name}_{version}_all.deb"));
+        run(
+            Command::new("dpkg-deb")
+                .args(["--root-owner-group", "-Zgzip", "--build"])
+                .arg(&root)
+                .arg(&deb),
+            "dpkg-deb --build",
+        );
+        deb
+    }
+
+    /// Installs a package built with [`Self::build`] in the guest directly (`dpkg -i`): the "before" state.
+    pub fn install_now(&self, guest: &Guest, deb: &Path) {
+        let name = deb
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // Not /tmp: the running guest mounts a tmpfs over it.
+        let path = format!("/var/tmp/{name}");
+        guest.install_file(deb, &path, 0o644);
+        guest.sh(&format!("dpkg -i {path} >/dev/null && rm {path}"));
+    }
+
+    /// Publishes a package in the repository (regenerating its index).
+    pub fn publish(&self, deb: &Path) {
+        let name = deb.file_name().unwrap_or_default();
+        std::fs::copy(deb, self.dir.join(name)).unwrap_or_else(|e| panic!("copy deb: {e}"));
+        self.index();
+    }
+
+    fn index(&self) {
+        let packages = run(
+            Command::new("dpkg-scanpackages")
+                .args(["--multiversion", "."])
+                .current_dir(&self.dir),
+            "dpkg-scanpackages",
+        );
+        std::fs::write(self.dir.join("Packages"), packages)
+            .unwrap_or_else(|e| panic!("write Packages: {e}"));
+    }
+}
+
+/// The version of `package` installed in the guest (`dpkg-query`), with its status.
+pub fn installed(guest: &Guest, package: &str) -> (String, String) {
+    let out = guest.sh(&format!(
+        "dpkg-query -W -f '${{Version}}|${{Status}}' {package}"
+    ));
+    let (v, s) = out.split_once('|').unwrap_or((&out, ""));
+    (v.to_string(), s.to_string())
+}
+
+/// Entries apt wrote to its history log (one per apt-get run that changed packages).
+pub fn apt_history_runs(guest: &Guest) -> usize {
+    std::fs::read_to_string(guest.path("/var/log/apt/history.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("Start-Date:"))
+        .count()
+}
+
+/// The operator's side of the system-upgrade buckets.
+pub struct Tasks {
+    intents: nats::kv::Store,
+    statuses: nats::kv::Store,
+    info: nats::kv::Store,
+}
+
+impl Tasks {
+    /// Opens the buckets (the scenario's `Operator` created them).
+    pub fn new(nats: &NatsServer) -> Self {
+        let js = nats::jetstream::new(nats.connect());
+        let open = |b: &str| {
+            js.key_value(b)
+                .unwrap_or_else(|e| panic!("open bucket {b}: {e}"))
+        };
+        Self {
+            intents: open(kv::SYSTEM_UPGRADE_INTENT),
+            statuses: open(kv::SYSTEM_UPGRADE_STATUS),
+            info: open(kv::DEVICE_INFO),
+        }
+    }
+
+    /// The capabilities the device advertises in its device info.
+    pub fn capabilities(&self) -> Vec<fleet_wire::Capability> {
+        self.info
+            .get(DEVICE)
+            .ok()
+            .flatten()
+            .and_then(|raw| serde_json::from_slice::<fleet_wire::DeviceInfo>(&raw).ok())
+            .map(|i| i.capabilities)
+            .unwrap_or_default()
+    }
+
+    /// A new attempt for the scenario device that expires `expires_in` from now.
+    pub fn attempt(expires_in: Duration) -> SystemUpgradeAttempt {
+        SystemUpgradeAttempt {
+            run_uid: AttemptId::new_random(),
+            device_id: device_id(),
+            operation: TaskOperation::AptFullUpgradeV1,
+            expires_at: Timestamp::now().plus(expires_in),
+        }
+    }
+
+    /// Writes the intent as the operator does (again: a new revision with the same value).
+    pub fn put_intent(&self, a: &SystemUpgradeAttempt) {
+        let value = serde_json::to_vec(a).unwrap_or_else(|e| panic!("json: {e}"));
+        self.intents
+            .put(&kv::run_key(&a.device_id, &a.run_uid), value)
+            .unwrap_or_else(|e| panic!("put intent: {e}"));
+    }
+
+    /// The run's status in NATS.
+    pub fn status(&self, a: &SystemUpgradeAttempt) -> Option<SystemUpgradeStatus> {
+        let raw = self
+            .statuses
+            .get(&kv::run_key(&a.device_id, &a.run_uid))
+            .ok()??;
+        serde_json::from_slice(&raw).ok()
+    }
+
+    /// Waits until the run's status satisfies `done`; fails with the last status and `logs()` otherwise.
+    pub fn wait(
+        &self,
+        a: &SystemUpgradeAttempt,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&SystemUpgradeStatus) -> bool,
+        logs: impl Fn() -> String,
+    ) -> SystemUpgradeStatus {
+        let mut last = None;
+        let got = wait_for(timeout, || {
+            let s = self.status(a)?;
+            let hit = done(&s);
+            last = Some(s.clone());
+            hit.then_some(s)
+        });
+        got.unwrap_or_else(|| {
+            panic!(
+                "run {} on {DEVICE}: no {what} within {timeout:?}; last status: {last:#?}\n{}",
+                a.run_uid,
+                logs()
+            )
+        })
+    }
+}
+
+/// A real `fleetlock-server` on the host's 127.0.0.1 (file store in a temp dir, group `default` with one slot),
+/// killed on drop.
+pub struct FleetLock {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl FleetLock {
+    /// Starts the server and waits until it answers `/healthz`.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("free port: {e}"));
+        let config = dir.path().join("fleetlock.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "default_slots: 1\nstore: {{kind: file, dir: {}}}\n",
+                dir.path().join("store").display()
+            ),
+        )
+        .unwrap_or_else(|e| panic!("write config: {e}"));
+        let log = std::fs::File::create(dir.path().join("server.log"))
+            .unwrap_or_else(|e| panic!("log: {e}"));
+        let child = Command::new(crate::builds::fleetlock_server())
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start fleetlock-server: {e}"));
+        let s = Self { child, port, dir };
+        let up = wait_for(Duration::from_secs(30), || {
+            get(s.port, "/healthz").map(|_| ())
+        });
+        assert!(up.is_some(), "fleetlock-server did not start:\n{}", s.log());
+        s
+    }
+
+    /// The port (the same on the host and, relayed, in a guest).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Holders of group `default` (`/v1/status`).
+    pub fn holders(&self) -> usize {
+        self.holder_ids().len()
+    }
+
+    /// The ids holding a slot of group `default` now.
+    pub fn holder_ids(&self) -> Vec<String> {
+        holder_ids_at(self.port)
+    }
+
+    /// The guest configuration for `fleet-reboot` and the updater's reboots: this server, group `default`.
+    pub fn client_config(&self) -> String {
+        format!(
+            "server: http://127.0.0.1:{}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n",
+            self.port
+        )
+    }
+
+    /// The server's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for FleetLock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET <path>` from a server on 127.0.0.1:`port`; the body of a 200 answer.
+fn get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    c.take(1 << 20).read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// The ids holding a slot of group `default` of the FleetLock server on 127.0.0.1:`port` (`/v1/status`).
+pub fn holder_ids_at(port: u16) -> Vec<String> {
+    let body = get(port, "/v1/status").unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    v["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|g| g["name"] == "default"))
+        .and_then(|g| g["holders"].as_array())
+        .map(|h| {
+            h.iter()
+                .filter_map(|x| x["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
