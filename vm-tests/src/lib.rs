@@ -2,7 +2,9 @@
 //! systemd-nspawn (`fleet_rig::nspawn`), install Harmony Fleet with `scripts/device-setup`, and drive upgrades.
 
 pub mod builds;
+pub mod cluster;
 pub mod device;
 pub mod fleet;
+pub mod local_fleet;
 pub mod qemu;
 pub mod scene;
