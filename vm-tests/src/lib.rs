@@ -3,8 +3,11 @@
 
 pub mod builds;
 pub mod cluster;
+pub mod demo;
+pub mod demo_state;
 pub mod device;
 pub mod fleet;
+pub mod fleetlock;
 pub mod local_fleet;
 pub mod qemu;
 pub mod scene;

@@ -372,6 +372,8 @@ done
         Command::new("nsenter")
             .args(["-t", &pid.to_string(), "-a", "--"])
             .args(args)
+            // The host's temporary directory (a demo sets its own) does not exist in the guest.
+            .env_remove("TMPDIR")
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("nsenter into {}: {e}", self.name))
