@@ -190,20 +190,26 @@ impl LocalFleet {
     /// Publishes a broken [`V3`]: its probe is the real v3's (so it passes and reports 3.0.0), but the service
     /// exits before telling systemd it is ready. Every device must roll it back.
     pub fn publish_broken_v3(&self) -> (String, String) {
-        use std::os::unix::fs::PermissionsExt;
-        let path: PathBuf = self.dir.path().join("fleet-agent-v3-broken");
-        std::fs::write(
-            &path,
-            format!(
-                "#!/bin/sh\n# a {V3} whose probe passes but whose service dies before readiness\n\
+        self.publish_script(
+            "fleet-agent-v3",
+            &format!(
+                "# a {V3} whose probe passes but whose service dies before readiness\n\
                  case \"$1\" in --self-test|--version) exec {REAL_V3} \"$@\" ;; esac\n\
-                 echo 'fleet-agent {V3}: exiting before readiness' >&2\nexit 1\n"
+                 echo 'fleet-agent {V3}: exiting before readiness' >&2\nexit 1"
             ),
         )
-        .unwrap_or_else(|e| panic!("write the broken candidate: {e}"));
+    }
+
+    /// Publishes a candidate "binary" `name` that is `#!/bin/sh` and `body` (fault injection through the artifact
+    /// itself, delivered by the real operator): its URL and SHA-256.
+    pub fn publish_script(&self, name: &str, body: &str) -> (String, String) {
+        use std::os::unix::fs::PermissionsExt;
+        let path: PathBuf = self.dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n"))
+            .unwrap_or_else(|e| panic!("write the candidate {name}: {e}"));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
             .unwrap_or_else(|e| panic!("chmod: {e}"));
-        let (url, sha) = self.artifacts.publish(&path, "fleet-agent-v3");
+        let (url, sha) = self.artifacts.publish(&path, name);
         (url, sha.to_string())
     }
 }
