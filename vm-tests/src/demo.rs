@@ -198,9 +198,22 @@ impl<'a> Demo<'a> {
                 return Ok(v);
             }
             if Instant::now() >= deadline {
+                let devices: Vec<String> = self
+                    .fleet
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        format!(
+                            "--- {} fleet-agent ---\n{}",
+                            d.id,
+                            d.guest.journal("fleet-agent.service", 15)
+                        )
+                    })
+                    .collect();
                 return Err(Stop::Failed(format!(
-                    "{what}: not within {timeout:?}\n--- fleet-operator log ---\n{}",
-                    self.fleet.cluster.operator_log(30)
+                    "{what}: not within {timeout:?}\n--- fleet-operator log ---\n{}\n{}",
+                    self.fleet.cluster.operator_log(30),
+                    devices.join("\n")
                 )));
             }
             std::thread::sleep(crate::cluster::POLL);
@@ -366,7 +379,7 @@ impl<'a> Demo<'a> {
                 .then_some(v)
         })?;
         println!(
-            "   every device committed {V2} {:.1} s after `kubectl apply`",
+            "   every Device shows {V2} committed {:.1} s after `kubectl apply`",
             t.elapsed().as_secs_f64()
         );
         self.kubectl(&["get", "fdev"])?;
