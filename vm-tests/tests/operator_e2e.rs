@@ -163,6 +163,8 @@ fn kubectl_drives_a_real_device_through_the_real_operator() {
     assert_eq!(web["State"]["Running"], true);
 
     // 4. A v4 whose self-test fails → refused before anything stops: the running v2 is never touched.
+    //    (Today this step takes about a minute: an agent that was idle polls the updater at its resync interval,
+    //    60 s, and does not shorten that poll when it hands over an attempt that fails before any cutover.)
     let (v2_pid, v2_since) = (device.agent_pid(), active_since(device));
     let (url, sha) = fleet.publish_script(
         "fleet-agent-v4-probe-fails",
