@@ -56,7 +56,8 @@ fn string_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.agentVersion"}"#,
     printcolumn = r#"{"name":"Arch","type":"string","jsonPath":".status.architecture"}"#,
     printcolumn = r#"{"name":"Heartbeat","type":"string","jsonPath":".status.lastHeartbeat"}"#,
-    printcolumn = r#"{"name":"Upgrade","type":"string","jsonPath":".status.agentUpgrade.phase"}"#
+    printcolumn = r#"{"name":"Upgrade","type":"string","jsonPath":".status.agentUpgrade.phase"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.agentUpgrade.reason"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceSpec {

@@ -4,7 +4,7 @@
 
 use fleet_rig::{wait_for, NatsServer};
 use fleet_vm_tests::builds::{self, V1, V2};
-use fleet_vm_tests::fleet::{agent_config, Artifacts, Operator, GUEST_CA_FILE};
+use fleet_vm_tests::fleet::{agent_config, Artifacts, Operator, DEVICE, GUEST_CA_FILE};
 use fleet_vm_tests::qemu::{
     make_stage_disk, stripped_copy, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST,
 };
@@ -115,7 +115,7 @@ fn install_v1() -> Rig {
     stripped_copy(&builds::updater(), &files.join("fleet-updater"));
     stripped_copy(&builds::fetch_helper(), &files.join("fleet-fetch"));
     let nats_url = format!("nats://{HOST_FROM_GUEST}:{}", nats.port());
-    write(&files.join("agent.toml"), &agent_config(&nats_url));
+    write(&files.join("agent.toml"), &agent_config(DEVICE, &nats_url));
     write(
         &files.join("updater.toml"),
         &format!("extra_ca_file = \"{GUEST_CA_FILE}\"\n"),

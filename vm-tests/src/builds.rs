@@ -18,14 +18,17 @@ pub const V2: &str = "2.0.0";
 /// A later target (the intent changed again while a device was offline).
 pub const V3: &str = "3.0.0";
 
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 fn build_root() -> PathBuf {
     if let Some(d) = std::env::var_os("FLEET_VM_BUILD_DIR") {
         return PathBuf::from(d);
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    target.join("vm-tests-build")
+    target_dir().join("vm-tests-build")
 }
 
 fn cargo() -> String {
@@ -144,15 +147,38 @@ pub fn fetch_helper() -> PathBuf {
     build("fleet-updater", "fleet-fetch", None)
 }
 
-/// The FleetLock server: the workspace's own build when it is up to date (a `cargo test --workspace` run builds
-/// it before any test starts), otherwise built here.
-pub fn fleetlock_server() -> PathBuf {
-    let own = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-        .join("debug/fleetlock-server");
-    if newer_than_sources(&own, "fleet-operator") {
-        return own;
+/// A binary of the workspace's own target directory when it is newer than its sources (`cargo test --workspace`
+/// builds every package's binaries before any test runs; `scripts/demo` builds them too), else a build of its own:
+/// the operator's dependencies (kube, tokio) are not compiled a second time for nothing.
+fn prebuilt_or_build(package: &str, bin: &str) -> PathBuf {
+    let main = target_dir().join("debug").join(bin);
+    if newer_than_sources(&main, package) {
+        return main;
     }
-    build("fleet-operator", "fleetlock-server", None)
+    build(package, bin, None)
+}
+
+/// The real `fleet-operator` binary.
+pub fn operator() -> PathBuf {
+    prebuilt_or_build("fleet-operator", "fleet-operator")
+}
+
+/// The real `fleetlock-server` binary.
+pub fn fleetlock_server() -> PathBuf {
+    prebuilt_or_build("fleet-operator", "fleetlock-server")
+}
+
+/// `kubectl`, built by `scripts/setup.d/50-kube-apiserver.sh` from the same Debian source package as the API
+/// server (`$FLEET_KUBECTL` overrides).
+pub fn kubectl() -> PathBuf {
+    let cache = std::env::var_os("FLEET_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".cache"));
+    fleet_rig::require_binary(
+        "kubectl",
+        "FLEET_KUBECTL",
+        &[cache.join("kube-apiserver/kubectl")],
+        "Run `scripts/setup kube-apiserver` (it builds kubectl beside kube-apiserver from Debian's kubernetes \
+         source package into $FLEET_CACHE/kube-apiserver/), or point FLEET_KUBECTL at a kubectl binary.",
+    )
 }

@@ -104,16 +104,18 @@ impl Operator {
 
 /// A device: the guest, its NATS relay, and the versions installed.
 pub struct Device {
+    /// The device id (its agent's `device_id`).
+    pub id: String,
     /// The booted guest.
     pub guest: Guest,
     /// The guest's connection to NATS (switch it off for an offline device).
     pub nats_link: ForwardHandle,
 }
 
-/// The agent configuration scenarios use.
-pub fn agent_config(nats_url: &str) -> String {
+/// The agent configuration scenarios use, for the device `id`.
+pub fn agent_config(id: &str, nats_url: &str) -> String {
     format!(
-        "device_id = \"{DEVICE}\"\n\n[nats]\nurls = [\"{nats_url}\"]\nconnect_timeout_secs = 5\n\n\
+        "device_id = \"{id}\"\n\n[nats]\nurls = [\"{nats_url}\"]\nconnect_timeout_secs = 5\n\n\
          [intervals]\nheartbeat_secs = 5\nupdater_poll_ms = 200\n"
     )
 }
@@ -128,8 +130,24 @@ impl Device {
         bootstrap: &str,
         artifacts: Option<&Artifacts>,
     ) -> Self {
+        let d = Self::setup(DEVICE, nats.port(), bootstrap, artifacts);
+        let info = wait_for(Duration::from_secs(60), || {
+            operator.has_device_info().then_some(())
+        });
+        assert!(
+            info.is_some(),
+            "the agent published no device info.\n{}",
+            d.guest.journal("fleet-agent.service", 60)
+        );
+        d
+    }
+
+    /// Boots a guest and installs the updater and agent `bootstrap` as device `id` with device setup, talking to
+    /// the NATS server on the host's `nats_port`; waits until both units are active. The updater trusts
+    /// `artifacts`' CA, reachable from the guest at the same URL as from the host.
+    pub fn setup(id: &str, nats_port: u16, bootstrap: &str, artifacts: Option<&Artifacts>) -> Self {
         let mut guest = Guest::boot();
-        let nats_link = guest.forward(nats.port());
+        let nats_link = guest.forward(nats_port);
         let ca_pem = artifacts.map(|a| {
             guest.forward(a.port());
             a.ca_pem()
@@ -145,7 +163,12 @@ impl Device {
         // device-setup installs the download helper from beside the updater.
         stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
         let url = format!("nats://{}", nats_link.addr());
-        let acfg = stage_bytes(&guest, agent_config(&url).as_bytes(), "agent.toml", 0o644);
+        let acfg = stage_bytes(
+            &guest,
+            agent_config(id, &url).as_bytes(),
+            "agent.toml",
+            0o644,
+        );
         let mut ucfg = String::new();
         if let Some(pem) = ca_pem {
             guest.write_file(GUEST_CA_FILE, pem.as_slice(), 0o644);
@@ -172,19 +195,15 @@ impl Device {
             guest.journal("fleet-agent.service", 40),
             guest.journal("fleet-updater.service", 40)
         );
-        let d = Self { guest, nats_link };
+        let d = Self {
+            id: id.to_string(),
+            guest,
+            nats_link,
+        };
         d.guest
             .wait_unit("fleet-updater.service", "active", Duration::from_secs(60));
         d.guest
             .wait_unit("fleet-agent.service", "active", Duration::from_secs(240));
-        let info = wait_for(Duration::from_secs(60), || {
-            operator.has_device_info().then_some(())
-        });
-        assert!(
-            info.is_some(),
-            "the agent published no device info.\n{}",
-            d.guest.journal("fleet-agent.service", 60)
-        );
         d
     }
 
@@ -286,8 +305,8 @@ impl Artifacts {
         std::fs::read(self.ca.ca_file()).unwrap_or_else(|e| panic!("read CA: {e}"))
     }
 
-    /// Publishes `file` at `/<name>` and returns an attempt for it targeting `version`.
-    pub fn attempt(&self, file: &Path, name: &str, version: &str) -> AgentUpgradeAttempt {
+    /// Publishes `file` at `/<name>`: its URL (the same on the host and in guests) and SHA-256.
+    pub fn publish(&self, file: &Path, name: &str) -> (String, fleet_wire::Sha256Hex) {
         use sha2::Digest;
         let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("read {file:?}: {e}"));
         let sha: [u8; 32] = sha2::Sha256::digest(&bytes).into();
@@ -295,15 +314,35 @@ impl Artifacts {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(format!("/{name}"), file.to_path_buf());
+        (
+            self.server.url(&format!("/{name}")),
+            fleet_wire::Sha256Hex::from_bytes(sha),
+        )
+    }
+
+    /// Publishes `file` at `/<name>` and returns an attempt for it targeting `version` on [`DEVICE`].
+    pub fn attempt(&self, file: &Path, name: &str, version: &str) -> AgentUpgradeAttempt {
+        self.attempt_for(DEVICE, file, name, version)
+    }
+
+    /// Publishes `file` at `/<name>` and returns an attempt for it targeting `version` on `device`.
+    pub fn attempt_for(
+        &self,
+        device: &str,
+        file: &Path,
+        name: &str,
+        version: &str,
+    ) -> AgentUpgradeAttempt {
+        let (url, sha) = self.publish(file, name);
         let json = serde_json::json!({
             "attemptId": fleet_wire::AttemptId::new_random(),
-            "deviceId": DEVICE,
+            "deviceId": device,
             "targetVersion": version,
             "architecture": fleet_wire::Architecture::current()
                 .unwrap_or_else(|| panic!("this host's architecture is not a fleet architecture")),
-            "artifact": self.server.url(&format!("/{name}")),
+            "artifact": url,
             "byteLimit": fleet_wire::limits::ARTIFACT_MAX_BYTES,
-            "sha256": fleet_wire::Sha256Hex::from_bytes(sha),
+            "sha256": sha,
         });
         serde_json::from_value(json).unwrap_or_else(|e| panic!("attempt: {e}"))
     }

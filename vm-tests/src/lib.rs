@@ -2,8 +2,13 @@
 //! systemd-nspawn (`fleet_rig::nspawn`), install Harmony Fleet with `scripts/device-setup`, and drive upgrades.
 
 pub mod builds;
+pub mod cluster;
+pub mod demo;
+pub mod demo_state;
 pub mod device;
 pub mod fleet;
+pub mod fleetlock;
+pub mod local_fleet;
 pub mod qemu;
 pub mod scene;
 pub mod tasks;

@@ -1,10 +1,12 @@
 //! A real kube-apiserver (built by `scripts/setup.d/50-kube-apiserver.sh`) on a real etcd (Debian `etcd-server`),
-//! both on free loopback ports with temporary state, token authentication and a self-signed serving certificate.
+//! both on free loopback ports with temporary state, token authentication and a serving certificate issued by a
+//! [`TestCa`] (clients verify it: [`KubeApiServer::kubeconfig`] carries the CA).
 //!
 //! Both processes are killed on drop, and also by a small watchdog once the test process is gone, so that a
 //! server kept in a `static` for a whole test binary does not outlive it.
 
-use crate::util::{free_port, require_binary, wait_for, workspace_root};
+use crate::tls::TestCa;
+use crate::util::{free_port, kill_when_gone, require_binary, wait_for, workspace_root};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,11 +19,17 @@ const ETCD_HINT: &str =
 /// How long the API server may take to answer `/readyz` (about 4 s on an idle 2-core machine).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The user name the operator's token authenticates as: the `fleet-operator` service account of
+/// `operator/deploy/rbac.yaml`, so that RBAC grants it exactly what the deployed operator gets.
+pub const OPERATOR_USER: &str = "system:serviceaccount:harmony-fleet:fleet-operator";
+
 /// A running etcd + kube-apiserver pair.
 pub struct KubeApiServer {
     dir: tempfile::TempDir,
+    ca: TestCa,
     port: u16,
     token: String,
+    operator_token: String,
     etcd: Option<Child>,
     apiserver: Option<Child>,
 }
@@ -60,12 +68,18 @@ impl KubeApiServer {
             .unwrap_or_else(|e| panic!("temp dir for kube-apiserver: {e}"));
         let d = dir.path().to_path_buf();
         let d = d.as_path();
-        let token = format!("fleet-test-{}", std::process::id());
+        let token = format!("fleet-test-{}", random_hex());
+        let operator_token = format!("fleet-operator-{}", random_hex());
         fs::write(
             d.join("tokens.csv"),
-            format!("{token},fleet-admin,fleet-admin,\"system:masters\"\n"),
+            format!(
+                "{token},fleet-admin,fleet-admin,\"system:masters\"\n\
+                 {operator_token},{OPERATOR_USER},fleet-operator-sa,\"system:serviceaccounts,system:serviceaccounts:harmony-fleet\"\n"
+            ),
         )
         .unwrap_or_else(|e| panic!("token file: {e}"));
+        let ca = TestCa::new();
+        let serving = ca.server_cert("kube-apiserver");
         let key = d.join("sa.key");
         let status = Command::new("openssl")
             .args(["genrsa", "-out"])
@@ -108,8 +122,10 @@ impl KubeApiServer {
         let port = free_port();
         let mut s = Self {
             dir,
+            ca,
             port,
             token,
+            operator_token,
             etcd: Some(etcd),
             apiserver: None,
         };
@@ -129,7 +145,8 @@ impl KubeApiServer {
                 "--advertise-address=127.0.0.1",
                 &format!("--secure-port={port}"),
                 "--insecure-port=0",
-                &format!("--cert-dir={}", d.join("certs").display()),
+                &format!("--tls-cert-file={}", serving.cert_file.display()),
+                &format!("--tls-private-key-file={}", serving.key_file.display()),
                 &format!("--token-auth-file={}", d.join("tokens.csv").display()),
                 "--authorization-mode=RBAC",
                 &format!("--service-account-key-file={}", key.display()),
@@ -157,7 +174,9 @@ impl KubeApiServer {
             }
             let out = Command::new("curl")
                 .args([
-                    "-sk",
+                    "-s",
+                    "--cacert",
+                    &s.ca.ca_file().display().to_string(),
                     "--max-time",
                     "2",
                     "-H",
@@ -177,24 +196,10 @@ impl KubeApiServer {
     }
 
     fn spawn_watchdog(&self) {
-        let pids: Vec<String> = [&self.etcd, &self.apiserver]
-            .iter()
-            .filter_map(|c| c.as_ref().map(|c| c.id().to_string()))
-            .collect();
-        // Kills the servers once this test process has exited (a `static` is never dropped).
-        let script = "while kill -0 \"$0\" 2>/dev/null; do sleep 1; done; kill \"$@\" 2>/dev/null";
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .arg(std::process::id().to_string())
-            .args(&pids)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
+        kill_when_gone(&self.pids());
     }
 
-    /// `https://127.0.0.1:<port>` (self-signed certificate).
+    /// `https://127.0.0.1:<port>` (certificate issued by [`Self::ca_file`]'s CA).
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
     }
@@ -204,10 +209,52 @@ impl KubeApiServer {
         &self.token
     }
 
+    /// A bearer token of [`OPERATOR_USER`] (no rights until `operator/deploy/rbac.yaml` is applied).
+    pub fn operator_token(&self) -> &str {
+        &self.operator_token
+    }
+
+    /// The CA certificate (PEM file) the API server's serving certificate is issued by.
+    pub fn ca_file(&self) -> &Path {
+        self.ca.ca_file()
+    }
+
+    /// A kubeconfig for `token` that verifies the server against [`Self::ca_file`] (no verification turned off;
+    /// valid while this server runs).
+    pub fn kubeconfig(&self, token: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters:\n- name: fleet\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\n\
+             users:\n- name: fleet\n  user:\n    token: {token}\n\
+             contexts:\n- name: fleet\n  context:\n    cluster: fleet\n    user: fleet\n\
+             current-context: fleet\n",
+            url = self.url(),
+            ca = self.ca.ca_file().display(),
+        )
+    }
+
+    /// The PIDs of etcd and kube-apiserver (for a caller that records what it started).
+    pub fn pids(&self) -> Vec<u32> {
+        [&self.etcd, &self.apiserver]
+            .iter()
+            .filter_map(|c| c.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// The directory with the servers' logs (`apiserver.err`, `etcd.err`).
     pub fn log_dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// 128 random bits as hex, from the kernel (tokens must not be guessable from a PID).
+fn random_hex() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .unwrap_or_else(|e| panic!("read /dev/urandom: {e}"));
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 impl Drop for KubeApiServer {

@@ -13,4 +13,4 @@ pub mod token;
 pub mod util;
 
 pub use nats::NatsServer;
-pub use util::{free_port, require_binary, wait_for, workspace_root};
+pub use util::{free_port, kill_when_gone, require_binary, wait_for, workspace_root};

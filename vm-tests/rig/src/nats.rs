@@ -110,6 +110,11 @@ impl NatsServer {
         self.port
     }
 
+    /// The server's PID while it runs (for a caller that records what it started).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The JetStream store directory.
     pub fn store_dir(&self) -> &Path {
         self.store.path()

@@ -76,9 +76,9 @@ fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Removes what guests of dead test processes left behind (their network namespaces and cgroups); names carry the
-/// owning test process's PID.
-fn sweep_stale() {
+/// Removes what guests of dead test processes left behind (their network namespaces and cgroups, killing what
+/// still runs in them); names carry the owning test process's PID. Every new guest runs it first.
+pub fn sweep_stale() {
     let Ok(entries) = fs::read_dir("/run/netns") else {
         return;
     };
@@ -383,6 +383,8 @@ done
         Command::new("nsenter")
             .args(["-t", &pid.to_string(), "-a", "--"])
             .args(args)
+            // The host's temporary directory (a demo sets its own) does not exist in the guest.
+            .env_remove("TMPDIR")
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("nsenter into {}: {e}", self.name))

@@ -51,6 +51,21 @@ pub fn require_binary(
     on_path.unwrap_or_else(|| panic!("`{name}` is not installed (looked at ${env_var}, {candidates:?} and PATH). {install_hint}"))
 }
 
+/// Starts a small watchdog that kills `pids` once this process has exited: a part kept in a `static` is never
+/// dropped, and a process killed outright drops nothing.
+pub fn kill_when_gone(pids: &[u32]) {
+    let script = "while kill -0 \"$0\" 2>/dev/null; do sleep 1; done; kill \"$@\" 2>/dev/null";
+    let _ = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(std::process::id().to_string())
+        .args(pids.iter().map(u32::to_string))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+}
+
 /// Polls `check` every 20 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;

@@ -1,0 +1,225 @@
+//! The cluster side of a local fleet, every part real: etcd + kube-apiserver (serving a certificate of the rig's
+//! CA), the CRDs and RBAC of `operator/deploy/` applied with kubectl, and the `fleet-operator` binary running as
+//! the `fleet-operator` service account those manifests bind. Everything is driven with kubectl, as a person would.
+
+use crate::builds;
+use fleet_rig::kube::KubeApiServer;
+use fleet_rig::workspace_root;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long one kubectl call may take (an apiserver on two busy cores answers in well under a second).
+const KUBECTL_TIMEOUT: &str = "30s";
+
+/// A running API server with the fleet CRDs and RBAC, and the real operator. The operator is stopped on drop,
+/// then the API server.
+pub struct Cluster {
+    operator: Option<Child>,
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+    /// The API server and etcd.
+    pub api: KubeApiServer,
+}
+
+impl Cluster {
+    /// Starts the API server, applies `operator/deploy/crds.yaml` and `rbac.yaml`, waits until the CRDs are
+    /// established, and starts `fleet-operator --nats-url <nats_url>` with the service account's token.
+    pub fn start(nats_url: &str) -> Self {
+        let kubectl = builds::kubectl();
+        let operator_bin = builds::operator();
+        let api = KubeApiServer::start();
+        let dir = tempfile::Builder::new()
+            .prefix("fleet-cluster-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("temp dir for the cluster: {e}"));
+        let kubeconfig = dir.path().join("kubeconfig");
+        write_private(&kubeconfig, &api.kubeconfig(api.token()));
+        let mut c = Self {
+            operator: None,
+            kubectl,
+            kubeconfig,
+            dir,
+            api,
+        };
+        let deploy = workspace_root().join("operator/deploy");
+        c.kubectl(&[
+            "apply",
+            "-f",
+            &deploy.join("crds.yaml").display().to_string(),
+            "-f",
+            &deploy.join("rbac.yaml").display().to_string(),
+        ]);
+        c.kubectl(&[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=60s",
+            "crd/devices.fleet.nationtech.io",
+            "crd/devicegroups.fleet.nationtech.io",
+            "crd/fleetdeployments.fleet.nationtech.io",
+            "crd/agentreleases.fleet.nationtech.io",
+        ]);
+        let op_config = c.dir.path().join("operator.kubeconfig");
+        write_private(&op_config, &c.api.kubeconfig(c.api.operator_token()));
+        let log = c.dir.path().join("fleet-operator.log");
+        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("operator log: {e}"));
+        let err = out
+            .try_clone()
+            .unwrap_or_else(|e| panic!("operator log: {e}"));
+        let child = Command::new(&operator_bin)
+            .args(["--nats-url", nats_url])
+            .env("KUBECONFIG", &op_config)
+            .env("POD_NAME", "fleet-operator-local")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", operator_bin.display()));
+        fleet_rig::kill_when_gone(&[child.id()]);
+        c.operator = Some(child);
+        c
+    }
+
+    /// The admin kubeconfig (`system:masters`; verifies the server with the rig's CA).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The kubectl binary.
+    pub fn kubectl_bin(&self) -> &Path {
+        &self.kubectl
+    }
+
+    /// The operator's PID while it runs.
+    pub fn operator_pid(&self) -> Option<u32> {
+        self.operator.as_ref().map(Child::id)
+    }
+
+    /// The last `lines` lines of the operator's log (for failure messages).
+    pub fn operator_log(&self, lines: usize) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.path().join("fleet-operator.log")).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg(format!("--request-timeout={KUBECTL_TIMEOUT}"))
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// `kubectl <args>`: its stdout, or its stderr as the error.
+    pub fn try_kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let out = self
+            .command(args)
+            .output()
+            .map_err(|e| format!("run kubectl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            Err(format!(
+                "kubectl {} failed with {}: {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// `kubectl <args>`; fails the test (with the operator's log) when it fails.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        self.try_kubectl(args).unwrap_or_else(|e| {
+            panic!("{e}\n--- fleet-operator log ---\n{}", self.operator_log(40))
+        })
+    }
+
+    /// `kubectl apply -f -` with `yaml` on stdin; its output.
+    pub fn apply(&self, yaml: &str) -> String {
+        let mut child = self
+            .command(&["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("run kubectl: {e}"));
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(yaml.as_bytes())
+                .unwrap_or_else(|e| panic!("kubectl stdin: {e}"));
+        }
+        let out = child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("kubectl apply: {e}"));
+        assert!(
+            out.status.success(),
+            "kubectl apply failed: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// `kubectl get <what> -o json`, parsed; `None` when kubectl fails (for example: not found yet).
+    pub fn get_json(&self, what: &[&str]) -> Option<serde_json::Value> {
+        let mut args = vec!["get"];
+        args.extend_from_slice(what);
+        args.extend_from_slice(&["-o", "json"]);
+        let out = self.try_kubectl(&args).ok()?;
+        serde_json::from_str(&out).ok()
+    }
+
+    /// Waits until `check` (polled every `every`, with kubectl calls inside) returns `Some`; fails with `what` and
+    /// the operator's log otherwise.
+    pub fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = check() {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "{what}: not within {timeout:?}.\n--- fleet-operator log ---\n{}",
+                    self.operator_log(40)
+                );
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// How often a wait asks the cluster again: each ask starts kubectl, which costs a little CPU.
+pub const POLL: Duration = Duration::from_millis(400);
+
+fn write_private(path: &Path, contents: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    f.write_all(contents.as_bytes())
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.operator.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! The demo's story (`scripts/demo`): a local fleet of three Debian devices driven by the real operator, told
+//! with the kubectl commands a person would type. Every table is read back from the cluster (kubectl) and from
+//! the devices themselves (Podman, the active symlink, the boot id), never echoed from what was asked for.
+
+use crate::builds::{V1, V2, V3};
+use crate::demo_state::Record;
+use crate::fleetlock::FleetLockServer;
+use crate::local_fleet::{deployment_yaml, group_yaml, release_yaml, DeviceView, LocalFleet};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The demo's devices; the first is the canary.
+pub const DEVICES: [&str; 3] = ["demo-1", "demo-2", "demo-3"];
+/// How long the demo waits for a whole-fleet upgrade to end.
+const UPGRADE_TIMEOUT: Duration = Duration::from_secs(420);
+/// How often the timeline asks the cluster.
+const TIMELINE_POLL: Duration = Duration::from_millis(700);
+
+/// Why the story stopped early.
+#[derive(Debug)]
+pub enum Stop {
+    /// Ctrl-C or SIGTERM.
+    Interrupted,
+    /// Something did not happen in time; the message says what.
+    Failed(String),
+}
+
+/// The story's context: the fleet, where manifests go, and the stop flag.
+pub struct Demo<'a> {
+    fleet: LocalFleet,
+    fleetlock: FleetLockServer,
+    manifests: PathBuf,
+    stop: &'a AtomicBool,
+    boot_ids: BTreeMap<String, String>,
+}
+
+fn step(n: usize, text: &str) {
+    println!("\n== {n}/6 {text}");
+}
+
+fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = width[i]))
+            .collect();
+        println!("   | {} |", padded.join(" | "));
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    line(width.iter().map(|w| "-".repeat(*w)).collect());
+    for r in rows {
+        line(r.clone());
+    }
+}
+
+impl<'a> Demo<'a> {
+    /// Brings up the fleet (every part the real binary), recording each process in `record`.
+    pub fn start(dir: &Path, record: &Record, stop: &'a AtomicBool) -> Result<Self, Stop> {
+        step(1, "starting the fleet: every part is the real binary");
+        let t = Instant::now();
+        let fleet = LocalFleet::start(&DEVICES);
+        for (pid, name) in fleet
+            .cluster
+            .api
+            .pids()
+            .into_iter()
+            .zip(["etcd", "kube-apiserver"])
+        {
+            record.add(pid, name);
+        }
+        if let Some(pid) = fleet.cluster.operator_pid() {
+            record.add(pid, "fleet-operator");
+        }
+        if let Some(pid) = fleet.nats.pid() {
+            record.add(pid, "nats-server");
+        }
+        let fleetlock = FleetLockServer::start();
+        if let Some(pid) = fleetlock.pid() {
+            record.add(pid, "fleetlock-server");
+        }
+        let kubeconfig = dir.join("kubeconfig");
+        std::fs::copy(fleet.cluster.kubeconfig(), &kubeconfig)
+            .map_err(|e| Stop::Failed(format!("copy the kubeconfig: {e}")))?;
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests)
+            .map_err(|e| Stop::Failed(format!("mkdir {}: {e}", manifests.display())))?;
+        let pid = |p: Option<u32>| p.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+        let api = fleet.cluster.api.pids();
+        table(
+            &["part", "where", "pid"],
+            &[
+                vec![
+                    "etcd + kube-apiserver 1.20 (Debian source)".into(),
+                    fleet.cluster.api.url(),
+                    api.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ],
+                vec![
+                    "fleet-operator (service account harmony-fleet:fleet-operator)".into(),
+                    "-".into(),
+                    pid(fleet.cluster.operator_pid()),
+                ],
+                vec![
+                    "nats-server (JetStream, plain credentials)".into(),
+                    fleet.nats.url(),
+                    pid(fleet.nats.pid()),
+                ],
+                vec![
+                    "fleetlock-server (file store)".into(),
+                    format!("http://127.0.0.1:{}", fleetlock.port()),
+                    pid(fleetlock.pid()),
+                ],
+                vec![
+                    format!(
+                        "{} Debian devices (systemd-nspawn, scripts/device-setup, agent {V1})",
+                        DEVICES.len()
+                    ),
+                    "10.213.x.2".into(),
+                    "-".into(),
+                ],
+            ],
+        );
+        println!("   up in {:.1} s", t.elapsed().as_secs_f64());
+        println!("\n   To follow along in another shell, copy:");
+        println!(
+            "     export KUBECONFIG={} PATH={}:$PATH",
+            kubeconfig.display(),
+            fleet
+                .cluster
+                .kubectl_bin()
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+        let boot_ids = fleet
+            .devices
+            .iter()
+            .map(|d| (d.id.clone(), d.guest.boot_id()))
+            .collect();
+        Ok(Self {
+            fleet,
+            fleetlock,
+            manifests,
+            stop,
+            boot_ids,
+        })
+    }
+
+    fn check(&self) -> Result<(), Stop> {
+        if self.stop.load(Ordering::SeqCst) {
+            Err(Stop::Interrupted)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Prints `$ kubectl <args>` and runs exactly that, printing its output.
+    fn kubectl(&self, args: &[&str]) -> Result<String, Stop> {
+        println!("\n   $ kubectl {}", args.join(" "));
+        let out = self.fleet.cluster.try_kubectl(args).map_err(Stop::Failed)?;
+        for l in out.lines() {
+            println!("     {l}");
+        }
+        Ok(out)
+    }
+
+    /// Writes `yaml` to `manifests/<name>.yaml` and applies it with kubectl, printed.
+    fn apply(&self, name: &str, yaml: &str) -> Result<(), Stop> {
+        let path = self.manifests.join(format!("{name}.yaml"));
+        std::fs::write(&path, yaml)
+            .map_err(|e| Stop::Failed(format!("write {}: {e}", path.display())))?;
+        self.kubectl(&["apply", "-f", &path.display().to_string()])
+            .map(|_| ())
+    }
+
+    /// Waits (checking the stop flag) until `check` holds.
+    fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> Option<T>,
+    ) -> Result<T, Stop> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check()?;
+            if let Some(v) = check() {
+                return Ok(v);
+            }
+            if Instant::now() >= deadline {
+                let devices: Vec<String> = self
+                    .fleet
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        format!(
+                            "--- {} fleet-agent ---\n{}",
+                            d.id,
+                            d.guest.journal("fleet-agent.service", 15)
+                        )
+                    })
+                    .collect();
+                return Err(Stop::Failed(format!(
+                    "{what}: not within {timeout:?}\n--- fleet-operator log ---\n{}\n{}",
+                    self.fleet.cluster.operator_log(30),
+                    devices.join("\n")
+                )));
+            }
+            std::thread::sleep(crate::cluster::POLL);
+        }
+    }
+
+    /// The devices register themselves; one is labelled the canary.
+    pub fn registered(&self) -> Result<(), Stop> {
+        step(
+            2,
+            "the devices registered themselves: the operator made a Device for each",
+        );
+        self.kubectl(&["get", "fdev"])?;
+        self.kubectl(&["label", "fdev", DEVICES[0], "canary=true"])?;
+        self.kubectl(&["label", "fdev", "--all", "site=demo"])?;
+        Ok(())
+    }
+
+    /// The container `fleet-<name>` on `device`: (running, host PID).
+    fn container(&self, device: &str, name: &str) -> Option<(bool, u64)> {
+        let c = self
+            .fleet
+            .device(device)
+            .container(&format!("fleet-{name}"))?;
+        Some((
+            c["State"]["Running"] == true,
+            c["State"]["Pid"].as_u64().unwrap_or(0),
+        ))
+    }
+
+    /// DeviceGroup + FleetDeployment → a container on every device.
+    pub fn deploy(&self) -> Result<BTreeMap<String, u64>, Stop> {
+        step(
+            3,
+            "a DeviceGroup and a FleetDeployment: one busybox container on every device",
+        );
+        self.apply("group-demo", &group_yaml("demo", &[("site", "demo")]))?;
+        self.apply("deployment-web", &deployment_yaml("web", "demo", "web"))?;
+        let t = Instant::now();
+        let mut pids = BTreeMap::new();
+        println!();
+        while pids.len() < DEVICES.len() {
+            let (id, pid) = self.wait(
+                "a container on every device",
+                Duration::from_secs(180),
+                || {
+                    DEVICES.iter().find_map(|id| {
+                        if pids.contains_key(*id) {
+                            return None;
+                        }
+                        match self.container(id, "web") {
+                            Some((true, pid)) => Some((id.to_string(), pid)),
+                            _ => None,
+                        }
+                    })
+                },
+            )?;
+            println!(
+                "   {:>6.1}s  {id:<8} fleet-web running (pid {pid})",
+                t.elapsed().as_secs_f64()
+            );
+            pids.insert(id, pid);
+        }
+        self.kubectl(&["get", "fdg,fdep"])?;
+        println!("\n   Read from each device's Podman (fleet-agent user, rootless):");
+        let rows: Vec<Vec<String>> = DEVICES
+            .iter()
+            .map(|id| {
+                let c = self.fleet.device(id).container("fleet-web");
+                vec![
+                    id.to_string(),
+                    "fleet-web".into(),
+                    c.as_ref()
+                        .and_then(|c| c["State"]["Status"].as_str().map(str::to_string))
+                        .unwrap_or_else(|| "missing".into()),
+                    c.as_ref()
+                        .and_then(|c| c["ImageName"].as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    c.as_ref()
+                        .map(|c| c["State"]["Pid"].to_string())
+                        .unwrap_or_default(),
+                ]
+            })
+            .collect();
+        table(&["device", "container", "state", "image", "pid"], &rows);
+        Ok(pids)
+    }
+
+    /// Prints each device's phase changes for the attempt at `version` as the cluster shows them (seconds since
+    /// `start`), until every device has finished it.
+    fn timeline(
+        &self,
+        version: &str,
+        start: fleet_wire::Timestamp,
+    ) -> Result<Vec<DeviceView>, Stop> {
+        let t = Instant::now();
+        let mut seen: BTreeSet<(String, u64, String)> = BTreeSet::new();
+        println!();
+        loop {
+            self.check()?;
+            let views = self.fleet.views();
+            let mut batch = vec![];
+            for v in &views {
+                let Some(u) = &v.upgrade else { continue };
+                if u.target_version.as_ref().map(|x| x.as_str()) != Some(version) {
+                    continue;
+                }
+                for tr in u.transitions.as_slice() {
+                    let key = (
+                        v.id.clone(),
+                        tr.at.unix_ms(),
+                        crate::local_fleet::kebab(&tr.phase),
+                    );
+                    if seen.insert(key.clone()) {
+                        let reason = tr
+                            .reason
+                            .as_ref()
+                            .map(crate::local_fleet::kebab)
+                            .unwrap_or_default();
+                        batch.push((key.1, v.id.clone(), key.2, reason));
+                    }
+                }
+            }
+            batch.sort();
+            for (at, id, phase, reason) in batch {
+                let secs = at.saturating_sub(start.unix_ms()) as f64 / 1000.0;
+                println!("   {secs:>6.1}s  {id:<8} {phase:<13} {reason}");
+            }
+            let done = views.len() >= DEVICES.len() && views.iter().all(|v| v.finished(version));
+            if done {
+                return Ok(views);
+            }
+            if t.elapsed() > UPGRADE_TIMEOUT {
+                return Err(Stop::Failed(format!(
+                    "not every device finished {version} within {UPGRADE_TIMEOUT:?}"
+                )));
+            }
+            std::thread::sleep(TIMELINE_POLL);
+        }
+    }
+
+    /// AgentRelease v2 → every device commits; the containers keep running through the cutover.
+    pub fn upgrade(&self, web: &BTreeMap<String, u64>) -> Result<(), Stop> {
+        step(
+            4,
+            &format!("AgentRelease {V2}: every device downloads, probes, cuts over and commits"),
+        );
+        let (url, sha) = self.fleet.publish_agent(V2);
+        let start = fleet_wire::Timestamp::now();
+        let t = Instant::now();
+        self.apply(
+            "release",
+            &release_yaml("fleet-agent", "demo", V2, &url, &sha),
+        )?;
+        println!(
+            "\n   Timeline (phase changes, from each Device's status.agentUpgrade.transitions):"
+        );
+        self.timeline(V2, start)?;
+        let views = self.wait("every Device reports v2", Duration::from_secs(60), || {
+            let v = self.fleet.views();
+            v.iter()
+                .all(|v| v.agent_version.as_deref() == Some(V2))
+                .then_some(v)
+        })?;
+        println!(
+            "   every Device shows {V2} committed {:.1} s after `kubectl apply`",
+            t.elapsed().as_secs_f64()
+        );
+        self.kubectl(&["get", "fdev"])?;
+        self.kubectl(&["get", "frel"])?;
+        println!(
+            "\n   Read from the cluster (Device) and from each device (active symlink, Podman):"
+        );
+        let rows: Vec<Vec<String>> = views
+            .iter()
+            .map(|v| {
+                let d = self.fleet.device(&v.id);
+                let now = self.container(&v.id, "web").map(|c| c.1);
+                let before = web.get(&v.id).copied();
+                vec![
+                    v.id.clone(),
+                    v.agent_version.clone().unwrap_or_default(),
+                    v.phase(),
+                    d.active_link(),
+                    format!(
+                        "{} -> {} ({})",
+                        before.map(|p| p.to_string()).unwrap_or_default(),
+                        now.map(|p| p.to_string()).unwrap_or_else(|| "gone".into()),
+                        if now.is_some() && now == before {
+                            "kept running"
+                        } else {
+                            "RESTARTED"
+                        }
+                    ),
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "device",
+                "agent (Device)",
+                "phase",
+                "active binary on the device",
+                "fleet-web pid",
+            ],
+            &rows,
+        );
+        Ok(())
+    }
+
+    /// A broken v3 → every device rolls back to v2; `kubectl get fdev` shows phase and typed reason.
+    pub fn broken(&self) -> Result<(), Stop> {
+        step(5, &format!("a broken {V3} (its probe passes, its service dies before readiness): every device rolls back"));
+        let (url, sha) = self.fleet.publish_broken_v3();
+        let start = fleet_wire::Timestamp::now();
+        self.apply(
+            "release",
+            &release_yaml("fleet-agent", "demo", V3, &url, &sha),
+        )?;
+        println!("\n   Timeline:");
+        self.timeline(V3, start)?;
+        self.wait(
+            "every Device reports v2 again",
+            Duration::from_secs(60),
+            || {
+                let v = self.fleet.views();
+                v.iter()
+                    .all(|v| v.agent_version.as_deref() == Some(V2))
+                    .then_some(())
+            },
+        )?;
+        self.kubectl(&["get", "fdev"])?;
+        self.kubectl(&["get", "frel"])?;
+        Ok(())
+    }
+
+    /// The system upgrade task is being built in parallel: say so.
+    pub fn tasks(&self) -> Result<(), Stop> {
+        step(
+            6,
+            "TaskRun system upgrade (canary first, coordinated reboots through FleetLock)",
+        );
+        println!("   not built yet: TaskRun/TaskSchedule and the device's system upgrade are being built; this step will");
+        println!(
+            "   run `apt full-upgrade` on {} first, then the others, one reboot at a time.",
+            DEVICES[0]
+        );
+        println!("   fleetlock-server is up already: GET /v1/status ->");
+        println!(
+            "     {}",
+            self.fleetlock
+                .get("/v1/status")
+                .unwrap_or_else(|| "(no answer)".into())
+        );
+        Ok(())
+    }
+
+    /// The final table, read from the cluster and the devices.
+    pub fn summary(&self) -> Result<(), Stop> {
+        println!("\n== the fleet now");
+        let views = self.fleet.views();
+        let rows: Vec<Vec<String>> = views
+            .iter()
+            .map(|v| {
+                let d = self.fleet.device(&v.id);
+                let running = self
+                    .container(&v.id, "web")
+                    .filter(|c| c.0)
+                    .map(|_| 1)
+                    .unwrap_or(0);
+                let rebooted = self
+                    .boot_ids
+                    .get(&v.id)
+                    .map(|b| *b != d.guest.boot_id())
+                    .unwrap_or(false);
+                vec![
+                    v.id.clone(),
+                    v.labels.join(","),
+                    v.agent_version.clone().unwrap_or_default(),
+                    d.active_version(),
+                    format!("{} / {}", v.phase(), v.reason()),
+                    format!("{running} running"),
+                    "not built yet".into(),
+                    if rebooted { "yes".into() } else { "0".into() },
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "device",
+                "labels",
+                "agent (Device)",
+                "agent --version (device)",
+                "last upgrade / reason",
+                "containers",
+                "task",
+                "reboots",
+            ],
+            &rows,
+        );
+        Ok(())
+    }
+
+    /// `--keep`: says how to reach the fleet and waits for Ctrl-C or `scripts/demo --stop`.
+    pub fn keep(&self, dir: &Path) {
+        println!("\n== the fleet keeps running (--keep)");
+        println!(
+            "   export KUBECONFIG={} PATH={}:$PATH",
+            dir.join("kubeconfig").display(),
+            self.fleet
+                .cluster
+                .kubectl_bin()
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+        println!("   kubectl get fdev,fdg,fdep,frel");
+        println!("   manifests: {}", self.manifests.display());
+        println!("   Stop it: Ctrl-C here, or `scripts/demo --stop` from another shell.");
+        while !self.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! What the demo started, recorded as it starts it (`<dir>/pids`: PID, start time, name per line), so that a run
+//! after a crash stops the leftovers by PID and starts clean, and `scripts/demo --stop` stops a kept demo.
+//! The start time (field 22 of `/proc/<pid>/stat`) guards against a PID the kernel has since given to another
+//! process.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The name the demo records itself under.
+const DEMO: &str = "fleet-demo";
+
+/// The open record of one demo run.
+pub struct Record {
+    path: PathBuf,
+}
+
+/// One recorded process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    pid: u32,
+    start: u64,
+    name: String,
+}
+
+fn parse(text: &str) -> Vec<Entry> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some(Entry {
+                pid: f.next()?.parse().ok()?,
+                start: f.next()?.parse().ok()?,
+                name: f.next()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The start time of `pid` in clock ticks after boot, while it runs (a zombie counts as gone).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+fn alive(e: &Entry) -> bool {
+    start_time(e.pid) == Some(e.start)
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+fn read(dir: &Path) -> Vec<Entry> {
+    parse(&fs::read_to_string(dir.join("pids")).unwrap_or_default())
+}
+
+impl Record {
+    /// Starts a new record in `dir`. Refuses while a recorded demo still runs; otherwise stops what an earlier run
+    /// left running (by PID), removes the guests it left (network namespaces, cgroups, overlay mounts) and the
+    /// scratch directories `tmp/` and `guests/`, and records this process.
+    pub fn begin(dir: &Path) -> Result<Self, String> {
+        fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let old = read(dir);
+        if let Some(d) = old.iter().find(|e| e.name == DEMO && alive(e)) {
+            return Err(format!(
+                "a demo is already running (pid {}); stop it with `scripts/demo --stop`",
+                d.pid
+            ));
+        }
+        for e in old.iter().filter(|e| alive(e)) {
+            println!(
+                "   stopping {} (pid {}) left by an earlier run",
+                e.name, e.pid
+            );
+            signal(e.pid, "-KILL");
+        }
+        fleet_rig::nspawn::sweep_stale();
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let prefix = format!("{}/", dir.display());
+        for m in mounts.lines().filter_map(|l| l.split_whitespace().nth(1)) {
+            if m.starts_with(&prefix) {
+                let _ = Command::new("umount").args(["-l", m]).status();
+            }
+        }
+        for sub in ["tmp", "guests"] {
+            let p = dir.join(sub);
+            if p.exists() {
+                fs::remove_dir_all(&p).map_err(|e| format!("remove {}: {e}", p.display()))?;
+            }
+            fs::create_dir_all(&p).map_err(|e| format!("mkdir {}: {e}", p.display()))?;
+        }
+        let r = Self {
+            path: dir.join("pids"),
+        };
+        fs::write(&r.path, "").map_err(|e| format!("write {}: {e}", r.path.display()))?;
+        r.add(std::process::id(), DEMO);
+        Ok(r)
+    }
+
+    /// Records `pid` (which must be running) as `name`.
+    pub fn add(&self, pid: u32, name: &str) {
+        let Some(start) = start_time(pid) else {
+            return;
+        };
+        let line = format!("{pid} {start} {}\n", name.replace(char::is_whitespace, "-"));
+        let ok = fs::OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = ok {
+            eprintln!("cannot record {name} (pid {pid}): {e}");
+        }
+    }
+}
+
+/// Stops the demo recorded in `dir` (SIGTERM: it tears its fleet down itself) and waits for it. Returns what
+/// happened, for the user.
+pub fn stop(dir: &Path) -> String {
+    let Some(d) = read(dir).into_iter().find(|e| e.name == DEMO && alive(e)) else {
+        return "no demo is running".into();
+    };
+    signal(d.pid, "-TERM");
+    let gone = fleet_rig::wait_for(Duration::from_secs(120), || (!alive(&d)).then_some(()));
+    match gone {
+        Some(()) => format!("stopped the demo (pid {})", d.pid),
+        None => format!(
+            "the demo (pid {}) did not stop within 120 s; the next `scripts/demo` stops what it left",
+            d.pid
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lines_and_skips_bad_ones() {
+        let got = parse("12 345 fleet-demo\nnot a line\n13 x nats\n14 99 nats-server\n");
+        assert_eq!(
+            got,
+            vec![
+                Entry {
+                    pid: 12,
+                    start: 345,
+                    name: "fleet-demo".into()
+                },
+                Entry {
+                    pid: 14,
+                    start: 99,
+                    name: "nats-server".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_wrong_start_time_is_not() {
+        let me = std::process::id();
+        let start = start_time(me).expect("own start time");
+        let e = Entry {
+            pid: me,
+            start,
+            name: "x".into(),
+        };
+        assert!(alive(&e));
+        assert!(!alive(&Entry {
+            start: start + 1,
+            ..e
+        }));
+    }
+}

@@ -1,0 +1,88 @@
+//! The real `fleetlock-server` on a free loopback port with a file store in a temporary directory (one slot in
+//! group `default`), for a local fleet. Killed on drop.
+
+use crate::builds;
+use fleet_rig::{free_port, wait_for};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running fleetlock-server.
+pub struct FleetLockServer {
+    child: Option<Child>,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl FleetLockServer {
+    /// Starts the server and waits until `/healthz` answers.
+    pub fn start() -> Self {
+        let bin = builds::fleetlock_server();
+        let dir = tempfile::Builder::new()
+            .prefix("fleetlock-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("temp dir for fleetlock-server: {e}"));
+        let config = dir.path().join("config.yaml");
+        let store = dir.path().join("store");
+        std::fs::write(
+            &config,
+            format!(
+                "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\n",
+                store.display()
+            ),
+        )
+        .unwrap_or_else(|e| panic!("fleetlock config: {e}"));
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("fleetlock.log"))
+            .unwrap_or_else(|e| panic!("fleetlock log: {e}"));
+        let child = Command::new(&bin)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        fleet_rig::kill_when_gone(&[child.id()]);
+        let s = Self {
+            child: Some(child),
+            port,
+            _dir: dir,
+        };
+        let up = wait_for(Duration::from_secs(30), || {
+            (s.get("/healthz").as_deref() == Some("ok")).then_some(())
+        });
+        assert!(up.is_some(), "fleetlock-server did not answer /healthz");
+        s
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its PID while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `GET <path>`: the trimmed body of a 2xx answer.
+    pub fn get(&self, path: &str) -> Option<String> {
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "5"])
+            .arg(format!("http://127.0.0.1:{}{path}", self.port))
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for FleetLockServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

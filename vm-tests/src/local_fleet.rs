@@ -1,0 +1,251 @@
+//! A local fleet driven by the real operator: nats-server, the [`Cluster`] (apiserver, CRDs, RBAC,
+//! `fleet-operator`), an HTTPS artifact server, and nspawn devices installed with device setup that register
+//! themselves (the operator creates their Device objects). Shared by the end-to-end test and `scripts/demo`;
+//! what it reads back comes from the cluster (kubectl) and from the devices, never from what was asked for.
+
+use crate::builds::{self, V1, V3};
+use crate::cluster::Cluster;
+use crate::fleet::{Artifacts, Device};
+use fleet_rig::NatsServer;
+use fleet_wire::{AgentUpgradeStatus, UpgradePhase};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the real v3 agent is placed in each guest, for the broken v3 candidate to `exec` for its probe.
+pub const REAL_V3: &str = "/opt/fleet-test/fleet-agent-real-v3";
+/// The API group and version of the fleet CRDs.
+pub const API_VERSION: &str = "fleet.nationtech.io/v1alpha1";
+/// How long a device may take from boot to its Device object (device setup installs and starts both units).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The parts of a local fleet. Fields drop in order: devices first, then the operator and API server, the
+/// artifact server, and NATS last.
+pub struct LocalFleet {
+    /// The devices, in the order of the ids given to [`Self::start`].
+    pub devices: Vec<Device>,
+    /// API server, CRDs, RBAC and the real operator.
+    pub cluster: Cluster,
+    /// Agent binaries over HTTPS (the devices' updaters trust its CA).
+    pub artifacts: Artifacts,
+    /// The NATS server (plain, no credentials).
+    pub nats: NatsServer,
+    dir: tempfile::TempDir,
+}
+
+/// A device as the cluster shows it (`kubectl get fdev -o json`).
+#[derive(Debug, Clone)]
+pub struct DeviceView {
+    /// The Device's name (the device id).
+    pub id: String,
+    /// `metadata.labels` as `k=v`, sorted.
+    pub labels: Vec<String>,
+    /// `status.agentVersion`.
+    pub agent_version: Option<String>,
+    /// `status.agentUpgrade`.
+    pub upgrade: Option<AgentUpgradeStatus>,
+}
+
+impl DeviceView {
+    fn from_json(v: &serde_json::Value) -> Option<Self> {
+        let id = v["metadata"]["name"].as_str()?.to_string();
+        let mut labels: Vec<String> = v["metadata"]["labels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        labels.sort();
+        let status = &v["status"];
+        Some(Self {
+            id,
+            labels,
+            agent_version: status["agentVersion"].as_str().map(str::to_string),
+            upgrade: serde_json::from_value(status["agentUpgrade"].clone()).ok(),
+        })
+    }
+
+    /// The upgrade phase as kubectl prints it (`-` when none).
+    pub fn phase(&self) -> String {
+        self.upgrade
+            .as_ref()
+            .map(|u| kebab(&u.phase))
+            .unwrap_or_else(|| "-".into())
+    }
+
+    /// The typed reason as kubectl prints it (`-` when none).
+    pub fn reason(&self) -> String {
+        self.upgrade
+            .as_ref()
+            .and_then(|u| u.reason.as_ref().map(kebab))
+            .unwrap_or_else(|| "-".into())
+    }
+
+    /// True when the status is terminal for an attempt at `version`.
+    pub fn finished(&self, version: &str) -> bool {
+        self.upgrade.as_ref().is_some_and(|u| {
+            u.target_version.as_ref().map(|v| v.as_str()) == Some(version) && u.phase.is_terminal()
+        })
+    }
+
+    /// True when the device committed `version` and reports running it.
+    pub fn committed(&self, version: &str) -> bool {
+        self.finished(version)
+            && self.upgrade.as_ref().map(|u| u.phase) == Some(UpgradePhase::Complete)
+            && self.agent_version.as_deref() == Some(version)
+    }
+}
+
+/// A serde enum value as its wire string (`rolling-back`, `start-failed`).
+pub fn kebab<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+impl LocalFleet {
+    /// Starts NATS, the cluster and the artifact server, then boots and sets up one device per id (at once:
+    /// most of a device's set-up waits on its own systemd), each running agent [`V1`] with the test image
+    /// imported and the real [`V3`] at [`REAL_V3`]; returns when every device has its Device object.
+    pub fn start(ids: &[&str]) -> Self {
+        let nats = NatsServer::start();
+        let cluster = Cluster::start(&nats.url());
+        let artifacts = Artifacts::start();
+        let v3 = builds::agent(V3);
+        let port = nats.port();
+        let devices: Vec<Device> = std::thread::scope(|s| {
+            let handles: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    let (artifacts, v3) = (&artifacts, &v3);
+                    s.spawn(move || {
+                        let d = Device::setup(id, port, V1, Some(artifacts));
+                        d.import_test_image();
+                        d.guest.install_file(v3, REAL_V3, 0o755);
+                        d
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        let fleet = Self {
+            devices,
+            cluster,
+            artifacts,
+            nats,
+            dir: tempfile::Builder::new()
+                .prefix("fleet-local-")
+                .tempdir()
+                .unwrap_or_else(|e| panic!("temp dir: {e}")),
+        };
+        for d in &fleet.devices {
+            fleet.cluster.wait(
+                &format!("Device {} registered", d.id),
+                REGISTER_TIMEOUT,
+                || fleet.view(&d.id).filter(|v| v.agent_version.is_some()),
+            );
+        }
+        fleet
+    }
+
+    /// The device `id`.
+    pub fn device(&self, id: &str) -> &Device {
+        self.devices
+            .iter()
+            .find(|d| d.id == id)
+            .unwrap_or_else(|| panic!("no device {id}"))
+    }
+
+    /// The Device object `id` as the cluster shows it.
+    pub fn view(&self, id: &str) -> Option<DeviceView> {
+        DeviceView::from_json(&self.cluster.get_json(&["fdev", id])?)
+    }
+
+    /// Every Device object, sorted by name.
+    pub fn views(&self) -> Vec<DeviceView> {
+        let Some(list) = self.cluster.get_json(&["fdev"]) else {
+            return vec![];
+        };
+        let mut all: Vec<DeviceView> = list["items"]
+            .as_array()
+            .map(|items| items.iter().filter_map(DeviceView::from_json).collect())
+            .unwrap_or_default();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all
+    }
+
+    /// Publishes the real agent `version` on the artifact server: its URL and SHA-256.
+    pub fn publish_agent(&self, version: &str) -> (String, String) {
+        let (url, sha) = self
+            .artifacts
+            .publish(&builds::agent(version), &format!("fleet-agent-v{version}"));
+        (url, sha.to_string())
+    }
+
+    /// Publishes a broken [`V3`]: its probe is the real v3's (so it passes and reports 3.0.0), but the service
+    /// exits before telling systemd it is ready. Every device must roll it back.
+    pub fn publish_broken_v3(&self) -> (String, String) {
+        self.publish_script(
+            "fleet-agent-v3",
+            &format!(
+                "# a {V3} whose probe passes but whose service dies before readiness\n\
+                 case \"$1\" in --self-test|--version) exec {REAL_V3} \"$@\" ;; esac\n\
+                 echo 'fleet-agent {V3}: exiting before readiness' >&2\nexit 1"
+            ),
+        )
+    }
+
+    /// Publishes a candidate "binary" `name` that is `#!/bin/sh` and `body` (fault injection through the artifact
+    /// itself, delivered by the real operator): its URL and SHA-256.
+    pub fn publish_script(&self, name: &str, body: &str) -> (String, String) {
+        use std::os::unix::fs::PermissionsExt;
+        let path: PathBuf = self.dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n"))
+            .unwrap_or_else(|e| panic!("write the candidate {name}: {e}"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod: {e}"));
+        let (url, sha) = self.artifacts.publish(&path, name);
+        (url, sha.to_string())
+    }
+}
+
+/// A DeviceGroup `name` whose members are the Devices with every label of `match_labels` (none: every Device).
+pub fn group_yaml(name: &str, match_labels: &[(&str, &str)]) -> String {
+    let labels: Vec<String> = match_labels
+        .iter()
+        .map(|(k, v)| format!("{k}: \"{v}\""))
+        .collect();
+    format!(
+        "apiVersion: {API_VERSION}\nkind: DeviceGroup\nmetadata:\n  name: {name}\nspec:\n  selector:\n    \
+         matchLabels: {{{}}}\n",
+        labels.join(", ")
+    )
+}
+
+/// A FleetDeployment `name` placing one long-running busybox workload `workload` on the members of `group`.
+pub fn deployment_yaml(name: &str, group: &str, workload: &str) -> String {
+    format!(
+        "apiVersion: {API_VERSION}\nkind: FleetDeployment\nmetadata:\n  name: {name}\nspec:\n  allowedGroups: [{group}]\n  \
+         targetSelector: {{}}\n  workloads:\n    - name: {workload}\n      image: {image}\n      \
+         command: [sleep, \"100000\"]\n",
+        image = crate::fleet::TEST_IMAGE
+    )
+}
+
+/// An AgentRelease `name` for the members of `group`: one build for this host's architecture.
+pub fn release_yaml(name: &str, group: &str, version: &str, url: &str, sha256: &str) -> String {
+    let arch = fleet_wire::Architecture::current()
+        .unwrap_or_else(|| panic!("this host's architecture is not a fleet architecture"));
+    format!(
+        "apiVersion: {API_VERSION}\nkind: AgentRelease\nmetadata:\n  name: {name}\nspec:\n  allowedGroups: [{group}]\n  \
+         targetSelector: {{}}\n  builds:\n    - architecture: {arch}\n      version: {version}\n      \
+         artifact: \"{url}\"\n      sha256: \"{sha256}\"\n      byteLimit: {limit}\n",
+        arch = kebab(&arch),
+        limit = fleet_wire::limits::ARTIFACT_MAX_BYTES,
+    )
+}
