@@ -1,5 +1,5 @@
-//! fleet-operator: CRDs and controllers for devices, groups, placement and agent releases; and the FleetLock
-//! server, which runs with no Kubernetes at all.
+//! fleet-operator: CRDs and controllers for devices, groups, placement, agent releases and task runs; and the
+//! FleetLock server, which runs with no Kubernetes at all.
 
 pub mod fleetlock;
 // operator (issue 6)
@@ -12,4 +12,5 @@ pub mod mirror;
 pub mod placement;
 pub mod release;
 pub mod report;
+pub mod tasks;
 pub mod validate;

@@ -3,9 +3,10 @@
 use std::process::ExitCode;
 
 const HELP: &str = "\
-fleet-operator: Harmony Fleet's Kubernetes operator. Watches Device, DeviceGroup, FleetDeployment and
-AgentRelease objects (fleet.nationtech.io/v1alpha1), writes each device's desired state and agent-upgrade
-intents into NATS JetStream KV (creating the buckets), and mirrors device reports into Device status.
+fleet-operator: Harmony Fleet's Kubernetes operator. Watches Device, DeviceGroup, FleetDeployment,
+AgentRelease and TaskRun objects (fleet.nationtech.io/v1alpha1), writes each device's desired state,
+agent-upgrade intents, task-run plans and system-upgrade intents into NATS JetStream KV (creating the
+buckets), and mirrors device reports into Device and TaskRun status.
 
 Usage: fleet-operator [--nats-url URL]
        fleet-operator --help | --version
@@ -75,10 +76,21 @@ fn main() -> ExitCode {
                 .ok()
                 .filter(|s| !s.is_empty()),
         };
+        let task_opts = fleet_operator::tasks::controller::Options {
+            nats_url: opts.nats_url.clone(),
+            instance: opts.instance.clone(),
+            label_selector: opts.label_selector.clone(),
+        };
         tokio::select! {
-            r = fleet_operator::engine::run(client, opts) => {
+            r = fleet_operator::engine::run(client.clone(), opts) => {
                 if let Err(e) = r {
                     log::error!("{e}");
+                }
+                ExitCode::FAILURE
+            }
+            r = fleet_operator::tasks::controller::run(client, task_opts) => {
+                if let Err(e) = r {
+                    log::error!("task runs: {e}");
                 }
                 ExitCode::FAILURE
             }

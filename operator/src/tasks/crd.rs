@@ -1,0 +1,159 @@
+//! The `TaskRun` CRD (`fleet.nationtech.io/v1alpha1`, namespaced): a finite job that freezes its targets, runs once
+//! on each device and keeps a bounded terminal result. Its status is fleet-wire's `TaskRunStatus` plus conditions.
+
+use crate::crd::Placement;
+use fleet_wire::TaskRunStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Largest `deadlineSeconds`: 30 days, the age limit of `system-upgrade-intent`, so that an intent never outlives
+/// its own expiry unnoticed.
+pub const MAX_DEADLINE_SECONDS: u64 = 30 * 24 * 3600;
+
+/// The built-in system upgrade. Empty on purpose: apt, dpkg, repository and reboot policy are compiled into the
+/// updater, so the API cannot carry package names, repositories, commands or reboot arguments.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SystemUpgradeV1 {}
+
+/// `systemUpgradeV1` must be an empty object (the API server refuses any field in it).
+fn empty_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "maxProperties": 0})
+}
+
+/// `deadlineSeconds`: 1 s up to [`MAX_DEADLINE_SECONDS`].
+fn deadline_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_DEADLINE_SECONDS
+    })
+}
+
+/// Runs the built-in system upgrade once on every device that is a member of an allowed group AND matches
+/// `targetSelector` AND advertises `AptFullUpgradeV1`. The spec cannot change after creation (admission webhook).
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "fleet.nationtech.io",
+    version = "v1alpha1",
+    kind = "TaskRun",
+    namespaced,
+    status = "TaskRunCrStatus",
+    shortname = "ftr",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Targets","type":"integer","jsonPath":".status.targets"}"#,
+    printcolumn = r#"{"name":"Succeeded","type":"integer","jsonPath":".status.succeeded"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.failed"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRunSpec {
+    /// Which devices (the same rule as FleetDeployment and AgentRelease).
+    #[serde(flatten)]
+    pub placement: Placement,
+    /// Seconds from the run's creation until its deadline; copied into every attempt as `expiresAt`.
+    #[schemars(schema_with = "deadline_schema")]
+    pub deadline_seconds: u64,
+    /// The built-in `apt full-upgrade` (then a coordinated reboot when required): `{}`.
+    #[schemars(schema_with = "empty_object")]
+    pub system_upgrade_v1: SystemUpgradeV1,
+}
+
+/// A TaskRun's status: fleet-wire's bounded `TaskRunStatus` (phase, counts, times, one reason, the latest error)
+/// and conditions. Never a per-device map: the per-device view lives in NATS KV.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskRunCrStatus {
+    /// Phase, counts, times, reason, latest error.
+    #[serde(flatten)]
+    pub run: TaskRunStatus,
+    /// `Ready` (True while planning or running normally and when complete; False with the failure reason) and
+    /// `NatsReachable`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+impl crate::conditions::WithConditions for TaskRunCrStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+}
+
+impl JsonSchema for TaskRunCrStatus {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "TaskRunCrStatus".into()
+    }
+
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let conditions = g.subschema_for::<Vec<Condition>>();
+        let phases = ["Planning", "Running", "Complete", "Failed"];
+        let reasons = [
+            "NoTargets",
+            "TargetRevoked",
+            "CanaryFailed",
+            "TargetFailed",
+            "DeadlineExceeded",
+            "GroupSourceError",
+            "InvalidSpec",
+        ];
+        schemars::json_schema!({
+            "type": "object",
+            "properties": {
+                "phase": {"type": "string", "enum": phases},
+                "targets": {"type": "integer", "format": "uint32", "minimum": 0},
+                "succeeded": {"type": "integer", "format": "uint32", "minimum": 0},
+                "failed": {"type": "integer", "format": "uint32", "minimum": 0},
+                "startTime": {"type": "string", "format": "date-time"},
+                "completionTime": {"type": "string", "format": "date-time"},
+                "reason": {"type": "string", "enum": reasons},
+                "latestError": {"type": "string", "maxLength": fleet_wire::limits::MAX_TEXT_CHARS},
+                "conditions": conditions,
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_wire::{TaskRunPhase, TaskRunReason};
+
+    #[test]
+    fn status_schema_names_every_phase_and_reason() {
+        let s = serde_json::to_value(schemars::schema_for!(TaskRunCrStatus)).expect("schema");
+        let text = s.to_string();
+        use TaskRunReason::*;
+        for r in [
+            NoTargets,
+            TargetRevoked,
+            CanaryFailed,
+            TargetFailed,
+            DeadlineExceeded,
+            GroupSourceError,
+            InvalidSpec,
+        ] {
+            let name = serde_json::to_value(r).expect("json");
+            assert!(text.contains(&name.to_string()), "{name}");
+        }
+        use TaskRunPhase::*;
+        for p in [Planning, Running, Complete, Failed] {
+            let name = serde_json::to_value(p).expect("json");
+            assert!(text.contains(&name.to_string()), "{name}");
+        }
+    }
+
+    #[test]
+    fn spec_refuses_fields_in_system_upgrade() {
+        let ok: TaskRunSpec = serde_json::from_value(serde_json::json!({
+            "allowedGroups": ["production"], "targetSelector": {"matchLabels": {"device-id": "device-1"}},
+            "deadlineSeconds": 21600, "systemUpgradeV1": {}
+        }))
+        .expect("seed example");
+        assert_eq!(ok.placement.allowed_groups, ["production"]);
+        assert!(serde_json::from_value::<TaskRunSpec>(serde_json::json!({
+            "allowedGroups": ["p"], "deadlineSeconds": 1, "systemUpgradeV1": {"packages": ["x"]}
+        }))
+        .is_err());
+    }
+}
