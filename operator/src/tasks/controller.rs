@@ -612,33 +612,39 @@ impl Controller {
         devices: &[DeviceId],
     ) -> Result<(), NatsError> {
         let intents = store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?;
-        let view = self.views.get(&uid);
+        let mirror = self.views.get(&uid).map(|v| v.intents.clone());
+        let (operation, expires_at) = (plan.operation, plan.expires_at);
         log::info!("run {uid}: releasing {} devices", devices.len());
-        let results: Vec<Result<(), NatsError>> = futures::stream::iter(devices)
-            .map(|d| async move {
-                let attempt = SystemUpgradeAttempt {
-                    run_uid: uid,
-                    device_id: d.clone(),
-                    operation: plan.operation,
-                    expires_at: plan.expires_at,
-                };
-                let key = layout::run_key(d, &uid);
-                let bytes = serde_json::to_vec(&attempt).map_err(|e| NatsError {
-                    op: format!("encode {key}"),
-                    message: e.to_string(),
-                })?;
-                match intents.create(&key, bytes.into()).await {
-                    Ok(rev) => {
-                        if let Some(v) = view {
-                            v.intents.record(&key, rev, Some(attempt));
-                        }
-                        Ok(())
-                    }
-                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(()),
-                    Err(e) => Err(NatsError {
-                        op: format!("create {}/{key}", layout::SYSTEM_UPGRADE_INTENT),
+        // Owned items and cloned handles: borrowed ones make the futures' lifetimes too general for a spawned
+        // controller task.
+        let results: Vec<Result<(), NatsError>> = futures::stream::iter(devices.to_vec())
+            .map(|d| {
+                let (intents, mirror) = (intents.clone(), mirror.clone());
+                async move {
+                    let attempt = SystemUpgradeAttempt {
+                        run_uid: uid,
+                        device_id: d.clone(),
+                        operation,
+                        expires_at,
+                    };
+                    let key = layout::run_key(&d, &uid);
+                    let bytes = serde_json::to_vec(&attempt).map_err(|e| NatsError {
+                        op: format!("encode {key}"),
                         message: e.to_string(),
-                    }),
+                    })?;
+                    match intents.create(&key, bytes.into()).await {
+                        Ok(rev) => {
+                            if let Some(m) = mirror {
+                                m.record(&key, rev, Some(attempt));
+                            }
+                            Ok(())
+                        }
+                        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(()),
+                        Err(e) => Err(NatsError {
+                            op: format!("create {}/{key}", layout::SYSTEM_UPGRADE_INTENT),
+                            message: e.to_string(),
+                        }),
+                    }
                 }
             })
             .buffer_unordered(INTENT_CONCURRENCY)
@@ -652,12 +658,15 @@ impl Controller {
             return Ok(());
         }
         let intents = store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?;
-        let results: Vec<Result<(), NatsError>> = futures::stream::iter(keys)
-            .map(|k| async move {
-                intents.delete(k).await.map_err(|e| NatsError {
-                    op: format!("remove {}/{k}", layout::SYSTEM_UPGRADE_INTENT),
-                    message: e.to_string(),
-                })
+        let results: Vec<Result<(), NatsError>> = futures::stream::iter(keys.to_vec())
+            .map(|k| {
+                let intents = intents.clone();
+                async move {
+                    intents.delete(&k).await.map_err(|e| NatsError {
+                        op: format!("remove {}/{k}", layout::SYSTEM_UPGRADE_INTENT),
+                        message: e.to_string(),
+                    })
+                }
             })
             .buffer_unordered(INTENT_CONCURRENCY)
             .collect()

@@ -85,16 +85,21 @@ pub async fn load(store: &Store, run: &AttemptId) -> Result<Option<TaskPlan>, St
     let Some(m) = load_manifest(store, run).await? else {
         return Ok(None);
     };
-    let chunks: Vec<Vec<u8>> = futures::stream::iter(m.chunks.iter())
-        .map(|d| async move {
-            let key = plan_chunk_key(run, d);
-            match store.get(&key).await {
-                Ok(Some(b)) => Ok(b.to_vec()),
-                Ok(None) => Err(StoreError::Invalid {
-                    run: *run,
-                    error: format!("chunk {key} is missing"),
-                }),
-                Err(e) => Err(nats(format!("read {}/{key}", layout::TASK_PLANS), e)),
+    // Owned items and cloned handles (see the controller's release).
+    let run = *run;
+    let chunks: Vec<Vec<u8>> = futures::stream::iter(m.chunks.clone())
+        .map(|d| {
+            let store = store.clone();
+            async move {
+                let key = plan_chunk_key(&run, &d);
+                match store.get(&key).await {
+                    Ok(Some(b)) => Ok(b.to_vec()),
+                    Ok(None) => Err(StoreError::Invalid {
+                        run,
+                        error: format!("chunk {key} is missing"),
+                    }),
+                    Err(e) => Err(nats(format!("read {}/{key}", layout::TASK_PLANS), e)),
+                }
             }
         })
         .buffered(CHUNK_CONCURRENCY)
@@ -103,7 +108,7 @@ pub async fn load(store: &Store, run: &AttemptId) -> Result<Option<TaskPlan>, St
     TaskPlan::from_stored(&m, &chunks)
         .map(Some)
         .map_err(|e| StoreError::Invalid {
-            run: *run,
+            run,
             error: e.to_string(),
         })
 }
@@ -114,13 +119,17 @@ pub async fn load(store: &Store, run: &AttemptId) -> Result<Option<TaskPlan>, St
 pub async fn create(store: &Store, plan: &TaskPlan) -> Result<Created, StoreError> {
     let run = plan.run_uid;
     let (manifest, chunks) = plan.to_stored();
-    futures::stream::iter(chunks.iter())
-        .map(|(digest, bytes)| async move {
-            let key = plan_chunk_key(&run, digest);
-            store
-                .put(&key, bytes.clone().into())
-                .await
-                .map_err(|e| nats(format!("write {}/{key}", layout::TASK_PLANS), e))
+    let digests: Vec<_> = chunks.iter().map(|c| c.0.clone()).collect();
+    futures::stream::iter(chunks)
+        .map(|(digest, bytes)| {
+            let store = store.clone();
+            async move {
+                let key = plan_chunk_key(&run, &digest);
+                store
+                    .put(&key, bytes.into())
+                    .await
+                    .map_err(|e| nats(format!("write {}/{key}", layout::TASK_PLANS), e))
+            }
         })
         .buffer_unordered(CHUNK_CONCURRENCY)
         .try_collect::<Vec<u64>>()
@@ -135,7 +144,7 @@ pub async fn create(store: &Store, plan: &TaskPlan) -> Result<Created, StoreErro
         Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
             let winner = load_manifest(store, &run).await?;
             let named = winner.map(|m| m.chunks).unwrap_or_default();
-            for (d, _) in chunks.iter().filter(|(d, _)| !named.contains(d)) {
+            for d in digests.iter().filter(|d| !named.contains(d)) {
                 // Best effort: an orphan chunk only costs space until the bucket's age limit removes it.
                 if let Err(e) = store.purge(plan_chunk_key(&run, d)).await {
                     log::warn!("run {run}: removing an unused plan chunk: {e}");

@@ -1,0 +1,582 @@
+//! The TaskRun controller against a real kube-apiserver + etcd (one pair for this test binary, shared by its
+//! tests) and a real nats-server per test. The tests play the devices: they write `device-info` (with or without
+//! `AptFullUpgradeV1`) and `system-upgrade-status` keys as the agent would. Each test labels its objects
+//! `fleet-test=<id>`, puts its TaskRuns in a namespace of its own and runs its operators with that label selector.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use async_nats::jetstream::{self, kv};
+use fleet_operator::crd::{Device, DeviceGroup};
+use fleet_operator::tasks::controller::{self, Options};
+use fleet_operator::tasks::crd::TaskRun;
+use fleet_rig::kube::KubeApiServer;
+use fleet_rig::NatsServer;
+use fleet_wire::kv as layout;
+use fleet_wire::taskrun::plan_manifest_key;
+use fleet_wire::{
+    fixtures, AttemptId, Capability, DeviceId, SystemUpgradeAttempt, SystemUpgradePhase,
+    SystemUpgradeStatus, TaskPlanManifest, TaskRunPhase, TaskRunReason, Timestamp,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::json;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+static API: OnceLock<KubeApiServer> = OnceLock::new();
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn client() -> Client {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let api = tokio::task::spawn_blocking(|| API.get_or_init(KubeApiServer::start))
+        .await
+        .expect("apiserver start");
+    let mut cfg = kube::Config::new(api.url().parse().expect("url"));
+    cfg.accept_invalid_certs = true;
+    cfg.auth_info.token = Some(api.token().to_owned().into());
+    let client = Client::try_from(cfg).expect("client");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in fleet_operator::crd::all_crds() {
+        let name = crd.metadata.name.clone().expect("name");
+        crds.patch(
+            &name,
+            &PatchParams::apply("fleet-test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        eventually("CRD established", || async {
+            let c = crds.get(&name).await.ok()?;
+            c.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
+    client
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One test's world: its label, namespace, NATS server and operators.
+struct Fleet {
+    client: Client,
+    nats: NatsServer,
+    js: jetstream::Context,
+    id: String,
+    operators: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for o in &self.operators {
+            o.abort();
+        }
+    }
+}
+
+impl Fleet {
+    async fn new(id: &str) -> Self {
+        let client = client().await;
+        let nats = NatsServer::start();
+        let nc = async_nats::connect(nats.url()).await.expect("nats");
+        let js = jetstream::new(nc);
+        // The buckets exactly as the operator creates them, so the test can write device keys first.
+        fleet_operator::kv::ensure_buckets(&js)
+            .await
+            .expect("buckets");
+        let id = format!("{id}-{}", std::process::id());
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": id}})).unwrap(),
+            )
+            .await
+            .expect("namespace");
+        Self {
+            client,
+            nats,
+            js,
+            id,
+            operators: vec![],
+        }
+    }
+
+    fn options(&self, n: usize) -> Options {
+        Options {
+            nats_url: self.nats.url(),
+            instance: Some(format!("op-{n}")),
+            label_selector: Some(format!("fleet-test={}", self.id)),
+        }
+    }
+
+    fn start_operator(&mut self) {
+        let (client, opts) = (self.client.clone(), self.options(self.operators.len()));
+        self.operators.push(tokio::spawn(async move {
+            let _ = controller::run(client, opts).await;
+        }));
+    }
+
+    fn name(&self, base: &str) -> String {
+        format!("{base}-{}", self.id)
+    }
+
+    fn labels(&self, extra: serde_json::Value) -> serde_json::Value {
+        let mut labels = json!({"fleet-test": self.id});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            labels[k] = v.clone();
+        }
+        labels
+    }
+
+    /// A Device object with `labels`, and its `device-info` (with `AptFullUpgradeV1` when `capable`).
+    async fn device(&self, base: &str, labels: serde_json::Value, capable: bool) -> DeviceId {
+        let name = self.name(base);
+        let d: Device = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": {"name": name, "labels": self.labels(labels)}, "spec": {}
+        }))
+        .unwrap();
+        Api::<Device>::all(self.client.clone())
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("device");
+        let mut info = fixtures::device_info();
+        info.device_id = DeviceId::try_from(name.as_str()).unwrap();
+        info.capabilities = match capable {
+            true => vec![Capability::AgentUpgradeV1, Capability::AptFullUpgradeV1],
+            false => vec![Capability::AgentUpgradeV1],
+        };
+        self.bucket(layout::DEVICE_INFO)
+            .await
+            .put(name.as_str(), serde_json::to_vec(&info).unwrap().into())
+            .await
+            .expect("info");
+        info.device_id
+    }
+
+    async fn relabel(&self, device: &DeviceId, labels: serde_json::Value) {
+        Api::<Device>::all(self.client.clone())
+            .patch(
+                device.as_str(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .expect("relabel");
+    }
+
+    /// A DeviceGroup of this test's devices labelled `member=<base>`.
+    async fn group(&self, base: &str) -> String {
+        let name = self.name(base);
+        let g: DeviceGroup = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+            "metadata": {"name": name, "labels": self.labels(json!({}))},
+            "spec": {"selector": {"matchLabels": {"fleet-test": self.id, "member": base}}}
+        }))
+        .unwrap();
+        Api::<DeviceGroup>::all(self.client.clone())
+            .create(&PostParams::default(), &g)
+            .await
+            .expect("group");
+        name
+    }
+
+    fn runs(&self) -> Api<TaskRun> {
+        Api::namespaced(self.client.clone(), &self.id)
+    }
+
+    /// Creates a TaskRun as a person would (the seed's example shape) and returns its UID.
+    async fn task_run(&self, name: &str, spec: serde_json::Value) -> AttemptId {
+        let r: TaskRun = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
+            "metadata": {"name": name, "labels": self.labels(json!({}))}, "spec": spec
+        }))
+        .unwrap();
+        let r = self
+            .runs()
+            .create(&PostParams::default(), &r)
+            .await
+            .expect("task run");
+        AttemptId::try_from(r.metadata.uid.unwrap().as_str()).unwrap()
+    }
+
+    async fn phase(&self, name: &str, want: TaskRunPhase) -> fleet_wire::TaskRunStatus {
+        eventually(&format!("TaskRun {name} {want:?}"), || async {
+            let s = self.runs().get(name).await.ok()?.status?.run;
+            (s.phase == Some(want)).then_some(s)
+        })
+        .await
+    }
+
+    async fn bucket(&self, name: &str) -> kv::Store {
+        self.js.get_key_value(name).await.expect("bucket")
+    }
+
+    async fn intent(&self, d: &DeviceId, run: &AttemptId) -> Option<SystemUpgradeAttempt> {
+        let v = self
+            .bucket(layout::SYSTEM_UPGRADE_INTENT)
+            .await
+            .get(layout::run_key(d, run))
+            .await
+            .expect("get")?;
+        Some(serde_json::from_slice(&v).expect("attempt"))
+    }
+
+    /// Plays the device's agent: publishes a terminal status for `run`.
+    async fn report(&self, d: &DeviceId, run: &AttemptId, ok: bool, heartbeat: Option<Timestamp>) {
+        let mut s: SystemUpgradeStatus = fixtures::system_status();
+        s.run_uid = *run;
+        s.device_id = d.clone();
+        s.accepted_at = Timestamp::now();
+        s.completed_at = Some(Timestamp::now());
+        s.first_heartbeat_after_completion = heartbeat;
+        if !ok {
+            s.phase = SystemUpgradePhase::Failed;
+            s.reason = Some(fleet_wire::SystemUpgradeReason::AptFailed);
+            s.error = Some(fleet_wire::BoundedText::lossy(
+                "apt-get full-upgrade exited with 100",
+            ));
+        }
+        self.bucket(layout::SYSTEM_UPGRADE_STATUS)
+            .await
+            .put(
+                layout::run_key(d, run),
+                serde_json::to_vec(&s).unwrap().into(),
+            )
+            .await
+            .expect("status");
+    }
+
+    async fn succeed(&self, d: &DeviceId, run: &AttemptId) {
+        self.report(d, run, true, Some(Timestamp::now())).await;
+    }
+
+    async fn stream_last_sequence(&self, bucket: &str) -> u64 {
+        let mut s = self
+            .js
+            .get_stream(format!("KV_{bucket}"))
+            .await
+            .expect("stream");
+        s.info().await.expect("info").state.last_sequence
+    }
+
+    async fn events(&self, object: &str) -> Vec<(String, String)> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.id);
+        let list = events.list(&Default::default()).await.expect("events");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
+            .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default()))
+            .collect()
+    }
+}
+
+fn spec(group: &str, deadline: u64) -> serde_json::Value {
+    json!({"allowedGroups": [group], "targetSelector": {}, "deadlineSeconds": deadline, "systemUpgradeV1": {}})
+}
+
+/// What a person does: label devices, create a TaskRun, watch it with kubectl. Canaries are released first and
+/// alone; once they succeed the rest follow; terminal intents are removed and statuses kept; the run completes
+/// with bounded counts. Devices without `AptFullUpgradeV1` or outside the group are not planned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canaries_first_then_the_rest_complete() {
+    let mut f = Fleet::new("complete").await;
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o1 = f.device("o1", json!({"member": "prod"}), true).await;
+    let o2 = f
+        .device("o2", json!({"member": "prod", "canary": "false"}), true)
+        .await;
+    let old = f
+        .device("old", json!({"member": "prod", "canary": "true"}), false)
+        .await;
+    let outside = f.device("out", json!({"member": "other"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+
+    let s = f.phase("upgrade", TaskRunPhase::Running).await;
+    assert_eq!((s.targets, s.succeeded, s.failed), (3, 0, 0));
+    let plans = f.bucket(layout::TASK_PLANS).await;
+    let m: TaskPlanManifest =
+        serde_json::from_slice(&plans.get(plan_manifest_key(&run)).await.unwrap().unwrap())
+            .unwrap();
+    assert_eq!((m.canaries, m.others, m.chunks.len()), (1, 2, 1));
+    let a = eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    assert_eq!(a.run_uid, run);
+    let created = f
+        .runs()
+        .get("upgrade")
+        .await
+        .unwrap()
+        .metadata
+        .creation_timestamp
+        .unwrap();
+    assert_eq!(
+        a.expires_at.unix_ms() / 1000,
+        (created.0.as_millisecond() / 1000 + 21600) as u64,
+        "expiresAt = creation + deadlineSeconds"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for d in [&o1, &o2, &old, &outside] {
+        assert!(
+            f.intent(d, &run).await.is_none(),
+            "{d} released before the canary succeeded"
+        );
+    }
+
+    f.succeed(&c, &run).await;
+    eventually("the others released", || async {
+        Some((f.intent(&o1, &run).await?, f.intent(&o2, &run).await?))
+    })
+    .await;
+    eventually("the canary's terminal intent removed", || async {
+        f.intent(&c, &run).await.is_none().then_some(())
+    })
+    .await;
+    let s = f.phase("upgrade", TaskRunPhase::Running).await;
+    assert_eq!(s.succeeded, 1);
+    f.succeed(&o1, &run).await;
+    f.succeed(&o2, &run).await;
+    let s = f.phase("upgrade", TaskRunPhase::Complete).await;
+    assert_eq!(
+        (s.targets, s.succeeded, s.failed, s.reason),
+        (3, 3, 0, None)
+    );
+    assert!(s.start_time.is_some() && s.completion_time.is_some());
+    eventually("every terminal intent removed", || async {
+        (f.intent(&o1, &run).await.is_none() && f.intent(&o2, &run).await.is_none()).then_some(())
+    })
+    .await;
+    let statuses = f.bucket(layout::SYSTEM_UPGRADE_STATUS).await;
+    for d in [&c, &o1, &o2] {
+        assert!(
+            statuses
+                .get(layout::run_key(d, &run))
+                .await
+                .unwrap()
+                .is_some(),
+            "status kept"
+        );
+    }
+    // Normal events for the phases a person follows
+    let events = f.events("upgrade").await;
+    assert!(
+        events.contains(&("Normal".into(), "Running".into())),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&("Normal".into(), "Complete".into())),
+        "{events:?}"
+    );
+
+    // The buckets are file-backed, keep one value per key and have byte and age limits.
+    for (bucket, max_value, age_days) in [
+        (layout::SYSTEM_UPGRADE_INTENT, 4096, 30),
+        (layout::SYSTEM_UPGRADE_STATUS, 64 * 1024, 90),
+        (layout::TASK_PLANS, 1024 * 1024, 90),
+    ] {
+        let mut stream = f.js.get_stream(format!("KV_{bucket}")).await.unwrap();
+        let c = stream.info().await.unwrap().config.clone();
+        assert_eq!(c.storage, jetstream::stream::StorageType::File, "{bucket}");
+        assert_eq!(c.max_messages_per_subject, 1, "{bucket}");
+        assert_eq!(c.max_message_size, max_value, "{bucket}");
+        assert_eq!(
+            c.max_age,
+            Duration::from_secs(age_days * 24 * 3600),
+            "{bucket}"
+        );
+        // a value over the limit is refused by the server
+        let store = f.bucket(bucket).await;
+        let too_big = vec![b'x'; max_value as usize + 1];
+        assert!(
+            store.put("too-big", too_big.into()).await.is_err(),
+            "{bucket}"
+        );
+    }
+}
+
+/// A failed canary stops the rollout: the rest are never released; a Warning event says why. A late success
+/// never reopens the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_failure_stops_the_rest() {
+    let mut f = Fleet::new("canaryfail").await;
+    let group = f.group("prod").await;
+    let c1 = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let c2 = f
+        .device("c2", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o1 = f.device("o1", json!({"member": "prod"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("both canaries released", || async {
+        Some((f.intent(&c1, &run).await?, f.intent(&c2, &run).await?))
+    })
+    .await;
+    f.succeed(&c1, &run).await;
+    f.report(&c2, &run, false, None).await;
+    let s = f.phase("upgrade", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::CanaryFailed));
+    assert_eq!((s.targets, s.succeeded, s.failed), (3, 1, 1));
+    let e = s.latest_error.unwrap().to_string();
+    assert!(e.contains(c2.as_str()) && e.contains("apt-failed"), "{e}");
+    eventually("Warning CanaryFailed event", || async {
+        f.events("upgrade")
+            .await
+            .contains(&("Warning".into(), "CanaryFailed".into()))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        f.intent(&o1, &run).await.is_none(),
+        "the rest are not released"
+    );
+    assert!(
+        f.intent(&c2, &run).await.is_none(),
+        "terminal intents removed"
+    );
+    // a late success of the failed canary changes nothing
+    f.succeed(&c2, &run).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let s = f.runs().get("upgrade").await.unwrap().status.unwrap().run;
+    assert_eq!(
+        (s.phase, s.succeeded, s.failed),
+        (Some(TaskRunPhase::Failed), 1, 1)
+    );
+}
+
+/// A canary that never reports times out: the run fails with CanaryFailed at its deadline; a success reported
+/// afterwards (even one whose heartbeat precedes the deadline) leaves the run Failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_canary_times_out_and_late_success_stays_failed() {
+    let mut f = Fleet::new("timeout").await;
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o = f.device("o1", json!({"member": "prod"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 4)).await;
+    eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    let s = f.phase("upgrade", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::CanaryFailed));
+    assert!(s.latest_error.unwrap().to_string().contains("deadline"));
+    assert!(f.intent(&o, &run).await.is_none());
+    f.succeed(&c, &run).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let s = f.runs().get("upgrade").await.unwrap().status.unwrap().run;
+    assert_eq!((s.phase, s.succeeded), (Some(TaskRunPhase::Failed), 0));
+    assert!(f.intent(&o, &run).await.is_none());
+
+    // Without canaries: a device whose success is recorded with a heartbeat after the deadline does not count.
+    let l = f
+        .device("l1", json!({"member": "prod", "lone": "yes"}), true)
+        .await;
+    let run2 = f.task_run("late", json!({"allowedGroups": [group], "targetSelector": {"matchLabels": {"lone": "yes"}}, "deadlineSeconds": 3, "systemUpgradeV1": {}})).await;
+    let a = eventually("intent", || async { f.intent(&l, &run2).await }).await;
+    f.report(
+        &l,
+        &run2,
+        true,
+        Some(a.expires_at.plus(Duration::from_secs(1))),
+    )
+    .await;
+    let s = f.phase("late", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::TargetFailed));
+    assert_eq!((s.succeeded, s.failed), (0, 1));
+    assert!(s
+        .latest_error
+        .unwrap()
+        .to_string()
+        .contains("not before the deadline"));
+}
+
+/// A planned device whose group membership is revoked before its release fails the run with TargetRevoked; no
+/// other device is substituted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_target_fails_the_run() {
+    let mut f = Fleet::new("revoked").await;
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o = f.device("o1", json!({"member": "prod"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    // o1 leaves the group after planning; a new member joins (it must not be substituted)
+    f.relabel(&o, json!({"member": "elsewhere"})).await;
+    let newcomer = f.device("n1", json!({"member": "prod"}), true).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    f.succeed(&c, &run).await;
+    let s = f.phase("upgrade", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::TargetRevoked));
+    assert!(s.latest_error.unwrap().to_string().contains(o.as_str()));
+    assert_eq!((s.targets, s.succeeded), (2, 1));
+    assert!(f.intent(&o, &run).await.is_none());
+    assert!(f.intent(&newcomer, &run).await.is_none());
+}
+
+/// No match fails with NoTargets; matchExpressions fails closed with InvalidSpec; a group source error is retried
+/// (never NoTargets) and the run plans once the group resolves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_targets_invalid_spec_and_group_source_retry() {
+    let mut f = Fleet::new("planning").await;
+    let group = f.group("prod").await;
+    f.device("old", json!({"member": "prod"}), false).await;
+    f.start_operator();
+    f.task_run("none", spec(&group, 600)).await;
+    f.task_run("expr", json!({"allowedGroups": [group], "targetSelector": {"matchExpressions": [{"key": "a", "operator": "Exists"}]}, "deadlineSeconds": 600, "systemUpgradeV1": {}})).await;
+    let late = f.name("late");
+    let run = f.task_run("waits", spec(&late, 600)).await;
+    let s = f.phase("none", TaskRunPhase::Failed).await;
+    assert_eq!((s.reason, s.targets), (Some(TaskRunReason::NoTargets), 0));
+    let s = f.phase("expr", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::InvalidSpec));
+    assert!(s
+        .latest_error
+        .unwrap()
+        .to_string()
+        .contains("matchExpressions"));
+    let s = eventually("GroupSourceError while planning", || async {
+        let st = f.runs().get("waits").await.ok()?.status?;
+        let c = st.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
+        (c.reason == "GroupSourceError" && c.status == "False").then_some(st.run)
+    })
+    .await;
+    assert_eq!(s.phase, Some(TaskRunPhase::Planning));
+    assert_eq!(s.reason, Some(TaskRunReason::GroupSourceError));
+    assert!(s.latest_error.unwrap().to_string().contains(&late));
+    // the group appears with a capable member: planning succeeds on a retry
+    let d = f.device("new", json!({"member": "late"}), true).await;
+    f.group("late").await;
+    let s = f.phase("waits", TaskRunPhase::Running).await;
+    assert_eq!(s.targets, 1);
+    eventually("intent", || async { f.intent(&d, &run).await }).await;
+}
