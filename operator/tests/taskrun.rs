@@ -272,13 +272,40 @@ impl Fleet {
         self.report(d, run, true, Some(Timestamp::now())).await;
     }
 
-    async fn stream_last_sequence(&self, bucket: &str) -> u64 {
+    async fn stream_state(&self, bucket: &str) -> (u64, u64) {
         let mut s = self
             .js
             .get_stream(format!("KV_{bucket}"))
             .await
             .expect("stream");
-        s.info().await.expect("info").state.last_sequence
+        let st = s.info().await.expect("info").state.clone();
+        (st.messages, st.last_sequence)
+    }
+
+    /// Starts the real `fleet-operator` binary for this test's objects; its log goes to `<dir>/<name>.log`.
+    fn spawn_binary(&self, dir: &std::path::Path, name: &str) -> std::process::Child {
+        let api = API.get().expect("apiserver");
+        let kubeconfig = dir.join("kubeconfig");
+        let config = json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "t",
+            "clusters": [{"name": "t", "cluster": {"server": api.url(), "insecure-skip-tls-verify": true}}],
+            "users": [{"name": "t", "user": {"token": api.token()}}],
+            "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+        });
+        // JSON is YAML.
+        std::fs::write(&kubeconfig, config.to_string()).unwrap();
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_fleet-operator"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("FLEET_NATS_URL", self.nats.url())
+            .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", self.id))
+            .env("POD_NAME", name)
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start fleet-operator")
     }
 
     async fn events(&self, object: &str) -> Vec<(String, String)> {
@@ -579,4 +606,79 @@ async fn no_targets_invalid_spec_and_group_source_retry() {
     let s = f.phase("waits", TaskRunPhase::Running).await;
     assert_eq!(s.targets, 1);
     eventually("intent", || async { f.intent(&d, &run).await }).await;
+}
+
+/// Kills its process (SIGKILL) on drop.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn synced(dir: &std::path::Path, name: &str) {
+    let path = dir.join(format!("{name}.log"));
+    eventually(&format!("{name} synced"), || async {
+        std::fs::read_to_string(&path)
+            .ok()?
+            .contains("task runs: caches synced")
+            .then_some(())
+    })
+    .await;
+}
+
+/// Two real fleet-operator processes on one run write one plan and release the canary once; both are SIGKILLed
+/// after the canary's release; a new process resumes from the plan and the KV keys, releases the rest without
+/// releasing the canary again, and completes the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_processes_share_one_plan_and_resume_after_sigkill() {
+    let f = Fleet::new("procs").await;
+    let dir = tempfile::tempdir().unwrap();
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o1 = f.device("o1", json!({"member": "prod"}), true).await;
+    let o2 = f.device("o2", json!({"member": "prod"}), true).await;
+    let mut a = Proc(f.spawn_binary(dir.path(), "a"));
+    let mut b = Proc(f.spawn_binary(dir.path(), "b"));
+    synced(dir.path(), "a").await;
+    synced(dir.path(), "b").await;
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    f.phase("upgrade", TaskRunPhase::Running).await;
+    let plans = f.bucket(layout::TASK_PLANS).await;
+    let manifest = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // one chunk and one manifest in the plan bucket; the canary's intent written once
+    let (messages, _) = f.stream_state(layout::TASK_PLANS).await;
+    assert_eq!(messages, 2, "one plan: one chunk and one manifest");
+    assert_eq!(f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1, 1);
+    for p in [&mut a, &mut b] {
+        p.0.kill().unwrap(); // SIGKILL
+        p.0.wait().unwrap();
+    }
+    f.succeed(&c, &run).await;
+    let _c2 = Proc(f.spawn_binary(dir.path(), "c"));
+    eventually("the rest released after the restart", || async {
+        Some((f.intent(&o1, &run).await?, f.intent(&o2, &run).await?))
+    })
+    .await;
+    f.succeed(&o1, &run).await;
+    f.succeed(&o2, &run).await;
+    let s = f.phase("upgrade", TaskRunPhase::Complete).await;
+    assert_eq!((s.targets, s.succeeded), (3, 3));
+    eventually("intents removed", || async {
+        (f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.0 == 3).then_some(())
+    })
+    .await;
+    // 3 creates + 3 removals: no device was released twice across three operator processes
+    assert_eq!(f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1, 6);
+    let now = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+    assert_eq!(
+        now.revision, manifest.revision,
+        "the plan was never rewritten"
+    );
 }

@@ -150,6 +150,7 @@ pub async fn run(
     runs.wait_until_ready().await?;
     devices.wait_until_ready().await?;
     groups.wait_until_ready().await?;
+    log::info!("task runs: caches synced; NATS at {}", opts.nats_url);
     let mut c = Controller {
         recorder: report::recorder(client.clone(), opts.instance.clone()),
         client,
