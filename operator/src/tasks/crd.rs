@@ -18,9 +18,12 @@ pub const MAX_DEADLINE_SECONDS: u64 = 30 * 24 * 3600;
 #[serde(deny_unknown_fields)]
 pub struct SystemUpgradeV1 {}
 
-/// `systemUpgradeV1` must be an empty object (the API server refuses any field in it).
+/// `systemUpgradeV1` must be an empty object: the API server refuses any field in it (kept, not pruned, so that
+/// `maxProperties: 0` sees it and the create fails instead of silently dropping the field).
 fn empty_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({"type": "object", "maxProperties": 0})
+    schemars::json_schema!({
+        "type": "object", "maxProperties": 0, "x-kubernetes-preserve-unknown-fields": true
+    })
 }
 
 /// `deadlineSeconds`: 1 s up to [`MAX_DEADLINE_SECONDS`].

@@ -11,3 +11,4 @@ pub mod progress;
 pub mod status;
 pub mod store;
 pub mod view;
+pub mod webhook;
