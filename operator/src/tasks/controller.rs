@@ -9,6 +9,7 @@
 //! intent was ever written (the key exists or was removed) or that reported is never released again.
 
 use super::crd::TaskRun;
+use super::intents;
 use super::planning::{self, Groups, PlanError};
 use super::progress::{self, Decision, DeviceState, Outcome};
 use super::status as run_status;
@@ -18,11 +19,11 @@ use crate::crd::{Device, DeviceGroup};
 use crate::kv::{self, Mirror, NatsError};
 use crate::placement::{self, Labels};
 use crate::report;
-use async_nats::jetstream::kv::{CreateErrorKind, Store};
+use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
-    AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, SystemUpgradeAttempt, TaskOperation,
-    TaskPlan, TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp,
+    AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskOperation, TaskPlan,
+    TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp,
 };
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -35,8 +36,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 
-/// Intent writes in flight for one release.
-pub const INTENT_CONCURRENCY: usize = 1024;
 /// A pass runs at least this often.
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// Changes arriving within this window are handled by one pass.
@@ -604,7 +603,7 @@ impl Controller {
         }
     }
 
-    /// Writes the intents of `devices` (KV create: an intent another replica wrote first is left as it is).
+    /// Writes the intents of `devices` (see [`intents::release`]).
     async fn release(
         &self,
         link: &Link,
@@ -612,67 +611,19 @@ impl Controller {
         plan: &TaskPlan,
         devices: &[DeviceId],
     ) -> Result<(), NatsError> {
-        let intents = store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?;
+        let store = store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?;
         let mirror = self.views.get(&uid).map(|v| v.intents.clone());
-        let (operation, expires_at) = (plan.operation, plan.expires_at);
         log::info!("run {uid}: releasing {} devices", devices.len());
-        // Owned items and cloned handles: borrowed ones make the futures' lifetimes too general for a spawned
-        // controller task.
-        let results: Vec<Result<(), NatsError>> = futures::stream::iter(devices.to_vec())
-            .map(|d| {
-                let (intents, mirror) = (intents.clone(), mirror.clone());
-                async move {
-                    let attempt = SystemUpgradeAttempt {
-                        run_uid: uid,
-                        device_id: d.clone(),
-                        operation,
-                        expires_at,
-                    };
-                    let key = layout::run_key(&d, &uid);
-                    let bytes = serde_json::to_vec(&attempt).map_err(|e| NatsError {
-                        op: format!("encode {key}"),
-                        message: e.to_string(),
-                    })?;
-                    match intents.create(&key, bytes.into()).await {
-                        Ok(rev) => {
-                            if let Some(m) = mirror {
-                                m.record(&key, rev, Some(attempt));
-                            }
-                            Ok(())
-                        }
-                        Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(()),
-                        Err(e) => Err(NatsError {
-                            op: format!("create {}/{key}", layout::SYSTEM_UPGRADE_INTENT),
-                            message: e.to_string(),
-                        }),
-                    }
-                }
-            })
-            .buffer_unordered(INTENT_CONCURRENCY)
-            .collect()
-            .await;
-        results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+        intents::release(store, mirror, plan, devices)
+            .await
+            .map(|_| ())
     }
 
     async fn remove_intents(&self, link: &Link, keys: &[String]) -> Result<(), NatsError> {
         if keys.is_empty() {
             return Ok(());
         }
-        let intents = store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?;
-        let results: Vec<Result<(), NatsError>> = futures::stream::iter(keys.to_vec())
-            .map(|k| {
-                let intents = intents.clone();
-                async move {
-                    intents.delete(&k).await.map_err(|e| NatsError {
-                        op: format!("remove {}/{k}", layout::SYSTEM_UPGRADE_INTENT),
-                        message: e.to_string(),
-                    })
-                }
-            })
-            .buffer_unordered(INTENT_CONCURRENCY)
-            .collect()
-            .await;
-        results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+        intents::remove(store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?, keys).await
     }
 
     /// Removes every intent a terminal run still has (an updater that already accepted its attempt finishes it;

@@ -1,0 +1,78 @@
+//! System-upgrade intents in `system-upgrade-intent/<device>.<run-uid>`: released with KV create (an intent another
+//! replica wrote first is left as it is, so each is written once) and removed when terminal.
+
+use crate::kv::{Mirror, NatsError};
+use async_nats::jetstream::kv::{CreateErrorKind, Store};
+use fleet_wire::kv as layout;
+use fleet_wire::{DeviceId, SystemUpgradeAttempt, TaskPlan};
+use futures::StreamExt;
+use std::sync::Arc;
+
+/// Intent writes (or removals) in flight.
+pub const INTENT_CONCURRENCY: usize = 1024;
+
+/// Creates the intent of every device in `devices` for `plan` (`expiresAt` = the plan's deadline) and records each
+/// in `mirror`. Returns how many this call created, or the first error.
+pub async fn release(
+    store: &Store,
+    mirror: Option<Arc<Mirror<SystemUpgradeAttempt>>>,
+    plan: &TaskPlan,
+    devices: &[DeviceId],
+) -> Result<usize, NatsError> {
+    let (uid, operation, expires_at) = (plan.run_uid, plan.operation, plan.expires_at);
+    // Owned items and cloned handles: borrowed ones make the futures' lifetimes too general for a spawned task.
+    let results: Vec<Result<bool, NatsError>> = futures::stream::iter(devices.to_vec())
+        .map(|d| {
+            let (store, mirror) = (store.clone(), mirror.clone());
+            async move {
+                let attempt = SystemUpgradeAttempt {
+                    run_uid: uid,
+                    device_id: d.clone(),
+                    operation,
+                    expires_at,
+                };
+                let key = layout::run_key(&d, &uid);
+                let bytes = serde_json::to_vec(&attempt).map_err(|e| NatsError {
+                    op: format!("encode {key}"),
+                    message: e.to_string(),
+                })?;
+                match store.create(&key, bytes.into()).await {
+                    Ok(rev) => {
+                        if let Some(m) = mirror {
+                            m.record(&key, rev, Some(attempt));
+                        }
+                        Ok(true)
+                    }
+                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(false),
+                    Err(e) => Err(NatsError {
+                        op: format!("create {}/{key}", layout::SYSTEM_UPGRADE_INTENT),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        })
+        .buffer_unordered(INTENT_CONCURRENCY)
+        .collect()
+        .await;
+    results
+        .into_iter()
+        .try_fold(0, |n, r| r.map(|created| n + usize::from(created)))
+}
+
+/// Removes the intents `keys` (a delete marker stays, so the device counts as released from then on).
+pub async fn remove(store: &Store, keys: &[String]) -> Result<(), NatsError> {
+    let results: Vec<Result<(), NatsError>> = futures::stream::iter(keys.to_vec())
+        .map(|k| {
+            let store = store.clone();
+            async move {
+                store.delete(&k).await.map_err(|e| NatsError {
+                    op: format!("remove {}/{k}", layout::SYSTEM_UPGRADE_INTENT),
+                    message: e.to_string(),
+                })
+            }
+        })
+        .buffer_unordered(INTENT_CONCURRENCY)
+        .collect()
+        .await;
+    results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+}
