@@ -676,6 +676,39 @@ async fn operator_processes_share_one_plan_and_resume_after_sigkill() {
     .await;
     // 3 creates + 3 removals: no device was released twice across three operator processes
     assert_eq!(f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1, 6);
+    // what `kubectl get ftr` shows: the server-side table with the CRD's printer columns
+    let req = http::Request::get(format!(
+        "/apis/fleet.nationtech.io/v1alpha1/namespaces/{}/taskruns/upgrade",
+        f.id
+    ))
+    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(vec![])
+    .unwrap();
+    let table: serde_json::Value =
+        serde_json::from_str(&f.client.request_text(req).await.expect("table")).unwrap();
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Name",
+            "Phase",
+            "Targets",
+            "Succeeded",
+            "Failed",
+            "Reason",
+            "Age"
+        ]
+    );
+    let cells = &table["rows"][0]["cells"];
+    assert_eq!(
+        (&cells[1], &cells[2], &cells[3], &cells[4]),
+        (&json!("Complete"), &json!(3), &json!(3), &json!(0))
+    );
     let now = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
     assert_eq!(
         now.revision, manifest.revision,
