@@ -3,6 +3,7 @@
 
 pub mod fleetlock;
 // operator (issue 6)
+pub mod cache;
 pub mod conditions;
 pub mod crd;
 pub mod deploy;

@@ -32,6 +32,10 @@ pub enum TaskRunPhase {
 }
 
 impl TaskRunPhase {
+    /// Every phase, in order.
+    pub const ALL: [TaskRunPhase; 4] =
+        [Self::Planning, Self::Running, Self::Complete, Self::Failed];
+
     /// True when the run never changes again.
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Complete | Self::Failed)
@@ -64,6 +68,19 @@ pub enum TaskRunReason {
     GroupSourceError,
     /// The spec is invalid (for example `matchExpressions`, which fails closed until implemented).
     InvalidSpec,
+}
+
+impl TaskRunReason {
+    /// Every reason.
+    pub const ALL: [TaskRunReason; 7] = [
+        Self::NoTargets,
+        Self::TargetRevoked,
+        Self::CanaryFailed,
+        Self::TargetFailed,
+        Self::DeadlineExceeded,
+        Self::GroupSourceError,
+        Self::InvalidSpec,
+    ];
 }
 
 /// The `TaskRun` status: aggregates only, never a per-device map.
@@ -329,7 +346,7 @@ mod tests {
 
     #[test]
     fn phase_table() {
-        let all = [Planning, Running, Complete, Failed];
+        let all = TaskRunPhase::ALL;
         let legal = [
             (Planning, Running),
             (Planning, Failed),

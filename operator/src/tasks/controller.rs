@@ -15,6 +15,8 @@ use super::progress::{self, Decision, DeviceState, Outcome};
 use super::status as run_status;
 use super::store;
 use super::view::RunView;
+use crate::cache::cache;
+use crate::conditions;
 use crate::crd::{Device, DeviceGroup};
 use crate::kv::{self, Mirror, NatsError};
 use crate::placement::{self, Labels};
@@ -25,12 +27,10 @@ use fleet_wire::{
     AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskOperation, TaskPlan,
     TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp,
 };
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::{self, Store as Cache};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::reflector::Store as Cache;
+use kube::{Client, ResourceExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,36 +104,6 @@ fn store<'a>(
         op: format!("open bucket {bucket}"),
         message: "not in the layout".into(),
     })
-}
-
-fn cache<K>(client: &Client, selector: &Option<String>, notify: &Arc<Notify>) -> Cache<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store::<K>();
-    let mut config = watcher::Config::default();
-    if let Some(sel) = selector {
-        config = config.labels(sel);
-    }
-    let stream = reflector::reflector(writer, watcher(Api::<K>::all(client.clone()), config))
-        .default_backoff();
-    let notify = notify.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(ev) = stream.next().await {
-            if let Err(e) = ev {
-                log::warn!("watch of {}: {e}", K::kind(&()));
-            }
-            notify.notify_one();
-        }
-    });
-    reader
 }
 
 /// Runs the TaskRun controller until the task is dropped or aborted.
@@ -676,7 +646,7 @@ impl Controller {
         };
         let wants = [
             run_status::ready(phase, status.reason, problem.as_deref(), message),
-            run_status::nats(nats_error),
+            conditions::nats_reachable(nats_error),
         ];
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let next = run_status::next(&old, status, &wants, run.metadata.generation, &now);

@@ -48,24 +48,6 @@ pub fn ready(
     }
 }
 
-/// The `NatsReachable` condition.
-pub fn nats(error: Option<&str>) -> Want {
-    match error {
-        None => Want {
-            type_: conditions::NATS_REACHABLE,
-            ok: true,
-            reason: conditions::REASON_NATS_OK,
-            message: "NATS KV answered".into(),
-        },
-        Some(e) => Want {
-            type_: conditions::NATS_REACHABLE,
-            ok: false,
-            reason: conditions::REASON_NATS_UNREACHABLE,
-            message: format!("{e}; the operator retries"),
-        },
-    }
-}
-
 /// The next status: `run` as computed, conditions merged so that unchanged ones keep their transition time.
 pub fn next(
     old: &TaskRunCrStatus,
