@@ -838,3 +838,97 @@ async fn spec_edit_refused_by_the_webhook() {
         .expect("unregister");
     server.abort();
 }
+
+/// The plan store on a real nats-server: two writers of different plans for one run end with the same plan (the
+/// first manifest), the loser's own chunks are removed; a run with chunks but no manifest (a writer that died
+/// half-way) has no plan; a manifest whose chunk is gone is an error, never a partial plan; 100,000 devices work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_store_is_atomic_and_chunked() {
+    use fleet_operator::tasks::store::{self, Created, StoreError};
+    use fleet_wire::taskrun::plan_chunk_key;
+    use fleet_wire::{TaskOperation, TaskPlan};
+    let nats = NatsServer::start();
+    let (_c, js) = fleet_operator::kv::connect(&nats.url()).await.unwrap();
+    let stores = fleet_operator::kv::ensure_buckets(&js).await.unwrap();
+    let plans = &stores[layout::TASK_PLANS];
+    let ids = |n: usize, p: &str| -> Vec<DeviceId> {
+        (0..n)
+            .map(|i| DeviceId::try_from(format!("{p}-{i:06}").as_str()).unwrap())
+            .collect()
+    };
+    let plan = |run: AttemptId, canaries: Vec<DeviceId>, others: Vec<DeviceId>| {
+        let now = Timestamp::now();
+        TaskPlan::new(
+            run,
+            TaskOperation::AptFullUpgradeV1,
+            now.plus(Duration::from_secs(60)),
+            canaries,
+            others,
+            now,
+        )
+        .unwrap()
+    };
+
+    // two writers with different views race; both end with one plan
+    let run = AttemptId::new_random();
+    let (a, b) = (
+        plan(run, ids(1, "c"), ids(15_000, "a")),
+        plan(run, vec![], ids(12_000, "b")),
+    );
+    let (ra, rb) = tokio::join!(store::create(plans, &a), store::create(plans, &b));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let winner = match (&ra, &rb) {
+        (Created::Written(p), Created::Loaded(q)) | (Created::Loaded(q), Created::Written(p)) => {
+            assert_eq!(p, q);
+            p.clone()
+        }
+        other => panic!("exactly one writer wins: {other:?}"),
+    };
+    assert_eq!(
+        store::load(plans, &run).await.unwrap(),
+        Some(winner.clone())
+    );
+    let loser = if winner == a { &b } else { &a };
+    for (d, _) in loser.to_stored().1 {
+        assert!(
+            plans.get(plan_chunk_key(&run, &d)).await.unwrap().is_none(),
+            "the loser's chunks are removed"
+        );
+    }
+
+    // chunks without a manifest: no plan
+    let half = AttemptId::new_random();
+    let p = plan(half, vec![], ids(20_000, "h"));
+    let (_, chunks) = p.to_stored();
+    plans
+        .put(
+            plan_chunk_key(&half, &chunks[0].0),
+            chunks[0].1.clone().into(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store::load(plans, &half).await.unwrap(), None);
+    // a manifest whose chunk is missing: an error, not a partial plan
+    store::create(plans, &p).await.unwrap();
+    plans
+        .purge(plan_chunk_key(&half, &chunks[1].0))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store::load(plans, &half).await,
+        Err(StoreError::Invalid { .. })
+    ));
+
+    // 100,000 devices: 10 chunks, each under the bucket's value limit
+    let big = AttemptId::new_random();
+    let p = plan(big, ids(10, "k"), ids(100_000, "device"));
+    assert!(matches!(
+        store::create(plans, &p).await.unwrap(),
+        Created::Written(_)
+    ));
+    let m: TaskPlanManifest =
+        serde_json::from_slice(&plans.get(plan_manifest_key(&big)).await.unwrap().unwrap())
+            .unwrap();
+    assert_eq!((m.canaries, m.others, m.chunks.len()), (10, 100_000, 11));
+    assert_eq!(store::load(plans, &big).await.unwrap(), Some(p));
+}
