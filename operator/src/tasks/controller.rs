@@ -353,7 +353,39 @@ impl Controller {
         };
         let plans = store(&link.stores, layout::TASK_PLANS)
             .map_err(|e| planning(None, Some(e.to_string())))?;
-        match store::load(plans, &uid).await {
+        let loaded = store::load(plans, &uid).await;
+        // A run that entered Running has a plan: it is never planned a second time, and never goes back to Planning.
+        let old = run
+            .status
+            .as_ref()
+            .map(|s| s.run.clone())
+            .unwrap_or_default();
+        if old.phase == Some(TaskRunPhase::Running) {
+            let error = match loaded {
+                Ok(Some(p)) => {
+                    let p = Arc::new(p);
+                    self.plans.insert(uid, p.clone());
+                    return Ok(p);
+                }
+                Ok(None) => format!(
+                    "the plan of run {uid} is missing from {}",
+                    layout::TASK_PLANS
+                ),
+                Err(e) => e.to_string(),
+            };
+            if now >= expires {
+                return Err(fail(TaskRunReason::DeadlineExceeded, error));
+            }
+            return Err(Report {
+                status: TaskRunStatus {
+                    latest_error: Some(BoundedText::lossy(error)),
+                    ..old
+                },
+                problem: None,
+                note: None,
+            });
+        }
+        match loaded {
             Ok(Some(p)) => {
                 let p = Arc::new(p);
                 self.plans.insert(uid, p.clone());
@@ -481,7 +513,14 @@ impl Controller {
             "plan frozen: {targets} devices, {} canaries",
             plan.canaries.len()
         ));
+        // Until the view has read the keys, the counts already reported stand.
+        let reported = run
+            .status
+            .as_ref()
+            .filter(|s| s.run.phase == Some(TaskRunPhase::Running))
+            .map(|s| s.run.clone());
         if let Err(e) = self.view(link, uid) {
+            status = reported.unwrap_or(status);
             status.latest_error = Some(BoundedText::lossy(e.to_string()));
             return Report {
                 status,
@@ -497,14 +536,7 @@ impl Controller {
             };
         };
         if !view.is_synced() {
-            // Keep the counts already reported until the view has read the keys.
-            if let Some(old) = run
-                .status
-                .as_ref()
-                .filter(|s| s.run.phase == Some(TaskRunPhase::Running))
-            {
-                status = old.run.clone();
-            }
+            status = reported.unwrap_or(status);
             return Report {
                 status,
                 problem: None,
