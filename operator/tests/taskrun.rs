@@ -284,6 +284,16 @@ impl Fleet {
 
     /// Starts the real `fleet-operator` binary for this test's objects; its log goes to `<dir>/<name>.log`.
     fn spawn_binary(&self, dir: &std::path::Path, name: &str) -> std::process::Child {
+        self.spawn_binary_env(dir, name, &[])
+    }
+
+    /// [`Self::spawn_binary`] with extra environment variables.
+    fn spawn_binary_env(
+        &self,
+        dir: &std::path::Path,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> std::process::Child {
         let api = API.get().expect("apiserver");
         let kubeconfig = dir.join("kubeconfig");
         let config = json!({
@@ -301,6 +311,7 @@ impl Fleet {
             .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", self.id))
             .env("POD_NAME", name)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log)
@@ -934,4 +945,81 @@ async fn plan_store_is_atomic_and_chunked() {
             .unwrap();
     assert_eq!((m.canaries, m.others, m.chunks.len()), (10, 100_000, 11));
     assert_eq!(store::load(plans, &big).await.unwrap(), Some(p));
+}
+
+/// An operator that dies right after creating the plan (before the run says Running), or half-way through a
+/// release, is replaced by one that loads the same plan and releases every device exactly once.
+#[cfg(feature = "fault-injection")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_killed_after_plan_create_or_mid_release_resumes() {
+    let f = Fleet::new("crash").await;
+    let dir = tempfile::tempdir().unwrap();
+    let group = f.group("prod").await;
+    let mut devices = vec![];
+    for i in 0..6 {
+        devices.push(
+            f.device(&format!("d{i}"), json!({"member": "prod"}), true)
+                .await,
+        );
+    }
+    let plans = f.bucket(layout::TASK_PLANS).await;
+    let mut intents_written = 0;
+    for (n, point) in ["plan-created", "mid-release"].into_iter().enumerate() {
+        let name = format!("run-{n}");
+        let mut dying = Proc(f.spawn_binary_env(
+            dir.path(),
+            &format!("dying-{n}"),
+            &[("FLEET_OPERATOR_CRASH_AT", point)],
+        ));
+        let run = f.task_run(&name, spec(&group, 21600)).await;
+        let status = tokio::task::spawn_blocking(move || dying.0.wait().unwrap())
+            .await
+            .unwrap();
+        assert!(!status.success(), "{point}: the operator aborted");
+        let manifest = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+        let phase = f
+            .runs()
+            .get(&name)
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.run.phase);
+        let seq = f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1;
+        match point {
+            "plan-created" => {
+                assert_ne!(phase, Some(TaskRunPhase::Running), "crashed before Running");
+                assert_eq!(seq, intents_written, "nothing released before the crash");
+            }
+            _ => assert!(
+                seq > intents_written && seq < intents_written + 6,
+                "crashed half-way: {} of 6 released",
+                seq - intents_written
+            ),
+        }
+        let _next = Proc(f.spawn_binary(dir.path(), &format!("next-{n}")));
+        let s = f.phase(&name, TaskRunPhase::Running).await;
+        assert_eq!(s.targets, 6);
+        for d in &devices {
+            eventually("released", || async { f.intent(d, &run).await }).await;
+        }
+        intents_written += 6;
+        assert_eq!(
+            f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1,
+            intents_written,
+            "{point}: every device released exactly once"
+        );
+        let now = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+        assert_eq!(now.revision, manifest.revision, "{point}: the same plan");
+        for d in &devices {
+            f.succeed(d, &run).await;
+        }
+        f.phase(&name, TaskRunPhase::Complete).await;
+        eventually("intents removed", || async {
+            let removed =
+                f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1 == intents_written + 6;
+            removed.then_some(())
+        })
+        .await;
+        intents_written += 6;
+    }
 }

@@ -456,6 +456,7 @@ impl Controller {
         .map_err(|e| fail(TaskRunReason::InvalidSpec, e.to_string()))?;
         let plan = match store::create(plans, &plan).await {
             Ok(store::Created::Written(p)) => {
+                super::fault::crash_point("plan-created");
                 log::info!(
                     "TaskRun {}: plan of {} devices ({} canaries) created",
                     run.name_any(),

@@ -6,6 +6,7 @@ use async_nats::jetstream::kv::{CreateErrorKind, Store};
 use fleet_wire::kv as layout;
 use fleet_wire::{DeviceId, SystemUpgradeAttempt, TaskPlan};
 use futures::StreamExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Intent writes (or removals) in flight.
@@ -20,10 +21,11 @@ pub async fn release(
     devices: &[DeviceId],
 ) -> Result<usize, NatsError> {
     let (uid, operation, expires_at) = (plan.run_uid, plan.operation, plan.expires_at);
+    let (created, total) = (Arc::new(AtomicUsize::new(0)), devices.len());
     // Owned items and cloned handles: borrowed ones make the futures' lifetimes too general for a spawned task.
     let results: Vec<Result<bool, NatsError>> = futures::stream::iter(devices.to_vec())
         .map(|d| {
-            let (store, mirror) = (store.clone(), mirror.clone());
+            let (store, mirror, created) = (store.clone(), mirror.clone(), created.clone());
             async move {
                 let attempt = SystemUpgradeAttempt {
                     run_uid: uid,
@@ -41,6 +43,10 @@ pub async fn release(
                         if let Some(m) = mirror {
                             m.record(&key, rev, Some(attempt));
                         }
+                        super::fault::mid_release(
+                            created.fetch_add(1, Ordering::SeqCst) + 1,
+                            total,
+                        );
                         Ok(true)
                     }
                     Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(false),

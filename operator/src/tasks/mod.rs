@@ -6,6 +6,7 @@
 
 pub mod controller;
 pub mod crd;
+pub mod fault;
 pub mod intents;
 pub mod planning;
 pub mod progress;
