@@ -990,8 +990,9 @@ async fn operator_killed_after_plan_create_or_mid_release_resumes() {
                 assert_ne!(phase, Some(TaskRunPhase::Running), "crashed before Running");
                 assert_eq!(seq, intents_written, "nothing released before the crash");
             }
+            // the first half was sent (how much of it reached the server before the abort varies), the rest not
             _ => assert!(
-                seq > intents_written && seq < intents_written + 6,
+                seq < intents_written + 6,
                 "crashed half-way: {} of 6 released",
                 seq - intents_written
             ),

@@ -6,7 +6,7 @@
 pub const POINTS: &[&str] = &[
     // the plan's manifest is created; the run's status still says Planning
     "plan-created",
-    // half of one release's intents are created
+    // half of one release's intents are sent, the other half not
     "mid-release",
 ];
 
@@ -20,9 +20,9 @@ pub fn crash_point(point: &'static str) {
     let _ = point;
 }
 
-/// Aborts the process at `mid-release` once `created` of `total` intents are created and that is half or more.
-pub fn mid_release(created: usize, total: usize) {
-    if created * 2 >= total {
+/// Aborts the process at `mid-release` before intent number `started` (from 0) of `total` is sent, once half are.
+pub fn mid_release(started: usize, total: usize) {
+    if started * 2 >= total {
         crash_point("mid-release");
     }
 }

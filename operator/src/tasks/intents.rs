@@ -21,11 +21,11 @@ pub async fn release(
     devices: &[DeviceId],
 ) -> Result<usize, NatsError> {
     let (uid, operation, expires_at) = (plan.run_uid, plan.operation, plan.expires_at);
-    let (created, total) = (Arc::new(AtomicUsize::new(0)), devices.len());
+    let (started, total) = (Arc::new(AtomicUsize::new(0)), devices.len());
     // Owned items and cloned handles: borrowed ones make the futures' lifetimes too general for a spawned task.
     let results: Vec<Result<bool, NatsError>> = futures::stream::iter(devices.to_vec())
         .map(|d| {
-            let (store, mirror, created) = (store.clone(), mirror.clone(), created.clone());
+            let (store, mirror, started) = (store.clone(), mirror.clone(), started.clone());
             async move {
                 let attempt = SystemUpgradeAttempt {
                     run_uid: uid,
@@ -33,6 +33,8 @@ pub async fn release(
                     operation,
                     expires_at,
                 };
+                // Crash test: stop before the second half of the release is sent.
+                super::fault::mid_release(started.fetch_add(1, Ordering::SeqCst), total);
                 let key = layout::run_key(&d, &uid);
                 let bytes = serde_json::to_vec(&attempt).map_err(|e| NatsError {
                     op: format!("encode {key}"),
@@ -43,10 +45,6 @@ pub async fn release(
                         if let Some(m) = mirror {
                             m.record(&key, rev, Some(attempt));
                         }
-                        super::fault::mid_release(
-                            created.fetch_add(1, Ordering::SeqCst) + 1,
-                            total,
-                        );
                         Ok(true)
                     }
                     Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(false),
