@@ -10,6 +10,7 @@ pub mod fault;
 pub mod intents;
 pub mod planning;
 pub mod progress;
+pub mod schedule;
 pub mod status;
 pub mod store;
 pub mod view;
