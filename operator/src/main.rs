@@ -4,9 +4,10 @@ use std::process::ExitCode;
 
 const HELP: &str = "\
 fleet-operator: Harmony Fleet's Kubernetes operator. Watches Device, DeviceGroup, FleetDeployment,
-AgentRelease and TaskRun objects (fleet.nationtech.io/v1alpha1), writes each device's desired state,
-agent-upgrade intents, task-run plans and system-upgrade intents into NATS JetStream KV (creating the
-buckets), and mirrors device reports into Device and TaskRun status.
+AgentRelease, TaskRun and TaskSchedule objects (fleet.nationtech.io/v1alpha1), creates TaskRuns on
+schedule, writes each device's desired state, agent-upgrade intents, task-run plans and system-upgrade
+intents into NATS JetStream KV (creating the buckets), and mirrors device reports into Device and
+TaskRun status.
 
 Usage: fleet-operator [--nats-url URL] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
        fleet-operator --help | --version
@@ -123,6 +124,10 @@ fn main() -> ExitCode {
                 .ok()
                 .filter(|s| !s.is_empty()),
         };
+        let schedule_opts = fleet_operator::tasks::scheduler::Options::new(
+            opts.instance.clone(),
+            opts.label_selector.clone(),
+        );
         let task_opts = fleet_operator::tasks::controller::Options {
             nats_url: opts.nats_url.clone(),
             instance: opts.instance.clone(),
@@ -132,6 +137,12 @@ fn main() -> ExitCode {
             r = fleet_operator::engine::run(client.clone(), opts) => {
                 if let Err(e) = r {
                     log::error!("{e}");
+                }
+                ExitCode::FAILURE
+            }
+            r = fleet_operator::tasks::scheduler::run(client.clone(), schedule_opts) => {
+                if let Err(e) = r {
+                    log::error!("task schedules: {e}");
                 }
                 ExitCode::FAILURE
             }

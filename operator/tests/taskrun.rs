@@ -1024,3 +1024,184 @@ async fn operator_killed_after_plan_create_or_mid_release_resumes() {
         intents_written += 6;
     }
 }
+
+/// A TaskSchedule against the real API server, with the scheduler's clock moved by the test (no TaskRun controller
+/// runs, so the test marks runs terminal itself): a tick creates one run owned by the schedule; a tick while it is
+/// active is skipped; a scheduler stopped across three ticks creates exactly one catch-up run on start; suspension
+/// stops new runs and leaves the active one alone; two schedulers create one run per tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_schedule_ticks_skips_catches_up_and_suspends() {
+    use fleet_operator::tasks::crd::TaskSchedule;
+    use fleet_operator::tasks::scheduler;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let f = Fleet::new("schedule").await;
+    let clock = Arc::new(AtomicU64::new(Timestamp::now().unix_ms()));
+    let start = |n: usize| {
+        let c = clock.clone();
+        let opts = scheduler::Options {
+            instance: Some(format!("sched-{n}")),
+            label_selector: Some(format!("fleet-test={}", f.id)),
+            clock: Arc::new(move || Timestamp::from_unix_ms(c.load(Ordering::SeqCst))),
+            resync: Duration::from_millis(200),
+        };
+        tokio::spawn(scheduler::run(f.client.clone(), opts))
+    };
+    let schedules: Api<TaskSchedule> = Api::namespaced(f.client.clone(), &f.id);
+    let s: TaskSchedule = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskSchedule",
+        "metadata": {"name": "hourly", "labels": f.labels(json!({}))},
+        "spec": {"schedule": {"cron": "0 * * * *"}, "template": spec("prod", 600)}
+    }))
+    .unwrap();
+    schedules.create(&PostParams::default(), &s).await.unwrap();
+    let owned = || async {
+        let mut names: Vec<String> = f
+            .runs()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|r| {
+                r.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.kind == "TaskSchedule" && o.name == "hourly")
+            })
+            .map(|r| r.metadata.name.unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let status = || async {
+        schedules
+            .get("hourly")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+    };
+    let to_next_tick = || async {
+        let next: Timestamp = eventually("next tick", || async {
+            status().await.next_tick?.parse().ok()
+        })
+        .await;
+        clock.store(next.unix_ms() + 1000, Ordering::SeqCst);
+        next
+    };
+    let complete = |name: String| {
+        let runs = f.runs();
+        async move {
+            runs.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Complete"}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+
+    let a = start(0);
+    let st = eventually("schedule status", || async {
+        let s = status().await;
+        s.expression.is_some().then_some(s)
+    })
+    .await;
+    assert_eq!(st.expression.as_deref(), Some("0 * * * *"));
+    assert!(owned().await.is_empty(), "no run before the first tick");
+
+    // a tick: one run, owned, named after the tick
+    let t1 = to_next_tick().await;
+    let first = eventually("first run", || async { owned().await.first().cloned() }).await;
+    assert_eq!(first, format!("hourly-{}", t1.unix_ms() / 60_000));
+    eventually("active run in status", || async {
+        (status().await.active_run.as_deref() == Some(first.as_str())).then_some(())
+    })
+    .await;
+
+    // a tick while it is active: skipped
+    to_next_tick().await;
+    eventually("skipped tick", || async {
+        (status().await.skipped_ticks == 1).then_some(())
+    })
+    .await;
+    assert_eq!(owned().await.len(), 1);
+
+    // stopped across three ticks: one catch-up run on start
+    complete(first.clone()).await;
+    a.abort();
+    let now = clock.load(Ordering::SeqCst);
+    clock.store(now + 3 * 3600 * 1000, Ordering::SeqCst);
+    let b = start(1);
+    eventually("one catch-up run", || async {
+        (owned().await.len() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let runs = owned().await;
+    assert_eq!(runs.len(), 2, "exactly one catch-up run: {runs:?}");
+    let catch_up = runs.iter().find(|n| **n != first).unwrap().clone();
+    eventually("last successful run", || async {
+        (status().await.last_successful_run.as_deref() == Some(first.as_str())).then_some(())
+    })
+    .await;
+
+    // suspended: no new run, the active one is left alone
+    schedules
+        .patch(
+            "hourly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    to_next_tick().await;
+    eventually("skipped while suspended", || async {
+        (status().await.skipped_ticks == 2).then_some(())
+    })
+    .await;
+    assert_eq!(owned().await.len(), 2);
+    assert!(
+        f.runs().get(&catch_up).await.is_ok(),
+        "the active run goes on"
+    );
+
+    // two schedulers: one run per tick
+    complete(catch_up).await;
+    let c = start(2);
+    schedules
+        .patch(
+            "hourly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": false}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    to_next_tick().await;
+    eventually("the next run", || async {
+        (owned().await.len() == 3).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        owned().await.len(),
+        3,
+        "two schedulers created one run for the tick"
+    );
+    let events = f.events("hourly").await;
+    assert!(
+        events.contains(&("Normal".into(), "Created".into())),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&("Normal".into(), "Skipped".into())),
+        "{events:?}"
+    );
+    b.abort();
+    c.abort();
+}

@@ -1,5 +1,6 @@
-//! The `TaskRun` CRD (`fleet.nationtech.io/v1alpha1`, namespaced): a finite job that freezes its targets, runs once
-//! on each device and keeps a bounded terminal result. Its status is fleet-wire's `TaskRunStatus` plus conditions.
+//! The fleet task CRDs (`fleet.nationtech.io/v1alpha1`, namespaced): `TaskRun`, a finite job that freezes its
+//! targets, runs once on each device and keeps a bounded terminal result (status: fleet-wire's `TaskRunStatus` plus
+//! conditions); and `TaskSchedule`, which creates immutable TaskRuns on a UTC schedule.
 
 use crate::crd::Placement;
 use fleet_wire::{TaskRunPhase, TaskRunReason, TaskRunStatus};
@@ -118,6 +119,74 @@ impl JsonSchema for TaskRunCrStatus {
                 "conditions": conditions,
             }
         })
+    }
+}
+
+/// `schedule`: one of `daily`, `weekly`, `yearly`, `cron`, validated by [`super::schedule::Schedule::parse`]
+/// (kept whole, not pruned, so that a field such as a time zone makes the spec invalid instead of vanishing).
+fn schedule_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
+}
+
+/// Creates a TaskRun from `template` at every tick of `schedule` (UTC): at most one active run (a tick during it is
+/// skipped), at most one catch-up run after an outage, none while suspended.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "fleet.nationtech.io",
+    version = "v1alpha1",
+    kind = "TaskSchedule",
+    namespaced,
+    status = "TaskScheduleStatus",
+    shortname = "fts",
+    printcolumn = r#"{"name":"Schedule","type":"string","jsonPath":".status.expression"}"#,
+    printcolumn = r#"{"name":"Suspend","type":"boolean","jsonPath":".spec.suspend"}"#,
+    printcolumn = r#"{"name":"Active","type":"string","jsonPath":".status.activeRun"}"#,
+    printcolumn = r#"{"name":"Last","type":"date","jsonPath":".status.lastScheduleTime"}"#,
+    printcolumn = r#"{"name":"Next","type":"string","jsonPath":".status.nextTick"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskScheduleSpec {
+    /// `{daily: {at: "03:00"}}`, `{weekly: {day: Sunday, at: "03:00"}}`, `{yearly: {month: 1, day: 1, at:
+    /// "00:00"}}` or `{cron: "0 3 * * 0"}`; always UTC.
+    #[schemars(schema_with = "schedule_schema")]
+    pub schedule: serde_json::Value,
+    /// No new runs while true (an active run goes on).
+    #[serde(default)]
+    pub suspend: bool,
+    /// The spec of every run.
+    pub template: TaskRunSpec,
+}
+
+/// A TaskSchedule's status (bounded: names and times, one counter).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskScheduleStatus {
+    /// The five-field UTC cron expression the schedule runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expression: Option<String>,
+    /// The last tick handled (a run created, or the tick skipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_schedule_time: Option<String>,
+    /// The newest of its runs that completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_run: Option<String>,
+    /// Its run that is not terminal yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_run: Option<String>,
+    /// Ticks skipped (a run was active, or the schedule was suspended).
+    #[serde(default)]
+    pub skipped_ticks: u64,
+    /// The next tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_tick: Option<String>,
+    /// `Ready`: True when the schedule is valid, False with reason `InvalidSpec` otherwise.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+impl crate::conditions::WithConditions for TaskScheduleStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
     }
 }
 

@@ -11,6 +11,7 @@ pub mod intents;
 pub mod planning;
 pub mod progress;
 pub mod schedule;
+pub mod scheduler;
 pub mod status;
 pub mod store;
 pub mod view;
