@@ -8,7 +8,7 @@
 //! writes are guarded by resourceVersion. A restarted operator resumes from the plan and the keys: a device whose
 //! intent was ever written (the key exists or was removed) or that reported is never released again.
 
-use super::crd::TaskRun;
+use super::crd::{created_at, TaskRun};
 use super::intents;
 use super::planning::{self, Groups, PlanError};
 use super::progress::{self, Decision, DeviceState, Outcome};
@@ -197,14 +197,6 @@ struct Report {
     note: Option<String>,
 }
 
-fn creation(run: &TaskRun) -> Timestamp {
-    run.metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| Timestamp::from_unix_ms(t.0.as_millisecond().max(0) as u64))
-        .unwrap_or_else(Timestamp::now)
-}
-
 fn failed(reason: TaskRunReason, error: String, now: Timestamp) -> TaskRunStatus {
     TaskRunStatus {
         phase: Some(TaskRunPhase::Failed),
@@ -293,7 +285,7 @@ impl Controller {
             return None;
         };
         let now = Timestamp::now();
-        let expires = creation(run).plus(Duration::from_secs(run.spec.deadline_seconds));
+        let expires = created_at(run).plus(Duration::from_secs(run.spec.deadline_seconds));
         let plan = match self.plan(link, run, uid, now, expires).await {
             Ok(p) => p,
             Err(report) => {

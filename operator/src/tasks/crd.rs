@@ -9,6 +9,16 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// When `obj` was created (its `creationTimestamp`; now if it has none yet): a run's deadline and a schedule's first
+/// tick count from it.
+pub fn created_at<K: kube::Resource>(obj: &K) -> fleet_wire::Timestamp {
+    obj.meta()
+        .creation_timestamp
+        .as_ref()
+        .map(|t| fleet_wire::Timestamp::from_unix_ms(t.0.as_millisecond().max(0) as u64))
+        .unwrap_or_else(fleet_wire::Timestamp::now)
+}
+
 /// Largest `deadlineSeconds`: 30 days, the age limit of `system-upgrade-intent`, so that an intent never outlives
 /// its own expiry unnoticed.
 pub const MAX_DEADLINE_SECONDS: u64 = 30 * 24 * 3600;

@@ -5,7 +5,7 @@
 //! Replicas need no leader: a tick's run name is deterministic (a second create gets 409 and changes nothing) and
 //! status writes carry the object's resourceVersion. The clock is an option, so tests can move time.
 
-use super::crd::{TaskRun, TaskSchedule, TaskScheduleStatus};
+use super::crd::{created_at, TaskRun, TaskSchedule, TaskScheduleStatus};
 use super::schedule::{self, Decision, Schedule};
 use crate::cache::cache;
 use crate::conditions::{self, Want};
@@ -84,14 +84,6 @@ pub async fn run(
     }
 }
 
-fn creation(obj: &TaskSchedule) -> Timestamp {
-    obj.metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| Timestamp::from_unix_ms(t.0.as_millisecond().max(0) as u64))
-        .unwrap_or_else(Timestamp::now)
-}
-
 /// One schedule's pass; returns its next tick.
 async fn reconcile(
     client: &Client,
@@ -127,7 +119,16 @@ async fn reconcile(
         .or(old.last_successful_run.clone());
     next.active_run = active.clone();
     let mut events = vec![];
-    let ready = match Schedule::parse(&s.spec.schedule) {
+    // A run's name is the schedule's and a tick's: it must stay a valid object name.
+    let parsed = Schedule::parse(&s.spec.schedule).and_then(|sched| {
+        match schedule::run_name(&s.name_any(), now).len() > MAX_NAME_CHARS {
+            true => Err(format!(
+                "the name is too long for its runs' names (<name>-<tick>, at most {MAX_NAME_CHARS} characters)"
+            )),
+            false => Ok(sched),
+        }
+    });
+    let ready = match parsed {
         Err(e) => {
             next.expression = None;
             next.next_tick = None;
@@ -138,26 +139,13 @@ async fn reconcile(
                 message: e,
             }
         }
-        // A run's name is the schedule's and a tick's: it must stay a valid object name.
-        Ok(_) if schedule::run_name(&s.name_any(), now).len() > MAX_NAME_CHARS => {
-            next.expression = None;
-            next.next_tick = None;
-            Want {
-                type_: conditions::READY,
-                ok: false,
-                reason: conditions::REASON_INVALID_SPEC,
-                message: format!(
-                    "the name is too long for its runs' names (<name>-<tick>, at most {MAX_NAME_CHARS} characters)"
-                ),
-            }
-        }
         Ok(sched) => {
             next.expression = Some(sched.expression.clone());
             let last = old
                 .last_schedule_time
                 .as_deref()
                 .and_then(|t| t.parse::<Timestamp>().ok())
-                .unwrap_or_else(|| creation(s));
+                .unwrap_or_else(|| created_at(s));
             match schedule::decide(&sched, last, now, active.is_some(), s.spec.suspend) {
                 Decision::Wait => {}
                 Decision::Skip(tick) => {
