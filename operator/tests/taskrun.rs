@@ -1205,3 +1205,38 @@ async fn task_schedule_ticks_skips_catches_up_and_suspends() {
     b.abort();
     c.abort();
 }
+
+/// NATS unreachable: the run stays Planning (nothing is planned without the devices' reports) and says why in
+/// `NatsReachable=False` with a Warning event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_unreachable_keeps_the_run_planning() {
+    let mut f = Fleet::new("nonats").await;
+    let group = f.group("prod").await;
+    f.device("d1", json!({"member": "prod"}), true).await;
+    let mut opts = f.options(0);
+    opts.nats_url = format!("nats://127.0.0.1:{}", fleet_rig::free_port());
+    let client = f.client.clone();
+    f.operators.push(tokio::spawn(async move {
+        let _ = controller::run(client, opts).await;
+    }));
+    f.task_run("upgrade", spec(&group, 600)).await;
+    let st = eventually("NatsReachable=False", || async {
+        let st = f.runs().get("upgrade").await.ok()?.status?;
+        st.conditions
+            .iter()
+            .any(|c| {
+                c.type_ == "NatsReachable" && c.status == "False" && c.reason == "NatsUnreachable"
+            })
+            .then_some(st)
+    })
+    .await;
+    assert_eq!(st.run.phase, Some(TaskRunPhase::Planning));
+    assert_eq!(st.run.targets, 0);
+    eventually("NatsUnreachable event", || async {
+        f.events("upgrade")
+            .await
+            .contains(&("Warning".into(), "NatsUnreachable".into()))
+            .then_some(())
+    })
+    .await;
+}
