@@ -44,6 +44,9 @@ pub const DEBOUNCE: Duration = Duration::from_millis(100);
 pub const RETRY_MIN: Duration = Duration::from_secs(1);
 /// Longest wait between planning retries.
 pub const RETRY_MAX: Duration = Duration::from_secs(60);
+/// Terminal runs whose leftover intents are looked for at once (each needs a KV view): after a restart with a long
+/// run history, the rest wait for later passes instead of opening hundreds of consumers together.
+pub const CLEANUPS_AT_ONCE: usize = 16;
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -270,11 +273,28 @@ impl Controller {
             .or(old.run.phase)
             .unwrap_or(TaskRunPhase::Planning);
         if phase.is_terminal() {
-            // A terminal run never advances: only its remaining intents are removed.
-            if let Some(link) = link {
+            // A terminal run never advances: only its remaining intents are removed. Intents live at most as long as
+            // the bucket's age limit, so a run that ended before that has none left.
+            let intent_age = layout::bucket(layout::SYSTEM_UPGRADE_INTENT)
+                .and_then(|b| b.max_age)
+                .unwrap_or_default();
+            let ended = old.run.completion_time.unwrap_or_else(Timestamp::now);
+            let stale = Timestamp::now().since(ended) > intent_age;
+            if stale || self.cleaned.contains(&uid) {
+                return None;
+            }
+            let busy = self
+                .views
+                .keys()
+                .filter(|k| !self.plans.contains_key(*k))
+                .count();
+            if let Some(link) =
+                link.filter(|_| busy < CLEANUPS_AT_ONCE || self.views.contains_key(&uid))
+            {
                 self.clean_up(link, uid).await;
             }
-            return None;
+            return (!self.cleaned.contains(&uid))
+                .then(|| Timestamp::now().plus(Duration::from_secs(1)));
         }
         let Some(link) = link else {
             let status = TaskRunStatus {
