@@ -4,7 +4,7 @@
 use crate::kv::{Mirror, NatsError};
 use async_nats::jetstream::kv::{CreateErrorKind, Store};
 use fleet_wire::kv as layout;
-use fleet_wire::{DeviceId, SystemUpgradeAttempt, TaskPlan};
+use fleet_wire::{AttemptId, DeviceId, SystemUpgradeAttempt, TaskOperation, TaskPlan, Timestamp};
 use futures::StreamExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,18 +12,56 @@ use std::sync::Arc;
 /// Intent writes (or removals) in flight.
 pub const INTENT_CONCURRENCY: usize = 1024;
 
+/// Tasks one release is spread over, so that encoding and bookkeeping use more than one core; together they keep
+/// at most [`INTENT_CONCURRENCY`] creates in flight.
+pub const RELEASE_SHARDS: usize = 2;
+
 /// Creates the intent of every device in `devices` for `plan` (`expiresAt` = the plan's deadline) and records each
-/// in `mirror`. Returns how many this call created, or the first error.
+/// in `mirror`. Returns how many this call created, or the first error (the other writes then stop).
 pub async fn release(
     store: &Store,
     mirror: Option<Arc<Mirror<SystemUpgradeAttempt>>>,
     plan: &TaskPlan,
     devices: &[DeviceId],
 ) -> Result<usize, NatsError> {
-    let (uid, operation, expires_at) = (plan.run_uid, plan.operation, plan.expires_at);
-    let (started, total) = (Arc::new(AtomicUsize::new(0)), devices.len());
+    let started = Arc::new(AtomicUsize::new(0));
+    let per_shard = devices.len().div_ceil(RELEASE_SHARDS).max(1);
+    // Dropping the set (an error, or the caller gone) aborts the other shards.
+    let mut shards = tokio::task::JoinSet::new();
+    for part in devices.chunks(per_shard) {
+        shards.spawn(release_shard(
+            store.clone(),
+            mirror.clone(),
+            (plan.run_uid, plan.operation, plan.expires_at),
+            part.to_vec(),
+            (started.clone(), devices.len()),
+        ));
+    }
+    let mut created = 0;
+    while let Some(joined) = shards.join_next().await {
+        created += match joined {
+            Ok(r) => r?,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => {
+                return Err(NatsError {
+                    op: "release intents".into(),
+                    message: e.to_string(),
+                })
+            }
+        };
+    }
+    Ok(created)
+}
+
+async fn release_shard(
+    store: Store,
+    mirror: Option<Arc<Mirror<SystemUpgradeAttempt>>>,
+    (uid, operation, expires_at): (AttemptId, TaskOperation, Timestamp),
+    devices: Vec<DeviceId>,
+    (started, total): (Arc<AtomicUsize>, usize),
+) -> Result<usize, NatsError> {
     // Owned items and cloned handles: borrowed ones make the futures' lifetimes too general for a spawned task.
-    let results: Vec<Result<bool, NatsError>> = futures::stream::iter(devices.to_vec())
+    let results: Vec<Result<bool, NatsError>> = futures::stream::iter(devices)
         .map(|d| {
             let (store, mirror, started) = (store.clone(), mirror.clone(), started.clone());
             async move {
@@ -55,7 +93,7 @@ pub async fn release(
                 }
             }
         })
-        .buffer_unordered(INTENT_CONCURRENCY)
+        .buffer_unordered(INTENT_CONCURRENCY / RELEASE_SHARDS)
         .collect()
         .await;
     results
