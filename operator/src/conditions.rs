@@ -61,6 +61,26 @@ pub struct Want {
     pub message: String,
 }
 
+/// The `NatsReachable` condition: True, or False with the error (`None`: NATS answered).
+pub fn nats_reachable(error: Option<&str>) -> Want {
+    match error {
+        None => Want {
+            type_: NATS_REACHABLE,
+            ok: true,
+            reason: REASON_NATS_OK,
+            message: "NATS KV answered".into(),
+        },
+        Some(e) => Want {
+            type_: NATS_REACHABLE,
+            ok: false,
+            reason: REASON_NATS_UNREACHABLE,
+            message: format!(
+                "{e}; the operator retries; check the NATS URL and that NATS is running"
+            ),
+        },
+    }
+}
+
 fn bounded(s: &str) -> String {
     if s.chars().count() <= MAX_MESSAGE_CHARS {
         s.to_owned()

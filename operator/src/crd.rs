@@ -1,4 +1,5 @@
-//! The fleet CRDs in `fleet.nationtech.io/v1alpha1`: Device, DeviceGroup, FleetDeployment and AgentRelease.
+//! The fleet CRDs in `fleet.nationtech.io/v1alpha1`: Device, DeviceGroup, FleetDeployment and AgentRelease (and,
+//! in [`all_crds`], the namespaced TaskRun and TaskSchedule of [`crate::tasks::crd`]).
 //!
 //! All four are cluster-scoped: device ids are fleet-wide. Fields whose shape is a fleet-wire contract (workloads,
 //! artifacts, the agent-upgrade status) are the fleet-wire types themselves, published in the CRD schema as objects
@@ -237,5 +238,7 @@ pub fn all_crds(
         DeviceGroup::crd(),
         FleetDeployment::crd(),
         AgentRelease::crd(),
+        crate::tasks::crd::TaskRun::crd(),
+        crate::tasks::crd::TaskSchedule::crd(),
     ]
 }

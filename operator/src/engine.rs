@@ -7,6 +7,7 @@
 //! that re-reads and re-decides on conflict (see `kv::cas_write`), so two replicas that decide the same thing
 //! write it once, and Kubernetes status writes are idempotent merge patches.
 
+use crate::cache::cache;
 use crate::conditions::{self, Want};
 use crate::crd::{
     AgentRelease, Device, DeviceGroup, DeviceGroupStatus, FleetDeployment, PlacementStatus,
@@ -25,9 +26,8 @@ use fleet_wire::{
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::{self, Store as Cache};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::reflector::Store as Cache;
+use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -146,36 +146,6 @@ async fn open_link(url: &str, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link,
     link.watch(&m.desired, notify)?;
     link.watch(&m.intent, notify)?;
     Ok(link)
-}
-
-fn cache<K>(client: &Client, selector: &Option<String>, notify: &Arc<Notify>) -> Cache<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store::<K>();
-    let mut config = watcher::Config::default();
-    if let Some(sel) = selector {
-        config = config.labels(sel);
-    }
-    let stream = reflector::reflector(writer, watcher(Api::<K>::all(client.clone()), config))
-        .default_backoff();
-    let notify = notify.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(ev) = stream.next().await {
-            if let Err(e) = ev {
-                log::warn!("watch of {}: {e}", K::kind(&()));
-            }
-            notify.notify_one();
-        }
-    });
-    reader
 }
 
 /// Runs the operator until the task is dropped or aborted.
@@ -375,25 +345,6 @@ pub fn selector_labels(selector: Option<&str>) -> BTreeMap<String, String> {
             (!k.is_empty() && !k.ends_with('!')).then(|| (k.to_owned(), v.to_owned()))
         })
         .collect()
-}
-
-fn nats_want(err: &Option<String>) -> Want {
-    match err {
-        None => Want {
-            type_: conditions::NATS_REACHABLE,
-            ok: true,
-            reason: conditions::REASON_NATS_OK,
-            message: "NATS KV answered".into(),
-        },
-        Some(e) => Want {
-            type_: conditions::NATS_REACHABLE,
-            ok: false,
-            reason: conditions::REASON_NATS_UNREACHABLE,
-            message: format!(
-                "{e}; the operator retries; check the NATS URL and that NATS is running"
-            ),
-        },
-    }
 }
 
 fn ready_want(result: &Result<String, (&'static str, String)>) -> Want {
@@ -681,7 +632,7 @@ impl Engine {
         }
 
         // Statuses and events.
-        let nats = nats_want(&nats_error);
+        let nats = conditions::nats_reachable(nats_error.as_deref());
         let mut kube_writes: Vec<Write<'_>> = Vec::new();
         for g in &group_objs {
             let (count, want) = match groups.get(&g.name_any()) {

@@ -1,8 +1,9 @@
-//! fleet-operator: CRDs and controllers for devices, groups, placement and agent releases; and the FleetLock
-//! server, which runs with no Kubernetes at all.
+//! fleet-operator: CRDs and controllers for devices, groups, placement, agent releases and task runs; and the
+//! FleetLock server, which runs with no Kubernetes at all.
 
 pub mod fleetlock;
-// Deployments, agent releases and the device mirror.
+// Shared by the controllers: caches, conditions, CRDs, KV, placement; then deployments and agent releases.
+pub mod cache;
 pub mod conditions;
 pub mod crd;
 pub mod deploy;
@@ -12,4 +13,5 @@ pub mod mirror;
 pub mod placement;
 pub mod release;
 pub mod report;
+pub mod tasks;
 pub mod validate;

@@ -3,15 +3,21 @@
 use std::process::ExitCode;
 
 const HELP: &str = "\
-fleet-operator: Harmony Fleet's Kubernetes operator. Watches Device, DeviceGroup, FleetDeployment and
-AgentRelease objects (fleet.nationtech.io/v1alpha1), writes each device's desired state and agent-upgrade
-intents into NATS JetStream KV (creating the buckets), and mirrors device reports into Device status.
+fleet-operator: Harmony Fleet's Kubernetes operator. Watches Device, DeviceGroup, FleetDeployment,
+AgentRelease, TaskRun and TaskSchedule objects (fleet.nationtech.io/v1alpha1), creates TaskRuns on
+schedule, writes each device's desired state, agent-upgrade intents, task-run plans and system-upgrade
+intents into NATS JetStream KV (creating the buckets), and mirrors device reports into Device and
+TaskRun status.
 
-Usage: fleet-operator [--nats-url URL]
+Usage: fleet-operator [--nats-url URL] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
        fleet-operator --help | --version
 
 Options:
-  --nats-url URL   NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222)
+  --nats-url URL          NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222)
+  --webhook-listen ADDR   also serve the TaskRun admission webhook (refuses spec changes) over HTTPS on
+                          ADDR (e.g. 0.0.0.0:8443), path /validate-taskrun (operator/deploy/webhook.yaml)
+  --webhook-cert FILE     its PEM certificate chain
+  --webhook-key FILE      its PEM private key
 Environment:
   KUBECONFIG / in-cluster service account   how the Kubernetes API is reached
   POD_NAME         this replica's name in events
@@ -23,6 +29,7 @@ Several replicas may run at once: every NATS write is compare-and-set by revisio
 fn main() -> ExitCode {
     let mut nats_url =
         std::env::var("FLEET_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let (mut webhook_listen, mut webhook_cert, mut webhook_key) = (None, None, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -41,6 +48,17 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             },
+            flag @ ("--webhook-listen" | "--webhook-cert" | "--webhook-key") => {
+                let Some(v) = args.next() else {
+                    eprintln!("{flag} needs a value; see --help");
+                    return ExitCode::from(2);
+                };
+                match flag {
+                    "--webhook-listen" => webhook_listen = Some(v),
+                    "--webhook-cert" => webhook_cert = Some(std::path::PathBuf::from(v)),
+                    _ => webhook_key = Some(std::path::PathBuf::from(v)),
+                }
+            }
             other => {
                 eprintln!("unknown argument {other:?}; see --help");
                 return ExitCode::from(2);
@@ -48,6 +66,22 @@ fn main() -> ExitCode {
         }
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let webhook = match (webhook_listen, webhook_cert, webhook_key) {
+        (None, None, None) => None,
+        (Some(addr), Some(cert), Some(key)) => {
+            match fleet_operator::tasks::webhook::tls_config(&cert, &key) {
+                Ok(tls) => Some((addr, tls)),
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        _ => {
+            eprintln!("--webhook-listen, --webhook-cert and --webhook-key go together; see --help");
+            return ExitCode::from(2);
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -59,6 +93,21 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(async move {
+        if let Some((addr, tls)) = webhook {
+            match tokio::net::TcpListener::bind(&addr).await {
+                Ok(l) => {
+                    log::info!(
+                        "TaskRun admission webhook on https://{addr}{}",
+                        fleet_operator::tasks::webhook::PATH
+                    );
+                    tokio::spawn(fleet_operator::tasks::webhook::serve(l, tls));
+                }
+                Err(e) => {
+                    log::error!("webhook: listen on {addr}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
         let client = match kube::Client::try_default().await {
             Ok(c) => c,
             Err(e) => {
@@ -75,10 +124,31 @@ fn main() -> ExitCode {
                 .ok()
                 .filter(|s| !s.is_empty()),
         };
+        let schedule_opts = fleet_operator::tasks::scheduler::Options::new(
+            opts.instance.clone(),
+            opts.label_selector.clone(),
+        );
+        let task_opts = fleet_operator::tasks::controller::Options {
+            nats_url: opts.nats_url.clone(),
+            instance: opts.instance.clone(),
+            label_selector: opts.label_selector.clone(),
+        };
         tokio::select! {
-            r = fleet_operator::engine::run(client, opts) => {
+            r = fleet_operator::engine::run(client.clone(), opts) => {
                 if let Err(e) = r {
                     log::error!("{e}");
+                }
+                ExitCode::FAILURE
+            }
+            r = fleet_operator::tasks::scheduler::run(client.clone(), schedule_opts) => {
+                if let Err(e) = r {
+                    log::error!("task schedules: {e}");
+                }
+                ExitCode::FAILURE
+            }
+            r = fleet_operator::tasks::controller::run(client, task_opts) => {
+                if let Err(e) = r {
+                    log::error!("task runs: {e}");
                 }
                 ExitCode::FAILURE
             }

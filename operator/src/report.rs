@@ -108,6 +108,34 @@ pub async fn create_device(
     }
 }
 
+/// The JSON merge patch (RFC 7386) that turns `old` into `new`: keys `new` lacks become `null`, so a merge
+/// patch that must also carry a `resourceVersion` precondition still leaves no field of an earlier status behind.
+/// Objects are compared key by key; anything else (arrays included) is replaced whole.
+pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut out = serde_json::Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) if ov == nv => {}
+                    Some(ov) => {
+                        out.insert(k.clone(), merge_diff(ov, nv));
+                    }
+                    None => {
+                        out.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                out.insert(k.clone(), Value::Null);
+            }
+            Value::Object(out)
+        }
+        _ => new.clone(),
+    }
+}
+
 /// Replaces a Device's mirrored status.
 pub async fn write_device_status(
     client: &Client,
@@ -118,4 +146,32 @@ pub async fn write_device_status(
     api.patch_status(name, &PatchParams::default(), &replace_status(status)?)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_diff;
+    use serde_json::json;
+
+    #[test]
+    fn merge_diff_table() {
+        let cases = [
+            (json!({}), json!({"a": 1}), json!({"a": 1})),
+            (json!({"a": 1, "b": 2}), json!({"a": 1}), json!({"b": null})),
+            (
+                json!({"run": {"reason": "GroupSourceError", "targets": 0}}),
+                json!({"run": {"targets": 3}}),
+                json!({"run": {"reason": null, "targets": 3}}),
+            ),
+            (json!({"c": [1, 2]}), json!({"c": [2]}), json!({"c": [2]})),
+            (json!(null), json!({"a": 1}), json!({"a": 1})),
+        ];
+        for (i, (old, new, want)) in cases.iter().enumerate() {
+            assert_eq!(&merge_diff(old, new), want, "case {i}");
+            // applying the patch to old gives new
+            let mut applied = old.clone();
+            json_patch::merge(&mut applied, &merge_diff(old, new));
+            assert_eq!(&applied, new, "case {i} applied");
+        }
+    }
 }

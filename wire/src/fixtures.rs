@@ -247,3 +247,11 @@ pub fn task_run_status() -> TaskRunStatus {
         )),
     }
 }
+
+pub fn task_plan_manifest() -> TaskPlanManifest {
+    task_plan().to_stored().0
+}
+
+pub fn task_plan_chunk() -> TaskPlanChunk {
+    serde_json::from_slice(&task_plan().to_stored().1[0].1).unwrap()
+}

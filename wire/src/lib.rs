@@ -35,7 +35,9 @@ pub use journal::{CutoverStep, JournalPhase, SystemJournalPhase};
 pub use probe::{SelfTestCheck, SelfTestReport};
 pub use socket::{ErrorCode, Request, RequestFrame, Response, ResponseFrame, UpdaterStatus};
 pub use status::{AgentUpgradeStatus, Transition, UpgradePhase, UpgradeReason};
-pub use taskrun::{TaskPlan, TaskRunPhase, TaskRunReason, TaskRunStatus};
+pub use taskrun::{
+    TaskPlan, TaskPlanChunk, TaskPlanManifest, TaskRunPhase, TaskRunReason, TaskRunStatus,
+};
 pub use tasks::{
     SystemUpgradeAttempt, SystemUpgradePhase, SystemUpgradeReason, SystemUpgradeStatus,
     TaskOperation,

@@ -162,6 +162,8 @@ fn task_shapes() {
     check("system-upgrade-attempt", &fixtures::system_attempt());
     check("system-upgrade-status", &fixtures::system_status());
     check("task-plan", &fixtures::task_plan());
+    check("task-plan-manifest", &fixtures::task_plan_manifest());
+    check("task-plan-chunk", &fixtures::task_plan_chunk());
     check("task-run-status", &fixtures::task_run_status());
 }
 

@@ -1,0 +1,710 @@
+//! The TaskRun controller: watches TaskRuns, Devices and DeviceGroups (reflector caches) and `device-info`
+//! (mirror); for each run it plans ([`super::planning`]), stores the plan ([`super::store`]) before the run enters
+//! Running, releases system-upgrade intents and accepts results ([`super::progress`]) from the run's KV view
+//! ([`super::view`]), and writes the bounded status ([`super::status`]).
+//!
+//! Replicas need no leader: the plan's manifest is created once (KV create), intents are KV creates (a second
+//! writer's create fails and changes nothing), decisions are functions of the plan and the KV keys, and status
+//! writes are guarded by resourceVersion. A restarted operator resumes from the plan and the keys: a device whose
+//! intent was ever written (the key exists or was removed) or that reported is never released again.
+
+use super::crd::{created_at, TaskRun};
+use super::intents;
+use super::planning::{self, Groups, PlanError};
+use super::progress::{self, Decision, DeviceState, Outcome};
+use super::status as run_status;
+use super::store;
+use super::view::RunView;
+use crate::cache::cache;
+use crate::conditions;
+use crate::crd::{Device, DeviceGroup};
+use crate::kv::{self, Mirror, NatsError};
+use crate::placement::{self, Labels};
+use crate::report;
+use async_nats::jetstream::kv::Store;
+use fleet_wire::kv as layout;
+use fleet_wire::{
+    AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskOperation, TaskPlan,
+    TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store as Cache;
+use kube::{Client, ResourceExt};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// A pass runs at least this often.
+pub const RESYNC: Duration = Duration::from_secs(30);
+/// Changes arriving within this window are handled by one pass.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+/// First retry of planning after a group source error; doubled per failure up to [`RETRY_MAX`].
+pub const RETRY_MIN: Duration = Duration::from_secs(1);
+/// Longest wait between planning retries.
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
+/// Terminal runs whose leftover intents are looked for at once (each needs a KV view): after a restart with a long
+/// run history, the rest wait for later passes instead of opening hundreds of consumers together.
+pub const CLEANUPS_AT_ONCE: usize = 16;
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `nats://host:port`.
+    pub nats_url: String,
+    /// This replica's name for events.
+    pub instance: Option<String>,
+    /// Only TaskRuns, Devices and DeviceGroups with these labels are handled.
+    pub label_selector: Option<String>,
+}
+
+struct Link {
+    client: async_nats::Client,
+    stores: BTreeMap<&'static str, Store>,
+    info_watch: tokio::task::JoinHandle<NatsError>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.info_watch.abort();
+    }
+}
+
+impl Link {
+    async fn open(
+        url: &str,
+        info: &Arc<Mirror<DeviceInfo>>,
+        notify: &Arc<Notify>,
+    ) -> Result<Self, NatsError> {
+        let (client, js) = kv::connect(url).await?;
+        let stores = kv::ensure_buckets(&js).await?;
+        let info_store = store(&stores, layout::DEVICE_INFO)?.clone();
+        let info_watch = tokio::spawn(info.clone().run(info_store, notify.clone()));
+        Ok(Self {
+            client,
+            stores,
+            info_watch,
+        })
+    }
+
+    fn broken(&self) -> Option<String> {
+        if self.info_watch.is_finished() {
+            return Some("the device-info watch ended".into());
+        }
+        match self.client.connection_state() {
+            async_nats::connection::State::Connected => None,
+            s => Some(format!("connection {s}")),
+        }
+    }
+}
+
+fn store<'a>(
+    stores: &'a BTreeMap<&'static str, Store>,
+    bucket: &str,
+) -> Result<&'a Store, NatsError> {
+    stores.get(bucket).ok_or_else(|| NatsError {
+        op: format!("open bucket {bucket}"),
+        message: "not in the layout".into(),
+    })
+}
+
+/// Runs the TaskRun controller until the task is dropped or aborted.
+pub async fn run(
+    client: Client,
+    opts: Options,
+) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+    let notify = Arc::new(Notify::new());
+    let runs = cache::<TaskRun>(&client, &opts.label_selector, &notify);
+    let devices = cache::<Device>(&client, &opts.label_selector, &notify);
+    let groups = cache::<DeviceGroup>(&client, &opts.label_selector, &notify);
+    // Never plan from a partial view: a missing group or device would shrink the frozen plan.
+    runs.wait_until_ready().await?;
+    devices.wait_until_ready().await?;
+    groups.wait_until_ready().await?;
+    log::info!("task runs: caches synced; NATS at {}", opts.nats_url);
+    let mut c = Controller {
+        recorder: report::recorder(client.clone(), opts.instance.clone()),
+        client,
+        runs,
+        devices,
+        groups,
+        info: Mirror::new(layout::DEVICE_INFO),
+        notify: notify.clone(),
+        plans: HashMap::new(),
+        views: HashMap::new(),
+        finished: HashMap::new(),
+        cleaned: HashSet::new(),
+        retries: HashMap::new(),
+    };
+    let mut link: Option<Link> = None;
+    loop {
+        if let Some(why) = link.as_ref().and_then(Link::broken) {
+            log::warn!("task runs: NATS link lost ({why}); reconnecting");
+            link = None;
+            c.views.clear();
+        }
+        let mut nats_error = None;
+        if link.is_none() {
+            match Link::open(&opts.nats_url, &c.info, &notify).await {
+                Ok(l) => link = Some(l),
+                Err(e) => {
+                    log::warn!("task runs: {e}");
+                    nats_error = Some(e.to_string());
+                }
+            }
+        }
+        let wake = c.pass(link.as_ref(), nats_error).await;
+        let mut wait = if link.is_none() {
+            Duration::from_secs(2)
+        } else {
+            RESYNC
+        };
+        if let Some(w) = wake {
+            let until =
+                Duration::from_millis(w.unix_ms().saturating_sub(Timestamp::now().unix_ms()));
+            wait = wait.min(until + Duration::from_millis(20));
+        }
+        tokio::select! {
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+        tokio::time::sleep(DEBOUNCE).await;
+    }
+}
+
+struct Controller {
+    client: Client,
+    recorder: Recorder,
+    runs: Cache<TaskRun>,
+    devices: Cache<Device>,
+    groups: Cache<DeviceGroup>,
+    info: Arc<Mirror<DeviceInfo>>,
+    notify: Arc<Notify>,
+    /// Loaded plans (immutable once created).
+    plans: HashMap<AttemptId, Arc<TaskPlan>>,
+    /// KV views of runs that are running or being cleaned up.
+    views: HashMap<AttemptId, RunView>,
+    /// Terminal phases this process wrote (the cache may lag behind its own write).
+    finished: HashMap<AttemptId, TaskRunPhase>,
+    /// Terminal runs whose intents are all removed.
+    cleaned: HashSet<AttemptId>,
+    /// Planning retries after group source errors: failures so far and when to try again.
+    retries: HashMap<AttemptId, (u32, Timestamp)>,
+}
+
+/// What one pass decided for one run's status.
+struct Report {
+    status: TaskRunStatus,
+    problem: Option<String>,
+    note: Option<String>,
+}
+
+fn failed(reason: TaskRunReason, error: String, now: Timestamp) -> TaskRunStatus {
+    TaskRunStatus {
+        phase: Some(TaskRunPhase::Failed),
+        completion_time: Some(now),
+        reason: Some(reason),
+        latest_error: Some(BoundedText::lossy(error)),
+        ..Default::default()
+    }
+}
+
+/// Devices and their labels, and every group resolved, from the caches.
+fn snapshot(
+    devices: &[Arc<Device>],
+    groups: &[Arc<DeviceGroup>],
+) -> (BTreeMap<DeviceId, Labels>, Groups) {
+    let labels: BTreeMap<DeviceId, Labels> = devices
+        .iter()
+        .filter_map(|d| {
+            DeviceId::try_from(d.name_any().as_str())
+                .ok()
+                .map(|id| (id, d.labels().clone()))
+        })
+        .collect();
+    let resolved = groups
+        .iter()
+        .map(|g| {
+            let name = g.name_any();
+            let members = placement::resolve_group(&name, &g.spec.selector, &labels);
+            (name, members)
+        })
+        .collect();
+    (labels, resolved)
+}
+
+impl Controller {
+    async fn pass(&mut self, link: Option<&Link>, nats_error: Option<String>) -> Option<Timestamp> {
+        let runs = self.runs.state();
+        let mut wake: Option<Timestamp> = None;
+        let mut seen = HashSet::new();
+        for run in &runs {
+            let Ok(uid) = AttemptId::try_from(run.uid().unwrap_or_default().as_str()) else {
+                continue;
+            };
+            seen.insert(uid);
+            if let Some(w) = self.reconcile(link, nats_error.as_deref(), run, uid).await {
+                wake = Some(wake.map_or(w, |x: Timestamp| x.min(w)));
+            }
+        }
+        // Forget runs that no longer exist.
+        self.plans.retain(|k, _| seen.contains(k));
+        self.views.retain(|k, _| seen.contains(k));
+        self.finished.retain(|k, _| seen.contains(k));
+        self.cleaned.retain(|k| seen.contains(k));
+        self.retries.retain(|k, _| seen.contains(k));
+        wake
+    }
+
+    /// One run's pass; returns when it wants to run again at the latest.
+    async fn reconcile(
+        &mut self,
+        link: Option<&Link>,
+        nats_error: Option<&str>,
+        run: &TaskRun,
+        uid: AttemptId,
+    ) -> Option<Timestamp> {
+        let old = run.status.clone().unwrap_or_default();
+        let phase = self
+            .finished
+            .get(&uid)
+            .copied()
+            .or(old.run.phase)
+            .unwrap_or(TaskRunPhase::Planning);
+        if phase.is_terminal() {
+            // A terminal run never advances: only its remaining intents are removed. Intents live at most as long as
+            // the bucket's age limit, so a run that ended before that has none left.
+            let intent_age = layout::bucket(layout::SYSTEM_UPGRADE_INTENT)
+                .and_then(|b| b.max_age)
+                .unwrap_or_default();
+            let ended = old.run.completion_time.unwrap_or_else(Timestamp::now);
+            let stale = Timestamp::now().since(ended) > intent_age;
+            if stale || self.cleaned.contains(&uid) {
+                return None;
+            }
+            let busy = self
+                .views
+                .keys()
+                .filter(|k| !self.plans.contains_key(*k))
+                .count();
+            if let Some(link) =
+                link.filter(|_| busy < CLEANUPS_AT_ONCE || self.views.contains_key(&uid))
+            {
+                self.clean_up(link, uid).await;
+            }
+            return (!self.cleaned.contains(&uid))
+                .then(|| Timestamp::now().plus(Duration::from_secs(1)));
+        }
+        let Some(link) = link else {
+            let status = TaskRunStatus {
+                phase: Some(phase),
+                ..old.run.clone()
+            };
+            self.write(run, status, None, None, nats_error).await;
+            return None;
+        };
+        let now = Timestamp::now();
+        let expires = created_at(run).plus(Duration::from_secs(run.spec.deadline_seconds));
+        let plan = match self.plan(link, run, uid, now, expires).await {
+            Ok(p) => p,
+            Err(report) => {
+                let wake = self.retries.get(&uid).map(|r| r.1);
+                self.write(run, report.status, report.problem, report.note, None)
+                    .await;
+                return wake;
+            }
+        };
+        let report = self.progress(link, run, uid, &plan, now).await;
+        let terminal = report.status.phase.is_some_and(TaskRunPhase::is_terminal);
+        let written = self
+            .write(
+                run,
+                report.status.clone(),
+                report.problem,
+                report.note,
+                None,
+            )
+            .await;
+        if terminal && written {
+            if let Some(p) = report.status.phase {
+                self.finished.insert(uid, p);
+            }
+            self.clean_up(link, uid).await;
+            return None;
+        }
+        Some(plan.expires_at)
+    }
+
+    /// The run's plan: loaded, or planned and stored now. `Err` carries the status to write instead.
+    async fn plan(
+        &mut self,
+        link: &Link,
+        run: &TaskRun,
+        uid: AttemptId,
+        now: Timestamp,
+        expires: Timestamp,
+    ) -> Result<Arc<TaskPlan>, Report> {
+        if let Some(p) = self.plans.get(&uid) {
+            return Ok(p.clone());
+        }
+        let planning = |problem: Option<String>, err: Option<String>| Report {
+            status: TaskRunStatus {
+                phase: Some(TaskRunPhase::Planning),
+                reason: problem.as_ref().map(|_| TaskRunReason::GroupSourceError),
+                latest_error: err.or(problem.clone()).map(BoundedText::lossy),
+                ..Default::default()
+            },
+            problem,
+            note: None,
+        };
+        let fail = |reason, error: String| Report {
+            status: failed(reason, error, now),
+            problem: None,
+            note: None,
+        };
+        let plans = store(&link.stores, layout::TASK_PLANS)
+            .map_err(|e| planning(None, Some(e.to_string())))?;
+        let loaded = store::load(plans, &uid).await;
+        // A run that entered Running has a plan: it is never planned a second time, and never goes back to Planning.
+        let old = run
+            .status
+            .as_ref()
+            .map(|s| s.run.clone())
+            .unwrap_or_default();
+        if old.phase == Some(TaskRunPhase::Running) {
+            let error = match loaded {
+                Ok(Some(p)) => {
+                    let p = Arc::new(p);
+                    self.plans.insert(uid, p.clone());
+                    return Ok(p);
+                }
+                Ok(None) => format!(
+                    "the plan of run {uid} is missing from {}",
+                    layout::TASK_PLANS
+                ),
+                Err(e) => e.to_string(),
+            };
+            if now >= expires {
+                return Err(fail(TaskRunReason::DeadlineExceeded, error));
+            }
+            return Err(Report {
+                status: TaskRunStatus {
+                    latest_error: Some(BoundedText::lossy(error)),
+                    ..old
+                },
+                problem: None,
+                note: None,
+            });
+        }
+        match loaded {
+            Ok(Some(p)) => {
+                let p = Arc::new(p);
+                self.plans.insert(uid, p.clone());
+                return Ok(p);
+            }
+            Ok(None) => {}
+            Err(e) => return Err(planning(None, Some(e.to_string()))),
+        }
+        if !self.info.is_synced() {
+            return Err(planning(None, None));
+        }
+        if let Some((_, at)) = self.retries.get(&uid) {
+            if now < *at {
+                let last = run.status.as_ref().and_then(|s| s.run.latest_error.clone());
+                return Err(planning(
+                    Some(last.map(String::from).unwrap_or_default()),
+                    None,
+                ));
+            }
+        }
+        if now >= expires {
+            let last = run.status.as_ref().and_then(|s| s.run.latest_error.clone());
+            return Err(fail(
+                TaskRunReason::DeadlineExceeded,
+                format!(
+                    "planning did not finish before the deadline ({expires}){}",
+                    last.map(|e| format!("; latest error: {e}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        let (labels, groups) = snapshot(&self.devices.state(), &self.groups.state());
+        let capable = |d: &DeviceId| {
+            self.info.with(d.as_str(), |s| {
+                s.and_then(|s| s.value.as_ref())
+                    .is_some_and(|i| i.capabilities.contains(&Capability::AptFullUpgradeV1))
+            })
+        };
+        let targets = match planning::plan_targets(&run.spec, &groups, &labels, capable) {
+            Ok(t) => t,
+            Err(PlanError::InvalidSpec(m)) => return Err(fail(TaskRunReason::InvalidSpec, m)),
+            Err(e @ PlanError::NoTargets { .. }) => {
+                return Err(fail(TaskRunReason::NoTargets, e.to_string()))
+            }
+            Err(PlanError::GroupSource(m)) => {
+                let n = self.retries.get(&uid).map_or(0, |r| r.0);
+                let delay = RETRY_MIN.saturating_mul(1 << n.min(6)).min(RETRY_MAX);
+                self.retries.insert(uid, (n + 1, now.plus(delay)));
+                log::warn!(
+                    "TaskRun {}: {m}; planning again in {delay:?}",
+                    run.name_any()
+                );
+                return Err(planning(
+                    Some(format!("{m}; planning is retried (attempt {})", n + 1)),
+                    None,
+                ));
+            }
+        };
+        self.retries.remove(&uid);
+        let plan = TaskPlan::new(
+            uid,
+            TaskOperation::AptFullUpgradeV1,
+            expires,
+            targets.canaries,
+            targets.others,
+            now,
+        )
+        .map_err(|e| fail(TaskRunReason::InvalidSpec, e.to_string()))?;
+        let plan = match store::create(plans, &plan).await {
+            Ok(store::Created::Written(p)) => {
+                super::fault::crash_point("plan-created");
+                log::info!(
+                    "TaskRun {}: plan of {} devices ({} canaries) created",
+                    run.name_any(),
+                    p.canaries.len() + p.others.len(),
+                    p.canaries.len()
+                );
+                p
+            }
+            Ok(store::Created::Loaded(p)) => p,
+            Err(e) => return Err(planning(None, Some(e.to_string()))),
+        };
+        let p = Arc::new(plan);
+        self.plans.insert(uid, p.clone());
+        Ok(p)
+    }
+
+    /// Starts the run's view unless it runs, and returns it.
+    fn view(&mut self, link: &Link, uid: AttemptId) -> Result<&RunView, NatsError> {
+        if self.views.get(&uid).is_some_and(RunView::is_broken) {
+            self.views.remove(&uid);
+        }
+        if !self.views.contains_key(&uid) {
+            let v = RunView::start(
+                &link.client,
+                store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?,
+                store(&link.stores, layout::SYSTEM_UPGRADE_STATUS)?,
+                &uid,
+                &self.notify,
+            );
+            self.views.insert(uid, v);
+        }
+        self.views.get(&uid).ok_or_else(|| NatsError {
+            op: "run view".into(),
+            message: "missing".into(),
+        })
+    }
+
+    /// A running run's step: release, results, deadline, removal of terminal intents.
+    async fn progress(
+        &mut self,
+        link: &Link,
+        run: &TaskRun,
+        uid: AttemptId,
+        plan: &TaskPlan,
+        now: Timestamp,
+    ) -> Report {
+        let targets = (plan.canaries.len() + plan.others.len()) as u32;
+        let mut status = TaskRunStatus {
+            phase: Some(TaskRunPhase::Running),
+            targets,
+            start_time: Some(plan.created_at),
+            ..Default::default()
+        };
+        let note = Some(format!(
+            "plan frozen: {targets} devices, {} canaries",
+            plan.canaries.len()
+        ));
+        // Until the view has read the keys, the counts already reported stand.
+        let reported = run
+            .status
+            .as_ref()
+            .filter(|s| s.run.phase == Some(TaskRunPhase::Running))
+            .map(|s| s.run.clone());
+        if let Err(e) = self.view(link, uid) {
+            status = reported.unwrap_or(status);
+            status.latest_error = Some(BoundedText::lossy(e.to_string()));
+            return Report {
+                status,
+                problem: None,
+                note,
+            };
+        }
+        let Some(view) = self.views.get(&uid) else {
+            return Report {
+                status,
+                problem: None,
+                note,
+            };
+        };
+        if !view.is_synced() {
+            status = reported.unwrap_or(status);
+            return Report {
+                status,
+                problem: None,
+                note,
+            };
+        }
+        // Authorization is current: resolved from the caches now, right before any intent is written.
+        let (_, groups) = snapshot(&self.devices.state(), &self.groups.state());
+        let authorized = planning::authorized(&run.spec.placement.allowed_groups, &groups);
+        let state = |d: &DeviceId| {
+            let (released, st) = view.device(d, &uid);
+            DeviceState {
+                released,
+                outcome: st
+                    .map(|s| progress::accept(&s, d, &uid, plan.expires_at))
+                    .unwrap_or(Outcome::Pending),
+            }
+        };
+        let (counts, decision, latest) = progress::step(plan, state, &authorized, now);
+        // Terminal devices' intents are removed; their statuses stay.
+        let done: Vec<String> = view
+            .live_intents()
+            .into_iter()
+            .filter(|k| {
+                layout::parse_run_key(k)
+                    .ok()
+                    .is_some_and(|(d, _)| state(&d).outcome.is_terminal())
+            })
+            .collect();
+        status.succeeded = counts.succeeded;
+        status.failed = counts.failed;
+        status.latest_error = latest.map(BoundedText::lossy);
+        let mut problem = None;
+        let mut errors = vec![];
+        match decision {
+            Decision::Wait => {}
+            Decision::Retry(m) => problem = Some(m),
+            Decision::Finish {
+                phase,
+                reason,
+                error,
+            } => {
+                status.phase = Some(phase);
+                status.reason = reason;
+                status.completion_time = Some(now);
+                if let Some(e) = error {
+                    status.latest_error = Some(BoundedText::lossy(e));
+                }
+            }
+            Decision::Release(devices) => {
+                if let Err(e) = self.release(link, uid, plan, &devices).await {
+                    errors.push(e.to_string());
+                }
+            }
+        }
+        if let Err(e) = self.remove_intents(link, &done).await {
+            errors.push(e.to_string());
+        }
+        if let Some(e) = errors.into_iter().next() {
+            status.latest_error = Some(BoundedText::lossy(e));
+        }
+        Report {
+            status,
+            problem,
+            note,
+        }
+    }
+
+    /// Writes the intents of `devices` (see [`intents::release`]).
+    async fn release(
+        &self,
+        link: &Link,
+        uid: AttemptId,
+        plan: &TaskPlan,
+        devices: &[DeviceId],
+    ) -> Result<(), NatsError> {
+        let store = store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?;
+        let mirror = self.views.get(&uid).map(|v| v.intents.clone());
+        log::info!("run {uid}: releasing {} devices", devices.len());
+        intents::release(store, mirror, plan, devices)
+            .await
+            .map(|_| ())
+    }
+
+    async fn remove_intents(&self, link: &Link, keys: &[String]) -> Result<(), NatsError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        intents::remove(store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?, keys).await
+    }
+
+    /// Removes every intent a terminal run still has (an updater that already accepted its attempt finishes it;
+    /// one that has not never starts it), then forgets the run's view.
+    async fn clean_up(&mut self, link: &Link, uid: AttemptId) {
+        if self.cleaned.contains(&uid) {
+            return;
+        }
+        let live = match self.view(link, uid) {
+            Ok(v) if v.is_synced() => v.live_intents(),
+            Ok(_) => return,
+            Err(e) => {
+                log::warn!("run {uid}: {e}");
+                return;
+            }
+        };
+        match self.remove_intents(link, &live).await {
+            Ok(()) => {
+                self.cleaned.insert(uid);
+                self.views.remove(&uid);
+                self.plans.remove(&uid);
+            }
+            Err(e) => log::warn!("run {uid}: {e}"),
+        }
+    }
+
+    /// Writes the run's status; true when it was written (or already current).
+    async fn write(
+        &self,
+        run: &TaskRun,
+        status: TaskRunStatus,
+        problem: Option<String>,
+        note: Option<String>,
+        nats_error: Option<&str>,
+    ) -> bool {
+        let old = run.status.clone().unwrap_or_default();
+        let phase = status.phase.unwrap_or(TaskRunPhase::Planning);
+        let message = match phase {
+            TaskRunPhase::Planning => "freezing the target plan".to_owned(),
+            TaskRunPhase::Running => format!(
+                "{} of {} devices succeeded, {} failed",
+                status.succeeded, status.targets, status.failed
+            ),
+            TaskRunPhase::Complete => format!("all {} devices succeeded", status.targets),
+            TaskRunPhase::Failed => status
+                .latest_error
+                .as_ref()
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "failed".into()),
+        };
+        let wants = [
+            run_status::ready(phase, status.reason, problem.as_deref(), message),
+            conditions::nats_reachable(nats_error),
+        ];
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let next = run_status::next(&old, status, &wants, run.metadata.generation, &now);
+        match run_status::write(&self.client, &self.recorder, run, &next, note).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                log::debug!("TaskRun {}: changed meanwhile; next pass", run.name_any());
+                false
+            }
+            Err(e) => {
+                log::warn!("TaskRun {}: status write: {e}", run.name_any());
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,1242 @@
+//! The TaskRun controller against a real kube-apiserver + etcd (one pair for this test binary, shared by its
+//! tests) and a real nats-server per test. The tests play the devices: they write `device-info` (with or without
+//! `AptFullUpgradeV1`) and `system-upgrade-status` keys as the agent would. Each test labels its objects
+//! `fleet-test=<id>`, puts its TaskRuns in a namespace of its own and runs its operators with that label selector.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use async_nats::jetstream::{self, kv};
+use fleet_operator::crd::{Device, DeviceGroup};
+use fleet_operator::tasks::controller::{self, Options};
+use fleet_operator::tasks::crd::TaskRun;
+use fleet_rig::kube::KubeApiServer;
+use fleet_rig::NatsServer;
+use fleet_wire::kv as layout;
+use fleet_wire::taskrun::plan_manifest_key;
+use fleet_wire::{
+    fixtures, AttemptId, Capability, DeviceId, SystemUpgradeAttempt, SystemUpgradePhase,
+    SystemUpgradeStatus, TaskPlanManifest, TaskRunPhase, TaskRunReason, Timestamp,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::json;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+static API: OnceLock<KubeApiServer> = OnceLock::new();
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn client() -> Client {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let api = tokio::task::spawn_blocking(|| API.get_or_init(KubeApiServer::start))
+        .await
+        .expect("apiserver start");
+    let mut cfg = kube::Config::new(api.url().parse().expect("url"));
+    cfg.accept_invalid_certs = true;
+    cfg.auth_info.token = Some(api.token().to_owned().into());
+    let client = Client::try_from(cfg).expect("client");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in fleet_operator::crd::all_crds() {
+        let name = crd.metadata.name.clone().expect("name");
+        crds.patch(
+            &name,
+            &PatchParams::apply("fleet-test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        eventually("CRD established", || async {
+            let c = crds.get(&name).await.ok()?;
+            c.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
+    client
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One test's world: its label, namespace, NATS server and operators.
+struct Fleet {
+    client: Client,
+    nats: NatsServer,
+    js: jetstream::Context,
+    id: String,
+    operators: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for o in &self.operators {
+            o.abort();
+        }
+    }
+}
+
+impl Fleet {
+    async fn new(id: &str) -> Self {
+        let client = client().await;
+        let nats = NatsServer::start();
+        let nc = async_nats::connect(nats.url()).await.expect("nats");
+        let js = jetstream::new(nc);
+        // The buckets exactly as the operator creates them, so the test can write device keys first.
+        fleet_operator::kv::ensure_buckets(&js)
+            .await
+            .expect("buckets");
+        let id = format!("{id}-{}", std::process::id());
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": id}})).unwrap(),
+            )
+            .await
+            .expect("namespace");
+        Self {
+            client,
+            nats,
+            js,
+            id,
+            operators: vec![],
+        }
+    }
+
+    fn options(&self, n: usize) -> Options {
+        Options {
+            nats_url: self.nats.url(),
+            instance: Some(format!("op-{n}")),
+            label_selector: Some(format!("fleet-test={}", self.id)),
+        }
+    }
+
+    fn start_operator(&mut self) {
+        let (client, opts) = (self.client.clone(), self.options(self.operators.len()));
+        self.operators.push(tokio::spawn(async move {
+            let _ = controller::run(client, opts).await;
+        }));
+    }
+
+    fn name(&self, base: &str) -> String {
+        format!("{base}-{}", self.id)
+    }
+
+    fn labels(&self, extra: serde_json::Value) -> serde_json::Value {
+        let mut labels = json!({"fleet-test": self.id});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            labels[k] = v.clone();
+        }
+        labels
+    }
+
+    /// A Device object with `labels`, and its `device-info` (with `AptFullUpgradeV1` when `capable`).
+    async fn device(&self, base: &str, labels: serde_json::Value, capable: bool) -> DeviceId {
+        let name = self.name(base);
+        let d: Device = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": {"name": name, "labels": self.labels(labels)}, "spec": {}
+        }))
+        .unwrap();
+        Api::<Device>::all(self.client.clone())
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("device");
+        let mut info = fixtures::device_info();
+        info.device_id = DeviceId::try_from(name.as_str()).unwrap();
+        info.capabilities = match capable {
+            true => vec![Capability::AgentUpgradeV1, Capability::AptFullUpgradeV1],
+            false => vec![Capability::AgentUpgradeV1],
+        };
+        self.bucket(layout::DEVICE_INFO)
+            .await
+            .put(name.as_str(), serde_json::to_vec(&info).unwrap().into())
+            .await
+            .expect("info");
+        info.device_id
+    }
+
+    async fn relabel(&self, device: &DeviceId, labels: serde_json::Value) {
+        Api::<Device>::all(self.client.clone())
+            .patch(
+                device.as_str(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .expect("relabel");
+    }
+
+    /// A DeviceGroup of this test's devices labelled `member=<base>`.
+    async fn group(&self, base: &str) -> String {
+        let name = self.name(base);
+        let g: DeviceGroup = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+            "metadata": {"name": name, "labels": self.labels(json!({}))},
+            "spec": {"selector": {"matchLabels": {"fleet-test": self.id, "member": base}}}
+        }))
+        .unwrap();
+        Api::<DeviceGroup>::all(self.client.clone())
+            .create(&PostParams::default(), &g)
+            .await
+            .expect("group");
+        name
+    }
+
+    fn runs(&self) -> Api<TaskRun> {
+        Api::namespaced(self.client.clone(), &self.id)
+    }
+
+    /// Creates a TaskRun as a person would (the seed's example shape) and returns its UID.
+    async fn task_run(&self, name: &str, spec: serde_json::Value) -> AttemptId {
+        let r: TaskRun = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
+            "metadata": {"name": name, "labels": self.labels(json!({}))}, "spec": spec
+        }))
+        .unwrap();
+        let r = self
+            .runs()
+            .create(&PostParams::default(), &r)
+            .await
+            .expect("task run");
+        AttemptId::try_from(r.metadata.uid.unwrap().as_str()).unwrap()
+    }
+
+    async fn phase(&self, name: &str, want: TaskRunPhase) -> fleet_wire::TaskRunStatus {
+        eventually(&format!("TaskRun {name} {want:?}"), || async {
+            let s = self.runs().get(name).await.ok()?.status?.run;
+            (s.phase == Some(want)).then_some(s)
+        })
+        .await
+    }
+
+    async fn bucket(&self, name: &str) -> kv::Store {
+        self.js.get_key_value(name).await.expect("bucket")
+    }
+
+    async fn intent(&self, d: &DeviceId, run: &AttemptId) -> Option<SystemUpgradeAttempt> {
+        let v = self
+            .bucket(layout::SYSTEM_UPGRADE_INTENT)
+            .await
+            .get(layout::run_key(d, run))
+            .await
+            .expect("get")?;
+        Some(serde_json::from_slice(&v).expect("attempt"))
+    }
+
+    /// Plays the device's agent: publishes a terminal status for `run`.
+    async fn report(&self, d: &DeviceId, run: &AttemptId, ok: bool, heartbeat: Option<Timestamp>) {
+        let mut s: SystemUpgradeStatus = fixtures::system_status();
+        s.run_uid = *run;
+        s.device_id = d.clone();
+        s.accepted_at = Timestamp::now();
+        s.completed_at = Some(Timestamp::now());
+        s.first_heartbeat_after_completion = heartbeat;
+        if !ok {
+            s.phase = SystemUpgradePhase::Failed;
+            s.reason = Some(fleet_wire::SystemUpgradeReason::AptFailed);
+            s.error = Some(fleet_wire::BoundedText::lossy(
+                "apt-get full-upgrade exited with 100",
+            ));
+        }
+        self.bucket(layout::SYSTEM_UPGRADE_STATUS)
+            .await
+            .put(
+                layout::run_key(d, run),
+                serde_json::to_vec(&s).unwrap().into(),
+            )
+            .await
+            .expect("status");
+    }
+
+    async fn succeed(&self, d: &DeviceId, run: &AttemptId) {
+        self.report(d, run, true, Some(Timestamp::now())).await;
+    }
+
+    async fn stream_state(&self, bucket: &str) -> (u64, u64) {
+        let mut s = self
+            .js
+            .get_stream(format!("KV_{bucket}"))
+            .await
+            .expect("stream");
+        let st = s.info().await.expect("info").state.clone();
+        (st.messages, st.last_sequence)
+    }
+
+    /// Starts the real `fleet-operator` binary for this test's objects; its log goes to `<dir>/<name>.log`.
+    fn spawn_binary(&self, dir: &std::path::Path, name: &str) -> std::process::Child {
+        self.spawn_binary_env(dir, name, &[])
+    }
+
+    /// [`Self::spawn_binary`] with extra environment variables.
+    fn spawn_binary_env(
+        &self,
+        dir: &std::path::Path,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> std::process::Child {
+        let api = API.get().expect("apiserver");
+        let kubeconfig = dir.join("kubeconfig");
+        let config = json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "t",
+            "clusters": [{"name": "t", "cluster": {"server": api.url(), "insecure-skip-tls-verify": true}}],
+            "users": [{"name": "t", "user": {"token": api.token()}}],
+            "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+        });
+        // JSON is YAML.
+        std::fs::write(&kubeconfig, config.to_string()).unwrap();
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_fleet-operator"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("FLEET_NATS_URL", self.nats.url())
+            .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", self.id))
+            .env("POD_NAME", name)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start fleet-operator")
+    }
+
+    async fn events(&self, object: &str) -> Vec<(String, String)> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.id);
+        let list = events.list(&Default::default()).await.expect("events");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
+            .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default()))
+            .collect()
+    }
+}
+
+fn spec(group: &str, deadline: u64) -> serde_json::Value {
+    json!({"allowedGroups": [group], "targetSelector": {}, "deadlineSeconds": deadline, "systemUpgradeV1": {}})
+}
+
+/// What a person does: label devices, create a TaskRun, watch it with kubectl. Canaries are released first and
+/// alone; once they succeed the rest follow; terminal intents are removed and statuses kept; the run completes
+/// with bounded counts. Devices without `AptFullUpgradeV1` or outside the group are not planned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canaries_first_then_the_rest_complete() {
+    let mut f = Fleet::new("complete").await;
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o1 = f.device("o1", json!({"member": "prod"}), true).await;
+    let o2 = f
+        .device("o2", json!({"member": "prod", "canary": "false"}), true)
+        .await;
+    let old = f
+        .device("old", json!({"member": "prod", "canary": "true"}), false)
+        .await;
+    let outside = f.device("out", json!({"member": "other"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+
+    let s = f.phase("upgrade", TaskRunPhase::Running).await;
+    assert_eq!((s.targets, s.succeeded, s.failed), (3, 0, 0));
+    let plans = f.bucket(layout::TASK_PLANS).await;
+    let m: TaskPlanManifest =
+        serde_json::from_slice(&plans.get(plan_manifest_key(&run)).await.unwrap().unwrap())
+            .unwrap();
+    assert_eq!((m.canaries, m.others, m.chunks.len()), (1, 2, 1));
+    let a = eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    assert_eq!(a.run_uid, run);
+    let created = f
+        .runs()
+        .get("upgrade")
+        .await
+        .unwrap()
+        .metadata
+        .creation_timestamp
+        .unwrap();
+    assert_eq!(
+        a.expires_at.unix_ms() / 1000,
+        (created.0.as_millisecond() / 1000 + 21600) as u64,
+        "expiresAt = creation + deadlineSeconds"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for d in [&o1, &o2, &old, &outside] {
+        assert!(
+            f.intent(d, &run).await.is_none(),
+            "{d} released before the canary succeeded"
+        );
+    }
+
+    f.succeed(&c, &run).await;
+    eventually("the others released", || async {
+        Some((f.intent(&o1, &run).await?, f.intent(&o2, &run).await?))
+    })
+    .await;
+    eventually("the canary's terminal intent removed", || async {
+        f.intent(&c, &run).await.is_none().then_some(())
+    })
+    .await;
+    eventually("the canary counted", || async {
+        let s = f.runs().get("upgrade").await.ok()?.status?.run;
+        (s.phase == Some(TaskRunPhase::Running) && s.succeeded == 1).then_some(())
+    })
+    .await;
+    f.succeed(&o1, &run).await;
+    f.succeed(&o2, &run).await;
+    let s = f.phase("upgrade", TaskRunPhase::Complete).await;
+    assert_eq!(
+        (s.targets, s.succeeded, s.failed, s.reason),
+        (3, 3, 0, None)
+    );
+    assert!(s.start_time.is_some() && s.completion_time.is_some());
+    eventually("every terminal intent removed", || async {
+        (f.intent(&o1, &run).await.is_none() && f.intent(&o2, &run).await.is_none()).then_some(())
+    })
+    .await;
+    let statuses = f.bucket(layout::SYSTEM_UPGRADE_STATUS).await;
+    for d in [&c, &o1, &o2] {
+        assert!(
+            statuses
+                .get(layout::run_key(d, &run))
+                .await
+                .unwrap()
+                .is_some(),
+            "status kept"
+        );
+    }
+    // Normal events for the phases a person follows
+    let events = f.events("upgrade").await;
+    assert!(
+        events.contains(&("Normal".into(), "Running".into())),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&("Normal".into(), "Complete".into())),
+        "{events:?}"
+    );
+
+    // The buckets are file-backed, keep one value per key and have byte and age limits.
+    for (bucket, max_value, age_days) in [
+        (layout::SYSTEM_UPGRADE_INTENT, 4096, 30),
+        (layout::SYSTEM_UPGRADE_STATUS, 64 * 1024, 90),
+        (layout::TASK_PLANS, 1024 * 1024, 90),
+    ] {
+        let mut stream = f.js.get_stream(format!("KV_{bucket}")).await.unwrap();
+        let c = stream.info().await.unwrap().config.clone();
+        assert_eq!(c.storage, jetstream::stream::StorageType::File, "{bucket}");
+        assert_eq!(c.max_messages_per_subject, 1, "{bucket}");
+        assert_eq!(c.max_message_size, max_value, "{bucket}");
+        assert_eq!(
+            c.max_age,
+            Duration::from_secs(age_days * 24 * 3600),
+            "{bucket}"
+        );
+        // a value over the limit is refused by the server
+        let store = f.bucket(bucket).await;
+        let too_big = vec![b'x'; max_value as usize + 1];
+        assert!(
+            store.put("too-big", too_big.into()).await.is_err(),
+            "{bucket}"
+        );
+    }
+}
+
+/// A failed canary stops the rollout: the rest are never released; a Warning event says why. A late success
+/// never reopens the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_failure_stops_the_rest() {
+    let mut f = Fleet::new("canaryfail").await;
+    let group = f.group("prod").await;
+    let c1 = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let c2 = f
+        .device("c2", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o1 = f.device("o1", json!({"member": "prod"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("both canaries released", || async {
+        Some((f.intent(&c1, &run).await?, f.intent(&c2, &run).await?))
+    })
+    .await;
+    f.succeed(&c1, &run).await;
+    f.report(&c2, &run, false, None).await;
+    let s = f.phase("upgrade", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::CanaryFailed));
+    assert_eq!((s.targets, s.succeeded, s.failed), (3, 1, 1));
+    let e = s.latest_error.unwrap().to_string();
+    assert!(e.contains(c2.as_str()) && e.contains("apt-failed"), "{e}");
+    eventually("Warning CanaryFailed event", || async {
+        f.events("upgrade")
+            .await
+            .contains(&("Warning".into(), "CanaryFailed".into()))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        f.intent(&o1, &run).await.is_none(),
+        "the rest are not released"
+    );
+    assert!(
+        f.intent(&c2, &run).await.is_none(),
+        "terminal intents removed"
+    );
+    // a late success of the failed canary changes nothing
+    f.succeed(&c2, &run).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let s = f.runs().get("upgrade").await.unwrap().status.unwrap().run;
+    assert_eq!(
+        (s.phase, s.succeeded, s.failed),
+        (Some(TaskRunPhase::Failed), 1, 1)
+    );
+}
+
+/// A canary that never reports times out: the run fails with CanaryFailed at its deadline; a success reported
+/// afterwards (even one whose heartbeat precedes the deadline) leaves the run Failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_canary_times_out_and_late_success_stays_failed() {
+    let mut f = Fleet::new("timeout").await;
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o = f.device("o1", json!({"member": "prod"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 4)).await;
+    eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    let s = f.phase("upgrade", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::CanaryFailed));
+    assert!(s.latest_error.unwrap().to_string().contains("deadline"));
+    assert!(f.intent(&o, &run).await.is_none());
+    f.succeed(&c, &run).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let s = f.runs().get("upgrade").await.unwrap().status.unwrap().run;
+    assert_eq!((s.phase, s.succeeded), (Some(TaskRunPhase::Failed), 0));
+    assert!(f.intent(&o, &run).await.is_none());
+
+    // Without canaries: a device whose success is recorded with a heartbeat after the deadline does not count.
+    let l = f
+        .device("l1", json!({"member": "prod", "lone": "yes"}), true)
+        .await;
+    let run2 = f.task_run("late", json!({"allowedGroups": [group], "targetSelector": {"matchLabels": {"lone": "yes"}}, "deadlineSeconds": 3, "systemUpgradeV1": {}})).await;
+    let a = eventually("intent", || async { f.intent(&l, &run2).await }).await;
+    f.report(
+        &l,
+        &run2,
+        true,
+        Some(a.expires_at.plus(Duration::from_secs(1))),
+    )
+    .await;
+    let s = f.phase("late", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::TargetFailed));
+    assert_eq!((s.succeeded, s.failed), (0, 1));
+    assert!(s
+        .latest_error
+        .unwrap()
+        .to_string()
+        .contains("not before the deadline"));
+}
+
+/// A planned device whose group membership is revoked before its release fails the run with TargetRevoked; no
+/// other device is substituted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_target_fails_the_run() {
+    let mut f = Fleet::new("revoked").await;
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o = f.device("o1", json!({"member": "prod"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    // o1 leaves the group after planning; a new member joins (it must not be substituted)
+    f.relabel(&o, json!({"member": "elsewhere"})).await;
+    let newcomer = f.device("n1", json!({"member": "prod"}), true).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    f.succeed(&c, &run).await;
+    let s = f.phase("upgrade", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::TargetRevoked));
+    assert!(s.latest_error.unwrap().to_string().contains(o.as_str()));
+    assert_eq!((s.targets, s.succeeded), (2, 1));
+    assert!(f.intent(&o, &run).await.is_none());
+    assert!(f.intent(&newcomer, &run).await.is_none());
+}
+
+/// No match fails with NoTargets; matchExpressions fails closed with InvalidSpec; a group source error is retried
+/// (never NoTargets) and the run plans once the group resolves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_targets_invalid_spec_and_group_source_retry() {
+    let mut f = Fleet::new("planning").await;
+    let group = f.group("prod").await;
+    f.device("old", json!({"member": "prod"}), false).await;
+    f.start_operator();
+    f.task_run("none", spec(&group, 600)).await;
+    f.task_run("expr", json!({"allowedGroups": [group], "targetSelector": {"matchExpressions": [{"key": "a", "operator": "Exists"}]}, "deadlineSeconds": 600, "systemUpgradeV1": {}})).await;
+    let late = f.name("late");
+    let run = f.task_run("waits", spec(&late, 600)).await;
+    let s = f.phase("none", TaskRunPhase::Failed).await;
+    assert_eq!((s.reason, s.targets), (Some(TaskRunReason::NoTargets), 0));
+    let s = f.phase("expr", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::InvalidSpec));
+    assert!(s
+        .latest_error
+        .unwrap()
+        .to_string()
+        .contains("matchExpressions"));
+    let s = eventually("GroupSourceError while planning", || async {
+        let st = f.runs().get("waits").await.ok()?.status?;
+        let c = st.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
+        (c.reason == "GroupSourceError" && c.status == "False").then_some(st.run)
+    })
+    .await;
+    assert_eq!(s.phase, Some(TaskRunPhase::Planning));
+    assert_eq!(s.reason, Some(TaskRunReason::GroupSourceError));
+    assert!(s.latest_error.unwrap().to_string().contains(&late));
+    // the group appears with a capable member: planning succeeds on a retry
+    let d = f.device("new", json!({"member": "late"}), true).await;
+    f.group("late").await;
+    let s = f.phase("waits", TaskRunPhase::Running).await;
+    assert_eq!(s.targets, 1);
+    eventually("intent", || async { f.intent(&d, &run).await }).await;
+}
+
+/// Kills its process (SIGKILL) on drop.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn synced(dir: &std::path::Path, name: &str) {
+    let path = dir.join(format!("{name}.log"));
+    eventually(&format!("{name} synced"), || async {
+        std::fs::read_to_string(&path)
+            .ok()?
+            .contains("task runs: caches synced")
+            .then_some(())
+    })
+    .await;
+}
+
+/// Two real fleet-operator processes on one run write one plan and release the canary once; both are SIGKILLed
+/// after the canary's release; a new process resumes from the plan and the KV keys, releases the rest without
+/// releasing the canary again, and completes the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_processes_share_one_plan_and_resume_after_sigkill() {
+    let f = Fleet::new("procs").await;
+    let dir = tempfile::tempdir().unwrap();
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o1 = f.device("o1", json!({"member": "prod"}), true).await;
+    let o2 = f.device("o2", json!({"member": "prod"}), true).await;
+    let mut a = Proc(f.spawn_binary(dir.path(), "a"));
+    let mut b = Proc(f.spawn_binary(dir.path(), "b"));
+    synced(dir.path(), "a").await;
+    synced(dir.path(), "b").await;
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    f.phase("upgrade", TaskRunPhase::Running).await;
+    let plans = f.bucket(layout::TASK_PLANS).await;
+    let manifest = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // one chunk and one manifest in the plan bucket; the canary's intent written once
+    let (messages, _) = f.stream_state(layout::TASK_PLANS).await;
+    assert_eq!(messages, 2, "one plan: one chunk and one manifest");
+    assert_eq!(f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1, 1);
+    for p in [&mut a, &mut b] {
+        p.0.kill().unwrap(); // SIGKILL
+        p.0.wait().unwrap();
+    }
+    f.succeed(&c, &run).await;
+    let _c2 = Proc(f.spawn_binary(dir.path(), "c"));
+    eventually("the rest released after the restart", || async {
+        Some((f.intent(&o1, &run).await?, f.intent(&o2, &run).await?))
+    })
+    .await;
+    f.succeed(&o1, &run).await;
+    f.succeed(&o2, &run).await;
+    let s = f.phase("upgrade", TaskRunPhase::Complete).await;
+    assert_eq!((s.targets, s.succeeded), (3, 3));
+    eventually("intents removed", || async {
+        (f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.0 == 3).then_some(())
+    })
+    .await;
+    // 3 creates + 3 removals: no device was released twice across three operator processes
+    assert_eq!(f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1, 6);
+    // what `kubectl get ftr` shows: the server-side table with the CRD's printer columns
+    let req = http::Request::get(format!(
+        "/apis/fleet.nationtech.io/v1alpha1/namespaces/{}/taskruns/upgrade",
+        f.id
+    ))
+    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(vec![])
+    .unwrap();
+    let table: serde_json::Value =
+        serde_json::from_str(&f.client.request_text(req).await.expect("table")).unwrap();
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            "Name",
+            "Phase",
+            "Targets",
+            "Succeeded",
+            "Failed",
+            "Reason",
+            "Age"
+        ]
+    );
+    let cells = &table["rows"][0]["cells"];
+    assert_eq!(
+        (&cells[1], &cells[2], &cells[3], &cells[4]),
+        (&json!("Complete"), &json!(3), &json!(3), &json!(0))
+    );
+    let now = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+    assert_eq!(
+        now.revision, manifest.revision,
+        "the plan was never rewritten"
+    );
+}
+
+/// The admission webhook over HTTPS, registered with `operator/deploy/webhook.yaml` (its clientConfig pointed at
+/// 127.0.0.1 with the test CA): a spec change is refused with a clear message, a label change is not; the CRD
+/// schema refuses fields in `systemUpgradeV1` and a zero deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_edit_refused_by_the_webhook() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let f = Fleet::new("webhook").await;
+    let ca = fleet_rig::tls::TestCa::new();
+    let cert = ca.server_cert("webhook");
+    let tls =
+        fleet_operator::tasks::webhook::tls_config(&cert.cert_file, &cert.key_file).expect("tls");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(fleet_operator::tasks::webhook::serve(listener, tls));
+
+    let manifest =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/webhook.yaml"))
+            .unwrap();
+    let doc = manifest
+        .split("\n---\n")
+        .find(|d| d.contains("kind: ValidatingWebhookConfiguration"))
+        .expect("webhook configuration in deploy/webhook.yaml");
+    let mut config: ValidatingWebhookConfiguration = serde_yaml_ng::from_str(doc).expect("yaml");
+    let name = f.name("taskruns");
+    config.metadata.name = Some(name.clone());
+    let hook = &mut config.webhooks.as_mut().unwrap()[0];
+    let service = hook
+        .client_config
+        .service
+        .take()
+        .expect("service reference");
+    assert_eq!(
+        service.path.as_deref(),
+        Some(fleet_operator::tasks::webhook::PATH)
+    );
+    hook.client_config.url = Some(format!(
+        "https://127.0.0.1:{port}{}",
+        fleet_operator::tasks::webhook::PATH
+    ));
+    let ca_pem = std::fs::read(ca.ca_file()).unwrap();
+    hook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem));
+    // only this test's objects (the API server is shared by the tests of this binary)
+    hook.object_selector =
+        Some(serde_json::from_value(json!({"matchLabels": {"fleet-test": f.id}})).unwrap());
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(f.client.clone());
+    configs
+        .create(&PostParams::default(), &config)
+        .await
+        .expect("register webhook");
+
+    f.task_run("upgrade", spec("prod", 600)).await;
+    let err = eventually("spec change refused", || async {
+        match f
+            .runs()
+            .patch(
+                "upgrade",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"deadlineSeconds": 601}})),
+            )
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("immutable") => Some(s),
+            Err(e) => panic!("unexpected error: {e}"),
+            // the API server may not have loaded the new configuration yet: undo and try again
+            Ok(_) => {
+                f.runs()
+                    .patch(
+                        "upgrade",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"deadlineSeconds": 600}})),
+                    )
+                    .await
+                    .ok();
+                None
+            }
+        }
+    })
+    .await;
+    assert!(
+        err.message.contains("create a new TaskRun"),
+        "{}",
+        err.message
+    );
+    let r = f.runs().get("upgrade").await.unwrap();
+    assert_eq!(r.spec.deadline_seconds, 600);
+    // metadata may change
+    f.runs()
+        .patch(
+            "upgrade",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"note": "x"}}})),
+        )
+        .await
+        .expect("label change allowed");
+
+    // the schema: nothing can be said inside systemUpgradeV1, the deadline is at least 1 s
+    for bad in [
+        json!({"allowedGroups": ["p"], "deadlineSeconds": 60, "systemUpgradeV1": {"packages": ["openssl"]}}),
+        json!({"allowedGroups": ["p"], "deadlineSeconds": 0, "systemUpgradeV1": {}}),
+    ] {
+        // raw JSON: the Rust type refuses the packages field itself
+        let raw =
+            kube::api::DynamicObject::new("bad", &kube::api::ApiResource::erase::<TaskRun>(&()))
+                .within(&f.id)
+                .data(json!({"spec": bad}));
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            f.client.clone(),
+            &f.id,
+            &kube::api::ApiResource::erase::<TaskRun>(&()),
+        );
+        let e = api
+            .create(&PostParams::default(), &raw)
+            .await
+            .expect_err("refused by the schema");
+        assert!(format!("{e}").contains("spec."), "{e}");
+    }
+    configs
+        .delete(&name, &Default::default())
+        .await
+        .expect("unregister");
+    server.abort();
+}
+
+/// The plan store on a real nats-server: two writers of different plans for one run end with the same plan (the
+/// first manifest), the loser's own chunks are removed; a run with chunks but no manifest (a writer that died
+/// half-way) has no plan; a manifest whose chunk is gone is an error, never a partial plan; 100,000 devices work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_store_is_atomic_and_chunked() {
+    use fleet_operator::tasks::store::{self, Created, StoreError};
+    use fleet_wire::taskrun::plan_chunk_key;
+    use fleet_wire::{TaskOperation, TaskPlan};
+    let nats = NatsServer::start();
+    let (_c, js) = fleet_operator::kv::connect(&nats.url()).await.unwrap();
+    let stores = fleet_operator::kv::ensure_buckets(&js).await.unwrap();
+    let plans = &stores[layout::TASK_PLANS];
+    let ids = |n: usize, p: &str| -> Vec<DeviceId> {
+        (0..n)
+            .map(|i| DeviceId::try_from(format!("{p}-{i:06}").as_str()).unwrap())
+            .collect()
+    };
+    let plan = |run: AttemptId, canaries: Vec<DeviceId>, others: Vec<DeviceId>| {
+        let now = Timestamp::now();
+        TaskPlan::new(
+            run,
+            TaskOperation::AptFullUpgradeV1,
+            now.plus(Duration::from_secs(60)),
+            canaries,
+            others,
+            now,
+        )
+        .unwrap()
+    };
+
+    // two writers with different views race; both end with one plan
+    let run = AttemptId::new_random();
+    let (a, b) = (
+        plan(run, ids(1, "c"), ids(15_000, "a")),
+        plan(run, vec![], ids(12_000, "b")),
+    );
+    let (ra, rb) = tokio::join!(store::create(plans, &a), store::create(plans, &b));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let winner = match (&ra, &rb) {
+        (Created::Written(p), Created::Loaded(q)) | (Created::Loaded(q), Created::Written(p)) => {
+            assert_eq!(p, q);
+            p.clone()
+        }
+        other => panic!("exactly one writer wins: {other:?}"),
+    };
+    assert_eq!(
+        store::load(plans, &run).await.unwrap(),
+        Some(winner.clone())
+    );
+    let loser = if winner == a { &b } else { &a };
+    for (d, _) in loser.to_stored().1 {
+        assert!(
+            plans.get(plan_chunk_key(&run, &d)).await.unwrap().is_none(),
+            "the loser's chunks are removed"
+        );
+    }
+
+    // chunks without a manifest: no plan
+    let half = AttemptId::new_random();
+    let p = plan(half, vec![], ids(20_000, "h"));
+    let (_, chunks) = p.to_stored();
+    plans
+        .put(
+            plan_chunk_key(&half, &chunks[0].0),
+            chunks[0].1.clone().into(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store::load(plans, &half).await.unwrap(), None);
+    // a manifest whose chunk is missing: an error, not a partial plan
+    store::create(plans, &p).await.unwrap();
+    plans
+        .purge(plan_chunk_key(&half, &chunks[1].0))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store::load(plans, &half).await,
+        Err(StoreError::Invalid { .. })
+    ));
+
+    // 100,000 devices: 10 chunks, each under the bucket's value limit
+    let big = AttemptId::new_random();
+    let p = plan(big, ids(10, "k"), ids(100_000, "device"));
+    assert!(matches!(
+        store::create(plans, &p).await.unwrap(),
+        Created::Written(_)
+    ));
+    let m: TaskPlanManifest =
+        serde_json::from_slice(&plans.get(plan_manifest_key(&big)).await.unwrap().unwrap())
+            .unwrap();
+    assert_eq!((m.canaries, m.others, m.chunks.len()), (10, 100_000, 11));
+    assert_eq!(store::load(plans, &big).await.unwrap(), Some(p));
+}
+
+/// An operator that dies right after creating the plan (before the run says Running), or half-way through a
+/// release, is replaced by one that loads the same plan and releases every device exactly once.
+#[cfg(feature = "fault-injection")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_killed_after_plan_create_or_mid_release_resumes() {
+    let f = Fleet::new("crash").await;
+    let dir = tempfile::tempdir().unwrap();
+    let group = f.group("prod").await;
+    let mut devices = vec![];
+    for i in 0..6 {
+        devices.push(
+            f.device(&format!("d{i}"), json!({"member": "prod"}), true)
+                .await,
+        );
+    }
+    let plans = f.bucket(layout::TASK_PLANS).await;
+    let mut intents_written = 0;
+    for (n, point) in ["plan-created", "mid-release"].into_iter().enumerate() {
+        let name = format!("run-{n}");
+        let mut dying = Proc(f.spawn_binary_env(
+            dir.path(),
+            &format!("dying-{n}"),
+            &[("FLEET_OPERATOR_CRASH_AT", point)],
+        ));
+        let run = f.task_run(&name, spec(&group, 21600)).await;
+        let status = tokio::task::spawn_blocking(move || dying.0.wait().unwrap())
+            .await
+            .unwrap();
+        assert!(!status.success(), "{point}: the operator aborted");
+        let manifest = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+        let phase = f
+            .runs()
+            .get(&name)
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.run.phase);
+        let seq = f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1;
+        match point {
+            "plan-created" => {
+                assert_ne!(phase, Some(TaskRunPhase::Running), "crashed before Running");
+                assert_eq!(seq, intents_written, "nothing released before the crash");
+            }
+            // the first half was sent (how much of it reached the server before the abort varies), the rest not
+            _ => assert!(
+                seq < intents_written + 6,
+                "crashed half-way: {} of 6 released",
+                seq - intents_written
+            ),
+        }
+        let _next = Proc(f.spawn_binary(dir.path(), &format!("next-{n}")));
+        let s = f.phase(&name, TaskRunPhase::Running).await;
+        assert_eq!(s.targets, 6);
+        for d in &devices {
+            eventually("released", || async { f.intent(d, &run).await }).await;
+        }
+        intents_written += 6;
+        assert_eq!(
+            f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1,
+            intents_written,
+            "{point}: every device released exactly once"
+        );
+        let now = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+        assert_eq!(now.revision, manifest.revision, "{point}: the same plan");
+        for d in &devices {
+            f.succeed(d, &run).await;
+        }
+        f.phase(&name, TaskRunPhase::Complete).await;
+        eventually("intents removed", || async {
+            let removed =
+                f.stream_state(layout::SYSTEM_UPGRADE_INTENT).await.1 == intents_written + 6;
+            removed.then_some(())
+        })
+        .await;
+        intents_written += 6;
+    }
+}
+
+/// A TaskSchedule against the real API server, with the scheduler's clock moved by the test (no TaskRun controller
+/// runs, so the test marks runs terminal itself): a tick creates one run owned by the schedule; a tick while it is
+/// active is skipped; a scheduler stopped across three ticks creates exactly one catch-up run on start; suspension
+/// stops new runs and leaves the active one alone; two schedulers create one run per tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_schedule_ticks_skips_catches_up_and_suspends() {
+    use fleet_operator::tasks::crd::TaskSchedule;
+    use fleet_operator::tasks::scheduler;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let f = Fleet::new("schedule").await;
+    let clock = Arc::new(AtomicU64::new(Timestamp::now().unix_ms()));
+    let start = |n: usize| {
+        let c = clock.clone();
+        let opts = scheduler::Options {
+            instance: Some(format!("sched-{n}")),
+            label_selector: Some(format!("fleet-test={}", f.id)),
+            clock: Arc::new(move || Timestamp::from_unix_ms(c.load(Ordering::SeqCst))),
+            resync: Duration::from_millis(200),
+        };
+        tokio::spawn(scheduler::run(f.client.clone(), opts))
+    };
+    let schedules: Api<TaskSchedule> = Api::namespaced(f.client.clone(), &f.id);
+    let s: TaskSchedule = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskSchedule",
+        "metadata": {"name": "hourly", "labels": f.labels(json!({}))},
+        "spec": {"schedule": {"cron": "0 * * * *"}, "template": spec("prod", 600)}
+    }))
+    .unwrap();
+    schedules.create(&PostParams::default(), &s).await.unwrap();
+    let owned = || async {
+        let mut names: Vec<String> = f
+            .runs()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|r| {
+                r.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.kind == "TaskSchedule" && o.name == "hourly")
+            })
+            .map(|r| r.metadata.name.unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let status = || async {
+        schedules
+            .get("hourly")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+    };
+    let to_next_tick = || async {
+        let next: Timestamp = eventually("next tick", || async {
+            status().await.next_tick?.parse().ok()
+        })
+        .await;
+        clock.store(next.unix_ms() + 1000, Ordering::SeqCst);
+        next
+    };
+    let complete = |name: String| {
+        let runs = f.runs();
+        async move {
+            runs.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Complete"}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+
+    let a = start(0);
+    let st = eventually("schedule status", || async {
+        let s = status().await;
+        s.expression.is_some().then_some(s)
+    })
+    .await;
+    assert_eq!(st.expression.as_deref(), Some("0 * * * *"));
+    assert!(owned().await.is_empty(), "no run before the first tick");
+
+    // a tick: one run, owned, named after the tick
+    let t1 = to_next_tick().await;
+    let first = eventually("first run", || async { owned().await.first().cloned() }).await;
+    assert_eq!(first, format!("hourly-{}", t1.unix_ms() / 60_000));
+    eventually("active run in status", || async {
+        (status().await.active_run.as_deref() == Some(first.as_str())).then_some(())
+    })
+    .await;
+
+    // a tick while it is active: skipped
+    to_next_tick().await;
+    eventually("skipped tick", || async {
+        (status().await.skipped_ticks == 1).then_some(())
+    })
+    .await;
+    assert_eq!(owned().await.len(), 1);
+
+    // stopped across three ticks: one catch-up run on start
+    complete(first.clone()).await;
+    a.abort();
+    let now = clock.load(Ordering::SeqCst);
+    clock.store(now + 3 * 3600 * 1000, Ordering::SeqCst);
+    let b = start(1);
+    eventually("one catch-up run", || async {
+        (owned().await.len() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let runs = owned().await;
+    assert_eq!(runs.len(), 2, "exactly one catch-up run: {runs:?}");
+    let catch_up = runs.iter().find(|n| **n != first).unwrap().clone();
+    eventually("last successful run", || async {
+        (status().await.last_successful_run.as_deref() == Some(first.as_str())).then_some(())
+    })
+    .await;
+
+    // suspended: no new run, the active one is left alone
+    schedules
+        .patch(
+            "hourly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    to_next_tick().await;
+    eventually("skipped while suspended", || async {
+        (status().await.skipped_ticks == 2).then_some(())
+    })
+    .await;
+    assert_eq!(owned().await.len(), 2);
+    assert!(
+        f.runs().get(&catch_up).await.is_ok(),
+        "the active run goes on"
+    );
+
+    // two schedulers: one run per tick
+    complete(catch_up).await;
+    let c = start(2);
+    schedules
+        .patch(
+            "hourly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": false}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    to_next_tick().await;
+    eventually("the next run", || async {
+        (owned().await.len() == 3).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        owned().await.len(),
+        3,
+        "two schedulers created one run for the tick"
+    );
+    let events = f.events("hourly").await;
+    assert!(
+        events.contains(&("Normal".into(), "Created".into())),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&("Normal".into(), "Skipped".into())),
+        "{events:?}"
+    );
+    b.abort();
+    c.abort();
+}
+
+/// NATS unreachable: the run stays Planning (nothing is planned without the devices' reports) and says why in
+/// `NatsReachable=False` with a Warning event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_unreachable_keeps_the_run_planning() {
+    let mut f = Fleet::new("nonats").await;
+    let group = f.group("prod").await;
+    f.device("d1", json!({"member": "prod"}), true).await;
+    let mut opts = f.options(0);
+    opts.nats_url = format!("nats://127.0.0.1:{}", fleet_rig::free_port());
+    let client = f.client.clone();
+    f.operators.push(tokio::spawn(async move {
+        let _ = controller::run(client, opts).await;
+    }));
+    f.task_run("upgrade", spec(&group, 600)).await;
+    let st = eventually("NatsReachable=False", || async {
+        let st = f.runs().get("upgrade").await.ok()?.status?;
+        st.conditions
+            .iter()
+            .any(|c| {
+                c.type_ == "NatsReachable" && c.status == "False" && c.reason == "NatsUnreachable"
+            })
+            .then_some(st)
+    })
+    .await;
+    assert_eq!(st.run.phase, Some(TaskRunPhase::Planning));
+    assert_eq!(st.run.targets, 0);
+    eventually("NatsUnreachable event", || async {
+        f.events("upgrade")
+            .await
+            .contains(&("Warning".into(), "NatsUnreachable".into()))
+            .then_some(())
+    })
+    .await;
+}
