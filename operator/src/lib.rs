@@ -1,6 +1,7 @@
-//! fleet-operator: CRDs and controllers for devices, groups, placement and agent releases; and the FleetLock
-//! server, which runs with no Kubernetes at all.
+//! fleet-operator: CRDs and controllers for devices, groups, placement and agent releases; the FleetLock
+//! server, which runs with no Kubernetes at all; and fleet-auth, the NATS auth callout for device identity.
 
+pub mod auth;
 pub mod fleetlock;
 // operator (issue 6)
 pub mod conditions;
