@@ -1,14 +1,21 @@
-//! The NATS side: connection with bounded attempts in a retry window, the required KV buckets (opened, never
-//! created), bounded-time get and put, and a key watch that is re-created after every reconnect.
+//! The NATS side: connection with bounded attempts in a retry window (a token file is re-read on every connect),
+//! the required KV buckets (opened, never created), bounded-time get and put, and a key watch that is re-created
+//! after every reconnect.
+//!
+//! Every request uses a reply subject under the device's own inbox (`_INBOX.device.<device-id>`, the only
+//! subjects fleet-auth lets a device subscribe to), so no device can read another's replies: the JetStream calls
+//! are made here with core publish-with-reply (the crate's own JetStream API always uses `_INBOX.<random>`), and
+//! each names the device's key in its subject (direct get, filtered consumer create, put), which is what the
+//! device's permissions allow (`fleet_wire::auth::device_permissions`).
 //!
 //! The blocking `nats` crate is deprecated upstream; this module is the only place that uses it.
 #![allow(deprecated)]
 
 use crate::config::{NatsAuth, NatsConfig};
-use nats::jetstream::{JetStream, PublishOptions, SubscribeOptions};
-use nats::kv::Store;
-use std::collections::BTreeMap;
+use fleet_wire::auth::{consumer_create_subject, direct_get_subject, stream_info_subject};
+use std::collections::BTreeSet;
 use std::io;
+use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -16,12 +23,21 @@ use std::time::{Duration, Instant};
 
 /// Time-out of one KV put (publish with acknowledgement).
 pub const PUT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time-out of one JetStream API request (open, get, consumer create).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Idle heartbeat asked of watch consumers; three missed ones re-create the consumer.
+pub const WATCH_HEARTBEAT: Duration = Duration::from_secs(5);
+/// A watch consumer nobody listens to is removed by the server after this long.
+const WATCH_INACTIVE: Duration = Duration::from_secs(60);
+/// Largest token file read, in bytes.
+pub const TOKEN_MAX_BYTES: u64 = 16 * 1024;
 
-/// A connected client with its JetStream context.
+/// A connected client.
 #[derive(Clone)]
 pub struct Nats {
     conn: nats::Connection,
-    js: JetStream,
+    /// This device's reply-inbox prefix.
+    inbox: String,
     /// Increases on every reconnect, so watches re-create their consumers.
     reconnects: Arc<AtomicU64>,
 }
@@ -80,10 +96,9 @@ impl Nats {
             match Self::attempt(cfg, client_name, &urls, reconnects.clone()) {
                 Ok(conn) => {
                     log::info!("connected to NATS ({urls}) on attempt {attempt}");
-                    let js = nats::jetstream::new(conn.clone());
                     return Ok(Nats {
                         conn,
-                        js,
+                        inbox: cfg.inbox_prefix.clone(),
                         reconnects,
                     });
                 }
@@ -119,6 +134,13 @@ impl Nats {
                 nats::Options::with_user_pass(user, password.expose())
             }
             NatsAuth::Token(t) => nats::Options::with_token(t.expose()),
+            NatsAuth::TokenFile(path) => {
+                // Sent as the CONNECT `jwt` field: the crate calls this on every connect and reconnect, so a
+                // token rotated on disk is used from the next connection on. No nonce signature is needed (the
+                // auth callout verifies the token itself).
+                let path = path.clone();
+                nats::Options::with_jwt(move || read_token(&path), |_nonce| Vec::new())
+            }
         };
         let opts = opts
             .with_name(client_name)
@@ -145,19 +167,23 @@ impl Nats {
         }
     }
 
-    /// Opens every bucket in `names`; the first missing one is an error naming it.
+    /// Opens every bucket in `names` (a stream-info request each); the first missing one is an error naming it.
     pub fn open_buckets(&self, names: &[&str]) -> Result<Buckets, NatsError> {
-        let mut stores = BTreeMap::new();
+        let mut opened = BTreeSet::new();
         for name in names {
-            let store = self.js.key_value(name).map_err(|e| NatsError::Bucket {
+            let bucket_err = |message: String| NatsError::Bucket {
                 bucket: (*name).to_owned(),
-                message: e.to_string(),
-            })?;
-            stores.insert((*name).to_owned(), store);
+                message,
+            };
+            let reply = self
+                .request(&stream_info_subject(name), b"", REQUEST_TIMEOUT)
+                .map_err(|e| bucket_err(e.to_string()))?;
+            api_result(&reply.data).map_err(|e| bucket_err(e.to_string()))?;
+            opened.insert((*name).to_owned());
         }
         Ok(Buckets {
             nats: self.clone(),
-            stores,
+            opened,
         })
     }
 
@@ -170,13 +196,118 @@ impl Nats {
     pub fn reconnect_count(&self) -> u64 {
         self.reconnects.load(Ordering::SeqCst)
     }
+
+    /// A fresh reply subject under this device's inbox.
+    fn reply_subject(&self) -> String {
+        format!("{}.{}", self.inbox, unique_token(&self.conn))
+    }
+
+    /// Publishes `body` to `subject` with a reply subject of this device's and waits at most `timeout` for the
+    /// answer. A "no responders" status (nothing serves the subject) is an error.
+    fn request(&self, subject: &str, body: &[u8], timeout: Duration) -> io::Result<nats::Message> {
+        let reply = self.reply_subject();
+        let sub = self.conn.subscribe(&reply)?;
+        let sent = self.conn.publish_request(subject, &reply, body);
+        let got = sent.and_then(|()| sub.next_timeout(timeout));
+        let _ = sub.unsubscribe();
+        let msg = got.map_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer to {subject} within {timeout:?} (not permitted, or server busy)"
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+        if status(&msg).as_deref() == Some("503") {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no responders for {subject}"),
+            ));
+        }
+        Ok(msg)
+    }
+}
+
+/// A token from the NATS client's NUID generator (22 alphanumeric characters): unique reply and consumer names.
+fn unique_token(conn: &nats::Connection) -> String {
+    let inbox = conn.new_inbox();
+    inbox.rsplit('.').next().unwrap_or(&inbox).to_owned()
+}
+
+/// Reads the token file (bounded, trimmed, non-empty). The token is never logged.
+fn read_token(path: &std::path::Path) -> io::Result<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("token file {}: {e}", path.display())))?
+        .take(TOKEN_MAX_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| io::Error::new(e.kind(), format!("token file {}: {e}", path.display())))?;
+    if text.len() as u64 > TOKEN_MAX_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "token file {} is larger than {TOKEN_MAX_BYTES} bytes",
+                path.display()
+            ),
+        ));
+    }
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("token file {} is empty", path.display()),
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+/// The status code of a header-only status message (`404`, `503`, `100` …).
+fn status(msg: &nats::Message) -> Option<String> {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.get(nats::header::STATUS).cloned())
+}
+
+fn header(msg: &nats::Message, name: &str) -> Option<String> {
+    msg.headers.as_ref().and_then(|h| h.get(name).cloned())
+}
+
+/// A JetStream API answer: its JSON, or the API error it carries.
+fn api_result(data: &[u8]) -> io::Result<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("JetStream answer is not JSON: {e}"),
+        )
+    })?;
+    if let Some(err) = v.get("error") {
+        let code = err.get("err_code").and_then(|c| c.as_u64()).unwrap_or(0);
+        let text = err
+            .get("description")
+            .and_then(|d| d.as_str())
+            .unwrap_or("unknown error");
+        let kind = if err.get("code").and_then(|c| c.as_u64()) == Some(404) {
+            io::ErrorKind::NotFound
+        } else {
+            io::ErrorKind::Other
+        };
+        return Err(io::Error::new(
+            kind,
+            format!("{text} (JetStream error {code})"),
+        ));
+    }
+    Ok(v)
 }
 
 /// The opened buckets.
 #[derive(Clone)]
 pub struct Buckets {
     nats: Nats,
-    stores: BTreeMap<String, Store>,
+    opened: BTreeSet<String>,
 }
 
 fn store_missing(bucket: &str) -> io::Error {
@@ -187,66 +318,113 @@ fn store_missing(bucket: &str) -> io::Error {
 }
 
 impl Buckets {
-    /// Reads `key` (bounded by the client's 5 s JetStream request time-out).
+    fn check(&self, bucket: &str) -> io::Result<()> {
+        if self.opened.contains(bucket) {
+            Ok(())
+        } else {
+            Err(store_missing(bucket))
+        }
+    }
+
+    /// Reads `key` with a direct get of its last value (bounded by [`REQUEST_TIMEOUT`]).
     pub fn get(&self, bucket: &str, key: &str) -> io::Result<Change> {
-        let store = self
-            .stores
-            .get(bucket)
-            .ok_or_else(|| store_missing(bucket))?;
-        Ok(match store.entry(key)? {
-            None => Change {
-                revision: 0,
-                value: Value::Absent,
-            },
-            Some(e) => Change {
-                revision: e.revision,
-                value: match e.operation {
-                    nats::kv::Operation::Put => Value::Put(e.value),
-                    _ => Value::Absent,
-                },
-            },
-        })
+        self.check(bucket)?;
+        let subject = format!("$KV.{bucket}.{key}");
+        let msg = self
+            .nats
+            .request(&direct_get_subject(bucket, &subject), b"", REQUEST_TIMEOUT)?;
+        match status(&msg).as_deref() {
+            None => {}
+            Some("404") => {
+                return Ok(Change {
+                    revision: 0,
+                    value: Value::Absent,
+                })
+            }
+            Some(code) => {
+                let why = header(&msg, nats::header::DESCRIPTION).unwrap_or_default();
+                return Err(io::Error::other(format!(
+                    "direct get {bucket}/{key}: status {code} {why}"
+                )));
+            }
+        }
+        let revision = header(&msg, "Nats-Sequence")
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("direct get {bucket}/{key}: no Nats-Sequence header"),
+                )
+            })?;
+        let value = match header(&msg, "KV-Operation").as_deref() {
+            Some("DEL") | Some("PURGE") => Value::Absent,
+            _ => Value::Put(msg.data),
+        };
+        Ok(Change { revision, value })
     }
 
     /// Writes `key` and waits (at most [`PUT_TIMEOUT`]) for JetStream's acknowledgement; returns the revision.
     pub fn put(&self, bucket: &str, key: &str, value: &[u8]) -> io::Result<u64> {
-        if !self.stores.contains_key(bucket) {
-            return Err(store_missing(bucket));
-        }
-        let opts = PublishOptions {
-            timeout: Some(PUT_TIMEOUT),
-            ..Default::default()
-        };
-        let ack =
-            self.nats
-                .js
-                .publish_with_options(&format!("$KV.{bucket}.{key}"), value, &opts)?;
-        Ok(ack.sequence)
+        self.check(bucket)?;
+        let msg = self
+            .nats
+            .request(&format!("$KV.{bucket}.{key}"), value, PUT_TIMEOUT)?;
+        let ack = api_result(&msg.data)?;
+        ack.get("seq").and_then(|s| s.as_u64()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("put {bucket}/{key}: acknowledgement without seq"),
+            )
+        })
     }
 
-    /// Creates a filtered consumer on `key` (an ordered push consumer, as a KV watch) and drops it: what the
-    /// probe checks.
+    /// Creates a filtered consumer on `key` (as a KV watch does) and drops it: what the probe checks.
     pub fn probe_consumer(&self, bucket: &str, key: &str) -> io::Result<()> {
         let sub = self.subscribe(bucket, key)?;
         sub.unsubscribe()
     }
 
-    fn subscribe(&self, bucket: &str, key: &str) -> io::Result<nats::jetstream::PushSubscription> {
-        if !self.stores.contains_key(bucket) {
-            return Err(store_missing(bucket));
+    /// An ephemeral push consumer filtered on `key`, delivering the last value and every change to a subject
+    /// under this device's inbox; the server removes it [`WATCH_INACTIVE`] after its subscriber is gone.
+    fn subscribe(&self, bucket: &str, key: &str) -> io::Result<nats::Subscription> {
+        self.check(bucket)?;
+        let deliver = self.nats.reply_subject();
+        let name = unique_token(&self.nats.conn);
+        let filter = format!("$KV.{bucket}.{key}");
+        let sub = self.nats.conn.subscribe(&deliver)?;
+        let body = serde_json::json!({
+            "stream_name": format!("KV_{bucket}"),
+            "config": {
+                "name": name,
+                "deliver_subject": deliver,
+                "deliver_policy": "last_per_subject",
+                "ack_policy": "none",
+                "replay_policy": "instant",
+                "filter_subject": filter,
+                "idle_heartbeat": WATCH_HEARTBEAT.as_nanos() as u64,
+                "inactive_threshold": WATCH_INACTIVE.as_nanos() as u64,
+                "mem_storage": true,
+                "num_replicas": 1,
+            },
+        });
+        let created = self
+            .nats
+            .request(
+                &consumer_create_subject(bucket, &name, &filter),
+                body.to_string().as_bytes(),
+                REQUEST_TIMEOUT,
+            )
+            .and_then(|m| api_result(&m.data));
+        if let Err(e) = created {
+            let _ = sub.unsubscribe();
+            return Err(e);
         }
-        self.nats.js.subscribe_with_options(
-            &format!("$KV.{bucket}.{key}"),
-            &SubscribeOptions::ordered()
-                .deliver_last_per_subject()
-                .enable_flow_control()
-                .idle_heartbeat(Duration::from_secs(5)),
-        )
+        Ok(sub)
     }
 
     /// Watches `key` on a thread: every change is passed to `send` until it returns false or `stop` is set. The
-    /// consumer is re-created after each reconnect (a restarted server may have lost it); callers still re-read
-    /// the key periodically, so a missed change is only late, never lost.
+    /// consumer is re-created after each reconnect and after three missed heartbeats (a restarted server may have
+    /// lost it); callers still re-read the key periodically, so a missed change is only late, never lost.
     pub fn watch(
         &self,
         bucket: &str,
@@ -269,27 +447,31 @@ impl Buckets {
                             continue;
                         }
                     };
+                    let mut last_seen = Instant::now();
                     loop {
                         if stop.load(Ordering::SeqCst) {
                             let _ = sub.unsubscribe();
                             return;
                         }
-                        if this.nats.reconnect_count() != epoch {
+                        if this.nats.reconnect_count() != epoch
+                            || last_seen.elapsed() > WATCH_HEARTBEAT * 3
+                        {
                             let _ = sub.unsubscribe();
                             break;
                         }
                         let Ok(msg) = sub.next_timeout(Duration::from_millis(500)) else {
                             continue;
                         };
+                        last_seen = Instant::now();
+                        if status(&msg).is_some() {
+                            // Idle heartbeat (100) or another status: liveness only.
+                            continue;
+                        }
                         let Some(info) = msg.jetstream_message_info() else {
                             continue;
                         };
                         let revision = info.stream_seq;
-                        let op = msg
-                            .headers
-                            .as_ref()
-                            .and_then(|h| h.get("KV-Operation").cloned());
-                        let value = match op.as_deref() {
+                        let value = match header(&msg, "KV-Operation").as_deref() {
                             Some("DEL") | Some("PURGE") => Value::Absent,
                             _ => Value::Put(msg.data.clone()),
                         };
