@@ -18,7 +18,7 @@ use std::io;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 /// Time-out of one KV put (publish with acknowledgement).
@@ -32,14 +32,29 @@ const WATCH_INACTIVE: Duration = Duration::from_secs(60);
 /// Largest token file read, in bytes.
 pub const TOKEN_MAX_BYTES: u64 = 16 * 1024;
 
-/// A connected client.
+/// A connected client. Clones share one connection, which the client replaces with a new one (credentials read
+/// again) when the old one closes.
 #[derive(Clone)]
 pub struct Nats {
-    conn: nats::Connection,
+    inner: Arc<Inner>,
     /// This device's reply-inbox prefix.
     inbox: String,
+}
+
+/// The shared connection state.
+struct Inner {
+    cfg: NatsConfig,
+    client_name: String,
+    /// The current connection (`None` only before the first one).
+    conn: RwLock<Option<nats::Connection>>,
+    /// Id of the connection attempt that is (or is becoming) current; callbacks of older ones are ignored.
+    current: AtomicU64,
+    /// Ids handed out so far.
+    next_id: AtomicU64,
+    /// Whether a reconnection thread is running.
+    reconnecting: AtomicBool,
     /// Increases on every reconnect, so watches re-create their consumers.
-    reconnects: Arc<AtomicU64>,
+    reconnects: AtomicU64,
 }
 
 /// A key's current value.
@@ -85,21 +100,33 @@ pub enum NatsError {
 
 impl Nats {
     /// Connects: attempts of at most `connect_timeout` each, repeated until `retry_window` has passed.
+    ///
+    /// Every connection is made here, with the credentials read at that moment (a `token_file` is read again):
+    /// the client library retries a lost connection once with the credentials it has, and when that fails the
+    /// connection closes and a thread of ours connects anew, forever, swapping the new connection in. An expired
+    /// token therefore costs at most one reconnect once a fresh one is on disk.
     pub fn connect(cfg: &NatsConfig, client_name: &str) -> Result<Nats, NatsError> {
+        let inner = Arc::new(Inner {
+            cfg: cfg.clone(),
+            client_name: client_name.to_owned(),
+            conn: RwLock::new(None),
+            current: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
+            reconnecting: AtomicBool::new(false),
+            reconnects: AtomicU64::new(0),
+        });
         let started = Instant::now();
         let urls = cfg.urls.join(",");
         let mut last;
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let reconnects = Arc::new(AtomicU64::new(0));
-            match Self::attempt(cfg, client_name, &urls, reconnects.clone()) {
-                Ok(conn) => {
+            match Inner::attempt(&inner) {
+                Ok(()) => {
                     log::info!("connected to NATS ({urls}) on attempt {attempt}");
                     return Ok(Nats {
-                        conn,
+                        inner,
                         inbox: cfg.inbox_prefix.clone(),
-                        reconnects,
                     });
                 }
                 Err(e) => {
@@ -122,49 +149,14 @@ impl Nats {
         }
     }
 
-    fn attempt(
-        cfg: &NatsConfig,
-        client_name: &str,
-        urls: &str,
-        reconnects: Arc<AtomicU64>,
-    ) -> Result<nats::Connection, String> {
-        let opts = match &cfg.auth {
-            NatsAuth::None => nats::Options::new(),
-            NatsAuth::UserPassword { user, password } => {
-                nats::Options::with_user_pass(user, password.expose())
-            }
-            NatsAuth::Token(t) => nats::Options::with_token(t.expose()),
-            NatsAuth::TokenFile(path) => {
-                // Sent as the CONNECT `jwt` field: the crate calls this on every connect and reconnect, so a
-                // token rotated on disk is used from the next connection on. No nonce signature is needed (the
-                // auth callout verifies the token itself).
-                let path = path.clone();
-                nats::Options::with_jwt(move || read_token(&path), |_nonce| Vec::new())
-            }
-        };
-        let opts = opts
-            .with_name(client_name)
-            .max_reconnects(None)
-            .reconnect_callback(move || {
-                reconnects.fetch_add(1, Ordering::SeqCst);
-                log::info!("reconnected to NATS");
-            })
-            .disconnect_callback(|| log::warn!("disconnected from NATS; reconnecting"));
-        // The client has no connect time-out of its own: bound the attempt from outside. A late success of an
-        // abandoned attempt is dropped (and so closed) by its thread.
-        let (tx, rx) = mpsc::channel();
-        let urls = urls.to_owned();
-        std::thread::Builder::new()
-            .name("nats-connect".into())
-            .spawn(move || {
-                let r = opts.connect(urls.as_str()).map_err(|e| e.to_string());
-                let _ = tx.send(r);
-            })
-            .map_err(|e| e.to_string())?;
-        match rx.recv_timeout(cfg.connect_timeout) {
-            Ok(r) => r,
-            Err(_) => Err(format!("no connection within {:?}", cfg.connect_timeout)),
-        }
+    /// The current connection.
+    fn conn(&self) -> io::Result<nats::Connection> {
+        self.inner
+            .conn
+            .read()
+            .map_err(|_| io::Error::other("NATS connection lock poisoned"))?
+            .clone()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "not connected to NATS"))
     }
 
     /// Opens every bucket in `names` (a stream-info request each); the first missing one is an error naming it.
@@ -189,25 +181,26 @@ impl Nats {
 
     /// Flushes pending writes to the server within `timeout`.
     pub fn flush(&self, timeout: Duration) -> io::Result<()> {
-        self.conn.flush_timeout(timeout)
+        self.conn()?.flush_timeout(timeout)
     }
 
     /// How many times the client has reconnected.
     pub fn reconnect_count(&self) -> u64 {
-        self.reconnects.load(Ordering::SeqCst)
+        self.inner.reconnects.load(Ordering::SeqCst)
     }
 
     /// A fresh reply subject under this device's inbox.
-    fn reply_subject(&self) -> String {
-        format!("{}.{}", self.inbox, unique_token(&self.conn))
+    fn reply_subject(conn: &nats::Connection, inbox: &str) -> String {
+        format!("{inbox}.{}", unique_token(conn))
     }
 
     /// Publishes `body` to `subject` with a reply subject of this device's and waits at most `timeout` for the
     /// answer. A "no responders" status (nothing serves the subject) is an error.
     fn request(&self, subject: &str, body: &[u8], timeout: Duration) -> io::Result<nats::Message> {
-        let reply = self.reply_subject();
-        let sub = self.conn.subscribe(&reply)?;
-        let sent = self.conn.publish_request(subject, &reply, body);
+        let conn = self.conn()?;
+        let reply = Self::reply_subject(&conn, &self.inbox);
+        let sub = conn.subscribe(&reply)?;
+        let sent = conn.publish_request(subject, &reply, body);
         let got = sent.and_then(|()| sub.next_timeout(timeout));
         let _ = sub.unsubscribe();
         let msg = got.map_err(|e| {
@@ -229,6 +222,96 @@ impl Nats {
             ));
         }
         Ok(msg)
+    }
+}
+
+impl Inner {
+    /// One connection attempt (bounded by `connect_timeout`); on success it becomes the current connection.
+    fn attempt(this: &Arc<Inner>) -> Result<(), String> {
+        let id = this.next_id.fetch_add(1, Ordering::SeqCst) + 1;
+        this.current.store(id, Ordering::SeqCst);
+        let cfg = &this.cfg;
+        let opts = match &cfg.auth {
+            NatsAuth::None => nats::Options::new(),
+            NatsAuth::UserPassword { user, password } => {
+                nats::Options::with_user_pass(user, password.expose())
+            }
+            NatsAuth::Token(t) => nats::Options::with_token(t.expose()),
+            // Read now: every connection of ours reads the file again, so a rotated token is used.
+            NatsAuth::TokenFile(path) => {
+                nats::Options::with_token(&read_token(path).map_err(|e| e.to_string())?)
+            }
+        };
+        let (on_reconnect, on_close) = (Arc::downgrade(this), Arc::downgrade(this));
+        let opts = opts
+            .with_name(&this.client_name)
+            // One reconnect by the library (with the credentials it has); then the connection closes and
+            // `reconnect` makes a new one with fresh credentials. (Zero would also forbid the first connect.)
+            .max_reconnects(Some(1))
+            .reconnect_callback(move || {
+                if let Some(inner) = on_reconnect.upgrade() {
+                    inner.reconnects.fetch_add(1, Ordering::SeqCst);
+                }
+                log::info!("reconnected to NATS");
+            })
+            .disconnect_callback(|| log::warn!("disconnected from NATS; reconnecting"))
+            .close_callback(move || {
+                if let Some(inner) = on_close.upgrade() {
+                    if inner.current.load(Ordering::SeqCst) == id {
+                        Inner::reconnect(&inner);
+                    }
+                }
+            });
+        // The client has no connect time-out of its own: bound the attempt from outside. A late success of an
+        // abandoned attempt is dropped (and so closed) by its thread; its close is ignored (its id is stale).
+        let (tx, rx) = mpsc::channel();
+        let urls = cfg.urls.join(",");
+        std::thread::Builder::new()
+            .name("nats-connect".into())
+            .spawn(move || {
+                let r = opts.connect(urls.as_str()).map_err(|e| e.to_string());
+                let _ = tx.send(r);
+            })
+            .map_err(|e| e.to_string())?;
+        let conn = match rx.recv_timeout(cfg.connect_timeout) {
+            Ok(r) => r?,
+            Err(_) => return Err(format!("no connection within {:?}", cfg.connect_timeout)),
+        };
+        let mut slot = this
+            .conn
+            .write()
+            .map_err(|_| "NATS connection lock poisoned".to_owned())?;
+        *slot = Some(conn);
+        Ok(())
+    }
+
+    /// Starts the reconnection thread unless one runs: new connections until one succeeds.
+    fn reconnect(this: &Arc<Inner>) {
+        if this.reconnecting.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        log::warn!("NATS connection closed; connecting anew");
+        let weak = Arc::downgrade(this);
+        let spawned = std::thread::Builder::new()
+            .name("nats-reconnect".into())
+            .spawn(move || loop {
+                let Some(inner) = weak.upgrade() else { return };
+                match Inner::attempt(&inner) {
+                    Ok(()) => {
+                        inner.reconnecting.store(false, Ordering::SeqCst);
+                        inner.reconnects.fetch_add(1, Ordering::SeqCst);
+                        log::info!("reconnected to NATS (new connection)");
+                        return;
+                    }
+                    Err(e) => log::warn!("NATS reconnection failed: {e}; retrying in 2 s"),
+                }
+                drop(inner);
+                std::thread::sleep(Duration::from_secs(2));
+            });
+        if let Err(e) = spawned {
+            this.reconnecting.store(false, Ordering::SeqCst);
+            log::error!("cannot start the NATS reconnection thread: {e}");
+        }
     }
 }
 
@@ -388,10 +471,11 @@ impl Buckets {
     /// under this device's inbox; the server removes it [`WATCH_INACTIVE`] after its subscriber is gone.
     fn subscribe(&self, bucket: &str, key: &str) -> io::Result<nats::Subscription> {
         self.check(bucket)?;
-        let deliver = self.nats.reply_subject();
-        let name = unique_token(&self.nats.conn);
+        let conn = self.nats.conn()?;
+        let deliver = Nats::reply_subject(&conn, &self.nats.inbox);
+        let name = unique_token(&conn);
         let filter = format!("$KV.{bucket}.{key}");
-        let sub = self.nats.conn.subscribe(&deliver)?;
+        let sub = conn.subscribe(&deliver)?;
         let body = serde_json::json!({
             "stream_name": format!("KV_{bucket}"),
             "config": {
@@ -459,8 +543,14 @@ impl Buckets {
                             let _ = sub.unsubscribe();
                             break;
                         }
-                        let Ok(msg) = sub.next_timeout(Duration::from_millis(500)) else {
-                            continue;
+                        let msg = match sub.next_timeout(Duration::from_millis(500)) {
+                            Ok(m) => m,
+                            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+                            Err(_) => {
+                                // The connection closed: wait for the new one (or the heartbeat deadline).
+                                std::thread::sleep(Duration::from_millis(200));
+                                continue;
+                            }
                         };
                         last_seen = Instant::now();
                         if status(&msg).is_some() {

@@ -61,6 +61,49 @@ pub fn stream_info_subject(bucket: &str) -> String {
     format!("$JS.API.STREAM.INFO.KV_{bucket}")
 }
 
+/// A NATS server URL split from the user and password it may carry (`nats://user:password@host:port`): the
+/// services that bypass the callout (operator, fleetlock-server, fleet-auth) authenticate with their own
+/// `auth_users` credentials, and the URL without them is what may be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NatsUrl {
+    /// The URL without credentials.
+    pub url: String,
+    /// User and password, when the URL had them.
+    pub user_password: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for NatsUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let user = self.user_password.as_ref().map(|(u, _)| u.as_str());
+        write!(f, "NatsUrl {{ url: {:?}, user: {user:?} }}", self.url)
+    }
+}
+
+/// Splits `url` (one URL or a comma-separated list whose first entry may carry `user:password@`). The user and
+/// password are taken literally (no percent-decoding): they must not contain `@`, `:` or `/`.
+pub fn split_nats_url(url: &str) -> NatsUrl {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return NatsUrl {
+            url: url.to_owned(),
+            user_password: None,
+        };
+    };
+    let host_end = rest.find(['/', ',']).unwrap_or(rest.len());
+    match rest[..host_end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            NatsUrl {
+                url: format!("{scheme}://{host}{}", &rest[host_end..]),
+                user_password: Some((user.to_owned(), password.to_owned())),
+            }
+        }
+        None => NatsUrl {
+            url: url.to_owned(),
+            user_password: None,
+        },
+    }
+}
+
 /// A device's permissions: allowed publish and subscribe subjects; everything else is denied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DevicePermissions {
@@ -168,6 +211,25 @@ mod tests {
             let wild = s.split('.').filter(|t| *t == "*" || *t == ">").count();
             assert!(wild <= 2, "{s}");
         }
+    }
+
+    #[test]
+    fn url_credentials_are_split_off() {
+        let u = split_nats_url("nats://operator:s3cret@nats.fleet:4222");
+        assert_eq!(u.url, "nats://nats.fleet:4222");
+        assert_eq!(
+            u.user_password,
+            Some(("operator".to_owned(), "s3cret".to_owned()))
+        );
+        assert!(!format!("{u:?}").contains("s3cret"));
+        let u = split_nats_url("nats://127.0.0.1:4222");
+        assert_eq!(
+            (u.url.as_str(), u.user_password),
+            ("nats://127.0.0.1:4222", None)
+        );
+        let u = split_nats_url("tls://a:b@h1:4222,tls://h2:4222");
+        assert_eq!(u.url, "tls://h1:4222,tls://h2:4222");
+        assert_eq!(split_nats_url("127.0.0.1").url, "127.0.0.1");
     }
 
     #[test]

@@ -46,8 +46,6 @@ struct ClientInfo {
 #[derive(Deserialize, Default)]
 struct ConnectOpts {
     #[serde(default)]
-    jwt: Option<String>,
-    #[serde(default)]
     auth_token: Option<String>,
 }
 
@@ -161,15 +159,9 @@ impl Callout {
         opts: &ConnectOpts,
         user_nkey: &str,
     ) -> Result<(String, String), String> {
-        let token = match (
-            opts.auth_token.as_deref().filter(|s| !s.is_empty()),
-            opts.jwt.as_deref().filter(|s| !s.is_empty()),
-        ) {
-            (Some(t), None) | (None, Some(t)) => t,
-            (None, None) => return Err(Denied::NoToken.to_string()),
-            (Some(_), Some(_)) => {
-                return Err("both an auth token and a JWT in the connect options; send one".into())
-            }
+        // In server-config mode nats-server drops a client's `jwt` option, so the token travels as `auth_token`.
+        let Some(token) = opts.auth_token.as_deref().filter(|s| !s.is_empty()) else {
+            return Err(Denied::NoToken.to_string());
         };
         let identity = self.verify(token).await.map_err(|d| d.to_string())?;
         let perms = fleet_wire::auth::device_permissions(&identity.device);

@@ -39,7 +39,7 @@ pub struct SigningKey {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Denied {
     /// No token in the connect options.
-    #[error("no token in the connect options (send the Zitadel token as the auth token or JWT)")]
+    #[error("no token in the connect options (send the Zitadel token as the NATS auth token)")]
     NoToken,
     /// Not a JWT, or too large.
     #[error("token is malformed: {0}")]
