@@ -73,11 +73,13 @@ pub async fn run(settings: Settings) -> Result<(), String> {
                 .as_ref()
                 .and_then(|h| h.get(XKEY_HEADER))
                 .map(|v| v.as_str().to_owned());
+            let started = std::time::Instant::now();
             let answer = callout.handle(&msg.payload, xkey.as_deref()).await;
+            let took = started.elapsed().as_secs_f64() * 1000.0;
             if answer.allowed {
-                log::info!("{}", answer.log);
+                log::info!("{} ({took:.1} ms)", answer.log);
             } else {
-                log::warn!("{}", answer.log);
+                log::warn!("{} ({took:.1} ms)", answer.log);
             }
             if let Some(bytes) = answer.reply {
                 if let Err(e) = client.publish(reply, bytes.into()).await {

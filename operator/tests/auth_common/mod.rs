@@ -131,6 +131,15 @@ impl Jwks {
     }
 }
 
+/// The fleet-auth binary: `FLEET_AUTH_BIN` when set (the benchmark uses a release build), else the one cargo built
+/// for this test.
+pub fn fleet_auth_bin() -> PathBuf {
+    std::env::var_os("FLEET_AUTH_BIN")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO_BIN_EXE_fleet-auth").map(PathBuf::from))
+        .expect("FLEET_AUTH_BIN is not set and this is not an integration test")
+}
+
 /// nats-server with `auth_callout`, fleet-auth and an admin user (both in `auth_users`).
 pub struct Stack {
     pub dir: tempfile::TempDir,
@@ -248,10 +257,13 @@ zitadel:
             .open(&self.auth_log)
             .expect("log");
         let before = self.auth_log_text().matches("fleet-auth serving").count();
-        let child = Command::new(env!("CARGO_BIN_EXE_fleet-auth"))
+        let child = Command::new(fleet_auth_bin())
             .arg("--config")
             .arg(&self.auth_config)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("FLEET_AUTH_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
