@@ -58,6 +58,8 @@ pub struct NatsConfig {
     pub auth: NatsAuth,
     /// This device's reply-inbox prefix (`_INBOX.device.<device-id>`), derived from the device id.
     pub inbox_prefix: String,
+    /// This device (its keys are the only ones its NATS calls name).
+    pub device_id: DeviceId,
     /// One connection attempt (at most 15 s).
     pub connect_timeout: Duration,
     /// Window within which attempts are retried before giving up (at most 3 min).
@@ -275,6 +277,7 @@ impl Config {
             urls: n.urls,
             auth,
             inbox_prefix: fleet_wire::auth::device_inbox_prefix(&device_id),
+            device_id: device_id.clone(),
             connect_timeout: secs(
                 "nats.connect_timeout_secs",
                 n.connect_timeout_secs,

@@ -2,17 +2,19 @@
 //! the required KV buckets (opened, never created), bounded-time get and put, and a key watch that is re-created
 //! after every reconnect.
 //!
-//! Every request uses a reply subject under the device's own inbox (`_INBOX.device.<device-id>`, the only
-//! subjects fleet-auth lets a device subscribe to), so no device can read another's replies: the JetStream calls
-//! are made here with core publish-with-reply (the crate's own JetStream API always uses `_INBOX.<random>`), and
-//! each names the device's key in its subject (direct get, filtered consumer create, put), which is what the
-//! device's permissions allow (`fleet_wire::auth::device_permissions`).
+//! Every request uses a reply subject under the device's own inbox (`_INBOX.device.<device-id>`, the only reply
+//! subjects fleet-auth lets a device subscribe to), so no device can read another's replies. The KV calls are made
+//! here with core NATS (the crate's own JetStream API always uses `_INBOX.<random>`) and each names the device's
+//! key in its subject, which is what the device's permissions allow (`fleet_wire::auth::device_permissions`):
+//! opening a bucket and reading a key are direct gets, a write is a put acknowledged on the inbox, and a watch is a
+//! subscription to the key's subject (every write is published there) followed by a direct get — no JetStream
+//! consumer, whose deliver subject permissions could not scope.
 //!
 //! The blocking `nats` crate is deprecated upstream; this module is the only place that uses it.
 #![allow(deprecated)]
 
 use crate::config::{NatsAuth, NatsConfig};
-use fleet_wire::auth::{consumer_create_subject, direct_get_subject, stream_info_subject};
+use fleet_wire::auth::{device_key_filter, direct_get_subject};
 use std::collections::BTreeSet;
 use std::io;
 use std::io::Read;
@@ -23,12 +25,8 @@ use std::time::{Duration, Instant};
 
 /// Time-out of one KV put (publish with acknowledgement).
 pub const PUT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time-out of one JetStream API request (open, get, consumer create).
+/// Time-out of one JetStream API request (open, get).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Idle heartbeat asked of watch consumers; three missed ones re-create the consumer.
-pub const WATCH_HEARTBEAT: Duration = Duration::from_secs(5);
-/// A watch consumer nobody listens to is removed by the server after this long.
-const WATCH_INACTIVE: Duration = Duration::from_secs(60);
 /// Largest token file read, in bytes.
 pub const TOKEN_MAX_BYTES: u64 = 16 * 1024;
 
@@ -159,7 +157,8 @@ impl Nats {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "not connected to NATS"))
     }
 
-    /// Opens every bucket in `names` (a stream-info request each); the first missing one is an error naming it.
+    /// Opens every bucket in `names` (a direct get of this device's key in each: it answers, found or not, only
+    /// when the bucket exists); the first missing one is an error naming it.
     pub fn open_buckets(&self, names: &[&str]) -> Result<Buckets, NatsError> {
         let mut opened = BTreeSet::new();
         for name in names {
@@ -167,10 +166,21 @@ impl Nats {
                 bucket: (*name).to_owned(),
                 message,
             };
+            let filter = fleet_wire::kv::bucket(name)
+                .and_then(|spec| device_key_filter(spec, &self.inner.cfg.device_id))
+                .ok_or_else(|| {
+                    bucket_err("not a bucket keyed by device in the KV layout".into())
+                })?;
             let reply = self
-                .request(&stream_info_subject(name), b"", REQUEST_TIMEOUT)
+                .request(&direct_get_subject(name, &filter), b"", REQUEST_TIMEOUT)
                 .map_err(|e| bucket_err(e.to_string()))?;
-            api_result(&reply.data).map_err(|e| bucket_err(e.to_string()))?;
+            match status(&reply).as_deref() {
+                None | Some("404") => {}
+                Some(code) => {
+                    let why = header(&reply, nats::header::DESCRIPTION).unwrap_or_default();
+                    return Err(bucket_err(format!("direct get answered {code} {why}")));
+                }
+            }
             opened.insert((*name).to_owned());
         }
         Ok(Buckets {
@@ -461,54 +471,23 @@ impl Buckets {
         })
     }
 
-    /// Creates a filtered consumer on `key` (as a KV watch does) and drops it: what the probe checks.
-    pub fn probe_consumer(&self, bucket: &str, key: &str) -> io::Result<()> {
-        let sub = self.subscribe(bucket, key)?;
-        sub.unsubscribe()
-    }
-
-    /// An ephemeral push consumer filtered on `key`, delivering the last value and every change to a subject
-    /// under this device's inbox; the server removes it [`WATCH_INACTIVE`] after its subscriber is gone.
-    fn subscribe(&self, bucket: &str, key: &str) -> io::Result<nats::Subscription> {
+    /// What a watch needs: a subscription to `key`'s subject and a direct get (what the probe checks).
+    pub fn probe_watch(&self, bucket: &str, key: &str) -> io::Result<()> {
         self.check(bucket)?;
-        let conn = self.nats.conn()?;
-        let deliver = Nats::reply_subject(&conn, &self.nats.inbox);
-        let name = unique_token(&conn);
-        let filter = format!("$KV.{bucket}.{key}");
-        let sub = conn.subscribe(&deliver)?;
-        let body = serde_json::json!({
-            "stream_name": format!("KV_{bucket}"),
-            "config": {
-                "name": name,
-                "deliver_subject": deliver,
-                "deliver_policy": "last_per_subject",
-                "ack_policy": "none",
-                "replay_policy": "instant",
-                "filter_subject": filter,
-                "idle_heartbeat": WATCH_HEARTBEAT.as_nanos() as u64,
-                "inactive_threshold": WATCH_INACTIVE.as_nanos() as u64,
-                "mem_storage": true,
-                "num_replicas": 1,
-            },
-        });
-        let created = self
+        let sub = self
             .nats
-            .request(
-                &consumer_create_subject(bucket, &name, &filter),
-                body.to_string().as_bytes(),
-                REQUEST_TIMEOUT,
-            )
-            .and_then(|m| api_result(&m.data));
-        if let Err(e) = created {
-            let _ = sub.unsubscribe();
-            return Err(e);
-        }
-        Ok(sub)
+            .conn()?
+            .subscribe(&format!("$KV.{bucket}.{key}"))?;
+        let got = self.get(bucket, key);
+        let _ = sub.unsubscribe();
+        got.map(|_| ())
     }
 
-    /// Watches `key` on a thread: every change is passed to `send` until it returns false or `stop` is set. The
-    /// consumer is re-created after each reconnect and after three missed heartbeats (a restarted server may have
-    /// lost it); callers still re-read the key periodically, so a missed change is only late, never lost.
+    /// Watches `key` (or `<prefix>.>`) on a thread: its current value first (when it exists), then every change,
+    /// each passed to `send` until it returns false or `stop` is set. Changes are noticed through the key's
+    /// subject (every write is published there) and read with a direct get, so the revision is the stream's. The
+    /// subscription is made again after each reconnect; callers still re-read the key periodically, so a missed
+    /// change is only late, never lost.
     pub fn watch(
         &self,
         bucket: &str,
@@ -516,14 +495,20 @@ impl Buckets {
         stop: Arc<AtomicBool>,
         send: impl Fn(Change) -> bool + Send + 'static,
     ) -> io::Result<std::thread::JoinHandle<()>> {
+        self.check(bucket)?;
         let this = self.clone();
         let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        let prefix = format!("$KV.{bucket}.");
         std::thread::Builder::new()
             .name(format!("watch-{bucket}"))
             .spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
                     let epoch = this.nats.reconnect_count();
-                    let sub = match this.subscribe(&bucket, &key) {
+                    let sub = match this
+                        .nats
+                        .conn()
+                        .and_then(|c| c.subscribe(&format!("{prefix}{key}")))
+                    {
                         Ok(s) => s,
                         Err(e) => {
                             log::debug!("watch {bucket}/{key}: {e}; retrying");
@@ -531,15 +516,23 @@ impl Buckets {
                             continue;
                         }
                     };
-                    let mut last_seen = Instant::now();
+                    // The current value, as a consumer delivering the last value per key would.
+                    match this.get(&bucket, &key) {
+                        Ok(c) if c.revision > 0 => {
+                            if !send(c) {
+                                let _ = sub.unsubscribe();
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => log::debug!("watch {bucket}/{key}: {e}"),
+                    }
                     loop {
                         if stop.load(Ordering::SeqCst) {
                             let _ = sub.unsubscribe();
                             return;
                         }
-                        if this.nats.reconnect_count() != epoch
-                            || last_seen.elapsed() > WATCH_HEARTBEAT * 3
-                        {
+                        if this.nats.reconnect_count() != epoch {
                             let _ = sub.unsubscribe();
                             break;
                         }
@@ -547,27 +540,23 @@ impl Buckets {
                             Ok(m) => m,
                             Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
                             Err(_) => {
-                                // The connection closed: wait for the new one (or the heartbeat deadline).
+                                // The connection closed: wait for the new one.
                                 std::thread::sleep(Duration::from_millis(200));
                                 continue;
                             }
                         };
-                        last_seen = Instant::now();
-                        if status(&msg).is_some() {
-                            // Idle heartbeat (100) or another status: liveness only.
-                            continue;
-                        }
-                        let Some(info) = msg.jetstream_message_info() else {
+                        // The written key (one of several under a `<prefix>.>` watch); read it for its revision.
+                        let Some(changed) = msg.subject.strip_prefix(&prefix) else {
                             continue;
                         };
-                        let revision = info.stream_seq;
-                        let value = match header(&msg, "KV-Operation").as_deref() {
-                            Some("DEL") | Some("PURGE") => Value::Absent,
-                            _ => Value::Put(msg.data.clone()),
-                        };
-                        if !send(Change { revision, value }) {
-                            let _ = sub.unsubscribe();
-                            return;
+                        match this.get(&bucket, changed) {
+                            Ok(c) => {
+                                if !send(c) {
+                                    let _ = sub.unsubscribe();
+                                    return;
+                                }
+                            }
+                            Err(e) => log::warn!("watch {bucket}/{changed}: {e}"),
                         }
                     }
                 }

@@ -281,13 +281,23 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
         agent_b.log_text()
     );
 
-    // A's own connection, subscribed to everything it may: its inbox (which A's agent's replies also use).
+    // A's own connection, subscribed to everything it may: its inbox (which A's agent's replies also use) and the
+    // subjects of its own keys (which carry every write to them).
     let a = connect_device(&stack.nats.url(), &ec.sign(&claims("dev-a", 600))).expect("dev-a");
-    let inbox = a
-        .conn
-        .subscribe("_INBOX.device.dev-a.>")
-        .expect("own inbox");
-    for forbidden in [">", "_INBOX.>", "_INBOX.device.dev-b.>", "$KV.>"] {
+    let allowed =
+        fleet_wire::auth::device_permissions(&fleet_wire::DeviceId::try_from("dev-a").unwrap());
+    let subs: Vec<_> = allowed
+        .subscribe
+        .iter()
+        .map(|s| a.conn.subscribe(s).expect("allowed subscription"))
+        .collect();
+    for forbidden in [
+        ">",
+        "_INBOX.>",
+        "_INBOX.device.dev-b.>",
+        "$KV.>",
+        "$KV.device-desired-state.dev-b",
+    ] {
         let _ = a.conn.subscribe(forbidden);
         assert!(
             a.wait_error(
@@ -298,20 +308,20 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
             a.errors.lock().unwrap()
         );
     }
-    // A cannot read B's desired state (direct get or stream message get), nor create an unfiltered consumer.
-    let reply = "_INBOX.device.dev-a.probe";
-    let answers = a.conn.subscribe(reply).expect("reply sub");
+    // A cannot read B's desired state (direct get or stream message get) nor create any consumer.
     for subject in [
         "$JS.API.DIRECT.GET.KV_device-desired-state.$KV.device-desired-state.dev-b",
+        "$JS.API.DIRECT.GET.KV_device-desired-state",
         "$JS.API.STREAM.MSG.GET.KV_device-desired-state",
         "$JS.API.CONSUMER.CREATE.KV_device-desired-state",
-        "$JS.API.CONSUMER.CREATE.KV_device-desired-state.x.$KV.device-desired-state.dev-b",
+        "$JS.API.CONSUMER.CREATE.KV_device-desired-state.x.$KV.device-desired-state.dev-a",
+        "$JS.API.CONSUMER.CREATE.KV_device-desired-state.x.$KV.device-desired-state.>",
         "$JS.API.CONSUMER.DURABLE.CREATE.KV_device-desired-state.x",
     ] {
         a.conn
             .publish_request(
                 subject,
-                reply,
+                "_INBOX.device.dev-a.probe",
                 br#"{"last_by_subj":"$KV.device-desired-state.dev-b"}"#,
             )
             .expect("publish");
@@ -324,33 +334,7 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
             a.errors.lock().unwrap()
         );
     }
-    // Its own filtered-consumer subject with a wider filter in the body is refused by JetStream itself.
-    let widened = json!({"stream_name": "KV_device-desired-state", "config": {
-        "name": "x", "deliver_subject": "_INBOX.device.dev-a.w", "ack_policy": "none",
-        "filter_subject": "$KV.device-desired-state.>"}});
-    let msg = a.conn.request_timeout(
-        "$JS.API.CONSUMER.CREATE.KV_device-desired-state.x.$KV.device-desired-state.dev-a",
-        widened.to_string(),
-        Duration::from_secs(3),
-    );
-    // The blocking client's request() uses `_INBOX.<random>`, which A may not subscribe to: no answer at all.
-    assert!(msg.is_err());
-    a.conn
-        .publish_request(
-            "$JS.API.CONSUMER.CREATE.KV_device-desired-state.x.$KV.device-desired-state.dev-a",
-            reply,
-            widened.to_string(),
-        )
-        .expect("publish");
-    let answer = answers
-        .next_timeout(Duration::from_secs(5))
-        .expect("JetStream answers");
-    let answer: serde_json::Value = serde_json::from_slice(&answer.data).expect("json");
-    assert!(
-        answer.get("error").is_some(),
-        "widened filter accepted: {answer}"
-    );
-    // A cannot write B's intent or status.
+    // A cannot write B's keys (nor the keys the operator writes for A).
     for subject in [
         "$KV.agent-upgrade-intent.dev-b",
         "$KV.agent-upgrade-status.dev-b",
@@ -370,25 +354,78 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
             "{subject} was not refused"
         );
     }
-    let intent = nats::jetstream::new(admin.clone())
-        .key_value(kv::AGENT_UPGRADE_INTENT)
+    // Nor through the reply subject of a request it may make: JetStream's answers (a put's acknowledgement, a
+    // direct get's message) stay in the devices' account and never land on a key.
+    let desired = nats::jetstream::new(admin.clone())
+        .key_value(kv::DESIRED_STATE)
         .unwrap();
-    assert_eq!(intent.get("dev-b").unwrap(), None, "B's intent was written");
+    let b_desired = desired.entry("dev-b").unwrap().map(|e| e.revision);
+    let run = "6f1c2b9e-8d0a-4c55-9a77-3f2e1d0c9b8a";
+    let targets = [
+        "$KV.agent-upgrade-intent.dev-b".to_owned(),
+        "$KV.device-desired-state.dev-b".to_owned(),
+        format!("$KV.system-upgrade-status.dev-b.{run}"),
+        format!("$KV.system-upgrade-intent.dev-b.{run}"),
+    ];
+    for target in &targets {
+        a.conn
+            .publish_request("$KV.device-info.dev-a", target, b"{\"forged\":true}")
+            .expect("put");
+        a.conn
+            .publish_request(
+                "$JS.API.DIRECT.GET.KV_device-info.$KV.device-info.dev-a",
+                target,
+                b"",
+            )
+            .expect("get");
+    }
+    a.conn.flush().expect("flush");
+    std::thread::sleep(Duration::from_secs(1));
+    let js = nats::jetstream::new(admin.clone());
+    assert_eq!(
+        js.key_value(kv::AGENT_UPGRADE_INTENT)
+            .unwrap()
+            .entry("dev-b")
+            .unwrap()
+            .map(|e| e.revision),
+        None,
+        "B's intent was written"
+    );
+    assert_eq!(
+        desired.entry("dev-b").unwrap().map(|e| e.revision),
+        b_desired,
+        "B's desired state changed"
+    );
+    for bucket in [kv::SYSTEM_UPGRADE_STATUS, kv::SYSTEM_UPGRADE_INTENT] {
+        let key = format!("dev-b.{run}");
+        assert_eq!(
+            js.key_value(bucket)
+                .unwrap()
+                .entry(&key)
+                .unwrap()
+                .map(|e| e.revision),
+            None,
+            "{bucket}/{key} was written"
+        );
+    }
 
     // While B works (heartbeats every second), A hears only its own agent's traffic.
     std::thread::sleep(Duration::from_secs(4));
     let mut seen = 0;
-    while let Ok(m) = inbox.next_timeout(Duration::from_millis(100)) {
-        seen += 1;
-        let text = String::from_utf8_lossy(&m.data);
-        assert!(
-            !text.contains("dev-b") && !m.subject.contains("dev-b"),
-            "A heard B: {text}"
-        );
+    for sub in &subs {
+        while let Ok(m) = sub.next_timeout(Duration::from_millis(100)) {
+            seen += 1;
+            let text = String::from_utf8_lossy(&m.data);
+            assert!(
+                !text.contains("dev-b") && !m.subject.contains("dev-b"),
+                "A heard B on {}: {text}",
+                m.subject
+            );
+        }
     }
     assert!(
         seen > 0,
-        "A's inbox subscription saw none of its own agent's replies"
+        "A's subscriptions saw none of its own agent's traffic"
     );
 
     // Leave no container behind.

@@ -45,21 +45,32 @@ pub fn device_key_filter(spec: &BucketSpec, device: &DeviceId) -> Option<String>
     }
 }
 
-/// Subject of a filtered ephemeral consumer create (nats-server 2.10+ checks that the request's filter equals
-/// the subject's): `$JS.API.CONSUMER.CREATE.KV_<bucket>.<name>.<filter>`.
-pub fn consumer_create_subject(bucket: &str, name: &str, filter: &str) -> String {
-    format!("$JS.API.CONSUMER.CREATE.KV_{bucket}.{name}.{filter}")
-}
-
-/// Subject of a direct get of the last value of `subject` (the key's `$KV.…` subject).
+/// Subject of a direct get of the last value of `subject` (the key's `$KV.…` subject, or a `….>` filter for the
+/// newest of a device's run keys). The key is in the subject, so permissions can scope it; the body must be empty.
 pub fn direct_get_subject(bucket: &str, subject: &str) -> String {
     format!("$JS.API.DIRECT.GET.KV_{bucket}.{subject}")
 }
 
-/// Subject of the stream-info request that opens a bucket.
-pub fn stream_info_subject(bucket: &str) -> String {
-    format!("$JS.API.STREAM.INFO.KV_{bucket}")
+/// The subjects the devices' account imports as services from the account holding the KV buckets: direct gets,
+/// and puts to the buckets the agent writes. Devices live in an account of their own so that JetStream's answers
+/// (which go to whatever reply subject a request names) are delivered in the devices' account, never onto a KV
+/// subject of the buckets' account (see `docs/auth.md`).
+pub fn device_service_imports() -> Vec<String> {
+    let mut v = vec!["$JS.API.DIRECT.GET.>".to_owned()];
+    for spec in BUCKETS {
+        if device_access(spec) == DeviceAccess::ReadWrite {
+            match spec.key {
+                KeyShape::Device => v.push(format!("$KV.{}.*", spec.name)),
+                _ => v.push(format!("$KV.{}.>", spec.name)),
+            }
+        }
+    }
+    v
 }
+
+/// The subject the devices' account imports as a stream: every KV write, which the watches listen to (each
+/// device may subscribe only to its own keys).
+pub const DEVICE_STREAM_IMPORT: &str = "$KV.>";
 
 /// A NATS server URL split from the user and password it may carry (`nats://user:password@host:port`): the
 /// services that bypass the callout (operator, fleetlock-server, fleet-auth) authenticate with their own
@@ -113,11 +124,13 @@ pub struct DevicePermissions {
     pub subscribe: Vec<String>,
 }
 
-/// The permissions of `device`: for each bucket keyed by device, opening the bucket (stream info), a direct get
-/// and a filtered consumer on its own keys, and a put on its own keys where the agent is the writer; subscribing
-/// only to its own reply inboxes (which also receive its consumers' deliveries).
+/// The permissions of `device`: for each bucket keyed by device, a direct get of its own keys and a subscription
+/// to their subjects (every write to a key is published there: the agent's watch), a put on its own keys where the
+/// agent is the writer, and its own reply inboxes. No JetStream consumer API at all: a consumer's deliver subject
+/// cannot be scoped by permissions (see `docs/auth.md`).
 pub fn device_permissions(device: &DeviceId) -> DevicePermissions {
     let mut publish = Vec::new();
+    let mut subscribe = vec![format!("{}.>", device_inbox_prefix(device))];
     for spec in BUCKETS {
         let access = device_access(spec);
         let Some(filter) = device_key_filter(spec, device) else {
@@ -126,17 +139,13 @@ pub fn device_permissions(device: &DeviceId) -> DevicePermissions {
         if access == DeviceAccess::None {
             continue;
         }
-        publish.push(stream_info_subject(spec.name));
         publish.push(direct_get_subject(spec.name, &filter));
-        publish.push(consumer_create_subject(spec.name, "*", &filter));
         if access == DeviceAccess::ReadWrite {
-            publish.push(filter);
+            publish.push(filter.clone());
         }
+        subscribe.push(filter);
     }
-    DevicePermissions {
-        publish,
-        subscribe: vec![format!("{}.>", device_inbox_prefix(device))],
-    }
+    DevicePermissions { publish, subscribe }
 }
 
 #[cfg(test)]
@@ -177,39 +186,74 @@ mod tests {
     #[test]
     fn permissions_of_one_device() {
         let p = device_permissions(&dev("dev-a"));
-        assert_eq!(p.subscribe, vec!["_INBOX.device.dev-a.>".to_owned()]);
+        assert_eq!(p.subscribe[0], "_INBOX.device.dev-a.>");
         for want in [
             "$KV.device-heartbeat.dev-a",
             "$KV.system-upgrade-status.dev-a.>",
-            "$JS.API.STREAM.INFO.KV_device-desired-state",
             "$JS.API.DIRECT.GET.KV_device-desired-state.$KV.device-desired-state.dev-a",
-            "$JS.API.CONSUMER.CREATE.KV_agent-upgrade-intent.*.$KV.agent-upgrade-intent.dev-a",
-            "$JS.API.CONSUMER.CREATE.KV_system-upgrade-intent.*.$KV.system-upgrade-intent.dev-a.>",
             "$JS.API.DIRECT.GET.KV_system-upgrade-intent.$KV.system-upgrade-intent.dev-a.>",
         ] {
-            assert!(p.publish.iter().any(|s| s == want), "missing {want}");
+            assert!(
+                p.publish.iter().any(|s| s == want),
+                "missing publish {want}"
+            );
+        }
+        for want in [
+            "$KV.device-desired-state.dev-a",
+            "$KV.agent-upgrade-intent.dev-a",
+            "$KV.system-upgrade-intent.dev-a.>",
+        ] {
+            assert!(
+                p.subscribe.iter().any(|s| s == want),
+                "missing subscribe {want}"
+            );
         }
         for forbidden in [
             "$KV.device-desired-state.dev-a",
             "$KV.agent-upgrade-intent.dev-a",
             "$KV.system-upgrade-intent.dev-a.>",
-            "$JS.API.STREAM.INFO.KV_task-plans",
-            "$JS.API.STREAM.INFO.KV_fleetlock",
         ] {
             assert!(!p.publish.iter().any(|s| s == forbidden), "{forbidden}");
         }
-        // Nothing is a bare wildcard or names another device; no `$SYS`, no unfiltered JetStream API.
+        // Only the device's own subjects; no consumer or stream API, no `$SYS`, no bare wildcard.
         for s in p.publish.iter().chain(&p.subscribe) {
+            assert!(s.split('.').any(|t| t == "dev-a"), "{s}");
             assert!(
-                s.contains("dev-a") || s.starts_with("$JS.API.STREAM.INFO.KV_"),
+                !s.starts_with("$SYS") && !s.contains("CONSUMER") && !s.contains("STREAM"),
                 "{s}"
             );
+            assert!(!s.split('.').any(|t| t == "*"), "{s}");
+        }
+        assert!(!p
+            .publish
+            .iter()
+            .chain(&p.subscribe)
+            .any(|s| s.contains("task-plans") || s.contains("fleetlock")));
+    }
+
+    #[test]
+    fn imports_cover_what_devices_publish() {
+        let imports = device_service_imports();
+        assert_eq!(imports[0], "$JS.API.DIRECT.GET.>");
+        assert!(imports.contains(&"$KV.device-heartbeat.*".to_owned()));
+        assert!(imports.contains(&"$KV.system-upgrade-status.>".to_owned()));
+        assert!(!imports
+            .iter()
+            .any(|s| s.contains("intent") || s.contains("desired")));
+        // Every publish a device is allowed is served by one of the imports.
+        let matches = |pat: &str, subj: &str| {
+            let (p, s): (Vec<&str>, Vec<&str>) =
+                (pat.split('.').collect(), subj.split('.').collect());
+            p.iter()
+                .enumerate()
+                .all(|(i, t)| *t == ">" || s.get(i).is_some_and(|x| *t == "*" || t == x))
+                && (p.last() == Some(&">") || p.len() == s.len())
+        };
+        for subj in device_permissions(&dev("dev-a")).publish {
             assert!(
-                !s.starts_with("$SYS") && s != ">" && !s.ends_with(".*"),
-                "{s}"
+                imports.iter().any(|i| matches(i, &subj)),
+                "{subj} is not imported"
             );
-            let wild = s.split('.').filter(|t| *t == "*" || *t == ">").count();
-            assert!(wild <= 2, "{s}");
         }
     }
 

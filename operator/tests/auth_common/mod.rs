@@ -131,6 +131,58 @@ impl Jwks {
     }
 }
 
+/// The nats-server configuration of docs/auth.md: fleet-auth in account AUTH, the services and the KV buckets in
+/// FLEET, devices (placed by the callout) in DEVICES, which reaches FLEET only through the imports of
+/// `fleet_wire::auth`.
+pub fn server_config(
+    log: &Path,
+    issuer: &str,
+    auth_password: &str,
+    admin_password: &str,
+    xkey: Option<&str>,
+) -> String {
+    let imports = fleet_wire::auth::device_service_imports();
+    let exports: String = imports
+        .iter()
+        .map(|s| format!("      {{ service: \"{s}\" }}\n"))
+        .collect();
+    let service_imports: String = imports
+        .iter()
+        .map(|s| format!("      {{ service: {{ account: FLEET, subject: \"{s}\" }} }}\n"))
+        .collect();
+    let stream = fleet_wire::auth::DEVICE_STREAM_IMPORT;
+    let xkey = xkey.map(|x| format!("xkey: \"{x}\"")).unwrap_or_default();
+    format!(
+        r#"log_file: "{log}"
+accounts {{
+  AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth_password}" }} ] }}
+  FLEET {{
+    jetstream: enabled
+    users: [ {{ user: "admin", password: "{admin_password}" }} ]
+    exports: [
+{exports}      {{ stream: "{stream}" }}
+    ]
+  }}
+  DEVICES {{
+    imports: [
+{service_imports}      {{ stream: {{ account: FLEET, subject: "{stream}" }} }}
+    ]
+  }}
+}}
+authorization {{
+  timeout: 3
+  auth_callout {{
+    issuer: "{issuer}"
+    account: AUTH
+    auth_users: [ "fleet-auth", "admin" ]
+    {xkey}
+  }}
+}}
+"#,
+        log = log.display(),
+    )
+}
+
 /// The fleet-auth binary: `FLEET_AUTH_BIN` when set (the benchmark uses a release build), else the one cargo built
 /// for this test.
 pub fn fleet_auth_bin() -> PathBuf {
@@ -168,31 +220,15 @@ impl Stack {
         let curve = nkeys::XKey::new();
         let auth_password = password();
         let admin_password = password();
-        let xkey_line = if xkey {
-            format!("xkey: \"{}\"", curve.public_key())
-        } else {
-            String::new()
-        };
         let conf = dir.path().join("nats.conf");
         std::fs::write(
             &conf,
-            format!(
-                r#"log_file: "{log}"
-authorization {{
-  timeout: 3
-  users: [
-    {{ user: "fleet-auth", password: "{auth_password}" }}
-    {{ user: "admin", password: "{admin_password}" }}
-  ]
-  auth_callout {{
-    issuer: "{issuer}"
-    auth_users: [ "fleet-auth", "admin" ]
-    {xkey_line}
-  }}
-}}
-"#,
-                log = dir.path().join("nats.log").display(),
-                issuer = issuer.public_key(),
+            server_config(
+                &dir.path().join("nats.log"),
+                &issuer.public_key(),
+                &auth_password,
+                &admin_password,
+                xkey.then(|| curve.public_key()).as_deref(),
             ),
         )
         .expect("nats.conf");
@@ -214,6 +250,7 @@ authorization {{
   user: fleet-auth
   password_file: "{pw}"
 issuer_seed_file: "{seed}"
+account: DEVICES
 {xkey}
 zitadel:
   issuer: "{ISSUER}"
