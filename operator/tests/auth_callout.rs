@@ -182,6 +182,15 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
         fleet_operator::kv::ensure_buckets(&js)
             .await
             .expect("buckets");
+        // fleetlock-server's NATS store connects with its own user too (here the same auth_users entry).
+        fleet_operator::fleetlock::store::nats::NatsStore::open(&stack.admin_url(), None)
+            .await
+            .expect("fleetlock store connects with its own credentials");
+        // Without valid credentials the callout refuses it, and the error does not show the password.
+        let e = fleet_operator::kv::connect(&stack.admin_url().replace("admin:", "nobody:"))
+            .await
+            .expect_err("unknown user");
+        assert!(!format!("{e:?}").contains(&stack.admin_password), "{e:?}");
     });
     let admin = stack.admin();
 
