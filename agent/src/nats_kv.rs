@@ -563,3 +563,46 @@ impl Buckets {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_file_is_read_trimmed_and_bounded() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("nats-token");
+        std::fs::write(&p, "  eyJ.token.sig\n").expect("write");
+        assert_eq!(read_token(&p).expect("token"), "eyJ.token.sig");
+        std::fs::write(&p, "\n").expect("write");
+        let e = read_token(&p).expect_err("empty");
+        assert!(
+            e.to_string().contains("is empty") && !e.to_string().contains("eyJ"),
+            "{e}"
+        );
+        std::fs::write(&p, "x".repeat(TOKEN_MAX_BYTES as usize + 1)).expect("write");
+        assert!(read_token(&p)
+            .expect_err("big")
+            .to_string()
+            .contains("larger than"));
+        let e = read_token(&dir.path().join("missing")).expect_err("missing");
+        assert!(e.to_string().contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn api_errors_are_named() {
+        let e = api_result(
+            br#"{"error":{"code":404,"err_code":10059,"description":"stream not found"}}"#,
+        )
+        .expect_err("error");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(e
+            .to_string()
+            .contains("stream not found (JetStream error 10059)"));
+        assert_eq!(
+            api_result(br#"{"stream":"KV_x","seq":7}"#).expect("ack")["seq"],
+            7
+        );
+        assert!(api_result(b"not json").is_err());
+    }
+}
