@@ -11,7 +11,8 @@ Usage: fleet-operator [--nats-url URL]
        fleet-operator --help | --version
 
 Options:
-  --nats-url URL   NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222)
+  --nats-url URL   NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222); nats://user:password@host:port
+                   connects as the operator's own NATS user (never logged; docs/auth.md)
 Environment:
   KUBECONFIG / in-cluster service account   how the Kubernetes API is reached
   POD_NAME         this replica's name in events
