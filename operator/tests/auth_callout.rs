@@ -150,8 +150,14 @@ fn tokens_are_verified_and_every_denial_says_why() {
     assert!(!log.contains(&stack.issuer.seed().unwrap()[..12]));
 }
 
-/// Waits for `bucket/key` to exist (via the admin connection) and returns its JSON.
-fn wait_key(admin: &nats::Connection, bucket: &str, key: &str, what: &str) -> serde_json::Value {
+/// Waits for `bucket/key` to exist (via the admin connection) and returns its JSON; `agent` (its log) explains a
+/// time-out.
+fn wait_key(
+    admin: &nats::Connection,
+    bucket: &str,
+    key: &str,
+    agent: &AgentProc,
+) -> serde_json::Value {
     let store = nats::jetstream::new(admin.clone())
         .key_value(bucket)
         .expect("bucket");
@@ -162,7 +168,12 @@ fn wait_key(admin: &nats::Connection, bucket: &str, key: &str, what: &str) -> se
             .flatten()
             .and_then(|b| serde_json::from_slice(&b).ok())
     })
-    .unwrap_or_else(|| panic!("{what}: {bucket}/{key} never written"))
+    .unwrap_or_else(|| {
+        panic!(
+            "{bucket}/{key} never written; agent log:\n{}",
+            agent.log_text()
+        )
+    })
 }
 
 #[test]
@@ -194,24 +205,26 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
     });
     let admin = stack.admin();
 
-    // Device A: a short-lived token that is rotated on disk while the agent runs.
-    let tokens = tempfile::tempdir().expect("tmp");
-    let token_a = tokens.path().join("a.token");
-    write_token(&token_a, &ec.sign(&claims("dev-a", 8)));
-    let token_b = tokens.path().join("b.token");
-    write_token(&token_b, &ec.sign(&claims("dev-b", 600)));
     // Device A reconciles real containers (rootful Podman, a test image); B runs with Podman off.
     let podman = fleet_rig::podman::PodmanService::start();
     podman.import_busybox(IMAGE);
+    // The agent binary first: building it may take longer than A's short-lived token lives.
+    fleet_vm_tests::builds::agent(fleet_vm_tests::builds::V1);
+    // Device A: a short-lived token that is rotated on disk while the agent runs.
+    let tokens = tempfile::tempdir().expect("tmp");
+    let token_a = tokens.path().join("a.token");
+    write_token(&token_a, &ec.sign(&claims("dev-a", 10)));
+    let token_b = tokens.path().join("b.token");
+    write_token(&token_b, &ec.sign(&claims("dev-b", 600)));
     let agent_a = AgentProc::start("dev-a", &stack.nats.url(), &token_a, Some(&podman.socket()));
     let agent_b = AgentProc::start("dev-b", &stack.nats.url(), &token_b, None);
 
     // Both agents run: device info, heartbeats, and a reconcile of their desired state.
-    wait_key(&admin, kv::DEVICE_INFO, "dev-a", "device info");
-    wait_key(&admin, kv::DEVICE_HEARTBEAT, "dev-a", "heartbeat");
-    wait_key(&admin, kv::DEVICE_HEARTBEAT, "dev-b", "heartbeat");
+    wait_key(&admin, kv::DEVICE_INFO, "dev-a", &agent_a);
+    wait_key(&admin, kv::DEVICE_HEARTBEAT, "dev-a", &agent_a);
+    wait_key(&admin, kv::DEVICE_HEARTBEAT, "dev-b", &agent_b);
 
-    // A's token is rotated on disk; when the old one expires (8 s) the server disconnects the agent, which
+    // A's token is rotated on disk; when the old one expires (10 s) the server disconnects the agent, which
     // reconnects with the new one: one reconnect, no restart.
     write_token(&token_a, &ec.sign(&claims("dev-a", 600)));
     let reconnected = wait_for(Duration::from_secs(30), || {
