@@ -131,58 +131,6 @@ impl Jwks {
     }
 }
 
-/// The nats-server configuration of docs/auth.md: fleet-auth in account AUTH, the services and the KV buckets in
-/// FLEET, devices (placed by the callout) in DEVICES, which reaches FLEET only through the imports of
-/// `fleet_wire::auth`.
-pub fn server_config(
-    log: &Path,
-    issuer: &str,
-    auth_password: &str,
-    admin_password: &str,
-    xkey: Option<&str>,
-) -> String {
-    let imports = fleet_wire::auth::device_service_imports();
-    let exports: String = imports
-        .iter()
-        .map(|s| format!("      {{ service: \"{s}\" }}\n"))
-        .collect();
-    let service_imports: String = imports
-        .iter()
-        .map(|s| format!("      {{ service: {{ account: FLEET, subject: \"{s}\" }} }}\n"))
-        .collect();
-    let stream = fleet_wire::auth::DEVICE_STREAM_IMPORT;
-    let xkey = xkey.map(|x| format!("xkey: \"{x}\"")).unwrap_or_default();
-    format!(
-        r#"log_file: "{log}"
-accounts {{
-  AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth_password}" }} ] }}
-  FLEET {{
-    jetstream: enabled
-    users: [ {{ user: "admin", password: "{admin_password}" }} ]
-    exports: [
-{exports}      {{ stream: "{stream}" }}
-    ]
-  }}
-  DEVICES {{
-    imports: [
-{service_imports}      {{ stream: {{ account: FLEET, subject: "{stream}" }} }}
-    ]
-  }}
-}}
-authorization {{
-  timeout: 3
-  auth_callout {{
-    issuer: "{issuer}"
-    account: AUTH
-    auth_users: [ "fleet-auth", "admin" ]
-    {xkey}
-  }}
-}}
-"#,
-        log = log.display(),
-    )
-}
-
 /// The fleet-auth binary: `FLEET_AUTH_BIN` when set (the benchmark uses a release build), else the one cargo built
 /// for this test.
 pub fn fleet_auth_bin() -> PathBuf {
@@ -223,7 +171,7 @@ impl Stack {
         let conf = dir.path().join("nats.conf");
         std::fs::write(
             &conf,
-            server_config(
+            fleet_rig::nats::callout_config(
                 &dir.path().join("nats.log"),
                 &issuer.public_key(),
                 &auth_password,
@@ -343,10 +291,7 @@ zitadel:
 
     /// A blocking admin connection.
     pub fn admin(&self) -> nats::Connection {
-        nats::Options::with_user_pass("admin", &self.admin_password)
-            .with_name("test-admin")
-            .connect(self.nats.url().as_str())
-            .expect("admin connect")
+        fleet_rig::nats::nats_client::connect_user(&self.nats.url(), "admin", &self.admin_password)
     }
 }
 

@@ -141,6 +141,60 @@ impl Drop for NatsServer {
     }
 }
 
+/// The nats-server configuration of docs/auth.md (pass it with `-c` to [`NatsServer::start_with_args`]): user
+/// `fleet-auth` in account AUTH, where the auth callout asks; user `admin` (the operator's and fleetlock's stand-in,
+/// bypassing the callout) and the KV buckets in FLEET; devices, placed by fleet-auth (`account: DEVICES`), in
+/// DEVICES, which reaches FLEET only through the imports of `fleet_wire::auth`. `issuer` is fleet-auth's account
+/// public key, `xkey` its optional curve public key; the server logs to `log`.
+pub fn callout_config(
+    log: &Path,
+    issuer: &str,
+    auth_password: &str,
+    admin_password: &str,
+    xkey: Option<&str>,
+) -> String {
+    let imports = fleet_wire::auth::device_service_imports();
+    let exports: String = imports
+        .iter()
+        .map(|s| format!("      {{ service: \"{s}\" }}\n"))
+        .collect();
+    let service_imports: String = imports
+        .iter()
+        .map(|s| format!("      {{ service: {{ account: FLEET, subject: \"{s}\" }} }}\n"))
+        .collect();
+    let stream = fleet_wire::auth::DEVICE_STREAM_IMPORT;
+    let xkey = xkey.map(|x| format!("xkey: \"{x}\"")).unwrap_or_default();
+    format!(
+        r#"log_file: "{log}"
+accounts {{
+  AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth_password}" }} ] }}
+  FLEET {{
+    jetstream: enabled
+    users: [ {{ user: "admin", password: "{admin_password}" }} ]
+    exports: [
+{exports}      {{ stream: "{stream}" }}
+    ]
+  }}
+  DEVICES {{
+    imports: [
+{service_imports}      {{ stream: {{ account: FLEET, subject: "{stream}" }} }}
+    ]
+  }}
+}}
+authorization {{
+  timeout: 3
+  auth_callout {{
+    issuer: "{issuer}"
+    account: AUTH
+    auth_users: [ "fleet-auth", "admin" ]
+    {xkey}
+  }}
+}}
+"#,
+        log = log.display(),
+    )
+}
+
 /// A blocking client for tests (the `nats` crate is deprecated upstream; the lint is allowed here only).
 pub mod nats_client {
     /// The blocking client's connection type.
@@ -154,6 +208,15 @@ pub mod nats_client {
             .with_name("fleet-rig")
             .connect(url)
             .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    }
+
+    /// Connects as `user` (a FLEET user of [`super::callout_config`], such as `admin`), failing the test on error.
+    #[allow(deprecated)]
+    pub fn connect_user(url: &str, user: &str, password: &str) -> Connection {
+        nats::Options::with_user_pass(user, password)
+            .with_name("fleet-rig")
+            .connect(url)
+            .unwrap_or_else(|e| panic!("connect to {url} as {user}: {e}"))
     }
 
     /// A KV bucket handle.
