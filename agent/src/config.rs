@@ -44,6 +44,9 @@ pub enum NatsAuth {
     },
     /// A token.
     Token(Secret),
+    /// A token read from this file on every connect and reconnect (the device's Zitadel token, checked by the
+    /// fleet-auth callout), so a token rotated on disk is used without a restart.
+    TokenFile(PathBuf),
 }
 
 /// NATS settings.
@@ -53,6 +56,10 @@ pub struct NatsConfig {
     pub urls: Vec<String>,
     /// Credentials.
     pub auth: NatsAuth,
+    /// This device's reply-inbox prefix (`_INBOX.device.<device-id>`), derived from the device id.
+    pub inbox_prefix: String,
+    /// This device (its keys are the only ones its NATS calls name).
+    pub device_id: DeviceId,
     /// One connection attempt (at most 15 s).
     pub connect_timeout: Duration,
     /// Window within which attempts are retried before giving up (at most 3 min).
@@ -111,6 +118,8 @@ struct RawNats {
     password: Option<Secret>,
     #[serde(default)]
     token: Option<Secret>,
+    #[serde(default)]
+    token_file: Option<PathBuf>,
     #[serde(default)]
     connect_timeout_secs: Option<u64>,
     #[serde(default)]
@@ -249,22 +258,26 @@ impl Config {
                 ));
             }
         }
-        let auth = match (n.user, n.password, n.token) {
-            (None, None, None) => NatsAuth::None,
-            (Some(user), Some(password), None) if !user.is_empty() => {
+        let auth = match (n.user, n.password, n.token, n.token_file) {
+            (None, None, None, None) => NatsAuth::None,
+            (Some(user), Some(password), None, None) if !user.is_empty() => {
                 NatsAuth::UserPassword { user, password }
             }
-            (None, None, Some(t)) if !t.expose().is_empty() => NatsAuth::Token(t),
-            _ => {
-                return Err(invalid(
-                    "nats",
-                    "set either `user` and `password`, or `token`, or neither",
-                ))
+            (None, None, Some(t), None) if !t.expose().is_empty() => NatsAuth::Token(t),
+            (None, None, None, Some(p)) if p.is_absolute() => NatsAuth::TokenFile(p),
+            (None, None, None, Some(_)) => {
+                return Err(invalid("nats.token_file", "must be an absolute path"))
             }
+            _ => return Err(invalid(
+                "nats",
+                "set either `user` and `password`, or `token`, or `token_file`, or none of them",
+            )),
         };
         let nats = NatsConfig {
             urls: n.urls,
             auth,
+            inbox_prefix: fleet_wire::auth::device_inbox_prefix(&device_id),
+            device_id: device_id.clone(),
             connect_timeout: secs(
                 "nats.connect_timeout_secs",
                 n.connect_timeout_secs,
@@ -358,6 +371,24 @@ mod tests {
         assert!(e.to_string().contains("either"), "{e}");
         let e = Config::parse(&MIN.replace("nats://", "nats://u:p@")).expect_err("url creds");
         assert!(e.to_string().contains("credentials"), "{e}");
+    }
+
+    #[test]
+    fn token_file_and_inbox() {
+        let c = Config::parse(&format!(
+            "{MIN}token_file = \"/etc/harmony-fleet/nats-token\"\n"
+        ))
+        .expect("valid");
+        assert_eq!(
+            c.nats.auth,
+            NatsAuth::TokenFile(PathBuf::from("/etc/harmony-fleet/nats-token"))
+        );
+        assert_eq!(c.nats.inbox_prefix, "_INBOX.device.device-1");
+        let e = Config::parse(&format!("{MIN}token_file = \"relative\"\n")).expect_err("rel");
+        assert!(e.to_string().contains("token_file"), "{e}");
+        let e =
+            Config::parse(&format!("{MIN}token_file = \"/t\"\ntoken = \"x\"\n")).expect_err("both");
+        assert!(e.to_string().contains("either"), "{e}");
     }
 
     #[test]

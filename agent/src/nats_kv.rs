@@ -1,29 +1,58 @@
-//! The NATS side: connection with bounded attempts in a retry window, the required KV buckets (opened, never
-//! created), bounded-time get and put, and a key watch that is re-created after every reconnect.
+//! The NATS side: connection with bounded attempts in a retry window (a token file is re-read on every connect),
+//! the required KV buckets (opened, never created), bounded-time get and put, and a key watch that is re-created
+//! after every reconnect.
+//!
+//! Every request uses a reply subject under the device's own inbox (`_INBOX.device.<device-id>`, the only reply
+//! subjects fleet-auth lets a device subscribe to), so no device can read another's replies. The KV calls are made
+//! here with core NATS (the crate's own JetStream API always uses `_INBOX.<random>`) and each names the device's
+//! key in its subject, which is what the device's permissions allow (`fleet_wire::auth::device_permissions`):
+//! opening a bucket and reading a key are direct gets, a write is a put acknowledged on the inbox, and a watch is a
+//! subscription to the key's subject (every write is published there) followed by a direct get — no JetStream
+//! consumer, whose deliver subject permissions could not scope.
 //!
 //! The blocking `nats` crate is deprecated upstream; this module is the only place that uses it.
 #![allow(deprecated)]
 
 use crate::config::{NatsAuth, NatsConfig};
-use nats::jetstream::{JetStream, PublishOptions, SubscribeOptions};
-use nats::kv::Store;
-use std::collections::BTreeMap;
+use fleet_wire::auth::{device_key_filter, direct_get_subject};
+use std::collections::BTreeSet;
 use std::io;
+use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 /// Time-out of one KV put (publish with acknowledgement).
 pub const PUT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time-out of one JetStream API request (open, get).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest token file read, in bytes.
+pub const TOKEN_MAX_BYTES: u64 = 16 * 1024;
 
-/// A connected client with its JetStream context.
+/// A connected client. Clones share one connection, which the client replaces with a new one (credentials read
+/// again) when the old one closes.
 #[derive(Clone)]
 pub struct Nats {
-    conn: nats::Connection,
-    js: JetStream,
+    inner: Arc<Inner>,
+    /// This device's reply-inbox prefix.
+    inbox: String,
+}
+
+/// The shared connection state.
+struct Inner {
+    cfg: NatsConfig,
+    client_name: String,
+    /// The current connection (`None` only before the first one).
+    conn: RwLock<Option<nats::Connection>>,
+    /// Id of the connection attempt that is (or is becoming) current; callbacks of older ones are ignored.
+    current: AtomicU64,
+    /// Ids handed out so far.
+    next_id: AtomicU64,
+    /// Whether a reconnection thread is running.
+    reconnecting: AtomicBool,
     /// Increases on every reconnect, so watches re-create their consumers.
-    reconnects: Arc<AtomicU64>,
+    reconnects: AtomicU64,
 }
 
 /// A key's current value.
@@ -69,22 +98,33 @@ pub enum NatsError {
 
 impl Nats {
     /// Connects: attempts of at most `connect_timeout` each, repeated until `retry_window` has passed.
+    ///
+    /// Every connection is made here, with the credentials read at that moment (a `token_file` is read again):
+    /// the client library retries a lost connection once with the credentials it has, and when that fails the
+    /// connection closes and a thread of ours connects anew, forever, swapping the new connection in. An expired
+    /// token therefore costs at most one reconnect once a fresh one is on disk.
     pub fn connect(cfg: &NatsConfig, client_name: &str) -> Result<Nats, NatsError> {
+        let inner = Arc::new(Inner {
+            cfg: cfg.clone(),
+            client_name: client_name.to_owned(),
+            conn: RwLock::new(None),
+            current: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
+            reconnecting: AtomicBool::new(false),
+            reconnects: AtomicU64::new(0),
+        });
         let started = Instant::now();
         let urls = cfg.urls.join(",");
         let mut last;
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let reconnects = Arc::new(AtomicU64::new(0));
-            match Self::attempt(cfg, client_name, &urls, reconnects.clone()) {
-                Ok(conn) => {
+            match Inner::attempt(&inner) {
+                Ok(()) => {
                     log::info!("connected to NATS ({urls}) on attempt {attempt}");
-                    let js = nats::jetstream::new(conn.clone());
                     return Ok(Nats {
-                        conn,
-                        js,
-                        reconnects,
+                        inner,
+                        inbox: cfg.inbox_prefix.clone(),
                     });
                 }
                 Err(e) => {
@@ -107,31 +147,135 @@ impl Nats {
         }
     }
 
-    fn attempt(
-        cfg: &NatsConfig,
-        client_name: &str,
-        urls: &str,
-        reconnects: Arc<AtomicU64>,
-    ) -> Result<nats::Connection, String> {
+    /// The current connection.
+    fn conn(&self) -> io::Result<nats::Connection> {
+        self.inner
+            .conn
+            .read()
+            .map_err(|_| io::Error::other("NATS connection lock poisoned"))?
+            .clone()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "not connected to NATS"))
+    }
+
+    /// Opens every bucket in `names` (a direct get of this device's key in each: it answers, found or not, only
+    /// when the bucket exists); the first missing one is an error naming it.
+    pub fn open_buckets(&self, names: &[&str]) -> Result<Buckets, NatsError> {
+        let mut opened = BTreeSet::new();
+        for name in names {
+            let bucket_err = |message: String| NatsError::Bucket {
+                bucket: (*name).to_owned(),
+                message,
+            };
+            let filter = fleet_wire::kv::bucket(name)
+                .and_then(|spec| device_key_filter(spec, &self.inner.cfg.device_id))
+                .ok_or_else(|| {
+                    bucket_err("not a bucket keyed by device in the KV layout".into())
+                })?;
+            let reply = self
+                .request(&direct_get_subject(name, &filter), b"", REQUEST_TIMEOUT)
+                .map_err(|e| bucket_err(e.to_string()))?;
+            match status(&reply).as_deref() {
+                None | Some("404") => {}
+                Some(code) => {
+                    let why = header(&reply, nats::header::DESCRIPTION).unwrap_or_default();
+                    return Err(bucket_err(format!("direct get answered {code} {why}")));
+                }
+            }
+            opened.insert((*name).to_owned());
+        }
+        Ok(Buckets {
+            nats: self.clone(),
+            opened,
+        })
+    }
+
+    /// Flushes pending writes to the server within `timeout`.
+    pub fn flush(&self, timeout: Duration) -> io::Result<()> {
+        self.conn()?.flush_timeout(timeout)
+    }
+
+    /// How many times the client has reconnected.
+    pub fn reconnect_count(&self) -> u64 {
+        self.inner.reconnects.load(Ordering::SeqCst)
+    }
+
+    /// A fresh reply subject under this device's inbox.
+    fn reply_subject(conn: &nats::Connection, inbox: &str) -> String {
+        format!("{inbox}.{}", unique_token(conn))
+    }
+
+    /// Publishes `body` to `subject` with a reply subject of this device's and waits at most `timeout` for the
+    /// answer. A "no responders" status (nothing serves the subject) is an error.
+    fn request(&self, subject: &str, body: &[u8], timeout: Duration) -> io::Result<nats::Message> {
+        let conn = self.conn()?;
+        let reply = Self::reply_subject(&conn, &self.inbox);
+        let sub = conn.subscribe(&reply)?;
+        let sent = conn.publish_request(subject, &reply, body);
+        let got = sent.and_then(|()| sub.next_timeout(timeout));
+        let _ = sub.unsubscribe();
+        let msg = got.map_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer to {subject} within {timeout:?} (not permitted, or server busy)"
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+        if status(&msg).as_deref() == Some("503") {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no responders for {subject}"),
+            ));
+        }
+        Ok(msg)
+    }
+}
+
+impl Inner {
+    /// One connection attempt (bounded by `connect_timeout`); on success it becomes the current connection.
+    fn attempt(this: &Arc<Inner>) -> Result<(), String> {
+        let id = this.next_id.fetch_add(1, Ordering::SeqCst) + 1;
+        this.current.store(id, Ordering::SeqCst);
+        let cfg = &this.cfg;
         let opts = match &cfg.auth {
             NatsAuth::None => nats::Options::new(),
             NatsAuth::UserPassword { user, password } => {
                 nats::Options::with_user_pass(user, password.expose())
             }
             NatsAuth::Token(t) => nats::Options::with_token(t.expose()),
+            // Read now: every connection of ours reads the file again, so a rotated token is used.
+            NatsAuth::TokenFile(path) => {
+                nats::Options::with_token(&read_token(path).map_err(|e| e.to_string())?)
+            }
         };
+        let (on_reconnect, on_close) = (Arc::downgrade(this), Arc::downgrade(this));
         let opts = opts
-            .with_name(client_name)
-            .max_reconnects(None)
+            .with_name(&this.client_name)
+            // One reconnect by the library (with the credentials it has); then the connection closes and
+            // `reconnect` makes a new one with fresh credentials. (Zero would also forbid the first connect.)
+            .max_reconnects(Some(1))
             .reconnect_callback(move || {
-                reconnects.fetch_add(1, Ordering::SeqCst);
+                if let Some(inner) = on_reconnect.upgrade() {
+                    inner.reconnects.fetch_add(1, Ordering::SeqCst);
+                }
                 log::info!("reconnected to NATS");
             })
-            .disconnect_callback(|| log::warn!("disconnected from NATS; reconnecting"));
+            .disconnect_callback(|| log::warn!("disconnected from NATS; reconnecting"))
+            .close_callback(move || {
+                if let Some(inner) = on_close.upgrade() {
+                    if inner.current.load(Ordering::SeqCst) == id {
+                        Inner::reconnect(&inner);
+                    }
+                }
+            });
         // The client has no connect time-out of its own: bound the attempt from outside. A late success of an
-        // abandoned attempt is dropped (and so closed) by its thread.
+        // abandoned attempt is dropped (and so closed) by its thread; its close is ignored (its id is stale).
         let (tx, rx) = mpsc::channel();
-        let urls = urls.to_owned();
+        let urls = cfg.urls.join(",");
         std::thread::Builder::new()
             .name("nats-connect".into())
             .spawn(move || {
@@ -139,44 +283,124 @@ impl Nats {
                 let _ = tx.send(r);
             })
             .map_err(|e| e.to_string())?;
-        match rx.recv_timeout(cfg.connect_timeout) {
-            Ok(r) => r,
-            Err(_) => Err(format!("no connection within {:?}", cfg.connect_timeout)),
+        let conn = match rx.recv_timeout(cfg.connect_timeout) {
+            Ok(r) => r?,
+            Err(_) => return Err(format!("no connection within {:?}", cfg.connect_timeout)),
+        };
+        let mut slot = this
+            .conn
+            .write()
+            .map_err(|_| "NATS connection lock poisoned".to_owned())?;
+        *slot = Some(conn);
+        Ok(())
+    }
+
+    /// Starts the reconnection thread unless one runs: new connections until one succeeds.
+    fn reconnect(this: &Arc<Inner>) {
+        if this.reconnecting.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        log::warn!("NATS connection closed; connecting anew");
+        let weak = Arc::downgrade(this);
+        let spawned = std::thread::Builder::new()
+            .name("nats-reconnect".into())
+            .spawn(move || loop {
+                let Some(inner) = weak.upgrade() else { return };
+                match Inner::attempt(&inner) {
+                    Ok(()) => {
+                        inner.reconnecting.store(false, Ordering::SeqCst);
+                        inner.reconnects.fetch_add(1, Ordering::SeqCst);
+                        log::info!("reconnected to NATS (new connection)");
+                        return;
+                    }
+                    Err(e) => log::warn!("NATS reconnection failed: {e}; retrying in 2 s"),
+                }
+                drop(inner);
+                std::thread::sleep(Duration::from_secs(2));
+            });
+        if let Err(e) = spawned {
+            this.reconnecting.store(false, Ordering::SeqCst);
+            log::error!("cannot start the NATS reconnection thread: {e}");
         }
     }
+}
 
-    /// Opens every bucket in `names`; the first missing one is an error naming it.
-    pub fn open_buckets(&self, names: &[&str]) -> Result<Buckets, NatsError> {
-        let mut stores = BTreeMap::new();
-        for name in names {
-            let store = self.js.key_value(name).map_err(|e| NatsError::Bucket {
-                bucket: (*name).to_owned(),
-                message: e.to_string(),
-            })?;
-            stores.insert((*name).to_owned(), store);
-        }
-        Ok(Buckets {
-            nats: self.clone(),
-            stores,
-        })
-    }
+/// A token from the NATS client's NUID generator (22 alphanumeric characters): unique reply and consumer names.
+fn unique_token(conn: &nats::Connection) -> String {
+    let inbox = conn.new_inbox();
+    inbox.rsplit('.').next().unwrap_or(&inbox).to_owned()
+}
 
-    /// Flushes pending writes to the server within `timeout`.
-    pub fn flush(&self, timeout: Duration) -> io::Result<()> {
-        self.conn.flush_timeout(timeout)
+/// Reads the token file (bounded, trimmed, non-empty). The token is never logged.
+fn read_token(path: &std::path::Path) -> io::Result<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("token file {}: {e}", path.display())))?
+        .take(TOKEN_MAX_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| io::Error::new(e.kind(), format!("token file {}: {e}", path.display())))?;
+    if text.len() as u64 > TOKEN_MAX_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "token file {} is larger than {TOKEN_MAX_BYTES} bytes",
+                path.display()
+            ),
+        ));
     }
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("token file {} is empty", path.display()),
+        ));
+    }
+    Ok(token.to_owned())
+}
 
-    /// How many times the client has reconnected.
-    pub fn reconnect_count(&self) -> u64 {
-        self.reconnects.load(Ordering::SeqCst)
+/// The status code of a header-only status message (`404`, `503`, `100` …).
+fn status(msg: &nats::Message) -> Option<String> {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.get(nats::header::STATUS).cloned())
+}
+
+fn header(msg: &nats::Message, name: &str) -> Option<String> {
+    msg.headers.as_ref().and_then(|h| h.get(name).cloned())
+}
+
+/// A JetStream API answer: its JSON, or the API error it carries.
+fn api_result(data: &[u8]) -> io::Result<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("JetStream answer is not JSON: {e}"),
+        )
+    })?;
+    if let Some(err) = v.get("error") {
+        let code = err.get("err_code").and_then(|c| c.as_u64()).unwrap_or(0);
+        let text = err
+            .get("description")
+            .and_then(|d| d.as_str())
+            .unwrap_or("unknown error");
+        let kind = if err.get("code").and_then(|c| c.as_u64()) == Some(404) {
+            io::ErrorKind::NotFound
+        } else {
+            io::ErrorKind::Other
+        };
+        return Err(io::Error::new(
+            kind,
+            format!("{text} (JetStream error {code})"),
+        ));
     }
+    Ok(v)
 }
 
 /// The opened buckets.
 #[derive(Clone)]
 pub struct Buckets {
     nats: Nats,
-    stores: BTreeMap<String, Store>,
+    opened: BTreeSet<String>,
 }
 
 fn store_missing(bucket: &str) -> io::Error {
@@ -187,66 +411,99 @@ fn store_missing(bucket: &str) -> io::Error {
 }
 
 impl Buckets {
-    /// Reads `key` (bounded by the client's 5 s JetStream request time-out).
+    fn check(&self, bucket: &str) -> io::Result<()> {
+        if self.opened.contains(bucket) {
+            Ok(())
+        } else {
+            Err(store_missing(bucket))
+        }
+    }
+
+    /// Reads `key` with a direct get of its last value (bounded by [`REQUEST_TIMEOUT`]).
     pub fn get(&self, bucket: &str, key: &str) -> io::Result<Change> {
-        let store = self
-            .stores
-            .get(bucket)
-            .ok_or_else(|| store_missing(bucket))?;
-        Ok(match store.entry(key)? {
-            None => Change {
-                revision: 0,
-                value: Value::Absent,
-            },
-            Some(e) => Change {
-                revision: e.revision,
-                value: match e.operation {
-                    nats::kv::Operation::Put => Value::Put(e.value),
-                    _ => Value::Absent,
-                },
-            },
-        })
+        self.get_keyed(bucket, key).map(|(_, c)| c)
+    }
+
+    /// Like [`Self::get`], also naming the key read: for a filter such as `<device-id>.>` the direct get answers
+    /// the newest matching key's value, and its `Nats-Subject` header says which key that is.
+    pub fn get_keyed(&self, bucket: &str, key: &str) -> io::Result<(String, Change)> {
+        self.check(bucket)?;
+        let subject = format!("$KV.{bucket}.{key}");
+        let msg = self
+            .nats
+            .request(&direct_get_subject(bucket, &subject), b"", REQUEST_TIMEOUT)?;
+        match status(&msg).as_deref() {
+            None => {}
+            Some("404") => {
+                return Ok((
+                    key.to_owned(),
+                    Change {
+                        revision: 0,
+                        value: Value::Absent,
+                    },
+                ))
+            }
+            Some(code) => {
+                let why = header(&msg, nats::header::DESCRIPTION).unwrap_or_default();
+                return Err(io::Error::other(format!(
+                    "direct get {bucket}/{key}: status {code} {why}"
+                )));
+            }
+        }
+        let revision = header(&msg, "Nats-Sequence")
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("direct get {bucket}/{key}: no Nats-Sequence header"),
+                )
+            })?;
+        let read = header(&msg, "Nats-Subject")
+            .and_then(|s| {
+                s.trim()
+                    .strip_prefix(&format!("$KV.{bucket}."))
+                    .map(str::to_owned)
+            })
+            .unwrap_or_else(|| key.to_owned());
+        let value = match header(&msg, "KV-Operation").as_deref() {
+            Some("DEL") | Some("PURGE") => Value::Absent,
+            _ => Value::Put(msg.data),
+        };
+        Ok((read, Change { revision, value }))
     }
 
     /// Writes `key` and waits (at most [`PUT_TIMEOUT`]) for JetStream's acknowledgement; returns the revision.
     pub fn put(&self, bucket: &str, key: &str, value: &[u8]) -> io::Result<u64> {
-        if !self.stores.contains_key(bucket) {
-            return Err(store_missing(bucket));
-        }
-        let opts = PublishOptions {
-            timeout: Some(PUT_TIMEOUT),
-            ..Default::default()
-        };
-        let ack =
-            self.nats
-                .js
-                .publish_with_options(&format!("$KV.{bucket}.{key}"), value, &opts)?;
-        Ok(ack.sequence)
+        self.check(bucket)?;
+        let msg = self
+            .nats
+            .request(&format!("$KV.{bucket}.{key}"), value, PUT_TIMEOUT)?;
+        let ack = api_result(&msg.data)?;
+        ack.get("seq").and_then(|s| s.as_u64()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("put {bucket}/{key}: acknowledgement without seq"),
+            )
+        })
     }
 
-    /// Creates a filtered consumer on `key` (an ordered push consumer, as a KV watch) and drops it: what the
-    /// probe checks.
-    pub fn probe_consumer(&self, bucket: &str, key: &str) -> io::Result<()> {
-        let sub = self.subscribe(bucket, key)?;
-        sub.unsubscribe()
+    /// What a watch needs: a subscription to `key`'s subject and a direct get (what the probe checks).
+    pub fn probe_watch(&self, bucket: &str, key: &str) -> io::Result<()> {
+        self.check(bucket)?;
+        let sub = self
+            .nats
+            .conn()?
+            .subscribe(&format!("$KV.{bucket}.{key}"))?;
+        let got = self.get(bucket, key);
+        let _ = sub.unsubscribe();
+        got.map(|_| ())
     }
 
-    fn subscribe(&self, bucket: &str, key: &str) -> io::Result<nats::jetstream::PushSubscription> {
-        if !self.stores.contains_key(bucket) {
-            return Err(store_missing(bucket));
-        }
-        self.nats.js.subscribe_with_options(
-            &format!("$KV.{bucket}.{key}"),
-            &SubscribeOptions::ordered()
-                .deliver_last_per_subject()
-                .enable_flow_control()
-                .idle_heartbeat(Duration::from_secs(5)),
-        )
-    }
-
-    /// Watches `key` on a thread: every change is passed to `send` until it returns false or `stop` is set. The
-    /// consumer is re-created after each reconnect (a restarted server may have lost it); callers still re-read
-    /// the key periodically, so a missed change is only late, never lost.
+    /// Watches `key` (or `<prefix>.>`) on a thread: its current value first (when it exists), then every change,
+    /// each passed to `send` until it returns false or `stop` is set. Changes are noticed through the key's
+    /// subject (every write is published there) and read with a direct get, so the revision is the stream's. The
+    /// subscription is made again after each reconnect; callers still re-read the key periodically, so a missed
+    /// change is only late, never lost.
     pub fn watch(
         &self,
         bucket: &str,
@@ -257,8 +514,8 @@ impl Buckets {
         self.watch_keys(bucket, key, stop, move |_, c| send(c))
     }
 
-    /// Like [`Self::watch`] for a key filter such as `<device-id>.>`: every current key's latest value first
-    /// (so nothing written before the watch is missed), then every change, each with its key.
+    /// Like [`Self::watch`], with each change's key: for a filter such as `<device-id>.>`, the newest key's value
+    /// first, then every key written.
     pub fn watch_keys(
         &self,
         bucket: &str,
@@ -266,14 +523,20 @@ impl Buckets {
         stop: Arc<AtomicBool>,
         send: impl Fn(String, Change) -> bool + Send + 'static,
     ) -> io::Result<std::thread::JoinHandle<()>> {
+        self.check(bucket)?;
         let this = self.clone();
         let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        let prefix = format!("$KV.{bucket}.");
         std::thread::Builder::new()
             .name(format!("watch-{bucket}"))
             .spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
                     let epoch = this.nats.reconnect_count();
-                    let sub = match this.subscribe(&bucket, &key) {
+                    let sub = match this
+                        .nats
+                        .conn()
+                        .and_then(|c| c.subscribe(&format!("{prefix}{key}")))
+                    {
                         Ok(s) => s,
                         Err(e) => {
                             log::debug!("watch {bucket}/{key}: {e}; retrying");
@@ -281,6 +544,17 @@ impl Buckets {
                             continue;
                         }
                     };
+                    // The current value, as a consumer delivering the last value per key would.
+                    match this.get_keyed(&bucket, &key) {
+                        Ok((k, c)) if c.revision > 0 => {
+                            if !send(k, c) {
+                                let _ = sub.unsubscribe();
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => log::debug!("watch {bucket}/{key}: {e}"),
+                    }
                     loop {
                         if stop.load(Ordering::SeqCst) {
                             let _ = sub.unsubscribe();
@@ -290,31 +564,73 @@ impl Buckets {
                             let _ = sub.unsubscribe();
                             break;
                         }
-                        let Ok(msg) = sub.next_timeout(Duration::from_millis(500)) else {
+                        let msg = match sub.next_timeout(Duration::from_millis(500)) {
+                            Ok(m) => m,
+                            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+                            Err(_) => {
+                                // The connection closed: wait for the new one.
+                                std::thread::sleep(Duration::from_millis(200));
+                                continue;
+                            }
+                        };
+                        // The written key (one of several under a `<prefix>.>` watch); read it for its revision.
+                        let Some(changed) = msg.subject.strip_prefix(&prefix) else {
                             continue;
                         };
-                        let Some(info) = msg.jetstream_message_info() else {
-                            continue;
-                        };
-                        let revision = info.stream_seq;
-                        let op = msg
-                            .headers
-                            .as_ref()
-                            .and_then(|h| h.get("KV-Operation").cloned());
-                        let value = match op.as_deref() {
-                            Some("DEL") | Some("PURGE") => Value::Absent,
-                            _ => Value::Put(msg.data.clone()),
-                        };
-                        let prefix = format!("$KV.{bucket}.");
-                        let Some(k) = msg.subject.strip_prefix(prefix.as_str()) else {
-                            continue;
-                        };
-                        if !send(k.to_owned(), Change { revision, value }) {
-                            let _ = sub.unsubscribe();
-                            return;
+                        match this.get(&bucket, changed) {
+                            Ok(c) => {
+                                if !send(changed.to_owned(), c) {
+                                    let _ = sub.unsubscribe();
+                                    return;
+                                }
+                            }
+                            Err(e) => log::warn!("watch {bucket}/{changed}: {e}"),
                         }
                     }
                 }
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_file_is_read_trimmed_and_bounded() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("nats-token");
+        std::fs::write(&p, "  eyJ.token.sig\n").expect("write");
+        assert_eq!(read_token(&p).expect("token"), "eyJ.token.sig");
+        std::fs::write(&p, "\n").expect("write");
+        let e = read_token(&p).expect_err("empty");
+        assert!(
+            e.to_string().contains("is empty") && !e.to_string().contains("eyJ"),
+            "{e}"
+        );
+        std::fs::write(&p, "x".repeat(TOKEN_MAX_BYTES as usize + 1)).expect("write");
+        assert!(read_token(&p)
+            .expect_err("big")
+            .to_string()
+            .contains("larger than"));
+        let e = read_token(&dir.path().join("missing")).expect_err("missing");
+        assert!(e.to_string().contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn api_errors_are_named() {
+        let e = api_result(
+            br#"{"error":{"code":404,"err_code":10059,"description":"stream not found"}}"#,
+        )
+        .expect_err("error");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(e
+            .to_string()
+            .contains("stream not found (JetStream error 10059)"));
+        assert_eq!(
+            api_result(br#"{"stream":"KV_x","seq":7}"#).expect("ack")["seq"],
+            7
+        );
+        assert!(api_result(b"not json").is_err());
     }
 }

@@ -21,7 +21,7 @@ pub const CHECKS: [&str; 8] = [
     "nats",
     "buckets",
     "device-keys",
-    "consumer",
+    "watch",
     "updater-socket",
     "snapshot",
 ];
@@ -81,10 +81,10 @@ fn run_checks(config_path: &Path, tx: &mpsc::Sender<SelfTestCheck>) {
     if !send("device-keys", read) {
         return;
     }
-    let consumer = kv
-        .probe_consumer(kv::DESIRED_STATE, &key)
-        .map_err(|e| format!("filtered consumer on {}/{key}: {e}", kv::DESIRED_STATE));
-    if !send("consumer", consumer) {
+    let watch = kv
+        .probe_watch(kv::DESIRED_STATE, &key)
+        .map_err(|e| format!("watch of {}/{key}: {e}", kv::DESIRED_STATE));
+    if !send("watch", watch) {
         return;
     }
     let updater = UpdaterClient::new(&cfg.updater_socket);

@@ -33,13 +33,21 @@ impl NatsError {
     }
 }
 
-/// Connects (failing fast if the server does not answer) and returns a JetStream context.
+/// Connects (failing fast if the server does not answer) and returns a JetStream context. A `user:password@` in
+/// the URL is the operator's own NATS user (an `auth_users` entry when the fleet-auth callout is on); it is sent
+/// as credentials and never appears in errors.
 pub async fn connect(url: &str) -> Result<(async_nats::Client, jetstream::Context), NatsError> {
-    let client = async_nats::ConnectOptions::new()
+    let parts = fleet_wire::auth::split_nats_url(url);
+    let mut opts = async_nats::ConnectOptions::new()
         .name("fleet-operator")
         .connection_timeout(NATS_REQUEST_TIMEOUT)
-        .request_timeout(Some(NATS_REQUEST_TIMEOUT))
-        .connect(url)
+        .request_timeout(Some(NATS_REQUEST_TIMEOUT));
+    if let Some((user, password)) = parts.user_password {
+        opts = opts.user_and_password(user, password);
+    }
+    let url = parts.url;
+    let client = opts
+        .connect(url.as_str())
         .await
         .map_err(|e| NatsError::new(format!("connect to {url}"), e))?;
     let js = jetstream::new(client.clone());

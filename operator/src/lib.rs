@@ -1,6 +1,7 @@
-//! fleet-operator: CRDs and controllers for devices, groups, placement, agent releases and task runs; and the
-//! FleetLock server, which runs with no Kubernetes at all.
+//! fleet-operator: CRDs and controllers for devices, groups, placement, agent releases and task runs; the
+//! FleetLock server, which runs with no Kubernetes at all; and fleet-auth, the NATS auth callout for device identity.
 
+pub mod auth;
 pub mod fleetlock;
 // Shared by the controllers: caches, conditions, CRDs, KV, placement; then deployments and agent releases.
 pub mod cache;

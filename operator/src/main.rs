@@ -13,7 +13,9 @@ Usage: fleet-operator [--nats-url URL] [--webhook-listen ADDR --webhook-cert FIL
        fleet-operator --help | --version
 
 Options:
-  --nats-url URL          NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222)
+  --nats-url URL          NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222);
+                          nats://user:password@host:port connects as the operator's own NATS user (never
+                          logged; docs/auth.md)
   --webhook-listen ADDR   also serve the TaskRun admission webhook (refuses spec changes) over HTTPS on
                           ADDR (e.g. 0.0.0.0:8443), path /validate-taskrun (operator/deploy/webhook.yaml)
   --webhook-cert FILE     its PEM certificate chain

@@ -26,6 +26,8 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
     stage_file(&guest, Path::new(STUB), "fleet-fetch", 0o755);
     let cfg = stage_bytes(&guest, b"device_id = \"device-1\"\n", "agent.toml", 0o644);
     let ucfg = stage_bytes(&guest, b"", "updater.toml", 0o644);
+    // The device's NATS token (docs/auth.md), staged world-readable: setup installs it for fleet-agent only.
+    let token = stage_bytes(&guest, b"eyJ.device-1-token.sig\n", "nats-token", 0o644);
     let args = [
         "--agent",
         agent.as_str(),
@@ -35,6 +37,8 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
         cfg.as_str(),
         "--updater-config",
         ucfg.as_str(),
+        "--nats-token",
+        token.as_str(),
         "--no-start",
     ];
 
@@ -49,7 +53,8 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
          readlink /usr/local/bin/fleet-agent; \
          stat -c '%n %U:%G %a' /usr/lib/harmony-fleet/fleet-agent-v0.9.0 /usr/local/sbin/fleet-updater /usr/local/sbin/fleet-fetch \
            /etc/harmony-fleet /etc/harmony-fleet/agent.toml /etc/harmony-fleet/updater.toml \
-           /var/lib/fleet-updater /var/lib/fleet-agent; \
+           /etc/harmony-fleet/nats-token /var/lib/fleet-updater /var/lib/fleet-agent; \
+         cat /etc/harmony-fleet/nats-token; \
          systemctl is-enabled fleet-agent.service fleet-updater.service; \
          systemctl show -p User -p Type -p NotifyAccess -p TimeoutStopUSec -p TimeoutStartUSec -p Restart \
            fleet-agent.service; \
@@ -67,6 +72,8 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
         "/usr/local/sbin/fleet-fetch root:root 755",
         "/etc/harmony-fleet root:fleet-agent 750",
         "/etc/harmony-fleet/agent.toml root:fleet-agent 640",
+        "/etc/harmony-fleet/nats-token fleet-agent:fleet-agent 600",
+        "eyJ.device-1-token.sig\n",
         "/var/lib/fleet-updater root:root 700",
         "/var/lib/fleet-agent fleet-agent:fleet-agent 750",
         "enabled\nenabled\n",

@@ -5,6 +5,7 @@
 //! live here too. This crate does no I/O beyond reading and writing frames on a caller's reader or writer.
 
 pub mod artifact;
+pub mod auth;
 pub mod device;
 pub mod digest;
 mod error;

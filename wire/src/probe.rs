@@ -13,7 +13,7 @@ pub const SELF_TEST_MAX_CHECKS: usize = 32;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SelfTestCheck {
-    /// A stable name, e.g. `config`, `podman`, `nats`, `buckets`, `device-keys`, `consumer`, `updater-socket`,
+    /// A stable name, e.g. `config`, `podman`, `nats`, `buckets`, `device-keys`, `watch`, `updater-socket`,
     /// `snapshot`.
     pub name: String,
     /// Whether it passed.

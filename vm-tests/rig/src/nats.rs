@@ -146,6 +146,60 @@ impl Drop for NatsServer {
     }
 }
 
+/// The nats-server configuration of docs/auth.md (pass it with `-c` to [`NatsServer::start_with_args`]): user
+/// `fleet-auth` in account AUTH, where the auth callout asks; user `admin` (the operator's and fleetlock's stand-in,
+/// bypassing the callout) and the KV buckets in FLEET; devices, placed by fleet-auth (`account: DEVICES`), in
+/// DEVICES, which reaches FLEET only through the imports of `fleet_wire::auth`. `issuer` is fleet-auth's account
+/// public key, `xkey` its optional curve public key; the server logs to `log`.
+pub fn callout_config(
+    log: &Path,
+    issuer: &str,
+    auth_password: &str,
+    admin_password: &str,
+    xkey: Option<&str>,
+) -> String {
+    let imports = fleet_wire::auth::device_service_imports();
+    let exports: String = imports
+        .iter()
+        .map(|s| format!("      {{ service: \"{s}\" }}\n"))
+        .collect();
+    let service_imports: String = imports
+        .iter()
+        .map(|s| format!("      {{ service: {{ account: FLEET, subject: \"{s}\" }} }}\n"))
+        .collect();
+    let stream = fleet_wire::auth::DEVICE_STREAM_IMPORT;
+    let xkey = xkey.map(|x| format!("xkey: \"{x}\"")).unwrap_or_default();
+    format!(
+        r#"log_file: "{log}"
+accounts {{
+  AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth_password}" }} ] }}
+  FLEET {{
+    jetstream: enabled
+    users: [ {{ user: "admin", password: "{admin_password}" }} ]
+    exports: [
+{exports}      {{ stream: "{stream}" }}
+    ]
+  }}
+  DEVICES {{
+    imports: [
+{service_imports}      {{ stream: {{ account: FLEET, subject: "{stream}" }} }}
+    ]
+  }}
+}}
+authorization {{
+  timeout: 3
+  auth_callout {{
+    issuer: "{issuer}"
+    account: AUTH
+    auth_users: [ "fleet-auth", "admin" ]
+    {xkey}
+  }}
+}}
+"#,
+        log = log.display(),
+    )
+}
+
 /// A blocking client for tests (the `nats` crate is deprecated upstream; the lint is allowed here only).
 pub mod nats_client {
     /// The blocking client's connection type.
@@ -161,24 +215,63 @@ pub mod nats_client {
             .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
     }
 
+    /// Connects as `user` (a FLEET user of [`super::callout_config`], such as `admin`), failing the test on error.
+    #[allow(deprecated)]
+    pub fn connect_user(url: &str, user: &str, password: &str) -> Connection {
+        nats::Options::with_user_pass(user, password)
+            .with_name("fleet-rig")
+            .connect(url)
+            .unwrap_or_else(|e| panic!("connect to {url} as {user}: {e}"))
+    }
+
     /// A KV bucket handle.
     #[allow(deprecated)]
     pub type Store = nats::kv::Store;
 
-    /// Creates the bucket `spec` the way the operator does: file-backed, one value per key, the layout's value size
-    /// and age limits. Fails the test on error.
+    /// Creates the bucket `spec` the way the operator (async-nats) does: file-backed, one value per key, the
+    /// layout's value size and age limits, and direct get allowed (the agent reads keys with direct gets, the only
+    /// read a device's permissions scope to its own key). The blocking crate's own bucket creation cannot set
+    /// `allow_direct`, so the stream is created with a JetStream API request. Fails the test on error.
     #[allow(deprecated)]
     pub fn create_bucket(conn: &Connection, spec: &fleet_wire::kv::BucketSpec) -> Store {
+        let age = spec.max_age.unwrap_or(std::time::Duration::ZERO);
+        let dup = if age.is_zero() {
+            std::time::Duration::from_secs(120)
+        } else {
+            age.min(std::time::Duration::from_secs(120))
+        };
+        let config = serde_json::json!({
+            "name": format!("KV_{}", spec.name),
+            "subjects": [format!("$KV.{}.>", spec.name)],
+            "retention": "limits",
+            "max_consumers": -1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_msgs_per_subject": 1,
+            "max_age": age.as_nanos() as u64,
+            "max_msg_size": spec.max_value_bytes,
+            "storage": "file",
+            "discard": "new",
+            "num_replicas": 1,
+            "duplicate_window": dup.as_nanos() as u64,
+            "allow_rollup_hdrs": true,
+            "deny_delete": true,
+            "allow_direct": true,
+        });
+        let reply = conn
+            .request(
+                &format!("$JS.API.STREAM.CREATE.KV_{}", spec.name),
+                config.to_string(),
+            )
+            .unwrap_or_else(|e| panic!("create bucket {}: {e}", spec.name));
+        let answer: serde_json::Value = serde_json::from_slice(&reply.data)
+            .unwrap_or_else(|e| panic!("create bucket {}: {e}", spec.name));
+        if let Some(err) = answer.get("error") {
+            panic!("create bucket {}: {err}", spec.name);
+        }
         nats::jetstream::new(conn.clone())
-            .create_key_value(&nats::kv::Config {
-                bucket: spec.name.to_owned(),
-                history: 1,
-                max_value_size: spec.max_value_bytes,
-                max_age: spec.max_age.unwrap_or(std::time::Duration::ZERO),
-                storage: nats::jetstream::StorageType::File,
-                ..Default::default()
-            })
-            .unwrap_or_else(|e| panic!("create bucket {}: {e}", spec.name))
+            .key_value(spec.name)
+            .unwrap_or_else(|e| panic!("open bucket {}: {e}", spec.name))
     }
 
     /// Creates the named buckets of the layout ([`fleet_wire::kv::BUCKETS`]); a name outside it fails the test.

@@ -44,6 +44,13 @@ impl NatsStore {
                 .await
                 .map_err(|e| format!("{}: {e}", c.display()))?;
         }
+        // `nats://user:password@host`: fleetlock-server's own user (an `auth_users` entry when the fleet-auth
+        // callout is on); the password never appears in errors.
+        let parts = fleet_wire::auth::split_nats_url(url);
+        if let Some((user, password)) = parts.user_password {
+            opts = opts.user_and_password(user, password);
+        }
+        let url = parts.url.as_str();
         let client = tokio::time::timeout(Duration::from_secs(15), opts.connect(url))
             .await
             .map_err(|_| format!("NATS at {url}: no connection within 15 s"))?

@@ -1,0 +1,185 @@
+//! One authorization decision: open (xkey) and verify the server's request, verify the device's token, and answer
+//! with a user JWT holding that device's permissions (`fleet_wire::auth::device_permissions`) or with the reason
+//! for refusal. A request that cannot be attributed to a server and user is logged and dropped (the server then
+//! refuses the client when its own time-out passes).
+
+use super::jwks::Jwks;
+use super::natsjwt::{self, Allow, REQUEST_AUDIENCE};
+use super::token::{self, Denied, Policy};
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// The header carrying the server's xkey when the request is encrypted.
+pub const XKEY_HEADER: &str = "Nats-Server-Xkey";
+
+#[derive(Deserialize)]
+struct RequestClaims {
+    aud: Option<String>,
+    exp: Option<u64>,
+    nats: Request,
+}
+
+#[derive(Deserialize)]
+struct Request {
+    server_id: ServerId,
+    user_nkey: String,
+    #[serde(default)]
+    client_info: ClientInfo,
+    #[serde(default)]
+    connect_opts: ConnectOpts,
+}
+
+#[derive(Deserialize)]
+struct ServerId {
+    id: String,
+}
+
+#[derive(Deserialize, Default)]
+struct ClientInfo {
+    #[serde(default)]
+    host: String,
+    #[serde(default)]
+    id: u64,
+}
+
+/// Credentials from the client's CONNECT: never logged.
+#[derive(Deserialize, Default)]
+struct ConnectOpts {
+    #[serde(default)]
+    auth_token: Option<String>,
+}
+
+/// The decision maker, shared by all request tasks.
+pub struct Callout {
+    /// Signs the user and response JWTs.
+    pub issuer: nkeys::KeyPair,
+    /// Opens encrypted requests and seals responses.
+    pub xkey: Option<nkeys::XKey>,
+    /// Account devices are placed in.
+    pub account: String,
+    /// Token policy.
+    pub policy: Policy,
+    /// Key source.
+    pub jwks: Arc<Jwks>,
+}
+
+/// The result of handling one request.
+pub struct Answer {
+    /// Bytes to publish on the reply subject (`None`: nothing can be answered).
+    pub reply: Option<Vec<u8>>,
+    /// The line to log (no secrets).
+    pub log: String,
+    /// Whether the client was admitted.
+    pub allowed: bool,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Callout {
+    /// Handles one request (`payload` as received, `server_xkey` the header's value).
+    pub async fn handle(&self, payload: &[u8], server_xkey: Option<&str>) -> Answer {
+        let drop = |why: String| Answer {
+            reply: None,
+            log: format!("dropped an authorization request: {why}"),
+            allowed: false,
+        };
+        let (jwt, seal_to) = match (&self.xkey, server_xkey) {
+            (Some(ours), Some(theirs)) => {
+                let Ok(sender) = nkeys::XKey::from_public_key(theirs) else {
+                    return drop("the server's xkey header is not a curve public key".into());
+                };
+                match ours.open(payload, &sender) {
+                    Ok(b) => (b, Some(sender)),
+                    Err(e) => return drop(format!("cannot decrypt it with our xkey: {e}")),
+                }
+            }
+            (Some(_), None) => {
+                return drop("it is not encrypted but fleet-auth has an xkey (set auth_callout.xkey on the server)".into())
+            }
+            (None, Some(_)) => {
+                return drop("it is encrypted but fleet-auth has no xkey_seed_file".into())
+            }
+            (None, None) => (payload.to_vec(), None),
+        };
+        let Ok(jwt) = String::from_utf8(jwt) else {
+            return drop("not UTF-8".into());
+        };
+        let (_, req): (String, RequestClaims) = match natsjwt::decode_verified(&jwt, 'N') {
+            Ok(r) => r,
+            Err(e) => return drop(e.to_string()),
+        };
+        if req.aud.as_deref() != Some(REQUEST_AUDIENCE) {
+            return drop(format!("audience is not {REQUEST_AUDIENCE}"));
+        }
+        if req.exp.is_some_and(|e| e + 5 < now()) {
+            return drop("it expired".into());
+        }
+        let r = req.nats;
+        let who = format!("client {} cid {}", r.client_info.host, r.client_info.id);
+        let decision = self.decide(&r.connect_opts, &r.user_nkey).await;
+        let (outcome, log, allowed) = match &decision {
+            Ok((device, jwt)) => (
+                Ok(jwt.as_str()),
+                format!("allowed {who} as device {device}"),
+                true,
+            ),
+            Err(reason) => (
+                Err(reason.as_str()),
+                format!("denied {who}: {reason}"),
+                false,
+            ),
+        };
+        let claims = natsjwt::response_claims(&r.user_nkey, &r.server_id.id, outcome);
+        let signed = match natsjwt::encode(claims, &self.issuer, now()) {
+            Ok(s) => s,
+            Err(e) => return drop(format!("cannot sign the response: {e}")),
+        };
+        let reply = match (&self.xkey, seal_to) {
+            (Some(ours), Some(to)) => match ours.seal(signed.as_bytes(), &to) {
+                Ok(b) => b,
+                Err(e) => return drop(format!("cannot encrypt the response: {e}")),
+            },
+            _ => signed.into_bytes(),
+        };
+        Answer {
+            reply: Some(reply),
+            log,
+            allowed,
+        }
+    }
+
+    /// Verifies the token; on success the device and the user JWT for `user_nkey` with its permissions.
+    async fn decide(
+        &self,
+        opts: &ConnectOpts,
+        user_nkey: &str,
+    ) -> Result<(String, String), String> {
+        // In server-config mode nats-server drops a client's `jwt` option, so the token travels as `auth_token`.
+        let Some(token) = opts.auth_token.as_deref().filter(|s| !s.is_empty()) else {
+            return Err(Denied::NoToken.to_string());
+        };
+        let identity = self.verify(token).await.map_err(|d| d.to_string())?;
+        let perms = fleet_wire::auth::device_permissions(&identity.device);
+        let allow = Allow {
+            publish: perms.publish,
+            subscribe: perms.subscribe,
+        };
+        let device = identity.device.to_string();
+        // The server disconnects the client when its token expires; it reconnects with the token on disk.
+        let claims =
+            natsjwt::user_claims(user_nkey, &self.account, &device, &allow, identity.expires);
+        let jwt = natsjwt::encode(claims, &self.issuer, now()).map_err(|e| e.to_string())?;
+        Ok((device, jwt))
+    }
+
+    async fn verify(&self, token: &str) -> Result<token::Identity, Denied> {
+        let kid = token::kid(token)?;
+        let key = self.jwks.key(&kid).await?;
+        token::verify(token, &key, &self.policy)
+    }
+}

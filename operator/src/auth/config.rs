@@ -1,0 +1,245 @@
+//! fleet-auth's configuration (YAML): the NATS connection it serves on, the issuer account and xkey seeds (read
+//! from files, never logged), and the Zitadel issuer whose tokens it accepts. See `docs/auth.md`.
+
+use super::jwks::JwksSettings;
+use super::token::{Policy, MAX_LEEWAY};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Largest config file read, in bytes.
+pub const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+/// Largest secret file (password, nkey seed) read, in bytes.
+pub const MAX_SECRET_BYTES: u64 = 4096;
+
+/// The config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// NATS connection.
+    pub nats: RawNats,
+    /// File holding the issuer account's nkey seed (`SA…`); its public key is `auth_callout.issuer`.
+    pub issuer_seed_file: PathBuf,
+    /// File holding the callout's curve (xkey) seed (`SX…`) when `auth_callout.xkey` is set.
+    #[serde(default)]
+    pub xkey_seed_file: Option<PathBuf>,
+    /// Account devices are placed in (`$G` when the server config has no accounts).
+    #[serde(default = "global_account")]
+    pub account: String,
+    /// The token issuer.
+    pub zitadel: RawZitadel,
+    /// Most requests handled at once.
+    #[serde(default = "default_concurrency")]
+    pub max_concurrent: usize,
+}
+
+fn global_account() -> String {
+    "$G".into()
+}
+
+fn default_concurrency() -> usize {
+    256
+}
+
+/// NATS connection settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNats {
+    /// Server URL (without credentials).
+    pub url: String,
+    /// fleet-auth's own user (listed in `auth_callout.auth_users`).
+    pub user: String,
+    /// File holding that user's password.
+    pub password_file: PathBuf,
+}
+
+/// Token issuer settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawZitadel {
+    /// Expected `iss`.
+    pub issuer: String,
+    /// Expected `aud`.
+    pub audience: String,
+    /// JWKS URL (`<issuer>/oauth/v2/keys` for Zitadel).
+    pub jwks_url: String,
+    /// Extra CA certificate (PEM) trusted for the JWKS fetch.
+    #[serde(default)]
+    pub jwks_ca_file: Option<PathBuf>,
+    /// Claim holding the device id.
+    #[serde(default = "device_claim")]
+    pub device_id_claim: String,
+    /// Clock leeway for `exp`/`nbf`, seconds (at most 300).
+    #[serde(default = "leeway")]
+    pub leeway_secs: u64,
+    /// JWKS fetch time limit, milliseconds.
+    #[serde(default = "jwks_timeout")]
+    pub jwks_timeout_ms: u64,
+    /// Largest JWKS, bytes.
+    #[serde(default = "jwks_max")]
+    pub jwks_max_bytes: u64,
+    /// Least time between refetches caused by unknown `kid`s, seconds.
+    #[serde(default = "min_refresh")]
+    pub jwks_min_refresh_secs: u64,
+    /// Cache lifetime, seconds.
+    #[serde(default = "max_age")]
+    pub jwks_max_age_secs: u64,
+}
+
+fn device_claim() -> String {
+    "device_id".into()
+}
+fn leeway() -> u64 {
+    30
+}
+fn jwks_timeout() -> u64 {
+    1500
+}
+fn jwks_max() -> u64 {
+    64 * 1024
+}
+fn min_refresh() -> u64 {
+    10
+}
+fn max_age() -> u64 {
+    900
+}
+
+/// The validated settings with secrets loaded.
+pub struct Settings {
+    /// NATS URL.
+    pub url: String,
+    /// NATS user.
+    pub user: String,
+    /// NATS password.
+    pub password: String,
+    /// Issuer account key pair.
+    pub issuer: nkeys::KeyPair,
+    /// Callout xkey, when requests are encrypted.
+    pub xkey: Option<nkeys::XKey>,
+    /// Account devices are placed in.
+    pub account: String,
+    /// Token policy.
+    pub policy: Policy,
+    /// JWKS settings.
+    pub jwks: JwksSettings,
+    /// Concurrency bound.
+    pub max_concurrent: usize,
+}
+
+fn read_bounded(path: &Path, max: u64, what: &str) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if meta.len() > max {
+        return Err(format!(
+            "{what} {} is larger than {max} bytes",
+            path.display()
+        ));
+    }
+    std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+}
+
+fn read_secret(path: &Path, what: &str) -> Result<String, String> {
+    let b = read_bounded(path, MAX_SECRET_BYTES, what)?;
+    let s = String::from_utf8(b).map_err(|_| format!("{what} {} is not UTF-8", path.display()))?;
+    let s = s.trim().to_owned();
+    if s.is_empty() {
+        return Err(format!("{what} {} is empty", path.display()));
+    }
+    Ok(s)
+}
+
+impl Settings {
+    /// Reads the config at `path` and the files it names.
+    pub fn load(path: &Path) -> Result<Settings, String> {
+        let text = read_bounded(path, MAX_CONFIG_BYTES, "config")?;
+        let raw: RawConfig = serde_yaml_ng::from_slice(&text)
+            .map_err(|e| format!("config {}: {e}", path.display()))?;
+        Self::from_raw(raw)
+    }
+
+    /// Validates `raw` and loads its secrets.
+    pub fn from_raw(raw: RawConfig) -> Result<Settings, String> {
+        if !(raw.nats.url.starts_with("nats://") || raw.nats.url.starts_with("tls://"))
+            || raw.nats.url.contains('@')
+        {
+            return Err(
+                "nats.url must be nats://host:port or tls://host:port without credentials".into(),
+            );
+        }
+        let password = read_secret(&raw.nats.password_file, "nats.password_file")?;
+        let seed = read_secret(&raw.issuer_seed_file, "issuer_seed_file")?;
+        let issuer = nkeys::KeyPair::from_seed(&seed)
+            .map_err(|e| format!("issuer_seed_file: not an nkey seed: {e}"))?;
+        if !issuer.public_key().starts_with('A') {
+            return Err("issuer_seed_file must hold an account seed (SA…)".into());
+        }
+        let xkey = match &raw.xkey_seed_file {
+            None => None,
+            Some(p) => {
+                let s = read_secret(p, "xkey_seed_file")?;
+                Some(
+                    nkeys::XKey::from_seed(&s)
+                        .map_err(|e| format!("xkey_seed_file: not a curve seed: {e}"))?,
+                )
+            }
+        };
+        let z = raw.zitadel;
+        let leeway = Duration::from_secs(z.leeway_secs);
+        if leeway > MAX_LEEWAY {
+            return Err(format!(
+                "zitadel.leeway_secs must be at most {}",
+                MAX_LEEWAY.as_secs()
+            ));
+        }
+        if z.issuer.is_empty() || z.audience.is_empty() || z.device_id_claim.is_empty() {
+            return Err("zitadel.issuer, audience and device_id_claim must not be empty".into());
+        }
+        if !(100..=30_000).contains(&z.jwks_timeout_ms) {
+            return Err("zitadel.jwks_timeout_ms must be within 100..=30000".into());
+        }
+        if !(1024..=1024 * 1024).contains(&z.jwks_max_bytes) {
+            return Err("zitadel.jwks_max_bytes must be within 1024..=1048576".into());
+        }
+        let mut extra_roots = Vec::new();
+        if let Some(p) = &z.jwks_ca_file {
+            let pem = read_bounded(p, 1024 * 1024, "zitadel.jwks_ca_file")?;
+            for item in ureq::tls::parse_pem(&pem) {
+                if let Ok(ureq::tls::PemItem::Certificate(c)) = item {
+                    extra_roots.push(c.der().to_vec());
+                }
+            }
+            if extra_roots.is_empty() {
+                return Err(format!(
+                    "zitadel.jwks_ca_file {}: no certificate",
+                    p.display()
+                ));
+            }
+        }
+        if !(1..=4096).contains(&raw.max_concurrent) {
+            return Err("max_concurrent must be within 1..=4096".into());
+        }
+        Ok(Settings {
+            url: raw.nats.url,
+            user: raw.nats.user,
+            password,
+            issuer,
+            xkey,
+            account: raw.account,
+            policy: Policy {
+                issuer: z.issuer,
+                audience: z.audience,
+                device_claim: z.device_id_claim,
+                leeway,
+            },
+            jwks: JwksSettings {
+                url: z.jwks_url,
+                extra_roots,
+                timeout: Duration::from_millis(z.jwks_timeout_ms),
+                max_bytes: z.jwks_max_bytes,
+                min_refresh: Duration::from_secs(z.jwks_min_refresh_secs),
+                max_age: Duration::from_secs(z.jwks_max_age_secs.max(1)),
+            },
+            max_concurrent: raw.max_concurrent,
+        })
+    }
+}

@@ -1,0 +1,93 @@
+//! The service loop: fleet-auth's own NATS connection (an `auth_users` user, so it bypasses the callout), a queue
+//! subscription on `$SYS.REQ.USER.AUTH`, and one task per request under a concurrency bound.
+
+use super::callout::{Callout, XKEY_HEADER};
+use super::config::Settings;
+use super::jwks::Jwks;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// The subject nats-server sends authorization requests to.
+pub const AUTH_SUBJECT: &str = "$SYS.REQ.USER.AUTH";
+/// Queue group, so that several fleet-auth replicas share the requests.
+pub const QUEUE_GROUP: &str = "fleet-auth";
+
+/// Connects and serves until the connection's subscription ends.
+pub async fn run(settings: Settings) -> Result<(), String> {
+    let jwks = Jwks::new(settings.jwks.clone())?;
+    // Warm the cache; a failure is not fatal (every decision fetches again and fails closed meanwhile).
+    match jwks.prefetch().await {
+        Ok(n) => log::info!("JWKS {}: {n} usable keys", settings.jwks.url),
+        Err(e) => log::warn!("JWKS not available yet: {e}"),
+    }
+    let client = async_nats::ConnectOptions::new()
+        .name("fleet-auth")
+        .user_and_password(settings.user.clone(), settings.password.clone())
+        .connection_timeout(Duration::from_secs(5))
+        .retry_on_initial_connect()
+        .connect(settings.url.as_str())
+        .await
+        .map_err(|e| format!("NATS at {}: {e}", settings.url))?;
+    let mut sub = client
+        .queue_subscribe(AUTH_SUBJECT, QUEUE_GROUP.into())
+        .await
+        .map_err(|e| format!("subscribe {AUTH_SUBJECT}: {e}"))?;
+    client
+        .flush()
+        .await
+        .map_err(|e| format!("NATS flush: {e}"))?;
+    log::info!(
+        "fleet-auth serving {AUTH_SUBJECT} on {} as {} (issuer {}, xkey {})",
+        settings.url,
+        settings.user,
+        settings.issuer.public_key(),
+        settings
+            .xkey
+            .as_ref()
+            .map(|x| x.public_key())
+            .unwrap_or_else(|| "off".into())
+    );
+    let callout = Arc::new(Callout {
+        issuer: settings.issuer,
+        xkey: settings.xkey,
+        account: settings.account,
+        policy: settings.policy,
+        jwks,
+    });
+    let permits = Arc::new(Semaphore::new(settings.max_concurrent));
+    while let Some(msg) = sub.next().await {
+        let Some(reply) = msg.reply.clone() else {
+            log::warn!("authorization request without a reply subject: ignored");
+            continue;
+        };
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        let callout = callout.clone();
+        let client = client.clone();
+        tokio::spawn(async move {
+            let xkey = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(XKEY_HEADER))
+                .map(|v| v.as_str().to_owned());
+            let started = std::time::Instant::now();
+            let answer = callout.handle(&msg.payload, xkey.as_deref()).await;
+            let took = started.elapsed().as_secs_f64() * 1000.0;
+            if answer.allowed {
+                log::info!("{} ({took:.1} ms)", answer.log);
+            } else {
+                log::warn!("{} ({took:.1} ms)", answer.log);
+            }
+            if let Some(bytes) = answer.reply {
+                if let Err(e) = client.publish(reply, bytes.into()).await {
+                    log::warn!("cannot answer an authorization request: {e}");
+                }
+            }
+            drop(permit);
+        });
+    }
+    Err("the authorization subscription ended (NATS connection closed)".into())
+}

@@ -1,0 +1,283 @@
+//! Verifying a device's Zitadel token against one signing key: signature (RS256 or ES256, chosen by the key, never
+//! by the token), `iss`, `aud`, `exp` and `nbf` with a small leeway, and the device id claim as a
+//! `fleet_wire::DeviceId`. Pure: the key comes from the JWKS cache.
+
+use fleet_wire::DeviceId;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::Value;
+use std::time::Duration;
+
+/// Largest token accepted, in bytes.
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// Largest leeway allowed for `exp`/`nbf`.
+pub const MAX_LEEWAY: Duration = Duration::from_secs(300);
+
+/// What a token must satisfy.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Expected `iss` (the Zitadel instance URL).
+    pub issuer: String,
+    /// Expected `aud` (one of the token's audiences; the Zitadel project id).
+    pub audience: String,
+    /// Claim holding the device id.
+    pub device_claim: String,
+    /// Clock leeway for `exp` and `nbf`.
+    pub leeway: Duration,
+}
+
+/// One verification key from the JWKS.
+#[derive(Clone)]
+pub struct SigningKey {
+    /// The key.
+    pub key: DecodingKey,
+    /// The only algorithm it verifies.
+    pub alg: Algorithm,
+}
+
+/// Why a client was refused. The text is safe to log and to return: it never contains the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    /// No token in the connect options.
+    #[error("no token in the connect options (send the Zitadel token as the NATS auth token)")]
+    NoToken,
+    /// Not a JWT, or too large.
+    #[error("token is malformed: {0}")]
+    Malformed(String),
+    /// The `kid` is not in the JWKS, even after a refresh.
+    #[error("unknown signing key id {0:?} (not in the issuer's JWKS after refresh)")]
+    UnknownKid(String),
+    /// The JWKS could not be fetched or is unusable: fail closed.
+    #[error("JWKS unavailable: {0}")]
+    Jwks(String),
+    /// The token's algorithm is not the key's.
+    #[error("token algorithm does not match its key (want {0})")]
+    Algorithm(String),
+    /// Signature does not verify.
+    #[error("bad token signature")]
+    BadSignature,
+    /// `exp` passed.
+    #[error("token expired")]
+    Expired,
+    /// `nbf` in the future.
+    #[error("token not valid yet (nbf in the future)")]
+    NotYetValid,
+    /// Wrong `iss`.
+    #[error("wrong token issuer")]
+    WrongIssuer,
+    /// Wrong `aud`.
+    #[error("wrong token audience")]
+    WrongAudience,
+    /// A registered claim is missing.
+    #[error("token lacks required claim {0}")]
+    MissingClaim(String),
+    /// The device id claim is missing or not a string.
+    #[error("token has no device id claim {0:?}")]
+    NoDeviceId(String),
+    /// The device id is not a valid `DeviceId`.
+    #[error("token device id rejected: {0}")]
+    BadDeviceId(String),
+}
+
+/// The verified identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The device.
+    pub device: DeviceId,
+    /// Token expiry (Unix seconds).
+    pub expires: u64,
+}
+
+/// The `kid` of `token`'s header (tokens without one are refused).
+pub fn kid(token: &str) -> Result<String, Denied> {
+    if token.len() > MAX_TOKEN_BYTES {
+        return Err(Denied::Malformed(format!(
+            "larger than {MAX_TOKEN_BYTES} bytes"
+        )));
+    }
+    let h = jsonwebtoken::decode_header(token)
+        .map_err(|e| Denied::Malformed(format!("header: {e}")))?;
+    h.kid
+        .filter(|k| !k.is_empty() && k.len() <= 256)
+        .ok_or_else(|| Denied::Malformed("no kid in the header".into()))
+}
+
+/// Verifies `token` with `key` under `policy`.
+pub fn verify(token: &str, key: &SigningKey, policy: &Policy) -> Result<Identity, Denied> {
+    let mut v = Validation::new(key.alg);
+    v.algorithms = vec![key.alg];
+    v.leeway = policy.leeway.as_secs();
+    v.validate_nbf = true;
+    v.set_issuer(&[policy.issuer.as_str()]);
+    v.set_audience(&[policy.audience.as_str()]);
+    v.set_required_spec_claims(&["exp", "iss", "aud"]);
+    let data = jsonwebtoken::decode::<serde_json::Map<String, Value>>(token, &key.key, &v)
+        .map_err(|e| match e.into_kind() {
+            ErrorKind::InvalidSignature => Denied::BadSignature,
+            ErrorKind::ExpiredSignature => Denied::Expired,
+            ErrorKind::ImmatureSignature => Denied::NotYetValid,
+            ErrorKind::InvalidIssuer => Denied::WrongIssuer,
+            ErrorKind::InvalidAudience => Denied::WrongAudience,
+            ErrorKind::MissingRequiredClaim(c) => Denied::MissingClaim(c),
+            ErrorKind::InvalidAlgorithm => Denied::Algorithm(format!("{:?}", key.alg)),
+            other => Denied::Malformed(format!("{other:?}")),
+        })?;
+    let claims = data.claims;
+    let expires = claims
+        .get("exp")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| Denied::MissingClaim("exp".into()))?;
+    let raw = claims
+        .get(&policy.device_claim)
+        .and_then(Value::as_str)
+        .ok_or_else(|| Denied::NoDeviceId(policy.device_claim.clone()))?;
+    let device = DeviceId::try_from(raw).map_err(|e| Denied::BadDeviceId(e.to_string()))?;
+    Ok(Identity { device, expires })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header};
+    use ring::rand::SystemRandom;
+    use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+    use serde_json::json;
+
+    fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    struct Ec {
+        enc: EncodingKey,
+        key: SigningKey,
+    }
+
+    fn ec_key() -> Ec {
+        let rng = SystemRandom::new();
+        let pkcs8 =
+            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("gen");
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .expect("pair");
+        let point = pair.public_key().as_ref();
+        use base64::Engine;
+        let b = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let dec =
+            DecodingKey::from_ec_components(&b.encode(&point[1..33]), &b.encode(&point[33..]))
+                .expect("dec");
+        Ec {
+            enc: EncodingKey::from_ec_der(pkcs8.as_ref()),
+            key: SigningKey {
+                key: dec,
+                alg: Algorithm::ES256,
+            },
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy {
+            issuer: "https://zitadel.test".into(),
+            audience: "fleet".into(),
+            device_claim: "device_id".into(),
+            leeway: Duration::from_secs(5),
+        }
+    }
+
+    fn sign(k: &Ec, claims: Value) -> String {
+        let mut h = Header::new(Algorithm::ES256);
+        h.kid = Some("k1".into());
+        jsonwebtoken::encode(&h, &claims, &k.enc).expect("sign")
+    }
+
+    fn good() -> Value {
+        json!({"iss": "https://zitadel.test", "aud": ["fleet", "other"], "exp": now() + 600,
+               "nbf": now() - 10, "device_id": "dev-a"})
+    }
+
+    #[test]
+    fn decisions() {
+        let k = ec_key();
+        let other = ec_key();
+        let p = policy();
+        let ok = verify(&sign(&k, good()), &k.key, &p).expect("valid");
+        assert_eq!(ok.device.as_str(), "dev-a");
+        assert_eq!(kid(&sign(&k, good())), Ok("k1".into()));
+
+        let with = |f: &dyn Fn(&mut Value)| {
+            let mut c = good();
+            f(&mut c);
+            verify(&sign(&k, c), &k.key, &p)
+        };
+        let table: Vec<(&str, Result<Identity, Denied>, Denied)> = vec![
+            (
+                "bad signature",
+                verify(&sign(&other, good()), &k.key, &p),
+                Denied::BadSignature,
+            ),
+            (
+                "expired",
+                with(&|c| c["exp"] = json!(now() - 60)),
+                Denied::Expired,
+            ),
+            (
+                "nbf future",
+                with(&|c| c["nbf"] = json!(now() + 60)),
+                Denied::NotYetValid,
+            ),
+            (
+                "iss",
+                with(&|c| c["iss"] = json!("https://evil.test")),
+                Denied::WrongIssuer,
+            ),
+            (
+                "aud",
+                with(&|c| c["aud"] = json!("nope")),
+                Denied::WrongAudience,
+            ),
+            (
+                "no exp",
+                with(&|c| {
+                    c.as_object_mut().map(|m| m.remove("exp"));
+                }),
+                Denied::MissingClaim("exp".into()),
+            ),
+            (
+                "no device",
+                with(&|c| {
+                    c.as_object_mut().map(|m| m.remove("device_id"));
+                }),
+                Denied::NoDeviceId("device_id".into()),
+            ),
+            (
+                "number device",
+                with(&|c| c["device_id"] = json!(7)),
+                Denied::NoDeviceId("device_id".into()),
+            ),
+        ];
+        for (name, got, want) in table {
+            assert_eq!(got, Err(want), "{name}");
+        }
+        for bad in ["a.b", "a*", ">", "a b", "", "A", "a\u{0}"] {
+            let got = with(&|c| c["device_id"] = json!(bad));
+            assert!(
+                matches!(got, Err(Denied::BadDeviceId(_))),
+                "{bad:?}: {got:?}"
+            );
+        }
+        // Within the leeway.
+        assert!(with(&|c| c["exp"] = json!(now() - 2)).is_ok());
+        // A token signed with HS256 by someone holding the public key is refused (alg from the key).
+        let hs = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &good(),
+            &EncodingKey::from_secret(b"x"),
+        )
+        .expect("hs");
+        assert!(matches!(verify(&hs, &k.key, &p), Err(Denied::Algorithm(_))));
+        assert!(matches!(kid(&hs), Err(Denied::Malformed(_))));
+        assert!(matches!(kid("garbage"), Err(Denied::Malformed(_))));
+        // The error text never contains the token.
+        let t = sign(&k, json!({"exp": now() - 60}));
+        let e = verify(&t, &k.key, &p).expect_err("expired").to_string();
+        assert!(!e.contains(&t[..20]));
+    }
+}

@@ -1,0 +1,465 @@
+//! fleet-auth against a real nats-server 2.10+ with `auth_callout` and a local HTTPS JWKS issuer (RSA and EC keys):
+//! every denial has its reason in fleet-auth's log and nats-server's log (the client is told "Authorization
+//! Violation": nats-server does not pass the callout's reason to clients); JWKS rotation works without a restart;
+//! an unreachable or oversize JWKS fails closed; a real agent with a token file runs normally, rotates its token
+//! on reconnect, and can neither read nor write another device's keys nor hear its replies.
+#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+
+mod auth_common;
+
+use auth_common::*;
+use fleet_rig::tls::TestCa;
+use fleet_rig::wait_for;
+use fleet_wire::kv;
+use serde_json::json;
+use std::time::Duration;
+
+const IMAGE: &str = "localhost/busybox:auth-test";
+
+/// Connects with `token`, expects a refusal, and waits for `reason` in fleet-auth's log (and nats-server's).
+fn expect_denied(stack: &Stack, token: &str, reason: &str) {
+    match connect_device(&stack.nats.url(), token) {
+        Ok(_) => panic!("connected although the token should be refused ({reason})"),
+        Err(e) => assert!(
+            e.to_lowercase().contains("authorization violation"),
+            "client error for {reason}: {e}"
+        ),
+    }
+    let seen = wait_for(Duration::from_secs(5), || {
+        let log = stack.auth_log_text();
+        log.lines()
+            .any(|l| l.contains("denied client") && l.contains(reason))
+            .then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "no denial with {reason:?} in fleet-auth's log:\n{}",
+        stack.auth_log_text()
+    );
+    let in_server_log = wait_for(Duration::from_secs(5), || {
+        stack.nats_log_text().contains(reason).then_some(())
+    });
+    assert!(
+        in_server_log.is_some(),
+        "nats-server's log lacks {reason:?}:\n{}",
+        stack.nats_log_text()
+    );
+}
+
+fn expect_allowed(stack: &Stack, token: &str, device: &str) -> Device {
+    let d = connect_device(&stack.nats.url(), token)
+        .unwrap_or_else(|e| panic!("{device} refused: {e}\n{}", stack.auth_log_text()));
+    assert!(stack
+        .auth_log_text()
+        .contains(&format!("as device {device}")));
+    d
+}
+
+#[test]
+fn tokens_are_verified_and_every_denial_says_why() {
+    let ca = TestCa::new();
+    let keydir = tempfile::tempdir().expect("tmp");
+    let rsa = SignKey::rsa("rsa-1", keydir.path());
+    let ec = SignKey::ec("ec-1");
+    let mut jwks = Jwks::start(&ca, &[&rsa, &ec]);
+    let mut stack = Stack::start(&ca, &jwks.url(), false);
+
+    // Valid tokens signed with either key are admitted, as the device named by the claim.
+    expect_allowed(&stack, &rsa.sign(&claims("dev-rsa", 600)), "dev-rsa");
+    expect_allowed(&stack, &ec.sign(&claims("dev-ec", 600)), "dev-ec");
+
+    // Each refusal, with its reason.
+    let stranger = SignKey::ec("ec-1");
+    expect_denied(
+        &stack,
+        &stranger.sign(&claims("dev-a", 600)),
+        "bad token signature",
+    );
+    expect_denied(
+        &stack,
+        &ec.sign_as("nope", &claims("dev-a", 600)),
+        "unknown signing key id \"nope\"",
+    );
+    let mut c = claims("dev-a", 600);
+    c["exp"] = json!(now() - 30);
+    expect_denied(&stack, &ec.sign(&c), "token expired");
+    let mut c = claims("dev-a", 600);
+    c["nbf"] = json!(now() + 120);
+    expect_denied(&stack, &rsa.sign(&c), "token not valid yet");
+    let mut c = claims("dev-a", 600);
+    c["iss"] = json!("https://evil.test");
+    expect_denied(&stack, &ec.sign(&c), "wrong token issuer");
+    let mut c = claims("dev-a", 600);
+    c["aud"] = json!("another-project");
+    expect_denied(&stack, &ec.sign(&c), "wrong token audience");
+    let mut c = claims("dev-a", 600);
+    c.as_object_mut().unwrap().remove("device_id");
+    expect_denied(&stack, &ec.sign(&c), "token has no device id claim");
+    for bad in ["dev.a", "dev*", ">", "dev a"] {
+        expect_denied(
+            &stack,
+            &ec.sign(&claims(bad, 600)),
+            &format!("token device id rejected: invalid device id: {bad:?}"),
+        );
+    }
+    expect_denied(&stack, "not-a-jwt", "token is malformed");
+    // No token at all.
+    match nats::Options::new().connect(stack.nats.url().as_str()) {
+        Ok(_) => panic!("connected without credentials"),
+        Err(e) => assert!(e
+            .to_string()
+            .to_lowercase()
+            .contains("authorization violation")),
+    }
+    assert!(stack
+        .auth_log_text()
+        .contains("no token in the connect options"));
+
+    // Key rotation: a new kid is fetched on first use, without restarting fleet-auth.
+    let ec2 = SignKey::ec("ec-2");
+    jwks.set(&[&rsa, &ec2]);
+    expect_allowed(
+        &stack,
+        &ec2.sign(&claims("dev-rotated", 600)),
+        "dev-rotated",
+    );
+
+    // An oversize JWKS is refused (fail closed) when a refetch is needed.
+    let mut big = json!({"keys": [ec2.jwk.clone()]}).to_string();
+    big.push_str(&" ".repeat(10_000));
+    jwks.set_raw(big.into_bytes());
+    expect_denied(
+        &stack,
+        &ec.sign_as("ec-9", &claims("dev-a", 600)),
+        "larger than 8192 bytes",
+    );
+
+    // JWKS unreachable: a fresh fleet-auth with no cached keys refuses even a well-signed token.
+    jwks.server = None;
+    stack.start_auth();
+    expect_denied(&stack, &ec2.sign(&claims("dev-a", 600)), "JWKS unavailable");
+
+    // No token or key material in fleet-auth's log.
+    let log = stack.auth_log_text();
+    let token = ec2.sign(&claims("dev-a", 600));
+    let sig_part = token.rsplit('.').next().unwrap();
+    assert!(
+        !log.contains(&sig_part[..16]) && !log.contains("eyJ"),
+        "{log}"
+    );
+    assert!(!log.contains(&stack.issuer.seed().unwrap()[..12]));
+}
+
+/// Waits for `bucket/key` to exist (via the admin connection) and returns its JSON; `agent` (its log) explains a
+/// time-out.
+fn wait_key(
+    admin: &nats::Connection,
+    bucket: &str,
+    key: &str,
+    agent: &AgentProc,
+) -> serde_json::Value {
+    let store = nats::jetstream::new(admin.clone())
+        .key_value(bucket)
+        .expect("bucket");
+    wait_for(Duration::from_secs(30), || {
+        store
+            .get(key)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "{bucket}/{key} never written; agent log:\n{}",
+            agent.log_text()
+        )
+    })
+}
+
+#[test]
+fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
+    let ca = TestCa::new();
+    let ec = SignKey::ec("ec-1");
+    let _jwks = Jwks::start(&ca, &[&ec]);
+    // This stack encrypts callout requests and answers with xkeys.
+    let stack = Stack::start(&ca, &_jwks.url(), true);
+
+    // The operator's own credentials (an auth_users user) create the buckets, as fleet-operator does.
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let (_client, js) = fleet_operator::kv::connect(&stack.admin_url())
+            .await
+            .expect("operator connects with its own credentials");
+        fleet_operator::kv::ensure_buckets(&js)
+            .await
+            .expect("buckets");
+        // fleetlock-server's NATS store connects with its own user too (here the same auth_users entry).
+        fleet_operator::fleetlock::store::nats::NatsStore::open(&stack.admin_url(), None)
+            .await
+            .expect("fleetlock store connects with its own credentials");
+        // Without valid credentials the callout refuses it, and the error does not show the password.
+        let e = fleet_operator::kv::connect(&stack.admin_url().replace("admin:", "nobody:"))
+            .await
+            .expect_err("unknown user");
+        assert!(!format!("{e:?}").contains(&stack.admin_password), "{e:?}");
+    });
+    let admin = stack.admin();
+
+    // Device A reconciles real containers (rootful Podman, a test image); B runs with Podman off.
+    let podman = fleet_rig::podman::PodmanService::start();
+    podman.import_busybox(IMAGE);
+    // The agent binary first: building it may take longer than A's short-lived token lives.
+    fleet_vm_tests::builds::agent(fleet_vm_tests::builds::V1);
+    // Device A: a short-lived token that is rotated on disk while the agent runs.
+    let tokens = tempfile::tempdir().expect("tmp");
+    let token_a = tokens.path().join("a.token");
+    write_token(&token_a, &ec.sign(&claims("dev-a", 10)));
+    let token_b = tokens.path().join("b.token");
+    write_token(&token_b, &ec.sign(&claims("dev-b", 600)));
+    let agent_a = AgentProc::start("dev-a", &stack.nats.url(), &token_a, Some(&podman.socket()));
+    let agent_b = AgentProc::start("dev-b", &stack.nats.url(), &token_b, None);
+
+    // Both agents run: device info, heartbeats, and a reconcile of their desired state.
+    wait_key(&admin, kv::DEVICE_INFO, "dev-a", &agent_a);
+    wait_key(&admin, kv::DEVICE_HEARTBEAT, "dev-a", &agent_a);
+    wait_key(&admin, kv::DEVICE_HEARTBEAT, "dev-b", &agent_b);
+
+    // A's token is rotated on disk; when the old one expires (10 s) the server disconnects the agent, which
+    // reconnects with the new one: one reconnect, no restart.
+    write_token(&token_a, &ec.sign(&claims("dev-a", 600)));
+    let reconnected = wait_for(Duration::from_secs(30), || {
+        (stack.auth_log_text().matches("as device dev-a").count() >= 2
+            && agent_a.log_text().contains("reconnected to NATS"))
+        .then_some(())
+    });
+    assert!(
+        reconnected.is_some(),
+        "agent A did not reconnect with its rotated token:\n{}\n{}",
+        agent_a.log_text(),
+        stack.auth_log_text()
+    );
+    let hb = |admin: &nats::Connection| {
+        nats::jetstream::new(admin.clone())
+            .key_value(kv::DEVICE_HEARTBEAT)
+            .unwrap()
+            .entry("dev-a")
+            .unwrap()
+            .map(|e| e.revision)
+    };
+    let before = hb(&admin);
+    let after = wait_for(Duration::from_secs(10), || {
+        hb(&admin).filter(|r| Some(*r) > before)
+    });
+    assert!(
+        after.is_some(),
+        "dev-a stopped heartbeating after the token rotation"
+    );
+    let put = |device: &str, generation: u64, workloads: Vec<fleet_wire::WorkloadSpec>| {
+        let d = fleet_wire::DesiredState::new(
+            fleet_wire::DeviceId::try_from(device).unwrap(),
+            generation,
+            workloads,
+        )
+        .unwrap();
+        nats::jetstream::new(admin.clone())
+            .key_value(kv::DESIRED_STATE)
+            .unwrap()
+            .put(device, serde_json::to_vec(&d).unwrap())
+            .unwrap();
+    };
+    let mut web =
+        fleet_wire::WorkloadSpec::new(fleet_wire::WorkloadName::try_from("web").unwrap(), IMAGE)
+            .unwrap();
+    web.command = vec!["sleep".into(), "1000".into()];
+    put("dev-a", 3, vec![web]);
+    let mut secret =
+        fleet_wire::WorkloadSpec::new(fleet_wire::WorkloadName::try_from("db").unwrap(), IMAGE)
+            .unwrap();
+    secret
+        .env
+        .insert("DB_PASSWORD".into(), "dev-b-secret".into());
+    put("dev-b", 5, vec![secret]);
+    let running = || {
+        let v: serde_json::Value = nats::jetstream::new(admin.clone())
+            .key_value(kv::WORKLOAD_STATUS)
+            .unwrap()
+            .get("dev-a")
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())?;
+        (v["generation"] == 3 && v["workloads"][0]["state"] == "running").then_some(())
+    };
+    wait_for(Duration::from_secs(60), running)
+        .unwrap_or_else(|| panic!("dev-a did not reconcile:\n{}", agent_a.log_text()));
+    let b_saw = wait_for(Duration::from_secs(30), || {
+        agent_b
+            .log_text()
+            .contains("desired state generation 5")
+            .then_some(())
+    });
+    assert!(
+        b_saw.is_some(),
+        "dev-b did not read its desired state:\n{}",
+        agent_b.log_text()
+    );
+
+    // A's own connection, subscribed to everything it may: its inbox (which A's agent's replies also use) and the
+    // subjects of its own keys (which carry every write to them).
+    let a = connect_device(&stack.nats.url(), &ec.sign(&claims("dev-a", 600))).expect("dev-a");
+    let allowed =
+        fleet_wire::auth::device_permissions(&fleet_wire::DeviceId::try_from("dev-a").unwrap());
+    let subs: Vec<_> = allowed
+        .subscribe
+        .iter()
+        .map(|s| a.conn.subscribe(s).expect("allowed subscription"))
+        .collect();
+    for forbidden in [
+        ">",
+        "_INBOX.>",
+        "_INBOX.device.dev-b.>",
+        "$KV.>",
+        "$KV.device-desired-state.dev-b",
+    ] {
+        let _ = a.conn.subscribe(forbidden);
+        assert!(
+            a.wait_error(
+                &format!("Permissions Violation for Subscription to \"{forbidden}\""),
+                Duration::from_secs(5)
+            ),
+            "subscribing to {forbidden} was not refused: {:?}",
+            a.errors.lock().unwrap()
+        );
+    }
+    // A cannot read B's desired state (direct get or stream message get) nor create any consumer.
+    for subject in [
+        "$JS.API.DIRECT.GET.KV_device-desired-state.$KV.device-desired-state.dev-b",
+        "$JS.API.DIRECT.GET.KV_device-desired-state",
+        "$JS.API.STREAM.MSG.GET.KV_device-desired-state",
+        "$JS.API.CONSUMER.CREATE.KV_device-desired-state",
+        "$JS.API.CONSUMER.CREATE.KV_device-desired-state.x.$KV.device-desired-state.dev-a",
+        "$JS.API.CONSUMER.CREATE.KV_device-desired-state.x.$KV.device-desired-state.>",
+        "$JS.API.CONSUMER.DURABLE.CREATE.KV_device-desired-state.x",
+    ] {
+        a.conn
+            .publish_request(
+                subject,
+                "_INBOX.device.dev-a.probe",
+                br#"{"last_by_subj":"$KV.device-desired-state.dev-b"}"#,
+            )
+            .expect("publish");
+        assert!(
+            a.wait_error(
+                &format!("Permissions Violation for Publish to \"{subject}\""),
+                Duration::from_secs(5)
+            ),
+            "{subject} was not refused: {:?}",
+            a.errors.lock().unwrap()
+        );
+    }
+    // A cannot write B's keys (nor the keys the operator writes for A).
+    for subject in [
+        "$KV.agent-upgrade-intent.dev-b",
+        "$KV.agent-upgrade-status.dev-b",
+        "$KV.device-heartbeat.dev-b",
+        "$KV.system-upgrade-status.dev-b.6f1c2b9e-8d0a-4c55-9a77-3f2e1d0c9b8a",
+        "$KV.device-desired-state.dev-a",
+        "$KV.agent-upgrade-intent.dev-a",
+    ] {
+        a.conn
+            .publish(subject, b"{\"forged\":true}")
+            .expect("publish");
+        assert!(
+            a.wait_error(
+                &format!("Permissions Violation for Publish to \"{subject}\""),
+                Duration::from_secs(5)
+            ),
+            "{subject} was not refused"
+        );
+    }
+    // Nor through the reply subject of a request it may make: JetStream's answers (a put's acknowledgement, a
+    // direct get's message) stay in the devices' account and never land on a key.
+    let desired = nats::jetstream::new(admin.clone())
+        .key_value(kv::DESIRED_STATE)
+        .unwrap();
+    let b_desired = desired.entry("dev-b").unwrap().map(|e| e.revision);
+    let run = "6f1c2b9e-8d0a-4c55-9a77-3f2e1d0c9b8a";
+    let targets = [
+        "$KV.agent-upgrade-intent.dev-b".to_owned(),
+        "$KV.device-desired-state.dev-b".to_owned(),
+        format!("$KV.system-upgrade-status.dev-b.{run}"),
+        format!("$KV.system-upgrade-intent.dev-b.{run}"),
+    ];
+    for target in &targets {
+        a.conn
+            .publish_request("$KV.device-info.dev-a", target, b"{\"forged\":true}")
+            .expect("put");
+        a.conn
+            .publish_request(
+                "$JS.API.DIRECT.GET.KV_device-info.$KV.device-info.dev-a",
+                target,
+                b"",
+            )
+            .expect("get");
+    }
+    a.conn.flush().expect("flush");
+    std::thread::sleep(Duration::from_secs(1));
+    let js = nats::jetstream::new(admin.clone());
+    assert_eq!(
+        js.key_value(kv::AGENT_UPGRADE_INTENT)
+            .unwrap()
+            .entry("dev-b")
+            .unwrap()
+            .map(|e| e.revision),
+        None,
+        "B's intent was written"
+    );
+    assert_eq!(
+        desired.entry("dev-b").unwrap().map(|e| e.revision),
+        b_desired,
+        "B's desired state changed"
+    );
+    for bucket in [kv::SYSTEM_UPGRADE_STATUS, kv::SYSTEM_UPGRADE_INTENT] {
+        let key = format!("dev-b.{run}");
+        assert_eq!(
+            js.key_value(bucket)
+                .unwrap()
+                .entry(&key)
+                .unwrap()
+                .map(|e| e.revision),
+            None,
+            "{bucket}/{key} was written"
+        );
+    }
+
+    // While B works (heartbeats every second), A hears only its own agent's traffic.
+    std::thread::sleep(Duration::from_secs(4));
+    let mut seen = 0;
+    for sub in &subs {
+        while let Ok(m) = sub.next_timeout(Duration::from_millis(100)) {
+            seen += 1;
+            let text = String::from_utf8_lossy(&m.data);
+            assert!(
+                !text.contains("dev-b") && !m.subject.contains("dev-b"),
+                "A heard B on {}: {text}",
+                m.subject
+            );
+        }
+    }
+    assert!(
+        seen > 0,
+        "A's subscriptions saw none of its own agent's traffic"
+    );
+
+    // Leave no container behind.
+    put("dev-a", 4, vec![]);
+    let gone = wait_for(Duration::from_secs(30), || {
+        let out = podman.podman(&["ps", "-a", "--format", "{{.Names}}"]);
+        (!out.contains("web")).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "the workload was not removed:\n{}",
+        agent_a.log_text()
+    );
+    drop(agent_b);
+}

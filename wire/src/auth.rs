@@ -1,0 +1,289 @@
+//! The device's NATS permission contract: which subjects a device may publish and subscribe to, derived from the
+//! KV layout ([`crate::kv::BUCKETS`]) and the device id. `fleet-auth` grants exactly this list; the agent's KV layer
+//! uses only these subjects (reply inboxes under [`device_inbox_prefix`]). Pure: no I/O.
+
+use crate::kv::{BucketSpec, KeyShape, BUCKETS};
+use crate::DeviceId;
+
+/// Root of every device's reply inboxes: `_INBOX.device.<device-id>`. A NUID (22 characters) never equals
+/// `device`, so no other client's `_INBOX.<nuid>…` inbox falls under it.
+pub const DEVICE_INBOX_ROOT: &str = "_INBOX.device";
+
+/// What a device may do with its own keys in one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceAccess {
+    /// Nothing (buckets not keyed by device: task plans, FleetLock).
+    None,
+    /// Read and watch its own keys (written by the operator).
+    Read,
+    /// Read, watch and write its own keys (written by the agent).
+    ReadWrite,
+}
+
+/// The access a device has to `spec`: buckets keyed by device are readable by that device, and writable when the
+/// layout names the agent as their writer; other buckets are closed to devices.
+pub fn device_access(spec: &BucketSpec) -> DeviceAccess {
+    match spec.key {
+        KeyShape::Run | KeyShape::Group => DeviceAccess::None,
+        KeyShape::Device | KeyShape::DeviceRun if spec.writer == "agent" => DeviceAccess::ReadWrite,
+        KeyShape::Device | KeyShape::DeviceRun => DeviceAccess::Read,
+    }
+}
+
+/// `_INBOX.device.<device-id>`: the device's reply subjects are `<prefix>.<random token>`.
+pub fn device_inbox_prefix(device: &DeviceId) -> String {
+    format!("{DEVICE_INBOX_ROOT}.{device}")
+}
+
+/// The KV subject filter covering the device's keys in `spec`: `$KV.<bucket>.<device>` or
+/// `$KV.<bucket>.<device>.>`; `None` when the bucket is not keyed by device.
+pub fn device_key_filter(spec: &BucketSpec, device: &DeviceId) -> Option<String> {
+    match spec.key {
+        KeyShape::Device => Some(format!("$KV.{}.{device}", spec.name)),
+        KeyShape::DeviceRun => Some(format!("$KV.{}.{device}.>", spec.name)),
+        KeyShape::Run | KeyShape::Group => None,
+    }
+}
+
+/// Subject of a direct get of the last value of `subject` (the key's `$KV.…` subject, or a `….>` filter for the
+/// newest of a device's run keys). The key is in the subject, so permissions can scope it; the body must be empty.
+pub fn direct_get_subject(bucket: &str, subject: &str) -> String {
+    format!("$JS.API.DIRECT.GET.KV_{bucket}.{subject}")
+}
+
+/// The subjects the devices' account imports as services from the account holding the KV buckets: direct gets,
+/// and puts to the buckets the agent writes. Devices live in an account of their own so that JetStream's answers
+/// (which go to whatever reply subject a request names) are delivered in the devices' account, never onto a KV
+/// subject of the buckets' account (see `docs/auth.md`).
+pub fn device_service_imports() -> Vec<String> {
+    let mut v = vec!["$JS.API.DIRECT.GET.>".to_owned()];
+    for spec in BUCKETS {
+        if device_access(spec) == DeviceAccess::ReadWrite {
+            match spec.key {
+                KeyShape::Device => v.push(format!("$KV.{}.*", spec.name)),
+                _ => v.push(format!("$KV.{}.>", spec.name)),
+            }
+        }
+    }
+    v
+}
+
+/// The subject the devices' account imports as a stream: every KV write, which the watches listen to (each
+/// device may subscribe only to its own keys).
+pub const DEVICE_STREAM_IMPORT: &str = "$KV.>";
+
+/// A NATS server URL split from the user and password it may carry (`nats://user:password@host:port`): the
+/// services that bypass the callout (operator, fleetlock-server, fleet-auth) authenticate with their own
+/// `auth_users` credentials, and the URL without them is what may be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NatsUrl {
+    /// The URL without credentials.
+    pub url: String,
+    /// User and password, when the URL had them.
+    pub user_password: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for NatsUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let user = self.user_password.as_ref().map(|(u, _)| u.as_str());
+        write!(f, "NatsUrl {{ url: {:?}, user: {user:?} }}", self.url)
+    }
+}
+
+/// Splits `url` (one URL or a comma-separated list whose first entry may carry `user:password@`). The user and
+/// password are taken literally (no percent-decoding): they must not contain `@`, `:` or `/`.
+pub fn split_nats_url(url: &str) -> NatsUrl {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return NatsUrl {
+            url: url.to_owned(),
+            user_password: None,
+        };
+    };
+    let host_end = rest.find(['/', ',']).unwrap_or(rest.len());
+    match rest[..host_end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            NatsUrl {
+                url: format!("{scheme}://{host}{}", &rest[host_end..]),
+                user_password: Some((user.to_owned(), password.to_owned())),
+            }
+        }
+        None => NatsUrl {
+            url: url.to_owned(),
+            user_password: None,
+        },
+    }
+}
+
+/// A device's permissions: allowed publish and subscribe subjects; everything else is denied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevicePermissions {
+    /// Subjects the device may publish to.
+    pub publish: Vec<String>,
+    /// Subjects the device may subscribe to.
+    pub subscribe: Vec<String>,
+}
+
+/// The permissions of `device`: for each bucket keyed by device, a direct get of its own keys and a subscription
+/// to their subjects (every write to a key is published there: the agent's watch), a put on its own keys where the
+/// agent is the writer, and its own reply inboxes. No JetStream consumer API at all: a consumer's deliver subject
+/// cannot be scoped by permissions (see `docs/auth.md`).
+pub fn device_permissions(device: &DeviceId) -> DevicePermissions {
+    let mut publish = Vec::new();
+    let mut subscribe = vec![format!("{}.>", device_inbox_prefix(device))];
+    for spec in BUCKETS {
+        let access = device_access(spec);
+        let Some(filter) = device_key_filter(spec, device) else {
+            continue;
+        };
+        if access == DeviceAccess::None {
+            continue;
+        }
+        publish.push(direct_get_subject(spec.name, &filter));
+        if access == DeviceAccess::ReadWrite {
+            publish.push(filter.clone());
+        }
+        subscribe.push(filter);
+    }
+    DevicePermissions { publish, subscribe }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv;
+
+    fn dev(s: &str) -> DeviceId {
+        DeviceId::try_from(s).expect("device id")
+    }
+
+    #[test]
+    fn access_per_bucket() {
+        let table = [
+            (kv::DEVICE_INFO, DeviceAccess::ReadWrite),
+            (kv::DEVICE_HEARTBEAT, DeviceAccess::ReadWrite),
+            (kv::DESIRED_STATE, DeviceAccess::Read),
+            (kv::WORKLOAD_STATUS, DeviceAccess::ReadWrite),
+            (kv::AGENT_UPGRADE_INTENT, DeviceAccess::Read),
+            (kv::AGENT_UPGRADE_STATUS, DeviceAccess::ReadWrite),
+            (kv::SYSTEM_UPGRADE_INTENT, DeviceAccess::Read),
+            (kv::SYSTEM_UPGRADE_STATUS, DeviceAccess::ReadWrite),
+            (kv::TASK_PLANS, DeviceAccess::None),
+            (kv::FLEETLOCK, DeviceAccess::None),
+        ];
+        assert_eq!(table.len(), BUCKETS.len(), "every bucket has a decision");
+        for (name, want) in table {
+            let spec = kv::bucket(name).expect("bucket");
+            assert_eq!(device_access(spec), want, "{name}");
+        }
+        // Every bucket the agent needs is open to it.
+        for name in kv::AGENT_REQUIRED_BUCKETS {
+            let spec = kv::bucket(name).expect("bucket");
+            assert_ne!(device_access(spec), DeviceAccess::None, "{name}");
+        }
+    }
+
+    #[test]
+    fn permissions_of_one_device() {
+        let p = device_permissions(&dev("dev-a"));
+        assert_eq!(p.subscribe[0], "_INBOX.device.dev-a.>");
+        for want in [
+            "$KV.device-heartbeat.dev-a",
+            "$KV.system-upgrade-status.dev-a.>",
+            "$JS.API.DIRECT.GET.KV_device-desired-state.$KV.device-desired-state.dev-a",
+            "$JS.API.DIRECT.GET.KV_system-upgrade-intent.$KV.system-upgrade-intent.dev-a.>",
+        ] {
+            assert!(
+                p.publish.iter().any(|s| s == want),
+                "missing publish {want}"
+            );
+        }
+        for want in [
+            "$KV.device-desired-state.dev-a",
+            "$KV.agent-upgrade-intent.dev-a",
+            "$KV.system-upgrade-intent.dev-a.>",
+        ] {
+            assert!(
+                p.subscribe.iter().any(|s| s == want),
+                "missing subscribe {want}"
+            );
+        }
+        for forbidden in [
+            "$KV.device-desired-state.dev-a",
+            "$KV.agent-upgrade-intent.dev-a",
+            "$KV.system-upgrade-intent.dev-a.>",
+        ] {
+            assert!(!p.publish.iter().any(|s| s == forbidden), "{forbidden}");
+        }
+        // Only the device's own subjects; no consumer or stream API, no `$SYS`, no bare wildcard.
+        for s in p.publish.iter().chain(&p.subscribe) {
+            assert!(s.split('.').any(|t| t == "dev-a"), "{s}");
+            assert!(
+                !s.starts_with("$SYS") && !s.contains("CONSUMER") && !s.contains("STREAM"),
+                "{s}"
+            );
+            assert!(!s.split('.').any(|t| t == "*"), "{s}");
+        }
+        assert!(!p
+            .publish
+            .iter()
+            .chain(&p.subscribe)
+            .any(|s| s.contains("task-plans") || s.contains("fleetlock")));
+    }
+
+    #[test]
+    fn imports_cover_what_devices_publish() {
+        let imports = device_service_imports();
+        assert_eq!(imports[0], "$JS.API.DIRECT.GET.>");
+        assert!(imports.contains(&"$KV.device-heartbeat.*".to_owned()));
+        assert!(imports.contains(&"$KV.system-upgrade-status.>".to_owned()));
+        assert!(!imports
+            .iter()
+            .any(|s| s.contains("intent") || s.contains("desired")));
+        // Every publish a device is allowed is served by one of the imports.
+        let matches = |pat: &str, subj: &str| {
+            let (p, s): (Vec<&str>, Vec<&str>) =
+                (pat.split('.').collect(), subj.split('.').collect());
+            p.iter()
+                .enumerate()
+                .all(|(i, t)| *t == ">" || s.get(i).is_some_and(|x| *t == "*" || t == x))
+                && (p.last() == Some(&">") || p.len() == s.len())
+        };
+        for subj in device_permissions(&dev("dev-a")).publish {
+            assert!(
+                imports.iter().any(|i| matches(i, &subj)),
+                "{subj} is not imported"
+            );
+        }
+    }
+
+    #[test]
+    fn url_credentials_are_split_off() {
+        let u = split_nats_url("nats://operator:s3cret@nats.fleet:4222");
+        assert_eq!(u.url, "nats://nats.fleet:4222");
+        assert_eq!(
+            u.user_password,
+            Some(("operator".to_owned(), "s3cret".to_owned()))
+        );
+        assert!(!format!("{u:?}").contains("s3cret"));
+        let u = split_nats_url("nats://127.0.0.1:4222");
+        assert_eq!(
+            (u.url.as_str(), u.user_password),
+            ("nats://127.0.0.1:4222", None)
+        );
+        let u = split_nats_url("tls://a:b@h1:4222,tls://h2:4222");
+        assert_eq!(u.url, "tls://h1:4222,tls://h2:4222");
+        assert_eq!(split_nats_url("127.0.0.1").url, "127.0.0.1");
+    }
+
+    #[test]
+    fn devices_do_not_overlap() {
+        // A device id is one subject token, so `a`'s subjects never match `a-b`'s keys or inbox.
+        let a = device_permissions(&dev("a"));
+        for s in a.publish.iter().chain(&a.subscribe) {
+            assert!(!s.contains("a-b"), "{s}");
+            assert!(s.split('.').all(|t| t != "a-b"));
+        }
+        assert_eq!(device_inbox_prefix(&dev("a")), "_INBOX.device.a");
+    }
+}
