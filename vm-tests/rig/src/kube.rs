@@ -6,7 +6,7 @@
 //! server kept in a `static` for a whole test binary does not outlive it.
 
 use crate::tls::TestCa;
-use crate::util::{free_port, kill_when_gone, require_binary, wait_for, workspace_root};
+use crate::util::{free_port, kill_and_remove_when_gone, require_binary, wait_for, workspace_root};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -196,7 +196,7 @@ impl KubeApiServer {
     }
 
     fn spawn_watchdog(&self) {
-        kill_when_gone(&self.pids());
+        kill_and_remove_when_gone(&self.pids(), self.dir.path());
     }
 
     /// `https://127.0.0.1:<port>` (certificate issued by [`Self::ca_file`]'s CA).

@@ -66,6 +66,26 @@ pub fn kill_when_gone(pids: &[u32]) {
         .spawn();
 }
 
+/// Like [`kill_when_gone`], then removes `dir` once those processes have exited: a part held in a test binary's
+/// `static` is never dropped, so without this its temporary directory (etcd's data) stays behind in /tmp.
+pub fn kill_and_remove_when_gone(pids: &[u32], dir: &std::path::Path) {
+    let script =
+        "parent=$0; dir=$1; shift; while kill -0 \"$parent\" 2>/dev/null; do sleep 1; done; \
+                  kill \"$@\" 2>/dev/null; for i in 1 2 3 4 5 6 7 8 9 10; do \
+                  alive=; for p in \"$@\"; do kill -0 \"$p\" 2>/dev/null && alive=1; done; \
+                  [ -z \"$alive\" ] && break; sleep 1; done; rm -rf -- \"$dir\"";
+    let _ = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(std::process::id().to_string())
+        .arg(dir)
+        .args(pids.iter().map(u32::to_string))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+}
+
 /// Polls `check` every 20 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
