@@ -15,12 +15,12 @@ use crate::kv::{self, CasOutcome, Mirror, NatsError};
 use crate::mirror::{self, Reported};
 use crate::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
 use crate::release::{self, IntentDecision, ReleaseCounts};
-use crate::{report, validate};
+use crate::{health, report, validate};
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,
-    Heartbeat, WorkloadSpec,
+    DeviceWorkloadStatus, Heartbeat, WorkloadSpec,
 };
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -112,6 +112,8 @@ pub struct Mirrors {
     pub desired: Arc<Mirror<DesiredState>>,
     /// `agent-upgrade-intent`.
     pub intent: Arc<Mirror<AgentUpgradeAttempt>>,
+    /// `device-workload-status`.
+    pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
 }
 
 impl Default for Mirrors {
@@ -122,6 +124,7 @@ impl Default for Mirrors {
             upgrade: Mirror::new(layout::AGENT_UPGRADE_STATUS),
             desired: Mirror::new(layout::DESIRED_STATE),
             intent: Mirror::new(layout::AGENT_UPGRADE_INTENT),
+            workloads: Mirror::new(layout::WORKLOAD_STATUS),
         }
     }
 }
@@ -145,6 +148,7 @@ async fn open_link(url: &str, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link,
     link.watch(&m.upgrade, notify)?;
     link.watch(&m.desired, notify)?;
     link.watch(&m.intent, notify)?;
+    link.watch(&m.workloads, notify)?;
     Ok(link)
 }
 
@@ -522,6 +526,7 @@ impl Engine {
         let dep_objs = self.deployments.state();
         let mut inputs = Vec::new();
         let mut dep_results: BTreeMap<String, Result<usize, PlacementError>> = BTreeMap::new();
+        let mut dep_targets: BTreeMap<String, BTreeSet<DeviceId>> = BTreeMap::new();
         for d in &dep_objs {
             let workloads = validate::deployment_workloads(&d.spec);
             let targets = match &workloads {
@@ -537,6 +542,9 @@ impl Engine {
                 d.name_any(),
                 targets.as_ref().map(|t| t.len()).map_err(Clone::clone),
             );
+            if let Ok(t) = &targets {
+                dep_targets.insert(d.name_any(), t.clone());
+            }
             inputs.push(DeploymentInput {
                 name: d.name_any(),
                 workloads: workloads.unwrap_or_default(),
@@ -545,6 +553,8 @@ impl Engine {
         }
         let current = current_workloads(&self.mirrors.desired, &inputs);
         let desired = placement::desired_workloads(&device_set, &inputs, &current);
+        // What each device was given (shared lists, cheap to keep) for the workload health below.
+        let given = desired.per_device.clone();
         if let (Some(link), None) = (link, &nats_error) {
             match link.store(layout::DESIRED_STATE) {
                 Ok(store) => {
@@ -707,6 +717,11 @@ impl Engine {
             };
             kube_writes.extend(self.status_write(g, &old, next));
         }
+        let workload_reports = self.mirrors.workloads.values();
+        let dep_workloads: BTreeMap<String, &[WorkloadSpec]> = inputs
+            .iter()
+            .map(|i| (i.name.clone(), &i.workloads[..]))
+            .collect();
         for d in &dep_objs {
             let name = d.name_any();
             let result = match dep_results.get(&name) {
@@ -727,10 +742,23 @@ impl Engine {
                 .get(&name)
                 .and_then(|r| r.as_ref().ok())
                 .map(|n| *n as u32);
+            // Health over the workloads each targeted device was actually given (a lost name conflict is not).
+            let health = dep_targets.get(&name).map(|targets| {
+                let mine = dep_workloads.get(&name).copied().unwrap_or_default();
+                let lost = desired.conflicts.contains_key(&name);
+                health::deployment(targets.iter().flat_map(|dev| {
+                    let on_device = given.get(dev);
+                    let report = workload_reports.get(dev.as_str());
+                    mine.iter()
+                        .filter(move |w| !lost || on_device.is_some_and(|l| l.contains(w)))
+                        .map(move |w| (dev.as_str(), w, report))
+                }))
+            });
             let old = d.status.clone().unwrap_or_default();
             let next = PlacementStatus {
                 observed_generation: d.metadata.generation,
                 targeted_devices: targeted,
+                workloads: health,
                 conditions: conditions::merge(
                     &old.conditions,
                     &[ready_want(&result), nats.clone()],
@@ -769,6 +797,7 @@ impl Engine {
                 up_to_date: counts.map(|c| c.up_to_date),
                 failed: counts.map(|c| c.failed),
                 in_progress: counts.map(|c| c.in_progress),
+                workloads: None,
                 conditions: conditions::merge(&old.conditions, &wants, r.metadata.generation, &now),
             };
             kube_writes.extend(self.status_write(r, &old, next));
@@ -791,6 +820,7 @@ impl Engine {
                 info: infos.get(&id).cloned(),
                 heartbeat: heartbeats.get(&id).cloned(),
                 upgrade: statuses.get(&id).cloned(),
+                workloads: workload_reports.get(&id).cloned(),
             };
             // Nothing reported (yet, or by another fleet's NATS): leave the status alone.
             if reported == Reported::default() {

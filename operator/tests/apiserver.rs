@@ -9,8 +9,8 @@ use fleet_operator::engine::{self, Options};
 use fleet_rig::kube::KubeApiServer;
 use fleet_rig::NatsServer;
 use fleet_wire::{
-    fixtures, AgentUpgradeAttempt, AttemptId, DesiredState, DeviceId, DeviceInfo, UpgradePhase,
-    Version,
+    fixtures, AgentUpgradeAttempt, AttemptId, BoundedText, DesiredState, DeviceId, DeviceInfo,
+    DeviceWorkloadStatus, UpgradePhase, Version, WorkloadState, WorkloadStatus,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -655,4 +655,165 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
             .then_some(())
     })
     .await;
+}
+
+/// `kubectl get <what> -o wide` against the shared API server, verifying it with the rig's CA, as a person runs it.
+fn kubectl_get(what: &[&str]) -> String {
+    let api = API.get().expect("apiserver started");
+    let cache = std::env::var_os("FLEET_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
+    let kubectl = fleet_rig::require_binary(
+        "kubectl",
+        "FLEET_KUBECTL",
+        &[cache.join("kube-apiserver/kubectl")],
+        "Run `scripts/setup kube-apiserver`, or point FLEET_KUBECTL at a kubectl binary.",
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("kubeconfig");
+    std::fs::write(&config, api.kubeconfig(api.token())).expect("kubeconfig");
+    let out = std::process::Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(&config)
+        .args(["--request-timeout", "30s", "get"])
+        .args(what)
+        .args(["-o", "wide"])
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl get {what:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A workload that cannot be pulled on a device shows on the FleetDeployment (running / failed / pending and the
+/// device's error, in `kubectl get fdep`) and on the Device, from what the agent reports in
+/// `device-workload-status`; a fixed report turns the counts back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_health_shows_on_the_deployment_and_the_device() {
+    let mut f = Fleet::new("health").await;
+    f.start_operator();
+    let (d1, d2) = (f.name("h1"), f.name("h2"));
+    f.device(&d1, json!({"site": "a"})).await;
+    f.device(&d2, json!({"site": "a"})).await;
+    let group = f.name("site-a");
+    f.group(
+        &group,
+        json!({"matchLabels": {"site": "a", "fleet-test": f.run}}),
+    )
+    .await;
+    let dep = f.name("web");
+    let meta = f.meta(&dep, json!({}));
+    f.create::<FleetDeployment>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group], "workloads": [
+            {"name": "web", "image": "localhost/web:1"}, {"name": "db", "image": "localhost/db:1"}]}}))
+    .await;
+    let deps: Api<FleetDeployment> = Api::all(f.client.clone());
+    // nothing reported yet: all four placements pending
+    eventually("4 pending", || async {
+        let w = deps.get(&dep).await.ok()?.status?.workloads?;
+        ((w.running, w.failed, w.pending) == (0, 0, 4)).then_some(())
+    })
+    .await;
+    // d1 runs both; d2 runs web and cannot pull db (the agent's wording)
+    let desired = f.desired(&d1).await.expect("desired state");
+    let spec = |n: &str| {
+        desired
+            .workloads
+            .iter()
+            .find(|w| w.name.as_str() == n)
+            .unwrap()
+            .clone()
+    };
+    let status = |name: &str, db: WorkloadState, error: Option<&str>| {
+        let (web, dbs) = (spec("web"), spec("db"));
+        DeviceWorkloadStatus {
+            device_id: DeviceId::try_from(name).unwrap(),
+            generation: 1,
+            at: fleet_wire::Timestamp::now(),
+            workloads: vec![
+                WorkloadStatus {
+                    name: web.name.clone(),
+                    state: WorkloadState::Running,
+                    container_id: Some("c1".into()),
+                    spec_digest: Some(web.digest()),
+                    error: None,
+                },
+                WorkloadStatus {
+                    name: dbs.name.clone(),
+                    state: db,
+                    container_id: None,
+                    spec_digest: None,
+                    error: error.map(BoundedText::lossy),
+                },
+            ],
+        }
+    };
+    let store = f.bucket(fleet_wire::kv::WORKLOAD_STATUS).await;
+    let pull = "image localhost/db:1 could not be pulled: manifest unknown";
+    for (name, s) in [
+        (&d1, status(&d1, WorkloadState::Running, None)),
+        (&d2, status(&d2, WorkloadState::Failed, Some(pull))),
+    ] {
+        store
+            .put(name.as_str(), serde_json::to_vec(&s).unwrap().into())
+            .await
+            .expect("put workload status");
+    }
+    let w = eventually("3 running, 1 failed", || async {
+        let w = deps.get(&dep).await.ok()?.status?.workloads?;
+        ((w.running, w.failed, w.pending) == (3, 1, 0)).then_some(w)
+    })
+    .await;
+    assert_eq!(w.latest_error, Some(format!("{d2}: db: {pull}")));
+    let devices: Api<Device> = Api::all(f.client.clone());
+    let summary = eventually("the Device summarizes its workloads", || async {
+        devices.get(&d2).await.ok()?.status?.workloads
+    })
+    .await;
+    assert_eq!(
+        (summary.running, summary.failed, summary.pending),
+        (1, 1, 0)
+    );
+    assert_eq!(summary.latest_error, Some(format!("db: {pull}")));
+
+    // what a person sees
+    let table = kubectl_get(&["fdep", &dep]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    for (col, want) in [("RUNNING", "3"), ("FAILED", "1"), ("PENDING", "0")] {
+        let i = header
+            .iter()
+            .position(|h| *h == col)
+            .unwrap_or_else(|| panic!("{col} in {table}"));
+        assert_eq!(row[i], want, "{col} in\n{table}");
+    }
+    assert!(
+        table.contains("manifest unknown"),
+        "the error in -o wide:\n{table}"
+    );
+    let table = kubectl_get(&["fdev", &d2]);
+    assert!(
+        table.contains("db: image localhost/db:1 could not be pulled"),
+        "{table}"
+    );
+
+    // the device recovers: no failure and no error left
+    store
+        .put(
+            d2.as_str(),
+            serde_json::to_vec(&status(&d2, WorkloadState::Running, None))
+                .unwrap()
+                .into(),
+        )
+        .await
+        .expect("put workload status");
+    let w = eventually("4 running", || async {
+        let w = deps.get(&dep).await.ok()?.status?.workloads?;
+        (w.running == 4).then_some(w)
+    })
+    .await;
+    assert_eq!((w.failed, w.pending, w.latest_error), (0, 0, None));
 }

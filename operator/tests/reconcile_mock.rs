@@ -135,7 +135,12 @@ async fn invalid_spec_patches_status_and_publishes_one_warning() {
             serde_json::to_value(&reply).unwrap(),
         )
         .await;
-    let sent: PlacementStatus = serde_json::from_value(patch["status"].clone()).unwrap();
+    // The status is replaced whole: a JSON patch `add` at `/status`.
+    assert_eq!(
+        (&patch[0]["op"], &patch[0]["path"]),
+        (&"add".into(), &"/status".into())
+    );
+    let sent: PlacementStatus = serde_json::from_value(patch[0]["value"].clone()).unwrap();
     assert_eq!(sent, status);
     assert_eq!(sent.conditions[0].reason, "InvalidSpec");
     assert_eq!(sent.conditions[0].observed_generation, Some(3));
@@ -183,7 +188,7 @@ async fn reported_devices_are_created_and_conflicts_tolerated() {
         .await;
     call.await.unwrap().expect("409 tolerated");
 
-    // status mirror: a merge patch of the status subresource
+    // status mirror: a JSON patch replacing the status subresource
     let status = DeviceStatus {
         agent_version: Some(fleet_wire::Version::try_from("1.2.0").unwrap()),
         ..Default::default()
@@ -202,6 +207,6 @@ async fn reported_devices_are_created_and_conflicts_tolerated() {
             serde_json::to_value(&reply).unwrap(),
         )
         .await;
-    assert_eq!(patch["status"]["agentVersion"], "1.2.0");
+    assert_eq!(patch[0]["value"]["agentVersion"], "1.2.0");
     call.await.unwrap().expect("status");
 }
