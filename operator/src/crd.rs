@@ -44,6 +44,12 @@ fn string_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::Schema::from(m)
 }
 
+/// Annotation the operator puts on a Device it (re)creates for a device that already has workloads placed
+/// (its Device object was deleted): while present, that device's desired state is held exactly as it is, so
+/// deleting a Device never removes workloads by accident. A person labels the Device and removes the annotation
+/// to hand the device back to placement.
+pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
+
 /// A device of the fleet; its name is the device id. People set `metadata.labels`; the operator creates the
 /// object when a device first reports and mirrors what the device reports into `status`.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

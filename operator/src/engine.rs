@@ -10,6 +10,7 @@
 use crate::conditions::{self, Want};
 use crate::crd::{
     AgentRelease, Device, DeviceGroup, DeviceGroupStatus, FleetDeployment, PlacementStatus,
+    HOLD_ANNOTATION,
 };
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
 use crate::mirror::{self, Reported};
@@ -502,9 +503,13 @@ impl Engine {
         let now = now();
         // Devices and their labels; names that are not device ids are ignored.
         let mut labels: BTreeMap<DeviceId, Labels> = BTreeMap::new();
+        let mut held: BTreeSet<DeviceId> = BTreeSet::new();
         for d in self.devices.state() {
             match DeviceId::try_from(d.name_any().as_str()) {
                 Ok(id) => {
+                    if d.annotations().contains_key(HOLD_ANNOTATION) {
+                        held.insert(id.clone());
+                    }
                     labels.insert(id, d.labels().clone());
                 }
                 Err(e) => log::warn!("Device {:?} ignored: {e}", d.name_any()),
@@ -552,7 +557,18 @@ impl Engine {
             });
         }
         let current = current_workloads(&self.mirrors.desired, &inputs);
-        let desired = placement::desired_workloads(&device_set, &inputs, &current);
+        let mut desired = placement::desired_workloads(&device_set, &inputs, &current);
+        // A held device (its Device was deleted and recreated) keeps exactly what it has until a person releases it.
+        for id in &held {
+            match self.mirrors.desired.get(id.as_str()).and_then(|s| s.value) {
+                Some(s) => {
+                    desired.per_device.insert(id.clone(), s.workloads.into());
+                }
+                None => {
+                    desired.per_device.remove(id);
+                }
+            }
+        }
         // What each device was given (shared lists, cheap to keep) for the workload health below.
         let given = desired.per_device.clone();
         if let (Some(link), None) = (link, &nats_error) {
@@ -808,8 +824,19 @@ impl Engine {
             if DeviceId::try_from(id.as_str()).is_ok() && !labels.keys().any(|d| d.as_str() == id) {
                 let id = id.clone();
                 let new_labels = &self.new_device_labels;
+                // Workloads already placed: the Device was deleted. Recreated without its labels it would be
+                // targeted by nothing and lose every workload; it is held instead.
+                let hold = self
+                    .mirrors
+                    .desired
+                    .get(&id)
+                    .and_then(|s| s.value)
+                    .is_some_and(|s| !s.workloads.is_empty());
+                if hold {
+                    log::warn!("Device {id} is missing but the device runs workloads: recreating it with {HOLD_ANNOTATION}=true (its workloads are kept until a person labels it and removes the annotation)");
+                }
                 kube_writes.push(Box::pin(async move {
-                    report::create_device(&self.client, &id, new_labels).await
+                    report::create_device(&self.client, &id, new_labels, hold).await
                 }));
             }
         }

@@ -817,3 +817,89 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
     .await;
     assert_eq!((w.failed, w.pending, w.latest_error), (0, 0, None));
 }
+
+/// Deleting a Device whose device runs workloads: the operator recreates it (the device still reports) with the
+/// hold annotation and without its old labels, and holds the device's desired state exactly as it was; a person
+/// labels it and removes the annotation, and placement takes over again without the workloads ever leaving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_device_keeps_its_workloads_until_released() {
+    let mut f = Fleet::new("devdel").await;
+    f.start_operator();
+    let d1 = f.name("del-1");
+    f.device(&d1, json!({"site": "a"})).await;
+    let group = f.name("site-a");
+    f.group(
+        &group,
+        json!({"matchLabels": {"site": "a", "fleet-test": f.run}}),
+    )
+    .await;
+    let dep = f.name("web");
+    let meta = f.meta(&dep, json!({}));
+    f.create::<FleetDeployment>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group], "workloads": [{"name": "web", "image": "localhost/web:1"}]}}))
+    .await;
+    let mut info = fixtures::device_info();
+    info.device_id = DeviceId::try_from(d1.as_str()).unwrap();
+    f.bucket(fleet_wire::kv::DEVICE_INFO)
+        .await
+        .put(d1.as_str(), serde_json::to_vec(&info).unwrap().into())
+        .await
+        .expect("put info");
+    let before = eventually("web placed", || async {
+        f.desired(&d1)
+            .await
+            .filter(|s| workload_names(s) == ["web"])
+    })
+    .await;
+    let devices: Api<Device> = Api::all(f.client.clone());
+    let old_uid = devices.get(&d1).await.expect("device").metadata.uid;
+    devices
+        .delete(&d1, &Default::default())
+        .await
+        .expect("delete Device");
+    // recreated, held, and a pass that saw it held has run (it wrote the mirrored status after the desired states)
+    let again = eventually("Device recreated, held, status mirrored", || async {
+        let d = devices.get(&d1).await.ok()?;
+        (d.metadata.uid != old_uid
+            && d.metadata
+                .annotations
+                .as_ref()?
+                .get(fleet_operator::crd::HOLD_ANNOTATION)?
+                == "true"
+            && d.status.as_ref()?.agent_version.is_some())
+        .then_some(d)
+    })
+    .await;
+    assert_eq!(
+        again.metadata.labels.as_ref().and_then(|l| l.get("site")),
+        None,
+        "the old labels are gone with the old object"
+    );
+    assert_eq!(
+        f.desired(&d1).await,
+        Some(before.clone()),
+        "the held device's desired state is untouched"
+    );
+    let deps: Api<FleetDeployment> = Api::all(f.client.clone());
+    eventually("the deployment no longer targets it", || async {
+        (deps.get(&dep).await.ok()?.status?.targeted_devices == Some(0)).then_some(())
+    })
+    .await;
+    assert_eq!(f.desired(&d1).await, Some(before.clone()), "still held");
+
+    // a person labels it and releases the hold: targeted again, the workload never left
+    devices
+        .patch(
+            &d1,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"site": "a"},
+                "annotations": {fleet_operator::crd::HOLD_ANNOTATION: null}}})),
+        )
+        .await
+        .expect("release");
+    eventually("targeted again", || async {
+        (deps.get(&dep).await.ok()?.status?.targeted_devices == Some(1)).then_some(())
+    })
+    .await;
+    assert_eq!(f.desired(&d1).await, Some(before), "no change written");
+}
