@@ -66,7 +66,8 @@ pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.agentUpgrade.reason"}"#,
     printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.workloads.running"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.workloads.failed"}"#,
-    printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#
+    printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#,
+    printcolumn = r#"{"name":"Hold","type":"string","jsonPath":".metadata.annotations.fleet\\.nationtech\\.io/hold-workloads"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceSpec {

@@ -688,6 +688,25 @@ fn kubectl_get(what: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The first row's cell under `column` of a kubectl table (cells are aligned to their header and may be
+/// empty).
+fn cell(table: &str, column: &str) -> String {
+    let mut lines = table.lines();
+    let header = lines.next().expect("header");
+    let row = lines.next().expect("a row");
+    let start = header
+        .find(column)
+        .unwrap_or_else(|| panic!("{column} in {table}"));
+    let rest = row.get(start..).unwrap_or_default();
+    if rest.starts_with(' ') {
+        return String::new();
+    }
+    rest.split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// A workload that cannot be pulled on a device shows on the FleetDeployment (running / failed / pending and the
 /// device's error, in `kubectl get fdep`) and on the Device, from what the agent reports in
 /// `device-workload-status`; a fixed report turns the counts back.
@@ -781,14 +800,8 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
 
     // what a person sees
     let table = kubectl_get(&["fdep", &dep]);
-    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     for (col, want) in [("RUNNING", "3"), ("FAILED", "1"), ("PENDING", "0")] {
-        let i = header
-            .iter()
-            .position(|h| *h == col)
-            .unwrap_or_else(|| panic!("{col} in {table}"));
-        assert_eq!(row[i], want, "{col} in\n{table}");
+        assert_eq!(cell(&table, col), want, "{col} in\n{table}");
     }
     assert!(
         table.contains("manifest unknown"),
@@ -880,6 +893,9 @@ async fn a_deleted_device_keeps_its_workloads_until_released() {
         Some(before.clone()),
         "the held device's desired state is untouched"
     );
+    // what a person sees: the Hold column
+    let table = kubectl_get(&["fdev", &d1]);
+    assert_eq!(cell(&table, "HOLD"), "true", "{table}");
     let deps: Api<FleetDeployment> = Api::all(f.client.clone());
     eventually("the deployment no longer targets it", || async {
         (deps.get(&dep).await.ok()?.status?.targeted_devices == Some(0)).then_some(())
