@@ -492,6 +492,17 @@ impl Engine {
             .into_iter()
             .cloned()
             .collect();
+        for c in &failing {
+            // Once per change, like the Warning event: a condition that stays the same is not logged again.
+            log::warn!(
+                "{} {}: {} {}: {}",
+                K::kind(&()),
+                obj.name_any(),
+                c.type_,
+                c.reason,
+                c.message
+            );
+        }
         let obj = obj.clone();
         Some(Box::pin(async move {
             let f: Vec<_> = failing.iter().collect();
@@ -532,6 +543,7 @@ impl Engine {
         let mut inputs = Vec::new();
         let mut dep_results: BTreeMap<String, Result<usize, PlacementError>> = BTreeMap::new();
         let mut dep_targets: BTreeMap<String, BTreeSet<DeviceId>> = BTreeMap::new();
+        let mut placed_values: Option<BTreeMap<String, DesiredState>> = None;
         for d in &dep_objs {
             let workloads = validate::deployment_workloads(&d.spec);
             let targets = match &workloads {
@@ -550,13 +562,41 @@ impl Engine {
             if let Ok(t) = &targets {
                 dep_targets.insert(d.name_any(), t.clone());
             }
+            let workloads = match workloads {
+                Ok(w) => w,
+                // Invalid workloads: what is placed under the names the spec gives is held (the placed specs
+                // themselves, read back), so a typo never takes running workloads off devices.
+                Err(_) => {
+                    let names = validate::raw_workload_names(&d.spec);
+                    let placed = placed_values.get_or_insert_with(|| self.mirrors.desired.values());
+                    let mut held: BTreeMap<&str, WorkloadSpec> = BTreeMap::new();
+                    for w in placed.values().flat_map(|s| &s.workloads) {
+                        if names.contains(w.name.as_str()) {
+                            held.entry(w.name.as_str()).or_insert_with(|| w.clone());
+                        }
+                    }
+                    held.into_values().collect()
+                }
+            };
             inputs.push(DeploymentInput {
                 name: d.name_any(),
-                workloads: workloads.unwrap_or_default(),
+                workloads,
                 targets,
             });
         }
         let current = current_workloads(&self.mirrors.desired, &inputs);
+        // Failed deployments that hold something on some device (a new object holds nothing).
+        let holding: BTreeSet<String> = inputs
+            .iter()
+            .filter(|i| i.targets.is_err())
+            .filter(|i| {
+                let names: BTreeSet<&str> = i.workloads.iter().map(|w| w.name.as_str()).collect();
+                current
+                    .values()
+                    .any(|ws| ws.iter().any(|w| names.contains(w.name.as_str())))
+            })
+            .map(|i| i.name.clone())
+            .collect();
         let mut desired = placement::desired_workloads(&device_set, &inputs, &current);
         // A held device (its Device was deleted and recreated) keeps exactly what it has until a person releases it.
         for id in &held {
@@ -751,7 +791,8 @@ impl Engine {
                     )),
                     None => Ok(format!("placed on {}", devices(*n as u32))),
                 },
-                Some(Err(e)) => Err((e.reason(), format!("{e}; workloads already placed are kept unchanged"))),
+                Some(Err(e)) if holding.contains(&name) => Err((e.reason(), format!("{e}; workloads already placed are kept unchanged"))),
+                Some(Err(e)) => Err((e.reason(), format!("{e}; nothing is placed until this is fixed"))),
                 None => continue,
             };
             let targeted = dep_results

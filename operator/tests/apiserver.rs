@@ -919,3 +919,87 @@ async fn a_deleted_device_keeps_its_workloads_until_released() {
     .await;
     assert_eq!(f.desired(&d1).await, Some(before), "no change written");
 }
+
+/// The Ready message of a FleetDeployment's condition.
+async fn ready_message(f: &Fleet, name: &str) -> Option<String> {
+    let d = Api::<FleetDeployment>::all(f.client.clone())
+        .get(name)
+        .await
+        .ok()?;
+    d.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.message)
+}
+
+/// Invalid specs: every error is reported at once; a new object does not claim to keep placed workloads; a
+/// placed deployment whose image is mistyped keeps what runs (held by workload name) and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_specs_report_every_error_and_hold_what_runs() {
+    let mut f = Fleet::new("invalid").await;
+    f.start_operator();
+    let d1 = f.name("inv-1");
+    f.device(&d1, json!({"site": "a"})).await;
+    let group = f.name("site-a");
+    f.group(
+        &group,
+        json!({"matchLabels": {"site": "a", "fleet-test": f.run}}),
+    )
+    .await;
+    let new = f.name("new");
+    let meta = f.meta(&new, json!({}));
+    f.create::<FleetDeployment>(
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group], "workloads": [
+            {"name": "a", "image": "Nginx:Latest:bad"}, {"name": "b", "image": "nginx latest"}]}}),
+    )
+    .await;
+    let m = eventually("InvalidSpec on the new object", || async {
+        ready_message(&f, &new)
+            .await
+            .filter(|m| m.contains("workloads[0]"))
+    })
+    .await;
+    assert!(
+        m.contains("workloads[1]") && m.contains("whitespace"),
+        "{m}"
+    );
+    assert!(m.contains("one :tag"), "{m}");
+    assert!(!m.contains("kept unchanged"), "{m}");
+    assert!(m.contains("nothing is placed"), "{m}");
+
+    let web = f.name("web");
+    let meta = f.meta(&web, json!({}));
+    f.create::<FleetDeployment>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group], "workloads": [{"name": "web", "image": "localhost/web:1"}]}}))
+    .await;
+    let placed = eventually("web placed", || async {
+        f.desired(&d1)
+            .await
+            .filter(|s| workload_names(s) == ["web"])
+    })
+    .await;
+    Api::<FleetDeployment>::all(f.client.clone())
+        .patch(
+            &web,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"workloads": [{"name": "web", "image": "localhost/Web:2"}]}}),
+            ),
+        )
+        .await
+        .expect("patch");
+    let m = eventually("InvalidSpec on the placed object", || async {
+        ready_message(&f, &web)
+            .await
+            .filter(|m| m.contains("not a valid image reference"))
+    })
+    .await;
+    assert!(m.contains("kept unchanged"), "{m}");
+    assert_eq!(
+        f.desired(&d1).await,
+        Some(placed),
+        "the running workload is held"
+    );
+}
