@@ -6,6 +6,7 @@ pub mod agent;
 pub mod config;
 pub mod device;
 pub mod lock;
+pub mod logging;
 pub mod nats_kv;
 pub mod notify;
 pub mod paths;
