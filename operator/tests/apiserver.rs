@@ -28,9 +28,12 @@ async fn client() -> Client {
     let api = tokio::task::spawn_blocking(|| API.get_or_init(KubeApiServer::start))
         .await
         .expect("apiserver start");
-    let mut cfg = kube::Config::new(api.url().parse().expect("url"));
-    cfg.accept_invalid_certs = true;
-    cfg.auth_info.token = Some(api.token().to_owned().into());
+    // The server's certificate is verified against the rig's CA, as kubectl does with the same kubeconfig.
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.token())).expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("client config");
     let client = Client::try_from(cfg).expect("client");
     install_crds(&client).await;
     client
