@@ -119,8 +119,8 @@ pub struct WorkloadHealth {
     pub failed: u32,
     /// Not reported yet, starting, or being replaced.
     pub pending: u32,
-    /// The most recent error, `device: workload: error` (on a Device `workload: error`), at most 1,024
-    /// characters.
+    /// The last error reported for the first failing workload: `device: workload: error` on a FleetDeployment
+    /// (devices by name), `workload: error` on a Device; at most 1,024 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latest_error: Option<String>,
 }

@@ -38,13 +38,13 @@ fn error_of(r: &WorkloadStatus) -> String {
     }
 }
 
-/// Health of a deployment from each (device, workload placed there, that device's report). The latest error
-/// is the one from the most recent report.
+/// Health of a deployment from each (device, workload placed there, that device's report), in device-name
+/// order. The error shown is the one the first failing device (by name) last reported: stable while the same
+/// devices fail, so the periodic re-publication of workload status causes no status writes.
 pub fn deployment<'a>(
     placed: impl IntoIterator<Item = (&'a str, &'a WorkloadSpec, Option<&'a DeviceWorkloadStatus>)>,
 ) -> WorkloadHealth {
     let mut h = WorkloadHealth::default();
-    let mut latest: Option<(fleet_wire::Timestamp, String)> = None;
     for (device, w, status) in placed {
         let reported = status.and_then(|s| s.workloads.iter().find(|r| r.name == w.name));
         match standing(w, reported) {
@@ -52,19 +52,13 @@ pub fn deployment<'a>(
             Standing::Pending => h.pending += 1,
             Standing::Failed => {
                 h.failed += 1;
-                if let (Some(s), Some(r)) = (status, reported) {
-                    if latest
-                        .as_ref()
-                        .is_none_or(|(at, _)| s.at.unix_ms() > at.unix_ms())
-                    {
-                        let text = format!("{device}: {}: {}", w.name.as_str(), error_of(r));
-                        latest = Some((s.at, text));
-                    }
+                if let (None, Some(r)) = (&h.latest_error, reported) {
+                    let text = format!("{device}: {}: {}", w.name.as_str(), error_of(r));
+                    h.latest_error = Some(BoundedText::lossy(text).as_str().to_owned());
                 }
             }
         }
     }
-    h.latest_error = latest.map(|(_, e)| BoundedText::lossy(e).as_str().to_owned());
     h
 }
 
@@ -133,6 +127,11 @@ mod tests {
         }
         let cases = vec![
             (vec![], (0, 0, 0), None),
+            (
+                on(&both, "d2", Some(&b)),
+                (0, 1, 1),
+                Some("d2: db: image pull failed: new"),
+            ),
             (on(&both, "d1", None), (0, 0, 2), None),
             (
                 on(&both, "d1", Some(&a)),
@@ -142,7 +141,7 @@ mod tests {
             (
                 [on(&both, "d1", Some(&a)), on(&both, "d2", Some(&b))].concat(),
                 (1, 2, 1),
-                Some("d2: db: image pull failed: new"),
+                Some("d1: db: image pull failed: old"),
             ),
             (vec![("d1", &web, Some(&stale))], (0, 0, 1), None),
         ];
