@@ -135,7 +135,7 @@ async fn invalid_spec_patches_status_and_publishes_one_warning() {
             serde_json::to_value(&reply).unwrap(),
         )
         .await;
-    // The status is replaced whole: a JSON patch `add` at `/status`.
+    // a JSON patch that replaces the status whole (nothing from an earlier status stays)
     assert_eq!(
         (&patch[0]["op"], &patch[0]["path"]),
         (&"add".into(), &"/status".into())
@@ -190,7 +190,7 @@ async fn reported_devices_are_created_and_conflicts_tolerated() {
         .await;
     call.await.unwrap().expect("409 tolerated");
 
-    // status mirror: a JSON patch replacing the status subresource
+    // status mirror: the status subresource replaced whole
     let status = DeviceStatus {
         agent_version: Some(fleet_wire::Version::try_from("1.2.0").unwrap()),
         ..Default::default()
@@ -209,6 +209,11 @@ async fn reported_devices_are_created_and_conflicts_tolerated() {
             serde_json::to_value(&reply).unwrap(),
         )
         .await;
+    assert_eq!(
+        (&patch[0]["op"], &patch[0]["path"]),
+        (&"add".into(), &"/status".into())
+    );
     assert_eq!(patch[0]["value"]["agentVersion"], "1.2.0");
+    assert!(patch[0]["value"].get("agentUpgrade").is_none());
     call.await.unwrap().expect("status");
 }
