@@ -288,7 +288,7 @@ fn an_unreachable_updater_keeps_the_attempt_pending_and_gets_it_later() {
 }
 
 /// A healthy agent on a new device (no upgrade intent, no desired state yet) under `RUST_LOG=info`, as the unit
-/// runs it, logs no ERROR: the nats crate's "no message found" for an absent key is one INFO line.
+/// runs it, logs no ERROR: the nats crate's "no message found" for an absent key is at most one INFO line.
 #[test]
 fn a_healthy_start_logs_no_error() {
     let rig = Rig::new(false, "");
@@ -303,9 +303,8 @@ fn a_healthy_start_logs_no_error() {
     assert!(agent.wait_exit(Duration::from_secs(30)).success());
     let log = agent.log_text();
     assert!(!log.contains("ERROR"), "{log}");
-    assert_eq!(
-        log.matches("found no value").count(),
-        1,
-        "the absent key is said once: {log}"
+    assert!(
+        log.matches("found no value").count() <= 1,
+        "an absent key is said at most once: {log}"
     );
 }
