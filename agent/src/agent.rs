@@ -1,6 +1,7 @@
 //! The running agent: start-up in the seed's readiness order, then one event loop that applies desired-state
 //! changes, relays agent-upgrade and system-upgrade intents, mirrors the updater's status, publishes heartbeat and
-//! workload status, and drains on SIGTERM.
+//! workload status, and drains on SIGTERM. Podman mutations run on the workload worker
+//! ([`crate::workload_worker`]), so a slow container stop never delays an upgrade relay.
 
 use crate::config::Config;
 use crate::lock::ProcessLock;
@@ -11,6 +12,7 @@ use crate::reconcile;
 use crate::relay::{self, Bindings, Decision};
 use crate::system_relay::{self, SystemRelay};
 use crate::updater::UpdaterClient;
+use crate::workload_worker::{PassResult, Worker};
 use fleet_wire::kv::{self, AGENT_REQUIRED_BUCKETS};
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, Architecture, AttemptId, BoundedText, DesiredState,
@@ -53,6 +55,7 @@ enum Event {
     UpgradeAnswer(AttemptId, Box<Result<Response, String>>),
     SystemIntent(String, Change),
     SystemAnswer(AttemptId, Box<Result<Response, String>>),
+    Reconciled(Box<PassResult>),
 }
 
 struct Agent {
@@ -61,6 +64,8 @@ struct Agent {
     arch: Architecture,
     paths: Paths,
     podman: Option<Podman>,
+    /// Runs reconcile passes off the event thread; started by the main loop when Podman is enabled.
+    worker: Option<Worker>,
     nats: Nats,
     kv: Buckets,
     updater: UpdaterClient,
@@ -181,6 +186,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         arch,
         paths,
         podman,
+        worker: None,
         nats,
         kv,
         updater,
@@ -283,6 +289,19 @@ fn put_json<T: serde::Serialize>(
 
 impl Agent {
     fn main_loop(&mut self, rx: mpsc::Receiver<Event>) -> Result<(), AgentError> {
+        if let Some(p) = &self.podman {
+            let tx = self.tx.clone();
+            let worker = Worker::spawn(
+                p.clone(),
+                self.cfg.device_id.clone(),
+                self.draining.clone(),
+                move |r| {
+                    let _ = tx.send(Event::Reconciled(Box::new(r)));
+                },
+            )
+            .map_err(|e| fail("workload worker", e))?;
+            self.worker = Some(worker);
+        }
         self.reconcile_now();
         self.publish_status();
         self.heartbeat();
@@ -326,14 +345,21 @@ impl Agent {
             match rx.recv_timeout(wait) {
                 Ok(Event::Signal(at)) => {
                     stop.store(true, Ordering::SeqCst);
+                    // The drain flag is set: the worker starts no new mutation; wait for the one in progress.
+                    if let Some(w) = &mut self.worker {
+                        w.finish();
+                    }
                     return self.drain(at);
                 }
                 Ok(Event::Desired(c)) => {
                     if self.apply_desired(c) {
                         self.reconcile_now();
-                        self.publish_status();
-                        next_status = Instant::now() + self.cfg.status_interval;
                     }
+                }
+                Ok(Event::Reconciled(r)) => {
+                    self.on_reconciled(*r);
+                    self.publish_status();
+                    next_status = Instant::now() + self.cfg.status_interval;
                 }
                 Ok(Event::Intent(c)) => self.on_intent(c),
                 Ok(Event::UpgradeAnswer(id, r)) => self.on_upgrade_answer(id, *r),
@@ -449,9 +475,16 @@ impl Agent {
         }
     }
 
+    /// Asks the workload worker for a pass toward the current desired state; its result arrives as
+    /// `Event::Reconciled`.
     fn reconcile_now(&mut self) {
-        let Some(p) = &self.podman else { return };
-        match reconcile::reconcile(p, &self.cfg.device_id, &self.desired, &self.draining) {
+        if let Some(w) = &self.worker {
+            w.request(self.desired.clone());
+        }
+    }
+
+    fn on_reconciled(&mut self, r: PassResult) {
+        match r {
             Ok(out) => {
                 if out.mutations > 0 {
                     log::info!(
@@ -841,7 +874,7 @@ impl Agent {
     }
 
     /// SIGTERM: mutations are no longer admitted (the flag was set by the signal thread) and the current one has
-    /// finished (reconcile runs on this thread). During a cutover (or with an attempt in progress) publish the
+    /// finished (the main loop waited for the workload worker). During a cutover (or with an attempt in progress) publish the
     /// acknowledged `stopping` status; otherwise only log the drain. Then flush, notify, exit.
     fn drain(&mut self, signalled: Instant) -> Result<(), AgentError> {
         let drain_ms = u64::try_from(signalled.elapsed().as_millis()).unwrap_or(u64::MAX);

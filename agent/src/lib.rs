@@ -6,6 +6,7 @@ pub mod agent;
 pub mod config;
 pub mod device;
 pub mod lock;
+pub mod logging;
 pub mod nats_kv;
 pub mod notify;
 pub mod paths;
@@ -15,6 +16,7 @@ pub mod reconcile;
 pub mod relay;
 pub mod system_relay;
 pub mod updater;
+pub mod workload_worker;
 
 /// The compiled version text (`FLEET_AGENT_VERSION` at build time, else the package version).
 pub const VERSION: &str = env!("FLEET_AGENT_COMPILED_VERSION");

@@ -44,8 +44,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,nats=off"))
-        .init();
+    fleet_agent::logging::init();
     if self_test {
         let report = fleet_agent::probe::self_test(&config);
         match serde_json::to_string(&report) {

@@ -106,3 +106,77 @@ fn sigterm_waits_for_the_current_mutation() {
     );
     assert!(log.contains("Shutdown"), "{log}");
 }
+
+/// An upgrade intent that arrives while a container stop is in progress (the 4 s grace period of a `sleep` that
+/// ignores SIGTERM) reaches the updater before that stop ends: relaying does not wait behind workload mutations,
+/// and the stop itself still completes.
+#[test]
+fn an_intent_is_relayed_while_a_container_stops() {
+    let rig = Rig::new(true, "");
+    let mut w = WorkloadSpec::new(WorkloadName::try_from("slow").unwrap(), IMAGE).unwrap();
+    w.command = vec!["sleep".into(), "1000".into()];
+    let put = |workloads: Vec<WorkloadSpec>, g| {
+        let d = DesiredState::new(DeviceId::try_from(DEVICE).unwrap(), g, workloads).unwrap();
+        store(&rig.nc(), kv::DESIRED_STATE)
+            .put(DEVICE, serde_json::to_vec(&d).unwrap())
+            .expect("put");
+    };
+    put(vec![w], 1);
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let p = rig.podman.as_ref().unwrap();
+    let exists = || {
+        !p.podman(&[
+            "ps",
+            "-a",
+            "--filter",
+            "name=fleet-slow",
+            "--format",
+            "{{.ID}}",
+        ])
+        .trim()
+        .is_empty()
+    };
+    eventually(
+        &agent,
+        Duration::from_secs(60),
+        "slow workload running",
+        || {
+            let out = p.try_podman(&["inspect", "--format", "{{.State.Status}}", "fleet-slow"]);
+            (String::from_utf8_lossy(&out.stdout).trim() == "running").then_some(())
+        },
+    );
+    put(vec![], 2);
+    eventually(&agent, Duration::from_secs(20), "removal started", || {
+        agent
+            .log_text()
+            .contains("removing container")
+            .then_some(())
+    });
+    let mut a = fleet_wire::fixtures::attempt();
+    a.attempt_id = fleet_wire::AttemptId::new_random();
+    a.device_id = DeviceId::try_from(DEVICE).unwrap();
+    a.architecture = fleet_wire::Architecture::current().unwrap();
+    store(&rig.nc(), kv::AGENT_UPGRADE_INTENT)
+        .put(DEVICE, serde_json::to_vec(&a).unwrap())
+        .expect("put intent");
+    eventually(
+        &agent,
+        Duration::from_secs(20),
+        "the upgrade request",
+        || (rig.peer.mutating_requests().len() == 1).then_some(()),
+    );
+    assert!(
+        exists(),
+        "the intent was relayed only after the container stop ended: {}",
+        agent.log_text()
+    );
+    eventually(
+        &agent,
+        Duration::from_secs(30),
+        "the stop completes",
+        || (!exists()).then_some(()),
+    );
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+}

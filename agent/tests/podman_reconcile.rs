@@ -241,3 +241,35 @@ fn reconciles_desired_state_and_survives_restart_and_nats_outage() {
     );
     drop(rig);
 }
+
+/// An image that cannot be pulled: the workload's status is `failed` with an error a person can act on (which
+/// image, Podman's reason), not the HTTP exchange; the other workload runs.
+#[test]
+fn an_unpullable_image_is_reported_in_words() {
+    let rig = Rig::new(true, "");
+    let mut bad = WorkloadSpec::new(
+        WorkloadName::try_from("ghost").unwrap(),
+        "localhost/no-such-image:1",
+    )
+    .unwrap();
+    bad.command = vec!["sleep".into(), "1000".into()];
+    put_desired(&rig, 1, vec![workload("db", "1"), bad]);
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let wl_status = store(&rig.nc(), kv::WORKLOAD_STATUS);
+    let s = eventually(&agent, Duration::from_secs(60), "ghost failed", || {
+        let s: DeviceWorkloadStatus = get_json(&wl_status, DEVICE)?;
+        let by = |n: &str| s.workloads.iter().find(|w| w.name.as_str() == n).cloned();
+        (by("db")?.state == WorkloadState::Running && by("ghost")?.state == WorkloadState::Failed)
+            .then(|| by("ghost"))
+            .flatten()
+    });
+    let e = s.error.expect("an error").as_str().to_owned();
+    assert!(
+        e.starts_with("image localhost/no-such-image:1 could not be pulled: "),
+        "{e}"
+    );
+    assert!(!e.contains("answered 200") && !e.contains("POST"), "{e}");
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+}

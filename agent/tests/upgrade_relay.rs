@@ -286,3 +286,25 @@ fn an_unreachable_updater_keeps_the_attempt_pending_and_gets_it_later() {
         "sent once after acceptance"
     );
 }
+
+/// A healthy agent on a new device (no upgrade intent, no desired state yet) under `RUST_LOG=info`, as the unit
+/// runs it, logs no ERROR: the nats crate's "no message found" for an absent key is at most one INFO line.
+#[test]
+fn a_healthy_start_logs_no_error() {
+    let rig = Rig::new(false, "");
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    // a few loop turns, and a resync that reads the absent keys again
+    let hb = store(&rig.nc(), kv::DEVICE_HEARTBEAT);
+    eventually(&agent, Duration::from_secs(20), "three heartbeats", || {
+        (get_json::<fleet_wire::Heartbeat>(&hb, DEVICE)?.sequence >= 3).then_some(())
+    });
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    let log = agent.log_text();
+    assert!(!log.contains("ERROR"), "{log}");
+    assert!(
+        log.matches("found no value").count() <= 1,
+        "an absent key is said at most once: {log}"
+    );
+}

@@ -214,6 +214,7 @@ fn main() {
                 os: Some("Debian GNU/Linux 12 (bookworm)".into()),
                 last_heartbeat: Some(fixtures::t(90).to_string()),
                 agent_upgrade: Some(fixtures::upgrade_status()),
+                workloads: None,
             });
             devices_objs.push(d);
             labels.insert(info.device_id, l);

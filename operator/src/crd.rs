@@ -45,6 +45,12 @@ fn string_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::Schema::from(m)
 }
 
+/// Annotation the operator puts on a Device it (re)creates for a device that already has workloads placed
+/// (its Device object was deleted): while present, that device's desired state is held exactly as it is, so
+/// deleting a Device never removes workloads by accident. A person labels the Device and removes the annotation
+/// to hand the device back to placement.
+pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
+
 /// A device of the fleet; its name is the device id. People set `metadata.labels`; the operator creates the
 /// object when a device first reports and mirrors what the device reports into `status`.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -58,7 +64,11 @@ fn string_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     printcolumn = r#"{"name":"Arch","type":"string","jsonPath":".status.architecture"}"#,
     printcolumn = r#"{"name":"Heartbeat","type":"string","jsonPath":".status.lastHeartbeat"}"#,
     printcolumn = r#"{"name":"Upgrade","type":"string","jsonPath":".status.agentUpgrade.phase"}"#,
-    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.agentUpgrade.reason"}"#
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.agentUpgrade.reason"}"#,
+    printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.workloads.running"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.workloads.failed"}"#,
+    printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#,
+    printcolumn = r#"{"name":"Hold","type":"string","jsonPath":".metadata.annotations.fleet\\.nationtech\\.io/hold-workloads"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceSpec {
@@ -95,6 +105,25 @@ pub struct DeviceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "wire_object")]
     pub agent_upgrade: Option<AgentUpgradeStatus>,
+    /// Every workload the device reports (`device-workload-status`), counted; absent until it reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<WorkloadHealth>,
+}
+
+/// Workload counts and the latest error, folded from `device-workload-status` by [`crate::health`].
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadHealth {
+    /// Running with the desired spec.
+    pub running: u32,
+    /// The agent's last reconcile failed (e.g. the image could not be pulled) or the container exited.
+    pub failed: u32,
+    /// Not reported yet, starting, or being replaced.
+    pub pending: u32,
+    /// The last error reported for the first failing workload: `device: workload: error` on a FleetDeployment
+    /// (devices by name), `workload: error` on a Device; at most 1,024 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_error: Option<String>,
 }
 
 /// A named set of devices, selected by labels on Device objects.
@@ -150,7 +179,11 @@ pub struct Placement {
     shortname = "fdep",
     printcolumn = r#"{"name":"Devices","type":"integer","jsonPath":".status.targetedDevices"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.workloads.running"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.workloads.failed"}"#,
+    printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.workloads.pending"}"#,
+    printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct FleetDeploymentSpec {
@@ -183,6 +216,10 @@ pub struct PlacementStatus {
     /// AgentRelease only: devices with an attempt in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_progress: Option<u32>,
+    /// FleetDeployment only: its workloads on the targeted devices (one per device and workload), counted from
+    /// what the devices report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<WorkloadHealth>,
     /// `Ready` (reasons `Placed`, `InvalidSpec`, `GroupSourceError`, `Conflict`) and `NatsReachable`.
     #[serde(default)]
     pub conditions: Vec<Condition>,

@@ -11,17 +11,18 @@ use crate::cache::cache;
 use crate::conditions::{self, Want};
 use crate::crd::{
     AgentRelease, Device, DeviceGroup, DeviceGroupStatus, FleetDeployment, PlacementStatus,
+    HOLD_ANNOTATION,
 };
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
 use crate::mirror::{self, Reported};
 use crate::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
 use crate::release::{self, IntentDecision, ReleaseCounts};
-use crate::{report, validate};
+use crate::{health, report, validate};
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,
-    Heartbeat, WorkloadSpec,
+    DeviceWorkloadStatus, Heartbeat, WorkloadSpec,
 };
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -112,6 +113,8 @@ pub struct Mirrors {
     pub desired: Arc<Mirror<DesiredState>>,
     /// `agent-upgrade-intent`.
     pub intent: Arc<Mirror<AgentUpgradeAttempt>>,
+    /// `device-workload-status`.
+    pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
 }
 
 impl Default for Mirrors {
@@ -122,6 +125,7 @@ impl Default for Mirrors {
             upgrade: Mirror::new(layout::AGENT_UPGRADE_STATUS),
             desired: Mirror::new(layout::DESIRED_STATE),
             intent: Mirror::new(layout::AGENT_UPGRADE_INTENT),
+            workloads: Mirror::new(layout::WORKLOAD_STATUS),
         }
     }
 }
@@ -145,6 +149,7 @@ async fn open_link(url: &str, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link,
     link.watch(&m.upgrade, notify)?;
     link.watch(&m.desired, notify)?;
     link.watch(&m.intent, notify)?;
+    link.watch(&m.workloads, notify)?;
     Ok(link)
 }
 
@@ -438,6 +443,17 @@ impl Engine {
             .into_iter()
             .cloned()
             .collect();
+        for c in &failing {
+            // Once per change, like the Warning event: a condition that stays the same is not logged again.
+            log::warn!(
+                "{} {}: {} {}: {}",
+                K::kind(&()),
+                obj.name_any(),
+                c.type_,
+                c.reason,
+                c.message
+            );
+        }
         let obj = obj.clone();
         Some(Box::pin(async move {
             let f: Vec<_> = failing.iter().collect();
@@ -449,9 +465,13 @@ impl Engine {
         let now = now();
         // Devices and their labels; names that are not device ids are ignored.
         let mut labels: BTreeMap<DeviceId, Labels> = BTreeMap::new();
+        let mut held: BTreeSet<DeviceId> = BTreeSet::new();
         for d in self.devices.state() {
             match DeviceId::try_from(d.name_any().as_str()) {
                 Ok(id) => {
+                    if d.annotations().contains_key(HOLD_ANNOTATION) {
+                        held.insert(id.clone());
+                    }
                     labels.insert(id, d.labels().clone());
                 }
                 Err(e) => log::warn!("Device {:?} ignored: {e}", d.name_any()),
@@ -473,6 +493,8 @@ impl Engine {
         let dep_objs = self.deployments.state();
         let mut inputs = Vec::new();
         let mut dep_results: BTreeMap<String, Result<usize, PlacementError>> = BTreeMap::new();
+        let mut dep_targets: BTreeMap<String, BTreeSet<DeviceId>> = BTreeMap::new();
+        let mut placed_values: Option<BTreeMap<String, DesiredState>> = None;
         for d in &dep_objs {
             let workloads = validate::deployment_workloads(&d.spec);
             let targets = match &workloads {
@@ -488,14 +510,58 @@ impl Engine {
                 d.name_any(),
                 targets.as_ref().map(|t| t.len()).map_err(Clone::clone),
             );
+            if let Ok(t) = &targets {
+                dep_targets.insert(d.name_any(), t.clone());
+            }
+            let workloads = match workloads {
+                Ok(w) => w,
+                // Invalid workloads: what is placed under the names the spec gives is held (the placed specs
+                // themselves, read back), so a typo never takes running workloads off devices.
+                Err(_) => {
+                    let names = validate::raw_workload_names(&d.spec);
+                    let placed = placed_values.get_or_insert_with(|| self.mirrors.desired.values());
+                    let mut held: BTreeMap<&str, WorkloadSpec> = BTreeMap::new();
+                    for w in placed.values().flat_map(|s| &s.workloads) {
+                        if names.contains(w.name.as_str()) {
+                            held.entry(w.name.as_str()).or_insert_with(|| w.clone());
+                        }
+                    }
+                    held.into_values().collect()
+                }
+            };
             inputs.push(DeploymentInput {
                 name: d.name_any(),
-                workloads: workloads.unwrap_or_default(),
+                workloads,
                 targets,
             });
         }
         let current = current_workloads(&self.mirrors.desired, &inputs);
-        let desired = placement::desired_workloads(&device_set, &inputs, &current);
+        // Failed deployments that hold something on some device (a new object holds nothing).
+        let holding: BTreeSet<String> = inputs
+            .iter()
+            .filter(|i| i.targets.is_err())
+            .filter(|i| {
+                let names: BTreeSet<&str> = i.workloads.iter().map(|w| w.name.as_str()).collect();
+                current
+                    .values()
+                    .any(|ws| ws.iter().any(|w| names.contains(w.name.as_str())))
+            })
+            .map(|i| i.name.clone())
+            .collect();
+        let mut desired = placement::desired_workloads(&device_set, &inputs, &current);
+        // A held device (its Device was deleted and recreated) keeps exactly what it has until a person releases it.
+        for id in &held {
+            match self.mirrors.desired.get(id.as_str()).and_then(|s| s.value) {
+                Some(s) => {
+                    desired.per_device.insert(id.clone(), s.workloads.into());
+                }
+                None => {
+                    desired.per_device.remove(id);
+                }
+            }
+        }
+        // What each device was given (shared lists, cheap to keep) for the workload health below.
+        let given = desired.per_device.clone();
         if let (Some(link), None) = (link, &nats_error) {
             match link.store(layout::DESIRED_STATE) {
                 Ok(store) => {
@@ -658,6 +724,11 @@ impl Engine {
             };
             kube_writes.extend(self.status_write(g, &old, next));
         }
+        let workload_reports = self.mirrors.workloads.values();
+        let dep_workloads: BTreeMap<String, &[WorkloadSpec]> = inputs
+            .iter()
+            .map(|i| (i.name.clone(), &i.workloads[..]))
+            .collect();
         for d in &dep_objs {
             let name = d.name_any();
             let result = match dep_results.get(&name) {
@@ -671,17 +742,31 @@ impl Engine {
                     )),
                     None => Ok(format!("placed on {}", devices(*n as u32))),
                 },
-                Some(Err(e)) => Err((e.reason(), format!("{e}; workloads already placed are kept unchanged"))),
+                Some(Err(e)) if holding.contains(&name) => Err((e.reason(), format!("{e}; workloads already placed are kept unchanged"))),
+                Some(Err(e)) => Err((e.reason(), format!("{e}; nothing is placed until this is fixed"))),
                 None => continue,
             };
             let targeted = dep_results
                 .get(&name)
                 .and_then(|r| r.as_ref().ok())
                 .map(|n| *n as u32);
+            // Health over the workloads each targeted device was actually given (a lost name conflict is not).
+            let health = dep_targets.get(&name).map(|targets| {
+                let mine = dep_workloads.get(&name).copied().unwrap_or_default();
+                let lost = desired.conflicts.contains_key(&name);
+                health::deployment(targets.iter().flat_map(|dev| {
+                    let on_device = given.get(dev);
+                    let report = workload_reports.get(dev.as_str());
+                    mine.iter()
+                        .filter(move |w| !lost || on_device.is_some_and(|l| l.contains(w)))
+                        .map(move |w| (dev.as_str(), w, report))
+                }))
+            });
             let old = d.status.clone().unwrap_or_default();
             let next = PlacementStatus {
                 observed_generation: d.metadata.generation,
                 targeted_devices: targeted,
+                workloads: health,
                 conditions: conditions::merge(
                     &old.conditions,
                     &[ready_want(&result), nats.clone()],
@@ -720,6 +805,7 @@ impl Engine {
                 up_to_date: counts.map(|c| c.up_to_date),
                 failed: counts.map(|c| c.failed),
                 in_progress: counts.map(|c| c.in_progress),
+                workloads: None,
                 conditions: conditions::merge(&old.conditions, &wants, r.metadata.generation, &now),
             };
             kube_writes.extend(self.status_write(r, &old, next));
@@ -730,8 +816,19 @@ impl Engine {
             if DeviceId::try_from(id.as_str()).is_ok() && !labels.keys().any(|d| d.as_str() == id) {
                 let id = id.clone();
                 let new_labels = &self.new_device_labels;
+                // Workloads already placed: the Device was deleted. Recreated without its labels it would be
+                // targeted by nothing and lose every workload; it is held instead.
+                let hold = self
+                    .mirrors
+                    .desired
+                    .get(&id)
+                    .and_then(|s| s.value)
+                    .is_some_and(|s| !s.workloads.is_empty());
+                if hold {
+                    log::warn!("Device {id} is missing but the device runs workloads: recreating it with {HOLD_ANNOTATION}=true (its workloads are kept until a person labels it and removes the annotation)");
+                }
                 kube_writes.push(Box::pin(async move {
-                    report::create_device(&self.client, &id, new_labels).await
+                    report::create_device(&self.client, &id, new_labels, hold).await
                 }));
             }
         }
@@ -742,6 +839,7 @@ impl Engine {
                 info: infos.get(&id).cloned(),
                 heartbeat: heartbeats.get(&id).cloned(),
                 upgrade: statuses.get(&id).cloned(),
+                workloads: workload_reports.get(&id).cloned(),
             };
             // Nothing reported (yet, or by another fleet's NATS): leave the status alone.
             if reported == Reported::default() {

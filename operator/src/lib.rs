@@ -9,6 +9,7 @@ pub mod conditions;
 pub mod crd;
 pub mod deploy;
 pub mod engine;
+pub mod health;
 pub mod kv;
 pub mod mirror;
 pub mod placement;

@@ -1,8 +1,8 @@
-//! Device status mirrored from NATS KV (`device-info`, `device-heartbeat`, `agent-upgrade-status`), as a pure
-//! function. Heartbeats are coalesced so that a large fleet does not turn every beat into an API write.
+//! Device status mirrored from NATS KV (`device-info`, `device-heartbeat`, `agent-upgrade-status`,
+//! `device-workload-status`), as a pure function. Heartbeats are coalesced so that a large fleet does not turn every beat into an API write.
 
 use crate::crd::DeviceStatus;
-use fleet_wire::{AgentUpgradeStatus, DeviceInfo, Heartbeat, Timestamp};
+use fleet_wire::{AgentUpgradeStatus, DeviceInfo, DeviceWorkloadStatus, Heartbeat, Timestamp};
 use std::time::Duration;
 
 /// A heartbeat newer than the mirrored one by less than this is not written to the Device status.
@@ -17,6 +17,8 @@ pub struct Reported {
     pub heartbeat: Option<Heartbeat>,
     /// From `agent-upgrade-status`.
     pub upgrade: Option<AgentUpgradeStatus>,
+    /// From `device-workload-status`.
+    pub workloads: Option<DeviceWorkloadStatus>,
 }
 
 /// The Device status to write, given what is currently mirrored; `None` when nothing needs writing.
@@ -38,6 +40,7 @@ pub fn device_status(current: Option<&DeviceStatus>, r: &Reported) -> Option<Dev
         }),
         last_heartbeat: r.heartbeat.as_ref().map(|h| h.at.to_string()),
         agent_upgrade: r.upgrade.clone(),
+        workloads: r.workloads.as_ref().map(crate::health::device),
     };
     // A heartbeat's own agent version is fresher than the info's after a cutover.
     if let Some(h) = &r.heartbeat {
@@ -71,6 +74,7 @@ mod tests {
             info: Some(info.clone()),
             heartbeat: Some(hb.clone()),
             upgrade: Some(fixtures::failed_status()),
+            workloads: None,
         };
         let first = device_status(None, &base).expect("first write");
         assert_eq!(first.agent_version, Some(hb.agent_version.clone()));
@@ -118,6 +122,21 @@ mod tests {
             ..base.clone()
         };
         assert!(device_status(Some(&first), &r).is_some());
+
+        // a workload report is summarized; a new measurement time alone writes nothing
+        let mut ws = fixtures::workload_status();
+        let r = Reported {
+            workloads: Some(ws.clone()),
+            ..base.clone()
+        };
+        let with = device_status(Some(&first), &r).expect("workloads summarized");
+        assert_eq!(with.workloads.as_ref().map(|w| w.running), Some(1));
+        ws.at = ws.at.plus(Duration::from_secs(10));
+        let r = Reported {
+            workloads: Some(ws),
+            ..base.clone()
+        };
+        assert_eq!(device_status(Some(&with), &r), None);
 
         // nothing reported at all: an empty status, written once
         let empty = device_status(None, &Reported::default());

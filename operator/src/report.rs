@@ -81,16 +81,22 @@ pub fn replace_status<S: Serialize>(status: &S) -> Result<Patch<()>, kube::Error
     Ok(Patch::Json(patch))
 }
 
-/// Creates the Device object `name` if it does not exist (a device that reported in NATS), with `labels`.
+/// Creates the Device object `name` if it does not exist (a device that reported in NATS), with `labels`;
+/// `hold`: with [`crate::crd::HOLD_ANNOTATION`] (the device already has workloads placed).
 pub async fn create_device(
     client: &Client,
     name: &str,
     labels: &std::collections::BTreeMap<String, String>,
+    hold: bool,
 ) -> Result<(), kube::Error> {
     let api: Api<Device> = Api::all(client.clone());
     let mut device = Device::new(name, DeviceSpec::default());
     if !labels.is_empty() {
         device.metadata.labels = Some(labels.clone());
+    }
+    if hold {
+        device.metadata.annotations =
+            Some([(crate::crd::HOLD_ANNOTATION.to_owned(), "true".to_owned())].into());
     }
     match api
         .create(

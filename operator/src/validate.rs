@@ -23,67 +23,112 @@ pub struct Build {
     pub byte_limit: ByteLimit,
 }
 
-/// Validates a FleetDeployment's workloads: each a valid `WorkloadSpec`, names unique, at most 64.
+/// Validates a FleetDeployment's workloads: each a valid `WorkloadSpec`, names unique, at most 64. On failure
+/// the message names every invalid entry (`workloads[0]: …; workloads[2]: …`), not only the first.
 pub fn deployment_workloads(spec: &FleetDeploymentSpec) -> Result<Vec<WorkloadSpec>, String> {
+    let mut errors = Vec::new();
     if spec.workloads.len() > MAX_DEPLOYMENT_WORKLOADS {
-        return Err(format!(
+        errors.push(format!(
             "workloads: more than {MAX_DEPLOYMENT_WORKLOADS} entries"
         ));
     }
     let mut names = BTreeSet::new();
     let mut out = Vec::with_capacity(spec.workloads.len());
     for (i, raw) in spec.workloads.iter().enumerate() {
-        let w: WorkloadSpec =
-            serde_json::from_value(raw.clone()).map_err(|e| format!("workloads[{i}]: {e}"))?;
-        if !names.insert(w.name.as_str().to_owned()) {
-            return Err(format!(
+        match serde_json::from_value::<WorkloadSpec>(raw.clone()) {
+            Ok(w) if !names.insert(w.name.as_str().to_owned()) => errors.push(format!(
                 "workloads[{i}]: name {:?} appears twice",
                 w.name.as_str()
-            ));
+            )),
+            Ok(w) => out.push(w),
+            Err(e) => errors.push(format!("workloads[{i}]: {e}")),
         }
-        out.push(w);
     }
-    Ok(out)
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// The workload names a FleetDeployment's spec gives, read from the raw JSON even when the spec is invalid: what
+/// it already placed under those names is held while a person fixes the spec.
+pub fn raw_workload_names(spec: &FleetDeploymentSpec) -> BTreeSet<String> {
+    spec.workloads
+        .iter()
+        .filter_map(|w| w.get("name")?.as_str().map(str::to_owned))
+        .collect()
 }
 
 fn build(i: usize, b: &ReleaseBuild) -> Result<Build, String> {
-    let at = |what: &str, e: fleet_wire::ValidationError| format!("builds[{i}].{what}: {e}");
-    let architecture: Architecture = serde_json::from_value(serde_json::Value::String(
-        b.architecture.clone(),
-    ))
-    .map_err(|_| {
-        format!(
-            "builds[{i}].architecture: {:?} is not amd64 or arm64",
-            b.architecture
-        )
-    })?;
-    Ok(Build {
-        architecture,
-        version: Version::try_from(b.version.as_str()).map_err(|e| at("version", e))?,
-        artifact: Artifact::try_from(b.artifact.clone()).map_err(|e| at("artifact", e))?,
-        sha256: Sha256Hex::try_from(b.sha256.as_str()).map_err(|e| at("sha256", e))?,
-        byte_limit: ByteLimit::try_from(b.byte_limit).map_err(|e| at("byteLimit", e))?,
-    })
+    let mut errors = Vec::new();
+    let mut at = |what: &str, e: fleet_wire::ValidationError| {
+        errors.push(format!("builds[{i}].{what}: {e}"));
+    };
+    let architecture =
+        serde_json::from_value::<Architecture>(serde_json::Value::String(b.architecture.clone()))
+            .ok();
+    let version = Version::try_from(b.version.as_str())
+        .map_err(|e| at("version", e))
+        .ok();
+    let artifact = Artifact::try_from(b.artifact.clone())
+        .map_err(|e| at("artifact", e))
+        .ok();
+    let sha256 = Sha256Hex::try_from(b.sha256.as_str())
+        .map_err(|e| at("sha256", e))
+        .ok();
+    let byte_limit = ByteLimit::try_from(b.byte_limit)
+        .map_err(|e| at("byteLimit", e))
+        .ok();
+    if architecture.is_none() {
+        errors.insert(
+            0,
+            format!(
+                "builds[{i}].architecture: {:?} is not amd64 or arm64",
+                b.architecture
+            ),
+        );
+    }
+    match (architecture, version, artifact, sha256, byte_limit) {
+        (Some(architecture), Some(version), Some(artifact), Some(sha256), Some(byte_limit))
+            if errors.is_empty() =>
+        {
+            Ok(Build {
+                architecture,
+                version,
+                artifact,
+                sha256,
+                byte_limit,
+            })
+        }
+        _ => Err(errors.join("; ")),
+    }
 }
 
-/// Validates an AgentRelease's builds: at least one, each valid, one per architecture.
+/// Validates an AgentRelease's builds: at least one, each valid, one per architecture. On failure the message
+/// names every invalid build, not only the first.
 pub fn release_builds(spec: &AgentReleaseSpec) -> Result<Vec<Build>, String> {
     if spec.builds.is_empty() {
         return Err("builds: at least one build is needed".into());
     }
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
+    let mut errors = Vec::new();
     for (i, b) in spec.builds.iter().enumerate() {
-        let b = build(i, b)?;
-        if !seen.insert(b.architecture.to_string()) {
-            return Err(format!(
+        match build(i, b) {
+            Ok(b) if !seen.insert(b.architecture.to_string()) => errors.push(format!(
                 "builds[{i}]: architecture {} appears twice",
                 b.architecture
-            ));
+            )),
+            Ok(b) => out.push(b),
+            Err(e) => errors.push(e),
         }
-        out.push(b);
     }
-    Ok(out)
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors.join("; "))
+    }
 }
 
 #[cfg(test)]
@@ -122,6 +167,24 @@ mod tests {
                 vec![json!({"name": "web", "image": "a", "extra": 1})],
                 Err("workloads[0]"),
             ),
+            (
+                vec![json!({"name": "web", "image": "Nginx:Latest:bad"})],
+                Err("not a valid image reference"),
+            ),
+            (
+                vec![json!({"name": "web", "image": "nginx latest"})],
+                Err("whitespace"),
+            ),
+            // every error, not only the first
+            (
+                vec![
+                    json!({"name": "a", "image": "Bad"}),
+                    json!({"name": "b", "image": "nginx:1"}),
+                    json!({"name": "c", "image": "x y"}),
+                    json!({"name": "b", "image": "nginx:2"}),
+                ],
+                Err("workloads[0]: invalid workload: a: image \"Bad\" is not a valid image reference: name component \"Bad\" must be lowercase letters and digits, joined by '.', '_', '__' or '-'; workloads[2]: invalid workload: c: image \"x y\" contains whitespace; an image reference has none (e.g. nginx:1.27); workloads[3]: name \"b\" appears twice"),
+            ),
         ];
         for (i, (workloads, want)) in cases.into_iter().enumerate() {
             let spec = FleetDeploymentSpec {
@@ -139,7 +202,8 @@ mod tests {
     #[test]
     fn release_table() {
         let sha = "a".repeat(64);
-        let cases: Vec<(Vec<ReleaseBuild>, Result<usize, &str>)> = vec![
+        let cases: Vec<(Vec<ReleaseBuild>, Result<usize, &str>)> =
+            vec![
             (vec![], Err("at least one")),
             (vec![rb("amd64", "1.2.0", &sha, 1000)], Ok(1)),
             (
@@ -160,6 +224,18 @@ mod tests {
             (vec![rb("amd64", "1.2.0", "xyz", 1000)], Err("sha256")),
             (vec![rb("amd64", "1.2.0", &sha, 0)], Err("byteLimit")),
             (vec![rb("amd64", "../1", &sha, 10)], Err("version")),
+            (
+                vec![rb("riscv", "../1", "xyz", 0)],
+                Err("builds[0].architecture: \"riscv\" is not amd64 or arm64; builds[0].version"),
+            ),
+            (
+                vec![rb("riscv", "../1", "xyz", 0)],
+                Err("; builds[0].sha256: "),
+            ),
+            (
+                vec![rb("amd64", "1.2.0", "xyz", 10), rb("arm64", "1.2.0", &sha, 0)],
+                Err("byteLimit"),
+            ),
         ];
         for (i, (builds, want)) in cases.into_iter().enumerate() {
             let spec = AgentReleaseSpec {

@@ -9,8 +9,8 @@ use fleet_operator::engine::{self, Options};
 use fleet_rig::kube::KubeApiServer;
 use fleet_rig::NatsServer;
 use fleet_wire::{
-    fixtures, AgentUpgradeAttempt, AttemptId, DesiredState, DeviceId, DeviceInfo, UpgradePhase,
-    Version,
+    fixtures, AgentUpgradeAttempt, AttemptId, BoundedText, DesiredState, DeviceId, DeviceInfo,
+    DeviceWorkloadStatus, UpgradePhase, Version, WorkloadState, WorkloadStatus,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -28,9 +28,12 @@ async fn client() -> Client {
     let api = tokio::task::spawn_blocking(|| API.get_or_init(KubeApiServer::start))
         .await
         .expect("apiserver start");
-    let mut cfg = kube::Config::new(api.url().parse().expect("url"));
-    cfg.accept_invalid_certs = true;
-    cfg.auth_info.token = Some(api.token().to_owned().into());
+    // The server's certificate is verified against the rig's CA, as kubectl does with the same kubeconfig.
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.token())).expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("client config");
     let client = Client::try_from(cfg).expect("client");
     install_crds(&client).await;
     client
@@ -655,4 +658,351 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
             .then_some(())
     })
     .await;
+}
+
+/// `kubectl get <what> -o wide` against the shared API server, verifying it with the rig's CA, as a person runs it.
+fn kubectl_get(what: &[&str]) -> String {
+    let api = API.get().expect("apiserver started");
+    let cache = std::env::var_os("FLEET_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
+    let kubectl = fleet_rig::require_binary(
+        "kubectl",
+        "FLEET_KUBECTL",
+        &[cache.join("kube-apiserver/kubectl")],
+        "Run `scripts/setup kube-apiserver`, or point FLEET_KUBECTL at a kubectl binary.",
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("kubeconfig");
+    std::fs::write(&config, api.kubeconfig(api.token())).expect("kubeconfig");
+    let out = std::process::Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(&config)
+        .args(["--request-timeout", "30s", "get"])
+        .args(what)
+        .args(["-o", "wide"])
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl get {what:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The first row's cell under `column` of a kubectl table (cells are aligned to their header and may be
+/// empty).
+fn cell(table: &str, column: &str) -> String {
+    let mut lines = table.lines();
+    let header = lines.next().expect("header");
+    let row = lines.next().expect("a row");
+    let start = header
+        .find(column)
+        .unwrap_or_else(|| panic!("{column} in {table}"));
+    let rest = row.get(start..).unwrap_or_default();
+    if rest.starts_with(' ') {
+        return String::new();
+    }
+    rest.split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A workload that cannot be pulled on a device shows on the FleetDeployment (running / failed / pending and the
+/// device's error, in `kubectl get fdep`) and on the Device, from what the agent reports in
+/// `device-workload-status`; a fixed report turns the counts back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_health_shows_on_the_deployment_and_the_device() {
+    let mut f = Fleet::new("health").await;
+    f.start_operator();
+    let (d1, d2) = (f.name("h1"), f.name("h2"));
+    f.device(&d1, json!({"site": "a"})).await;
+    f.device(&d2, json!({"site": "a"})).await;
+    let group = f.name("site-a");
+    f.group(
+        &group,
+        json!({"matchLabels": {"site": "a", "fleet-test": f.run}}),
+    )
+    .await;
+    let dep = f.name("web");
+    let meta = f.meta(&dep, json!({}));
+    f.create::<FleetDeployment>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group], "workloads": [
+            {"name": "web", "image": "localhost/web:1"}, {"name": "db", "image": "localhost/db:1"}]}}))
+    .await;
+    let deps: Api<FleetDeployment> = Api::all(f.client.clone());
+    // nothing reported yet: all four placements pending
+    eventually("4 pending", || async {
+        let w = deps.get(&dep).await.ok()?.status?.workloads?;
+        ((w.running, w.failed, w.pending) == (0, 0, 4)).then_some(())
+    })
+    .await;
+    // d1 runs both; d2 runs web and cannot pull db (the agent's wording)
+    let desired = f.desired(&d1).await.expect("desired state");
+    let spec = |n: &str| {
+        desired
+            .workloads
+            .iter()
+            .find(|w| w.name.as_str() == n)
+            .unwrap()
+            .clone()
+    };
+    let status = |name: &str, db: WorkloadState, error: Option<&str>| {
+        let (web, dbs) = (spec("web"), spec("db"));
+        DeviceWorkloadStatus {
+            device_id: DeviceId::try_from(name).unwrap(),
+            generation: 1,
+            at: fleet_wire::Timestamp::now(),
+            workloads: vec![
+                WorkloadStatus {
+                    name: web.name.clone(),
+                    state: WorkloadState::Running,
+                    container_id: Some("c1".into()),
+                    spec_digest: Some(web.digest()),
+                    error: None,
+                },
+                WorkloadStatus {
+                    name: dbs.name.clone(),
+                    state: db,
+                    container_id: None,
+                    spec_digest: None,
+                    error: error.map(BoundedText::lossy),
+                },
+            ],
+        }
+    };
+    let store = f.bucket(fleet_wire::kv::WORKLOAD_STATUS).await;
+    let pull = "image localhost/db:1 could not be pulled: manifest unknown";
+    for (name, s) in [
+        (&d1, status(&d1, WorkloadState::Running, None)),
+        (&d2, status(&d2, WorkloadState::Failed, Some(pull))),
+    ] {
+        store
+            .put(name.as_str(), serde_json::to_vec(&s).unwrap().into())
+            .await
+            .expect("put workload status");
+    }
+    let w = eventually("3 running, 1 failed", || async {
+        let w = deps.get(&dep).await.ok()?.status?.workloads?;
+        ((w.running, w.failed, w.pending) == (3, 1, 0)).then_some(w)
+    })
+    .await;
+    assert_eq!(w.latest_error, Some(format!("{d2}: db: {pull}")));
+    let devices: Api<Device> = Api::all(f.client.clone());
+    let summary = eventually("the Device summarizes its workloads", || async {
+        devices.get(&d2).await.ok()?.status?.workloads
+    })
+    .await;
+    assert_eq!(
+        (summary.running, summary.failed, summary.pending),
+        (1, 1, 0)
+    );
+    assert_eq!(summary.latest_error, Some(format!("db: {pull}")));
+
+    // what a person sees
+    let table = kubectl_get(&["fdep", &dep]);
+    for (col, want) in [("RUNNING", "3"), ("FAILED", "1"), ("PENDING", "0")] {
+        assert_eq!(cell(&table, col), want, "{col} in\n{table}");
+    }
+    assert!(
+        table.contains("manifest unknown"),
+        "the error in -o wide:\n{table}"
+    );
+    let table = kubectl_get(&["fdev", &d2]);
+    assert!(
+        table.contains("db: image localhost/db:1 could not be pulled"),
+        "{table}"
+    );
+
+    // the device recovers: no failure and no error left
+    store
+        .put(
+            d2.as_str(),
+            serde_json::to_vec(&status(&d2, WorkloadState::Running, None))
+                .unwrap()
+                .into(),
+        )
+        .await
+        .expect("put workload status");
+    let w = eventually("4 running", || async {
+        let w = deps.get(&dep).await.ok()?.status?.workloads?;
+        (w.running == 4).then_some(w)
+    })
+    .await;
+    assert_eq!((w.failed, w.pending, w.latest_error), (0, 0, None));
+}
+
+/// Deleting a Device whose device runs workloads: the operator recreates it (the device still reports) with the
+/// hold annotation and without its old labels, and holds the device's desired state exactly as it was; a person
+/// labels it and removes the annotation, and placement takes over again without the workloads ever leaving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_device_keeps_its_workloads_until_released() {
+    let mut f = Fleet::new("devdel").await;
+    f.start_operator();
+    let d1 = f.name("del-1");
+    f.device(&d1, json!({"site": "a"})).await;
+    let group = f.name("site-a");
+    f.group(
+        &group,
+        json!({"matchLabels": {"site": "a", "fleet-test": f.run}}),
+    )
+    .await;
+    let dep = f.name("web");
+    let meta = f.meta(&dep, json!({}));
+    f.create::<FleetDeployment>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group], "workloads": [{"name": "web", "image": "localhost/web:1"}]}}))
+    .await;
+    let mut info = fixtures::device_info();
+    info.device_id = DeviceId::try_from(d1.as_str()).unwrap();
+    f.bucket(fleet_wire::kv::DEVICE_INFO)
+        .await
+        .put(d1.as_str(), serde_json::to_vec(&info).unwrap().into())
+        .await
+        .expect("put info");
+    let before = eventually("web placed", || async {
+        f.desired(&d1)
+            .await
+            .filter(|s| workload_names(s) == ["web"])
+    })
+    .await;
+    let devices: Api<Device> = Api::all(f.client.clone());
+    let old_uid = devices.get(&d1).await.expect("device").metadata.uid;
+    devices
+        .delete(&d1, &Default::default())
+        .await
+        .expect("delete Device");
+    // recreated, held, and a pass that saw it held has run (it wrote the mirrored status after the desired states)
+    let again = eventually("Device recreated, held, status mirrored", || async {
+        let d = devices.get(&d1).await.ok()?;
+        (d.metadata.uid != old_uid
+            && d.metadata
+                .annotations
+                .as_ref()?
+                .get(fleet_operator::crd::HOLD_ANNOTATION)?
+                == "true"
+            && d.status.as_ref()?.agent_version.is_some())
+        .then_some(d)
+    })
+    .await;
+    assert_eq!(
+        again.metadata.labels.as_ref().and_then(|l| l.get("site")),
+        None,
+        "the old labels are gone with the old object"
+    );
+    assert_eq!(
+        f.desired(&d1).await,
+        Some(before.clone()),
+        "the held device's desired state is untouched"
+    );
+    // what a person sees: the Hold column
+    let table = kubectl_get(&["fdev", &d1]);
+    assert_eq!(cell(&table, "HOLD"), "true", "{table}");
+    let deps: Api<FleetDeployment> = Api::all(f.client.clone());
+    eventually("the deployment no longer targets it", || async {
+        (deps.get(&dep).await.ok()?.status?.targeted_devices == Some(0)).then_some(())
+    })
+    .await;
+    assert_eq!(f.desired(&d1).await, Some(before.clone()), "still held");
+
+    // a person labels it and releases the hold: targeted again, the workload never left
+    devices
+        .patch(
+            &d1,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"site": "a"},
+                "annotations": {fleet_operator::crd::HOLD_ANNOTATION: null}}})),
+        )
+        .await
+        .expect("release");
+    eventually("targeted again", || async {
+        (deps.get(&dep).await.ok()?.status?.targeted_devices == Some(1)).then_some(())
+    })
+    .await;
+    assert_eq!(f.desired(&d1).await, Some(before), "no change written");
+}
+
+/// The Ready message of a FleetDeployment's condition.
+async fn ready_message(f: &Fleet, name: &str) -> Option<String> {
+    let d = Api::<FleetDeployment>::all(f.client.clone())
+        .get(name)
+        .await
+        .ok()?;
+    d.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.message)
+}
+
+/// Invalid specs: every error is reported at once; a new object does not claim to keep placed workloads; a
+/// placed deployment whose image is mistyped keeps what runs (held by workload name) and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_specs_report_every_error_and_hold_what_runs() {
+    let mut f = Fleet::new("invalid").await;
+    f.start_operator();
+    let d1 = f.name("inv-1");
+    f.device(&d1, json!({"site": "a"})).await;
+    let group = f.name("site-a");
+    f.group(
+        &group,
+        json!({"matchLabels": {"site": "a", "fleet-test": f.run}}),
+    )
+    .await;
+    let new = f.name("new");
+    let meta = f.meta(&new, json!({}));
+    f.create::<FleetDeployment>(
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group], "workloads": [
+            {"name": "a", "image": "Nginx:Latest:bad"}, {"name": "b", "image": "nginx latest"}]}}),
+    )
+    .await;
+    let m = eventually("InvalidSpec on the new object", || async {
+        ready_message(&f, &new)
+            .await
+            .filter(|m| m.contains("workloads[0]"))
+    })
+    .await;
+    assert!(
+        m.contains("workloads[1]") && m.contains("whitespace"),
+        "{m}"
+    );
+    assert!(m.contains("one :tag"), "{m}");
+    assert!(!m.contains("kept unchanged"), "{m}");
+    assert!(m.contains("nothing is placed"), "{m}");
+
+    let web = f.name("web");
+    let meta = f.meta(&web, json!({}));
+    f.create::<FleetDeployment>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group], "workloads": [{"name": "web", "image": "localhost/web:1"}]}}))
+    .await;
+    let placed = eventually("web placed", || async {
+        f.desired(&d1)
+            .await
+            .filter(|s| workload_names(s) == ["web"])
+    })
+    .await;
+    Api::<FleetDeployment>::all(f.client.clone())
+        .patch(
+            &web,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"workloads": [{"name": "web", "image": "localhost/Web:2"}]}}),
+            ),
+        )
+        .await
+        .expect("patch");
+    let m = eventually("InvalidSpec on the placed object", || async {
+        ready_message(&f, &web)
+            .await
+            .filter(|m| m.contains("not a valid image reference"))
+    })
+    .await;
+    assert!(m.contains("kept unchanged"), "{m}");
+    assert_eq!(
+        f.desired(&d1).await,
+        Some(placed),
+        "the running workload is held"
+    );
 }

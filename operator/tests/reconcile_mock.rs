@@ -158,7 +158,7 @@ async fn reported_devices_are_created_and_conflicts_tolerated() {
     let labels: BTreeMap<String, String> = [("fleet".to_string(), "eu".to_string())].into();
     let call = {
         let (client, labels) = (client.clone(), labels.clone());
-        tokio::spawn(async move { report::create_device(&client, "pi-7", &labels).await })
+        tokio::spawn(async move { report::create_device(&client, "pi-7", &labels, false).await })
     };
     let body = server
         .expect(
@@ -175,7 +175,9 @@ async fn reported_devices_are_created_and_conflicts_tolerated() {
     // another replica created it first: 409 is fine
     let call = {
         let client = client.clone();
-        tokio::spawn(async move { report::create_device(&client, "pi-7", &BTreeMap::new()).await })
+        tokio::spawn(async move {
+            report::create_device(&client, "pi-7", &BTreeMap::new(), false).await
+        })
     };
     let conflict = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists", "code": 409, "message": "exists"});
     server

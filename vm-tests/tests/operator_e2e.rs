@@ -1,7 +1,8 @@
 //! The path a user takes, end to end, every part real: kubectl → kube-apiserver + etcd → the `fleet-operator`
 //! binary (CRDs and RBAC from `operator/deploy/`, running as its service account) → nats-server → an nspawn
 //! Debian device installed with device setup (fleet-updater + fleet-agent, rootless Podman). One booted device
-//! is shared by the steps, in order: a FleetDeployment runs its container; an AgentRelease to v2 commits, the
+//! is shared by the steps, in order: a FleetDeployment runs its container (and counts it running), one whose image
+//! cannot be pulled shows the device's error in `kubectl get fdep`; an AgentRelease to v2 commits, the
 //! container keeps running and the Device shows it; a broken v3 (never ready) is rolled back and the Device shows
 //! phase and typed reason; a v4 whose self-test fails is refused without stopping the running agent. Each step
 //! also checks the device itself (active symlink, the updater's journal, the agent's unit, Podman).
@@ -63,6 +64,35 @@ fn kubectl_drives_a_real_device_through_the_real_operator() {
     assert_eq!(dep["status"]["targetedDevices"], 1, "{dep:#}");
     let group = cluster.get_json(&["fdg", "lab"]).expect("DeviceGroup");
     assert_eq!(group["status"]["memberCount"], 1, "{group:#}");
+    // What the device runs shows on the deployment, and an image that cannot be pulled shows as a failure with
+    // the device's words, in `kubectl get fdep` (Running / Failed / Pending, Error with -o wide).
+    cluster.wait("FleetDeployment web counts 1 running", SHORT, || {
+        let d = cluster.get_json(&["fdep", "web"])?;
+        (d["status"]["workloads"]["running"] == 1).then_some(())
+    });
+    cluster.apply(&deployment_yaml("ghost", "lab", "ghost").replace(
+        fleet_vm_tests::fleet::TEST_IMAGE,
+        "localhost/no-such-image:1",
+    ));
+    let ghost = cluster.wait("FleetDeployment ghost counts 1 failed", SHORT * 2, || {
+        let d = cluster.get_json(&["fdep", "ghost"])?;
+        (d["status"]["workloads"]["failed"] == 1).then_some(d)
+    });
+    let error = ghost["status"]["workloads"]["latestError"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        error.starts_with(&format!(
+            "{DEVICE}: ghost: image localhost/no-such-image:1 could not be pulled: "
+        )),
+        "{ghost:#}"
+    );
+    let table = cluster.kubectl(&["get", "fdep", "ghost", "-o", "wide"]);
+    assert!(
+        table.contains("FAILED") && table.contains("could not be pulled"),
+        "{table}"
+    );
+    cluster.kubectl(&["delete", "fdep", "ghost"]);
 
     // 2. AgentRelease v2 → the device commits, the Device shows it, the container keeps running.
     let v1_pid = device.agent_pid();

@@ -249,6 +249,112 @@ impl TryFrom<RawWorkloadSpec> for WorkloadSpec {
     }
 }
 
+/// Checks `r` against the OCI distribution reference grammar
+/// (`[domain[:port]/]path[:tag][@algorithm:hex]`): path components are lowercase `[a-z0-9]` runs joined by
+/// `.`, `_`, `__` or dashes; a tag is `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`; the name is at most 255 characters.
+/// Pure; says which part is wrong.
+pub fn image_reference(r: &str) -> Result<(), String> {
+    let (rest, digest) = match r.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (r, None),
+    };
+    if let Some(d) = digest {
+        let (alg, hex) = d
+            .split_once(':')
+            .ok_or("the digest needs the form algorithm:hex (e.g. sha256:…)")?;
+        let alg_ok = !alg.is_empty()
+            && alg.split(['+', '.', '_', '-']).all(|c| {
+                !c.is_empty()
+                    && c.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            });
+        if !alg_ok || hex.len() < 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("digest {} is not algorithm:hex", shown(d)));
+        }
+    }
+    // A tag follows the last ':' only if no '/' comes after it (otherwise the ':' is a registry port).
+    let (name, tag) = match rest.rfind(':') {
+        Some(i) if !rest[i..].contains('/') => (&rest[..i], Some(&rest[i + 1..])),
+        _ => (rest, None),
+    };
+    if let Some(t) = tag {
+        let ok = t.len() <= 128
+            && t.bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !ok {
+            return Err(format!(
+                "tag {} must be letters, digits, '_', '.' or '-' (at most 128, not starting with '.' or '-'), and a reference has at most one tag",
+                shown(t)
+            ));
+        }
+    }
+    if name.is_empty() || name.len() > 255 {
+        return Err("the name must be 1–255 characters".into());
+    }
+    let mut parts: Vec<&str> = name.split('/').collect();
+    let first = parts[0];
+    // The first component is a registry when it looks like a host: a '.', a port, or `localhost`.
+    if parts.len() > 1 && (first.contains(['.', ':']) || first == "localhost") {
+        let (host, port) = match first.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (first, None),
+        };
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
+        if !host.split('.').all(label_ok)
+            || port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(format!("registry {} is not a host[:port]", shown(first)));
+        }
+        parts.remove(0);
+    }
+    for c in parts {
+        if c.contains(':') {
+            return Err("a reference has at most one :tag (after the last '/')".into());
+        }
+        if !path_component(c) {
+            return Err(format!(
+                "name component {} must be lowercase letters and digits, joined by '.', '_', '__' or '-'",
+                shown(c)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`.
+fn path_component(c: &str) -> bool {
+    let b = c.as_bytes();
+    let alnum = |x: u8| x.is_ascii_lowercase() || x.is_ascii_digit();
+    if b.is_empty() || !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if alnum(b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && !alnum(b[i]) {
+            i += 1;
+        }
+        let sep = &c[start..i];
+        let ok = sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|x| x == b'-');
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
 fn clean_path(p: &str) -> bool {
     p.starts_with('/')
         && p.len() <= 4096
@@ -284,9 +390,21 @@ impl WorkloadSpec {
         let printable = |s: &str| {
             !s.is_empty() && s.len() <= 512 && s.bytes().all(|b| (0x21..0x7f).contains(&b))
         };
+        if self.image.chars().any(char::is_whitespace) {
+            return err(format!(
+                "image {} contains whitespace; an image reference has none (e.g. nginx:1.27)",
+                shown(&self.image)
+            ));
+        }
         if !printable(&self.image) {
             return err(format!(
                 "image {} must be 1–512 printable ASCII characters",
+                shown(&self.image)
+            ));
+        }
+        if let Err(why) = image_reference(&self.image) {
+            return err(format!(
+                "image {} is not a valid image reference: {why}",
                 shown(&self.image)
             ));
         }
@@ -434,6 +552,45 @@ mod tests {
         bad.image = "two words".into();
         assert!(bad.validate().is_err(), "image");
         assert!(WorkloadName::try_from("Web").is_err());
+        bad.image = "nginx latest".into();
+        let e = bad.validate().expect_err("whitespace").to_string();
+        assert!(e.contains("whitespace"), "{e}");
+    }
+
+    #[test]
+    fn image_reference_table() {
+        let good = [
+            "nginx",
+            "nginx:1.27",
+            "library/nginx:latest",
+            "docker.io/library/nginx:1.27-alpine",
+            "localhost/busybox:1.36",
+            "localhost:5000/team/app_x__y:v1.0",
+            "registry.example.com:443/a/b-c.d",
+            "quay.io/x/y@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "nginx:1@sha256:0123456789abcdef0123456789abcdef",
+        ];
+        for r in good {
+            assert_eq!(image_reference(r), Ok(()), "{r}");
+        }
+        let bad = [
+            ("Nginx:Latest:bad", "one :tag"),
+            ("Nginx", "name component"),
+            ("nginx:", "tag"),
+            ("nginx:-x", "tag"),
+            ("a//b", "name component"),
+            ("a-/b", "name component"),
+            ("a..b", "name component"),
+            ("exa_mple.com/x", "registry"),
+            ("host:abc/x", "registry"),
+            ("nginx@sha256:zz", "digest"),
+            ("nginx@latest", "digest"),
+            ("", "name"),
+        ];
+        for (r, frag) in bad {
+            let e = image_reference(r).expect_err(r);
+            assert!(e.contains(frag), "{r}: {e}");
+        }
     }
 
     #[test]

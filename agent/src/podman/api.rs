@@ -26,24 +26,49 @@ pub enum PodmanError {
     /// The socket could not be used.
     #[error("{0}")]
     Http(#[from] HttpError),
-    /// Podman answered with an error status.
-    #[error("podman {call} answered {status}: {message}")]
+    /// Podman refused a call (an error status); shown as what failed and Podman's own reason.
+    #[error("{}: {message} (Podman answered HTTP {status})", what(call))]
     Status {
-        /// The call.
+        /// The call (`METHOD /path`).
         call: String,
         /// HTTP status.
         status: u16,
         /// Podman's message.
         message: String,
     },
+    /// An image pull that Podman reported as failed in its progress stream (the HTTP status itself is 200).
+    #[error("image {image} could not be pulled: {message}")]
+    Pull {
+        /// The image reference.
+        image: String,
+        /// Podman's reason (e.g. `manifest unknown`, a DNS or TLS error).
+        message: String,
+    },
     /// The answer did not have the expected shape.
-    #[error("podman {call}: unexpected answer: {message}")]
+    #[error("Podman gave an unexpected answer to {call}: {message}")]
     Decode {
         /// The call.
         call: String,
         /// What was wrong.
         message: String,
     },
+}
+
+/// What a Podman call does, in words a person reads in a workload error (`POST /containers/create` → "creating
+/// the container").
+fn what(call: &str) -> String {
+    let (method, path) = call.split_once(' ').unwrap_or(("", call));
+    let last = path.rsplit('/').next().unwrap_or_default();
+    match (method, last) {
+        ("POST", "create") => "creating the container".into(),
+        ("POST", "start") => "starting the container".into(),
+        ("POST", "stop") => "stopping the container".into(),
+        ("DELETE", _) => "removing the container".into(),
+        ("POST", "pull") => "pulling the image".into(),
+        ("GET", "json") => "listing containers".into(),
+        ("GET", "_ping") => "reaching Podman".into(),
+        _ => format!("Podman {call}"),
+    }
 }
 
 /// A container as listed by Podman.
@@ -199,10 +224,9 @@ impl Podman {
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
                 if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
                     if !e.is_empty() {
-                        return Err(PodmanError::Status {
-                            call: "POST /images/pull".into(),
-                            status: 200,
-                            message: e.chars().take(512).collect(),
+                        return Err(PodmanError::Pull {
+                            image: image.to_owned(),
+                            message: e.trim().chars().take(512).collect(),
                         });
                     }
                 }
@@ -310,6 +334,33 @@ pub fn create_body(device: &DeviceId, spec: &WorkloadSpec) -> serde_json::Value 
 mod tests {
     use super::*;
     use fleet_wire::fixtures;
+
+    #[test]
+    fn errors_are_worded_for_people() {
+        let pull = PodmanError::Pull {
+            image: "localhost/nope:1".into(),
+            message: "manifest unknown".into(),
+        };
+        assert_eq!(
+            pull.to_string(),
+            "image localhost/nope:1 could not be pulled: manifest unknown"
+        );
+        let create = PodmanError::Status {
+            call: "POST /containers/create".into(),
+            status: 500,
+            message: "port 80 is already in use".into(),
+        };
+        assert_eq!(
+            create.to_string(),
+            "creating the container: port 80 is already in use (Podman answered HTTP 500)"
+        );
+        let start = PodmanError::Status {
+            call: "POST /containers/3f2a/start".into(),
+            status: 500,
+            message: "x".into(),
+        };
+        assert!(start.to_string().starts_with("starting the container: x"));
+    }
 
     #[test]
     fn create_body_carries_labels_and_spec() {
