@@ -249,3 +249,48 @@ pub fn release_yaml(name: &str, group: &str, version: &str, url: &str, sha256: &
         limit = fleet_wire::limits::ARTIFACT_MAX_BYTES,
     )
 }
+
+/// A TaskRun `name` (namespace `default`) running the built-in system upgrade on the members of `group`, with a
+/// deadline of `deadline_secs` from its creation.
+pub fn taskrun_yaml(name: &str, group: &str, deadline_secs: u64) -> String {
+    format!(
+        "apiVersion: {API_VERSION}\nkind: TaskRun\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  \
+         allowedGroups: [{group}]\n  targetSelector: {{}}\n  deadlineSeconds: {deadline_secs}\n  systemUpgradeV1: {{}}\n"
+    )
+}
+
+/// A TaskRun as the cluster shows it (`kubectl get ftr -o json`).
+#[derive(Debug, Clone, Default)]
+pub struct TaskRunView {
+    /// `metadata.uid`: the run's attempt id, the second half of its KV keys.
+    pub uid: String,
+    /// `status.phase` (empty before the first status).
+    pub phase: String,
+    /// `status.targets`, `status.succeeded`, `status.failed`.
+    pub counts: (u64, u64, u64),
+    /// `status.reason` (empty when none).
+    pub reason: String,
+}
+
+impl TaskRunView {
+    /// True once the run is `Complete` or `Failed`.
+    pub fn terminal(&self) -> bool {
+        matches!(self.phase.as_str(), "Complete" | "Failed")
+    }
+}
+
+impl LocalFleet {
+    /// The TaskRun `name` in namespace `default` as the cluster shows it.
+    pub fn taskrun(&self, name: &str) -> Option<TaskRunView> {
+        let v = self.cluster.get_json(&["ftr", name])?;
+        let s = &v["status"];
+        let n = |k: &str| s[k].as_u64().unwrap_or(0);
+        let text = |x: &serde_json::Value| x.as_str().unwrap_or_default().to_string();
+        Some(TaskRunView {
+            uid: text(&v["metadata"]["uid"]),
+            phase: text(&s["phase"]),
+            counts: (n("targets"), n("succeeded"), n("failed")),
+            reason: text(&s["reason"]),
+        })
+    }
+}

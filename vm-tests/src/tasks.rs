@@ -3,8 +3,8 @@
 //! system-upgrade buckets (intent in, status out).
 #![allow(deprecated)] // the blocking `nats` client is deprecated upstream
 
-use crate::fleet::{device_id, DEVICE};
-use fleet_rig::nspawn::Guest;
+use crate::fleet::{device_id, Device, DEVICE};
+use fleet_rig::nspawn::{ForwardHandle, Guest};
 use fleet_rig::{wait_for, NatsServer};
 use fleet_wire::{
     kv, AttemptId, SystemUpgradeAttempt, SystemUpgradeStatus, TaskOperation, Timestamp,
@@ -189,11 +189,16 @@ impl Tasks {
 
     /// The run's status in NATS.
     pub fn status(&self, a: &SystemUpgradeAttempt) -> Option<SystemUpgradeStatus> {
-        let raw = self
-            .statuses
-            .get(&kv::run_key(&a.device_id, &a.run_uid))
-            .ok()??;
-        serde_json::from_slice(&raw).ok()
+        self.status_of(a.device_id.as_str(), &a.run_uid.to_string())
+    }
+
+    /// The status of run `run_uid` (a TaskRun's UID) on `device` in NATS; `None` when absent or not valid.
+    pub fn status_of(&self, device: &str, run_uid: &str) -> Option<SystemUpgradeStatus> {
+        let key = kv::run_key(
+            &fleet_wire::DeviceId::try_from(device).ok()?,
+            &AttemptId::try_from(run_uid).ok()?,
+        );
+        serde_json::from_slice(&self.statuses.get(&key).ok()??).ok()
     }
 
     /// Waits until the run's status satisfies `done`; fails with the last status and `logs()` otherwise.
@@ -281,10 +286,7 @@ impl FleetLock {
 
     /// The guest configuration for `fleet-reboot` and the updater's reboots: this server, group `default`.
     pub fn client_config(&self) -> String {
-        format!(
-            "server: http://127.0.0.1:{}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n",
-            self.port
-        )
+        fleetlock_client_config(self.port)
     }
 
     /// The server's log.
@@ -330,4 +332,88 @@ pub fn holder_ids_at(port: u16) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The guest configuration for `fleet-reboot` and the updater's reboots: the FleetLock server relayed to the
+/// guest's 127.0.0.1:`port`, group `default`.
+pub fn fleetlock_client_config(port: u16) -> String {
+    format!(
+        "server: http://127.0.0.1:{port}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n"
+    )
+}
+
+/// The package the fleet-task scenarios upgrade: 1.0 installed, 2.0 in the repository, whose `postinst` sets
+/// `/run/reboot-required`, so that the upgrade ends with a reboot coordinated through FleetLock.
+pub const REBOOT_PKG: &str = "fleet-test-reboot";
+
+/// What [`ready_for_reboot_upgrade`] leaves in place; keep it while the device upgrades.
+pub struct RebootUpgradeReady {
+    /// The device's apt repository.
+    pub repo: AptRepo,
+    /// The FleetLock server's relay into the guest.
+    pub lock_link: ForwardHandle,
+}
+
+/// Readies `device` for a system upgrade that reboots: the FleetLock server on the host's `lock_port` relayed into
+/// its guest and configured for reboots (a device waiting for the slot asks again every 3 s instead of every
+/// minute), and a local apt repository with [`REBOOT_PKG`] 1.0 installed and 2.0 published.
+pub fn ready_for_reboot_upgrade(device: &mut Device, lock_port: u16) -> RebootUpgradeReady {
+    let lock_link = device.guest.forward(lock_port);
+    let guest = &device.guest;
+    guest.write_file(
+        "/etc/harmony-fleet/fleet-reboot.yaml",
+        fleetlock_client_config(lock_port).as_bytes(),
+        0o644,
+    );
+    guest.sh(
+        "echo 'system_reboot_retry_secs = 3' >> /etc/harmony-fleet/updater.toml && \
+         systemctl restart fleet-updater.service",
+    );
+    guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(60));
+    let repo = AptRepo::in_guest(guest);
+    repo.install_now(guest, &repo.build(REBOOT_PKG, "1.0", ""));
+    repo.publish(&repo.build(
+        REBOOT_PKG,
+        "2.0",
+        "[ \"$1\" = configure ] && touch /run/reboot-required || true",
+    ));
+    RebootUpgradeReady { repo, lock_link }
+}
+
+/// Watches the holders of group `default` of the FleetLock server on 127.0.0.1:`port` (every 50 ms, on a thread)
+/// until [`HolderWatch::stop`].
+pub struct HolderWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl HolderWatch {
+    /// Starts watching.
+    pub fn start(port: u16) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut max, mut order) = (0usize, Vec::<String>::new());
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                let ids = holder_ids_at(port);
+                max = max.max(ids.len());
+                for id in ids {
+                    if order.last() != Some(&id) {
+                        order.push(id);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (max, order)
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops watching: the most holders seen at once, and the holders in the order they held the slot.
+    pub fn stop(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    }
 }
