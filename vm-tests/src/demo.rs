@@ -498,32 +498,39 @@ impl<'a> Demo<'a> {
         );
         let tasks = Tasks::new(&self.fleet.nats);
         let secs = |at: u64| at.saturating_sub(start.unix_ms()) as f64 / 1000.0;
-        let (mut seen, mut phase) = (BTreeSet::new(), String::new());
+        let mut seen = BTreeSet::new();
         let run = loop {
             self.check()?;
             let run = self.fleet.taskrun(TASK).unwrap_or_default();
-            if run.phase != phase {
-                phase = run.phase.clone();
-                println!(
-                    "   {:>6.1}s  TaskRun  {phase:<13} targets {}",
-                    t.elapsed().as_secs_f64(),
-                    run.counts.0
-                );
-            }
+            let st = &run.status;
             let mut batch = vec![];
+            if let Some(at) = st.start_time {
+                batch.push((
+                    at.unix_ms(),
+                    "TaskRun",
+                    format!("running: {} targets", st.targets),
+                ));
+            }
+            if let (Some(at), true) = (st.completion_time, run.terminal()) {
+                let counts = format!("{} succeeded, {} failed", st.succeeded, st.failed);
+                batch.push((
+                    at.unix_ms(),
+                    "TaskRun",
+                    format!("{}: {counts}", run.phase()),
+                ));
+            }
             for id in DEVICES {
                 let Some(s) = tasks.status_of(id, &run.uid) else {
                     continue;
                 };
                 for tr in s.transitions.as_slice() {
-                    if seen.insert((id, tr.at.unix_ms(), kebab(&tr.phase))) {
-                        batch.push((tr.at.unix_ms(), id, kebab(&tr.phase)));
-                    }
+                    batch.push((tr.at.unix_ms(), id, kebab(&tr.phase)));
                 }
             }
+            batch.retain(|e| seen.insert(e.clone()));
             batch.sort();
-            for (at, id, phase) in batch {
-                println!("   {:>6.1}s  {id:<8} {phase}", secs(at));
+            for (at, who, what) in batch {
+                println!("   {:>6.1}s  {who:<8} {what}", secs(at));
             }
             if run.terminal() {
                 break run;
@@ -539,7 +546,7 @@ impl<'a> Demo<'a> {
         let (max, order) = watch.stop();
         println!(
             "   TaskRun {} {:.1} s after `kubectl create`",
-            run.phase,
+            run.phase(),
             t.elapsed().as_secs_f64()
         );
         self.kubectl(&["get", "ftr"])?;
@@ -563,7 +570,7 @@ impl<'a> Demo<'a> {
                         .map(|h| format!("{:.1} s", secs(h.unix_ms())))
                         .unwrap_or_else(|| "-".into()),
                     installed(&d.guest, REBOOT_PKG).0,
-                    self.rebooted(id).to_string(),
+                    if self.rebooted(id) { "yes" } else { "no" }.into(),
                 ]
             })
             .collect();
@@ -583,7 +590,7 @@ impl<'a> Demo<'a> {
             "   FleetLock (GET /v1/status, every 50 ms): {} slot holders one after the other, at most {max} at once",
             order.len()
         );
-        if run.phase != "Complete" {
+        if run.status.phase != Some(fleet_wire::TaskRunPhase::Complete) {
             return Err(Stop::Failed(format!("TaskRun {TASK} ended {run:?}")));
         }
         Ok(())
@@ -629,7 +636,7 @@ impl<'a> Demo<'a> {
                     format!("{} / {}", v.phase(), v.reason()),
                     format!("{running} running"),
                     self.task_result(&v.id),
-                    if rebooted { "yes".into() } else { "0".into() },
+                    if rebooted { "yes".into() } else { "no".into() },
                 ]
             })
             .collect();

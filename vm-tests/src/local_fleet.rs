@@ -264,18 +264,22 @@ pub fn taskrun_yaml(name: &str, group: &str, deadline_secs: u64) -> String {
 pub struct TaskRunView {
     /// `metadata.uid`: the run's attempt id, the second half of its KV keys.
     pub uid: String,
-    /// `status.phase` (empty before the first status).
-    pub phase: String,
-    /// `status.targets`, `status.succeeded`, `status.failed`.
-    pub counts: (u64, u64, u64),
-    /// `status.reason` (empty when none).
-    pub reason: String,
+    /// `status`: phase, counts, times, reason (fleet-wire's `TaskRunStatus`; default before the first status).
+    pub status: fleet_wire::TaskRunStatus,
 }
 
 impl TaskRunView {
     /// True once the run is `Complete` or `Failed`.
     pub fn terminal(&self) -> bool {
-        matches!(self.phase.as_str(), "Complete" | "Failed")
+        self.status.phase.is_some_and(|p| p.is_terminal())
+    }
+
+    /// The phase as kubectl prints it (`-` before the first status).
+    pub fn phase(&self) -> String {
+        self.status
+            .phase
+            .map(|p| kebab(&p))
+            .unwrap_or_else(|| "-".into())
     }
 }
 
@@ -283,14 +287,9 @@ impl LocalFleet {
     /// The TaskRun `name` in namespace `default` as the cluster shows it.
     pub fn taskrun(&self, name: &str) -> Option<TaskRunView> {
         let v = self.cluster.get_json(&["ftr", name])?;
-        let s = &v["status"];
-        let n = |k: &str| s[k].as_u64().unwrap_or(0);
-        let text = |x: &serde_json::Value| x.as_str().unwrap_or_default().to_string();
         Some(TaskRunView {
-            uid: text(&v["metadata"]["uid"]),
-            phase: text(&s["phase"]),
-            counts: (n("targets"), n("succeeded"), n("failed")),
-            reason: text(&s["reason"]),
+            uid: v["metadata"]["uid"].as_str()?.to_string(),
+            status: serde_json::from_value(v["status"].clone()).unwrap_or_default(),
         })
     }
 }

@@ -9,7 +9,7 @@ use fleet_vm_tests::local_fleet::{group_yaml, taskrun_yaml, LocalFleet};
 use fleet_vm_tests::tasks::{
     installed, ready_for_reboot_upgrade, FleetLock, HolderWatch, Tasks, REBOOT_PKG,
 };
-use fleet_wire::SystemUpgradePhase as P;
+use fleet_wire::{SystemUpgradePhase as P, TaskRunPhase};
 use std::time::Duration;
 
 const CANARY: &str = "task-1";
@@ -47,9 +47,10 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
             .join("\n")
             + &format!("\n--- fleetlock-server ---\n{}", lock.log())
     };
+    let st = &run.status;
     assert_eq!(
-        (run.phase.as_str(), run.counts, run.reason.as_str()),
-        ("Complete", (2, 2, 0), ""),
+        (st.phase, st.targets, st.succeeded, st.failed, st.reason),
+        (Some(TaskRunPhase::Complete), 2, 2, 0, None),
         "{run:?}\n{}",
         logs()
     );
