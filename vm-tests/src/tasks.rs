@@ -1,6 +1,7 @@
 //! What the system-upgrade scenarios share: a local apt repository built with `dpkg-deb` and
-//! `dpkg-scanpackages` inside a guest (the only source apt sees there), and the operator's side of the
-//! system-upgrade buckets (intent in, status out).
+//! `dpkg-scanpackages` inside a guest (the only source apt sees there), the operator's side of the
+//! system-upgrade buckets (intent in, status out), and a device's side of FleetLock (its configuration, the
+//! holders of the slot).
 #![allow(deprecated)] // the blocking `nats` client is deprecated upstream
 
 use crate::fleet::{device_id, Device, DEVICE};
@@ -224,81 +225,6 @@ impl Tasks {
                 logs()
             )
         })
-    }
-}
-
-/// A real `fleetlock-server` on the host's 127.0.0.1 (file store in a temp dir, group `default` with one slot),
-/// killed on drop.
-pub struct FleetLock {
-    child: std::process::Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl FleetLock {
-    /// Starts the server and waits until it answers `/healthz`.
-    pub fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("free port: {e}"));
-        let config = dir.path().join("fleetlock.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "default_slots: 1\nstore: {{kind: file, dir: {}}}\n",
-                dir.path().join("store").display()
-            ),
-        )
-        .unwrap_or_else(|e| panic!("write config: {e}"));
-        let log = std::fs::File::create(dir.path().join("server.log"))
-            .unwrap_or_else(|e| panic!("log: {e}"));
-        let child = Command::new(crate::builds::fleetlock_server())
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(&config)
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start fleetlock-server: {e}"));
-        let s = Self { child, port, dir };
-        let up = wait_for(Duration::from_secs(30), || {
-            get(s.port, "/healthz").map(|_| ())
-        });
-        assert!(up.is_some(), "fleetlock-server did not start:\n{}", s.log());
-        s
-    }
-
-    /// The port (the same on the host and, relayed, in a guest).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Holders of group `default` (`/v1/status`).
-    pub fn holders(&self) -> usize {
-        self.holder_ids().len()
-    }
-
-    /// The ids holding a slot of group `default` now.
-    pub fn holder_ids(&self) -> Vec<String> {
-        holder_ids_at(self.port)
-    }
-
-    /// The guest configuration for `fleet-reboot` and the updater's reboots: this server, group `default`.
-    pub fn client_config(&self) -> String {
-        fleetlock_client_config(self.port)
-    }
-
-    /// The server's log.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for FleetLock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -9,8 +9,9 @@
 use fleet_rig::NatsServer;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::fleet::{one_device_at_a_time, Device, Operator};
+use fleet_vm_tests::fleetlock::FleetLockServer;
 use fleet_vm_tests::tasks::{
-    apt_history_runs, installed, ready_for_reboot_upgrade, AptRepo, FleetLock, HolderWatch,
+    apt_history_runs, installed, ready_for_reboot_upgrade, AptRepo, HolderWatch,
     RebootUpgradeReady, Tasks,
 };
 use fleet_wire::{Capability, SystemUpgradePhase as P, SystemUpgradeReason as R};
@@ -35,7 +36,7 @@ fn system_upgrade_on_a_debian_device() {
     let _one = one_device_at_a_time();
     let nats = NatsServer::start();
     let operator = Operator::new(&nats);
-    let lock = FleetLock::start();
+    let lock = FleetLockServer::start();
     let mut device = Device::install(&nats, &operator, V1, None);
     let _lock_link = device.guest.forward(lock.port());
     let guest = &device.guest;
@@ -256,7 +257,7 @@ struct Member {
 #[test]
 fn two_devices_in_a_one_slot_group_never_reboot_together() {
     let _one = one_device_at_a_time();
-    let lock = FleetLock::start();
+    let lock = FleetLockServer::start();
     let members: Vec<Member> = (0..2)
         .map(|_| {
             let nats = NatsServer::start();

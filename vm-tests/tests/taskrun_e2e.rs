@@ -5,10 +5,9 @@
 //! run Complete; each device has the new package, rebooted once through FleetLock (never both at once), and its
 //! status in NATS is terminal with the first heartbeat after completion recorded.
 
+use fleet_vm_tests::fleetlock::FleetLockServer;
 use fleet_vm_tests::local_fleet::{group_yaml, taskrun_yaml, LocalFleet};
-use fleet_vm_tests::tasks::{
-    installed, ready_for_reboot_upgrade, FleetLock, HolderWatch, Tasks, REBOOT_PKG,
-};
+use fleet_vm_tests::tasks::{installed, ready_for_reboot_upgrade, HolderWatch, Tasks, REBOOT_PKG};
 use fleet_wire::{SystemUpgradePhase as P, TaskRunPhase};
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 #[test]
 fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
     let mut fleet = LocalFleet::start(&[CANARY, OTHER]);
-    let lock = FleetLock::start();
+    let lock = FleetLockServer::start();
     let _ready: Vec<_> = fleet
         .devices
         .iter_mut()
