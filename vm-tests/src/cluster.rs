@@ -61,6 +61,7 @@ impl Cluster {
             "crd/devicegroups.fleet.nationtech.io",
             "crd/fleetdeployments.fleet.nationtech.io",
             "crd/agentreleases.fleet.nationtech.io",
+            "crd/taskruns.fleet.nationtech.io",
         ]);
         let op_config = c.dir.path().join("operator.kubeconfig");
         write_private(&op_config, &c.api.kubeconfig(c.api.operator_token()));
@@ -143,8 +144,18 @@ impl Cluster {
 
     /// `kubectl apply -f -` with `yaml` on stdin; its output.
     pub fn apply(&self, yaml: &str) -> String {
+        self.with_stdin("apply", yaml)
+    }
+
+    /// `kubectl create -f -` with `yaml` on stdin (a TaskRun is created, never applied: its spec is immutable);
+    /// its output.
+    pub fn create(&self, yaml: &str) -> String {
+        self.with_stdin("create", yaml)
+    }
+
+    fn with_stdin(&self, verb: &str, yaml: &str) -> String {
         let mut child = self
-            .command(&["apply", "-f", "-"])
+            .command(&[verb, "-f", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -157,10 +168,10 @@ impl Cluster {
         }
         let out = child
             .wait_with_output()
-            .unwrap_or_else(|e| panic!("kubectl apply: {e}"));
+            .unwrap_or_else(|e| panic!("kubectl {verb}: {e}"));
         assert!(
             out.status.success(),
-            "kubectl apply failed: {}\n{yaml}",
+            "kubectl {verb} failed: {}\n{yaml}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).to_string()

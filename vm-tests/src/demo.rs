@@ -5,7 +5,13 @@
 use crate::builds::{V1, V2, V3};
 use crate::demo_state::Record;
 use crate::fleetlock::FleetLockServer;
-use crate::local_fleet::{deployment_yaml, group_yaml, release_yaml, DeviceView, LocalFleet};
+use crate::local_fleet::{
+    deployment_yaml, group_yaml, kebab, release_yaml, taskrun_yaml, DeviceView, LocalFleet,
+    TaskRunView,
+};
+use crate::tasks::{
+    installed, ready_for_reboot_upgrade, HolderWatch, RebootUpgradeReady, Tasks, REBOOT_PKG,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +23,10 @@ pub const DEVICES: [&str; 3] = ["demo-1", "demo-2", "demo-3"];
 const UPGRADE_TIMEOUT: Duration = Duration::from_secs(420);
 /// How often the timeline asks the cluster.
 const TIMELINE_POLL: Duration = Duration::from_millis(700);
+/// The demo's TaskRun (namespace `default`).
+const TASK: &str = "system-upgrade";
+/// The TaskRun's `deadlineSeconds`.
+const TASK_DEADLINE_SECS: u64 = 3600;
 
 /// Why the story stopped early.
 #[derive(Debug)]
@@ -34,6 +44,8 @@ pub struct Demo<'a> {
     manifests: PathBuf,
     stop: &'a AtomicBool,
     boot_ids: BTreeMap<String, String>,
+    /// Each device's apt repository and FleetLock relay, for step 6.
+    _ready: Vec<RebootUpgradeReady>,
 }
 
 fn step(n: usize, text: &str) {
@@ -67,7 +79,7 @@ impl<'a> Demo<'a> {
     pub fn start(dir: &Path, record: &Record, stop: &'a AtomicBool) -> Result<Self, Stop> {
         step(1, "starting the fleet: every part is the real binary");
         let t = Instant::now();
-        let fleet = LocalFleet::start(&DEVICES);
+        let mut fleet = LocalFleet::start(&DEVICES);
         for (pid, name) in fleet
             .cluster
             .api
@@ -87,6 +99,20 @@ impl<'a> Demo<'a> {
         if let Some(pid) = fleetlock.pid() {
             record.add(pid, "fleetlock-server");
         }
+        // For step 6: fleetlock-server relayed into each guest for its reboots, and an apt repository whose upgrade
+        // wants a reboot.
+        let port = fleetlock.port();
+        let ready: Vec<RebootUpgradeReady> = std::thread::scope(|s| {
+            let handles: Vec<_> = fleet
+                .devices
+                .iter_mut()
+                .map(|d| s.spawn(move || ready_for_reboot_upgrade(d, port)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
         let kubeconfig = dir.join("kubeconfig");
         std::fs::copy(fleet.cluster.kubeconfig(), &kubeconfig)
             .map_err(|e| Stop::Failed(format!("copy the kubeconfig: {e}")))?;
@@ -123,7 +149,7 @@ impl<'a> Demo<'a> {
                 ],
                 vec![
                     format!(
-                        "{} Debian devices (systemd-nspawn, scripts/device-setup, agent {V1})",
+                        "{} Debian devices (systemd-nspawn, scripts/device-setup, agent {V1}, {REBOOT_PKG} 1.0)",
                         DEVICES.len()
                     ),
                     "10.213.x.2".into(),
@@ -154,6 +180,7 @@ impl<'a> Demo<'a> {
             manifests,
             stop,
             boot_ids,
+            _ready: ready,
         })
     }
 
@@ -450,25 +477,141 @@ impl<'a> Demo<'a> {
         Ok(())
     }
 
-    /// The system upgrade task is being built in parallel: say so.
+    /// A TaskRun system upgrade: the canary first, then the others, each rebooting through FleetLock in turn.
     pub fn tasks(&self) -> Result<(), Stop> {
         step(
             6,
-            "TaskRun system upgrade (canary first, coordinated reboots through FleetLock)",
+            "a TaskRun system upgrade: the canary first, then the others, one reboot at a time through FleetLock",
         );
-        println!("   not built yet: TaskRun/TaskSchedule and the device's system upgrade are being built; this step will");
         println!(
-            "   run `apt full-upgrade` on {} first, then the others, one reboot at a time.",
-            DEVICES[0]
+            "   Each device has {REBOOT_PKG} 1.0 installed and 2.0 in its apt repository; 2.0 asks for a reboot."
         );
-        println!("   fleetlock-server is up already: GET /v1/status ->");
+        let watch = HolderWatch::start(self.fleetlock.port());
+        let start = fleet_wire::Timestamp::now();
+        let t = Instant::now();
+        let path = self.manifests.join(format!("taskrun-{TASK}.yaml"));
+        std::fs::write(&path, taskrun_yaml(TASK, "demo", TASK_DEADLINE_SECS))
+            .map_err(|e| Stop::Failed(format!("write {}: {e}", path.display())))?;
+        self.kubectl(&["create", "-f", &path.display().to_string()])?;
         println!(
-            "     {}",
-            self.fleetlock
-                .get("/v1/status")
-                .unwrap_or_else(|| "(no answer)".into())
+            "\n   Timeline (the TaskRun's phase from the cluster, each device's from system-upgrade-status in NATS):"
         );
+        let tasks = Tasks::new(&self.fleet.nats);
+        let secs = |at: u64| at.saturating_sub(start.unix_ms()) as f64 / 1000.0;
+        let mut seen = BTreeSet::new();
+        let run = loop {
+            self.check()?;
+            let run = self.fleet.taskrun(TASK).unwrap_or_default();
+            let st = &run.status;
+            let mut batch = vec![];
+            if let Some(at) = st.start_time {
+                batch.push((
+                    at.unix_ms(),
+                    "TaskRun",
+                    format!("running: {} targets", st.targets),
+                ));
+            }
+            if let (Some(at), true) = (st.completion_time, run.terminal()) {
+                let counts = format!("{} succeeded, {} failed", st.succeeded, st.failed);
+                batch.push((
+                    at.unix_ms(),
+                    "TaskRun",
+                    format!("{}: {counts}", run.phase()),
+                ));
+            }
+            for id in DEVICES {
+                let Some(s) = tasks.status_of(id, &run.uid) else {
+                    continue;
+                };
+                for tr in s.transitions.as_slice() {
+                    batch.push((tr.at.unix_ms(), id, kebab(&tr.phase)));
+                }
+            }
+            batch.retain(|e| seen.insert(e.clone()));
+            batch.sort();
+            for (at, who, what) in batch {
+                println!("   {:>6.1}s  {who:<8} {what}", secs(at));
+            }
+            if run.terminal() {
+                break run;
+            }
+            if t.elapsed() > UPGRADE_TIMEOUT {
+                return Err(Stop::Failed(format!(
+                    "TaskRun {TASK} not finished within {UPGRADE_TIMEOUT:?}: {run:?}\n{}",
+                    self.fleet.cluster.operator_log(30)
+                )));
+            }
+            std::thread::sleep(TIMELINE_POLL);
+        };
+        let (max, order) = watch.stop();
+        println!(
+            "   TaskRun {} {:.1} s after `kubectl create`",
+            run.phase(),
+            t.elapsed().as_secs_f64()
+        );
+        self.kubectl(&["get", "ftr"])?;
+        println!("\n   Read from NATS (system-upgrade-status) and from each device (dpkg-query, boot id):");
+        let rows: Vec<Vec<String>> = DEVICES
+            .iter()
+            .map(|id| {
+                let d = self.fleet.device(id);
+                let s = tasks.status_of(id, &run.uid);
+                vec![
+                    id.to_string(),
+                    if *id == DEVICES[0] { "yes" } else { "-" }.into(),
+                    s.as_ref()
+                        .map(|s| kebab(&s.phase))
+                        .unwrap_or_else(|| "-".into()),
+                    s.as_ref()
+                        .map(|s| s.reboot_required.to_string())
+                        .unwrap_or_default(),
+                    s.as_ref()
+                        .and_then(|s| s.first_heartbeat_after_completion)
+                        .map(|h| format!("{:.1} s", secs(h.unix_ms())))
+                        .unwrap_or_else(|| "-".into()),
+                    installed(&d.guest, REBOOT_PKG).0,
+                    if self.rebooted(id) { "yes" } else { "no" }.into(),
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "device",
+                "canary",
+                "status",
+                "reboot required",
+                "first heartbeat after",
+                REBOOT_PKG,
+                "rebooted",
+            ],
+            &rows,
+        );
+        println!(
+            "   FleetLock (GET /v1/status, every 50 ms): {} slot holders one after the other, at most {max} at once",
+            order.len()
+        );
+        if run.status.phase != Some(fleet_wire::TaskRunPhase::Complete) {
+            return Err(Stop::Failed(format!("TaskRun {TASK} ended {run:?}")));
+        }
         Ok(())
+    }
+
+    /// Whether the device booted again since the demo started (its boot id changed).
+    fn rebooted(&self, id: &str) -> bool {
+        self.boot_ids
+            .get(id)
+            .is_some_and(|b| *b != self.fleet.device(id).guest.boot_id())
+    }
+
+    /// The device's result for the demo's TaskRun, from the cluster (the run's UID) and NATS (its status).
+    fn task_result(&self, id: &str) -> String {
+        let Some(TaskRunView { uid, .. }) = self.fleet.taskrun(TASK) else {
+            return "-".into();
+        };
+        Tasks::new(&self.fleet.nats)
+            .status_of(id, &uid)
+            .map(|s| format!("{TASK}: {}", kebab(&s.phase)))
+            .unwrap_or_else(|| format!("{TASK}: -"))
     }
 
     /// The final table, read from the cluster and the devices.
@@ -484,11 +627,7 @@ impl<'a> Demo<'a> {
                     .filter(|c| c.0)
                     .map(|_| 1)
                     .unwrap_or(0);
-                let rebooted = self
-                    .boot_ids
-                    .get(&v.id)
-                    .map(|b| *b != d.guest.boot_id())
-                    .unwrap_or(false);
+                let rebooted = self.rebooted(&v.id);
                 vec![
                     v.id.clone(),
                     v.labels.join(","),
@@ -496,8 +635,8 @@ impl<'a> Demo<'a> {
                     d.active_version(),
                     format!("{} / {}", v.phase(), v.reason()),
                     format!("{running} running"),
-                    "not built yet".into(),
-                    if rebooted { "yes".into() } else { "0".into() },
+                    self.task_result(&v.id),
+                    if rebooted { "yes".into() } else { "no".into() },
                 ]
             })
             .collect();
@@ -530,7 +669,7 @@ impl<'a> Demo<'a> {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default()
         );
-        println!("   kubectl get fdev,fdg,fdep,frel");
+        println!("   kubectl get fdev,fdg,fdep,frel,ftr");
         println!("   manifests: {}", self.manifests.display());
         println!("   Stop it: Ctrl-C here, or `scripts/demo --stop` from another shell.");
         while !self.stop.load(Ordering::SeqCst) {

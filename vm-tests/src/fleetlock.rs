@@ -10,7 +10,7 @@ use std::time::Duration;
 pub struct FleetLockServer {
     child: Option<Child>,
     port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl FleetLockServer {
@@ -46,7 +46,7 @@ impl FleetLockServer {
         let s = Self {
             child: Some(child),
             port,
-            _dir: dir,
+            dir,
         };
         let up = wait_for(Duration::from_secs(30), || {
             (s.get("/healthz").as_deref() == Some("ok")).then_some(())
@@ -75,6 +75,28 @@ impl FleetLockServer {
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl FleetLockServer {
+    /// The ids holding a slot of group `default` now.
+    pub fn holder_ids(&self) -> Vec<String> {
+        crate::tasks::holder_ids_at(self.port)
+    }
+
+    /// How many ids hold a slot of group `default` now.
+    pub fn holders(&self) -> usize {
+        self.holder_ids().len()
+    }
+
+    /// The guest configuration for `fleet-reboot` and the updater's reboots: this server, group `default`.
+    pub fn client_config(&self) -> String {
+        crate::tasks::fleetlock_client_config(self.port)
+    }
+
+    /// The server's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("fleetlock.log")).unwrap_or_default()
     }
 }
 

@@ -249,3 +249,47 @@ pub fn release_yaml(name: &str, group: &str, version: &str, url: &str, sha256: &
         limit = fleet_wire::limits::ARTIFACT_MAX_BYTES,
     )
 }
+
+/// A TaskRun `name` (namespace `default`) running the built-in system upgrade on the members of `group`, with a
+/// deadline of `deadline_secs` from its creation.
+pub fn taskrun_yaml(name: &str, group: &str, deadline_secs: u64) -> String {
+    format!(
+        "apiVersion: {API_VERSION}\nkind: TaskRun\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  \
+         allowedGroups: [{group}]\n  targetSelector: {{}}\n  deadlineSeconds: {deadline_secs}\n  systemUpgradeV1: {{}}\n"
+    )
+}
+
+/// A TaskRun as the cluster shows it (`kubectl get ftr -o json`).
+#[derive(Debug, Clone, Default)]
+pub struct TaskRunView {
+    /// `metadata.uid`: the run's attempt id, the second half of its KV keys.
+    pub uid: String,
+    /// `status`: phase, counts, times, reason (fleet-wire's `TaskRunStatus`; default before the first status).
+    pub status: fleet_wire::TaskRunStatus,
+}
+
+impl TaskRunView {
+    /// True once the run is `Complete` or `Failed`.
+    pub fn terminal(&self) -> bool {
+        self.status.phase.is_some_and(|p| p.is_terminal())
+    }
+
+    /// The phase as kubectl prints it (`-` before the first status).
+    pub fn phase(&self) -> String {
+        self.status
+            .phase
+            .map(|p| kebab(&p))
+            .unwrap_or_else(|| "-".into())
+    }
+}
+
+impl LocalFleet {
+    /// The TaskRun `name` in namespace `default` as the cluster shows it.
+    pub fn taskrun(&self, name: &str) -> Option<TaskRunView> {
+        let v = self.cluster.get_json(&["ftr", name])?;
+        Some(TaskRunView {
+            uid: v["metadata"]["uid"].as_str()?.to_string(),
+            status: serde_json::from_value(v["status"].clone()).unwrap_or_default(),
+        })
+    }
+}

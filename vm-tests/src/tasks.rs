@@ -1,10 +1,11 @@
 //! What the system-upgrade scenarios share: a local apt repository built with `dpkg-deb` and
-//! `dpkg-scanpackages` inside a guest (the only source apt sees there), and the operator's side of the
-//! system-upgrade buckets (intent in, status out).
+//! `dpkg-scanpackages` inside a guest (the only source apt sees there), the operator's side of the
+//! system-upgrade buckets (intent in, status out), and a device's side of FleetLock (its configuration, the
+//! holders of the slot).
 #![allow(deprecated)] // the blocking `nats` client is deprecated upstream
 
-use crate::fleet::{device_id, DEVICE};
-use fleet_rig::nspawn::Guest;
+use crate::fleet::{device_id, Device, DEVICE};
+use fleet_rig::nspawn::{ForwardHandle, Guest};
 use fleet_rig::{wait_for, NatsServer};
 use fleet_wire::{
     kv, AttemptId, SystemUpgradeAttempt, SystemUpgradeStatus, TaskOperation, Timestamp,
@@ -189,11 +190,16 @@ impl Tasks {
 
     /// The run's status in NATS.
     pub fn status(&self, a: &SystemUpgradeAttempt) -> Option<SystemUpgradeStatus> {
-        let raw = self
-            .statuses
-            .get(&kv::run_key(&a.device_id, &a.run_uid))
-            .ok()??;
-        serde_json::from_slice(&raw).ok()
+        self.status_of(a.device_id.as_str(), &a.run_uid.to_string())
+    }
+
+    /// The status of run `run_uid` (a TaskRun's UID) on `device` in NATS; `None` when absent or not valid.
+    pub fn status_of(&self, device: &str, run_uid: &str) -> Option<SystemUpgradeStatus> {
+        let key = kv::run_key(
+            &fleet_wire::DeviceId::try_from(device).ok()?,
+            &AttemptId::try_from(run_uid).ok()?,
+        );
+        serde_json::from_slice(&self.statuses.get(&key).ok()??).ok()
     }
 
     /// Waits until the run's status satisfies `done`; fails with the last status and `logs()` otherwise.
@@ -219,84 +225,6 @@ impl Tasks {
                 logs()
             )
         })
-    }
-}
-
-/// A real `fleetlock-server` on the host's 127.0.0.1 (file store in a temp dir, group `default` with one slot),
-/// killed on drop.
-pub struct FleetLock {
-    child: std::process::Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl FleetLock {
-    /// Starts the server and waits until it answers `/healthz`.
-    pub fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("free port: {e}"));
-        let config = dir.path().join("fleetlock.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "default_slots: 1\nstore: {{kind: file, dir: {}}}\n",
-                dir.path().join("store").display()
-            ),
-        )
-        .unwrap_or_else(|e| panic!("write config: {e}"));
-        let log = std::fs::File::create(dir.path().join("server.log"))
-            .unwrap_or_else(|e| panic!("log: {e}"));
-        let child = Command::new(crate::builds::fleetlock_server())
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(&config)
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start fleetlock-server: {e}"));
-        let s = Self { child, port, dir };
-        let up = wait_for(Duration::from_secs(30), || {
-            get(s.port, "/healthz").map(|_| ())
-        });
-        assert!(up.is_some(), "fleetlock-server did not start:\n{}", s.log());
-        s
-    }
-
-    /// The port (the same on the host and, relayed, in a guest).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Holders of group `default` (`/v1/status`).
-    pub fn holders(&self) -> usize {
-        self.holder_ids().len()
-    }
-
-    /// The ids holding a slot of group `default` now.
-    pub fn holder_ids(&self) -> Vec<String> {
-        holder_ids_at(self.port)
-    }
-
-    /// The guest configuration for `fleet-reboot` and the updater's reboots: this server, group `default`.
-    pub fn client_config(&self) -> String {
-        format!(
-            "server: http://127.0.0.1:{}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n",
-            self.port
-        )
-    }
-
-    /// The server's log.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for FleetLock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -330,4 +258,88 @@ pub fn holder_ids_at(port: u16) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The guest configuration for `fleet-reboot` and the updater's reboots: the FleetLock server relayed to the
+/// guest's 127.0.0.1:`port`, group `default`.
+pub fn fleetlock_client_config(port: u16) -> String {
+    format!(
+        "server: http://127.0.0.1:{port}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n"
+    )
+}
+
+/// The package the fleet-task scenarios upgrade: 1.0 installed, 2.0 in the repository, whose `postinst` sets
+/// `/run/reboot-required`, so that the upgrade ends with a reboot coordinated through FleetLock.
+pub const REBOOT_PKG: &str = "fleet-test-reboot";
+
+/// What [`ready_for_reboot_upgrade`] leaves in place; keep it while the device upgrades.
+pub struct RebootUpgradeReady {
+    /// The device's apt repository.
+    pub repo: AptRepo,
+    /// The FleetLock server's relay into the guest.
+    pub lock_link: ForwardHandle,
+}
+
+/// Readies `device` for a system upgrade that reboots: the FleetLock server on the host's `lock_port` relayed into
+/// its guest and configured for reboots (a device waiting for the slot asks again every 3 s instead of every
+/// minute), and a local apt repository with [`REBOOT_PKG`] 1.0 installed and 2.0 published.
+pub fn ready_for_reboot_upgrade(device: &mut Device, lock_port: u16) -> RebootUpgradeReady {
+    let lock_link = device.guest.forward(lock_port);
+    let guest = &device.guest;
+    guest.write_file(
+        "/etc/harmony-fleet/fleet-reboot.yaml",
+        fleetlock_client_config(lock_port).as_bytes(),
+        0o644,
+    );
+    guest.sh(
+        "echo 'system_reboot_retry_secs = 3' >> /etc/harmony-fleet/updater.toml && \
+         systemctl restart fleet-updater.service",
+    );
+    guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(60));
+    let repo = AptRepo::in_guest(guest);
+    repo.install_now(guest, &repo.build(REBOOT_PKG, "1.0", ""));
+    repo.publish(&repo.build(
+        REBOOT_PKG,
+        "2.0",
+        "[ \"$1\" = configure ] && touch /run/reboot-required || true",
+    ));
+    RebootUpgradeReady { repo, lock_link }
+}
+
+/// Watches the holders of group `default` of the FleetLock server on 127.0.0.1:`port` (every 50 ms, on a thread)
+/// until [`HolderWatch::stop`].
+pub struct HolderWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl HolderWatch {
+    /// Starts watching.
+    pub fn start(port: u16) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut max, mut order) = (0usize, Vec::<String>::new());
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                let ids = holder_ids_at(port);
+                max = max.max(ids.len());
+                for id in ids {
+                    if order.last() != Some(&id) {
+                        order.push(id);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (max, order)
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops watching: the most holders seen at once, and the holders in the order they held the slot.
+    pub fn stop(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    }
 }

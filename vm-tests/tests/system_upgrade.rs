@@ -9,8 +9,10 @@
 use fleet_rig::NatsServer;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::fleet::{one_device_at_a_time, Device, Operator};
+use fleet_vm_tests::fleetlock::FleetLockServer;
 use fleet_vm_tests::tasks::{
-    apt_history_runs, holder_ids_at, installed, AptRepo, FleetLock, Tasks,
+    apt_history_runs, installed, ready_for_reboot_upgrade, AptRepo, HolderWatch,
+    RebootUpgradeReady, Tasks,
 };
 use fleet_wire::{Capability, SystemUpgradePhase as P, SystemUpgradeReason as R};
 use std::time::Duration;
@@ -34,7 +36,7 @@ fn system_upgrade_on_a_debian_device() {
     let _one = one_device_at_a_time();
     let nats = NatsServer::start();
     let operator = Operator::new(&nats);
-    let lock = FleetLock::start();
+    let lock = FleetLockServer::start();
     let mut device = Device::install(&nats, &operator, V1, None);
     let _lock_link = device.guest.forward(lock.port());
     let guest = &device.guest;
@@ -247,7 +249,7 @@ fn system_upgrade_on_a_debian_device() {
 struct Member {
     device: Device,
     tasks: Tasks,
-    _link: fleet_rig::nspawn::ForwardHandle,
+    _ready: RebootUpgradeReady,
     _operator: Operator,
     _nats: NatsServer,
 }
@@ -255,36 +257,17 @@ struct Member {
 #[test]
 fn two_devices_in_a_one_slot_group_never_reboot_together() {
     let _one = one_device_at_a_time();
-    let lock = FleetLock::start();
+    let lock = FleetLockServer::start();
     let members: Vec<Member> = (0..2)
         .map(|_| {
             let nats = NatsServer::start();
             let operator = Operator::new(&nats);
             let mut device = Device::install(&nats, &operator, V1, None);
-            let link = device.guest.forward(lock.port());
-            let guest = &device.guest;
-            guest.write_file(
-                "/etc/harmony-fleet/fleet-reboot.yaml",
-                lock.client_config().as_bytes(),
-                0o644,
-            );
-            // The device that waits for the slot asks again every 3 s instead of every minute.
-            guest.sh(
-                "echo 'system_reboot_retry_secs = 3' >> /etc/harmony-fleet/updater.toml && \
-                 systemctl restart fleet-updater.service",
-            );
-            guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(60));
-            let repo = AptRepo::in_guest(guest);
-            repo.install_now(guest, &repo.build("fleet-test-reboot", "1.0", ""));
-            repo.publish(&repo.build(
-                "fleet-test-reboot",
-                "2.0",
-                "[ \"$1\" = configure ] && touch /run/reboot-required || true",
-            ));
+            let ready = ready_for_reboot_upgrade(&mut device, lock.port());
             Member {
                 tasks: Tasks::new(&nats),
                 device,
-                _link: link,
+                _ready: ready,
                 _operator: operator,
                 _nats: nats,
             }
@@ -302,25 +285,7 @@ fn two_devices_in_a_one_slot_group_never_reboot_together() {
     assert_ne!(ids[0], ids[1], "both guests have the same identity");
 
     // Watch the group's holders while both run: never more than one, and the order they held it in.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = {
-        let stop = stop.clone();
-        let port = lock.port();
-        std::thread::spawn(move || {
-            let (mut max, mut order) = (0usize, Vec::<String>::new());
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let ids = holder_ids_at(port);
-                max = max.max(ids.len());
-                for id in ids {
-                    if order.last() != Some(&id) {
-                        order.push(id);
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (max, order)
-        })
-    };
+    let watcher = HolderWatch::start(lock.port());
     let attempts: Vec<_> = members
         .iter()
         .map(|m| {
@@ -348,8 +313,7 @@ fn two_devices_in_a_one_slot_group_never_reboot_together() {
         );
         assert_eq!((done.phase, done.reason), (P::Succeeded, None), "{done:#?}");
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (max, order) = watcher.join().expect("watcher");
+    let (max, order) = watcher.stop();
     for (m, before) in members.iter().zip(&boots) {
         assert_ne!(&m.device.guest.boot_id(), before, "a device did not reboot");
     }

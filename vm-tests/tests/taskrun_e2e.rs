@@ -1,0 +1,106 @@
+//! The path a user takes for a fleet task, every part real: `kubectl create` a TaskRun (`systemUpgradeV1`) →
+//! kube-apiserver + etcd → the `fleet-operator` binary → nats-server → two nspawn Debian devices installed with
+//! device setup (one labelled `canary=true`), each with a local apt repository whose upgrade wants a reboot, and
+//! a real `fleetlock-server`. The canary upgrades and reboots first, then the other; `kubectl get ftr` shows the
+//! run Complete; each device has the new package, rebooted once through FleetLock (never both at once), and its
+//! status in NATS is terminal with the first heartbeat after completion recorded.
+
+use fleet_vm_tests::fleetlock::FleetLockServer;
+use fleet_vm_tests::local_fleet::{group_yaml, taskrun_yaml, LocalFleet};
+use fleet_vm_tests::tasks::{installed, ready_for_reboot_upgrade, HolderWatch, Tasks, REBOOT_PKG};
+use fleet_wire::{SystemUpgradePhase as P, TaskRunPhase};
+use std::time::Duration;
+
+const CANARY: &str = "task-1";
+const OTHER: &str = "task-2";
+/// Both devices upgrade and reboot one after the other on a loaded 2-core machine well within this.
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[test]
+fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
+    let mut fleet = LocalFleet::start(&[CANARY, OTHER]);
+    let lock = FleetLockServer::start();
+    let _ready: Vec<_> = fleet
+        .devices
+        .iter_mut()
+        .map(|d| ready_for_reboot_upgrade(d, lock.port()))
+        .collect();
+    let boots: Vec<String> = fleet.devices.iter().map(|d| d.guest.boot_id()).collect();
+    let cluster = &fleet.cluster;
+    cluster.kubectl(&["label", "fdev", CANARY, "canary=true"]);
+    cluster.kubectl(&["label", "fdev", "--all", "site=lab"]);
+    cluster.apply(&group_yaml("lab", &[("site", "lab")]));
+
+    let holders = HolderWatch::start(lock.port());
+    cluster.create(&taskrun_yaml("upgrade", "lab", 3600));
+    let run = cluster.wait("TaskRun upgrade terminal", RUN_TIMEOUT, || {
+        fleet.taskrun("upgrade").filter(|r| r.terminal())
+    });
+    let (max, order) = holders.stop();
+    let logs = || {
+        fleet
+            .devices
+            .iter()
+            .map(|d| format!("=== {} ===\n{}", d.id, d.logs()))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + &format!("\n--- fleetlock-server ---\n{}", lock.log())
+    };
+    let st = &run.status;
+    assert_eq!(
+        (st.phase, st.targets, st.succeeded, st.failed, st.reason),
+        (Some(TaskRunPhase::Complete), 2, 2, 0, None),
+        "{run:?}\n{}",
+        logs()
+    );
+    // What a person sees: NAME PHASE TARGETS SUCCEEDED FAILED …
+    let table = cluster.kubectl(&["get", "ftr", "upgrade"]);
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row.get(..5),
+        Some(&["upgrade", "Complete", "2", "2", "0"][..]),
+        "kubectl get ftr:\n{table}"
+    );
+
+    // Each device, read from the device and from NATS.
+    let tasks = Tasks::new(&fleet.nats);
+    let statuses: Vec<_> = fleet
+        .devices
+        .iter()
+        .zip(&boots)
+        .map(|(d, boot)| {
+            let s = tasks
+                .status_of(&d.id, &run.uid)
+                .unwrap_or_else(|| panic!("no status for {} in NATS.\n{}", d.id, logs()));
+            assert_eq!((s.phase, s.reason), (P::Succeeded, None), "{s:#?}");
+            assert!(s.reboot_required, "{s:#?}");
+            assert_eq!(
+                s.transitions.phases(),
+                [P::Accepted, P::Upgrading, P::Rebooting, P::Succeeded],
+                "{s:#?}"
+            );
+            let heartbeat = s.first_heartbeat_after_completion.expect("first heartbeat");
+            assert!(Some(heartbeat) >= s.completed_at, "{s:#?}");
+            assert_eq!(installed(&d.guest, REBOOT_PKG).0, "2.0", "{}", d.id);
+            assert_ne!(&d.guest.boot_id(), boot, "{} did not reboot", d.id);
+            s
+        })
+        .collect();
+    // Canary first: the other device accepted its attempt only after the canary had succeeded.
+    let canary_done = statuses[0]
+        .first_heartbeat_after_completion
+        .expect("canary heartbeat");
+    assert!(
+        statuses[1].accepted_at >= canary_done,
+        "{OTHER} started before the canary succeeded: {statuses:#?}"
+    );
+    assert_eq!(max, 1, "two holders at once: {order:?}");
+    assert_eq!(order.len(), 2, "one reboot each, in turn: {order:?}");
+    assert_ne!(order[0], order[1]);
+    assert_eq!(lock.holders(), 0, "{}", lock.log());
+}
