@@ -65,6 +65,12 @@ pub enum NatsError {
         /// Why.
         message: String,
     },
+    /// A required bucket does not exist (yet): nobody has created the buckets on this server.
+    #[error("KV bucket {bucket} does not exist (create the buckets: `fleet-operator buckets`, docs/device-setup.md)")]
+    BucketMissing {
+        /// The bucket.
+        bucket: String,
+    },
 }
 
 impl Nats {
@@ -149,9 +155,22 @@ impl Nats {
     pub fn open_buckets(&self, names: &[&str]) -> Result<Buckets, NatsError> {
         let mut stores = BTreeMap::new();
         for name in names {
-            let store = self.js.key_value(name).map_err(|e| NatsError::Bucket {
-                bucket: (*name).to_owned(),
-                message: e.to_string(),
+            let store = self.js.key_value(name).map_err(|e| {
+                // The server's "stream not found" (JetStream error 10059): the bucket's stream does not exist.
+                let missing = e
+                    .get_ref()
+                    .and_then(|r| r.downcast_ref::<nats::jetstream::Error>())
+                    .is_some_and(|j| j.error_code() == nats::jetstream::ErrorCode::StreamNotFound);
+                if missing {
+                    NatsError::BucketMissing {
+                        bucket: (*name).to_owned(),
+                    }
+                } else {
+                    NatsError::Bucket {
+                        bucket: (*name).to_owned(),
+                        message: e.to_string(),
+                    }
+                }
             })?;
             stores.insert((*name).to_owned(), store);
         }
