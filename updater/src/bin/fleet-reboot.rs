@@ -1,26 +1,30 @@
 //! `fleet-reboot`: one run of the coordinated-reboot client (from fleet-reboot.timer).
 
-use fleet_updater::reboot::{self, RebootConfig, RunOptions};
+use fleet_updater::reboot::{self, Outcome, RebootConfig, RunOptions};
 use std::path::PathBuf;
 
 const HELP: &str =
     "fleet-reboot: reboot this host into a staged update when the time, its health, its
 dependencies and a FleetLock slot allow it; release the slot after the reboot.
 
-Usage: fleet-reboot [--config PATH]
+Usage: fleet-reboot [--config PATH] [--check]
 
+  --check        validate the config and reach the server with its token (GET /v1/status), print what it
+                 found and exit; takes and releases no lock and never reboots
   --config PATH  YAML config (default /etc/harmony-fleet/fleet-reboot.yaml): server, group,
                  window{timezone,days,start,end}, timeout, require_hosts, range{cidr,port,min_up},
                  allow_degraded, token, health_wait, root
   --help         this text
   --version      the version
 
-Exit status: 0 when the run finished (rebooting, released, or \"not now\" with a logged reason);
+Exit status (--check: 0 when the config is valid and the server answers and accepts the token, else 1):
+0 when the run finished (rebooting, released, or \"not now\" with a logged reason);
 1 when something needs an operator (bad config or files, a failed reboot command).";
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let mut config = PathBuf::from(reboot::config::DEFAULT_CONFIG);
+    let mut check = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -32,6 +36,7 @@ fn main() {
                 println!("{}", env!("CARGO_PKG_VERSION"));
                 return;
             }
+            "--check" => check = true,
             "--config" => match args.next() {
                 Some(p) => config = PathBuf::from(p),
                 None => fail("--config needs a path"),
@@ -43,8 +48,17 @@ fn main() {
         Ok(c) => c,
         Err(e) => fail(&e),
     };
+    if check {
+        match reboot::check::check(&cfg) {
+            Ok(summary) => println!("fleet-reboot: {}: {summary}", config.display()),
+            Err(e) => fail(&format!("{}: {e}", config.display())),
+        }
+        return;
+    }
     match reboot::run_once(&cfg, &reboot::system::Host, RunOptions::default()) {
-        Ok(o) => log::info!("done: {o:?}"),
+        Ok(Outcome::Rebooting) => log::info!("done: rebooting"),
+        Ok(Outcome::Released) => log::info!("done: healthy after the reboot, lock released"),
+        Ok(Outcome::NotNow(_)) => log::info!("done: no reboot this time"),
         Err(e) => fail(&e),
     }
 }

@@ -3,6 +3,7 @@
 //! reboot, and every step can say "not now" with a logged reason. After the reboot the next run sees the marker
 //! with another boot id, waits until the host is healthy, releases the lock and removes the marker.
 
+pub mod check;
 pub mod checks;
 pub mod config;
 pub mod deps;
