@@ -104,6 +104,7 @@ fn install_v1() -> Rig {
         "updater/systemd/fleet-updater.service",
         "updater/systemd/fleet-reboot.service",
         "updater/systemd/fleet-reboot.timer",
+        "updater/systemd/fleet-reboot-release.service",
     ] {
         std::fs::copy(repo.join(f), stage.join(f)).unwrap_or_else(|e| panic!("copy {f}: {e}"));
     }

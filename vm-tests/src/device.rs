@@ -35,6 +35,11 @@ pub fn stage_setup(guest: &Guest) {
             "updater/systemd/fleet-reboot.timer",
             0o644,
         ),
+        (
+            "updater/systemd/fleet-reboot-release.service",
+            "updater/systemd/fleet-reboot-release.service",
+            0o644,
+        ),
     ] {
         guest.install_file(&repo.join(from), &format!("{GUEST_SETUP_DIR}/{to}"), mode);
     }

@@ -409,4 +409,40 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     std::thread::sleep(Duration::from_secs(31).saturating_sub(ready.elapsed()));
     let log = guest.sh("journalctl -b -o cat -u fleet-agent.service");
     assert!(!log.contains("ERROR"), "{log}");
+
+    // A coordinated reboot: fleet-reboot takes the slot and reboots; right after the boot,
+    // fleet-reboot-release.service gives it back once the host is healthy, not at the timer's first run (5 min).
+    guest.write_file(
+        "/etc/harmony-fleet/fleet-reboot.yaml",
+        format!("server: {server}\ngroup: default\ntoken: {token}\nallow_degraded: true\nhealth_wait: 120\n")
+            .as_bytes(),
+        0o600,
+    );
+    guest.sh("touch /run/reboot-required");
+    let first_boot = guest.boot_id();
+    let old_pid1 = guest.pid1();
+    let _ = guest.exec(&["systemctl", "start", "--no-block", "fleet-reboot.service"]);
+    let down = fleet_rig::wait_for(Duration::from_secs(60), || {
+        (guest.pid1() != old_pid1).then_some(())
+    });
+    assert!(
+        down.is_some(),
+        "no reboot:\n{}",
+        guest.journal("fleet-reboot.service", 30)
+    );
+    guest.wait_up(Duration::from_secs(120));
+    assert_ne!(guest.boot_id(), first_boot);
+    let released = fleet_rig::wait_for(Duration::from_secs(90), || {
+        let (ok, out) = guest.try_sh("/usr/local/sbin/fleet-reboot --check 2>&1");
+        (ok && out.contains("0 held")).then_some(())
+    });
+    assert!(
+        released.is_some(),
+        "the slot was not given back after the boot:\n{}",
+        guest.journal("fleet-reboot-release.service", 30)
+    );
+    let log = guest.sh("journalctl -b -o cat -u fleet-reboot-release.service");
+    assert!(log.contains("lock released"), "{log}");
+    guest.sh("test ! -e /var/lib/fleet-reboot/marker.json");
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(60));
 }

@@ -7,10 +7,12 @@ const HELP: &str =
     "fleet-reboot: reboot this host into a staged update when the time, its health, its
 dependencies and a FleetLock slot allow it; release the slot after the reboot.
 
-Usage: fleet-reboot [--config PATH] [--check]
+Usage: fleet-reboot [--config PATH] [--check | --after-boot]
 
   --check        validate the config and reach the server with its token (GET /v1/status), print what it
                  found and exit; takes and releases no lock and never reboots
+  --after-boot   only finish a coordinated reboot: when the marker names another boot, wait until healthy
+                 and give the slot back (fleet-reboot-release.service, right after boot); else nothing
   --config PATH  YAML config (default /etc/harmony-fleet/fleet-reboot.yaml): server, group,
                  window{timezone,days,start,end}, timeout, require_hosts, range{cidr,port,min_up},
                  allow_degraded, token, health_wait, root
@@ -25,6 +27,7 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let mut config = PathBuf::from(reboot::config::DEFAULT_CONFIG);
     let mut check = false;
+    let mut after_boot = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -37,6 +40,7 @@ fn main() {
                 return;
             }
             "--check" => check = true,
+            "--after-boot" => after_boot = true,
             "--config" => match args.next() {
                 Some(p) => config = PathBuf::from(p),
                 None => fail("--config needs a path"),
@@ -55,7 +59,12 @@ fn main() {
         }
         return;
     }
-    match reboot::run_once(&cfg, &reboot::system::Host, RunOptions::default()) {
+    let outcome = if after_boot {
+        reboot::release_after_boot(&cfg, &reboot::system::Host)
+    } else {
+        reboot::run_once(&cfg, &reboot::system::Host, RunOptions::default())
+    };
+    match outcome {
         Ok(Outcome::Rebooting) => log::info!("done: rebooting"),
         Ok(Outcome::Released) => log::info!("done: healthy after the reboot, lock released"),
         Ok(Outcome::NotNow(_)) => log::info!("done: no reboot this time"),
