@@ -128,9 +128,9 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     // Readiness 3: NATS and buckets.
     let nats = Nats::connect(&cfg.nats, &format!("fleet-agent {}", cfg.device_id))
         .map_err(|e| fail("nats", e))?;
-    let kv = nats
-        .open_buckets(AGENT_REQUIRED_BUCKETS)
-        .map_err(|e| fail("buckets", e))?;
+    let Some(kv) = wait_for_buckets(&nats, &draining)? else {
+        return early_exit();
+    };
     let key = kv::device_key(&cfg.device_id);
 
     // The updater's status first: device info advertises only what the local updater supports.
@@ -257,6 +257,47 @@ fn spawn_signal_thread(
         })
         .map_err(|e| fail("signals", e))?;
     Ok(())
+}
+
+/// How often start-up looks again for buckets that do not exist yet.
+pub const BUCKET_POLL: Duration = Duration::from_secs(5);
+
+/// Opens the required buckets. While one does not exist yet (a device set up before anyone created the buckets)
+/// it waits, logging one INFO line, instead of failing into a restart loop: each poll extends systemd's start
+/// timeout (`EXTEND_TIMEOUT_USEC`), and `STATUS=` says what it waits for (`systemctl status fleet-agent`).
+/// During an upgrade the updater's own start bound still ends the wait (it rolls back). `None`: SIGTERM came.
+fn wait_for_buckets(nats: &Nats, draining: &AtomicBool) -> Result<Option<Buckets>, AgentError> {
+    let mut waiting = false;
+    loop {
+        match nats.open_buckets(AGENT_REQUIRED_BUCKETS) {
+            Ok(kv) => {
+                if waiting {
+                    log::info!("the NATS buckets exist now; going on");
+                    let _ = crate::notify::notify("STATUS=");
+                }
+                return Ok(Some(kv));
+            }
+            Err(e @ crate::nats_kv::NatsError::BucketMissing { .. }) => {
+                if !waiting {
+                    log::info!("{e}; waiting for it (checking every {BUCKET_POLL:?})");
+                    waiting = true;
+                }
+                let status = format!(
+                    "STATUS=waiting for the NATS buckets: {e}\nEXTEND_TIMEOUT_USEC={}",
+                    (BUCKET_POLL * 6).as_micros()
+                );
+                let _ = crate::notify::notify(&status);
+            }
+            Err(e) => return Err(fail("buckets", e)),
+        }
+        let slept = Instant::now();
+        while slept.elapsed() < BUCKET_POLL {
+            if draining.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 fn retry_until<T, E: std::fmt::Display>(

@@ -94,6 +94,12 @@ pub enum NatsError {
         /// Why.
         message: String,
     },
+    /// A required bucket does not exist (yet): nobody has created the buckets on this server.
+    #[error("KV bucket {bucket} does not exist (create the buckets: `fleet-operator buckets`, docs/device-setup.md)")]
+    BucketMissing {
+        /// The bucket.
+        bucket: String,
+    },
 }
 
 impl Nats {
@@ -173,7 +179,16 @@ impl Nats {
                 })?;
             let reply = self
                 .request(&direct_get_subject(name, &filter), b"", REQUEST_TIMEOUT)
-                .map_err(|e| bucket_err(e.to_string()))?;
+                .map_err(|e| {
+                    // "No responders": no stream serves the bucket's direct gets, the bucket does not exist.
+                    if e.kind() == io::ErrorKind::NotFound {
+                        NatsError::BucketMissing {
+                            bucket: (*name).to_owned(),
+                        }
+                    } else {
+                        bucket_err(e.to_string())
+                    }
+                })?;
             match status(&reply).as_deref() {
                 None | Some("404") => {}
                 Some(code) => {

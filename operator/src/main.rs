@@ -10,7 +10,12 @@ intents into NATS JetStream KV (creating the buckets), and mirrors device report
 TaskRun status.
 
 Usage: fleet-operator [--nats-url URL] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
+       fleet-operator buckets [--check] [--nats-url URL]
        fleet-operator --help | --version
+
+Commands:
+  buckets          create the missing NATS KV buckets (no Kubernetes needed) and list them all;
+                   with --check, create nothing and exit 1 if one is missing
 
 Options:
   --nats-url URL          NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222);
@@ -32,9 +37,12 @@ fn main() -> ExitCode {
     let mut nats_url =
         std::env::var("FLEET_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let (mut webhook_listen, mut webhook_cert, mut webhook_key) = (None, None, None);
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let buckets = args.next_if(|a| a == "buckets").is_some();
+    let mut check = false;
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--check" if buckets => check = true,
             "--help" | "-h" => {
                 println!("{HELP}");
                 return ExitCode::SUCCESS;
@@ -67,7 +75,9 @@ fn main() -> ExitCode {
             }
         }
     }
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // The buckets command prints its own result; the NATS client's connection chatter stays out of it.
+    let level = if buckets { "warn" } else { "info" };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     let webhook = match (webhook_listen, webhook_cert, webhook_key) {
         (None, None, None) => None,
         (Some(addr), Some(cert), Some(key)) => {
@@ -94,6 +104,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if buckets {
+        return rt.block_on(buckets_command(&nats_url, check));
+    }
     rt.block_on(async move {
         if let Some((addr, tls)) = webhook {
             match tokio::net::TcpListener::bind(&addr).await {
@@ -157,4 +170,46 @@ fn main() -> ExitCode {
             _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
         }
     })
+}
+
+/// `fleet-operator buckets`: the buckets of the KV layout, each `exists`, `created` or `missing`, without
+/// Kubernetes (a device can be set up before the operator runs: docs/device-setup.md).
+async fn buckets_command(nats_url: &str, check: bool) -> ExitCode {
+    use fleet_operator::kv;
+    let (_client, js) = match kv::connect(nats_url).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fleet-operator buckets: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut missing = Vec::new();
+    for spec in fleet_wire::kv::BUCKETS {
+        match js.get_key_value(spec.name).await {
+            Ok(_) => println!("{:<28} exists", spec.name),
+            Err(_) => missing.push(spec.name),
+        }
+    }
+    if check {
+        for name in &missing {
+            println!("{name:<28} missing");
+        }
+        return if missing.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            eprintln!(
+                "fleet-operator buckets: {} missing; run `fleet-operator buckets` to create them",
+                missing.len()
+            );
+            ExitCode::FAILURE
+        };
+    }
+    if let Err(e) = kv::ensure_buckets(&js).await {
+        eprintln!("fleet-operator buckets: {e}");
+        return ExitCode::FAILURE;
+    }
+    for name in &missing {
+        println!("{name:<28} created");
+    }
+    ExitCode::SUCCESS
 }

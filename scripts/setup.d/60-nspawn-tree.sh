@@ -14,6 +14,9 @@ for tool in debootstrap systemd-nspawn unshare nsenter; do
 done
 mkdir -p "$cache"
 work=$(mktemp -d "$cache/.build-XXXXXX")
+# mktemp makes it 0700; as a root directory that breaks dbus (and anything not root) in a guest booted from the
+# tree without an overlay.
+chmod 0755 "$work"
 mounted=()
 cleanup() {
   local m

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_updater::reboot::system::{Output, System};
-use fleet_updater::reboot::{run_once, Outcome, RebootConfig, RunOptions};
+use fleet_updater::reboot::{release_after_boot, run_once, Outcome, RebootConfig, RunOptions};
 mod fleetlock_responder;
 
 use fleetlock_responder::responder;
@@ -319,6 +319,53 @@ fn window_and_giving_back_an_unused_lock() {
     not_now(
         run_once(&cfg, &h.script, at("2026-11-30T09:00:00Z")).unwrap(),
         "outside",
+    );
+    assert!(srv.holder.lock().unwrap().is_none());
+    assert!(!h
+        .root
+        .path()
+        .join("var/lib/fleet-reboot/marker.json")
+        .exists());
+}
+
+#[test]
+fn release_after_boot_only_finishes_a_coordinated_reboot() {
+    let h = host();
+    let srv = responder();
+    let cfg = config(h.root.path(), srv.addr, "");
+    // No marker: nothing to do, nothing sent.
+    not_now(
+        release_after_boot(&cfg, &h.script).unwrap(),
+        "no coordinated reboot",
+    );
+    assert!(srv.requests.lock().unwrap().is_empty());
+    assert_eq!(
+        run_once(&cfg, &h.script, RunOptions::default()).unwrap(),
+        Outcome::Rebooting
+    );
+    // The same boot (the reboot has not happened): the slot stays held.
+    not_now(
+        release_after_boot(&cfg, &h.script).unwrap(),
+        "no coordinated reboot",
+    );
+    assert!(srv.holder.lock().unwrap().is_some());
+    // The next boot, not healthy within health_wait: the slot stays held.
+    std::fs::write(
+        h.root.path().join("proc/sys/kernel/random/boot_id"),
+        "boot-b\n",
+    )
+    .unwrap();
+    h.script.set("systemctl is-system-running", "starting\n", 1);
+    not_now(
+        release_after_boot(&cfg, &h.script).unwrap(),
+        "lock stays held",
+    );
+    assert!(srv.holder.lock().unwrap().is_some());
+    // Healthy: given back at once, marker gone.
+    h.script.set("systemctl is-system-running", "running\n", 0);
+    assert_eq!(
+        release_after_boot(&cfg, &h.script).unwrap(),
+        Outcome::Released
     );
     assert!(srv.holder.lock().unwrap().is_none());
     assert!(!h

@@ -102,6 +102,9 @@ fn install_v1() -> Rig {
         "scripts/device-setup",
         "agent/systemd/fleet-agent.service",
         "updater/systemd/fleet-updater.service",
+        "updater/systemd/fleet-reboot.service",
+        "updater/systemd/fleet-reboot.timer",
+        "updater/systemd/fleet-reboot-release.service",
     ] {
         std::fs::copy(repo.join(f), stage.join(f)).unwrap_or_else(|e| panic!("copy {f}: {e}"));
     }
@@ -114,6 +117,7 @@ fn install_v1() -> Rig {
     stripped_copy(&builds::agent(V2), &files.join("fleet-agent-real-v2"));
     stripped_copy(&builds::updater(), &files.join("fleet-updater"));
     stripped_copy(&builds::fetch_helper(), &files.join("fleet-fetch"));
+    stripped_copy(&builds::reboot_client(), &files.join("fleet-reboot"));
     let nats_url = format!("nats://{HOST_FROM_GUEST}:{}", nats.port());
     write(&files.join("agent.toml"), &agent_config(DEVICE, &nats_url));
     write(

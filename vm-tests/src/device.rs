@@ -9,7 +9,7 @@ use std::process::Output;
 /// Where the repository's setup material is copied inside the guest.
 pub const GUEST_SETUP_DIR: &str = "/opt/harmony-fleet-setup";
 
-/// Copies `scripts/device-setup` and both unit files into the guest at [`GUEST_SETUP_DIR`] (in the layout the
+/// Copies `scripts/device-setup` and the unit files into the guest at [`GUEST_SETUP_DIR`] (in the layout the
 /// script expects: `scripts/`, `agent/systemd/`, `updater/systemd/`).
 pub fn stage_setup(guest: &Guest) {
     let repo = workspace_root();
@@ -23,6 +23,21 @@ pub fn stage_setup(guest: &Guest) {
         (
             "updater/systemd/fleet-updater.service",
             "updater/systemd/fleet-updater.service",
+            0o644,
+        ),
+        (
+            "updater/systemd/fleet-reboot.service",
+            "updater/systemd/fleet-reboot.service",
+            0o644,
+        ),
+        (
+            "updater/systemd/fleet-reboot.timer",
+            "updater/systemd/fleet-reboot.timer",
+            0o644,
+        ),
+        (
+            "updater/systemd/fleet-reboot-release.service",
+            "updater/systemd/fleet-reboot-release.service",
             0o644,
         ),
     ] {

@@ -162,6 +162,7 @@ impl Device {
         let updater = stage_file(&guest, &builds::updater(), "fleet-updater", 0o755);
         // device-setup installs the download helper from beside the updater.
         stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
+        stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
         let url = format!("nats://{}", nats_link.addr());
         let acfg = stage_bytes(
             &guest,

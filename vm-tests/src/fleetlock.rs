@@ -16,6 +16,11 @@ pub struct FleetLockServer {
 impl FleetLockServer {
     /// Starts the server and waits until `/healthz` answers.
     pub fn start() -> Self {
+        Self::start_with_token(None)
+    }
+
+    /// Starts the server, requiring the bearer `token` from clients when one is given.
+    pub fn start_with_token(token: Option<&str>) -> Self {
         let bin = builds::fleetlock_server();
         let dir = tempfile::Builder::new()
             .prefix("fleetlock-")
@@ -26,8 +31,11 @@ impl FleetLockServer {
         std::fs::write(
             &config,
             format!(
-                "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\n",
-                store.display()
+                "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\n{}",
+                store.display(),
+                token
+                    .map(|t| format!("auth: {{tokens: [\"{t}\"]}}\n"))
+                    .unwrap_or_default()
             ),
         )
         .unwrap_or_else(|e| panic!("fleetlock config: {e}"));

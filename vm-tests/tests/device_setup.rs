@@ -1,10 +1,15 @@
 //! `scripts/device-setup` in a booted guest: what it installs, that a second run changes nothing, that it
 //! refuses to run during an agent upgrade or a quarantine, and that the fleet-agent user's rootless Podman
-//! answers on its socket; and the root repair of `rollback-failed`. A notify stub (`src/bin/notify-stub.rs`)
+//! answers on its socket; that `--repair-rollback-failed` refuses, changing nothing, on a device that is not
+//! quarantined; and the root repair of `rollback-failed` with a rebuild of the damaged version. A notify stub (`src/bin/notify-stub.rs`)
 //! stands in for the agent and the updater: the whole-device scenarios run the real ones.
 
 use fleet_rig::nspawn::Guest;
+use fleet_rig::NatsServer;
+use fleet_vm_tests::builds::{self, V1};
 use fleet_vm_tests::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
+use fleet_vm_tests::fleet::{agent_config, DEVICE};
+use fleet_vm_tests::fleetlock::FleetLockServer;
 use std::path::Path;
 use std::time::Duration;
 
@@ -24,6 +29,7 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
     let agent = stage_file(&guest, Path::new(STUB), "fleet-agent-v0.9.0", 0o755);
     let updater = stage_file(&guest, Path::new(STUB), "fleet-updater", 0o755);
     stage_file(&guest, Path::new(STUB), "fleet-fetch", 0o755);
+    stage_file(&guest, Path::new(STUB), "fleet-reboot", 0o755);
     let cfg = stage_bytes(&guest, b"device_id = \"device-1\"\n", "agent.toml", 0o644);
     let ucfg = stage_bytes(&guest, b"", "updater.toml", 0o644);
     // The device's NATS token (docs/auth.md), staged world-readable: setup installs it for fleet-agent only.
@@ -52,10 +58,12 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
         "id fleet-agent; grep '^fleet-agent:' /etc/subuid /etc/subgid; ls /var/lib/systemd/linger; \
          readlink /usr/local/bin/fleet-agent; \
          stat -c '%n %U:%G %a' /usr/lib/harmony-fleet/fleet-agent-v0.9.0 /usr/local/sbin/fleet-updater /usr/local/sbin/fleet-fetch \
+           /usr/local/sbin/fleet-reboot /etc/systemd/system/fleet-reboot.service /etc/systemd/system/fleet-reboot.timer \
            /etc/harmony-fleet /etc/harmony-fleet/agent.toml /etc/harmony-fleet/updater.toml \
            /etc/harmony-fleet/nats-token /var/lib/fleet-updater /var/lib/fleet-agent; \
          cat /etc/harmony-fleet/nats-token; \
-         systemctl is-enabled fleet-agent.service fleet-updater.service; \
+         systemctl is-enabled fleet-agent.service fleet-updater.service fleet-reboot.timer; \
+         systemctl show -p ExecStart fleet-reboot.service; grep ^Condition /etc/systemd/system/fleet-reboot.service; \
          systemctl show -p User -p Type -p NotifyAccess -p TimeoutStopUSec -p TimeoutStartUSec -p Restart \
            fleet-agent.service; \
          systemctl show -p User -p Type -p Restart fleet-updater.service",
@@ -70,13 +78,18 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
         "/usr/lib/harmony-fleet/fleet-agent-v0.9.0 root:root 755",
         "/usr/local/sbin/fleet-updater root:root 755",
         "/usr/local/sbin/fleet-fetch root:root 755",
+        "/usr/local/sbin/fleet-reboot root:root 755",
+        "/etc/systemd/system/fleet-reboot.service root:root 644",
+        "/etc/systemd/system/fleet-reboot.timer root:root 644",
+        "path=/usr/local/sbin/fleet-reboot ;",
+        "ConditionPathExists=/etc/harmony-fleet/fleet-reboot.yaml\n",
         "/etc/harmony-fleet root:fleet-agent 750",
         "/etc/harmony-fleet/agent.toml root:fleet-agent 640",
         "/etc/harmony-fleet/nats-token fleet-agent:fleet-agent 600",
         "eyJ.device-1-token.sig\n",
         "/var/lib/fleet-updater root:root 700",
         "/var/lib/fleet-agent fleet-agent:fleet-agent 750",
-        "enabled\nenabled\n",
+        "enabled\nenabled\nenabled\n",
         "User=fleet-agent\n",
         "Type=notify\n",
         "NotifyAccess=main\n",
@@ -138,6 +151,47 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
     assert!(out.status.success(), "start: {}", text(&out));
     guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(30));
     guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(30));
+    guest.wait_unit("fleet-reboot.timer", "active", Duration::from_secs(30));
+
+    // The repair of a device that is not quarantined is refused and changes nothing: no journal, committed,
+    // failed. The updater keeps running (same process), the journal and the selection stay as they were.
+    for phase in [None, Some("committed"), Some("failed")] {
+        match phase {
+            Some(p) => guest.write_file(
+                "/var/lib/fleet-updater/journal.json",
+                journal_with_phase(p).as_bytes(),
+                0o600,
+            ),
+            None => {
+                guest.sh("rm -f /var/lib/fleet-updater/journal.json");
+            }
+        }
+        let state = || {
+            guest.sh(
+                "systemctl show -P MainPID fleet-updater.service fleet-agent.service; \
+                 readlink /usr/local/bin/fleet-agent; ls -A /var/lib/fleet-updater; \
+                 sha256sum /var/lib/fleet-updater/journal.json 2>/dev/null || true",
+            )
+        };
+        let before = state();
+        let out = device_setup(&guest, &["--repair-rollback-failed"]);
+        assert!(
+            !out.status.success(),
+            "{phase:?}: repair ran: {}",
+            text(&out)
+        );
+        assert!(
+            text(&out).contains("nothing to repair") && text(&out).contains("Nothing was changed"),
+            "{phase:?}: {}",
+            text(&out)
+        );
+        assert_eq!(
+            state(),
+            before,
+            "{phase:?}: the refused repair changed something"
+        );
+        assert_eq!(guest.unit_state("fleet-updater.service"), "active");
+    }
 }
 
 #[test]
@@ -145,9 +199,11 @@ fn root_repair_leaves_quarantine_only_when_the_selected_agent_starts() {
     let guest = Guest::boot();
     stage_setup(&guest);
     let agent = stage_file(&guest, Path::new(STUB), "fleet-agent-v1.0.0", 0o755);
-    let good = stage_file(&guest, Path::new(STUB), "fleet-agent-v1.0.1", 0o755);
+    // A good rebuild of the damaged version (other bytes than the damaged file, same --version).
+    let rebuilt = stage_file(&guest, Path::new(STUB), "rebuilt-fleet-agent-v1.0.0", 0o755);
     let updater = stage_file(&guest, Path::new(STUB), "fleet-updater", 0o755);
     stage_file(&guest, Path::new(STUB), "fleet-fetch", 0o755);
+    stage_file(&guest, Path::new(STUB), "fleet-reboot", 0o755);
     let cfg = stage_bytes(&guest, b"device_id = \"device-1\"\n", "agent.toml", 0o644);
     let out = device_setup(
         &guest,
@@ -188,18 +244,212 @@ fn root_repair_leaves_quarantine_only_when_the_selected_agent_starts() {
     );
     assert!(text(&out).contains("stays quarantined"), "{}", text(&out));
     guest.sh("grep -q '\"phase\":\"rollback-failed\"' /var/lib/fleet-updater/journal.json");
+    assert_eq!(guest.unit_state("fleet-updater.service"), "active");
 
-    // Repair selecting a good agent: it starts, the journal is moved aside, both units are active.
-    let out = device_setup(&guest, &["--agent", &good, "--repair-rollback-failed"]);
+    // Repair with a good rebuild of the damaged version: it replaces the damaged file, starts, the journal is
+    // moved aside, both units are active.
+    let out = device_setup(&guest, &["--agent", &rebuilt, "--repair-rollback-failed"]);
     assert!(out.status.success(), "repair: {}", text(&out));
+    assert!(text(&out).contains("repair: replacing"), "{}", text(&out));
     assert_eq!(
         guest.sh("readlink /usr/local/bin/fleet-agent").trim(),
-        "/usr/lib/harmony-fleet/fleet-agent-v1.0.1"
+        "/usr/lib/harmony-fleet/fleet-agent-v1.0.0"
     );
+    guest.sh(&format!(
+        "cmp {rebuilt} /usr/lib/harmony-fleet/fleet-agent-v1.0.0"
+    ));
     guest.sh("test ! -e /var/lib/fleet-updater/journal.json && ls /var/lib/fleet-updater/journal.json.rollback-failed.*");
     guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(30));
     guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(30));
     // And setup runs normally again.
     let out = device_setup(&guest, &[]);
     assert!(out.status.success(), "after repair: {}", text(&out));
+}
+
+/// The administrator's path through docs/device-setup.md on a fresh guest, with the real binaries and no operator:
+/// set up before the NATS buckets exist (the agent waits with one INFO line, no restart), create them with
+/// `fleet-operator buckets` (the documented way), then a ready agent and updater and an active reboot timer whose
+/// service does nothing without a config and succeeds with one; `fleet-reboot --check` against a real
+/// fleetlock-server passes, and fails clearly with a wrong token or a wrong URL, taking no lock.
+#[test]
+fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
+    let nats = NatsServer::start();
+    let token = "fleet-reboot-test-token";
+    let lock_server = FleetLockServer::start_with_token(Some(token));
+    let mut guest = Guest::boot();
+    let nats_link = guest.forward(nats.port());
+    guest.forward(lock_server.port());
+    stage_setup(&guest);
+    let agent = stage_file(
+        &guest,
+        &builds::agent(V1),
+        &format!("fleet-agent-v{V1}"),
+        0o755,
+    );
+    let updater = stage_file(&guest, &builds::updater(), "fleet-updater", 0o755);
+    stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
+    stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
+    let url = format!("nats://{}", nats_link.addr());
+    let acfg = stage_bytes(
+        &guest,
+        agent_config(DEVICE, &url).as_bytes(),
+        "agent.toml",
+        0o644,
+    );
+    // An empty updater configuration is fine (docs/device-setup.md).
+    let ucfg = stage_bytes(&guest, b"", "updater.toml", 0o644);
+
+    // Set up before anyone created the buckets: setup succeeds and says the agent waits for them.
+    let args = [
+        "--agent",
+        &agent,
+        "--updater",
+        &updater,
+        "--agent-config",
+        &acfg,
+        "--updater-config",
+        &ucfg,
+    ];
+    let out = device_setup(&guest, &args);
+    assert!(
+        out.status.success(),
+        "device-setup:\n{}\n{}",
+        text(&out),
+        guest.journal("fleet-agent.service", 40)
+    );
+    assert!(
+        text(&out).contains("waiting for the NATS buckets"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(guest.unit_state("fleet-agent.service"), "activating");
+
+    // The documented check says what is missing; the documented command creates them.
+    let operator = builds::operator();
+    let buckets = |extra: &[&str]| {
+        let out = std::process::Command::new(&operator)
+            .arg("buckets")
+            .args(extra)
+            .args(["--nats-url", &nats.url()])
+            .output()
+            .unwrap_or_else(|e| panic!("run fleet-operator buckets: {e}"));
+        (out.status.success(), text(&out))
+    };
+    let (ok, check) = buckets(&["--check"]);
+    assert!(
+        !ok && check.contains("desired-state") && check.contains("missing"),
+        "{check}"
+    );
+    let (ok, created) = buckets(&[]);
+    assert!(ok && created.contains("created"), "{created}");
+    let (ok, check) = buckets(&["--check"]);
+    assert!(ok && !check.contains("missing"), "{check}");
+
+    // The waiting agent goes on by itself: ready, never restarted, one INFO line about the wait.
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(60));
+    let ready = std::time::Instant::now();
+    guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(30));
+    assert_eq!(
+        guest
+            .systemctl(&["show", "-P", "NRestarts", "fleet-agent.service"])
+            .trim(),
+        "0"
+    );
+    let log = guest.sh("journalctl -b -o cat -u fleet-agent.service");
+    let waits: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("does not exist"))
+        .collect();
+    assert_eq!(waits.len(), 1, "one line about the wait:\n{log}");
+    assert!(
+        waits[0].contains("INFO") && waits[0].contains("fleet-operator buckets"),
+        "{log}"
+    );
+
+    // The reboot timer is active; its service does nothing (skipped, not failed) until its config exists.
+    guest.wait_unit("fleet-reboot.timer", "active", Duration::from_secs(30));
+    guest.systemctl(&["start", "fleet-reboot.service"]);
+    let show = |p: &str| {
+        guest
+            .systemctl(&["show", "-P", p, "fleet-reboot.service"])
+            .trim()
+            .to_string()
+    };
+    assert_eq!(show("Result"), "success");
+    assert_eq!(show("ConditionResult"), "no");
+    assert_eq!(guest.unit_state("fleet-reboot.service"), "inactive");
+
+    // fleet-reboot --check: passes against the server, fails clearly with a wrong token or URL.
+    let server = format!("http://127.0.0.1:{}", lock_server.port());
+    let check = |server: &str, token: &str| {
+        guest.write_file(
+            "/etc/harmony-fleet/fleet-reboot.yaml",
+            format!("server: {server}\ngroup: default\ntoken: {token}\n").as_bytes(),
+            0o600,
+        );
+        guest.try_sh("/usr/local/sbin/fleet-reboot --check 2>&1")
+    };
+    let (ok, out) = check(&server, token);
+    assert!(
+        ok && out.contains("token accepted") && out.contains("group default: 1 slot(s), 0 held"),
+        "{out}"
+    );
+    let (ok, out) = check(&server, "wrong-token");
+    assert!(!ok && out.contains("unauthorized"), "{out}");
+    let (ok, out) = check(
+        &format!("http://127.0.0.1:{}", fleet_rig::free_port()),
+        token,
+    );
+    assert!(!ok && out.contains("unreachable"), "{out}");
+    // The checks took no slot.
+    let (ok, out) = check(&server, token);
+    assert!(ok && out.contains("0 held"), "{out}");
+
+    // With a valid config the timer's service runs and finds nothing to do: success, words in its log.
+    guest.systemctl(&["start", "fleet-reboot.service"]);
+    assert_eq!(show("Result"), "success");
+    let log = guest.sh("journalctl -b -o cat -u fleet-reboot.service");
+    assert!(log.contains("done: no reboot this time"), "{log}");
+
+    // A healthy agent without desired state logs no ERROR over half a minute (it used to log the nats crate's
+    // "no message found" twice a minute; the unit turns that crate's own log lines off).
+    std::thread::sleep(Duration::from_secs(31).saturating_sub(ready.elapsed()));
+    let log = guest.sh("journalctl -b -o cat -u fleet-agent.service");
+    assert!(!log.contains("ERROR"), "{log}");
+
+    // A coordinated reboot: fleet-reboot takes the slot and reboots; right after the boot,
+    // fleet-reboot-release.service gives it back once the host is healthy, not at the timer's first run (5 min).
+    guest.write_file(
+        "/etc/harmony-fleet/fleet-reboot.yaml",
+        format!("server: {server}\ngroup: default\ntoken: {token}\nallow_degraded: true\nhealth_wait: 120\n")
+            .as_bytes(),
+        0o600,
+    );
+    guest.sh("touch /run/reboot-required");
+    let first_boot = guest.boot_id();
+    let old_pid1 = guest.pid1();
+    let _ = guest.exec(&["systemctl", "start", "--no-block", "fleet-reboot.service"]);
+    let down = fleet_rig::wait_for(Duration::from_secs(60), || {
+        (guest.pid1() != old_pid1).then_some(())
+    });
+    assert!(
+        down.is_some(),
+        "no reboot:\n{}",
+        guest.journal("fleet-reboot.service", 30)
+    );
+    guest.wait_up(Duration::from_secs(120));
+    assert_ne!(guest.boot_id(), first_boot);
+    let released = fleet_rig::wait_for(Duration::from_secs(90), || {
+        let (ok, out) = guest.try_sh("/usr/local/sbin/fleet-reboot --check 2>&1");
+        (ok && out.contains("0 held")).then_some(())
+    });
+    assert!(
+        released.is_some(),
+        "the slot was not given back after the boot:\n{}",
+        guest.journal("fleet-reboot-release.service", 30)
+    );
+    let log = guest.sh("journalctl -b -o cat -u fleet-reboot-release.service");
+    assert!(log.contains("lock released"), "{log}");
+    guest.sh("test ! -e /var/lib/fleet-reboot/marker.json");
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(60));
 }

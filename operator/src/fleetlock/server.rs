@@ -83,6 +83,13 @@ pub async fn run(listen: SocketAddr, path: Option<PathBuf>) -> Result<(), String
         store.kind(),
         config.groups.len()
     );
+    if listen.ip().is_unspecified() && !config.auth.clients_need_auth() {
+        log::warn!(
+            "listening on all addresses ({listen}) with client authentication off: anyone who reaches this port \
+             can take and give back reboot slots. Set auth.tokens in the config or --listen on a private address \
+             (docs/fleetlock.md)"
+        );
+    }
     let app = Arc::new(App::new(config, store));
     if let Some(p) = path {
         tokio::spawn(watch_config(app.clone(), p));

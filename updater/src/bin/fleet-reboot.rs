@@ -1,26 +1,33 @@
 //! `fleet-reboot`: one run of the coordinated-reboot client (from fleet-reboot.timer).
 
-use fleet_updater::reboot::{self, RebootConfig, RunOptions};
+use fleet_updater::reboot::{self, Outcome, RebootConfig, RunOptions};
 use std::path::PathBuf;
 
 const HELP: &str =
     "fleet-reboot: reboot this host into a staged update when the time, its health, its
 dependencies and a FleetLock slot allow it; release the slot after the reboot.
 
-Usage: fleet-reboot [--config PATH]
+Usage: fleet-reboot [--config PATH] [--check | --after-boot]
 
+  --check        validate the config and reach the server with its token (GET /v1/status), print what it
+                 found and exit; takes and releases no lock and never reboots
+  --after-boot   only finish a coordinated reboot: when the marker names another boot, wait until healthy
+                 and give the slot back (fleet-reboot-release.service, right after boot); else nothing
   --config PATH  YAML config (default /etc/harmony-fleet/fleet-reboot.yaml): server, group,
                  window{timezone,days,start,end}, timeout, require_hosts, range{cidr,port,min_up},
                  allow_degraded, token, health_wait, root
   --help         this text
   --version      the version
 
-Exit status: 0 when the run finished (rebooting, released, or \"not now\" with a logged reason);
+Exit status (--check: 0 when the config is valid and the server answers and accepts the token, else 1):
+0 when the run finished (rebooting, released, or \"not now\" with a logged reason);
 1 when something needs an operator (bad config or files, a failed reboot command).";
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let mut config = PathBuf::from(reboot::config::DEFAULT_CONFIG);
+    let mut check = false;
+    let mut after_boot = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -32,6 +39,8 @@ fn main() {
                 println!("{}", env!("CARGO_PKG_VERSION"));
                 return;
             }
+            "--check" => check = true,
+            "--after-boot" => after_boot = true,
             "--config" => match args.next() {
                 Some(p) => config = PathBuf::from(p),
                 None => fail("--config needs a path"),
@@ -43,8 +52,22 @@ fn main() {
         Ok(c) => c,
         Err(e) => fail(&e),
     };
-    match reboot::run_once(&cfg, &reboot::system::Host, RunOptions::default()) {
-        Ok(o) => log::info!("done: {o:?}"),
+    if check {
+        match reboot::check::check(&cfg) {
+            Ok(summary) => println!("fleet-reboot: {}: {summary}", config.display()),
+            Err(e) => fail(&format!("{}: {e}", config.display())),
+        }
+        return;
+    }
+    let outcome = if after_boot {
+        reboot::release_after_boot(&cfg, &reboot::system::Host)
+    } else {
+        reboot::run_once(&cfg, &reboot::system::Host, RunOptions::default())
+    };
+    match outcome {
+        Ok(Outcome::Rebooting) => log::info!("done: rebooting"),
+        Ok(Outcome::Released) => log::info!("done: healthy after the reboot, lock released"),
+        Ok(Outcome::NotNow(_)) => log::info!("done: no reboot this time"),
         Err(e) => fail(&e),
     }
 }

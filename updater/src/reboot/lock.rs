@@ -1,10 +1,14 @@
 //! The FleetLock client: `pre-reboot` and `steady-state` against the configured server. Anything but a 200 —
-//! including an unreachable server — means "no".
+//! including an unreachable server — means "no". `status` reads the server's status document (no lock taken).
 
 use fleet_wire::fleetlock::{
-    ClientParams, ErrorBody, LockRequest, PRE_REBOOT_PATH, PROTOCOL_HEADER, STEADY_STATE_PATH,
+    ClientParams, ErrorBody, LockRequest, ServerStatus, PRE_REBOOT_PATH, PROTOCOL_HEADER,
+    STATUS_PATH, STEADY_STATE_PATH,
 };
 use std::time::Duration;
+
+/// Largest status document read, in bytes.
+const STATUS_MAX_BYTES: u64 = 1024 * 1024;
 
 /// Who this client is in requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +83,41 @@ impl LockClient {
     /// Asks for a slot.
     pub fn pre_reboot(&self, who: &Identity) -> Result<(), String> {
         self.post(PRE_REBOOT_PATH, who)
+    }
+
+    /// Reads `GET /v1/status` with this client's credentials: reaches the server and proves the token without
+    /// taking or giving back a slot.
+    pub fn status(&self) -> Result<ServerStatus, String> {
+        let url = format!("{}{STATUS_PATH}", self.base);
+        let mut req = self.agent.get(&url);
+        if let Some(t) = &self.token {
+            req = req.header("authorization", &format!("Bearer {t}"));
+        }
+        let mut resp = req
+            .call()
+            .map_err(|e| format!("FleetLock server {} unreachable: {e}", self.base))?;
+        let code = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(STATUS_MAX_BYTES)
+            .read_to_string()
+            .map_err(|e| format!("{STATUS_PATH}: HTTP {code}, body unreadable: {e}"))?;
+        if code != 200 {
+            return Err(match serde_json::from_str::<ErrorBody>(&text) {
+                Ok(e) => format!("{STATUS_PATH}: {} ({})", e.kind.as_str(), e.value),
+                Err(_) => format!(
+                    "{STATUS_PATH}: HTTP {code} (is {} a FleetLock server?)",
+                    self.base
+                ),
+            });
+        }
+        serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{STATUS_PATH}: not a FleetLock status document ({e}); is {} a FleetLock server?",
+                self.base
+            )
+        })
     }
 
     /// Gives the slot back.

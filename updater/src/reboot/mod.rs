@@ -3,6 +3,7 @@
 //! reboot, and every step can say "not now" with a logged reason. After the reboot the next run sees the marker
 //! with another boot id, waits until the host is healthy, releases the lock and removes the marker.
 
+pub mod check;
 pub mod checks;
 pub mod config;
 pub mod deps;
@@ -123,6 +124,23 @@ pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Resul
         ));
     }
     Ok(Outcome::Rebooting)
+}
+
+/// Right after a boot (`fleet-reboot --after-boot`, from `fleet-reboot-release.service`): when the marker names
+/// another boot, the coordinated reboot happened, so wait for health and give the slot back at once, as the
+/// timer's next run would minutes later; an unhealthy host keeps its slot. Without such a marker, nothing.
+pub fn release_after_boot(cfg: &RebootConfig, sys: &dyn System) -> Result<Outcome, String> {
+    let paths = Paths::new(&cfg.root);
+    let boot_id = system::read_small(&paths.boot_id())?;
+    match marker::read(&paths.marker())? {
+        Some(m) if m.boot_id != boot_id => {
+            let who = identity(&paths)?;
+            let client =
+                LockClient::new(&cfg.server, &cfg.group, cfg.token.clone(), cfg.timeout()?);
+            after_reboot(cfg, sys, &paths, &client, &who)
+        }
+        _ => not_now("no coordinated reboot to finish in this boot".into()),
+    }
 }
 
 fn checks_before_lock(

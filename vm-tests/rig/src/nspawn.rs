@@ -203,6 +203,11 @@ impl Guest {
         for d in ["upper", "work", "root"] {
             fs::create_dir(dir.path().join(d)).unwrap_or_else(|e| panic!("mkdir {d}: {e}"));
         }
+        // The upper directory's mode is the guest's `/` mode: 0755 whatever the umask, and whatever the cached
+        // tree's root has (trees built before 60-nspawn-tree.sh fixed it are 0700, which breaks dbus).
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir.path().join("upper"), fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod upper: {e}"));
         let (host_ip, guest_ip, host_if) = setup_network(&name);
         let mut g = Self {
             name,
