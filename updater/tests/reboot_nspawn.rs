@@ -18,7 +18,7 @@ fn reboot_cycle_in_an_nspawn_device() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     guest.install_file(
         Path::new(env!("CARGO_BIN_EXE_fleet-reboot")),
-        "/usr/local/bin/fleet-reboot",
+        "/usr/local/sbin/fleet-reboot",
         0o755,
     );
     guest.install_file(
