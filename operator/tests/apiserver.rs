@@ -6,80 +6,18 @@
 use async_nats::jetstream::{self, kv};
 use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use fleet_operator::engine::{self, Options};
-use fleet_rig::kube::KubeApiServer;
 use fleet_rig::NatsServer;
 use fleet_wire::{
     fixtures, AgentUpgradeAttempt, AttemptId, BoundedText, DesiredState, DeviceId, DeviceInfo,
     DeviceWorkloadStatus, UpgradePhase, Version, WorkloadState, WorkloadStatus,
 };
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
-use std::future::Future;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-static API: OnceLock<KubeApiServer> = OnceLock::new();
-const DEADLINE: Duration = Duration::from_secs(60);
-
-async fn client() -> Client {
-    let _ = env_logger::builder().is_test(true).try_init();
-    let api = tokio::task::spawn_blocking(|| API.get_or_init(KubeApiServer::start))
-        .await
-        .expect("apiserver start");
-    // The server's certificate is verified against the rig's CA, as kubectl does with the same kubeconfig.
-    let kubeconfig =
-        kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.token())).expect("kubeconfig");
-    let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("client config");
-    let client = Client::try_from(cfg).expect("client");
-    install_crds(&client).await;
-    client
-}
-
-/// Applies the CRDs exactly as `operator/deploy/crds.yaml` has them and waits until they are established.
-async fn install_crds(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in fleet_operator::crd::all_crds() {
-        let name = crd.metadata.name.clone().expect("name");
-        api.patch(
-            &name,
-            &PatchParams::apply("fleet-test").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .expect("apply CRD");
-        eventually("CRD established", || async {
-            let c = api.get(&name).await.ok()?;
-            let conds = c.status?.conditions?;
-            conds
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        })
-        .await;
-    }
-}
-
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+mod kube_common;
+use kube_common::{client, eventually, API};
 
 struct Fleet {
     client: Client,

@@ -8,7 +8,6 @@ use async_nats::jetstream::{self, kv};
 use fleet_operator::crd::{Device, DeviceGroup};
 use fleet_operator::tasks::controller::{self, Options};
 use fleet_operator::tasks::crd::TaskRun;
-use fleet_rig::kube::KubeApiServer;
 use fleet_rig::NatsServer;
 use fleet_wire::kv as layout;
 use fleet_wire::taskrun::plan_manifest_key;
@@ -17,66 +16,13 @@ use fleet_wire::{
     SystemUpgradeStatus, TaskPlanManifest, TaskRunPhase, TaskRunReason, Timestamp,
 };
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
-use std::future::Future;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-static API: OnceLock<KubeApiServer> = OnceLock::new();
-const DEADLINE: Duration = Duration::from_secs(60);
-
-async fn client() -> Client {
-    let _ = env_logger::builder().is_test(true).try_init();
-    let api = tokio::task::spawn_blocking(|| API.get_or_init(KubeApiServer::start))
-        .await
-        .expect("apiserver start");
-    let mut cfg = kube::Config::new(api.url().parse().expect("url"));
-    cfg.accept_invalid_certs = true;
-    cfg.auth_info.token = Some(api.token().to_owned().into());
-    let client = Client::try_from(cfg).expect("client");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in fleet_operator::crd::all_crds() {
-        let name = crd.metadata.name.clone().expect("name");
-        crds.patch(
-            &name,
-            &PatchParams::apply("fleet-test").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .expect("apply CRD");
-        eventually("CRD established", || async {
-            let c = crds.get(&name).await.ok()?;
-            c.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        })
-        .await;
-    }
-    client
-}
-
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+mod kube_common;
+use kube_common::{client, eventually, API};
 
 /// One test's world: its label, namespace, NATS server and operators.
 struct Fleet {

@@ -1,0 +1,77 @@
+//! Shared by the operator's tests against the real kube-apiserver: one API server + etcd per test binary, a client
+//! that verifies it with the rig's CA (as kubectl does with the same kubeconfig), the CRDs installed exactly as
+//! `operator/deploy/crds.yaml` has them, and `eventually`.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_rig::kube::KubeApiServer;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::Client;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The API server of this test binary, started by the first [`client`].
+pub static API: OnceLock<KubeApiServer> = OnceLock::new();
+/// How long [`eventually`] waits.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A client of the shared API server (started on first use), with the CRDs installed.
+pub async fn client() -> Client {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let api = tokio::task::spawn_blocking(|| API.get_or_init(KubeApiServer::start))
+        .await
+        .expect("apiserver start");
+    // The server's certificate is verified against the rig's CA, as kubectl does with the same kubeconfig.
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.token())).expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("client config");
+    let client = Client::try_from(cfg).expect("client");
+    install_crds(&client).await;
+    client
+}
+
+/// Applies the CRDs exactly as `operator/deploy/crds.yaml` has them and waits until they are established.
+pub async fn install_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in fleet_operator::crd::all_crds() {
+        let name = crd.metadata.name.clone().expect("name");
+        api.patch(
+            &name,
+            &PatchParams::apply("fleet-test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        eventually("CRD established", || async {
+            let c = api.get(&name).await.ok()?;
+            let conds = c.status?.conditions?;
+            conds
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
+}
+
+/// Polls `f` every 100 ms until it returns `Some`; fails the test after [`DEADLINE`].
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
