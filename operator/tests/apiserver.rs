@@ -3,51 +3,23 @@
 //! operators with that label selector, so tests run in parallel without seeing each other's objects.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use fleet_operator::engine::{self, Options};
-use fleet_rig::NatsServer;
 use fleet_wire::{
     fixtures, AgentUpgradeAttempt, AttemptId, BoundedText, DesiredState, DeviceId, DeviceInfo,
     DeviceWorkloadStatus, UpgradePhase, Version, WorkloadState, WorkloadStatus,
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::Client;
 use serde_json::json;
 use std::time::Duration;
 
 mod kube_common;
-use kube_common::{client, eventually, API};
-
-struct Fleet {
-    client: Client,
-    nats: NatsServer,
-    js: jetstream::Context,
-    run: String,
-    operators: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for o in &self.operators {
-            o.abort();
-        }
-    }
-}
+use kube_common::{eventually, Fleet, API};
 
 impl Fleet {
     async fn new(run: &str) -> Self {
-        let client = client().await;
-        let nats = NatsServer::start();
-        let nc = async_nats::connect(nats.url()).await.expect("nats");
-        let run = format!("{run}-{}", std::process::id());
-        Self {
-            client,
-            js: jetstream::new(nc),
-            nats,
-            run,
-            operators: vec![],
-        }
+        Fleet::start(run).await
     }
 
     fn start_operator(&mut self) {
@@ -62,18 +34,8 @@ impl Fleet {
         }));
     }
 
-    fn name(&self, base: &str) -> String {
-        format!("{base}-{}", self.run)
-    }
-
     fn meta(&self, name: &str, extra: serde_json::Value) -> serde_json::Value {
-        let mut labels = json!({"fleet-test": self.run});
-        if let Some(m) = extra.as_object() {
-            for (k, v) in m {
-                labels[k] = v.clone();
-            }
-        }
-        json!({"name": name, "labels": labels})
+        json!({"name": name, "labels": self.labels(extra)})
     }
 
     async fn create<K>(&self, obj: serde_json::Value) -> K

@@ -17,62 +17,35 @@ use fleet_wire::{
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::Client;
 use serde_json::json;
 use std::time::Duration;
 
 mod kube_common;
-use kube_common::{client, eventually, API};
-
-/// One test's world: its label, namespace, NATS server and operators.
-struct Fleet {
-    client: Client,
-    nats: NatsServer,
-    js: jetstream::Context,
-    id: String,
-    operators: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for o in &self.operators {
-            o.abort();
-        }
-    }
-}
+use kube_common::{eventually, Fleet, API};
 
 impl Fleet {
+    /// [`Fleet::start`], the buckets and a namespace of this test's own (named `run`).
     async fn new(id: &str) -> Self {
-        let client = client().await;
-        let nats = NatsServer::start();
-        let nc = async_nats::connect(nats.url()).await.expect("nats");
-        let js = jetstream::new(nc);
+        let f = Fleet::start(id).await;
         // The buckets exactly as the operator creates them, so the test can write device keys first.
-        fleet_operator::kv::ensure_buckets(&js)
+        fleet_operator::kv::ensure_buckets(&f.js)
             .await
             .expect("buckets");
-        let id = format!("{id}-{}", std::process::id());
-        Api::<Namespace>::all(client.clone())
+        Api::<Namespace>::all(f.client.clone())
             .create(
                 &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": id}})).unwrap(),
+                &serde_json::from_value(json!({"metadata": {"name": f.run}})).unwrap(),
             )
             .await
             .expect("namespace");
-        Self {
-            client,
-            nats,
-            js,
-            id,
-            operators: vec![],
-        }
+        f
     }
 
     fn options(&self, n: usize) -> Options {
         Options {
             nats_url: self.nats.url(),
             instance: Some(format!("op-{n}")),
-            label_selector: Some(format!("fleet-test={}", self.id)),
+            label_selector: Some(format!("fleet-test={}", self.run)),
         }
     }
 
@@ -81,18 +54,6 @@ impl Fleet {
         self.operators.push(tokio::spawn(async move {
             let _ = controller::run(client, opts).await;
         }));
-    }
-
-    fn name(&self, base: &str) -> String {
-        format!("{base}-{}", self.id)
-    }
-
-    fn labels(&self, extra: serde_json::Value) -> serde_json::Value {
-        let mut labels = json!({"fleet-test": self.id});
-        for (k, v) in extra.as_object().into_iter().flatten() {
-            labels[k] = v.clone();
-        }
-        labels
     }
 
     /// A Device object with `labels`, and its `device-info` (with `AptFullUpgradeV1` when `capable`).
@@ -138,7 +99,7 @@ impl Fleet {
         let g: DeviceGroup = serde_json::from_value(json!({
             "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
             "metadata": {"name": name, "labels": self.labels(json!({}))},
-            "spec": {"selector": {"matchLabels": {"fleet-test": self.id, "member": base}}}
+            "spec": {"selector": {"matchLabels": {"fleet-test": self.run, "member": base}}}
         }))
         .unwrap();
         Api::<DeviceGroup>::all(self.client.clone())
@@ -149,7 +110,7 @@ impl Fleet {
     }
 
     fn runs(&self) -> Api<TaskRun> {
-        Api::namespaced(self.client.clone(), &self.id)
+        Api::namespaced(self.client.clone(), &self.run)
     }
 
     /// Creates a TaskRun as a person would (the seed's example shape) and returns its UID.
@@ -254,7 +215,7 @@ impl Fleet {
         std::process::Command::new(env!("CARGO_BIN_EXE_fleet-operator"))
             .env("KUBECONFIG", &kubeconfig)
             .env("FLEET_NATS_URL", self.nats.url())
-            .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", self.id))
+            .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", self.run))
             .env("POD_NAME", name)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
@@ -267,7 +228,7 @@ impl Fleet {
 
     async fn events(&self, object: &str) -> Vec<(String, String)> {
         let events: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(self.client.clone(), &self.id);
+            Api::namespaced(self.client.clone(), &self.run);
         let list = events.list(&Default::default()).await.expect("events");
         list.items
             .into_iter()
@@ -639,7 +600,7 @@ async fn operator_processes_share_one_plan_and_resume_after_sigkill() {
     // what `kubectl get ftr` shows: the server-side table with the CRD's printer columns
     let req = http::Request::get(format!(
         "/apis/fleet.nationtech.io/v1alpha1/namespaces/{}/taskruns/upgrade",
-        f.id
+        f.run
     ))
     .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
     .body(vec![])
@@ -719,7 +680,7 @@ async fn spec_edit_refused_by_the_webhook() {
     hook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem));
     // only this test's objects (the API server is shared by the tests of this binary)
     hook.object_selector =
-        Some(serde_json::from_value(json!({"matchLabels": {"fleet-test": f.id}})).unwrap());
+        Some(serde_json::from_value(json!({"matchLabels": {"fleet-test": f.run}})).unwrap());
     let configs: Api<ValidatingWebhookConfiguration> = Api::all(f.client.clone());
     configs
         .create(&PostParams::default(), &config)
@@ -779,11 +740,11 @@ async fn spec_edit_refused_by_the_webhook() {
         // raw JSON: the Rust type refuses the packages field itself
         let raw =
             kube::api::DynamicObject::new("bad", &kube::api::ApiResource::erase::<TaskRun>(&()))
-                .within(&f.id)
+                .within(&f.run)
                 .data(json!({"spec": bad}));
         let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
             f.client.clone(),
-            &f.id,
+            &f.run,
             &kube::api::ApiResource::erase::<TaskRun>(&()),
         );
         let e = api
@@ -987,13 +948,13 @@ async fn task_schedule_ticks_skips_catches_up_and_suspends() {
         let c = clock.clone();
         let opts = scheduler::Options {
             instance: Some(format!("sched-{n}")),
-            label_selector: Some(format!("fleet-test={}", f.id)),
+            label_selector: Some(format!("fleet-test={}", f.run)),
             clock: Arc::new(move || Timestamp::from_unix_ms(c.load(Ordering::SeqCst))),
             resync: Duration::from_millis(200),
         };
         tokio::spawn(scheduler::run(f.client.clone(), opts))
     };
-    let schedules: Api<TaskSchedule> = Api::namespaced(f.client.clone(), &f.id);
+    let schedules: Api<TaskSchedule> = Api::namespaced(f.client.clone(), &f.run);
     let s: TaskSchedule = serde_json::from_value(json!({
         "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskSchedule",
         "metadata": {"name": "hourly", "labels": f.labels(json!({}))},

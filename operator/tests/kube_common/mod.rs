@@ -3,7 +3,9 @@
 //! `operator/deploy/crds.yaml` has them, and `eventually`.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use async_nats::jetstream;
 use fleet_rig::kube::KubeApiServer;
+use fleet_rig::NatsServer;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
@@ -73,5 +75,58 @@ where
             "timed out waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One test's world: the API client, its own nats-server, the operators it started (aborted on drop) and `run`,
+/// the label value (`fleet-test=<run>`) and name suffix that keep its objects apart from other tests'.
+pub struct Fleet {
+    /// Client of the shared API server.
+    pub client: Client,
+    /// This test's nats-server.
+    pub nats: NatsServer,
+    /// JetStream on it.
+    pub js: jetstream::Context,
+    /// `<test name>-<pid>`.
+    pub run: String,
+    /// Operators started in this process.
+    pub operators: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for o in &self.operators {
+            o.abort();
+        }
+    }
+}
+
+impl Fleet {
+    /// The shared API server (CRDs installed), a nats-server of this test's own, no operator yet.
+    pub async fn start(run: &str) -> Self {
+        let client = client().await;
+        let nats = NatsServer::start();
+        let nc = async_nats::connect(nats.url()).await.expect("nats");
+        Self {
+            client,
+            js: jetstream::new(nc),
+            nats,
+            run: format!("{run}-{}", std::process::id()),
+            operators: vec![],
+        }
+    }
+
+    /// `base` made unique to this test.
+    pub fn name(&self, base: &str) -> String {
+        format!("{base}-{}", self.run)
+    }
+
+    /// This test's label plus `extra` (a JSON object of labels).
+    pub fn labels(&self, extra: serde_json::Value) -> serde_json::Value {
+        let mut labels = serde_json::json!({"fleet-test": self.run});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            labels[k] = v.clone();
+        }
+        labels
     }
 }
