@@ -384,6 +384,23 @@ fn devices(n: u32) -> String {
     }
 }
 
+/// Most unknown listed devices a group's message names.
+const UNKNOWN_EXAMPLES: usize = 5;
+
+/// A resolved group's Ready message: its member count, and the listed ids that have no Device (yet).
+fn group_message(members: usize, unknown: &[&str]) -> String {
+    let mut m = devices(members as u32);
+    if !unknown.is_empty() {
+        let shown: Vec<&str> = unknown.iter().take(UNKNOWN_EXAMPLES).copied().collect();
+        let more = unknown.len() - shown.len();
+        m.push_str(&format!("; listed but no Device yet: {}", shown.join(", ")));
+        if more > 0 {
+            m.push_str(&format!(" and {more} more"));
+        }
+    }
+    m
+}
+
 /// Degraded=True while some targeted devices failed their current attempt, naming a few with their reasons.
 fn degraded_want(c: &ReleaseCounts, failed: &[String]) -> Want {
     if c.failed == 0 {
@@ -485,7 +502,7 @@ impl Engine {
         for g in &group_objs {
             groups.insert(
                 g.name_any(),
-                placement::resolve_group(&g.name_any(), &g.spec.selector, &labels),
+                placement::resolve_group(&g.name_any(), &g.spec, &labels),
             );
         }
 
@@ -704,12 +721,12 @@ impl Engine {
             let (count, want) = match groups.get(&g.name_any()) {
                 Some(Ok(m)) => (
                     Some(m.len() as u32),
-                    ready_want(&Ok(devices(m.len() as u32))),
+                    ready_want(&Ok(group_message(
+                        m.len(),
+                        &placement::unknown_listed(&g.spec, &labels),
+                    ))),
                 ),
-                Some(Err(e)) => (
-                    None,
-                    ready_want(&Err((conditions::REASON_GROUP_SOURCE, e.to_string()))),
-                ),
+                Some(Err(e)) => (None, ready_want(&Err((e.reason(), e.to_string())))),
                 None => continue,
             };
             let old = g.status.clone().unwrap_or_default();

@@ -15,5 +15,7 @@ pub mod mirror;
 pub mod placement;
 pub mod release;
 pub mod report;
+pub mod schema;
 pub mod tasks;
 pub mod validate;
+pub mod webhook;

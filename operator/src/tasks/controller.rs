@@ -227,7 +227,7 @@ fn snapshot(
         .iter()
         .map(|g| {
             let name = g.name_any();
-            let members = placement::resolve_group(&name, &g.spec.selector, &labels);
+            let members = placement::resolve_group(&name, &g.spec, &labels);
             (name, members)
         })
         .collect();
