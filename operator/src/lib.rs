@@ -13,6 +13,7 @@ pub mod health;
 pub mod kv;
 pub mod mirror;
 pub mod placement;
+pub mod plan;
 pub mod release;
 pub mod report;
 pub mod schema;
