@@ -2,7 +2,7 @@
 //! auth, TTL, admin release with audit, config reload, status, metrics and client time-outs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_operator::fleetlock::client::{Answer, Conn, ServerProcess};
+use fleet_rig::fleetlock::{Answer, Conn, ServerProcess};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
