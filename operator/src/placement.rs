@@ -167,6 +167,22 @@ pub fn resolve_group(
         .collect()
 }
 
+/// Every group resolved among `devices`, by name.
+pub fn resolve_groups(
+    groups: &[std::sync::Arc<crate::crd::DeviceGroup>],
+    devices: &BTreeMap<DeviceId, Labels>,
+) -> BTreeMap<String, Result<BTreeSet<DeviceId>, GroupError>> {
+    use kube::ResourceExt;
+    groups
+        .iter()
+        .map(|g| {
+            let name = g.name_any();
+            let members = resolve_group(&name, &g.spec, devices);
+            (name, members)
+        })
+        .collect()
+}
+
 /// The ids a group lists in `devices` that have no Device (yet): shown in the group's condition, so a mistyped id
 /// is visible.
 pub fn unknown_listed<'a>(

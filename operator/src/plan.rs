@@ -271,15 +271,7 @@ fn fleet(s: &Snapshot, plan: &mut Plan) -> Fleet {
             Err(e) => plan.ignored.push((d.name_any(), e.to_string())),
         }
     }
-    let groups = s
-        .groups
-        .iter()
-        .map(|g| {
-            let name = g.name_any();
-            let members = placement::resolve_group(&name, &g.spec, &labels);
-            (name, members)
-        })
-        .collect();
+    let groups = placement::resolve_groups(&s.groups, &labels);
     Fleet {
         labels,
         held,

@@ -562,33 +562,12 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
 
 /// `kubectl get <what> -o wide` against the shared API server, verifying it with the rig's CA, as a person runs it.
 fn kubectl_get(what: &[&str]) -> String {
-    let api = API.get().expect("apiserver started");
-    let cache = std::env::var_os("FLEET_CACHE")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
-    let kubectl = fleet_rig::require_binary(
-        "kubectl",
-        "FLEET_KUBECTL",
-        &[cache.join("kube-apiserver/kubectl")],
-        "Run `scripts/setup kube-apiserver`, or point FLEET_KUBECTL at a kubectl binary.",
-    );
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("kubeconfig");
-    std::fs::write(&config, api.kubeconfig(api.token())).expect("kubeconfig");
-    let out = std::process::Command::new(kubectl)
-        .arg("--kubeconfig")
-        .arg(&config)
-        .args(["--request-timeout", "30s", "get"])
-        .args(what)
-        .args(["-o", "wide"])
-        .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl get {what:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut args = vec!["get"];
+    args.extend_from_slice(what);
+    args.extend_from_slice(&["-o", "wide"]);
+    let (ok, stdout, stderr) = kubectl(&args, "");
+    assert!(ok, "kubectl get {what:?}: {stderr}");
+    stdout
 }
 
 /// The first row's cell under `column` of a kubectl table (cells are aligned to their header and may be

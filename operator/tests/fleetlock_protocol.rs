@@ -444,6 +444,17 @@ fn no_config_serves_default_group() {
     );
 }
 
+/// The `store:` lines of a file store under `dir` and of a NATS store on `nats`.
+fn both_stores(dir: &Path, nats: &fleet_rig::NatsServer) -> [String; 2] {
+    [
+        format!(
+            "store: {{kind: file, dir: {}}}",
+            dir.join("store").display()
+        ),
+        format!("store: {{kind: nats, url: \"{}\"}}", nats.url()),
+    ]
+}
+
 /// Rewrites the config file and waits until the server answers with it (`probe` returns true).
 fn reconfigure(path: &Path, yaml: &str, mut probe: impl FnMut() -> bool) {
     std::fs::write(path, yaml).unwrap();
@@ -461,13 +472,7 @@ fn reconfigure(path: &Path, yaml: &str, mut probe: impl FnMut() -> bool) {
 fn release_frees_slots_of_a_removed_group() {
     let nats = fleet_rig::NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let stores = [
-        format!(
-            "store: {{kind: file, dir: {}}}",
-            dir.path().join("store").display()
-        ),
-        format!("store: {{kind: nats, url: \"{}\"}}", nats.url()),
-    ];
+    let stores = both_stores(dir.path(), &nats);
     for (i, store) in stores.iter().enumerate() {
         let cfg = dir.path().join(format!("config-{i}.yaml"));
         let with = format!("{store}\ngroups: [{{name: workers, slots: 1}}]\n");
@@ -549,13 +554,7 @@ fn grants_and_releases_are_logged_in_commit_order() {
     const ROUNDS: usize = 6;
     let nats = fleet_rig::NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let stores = [
-        format!(
-            "store: {{kind: file, dir: {}}}",
-            dir.path().join("store").display()
-        ),
-        format!("store: {{kind: nats, url: \"{}\"}}", nats.url()),
-    ];
+    let stores = both_stores(dir.path(), &nats);
     for (i, store) in stores.iter().enumerate() {
         let cfg = dir.path().join(format!("order-{i}.yaml"));
         std::fs::write(
