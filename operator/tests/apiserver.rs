@@ -987,6 +987,21 @@ async fn device_groups_select_explicitly_and_typos_are_refused() {
         .await
         .expect_err("nested typo refused");
     assert!(format!("{e}").contains("spec.selector.matchLabel"), "{e}");
+    // at the root too (a misspelt `spec`), and for every fleet kind
+    let devices: Api<kube::api::DynamicObject> = Api::all_with(
+        f.client.clone(),
+        &kube::api::ApiResource::erase::<Device>(&()),
+    );
+    let raw = json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+        "metadata": f.meta(&f.name("grp-9"), json!({})), "spec": {}, "sepc": {"description": "x"}});
+    let e = devices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(raw).unwrap(),
+        )
+        .await
+        .expect_err("root typo refused");
+    assert!(format!("{e}").contains("unknown field sepc"), "{e}");
 
     // the object: an explicit list and an empty selector place on dev-2 only
     let listed = f.name("listed");
@@ -1009,6 +1024,20 @@ async fn device_groups_select_explicitly_and_typos_are_refused() {
     }
     let s = groups.get(&listed).await.unwrap().status.unwrap();
     assert_eq!(s.member_count, Some(1));
+    // an update that adds an unknown field is refused as well, and changes nothing
+    let e = groups
+        .patch(
+            &listed,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"devices": [d1], "devicez": [d3]}})),
+        )
+        .await
+        .expect_err("update refused");
+    assert!(format!("{e}").contains("spec.devicez"), "{e}");
+    assert_eq!(
+        groups.get(&listed).await.unwrap().spec.devices,
+        std::slice::from_ref(&d2)
+    );
 
     // an empty selector selects nothing and says so
     let empty = f.name("empty");
