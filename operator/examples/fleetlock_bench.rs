@@ -6,7 +6,7 @@
 //!  --dir <dir on a real disk> [--clients 50] [--seconds 5] [--replicas 3]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_operator::fleetlock::client::{Conn, ServerProcess};
+use fleet_rig::fleetlock::{Conn, ServerProcess};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};

@@ -94,14 +94,17 @@ fn place(
     fleet: &Fleet,
     current: impl FnOnce(&[DeploymentInput]) -> BTreeMap<DeviceId, Vec<WorkloadSpec>>,
 ) -> Placed {
-    let sel = LabelSelector {
-        match_labels: Some([("fleet".to_string(), "bench".to_string())].into()),
-        match_expressions: None,
+    let group = fleet_operator::crd::DeviceGroupSpec {
+        selector: Some(LabelSelector {
+            match_labels: Some([("fleet".to_string(), "bench".to_string())].into()),
+            match_expressions: None,
+        }),
+        ..Default::default()
     };
     let mut groups = BTreeMap::new();
     groups.insert(
         "all".to_string(),
-        placement::resolve_group("all", &sel, &fleet.labels),
+        placement::resolve_group("all", &group, &fleet.labels),
     );
     let targets = placement::place(
         &["all".to_string()],

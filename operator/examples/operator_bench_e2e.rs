@@ -74,7 +74,7 @@ fn main() {
         assert!(created.iter().all(|r| r.is_ok()), "creating Devices failed");
         let create_secs = t.elapsed().as_secs_f64();
         let group: DeviceGroup = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
-            "metadata": {"name": "all"}, "spec": {"selector": {}}})).unwrap();
+            "metadata": {"name": "all"}, "spec": {"selectAll": true}})).unwrap();
         Api::<DeviceGroup>::all(client.clone()).create(&PostParams::default(), &group).await.unwrap();
 
         let child = std::process::Command::new(&bin)

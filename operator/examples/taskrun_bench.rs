@@ -135,12 +135,15 @@ fn main() {
             let member: Labels = [("member".to_string(), "prod".to_string())].into();
             let labels: BTreeMap<DeviceId, Labels> =
                 ids.iter().map(|d| (d.clone(), member.clone())).collect();
-            let selector = LabelSelector {
-                match_labels: Some(member.clone()),
-                match_expressions: None,
+            let group = fleet_operator::crd::DeviceGroupSpec {
+                selector: Some(LabelSelector {
+                    match_labels: Some(member.clone()),
+                    match_expressions: None,
+                }),
+                ..Default::default()
             };
             let mut groups = planning::Groups::new();
-            groups.insert("prod".into(), placement::resolve_group("prod", &selector, &labels));
+            groups.insert("prod".into(), placement::resolve_group("prod", &group, &labels));
             let spec = TaskRunSpec {
                 placement: Placement {
                     allowed_groups: vec!["prod".into()],

@@ -126,7 +126,9 @@ pub struct WorkloadHealth {
     pub latest_error: Option<String>,
 }
 
-/// A named set of devices, selected by labels on Device objects.
+/// A named set of devices: every Device (`selectAll: true`), or the Devices listed in `devices` plus those whose
+/// labels match `selector`. Nothing is implied: a group with none of the three selects no device (condition
+/// `Ready=False`, reason `EmptySelector`), so a mistyped or forgotten field never selects the whole fleet.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "fleet.nationtech.io",
@@ -135,14 +137,25 @@ pub struct WorkloadHealth {
     status = "DeviceGroupStatus",
     shortname = "fdg",
     printcolumn = r#"{"name":"Members","type":"integer","jsonPath":".status.memberCount"}"#,
-    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceGroupSpec {
-    /// Which Devices belong: `matchLabels` is a conjunction; an empty selector selects every device;
+    /// Every Device is a member: the one way to select the whole fleet. Cannot be combined with `selector` or
+    /// `devices` (condition `Ready=False`, reason `InvalidSpec`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub select_all: bool,
+    /// Devices whose labels match: `matchLabels` is a conjunction; an empty or absent selector selects no device;
     /// `matchExpressions` is not supported yet and makes the group's source fail (condition `Ready=False`,
     /// reason `GroupSourceError`), which is never treated as an empty group.
-    pub selector: LabelSelector,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// Device ids that are members whatever their labels (each a fleet-wire `DeviceId`); an id with no Device yet
+    /// becomes a member when its Device appears.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "string_list")]
+    pub devices: Vec<String>,
 }
 
 /// Resolution of a group.
@@ -152,7 +165,8 @@ pub struct DeviceGroupStatus {
     /// Number of member devices; absent while the source errors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_count: Option<u32>,
-    /// `Ready`: True when resolved (even to zero members), False with reason `GroupSourceError` otherwise.
+    /// `Ready`: True when resolved (even to zero members); False with reason `EmptySelector` (selects nothing),
+    /// `InvalidSpec` or `GroupSourceError` otherwise.
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }
@@ -265,17 +279,20 @@ pub struct AgentReleaseSpec {
     pub builds: Vec<ReleaseBuild>,
 }
 
-/// Every CRD, in the order crdgen writes them.
+/// Every CRD, in the order crdgen writes them, with unknown spec fields kept for the webhook to refuse.
 pub fn all_crds(
 ) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
-    vec![
+    let mut crds = vec![
         Device::crd(),
         DeviceGroup::crd(),
         FleetDeployment::crd(),
         AgentRelease::crd(),
         crate::tasks::crd::TaskRun::crd(),
         crate::tasks::crd::TaskSchedule::crd(),
-    ]
+    ];
+    // Unknown spec fields reach the admission webhook, which refuses them (crate::schema), instead of being pruned.
+    crds.iter_mut().for_each(crate::schema::keep_unknown_fields);
+    crds
 }

@@ -21,8 +21,9 @@ Options:
   --nats-url URL          NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222);
                           nats://user:password@host:port connects as the operator's own NATS user (never
                           logged; docs/auth.md)
-  --webhook-listen ADDR   also serve the TaskRun admission webhook (refuses spec changes) over HTTPS on
-                          ADDR (e.g. 0.0.0.0:8443), path /validate-taskrun (operator/deploy/webhook.yaml)
+  --webhook-listen ADDR   also serve the admission webhook over HTTPS on ADDR (e.g. 0.0.0.0:8443):
+                          /validate-fields refuses unknown fields in every fleet object, /validate-taskrun
+                          refuses TaskRun spec changes (operator/deploy/webhook.yaml)
   --webhook-cert FILE     its PEM certificate chain
   --webhook-key FILE      its PEM private key
 Environment:
@@ -81,7 +82,7 @@ fn main() -> ExitCode {
     let webhook = match (webhook_listen, webhook_cert, webhook_key) {
         (None, None, None) => None,
         (Some(addr), Some(cert), Some(key)) => {
-            match fleet_operator::tasks::webhook::tls_config(&cert, &key) {
+            match fleet_operator::webhook::tls_config(&cert, &key) {
                 Ok(tls) => Some((addr, tls)),
                 Err(e) => {
                     eprintln!("{e}");
@@ -112,10 +113,11 @@ fn main() -> ExitCode {
             match tokio::net::TcpListener::bind(&addr).await {
                 Ok(l) => {
                     log::info!(
-                        "TaskRun admission webhook on https://{addr}{}",
+                        "admission webhook on https://{addr} ({} and {})",
+                        fleet_operator::webhook::FIELDS_PATH,
                         fleet_operator::tasks::webhook::PATH
                     );
-                    tokio::spawn(fleet_operator::tasks::webhook::serve(l, tls));
+                    tokio::spawn(fleet_operator::webhook::serve(l, tls));
                 }
                 Err(e) => {
                     log::error!("webhook: listen on {addr}: {e}");

@@ -1,6 +1,7 @@
 //! Placement, as pure functions: label selectors, group membership, which devices a FleetDeployment or
 //! AgentRelease targets, and each device's desired workloads. No I/O; table-tested.
 
+use crate::crd::DeviceGroupSpec;
 use fleet_wire::{DeviceId, WorkloadSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -50,31 +51,148 @@ pub enum GroupError {
         /// Why.
         error: SelectorError,
     },
+    /// The group names no way of selecting devices: no `selectAll`, no `devices`, an empty or absent selector.
+    /// An empty selector used to select every device; it now selects none, and says so.
+    #[error("DeviceGroup {0:?} selects no device: its selector is empty and neither selectAll nor devices is given (an empty selector no longer selects every device: set selectAll: true for the whole fleet, or list devices or matchLabels)")]
+    SelectsNothing(String),
+    /// The group's spec is invalid (bad device ids, `selectAll` combined with another field).
+    #[error("DeviceGroup {group:?}: {message}")]
+    InvalidSpec {
+        /// The group.
+        group: String,
+        /// Every problem, `; `-separated.
+        message: String,
+    },
+}
+
+impl GroupError {
+    /// The reason of the group's own `Ready=False` condition (a deployment relying on the group reports
+    /// `GroupSourceError` whatever the cause).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotFound(_) | Self::Selector { .. } => "GroupSourceError",
+            Self::SelectsNothing(_) => "EmptySelector",
+            Self::InvalidSpec { .. } => "InvalidSpec",
+        }
+    }
+}
+
+/// How a DeviceGroup picks its members, validated from its spec by [`membership`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Membership<'a> {
+    /// `selectAll: true`: every device.
+    All,
+    /// The listed devices plus those whose labels match `selector` (`None`: no label selection).
+    Chosen {
+        /// Listed device ids.
+        devices: BTreeSet<DeviceId>,
+        /// A selector with at least one term.
+        selector: Option<&'a LabelSelector>,
+    },
+}
+
+fn selector_is_empty(sel: &LabelSelector) -> bool {
+    sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
+        && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+}
+
+/// Validates group `name`'s spec into its [`Membership`], naming every problem at once.
+pub fn membership<'a>(name: &str, spec: &'a DeviceGroupSpec) -> Result<Membership<'a>, GroupError> {
+    let selector = spec.selector.as_ref().filter(|s| !selector_is_empty(s));
+    let mut errors = Vec::new();
+    if spec.select_all && (selector.is_some() || !spec.devices.is_empty()) {
+        errors.push(
+            "selectAll: true selects every device and cannot be combined with selector or devices"
+                .to_owned(),
+        );
+    }
+    let mut devices = BTreeSet::new();
+    for (i, d) in spec.devices.iter().enumerate() {
+        match DeviceId::try_from(d.as_str()) {
+            Ok(id) => {
+                if !devices.insert(id) {
+                    errors.push(format!("devices[{i}]: {d:?} appears twice"));
+                }
+            }
+            Err(e) => errors.push(format!("devices[{i}]: {e}")),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(GroupError::InvalidSpec {
+            group: name.to_owned(),
+            message: errors.join("; "),
+        });
+    }
+    if let Some(sel) = selector {
+        // A selector that cannot be evaluated is an error even when there are no devices to evaluate it on: an
+        // empty fleet must not turn a broken group into a group of 0.
+        selector_matches(sel, &Labels::new()).map_err(|error| GroupError::Selector {
+            group: name.to_owned(),
+            error,
+        })?;
+    }
+    match (spec.select_all, selector, devices.is_empty()) {
+        (true, _, _) => Ok(Membership::All),
+        (false, None, true) => Err(GroupError::SelectsNothing(name.to_owned())),
+        (false, selector, _) => Ok(Membership::Chosen { devices, selector }),
+    }
 }
 
 /// Resolves a group's members among `devices`.
 pub fn resolve_group(
     name: &str,
-    selector: &LabelSelector,
+    spec: &DeviceGroupSpec,
     devices: &BTreeMap<DeviceId, Labels>,
 ) -> Result<BTreeSet<DeviceId>, GroupError> {
-    // A selector that cannot be evaluated is an error even when there are no devices to evaluate it on: an
-    // empty fleet must not turn a broken group into a group of 0.
-    selector_matches(selector, &Labels::new()).map_err(|error| GroupError::Selector {
-        group: name.to_owned(),
-        error,
-    })?;
+    let (listed, selector) = match membership(name, spec)? {
+        Membership::All => return Ok(devices.keys().cloned().collect()),
+        Membership::Chosen { devices, selector } => (devices, selector),
+    };
     // Collected in key order, so the set is built in bulk rather than by one insert per member.
     devices
         .iter()
-        .filter_map(|(id, labels)| match selector_matches(selector, labels) {
-            Ok(true) => Some(Ok(id.clone())),
-            Ok(false) => None,
-            Err(error) => Some(Err(GroupError::Selector {
-                group: name.to_owned(),
-                error,
-            })),
+        .filter_map(|(id, labels)| {
+            if listed.contains(id) {
+                return Some(Ok(id.clone()));
+            }
+            match selector.map(|s| selector_matches(s, labels)) {
+                Some(Ok(true)) => Some(Ok(id.clone())),
+                None | Some(Ok(false)) => None,
+                Some(Err(error)) => Some(Err(GroupError::Selector {
+                    group: name.to_owned(),
+                    error,
+                })),
+            }
         })
+        .collect()
+}
+
+/// Every group resolved among `devices`, by name.
+pub fn resolve_groups(
+    groups: &[std::sync::Arc<crate::crd::DeviceGroup>],
+    devices: &BTreeMap<DeviceId, Labels>,
+) -> BTreeMap<String, Result<BTreeSet<DeviceId>, GroupError>> {
+    use kube::ResourceExt;
+    groups
+        .iter()
+        .map(|g| {
+            let name = g.name_any();
+            let members = resolve_group(&name, &g.spec, devices);
+            (name, members)
+        })
+        .collect()
+}
+
+/// The ids a group lists in `devices` that have no Device (yet): shown in the group's condition, so a mistyped id
+/// is visible.
+pub fn unknown_listed<'a>(
+    spec: &'a DeviceGroupSpec,
+    devices: &BTreeMap<DeviceId, Labels>,
+) -> Vec<&'a str> {
+    spec.devices
+        .iter()
+        .filter(|d| DeviceId::try_from(d.as_str()).is_ok_and(|id| !devices.contains_key(&id)))
+        .map(String::as_str)
         .collect()
 }
 
@@ -316,26 +434,107 @@ mod tests {
         }
     }
 
+    fn group(
+        select_all: bool,
+        selector: Option<LabelSelector>,
+        devices: &[&str],
+    ) -> DeviceGroupSpec {
+        DeviceGroupSpec {
+            select_all,
+            selector,
+            devices: devices.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
     #[test]
     fn groups_resolve_and_errors_differ_from_empty() {
         let d = devices();
+        let by_labels = |s| group(false, Some(s), &[]);
         assert_eq!(
-            resolve_group("g", &sel(&[("site", "a")]), &d),
+            resolve_group("g", &by_labels(sel(&[("site", "a")])), &d),
             Ok(ids(&["d1", "d2"]))
         );
         assert_eq!(
-            resolve_group("g", &sel(&[("site", "z")]), &d),
+            resolve_group("g", &by_labels(sel(&[("site", "z")])), &d),
             Ok(BTreeSet::new())
         );
         assert!(matches!(
-            resolve_group("g", &expr_sel(), &d),
+            resolve_group("g", &by_labels(expr_sel()), &d),
             Err(GroupError::Selector { .. })
         ));
         // with no devices at all, a broken selector is still an error, not an empty group
         assert!(matches!(
-            resolve_group("g", &expr_sel(), &BTreeMap::new()),
+            resolve_group("g", &by_labels(expr_sel()), &BTreeMap::new()),
             Err(GroupError::Selector { .. })
         ));
+    }
+
+    /// What each shape of DeviceGroup spec selects: nothing is implied by an empty selector.
+    #[test]
+    fn group_membership_table() {
+        let d = devices();
+        let cases: Vec<(DeviceGroupSpec, Result<BTreeSet<DeviceId>, &str>)> = vec![
+            // the typo of issue 22: a list and an empty selector place only the listed device
+            (group(false, Some(sel(&[])), &["d2"]), Ok(ids(&["d2"]))),
+            (group(false, None, &["d2", "d9"]), Ok(ids(&["d2"]))),
+            // list plus labels: the union
+            (
+                group(false, Some(sel(&[("site", "b")])), &["d2"]),
+                Ok(ids(&["d2", "d3"])),
+            ),
+            (group(true, None, &[]), Ok(ids(&["d1", "d2", "d3", "d4"]))),
+            (
+                group(true, Some(sel(&[])), &[]),
+                Ok(ids(&["d1", "d2", "d3", "d4"])),
+            ),
+            // selecting nothing is said, never silently the whole fleet or an empty group
+            (
+                group(false, Some(LabelSelector::default()), &[]),
+                Err("EmptySelector"),
+            ),
+            (group(false, Some(sel(&[])), &[]), Err("EmptySelector")),
+            (group(false, None, &[]), Err("EmptySelector")),
+            (
+                group(
+                    false,
+                    Some(LabelSelector {
+                        match_labels: None,
+                        match_expressions: Some(vec![]),
+                    }),
+                    &[],
+                ),
+                Err("EmptySelector"),
+            ),
+            (
+                group(true, Some(sel(&[("site", "a")])), &[]),
+                Err("InvalidSpec"),
+            ),
+            (group(true, None, &["d1"]), Err("InvalidSpec")),
+            (group(false, None, &["D_1"]), Err("InvalidSpec")),
+            (group(false, None, &["d1", "d1"]), Err("InvalidSpec")),
+            (
+                group(false, Some(expr_sel()), &["d1"]),
+                Err("GroupSourceError"),
+            ),
+        ];
+        for (i, (spec, want)) in cases.into_iter().enumerate() {
+            let got = resolve_group("g", &spec, &d).map_err(|e| e.reason());
+            assert_eq!(got, want, "case {i}");
+        }
+        // every problem at once, by index
+        let e = resolve_group("g", &group(true, None, &["ok", "Bad_Id", "ok"]), &d)
+            .expect_err("invalid");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("selectAll: true")
+                && msg.contains("devices[1]")
+                && msg.contains("devices[2]: \"ok\" appears twice"),
+            "{msg}"
+        );
+        assert_eq!(
+            unknown_listed(&group(false, None, &["d1", "d9"]), &d),
+            vec!["d9"]
+        );
     }
 
     #[test]

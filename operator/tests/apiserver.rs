@@ -562,33 +562,12 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
 
 /// `kubectl get <what> -o wide` against the shared API server, verifying it with the rig's CA, as a person runs it.
 fn kubectl_get(what: &[&str]) -> String {
-    let api = API.get().expect("apiserver started");
-    let cache = std::env::var_os("FLEET_CACHE")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
-    let kubectl = fleet_rig::require_binary(
-        "kubectl",
-        "FLEET_KUBECTL",
-        &[cache.join("kube-apiserver/kubectl")],
-        "Run `scripts/setup kube-apiserver`, or point FLEET_KUBECTL at a kubectl binary.",
-    );
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("kubeconfig");
-    std::fs::write(&config, api.kubeconfig(api.token())).expect("kubeconfig");
-    let out = std::process::Command::new(kubectl)
-        .arg("--kubeconfig")
-        .arg(&config)
-        .args(["--request-timeout", "30s", "get"])
-        .args(what)
-        .args(["-o", "wide"])
-        .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl get {what:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut args = vec!["get"];
+    args.extend_from_slice(what);
+    args.extend_from_slice(&["-o", "wide"]);
+    let (ok, stdout, stderr) = kubectl(&args, "");
+    assert!(ok, "kubectl get {what:?}: {stderr}");
+    stdout
 }
 
 /// The first row's cell under `column` of a kubectl table (cells are aligned to their header and may be
@@ -905,4 +884,253 @@ async fn invalid_specs_report_every_error_and_hold_what_runs() {
         Some(placed),
         "the running workload is held"
     );
+}
+
+/// `kubectl <args>` against the shared API server as a person runs it, with `stdin`; returns (success, stdout,
+/// stderr).
+fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let api = API.get().expect("apiserver started");
+    let cache = std::env::var_os("FLEET_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
+    let bin = fleet_rig::require_binary(
+        "kubectl",
+        "FLEET_KUBECTL",
+        &[cache.join("kube-apiserver/kubectl")],
+        "Run `scripts/setup kube-apiserver`, or point FLEET_KUBECTL at a kubectl binary.",
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("kubeconfig");
+    std::fs::write(&config, api.kubeconfig(api.token())).expect("kubeconfig");
+    let mut child = std::process::Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(&config)
+        .args(["--request-timeout", "30s"])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 22 item 8 with the admission webhook registered from `deploy/webhook.yaml`: a mistyped field is refused
+/// by `kubectl apply` naming it (never pruned into "select everything"); the issue's own object
+/// (`devices: [dev-2], selector: {}`) places on dev-2 only; an empty selector selects nothing and says so
+/// (condition, event, `kubectl get fdg`); `selectAll: true` selects every device; an existing group that selected
+/// everything by an empty selector turns visibly into `EmptySelector` and its deployment holds what runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_groups_select_explicitly_and_typos_are_refused() {
+    let mut f = Fleet::new("groups").await;
+    let hooks = f.webhook().await;
+    f.start_operator();
+    let (d1, d2, d3) = (f.name("grp-1"), f.name("grp-2"), f.name("grp-3"));
+    for d in [&d1, &d2, &d3] {
+        f.device(d, json!({"site": "a"})).await;
+    }
+    let groups: Api<DeviceGroup> = Api::all(f.client.clone());
+
+    // the typo: refused with the field's path, as a person sees it from kubectl (the API server loads the webhook
+    // configuration asynchronously: an object created before that is deleted and applied again)
+    let typo = f.name("typo");
+    let yaml = format!(
+        "apiVersion: fleet.nationtech.io/v1alpha1\nkind: DeviceGroup\nmetadata:\n  name: {typo}\n  labels: {{fleet-test: {}}}\nspec:\n  devicez: [{d2}]\n  selector: {{}}\n",
+        f.run
+    );
+    let refused = eventually("the typo refused by the webhook", || async {
+        match kubectl(&["apply", "-f", "-"], &yaml) {
+            (false, _, stderr) => Some(stderr),
+            (true, _, _) => {
+                kubectl(&["delete", "fdg", &typo], "");
+                None
+            }
+        }
+    })
+    .await;
+    assert!(
+        refused.contains(&format!(
+            "DeviceGroup \"{typo}\": unknown field spec.devicez"
+        )) && refused.contains("known fields there: devices, selectAll, selector"),
+        "{refused}"
+    );
+    assert!(groups.get(&typo).await.is_err(), "nothing was stored");
+    // nested fields too, through the API
+    let raw: DeviceGroup = serde_json::from_value(
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+        "metadata": f.meta(&f.name("nested"), json!({})), "spec": {}}),
+    )
+    .unwrap();
+    let mut raw = serde_json::to_value(raw).unwrap();
+    raw["spec"] = json!({"selector": {"matchLabel": {"site": "a"}}});
+    let dynamic: Api<kube::api::DynamicObject> = Api::all_with(
+        f.client.clone(),
+        &kube::api::ApiResource::erase::<DeviceGroup>(&()),
+    );
+    let e = dynamic
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(raw).unwrap(),
+        )
+        .await
+        .expect_err("nested typo refused");
+    assert!(format!("{e}").contains("spec.selector.matchLabel"), "{e}");
+    // at the root too (a misspelt `spec`), and for every fleet kind
+    let devices: Api<kube::api::DynamicObject> = Api::all_with(
+        f.client.clone(),
+        &kube::api::ApiResource::erase::<Device>(&()),
+    );
+    let raw = json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+        "metadata": f.meta(&f.name("grp-9"), json!({})), "spec": {}, "sepc": {"description": "x"}});
+    let e = devices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(raw).unwrap(),
+        )
+        .await
+        .expect_err("root typo refused");
+    assert!(format!("{e}").contains("unknown field sepc"), "{e}");
+
+    // the issue's object: an explicit list and an empty selector place on dev-2 only
+    let listed = f.name("listed");
+    f.create::<DeviceGroup>(
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+        "metadata": f.meta(&listed, json!({})), "spec": {"devices": [d2], "selector": {}}}),
+    )
+    .await;
+    let web = f.name("web");
+    f.create::<FleetDeployment>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": f.meta(&web, json!({})), "spec": {"allowedGroups": [listed], "workloads": [{"name": "web", "image": "localhost/web:1"}]}}))
+    .await;
+    eventually("web placed on dev-2", || async {
+        (workload_names(&f.desired(&d2).await?) == ["web"]).then_some(())
+    })
+    .await;
+    for d in [&d1, &d3] {
+        let s = eventually("an explicit empty state", || f.desired(d)).await;
+        assert!(s.workloads.is_empty(), "{d} is not listed: {s:?}");
+    }
+    let s = groups.get(&listed).await.unwrap().status.unwrap();
+    assert_eq!(s.member_count, Some(1));
+    // an update that adds an unknown field is refused as well, and changes nothing
+    let e = groups
+        .patch(
+            &listed,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"devices": [d1], "devicez": [d3]}})),
+        )
+        .await
+        .expect_err("update refused");
+    assert!(format!("{e}").contains("spec.devicez"), "{e}");
+    assert_eq!(
+        groups.get(&listed).await.unwrap().spec.devices,
+        std::slice::from_ref(&d2)
+    );
+
+    // an empty selector selects nothing and says so
+    let empty = f.name("empty");
+    f.group(&empty, json!({})).await;
+    let s = eventually("EmptySelector", || async {
+        let s = groups.get(&empty).await.ok()?.status?;
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "EmptySelector")
+            .then_some(s)
+    })
+    .await;
+    assert_eq!(s.member_count, None);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert!(
+        ready.message.contains("selects no device") && ready.message.contains("selectAll: true"),
+        "{}",
+        ready.message
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(f.client.clone(), "default");
+    eventually("EmptySelector event", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("EmptySelector")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(empty.as_str())
+            })
+            .then_some(())
+    })
+    .await;
+    let table = kubectl_get(&["fdg", &empty]);
+    assert_eq!(
+        (cell(&table, "READY"), cell(&table, "REASON")),
+        ("False".into(), "EmptySelector".into()),
+        "{table}"
+    );
+
+    // selectAll selects every device; a deployment on it reaches all three
+    let all = f.name("all");
+    f.create::<DeviceGroup>(
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+        "metadata": f.meta(&all, json!({})), "spec": {"selectAll": true}}),
+    )
+    .await;
+    eventually("3 members", || async {
+        (groups.get(&all).await.ok()?.status?.member_count == Some(3)).then_some(())
+    })
+    .await;
+    let fleetwide = f.name("fleetwide");
+    f.create::<FleetDeployment>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": f.meta(&fleetwide, json!({})), "spec": {"allowedGroups": [all], "workloads": [{"name": "agent-side", "image": "localhost/side:1"}]}}))
+    .await;
+    for d in [&d1, &d2, &d3] {
+        eventually("placed everywhere", || async {
+            f.desired(d)
+                .await?
+                .workloads
+                .iter()
+                .any(|w| w.name.as_str() == "agent-side")
+                .then_some(())
+        })
+        .await;
+    }
+
+    // a group written for the old meaning (an empty selector, no selectAll) becomes visible, not a silent
+    // teardown: EmptySelector on the group, GroupSourceError on its deployment, and the workloads stay
+    groups
+        .patch(
+            &all,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selectAll": null, "selector": {}}})),
+        )
+        .await
+        .expect("patch");
+    let m = eventually("the deployment holds", || async {
+        let m = ready_message(&f, &fleetwide).await?;
+        m.contains("kept unchanged").then_some(m)
+    })
+    .await;
+    assert!(m.contains("selects no device"), "{m}");
+    assert_eq!(
+        f.ready_reason::<DeviceGroup>(&all).await.as_deref(),
+        Some("EmptySelector")
+    );
+    for d in [&d1, &d2, &d3] {
+        let s = f.desired(d).await.expect("desired");
+        assert!(
+            s.workloads.iter().any(|w| w.name.as_str() == "agent-side"),
+            "{d} keeps its workload: {s:?}"
+        );
+    }
+    hooks.remove().await;
 }

@@ -52,3 +52,40 @@ fn rbac_covers_every_crd() {
     let deployment = read("deployment.yaml");
     assert!(deployment.contains("serviceAccountName: fleet-operator"));
 }
+
+/// The unknown-field webhook covers every fleet kind, on create and update, at the path the operator serves.
+#[test]
+fn fields_webhook_covers_every_crd() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let manifest = read("webhook.yaml");
+    let doc = manifest
+        .split("\n---\n")
+        .find(|d| d.contains("kind: ValidatingWebhookConfiguration"))
+        .expect("webhook configuration");
+    let config: ValidatingWebhookConfiguration = serde_yaml_ng::from_str(doc).expect("yaml");
+    let hooks = config.webhooks.expect("webhooks");
+    let hook = hooks
+        .iter()
+        .find(|h| {
+            h.client_config
+                .service
+                .as_ref()
+                .and_then(|s| s.path.as_deref())
+                == Some(fleet_operator::webhook::FIELDS_PATH)
+        })
+        .expect("a hook on the fields path");
+    let rules = hook.rules.as_ref().expect("rules");
+    for crd in fleet_operator::crd::all_crds() {
+        let plural = &crd.spec.names.plural;
+        assert!(
+            rules.iter().any(|r| {
+                r.resources.as_ref().is_some_and(|rs| rs.contains(plural))
+                    && r.operations.as_ref().is_some_and(|o| {
+                        o.contains(&"CREATE".to_string()) && o.contains(&"UPDATE".to_string())
+                    })
+                    && r.scope.as_deref() == Some("*")
+            }),
+            "webhook.yaml: {plural} is not checked for unknown fields on create and update"
+        );
+    }
+}

@@ -2,7 +2,7 @@
 //! auth, TTL, admin release with audit, config reload, status, metrics and client time-outs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_operator::fleetlock::client::{Answer, Conn, ServerProcess};
+use fleet_rig::fleetlock::{Answer, Conn, ServerProcess};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -442,4 +442,174 @@ fn no_config_serves_default_group() {
             dir: "/var/lib/fleetlock".into()
         }
     );
+}
+
+/// The `store:` lines of a file store under `dir` and of a NATS store on `nats`.
+fn both_stores(dir: &Path, nats: &fleet_rig::NatsServer) -> [String; 2] {
+    [
+        format!(
+            "store: {{kind: file, dir: {}}}",
+            dir.join("store").display()
+        ),
+        format!("store: {{kind: nats, url: \"{}\"}}", nats.url()),
+    ]
+}
+
+/// Rewrites the config file and waits until the server answers with it (`probe` returns true).
+fn reconfigure(path: &Path, yaml: &str, mut probe: impl FnMut() -> bool) {
+    std::fs::write(path, yaml).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !probe() {
+        assert!(Instant::now() < deadline, "config not reloaded: {yaml}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A release never depends on the current config: a host that took a slot in a group that was then removed
+/// from the config still gives it back with steady-state (it used to get `unknown-group` and keep the slot until an
+/// admin release), with the file store and with the NATS store.
+#[test]
+fn release_frees_slots_of_a_removed_group() {
+    let nats = fleet_rig::NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let stores = both_stores(dir.path(), &nats);
+    for (i, store) in stores.iter().enumerate() {
+        let cfg = dir.path().join(format!("config-{i}.yaml"));
+        let with = format!("{store}\ngroups: [{{name: workers, slots: 1}}]\n");
+        std::fs::write(&cfg, &with).unwrap();
+        let s = ServerProcess::start(Path::new(BIN), &cfg).unwrap();
+        let mut c = s.conn().unwrap();
+        assert_eq!(c.fleetlock(true, "a", "workers").unwrap().status, 200);
+        // the group leaves the config while a holds its only slot
+        reconfigure(&cfg, &format!("{store}\n"), || {
+            c.fleetlock(true, "probe", "workers")
+                .unwrap()
+                .kind()
+                .as_deref()
+                == Some("unknown-group")
+        });
+        let a = c.fleetlock(false, "a", "workers").unwrap();
+        assert_eq!(a.status, 200, "store {i}: {}", a.text());
+        // a release of a group never configured is no error either
+        assert_eq!(c.fleetlock(false, "a", "nowhere").unwrap().status, 200);
+        // the slot is free: with the group back, another host takes it
+        reconfigure(&cfg, &with, || {
+            c.fleetlock(true, "b", "workers").unwrap().status == 200
+        });
+        assert_eq!(holders(&mut c, "workers"), vec!["b"], "store {i}");
+    }
+}
+
+/// `path_prefix`: a client base URL with a path (`https://host/fleetlock/`, to which Zincati joins
+/// `v1/pre-reboot`) reaches every endpoint; the root keeps working; another prefix is not found.
+#[test]
+fn path_prefix_serves_a_base_url_with_a_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), "path_prefix: /fleetlock/\n");
+    let mut c = s.conn().unwrap();
+    let hdr = [("fleet-lock-protocol", "true")];
+    // as Zincati sends it: pretty-printed JSON, no Content-Type
+    let body = b"{\n  \"client_params\": {\n    \"id\": \"a\",\n    \"group\": \"default\"\n  }\n}";
+    let a = c
+        .request("POST", "/fleetlock/v1/pre-reboot", &hdr, body)
+        .unwrap();
+    assert_eq!(a.status, 200, "{}", a.text());
+    let st = c.request("GET", "/fleetlock/v1/status", &[], b"").unwrap();
+    assert_eq!(st.status, 200, "{}", st.text());
+    assert!(st.text().contains("\"id\":\"a\""), "{}", st.text());
+    assert_eq!(
+        holders(&mut c, "default"),
+        vec!["a"],
+        "the root still works"
+    );
+    for path in [
+        "/fleetlockx/v1/pre-reboot",
+        "/other/v1/pre-reboot",
+        "/fleetlock",
+    ] {
+        err(
+            &c.request("POST", path, &hdr, body).unwrap(),
+            404,
+            "not-found",
+        );
+    }
+    let a = c
+        .request("POST", "/fleetlock/v1/steady-state", &hdr, body)
+        .unwrap();
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert!(holders(&mut c, "default").is_empty());
+    assert_eq!(
+        c.request("GET", "/fleetlock/healthz", &[], b"")
+            .unwrap()
+            .status,
+        200
+    );
+}
+
+/// The info log shows grants and releases in the order they were committed: with one slot and clients racing
+/// for it, every grant follows the release of the previous holder (file store, then the NATS store).
+#[test]
+fn grants_and_releases_are_logged_in_commit_order() {
+    const CLIENTS: usize = 8;
+    const ROUNDS: usize = 6;
+    let nats = fleet_rig::NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let stores = both_stores(dir.path(), &nats);
+    for (i, store) in stores.iter().enumerate() {
+        let cfg = dir.path().join(format!("order-{i}.yaml"));
+        std::fs::write(
+            &cfg,
+            format!("{store}\ngroups: [{{name: one, slots: 1}}]\n"),
+        )
+        .unwrap();
+        let s = ServerProcess::start_logging(Path::new(BIN), &cfg, "info").unwrap();
+        let threads: Vec<_> = (0..CLIENTS)
+            .map(|n| {
+                let addr = s.addr;
+                std::thread::spawn(move || {
+                    let mut c = fleet_rig::fleetlock::Conn::connect(addr).unwrap();
+                    let id = format!("host-{n}");
+                    for _ in 0..ROUNDS {
+                        while c.fleetlock(true, &id, "one").unwrap().status != 200 {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        assert_eq!(c.fleetlock(false, &id, "one").unwrap().status, 200);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let log = s.log();
+        let mut holder: Option<String> = None;
+        let (mut grants, mut releases) = (0, 0);
+        for line in log.lines() {
+            if let Some(rest) = line.split("grant: ").nth(1) {
+                let id = rest.split_whitespace().next().unwrap().to_string();
+                assert!(
+                    holder.is_none(),
+                    "store {i}: grant to {id} while {holder:?} holds the slot:\n{log}"
+                );
+                assert!(rest.ends_with("holds a slot in one"), "{line}");
+                holder = Some(id);
+                grants += 1;
+            } else if let Some(rest) = line.split("release: ").nth(1) {
+                let id = rest.split_whitespace().next().unwrap().to_string();
+                assert_eq!(
+                    holder.as_deref(),
+                    Some(id.as_str()),
+                    "store {i}: release by a non-holder:\n{log}"
+                );
+                assert!(rest.ends_with("gave back its slot in one"), "{line}");
+                holder = None;
+                releases += 1;
+            }
+        }
+        assert_eq!(
+            (grants, releases),
+            (CLIENTS * ROUNDS, CLIENTS * ROUNDS),
+            "store {i}:\n{log}"
+        );
+    }
 }

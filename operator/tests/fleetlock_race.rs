@@ -2,7 +2,7 @@
 //! store (one server) and the NATS store (three server processes sharing one real nats-server).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_operator::fleetlock::client::ServerProcess;
+use fleet_rig::fleetlock::ServerProcess;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 
@@ -18,7 +18,7 @@ fn round(servers: &[&ServerProcess], round: usize) -> Vec<usize> {
             let barrier = barrier.clone();
             let addr = addrs[i % addrs.len()];
             std::thread::spawn(move || {
-                let mut c = fleet_operator::fleetlock::client::Conn::connect(addr).unwrap();
+                let mut c = fleet_rig::fleetlock::Conn::connect(addr).unwrap();
                 barrier.wait();
                 let a = c
                     .fleetlock(true, &format!("r{round}-c{i}"), "race")

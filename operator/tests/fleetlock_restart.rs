@@ -1,7 +1,7 @@
 //! Restarts: holders survive a SIGKILL of the server (file store) and of one NATS-store replica.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_operator::fleetlock::client::ServerProcess;
+use fleet_rig::fleetlock::ServerProcess;
 use std::path::Path;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleetlock-server");

@@ -637,55 +637,13 @@ async fn operator_processes_share_one_plan_and_resume_after_sigkill() {
     );
 }
 
-/// The admission webhook over HTTPS, registered with `operator/deploy/webhook.yaml` (its clientConfig pointed at
-/// 127.0.0.1 with the test CA): a spec change is refused with a clear message, a label change is not; the CRD
+/// The admission webhook over HTTPS, registered with `operator/deploy/webhook.yaml` (`Fleet::webhook`: its
+/// clientConfig pointed at 127.0.0.1 with the test CA): a spec change is refused with a clear message, a label change is not; the CRD
 /// schema refuses fields in `systemUpgradeV1` and a zero deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spec_edit_refused_by_the_webhook() {
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     let f = Fleet::new("webhook").await;
-    let ca = fleet_rig::tls::TestCa::new();
-    let cert = ca.server_cert("webhook");
-    let tls =
-        fleet_operator::tasks::webhook::tls_config(&cert.cert_file, &cert.key_file).expect("tls");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let server = tokio::spawn(fleet_operator::tasks::webhook::serve(listener, tls));
-
-    let manifest =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/webhook.yaml"))
-            .unwrap();
-    let doc = manifest
-        .split("\n---\n")
-        .find(|d| d.contains("kind: ValidatingWebhookConfiguration"))
-        .expect("webhook configuration in deploy/webhook.yaml");
-    let mut config: ValidatingWebhookConfiguration = serde_yaml_ng::from_str(doc).expect("yaml");
-    let name = f.name("taskruns");
-    config.metadata.name = Some(name.clone());
-    let hook = &mut config.webhooks.as_mut().unwrap()[0];
-    let service = hook
-        .client_config
-        .service
-        .take()
-        .expect("service reference");
-    assert_eq!(
-        service.path.as_deref(),
-        Some(fleet_operator::tasks::webhook::PATH)
-    );
-    hook.client_config.url = Some(format!(
-        "https://127.0.0.1:{port}{}",
-        fleet_operator::tasks::webhook::PATH
-    ));
-    let ca_pem = std::fs::read(ca.ca_file()).unwrap();
-    hook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem));
-    // only this test's objects (the API server is shared by the tests of this binary)
-    hook.object_selector =
-        Some(serde_json::from_value(json!({"matchLabels": {"fleet-test": f.run}})).unwrap());
-    let configs: Api<ValidatingWebhookConfiguration> = Api::all(f.client.clone());
-    configs
-        .create(&PostParams::default(), &config)
-        .await
-        .expect("register webhook");
+    let hooks = f.webhook().await;
 
     f.task_run("upgrade", spec("prod", 600)).await;
     let err = eventually("spec change refused", || async {
@@ -753,11 +711,7 @@ async fn spec_edit_refused_by_the_webhook() {
             .expect_err("refused by the schema");
         assert!(format!("{e}").contains("spec."), "{e}");
     }
-    configs
-        .delete(&name, &Default::default())
-        .await
-        .expect("unregister");
-    server.abort();
+    hooks.remove().await;
 }
 
 /// The plan store on a real nats-server: two writers of different plans for one run end with the same plan (the

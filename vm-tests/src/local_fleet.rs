@@ -214,8 +214,14 @@ impl LocalFleet {
     }
 }
 
-/// A DeviceGroup `name` whose members are the Devices with every label of `match_labels` (none: every Device).
+/// A DeviceGroup `name` whose members are the Devices with every label of `match_labels` (none: every Device,
+/// said explicitly with `selectAll`, since an empty selector selects nothing).
 pub fn group_yaml(name: &str, match_labels: &[(&str, &str)]) -> String {
+    if match_labels.is_empty() {
+        return format!(
+            "apiVersion: {API_VERSION}\nkind: DeviceGroup\nmetadata:\n  name: {name}\nspec:\n  selectAll: true\n"
+        );
+    }
     let labels: Vec<String> = match_labels
         .iter()
         .map(|(k, v)| format!("{k}: \"{v}\""))

@@ -8,7 +8,7 @@ const HELP: &str = "fleetlock-server: a FleetLock lock server for coordinated re
 Usage: fleetlock-server [--listen ADDR:PORT] [--config PATH]
 
   --listen ADDR:PORT  where to serve HTTP (default 0.0.0.0:7450)
-  --config PATH       YAML config: default_slots, groups, store, ttl, auth, audit_log (re-read on change).
+  --config PATH       YAML config: default_slots, groups, store, ttl, auth, audit_log, path_prefix (re-read on change).
                       Without it: group `default` with one slot, file store under /var/lib/fleetlock.
   --help              this text
   --version           the version

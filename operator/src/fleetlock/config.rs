@@ -40,6 +40,47 @@ pub struct Config {
     /// Time a client has to send its request head, and then its body (default 10s).
     #[serde(default = "ten_seconds", with = "duration")]
     pub client_timeout: Duration,
+    /// Every endpoint is served under this path as well as at the root (`/fleetlock` for a client base URL
+    /// `https://host/fleetlock/`, e.g. behind a proxy); normalized without a trailing `/`, `None` for the root.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+}
+
+/// Longest `path_prefix`.
+pub const MAX_PATH_PREFIX: usize = 256;
+
+/// `raw` as a path prefix: `/a/b` (no trailing `/`, no empty, `.` or `..` segment, URL-safe characters only);
+/// `None` for the root.
+fn path_prefix(raw: Option<&str>) -> Result<Option<String>, String> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let p = raw.trim_end_matches('/');
+    if p.is_empty() {
+        return Ok(None);
+    }
+    let bad = |why: &str| Err(format!("path_prefix {raw:?}: {why}"));
+    if p.len() > MAX_PATH_PREFIX {
+        return bad(&format!("longer than {MAX_PATH_PREFIX} bytes"));
+    }
+    let Some(rest) = p.strip_prefix('/') else {
+        return bad("must start with / (e.g. /fleetlock)");
+    };
+    if let Some(c) = p
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "/-._~".contains(*c)))
+    {
+        return bad(&format!(
+            "{c:?} is not allowed; use letters, digits, '/', '-', '.', '_' and '~'"
+        ));
+    }
+    if rest
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return bad("has an empty, . or .. segment");
+    }
+    Ok(Some(p.to_owned()))
 }
 
 fn ten_seconds() -> Duration {
@@ -178,6 +219,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             audit_log: None,
             client_timeout: ten_seconds(),
+            path_prefix: None,
         }
     }
 }
@@ -192,11 +234,12 @@ pub struct Membership {
 impl Config {
     /// Parses and validates YAML text.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let c: Config = if text.trim().is_empty() {
+        let mut c: Config = if text.trim().is_empty() {
             Config::default()
         } else {
             serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?
         };
+        c.path_prefix = path_prefix(c.path_prefix.as_deref())?;
         c.validate()?;
         Ok(c)
     }
@@ -343,6 +386,32 @@ groups:
     slots: 2
     members: [db2, m-1]
 ";
+
+    #[test]
+    fn path_prefix_table() {
+        let cases: &[(&str, Result<Option<&str>, &str>)] = &[
+            ("", Ok(None)),
+            ("path_prefix: /", Ok(None)),
+            ("path_prefix: /fleetlock/", Ok(Some("/fleetlock"))),
+            ("path_prefix: /fleetlock", Ok(Some("/fleetlock"))),
+            ("path_prefix: /a/b.c_d~e-f", Ok(Some("/a/b.c_d~e-f"))),
+            ("path_prefix: fleetlock", Err("must start with /")),
+            ("path_prefix: /a//b", Err("empty")),
+            ("path_prefix: /a/../b", Err(".. segment")),
+            ("path_prefix: /a?b", Err("'?' is not allowed")),
+            ("path_prefix: /a b", Err("' ' is not allowed")),
+        ];
+        for (yaml, want) in cases {
+            let got = Config::parse(yaml).map(|c| c.path_prefix);
+            match (got, want) {
+                (Ok(p), Ok(w)) => assert_eq!(p.as_deref(), *w, "{yaml}"),
+                (Err(e), Err(frag)) => assert!(e.contains(frag), "{yaml}: {e}"),
+                (got, want) => panic!("{yaml}: got {got:?}, want {want:?}"),
+            }
+        }
+        let long = format!("path_prefix: /{}", "a".repeat(MAX_PATH_PREFIX));
+        assert!(Config::parse(&long).is_err());
+    }
 
     #[test]
     fn prototype_config_and_membership() {

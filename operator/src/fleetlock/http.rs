@@ -59,7 +59,14 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Result<Resp, Infallible> {
     let path = req.uri().path().to_string();
-    let (endpoint, post_only) = match path.as_str() {
+    // Served under `path_prefix` (a base URL such as `https://host/fleetlock/`) as well as at the root.
+    let config_prefix = app.config().path_prefix.clone();
+    let routed = config_prefix
+        .as_deref()
+        .and_then(|p| path.strip_prefix(p))
+        .filter(|rest| rest.starts_with('/'))
+        .unwrap_or(&path);
+    let (endpoint, post_only) = match routed {
         PRE_REBOOT_PATH => ("pre-reboot", true),
         STEADY_STATE_PATH => ("steady-state", true),
         ADMIN_RELEASE_PATH => ("admin-release", true),
@@ -168,12 +175,12 @@ async fn protocol(app: &App, req: Request<Incoming>, ip: &str, lock: bool) -> Re
     let body = read_body(req, config.client_timeout).await?;
     let r = LockRequest::parse(&body).map_err(|(k, v)| Fail(k, v))?;
     let p = r.client_params;
-    let membership = config
-        .membership(&p.id, p.hostname.as_deref(), ip, &p.group)
-        .map_err(|e| Fail(ErrorKind::UnknownGroup, e))?;
     let op = if lock {
+        let membership = config
+            .membership(&p.id, p.hostname.as_deref(), ip, &p.group)
+            .map_err(|e| Fail(ErrorKind::UnknownGroup, e))?;
         Op::Lock {
-            groups: membership.groups.clone(),
+            groups: membership.groups,
             holder: Holder {
                 id: p.id.clone(),
                 hostname: p.hostname.clone(),
@@ -182,38 +189,18 @@ async fn protocol(app: &App, req: Request<Incoming>, ip: &str, lock: bool) -> Re
             },
         }
     } else {
-        // Release everywhere the id holds a slot, so a membership change between lock and release strands nothing.
-        let groups = match &app.store {
-            super::store::Store::File(_) => Vec::new(),
-            super::store::Store::Nats(_) => {
-                let mut g = config.group_names();
-                g.extend(membership.groups.iter().map(|(n, _)| n.clone()));
-                g.sort();
-                g.dedup();
-                g
-            }
-        };
+        // Release everywhere the id holds a slot, whatever the config says now: a group removed or a membership
+        // changed between lock and release strands nothing.
         Op::Unlock {
-            groups,
+            groups: Vec::new(),
             id: p.id.clone(),
         }
     };
+    // Grants and releases are logged by the store once durable, in commit order.
     let applied = app.store.apply(op, config.ttl).await.map_err(unavailable)?;
     record_expired(app, &applied, config.ttl, &config.audit_path()).await;
     match applied.result {
-        OpResult::Locked => {
-            log::info!(
-                "lock: {} ({}) holds {:?}",
-                p.id,
-                ip,
-                names(&membership.groups)
-            );
-            Ok(respond(200, "application/json", b"{}".to_vec()))
-        }
-        OpResult::Unlocked { removed } => {
-            if removed > 0 {
-                log::info!("release: {} ({}) gave back {removed} slot(s)", p.id, ip);
-            }
+        OpResult::Locked | OpResult::Unlocked { .. } => {
             Ok(respond(200, "application/json", b"{}".to_vec()))
         }
         OpResult::Full { group, held, slots } => Err(Fail(
@@ -221,10 +208,6 @@ async fn protocol(app: &App, req: Request<Incoming>, ip: &str, lock: bool) -> Re
             format!("group {group}: {held} of {slots} slots taken"),
         )),
     }
-}
-
-fn names(groups: &[(String, u32)]) -> Vec<&str> {
-    groups.iter().map(|(n, _)| n.as_str()).collect()
 }
 
 async fn record_expired(

@@ -5,7 +5,6 @@
 
 pub mod audit;
 pub mod auth;
-pub mod client;
 pub mod config;
 pub mod http;
 pub mod metrics;

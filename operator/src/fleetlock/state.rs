@@ -104,6 +104,45 @@ pub fn apply(state: &mut BTreeMap<String, Vec<Holder>>, op: &Op) -> (OpResult, b
     }
 }
 
+/// [`apply`], plus the log line of the change it made (`grant: …` or `release: …`; `None` when nothing changed).
+/// Stores log the line once the change is durable, in commit order, so the log never shows a grant before the
+/// release it followed.
+pub fn apply_logged(
+    state: &mut BTreeMap<String, Vec<Holder>>,
+    op: &Op,
+) -> (OpResult, bool, Option<String>) {
+    let released_from: Vec<&str> = match op {
+        Op::Unlock { groups, id } => groups
+            .iter()
+            .filter(|g| {
+                state
+                    .get(*g)
+                    .is_some_and(|hs| hs.iter().any(|h| &h.id == id))
+            })
+            .map(String::as_str)
+            .collect(),
+        Op::Lock { .. } => Vec::new(),
+    };
+    let released_from = released_from.join(", ");
+    let (result, changed) = apply(state, op);
+    let line = match (op, &result, changed) {
+        (Op::Lock { groups, holder }, OpResult::Locked, true) => {
+            let names: Vec<&str> = groups.iter().map(|(n, _)| n.as_str()).collect();
+            Some(format!(
+                "grant: {} ({}) holds a slot in {}",
+                holder.id,
+                holder.ip,
+                names.join(", ")
+            ))
+        }
+        (Op::Unlock { id, .. }, OpResult::Unlocked { .. }, true) => Some(format!(
+            "release: {id} gave back its slot in {released_from}"
+        )),
+        _ => None,
+    };
+    (result, changed, line)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +203,29 @@ mod tests {
         }
         assert_eq!(s["a"].len(), 1);
         assert_eq!(s["c"][0].id, "z");
+    }
+
+    #[test]
+    fn changes_are_described_once() {
+        let mut s = BTreeMap::new();
+        let table: Vec<(Op, Option<&str>)> = vec![
+            (
+                lock(&[("a", 1), ("b", 2)], "x"),
+                Some("grant: x (127.0.0.1) holds a slot in a, b"),
+            ),
+            (lock(&[("a", 1)], "x"), None), // asks again: nothing changed
+            (lock(&[("a", 1)], "y"), None), // full
+            (
+                unlock(&["a", "b", "c"], "x"),
+                Some("release: x gave back its slot in a, b"),
+            ),
+            (unlock(&["a"], "x"), None),
+        ];
+        for (i, (op, want)) in table.into_iter().enumerate() {
+            let (result, changed, line) = apply_logged(&mut s, &op);
+            assert_eq!(line.as_deref(), want, "row {i}");
+            assert_eq!(changed, want.is_some(), "row {i}: {result:?}");
+        }
     }
 
     #[test]

@@ -223,14 +223,7 @@ fn snapshot(
                 .map(|id| (id, d.labels().clone()))
         })
         .collect();
-    let resolved = groups
-        .iter()
-        .map(|g| {
-            let name = g.name_any();
-            let members = placement::resolve_group(&name, &g.spec.selector, &labels);
-            (name, members)
-        })
-        .collect();
+    let resolved = placement::resolve_groups(groups, &labels);
     (labels, resolved)
 }
 

@@ -130,3 +130,84 @@ impl Fleet {
         labels
     }
 }
+
+/// The operator's admission webhook served in this process over HTTPS (a test CA of its own) and registered with
+/// `operator/deploy/webhook.yaml`: every hook pointed at 127.0.0.1 by its service path, for this test's objects
+/// only (the API server is shared by the tests of the binary). [`Webhook::remove`] unregisters it.
+pub struct Webhook {
+    /// The ValidatingWebhookConfiguration's name.
+    pub name: String,
+    client: Client,
+    server: tokio::task::JoinHandle<()>,
+    _ca: fleet_rig::tls::TestCa,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl Webhook {
+    /// Unregisters the hooks and stops the server.
+    pub async fn remove(self) {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .delete(&self.name, &Default::default())
+            .await
+            .expect("unregister webhook");
+    }
+}
+
+impl Fleet {
+    /// Serves and registers the admission webhook for this test's objects (see [`Webhook`]). The API server loads
+    /// the configuration asynchronously: callers retry until the first refusal.
+    pub async fn webhook(&self) -> Webhook {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        let ca = fleet_rig::tls::TestCa::new();
+        let cert = ca.server_cert("webhook");
+        let tls =
+            fleet_operator::webhook::tls_config(&cert.cert_file, &cert.key_file).expect("tls");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(fleet_operator::webhook::serve(listener, tls));
+        let manifest =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/webhook.yaml"))
+                .unwrap();
+        let doc = manifest
+            .split("\n---\n")
+            .find(|d| d.contains("kind: ValidatingWebhookConfiguration"))
+            .expect("webhook configuration in deploy/webhook.yaml");
+        let mut config: ValidatingWebhookConfiguration =
+            serde_yaml_ng::from_str(doc).expect("yaml");
+        let name = self.name("webhooks");
+        config.metadata.name = Some(name.clone());
+        let ca_pem = std::fs::read(ca.ca_file()).unwrap();
+        for hook in config.webhooks.as_mut().expect("webhooks") {
+            let service = hook
+                .client_config
+                .service
+                .take()
+                .expect("service reference");
+            let path = service.path.expect("service path");
+            hook.client_config.url = Some(format!("https://127.0.0.1:{port}{path}"));
+            hook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem.clone()));
+            hook.object_selector = Some(
+                serde_json::from_value(
+                    serde_json::json!({"matchLabels": {"fleet-test": self.run}}),
+                )
+                .unwrap(),
+            );
+        }
+        Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+            .create(&Default::default(), &config)
+            .await
+            .expect("register webhook");
+        Webhook {
+            name,
+            client: self.client.clone(),
+            server,
+            _ca: ca,
+        }
+    }
+}

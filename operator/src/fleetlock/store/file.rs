@@ -152,6 +152,8 @@ struct Staged {
     tmp: Option<Result<PathBuf, String>>,
     state: Holders,
     replies: Vec<(oneshot::Sender<Result<Applied, StoreError>>, Applied)>,
+    /// Grants and releases of the batch, in order: logged once it is durable.
+    lines: Vec<String>,
 }
 
 fn writer(
@@ -181,6 +183,7 @@ fn writer(
         let now = Timestamp::now();
         let mut changed = false;
         let mut replies = Vec::with_capacity(batch.len());
+        let mut lines = Vec::new();
         for job in batch.drain(..) {
             let mut expired = Vec::new();
             if job.ttl.is_some() {
@@ -199,8 +202,9 @@ fn writer(
                 },
                 op => op,
             };
-            let (result, c) = state::apply(&mut working, &op);
+            let (result, c, line) = state::apply_logged(&mut working, &op);
             changed |= c;
+            lines.extend(line);
             replies.push((job.reply, Applied { result, expired }));
         }
         let tmp = changed.then(|| {
@@ -217,6 +221,7 @@ fn writer(
             tmp,
             state: working.clone(),
             replies,
+            lines,
         };
         if to_commit.send(staged).is_err() {
             return;
@@ -255,6 +260,9 @@ fn committer(
         };
         match result {
             Ok(()) => {
+                for line in &staged.lines {
+                    log::info!("{line}");
+                }
                 for (reply, applied) in staged.replies {
                     let _ = reply.send(Ok(applied));
                 }

@@ -57,8 +57,8 @@ impl Store {
         }
     }
 
-    /// Applies `op` and returns once the result is durable. An `Unlock` with no groups releases `id` everywhere
-    /// (file store); the NATS store gets the group list from the caller.
+    /// Applies `op` and returns once the result is durable. An `Unlock` with no groups releases `id` in every
+    /// group that has holders, configured or not.
     pub async fn apply(&self, op: Op, ttl: Option<Duration>) -> Result<Applied, StoreError> {
         match self {
             Self::File(s) => s.apply(op, ttl).await,

@@ -17,6 +17,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+/// Most group keys a release looks through.
+pub const MAX_GROUP_KEYS: usize = 10_000;
+
 struct Job {
     op: Op,
     ttl: Option<Duration>,
@@ -161,6 +164,12 @@ impl NatsStore {
                 })
             }
             Op::Unlock { groups, id } => {
+                // No groups: every group the bucket holds, configured or not (a release never depends on the
+                // current config).
+                let groups = match groups.is_empty() {
+                    true => self.group_keys().await?,
+                    false => groups,
+                };
                 let mut removed = 0;
                 let mut expired = Vec::new();
                 for g in groups {
@@ -180,6 +189,22 @@ impl NatsStore {
                 })
             }
         }
+    }
+
+    /// Every group with a key in the bucket (at most [`MAX_GROUP_KEYS`]).
+    async fn group_keys(&self) -> Result<Vec<String>, StoreError> {
+        use futures::{StreamExt, TryStreamExt};
+        let list = async {
+            let keys = self.kv.keys().await.map_err(|e| e.to_string())?;
+            keys.take(MAX_GROUP_KEYS)
+                .try_collect::<Vec<String>>()
+                .await
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(Duration::from_secs(5), list)
+            .await
+            .map_err(|_| StoreError("listing groups: no answer from NATS within 5 s".into()))?
+            .map_err(|e| StoreError(format!("listing groups: {e}")))
     }
 
     async fn undo(&self, taken: &[String], id: &str) {
@@ -304,6 +329,7 @@ async fn group_writer(
             let now = Timestamp::now();
             let mut changed = false;
             let mut results = Vec::with_capacity(batch.len());
+            let mut lines = Vec::new();
             for job in &batch {
                 let mut expired = Vec::new();
                 if let Some(hs) = map.get_mut(&group) {
@@ -312,8 +338,9 @@ async fn group_writer(
                     }
                 }
                 changed |= !expired.is_empty();
-                let (result, c) = state::apply(&mut map, &job.op);
+                let (result, c, line) = state::apply_logged(&mut map, &job.op);
                 changed |= c;
+                lines.extend(line);
                 results.push((Applied { result, expired }, c));
             }
             if !changed {
@@ -324,6 +351,10 @@ async fn group_writer(
                 Ok(()) => {
                     commits.fetch_add(1, Ordering::Relaxed);
                     attempt = 0;
+                    // Grants and releases in commit order, once durable.
+                    for line in &lines {
+                        log::info!("{line}");
+                    }
                     break Ok(results);
                 }
                 Err(WriteError::Conflict) if Instant::now() < deadline => {

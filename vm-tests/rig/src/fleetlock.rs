@@ -1,6 +1,5 @@
-//! A small blocking HTTP/1.1 client for the FleetLock protocol over one keep-alive connection: used by the
-//! server's tests and its benchmark to talk to a real server process (the device-side client lives in
-//! fleet-updater).
+//! A real `fleetlock-server` process for tests and the benchmark, and a small blocking HTTP/1.1 client for the
+//! FleetLock protocol over one keep-alive connection (the device-side client lives in fleet-updater).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -166,6 +165,7 @@ pub struct ServerProcess {
     bin: std::path::PathBuf,
     config: std::path::PathBuf,
     log: std::path::PathBuf,
+    rust_log: String,
     /// Where it listens.
     pub addr: SocketAddr,
 }
@@ -177,14 +177,25 @@ pub fn free_addr() -> std::io::Result<SocketAddr> {
 
 impl ServerProcess {
     /// Starts `bin --listen <free port> --config <config>` and waits until `/healthz` answers. Its log goes to
-    /// `<config>.<port>.log`.
+    /// `<config>.<port>.log`, at level `$FLEETLOCK_LOG` (default `warn`).
     pub fn start(bin: &std::path::Path, config: &std::path::Path) -> Result<Self, String> {
+        let level = std::env::var("FLEETLOCK_LOG").unwrap_or_else(|_| "warn".into());
+        Self::start_logging(bin, config, &level)
+    }
+
+    /// [`ServerProcess::start`] with the log filter `rust_log` (e.g. `info` to see grants and releases).
+    pub fn start_logging(
+        bin: &std::path::Path,
+        config: &std::path::Path,
+        rust_log: &str,
+    ) -> Result<Self, String> {
         let addr = free_addr().map_err(|e| e.to_string())?;
         let mut s = Self {
             child: None,
             bin: bin.to_path_buf(),
             config: config.to_path_buf(),
             log: config.with_extension(format!("{}.log", addr.port())),
+            rust_log: rust_log.to_owned(),
             addr,
         };
         s.restart()?;
@@ -204,10 +215,7 @@ impl ServerProcess {
             .arg(self.addr.to_string())
             .arg("--config")
             .arg(&self.config)
-            .env(
-                "RUST_LOG",
-                std::env::var("FLEETLOCK_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("RUST_LOG", &self.rust_log)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log)

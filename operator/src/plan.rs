@@ -1,0 +1,1009 @@
+//! One pass of the control loop as a pure function: [`plan`] turns a [`Snapshot`] (the cached fleet objects and the
+//! values of the NATS mirrors) into a [`Plan`] — each device's desired workloads, the agent-upgrade attempts to
+//! write, the statuses to write and the Devices to create — which `engine` then carries out (the only I/O).
+//! Table-tested without NATS or Kubernetes.
+
+use crate::conditions::{self, Want};
+use crate::crd::{
+    AgentRelease, Device, DeviceGroup, DeviceGroupStatus, DeviceStatus, FleetDeployment,
+    PlacementStatus, HOLD_ANNOTATION,
+};
+use crate::health;
+use crate::mirror::{self, Reported};
+use crate::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
+use crate::release::{self, IntentDecision, ReleaseCounts};
+use crate::validate::{self, Build};
+use fleet_wire::{
+    AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,
+    DeviceWorkloadStatus, Heartbeat, WorkloadSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Most failed devices a Degraded message names (the counts carry the rest).
+pub const FAILED_EXAMPLES: usize = 5;
+/// Most unknown listed devices a group's message names.
+pub const UNKNOWN_EXAMPLES: usize = 5;
+/// Most conflicting devices a release's Conflict message names.
+pub const CONFLICT_EXAMPLES: usize = 10;
+
+/// Everything one pass decides from: the cached objects and the mirrors' values (keyed by device id).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Device objects.
+    pub devices: Vec<Arc<Device>>,
+    /// DeviceGroup objects.
+    pub groups: Vec<Arc<DeviceGroup>>,
+    /// FleetDeployment objects.
+    pub deployments: Vec<Arc<FleetDeployment>>,
+    /// AgentRelease objects.
+    pub releases: Vec<Arc<AgentRelease>>,
+    /// `device-info`.
+    pub info: BTreeMap<String, DeviceInfo>,
+    /// `device-heartbeat`.
+    pub heartbeats: BTreeMap<String, Heartbeat>,
+    /// `agent-upgrade-status`.
+    pub upgrades: BTreeMap<String, AgentUpgradeStatus>,
+    /// `device-workload-status`.
+    pub workloads: BTreeMap<String, DeviceWorkloadStatus>,
+    /// `device-desired-state` (what this or another replica wrote).
+    pub desired: BTreeMap<String, DesiredState>,
+    /// `agent-upgrade-intent`.
+    pub intents: BTreeMap<String, AgentUpgradeAttempt>,
+}
+
+/// One agent-upgrade attempt to write, with what was decided from (so that a lost compare-and-set decides again
+/// on the value it lost to).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntentWrite {
+    /// The device.
+    pub device: DeviceId,
+    /// The attempt decided.
+    pub attempt: AgentUpgradeAttempt,
+    /// The intent it was decided against (the key's value in the snapshot).
+    pub seen: Option<AgentUpgradeAttempt>,
+    /// The device's info.
+    pub info: Option<DeviceInfo>,
+    /// The release's builds.
+    pub builds: Arc<[Build]>,
+}
+
+impl IntentWrite {
+    /// What to write when the key holds `current`: the planned attempt when it is still what the plan saw, else a
+    /// new decision on `current` (`None`: nothing to write).
+    pub fn decide(&self, current: Option<&AgentUpgradeAttempt>) -> Option<AgentUpgradeAttempt> {
+        if current == self.seen.as_ref() {
+            return Some(self.attempt.clone());
+        }
+        match release::decide_intent(
+            &self.device,
+            self.info.as_ref(),
+            &self.builds,
+            current,
+            AttemptId::new_random,
+        ) {
+            IntentDecision::Write(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// The status one object should have: everything but its conditions, and the conditions wanted (apply adds
+/// `NatsReachable` after the NATS writes, when `nats` is set).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusPlan<K, S> {
+    /// The object.
+    pub obj: Arc<K>,
+    /// Its current status.
+    pub old: S,
+    /// The next status, conditions not yet merged.
+    pub next: S,
+    /// Wanted conditions, in order; `NatsReachable` goes second when `nats` is set.
+    pub wants: Vec<Want>,
+    /// Whether the status carries `NatsReachable`.
+    pub nats: bool,
+}
+
+/// A status whose conditions a plan replaces.
+pub trait SetConditions: conditions::WithConditions {
+    /// Replaces the conditions.
+    fn set_conditions(
+        &mut self,
+        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    );
+}
+
+impl SetConditions for DeviceGroupStatus {
+    fn set_conditions(
+        &mut self,
+        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    ) {
+        self.conditions = conditions;
+    }
+}
+
+impl SetConditions for PlacementStatus {
+    fn set_conditions(
+        &mut self,
+        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    ) {
+        self.conditions = conditions;
+    }
+}
+
+impl<K: kube::Resource, S: SetConditions + PartialEq> StatusPlan<K, S> {
+    /// The finished next status given the NATS condition; `None` when it equals the current one.
+    pub fn finish(mut self, nats: &Want, now: &Time) -> Option<(Arc<K>, S, S)> {
+        if self.nats {
+            self.wants.insert(1.min(self.wants.len()), nats.clone());
+        }
+        let merged = conditions::merge(
+            self.old.conditions(),
+            &self.wants,
+            self.obj.meta().generation,
+            now,
+        );
+        self.next.set_conditions(merged);
+        (self.next != self.old).then_some((self.obj, self.old, self.next))
+    }
+}
+
+/// A Device to create for a device that reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDevice {
+    /// Its name (the device id).
+    pub id: String,
+    /// With [`HOLD_ANNOTATION`]: the device already runs workloads (its Device was deleted).
+    pub hold: bool,
+}
+
+/// What one pass does.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Each device's workloads (written compare-and-set; unchanged ones are skipped).
+    pub desired: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
+    /// Agent-upgrade attempts to write.
+    pub intents: Vec<IntentWrite>,
+    /// DeviceGroup statuses.
+    pub groups: Vec<StatusPlan<DeviceGroup, DeviceGroupStatus>>,
+    /// FleetDeployment statuses.
+    pub deployments: Vec<StatusPlan<FleetDeployment, PlacementStatus>>,
+    /// AgentRelease statuses.
+    pub releases: Vec<StatusPlan<AgentRelease, PlacementStatus>>,
+    /// Devices to create.
+    pub new_devices: Vec<NewDevice>,
+    /// Device statuses to replace (name, status).
+    pub device_statuses: Vec<(String, DeviceStatus)>,
+    /// Device objects ignored because their name is not a device id (name, why).
+    pub ignored: Vec<(String, String)>,
+}
+
+/// "1 device", "3 devices".
+pub fn devices(n: u32) -> String {
+    if n == 1 {
+        "1 device".into()
+    } else {
+        format!("{n} devices")
+    }
+}
+
+fn ready_want(result: &Result<String, (&'static str, String)>) -> Want {
+    match result {
+        Ok(m) => Want {
+            type_: conditions::READY,
+            ok: true,
+            reason: conditions::REASON_PLACED,
+            message: m.clone(),
+        },
+        Err((reason, m)) => Want {
+            type_: conditions::READY,
+            ok: false,
+            reason,
+            message: m.clone(),
+        },
+    }
+}
+
+/// A resolved group's Ready message: its member count, and the listed ids that have no Device (yet).
+fn group_message(members: usize, unknown: &[&str]) -> String {
+    let mut m = devices(members as u32);
+    if !unknown.is_empty() {
+        let shown: Vec<&str> = unknown.iter().take(UNKNOWN_EXAMPLES).copied().collect();
+        let more = unknown.len() - shown.len();
+        m.push_str(&format!("; listed but no Device yet: {}", shown.join(", ")));
+        if more > 0 {
+            m.push_str(&format!(" and {more} more"));
+        }
+    }
+    m
+}
+
+/// Degraded=True while some targeted devices failed their current attempt, naming a few with their reasons.
+fn degraded_want(c: &ReleaseCounts, failed: &[String]) -> Want {
+    if c.failed == 0 {
+        return Want {
+            type_: conditions::DEGRADED,
+            ok: false,
+            reason: conditions::REASON_NO_FAILURES,
+            message: "no targeted device has failed its current attempt".into(),
+        };
+    }
+    let more = (c.failed as usize).saturating_sub(failed.len());
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Want {
+        type_: conditions::DEGRADED,
+        ok: true,
+        reason: conditions::REASON_DEVICES_FAILED,
+        message: format!(
+            "{} of {} failed the agent upgrade: {}{tail}; see each Device's status.agentUpgrade",
+            c.failed,
+            devices(c.targeted),
+            failed.join(", ")
+        ),
+    }
+}
+
+/// The placement view every part of a pass shares.
+struct Fleet {
+    labels: BTreeMap<DeviceId, Labels>,
+    held: BTreeSet<DeviceId>,
+    groups: BTreeMap<String, Result<BTreeSet<DeviceId>, GroupError>>,
+}
+
+fn fleet(s: &Snapshot, plan: &mut Plan) -> Fleet {
+    // Devices and their labels; names that are not device ids are ignored.
+    let mut labels = BTreeMap::new();
+    let mut held = BTreeSet::new();
+    for d in &s.devices {
+        match DeviceId::try_from(d.name_any().as_str()) {
+            Ok(id) => {
+                if d.annotations().contains_key(HOLD_ANNOTATION) {
+                    held.insert(id.clone());
+                }
+                labels.insert(id, d.labels().clone());
+            }
+            Err(e) => plan.ignored.push((d.name_any(), e.to_string())),
+        }
+    }
+    let groups = placement::resolve_groups(&s.groups, &labels);
+    Fleet {
+        labels,
+        held,
+        groups,
+    }
+}
+
+/// Decides one pass. `new_id` names new attempts (random in production).
+pub fn plan(s: &Snapshot, new_id: &mut dyn FnMut() -> AttemptId) -> Plan {
+    let mut plan = Plan::default();
+    let fleet = fleet(s, &mut plan);
+    let deployed = deployments(s, &fleet, &mut plan);
+    releases(s, &fleet, &mut plan, new_id);
+    groups(s, &fleet, &mut plan);
+    deployment_statuses(s, deployed, &mut plan);
+    devices_to_write(s, &fleet, &mut plan);
+    plan
+}
+
+/// What the deployments part hands to their statuses.
+struct Deployed {
+    results: BTreeMap<String, Result<usize, PlacementError>>,
+    targets: BTreeMap<String, BTreeSet<DeviceId>>,
+    workloads: BTreeMap<String, Vec<WorkloadSpec>>,
+    holding: BTreeSet<String>,
+    conflicts: BTreeMap<String, Vec<(DeviceId, String, String)>>,
+}
+
+fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) -> Deployed {
+    let mut inputs = Vec::new();
+    let mut results = BTreeMap::new();
+    let mut targets_of = BTreeMap::new();
+    for d in &s.deployments {
+        let workloads = validate::deployment_workloads(&d.spec);
+        let targets = match &workloads {
+            Err(e) => Err(PlacementError::InvalidSpec(e.clone())),
+            Ok(_) => placement::place(
+                &d.spec.placement.allowed_groups,
+                &d.spec.placement.target_selector,
+                &fleet.groups,
+                &fleet.labels,
+            ),
+        };
+        results.insert(
+            d.name_any(),
+            targets.as_ref().map(|t| t.len()).map_err(Clone::clone),
+        );
+        if let Ok(t) = &targets {
+            targets_of.insert(d.name_any(), t.clone());
+        }
+        let workloads = match workloads {
+            Ok(w) => w,
+            // Invalid workloads: what is placed under the names the spec gives is held (the placed specs
+            // themselves, read back), so a typo never takes running workloads off devices.
+            Err(_) => {
+                let names = validate::raw_workload_names(&d.spec);
+                let mut held: BTreeMap<&str, WorkloadSpec> = BTreeMap::new();
+                for w in s.desired.values().flat_map(|s| &s.workloads) {
+                    if names.contains(w.name.as_str()) {
+                        held.entry(w.name.as_str()).or_insert_with(|| w.clone());
+                    }
+                }
+                held.into_values().collect()
+            }
+        };
+        inputs.push(DeploymentInput {
+            name: d.name_any(),
+            workloads,
+            targets,
+        });
+    }
+    // Each device's current workloads: only a deployment whose placement failed reads them (to hold what runs).
+    let current: BTreeMap<DeviceId, Vec<WorkloadSpec>> = if inputs.iter().all(|i| i.targets.is_ok())
+    {
+        BTreeMap::new()
+    } else {
+        s.desired
+            .values()
+            .map(|d| (d.device_id.clone(), d.workloads.clone()))
+            .collect()
+    };
+    // Failed deployments that hold something on some device (a new object holds nothing).
+    let holding = inputs
+        .iter()
+        .filter(|i| i.targets.is_err())
+        .filter(|i| {
+            let names: BTreeSet<&str> = i.workloads.iter().map(|w| w.name.as_str()).collect();
+            current
+                .values()
+                .any(|ws| ws.iter().any(|w| names.contains(w.name.as_str())))
+        })
+        .map(|i| i.name.clone())
+        .collect();
+    let device_set: BTreeSet<DeviceId> = fleet.labels.keys().cloned().collect();
+    let mut desired = placement::desired_workloads(&device_set, &inputs, &current);
+    // A held device (its Device was deleted and recreated) keeps exactly what it has until a person releases it.
+    for id in &fleet.held {
+        match s.desired.get(id.as_str()) {
+            Some(st) => {
+                desired
+                    .per_device
+                    .insert(id.clone(), st.workloads.clone().into());
+            }
+            None => {
+                desired.per_device.remove(id);
+            }
+        }
+    }
+    plan.desired = desired.per_device;
+    Deployed {
+        results,
+        targets: targets_of,
+        workloads: inputs.into_iter().map(|i| (i.name, i.workloads)).collect(),
+        holding,
+        conflicts: desired.conflicts,
+    }
+}
+
+/// Agent releases: the first release (by name) targeting a device owns it; each owned device's intent is decided
+/// once, and counted from that decision.
+fn releases(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, new_id: &mut dyn FnMut() -> AttemptId) {
+    let mut sorted: Vec<&Arc<AgentRelease>> = s.releases.iter().collect();
+    sorted.sort_by_key(|r| r.name_any());
+    let mut owner: BTreeMap<DeviceId, String> = BTreeMap::new();
+    for r in sorted {
+        let name = r.name_any();
+        let result = release(s, fleet, r, &name, &mut owner, plan, new_id);
+        let counts = result.as_ref().ok().map(|(c, _)| *c);
+        let ready = result
+            .as_ref()
+            .map(|(c, _)| {
+                format!(
+                    "{}, {} up to date, {} failed",
+                    devices(c.targeted),
+                    c.up_to_date,
+                    c.failed
+                )
+            })
+            .map_err(Clone::clone);
+        let mut wants = vec![ready_want(&ready)];
+        if let Ok((c, failed)) = &result {
+            wants.push(degraded_want(c, failed));
+        }
+        let old = r.status.clone().unwrap_or_default();
+        plan.releases.push(StatusPlan {
+            obj: r.clone(),
+            next: PlacementStatus {
+                observed_generation: r.metadata.generation,
+                targeted_devices: counts.map(|c| c.targeted),
+                up_to_date: counts.map(|c| c.up_to_date),
+                failed: counts.map(|c| c.failed),
+                in_progress: counts.map(|c| c.in_progress),
+                workloads: None,
+                conditions: vec![],
+            },
+            old,
+            wants,
+            nats: true,
+        });
+    }
+}
+
+/// A release's counts and a few failed devices' descriptions, or why it could not be placed (reason, message).
+type ReleaseResult = Result<(ReleaseCounts, Vec<String>), (&'static str, String)>;
+
+fn release(
+    s: &Snapshot,
+    fleet: &Fleet,
+    r: &AgentRelease,
+    name: &str,
+    owner: &mut BTreeMap<DeviceId, String>,
+    plan: &mut Plan,
+    new_id: &mut dyn FnMut() -> AttemptId,
+) -> ReleaseResult {
+    let builds: Arc<[Build]> = validate::release_builds(&r.spec)
+        .map_err(|e| (conditions::REASON_INVALID_SPEC, e))?
+        .into();
+    let targets = placement::place(
+        &r.spec.placement.allowed_groups,
+        &r.spec.placement.target_selector,
+        &fleet.groups,
+        &fleet.labels,
+    )
+    .map_err(|e| (e.reason(), e.to_string()))?;
+    let mut conflicts = Vec::new();
+    let mut counts = ReleaseCounts::default();
+    let mut failed = Vec::new();
+    for dev in targets {
+        if let Some(o) = owner.get(&dev) {
+            conflicts.push(format!("{dev} (owned by AgentRelease {o})"));
+            continue;
+        }
+        owner.insert(dev.clone(), name.to_owned());
+        let info = s.info.get(dev.as_str());
+        let cur = s.intents.get(dev.as_str());
+        let decision = release::decide_intent(&dev, info, &builds, cur, &mut *new_id);
+        let status = s.upgrades.get(dev.as_str());
+        if release::count_device(&mut counts, &decision, cur, status)
+            && failed.len() < FAILED_EXAMPLES
+        {
+            failed.push(release::describe_failure(&dev, status));
+        }
+        if let IntentDecision::Write(attempt) = decision {
+            plan.intents.push(IntentWrite {
+                device: dev,
+                attempt,
+                seen: cur.cloned(),
+                info: info.cloned(),
+                builds: builds.clone(),
+            });
+        }
+    }
+    if conflicts.is_empty() {
+        return Ok((counts, failed));
+    }
+    conflicts.truncate(CONFLICT_EXAMPLES);
+    Err((
+        conditions::REASON_CONFLICT,
+        format!(
+            "devices targeted by an earlier AgentRelease are skipped: {}",
+            conflicts.join(", ")
+        ),
+    ))
+}
+
+fn groups(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) {
+    for g in &s.groups {
+        let (count, want) = match fleet.groups.get(&g.name_any()) {
+            Some(Ok(m)) => (
+                Some(m.len() as u32),
+                ready_want(&Ok(group_message(
+                    m.len(),
+                    &placement::unknown_listed(&g.spec, &fleet.labels),
+                ))),
+            ),
+            Some(Err(e)) => (None, ready_want(&Err((e.reason(), e.to_string())))),
+            None => continue,
+        };
+        plan.groups.push(StatusPlan {
+            obj: g.clone(),
+            old: g.status.clone().unwrap_or_default(),
+            next: DeviceGroupStatus {
+                member_count: count,
+                conditions: vec![],
+            },
+            wants: vec![want],
+            nats: false,
+        });
+    }
+}
+
+fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
+    for obj in &s.deployments {
+        let name = obj.name_any();
+        let result = match d.results.get(&name) {
+            Some(Ok(n)) => match d.conflicts.get(&name) {
+                Some(c) => Err((
+                    conditions::REASON_CONFLICT,
+                    format!(
+                        "{} workload placements lost to deployments whose name sorts first, e.g. {} on {} (kept by {})",
+                        c.len(), c[0].1, c[0].0, c[0].2
+                    ),
+                )),
+                None => Ok(format!("placed on {}", devices(*n as u32))),
+            },
+            Some(Err(e)) if d.holding.contains(&name) => Err((
+                e.reason(),
+                format!("{e}; workloads already placed are kept unchanged"),
+            )),
+            Some(Err(e)) => Err((
+                e.reason(),
+                format!("{e}; nothing is placed until this is fixed"),
+            )),
+            None => continue,
+        };
+        let targeted = d
+            .results
+            .get(&name)
+            .and_then(|r| r.as_ref().ok())
+            .map(|n| *n as u32);
+        // Health over the workloads each targeted device was actually given (a lost name conflict is not).
+        let health = d.targets.get(&name).map(|targets| {
+            let mine = d
+                .workloads
+                .get(&name)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let lost = d.conflicts.contains_key(&name);
+            health::deployment(targets.iter().flat_map(|dev| {
+                let on_device = plan.desired.get(dev);
+                let report = s.workloads.get(dev.as_str());
+                mine.iter()
+                    .filter(move |w| !lost || on_device.is_some_and(|l| l.contains(w)))
+                    .map(move |w| (dev.as_str(), w, report))
+            }))
+        });
+        plan.deployments.push(StatusPlan {
+            obj: obj.clone(),
+            old: obj.status.clone().unwrap_or_default(),
+            next: PlacementStatus {
+                observed_generation: obj.metadata.generation,
+                targeted_devices: targeted,
+                workloads: health,
+                ..Default::default()
+            },
+            wants: vec![ready_want(&result)],
+            nats: true,
+        });
+    }
+}
+
+/// Devices: create the ones that reported, mirror what they report.
+fn devices_to_write(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) {
+    for id in s.info.keys() {
+        let Ok(dev) = DeviceId::try_from(id.as_str()) else {
+            continue;
+        };
+        if fleet.labels.contains_key(&dev) {
+            continue;
+        }
+        // Workloads already placed: the Device was deleted. Recreated without its labels it would be targeted by
+        // nothing and lose every workload; it is held instead.
+        let hold = s.desired.get(id).is_some_and(|st| !st.workloads.is_empty());
+        plan.new_devices.push(NewDevice {
+            id: id.clone(),
+            hold,
+        });
+    }
+    for d in &s.devices {
+        let id = d.name_any();
+        let reported = Reported {
+            info: s.info.get(&id).cloned(),
+            heartbeat: s.heartbeats.get(&id).cloned(),
+            upgrade: s.upgrades.get(&id).cloned(),
+            workloads: s.workloads.get(&id).cloned(),
+        };
+        // Nothing reported (yet, or by another fleet's NATS): leave the status alone.
+        if reported == Reported::default() {
+            continue;
+        }
+        if let Some(next) = mirror::device_status(d.status.as_ref(), &reported) {
+            plan.device_statuses.push((id, next));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_wire::fixtures;
+    use serde_json::{json, Value};
+
+    fn obj<K: serde::de::DeserializeOwned>(
+        kind: &str,
+        name: &str,
+        meta: Value,
+        spec: Value,
+    ) -> Arc<K> {
+        let mut metadata = json!({"name": name, "generation": 1});
+        for (k, v) in meta.as_object().into_iter().flatten() {
+            metadata[k] = v.clone();
+        }
+        Arc::new(
+            serde_json::from_value(
+                json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": kind,
+                "metadata": metadata, "spec": spec}),
+            )
+            .expect(kind),
+        )
+    }
+    fn device(name: &str, labels: Value) -> Arc<Device> {
+        obj("Device", name, json!({"labels": labels}), json!({}))
+    }
+    fn held(name: &str) -> Arc<Device> {
+        obj(
+            "Device",
+            name,
+            json!({"annotations": {HOLD_ANNOTATION: "true"}}),
+            json!({}),
+        )
+    }
+    fn group(name: &str, spec: Value) -> Arc<DeviceGroup> {
+        obj("DeviceGroup", name, json!({}), spec)
+    }
+    fn deployment(name: &str, group: &str, image: &str) -> Arc<FleetDeployment> {
+        obj(
+            "FleetDeployment",
+            name,
+            json!({}),
+            json!({"allowedGroups": [group], "workloads": [{"name": name, "image": image}]}),
+        )
+    }
+    fn release(name: &str, group: &str) -> Arc<AgentRelease> {
+        obj(
+            "AgentRelease",
+            name,
+            json!({}),
+            json!({"allowedGroups": [group], "builds": [{"architecture": "arm64", "version": "2.0.0",
+                "artifact": "https://example.com/a", "sha256": "a".repeat(64), "byteLimit": 1000}]}),
+        )
+    }
+    fn info(id: &str) -> (String, DeviceInfo) {
+        let mut i = fixtures::device_info();
+        i.device_id = DeviceId::try_from(id).expect("id");
+        (id.to_owned(), i)
+    }
+    fn desired(id: &str, names: &[&str]) -> (String, DesiredState) {
+        let ws = names.iter().map(|n| fixtures::workload(n)).collect();
+        let s = DesiredState::new(DeviceId::try_from(id).expect("id"), 1, ws).expect("state");
+        (id.to_owned(), s)
+    }
+    fn base() -> Snapshot {
+        Snapshot {
+            devices: vec![
+                device("d1", json!({"site": "a"})),
+                device("d2", json!({"site": "b"})),
+            ],
+            groups: vec![
+                group(
+                    "site-a",
+                    json!({"selector": {"matchLabels": {"site": "a"}}}),
+                ),
+                group("all", json!({"selectAll": true})),
+            ],
+            ..Default::default()
+        }
+    }
+
+    /// What a plan does, in words a table can hold.
+    #[derive(Debug, Default, PartialEq)]
+    struct Summary {
+        desired: Vec<String>,
+        intents: Vec<String>,
+        ready: Vec<String>,
+        counts: Vec<String>,
+        new_devices: Vec<String>,
+        ignored: Vec<String>,
+        device_statuses: usize,
+    }
+
+    fn summary(p: &Plan) -> Summary {
+        let ready = |kind: &str, name: String, wants: &[Want]| {
+            let w = &wants[0];
+            format!("{kind} {name}: {}", if w.ok { "Placed" } else { w.reason })
+        };
+        let mut s = Summary {
+            desired: p
+                .desired
+                .iter()
+                .map(|(d, ws)| {
+                    let names: Vec<&str> = ws.iter().map(|w| w.name.as_str()).collect();
+                    format!("{d}={}", names.join(","))
+                })
+                .collect(),
+            intents: p
+                .intents
+                .iter()
+                .map(|w| format!("{}->{}", w.device, w.attempt.target_version))
+                .collect(),
+            new_devices: p
+                .new_devices
+                .iter()
+                .map(|n| format!("{}{}", n.id, if n.hold { " held" } else { "" }))
+                .collect(),
+            ignored: p.ignored.iter().map(|(n, _)| n.clone()).collect(),
+            device_statuses: p.device_statuses.len(),
+            ..Default::default()
+        };
+        for g in &p.groups {
+            s.ready.push(ready("group", g.obj.name_any(), &g.wants));
+            s.counts.push(format!(
+                "group {}: {:?}",
+                g.obj.name_any(),
+                g.next.member_count
+            ));
+        }
+        for d in &p.deployments {
+            s.ready
+                .push(ready("deployment", d.obj.name_any(), &d.wants));
+        }
+        for r in &p.releases {
+            s.ready.push(ready("release", r.obj.name_any(), &r.wants));
+            let n = &r.next;
+            s.counts.push(format!(
+                "release {}: {:?}/{:?}/{:?}/{:?}",
+                r.obj.name_any(),
+                n.targeted_devices,
+                n.up_to_date,
+                n.in_progress,
+                n.failed
+            ));
+        }
+        s
+    }
+
+    fn strs(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn plan_table() {
+        type Case = (&'static str, Snapshot, Summary);
+        let mut cases: Vec<Case> = Vec::new();
+
+        let mut s = base();
+        s.deployments = vec![deployment("web", "site-a", "nginx:1")];
+        cases.push((
+            "placement",
+            s,
+            Summary {
+                desired: strs(&["d1=web", "d2="]),
+                ready: strs(&[
+                    "group site-a: Placed",
+                    "group all: Placed",
+                    "deployment web: Placed",
+                ]),
+                counts: strs(&["group site-a: Some(1)", "group all: Some(2)"]),
+                ..Default::default()
+            },
+        ));
+
+        let mut s = base();
+        s.deployments = vec![deployment("web", "site-a", "Nginx:Bad:x")];
+        s.desired = [desired("d1", &["web"]), desired("d2", &[])].into();
+        cases.push((
+            "an invalid spec holds what runs",
+            s,
+            Summary {
+                desired: strs(&["d1=web", "d2="]),
+                ready: strs(&[
+                    "group site-a: Placed",
+                    "group all: Placed",
+                    "deployment web: InvalidSpec",
+                ]),
+                counts: strs(&["group site-a: Some(1)", "group all: Some(2)"]),
+                ..Default::default()
+            },
+        ));
+
+        let mut s = base();
+        s.groups = vec![group("empty", json!({"selector": {}}))];
+        s.deployments = vec![deployment("web", "empty", "nginx:1")];
+        s.desired = [desired("d1", &["web"])].into();
+        cases.push((
+            "an empty selector holds, never selects all",
+            s,
+            Summary {
+                desired: strs(&["d1=web", "d2="]),
+                ready: strs(&[
+                    "group empty: EmptySelector",
+                    "deployment web: GroupSourceError",
+                ]),
+                counts: strs(&["group empty: None"]),
+                ..Default::default()
+            },
+        ));
+
+        let mut s = base();
+        s.devices.push(held("d3"));
+        s.desired = [desired("d3", &["old"])].into();
+        cases.push((
+            "a held device keeps its state",
+            s,
+            Summary {
+                desired: strs(&["d1=", "d2=", "d3=old"]),
+                ready: strs(&["group site-a: Placed", "group all: Placed"]),
+                counts: strs(&["group site-a: Some(1)", "group all: Some(3)"]),
+                ..Default::default()
+            },
+        ));
+
+        let mut s = base();
+        s.releases = vec![release("r-b", "all"), release("r-a", "site-a")];
+        s.info = [info("d1"), info("d2")].into();
+        cases.push((
+            "releases: the first by name owns a device, the other conflicts",
+            s,
+            Summary {
+                desired: strs(&["d1=", "d2="]),
+                intents: strs(&["d1->2.0.0", "d2->2.0.0"]),
+                ready: strs(&[
+                    "group site-a: Placed",
+                    "group all: Placed",
+                    "release r-a: Placed",
+                    "release r-b: Conflict",
+                ]),
+                counts: strs(&[
+                    "group site-a: Some(1)",
+                    "group all: Some(2)",
+                    "release r-a: Some(1)/Some(0)/Some(1)/Some(0)",
+                    "release r-b: None/None/None/None",
+                ]),
+                device_statuses: 2,
+                ..Default::default()
+            },
+        ));
+
+        let mut s = base();
+        s.releases = vec![release("r", "site-a")];
+        s.info = [info("d1")].into();
+        let mut kept = fixtures::attempt();
+        kept.device_id = DeviceId::try_from("d1").expect("id");
+        kept.target_version = fleet_wire::Version::try_from("2.0.0").expect("v");
+        kept.artifact = "https://example.com/a".parse().expect("artifact");
+        kept.byte_limit = fleet_wire::ByteLimit::try_from(1000).expect("limit");
+        kept.sha256 = fleet_wire::Sha256Hex::try_from("a".repeat(64).as_str()).expect("sha");
+        let mut failed = fixtures::failed_status();
+        failed.attempt_id = Some(kept.attempt_id);
+        s.intents = [("d1".to_owned(), kept)].into();
+        s.upgrades = [("d1".to_owned(), failed)].into();
+        cases.push((
+            "a failed attempt is kept and counted, not retried",
+            s,
+            Summary {
+                desired: strs(&["d1=", "d2="]),
+                ready: strs(&[
+                    "group site-a: Placed",
+                    "group all: Placed",
+                    "release r: Placed",
+                ]),
+                counts: strs(&[
+                    "group site-a: Some(1)",
+                    "group all: Some(2)",
+                    "release r: Some(1)/Some(0)/Some(0)/Some(1)",
+                ]),
+                device_statuses: 1,
+                ..Default::default()
+            },
+        ));
+
+        let mut s = base();
+        s.devices.push(device("Bad_Name", json!({})));
+        s.info = [info("d1"), info("d8"), info("d9")].into();
+        s.desired = [desired("d9", &["web"])].into();
+        cases.push((
+            "devices that reported are created; held when they run workloads",
+            s,
+            Summary {
+                desired: strs(&["d1=", "d2="]),
+                ready: strs(&["group site-a: Placed", "group all: Placed"]),
+                counts: strs(&["group site-a: Some(1)", "group all: Some(2)"]),
+                new_devices: strs(&["d8", "d9 held"]),
+                ignored: strs(&["Bad_Name"]),
+                device_statuses: 1,
+                ..Default::default()
+            },
+        ));
+
+        for (what, snapshot, want) in cases {
+            let mut ids = 0u32;
+            let p = plan(&snapshot, &mut || {
+                ids += 1;
+                AttemptId::new_random()
+            });
+            assert_eq!(summary(&p), want, "{what}");
+            // decide_intent names a new attempt once per device that needs one, never twice
+            assert_eq!(ids as usize, p.intents.len(), "{what}");
+        }
+    }
+
+    #[test]
+    fn messages_say_why() {
+        let mut s = base();
+        s.groups
+            .push(group("listed", json!({"devices": ["d2", "d7"]})));
+        s.groups.push(group("empty", json!({})));
+        s.deployments = vec![deployment("web", "empty", "nginx:1")];
+        s.desired = [desired("d1", &["web"])].into();
+        let p = plan(&s, &mut AttemptId::new_random);
+        let msg = |name: &str| {
+            let g = p
+                .groups
+                .iter()
+                .find(|g| g.obj.name_any() == name)
+                .expect(name);
+            g.wants[0].message.clone()
+        };
+        assert_eq!(msg("listed"), "1 device; listed but no Device yet: d7");
+        assert!(
+            msg("empty").contains("selects no device"),
+            "{}",
+            msg("empty")
+        );
+        let d = &p.deployments[0].wants[0].message;
+        assert!(
+            d.contains("selects no device") && d.contains("kept unchanged"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn finish_adds_nats_second_and_skips_unchanged() {
+        let mut s = base();
+        s.deployments = vec![deployment("web", "site-a", "nginx:1")];
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let ok = conditions::nats_reachable(None);
+        let p = plan(&s, &mut AttemptId::new_random);
+        let (_, _, next) = p.deployments[0].clone().finish(&ok, &now).expect("changed");
+        let types: Vec<&str> = next.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, ["Ready", "NatsReachable"]);
+        // the same plan against the status it produced writes nothing
+        let mut written = (*s.deployments[0]).clone();
+        written.status = Some(next);
+        s.deployments = vec![Arc::new(written)];
+        let p = plan(&s, &mut AttemptId::new_random);
+        assert!(p.deployments[0].clone().finish(&ok, &now).is_none());
+        // an unreachable NATS is a change
+        let down = conditions::nats_reachable(Some("connection refused"));
+        assert!(p.deployments[0].clone().finish(&down, &now).is_some());
+    }
+
+    #[test]
+    fn intent_write_decides_again_only_when_the_key_changed() {
+        let mut s = base();
+        s.releases = vec![release("r", "site-a")];
+        s.info = [info("d1")].into();
+        let p = plan(&s, &mut AttemptId::new_random);
+        let w = &p.intents[0];
+        assert_eq!(
+            w.decide(None),
+            Some(w.attempt.clone()),
+            "unchanged: as planned"
+        );
+        // another replica wrote an attempt for the same build: keep it
+        let mut theirs = w.attempt.clone();
+        theirs.attempt_id = AttemptId::new_random();
+        assert_eq!(w.decide(Some(&theirs)), None);
+        // another replica wrote something else: decide again, a new attempt
+        let mut other = theirs.clone();
+        other.target_version = fleet_wire::Version::try_from("9.0.0").expect("v");
+        let again = w.decide(Some(&other)).expect("a new attempt");
+        assert_ne!(again.attempt_id, w.attempt.attempt_id);
+        assert_eq!(again.target_version.as_str(), "2.0.0");
+    }
+}
