@@ -5,10 +5,9 @@
 //! stands in for the agent and the updater: the whole-device scenarios run the real ones.
 
 use fleet_rig::nspawn::Guest;
-use fleet_rig::NatsServer;
 use fleet_vm_tests::builds::{self, V1};
 use fleet_vm_tests::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
-use fleet_vm_tests::fleet::{agent_config, DEVICE};
+use fleet_vm_tests::fleet::{agent_config, start_nats, DEVICE, GUEST_TOKEN_FILE};
 use fleet_vm_tests::fleetlock::FleetLockServer;
 use std::path::Path;
 use std::time::Duration;
@@ -267,13 +266,13 @@ fn root_repair_leaves_quarantine_only_when_the_selected_agent_starts() {
 }
 
 /// The administrator's path through docs/device-setup.md on a fresh guest, with the real binaries and no operator:
-/// set up before the NATS buckets exist (the agent waits with one INFO line, no restart), create them with
+/// set up (with the device's NATS token when the auth callout is on, docs/auth.md) before the NATS buckets exist (the agent waits with one INFO line, no restart), create them with
 /// `fleet-operator buckets` (the documented way), then a ready agent and updater and an active reboot timer whose
 /// service does nothing without a config and succeeds with one; `fleet-reboot --check` against a real
 /// fleetlock-server passes, and fails clearly with a wrong token or a wrong URL, taking no lock.
 #[test]
 fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
-    let nats = NatsServer::start();
+    let nats = start_nats();
     let token = "fleet-reboot-test-token";
     let lock_server = FleetLockServer::start_with_token(Some(token));
     let mut guest = Guest::boot();
@@ -290,9 +289,12 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
     stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
     let url = format!("nats://{}", nats_link.addr());
+    let nats_token = nats
+        .device_token(DEVICE)
+        .map(|t| stage_bytes(&guest, t.as_bytes(), "nats-token", 0o600));
     let acfg = stage_bytes(
         &guest,
-        agent_config(DEVICE, &url).as_bytes(),
+        agent_config(DEVICE, &url, nats_token.as_ref().map(|_| GUEST_TOKEN_FILE)).as_bytes(),
         "agent.toml",
         0o644,
     );
@@ -300,7 +302,7 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     let ucfg = stage_bytes(&guest, b"", "updater.toml", 0o644);
 
     // Set up before anyone created the buckets: setup succeeds and says the agent waits for them.
-    let args = [
+    let mut args = vec![
         "--agent",
         &agent,
         "--updater",
@@ -310,6 +312,9 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         "--updater-config",
         &ucfg,
     ];
+    if let Some(t) = &nats_token {
+        args.extend(["--nats-token", t.as_str()]);
+    }
     let out = device_setup(&guest, &args);
     assert!(
         out.status.success(),
@@ -330,7 +335,7 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         let out = std::process::Command::new(&operator)
             .arg("buckets")
             .args(extra)
-            .args(["--nats-url", &nats.url()])
+            .env("FLEET_NATS_URL", nats.service_url())
             .output()
             .unwrap_or_else(|e| panic!("run fleet-operator buckets: {e}"));
         (out.status.success(), text(&out))

@@ -2,6 +2,7 @@
 //!
 //! A part that is missing fails the test with a message saying how to install it; nothing is ever skipped.
 
+pub mod callout;
 pub mod https;
 pub mod kube;
 pub mod nats;
