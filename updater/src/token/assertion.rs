@@ -44,7 +44,9 @@ impl std::fmt::Debug for MachineKey {
 fn valid_id(what: &str, id: &str) -> Result<(), String> {
     if id.is_empty()
         || id.len() > MAX_ID_CHARS
-        || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     {
         return Err(format!(
             "{what}: must be 1-{MAX_ID_CHARS} letters, digits, '-' or '_'"
@@ -125,8 +127,10 @@ mod tests {
         assert!(out.status.success(), "openssl genrsa: {out:?}");
         let pem = String::from_utf8(out.stdout).expect("pem");
         assert!(pem.starts_with("-----BEGIN RSA PRIVATE KEY-----"), "{pem}");
-        serde_json::to_vec(&serde_json::json!({"type": "serviceaccount", "keyId": key_id,
-            "key": pem, "expirationDate": "9999-12-31T23:59:59Z", "userId": user_id}))
+        serde_json::to_vec(
+            &serde_json::json!({"type": "serviceaccount", "keyId": key_id,
+            "key": pem, "expirationDate": "9999-12-31T23:59:59Z", "userId": user_id}),
+        )
         .expect("json")
     }
 
@@ -143,10 +147,7 @@ mod tests {
             .expect("sign");
         let (input, sig) = jwt.rsplit_once('.').expect("jws");
         UnparsedPublicKey::new(&RSA_PKCS1_2048_8192_SHA256, key.public_key_der())
-            .verify(
-                input.as_bytes(),
-                &URL_SAFE_NO_PAD.decode(sig).expect("b64"),
-            )
+            .verify(input.as_bytes(), &URL_SAFE_NO_PAD.decode(sig).expect("b64"))
             .expect("signature verifies");
         assert_eq!(
             part(&jwt, 0),

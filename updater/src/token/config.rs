@@ -52,12 +52,21 @@ impl TokenConfig {
             .issuer
             .strip_prefix("https://")
             .ok_or_else(|| format!("issuer: {:?} is not an https:// URL", c.issuer))?;
-        if host.is_empty() || host.contains(['?', '#', '@']) || host.chars().any(char::is_whitespace) {
-            return Err(format!("issuer: {:?} is not a plain https:// URL", c.issuer));
+        if host.is_empty()
+            || host.contains(['?', '#', '@'])
+            || host.chars().any(char::is_whitespace)
+        {
+            return Err(format!(
+                "issuer: {:?} is not a plain https:// URL",
+                c.issuer
+            ));
         }
         if c.project_id.is_empty()
             || c.project_id.len() > MAX_PROJECT_ID_CHARS
-            || !c.project_id.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '-')
+            || !c
+                .project_id
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '-')
         {
             return Err(format!(
                 "project_id: {:?} must be 1-{MAX_PROJECT_ID_CHARS} letters, digits or '-'",
@@ -81,7 +90,10 @@ impl TokenConfig {
             .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
             .map_err(|e| format!("{}: {e}", path.display()))?;
         if text.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(format!("{}: larger than {MAX_CONFIG_BYTES} bytes", path.display()));
+            return Err(format!(
+                "{}: larger than {MAX_CONFIG_BYTES} bytes",
+                path.display()
+            ));
         }
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
@@ -139,7 +151,10 @@ mod tests {
             c.scope(),
             "openid urn:zitadel:iam:org:project:id:284651234567890123:aud"
         );
-        assert_eq!(c.token_file(), PathBuf::from("/etc/harmony-fleet/nats-token"));
+        assert_eq!(
+            c.token_file(),
+            PathBuf::from("/etc/harmony-fleet/nats-token")
+        );
         assert_eq!(
             c.key_file(),
             PathBuf::from("/etc/harmony-fleet/zitadel-key.json")
@@ -154,9 +169,15 @@ mod tests {
             ("issuer: https://\nproject_id: p\n", "issuer"),
             ("issuer: https://z?x=1\nproject_id: p\n", "issuer"),
             ("issuer: https://z\nproject_id: \"a b\"\n", "project_id"),
-            ("issuer: https://z\nproject_id: p\ntimeout_secs: 0\n", "timeout_secs"),
+            (
+                "issuer: https://z\nproject_id: p\ntimeout_secs: 0\n",
+                "timeout_secs",
+            ),
             ("issuer: https://z\nproject_id: p\nroot: rel\n", "root"),
-            ("issuer: https://z\nproject_id: p\ntoken_file: /tmp/x\n", "unknown field"),
+            (
+                "issuer: https://z\nproject_id: p\ntoken_file: /tmp/x\n",
+                "unknown field",
+            ),
         ] {
             let e = TokenConfig::parse(text).expect_err(text);
             assert!(e.contains(want), "{text}: {e}");

@@ -75,16 +75,18 @@ pub fn request(
 pub fn parse_answer(code: u16, text: &str) -> Result<Issued, String> {
     let answer: Option<Answer> = serde_json::from_str(text).ok();
     if code != 200 {
-        return Err(match answer.and_then(|a| a.error.map(|e| (e, a.error_description))) {
-            Some((error, description)) => format!(
-                "HTTP {code}: {}{}",
-                printable(&error),
-                description
-                    .map(|d| format!(": {}", printable(&d)))
-                    .unwrap_or_default()
-            ),
-            None => format!("HTTP {code}"),
-        });
+        return Err(
+            match answer.and_then(|a| a.error.map(|e| (e, a.error_description))) {
+                Some((error, description)) => format!(
+                    "HTTP {code}: {}{}",
+                    printable(&error),
+                    description
+                        .map(|d| format!(": {}", printable(&d)))
+                        .unwrap_or_default()
+                ),
+                None => format!("HTTP {code}"),
+            },
+        );
     }
     let answer = answer.ok_or("HTTP 200 but the answer is not a token response (JSON)")?;
     let token = answer
@@ -172,7 +174,10 @@ mod tests {
             let e = parse_answer(code, body).expect_err(body);
             assert!(e.contains(want), "{body}: {e}");
         }
-        let long = format!(r#"{{"access_token":"{}"}}"#, "a".repeat(NATS_TOKEN_MAX_BYTES + 1));
+        let long = format!(
+            r#"{{"access_token":"{}"}}"#,
+            "a".repeat(NATS_TOKEN_MAX_BYTES + 1)
+        );
         assert!(parse_answer(200, &long).is_err());
     }
 }

@@ -16,7 +16,10 @@ pub fn write_token(path: &Path, token: &str) -> Result<(), String> {
         Ok(m) => (m.uid(), m.gid()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let u = crate::users::user_by_name(AGENT_USER).map_err(|e| {
-                format!("{} does not exist and its owner cannot be found: {e}", path.display())
+                format!(
+                    "{} does not exist and its owner cannot be found: {e}",
+                    path.display()
+                )
             })?;
             (u.uid, u.gid)
         }
@@ -64,6 +67,10 @@ mod tests {
         assert_eq!(fs::read_to_string(&p).expect("read"), "new-token\n");
         assert_eq!(after.mode() & 0o777, 0o600);
         assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
-        assert_eq!(fs::read_dir(dir.path()).expect("ls").count(), 1, "a temporary file stayed");
+        assert_eq!(
+            fs::read_dir(dir.path()).expect("ls").count(),
+            1,
+            "a temporary file stayed"
+        );
     }
 }
