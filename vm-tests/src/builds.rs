@@ -147,6 +147,11 @@ pub fn fetch_helper() -> PathBuf {
     build("fleet-updater", "fleet-fetch", None)
 }
 
+/// The device token refresher, installed beside the updater when given.
+pub fn token_refresher() -> PathBuf {
+    build("fleet-updater", "fleet-token", None)
+}
+
 /// The coordinated-reboot client, installed beside the updater.
 pub fn reboot_client() -> PathBuf {
     build("fleet-updater", "fleet-reboot", None)

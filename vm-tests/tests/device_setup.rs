@@ -266,7 +266,9 @@ fn root_repair_leaves_quarantine_only_when_the_selected_agent_starts() {
 }
 
 /// The administrator's path through docs/device-setup.md on a fresh guest, with the real binaries and no operator:
-/// set up (with the device's NATS token when the auth callout is on, docs/auth.md) before the NATS buckets exist (the agent waits with one INFO line, no restart), create them with
+/// set up before the NATS buckets exist — with the auth callout on (docs/auth.md), with the device's Zitadel
+/// machine key instead of a token: device setup runs fleet-token, which gets the token from the token endpoint
+/// with the JWT-profile grant, and fleet-token.timer refreshes it (a run rotates it; the agent goes on) (the agent waits with one INFO line, no restart), create them with
 /// `fleet-operator buckets` (the documented way), then a ready agent and updater and an active reboot timer whose
 /// service does nothing without a config and succeeds with one; `fleet-reboot --check` against a real
 /// fleetlock-server passes, and fails clearly with a wrong token or a wrong URL, taking no lock.
@@ -289,12 +291,26 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
     stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
     let url = format!("nats://{}", nats_link.addr());
-    let nats_token = nats
-        .device_token(DEVICE)
-        .map(|t| stage_bytes(&guest, t.as_bytes(), "nats-token", 0o600));
+    // With the callout: the machine key, fleet-token's config naming the Zitadel stand-in (relayed into the
+    // guest at the same URL) and the CA its certificate is from, and fleet-token beside the updater.
+    let refresher = nats.machine_key(DEVICE).map(|key| {
+        let (issuer, port) = nats.zitadel().expect("zitadel");
+        guest.forward(port);
+        let ca = nats.zitadel_ca_pem().expect("ca");
+        guest.write_file("/etc/harmony-fleet-ca/zitadel-ca.pem", &ca, 0o644);
+        stage_file(&guest, &builds::token_refresher(), "fleet-token", 0o755);
+        let config = format!(
+            "issuer: \"{issuer}\"\nproject_id: \"{}\"\nca_file: /etc/harmony-fleet-ca/zitadel-ca.pem\n",
+            fleet_rig::callout::AUDIENCE
+        );
+        (
+            stage_bytes(&guest, key.as_bytes(), "zitadel-key.json", 0o600),
+            stage_bytes(&guest, config.as_bytes(), "fleet-token.yaml", 0o644),
+        )
+    });
     let acfg = stage_bytes(
         &guest,
-        agent_config(DEVICE, &url, nats_token.as_ref().map(|_| GUEST_TOKEN_FILE)).as_bytes(),
+        agent_config(DEVICE, &url, refresher.as_ref().map(|_| GUEST_TOKEN_FILE)).as_bytes(),
         "agent.toml",
         0o644,
     );
@@ -312,8 +328,13 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         "--updater-config",
         &ucfg,
     ];
-    if let Some(t) = &nats_token {
-        args.extend(["--nats-token", t.as_str()]);
+    if let Some((key, config)) = &refresher {
+        args.extend([
+            "--zitadel-key",
+            key.as_str(),
+            "--token-config",
+            config.as_str(),
+        ]);
     }
     let out = device_setup(&guest, &args);
     assert!(
@@ -328,6 +349,26 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         text(&out)
     );
     assert_eq!(guest.unit_state("fleet-agent.service"), "activating");
+    let token_facts = || {
+        guest.sh(&format!(
+            "stat -c '%U:%G %a' {GUEST_TOKEN_FILE} /etc/harmony-fleet/zitadel-key.json; sha256sum {GUEST_TOKEN_FILE}"
+        ))
+    };
+    let first_token = refresher.as_ref().map(|_| {
+        assert!(
+            text(&out).contains("fleet-token got the device's NATS token"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(nats.grants_issued(DEVICE), 1, "{}", nats.auth_logs());
+        let facts = token_facts();
+        assert!(
+            facts.starts_with("fleet-agent:fleet-agent 600\nroot:root 600\n"),
+            "{facts}"
+        );
+        guest.wait_unit("fleet-token.timer", "active", Duration::from_secs(30));
+        facts
+    });
 
     // The documented check says what is missing; the documented command creates them.
     let operator = builds::operator();
@@ -360,6 +401,25 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
             .trim(),
         "0"
     );
+    // With the callout, the agent got in with the token fleet-token fetched. A refresh (the timer's next run)
+    // rotates the token on disk: a new grant, a new file, the agent untouched; the token is in no journal.
+    if let Some(before) = &first_token {
+        assert!(nats.admitted(DEVICE), "{}", nats.auth_logs());
+        guest.systemctl(&["start", "fleet-token.service"]);
+        assert_eq!(nats.grants_issued(DEVICE), 2, "{}", nats.auth_logs());
+        let after = token_facts();
+        assert_ne!(&after, before, "the refresh did not replace the token");
+        assert!(
+            after.starts_with("fleet-agent:fleet-agent 600\n"),
+            "{after}"
+        );
+        let token = std::fs::read_to_string(guest.path(GUEST_TOKEN_FILE)).expect("token");
+        let journal = guest.sh("journalctl -o cat --no-pager");
+        assert!(
+            !journal.contains(token.trim()) && journal.contains("wrote a new NATS token"),
+            "the token is in the journal, or fleet-token said nothing"
+        );
+    }
     let log = guest.sh("journalctl -b -o cat -u fleet-agent.service");
     let waits: Vec<&str> = log
         .lines()
@@ -450,11 +510,18 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     });
     assert!(
         released.is_some(),
-        "the slot was not given back after the boot:\n{}",
-        guest.journal("fleet-reboot-release.service", 30)
+        "the slot was not given back after the boot:\n{}\n{}",
+        guest.journal("fleet-reboot-release.service", 30),
+        guest
+            .try_sh("systemctl is-system-running; systemctl list-jobs --no-pager; systemctl --failed --no-pager")
+            .1
     );
-    let log = guest.sh("journalctl -b -o cat -u fleet-reboot-release.service");
-    assert!(log.contains("lock released"), "{log}");
+    // The server hears the release a moment before the service logs it: wait for the line.
+    let log = || guest.sh("journalctl -b -o cat -u fleet-reboot-release.service");
+    let logged = fleet_rig::wait_for(Duration::from_secs(10), || {
+        log().contains("lock released").then_some(())
+    });
+    assert!(logged.is_some(), "{}", log());
     guest.sh("test ! -e /var/lib/fleet-reboot/marker.json");
     guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(60));
 }
