@@ -1,38 +1,23 @@
 //! The NATS side of a whole fleet, as whole-device scenarios and the demo run it: by default with the fleet-auth
 //! auth callout on (docs/auth.md) — nats-server with [`crate::nats::callout_config`], the real `fleet-auth`, and a
-//! Zitadel stand-in over HTTPS (a certificate of its own [`TestCa`]): its JWKS, tokens minted for devices, and a
-//! token endpoint answering the JWT-profile grant of registered machine users (what `fleet-token` asks) — and the
-//! services' own user (`admin`, an `auth_users` entry in the buckets' account). `FLEET_NATS_AUTH=off` starts the
+//! Zitadel stand-in ([`crate::zitadel`]: its JWKS, a token per device, the JWT-profile grant of machine users) — and
+//! the services' own user (`admin`, an `auth_users` entry in the buckets' account). `FLEET_NATS_AUTH=off` starts the
 //! plain server (no credentials) instead: one switch, so that every scenario takes the same path.
 
-use crate::https::{HttpsServer, Reply, Request};
 use crate::nats::{callout_config, nats_client};
-use crate::tls::TestCa;
 use crate::token::{b64, URL};
+use crate::zitadel::Zitadel;
+pub use crate::zitadel::{MachineKeyFile, AUDIENCE, TOKEN_TTL};
 use crate::{wait_for, NatsServer};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use ring::rand::{SecureRandom, SystemRandom};
-use ring::signature::{
-    EcdsaKeyPair, KeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED_SIGNING,
-    RSA_PKCS1_2048_8192_SHA256,
-};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The switch: `FLEET_NATS_AUTH` = `callout` (the default) or `off`.
 pub const SWITCH: &str = "FLEET_NATS_AUTH";
-/// The tokens' audience (fleet-auth's `zitadel.audience`: the Zitadel project id).
-pub const AUDIENCE: &str = "harmony-fleet-test";
 /// The services' own NATS user (listed in `auth_callout.auth_users`, account FLEET).
 pub const ADMIN_USER: &str = "admin";
-/// How long a minted device token is valid: longer than any scenario or a demo left running for a day.
-pub const TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
-/// The key id of the issuer's signing key.
-const KID: &str = "fleet-test-1";
 
 /// How devices and services authenticate to the fleet's NATS server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,47 +72,9 @@ struct Callout {
     auth: Option<Child>,
     auth_log: PathBuf,
     nats_log: PathBuf,
-    zitadel: HttpsServer,
-    ca: TestCa,
-    issuer: Arc<Issuer>,
+    zitadel: Zitadel,
     admin_password: String,
-    dir: tempfile::TempDir,
-}
-
-/// The Zitadel stand-in's state, shared with its HTTPS handler.
-struct Issuer {
-    /// Its URL (`https://127.0.0.1:<port>`): the tokens' `iss` and the assertions' `aud`.
-    url: OnceLock<String>,
-    key: EcdsaKeyPair,
-    jwks: Vec<u8>,
-    /// Machine users by user id.
-    machines: Mutex<BTreeMap<String, Machine>>,
-}
-
-/// A registered machine user: the device it stands for, its key id and public key (DER `RSAPublicKey`), and how
-/// many tokens the endpoint issued to it.
-struct Machine {
-    device: String,
-    key_id: String,
-    public_der: Vec<u8>,
-    grants: usize,
-}
-
-/// A machine user's key file as Zitadel hands it out (`keyId`, `key` as PKCS#1 PEM, `userId`): a secret, its
-/// `Debug` hides it.
-pub struct MachineKeyFile(Vec<u8>);
-
-impl MachineKeyFile {
-    /// The file's bytes (for the device's `/etc/harmony-fleet/zitadel-key.json`).
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for MachineKeyFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MachineKeyFile(<redacted>)")
-    }
+    _dir: tempfile::TempDir,
 }
 
 impl FleetNats {
@@ -220,7 +167,7 @@ impl FleetNats {
     /// A token for `device` (its `device_id` claim), valid for [`TOKEN_TTL`]; none without the callout.
     pub fn device_token(&self, device: &str) -> Option<DeviceToken> {
         let c = self.callout.as_ref()?;
-        Some(DeviceToken(c.issuer.mint(device, TOKEN_TTL)))
+        Some(DeviceToken(c.zitadel.mint(device, TOKEN_TTL)))
     }
 
     /// Registers a new machine user for `device` with the Zitadel stand-in and returns its key file (an RSA key
@@ -228,39 +175,27 @@ impl FleetNats {
     /// `device`. None without the callout.
     pub fn machine_key(&self, device: &str) -> Option<MachineKeyFile> {
         let c = self.callout.as_ref()?;
-        Some(c.register_machine(device))
+        Some(c.zitadel.register_machine(device))
     }
 
     /// How many tokens the token endpoint issued to `device`'s machine users.
     pub fn grants_issued(&self, device: &str) -> usize {
-        self.callout.as_ref().map_or(0, |c| {
-            c.issuer
-                .machines
-                .lock()
-                .map(|m| {
-                    m.values()
-                        .filter(|x| x.device == device)
-                        .map(|x| x.grants)
-                        .sum()
-                })
-                .unwrap_or(0)
-        })
+        self.callout
+            .as_ref()
+            .map_or(0, |c| c.zitadel.grants_issued(device))
     }
 
     /// The Zitadel stand-in's URL (`https://127.0.0.1:<port>`, `fleet-token`'s `issuer`) and port; none without
     /// the callout.
     pub fn zitadel(&self) -> Option<(String, u16)> {
         let c = self.callout.as_ref()?;
-        Some((c.issuer.url().to_string(), c.zitadel.port()))
+        Some((c.zitadel.url().to_string(), c.zitadel.port()))
     }
 
     /// The CA certificate (PEM) the Zitadel stand-in's certificate is issued by; none without the callout.
     pub fn zitadel_ca_pem(&self) -> Option<Vec<u8>> {
         let c = self.callout.as_ref()?;
-        Some(
-            std::fs::read(c.ca.ca_file())
-                .unwrap_or_else(|e| panic!("read the Zitadel stand-in's CA: {e}")),
-        )
+        Some(c.zitadel.ca_pem())
     }
 
     /// fleet-auth's and nats-server's logs (empty without the callout), for failure messages: admissions and
@@ -293,28 +228,7 @@ impl Callout {
             .tempdir()
             .unwrap_or_else(|e| panic!("temp dir for the auth callout: {e}"));
         let rng = SystemRandom::new();
-        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
-            .unwrap_or_else(|e| panic!("issuer key: {e}"));
-        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
-            .unwrap_or_else(|e| panic!("issuer key: {e}"));
-        let p = key.public_key().as_ref();
-        let jwks =
-            serde_json::json!({"keys": [{"kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256",
-            "kid": KID, "x": b64(&p[1..33], URL), "y": b64(&p[33..], URL)}]})
-            .to_string()
-            .into_bytes();
-        let issuer = Arc::new(Issuer {
-            url: OnceLock::new(),
-            key,
-            jwks,
-            machines: Mutex::default(),
-        });
-        let ca = TestCa::new();
-        let zitadel = {
-            let issuer = issuer.clone();
-            HttpsServer::start(&ca, move |req| issuer.serve(req))
-        };
-        let _ = issuer.url.set(zitadel.url(""));
+        let zitadel = Zitadel::start();
 
         let account = nkeys::KeyPair::new_account();
         let seed = account
@@ -346,8 +260,8 @@ impl Callout {
                 url = server.url(),
                 pw = password_file.display(),
                 seed = seed_file.display(),
-                iss = issuer.url(),
-                ca = ca.ca_file().display(),
+                iss = zitadel.url(),
+                ca = zitadel.ca_file().display(),
             ),
         );
         let auth_log = dir.path().join("fleet-auth.log");
@@ -387,188 +301,11 @@ impl Callout {
             auth_log,
             nats_log,
             zitadel,
-            ca,
-            issuer,
             admin_password,
-            dir,
+            _dir: dir,
         };
         (server, callout)
     }
-
-    /// A new machine user for `device`: an RSA key made with openssl, registered with the issuer; its key file.
-    fn register_machine(&self, device: &str) -> MachineKeyFile {
-        let n = self.issuer.machines.lock().map(|m| m.len()).unwrap_or(0);
-        let pem_path = self.dir.path().join(format!("machine-{n}.pem"));
-        let pem = openssl(&["genrsa", "-traditional", "2048"]);
-        write_private(
-            self.dir.path(),
-            &format!("machine-{n}.pem"),
-            &String::from_utf8_lossy(&pem),
-        );
-        let public_der = openssl(&[
-            "rsa",
-            "-in",
-            &pem_path.display().to_string(),
-            "-RSAPublicKey_out",
-            "-outform",
-            "DER",
-        ]);
-        let _ = std::fs::remove_file(&pem_path);
-        let (user_id, key_id) = (
-            format!("{}", 300_000_000_000 + n),
-            format!("{}", 400_000_000_000 + n),
-        );
-        let file = serde_json::json!({"type": "serviceaccount", "keyId": key_id,
-            "key": String::from_utf8_lossy(&pem), "expirationDate": "9999-12-31T23:59:59Z", "userId": user_id});
-        if let Ok(mut m) = self.issuer.machines.lock() {
-            m.insert(
-                user_id,
-                Machine {
-                    device: device.to_string(),
-                    key_id,
-                    public_der,
-                    grants: 0,
-                },
-            );
-        }
-        MachineKeyFile(file.to_string().into_bytes())
-    }
-}
-
-impl Issuer {
-    fn url(&self) -> &str {
-        self.url.get().map(String::as_str).unwrap_or_default()
-    }
-
-    /// The stand-in's two endpoints: the JWKS and the token endpoint (JWT-profile grant).
-    fn serve(&self, req: &Request) -> Reply {
-        match (req.method.as_str(), req.path()) {
-            ("GET", "/oauth/v2/keys") => Reply::ok(self.jwks.clone()),
-            ("POST", "/oauth/v2/token") => match self.grant(req) {
-                Ok(token) => Reply::ok(
-                    serde_json::json!({"access_token": token, "token_type": "Bearer",
-                        "expires_in": TOKEN_TTL.as_secs()})
-                    .to_string(),
-                ),
-                Err(why) => Reply::Body {
-                    status: 400,
-                    headers: vec![("Content-Type".into(), "application/json".into())],
-                    body: Arc::new(
-                        serde_json::json!({"error": "invalid_grant", "error_description": why})
-                            .to_string()
-                            .into_bytes(),
-                    ),
-                },
-            },
-            _ => Reply::status(404, &[]),
-        }
-    }
-
-    /// Checks a JWT-profile grant (RFC 7523) as Zitadel does: the grant type, the project audience scope, and an
-    /// assertion signed by a registered machine key naming its user as `iss` and `sub`, this issuer as `aud`,
-    /// valid now for at most an hour. Mints the device's token.
-    fn grant(&self, req: &Request) -> Result<String, String> {
-        let form = |key: &str| {
-            Request {
-                method: String::new(),
-                target: format!("/?{}", String::from_utf8_lossy(&req.body)),
-                headers: vec![],
-                body: vec![],
-            }
-            .query(key)
-        };
-        if form("grant_type").as_deref() != Some("urn:ietf:params:oauth:grant-type:jwt-bearer") {
-            return Err("unsupported grant_type".into());
-        }
-        let scope = form("scope").unwrap_or_default();
-        let aud_scope = format!("urn:zitadel:iam:org:project:id:{AUDIENCE}:aud");
-        if !scope.split(' ').any(|s| s == aud_scope) {
-            return Err(format!("scope lacks {aud_scope}"));
-        }
-        let jwt = form("assertion").ok_or("no assertion")?;
-        let (input, sig) = jwt.rsplit_once('.').ok_or("assertion is not a JWS")?;
-        let (h, c) = input.split_once('.').ok_or("assertion is not a JWS")?;
-        let json = |part: &str| -> Result<serde_json::Value, String> {
-            let bytes = URL_SAFE_NO_PAD
-                .decode(part)
-                .map_err(|_| "assertion is not base64url")?;
-            serde_json::from_slice(&bytes).map_err(|_| "assertion is not JSON".to_string())
-        };
-        let (header, claims) = (json(h)?, json(c)?);
-        let user = claims["iss"].as_str().ok_or("assertion has no iss")?;
-        let mut machines = self.machines.lock().map_err(|_| "poisoned")?;
-        let machine = machines
-            .get_mut(user)
-            .ok_or_else(|| format!("unknown machine user {user}"))?;
-        if header["alg"] != "RS256" || header["kid"] != machine.key_id.as_str() {
-            return Err("assertion header: alg or kid".into());
-        }
-        let sig = URL_SAFE_NO_PAD
-            .decode(sig)
-            .map_err(|_| "signature is not base64url")?;
-        UnparsedPublicKey::new(&RSA_PKCS1_2048_8192_SHA256, &machine.public_der)
-            .verify(input.as_bytes(), &sig)
-            .map_err(|_| "bad assertion signature")?;
-        let now = unix_now();
-        let (iat, exp) = (
-            claims["iat"].as_u64().unwrap_or(0),
-            claims["exp"].as_u64().unwrap_or(0),
-        );
-        if claims["sub"] != user
-            || claims["aud"] != self.url()
-            || exp <= now
-            || iat > now + 60
-            || exp.saturating_sub(iat) > 3600
-        {
-            return Err("assertion claims: sub, aud, iat or exp".into());
-        }
-        machine.grants += 1;
-        Ok(self.mint(&machine.device, TOKEN_TTL))
-    }
-
-    /// A Zitadel-shaped access token (ES256, `kid`, `iss`, `aud`, `exp`, `nbf`, `device_id`) signed by the issuer.
-    fn mint(&self, device: &str, ttl: Duration) -> String {
-        let now = unix_now();
-        let header = serde_json::json!({"typ": "JWT", "alg": "ES256", "kid": KID});
-        let claims = serde_json::json!({
-            "iss": self.url(), "aud": [AUDIENCE], "sub": format!("machine-{device}"),
-            "iat": now, "nbf": now.saturating_sub(10), "exp": now + ttl.as_secs(),
-            "device_id": device,
-        });
-        let input = format!(
-            "{}.{}",
-            b64(header.to_string().as_bytes(), URL),
-            b64(claims.to_string().as_bytes(), URL)
-        );
-        let sig = self
-            .key
-            .sign(&SystemRandom::new(), input.as_bytes())
-            .unwrap_or_else(|e| panic!("sign a device token: {e}"));
-        format!("{input}.{}", b64(sig.as_ref(), URL))
-    }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn openssl(args: &[&str]) -> Vec<u8> {
-    let out = Command::new("openssl")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("the openssl command makes the test machine users' RSA keys (apt-get install openssl): {e}")
-        });
-    assert!(
-        out.status.success(),
-        "openssl {}: {}",
-        args.first().unwrap_or(&""),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 impl Drop for Callout {
@@ -588,7 +325,7 @@ fn password(rng: &SystemRandom) -> String {
 }
 
 /// Writes `text` to `dir/name` with mode 0600; its path.
-fn write_private(dir: &Path, name: &str, text: &str) -> PathBuf {
+pub(crate) fn write_private(dir: &Path, name: &str, text: &str) -> PathBuf {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(name);

@@ -12,6 +12,7 @@ pub mod registry;
 pub mod tls;
 pub mod token;
 pub mod util;
+pub mod zitadel;
 
 pub use nats::NatsServer;
 pub use util::{free_port, kill_when_gone, require_binary, wait_for, workspace_root};
