@@ -165,7 +165,11 @@ pub async fn run(
     groups.wait_until_ready().await?;
     deployments.wait_until_ready().await?;
     releases.wait_until_ready().await?;
-    log::info!("caches synced; NATS at {}", opts.nats_url);
+    // The URL may carry the operator's own NATS password: log it without.
+    log::info!(
+        "caches synced; NATS at {}",
+        fleet_wire::auth::split_nats_url(&opts.nats_url).url
+    );
     let engine = Engine {
         client: client.clone(),
         recorder: report::recorder(client, opts.instance.clone()),

@@ -3,6 +3,7 @@
 
 pub mod fetch;
 pub mod reboot;
+pub mod token;
 
 pub mod accept;
 pub mod child;

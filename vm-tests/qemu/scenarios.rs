@@ -2,9 +2,12 @@
 //! reboots. Prints PASS/FAIL per scenario with its time; exits 1 when one failed. Run it through
 //! `vm-tests/qemu/run`, which sets up QEMU, the disk image and nats-server first.
 
-use fleet_rig::{wait_for, NatsServer};
+use fleet_rig::callout::FleetNats;
+use fleet_rig::wait_for;
 use fleet_vm_tests::builds::{self, V1, V2};
-use fleet_vm_tests::fleet::{agent_config, Artifacts, Operator, DEVICE, GUEST_CA_FILE};
+use fleet_vm_tests::fleet::{
+    agent_config, start_nats, Artifacts, Operator, DEVICE, GUEST_CA_FILE, GUEST_TOKEN_FILE,
+};
 use fleet_vm_tests::qemu::{
     make_stage_disk, stripped_copy, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST,
 };
@@ -76,7 +79,7 @@ fn chrono_now() -> String {
 
 /// Host-side services and a booted v1 device.
 struct Rig {
-    _nats: NatsServer,
+    _nats: FleetNats,
     operator: Operator,
     artifacts: Artifacts,
     vm: Vm,
@@ -86,7 +89,7 @@ struct Rig {
 /// Boots a fresh guest, installs the updater and agent v1 with `scripts/device-setup` from the staging disk, and
 /// waits until both units are active and the agent has published its device info.
 fn install_v1() -> Rig {
-    let nats = NatsServer::start();
+    let nats = start_nats();
     let operator = Operator::new(&nats);
     let artifacts = Artifacts::start();
     let dir = tempfile::Builder::new()
@@ -119,7 +122,24 @@ fn install_v1() -> Rig {
     stripped_copy(&builds::fetch_helper(), &files.join("fleet-fetch"));
     stripped_copy(&builds::reboot_client(), &files.join("fleet-reboot"));
     let nats_url = format!("nats://{HOST_FROM_GUEST}:{}", nats.port());
-    write(&files.join("agent.toml"), &agent_config(DEVICE, &nats_url));
+    // The device's NATS token (auth callout on): a root-only file that device setup installs for the agent.
+    let token = nats.device_token(DEVICE);
+    if let Some(t) = &token {
+        use std::os::unix::fs::PermissionsExt;
+        let p = files.join("nats-token");
+        std::fs::write(&p, t.as_bytes()).unwrap_or_else(|e| panic!("write token: {e}"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+            .unwrap_or_else(|e| panic!("chmod token: {e}"));
+    }
+    let token_arg = if token.is_some() {
+        format!(" --nats-token {GUEST_STAGE}/files/nats-token")
+    } else {
+        String::new()
+    };
+    write(
+        &files.join("agent.toml"),
+        &agent_config(DEVICE, &nats_url, token.as_ref().map(|_| GUEST_TOKEN_FILE)),
+    );
     write(
         &files.join("updater.toml"),
         &format!("extra_ca_file = \"{GUEST_CA_FILE}\"\n"),
@@ -155,7 +175,7 @@ fn install_v1() -> Rig {
     step("device-setup");
     let (code, out) = vm.sh_code(&format!(
         "{s}/scripts/device-setup --agent {s}/files/fleet-agent-v{V1} --updater {s}/files/fleet-updater \
-         --agent-config {s}/files/agent.toml --updater-config {s}/files/updater.toml"
+         --agent-config {s}/files/agent.toml --updater-config {s}/files/updater.toml{token_arg}"
     ));
     assert!(code == 0, "device-setup failed ({code}):\n{out}");
     let mut rig = Rig {

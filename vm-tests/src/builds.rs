@@ -147,6 +147,11 @@ pub fn fetch_helper() -> PathBuf {
     build("fleet-updater", "fleet-fetch", None)
 }
 
+/// The device token refresher, installed beside the updater when given.
+pub fn token_refresher() -> PathBuf {
+    build("fleet-updater", "fleet-token", None)
+}
+
 /// The coordinated-reboot client, installed beside the updater.
 pub fn reboot_client() -> PathBuf {
     build("fleet-updater", "fleet-reboot", None)
@@ -171,6 +176,11 @@ pub fn operator() -> PathBuf {
 /// The real `fleetlock-server` binary.
 pub fn fleetlock_server() -> PathBuf {
     prebuilt_or_build("fleet-operator", "fleetlock-server")
+}
+
+/// The real `fleet-auth` binary (the NATS auth callout).
+pub fn fleet_auth() -> PathBuf {
+    prebuilt_or_build("fleet-operator", "fleet-auth")
 }
 
 /// `kubectl`, built by `scripts/setup.d/50-kube-apiserver.sh` from the same Debian source package as the API

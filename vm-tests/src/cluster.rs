@@ -26,7 +26,8 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts the API server, applies `operator/deploy/crds.yaml` and `rbac.yaml`, waits until the CRDs are
-    /// established, and starts `fleet-operator --nats-url <nats_url>` with the service account's token.
+    /// established, and starts `fleet-operator` with the service account's token, connecting to `nats_url` (which
+    /// may carry the operator's own NATS credentials: it is passed as `FLEET_NATS_URL`, never on the command line).
     pub fn start(nats_url: &str) -> Self {
         let kubectl = builds::kubectl();
         let operator_bin = builds::operator();
@@ -71,7 +72,7 @@ impl Cluster {
             .try_clone()
             .unwrap_or_else(|e| panic!("operator log: {e}"));
         let child = Command::new(&operator_bin)
-            .args(["--nats-url", nats_url])
+            .env("FLEET_NATS_URL", nats_url)
             .env("KUBECONFIG", &op_config)
             .env("POD_NAME", "fleet-operator-local")
             .env("RUST_LOG", "info")

@@ -12,6 +12,7 @@ use crate::local_fleet::{
 use crate::tasks::{
     installed, ready_for_reboot_upgrade, HolderWatch, RebootUpgradeReady, Tasks, REBOOT_PKG,
 };
+use fleet_rig::callout::{self, NatsAuth};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,6 +96,9 @@ impl<'a> Demo<'a> {
         if let Some(pid) = fleet.nats.pid() {
             record.add(pid, "nats-server");
         }
+        if let Some(pid) = fleet.nats.auth_pid() {
+            record.add(pid, "fleet-auth");
+        }
         let fleetlock = FleetLockServer::start();
         if let Some(pid) = fleetlock.pid() {
             record.add(pid, "fleetlock-server");
@@ -138,9 +142,24 @@ impl<'a> Demo<'a> {
                     pid(fleet.cluster.operator_pid()),
                 ],
                 vec![
-                    "nats-server (JetStream, plain credentials)".into(),
+                    match fleet.nats.mode() {
+                        NatsAuth::Callout => {
+                            "nats-server (JetStream, auth callout: each device its own token)".into()
+                        }
+                        NatsAuth::Off => "nats-server (JetStream, no credentials)".into(),
+                    },
                     fleet.nats.url(),
                     pid(fleet.nats.pid()),
+                ],
+                vec![
+                    match fleet.nats.mode() {
+                        NatsAuth::Callout => {
+                            "fleet-auth (auth callout; JWKS of a local HTTPS Zitadel stand-in)".into()
+                        }
+                        NatsAuth::Off => format!("fleet-auth: off ({}=off)", callout::SWITCH),
+                    },
+                    "-".into(),
+                    pid(fleet.nats.auth_pid()),
                 ],
                 vec![
                     "fleetlock-server (file store)".into(),

@@ -40,6 +40,16 @@ pub fn stage_setup(guest: &Guest) {
             "updater/systemd/fleet-reboot-release.service",
             0o644,
         ),
+        (
+            "updater/systemd/fleet-token.service",
+            "updater/systemd/fleet-token.service",
+            0o644,
+        ),
+        (
+            "updater/systemd/fleet-token.timer",
+            "updater/systemd/fleet-token.timer",
+            0o644,
+        ),
     ] {
         guest.install_file(&repo.join(from), &format!("{GUEST_SETUP_DIR}/{to}"), mode);
     }

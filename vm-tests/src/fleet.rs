@@ -1,12 +1,14 @@
 //! A whole device for scenarios: an nspawn guest with Harmony Fleet installed by device setup, talking to a NATS
-//! server on the host through its veth relay, and the operator's side of NATS (buckets, desired state, intents,
-//! status) played by the test.
+//! server on the host through its veth relay (with its own token when the auth callout is on, see [`start_nats`]),
+//! and the operator's side of NATS (buckets, desired state, intents, status) played by the test as the services'
+//! own NATS user.
 #![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this module is its one importer here
 
 use crate::builds;
 use crate::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
+use fleet_rig::callout::FleetNats;
 use fleet_rig::nspawn::{ForwardHandle, Guest};
-use fleet_rig::{wait_for, NatsServer};
+use fleet_rig::wait_for;
 use fleet_wire::{
     kv, AgentUpgradeAttempt, AgentUpgradeStatus, DesiredState, DeviceId, UpgradePhase,
 };
@@ -17,6 +19,14 @@ use std::time::Duration;
 pub const DEVICE: &str = "device-1";
 /// Where the test CA certificate is placed in the guest (the updater's `extra_ca_file`).
 pub const GUEST_CA_FILE: &str = "/etc/harmony-fleet/test-ca.pem";
+/// Where device setup installs the device's NATS token (`--nats-token`; the agent's `[nats] token_file`).
+pub const GUEST_TOKEN_FILE: &str = "/etc/harmony-fleet/nats-token";
+
+/// The fleet's NATS server for a scenario or the demo: with the fleet-auth auth callout on unless
+/// `FLEET_NATS_AUTH=off` (`fleet_rig::callout`), so that every scenario takes the same path.
+pub fn start_nats() -> FleetNats {
+    FleetNats::start(builds::fleet_auth)
+}
 
 /// The operator's side of NATS: every bucket of the layout, created as the operator would.
 pub struct Operator {
@@ -24,8 +34,8 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Connects to `server` and creates every bucket of [`kv::BUCKETS`].
-    pub fn new(server: &NatsServer) -> Self {
+    /// Connects to `server` as the services' own user and creates every bucket of [`kv::BUCKETS`].
+    pub fn new(server: &FleetNats) -> Self {
         let conn = server.connect();
         for spec in kv::BUCKETS {
             fleet_rig::nats::nats_client::create_bucket(&conn, spec);
@@ -112,10 +122,13 @@ pub struct Device {
     pub nats_link: ForwardHandle,
 }
 
-/// The agent configuration scenarios use, for the device `id`.
-pub fn agent_config(id: &str, nats_url: &str) -> String {
+/// The agent configuration scenarios use, for the device `id`; with `token_file` when the device has a token.
+pub fn agent_config(id: &str, nats_url: &str, token_file: Option<&str>) -> String {
+    let token = token_file
+        .map(|f| format!("token_file = \"{f}\"\n"))
+        .unwrap_or_default();
     format!(
-        "device_id = \"{id}\"\n\n[nats]\nurls = [\"{nats_url}\"]\nconnect_timeout_secs = 5\n\n\
+        "device_id = \"{id}\"\n\n[nats]\nurls = [\"{nats_url}\"]\n{token}connect_timeout_secs = 5\n\n\
          [intervals]\nheartbeat_secs = 5\nupdater_poll_ms = 200\n"
     )
 }
@@ -125,29 +138,36 @@ impl Device {
     /// are active and the agent has published its device info. The updater trusts `artifacts`' CA, and the
     /// artifact server is reachable from the guest at the same URL as from the host.
     pub fn install(
-        nats: &NatsServer,
+        nats: &FleetNats,
         operator: &Operator,
         bootstrap: &str,
         artifacts: Option<&Artifacts>,
     ) -> Self {
-        let d = Self::setup(DEVICE, nats.port(), bootstrap, artifacts);
+        let d = Self::setup(DEVICE, nats, bootstrap, artifacts);
         let info = wait_for(Duration::from_secs(60), || {
             operator.has_device_info().then_some(())
         });
         assert!(
             info.is_some(),
-            "the agent published no device info.\n{}",
-            d.guest.journal("fleet-agent.service", 60)
+            "the agent published no device info.\n{}\n{}",
+            d.guest.journal("fleet-agent.service", 60),
+            nats.auth_logs()
         );
         d
     }
 
     /// Boots a guest and installs the updater and agent `bootstrap` as device `id` with device setup, talking to
-    /// the NATS server on the host's `nats_port`; waits until both units are active. The updater trusts
-    /// `artifacts`' CA, reachable from the guest at the same URL as from the host.
-    pub fn setup(id: &str, nats_port: u16, bootstrap: &str, artifacts: Option<&Artifacts>) -> Self {
+    /// `nats` on the host (with a token of its own, `--nats-token`, when the callout is on); waits until both
+    /// units are active. The updater trusts `artifacts`' CA, reachable from the guest at the same URL as from the
+    /// host.
+    pub fn setup(
+        id: &str,
+        nats: &FleetNats,
+        bootstrap: &str,
+        artifacts: Option<&Artifacts>,
+    ) -> Self {
         let mut guest = Guest::boot();
-        let nats_link = guest.forward(nats_port);
+        let nats_link = guest.forward(nats.port());
         let ca_pem = artifacts.map(|a| {
             guest.forward(a.port());
             a.ca_pem()
@@ -164,9 +184,13 @@ impl Device {
         stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
         stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
         let url = format!("nats://{}", nats_link.addr());
+        // The token as an administrator would bring it: a root-only file that device setup installs for the agent.
+        let token = nats
+            .device_token(id)
+            .map(|t| stage_bytes(&guest, t.as_bytes(), "nats-token", 0o600));
         let acfg = stage_bytes(
             &guest,
-            agent_config(id, &url).as_bytes(),
+            agent_config(id, &url, token.as_ref().map(|_| GUEST_TOKEN_FILE)).as_bytes(),
             "agent.toml",
             0o644,
         );
@@ -176,19 +200,23 @@ impl Device {
             ucfg.push_str(&format!("extra_ca_file = \"{GUEST_CA_FILE}\"\n"));
         }
         let ucfg = stage_bytes(&guest, ucfg.as_bytes(), "updater.toml", 0o644);
-        let out = device_setup(
-            &guest,
-            &[
-                "--agent",
-                &agent,
-                "--updater",
-                &updater,
-                "--agent-config",
-                &acfg,
-                "--updater-config",
-                &ucfg,
-            ],
-        );
+        let mut args = vec![
+            "--agent",
+            &agent,
+            "--updater",
+            &updater,
+            "--agent-config",
+            &acfg,
+            "--updater-config",
+            &ucfg,
+        ];
+        if let Some(t) = &token {
+            args.extend(["--nats-token", t.as_str()]);
+        }
+        let out = device_setup(&guest, &args);
+        if let Some(t) = &token {
+            guest.sh(&format!("rm -f {t}"));
+        }
         assert!(
             out.status.success(),
             "device-setup failed:\n{}\n{}\n{}",

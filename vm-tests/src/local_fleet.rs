@@ -5,8 +5,8 @@
 
 use crate::builds::{self, V1, V3};
 use crate::cluster::Cluster;
-use crate::fleet::{Artifacts, Device};
-use fleet_rig::NatsServer;
+use crate::fleet::{start_nats, Artifacts, Device, GUEST_TOKEN_FILE};
+use fleet_rig::callout::{FleetNats, NatsAuth};
 use fleet_wire::{AgentUpgradeStatus, UpgradePhase};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,8 +27,9 @@ pub struct LocalFleet {
     pub cluster: Cluster,
     /// Agent binaries over HTTPS (the devices' updaters trust its CA).
     pub artifacts: Artifacts,
-    /// The NATS server (plain, no credentials).
-    pub nats: NatsServer,
+    /// The NATS server: with the auth callout (devices with their own tokens, the operator as its own user)
+    /// unless switched off.
+    pub nats: FleetNats,
     dir: tempfile::TempDir,
 }
 
@@ -110,18 +111,17 @@ impl LocalFleet {
     /// most of a device's set-up waits on its own systemd), each running agent [`V1`] with the test image
     /// imported and the real [`V3`] at [`REAL_V3`]; returns when every device has its Device object.
     pub fn start(ids: &[&str]) -> Self {
-        let nats = NatsServer::start();
-        let cluster = Cluster::start(&nats.url());
+        let nats = start_nats();
+        let cluster = Cluster::start(&nats.service_url());
         let artifacts = Artifacts::start();
         let v3 = builds::agent(V3);
-        let port = nats.port();
         let devices: Vec<Device> = std::thread::scope(|s| {
             let handles: Vec<_> = ids
                 .iter()
                 .map(|id| {
-                    let (artifacts, v3) = (&artifacts, &v3);
+                    let (artifacts, v3, nats) = (&artifacts, &v3, &nats);
                     s.spawn(move || {
-                        let d = Device::setup(id, port, V1, Some(artifacts));
+                        let d = Device::setup(id, nats, V1, Some(artifacts));
                         d.import_test_image();
                         d.guest.install_file(v3, REAL_V3, 0o755);
                         d
@@ -149,8 +149,57 @@ impl LocalFleet {
                 REGISTER_TIMEOUT,
                 || fleet.view(&d.id).filter(|v| v.agent_version.is_some()),
             );
+            // With the callout on, the device got in with its own token, through fleet-auth.
+            assert!(
+                fleet.nats.mode() == NatsAuth::Off || fleet.nats.admitted(&d.id),
+                "{} registered without fleet-auth admitting it:\n{}",
+                d.id,
+                fleet.nats.auth_logs()
+            );
         }
         fleet
+    }
+
+    /// Fails the test when a secret appears in a log (docs/auth.md: tokens and passwords are never logged): a
+    /// device's token (as installed on it) or the services' NATS password, in the operator's log, fleet-auth's
+    /// or nats-server's log, or any journal of any device.
+    pub fn assert_no_secrets_in_logs(&self) {
+        let mut secrets: Vec<(String, String)> = vec![];
+        if let Some(p) = self.nats.service_password() {
+            secrets.push(("the services' NATS password".into(), p.to_string()));
+        }
+        for d in &self.devices {
+            if let Ok(t) = std::fs::read_to_string(d.guest.path(GUEST_TOKEN_FILE)) {
+                let t = t.trim().to_string();
+                // The signature alone is a secret's distinctive part too.
+                let sig = t.rsplit('.').next().unwrap_or_default().to_string();
+                secrets.push((format!("{}'s token", d.id), t));
+                secrets.push((format!("{}'s token signature", d.id), sig));
+            }
+        }
+        let mut logs = vec![
+            (
+                "fleet-operator".to_string(),
+                self.cluster.operator_log(usize::MAX),
+            ),
+            (
+                "fleet-auth and nats-server".to_string(),
+                self.nats.auth_logs(),
+            ),
+        ];
+        for d in &self.devices {
+            logs.push((
+                format!("{}'s journal", d.id),
+                d.guest.sh("journalctl -o cat --no-pager"),
+            ));
+        }
+        for (what, secret) in &secrets {
+            assert!(secret.len() >= 16, "{what} is too short to look for");
+            for (log, text) in &logs {
+                // Only where it appeared: the secret itself never goes into the failure message.
+                assert!(!text.contains(secret.as_str()), "{what} appears in {log}");
+            }
+        }
     }
 
     /// The device `id`.

@@ -3,8 +3,8 @@
 //! script around it that breaks exactly one behaviour.
 
 use crate::builds::{self, V1, V2};
-use crate::fleet::{Artifacts, Device, Operator};
-use fleet_rig::NatsServer;
+use crate::fleet::{start_nats, Artifacts, Device, Operator};
+use fleet_rig::callout::FleetNats;
 use fleet_wire::AgentUpgradeAttempt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -23,15 +23,15 @@ pub struct Scene {
     pub artifacts: Artifacts,
     /// The operator's side of NATS.
     pub operator: Operator,
-    /// The NATS server.
-    pub nats: NatsServer,
+    /// The NATS server (with the auth callout unless switched off).
+    pub nats: FleetNats,
     dir: tempfile::TempDir,
 }
 
 impl Scene {
     /// Boots and installs the v1 device, and places the real v2 agent in it.
     pub fn v1_with_real_v2() -> Self {
-        let nats = NatsServer::start();
+        let nats = start_nats();
         let operator = Operator::new(&nats);
         let artifacts = Artifacts::start();
         let device = Device::install(&nats, &operator, V1, Some(&artifacts));

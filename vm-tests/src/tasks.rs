@@ -5,8 +5,9 @@
 #![allow(deprecated)] // the blocking `nats` client is deprecated upstream
 
 use crate::fleet::{device_id, Device, DEVICE};
+use fleet_rig::callout::FleetNats;
 use fleet_rig::nspawn::{ForwardHandle, Guest};
-use fleet_rig::{wait_for, NatsServer};
+use fleet_rig::wait_for;
 use fleet_wire::{
     kv, AttemptId, SystemUpgradeAttempt, SystemUpgradeStatus, TaskOperation, Timestamp,
 };
@@ -145,8 +146,8 @@ pub struct Tasks {
 }
 
 impl Tasks {
-    /// Opens the buckets (the scenario's `Operator` created them).
-    pub fn new(nats: &NatsServer) -> Self {
+    /// Opens the buckets (the scenario's `Operator` created them) as the services' own user.
+    pub fn new(nats: &FleetNats) -> Self {
         let js = nats::jetstream::new(nats.connect());
         let open = |b: &str| {
             js.key_value(b)

@@ -5,10 +5,9 @@
 //! stands in for the agent and the updater: the whole-device scenarios run the real ones.
 
 use fleet_rig::nspawn::Guest;
-use fleet_rig::NatsServer;
 use fleet_vm_tests::builds::{self, V1};
 use fleet_vm_tests::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
-use fleet_vm_tests::fleet::{agent_config, DEVICE};
+use fleet_vm_tests::fleet::{agent_config, start_nats, DEVICE, GUEST_TOKEN_FILE};
 use fleet_vm_tests::fleetlock::FleetLockServer;
 use std::path::Path;
 use std::time::Duration;
@@ -267,13 +266,15 @@ fn root_repair_leaves_quarantine_only_when_the_selected_agent_starts() {
 }
 
 /// The administrator's path through docs/device-setup.md on a fresh guest, with the real binaries and no operator:
-/// set up before the NATS buckets exist (the agent waits with one INFO line, no restart), create them with
+/// set up before the NATS buckets exist — with the auth callout on (docs/auth.md), with the device's Zitadel
+/// machine key instead of a token: device setup runs fleet-token, which gets the token from the token endpoint
+/// with the JWT-profile grant, and fleet-token.timer refreshes it (a run rotates it; the agent goes on) (the agent waits with one INFO line, no restart), create them with
 /// `fleet-operator buckets` (the documented way), then a ready agent and updater and an active reboot timer whose
 /// service does nothing without a config and succeeds with one; `fleet-reboot --check` against a real
 /// fleetlock-server passes, and fails clearly with a wrong token or a wrong URL, taking no lock.
 #[test]
 fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
-    let nats = NatsServer::start();
+    let nats = start_nats();
     let token = "fleet-reboot-test-token";
     let lock_server = FleetLockServer::start_with_token(Some(token));
     let mut guest = Guest::boot();
@@ -290,9 +291,26 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
     stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
     let url = format!("nats://{}", nats_link.addr());
+    // With the callout: the machine key, fleet-token's config naming the Zitadel stand-in (relayed into the
+    // guest at the same URL) and the CA its certificate is from, and fleet-token beside the updater.
+    let refresher = nats.machine_key(DEVICE).map(|key| {
+        let (issuer, port) = nats.zitadel().expect("zitadel");
+        guest.forward(port);
+        let ca = nats.zitadel_ca_pem().expect("ca");
+        guest.write_file("/etc/harmony-fleet-ca/zitadel-ca.pem", &ca, 0o644);
+        stage_file(&guest, &builds::token_refresher(), "fleet-token", 0o755);
+        let config = format!(
+            "issuer: \"{issuer}\"\nproject_id: \"{}\"\nca_file: /etc/harmony-fleet-ca/zitadel-ca.pem\n",
+            fleet_rig::callout::AUDIENCE
+        );
+        (
+            stage_bytes(&guest, key.as_bytes(), "zitadel-key.json", 0o600),
+            stage_bytes(&guest, config.as_bytes(), "fleet-token.yaml", 0o644),
+        )
+    });
     let acfg = stage_bytes(
         &guest,
-        agent_config(DEVICE, &url).as_bytes(),
+        agent_config(DEVICE, &url, refresher.as_ref().map(|_| GUEST_TOKEN_FILE)).as_bytes(),
         "agent.toml",
         0o644,
     );
@@ -300,7 +318,7 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     let ucfg = stage_bytes(&guest, b"", "updater.toml", 0o644);
 
     // Set up before anyone created the buckets: setup succeeds and says the agent waits for them.
-    let args = [
+    let mut args = vec![
         "--agent",
         &agent,
         "--updater",
@@ -310,6 +328,14 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         "--updater-config",
         &ucfg,
     ];
+    if let Some((key, config)) = &refresher {
+        args.extend([
+            "--zitadel-key",
+            key.as_str(),
+            "--token-config",
+            config.as_str(),
+        ]);
+    }
     let out = device_setup(&guest, &args);
     assert!(
         out.status.success(),
@@ -323,6 +349,26 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         text(&out)
     );
     assert_eq!(guest.unit_state("fleet-agent.service"), "activating");
+    let token_facts = || {
+        guest.sh(&format!(
+            "stat -c '%U:%G %a' {GUEST_TOKEN_FILE} /etc/harmony-fleet/zitadel-key.json; sha256sum {GUEST_TOKEN_FILE}"
+        ))
+    };
+    let first_token = refresher.as_ref().map(|_| {
+        assert!(
+            text(&out).contains("fleet-token got the device's NATS token"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(nats.grants_issued(DEVICE), 1, "{}", nats.auth_logs());
+        let facts = token_facts();
+        assert!(
+            facts.starts_with("fleet-agent:fleet-agent 600\nroot:root 600\n"),
+            "{facts}"
+        );
+        guest.wait_unit("fleet-token.timer", "active", Duration::from_secs(30));
+        facts
+    });
 
     // The documented check says what is missing; the documented command creates them.
     let operator = builds::operator();
@@ -330,7 +376,7 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         let out = std::process::Command::new(&operator)
             .arg("buckets")
             .args(extra)
-            .args(["--nats-url", &nats.url()])
+            .env("FLEET_NATS_URL", nats.service_url())
             .output()
             .unwrap_or_else(|e| panic!("run fleet-operator buckets: {e}"));
         (out.status.success(), text(&out))
@@ -355,6 +401,25 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
             .trim(),
         "0"
     );
+    // With the callout, the agent got in with the token fleet-token fetched. A refresh (the timer's next run)
+    // rotates the token on disk: a new grant, a new file, the agent untouched; the token is in no journal.
+    if let Some(before) = &first_token {
+        assert!(nats.admitted(DEVICE), "{}", nats.auth_logs());
+        guest.systemctl(&["start", "fleet-token.service"]);
+        assert_eq!(nats.grants_issued(DEVICE), 2, "{}", nats.auth_logs());
+        let after = token_facts();
+        assert_ne!(&after, before, "the refresh did not replace the token");
+        assert!(
+            after.starts_with("fleet-agent:fleet-agent 600\n"),
+            "{after}"
+        );
+        let token = std::fs::read_to_string(guest.path(GUEST_TOKEN_FILE)).expect("token");
+        let journal = guest.sh("journalctl -o cat --no-pager");
+        assert!(
+            !journal.contains(token.trim()) && journal.contains("wrote a new NATS token"),
+            "the token is in the journal, or fleet-token said nothing"
+        );
+    }
     let log = guest.sh("journalctl -b -o cat -u fleet-agent.service");
     let waits: Vec<&str> = log
         .lines()
@@ -445,11 +510,18 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     });
     assert!(
         released.is_some(),
-        "the slot was not given back after the boot:\n{}",
-        guest.journal("fleet-reboot-release.service", 30)
+        "the slot was not given back after the boot:\n{}\n{}",
+        guest.journal("fleet-reboot-release.service", 30),
+        guest
+            .try_sh("systemctl is-system-running; systemctl list-jobs --no-pager; systemctl --failed --no-pager")
+            .1
     );
-    let log = guest.sh("journalctl -b -o cat -u fleet-reboot-release.service");
-    assert!(log.contains("lock released"), "{log}");
+    // The server hears the release a moment before the service logs it: wait for the line.
+    let log = || guest.sh("journalctl -b -o cat -u fleet-reboot-release.service");
+    let logged = fleet_rig::wait_for(Duration::from_secs(10), || {
+        log().contains("lock released").then_some(())
+    });
+    assert!(logged.is_some(), "{}", log());
     guest.sh("test ! -e /var/lib/fleet-reboot/marker.json");
     guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(60));
 }

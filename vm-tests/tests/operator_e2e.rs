@@ -5,7 +5,8 @@
 //! cannot be pulled shows the device's error in `kubectl get fdep`; an AgentRelease to v2 commits, the
 //! container keeps running and the Device shows it; a broken v3 (never ready) is rolled back and the Device shows
 //! phase and typed reason; a v4 whose self-test fails is refused without stopping the running agent. Each step
-//! also checks the device itself (active symlink, the updater's journal, the agent's unit, Podman).
+//! also checks the device itself (active symlink, the updater's journal, the agent's unit, Podman). NATS runs with
+//! the fleet-auth auth callout (`FLEET_NATS_AUTH=off` runs without); no token or password reaches a log.
 
 use fleet_vm_tests::builds::{V1, V2, V3};
 use fleet_vm_tests::fleet::Device;
@@ -224,4 +225,8 @@ fn kubectl_drives_a_real_device_through_the_real_operator() {
     assert_eq!(device.journal_phase(), "failed");
     let table = cluster.kubectl(&["get", "fdev", DEVICE]);
     assert!(table.contains("probe-failed"), "kubectl get fdev:\n{table}");
+
+    // Through all of it (the auth callout on: the device with its own token, the operator as its own user), no
+    // token or password reached a log.
+    fleet.assert_no_secrets_in_logs();
 }

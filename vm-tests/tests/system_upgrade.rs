@@ -6,9 +6,9 @@
 //! `/run/reboot-required` makes the device take the slot of a real `fleetlock-server`, reboot, come back, complete
 //! and release the slot. The cases share one booted guest, in order.
 
-use fleet_rig::NatsServer;
+use fleet_rig::callout::FleetNats;
 use fleet_vm_tests::builds::V1;
-use fleet_vm_tests::fleet::{one_device_at_a_time, Device, Operator};
+use fleet_vm_tests::fleet::{one_device_at_a_time, start_nats, Device, Operator};
 use fleet_vm_tests::fleetlock::FleetLockServer;
 use fleet_vm_tests::tasks::{
     apt_history_runs, installed, ready_for_reboot_upgrade, AptRepo, HolderWatch,
@@ -34,7 +34,7 @@ fn full_upgrades_started(device: &Device, run: &str) -> usize {
 #[test]
 fn system_upgrade_on_a_debian_device() {
     let _one = one_device_at_a_time();
-    let nats = NatsServer::start();
+    let nats = start_nats();
     let operator = Operator::new(&nats);
     let lock = FleetLockServer::start();
     let mut device = Device::install(&nats, &operator, V1, None);
@@ -251,7 +251,7 @@ struct Member {
     tasks: Tasks,
     _ready: RebootUpgradeReady,
     _operator: Operator,
-    _nats: NatsServer,
+    _nats: FleetNats,
 }
 
 #[test]
@@ -260,7 +260,7 @@ fn two_devices_in_a_one_slot_group_never_reboot_together() {
     let lock = FleetLockServer::start();
     let members: Vec<Member> = (0..2)
         .map(|_| {
-            let nats = NatsServer::start();
+            let nats = start_nats();
             let operator = Operator::new(&nats);
             let mut device = Device::install(&nats, &operator, V1, None);
             let ready = ready_for_reboot_upgrade(&mut device, lock.port());

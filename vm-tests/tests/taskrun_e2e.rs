@@ -103,4 +103,5 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
     assert_eq!(order.len(), 2, "one reboot each, in turn: {order:?}");
     assert_ne!(order[0], order[1]);
     assert_eq!(lock.holders(), 0, "{}", lock.log());
+    fleet.assert_no_secrets_in_logs();
 }

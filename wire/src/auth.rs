@@ -9,6 +9,10 @@ use crate::DeviceId;
 /// `device`, so no other client's `_INBOX.<nuid>…` inbox falls under it.
 pub const DEVICE_INBOX_ROOT: &str = "_INBOX.device";
 
+/// The largest device token file (`[nats] token_file`), in bytes: what the agent reads and what the token
+/// refresher (`fleet-token`) writes.
+pub const NATS_TOKEN_MAX_BYTES: usize = 16 * 1024;
+
 /// What a device may do with its own keys in one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceAccess {

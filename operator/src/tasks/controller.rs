@@ -122,7 +122,11 @@ pub async fn run(
     runs.wait_until_ready().await?;
     devices.wait_until_ready().await?;
     groups.wait_until_ready().await?;
-    log::info!("task runs: caches synced; NATS at {}", opts.nats_url);
+    // The URL may carry the operator's own NATS password: log it without.
+    log::info!(
+        "task runs: caches synced; NATS at {}",
+        fleet_wire::auth::split_nats_url(&opts.nats_url).url
+    );
     let mut c = Controller {
         recorder: report::recorder(client.clone(), opts.instance.clone()),
         client,

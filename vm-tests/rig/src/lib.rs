@@ -2,6 +2,7 @@
 //!
 //! A part that is missing fails the test with a message saying how to install it; nothing is ever skipped.
 
+pub mod callout;
 pub mod fleetlock;
 pub mod https;
 pub mod kube;
@@ -12,6 +13,7 @@ pub mod registry;
 pub mod tls;
 pub mod token;
 pub mod util;
+pub mod zitadel;
 
 pub use nats::NatsServer;
 pub use util::{free_port, kill_when_gone, require_binary, wait_for, workspace_root};

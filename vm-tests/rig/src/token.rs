@@ -85,11 +85,13 @@ fn jwt(key: &EcdsaKeyPair, x5c: &str, access: Vec<serde_json::Value>) -> Option<
     Some(format!("{input}.{}", b64(sig.as_ref(), URL)))
 }
 
-const STD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-const URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+pub(crate) const STD: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+pub(crate) const URL: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 /// Base64 with `alphabet`: padded for the standard alphabet (x5c), unpadded for the URL one (JWS).
-fn b64(data: &[u8], alphabet: &[u8; 64]) -> String {
+pub(crate) fn b64(data: &[u8], alphabet: &[u8; 64]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
         let n = chunk.iter().fold(0u32, |acc, &b| acc << 8 | b as u32) << (8 * (3 - chunk.len()));

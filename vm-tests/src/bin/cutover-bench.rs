@@ -2,7 +2,6 @@
 //! agent stopped to the new agent READY — with an idle drain, next to a plain `systemctl restart` of the same
 //! agent measured on the same device in the same run. Prints a Markdown table.
 
-use fleet_rig::NatsServer;
 use fleet_vm_tests::builds::{self, V1, V2, V3};
 use fleet_vm_tests::fleet::{Artifacts, Device, Operator};
 use fleet_wire::UpgradePhase;
@@ -45,7 +44,7 @@ fn gap_us(device: &Device, cursor: &str) -> Option<u64> {
 }
 
 fn main() {
-    let nats = NatsServer::start();
+    let nats = fleet_vm_tests::fleet::start_nats();
     let operator = Operator::new(&nats);
     let artifacts = Artifacts::start();
     let device = Device::install(&nats, &operator, V1, Some(&artifacts));

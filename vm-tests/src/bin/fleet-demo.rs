@@ -52,7 +52,7 @@ fn main() {
         if keep {
             demo.keep(&dir);
         }
-        println!("\n== tearing down the devices, the operator, the API server, NATS and fleetlock-server");
+        println!("\n== tearing down the devices, the operator, the API server, NATS, fleet-auth and fleetlock-server");
         Ok(())
     });
     let code = match outcome {

@@ -1,0 +1,183 @@
+//! The token request of the JWT-profile grant: POST the assertion to Zitadel's token endpoint over HTTPS (system
+//! roots plus an optional extra CA, no redirects, one time-out, a bounded answer) and take `access_token` from the
+//! answer. Errors carry the endpoint's `error` and a bounded `error_description`, never a token.
+
+use fleet_wire::auth::NATS_TOKEN_MAX_BYTES;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use serde::Deserialize;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+
+/// The grant type of RFC 7523.
+pub const GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+/// The largest answer read from the token endpoint, in bytes.
+pub const RESPONSE_MAX_BYTES: u64 = 64 * 1024;
+/// How much of an error description is quoted, in characters.
+const DESCRIPTION_MAX_CHARS: usize = 200;
+
+/// A token the endpoint issued. Its `Debug` hides the token.
+pub struct Issued {
+    /// The access token (the device's NATS token).
+    pub token: String,
+    /// Its lifetime in seconds, when the endpoint said.
+    pub expires_in: Option<u64>,
+}
+
+impl std::fmt::Debug for Issued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Issued")
+            .field("token", &"<redacted>")
+            .field("expires_in", &self.expires_in)
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    access_token: Option<String>,
+    expires_in: Option<u64>,
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+/// Asks `endpoint` for a token with `assertion` and `scope`, trusting the system roots and `ca_file`.
+pub fn request(
+    endpoint: &str,
+    assertion: &str,
+    scope: &str,
+    ca_file: Option<&Path>,
+    timeout: Duration,
+) -> Result<Issued, String> {
+    let agent = agent(ca_file, timeout)?;
+    let mut resp = agent
+        .post(endpoint)
+        .header("Accept", "application/json")
+        .send_form([
+            ("grant_type", GRANT_TYPE),
+            ("scope", scope),
+            ("assertion", assertion),
+        ])
+        .map_err(|e| format!("token endpoint {endpoint} unreachable: {e}"))?;
+    let code = resp.status().as_u16();
+    let text = resp
+        .body_mut()
+        .with_config()
+        .limit(RESPONSE_MAX_BYTES)
+        .read_to_string()
+        .map_err(|e| format!("token endpoint {endpoint}: HTTP {code}, answer not read: {e}"))?;
+    parse_answer(code, &text).map_err(|e| format!("token endpoint {endpoint}: {e}"))
+}
+
+/// Interprets the endpoint's answer: a token on 200, else the endpoint's error. Pure.
+pub fn parse_answer(code: u16, text: &str) -> Result<Issued, String> {
+    let answer: Option<Answer> = serde_json::from_str(text).ok();
+    if code != 200 {
+        return Err(
+            match answer.and_then(|a| a.error.map(|e| (e, a.error_description))) {
+                Some((error, description)) => format!(
+                    "HTTP {code}: {}{}",
+                    printable(&error),
+                    description
+                        .map(|d| format!(": {}", printable(&d)))
+                        .unwrap_or_default()
+                ),
+                None => format!("HTTP {code}"),
+            },
+        );
+    }
+    let answer = answer.ok_or("HTTP 200 but the answer is not a token response (JSON)")?;
+    let token = answer
+        .access_token
+        .ok_or("HTTP 200 but the answer has no access_token")?;
+    if token.is_empty() || token.len() > NATS_TOKEN_MAX_BYTES {
+        return Err(format!(
+            "the access_token is empty or longer than {NATS_TOKEN_MAX_BYTES} bytes"
+        ));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("the access_token has whitespace or non-ASCII characters".into());
+    }
+    Ok(Issued {
+        token,
+        expires_in: answer.expires_in,
+    })
+}
+
+/// `s` shortened, with control characters replaced: safe to log.
+fn printable(s: &str) -> String {
+    s.chars()
+        .take(DESCRIPTION_MAX_CHARS)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+fn agent(ca_file: Option<&Path>, timeout: Duration) -> Result<ureq::Agent, String> {
+    let native = rustls_native_certs::load_native_certs();
+    let mut roots: Vec<Certificate<'static>> = native
+        .certs
+        .iter()
+        .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+        .collect();
+    if let Some(path) = ca_file {
+        let pem = crate::fetch::read_ca_bundle(path).map_err(|e| format!("ca_file: {e}"))?;
+        for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            let c = c.map_err(|e| format!("ca_file {}: {e}", path.display()))?;
+            roots.push(Certificate::from_der(c.as_ref()).to_owned());
+        }
+    }
+    if roots.is_empty() {
+        return Err("no trusted roots (system store empty and no ca_file)".into());
+    }
+    let tls = TlsConfig::builder()
+        .provider(TlsProvider::Rustls)
+        .root_certs(RootCerts::Specific(Arc::new(roots)))
+        .build();
+    Ok(ureq::Agent::config_builder()
+        .https_only(true)
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .timeout_global(Some(timeout))
+        .user_agent(concat!("fleet-token/", env!("CARGO_PKG_VERSION")))
+        .tls_config(tls)
+        .build()
+        .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_as_tokens_or_errors() {
+        let ok = parse_answer(
+            200,
+            r#"{"access_token":"eyJ.a.b","token_type":"Bearer","expires_in":43199}"#,
+        )
+        .expect("token");
+        assert_eq!((ok.token.as_str(), ok.expires_in), ("eyJ.a.b", Some(43199)));
+        assert!(!format!("{ok:?}").contains("eyJ"));
+        for (code, body, want) in [
+            (
+                400,
+                r#"{"error":"invalid_grant","error_description":"assertion\nexpired"}"#,
+                "HTTP 400: invalid_grant: assertion?expired",
+            ),
+            (500, "oops", "HTTP 500"),
+            (200, "<html>", "not a token response"),
+            (200, r#"{"token_type":"Bearer"}"#, "no access_token"),
+            (200, r#"{"access_token":""}"#, "empty"),
+            (200, r#"{"access_token":"a b"}"#, "whitespace"),
+        ] {
+            let e = parse_answer(code, body).expect_err(body);
+            assert!(e.contains(want), "{body}: {e}");
+        }
+        let long = format!(
+            r#"{{"access_token":"{}"}}"#,
+            "a".repeat(NATS_TOKEN_MAX_BYTES + 1)
+        );
+        assert!(parse_answer(200, &long).is_err());
+    }
+}

@@ -1,0 +1,57 @@
+//! The device token refresher (`fleet-token`, a oneshot run by `fleet-token.timer`): gets a fresh NATS token for
+//! the device as its Zitadel machine user with the JWT-profile grant (RFC 7523: an assertion signed with the
+//! machine key, POSTed to the token endpoint) and replaces the token file the agent reads on every connection
+//! (docs/auth.md). A failure leaves the old token in place.
+
+pub mod assertion;
+pub mod config;
+pub mod grant;
+pub mod store;
+
+pub use config::TokenConfig;
+
+/// What one refresh did (no token in it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refreshed {
+    /// The machine user the token was issued to.
+    pub user_id: String,
+    /// The new token's lifetime in seconds, when the endpoint said.
+    pub expires_in: Option<u64>,
+}
+
+/// Reads the machine key, asks the token endpoint for a token and writes it to the token file. `now` is the
+/// current Unix time in seconds.
+pub fn refresh(cfg: &TokenConfig, now: u64) -> Result<Refreshed, String> {
+    let key_path = cfg.key_file();
+    let key_json = read_bounded(&key_path, KEY_FILE_MAX_BYTES)?;
+    let key = assertion::MachineKey::parse(&key_json)
+        .map_err(|e| format!("{}: {e}", key_path.display()))?;
+    let jwt = key.assertion(cfg.audience(), now)?;
+    let issued = grant::request(
+        &cfg.token_endpoint(),
+        &jwt,
+        &cfg.scope(),
+        cfg.ca_file.as_deref(),
+        cfg.timeout(),
+    )?;
+    store::write_token(&cfg.token_file(), &issued.token)?;
+    Ok(Refreshed {
+        user_id: key.user_id().to_string(),
+        expires_in: issued.expires_in,
+    })
+}
+
+/// The largest machine key file read, in bytes (a 4096-bit key's JSON is about 3.5 KiB).
+const KEY_FILE_MAX_BYTES: u64 = 16 * 1024;
+
+fn read_bounded(path: &std::path::Path, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > max {
+        return Err(format!("{}: larger than {max} bytes", path.display()));
+    }
+    Ok(bytes)
+}

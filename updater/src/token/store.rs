@@ -1,0 +1,76 @@
+//! Writing the device's token file: a temporary file beside it (mode 0600, owned like the token file it replaces,
+//! else by the `fleet-agent` user), fsync, rename over the old one, fsync of the directory. The agent reads the
+//! old token or the new one, never a part of either.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// The user the token file belongs to when there is none yet (the agent reads it).
+pub const AGENT_USER: &str = "fleet-agent";
+
+/// Replaces `path` with `token` (and a newline), as described above.
+pub fn write_token(path: &Path, token: &str) -> Result<(), String> {
+    let (uid, gid) = match fs::metadata(path) {
+        Ok(m) => (m.uid(), m.gid()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let u = crate::users::user_by_name(AGENT_USER).map_err(|e| {
+                format!(
+                    "{} does not exist and its owner cannot be found: {e}",
+                    path.display()
+                )
+            })?;
+            (u.uid, u.gid)
+        }
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| format!("{} has no file name", path.display()))?;
+    let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
+    let _ = fs::remove_file(&tmp);
+    let result = (|| -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
+        f.write_all(token.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)?;
+        crate::durable::fsync_dir(path.parent().unwrap_or(Path::new("/")))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(|e| format!("write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn replaces_the_file_keeping_its_owner_with_mode_0600() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("nats-token");
+        fs::write(&p, "old\n").expect("old");
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).expect("chmod");
+        let before = fs::metadata(&p).expect("meta");
+        write_token(&p, "new-token").expect("write");
+        let after = fs::metadata(&p).expect("meta");
+        assert_eq!(fs::read_to_string(&p).expect("read"), "new-token\n");
+        assert_eq!(after.mode() & 0o777, 0o600);
+        assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+        assert_eq!(
+            fs::read_dir(dir.path()).expect("ls").count(),
+            1,
+            "a temporary file stayed"
+        );
+    }
+}
