@@ -343,7 +343,7 @@ impl Agent {
             .map_err(|e| fail("workload worker", e))?;
             self.worker = Some(worker);
         }
-        self.reconcile_now();
+        self.reconcile_now(true);
         self.publish_status();
         self.heartbeat();
         // The intent is read once now (like the desired state) and then followed by its watch.
@@ -386,6 +386,7 @@ impl Agent {
             match rx.recv_timeout(wait) {
                 Ok(Event::Signal(at)) => {
                     stop.store(true, Ordering::SeqCst);
+                    self.nats.wake_watches();
                     // The drain flag is set: the worker starts no new mutation; wait for the one in progress.
                     if let Some(w) = &mut self.worker {
                         w.finish();
@@ -394,7 +395,7 @@ impl Agent {
                 }
                 Ok(Event::Desired(c)) => {
                     if self.apply_desired(c) {
-                        self.reconcile_now();
+                        self.reconcile_now(false);
                     }
                 }
                 Ok(Event::Reconciled(r)) => {
@@ -431,7 +432,7 @@ impl Agent {
                     }
                     Err(e) => log::warn!("re-reading the desired state: {e}; keeping the last one"),
                 }
-                self.reconcile_now();
+                self.reconcile_now(true);
                 // An intent deferred while a request was in flight, or missed by a lost watch, is read again.
                 if self.in_flight.is_none() {
                     if let Ok(c) = self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
@@ -487,6 +488,7 @@ impl Agent {
             }
             Value::Put(bytes) => match serde_json::from_slice::<DesiredState>(&bytes) {
                 Ok(d) if d.device_id == self.cfg.device_id => {
+                    crate::timing::mark("decoded", format_args!("rev={}", c.revision));
                     log::info!(
                         "desired state generation {} with {} workloads (revision {})",
                         d.generation,
@@ -516,11 +518,11 @@ impl Agent {
         }
     }
 
-    /// Asks the workload worker for a pass toward the current desired state; its result arrives as
-    /// `Event::Reconciled`.
-    fn reconcile_now(&mut self) {
+    /// Asks the workload worker for a pass toward the current desired state (`full`: compare every container,
+    /// else only what changed since the last pass); its result arrives as `Event::Reconciled`.
+    fn reconcile_now(&mut self, full: bool) {
         if let Some(w) = &self.worker {
-            w.request(self.desired.clone());
+            w.request(self.desired.clone(), full);
         }
     }
 

@@ -208,6 +208,11 @@ pub struct Agent {
 
 impl Agent {
     pub fn spawn(config: &Path, root: &Path) -> Agent {
+        Self::spawn_logging(config, root, "info")
+    }
+
+    /// Like [`Agent::spawn`] with `RUST_LOG` set to `rust_log` (the benchmark turns the timing marks on).
+    pub fn spawn_logging(config: &Path, root: &Path, rust_log: &str) -> Agent {
         let dir = tempfile::tempdir().expect("notify dir");
         let sock = dir.path().join("notify");
         let notify = UnixDatagram::bind(&sock).expect("bind notify");
@@ -220,7 +225,7 @@ impl Agent {
             .arg("--config")
             .arg(config)
             .env("NOTIFY_SOCKET", &sock)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
