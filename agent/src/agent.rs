@@ -76,6 +76,8 @@ struct Agent {
     desired_rev: Option<u64>,
     intent_rev: Option<u64>,
     errors: BTreeMap<WorkloadName, String>,
+    /// The desired state changed since the workload status was last published.
+    status_stale: bool,
     mirrored: Option<AgentUpgradeStatus>,
     in_flight: Option<AttemptId>,
     /// The attempt last published as pending because the updater was unreachable, with its error text.
@@ -197,6 +199,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         desired_rev: None,
         intent_rev: None,
         errors: BTreeMap::new(),
+        status_stale: true,
         mirrored: None,
         in_flight: None,
         last_pending: None,
@@ -399,9 +402,11 @@ impl Agent {
                     }
                 }
                 Ok(Event::Reconciled(r)) => {
-                    self.on_reconciled(*r);
-                    self.publish_status();
-                    next_status = Instant::now() + self.cfg.status_interval;
+                    // A pass that changed nothing (the resync's, mostly) leaves the published status true.
+                    if self.on_reconciled(*r) || self.status_stale {
+                        self.publish_status();
+                        next_status = Instant::now() + self.cfg.status_interval;
+                    }
                 }
                 Ok(Event::Intent(c)) => self.on_intent(c),
                 Ok(Event::UpgradeAnswer(id, r)) => self.on_upgrade_answer(id, *r),
@@ -471,6 +476,12 @@ impl Agent {
     /// `reread`: the value comes from a full read, so any other revision counts (a re-created bucket restarts
     /// its revisions); watch events only count when newer.
     fn apply_desired_from(&mut self, c: Change, reread: bool) -> bool {
+        let changed = self.take_desired(c, reread);
+        self.status_stale |= changed;
+        changed
+    }
+
+    fn take_desired(&mut self, c: Change, reread: bool) -> bool {
         let stale = match self.desired_rev {
             Some(r) if reread => c.revision == r,
             Some(r) => c.revision <= r,
@@ -526,7 +537,8 @@ impl Agent {
         }
     }
 
-    fn on_reconciled(&mut self, r: PassResult) {
+    /// Takes a pass's result; true when it may have changed what the workload status shows.
+    fn on_reconciled(&mut self, r: PassResult) -> bool {
         match r {
             Ok(out) => {
                 if out.mutations > 0 {
@@ -536,9 +548,14 @@ impl Agent {
                         out.errors.len()
                     );
                 }
+                let changed = out.mutations > 0 || out.errors != self.errors;
                 self.errors = out.errors;
+                changed
             }
-            Err(e) => log::warn!("reconcile: {e}"),
+            Err(e) => {
+                log::warn!("reconcile: {e}");
+                true
+            }
         }
     }
 
@@ -557,8 +574,9 @@ impl Agent {
             at: Timestamp::now(),
             workloads: reconcile::statuses(&self.desired, &observed, &self.errors),
         };
-        if let Err(e) = put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {
-            log::warn!("publishing workload status: {e}");
+        match put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {
+            Ok(_) => self.status_stale = false,
+            Err(e) => log::warn!("publishing workload status: {e}"),
         }
     }
 

@@ -3,7 +3,8 @@
 //! after every reconnect.
 //!
 //! Every request uses a reply subject under the device's own inbox (`_INBOX.device.<device-id>`, the only reply
-//! subjects fleet-auth lets a device subscribe to), so no device can read another's replies. The KV calls are made
+//! subjects fleet-auth lets a device subscribe to), so no device can read another's replies; requests share one
+//! reply subscription per connection (`<inbox>.<token>.*`). The KV calls are made
 //! here with core NATS (the crate's own JetStream API always uses `_INBOX.<random>`) and each names the device's
 //! key in its subject, which is what the device's permissions allow (`fleet_wire::auth::device_permissions`):
 //! opening a bucket and reading a key are direct gets, a write is a put acknowledged on the inbox, and a watch is a
@@ -58,6 +59,20 @@ struct Inner {
     watching: Mutex<BTreeMap<u64, nats::Subscription>>,
     /// Ids handed out to watch subscriptions so far.
     next_watch: AtomicU64,
+    /// The reply subscription that requests share (made on first use, dropped when its connection closed).
+    /// Requests take turns on it.
+    replies: Mutex<Option<Replies>>,
+}
+
+/// One `<inbox>.<token>.*` subscription per connection for every request's answer, instead of a subscribe and an
+/// unsubscribe around each request: one write per request instead of three, and fewer wake-ups.
+struct Replies {
+    /// The connection the subscription belongs to (requests are published on it too).
+    conn: nats::Connection,
+    sub: nats::Subscription,
+    /// `<inbox>.<token>`: request `n` is answered on `<base>.<n>`.
+    base: String,
+    next: u64,
 }
 
 /// A key's current value.
@@ -125,6 +140,7 @@ impl Nats {
             reconnects: AtomicU64::new(0),
             watching: Mutex::new(BTreeMap::new()),
             next_watch: AtomicU64::new(0),
+            replies: Mutex::new(None),
         });
         let started = Instant::now();
         let urls = cfg.urls.join(",");
@@ -235,12 +251,13 @@ impl Nats {
     /// Publishes `body` to `subject` with a reply subject of this device's and waits at most `timeout` for the
     /// answer. A "no responders" status (nothing serves the subject) is an error.
     fn request(&self, subject: &str, body: &[u8], timeout: Duration) -> io::Result<nats::Message> {
-        let conn = self.conn()?;
-        let reply = Self::reply_subject(&conn, &self.inbox);
-        let sub = conn.subscribe(&reply)?;
-        let sent = conn.publish_request(subject, &reply, body);
-        let got = sent.and_then(|()| sub.next_timeout(timeout));
-        let _ = sub.unsubscribe();
+        let got = match self.request_once(subject, body, timeout) {
+            // The shared reply subscription belonged to a connection that has closed: once more on the current.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                self.request_once(subject, body, timeout)
+            }
+            r => r,
+        };
         let msg = got.map_err(|e| {
             if e.kind() == io::ErrorKind::TimedOut {
                 io::Error::new(
@@ -260,6 +277,58 @@ impl Nats {
             ));
         }
         Ok(msg)
+    }
+
+    /// One request on the shared reply subscription (made here on first use). `ConnectionReset`: that
+    /// subscription's connection has closed; it is dropped, so the next call makes one on the current connection.
+    fn request_once(
+        &self,
+        subject: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> io::Result<nats::Message> {
+        let mut slot = self
+            .inner
+            .replies
+            .lock()
+            .map_err(|_| io::Error::other("NATS reply lock poisoned"))?;
+        let r = match slot.as_mut() {
+            Some(r) => r,
+            None => {
+                let conn = self.conn()?;
+                let base = Self::reply_subject(&conn, &self.inbox);
+                let sub = conn.subscribe(&format!("{base}.*"))?;
+                slot.insert(Replies {
+                    conn,
+                    sub,
+                    base,
+                    next: 0,
+                })
+            }
+        };
+        r.next += 1;
+        let reply = format!("{}.{}", r.base, r.next);
+        let reset = |e: io::Error| io::Error::new(io::ErrorKind::ConnectionReset, e.to_string());
+        if let Err(e) = r.conn.publish_request(subject, &reply, body) {
+            *slot = None;
+            return Err(reset(e));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match r
+                .sub
+                .next_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(m) if m.subject == reply => return Ok(m),
+                // A late answer to an earlier request that timed out.
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => return Err(e),
+                Err(e) => {
+                    *slot = None;
+                    return Err(reset(e));
+                }
+            }
+        }
     }
 }
 
