@@ -51,6 +51,8 @@ fn rss_kib(pid: u32) -> u64 {
 struct Sample {
     cpu_ns: u64,
     switches: u64,
+    /// Of `switches`, the involuntary ones (preempted by another task: load on the machine, not a wake-up).
+    preempted: u64,
     threads: usize,
 }
 
@@ -64,6 +66,7 @@ fn sample(pid: u32) -> Sample {
         s.threads += 1;
         s.cpu_ns += one.cpu_ns;
         s.switches += one.switches;
+        s.preempted += one.preempted;
     }
     s
 }
@@ -80,13 +83,17 @@ fn sample_task(dir: &Path) -> Sample {
     }
     let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
     for l in status.lines() {
-        if l.starts_with("voluntary_ctxt_switches:") || l.starts_with("nonvoluntary_ctxt_switches:")
-        {
-            s.switches += l
-                .split_whitespace()
+        let n = || {
+            l.split_whitespace()
                 .nth(1)
                 .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
+                .unwrap_or(0)
+        };
+        if l.starts_with("voluntary_ctxt_switches:") {
+            s.switches += n();
+        } else if l.starts_with("nonvoluntary_ctxt_switches:") {
+            s.switches += n();
+            s.preempted += n();
         }
     }
     s
@@ -490,14 +497,15 @@ fn main() {
         "Idle with 10 workloads, production intervals, over {window:.0} s (wake-ups = voluntary + involuntary context switches of every thread; CPU from schedstat)"
     );
     println!();
-    println!("| daemon | threads | CPU time per idle minute | wake-ups per minute | wake-ups per second (goal ≤ 1) |");
+    println!("| daemon | threads | CPU time per idle minute | wake-ups per minute (of which preempted) | wake-ups per second (goal ≤ 1) |");
     println!("|---|---|---|---|---|");
     for (((name, _), a), z) in pids.iter().zip(&before).zip(&after) {
         let per_min = 60.0 / window;
         let cpu = (z.cpu_ns - a.cpu_ns) as f64 / 1e6 * per_min;
         let wakes = (z.switches - a.switches) as f64 * per_min;
+        let preempted = (z.preempted - a.preempted) as f64 * per_min;
         println!(
-            "| {name} | {} | {cpu:.1} ms | {wakes:.0} | {:.2} |",
+            "| {name} | {} | {cpu:.1} ms | {wakes:.0} ({preempted:.0}) | {:.2} |",
             z.threads,
             wakes / 60.0
         );
