@@ -73,6 +73,9 @@ struct Replies {
     /// `<inbox>.<token>`: request `n` is answered on `<base>.<n>`.
     base: String,
     next: u64,
+    /// The reconnect count when it was made: after a reconnect it is made again (a closed connection keeps its
+    /// subscriptions open, silently).
+    epoch: u64,
 }
 
 /// A key's current value.
@@ -292,6 +295,10 @@ impl Nats {
             .replies
             .lock()
             .map_err(|_| io::Error::other("NATS reply lock poisoned"))?;
+        let epoch = self.reconnect_count();
+        if slot.as_ref().is_some_and(|r| r.epoch != epoch) {
+            *slot = None;
+        }
         let r = match slot.as_mut() {
             Some(r) => r,
             None => {
@@ -303,6 +310,7 @@ impl Nats {
                     sub,
                     base,
                     next: 0,
+                    epoch,
                 })
             }
         };
