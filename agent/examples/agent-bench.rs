@@ -321,7 +321,17 @@ fn settle() {
     std::thread::sleep(Duration::from_millis(400));
 }
 
-fn start_updater(dir: &Path) -> (Child, PathBuf) {
+/// The updater child, killed on drop (also when the bench panics).
+struct Updater(Child);
+
+impl Drop for Updater {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_updater(dir: &Path) -> (Updater, PathBuf) {
     let bin = std::env::var_os("FLEET_UPDATER_BIN")
         .map(PathBuf::from)
         .expect("FLEET_UPDATER_BIN (the release fleet-updater) must be set");
@@ -338,6 +348,7 @@ fn start_updater(dir: &Path) -> (Child, PathBuf) {
         .stderr(std::fs::File::create(dir.join("updater.log")).unwrap())
         .spawn()
         .expect("spawn fleet-updater");
+    let child = Updater(child);
     let sock = root.join("run/fleet-updater/updater.sock");
     fleet_rig::wait_for(Duration::from_secs(10), || sock.exists().then_some(()))
         .expect("fleet-updater did not open its socket");
@@ -380,7 +391,7 @@ fn main() {
         .prefix("fleet-agent-bench-")
         .tempdir()
         .unwrap();
-    let (mut updater, usock) = start_updater(dir.path());
+    let (updater, usock) = start_updater(dir.path());
     let p = rig.podman.as_ref().unwrap();
     // Production intervals (heartbeat and status 30 s, resync 60 s, updater poll 2 s while an upgrade is active);
     // stop time-out 0 so that the bench's removals do not wait for busybox's ignored SIGTERM.
@@ -417,7 +428,7 @@ fn main() {
         .unwrap_or(60);
     let pids = [
         ("fleet-agent", agent.child.id()),
-        ("fleet-updater", updater.id()),
+        ("fleet-updater", updater.0.id()),
         ("nats-server (reference)", b.rig.nats.pid().unwrap()),
     ];
     let before: Vec<Sample> = pids.iter().map(|(_, pid)| sample(*pid)).collect();
@@ -534,6 +545,4 @@ fn main() {
     );
     agent.sigterm();
     let _ = agent.wait_exit(Duration::from_secs(120));
-    let _ = updater.kill();
-    let _ = updater.wait();
 }
