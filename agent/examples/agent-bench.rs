@@ -1,6 +1,11 @@
-//! Benchmark driver for `scripts/bench.d/40-agent.sh`: idle RSS with 10 workloads, desired-state put → container
-//! running against a plain `podman run` in the same run, and the stripped release binary size. Prints a Markdown
-//! table. Needs `FLEET_AGENT_BIN` (the release binary) and the same parts as the integration tests.
+//! Benchmark driver for `scripts/bench.d/40-agent.sh`. With the production intervals, a real nats-server, real
+//! rootful Podman and the real `fleet-updater` beside the agent, it prints Markdown tables of:
+//! idle RSS, CPU time and wake-ups per idle minute with 10 workloads (agent, updater, nats-server side by side);
+//! desired-state put → container running with the step breakdown from the agent's timing marks
+//! (`fleet_agent::timing`), with 10 and with 50 unchanged workloads present, against `podman run -d` of the same
+//! image and command in the same run (median of 5); and 50 workloads placed at once against fifty sequential
+//! `podman run -d`. Needs `FLEET_AGENT_BIN` and `FLEET_UPDATER_BIN` (release builds) and the parts of the
+//! integration tests. `FLEET_BENCH_IDLE_SECS` sets the idle window (default 60).
 #![allow(deprecated, clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 #[path = "../tests/common/mod.rs"]
@@ -8,12 +13,27 @@ mod common;
 use common::*;
 use fleet_agent::podman::Podman;
 use fleet_wire::{kv, DesiredState, DeviceId, WorkloadName, WorkloadSpec};
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const RUNS: usize = 5;
 
 fn workload(name: &str) -> WorkloadSpec {
     let mut w = WorkloadSpec::new(WorkloadName::try_from(name).unwrap(), IMAGE).unwrap();
     w.command = vec!["sleep".into(), "100000".into()];
     w
+}
+
+fn names(prefix: &str, n: usize) -> Vec<WorkloadSpec> {
+    (0..n).map(|i| workload(&format!("{prefix}{i}"))).collect()
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -25,78 +45,446 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
+/// CPU time (ns, from each thread's schedstat) and context switches (voluntary + involuntary, every thread's
+/// status) of a process. Threads that exited during the window are not counted (none do while idle).
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    cpu_ns: u64,
+    switches: u64,
+    /// Of `switches`, the involuntary ones (preempted by another task: load on the machine, not a wake-up).
+    preempted: u64,
+    threads: usize,
+}
+
+fn sample(pid: u32) -> Sample {
+    let mut s = Sample::default();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return s;
+    };
+    for t in tasks.flatten() {
+        let one = sample_task(&t.path());
+        s.threads += 1;
+        s.cpu_ns += one.cpu_ns;
+        s.switches += one.switches;
+        s.preempted += one.preempted;
+    }
+    s
+}
+
+/// One thread's CPU time and context switches.
+fn sample_task(dir: &Path) -> Sample {
+    let mut s = Sample::default();
+    if let Ok(text) = std::fs::read_to_string(dir.join("schedstat")) {
+        s.cpu_ns = text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+    for l in status.lines() {
+        let n = || {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        if l.starts_with("voluntary_ctxt_switches:") {
+            s.switches += n();
+        } else if l.starts_with("nonvoluntary_ctxt_switches:") {
+            s.switches += n();
+            s.preempted += n();
+        }
+    }
+    s
+}
+
+/// Context switches per thread name (threads of one name summed).
+fn per_thread(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let one = sample_task(&t.path());
+        *out.entry(name.trim().to_owned()).or_insert(0) += one.switches;
+    }
+    out
+}
+
+fn median_us(mut v: Vec<i64>) -> i64 {
     v.sort();
     v[v.len() / 2]
 }
 
+fn ms(us: i64) -> String {
+    format!("{:.0} ms", us as f64 / 1000.0)
+}
+
+fn ms1(us: i64) -> String {
+    format!("{:.1} ms", us as f64 / 1000.0)
+}
+
+/// One timing mark of the agent: step, key text, wall-clock µs.
+struct Mark {
+    step: String,
+    key: String,
+    us: i64,
+}
+
+fn marks(log: &Path) -> Vec<Mark> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.split("] mark ").nth(1)?;
+            let (head, us) = rest.rsplit_once(" unix_us=")?;
+            let (step, key) = head.split_once(' ')?;
+            Some(Mark {
+                step: step.to_owned(),
+                key: key.to_owned(),
+                us: us.trim().parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// The first mark of `step` whose key contains `key` at or after `after` µs.
+fn first(marks: &[Mark], step: &str, key: &str, after: i64) -> Option<i64> {
+    marks
+        .iter()
+        .filter(|m| m.step == step && m.key.split(' ').any(|k| k == key) && m.us >= after)
+        .map(|m| m.us)
+        .min()
+}
+
+/// One measured desired-state change: put time, acknowledgement, revision, the workload it adds.
+struct Change {
+    put: i64,
+    acked: i64,
+    rev: u64,
+    workload: String,
+}
+
+/// The steps of the breakdown, each as (row label, the step mark that ends it, the key it is matched on).
+const STEPS: [(&str, &str); 7] = [
+    ("KV put acknowledged by JetStream", "acked"),
+    ("watch delivery (put → agent's subscription)", "delivered"),
+    ("revision read (direct get)", "read"),
+    ("decode and validate", "decoded"),
+    ("reconcile decision (observe containers, plan)", "decided"),
+    ("libpod create (resolves the image)", "created"),
+    ("libpod start → running", "started"),
+];
+
+/// Per-step durations of each change (µs), in [`STEPS`] order, and the total put → started.
+fn breakdown(m: &[Mark], changes: &[Change]) -> (Vec<Vec<i64>>, Vec<i64>) {
+    let mut steps = vec![Vec::new(); STEPS.len()];
+    let mut totals = Vec::new();
+    for c in changes {
+        let rev = format!("rev={}", c.rev);
+        let w = format!("workload={}", c.workload);
+        let bucket = format!("bucket={}", kv::DESIRED_STATE);
+        let delivered = first(m, "delivered", &bucket, c.put);
+        let at = [
+            Some(c.acked),
+            delivered,
+            first(m, "read", &rev, c.put),
+            first(m, "decoded", &rev, c.put),
+            first(m, "decided", &w, c.put),
+            first(m, "created", &w, c.put),
+            first(m, "started", &w, c.put),
+        ];
+        let at: Vec<i64> = at
+            .iter()
+            .zip(STEPS)
+            .map(|(t, (_, step))| {
+                t.unwrap_or_else(|| {
+                    let seen: Vec<String> = m
+                        .iter()
+                        .filter(|m| m.us >= c.put)
+                        .take(20)
+                        .map(|m| format!("{} {} {}", m.step, m.key, m.us - c.put))
+                        .collect();
+                    panic!(
+                        "timing mark {step} is missing for {} (rev {}); marks after its put: {seen:?}",
+                        c.workload, c.rev
+                    )
+                })
+            })
+            .collect();
+        // The watch delivery is measured from the put; later steps from the previous mark (the ack is a side
+        // branch: the agent's delivery does not wait for it).
+        steps[0].push(at[0] - c.put);
+        steps[1].push(at[1] - c.put);
+        for i in 2..at.len() {
+            steps[i].push(at[i] - at[i - 1]);
+        }
+        totals.push(at[at.len() - 1] - c.put);
+    }
+    (steps, totals)
+}
+
+struct Bench {
+    rig: Rig,
+    api: Podman,
+    store: nats::kv::Store,
+    generation: u64,
+}
+
+impl Bench {
+    fn put(&mut self, ws: &[WorkloadSpec]) -> Change {
+        self.generation += 1;
+        let d = DesiredState::new(
+            DeviceId::try_from(DEVICE).unwrap(),
+            self.generation,
+            ws.to_vec(),
+        )
+        .unwrap();
+        let bytes = serde_json::to_vec(&d).unwrap();
+        let put = now_us();
+        let rev = self.store.put(DEVICE, bytes).unwrap();
+        let acked = now_us();
+        Change {
+            put,
+            acked,
+            rev,
+            workload: ws
+                .last()
+                .map(|w| w.name.as_str().to_owned())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn running(&self) -> Vec<String> {
+        self.api
+            .list_managed()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|o| o.state == "running")
+            .map(|o| o.name)
+            .collect()
+    }
+
+    fn wait_running(&self, agent: &Agent, want: &[WorkloadSpec]) {
+        eventually(agent, Duration::from_secs(300), "workloads running", || {
+            let r = self.running();
+            want.iter()
+                .all(|w| r.contains(&w.name.container_name()))
+                .then_some(())
+        });
+    }
+
+    /// `podman run -d` of the bench image and command; its wall time in µs.
+    fn podman_run(&self, name: &str) -> i64 {
+        let p = self.rig.podman.as_ref().unwrap();
+        let t = Instant::now();
+        p.podman(&["run", "-d", "--name", name, IMAGE, "sleep", "100000"]);
+        t.elapsed().as_micros() as i64
+    }
+
+    fn podman_rm(&self, names: &[String]) {
+        let p = self.rig.podman.as_ref().unwrap();
+        let mut args = vec!["rm", "-f", "-t", "0"];
+        args.extend(names.iter().map(String::as_str));
+        p.podman(&args);
+    }
+
+    /// Five changes that each add one workload to `ws`, each followed by a `podman run -d`.
+    fn changes(
+        &mut self,
+        agent: &Agent,
+        ws: &mut Vec<WorkloadSpec>,
+        tag: &str,
+    ) -> Vec<(Change, i64)> {
+        let mut out = Vec::new();
+        let mut plain = Vec::new();
+        for i in 0..RUNS {
+            ws.push(workload(&format!("{tag}{i}")));
+            let c = self.put(ws);
+            self.wait_running(agent, &ws[ws.len() - 1..]);
+            settle();
+            let name = format!("plain-{tag}{i}");
+            let p = self.podman_run(&name);
+            plain.push(name);
+            settle();
+            out.push((c, p));
+        }
+        self.podman_rm(&plain);
+        out
+    }
+}
+
+/// Lets the agent's trailing status publication finish so that measurements do not overlap.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(400));
+}
+
+/// The updater child, killed on drop (also when the bench panics).
+struct Updater(Child);
+
+impl Drop for Updater {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_updater(dir: &Path) -> (Updater, PathBuf) {
+    let bin = std::env::var_os("FLEET_UPDATER_BIN")
+        .map(PathBuf::from)
+        .expect("FLEET_UPDATER_BIN (the release fleet-updater) must be set");
+    let root = dir.join("updater-root");
+    std::fs::create_dir_all(&root).unwrap();
+    let cfg = dir.join("updater.toml");
+    std::fs::write(&cfg, format!("root = \"{}\"\n", root.display())).unwrap();
+    let child = Command::new(bin)
+        .arg("--config")
+        .arg(&cfg)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("updater.log")).unwrap())
+        .spawn()
+        .expect("spawn fleet-updater");
+    let child = Updater(child);
+    let sock = root.join("run/fleet-updater/updater.sock");
+    fleet_rig::wait_for(Duration::from_secs(10), || sock.exists().then_some(()))
+        .expect("fleet-updater did not open its socket");
+    (child, sock)
+}
+
+fn print_breakdown(title: &str, results: &[(Change, i64)], m: &[Mark]) -> (i64, i64) {
+    let changes: Vec<Change> = results
+        .iter()
+        .map(|(c, _)| Change {
+            put: c.put,
+            acked: c.acked,
+            rev: c.rev,
+            workload: c.workload.clone(),
+        })
+        .collect();
+    let (steps, totals) = breakdown(m, &changes);
+    let podman = median_us(results.iter().map(|(_, p)| *p).collect());
+    let total = median_us(totals);
+    println!();
+    println!("{title} (median of {RUNS}; each step from the previous mark)");
+    println!();
+    println!("| step | median |");
+    println!("|---|---|");
+    for ((label, _), v) in STEPS.iter().zip(steps) {
+        println!("| {label} | {} |", ms1(median_us(v)));
+    }
+    println!("| **put → running (fleet-agent)** | **{}** |", ms(total));
+    println!("| `podman run -d` (same run) | {} |", ms(podman));
+    println!(
+        "| ratio (goal ≤ 1.2×) | {:.2}× |",
+        total as f64 / podman as f64
+    );
+    (total, podman)
+}
+
 fn main() {
     let rig = Rig::new(true, "");
+    let dir = tempfile::Builder::new()
+        .prefix("fleet-agent-bench-")
+        .tempdir()
+        .unwrap();
+    let (updater, usock) = start_updater(dir.path());
     let p = rig.podman.as_ref().unwrap();
-    let api = Podman::new(&p.socket(), Duration::from_secs(1));
-    let desired = |ws: Vec<WorkloadSpec>, g: u64| {
-        let d = DesiredState::new(DeviceId::try_from(DEVICE).unwrap(), g, ws).unwrap();
-        store(&rig.nc(), kv::DESIRED_STATE)
-            .put(DEVICE, serde_json::to_vec(&d).unwrap())
-            .unwrap();
-    };
-    let running = |name: &str| {
-        api.list_managed()
-            .unwrap_or_default()
-            .iter()
-            .any(|o| o.name == format!("fleet-{name}") && o.state == "running")
-    };
-    let mut ws: Vec<WorkloadSpec> = (0..10).map(|i| workload(&format!("w{i}"))).collect();
-    desired(ws.clone(), 1);
-    let mut agent = rig.spawn_agent();
-    agent.wait_ready();
-    eventually(
-        &agent,
-        Duration::from_secs(120),
-        "10 workloads running",
-        || {
-            (api.list_managed()
-                .unwrap_or_default()
-                .iter()
-                .filter(|o| o.state == "running")
-                .count()
-                == 10)
-                .then_some(())
-        },
+    // Production intervals (heartbeat and status 30 s, resync 60 s, updater poll 2 s while an upgrade is active);
+    // stop time-out 0 so that the bench's removals do not wait for busybox's ignored SIGTERM.
+    let config = format!(
+        "device_id = \"{DEVICE}\"\nroot = \"{}\"\n[nats]\nurls = [\"{}\"]\nconnect_timeout_secs = 2\nretry_window_secs = 120\n[podman]\nsocket = \"{}\"\nstop_timeout_secs = 0\n[updater]\nsocket = \"{}\"\n",
+        rig.root.path().display(),
+        rig.nats.url(),
+        p.socket().display(),
+        usock.display()
     );
+    std::fs::write(&rig.config, config).unwrap();
+    let api = Podman::new(&p.socket(), Duration::from_secs(0));
+    let store = store(&rig.nc(), kv::DESIRED_STATE);
+    let config_path = rig.config.clone();
+    let root = rig.root.path().to_owned();
+    let mut b = Bench {
+        rig,
+        api,
+        store,
+        generation: 0,
+    };
+
+    // Ten workloads, then idle.
+    let mut ws = names("w", 10);
+    b.put(&ws);
+    let mut agent = Agent::spawn_logging(&config_path, &root, "info,fleet_agent::timing=debug");
+    agent.wait_ready();
+    b.wait_running(&agent, &ws);
     std::thread::sleep(Duration::from_secs(5));
     let agent_rss = rss_kib(agent.child.id());
+    let idle_secs: u64 = std::env::var("FLEET_BENCH_IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let pids = [
+        ("fleet-agent", agent.child.id()),
+        ("fleet-updater", updater.0.id()),
+        ("nats-server (reference)", b.rig.nats.pid().unwrap()),
+    ];
+    let before: Vec<Sample> = pids.iter().map(|(_, pid)| sample(*pid)).collect();
+    let threads_before = per_thread(agent.child.id());
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(idle_secs));
+    let window = t.elapsed().as_secs_f64();
+    let after: Vec<Sample> = pids.iter().map(|(_, pid)| sample(*pid)).collect();
+    let threads_after = per_thread(agent.child.id());
 
-    // Put → running, 5 times, against `podman run -d` of the same image and command.
-    let mut agent_times = Vec::new();
-    let mut podman_times = Vec::new();
-    for i in 0..5 {
-        let name = format!("lat{i}");
-        ws.push(workload(&name));
-        let t = Instant::now();
-        desired(ws.clone(), 2 + i);
-        eventually(
-            &agent,
-            Duration::from_secs(60),
-            "latency workload running",
-            || running(&name).then_some(()),
-        );
-        agent_times.push(t.elapsed());
-        let t = Instant::now();
-        p.podman(&[
-            "run",
-            "-d",
-            "--name",
-            &format!("plain{i}"),
-            IMAGE,
-            "sleep",
-            "100000",
-        ]);
-        podman_times.push(t.elapsed());
+    // One change at a time with 10 unchanged workloads present.
+    let ten = b.changes(&agent, &mut ws, "a");
+
+    // Fifty at once on a device without workloads, against fifty sequential `podman run -d`.
+    b.put(&[]);
+    eventually(&agent, Duration::from_secs(300), "no workloads", || {
+        b.api
+            .list_managed()
+            .unwrap_or_default()
+            .is_empty()
+            .then_some(())
+    });
+    settle();
+    let mut ws = names("b", 50);
+    let c = b.put(&ws);
+    b.wait_running(&agent, &ws);
+    let m = marks(&agent.log);
+    let fifty_agent = ws
+        .iter()
+        .map(|w| {
+            first(
+                &m,
+                "started",
+                &format!("workload={}", w.name.as_str()),
+                c.put,
+            )
+            .unwrap()
+        })
+        .max()
+        .unwrap()
+        - c.put;
+    settle();
+    let plain: Vec<String> = (0..50).map(|i| format!("plain-seq{i}")).collect();
+    let t = Instant::now();
+    for n in &plain {
+        b.podman_run(n);
     }
-    let bin = agent_bin();
-    let size = std::fs::metadata(&bin).map(|m| m.len()).unwrap_or(0);
-    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    let fifty_podman = t.elapsed().as_micros() as i64;
+    b.podman_rm(&plain);
+    settle();
+
+    // One change at a time with 50 unchanged workloads present.
+    let fifty = b.changes(&agent, &mut ws, "c");
+
+    let m = marks(&agent.log);
+    let size = std::fs::metadata(agent_bin()).map(|m| m.len()).unwrap_or(0);
     let mib = |b: u64| format!("{:.2} MiB", b as f64 / 1048576.0);
     println!("| measure | fleet-agent | reference (same run) | goal |");
     println!("|---|---|---|---|");
@@ -105,15 +493,56 @@ fn main() {
         mib(agent_rss * 1024)
     );
     println!(
-        "| desired-state put → container running (median of 5) | {} | `podman run -d`: {} | — |",
-        ms(median(agent_times)),
-        ms(median(podman_times))
-    );
-    println!(
         "| stripped release binary ({}) | {} | — | ≤ 6 MiB (amd64) |",
         std::env::consts::ARCH,
         mib(size)
     );
+    println!(
+        "| 50 workloads placed at once → all running | {} | fifty sequential `podman run -d`: {} ({:.2}×) | ≤ 1.2× |",
+        ms(fifty_agent),
+        ms(fifty_podman),
+        fifty_agent as f64 / fifty_podman as f64
+    );
+    println!();
+    println!(
+        "Idle with 10 workloads, production intervals, over {window:.0} s (wake-ups = voluntary + involuntary context switches of every thread; CPU from schedstat)"
+    );
+    println!();
+    println!("| daemon | threads | CPU time per idle minute | wake-ups per minute (of which preempted) | wake-ups per second (goal ≤ 1) |");
+    println!("|---|---|---|---|---|");
+    for (((name, _), a), z) in pids.iter().zip(&before).zip(&after) {
+        let per_min = 60.0 / window;
+        let cpu = (z.cpu_ns - a.cpu_ns) as f64 / 1e6 * per_min;
+        let wakes = (z.switches - a.switches) as f64 * per_min;
+        let preempted = (z.preempted - a.preempted) as f64 * per_min;
+        println!(
+            "| {name} | {} | {cpu:.1} ms | {wakes:.0} ({preempted:.0}) | {:.2} |",
+            z.threads,
+            wakes / 60.0
+        );
+    }
+    println!();
+    println!("fleet-agent's idle wake-ups per minute by thread");
+    println!();
+    println!("| thread | wake-ups per minute |");
+    println!("|---|---|");
+    for (name, n) in &threads_after {
+        let was = threads_before.get(name).copied().unwrap_or(0);
+        println!(
+            "| {name} | {:.0} |",
+            n.saturating_sub(was) as f64 * 60.0 / window
+        );
+    }
+    print_breakdown(
+        "Desired-state put → container running with 10 unchanged workloads present",
+        &ten,
+        &m,
+    );
+    print_breakdown(
+        "Desired-state put → container running with 50 unchanged workloads present",
+        &fifty,
+        &m,
+    );
     agent.sigterm();
-    let _ = agent.wait_exit(Duration::from_secs(60));
+    let _ = agent.wait_exit(Duration::from_secs(120));
 }

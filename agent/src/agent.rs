@@ -76,6 +76,8 @@ struct Agent {
     desired_rev: Option<u64>,
     intent_rev: Option<u64>,
     errors: BTreeMap<WorkloadName, String>,
+    /// The desired state changed since the workload status was last published.
+    status_stale: bool,
     mirrored: Option<AgentUpgradeStatus>,
     in_flight: Option<AttemptId>,
     /// The attempt last published as pending because the updater was unreachable, with its error text.
@@ -197,6 +199,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         desired_rev: None,
         intent_rev: None,
         errors: BTreeMap::new(),
+        status_stale: true,
         mirrored: None,
         in_flight: None,
         last_pending: None,
@@ -343,7 +346,7 @@ impl Agent {
             .map_err(|e| fail("workload worker", e))?;
             self.worker = Some(worker);
         }
-        self.reconcile_now();
+        self.reconcile_now(true);
         self.publish_status();
         self.heartbeat();
         // The intent is read once now (like the desired state) and then followed by its watch.
@@ -386,6 +389,7 @@ impl Agent {
             match rx.recv_timeout(wait) {
                 Ok(Event::Signal(at)) => {
                     stop.store(true, Ordering::SeqCst);
+                    self.nats.wake_watches();
                     // The drain flag is set: the worker starts no new mutation; wait for the one in progress.
                     if let Some(w) = &mut self.worker {
                         w.finish();
@@ -394,13 +398,15 @@ impl Agent {
                 }
                 Ok(Event::Desired(c)) => {
                     if self.apply_desired(c) {
-                        self.reconcile_now();
+                        self.reconcile_now(false);
                     }
                 }
                 Ok(Event::Reconciled(r)) => {
-                    self.on_reconciled(*r);
-                    self.publish_status();
-                    next_status = Instant::now() + self.cfg.status_interval;
+                    // A pass that changed nothing (the resync's, mostly) leaves the published status true.
+                    if self.on_reconciled(*r) || self.status_stale {
+                        self.publish_status();
+                        next_status = Instant::now() + self.cfg.status_interval;
+                    }
                 }
                 Ok(Event::Intent(c)) => self.on_intent(c),
                 Ok(Event::UpgradeAnswer(id, r)) => self.on_upgrade_answer(id, *r),
@@ -431,7 +437,7 @@ impl Agent {
                     }
                     Err(e) => log::warn!("re-reading the desired state: {e}; keeping the last one"),
                 }
-                self.reconcile_now();
+                self.reconcile_now(true);
                 // An intent deferred while a request was in flight, or missed by a lost watch, is read again.
                 if self.in_flight.is_none() {
                     if let Ok(c) = self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
@@ -470,6 +476,12 @@ impl Agent {
     /// `reread`: the value comes from a full read, so any other revision counts (a re-created bucket restarts
     /// its revisions); watch events only count when newer.
     fn apply_desired_from(&mut self, c: Change, reread: bool) -> bool {
+        let changed = self.take_desired(c, reread);
+        self.status_stale |= changed;
+        changed
+    }
+
+    fn take_desired(&mut self, c: Change, reread: bool) -> bool {
         let stale = match self.desired_rev {
             Some(r) if reread => c.revision == r,
             Some(r) => c.revision <= r,
@@ -487,6 +499,7 @@ impl Agent {
             }
             Value::Put(bytes) => match serde_json::from_slice::<DesiredState>(&bytes) {
                 Ok(d) if d.device_id == self.cfg.device_id => {
+                    crate::timing::mark("decoded", format_args!("rev={}", c.revision));
                     log::info!(
                         "desired state generation {} with {} workloads (revision {})",
                         d.generation,
@@ -516,15 +529,16 @@ impl Agent {
         }
     }
 
-    /// Asks the workload worker for a pass toward the current desired state; its result arrives as
-    /// `Event::Reconciled`.
-    fn reconcile_now(&mut self) {
+    /// Asks the workload worker for a pass toward the current desired state (`full`: compare every container,
+    /// else only what changed since the last pass); its result arrives as `Event::Reconciled`.
+    fn reconcile_now(&mut self, full: bool) {
         if let Some(w) = &self.worker {
-            w.request(self.desired.clone());
+            w.request(self.desired.clone(), full);
         }
     }
 
-    fn on_reconciled(&mut self, r: PassResult) {
+    /// Takes a pass's result; true when it may have changed what the workload status shows.
+    fn on_reconciled(&mut self, r: PassResult) -> bool {
         match r {
             Ok(out) => {
                 if out.mutations > 0 {
@@ -534,9 +548,14 @@ impl Agent {
                         out.errors.len()
                     );
                 }
+                let changed = out.mutations > 0 || out.errors != self.errors;
                 self.errors = out.errors;
+                changed
             }
-            Err(e) => log::warn!("reconcile: {e}"),
+            Err(e) => {
+                log::warn!("reconcile: {e}");
+                true
+            }
         }
     }
 
@@ -555,8 +574,9 @@ impl Agent {
             at: Timestamp::now(),
             workloads: reconcile::statuses(&self.desired, &observed, &self.errors),
         };
-        if let Err(e) = put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {
-            log::warn!("publishing workload status: {e}");
+        match put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {
+            Ok(_) => self.status_stale = false,
+            Err(e) => log::warn!("publishing workload status: {e}"),
         }
     }
 

@@ -15,6 +15,7 @@ pub mod probe;
 pub mod reconcile;
 pub mod relay;
 pub mod system_relay;
+pub mod timing;
 pub mod updater;
 pub mod workload_worker;
 

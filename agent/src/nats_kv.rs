@@ -3,7 +3,8 @@
 //! after every reconnect.
 //!
 //! Every request uses a reply subject under the device's own inbox (`_INBOX.device.<device-id>`, the only reply
-//! subjects fleet-auth lets a device subscribe to), so no device can read another's replies. The KV calls are made
+//! subjects fleet-auth lets a device subscribe to), so no device can read another's replies; requests share one
+//! reply subscription per connection (`<inbox>.<token>.*`). The KV calls are made
 //! here with core NATS (the crate's own JetStream API always uses `_INBOX.<random>`) and each names the device's
 //! key in its subject, which is what the device's permissions allow (`fleet_wire::auth::device_permissions`):
 //! opening a bucket and reading a key are direct gets, a write is a put acknowledged on the inbox, and a watch is a
@@ -15,12 +16,12 @@
 
 use crate::config::{NatsAuth, NatsConfig};
 use fleet_wire::auth::{device_key_filter, direct_get_subject};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// Time-out of one KV put (publish with acknowledgement).
@@ -53,6 +54,28 @@ struct Inner {
     reconnecting: AtomicBool,
     /// Increases on every reconnect, so watches re-create their consumers.
     reconnects: AtomicU64,
+    /// The subscriptions that watch threads block on, by watch id: [`Nats::wake_watches`] unsubscribes them,
+    /// which ends their blocking read (on a reconnect, or when the watches stop).
+    watching: Mutex<BTreeMap<u64, nats::Subscription>>,
+    /// Ids handed out to watch subscriptions so far.
+    next_watch: AtomicU64,
+    /// The reply subscription that requests share (made on first use, dropped when its connection closed).
+    /// Requests take turns on it.
+    replies: Mutex<Option<Replies>>,
+}
+
+/// One `<inbox>.<token>.*` subscription per connection for every request's answer, instead of a subscribe and an
+/// unsubscribe around each request: one write per request instead of three, and fewer wake-ups.
+struct Replies {
+    /// The connection the subscription belongs to (requests are published on it too).
+    conn: nats::Connection,
+    sub: nats::Subscription,
+    /// `<inbox>.<token>`: request `n` is answered on `<base>.<n>`.
+    base: String,
+    next: u64,
+    /// The reconnect count when it was made: after a reconnect it is made again (a closed connection keeps its
+    /// subscriptions open, silently).
+    epoch: u64,
 }
 
 /// A key's current value.
@@ -118,6 +141,9 @@ impl Nats {
             next_id: AtomicU64::new(0),
             reconnecting: AtomicBool::new(false),
             reconnects: AtomicU64::new(0),
+            watching: Mutex::new(BTreeMap::new()),
+            next_watch: AtomicU64::new(0),
+            replies: Mutex::new(None),
         });
         let started = Instant::now();
         let urls = cfg.urls.join(",");
@@ -214,6 +240,12 @@ impl Nats {
         self.inner.reconnects.load(Ordering::SeqCst)
     }
 
+    /// Wakes every watch thread (which blocks on its subscription without a time-out): a watch whose stop flag
+    /// is set then ends, the others subscribe and read their keys again. Call it after setting a stop flag.
+    pub fn wake_watches(&self) {
+        self.inner.wake_watches();
+    }
+
     /// A fresh reply subject under this device's inbox.
     fn reply_subject(conn: &nats::Connection, inbox: &str) -> String {
         format!("{inbox}.{}", unique_token(conn))
@@ -222,12 +254,13 @@ impl Nats {
     /// Publishes `body` to `subject` with a reply subject of this device's and waits at most `timeout` for the
     /// answer. A "no responders" status (nothing serves the subject) is an error.
     fn request(&self, subject: &str, body: &[u8], timeout: Duration) -> io::Result<nats::Message> {
-        let conn = self.conn()?;
-        let reply = Self::reply_subject(&conn, &self.inbox);
-        let sub = conn.subscribe(&reply)?;
-        let sent = conn.publish_request(subject, &reply, body);
-        let got = sent.and_then(|()| sub.next_timeout(timeout));
-        let _ = sub.unsubscribe();
+        let got = match self.request_once(subject, body, timeout) {
+            // The shared reply subscription belonged to a connection that has closed: once more on the current.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                self.request_once(subject, body, timeout)
+            }
+            r => r,
+        };
         let msg = got.map_err(|e| {
             if e.kind() == io::ErrorKind::TimedOut {
                 io::Error::new(
@@ -247,6 +280,63 @@ impl Nats {
             ));
         }
         Ok(msg)
+    }
+
+    /// One request on the shared reply subscription (made here on first use). `ConnectionReset`: that
+    /// subscription's connection has closed; it is dropped, so the next call makes one on the current connection.
+    fn request_once(
+        &self,
+        subject: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> io::Result<nats::Message> {
+        let mut slot = self
+            .inner
+            .replies
+            .lock()
+            .map_err(|_| io::Error::other("NATS reply lock poisoned"))?;
+        let epoch = self.reconnect_count();
+        if slot.as_ref().is_some_and(|r| r.epoch != epoch) {
+            *slot = None;
+        }
+        let r = match slot.as_mut() {
+            Some(r) => r,
+            None => {
+                let conn = self.conn()?;
+                let base = Self::reply_subject(&conn, &self.inbox);
+                let sub = conn.subscribe(&format!("{base}.*"))?;
+                slot.insert(Replies {
+                    conn,
+                    sub,
+                    base,
+                    next: 0,
+                    epoch,
+                })
+            }
+        };
+        r.next += 1;
+        let reply = format!("{}.{}", r.base, r.next);
+        let reset = |e: io::Error| io::Error::new(io::ErrorKind::ConnectionReset, e.to_string());
+        if let Err(e) = r.conn.publish_request(subject, &reply, body) {
+            *slot = None;
+            return Err(reset(e));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match r
+                .sub
+                .next_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(m) if m.subject == reply => return Ok(m),
+                // A late answer to an earlier request that timed out.
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => return Err(e),
+                Err(e) => {
+                    *slot = None;
+                    return Err(reset(e));
+                }
+            }
+        }
     }
 }
 
@@ -276,6 +366,8 @@ impl Inner {
             .reconnect_callback(move || {
                 if let Some(inner) = on_reconnect.upgrade() {
                     inner.reconnects.fetch_add(1, Ordering::SeqCst);
+                    // Watches read their keys again: a change made while disconnected was not delivered.
+                    inner.wake_watches();
                 }
                 log::info!("reconnected to NATS");
             })
@@ -310,6 +402,34 @@ impl Inner {
         Ok(())
     }
 
+    /// Ends the blocking read of every watch subscription (unsubscribing it); each watch thread then checks its
+    /// stop flag and the reconnect count, and subscribes and reads its key again.
+    fn wake_watches(&self) {
+        let subs = match self.watching.lock() {
+            Ok(mut w) => std::mem::take(&mut *w),
+            Err(_) => return,
+        };
+        for (_, sub) in subs {
+            let _ = sub.unsubscribe();
+        }
+    }
+
+    /// Registers `sub` as a watch subscription to wake; returns its id.
+    fn register_watch(&self, sub: &nats::Subscription) -> u64 {
+        let id = self.next_watch.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut w) = self.watching.lock() {
+            w.insert(id, sub.clone());
+        }
+        id
+    }
+
+    /// Forgets watch subscription `id` (already gone after a wake).
+    fn unregister_watch(&self, id: u64) {
+        if let Ok(mut w) = self.watching.lock() {
+            w.remove(&id);
+        }
+    }
+
     /// Starts the reconnection thread unless one runs: new connections until one succeeds.
     fn reconnect(this: &Arc<Inner>) {
         if this.reconnecting.swap(true, Ordering::SeqCst) {
@@ -325,6 +445,7 @@ impl Inner {
                     Ok(()) => {
                         inner.reconnecting.store(false, Ordering::SeqCst);
                         inner.reconnects.fetch_add(1, Ordering::SeqCst);
+                        inner.wake_watches();
                         log::info!("reconnected to NATS (new connection)");
                         return;
                     }
@@ -515,10 +636,11 @@ impl Buckets {
     }
 
     /// Watches `key` (or `<prefix>.>`) on a thread: its current value first (when it exists), then every change,
-    /// each passed to `send` until it returns false or `stop` is set. Changes are noticed through the key's
-    /// subject (every write is published there) and read with a direct get, so the revision is the stream's. The
-    /// subscription is made again after each reconnect; callers still re-read the key periodically, so a missed
-    /// change is only late, never lost.
+    /// each passed to `send` until it returns false or `stop` is set (set it, then call [`Nats::wake_watches`]).
+    /// Changes are noticed through the key's subject (every write is published there) and read with a direct
+    /// get, so the revision is the stream's. The thread sleeps on the subscription with no time-out (an idle
+    /// watch costs no wake-ups); a reconnect wakes it to subscribe and read again, and callers still re-read the
+    /// key periodically, so a missed change is only late, never lost.
     pub fn watch(
         &self,
         bucket: &str,
@@ -559,48 +681,55 @@ impl Buckets {
                             continue;
                         }
                     };
+                    // Registered before the read, so a reconnect from now on wakes this subscription.
+                    let id = this.nats.inner.register_watch(&sub);
+                    let woken = |sub: nats::Subscription| {
+                        this.nats.inner.unregister_watch(id);
+                        let _ = sub.unsubscribe();
+                    };
+                    if this.nats.reconnect_count() != epoch {
+                        woken(sub);
+                        continue;
+                    }
                     // The current value, as a consumer delivering the last value per key would.
                     match this.get_keyed(&bucket, &key) {
                         Ok((k, c)) if c.revision > 0 => {
                             if !send(k, c) {
-                                let _ = sub.unsubscribe();
+                                woken(sub);
                                 return;
                             }
                         }
                         Ok(_) => {}
                         Err(e) => log::debug!("watch {bucket}/{key}: {e}"),
                     }
-                    loop {
+                    // Blocks until a write, a wake (stop, reconnect) or the connection's close: no timed polling.
+                    while let Some(msg) = sub.next() {
                         if stop.load(Ordering::SeqCst) {
-                            let _ = sub.unsubscribe();
-                            return;
-                        }
-                        if this.nats.reconnect_count() != epoch {
-                            let _ = sub.unsubscribe();
                             break;
                         }
-                        let msg = match sub.next_timeout(Duration::from_millis(500)) {
-                            Ok(m) => m,
-                            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
-                            Err(_) => {
-                                // The connection closed: wait for the new one.
-                                std::thread::sleep(Duration::from_millis(200));
-                                continue;
-                            }
-                        };
                         // The written key (one of several under a `<prefix>.>` watch); read it for its revision.
                         let Some(changed) = msg.subject.strip_prefix(&prefix) else {
                             continue;
                         };
+                        crate::timing::mark("delivered", format_args!("bucket={bucket}"));
                         match this.get(&bucket, changed) {
                             Ok(c) => {
+                                crate::timing::mark(
+                                    "read",
+                                    format_args!("bucket={bucket} rev={}", c.revision),
+                                );
                                 if !send(changed.to_owned(), c) {
-                                    let _ = sub.unsubscribe();
+                                    woken(sub);
                                     return;
                                 }
                             }
                             Err(e) => log::warn!("watch {bucket}/{changed}: {e}"),
                         }
+                    }
+                    woken(sub);
+                    if !stop.load(Ordering::SeqCst) && this.nats.reconnect_count() == epoch {
+                        // The connection closed and its replacement is not there yet.
+                        std::thread::sleep(Duration::from_secs(1));
                     }
                 }
             })

@@ -1,12 +1,14 @@
 //! Reconciliation: a pure plan from desired workloads and observed containers to actions, and its execution
-//! one mutation at a time (each checked against the drain flag first).
+//! one mutation at a time (each checked against the drain flag first). A pass compares either everything or, for
+//! a desired-state change, only the workloads the change touched ([`Scope`]), so a one-workload change costs the
+//! same with 50 unchanged workloads present as with none.
 
 use crate::podman::{Observed, Podman};
 use fleet_wire::workload::{LABEL_DEVICE, LABEL_SPEC_DIGEST, LABEL_WORKLOAD};
 use fleet_wire::{
     BoundedText, DeviceId, RestartPolicy, WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One mutation.
@@ -28,6 +30,54 @@ pub enum Action {
         /// The workload.
         name: WorkloadName,
     },
+}
+
+/// Which workloads a pass compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every managed container against the whole desired state (start-up, resync, after a pass that did not
+    /// reach its goal): also restarts exited containers and removes strays, duplicates and other devices' ones.
+    All,
+    /// Only these workloads' containers against their desired specs: a desired-state change that touched them
+    /// and nothing else, after a pass that reached the previous desired state.
+    Only(BTreeSet<WorkloadName>),
+}
+
+/// Most workloads a scoped pass observes one by one (one Podman list call each); with more, one full list is
+/// cheaper.
+pub const SCOPED_MAX: usize = 4;
+
+/// The workloads that differ between `old` and `new`: added, removed, or with another spec digest. Pure.
+pub fn changed(old: &[WorkloadSpec], new: &[WorkloadSpec]) -> BTreeSet<WorkloadName> {
+    let digests = |ws: &[WorkloadSpec]| -> BTreeMap<WorkloadName, String> {
+        ws.iter()
+            .map(|w| (w.name.clone(), w.digest().to_string()))
+            .collect()
+    };
+    let (old, new) = (digests(old), digests(new));
+    let mut out: BTreeSet<WorkloadName> = old
+        .iter()
+        .filter(|(n, d)| new.get(*n) != Some(*d))
+        .map(|(n, _)| n.clone())
+        .collect();
+    out.extend(new.keys().filter(|n| !old.contains_key(*n)).cloned());
+    out
+}
+
+/// The scope of a pass toward `desired`. `reached` is the desired state that the last pass reached (every action
+/// done, no error, not interrupted), or `None` when no pass did or a full pass is asked for. Pure.
+pub fn scope(reached: Option<&[WorkloadSpec]>, desired: &[WorkloadSpec]) -> Scope {
+    match reached {
+        None => Scope::All,
+        Some(r) => {
+            let names = changed(r, desired);
+            if names.len() > SCOPED_MAX {
+                Scope::All
+            } else {
+                Scope::Only(names)
+            }
+        }
+    }
 }
 
 /// Plans the actions that make `observed` (managed containers only) match `desired`. Pure.
@@ -99,16 +149,42 @@ pub struct Outcome {
     pub interrupted: bool,
 }
 
-/// Runs one reconcile pass. Before each mutation it checks `draining`: once set, no new mutation starts, and the
-/// one in progress finishes (the caller waits for this function to return).
+/// Runs one reconcile pass over `scope`. Before each mutation it checks `draining`: once set, no new mutation
+/// starts, and the one in progress finishes (the caller waits for this function to return).
 pub fn reconcile(
     podman: &Podman,
     device: &DeviceId,
     desired: &[WorkloadSpec],
+    scope: &Scope,
     draining: &AtomicBool,
 ) -> Result<Outcome, crate::podman::PodmanError> {
-    let observed = podman.list_managed()?;
-    let actions = plan(device, desired, &observed);
+    let (observed, actions) = match scope {
+        Scope::All => {
+            let observed = podman.list_managed()?;
+            let actions = plan(device, desired, &observed);
+            (observed, actions)
+        }
+        Scope::Only(names) => {
+            let mut observed = Vec::new();
+            for n in names {
+                observed.extend(podman.list_workload(n)?);
+            }
+            // The plan is per workload name, so planning the touched names alone gives exactly the full plan's
+            // actions for them.
+            let touched: Vec<WorkloadSpec> = desired
+                .iter()
+                .filter(|w| names.contains(&w.name))
+                .cloned()
+                .collect();
+            let actions = plan(device, &touched, &observed);
+            (observed, actions)
+        }
+    };
+    for a in &actions {
+        if let Action::Create(name) = a {
+            crate::timing::mark("decided", format_args!("workload={}", name.as_str()));
+        }
+    }
     let mut out = Outcome::default();
     let by_name: BTreeMap<&str, &WorkloadSpec> =
         desired.iter().map(|w| (w.name.as_str(), w)).collect();
@@ -147,7 +223,9 @@ pub fn reconcile(
                         // Created but not started: the next agent starts it.
                         return Ok(());
                     }
-                    podman.start(&id)
+                    podman.start(&id)?;
+                    crate::timing::mark("started", format_args!("workload={}", name.as_str()));
+                    Ok(())
                 });
                 if let Err(e) = r {
                     log::warn!("create {}: {e}", name.as_str());
@@ -277,6 +355,38 @@ mod tests {
         ];
         for (i, (desired, obs, want)) in cases.into_iter().enumerate() {
             assert_eq!(plan(&d, &desired, &obs), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn scope_table() {
+        let name = |s: &str| WorkloadName::try_from(s).expect("name");
+        let only = |ns: &[&str]| Scope::Only(ns.iter().map(|n| name(n)).collect());
+        let w = |n: &str| fixtures::workload(n);
+        let mut web2 = w("web");
+        web2.env.insert("X".into(), "1".into());
+        let many: Vec<WorkloadSpec> = (0..=SCOPED_MAX).map(|i| w(&format!("n{i}"))).collect();
+        let cases: Vec<(Option<Vec<WorkloadSpec>>, Vec<WorkloadSpec>, Scope)> = vec![
+            // Nothing reached yet (start-up, a failed pass) or a full pass asked for: everything.
+            (None, vec![w("web")], Scope::All),
+            // The same desired state: nothing to compare.
+            (
+                Some(vec![w("web"), w("db")]),
+                vec![w("db"), w("web")],
+                only(&[]),
+            ),
+            // One added, one removed, one changed: those three only.
+            (
+                Some(vec![w("web"), w("db"), w("old")]),
+                vec![web2.clone(), w("db"), w("new")],
+                only(&["new", "old", "web"]),
+            ),
+            // More changes than SCOPED_MAX: one full list is cheaper.
+            (Some(vec![]), many.clone(), Scope::All),
+            (Some(many.clone()), many[1..].to_vec(), only(&["n0"])),
+        ];
+        for (i, (reached, desired, want)) in cases.into_iter().enumerate() {
+            assert_eq!(scope(reached.as_deref(), &desired), want, "case {i}");
         }
     }
 

@@ -6,7 +6,7 @@ use fleet_wire::workload::{
     LABEL_DEVICE, LABEL_MANAGED, LABEL_SCHEMA, LABEL_SCHEMA_VERSION, LABEL_SPEC_DIGEST,
     LABEL_WORKLOAD,
 };
-use fleet_wire::{DeviceId, WorkloadSpec};
+use fleet_wire::{DeviceId, WorkloadName, WorkloadSpec};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -171,7 +171,22 @@ impl Podman {
 
     /// Every container carrying the managed label, running or not.
     pub fn list_managed(&self) -> Result<Vec<Observed>, PodmanError> {
-        let filters = json!({ "label": [format!("{LABEL_MANAGED}=true")] }).to_string();
+        self.list(&[format!("{LABEL_MANAGED}=true")])
+    }
+
+    /// The managed containers labelled as workload `name` (any device, any spec): what a pass that changes only
+    /// this workload needs to see. Podman still checks every container's labels, but reads the state of these
+    /// only, so the call does not grow with the number of unchanged workloads the way [`Self::list_managed`] does.
+    pub fn list_workload(&self, name: &WorkloadName) -> Result<Vec<Observed>, PodmanError> {
+        self.list(&[
+            format!("{LABEL_MANAGED}=true"),
+            format!("{LABEL_WORKLOAD}={}", name.as_str()),
+        ])
+    }
+
+    /// Containers matching every label filter (`key=value`; Podman ANDs them), managed ones only.
+    fn list(&self, labels: &[String]) -> Result<Vec<Observed>, PodmanError> {
+        let filters = json!({ "label": labels }).to_string();
         let body = self.call(
             "GET",
             &format!("/containers/json?all=true&filters={}", enc(&filters)),
@@ -198,7 +213,8 @@ impl Podman {
             .collect())
     }
 
-    fn ensure_image(&self, image: &str) -> Result<(), PodmanError> {
+    /// Pulls `image` when Podman does not have it; true when it pulled.
+    fn pull_if_missing(&self, image: &str) -> Result<bool, PodmanError> {
         let exists = self.call(
             "GET",
             &format!("/images/{}/exists", enc(image)),
@@ -209,7 +225,7 @@ impl Podman {
         // `exists` answers 204 with an empty body and 404 with a JSON message.
         if let Ok(body) = &exists {
             if body.is_empty() {
-                return Ok(());
+                return Ok(false);
             }
         }
         let body = self.call(
@@ -232,14 +248,25 @@ impl Podman {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
-    /// Creates the container for `spec` with the agent's labels; returns its id.
+    /// Creates the container for `spec` with the agent's labels; returns its id. The image is pulled only when
+    /// it is missing: the create is tried first (the image is nearly always there, and Podman resolves it in the
+    /// create anyway), and only a failed create checks the image, pulls it if missing and creates again.
     pub fn create(&self, device: &DeviceId, spec: &WorkloadSpec) -> Result<String, PodmanError> {
-        self.ensure_image(&spec.image)?;
+        let workload = spec.name.as_str();
         let body = create_body(device, spec);
-        let out = self.call("POST", "/containers/create", Some(&body), QUICK, &[201])?;
+        let out = match self.call("POST", "/containers/create", Some(&body), QUICK, &[201]) {
+            Ok(out) => out,
+            Err(e) => {
+                if !self.pull_if_missing(&spec.image)? {
+                    return Err(e);
+                }
+                self.call("POST", "/containers/create", Some(&body), QUICK, &[201])?
+            }
+        };
+        crate::timing::mark("created", format_args!("workload={workload}"));
         serde_json::from_slice::<serde_json::Value>(&out)
             .ok()
             .and_then(|v| v.get("Id").and_then(|i| i.as_str()).map(str::to_owned))

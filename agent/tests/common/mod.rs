@@ -165,6 +165,14 @@ impl Rig {
 
     /// (Re)writes the config with the standard test settings plus `extra` lines at the top level.
     pub fn write_config(&mut self, extra: &str) {
+        self.write_config_intervals(
+            extra,
+            "heartbeat_secs = 1\nstatus_secs = 1\nresync_secs = 2\nupdater_poll_ms = 200\n",
+        );
+    }
+
+    /// Like [`Rig::write_config`] with `intervals` as the `[intervals]` table's lines.
+    pub fn write_config_intervals(&mut self, extra: &str, intervals: &str) {
         let podman = match &self.podman {
             Some(p) => format!(
                 "[podman]\nsocket = \"{}\"\nstop_timeout_secs = 4\n",
@@ -173,7 +181,7 @@ impl Rig {
             None => "[podman]\nenabled = false\n".into(),
         };
         let text = format!(
-            "device_id = \"{DEVICE}\"\nroot = \"{}\"\n{extra}\n[nats]\nurls = [\"{}\"]\nconnect_timeout_secs = 2\nretry_window_secs = 120\n{podman}[intervals]\nheartbeat_secs = 1\nstatus_secs = 1\nresync_secs = 2\nupdater_poll_ms = 200\n",
+            "device_id = \"{DEVICE}\"\nroot = \"{}\"\n{extra}\n[nats]\nurls = [\"{}\"]\nconnect_timeout_secs = 2\nretry_window_secs = 120\n{podman}[intervals]\n{intervals}",
             self.root.path().display(),
             self.nats.url()
         );
@@ -208,6 +216,11 @@ pub struct Agent {
 
 impl Agent {
     pub fn spawn(config: &Path, root: &Path) -> Agent {
+        Self::spawn_logging(config, root, "info")
+    }
+
+    /// Like [`Agent::spawn`] with `RUST_LOG` set to `rust_log` (the benchmark turns the timing marks on).
+    pub fn spawn_logging(config: &Path, root: &Path, rust_log: &str) -> Agent {
         let dir = tempfile::tempdir().expect("notify dir");
         let sock = dir.path().join("notify");
         let notify = UnixDatagram::bind(&sock).expect("bind notify");
@@ -220,7 +233,7 @@ impl Agent {
             .arg("--config")
             .arg(config)
             .env("NOTIFY_SOCKET", &sock)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
