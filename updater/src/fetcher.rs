@@ -72,6 +72,7 @@ pub struct HelperFetcher {
     deadline: Duration,
     margin: Duration,
     retry: Retry,
+    resume: bool,
 }
 
 /// Time a helper has, past the fetch's deadline, to report and exit before it is killed.
@@ -134,6 +135,7 @@ pub fn production(
         deadline: HTTPS_REQUEST_TIMEOUT,
         margin: HELPER_MARGIN,
         retry: Retry::default(),
+        resume: true,
     })
 }
 
@@ -161,6 +163,13 @@ impl HelperFetcher {
     /// The same fetcher with another retry policy (tests, benchmarks).
     pub fn with_retry(mut self, retry: Retry) -> Self {
         self.retry = retry;
+        self
+    }
+
+    /// The same fetcher with resuming on or off; off, every try starts from zero (the benchmark's reference for
+    /// what resuming saves).
+    pub fn with_resume(mut self, resume: bool) -> Self {
+        self.resume = resume;
         self
     }
 
@@ -206,7 +215,7 @@ impl HelperFetcher {
             byte_limit,
             self.extra_roots_pem.clone(),
         );
-        request.resume = partial.resume_point();
+        request.resume = partial.resume_point().filter(|_| self.resume);
         request.time_left_ms = Some(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
         let mut line = match serde_json::to_vec(&request) {
             Ok(l) => l,

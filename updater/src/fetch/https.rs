@@ -32,7 +32,7 @@ pub(crate) fn fetch(
     stream(
         resp.into_body().into_reader(),
         out,
-        limit - start.offset,
+        limit.saturating_sub(start.offset),
         (start.offset == 0).then_some(expected),
         "artifact",
         |e| client.map_read_error(url, e),

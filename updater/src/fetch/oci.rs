@@ -103,7 +103,7 @@ pub(crate) fn fetch(
     let fetched = stream(
         resp.into_body().into_reader(),
         out,
-        limit - start.offset,
+        limit.saturating_sub(start.offset),
         (start.offset == 0).then_some(&layer.digest),
         "layer",
         |e| client.map_read_error(&final_url, e),
