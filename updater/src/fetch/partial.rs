@@ -60,7 +60,7 @@ pub struct Partial {
 }
 
 /// Whether `name` is one of the files this module keeps: `<64 hex>.part` or `<64 hex>.json`.
-fn is_partial_name(name: &str) -> bool {
+pub fn is_resumable_name(name: &str) -> bool {
     let Some((stem, ext)) = name.split_once('.') else {
         return false;
     };
@@ -336,7 +336,7 @@ fn remove_others(dir: &Path, keep: &Sha256Hex) {
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        if is_partial_name(name) && !name.starts_with(&ours) {
+        if is_resumable_name(name) && !name.starts_with(&ours) {
             log::info!("removing the partial download {name} of another artifact");
             let _ = std::fs::remove_file(e.path());
         }
@@ -457,10 +457,10 @@ mod tests {
 
     #[test]
     fn partial_names() {
-        assert!(is_partial_name(&format!("{}.part", "a".repeat(64))));
-        assert!(is_partial_name(&format!("{}.json", "0".repeat(64))));
-        assert!(!is_partial_name(&format!("{}.part", "A".repeat(64))));
-        assert!(!is_partial_name(".fleet-fetch-1-2-3.part"));
-        assert!(!is_partial_name(&format!("{}.tmp", "a".repeat(64))));
+        assert!(is_resumable_name(&format!("{}.part", "a".repeat(64))));
+        assert!(is_resumable_name(&format!("{}.json", "0".repeat(64))));
+        assert!(!is_resumable_name(&format!("{}.part", "A".repeat(64))));
+        assert!(!is_resumable_name(".fleet-fetch-1-2-3.part"));
+        assert!(!is_resumable_name(&format!("{}.tmp", "a".repeat(64))));
     }
 }
