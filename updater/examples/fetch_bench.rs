@@ -5,22 +5,30 @@
 //! `fetch_bench serve <file> <ca.pem out>` prints the URL and serves until stdin closes.
 //! `fetch_bench fetch <url> <sha256> <ca.pem> <tmp dir> <fleet-fetch>` prints
 //! `bytes=<n> seconds=<s> vmhwm_kib=<updater side> helper_kib=<helper>`.
+//! `fetch_bench resume <MiB> <drops> <seed> <tmp dir> <fleet-fetch>` serves a random artifact of that size from a
+//! range-capable server whose first `<drops>` responses are cut at random points, fetches it with resuming and
+//! then without (every try from zero, the reference), and prints one line per run:
+//! `mode=<resume|from-zero> bytes_sent=<n> requests=<n> seconds=<s>`.
 
 use fleet_rig::https::{HttpsServer, Reply};
 use fleet_rig::tls::TestCa;
-use fleet_updater::fetcher::{production, Fetcher};
+use fleet_updater::fetcher::{production, Fetcher, Retry};
 use fleet_wire::limits::ARTIFACT_MAX_BYTES;
 use fleet_wire::{fixtures, ByteLimit, Sha256Hex};
+use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["serve", file, ca_out] => serve(file, ca_out),
         ["fetch", url, sha, ca, tmp, helper] => run_fetch(url, sha, ca, tmp, helper),
-        _ => Err("usage: fetch_bench serve <file> <ca.pem out> | fetch <url> <sha256> <ca.pem> <tmp dir> <fleet-fetch>".into()),
+        ["resume", mib, drops, seed, tmp, helper] => run_resume(mib, drops, seed, tmp, helper),
+        _ => Err("usage: fetch_bench serve <file> <ca.pem out> | fetch <url> <sha256> <ca.pem> <tmp dir> <fleet-fetch> | resume <MiB> <drops> <seed> <tmp dir> <fleet-fetch>".into()),
     };
     if let Err(e) = code {
         eprintln!("fetch_bench: {e}");
@@ -57,6 +65,65 @@ fn run_fetch(url: &str, sha: &str, ca: &str, tmp: &str, helper: &str) -> Result<
         vm_hwm_kib().unwrap_or(0),
         children_max_rss_kib()
     );
+    Ok(())
+}
+
+fn run_resume(mib: &str, drops: &str, seed: &str, tmp: &str, helper: &str) -> Result<(), String> {
+    let num = |what: &str, v: &str| v.parse::<u64>().map_err(|e| format!("{what} {v:?}: {e}"));
+    let (size, drops, mut x) = (
+        num("MiB", mib)? << 20,
+        num("drops", drops)?,
+        num("seed", seed)? | 1,
+    );
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let body: Arc<Vec<u8>> = Arc::new((0..size).map(|_| next() as u8).collect());
+    // Each dropped response is cut somewhere between 2 % and 18 % of the artifact into its body.
+    let cuts: Vec<u64> = (0..drops)
+        .map(|_| size / 50 + next() % (size * 16 / 100))
+        .collect();
+    let mut attempt = fixtures::attempt();
+    attempt.sha256 = Sha256Hex::from_bytes(Sha256::digest(&body[..]).into());
+    attempt.byte_limit = ByteLimit::try_from(ARTIFACT_MAX_BYTES).map_err(|e| format!("{e}"))?;
+    let ca = TestCa::new();
+    for resume in [true, false] {
+        let sent = Arc::new(AtomicU64::new(0));
+        let served = Arc::new(AtomicUsize::new(0));
+        let (b, c, s, n) = (body.clone(), cuts.clone(), sent.clone(), served.clone());
+        let server = HttpsServer::start(&ca, move |req| {
+            let i = n.fetch_add(1, Ordering::SeqCst);
+            let reply = Reply::ranged(req, b.clone(), "\"bench\"", c.get(i).copied());
+            s.fetch_add(reply.body_bytes(), Ordering::SeqCst);
+            reply
+        });
+        attempt.artifact = server
+            .url("/fleet-agent")
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        let fetcher = production(helper.into(), "fleet-agent", Some(ca.ca_file()))?
+            .with_resume(resume)
+            .with_retry(Retry {
+                // The pauses are not what is measured here.
+                first_backoff: Duration::from_millis(100),
+                ..Retry::default()
+            });
+        let started = Instant::now();
+        let fetched = fetcher
+            .fetch(&attempt, Path::new(tmp))
+            .map_err(|e| e.to_string())?;
+        let seconds = started.elapsed().as_secs_f64();
+        let _ = std::fs::remove_file(&fetched.path);
+        println!(
+            "mode={} bytes_sent={} requests={} seconds={seconds:.3}",
+            if resume { "resume" } else { "from-zero" },
+            sent.load(Ordering::SeqCst),
+            served.load(Ordering::SeqCst),
+        );
+    }
     Ok(())
 }
 

@@ -1,21 +1,24 @@
 //! The seam between the transaction and the artifact download: a small trait, with the production
-//! implementation running the `fleet-fetch` helper (`crate::fetch::helper`) as the agent user.
+//! implementation running the `fleet-fetch` helper (`crate::fetch::helper`) as the agent user, resuming after
+//! the bytes already held (`crate::fetch::partial`) when a try fails on the way.
 
 use crate::child;
-use crate::fetch::{stream_to_temp, FetchError};
+use crate::fetch::partial::Partial;
+use crate::fetch::FetchError;
 use crate::users;
-use fleet_wire::fetch::FETCH_FAILURE_MAX_BYTES;
+use fleet_wire::fetch::{ResumePoint, FETCH_FAILURE_MAX_BYTES, RESUME_POINT_MAX_BYTES};
 use fleet_wire::limits::HTTPS_REQUEST_TIMEOUT;
 use fleet_wire::{
     AgentUpgradeAttempt, ByteLimit, FetchFailure, FetchRequest, Sha256Hex, UpgradeReason,
 };
-use std::io::Write;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// A verified download: a new fsynced temporary file inside the directory the transaction gave.
+/// A verified download: an fsynced file inside the directory the transaction gave, which the caller installs by
+/// rename (or removes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Downloaded {
     /// The temporary file.
@@ -26,7 +29,8 @@ pub struct Downloaded {
     pub bytes: u64,
 }
 
-/// A download failed; no temporary file is left behind.
+/// A download failed; bytes are left behind only as a partial download a later fetch of the same artifact
+/// resumes (after a failure that may pass), never as a file the caller could install.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct DownloadError {
@@ -55,19 +59,63 @@ pub trait Fetcher: Send + Sync {
     ) -> Result<Downloaded, DownloadError>;
 }
 
-/// The production fetcher: runs the `fleet-fetch` helper as the agent user and writes what it streams into a
-/// temporary file, enforcing the byte limit and the SHA-256 again on this side. The root updater so never parses
-/// an artifact server's TLS, HTTP or OCI answers, and a compromised helper can do no more than fail the download.
+/// The production fetcher: runs the `fleet-fetch` helper as the agent user and appends what it streams to the
+/// artifact's partial download, enforcing the byte limit and the SHA-256 again on this side. The root updater so
+/// never parses an artifact server's TLS, HTTP or OCI answers, and a compromised helper can do no more than fail
+/// the download. A try that fails on the way (a dropped link, a time-out, a 5xx) is followed by another that
+/// resumes after the bytes held, with backoff, within one deadline for the whole fetch.
 #[derive(Debug, Clone)]
 pub struct HelperFetcher {
     program: PathBuf,
     user: String,
     extra_roots_pem: Option<String>,
-    bound: Duration,
+    deadline: Duration,
+    margin: Duration,
+    retry: Retry,
+    resume: bool,
 }
 
-/// The helper's whole run is bounded: its own deadline for the fetch, plus time to report.
-pub const HELPER_BOUND: Duration = Duration::from_secs(HTTPS_REQUEST_TIMEOUT.as_secs() + 30);
+/// Time a helper has, past the fetch's deadline, to report and exit before it is killed.
+pub const HELPER_MARGIN: Duration = Duration::from_secs(30);
+
+/// The bound on a whole fetch (every try and pause): the network deadline plus the helper's margin.
+pub const HELPER_BOUND: Duration =
+    Duration::from_secs(HTTPS_REQUEST_TIMEOUT.as_secs() + HELPER_MARGIN.as_secs());
+
+/// How often and how soon a failed try is followed by another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Most tries of one fetch in all.
+    pub max_tries: u32,
+    /// Most tries in a row that receive no byte.
+    pub max_fruitless: u32,
+    /// Pause after the first failure in a row; doubled after each further one.
+    pub first_backoff: Duration,
+    /// Longest pause.
+    pub max_backoff: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            max_tries: 32,
+            max_fruitless: 6,
+            first_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Retry {
+    /// The pause after the `in_a_row`-th failure in a row (1 = the first; a try that received bytes ends a
+    /// row).
+    pub fn backoff(&self, in_a_row: u32) -> Duration {
+        let doublings = in_a_row.saturating_sub(1).min(16);
+        self.first_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.max_backoff)
+    }
+}
 
 /// The fetcher the daemon uses: the helper `program` run as `user`, trusting the PEM bundle `extra_ca_file`
 /// (read and checked now, as root) besides the system roots.
@@ -84,14 +132,44 @@ pub fn production(
         program,
         user: user.to_owned(),
         extra_roots_pem,
-        bound: HELPER_BOUND,
+        deadline: HTTPS_REQUEST_TIMEOUT,
+        margin: HELPER_MARGIN,
+        retry: Retry::default(),
+        resume: true,
     })
 }
 
+/// One helper run, as this side saw it.
+struct Try {
+    /// Whether the helper streamed every byte and this side accepted them.
+    outcome: Result<(), DownloadError>,
+    /// Whether another try may pass.
+    transient: bool,
+    /// Bytes appended to the partial download.
+    appended: u64,
+    /// Where the helper's bytes began (0: from zero).
+    began_at: Option<u64>,
+}
+
 impl HelperFetcher {
-    /// The same fetcher with another bound on the helper's run (tests).
-    pub fn with_bound(mut self, bound: Duration) -> Self {
-        self.bound = bound;
+    /// The same fetcher with another network deadline for the whole fetch and another margin for the helper
+    /// to report past it (tests).
+    pub fn with_deadline(mut self, deadline: Duration, margin: Duration) -> Self {
+        self.deadline = deadline;
+        self.margin = margin;
+        self
+    }
+
+    /// The same fetcher with another retry policy (tests, benchmarks).
+    pub fn with_retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The same fetcher with resuming on or off; off, every try starts from zero (the benchmark's reference for
+    /// what resuming saves).
+    pub fn with_resume(mut self, resume: bool) -> Self {
+        self.resume = resume;
         self
     }
 
@@ -112,6 +190,162 @@ impl HelperFetcher {
             .process_group(0);
         Ok(cmd)
     }
+
+    /// Runs the helper once, resuming after what `partial` holds, with `left` of the network deadline.
+    fn try_once(
+        &self,
+        attempt: &AgentUpgradeAttempt,
+        partial: &mut Partial,
+        left: Duration,
+    ) -> Try {
+        let failed = |e: DownloadError, transient: bool| Try {
+            outcome: Err(e),
+            transient,
+            appended: 0,
+            began_at: None,
+        };
+        let limit = attempt.effective_byte_limit();
+        let byte_limit = match ByteLimit::try_from(limit) {
+            Ok(l) => l,
+            Err(e) => return failed(download_failed(e.to_string()), false),
+        };
+        let mut request = FetchRequest::new(
+            attempt.artifact.clone(),
+            attempt.sha256.clone(),
+            byte_limit,
+            self.extra_roots_pem.clone(),
+        );
+        request.resume = partial.resume_point().filter(|_| self.resume);
+        request.time_left_ms = Some(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
+        let mut line = match serde_json::to_vec(&request) {
+            Ok(l) => l,
+            Err(e) => {
+                return failed(
+                    download_failed(format!("encoding the fetch request: {e}")),
+                    false,
+                )
+            }
+        };
+        line.push(b'\n');
+        let program = self.program.display().to_string();
+        let mut proc = match self.command().and_then(|mut c| {
+            c.spawn().map_err(|e| {
+                download_failed(format!(
+                    "cannot start the download helper {program}: {e} (it is installed beside fleet-updater)"
+                ))
+            })
+        }) {
+            Ok(p) => p,
+            Err(e) => return failed(e, false),
+        };
+        let pid = proc.id();
+        let bound = left + self.margin;
+        let watchdog = child::Watchdog::start(pid, bound);
+        let stderr = proc
+            .stderr
+            .take()
+            .map(|e| child::reader(e, FETCH_FAILURE_MAX_BYTES));
+        // The helper reads its whole request before writing anything; a helper that died early shows in its status.
+        if let Some(mut stdin) = proc.stdin.take() {
+            let _ = stdin.write_all(&line);
+        }
+        let mut appended = 0;
+        let mut began_at = None;
+        let received = match proc.stdout.take() {
+            Some(out) => {
+                let mut out = BufReader::new(out);
+                read_start(&mut out).and_then(|start| match start {
+                    // Nothing at all: the helper failed before a response; its report says why.
+                    None => Ok(false),
+                    Some(start) => {
+                        partial.begin(&start)?;
+                        began_at = Some(start.offset);
+                        partial.append_from(out, &mut appended).map(|()| true)
+                    }
+                })
+            }
+            None => Err(FetchError::Invalid(
+                "no pipe from the download helper".into(),
+            )),
+        };
+        if received.is_err() {
+            // Too much, a broken start line, or a pipe or disk failure: the helper has nothing more to say.
+            child::kill_group(pid);
+        }
+        let status = proc.wait();
+        let timed_out = watchdog.stop();
+        child::kill_group(pid);
+        let stderr = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
+        let reported = last_line(&stderr).and_then(|l| FetchFailure::parse(l).ok());
+        let (outcome, transient) = match (&status, received) {
+            // Past the deadline: the bytes so far are kept for a later attempt to resume.
+            _ if timed_out => (
+                Err(download_failed(format!(
+                    "the download did not finish within {bound:?}; the helper was killed"
+                ))),
+                true,
+            ),
+            (Err(e), _) => (
+                Err(download_failed(format!("waiting for {program}: {e}"))),
+                false,
+            ),
+            (Ok(s), Ok(true)) if s.success() => (Ok(()), false),
+            (Ok(s), Ok(false)) if s.success() => (
+                Err(download_failed(format!(
+                    "the download helper {program} exited without sending the artifact"
+                ))),
+                false,
+            ),
+            // This side's checks failed (and stopped the helper): too many bytes, a broken start line, the
+            // disk.
+            (Ok(_), Err(e)) => (Err(DownloadError::from(&e)), false),
+            // The helper failed: its own account is the most precise one.
+            (Ok(s), _) => match reported {
+                Some(f) => (
+                    Err(DownloadError {
+                        reason: f.download_reason(),
+                        message: f.message.to_string(),
+                    }),
+                    f.transient && f.download_reason() == UpgradeReason::DownloadFailed,
+                ),
+                None => (
+                    Err(download_failed(format!(
+                        "the download helper {program} failed ({s}): {}",
+                        String::from_utf8_lossy(last_line(&stderr).unwrap_or_default())
+                    ))),
+                    false,
+                ),
+            },
+        };
+        Try {
+            outcome,
+            transient,
+            appended,
+            began_at,
+        }
+    }
+}
+
+/// Reads the helper's start line (at most `RESUME_POINT_MAX_BYTES` and a newline); `None` when the pipe ends
+/// before any byte.
+fn read_start(out: &mut impl BufRead) -> Result<Option<ResumePoint>, FetchError> {
+    let mut line = Vec::new();
+    out.take(RESUME_POINT_MAX_BYTES as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| FetchError::Transport {
+            url: "the download helper's pipe".into(),
+            detail: e.to_string(),
+            transient: false,
+        })?;
+    if line.is_empty() {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(FetchError::Helper("it sent no start line".into()));
+    }
+    ResumePoint::parse(line.trim_ascii_end())
+        .map(Some)
+        .map_err(|e| FetchError::Helper(format!("its start line: {e}")))
 }
 
 fn download_failed(message: String) -> DownloadError {
@@ -127,90 +361,81 @@ impl Fetcher for HelperFetcher {
         attempt: &AgentUpgradeAttempt,
         tmp_dir: &Path,
     ) -> Result<Downloaded, DownloadError> {
-        let limit = attempt.effective_byte_limit();
-        let request = FetchRequest::new(
-            attempt.artifact.clone(),
-            attempt.sha256.clone(),
-            ByteLimit::try_from(limit).map_err(|e| download_failed(e.to_string()))?,
-            self.extra_roots_pem.clone(),
-        );
-        let mut line = serde_json::to_vec(&request)
-            .map_err(|e| download_failed(format!("encoding the fetch request: {e}")))?;
-        line.push(b'\n');
-        let program = self.program.display().to_string();
-        let mut proc = self.command()?.spawn().map_err(|e| {
-            download_failed(format!(
-                "cannot start the download helper {program}: {e} (it is installed beside fleet-updater)"
-            ))
-        })?;
-        let pid = proc.id();
-        let watchdog = child::Watchdog::start(pid, self.bound);
-        let stderr = proc
-            .stderr
-            .take()
-            .map(|e| child::reader(e, FETCH_FAILURE_MAX_BYTES));
-        // The helper reads its whole request before writing anything; a helper that died early shows in its status.
-        if let Some(mut stdin) = proc.stdin.take() {
-            let _ = stdin.write_all(&line);
-        }
-        let received = match proc.stdout.take() {
-            Some(out) => stream_to_temp(
-                out,
-                tmp_dir,
-                limit,
-                &attempt.sha256,
-                "artifact",
-                |e: std::io::Error| FetchError::Transport {
-                    url: "the download helper's pipe".into(),
-                    detail: e.to_string(),
-                },
-            ),
-            None => Err(FetchError::Invalid(
-                "no pipe from the download helper".into(),
-            )),
-        };
-        if received.is_err() {
-            // Too much, or the wrong bytes: the helper has nothing more to say.
-            child::kill_group(pid);
-        }
-        let status = proc.wait();
-        let timed_out = watchdog.stop();
-        child::kill_group(pid);
-        let stderr = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
-        let reported = last_line(&stderr).and_then(|l| FetchFailure::parse(l).ok());
-        let verdict = match (&status, &received) {
-            _ if timed_out => Err(download_failed(format!(
-                "the download did not finish within {:?}; the helper was killed",
-                self.bound
-            ))),
-            (Err(e), _) => Err(download_failed(format!("waiting for {program}: {e}"))),
-            (Ok(s), Ok(_)) if s.success() => Ok(()),
-            // This side's checks failed: too many bytes (the helper was stopped), or wrong bytes from a
-            // helper that claims success.
-            (Ok(s), Err(e)) if s.success() || matches!(e, FetchError::StreamedTooLarge { .. }) => {
-                Err(e.into())
+        let id = &attempt.attempt_id;
+        let deadline = Instant::now() + self.deadline;
+        let mut partial = Partial::open(
+            tmp_dir,
+            &attempt.artifact,
+            &attempt.sha256,
+            attempt.effective_byte_limit(),
+        )
+        .map_err(|e| DownloadError::from(&e))?;
+        let (mut tries, mut fruitless) = (0u32, 0u32);
+        let mut resumed = false;
+        let mut restarted_after_mismatch = false;
+        let mut last: Option<DownloadError> = None;
+        let result = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let last = last.map(|e| format!("{e}; ")).unwrap_or_default();
+                break Err((
+                    download_failed(format!(
+                        "{last}the download did not finish within {:?} ({tries} tries); {} bytes are kept to resume",
+                        self.deadline,
+                        partial.len()
+                    )),
+                    true,
+                ));
             }
-            // The helper failed: its own account is the most precise one.
-            (Ok(s), _) => Err(match reported {
-                Some(f) => DownloadError {
-                    reason: f.download_reason(),
-                    message: f.message.to_string(),
+            tries += 1;
+            let t = self.try_once(attempt, &mut partial, left);
+            resumed |= t.began_at.is_some_and(|o| o > 0);
+            match t.outcome {
+                Ok(()) => match partial.finish() {
+                    Ok(f) => break Ok(f),
+                    Err(e) => {
+                        // Spliced bytes that do not add up (content changed under the same validators): once,
+                        // the whole artifact from zero decides.
+                        if resumed && !restarted_after_mismatch {
+                            log::warn!(
+                                "attempt {id}: {e} after resuming; downloading again from zero"
+                            );
+                            restarted_after_mismatch = true;
+                            resumed = false;
+                            if let Err(e) = partial.reset() {
+                                break Err((DownloadError::from(&e), false));
+                            }
+                            continue;
+                        }
+                        break Err((DownloadError::from(&e), false));
+                    }
                 },
-                None => download_failed(format!(
-                    "the download helper {program} failed ({s}): {}",
-                    String::from_utf8_lossy(last_line(&stderr).unwrap_or_default())
-                )),
-            }),
+                Err(e) => {
+                    fruitless = if t.appended > 0 { 1 } else { fruitless + 1 };
+                    if !t.transient
+                        || tries >= self.retry.max_tries
+                        || fruitless > self.retry.max_fruitless
+                    {
+                        break Err((e, t.transient));
+                    }
+                    let pause = self
+                        .retry
+                        .backoff(fruitless)
+                        .min(deadline.saturating_duration_since(Instant::now()));
+                    log::info!(
+                        "attempt {id}: download try {tries} failed after {} new bytes ({e}); {} bytes held, next try in {pause:?}",
+                        t.appended,
+                        partial.len()
+                    );
+                    std::thread::sleep(pause);
+                    last = Some(e);
+                }
+            }
         };
-        if let (Err(_), Ok(f)) = (&verdict, &received) {
-            // Bytes this side accepted, but the run as a whole failed: they are not installed.
-            let _ = std::fs::remove_file(&f.path);
-        }
-        match verdict.and_then(|()| received.map_err(|e| DownloadError::from(&e))) {
+        match result {
             Ok(f) => {
                 log::info!(
-                    "attempt {}: fetched {} bytes, sha256 {} verified",
-                    attempt.attempt_id,
+                    "attempt {id}: fetched {} bytes in {tries} tries, sha256 {} verified",
                     f.bytes,
                     f.sha256
                 );
@@ -220,8 +445,13 @@ impl Fetcher for HelperFetcher {
                     bytes: f.bytes,
                 })
             }
-            Err(e) => {
-                log::warn!("attempt {}: download failed: {e}", attempt.attempt_id);
+            Err((e, keep)) => {
+                if keep {
+                    partial.keep();
+                } else {
+                    partial.discard();
+                }
+                log::warn!("attempt {id}: download failed: {e}");
                 Err(e)
             }
         }
@@ -234,4 +464,50 @@ fn last_line(stderr: &[u8]) -> Option<&[u8]> {
         .split(|&b| b == b'\n')
         .rev()
         .find(|l| !l.trim_ascii().is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let r = Retry::default();
+        let table = [
+            (0, 1),
+            (1, 1),
+            (2, 2),
+            (3, 4),
+            (4, 8),
+            (5, 16),
+            (6, 30),
+            (40, 30),
+        ];
+        for (n, secs) in table {
+            assert_eq!(
+                r.backoff(n),
+                Duration::from_secs(secs),
+                "failure {n} in a row"
+            );
+        }
+    }
+
+    #[test]
+    fn start_lines() {
+        let mut ok = &b"{\"offset\":0,\"validators\":{\"total\":3}}\nabc"[..];
+        let p = read_start(&mut ok).expect("parses").expect("a line");
+        assert_eq!(p.validators.total, Some(3));
+        assert_eq!(ok, b"abc", "the bytes after the line stay in the reader");
+        assert_eq!(read_start(&mut &b""[..]).expect("empty"), None);
+        for bad in [
+            &b"raw artifact bytes"[..],
+            b"{\"offset\":1}\n",
+            b"not json\n",
+        ] {
+            let e = read_start(&mut &bad[..]).expect_err("refused");
+            assert!(matches!(e, FetchError::Helper(_)), "{e}");
+        }
+        let long = vec![b'x'; RESUME_POINT_MAX_BYTES + 10];
+        assert!(read_start(&mut &long[..]).is_err());
+    }
 }

@@ -182,11 +182,16 @@ fn read_boot_id() -> Option<Id128> {
         .and_then(|s| Id128::parse_lenient(&s).ok())
 }
 
-/// Downloads interrupted by a crash are useless: a new attempt downloads again.
+/// Temporary files of downloads interrupted by a crash are useless and go; a resumable partial download
+/// (`crate::fetch::partial`) stays, so that the next attempt for the same artifact resumes after its bytes.
 fn remove_partial_downloads(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_file()) {
+            let resumable = e
+                .file_name()
+                .to_str()
+                .is_some_and(crate::fetch::partial::is_resumable_name);
+            if e.file_type().is_ok_and(|t| t.is_file()) && !resumable {
                 let _ = std::fs::remove_file(e.path());
             }
         }

@@ -148,6 +148,9 @@ exit 1"#,
     scene.assert_no_leftovers();
 }
 
+/// The start line a protocol-2 helper writes before the whole artifact.
+const START: &str = r#"printf '{"offset":0,"validators":{}}\n'"#;
+
 #[test]
 fn a_lying_or_broken_helper_never_gets_bad_bytes_installed() {
     let scene = Scene::new();
@@ -155,17 +158,23 @@ fn a_lying_or_broken_helper_never_gets_bad_bytes_installed() {
     let a = attempt("https://a.example/agent", &good, 4096);
 
     // Exit 0 after more bytes than the limit: the updater cuts it off itself.
-    let flood = scene.script("flood", "cat >/dev/null\nhead -c 1000000 /dev/zero");
+    let flood = scene.script(
+        "flood",
+        &format!("cat >/dev/null\n{START}\nhead -c 1000000 /dev/zero"),
+    );
     let e = scene.fetch(&flood, &a).expect_err("flood");
     assert_eq!(e.reason, UpgradeReason::ArtifactTooLarge, "{}", e.message);
     // Exit 0 after other bytes: the updater's own SHA-256 refuses them.
-    let liar = scene.script("liar", "cat >/dev/null\nprintf 'not the agent'");
+    let liar = scene.script(
+        "liar",
+        &format!("cat >/dev/null\n{START}\nprintf 'not the agent'"),
+    );
     let e = scene.fetch(&liar, &a).expect_err("liar");
     assert_eq!(e.reason, UpgradeReason::DigestMismatch, "{}", e.message);
     // Good bytes, but the helper says it failed: its word stands, the file goes.
     let quitter = scene.script(
         "quitter",
-        "cat >/dev/null\nprintf 'the real agent'\necho '{\"reason\":\"artifact-invalid\",\"message\":\"late\"}' >&2\nexit 1",
+        &format!("cat >/dev/null\n{START}\nprintf 'the real agent'\necho '{{\"reason\":\"artifact-invalid\",\"message\":\"late\"}}' >&2\nexit 1"),
     );
     let e = scene.fetch(&quitter, &a).expect_err("quitter");
     assert_eq!(
@@ -191,9 +200,11 @@ fn a_lying_or_broken_helper_never_gets_bad_bytes_installed() {
     let hang = scene
         .script(
             "hang",
-            "cat >/dev/null\nprintf 'the real agent'\nexec >&-\nsleep 60 &\nsleep 60",
+            &format!(
+                "cat >/dev/null\n{START}\nprintf 'the real agent'\nexec >&-\nsleep 60 &\nsleep 60"
+            ),
         )
-        .with_bound(Duration::from_millis(800));
+        .with_deadline(Duration::from_millis(400), Duration::from_millis(400));
     let started = Instant::now();
     let e = scene.fetch(&hang, &a).expect_err("hang");
     assert!(e.message.contains("killed"), "{}", e.message);
@@ -207,8 +218,24 @@ fn a_lying_or_broken_helper_never_gets_bad_bytes_installed() {
         e.message
     );
     // And an honest scripted helper passes through the same checks.
-    let honest = scene.script("honest", "cat >/dev/null\nprintf 'the real agent'");
+    let honest = scene.script(
+        "honest",
+        &format!("cat >/dev/null\n{START}\nprintf 'the real agent'"),
+    );
     assert_eq!(scene.fetch(&honest, &a).expect("honest"), good);
+    // Raw bytes without the start line, or a resume the updater never asked for: a broken protocol.
+    let raw = scene.script("raw", "cat >/dev/null\nprintf 'the real agent'");
+    let e = scene.fetch(&raw, &a).expect_err("raw");
+    assert_eq!(e.reason, UpgradeReason::DownloadFailed);
+    assert!(e.message.contains("no start line"), "{}", e.message);
+    let skipper = scene.script(
+        "skipper",
+        r#"cat >/dev/null
+printf '{"offset":4,"validators":{"etag":"\"x\""}}\n'
+printf 'real agent'"#,
+    );
+    let e = scene.fetch(&skipper, &a).expect_err("skipper");
+    assert!(e.message.contains("resumed at byte 4"), "{}", e.message);
     scene.assert_no_leftovers();
 }
 

@@ -297,6 +297,15 @@ pub struct Artifacts {
     pub ca: fleet_rig::tls::TestCa,
     server: fleet_rig::https::HttpsServer,
     files: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, std::path::PathBuf>>>,
+    flaky: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Flaky>>>,
+}
+
+/// An artifact served with range support over a link that drops: response `i` is cut after `cuts[i]` bytes.
+struct Flaky {
+    body: std::sync::Arc<Vec<u8>>,
+    cuts: Vec<u64>,
+    served: usize,
+    sent: u64,
 }
 
 impl Default for Artifacts {
@@ -313,15 +322,85 @@ impl Artifacts {
         let files: std::sync::Arc<
             std::sync::Mutex<std::collections::BTreeMap<String, std::path::PathBuf>>,
         > = Default::default();
-        let f = files.clone();
+        let flaky: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Flaky>>> =
+            Default::default();
+        let (f, fl) = (files.clone(), flaky.clone());
         let server = HttpsServer::start(&ca, move |req| {
+            if let Some(a) = fl
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(req.path())
+            {
+                let reply = Reply::ranged(
+                    req,
+                    a.body.clone(),
+                    "\"flaky\"",
+                    a.cuts.get(a.served).copied(),
+                );
+                a.served += 1;
+                a.sent += reply.body_bytes();
+                return reply;
+            }
             let map = f.lock().unwrap_or_else(|p| p.into_inner());
             match map.get(req.path()) {
                 Some(p) => Reply::File(p.clone()),
                 None => Reply::status(404, &[]),
             }
         });
-        Self { ca, server, files }
+        Self {
+            ca,
+            server,
+            files,
+            flaky,
+        }
+    }
+
+    /// Publishes `file` at `/<name>` with HTTP range support over a link that drops: the `i`-th response is cut
+    /// after `cuts[i]` bytes, later ones are whole. Returns an attempt for it targeting `version` on [`DEVICE`].
+    pub fn attempt_flaky(
+        &self,
+        file: &Path,
+        name: &str,
+        version: &str,
+        cuts: Vec<u64>,
+    ) -> AgentUpgradeAttempt {
+        let attempt = self.attempt(file, name, version);
+        let body = std::fs::read(file).unwrap_or_else(|e| panic!("read {file:?}: {e}"));
+        self.flaky.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            format!("/{name}"),
+            Flaky {
+                body: std::sync::Arc::new(body),
+                cuts,
+                served: 0,
+                sent: 0,
+            },
+        );
+        attempt
+    }
+
+    /// For `/<name>`: where each request's `Range: bytes=N-` started (`None`: no range), in order.
+    pub fn range_starts(&self, name: &str) -> Vec<Option<u64>> {
+        let path = format!("/{name}");
+        self.server
+            .requests()
+            .iter()
+            .filter(|r| r.path() == path)
+            .map(|r| {
+                r.header("range")
+                    .and_then(|v| v.strip_prefix("bytes="))
+                    .and_then(|v| v.strip_suffix('-'))
+                    .and_then(|v| v.parse().ok())
+            })
+            .collect()
+    }
+
+    /// For a flaky artifact `/<name>`: the responses served and the body bytes sent in all.
+    pub fn flaky_served(&self, name: &str) -> (usize, u64) {
+        self.flaky
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&format!("/{name}"))
+            .map_or((0, 0), |a| (a.served, a.sent))
     }
 
     /// The server's port on 127.0.0.1 (host and guest alike).

@@ -116,15 +116,28 @@ fn socket_shapes() {
 #[test]
 fn fetch_helper_shapes() {
     let a = fixtures::attempt();
-    check(
-        "fetch-request",
-        &FetchRequest::new(
-            a.artifact,
-            a.sha256,
-            a.byte_limit,
-            Some("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into()),
-        ),
+    let mut v1 = FetchRequest::new(
+        a.artifact.clone(),
+        a.sha256.clone(),
+        a.byte_limit,
+        Some("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into()),
     );
+    v1.protocol = fleet_wire::fetch::FETCH_PROTOCOL_V1;
+    // What an updater started before protocol 2 still sends.
+    check("fetch-request", &v1);
+    let point = fleet_wire::fetch::ResumePoint {
+        offset: 1_048_576,
+        validators: fleet_wire::fetch::Validators {
+            total: Some(20_000_000),
+            etag: Some("\"5f3a-1312d00\"".into()),
+            last_modified: Some("Tue, 01 Dec 2026 10:00:00 GMT".into()),
+        },
+    };
+    let mut resume = FetchRequest::new(a.artifact, a.sha256, a.byte_limit, None);
+    resume.resume = Some(point.clone());
+    resume.time_left_ms = Some(240_000);
+    check("fetch-request-resume", &resume);
+    check("fetch-start", &point);
     check(
         "fetch-failure",
         &FetchFailure {
@@ -132,6 +145,17 @@ fn fetch_helper_shapes() {
             message: BoundedText::lossy(
                 "the artifact exceeded its limit of 1048576 bytes while downloading",
             ),
+            transient: false,
+        },
+    );
+    check(
+        "fetch-failure-transient",
+        &FetchFailure {
+            reason: UpgradeReason::DownloadFailed,
+            message: BoundedText::lossy(
+                "request to https://artifacts.example.com/fleet-agent failed: connection reset by peer",
+            ),
+            transient: true,
         },
     );
 }

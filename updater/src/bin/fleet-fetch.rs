@@ -11,7 +11,9 @@ its stdout, checking the byte limit and the SHA-256 again on its side. Not meant
 
 Usage: fleet-fetch < request.json > artifact
 
-Exit status: 0 when every byte was written and verified; 1 after printing one JSON failure line
+For a protocol-2 request the artifact's bytes follow one JSON start line saying where they begin (0, or the
+resume offset the request named when the server continued those bytes with an HTTP range).
+Exit status: 0 when every byte was written (and, from zero, verified); 1 after printing one JSON failure line
 ({\"reason\":…,\"message\":…}) on stderr. See docs/artifacts.md.";
 
 fn main() {
@@ -36,6 +38,7 @@ fn main() {
         Err(e) => Err(fleet_wire::FetchFailure {
             reason: fleet_wire::UpgradeReason::DownloadFailed,
             message: fleet_wire::BoundedText::lossy(format!("stdout: {e}")),
+            transient: false,
         }),
     };
     if let Err(f) = result {

@@ -61,13 +61,15 @@ impl Client {
         })
     }
 
-    /// GET `url` with optional `Accept` and bearer token, bounded by what is left of the fetch's deadline.
+    /// GET `url` with optional `Accept`, bearer token and `extra` headers (a range), bounded by what is left of
+    /// the fetch's deadline.
     pub(crate) fn get(
         &self,
         url: &str,
         accept: Option<&str>,
         bearer: Option<&str>,
         query: &[(&str, &str)],
+        extra: &[(&str, String)],
     ) -> Result<Response, FetchError> {
         let left = self
             .deadline
@@ -83,6 +85,9 @@ impl Client {
         }
         for (k, v) in query {
             req = req.query(k, v);
+        }
+        for (k, v) in extra {
+            req = req.header(*k, v);
         }
         log::debug!("GET {}", redact(url));
         req.config()
@@ -105,6 +110,16 @@ impl Client {
             ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => self.timed_out(url),
             other => FetchError::Transport {
                 url: redact(url),
+                // A dropped or refused connection, a lost name server or a stalled body may pass on a flaky
+                // link; a certificate or protocol violation will not.
+                transient: match &other {
+                    ureq::Error::Io(io) => transient_io(io.kind()),
+                    ureq::Error::HostNotFound
+                    | ureq::Error::ConnectionFailed
+                    | ureq::Error::BodyStalled
+                    | ureq::Error::Protocol(_) => true,
+                    _ => false,
+                },
                 detail: other.to_string(),
             },
         }
@@ -126,6 +141,25 @@ impl Client {
     }
 }
 
+/// Whether an I/O error of this kind may pass on a flaky link (a TLS failure arrives as `InvalidData`: no).
+fn transient_io(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        ConnectionReset
+            | ConnectionAborted
+            | ConnectionRefused
+            | BrokenPipe
+            | UnexpectedEof
+            | TimedOut
+            | NotConnected
+            | HostUnreachable
+            | NetworkUnreachable
+            | NetworkDown
+            | AddrNotAvailable
+    )
+}
+
 /// The URL without query or fragment: presigned storage URLs carry credentials there.
 pub(crate) fn redact(url: &str) -> String {
     match url.find(['?', '#']) {
@@ -140,6 +174,17 @@ pub(crate) fn content_length(resp: &Response) -> Option<u64> {
         .get("content-length")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// The head of `resp` as the range logic sees it.
+pub(crate) fn range_head(resp: &Response) -> super::range::Head<'_> {
+    super::range::Head {
+        status: resp.status().as_u16(),
+        content_length: content_length(resp),
+        content_range: header(resp, "content-range"),
+        etag: header(resp, "etag"),
+        last_modified: header(resp, "last-modified"),
+    }
 }
 
 /// A header as text, if present and visible ASCII.

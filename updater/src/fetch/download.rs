@@ -2,6 +2,7 @@
 //! stdout, or into a new temporary file (fsynced, removed again on any error) on the updater's side.
 
 use super::{FetchError, Fetched};
+use fleet_wire::fetch::ResumePoint;
 use fleet_wire::Sha256Hex;
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
@@ -98,13 +99,25 @@ pub struct Streamed {
     pub bytes: u64,
 }
 
+/// Writes the helper's start line (protocol 2): where the bytes that follow begin, and their validators.
+pub(crate) fn begin(
+    out: &mut impl Write,
+    start: &ResumePoint,
+    write_err: impl Fn(std::io::Error) -> FetchError,
+) -> Result<(), FetchError> {
+    let mut line = serde_json::to_vec(start).map_err(|e| write_err(std::io::Error::other(e)))?;
+    line.push(b'\n');
+    out.write_all(&line).map_err(write_err)
+}
+
 /// Copies `body` to `out` through a fixed buffer, failing once more than `limit` bytes arrive, then checks the
-/// SHA-256 against `expected` (`what` names it in the error). `write_err` maps a failed write to `out`.
+/// SHA-256 against `expected` if given (`what` names it in the error; a resumed body is only part of what the
+/// digest covers, so the updater checks it on the whole). `write_err` maps a failed write to `out`.
 pub(crate) fn stream(
     body: impl Read,
     out: &mut impl Write,
     limit: u64,
-    expected: &Sha256Hex,
+    expected: Option<&Sha256Hex>,
     what: &'static str,
     read_err: impl ReadErrorMap,
     write_err: impl Fn(std::io::Error) -> FetchError,
@@ -131,7 +144,7 @@ pub(crate) fn stream(
     }
     out.flush().map_err(&write_err)?;
     let actual = Sha256Hex::from_bytes(hasher.finalize().into());
-    if &actual != expected {
+    if let Some(expected) = expected.filter(|e| **e != actual) {
         return Err(FetchError::DigestMismatch {
             what,
             expected: expected.clone(),
@@ -181,7 +194,7 @@ pub fn stream_to_temp(
     read_err: impl ReadErrorMap,
 ) -> Result<Fetched, FetchError> {
     into_temp(dir, |file, io| {
-        stream(body, file, limit, expected, what, read_err, io)
+        stream(body, file, limit, Some(expected), what, read_err, io)
     })
 }
 
@@ -197,6 +210,7 @@ mod tests {
         FetchError::Transport {
             url: "test".into(),
             detail: e.to_string(),
+            transient: true,
         }
     }
 

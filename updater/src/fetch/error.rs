@@ -23,6 +23,8 @@ pub enum FetchError {
         url: String,
         /// The transport's error.
         detail: String,
+        /// Whether trying again may pass (a dropped connection, not a certificate).
+        transient: bool,
     },
     /// The connect time-out or the whole-request deadline passed.
     #[error(
@@ -82,6 +84,9 @@ pub enum FetchError {
     /// The registry's anonymous token challenge could not be satisfied.
     #[error("registry token: {0}")]
     Auth(String),
+    /// The download helper broke its protocol with the updater (a missing or wrong start line).
+    #[error("the download helper broke its protocol: {0}")]
+    Helper(String),
     /// Writing the download (the temporary file, or the helper's pipe to the updater) failed.
     #[error("writing the download to {target}: {source}")]
     Io {
@@ -93,6 +98,17 @@ pub enum FetchError {
 }
 
 impl FetchError {
+    /// Whether trying again (resuming) may pass: a dropped or failed connection, a time-out, a server error
+    /// or overload. Never a refusal of the artifact itself.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            FetchError::Transport { transient, .. } => *transient,
+            FetchError::TimedOut { .. } => true,
+            FetchError::Status { status, .. } => matches!(status, 408 | 429 | 500..=599),
+            _ => false,
+        }
+    }
+
     /// The typed reason the public status carries for this failure.
     pub fn reason(&self) -> UpgradeReason {
         match self {
@@ -108,6 +124,7 @@ impl FetchError {
             | FetchError::Status { .. }
             | FetchError::Redirected { .. }
             | FetchError::Auth(_)
+            | FetchError::Helper(_)
             | FetchError::Io { .. } => UpgradeReason::DownloadFailed,
         }
     }
@@ -161,6 +178,57 @@ mod tests {
             ),
             (FetchError::Auth("x".into()), UpgradeReason::DownloadFailed),
         ];
+        let transient = [
+            (
+                FetchError::Status {
+                    url: "u".into(),
+                    status: 503,
+                },
+                true,
+            ),
+            (
+                FetchError::Status {
+                    url: "u".into(),
+                    status: 429,
+                },
+                true,
+            ),
+            (
+                FetchError::Status {
+                    url: "u".into(),
+                    status: 404,
+                },
+                false,
+            ),
+            (
+                FetchError::Transport {
+                    url: "u".into(),
+                    detail: "reset".into(),
+                    transient: true,
+                },
+                true,
+            ),
+            (
+                FetchError::Transport {
+                    url: "u".into(),
+                    detail: "certificate".into(),
+                    transient: false,
+                },
+                false,
+            ),
+            (
+                FetchError::TimedOut {
+                    url: "u".into(),
+                    detail: "d".into(),
+                },
+                true,
+            ),
+            (FetchError::StreamedTooLarge { limit: 1 }, false),
+            (FetchError::Invalid("x".into()), false),
+        ];
+        for (e, t) in transient {
+            assert_eq!(e.is_transient(), t, "{e}");
+        }
         for (e, r) in table {
             assert_eq!(e.reason(), r, "{e}");
         }

@@ -9,11 +9,14 @@ mod error;
 pub mod helper;
 mod https;
 mod oci;
+pub mod partial;
+mod range;
 
 pub use download::{stream_to_temp, ReadErrorMap, Streamed};
 pub use error::FetchError;
 pub use oci::{BLOB_MAX_REDIRECTS, TOKEN_MAX_BYTES, TOKEN_RESPONSE_MAX_BYTES};
 
+use fleet_wire::fetch::ResumePoint;
 use fleet_wire::fetch::CA_BUNDLE_MAX_BYTES;
 use fleet_wire::limits::{HTTPS_CONNECT_TIMEOUT, HTTPS_REQUEST_TIMEOUT};
 use fleet_wire::{AgentUpgradeAttempt, Artifact, Sha256Hex};
@@ -104,21 +107,35 @@ pub struct Fetched {
     pub bytes: u64,
 }
 
+/// How a fetch begins: after which held bytes, and whether the start line is written first.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Start<'a> {
+    /// Resume after these bytes (with these validators) when the server can continue them.
+    pub resume: Option<&'a ResumePoint>,
+    /// Write the start line (protocol 2) before the bytes.
+    pub announce: bool,
+}
+
 /// Downloads `artifact` into `out`: the byte limit is enforced on a declared size before the body is read and
-/// while streaming, and the SHA-256 is computed while streaming and compared with `sha256`. `write_err` maps a
-/// failed write to `out`. This is what `fleet-fetch` runs, as the agent user, writing to the updater's pipe.
+/// while streaming, and the SHA-256 is computed while streaming and compared with `sha256` whenever the whole
+/// artifact is streamed (a resumed body is checked by the updater, which holds the beginning). `write_err` maps
+/// a failed write to `out`. This is what `fleet-fetch` runs, as the agent user, writing to the updater's pipe.
 pub fn fetch_to(
     artifact: &Artifact,
     sha256: &Sha256Hex,
     limit: u64,
+    start: Start<'_>,
     cfg: &FetchConfig,
     out: &mut impl Write,
     write_err: impl Fn(std::io::Error) -> FetchError,
 ) -> Result<Streamed, FetchError> {
     let client = client::Client::new(cfg)?;
+    let Start { resume, announce } = start;
     match artifact {
-        Artifact::Https(url) => https::fetch(&client, url, sha256, limit, out, write_err),
-        Artifact::Oci(r) => oci::fetch(&client, r, sha256, limit, out, write_err),
+        Artifact::Https(url) => https::fetch(
+            &client, url, sha256, limit, resume, announce, out, write_err,
+        ),
+        Artifact::Oci(r) => oci::fetch(&client, r, sha256, limit, resume, announce, out, write_err),
     }
 }
 
@@ -131,6 +148,14 @@ pub fn fetch(
 ) -> Result<Fetched, FetchError> {
     let limit = attempt.effective_byte_limit();
     download::into_temp(tmp_dir, |file, io| {
-        fetch_to(&attempt.artifact, &attempt.sha256, limit, cfg, file, io)
+        fetch_to(
+            &attempt.artifact,
+            &attempt.sha256,
+            limit,
+            Start::default(),
+            cfg,
+            file,
+            io,
+        )
     })
 }

@@ -2,13 +2,14 @@
 //! challenge; the manifest must be a Harmony agent artifact with exactly one agent-binary layer.
 
 use super::client::{content_length, header, redact, Client, Response};
-use super::download::{stream, Streamed};
-use super::https::{check_declared, check_success};
+use super::download::{begin, stream, Streamed};
+use super::https::{check_success, get_resumed};
 use super::FetchError;
 use fleet_wire::artifact::{
     OCI_AGENT_ARTIFACT_TYPE, OCI_AGENT_LAYER_MEDIA_TYPE, OCI_MANIFEST_MAX_BYTES,
     OCI_MANIFEST_MEDIA_TYPE,
 };
+use fleet_wire::fetch::ResumePoint;
 use fleet_wire::{OciReference, Sha256Hex};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -21,12 +22,16 @@ pub const TOKEN_MAX_BYTES: usize = 16 * 1024;
 /// Redirects followed for a blob GET (to the registry's storage), each https:// only.
 pub const BLOB_MAX_REDIRECTS: usize = 3;
 
-/// Pulls the agent layer of `r` into `out`.
+/// Pulls the agent layer of `r` into `out`, resuming the blob after `resume` when the registry (or its storage)
+/// can continue those bytes. With `announce`, the start line goes first.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fetch(
     client: &Client,
     r: &OciReference,
     expected: &Sha256Hex,
     limit: u64,
+    resume: Option<&ResumePoint>,
+    announce: bool,
     out: &mut impl Write,
     write_err: impl Fn(std::io::Error) -> FetchError,
 ) -> Result<Streamed, FetchError> {
@@ -38,7 +43,7 @@ pub(crate) fn fetch(
     };
 
     let manifest_url = format!("{base}/manifests/{}", r.manifest_reference());
-    let resp = session.get(&manifest_url, Some(OCI_MANIFEST_MEDIA_TYPE))?;
+    let resp = session.get(&manifest_url, Some(OCI_MANIFEST_MEDIA_TYPE), &[])?;
     check_success(&resp, &manifest_url)?;
     if let Some(declared) = content_length(&resp) {
         if declared > OCI_MANIFEST_MAX_BYTES {
@@ -72,21 +77,43 @@ pub(crate) fn fetch(
     );
 
     let blob_url = format!("{base}/blobs/sha256:{}", layer.digest);
-    let (resp, final_url) = session.get_blob(&blob_url)?;
-    check_declared(&resp, limit)?;
+    // The layer's size is part of what identifies the held bytes, whatever storage serves them.
+    let resume = resume.filter(|p| p.offset > 0).map(|p| {
+        let mut p = p.clone();
+        p.validators.total = p.validators.total.or(Some(layer.size));
+        p
+    });
+    let mut final_url = blob_url.clone();
+    let (resp, mut start) = get_resumed(resume.as_ref(), limit, &blob_url, |headers| {
+        let (resp, url) = session.get_blob(&blob_url, headers)?;
+        final_url = url;
+        Ok(resp)
+    })?;
+    if start.validators.total.is_some_and(|t| t != layer.size) {
+        return Err(FetchError::Invalid(format!(
+            "the blob has {} bytes, the manifest declares {}",
+            start.validators.total.unwrap_or_default(),
+            layer.size
+        )));
+    }
+    start.validators.total = Some(layer.size);
+    if announce {
+        begin(out, &start, &write_err)?;
+    }
     let fetched = stream(
         resp.into_body().into_reader(),
         out,
-        limit,
-        &layer.digest,
+        limit.saturating_sub(start.offset),
+        (start.offset == 0).then_some(&layer.digest),
         "layer",
         |e| client.map_read_error(&final_url, e),
         write_err,
     )?;
-    if fetched.bytes != layer.size {
+    if start.offset + fetched.bytes != layer.size {
         return Err(FetchError::Invalid(format!(
             "the layer has {} bytes, the manifest declares {}",
-            fetched.bytes, layer.size
+            start.offset + fetched.bytes,
+            layer.size
         )));
     }
     Ok(fetched)
@@ -212,9 +239,17 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    /// GET with the current token; on a 401 with a Bearer challenge, get a token once and retry.
-    fn get(&mut self, url: &str, accept: Option<&str>) -> Result<Response, FetchError> {
-        let resp = self.client.get(url, accept, self.token.as_deref(), &[])?;
+    /// GET with the current token (and `extra` headers); on a 401 with a Bearer challenge, get a token once
+    /// and retry.
+    fn get(
+        &mut self,
+        url: &str,
+        accept: Option<&str>,
+        extra: &[(&str, String)],
+    ) -> Result<Response, FetchError> {
+        let resp = self
+            .client
+            .get(url, accept, self.token.as_deref(), &[], extra)?;
         if resp.status().as_u16() != 401 {
             return Ok(resp);
         }
@@ -228,7 +263,9 @@ impl Session<'_> {
             })?;
         drop(resp);
         self.token = Some(self.fetch_token(&challenge)?);
-        let resp = self.client.get(url, accept, self.token.as_deref(), &[])?;
+        let resp = self
+            .client
+            .get(url, accept, self.token.as_deref(), &[], extra)?;
         if resp.status().as_u16() == 401 {
             return Err(FetchError::Auth(format!(
                 "{} refused the anonymous token; the repository must allow anonymous pulls",
@@ -239,14 +276,18 @@ impl Session<'_> {
     }
 
     /// GET a blob, following up to [`BLOB_MAX_REDIRECTS`] https:// redirects to the registry's storage (the
-    /// token is not sent there). Returns the successful response and the URL that produced it.
-    fn get_blob(&mut self, url: &str) -> Result<(Response, String), FetchError> {
-        let mut resp = self.get(url, None)?;
+    /// token is not sent there; a range is). Returns the final answer (not a redirect) and the URL that produced
+    /// it; its status is for the caller to judge.
+    fn get_blob(
+        &mut self,
+        url: &str,
+        extra: &[(&str, String)],
+    ) -> Result<(Response, String), FetchError> {
+        let mut resp = self.get(url, None, extra)?;
         let mut current = url.to_owned();
         for hop in 0..=BLOB_MAX_REDIRECTS {
             let status = resp.status().as_u16();
             if !(300..=399).contains(&status) {
-                check_success(&resp, &current)?;
                 return Ok((resp, current));
             }
             let next = header(&resp, "location")
@@ -258,7 +299,7 @@ impl Session<'_> {
                 })?;
             log::info!("blob redirected to {}", redact(&next));
             drop(resp);
-            resp = self.client.get(&next, None, None, &[])?;
+            resp = self.client.get(&next, None, None, &[], extra)?;
             current = next;
         }
         Err(FetchError::Redirected {
@@ -283,7 +324,7 @@ impl Session<'_> {
         }
         let resp = self
             .client
-            .get(&c.realm, Some("application/json"), None, &query)?;
+            .get(&c.realm, Some("application/json"), None, &query, &[])?;
         check_success(&resp, &c.realm)?;
         let body = read_bounded(self.client, &c.realm, resp, TOKEN_RESPONSE_MAX_BYTES)?
             .ok_or_else(|| {

@@ -129,6 +129,20 @@ pub enum Reply {
     },
     /// `200` streaming a file with `Content-Length` (benchmarks).
     File(PathBuf),
+    /// `status` with `headers`, sending `body[start..]` with `Content-Length: len - start`, but cutting the
+    /// connection (TCP closed, no TLS close_notify) after `cut_after` bytes when set: a link that drops.
+    Slice {
+        /// HTTP status (200 or 206).
+        status: u16,
+        /// Extra headers (`Content-Range`, `ETag` …).
+        headers: Vec<(String, String)>,
+        /// The whole content.
+        body: Arc<Vec<u8>>,
+        /// First byte sent.
+        start: usize,
+        /// Bytes sent before the connection drops; `None`: all.
+        cut_after: Option<u64>,
+    },
 }
 
 impl Reply {
@@ -150,6 +164,70 @@ impl Reply {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             body: Arc::new(format!("status {status}\n").into_bytes()),
+        }
+    }
+
+    /// What a static file server with range support answers `req` for `body` (identified by `etag`): `206`
+    /// with `Content-Range` for `Range: bytes=N-` (when `If-Range`, if sent, equals `etag`), `416` for a range
+    /// past the end, else `200` with everything; the connection drops after `cut_after` bytes when set.
+    pub fn ranged(req: &Request, body: Arc<Vec<u8>>, etag: &str, cut_after: Option<u64>) -> Self {
+        let len = body.len();
+        let mut headers = vec![
+            ("ETag".to_string(), etag.to_string()),
+            ("Accept-Ranges".to_string(), "bytes".to_string()),
+        ];
+        let from = req
+            .header("range")
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.strip_suffix('-'))
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|_| req.header("if-range").is_none_or(|v| v == etag));
+        match from {
+            Some(n) if n >= len => Reply::Body {
+                status: 416,
+                headers: vec![("Content-Range".into(), format!("bytes */{len}"))],
+                body: Arc::new(Vec::new()),
+            },
+            Some(n) => {
+                headers.push((
+                    "Content-Range".into(),
+                    format!("bytes {n}-{}/{len}", len - 1),
+                ));
+                Reply::Slice {
+                    status: 206,
+                    headers,
+                    body,
+                    start: n,
+                    cut_after,
+                }
+            }
+            None => Reply::Slice {
+                status: 200,
+                headers,
+                body,
+                start: 0,
+                cut_after,
+            },
+        }
+    }
+
+    /// The body bytes this answer puts on the wire (for counting transferred bytes in tests and benchmarks).
+    pub fn body_bytes(&self) -> u64 {
+        match self {
+            Reply::Body { body, .. } => body.len() as u64,
+            Reply::Slice {
+                body,
+                start,
+                cut_after,
+                ..
+            } => {
+                let rest = body.len().saturating_sub(*start) as u64;
+                cut_after.map_or(rest, |c| c.min(rest))
+            }
+            Reply::DeclaredLength { sent, .. } => *sent,
+            Reply::Unsized { bytes } => *bytes,
+            Reply::StallAfterHeaders { .. } | Reply::Redirect { .. } => 0,
+            Reply::File(p) => std::fs::metadata(p).map(|m| m.len()).unwrap_or(0),
         }
     }
 }
@@ -305,6 +383,32 @@ fn serve(
             let until = Instant::now() + MAX_STALL;
             while Instant::now() < until && !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Reply::Slice {
+            status,
+            headers,
+            body,
+            start,
+            cut_after,
+        } => {
+            let rest = body.get(start..).unwrap_or_default();
+            let mut head = head_line(status, Some(rest.len() as u64));
+            for (k, v) in headers {
+                head.push_str(&format!("{k}: {v}\r\n"));
+            }
+            s.write_all(format!("{head}\r\n").as_bytes())?;
+            let send = cut_after.map_or(rest.len(), |c| rest.len().min(c as usize));
+            if !head_only {
+                for c in rest[..send].chunks(CHUNK) {
+                    s.write_all(c)?;
+                }
+            }
+            if send < rest.len() && !head_only {
+                // The link drops: no close_notify, the TCP connection just ends.
+                s.flush()?;
+                let _ = s.sock.shutdown(std::net::Shutdown::Both);
+                return Ok(());
             }
         }
         Reply::File(path) => {
