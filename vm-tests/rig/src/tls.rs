@@ -30,10 +30,16 @@ impl TestCa {
         let mut params = CertificateParams::new(Vec::<String>::new())
             .unwrap_or_else(|e| panic!("CA params: {e}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("CA key: {e}"));
+        // A name of its own per CA (from its key), as two real CAs would have: a certificate of another test CA is
+        // then an unknown issuer to a client, not a bad signature from a same-named one.
+        let tag: String = key.public_key_raw()[1..5]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         params
             .distinguished_name
-            .push(DnType::CommonName, "Harmony Fleet test CA");
-        let key = KeyPair::generate().unwrap_or_else(|e| panic!("CA key: {e}"));
+            .push(DnType::CommonName, format!("Harmony Fleet test CA {tag}"));
         let issuer = CertifiedIssuer::self_signed(params, key)
             .unwrap_or_else(|e| panic!("CA certificate: {e}"));
         let dir = tempfile::Builder::new()
