@@ -1,7 +1,11 @@
 //! A throw-away certificate authority for tests (rcgen, ECDSA P-256): its root as PEM file and DER, and server
-//! certificates for `127.0.0.1` and `localhost` issued by it, written to a temporary directory.
+//! certificates for `127.0.0.1` and `localhost` and client certificates (mTLS) issued by it, written to a temporary
+//! directory.
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::path::{Path, PathBuf};
 
@@ -78,6 +82,29 @@ impl TestCa {
             .unwrap_or_else(|e| panic!("server certificate: {e}"));
         let cert_file = self.dir.path().join(format!("{name}.crt"));
         let key_file = self.dir.path().join(format!("{name}.key"));
+        std::fs::write(&cert_file, cert.pem()).unwrap_or_else(|e| panic!("write cert: {e}"));
+        std::fs::write(&key_file, key.serialize_pem()).unwrap_or_else(|e| panic!("write key: {e}"));
+        ServerCert {
+            chain: vec![cert.der().clone()],
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            cert_file,
+            key_file,
+        }
+    }
+
+    /// Issues a client certificate (extended key usage clientAuth) with common name `name`, for mTLS; its files
+    /// are named after `name`.
+    pub fn client_cert(&self, name: &str) -> ServerCert {
+        let mut params = CertificateParams::new(Vec::<String>::new())
+            .unwrap_or_else(|e| panic!("client params: {e}"));
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("client key: {e}"));
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .unwrap_or_else(|e| panic!("client certificate: {e}"));
+        let cert_file = self.dir.path().join(format!("{name}-client.crt"));
+        let key_file = self.dir.path().join(format!("{name}-client.key"));
         std::fs::write(&cert_file, cert.pem()).unwrap_or_else(|e| panic!("write cert: {e}"));
         std::fs::write(&key_file, key.serialize_pem()).unwrap_or_else(|e| panic!("write key: {e}"));
         ServerCert {
