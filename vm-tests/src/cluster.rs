@@ -28,6 +28,11 @@ impl Cluster {
     /// Starts the API server, applies `operator/deploy/crds.yaml` and `rbac.yaml`, waits until the CRDs are
     /// established, and starts `fleet-operator --nats-url <nats_url>` with the service account's token.
     pub fn start(nats_url: &str) -> Self {
+        Self::start_with_nats_ca(nats_url, None)
+    }
+
+    /// [`Self::start`] with the operator trusting the NATS server's CA file (`--nats-ca-file`).
+    pub fn start_with_nats_ca(nats_url: &str, nats_ca: Option<&std::path::Path>) -> Self {
         let kubectl = builds::kubectl();
         let operator_bin = builds::operator();
         let api = KubeApiServer::start();
@@ -70,7 +75,11 @@ impl Cluster {
         let err = out
             .try_clone()
             .unwrap_or_else(|e| panic!("operator log: {e}"));
-        let child = Command::new(&operator_bin)
+        let mut cmd = Command::new(&operator_bin);
+        if let Some(ca) = nats_ca {
+            cmd.arg("--nats-ca-file").arg(ca);
+        }
+        let child = cmd
             .args(["--nats-url", nats_url])
             .env("KUBECONFIG", &op_config)
             .env("POD_NAME", "fleet-operator-local")

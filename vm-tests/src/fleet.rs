@@ -17,6 +17,8 @@ use std::time::Duration;
 pub const DEVICE: &str = "device-1";
 /// Where the test CA certificate is placed in the guest (the updater's `extra_ca_file`).
 pub const GUEST_CA_FILE: &str = "/etc/harmony-fleet/test-ca.pem";
+/// Where a guest keeps the CA of a NATS server that requires TLS (the agent's `[nats] ca_file`).
+pub const GUEST_NATS_CA_FILE: &str = "/etc/harmony-fleet/nats-ca.pem";
 
 /// The operator's side of NATS: every bucket of the layout, created as the operator would.
 pub struct Operator {
@@ -120,6 +122,15 @@ pub fn agent_config(id: &str, nats_url: &str) -> String {
     )
 }
 
+/// [`agent_config`] for a NATS server that requires TLS: the agent trusts the CA at `ca_file` (in the guest).
+pub fn agent_config_tls(id: &str, nats_url: &str, ca_file: &str) -> String {
+    agent_config(id, nats_url).replacen(
+        "connect_timeout_secs = 5\n",
+        &format!("connect_timeout_secs = 5\nca_file = \"{ca_file}\"\n"),
+        1,
+    )
+}
+
 impl Device {
     /// Boots a guest and installs the updater and agent `bootstrap` with device setup; waits until both units
     /// are active and the agent has published its device info. The updater trusts `artifacts`' CA, and the
@@ -130,7 +141,7 @@ impl Device {
         bootstrap: &str,
         artifacts: Option<&Artifacts>,
     ) -> Self {
-        let d = Self::setup(DEVICE, nats.port(), bootstrap, artifacts);
+        let d = Self::setup_on(DEVICE, nats, bootstrap, artifacts);
         let info = wait_for(Duration::from_secs(60), || {
             operator.has_device_info().then_some(())
         });
@@ -146,6 +157,30 @@ impl Device {
     /// the NATS server on the host's `nats_port`; waits until both units are active. The updater trusts
     /// `artifacts`' CA, reachable from the guest at the same URL as from the host.
     pub fn setup(id: &str, nats_port: u16, bootstrap: &str, artifacts: Option<&Artifacts>) -> Self {
+        Self::setup_with(id, nats_port, None, bootstrap, artifacts)
+    }
+
+    /// [`Self::setup`] against `nats`: when it requires TLS, the guest gets its CA at [`GUEST_NATS_CA_FILE`] and
+    /// the agent a `tls://` URL with `ca_file`.
+    pub fn setup_on(
+        id: &str,
+        nats: &NatsServer,
+        bootstrap: &str,
+        artifacts: Option<&Artifacts>,
+    ) -> Self {
+        let ca = nats
+            .ca_file()
+            .map(|p| std::fs::read(p).unwrap_or_else(|e| panic!("NATS CA {}: {e}", p.display())));
+        Self::setup_with(id, nats.port(), ca, bootstrap, artifacts)
+    }
+
+    fn setup_with(
+        id: &str,
+        nats_port: u16,
+        nats_ca: Option<Vec<u8>>,
+        bootstrap: &str,
+        artifacts: Option<&Artifacts>,
+    ) -> Self {
         let mut guest = Guest::boot();
         let nats_link = guest.forward(nats_port);
         let ca_pem = artifacts.map(|a| {
@@ -163,13 +198,15 @@ impl Device {
         // device-setup installs the download helper from beside the updater.
         stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
         stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
-        let url = format!("nats://{}", nats_link.addr());
-        let acfg = stage_bytes(
-            &guest,
-            agent_config(id, &url).as_bytes(),
-            "agent.toml",
-            0o644,
-        );
+        let agent_toml = match nats_ca {
+            Some(pem) => {
+                guest.write_file(GUEST_NATS_CA_FILE, pem.as_slice(), 0o644);
+                let url = format!("tls://{}", nats_link.addr());
+                agent_config_tls(id, &url, GUEST_NATS_CA_FILE)
+            }
+            None => agent_config(id, &format!("nats://{}", nats_link.addr())),
+        };
+        let acfg = stage_bytes(&guest, agent_toml.as_bytes(), "agent.toml", 0o644);
         let mut ucfg = String::new();
         if let Some(pem) = ca_pem {
             guest.write_file(GUEST_CA_FILE, pem.as_slice(), 0o644);

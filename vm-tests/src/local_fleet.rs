@@ -110,18 +110,18 @@ impl LocalFleet {
     /// most of a device's set-up waits on its own systemd), each running agent [`V1`] with the test image
     /// imported and the real [`V3`] at [`REAL_V3`]; returns when every device has its Device object.
     pub fn start(ids: &[&str]) -> Self {
-        let nats = NatsServer::start();
-        let cluster = Cluster::start(&nats.url());
+        // The rig's default for whole-device tests: NATS requires TLS with a private CA.
+        let nats = NatsServer::start_tls(false);
+        let cluster = Cluster::start_with_nats_ca(&nats.url(), nats.ca_file());
         let artifacts = Artifacts::start();
         let v3 = builds::agent(V3);
-        let port = nats.port();
         let devices: Vec<Device> = std::thread::scope(|s| {
             let handles: Vec<_> = ids
                 .iter()
                 .map(|id| {
-                    let (artifacts, v3) = (&artifacts, &v3);
+                    let (artifacts, v3, nats) = (&artifacts, &v3, &nats);
                     s.spawn(move || {
-                        let d = Device::setup(id, port, V1, Some(artifacts));
+                        let d = Device::setup_on(id, nats, V1, Some(artifacts));
                         d.import_test_image();
                         d.guest.install_file(v3, REAL_V3, 0o755);
                         d
