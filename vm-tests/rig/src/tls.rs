@@ -76,35 +76,27 @@ impl TestCa {
         params
             .distinguished_name
             .push(DnType::CommonName, "127.0.0.1");
-        let key = KeyPair::generate().unwrap_or_else(|e| panic!("server key: {e}"));
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .unwrap_or_else(|e| panic!("server certificate: {e}"));
-        let cert_file = self.dir.path().join(format!("{name}.crt"));
-        let key_file = self.dir.path().join(format!("{name}.key"));
-        std::fs::write(&cert_file, cert.pem()).unwrap_or_else(|e| panic!("write cert: {e}"));
-        std::fs::write(&key_file, key.serialize_pem()).unwrap_or_else(|e| panic!("write key: {e}"));
-        ServerCert {
-            chain: vec![cert.der().clone()],
-            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-            cert_file,
-            key_file,
-        }
+        self.issue(params, name)
     }
 
     /// Issues a client certificate (extended key usage clientAuth) with common name `name`, for mTLS; its files
-    /// are named after `name`.
+    /// are named `<name>-client.*`.
     pub fn client_cert(&self, name: &str) -> ServerCert {
         let mut params = CertificateParams::new(Vec::<String>::new())
             .unwrap_or_else(|e| panic!("client params: {e}"));
         params.distinguished_name.push(DnType::CommonName, name);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let key = KeyPair::generate().unwrap_or_else(|e| panic!("client key: {e}"));
+        self.issue(params, &format!("{name}-client"))
+    }
+
+    /// Signs `params` with a new key and writes `<file_name>.crt` and `<file_name>.key`.
+    fn issue(&self, params: CertificateParams, file_name: &str) -> ServerCert {
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("key: {e}"));
         let cert = params
             .signed_by(&key, &self.issuer)
-            .unwrap_or_else(|e| panic!("client certificate: {e}"));
-        let cert_file = self.dir.path().join(format!("{name}-client.crt"));
-        let key_file = self.dir.path().join(format!("{name}-client.key"));
+            .unwrap_or_else(|e| panic!("certificate {file_name}: {e}"));
+        let cert_file = self.dir.path().join(format!("{file_name}.crt"));
+        let key_file = self.dir.path().join(format!("{file_name}.key"));
         std::fs::write(&cert_file, cert.pem()).unwrap_or_else(|e| panic!("write cert: {e}"));
         std::fs::write(&key_file, key.serialize_pem()).unwrap_or_else(|e| panic!("write key: {e}"));
         ServerCert {
