@@ -31,8 +31,7 @@ pub struct Scene {
 impl Scene {
     /// Boots and installs the v1 device, and places the real v2 agent in it.
     pub fn v1_with_real_v2() -> Self {
-        // The rig's default for whole-device tests: NATS requires TLS with a private CA.
-        let nats = NatsServer::start_tls(false);
+        let nats = NatsServer::start();
         let operator = Operator::new(&nats);
         let artifacts = Artifacts::start();
         let device = Device::install(&nats, &operator, V1, Some(&artifacts));
