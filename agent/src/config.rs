@@ -49,6 +49,32 @@ pub enum NatsAuth {
     TokenFile(PathBuf),
 }
 
+/// TLS of the NATS connection. Verification of the server is always on; there is no option to turn it off.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NatsTls {
+    /// PEM file of the CA(s) the server's certificate must chain to (replaces the system roots); `None`: the
+    /// system roots, for `tls://` URLs.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate shown to a server that verifies clients (mTLS).
+    pub client: Option<ClientCert>,
+}
+
+impl NatsTls {
+    /// True when nothing is configured (plain `nats://` allowed; `tls://` URLs still use TLS).
+    pub fn is_off(&self) -> bool {
+        self.ca_file.is_none() && self.client.is_none()
+    }
+}
+
+/// A client certificate and its key (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The certificate chain.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+}
+
 /// NATS settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsConfig {
@@ -56,6 +82,8 @@ pub struct NatsConfig {
     pub urls: Vec<String>,
     /// Credentials.
     pub auth: NatsAuth,
+    /// TLS; any of its files set means TLS is required.
+    pub tls: NatsTls,
     /// This device's reply-inbox prefix (`_INBOX.device.<device-id>`), derived from the device id.
     pub inbox_prefix: String,
     /// This device (its keys are the only ones its NATS calls name).
@@ -120,6 +148,12 @@ struct RawNats {
     token: Option<Secret>,
     #[serde(default)]
     token_file: Option<PathBuf>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default)]
+    cert_file: Option<PathBuf>,
+    #[serde(default)]
+    key_file: Option<PathBuf>,
     #[serde(default)]
     connect_timeout_secs: Option<u64>,
     #[serde(default)]
@@ -273,9 +307,33 @@ impl Config {
                 "set either `user` and `password`, or `token`, or `token_file`, or none of them",
             )),
         };
+        for (key, p) in [
+            ("nats.ca_file", &n.ca_file),
+            ("nats.cert_file", &n.cert_file),
+            ("nats.key_file", &n.key_file),
+        ] {
+            if p.as_ref().is_some_and(|p| !p.is_absolute()) {
+                return Err(invalid(key, "must be an absolute path"));
+            }
+        }
+        let client = match (n.cert_file, n.key_file) {
+            (Some(cert_file), Some(key_file)) => Some(ClientCert {
+                cert_file,
+                key_file,
+            }),
+            (None, None) => None,
+            _ => return Err(invalid(
+                "nats",
+                "cert_file and key_file go together (a client certificate and its key, for mTLS)",
+            )),
+        };
         let nats = NatsConfig {
             urls: n.urls,
             auth,
+            tls: NatsTls {
+                ca_file: n.ca_file,
+                client,
+            },
             inbox_prefix: fleet_wire::auth::device_inbox_prefix(&device_id),
             device_id: device_id.clone(),
             connect_timeout: secs(
@@ -389,6 +447,36 @@ mod tests {
         let e =
             Config::parse(&format!("{MIN}token_file = \"/t\"\ntoken = \"x\"\n")).expect_err("both");
         assert!(e.to_string().contains("either"), "{e}");
+    }
+
+    #[test]
+    fn tls_files() {
+        let c = Config::parse(MIN).expect("valid");
+        assert!(c.nats.tls.is_off());
+        let c = Config::parse(&format!(
+            "{MIN}ca_file = \"/etc/harmony-fleet/nats-ca.pem\"\ncert_file = \"/etc/harmony-fleet/device.crt\"\n\
+             key_file = \"/etc/harmony-fleet/device.key\"\n"
+        ))
+        .expect("valid");
+        assert_eq!(
+            c.nats.tls,
+            NatsTls {
+                ca_file: Some(PathBuf::from("/etc/harmony-fleet/nats-ca.pem")),
+                client: Some(ClientCert {
+                    cert_file: PathBuf::from("/etc/harmony-fleet/device.crt"),
+                    key_file: PathBuf::from("/etc/harmony-fleet/device.key"),
+                }),
+            }
+        );
+        for (bad, words) in [
+            ("ca_file = \"ca.pem\"\n", "nats.ca_file"),
+            ("cert_file = \"/c.pem\"\n", "go together"),
+            ("key_file = \"/k.pem\"\n", "go together"),
+            ("insecure_skip_verify = true\n", "unknown field"),
+        ] {
+            let e = Config::parse(&format!("{MIN}{bad}")).expect_err(bad);
+            assert!(e.to_string().contains(words), "{bad}: {e}");
+        }
     }
 
     #[test]

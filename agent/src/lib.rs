@@ -8,6 +8,7 @@ pub mod device;
 pub mod lock;
 pub mod logging;
 pub mod nats_kv;
+pub mod nats_tls;
 pub mod notify;
 pub mod paths;
 pub mod podman;

@@ -357,6 +357,7 @@ impl Inner {
                 nats::Options::with_token(&read_token(path).map_err(|e| e.to_string())?)
             }
         };
+        let opts = crate::nats_tls::apply(opts, &cfg.tls)?;
         let (on_reconnect, on_close) = (Arc::downgrade(this), Arc::downgrade(this));
         let opts = opts
             .with_name(&this.client_name)
@@ -383,10 +384,13 @@ impl Inner {
         // abandoned attempt is dropped (and so closed) by its thread; its close is ignored (its id is stale).
         let (tx, rx) = mpsc::channel();
         let urls = cfg.urls.join(",");
+        let tls = cfg.tls.clone();
         std::thread::Builder::new()
             .name("nats-connect".into())
             .spawn(move || {
-                let r = opts.connect(urls.as_str()).map_err(|e| e.to_string());
+                let r = opts
+                    .connect(urls.as_str())
+                    .map_err(|e| crate::nats_tls::explain(&e.to_string(), &tls));
                 let _ = tx.send(r);
             })
             .map_err(|e| e.to_string())?;

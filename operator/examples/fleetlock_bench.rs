@@ -2,11 +2,14 @@
 //! (enough slots for all), for the file store (with fsync) or the NATS store with several replicas. Prints one
 //! Markdown table row. A reference row measures one fsync per request, as a server without group commit would do.
 //!
+//! With `--https` the servers serve HTTPS with a certificate of a throw-away CA and the clients verify it (each
+//! client keeps one connection, so the row shows TLS's cost per request, not per handshake).
+//!
 //! `cargo run --release --example fleetlock_bench -- --bin target/release/fleetlock-server --store file
-//!  --dir <dir on a real disk> [--clients 50] [--seconds 5] [--replicas 3]`
+//!  --dir <dir on a real disk> [--clients 50] [--seconds 5] [--replicas 3] [--https]`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_rig::fleetlock::{Conn, ServerProcess};
+use fleet_rig::fleetlock::{trust_only, Conn, ServerProcess, TlsFiles};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
@@ -55,16 +58,34 @@ fn main() {
         format!("{store_yaml}\ndefault_slots: {}\n", clients * 2),
     )
     .unwrap();
+    let https = std::env::args().any(|a| a == "--https");
+    let ca = fleet_rig::tls::TestCa::new();
+    let tls = https.then(|| {
+        let cert = ca.server_cert("fleetlock-bench");
+        TlsFiles {
+            cert: cert.cert_file,
+            key: cert.key_file,
+            ca: ca.ca_file().to_path_buf(),
+        }
+    });
+    let client_tls = https.then(|| trust_only(ca.ca_file()).unwrap());
     let servers: Vec<ServerProcess> = (0..replicas)
-        .map(|_| ServerProcess::start(&bin, &cfg).unwrap())
+        .map(|_| match &tls {
+            Some(t) => ServerProcess::start_tls(&bin, &cfg, t.clone()).unwrap(),
+            None => ServerProcess::start(&bin, &cfg).unwrap(),
+        })
         .collect();
     let barrier = Arc::new(Barrier::new(clients + 1));
     let handles: Vec<_> = (0..clients)
         .map(|i| {
             let addr = servers[i % servers.len()].addr;
             let barrier = barrier.clone();
+            let client_tls = client_tls.clone();
             std::thread::spawn(move || {
-                let mut c = Conn::connect(addr).unwrap();
+                let mut c = match client_tls {
+                    Some(t) => Conn::connect_tls(addr, t).unwrap(),
+                    None => Conn::connect(addr).unwrap(),
+                };
                 let id = format!("bench-{i}");
                 let mut pairs = Vec::new();
                 let mut requests = Vec::new();
@@ -115,10 +136,11 @@ fn main() {
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0);
     }
+    let wire = if https { "HTTPS" } else { "HTTP" };
     let label = if store == "nats" {
-        format!("fleetlock-server, NATS KV store, {replicas} replicas")
+        format!("fleetlock-server over {wire}, NATS KV store, {replicas} replicas")
     } else {
-        "fleetlock-server, file store (fsync, group commit)".into()
+        format!("fleetlock-server over {wire}, file store (fsync, group commit)")
     };
     let row = format!(
         "| {label} | {clients} | {:.0} | {:.2} | {:.2} | {:.1} | {errors} |",

@@ -1,11 +1,12 @@
 //! NATS JetStream KV for the operator: creating the buckets of `fleet_wire::kv::BUCKETS`, mirroring buckets into
 //! memory with a watch, and compare-and-set writes that re-read on conflict.
 
+use crate::nats_tls::NatsTls;
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -33,9 +34,19 @@ impl NatsError {
     }
 }
 
+/// The TLS of the operator's NATS connections, set once by `main` from `--nats-ca-file` and friends before any
+/// connection (the controllers connect and reconnect from several places with only the URL).
+static TLS: OnceLock<NatsTls> = OnceLock::new();
+
+/// Sets the TLS of every later [`connect`]; `Err` if it was set already.
+pub fn set_tls(tls: NatsTls) -> Result<(), String> {
+    TLS.set(tls)
+        .map_err(|_| "the NATS TLS settings were set twice".to_string())
+}
+
 /// Connects (failing fast if the server does not answer) and returns a JetStream context. A `user:password@` in
 /// the URL is the operator's own NATS user (an `auth_users` entry when the fleet-auth callout is on); it is sent
-/// as credentials and never appears in errors.
+/// as credentials and never appears in errors. TLS is as [`set_tls`] said (none unless set).
 pub async fn connect(url: &str) -> Result<(async_nats::Client, jetstream::Context), NatsError> {
     let parts = fleet_wire::auth::split_nats_url(url);
     let mut opts = async_nats::ConnectOptions::new()
@@ -46,12 +57,31 @@ pub async fn connect(url: &str) -> Result<(async_nats::Client, jetstream::Contex
         opts = opts.user_and_password(user, password);
     }
     let url = parts.url;
+    let tls = TLS.get().cloned().unwrap_or_default();
+    let opts = tls
+        .apply(opts)
+        .map_err(|e| NatsError::new(format!("connect to {url}"), e))?;
     let client = opts
         .connect(url.as_str())
         .await
-        .map_err(|e| NatsError::new(format!("connect to {url}"), e))?;
+        .map_err(|e| NatsError::new(format!("connect to {url}"), tls.explain(&error_chain(&e))))?;
     let js = jetstream::new(client.clone());
     Ok((client, js))
+}
+
+/// An error with its sources (async-nats keeps the TLS reason in the source).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// The KV configuration of one bucket of the layout: file storage, one value per key.

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod health;
 pub mod kv;
 pub mod mirror;
+pub mod nats_tls;
 pub mod placement;
 pub mod plan;
 pub mod release;

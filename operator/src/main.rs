@@ -9,8 +9,8 @@ schedule, writes each device's desired state, agent-upgrade intents, task-run pl
 intents into NATS JetStream KV (creating the buckets), and mirrors device reports into Device and
 TaskRun status.
 
-Usage: fleet-operator [--nats-url URL] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
-       fleet-operator buckets [--check] [--nats-url URL]
+Usage: fleet-operator [--nats-url URL] [NATS TLS] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
+       fleet-operator buckets [--check] [--nats-url URL] [NATS TLS]
        fleet-operator --help | --version
 
 Commands:
@@ -21,6 +21,11 @@ Options:
   --nats-url URL          NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222);
                           nats://user:password@host:port connects as the operator's own NATS user (never
                           logged; docs/auth.md)
+  --nats-ca-file FILE     NATS TLS: PEM CA(s) the server's certificate must chain to (replaces the system
+                          roots; default $FLEET_NATS_CA_FILE). Any NATS TLS file makes TLS required.
+  --nats-cert-file FILE   NATS TLS: client certificate for a server that verifies clients (mTLS;
+                          default $FLEET_NATS_CERT_FILE); goes with --nats-key-file
+  --nats-key-file FILE    its PEM private key (default $FLEET_NATS_KEY_FILE)
   --webhook-listen ADDR   also serve the admission webhook over HTTPS on ADDR (e.g. 0.0.0.0:8443):
                           /validate-fields refuses unknown fields in every fleet object, /validate-taskrun
                           refuses TaskRun spec changes (operator/deploy/webhook.yaml)
@@ -38,6 +43,10 @@ fn main() -> ExitCode {
     let mut nats_url =
         std::env::var("FLEET_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let (mut webhook_listen, mut webhook_cert, mut webhook_key) = (None, None, None);
+    let env_path = |k: &str| std::env::var_os(k).map(std::path::PathBuf::from);
+    let mut nats_ca = env_path("FLEET_NATS_CA_FILE");
+    let mut nats_cert = env_path("FLEET_NATS_CERT_FILE");
+    let mut nats_key = env_path("FLEET_NATS_KEY_FILE");
     let mut args = std::env::args().skip(1).peekable();
     let buckets = args.next_if(|a| a == "buckets").is_some();
     let mut check = false;
@@ -59,6 +68,18 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             },
+            flag @ ("--nats-ca-file" | "--nats-cert-file" | "--nats-key-file") => {
+                let Some(v) = args.next() else {
+                    eprintln!("{flag} needs a file; see --help");
+                    return ExitCode::from(2);
+                };
+                let v = Some(std::path::PathBuf::from(v));
+                match flag {
+                    "--nats-ca-file" => nats_ca = v,
+                    "--nats-cert-file" => nats_cert = v,
+                    _ => nats_key = v,
+                }
+            }
             flag @ ("--webhook-listen" | "--webhook-cert" | "--webhook-key") => {
                 let Some(v) = args.next() else {
                     eprintln!("{flag} needs a value; see --help");
@@ -75,6 +96,12 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if let Err(e) = fleet_operator::nats_tls::NatsTls::new(nats_ca, nats_cert, nats_key, "--nats-")
+        .and_then(fleet_operator::kv::set_tls)
+    {
+        eprintln!("{e}; see --help");
+        return ExitCode::from(2);
     }
     // The buckets command prints its own result; the NATS client's connection chatter stays out of it.
     let level = if buckets { "warn" } else { "info" };

@@ -1,23 +1,88 @@
 //! Protocol conformance of a real `fleetlock-server` process (file store): every point of the protocol, groups,
-//! auth, TTL, admin release with audit, config reload, status, metrics and client time-outs.
+//! auth, TTL, admin release with audit, config reload, status, metrics and client time-outs — each case once over
+//! plain HTTP (`--plain-http`) and once over HTTPS with a private CA (`_https`). HTTPS only: a client with another
+//! CA or without TLS is refused, certificate rotation on disk takes effect without a restart, a bad certificate
+//! file stops the start with its name.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_rig::fleetlock::{Answer, Conn, ServerProcess};
-use std::io::{Read, Write};
+use fleet_rig::fleetlock::{trust_only, Answer, Conn, ServerProcess, TlsFiles};
+use fleet_rig::tls::TestCa;
+use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_fleetlock-server");
 
-fn server(dir: &Path, yaml: &str) -> ServerProcess {
+/// Plain HTTP or HTTPS.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Wire {
+    Http,
+    Https,
+}
+
+/// Issues a certificate for 127.0.0.1 from `ca` and writes it, its key and the CA into `dir`.
+fn tls_files(dir: &Path, ca: &TestCa) -> TlsFiles {
+    let cert = ca.server_cert("fleetlock");
+    let files = TlsFiles {
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
+        ca: dir.join("ca.pem"),
+    };
+    std::fs::copy(&cert.cert_file, &files.cert).unwrap();
+    std::fs::copy(&cert.key_file, &files.key).unwrap();
+    std::fs::copy(ca.ca_file(), &files.ca).unwrap();
+    files
+}
+
+fn write_config(dir: &Path, yaml: &str) -> std::path::PathBuf {
     let cfg = dir.join("config.yaml");
     let yaml = format!(
         "store: {{kind: file, dir: {}}}\n{yaml}",
         dir.join("store").display()
     );
     std::fs::write(&cfg, yaml).unwrap();
-    ServerProcess::start(Path::new(BIN), &cfg).unwrap()
+    cfg
 }
+
+fn server(dir: &Path, yaml: &str, wire: Wire) -> ServerProcess {
+    let cfg = write_config(dir, yaml);
+    match wire {
+        Wire::Http => ServerProcess::start(Path::new(BIN), &cfg).unwrap(),
+        Wire::Https => {
+            let files = tls_files(dir, &TestCa::new());
+            ServerProcess::start_tls(Path::new(BIN), &cfg, files).unwrap()
+        }
+    }
+}
+
+/// One `#[test]` per wire for a case written as `fn case(wire: Wire)`.
+macro_rules! both_wires {
+    ($case:ident, $https:ident) => {
+        #[test]
+        fn $case() {
+            cases::$case(Wire::Http);
+        }
+        #[test]
+        fn $https() {
+            cases::$case(Wire::Https);
+        }
+    };
+}
+
+both_wires!(protocol_points, protocol_points_https);
+both_wires!(slow_clients_time_out, slow_clients_time_out_https);
+both_wires!(
+    groups_members_and_all_or_nothing,
+    groups_members_and_all_or_nothing_https
+);
+both_wires!(
+    auth_ttl_admin_release_and_audit,
+    auth_ttl_admin_release_and_audit_https
+);
+both_wires!(
+    config_reload_and_invalid_config,
+    config_reload_and_invalid_config_https
+);
 
 fn status(c: &mut Conn) -> serde_json::Value {
     let a = c.request("GET", "/v1/status", &[], b"").unwrap();
@@ -45,390 +110,403 @@ fn err(a: &Answer, status: u16, kind: &str) {
     assert_eq!(v.as_object().unwrap().len(), 2, "only kind and value");
 }
 
-#[test]
-fn protocol_points() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = server(
-        dir.path(),
-        "default_slots: 1\ngroups: [{name: workers, slots: 2}]\n",
-    );
-    let mut c = s.conn().unwrap();
-    let body = br#"{"client_params":{"id":"a","group":"default"}}"#;
+mod cases {
+    use super::*;
 
-    // The header is required, with the value true.
-    err(
-        &c.request("POST", "/v1/pre-reboot", &[], body).unwrap(),
-        400,
-        "missing-protocol-header",
-    );
-    err(
-        &c.request(
-            "POST",
-            "/v1/pre-reboot",
-            &[("fleet-lock-protocol", "false")],
-            body,
-        )
-        .unwrap(),
-        400,
-        "missing-protocol-header",
-    );
-    // No Content-Type needed (the helper sends none).
-    let a = c
-        .request(
-            "POST",
-            "/v1/pre-reboot",
-            &[("fleet-lock-protocol", "true")],
-            body,
-        )
-        .unwrap();
-    assert_eq!(a.status, 200, "{}", a.text());
-    // The holder asking again is fine; another client finds every slot taken.
-    assert_eq!(c.fleetlock(true, "a", "default").unwrap().status, 200);
-    err(
-        &c.fleetlock(true, "b", "default").unwrap(),
-        409,
-        "all-slots-taken",
-    );
-    // steady-state from a non-holder is fine and changes nothing.
-    assert_eq!(c.fleetlock(false, "b", "default").unwrap().status, 200);
-    assert_eq!(holders(&mut c, "default"), vec!["a"]);
-    assert_eq!(c.fleetlock(false, "a", "default").unwrap().status, 200);
-    assert!(holders(&mut c, "default").is_empty());
-    assert_eq!(c.fleetlock(true, "b", "default").unwrap().status, 200);
+    pub fn protocol_points(wire: Wire) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(
+            dir.path(),
+            "default_slots: 1\ngroups: [{name: workers, slots: 2}]\n",
+            wire,
+        );
+        let mut c = s.conn().unwrap();
+        let body = br#"{"client_params":{"id":"a","group":"default"}}"#;
 
-    // Validation of id and group, body shape, unknown group.
-    err(
-        &c.fleetlock(true, "", "default").unwrap(),
-        400,
-        "invalid-id",
-    );
-    err(
-        &c.fleetlock(true, "x", "a b").unwrap(),
-        400,
-        "invalid-group",
-    );
-    err(&c.fleetlock(true, "x", "").unwrap(), 400, "invalid-group");
-    err(
-        &c.fleetlock(true, "x", "nope").unwrap(),
-        400,
-        "unknown-group",
-    );
-    let h = [("fleet-lock-protocol", "true")];
-    err(
-        &c.request("POST", "/v1/pre-reboot", &h, b"{").unwrap(),
-        400,
-        "invalid-body",
-    );
-    err(
-        &c.request("POST", "/v1/steady-state", &h, b"{}").unwrap(),
-        400,
-        "invalid-body",
-    );
-    // A named group with free slots.
-    assert_eq!(c.fleetlock(true, "w1", "workers").unwrap().status, 200);
-    assert_eq!(c.fleetlock(true, "w2", "workers").unwrap().status, 200);
-    err(
-        &c.fleetlock(true, "w3", "workers").unwrap(),
-        409,
-        "all-slots-taken",
-    );
-
-    // Other methods: 405 with an Allow header; unknown paths 404.
-    for (m, p) in [
-        ("GET", "/v1/pre-reboot"),
-        ("PUT", "/v1/steady-state"),
-        ("DELETE", "/v1/pre-reboot"),
-        ("POST", "/v1/status"),
-        ("POST", "/metrics"),
-    ] {
-        let a = c.request(m, p, &[], b"").unwrap();
-        err(&a, 405, "method-not-allowed");
-        assert!(a.header("allow").is_some());
-    }
-    err(
-        &c.request("GET", "/v2/nothing", &[], b"").unwrap(),
-        404,
-        "not-found",
-    );
-
-    // Bounded body: 413.
-    let big = vec![b' '; 20_000];
-    err(
-        &c.request("POST", "/v1/pre-reboot", &h, &big).unwrap(),
-        413,
-        "body-too-large",
-    );
-    // Bounded head: hyper answers 431 (or closes).
-    let mut c2 = s.conn().unwrap();
-    let long = "x".repeat(40_000);
-    if let Ok(a) = c2.request("GET", "/healthz", &[("x-long", &long)], b"") {
-        assert!(a.status == 431 || a.status == 400, "{}", a.status);
-    }
-
-    // Status, metrics, health.
-    let st = status(&mut c);
-    assert_eq!(st["store"], "file");
-    assert_eq!(st["config_valid"], true);
-    let hb = st["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == "default")
-        .unwrap()["holders"][0]
-        .clone();
-    assert_eq!(hb["id"], "b");
-    assert_eq!(hb["ip"], "127.0.0.1");
-    assert!(hb["taken_at"].as_str().unwrap().ends_with('Z'));
-    let m = c.request("GET", "/metrics", &[], b"").unwrap().text();
-    for needle in [
-        "fleetlock_slots{group=\"workers\"} 2",
-        "fleetlock_holders{group=\"workers\"} 2",
-        "fleetlock_holders{group=\"default\"} 1",
-        "fleetlock_errors_total{kind=\"all-slots-taken\"} 2",
-        "fleetlock_errors_total{kind=\"missing-protocol-header\"} 2",
-        "fleetlock_requests_total{endpoint=\"pre-reboot\",code=\"200\"}",
-        "fleetlock_config_valid 1",
-    ] {
-        assert!(m.contains(needle), "{needle} missing from\n{m}");
-    }
-    assert_eq!(c.request("GET", "/healthz", &[], b"").unwrap().status, 200);
-}
-
-#[test]
-fn slow_clients_time_out() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path(), "client_timeout: 1s\n");
-    // Headers never finished: the server closes the connection.
-    let mut t = std::net::TcpStream::connect(s.addr).unwrap();
-    t.write_all(b"POST /v1/pre-reboot HTTP/1.1\r\nhost: x\r\n")
-        .unwrap();
-    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let started = Instant::now();
-    let mut buf = Vec::new();
-    let _ = t.read_to_end(&mut buf);
-    assert!(
-        started.elapsed() < Duration::from_secs(8),
-        "closed after {:?}",
-        started.elapsed()
-    );
-    // Body announced but never sent: 408 timeout.
-    let mut t = std::net::TcpStream::connect(s.addr).unwrap();
-    t.write_all(b"POST /v1/pre-reboot HTTP/1.1\r\nhost: x\r\nfleet-lock-protocol: true\r\ncontent-length: 50\r\n\r\n{").unwrap();
-    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut buf = [0u8; 512];
-    let n = t.read(&mut buf).unwrap();
-    let text = String::from_utf8_lossy(&buf[..n]);
-    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
-    assert!(text.contains("\"timeout\""), "{text}");
-}
-
-#[test]
-fn groups_members_and_all_or_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = server(
-        dir.path(),
-        "default_slots: 5\ngroups:\n  - {name: db, slots: 1, members: [h1, h2]}\n  - {name: swarm, slots: 1, members: [h2, h3]}\n",
-    );
-    let mut c = s.conn().unwrap();
-    assert_eq!(c.fleetlock(true, "h1", "default").unwrap().status, 200); // db
-                                                                         // h2 is in db and swarm: db is full, so it gets neither.
-    err(
-        &c.fleetlock(true, "h2", "default").unwrap(),
-        409,
-        "all-slots-taken",
-    );
-    assert!(holders(&mut c, "swarm").is_empty());
-    assert_eq!(c.fleetlock(true, "h3", "default").unwrap().status, 200); // swarm
-    assert_eq!(c.fleetlock(false, "h1", "default").unwrap().status, 200);
-    err(
-        &c.fleetlock(true, "h2", "default").unwrap(),
-        409,
-        "all-slots-taken",
-    ); // swarm now full
-    assert!(holders(&mut c, "db").is_empty());
-    assert_eq!(c.fleetlock(false, "h3", "default").unwrap().status, 200);
-    assert_eq!(c.fleetlock(true, "h2", "default").unwrap().status, 200);
-    assert_eq!(holders(&mut c, "db"), vec!["h2"]);
-    assert_eq!(holders(&mut c, "swarm"), vec!["h2"]);
-    // A host in no group shares `default`; the IP also matches members.
-    assert_eq!(c.fleetlock(true, "other", "default").unwrap().status, 200);
-    assert_eq!(holders(&mut c, "default"), vec!["other"]);
-    // A hostname sent by fleet-reboot matches members too.
-    let body = br#"{"client_params":{"id":"m-77","group":"default","hostname":"h1"}}"#;
-    let a = c
-        .request(
-            "POST",
-            "/v1/pre-reboot",
-            &[("fleet-lock-protocol", "true")],
-            body,
-        )
-        .unwrap();
-    err(&a, 409, "all-slots-taken"); // db is held by h2
-}
-
-#[test]
-fn auth_ttl_admin_release_and_audit() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = server(
-        dir.path(),
-        "ttl: 2s\nauth:\n  tokens: [client-secret]\n  basic: [{username: zincati, password: pw}]\n  admin_tokens: [admin-secret]\n",
-    );
-    let mut c = s.conn().unwrap();
-    err(
-        &c.fleetlock(true, "a", "default").unwrap(),
-        401,
-        "unauthorized",
-    );
-    err(
-        &c.fleetlock_with(true, "a", "default", &[("authorization", "Bearer wrong")])
+        // The header is required, with the value true.
+        err(
+            &c.request("POST", "/v1/pre-reboot", &[], body).unwrap(),
+            400,
+            "missing-protocol-header",
+        );
+        err(
+            &c.request(
+                "POST",
+                "/v1/pre-reboot",
+                &[("fleet-lock-protocol", "false")],
+                body,
+            )
             .unwrap(),
-        401,
-        "unauthorized",
-    );
-    err(
-        &c.request("GET", "/v1/status", &[], b"").unwrap(),
-        401,
-        "unauthorized",
-    );
-    assert_eq!(
-        c.fleetlock_with(
-            true,
-            "a",
-            "default",
-            &[("authorization", "Bearer client-secret")]
-        )
-        .unwrap()
-        .status,
-        200
-    );
-    // Basic auth as Zincati sends it from http://zincati:pw@host/ (base64 of "zincati:pw").
-    let basic = [("authorization", "Basic emluY2F0aTpwdw==")];
-    err(
-        &c.fleetlock_with(true, "b", "default", &basic).unwrap(),
-        409,
-        "all-slots-taken",
-    );
-    // Admin release needs the admin token and a reason, and leaves an audit record.
-    let rel = br#"{"group":"default","id":"a","reason":"host a was reinstalled"}"#;
-    err(
-        &c.request(
-            "POST",
-            "/v1/admin/release",
-            &[("authorization", "Bearer client-secret")],
-            rel,
-        )
-        .unwrap(),
-        401,
-        "unauthorized",
-    );
-    let a = c
-        .request(
-            "POST",
-            "/v1/admin/release",
-            &[("authorization", "Bearer admin-secret")],
-            rel,
+            400,
+            "missing-protocol-header",
+        );
+        // No Content-Type needed (the helper sends none).
+        let a = c
+            .request(
+                "POST",
+                "/v1/pre-reboot",
+                &[("fleet-lock-protocol", "true")],
+                body,
+            )
+            .unwrap();
+        assert_eq!(a.status, 200, "{}", a.text());
+        // The holder asking again is fine; another client finds every slot taken.
+        assert_eq!(c.fleetlock(true, "a", "default").unwrap().status, 200);
+        err(
+            &c.fleetlock(true, "b", "default").unwrap(),
+            409,
+            "all-slots-taken",
+        );
+        // steady-state from a non-holder is fine and changes nothing.
+        assert_eq!(c.fleetlock(false, "b", "default").unwrap().status, 200);
+        assert_eq!(holders(&mut c, "default"), vec!["a"]);
+        assert_eq!(c.fleetlock(false, "a", "default").unwrap().status, 200);
+        assert!(holders(&mut c, "default").is_empty());
+        assert_eq!(c.fleetlock(true, "b", "default").unwrap().status, 200);
+
+        // Validation of id and group, body shape, unknown group.
+        err(
+            &c.fleetlock(true, "", "default").unwrap(),
+            400,
+            "invalid-id",
+        );
+        err(
+            &c.fleetlock(true, "x", "a b").unwrap(),
+            400,
+            "invalid-group",
+        );
+        err(&c.fleetlock(true, "x", "").unwrap(), 400, "invalid-group");
+        err(
+            &c.fleetlock(true, "x", "nope").unwrap(),
+            400,
+            "unknown-group",
+        );
+        let h = [("fleet-lock-protocol", "true")];
+        err(
+            &c.request("POST", "/v1/pre-reboot", &h, b"{").unwrap(),
+            400,
+            "invalid-body",
+        );
+        err(
+            &c.request("POST", "/v1/steady-state", &h, b"{}").unwrap(),
+            400,
+            "invalid-body",
+        );
+        // A named group with free slots.
+        assert_eq!(c.fleetlock(true, "w1", "workers").unwrap().status, 200);
+        assert_eq!(c.fleetlock(true, "w2", "workers").unwrap().status, 200);
+        err(
+            &c.fleetlock(true, "w3", "workers").unwrap(),
+            409,
+            "all-slots-taken",
+        );
+
+        // Other methods: 405 with an Allow header; unknown paths 404.
+        for (m, p) in [
+            ("GET", "/v1/pre-reboot"),
+            ("PUT", "/v1/steady-state"),
+            ("DELETE", "/v1/pre-reboot"),
+            ("POST", "/v1/status"),
+            ("POST", "/metrics"),
+        ] {
+            let a = c.request(m, p, &[], b"").unwrap();
+            err(&a, 405, "method-not-allowed");
+            assert!(a.header("allow").is_some());
+        }
+        err(
+            &c.request("GET", "/v2/nothing", &[], b"").unwrap(),
+            404,
+            "not-found",
+        );
+
+        // Bounded body: 413.
+        let big = vec![b' '; 20_000];
+        err(
+            &c.request("POST", "/v1/pre-reboot", &h, &big).unwrap(),
+            413,
+            "body-too-large",
+        );
+        // Bounded head: hyper answers 431 (or closes).
+        let mut c2 = s.conn().unwrap();
+        let long = "x".repeat(40_000);
+        if let Ok(a) = c2.request("GET", "/healthz", &[("x-long", &long)], b"") {
+            assert!(a.status == 431 || a.status == 400, "{}", a.status);
+        }
+
+        // Status, metrics, health.
+        let st = status(&mut c);
+        assert_eq!(st["store"], "file");
+        assert_eq!(st["config_valid"], true);
+        let hb = st["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == "default")
+            .unwrap()["holders"][0]
+            .clone();
+        assert_eq!(hb["id"], "b");
+        assert_eq!(hb["ip"], "127.0.0.1");
+        assert!(hb["taken_at"].as_str().unwrap().ends_with('Z'));
+        let m = c.request("GET", "/metrics", &[], b"").unwrap().text();
+        for needle in [
+            "fleetlock_slots{group=\"workers\"} 2",
+            "fleetlock_holders{group=\"workers\"} 2",
+            "fleetlock_holders{group=\"default\"} 1",
+            "fleetlock_errors_total{kind=\"all-slots-taken\"} 2",
+            "fleetlock_errors_total{kind=\"missing-protocol-header\"} 2",
+            "fleetlock_requests_total{endpoint=\"pre-reboot\",code=\"200\"}",
+            "fleetlock_config_valid 1",
+        ] {
+            assert!(m.contains(needle), "{needle} missing from\n{m}");
+        }
+        assert_eq!(c.request("GET", "/healthz", &[], b"").unwrap().status, 200);
+    }
+
+    pub fn slow_clients_time_out(wire: Wire) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path(), "client_timeout: 1s\n", wire);
+        // Headers never finished: the server closes the connection (or answers 408) in time.
+        let mut c = s.conn().unwrap();
+        let started = Instant::now();
+        if let Ok(a) = c.raw(b"POST /v1/pre-reboot HTTP/1.1\r\nhost: x\r\n") {
+            assert_eq!(a.status, 408, "{}", a.text());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "closed after {:?}",
+            started.elapsed()
+        );
+        // Body announced but never sent: 408 timeout.
+        let mut c = s.conn().unwrap();
+        let a = c.raw(b"POST /v1/pre-reboot HTTP/1.1\r\nhost: x\r\nfleet-lock-protocol: true\r\ncontent-length: 50\r\n\r\n{").unwrap();
+        err(&a, 408, "timeout");
+        // A TCP connection that never starts its handshake is closed in time too.
+        if wire == Wire::Https {
+            let mut t = std::net::TcpStream::connect(s.addr).unwrap();
+            t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let started = Instant::now();
+            let mut buf = Vec::new();
+            let _ = t.read_to_end(&mut buf);
+            assert!(
+                started.elapsed() < Duration::from_secs(8),
+                "closed after {:?}",
+                started.elapsed()
+            );
+        }
+    }
+
+    pub fn groups_members_and_all_or_nothing(wire: Wire) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(
+            dir.path(),
+            "default_slots: 5\ngroups:\n  - {name: db, slots: 1, members: [h1, h2]}\n  - {name: swarm, slots: 1, members: [h2, h3]}\n",
+            wire,
+        );
+        let mut c = s.conn().unwrap();
+        assert_eq!(c.fleetlock(true, "h1", "default").unwrap().status, 200); // db
+                                                                             // h2 is in db and swarm: db is full, so it gets neither.
+        err(
+            &c.fleetlock(true, "h2", "default").unwrap(),
+            409,
+            "all-slots-taken",
+        );
+        assert!(holders(&mut c, "swarm").is_empty());
+        assert_eq!(c.fleetlock(true, "h3", "default").unwrap().status, 200); // swarm
+        assert_eq!(c.fleetlock(false, "h1", "default").unwrap().status, 200);
+        err(
+            &c.fleetlock(true, "h2", "default").unwrap(),
+            409,
+            "all-slots-taken",
+        ); // swarm now full
+        assert!(holders(&mut c, "db").is_empty());
+        assert_eq!(c.fleetlock(false, "h3", "default").unwrap().status, 200);
+        assert_eq!(c.fleetlock(true, "h2", "default").unwrap().status, 200);
+        assert_eq!(holders(&mut c, "db"), vec!["h2"]);
+        assert_eq!(holders(&mut c, "swarm"), vec!["h2"]);
+        // A host in no group shares `default`; the IP also matches members.
+        assert_eq!(c.fleetlock(true, "other", "default").unwrap().status, 200);
+        assert_eq!(holders(&mut c, "default"), vec!["other"]);
+        // A hostname sent by fleet-reboot matches members too.
+        let body = br#"{"client_params":{"id":"m-77","group":"default","hostname":"h1"}}"#;
+        let a = c
+            .request(
+                "POST",
+                "/v1/pre-reboot",
+                &[("fleet-lock-protocol", "true")],
+                body,
+            )
+            .unwrap();
+        err(&a, 409, "all-slots-taken"); // db is held by h2
+    }
+
+    pub fn auth_ttl_admin_release_and_audit(wire: Wire) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(
+            dir.path(),
+            "ttl: 2s\nauth:\n  tokens: [client-secret]\n  basic: [{username: zincati, password: pw}]\n  admin_tokens: [admin-secret]\n",
+            wire,
+        );
+        let mut c = s.conn().unwrap();
+        err(
+            &c.fleetlock(true, "a", "default").unwrap(),
+            401,
+            "unauthorized",
+        );
+        err(
+            &c.fleetlock_with(true, "a", "default", &[("authorization", "Bearer wrong")])
+                .unwrap(),
+            401,
+            "unauthorized",
+        );
+        err(
+            &c.request("GET", "/v1/status", &[], b"").unwrap(),
+            401,
+            "unauthorized",
+        );
+        assert_eq!(
+            c.fleetlock_with(
+                true,
+                "a",
+                "default",
+                &[("authorization", "Bearer client-secret")]
+            )
+            .unwrap()
+            .status,
+            200
+        );
+        // Basic auth as Zincati sends it from http://zincati:pw@host/ (base64 of "zincati:pw").
+        let basic = [("authorization", "Basic emluY2F0aTpwdw==")];
+        err(
+            &c.fleetlock_with(true, "b", "default", &basic).unwrap(),
+            409,
+            "all-slots-taken",
+        );
+        // Admin release needs the admin token and a reason, and leaves an audit record.
+        let rel = br#"{"group":"default","id":"a","reason":"host a was reinstalled"}"#;
+        err(
+            &c.request(
+                "POST",
+                "/v1/admin/release",
+                &[("authorization", "Bearer client-secret")],
+                rel,
+            )
+            .unwrap(),
+            401,
+            "unauthorized",
+        );
+        let a = c
+            .request(
+                "POST",
+                "/v1/admin/release",
+                &[("authorization", "Bearer admin-secret")],
+                rel,
+            )
+            .unwrap();
+        assert_eq!(a.status, 200, "{}", a.text());
+        let audit = std::fs::read_to_string(dir.path().join("store/audit.jsonl")).unwrap();
+        assert!(
+            audit.contains("\"action\":\"admin-release\"") && audit.contains("\"removed\":true"),
+            "{audit}"
+        );
+        assert!(audit.contains("host a was reinstalled"));
+        // TTL: b takes the slot and loses it 2 s later to c.
+        assert_eq!(
+            c.fleetlock_with(true, "b", "default", &basic)
+                .unwrap()
+                .status,
+            200
+        );
+        err(
+            &c.fleetlock_with(true, "c", "default", &basic).unwrap(),
+            409,
+            "all-slots-taken",
+        );
+        std::thread::sleep(Duration::from_millis(2100));
+        assert_eq!(
+            c.fleetlock_with(true, "c", "default", &basic)
+                .unwrap()
+                .status,
+            200
+        );
+        let audit = std::fs::read_to_string(dir.path().join("store/audit.jsonl")).unwrap();
+        assert!(
+            audit.contains("\"action\":\"ttl-expired\"") && audit.contains("\"id\":\"b\""),
+            "{audit}"
+        );
+        // No secret ever reaches the log; plain HTTP with credentials is warned about at start, HTTPS is not.
+        let log = s.log();
+        assert_eq!(
+            log.contains("credentials are configured but the listener is plain HTTP"),
+            wire == Wire::Http,
+            "{log}"
+        );
+        for secret in [
+            "client-secret",
+            "admin-secret",
+            "emluY2F0aTpwdw",
+            "zincati:pw",
+        ] {
+            assert!(!log.contains(secret), "{secret} in log:\n{log}");
+        }
+    }
+
+    pub fn config_reload_and_invalid_config(wire: Wire) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path(), "default_slots: 1\n", wire);
+        let cfg = dir.path().join("config.yaml");
+        let store = dir.path().join("store");
+        let mut c = s.conn().unwrap();
+        assert_eq!(c.fleetlock(true, "a", "default").unwrap().status, 200);
+        err(
+            &c.fleetlock(true, "b", "default").unwrap(),
+            409,
+            "all-slots-taken",
+        );
+        std::fs::write(
+            &cfg,
+            format!(
+                "store: {{kind: file, dir: {}}}\ndefault_slots: 2\n",
+                store.display()
+            ),
         )
         .unwrap();
-    assert_eq!(a.status, 200, "{}", a.text());
-    let audit = std::fs::read_to_string(dir.path().join("store/audit.jsonl")).unwrap();
-    assert!(
-        audit.contains("\"action\":\"admin-release\"") && audit.contains("\"removed\":true"),
-        "{audit}"
-    );
-    assert!(audit.contains("host a was reinstalled"));
-    // TTL: b takes the slot and loses it 2 s later to c.
-    assert_eq!(
-        c.fleetlock_with(true, "b", "default", &basic)
-            .unwrap()
-            .status,
-        200
-    );
-    err(
-        &c.fleetlock_with(true, "c", "default", &basic).unwrap(),
-        409,
-        "all-slots-taken",
-    );
-    std::thread::sleep(Duration::from_millis(2100));
-    assert_eq!(
-        c.fleetlock_with(true, "c", "default", &basic)
-            .unwrap()
-            .status,
-        200
-    );
-    let audit = std::fs::read_to_string(dir.path().join("store/audit.jsonl")).unwrap();
-    assert!(
-        audit.contains("\"action\":\"ttl-expired\"") && audit.contains("\"id\":\"b\""),
-        "{audit}"
-    );
-    // No secret ever reaches the log.
-    let log = s.log();
-    for secret in [
-        "client-secret",
-        "admin-secret",
-        "emluY2F0aTpwdw",
-        "zincati:pw",
-    ] {
-        assert!(!log.contains(secret), "{secret} in log:\n{log}");
-    }
-}
-
-#[test]
-fn config_reload_and_invalid_config() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path(), "default_slots: 1\n");
-    let cfg = dir.path().join("config.yaml");
-    let store = dir.path().join("store");
-    let mut c = s.conn().unwrap();
-    assert_eq!(c.fleetlock(true, "a", "default").unwrap().status, 200);
-    err(
-        &c.fleetlock(true, "b", "default").unwrap(),
-        409,
-        "all-slots-taken",
-    );
-    std::fs::write(
-        &cfg,
-        format!(
-            "store: {{kind: file, dir: {}}}\ndefault_slots: 2\n",
-            store.display()
-        ),
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while c.fleetlock(true, "b", "default").unwrap().status != 200 {
-        assert!(Instant::now() < deadline, "config not reloaded");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // An invalid file keeps the last good config and says so in status and metrics.
-    std::fs::write(&cfg, "default_slots: [not a number]\n").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let st = status(&mut c);
-        if st["config_valid"] == false {
-            assert!(
-                st["config_error"]
-                    .as_str()
-                    .unwrap()
-                    .contains("default_slots"),
-                "{st}"
-            );
-            break;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while c.fleetlock(true, "b", "default").unwrap().status != 200 {
+            assert!(Instant::now() < deadline, "config not reloaded");
+            std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(Instant::now() < deadline, "invalid config not reported");
-        std::thread::sleep(Duration::from_millis(100));
+        // An invalid file keeps the last good config and says so in status and metrics.
+        std::fs::write(&cfg, "default_slots: [not a number]\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let st = status(&mut c);
+            if st["config_valid"] == false {
+                assert!(
+                    st["config_error"]
+                        .as_str()
+                        .unwrap()
+                        .contains("default_slots"),
+                    "{st}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "invalid config not reported");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let m = c.request("GET", "/metrics", &[], b"").unwrap().text();
+        assert!(m.contains("fleetlock_config_valid 0"), "{m}");
+        assert!(
+            m.contains("fleetlock_config_reload_failures_total{store=\"file\"} 1"),
+            "{m}"
+        );
+        assert!(m.contains("fleetlock_slots{group=\"default\"} 2"), "{m}");
+        err(
+            &c.fleetlock(true, "c", "default").unwrap(),
+            409,
+            "all-slots-taken",
+        );
+        assert!(s.log().contains("keeping the last good config"));
     }
-    let m = c.request("GET", "/metrics", &[], b"").unwrap().text();
-    assert!(m.contains("fleetlock_config_valid 0"), "{m}");
-    assert!(
-        m.contains("fleetlock_config_reload_failures_total{store=\"file\"} 1"),
-        "{m}"
-    );
-    assert!(m.contains("fleetlock_slots{group=\"default\"} 2"), "{m}");
-    err(
-        &c.fleetlock(true, "c", "default").unwrap(),
-        409,
-        "all-slots-taken",
-    );
-    assert!(s.log().contains("keeping the last good config"));
 }
 
 #[test]
@@ -441,6 +519,177 @@ fn no_config_serves_default_group() {
         fleet_operator::fleetlock::config::StoreConfig::File {
             dir: "/var/lib/fleetlock".into()
         }
+    );
+}
+
+/// HTTPS: a client trusting another CA is refused at the handshake, and so is a client speaking plain HTTP.
+#[test]
+fn https_refuses_other_ca_and_plain_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), "default_slots: 1\n", Wire::Https);
+    let other = TestCa::new();
+    let e = Conn::connect_tls(s.addr, trust_only(other.ca_file()).unwrap())
+        .err()
+        .expect("a certificate of another CA must be refused");
+    assert!(
+        e.to_string()
+            .contains("invalid peer certificate: UnknownIssuer"),
+        "{e}"
+    );
+    let mut plain = Conn::connect(s.addr).unwrap();
+    let answer = plain.fleetlock(true, "a", "default");
+    assert!(
+        answer.as_ref().map_or(true, |a| a.status != 200),
+        "plain HTTP on the HTTPS port: {answer:?}"
+    );
+    // Nothing was locked by either.
+    let mut c = s.conn().unwrap();
+    assert_eq!(c.fleetlock(true, "b", "default").unwrap().status, 200);
+}
+
+/// HTTPS: a new certificate and key written over the files are served without a restart (here from another CA,
+/// so the switch is visible to clients); a broken file keeps the last good pair in force and is logged.
+#[test]
+fn https_certificate_rotation_without_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), "default_slots: 1\n");
+    let first = TestCa::new();
+    let files = tls_files(dir.path(), &first);
+    let mut s = ServerProcess::start_tls(Path::new(BIN), &cfg, files.clone()).unwrap();
+    let mut c = s.conn().unwrap();
+    assert_eq!(c.fleetlock(true, "a", "default").unwrap().status, 200);
+
+    let second = TestCa::new();
+    let next = second.server_cert("rotated");
+    // Key first, then certificate: in between the pair does not match and the old one is kept.
+    std::fs::copy(&next.key_file, &files.key).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(Conn::connect_tls(s.addr, trust_only(first.ca_file()).unwrap()).is_ok());
+    std::fs::copy(&next.cert_file, &files.cert).unwrap();
+    let trusts_second = trust_only(second.ca_file()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut c2 = loop {
+        if let Ok(c) = Conn::connect_tls(s.addr, trusts_second.clone()) {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rotated certificate not served:\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Same process, same state: the holder taken before the rotation is still there.
+    err_slots(&c2.fleetlock(true, "b", "default").unwrap());
+    assert!(Conn::connect_tls(s.addr, trust_only(first.ca_file()).unwrap()).is_err());
+    // The connection opened before the rotation keeps working.
+    assert_eq!(c.fleetlock(false, "a", "default").unwrap().status, 200);
+
+    // A broken certificate file: logged, and the last good pair stays.
+    std::fs::write(&files.cert, "not a certificate").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !s.log().contains("the last good certificate stays in use") {
+        assert!(
+            Instant::now() < deadline,
+            "broken certificate not reported:\n{}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(s.log().contains("server.crt"), "{}", s.log());
+    assert!(Conn::connect_tls(s.addr, trusts_second.clone()).is_ok());
+
+    // A restart with the broken file does not start, and says which file is wrong.
+    s.kill();
+    let e = s
+        .restart()
+        .expect_err("a broken certificate stops the start");
+    assert!(
+        e.contains("server.crt") && e.contains("no CERTIFICATE"),
+        "{e}"
+    );
+}
+
+fn err_slots(a: &Answer) {
+    assert_eq!(a.status, 409, "{}", a.text());
+    assert_eq!(a.kind().as_deref(), Some("all-slots-taken"));
+}
+
+/// Neither HTTPS files nor `--plain-http`: the server does not start and says what to give.
+#[test]
+fn listener_must_be_chosen() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), "");
+    let out = std::process::Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("--tls-cert") && text.contains("--plain-http"),
+        "{text}"
+    );
+    let out = std::process::Command::new(BIN)
+        .args(["--plain-http", "--tls-cert", "x.pem", "--tls-key", "y.pem"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// fleet-reboot's FleetLock client against the real server over HTTPS: with the fleet's CA in `ca_file` it takes
+/// and gives back the slot; with only the system roots, or another CA, it is refused with the reason; a CA file
+/// that cannot be used is named.
+#[test]
+fn fleet_reboot_client_trusts_its_ca_file() {
+    use fleet_updater::reboot::lock::{Identity, LockClient};
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), "default_slots: 1\n", Wire::Https);
+    let base = s.url();
+    let ca = dir.path().join("ca.pem");
+    let t = Duration::from_secs(5);
+    let who = Identity {
+        id: "host-1".into(),
+        hostname: Some("host-1".into()),
+    };
+    let client = LockClient::new(&base, "default", None, t, Some(&ca)).unwrap();
+    client.pre_reboot(&who).unwrap();
+    let st = client.status().unwrap();
+    assert_eq!(st.groups[0].holders[0].id, "host-1");
+    client.steady_state(&who).unwrap();
+
+    let system_only = LockClient::new(&base, "default", None, t, None).unwrap();
+    let e = system_only.pre_reboot(&who).unwrap_err();
+    assert!(
+        e.contains("UnknownIssuer") && e.contains("set ca_file"),
+        "{e}"
+    );
+    let other = TestCa::new();
+    let wrong = LockClient::new(&base, "default", None, t, Some(other.ca_file())).unwrap();
+    let e = wrong.pre_reboot(&who).unwrap_err();
+    assert!(e.contains("UnknownIssuer"), "{e}");
+    let mut c = s.conn().unwrap();
+    let a = c.request("GET", "/v1/status", &[], b"").unwrap();
+    assert!(!a.text().contains("host-1"), "refused clients took no slot");
+
+    let missing = dir.path().join("missing-ca.pem");
+    let e = LockClient::new(&base, "default", None, t, Some(&missing))
+        .err()
+        .unwrap();
+    assert!(e.contains("missing-ca.pem"), "{e}");
+    let e = LockClient::new(
+        &base,
+        "default",
+        None,
+        t,
+        Some(&dir.path().join("config.yaml")),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        e.contains("config.yaml") && e.contains("no CERTIFICATE"),
+        "{e}"
     );
 }
 
@@ -505,7 +754,7 @@ fn release_frees_slots_of_a_removed_group() {
 #[test]
 fn path_prefix_serves_a_base_url_with_a_path() {
     let dir = tempfile::tempdir().unwrap();
-    let s = server(dir.path(), "path_prefix: /fleetlock/\n");
+    let s = server(dir.path(), "path_prefix: /fleetlock/\n", Wire::Http);
     let mut c = s.conn().unwrap();
     let hdr = [("fleet-lock-protocol", "true")];
     // as Zincati sends it: pretty-printed JSON, no Content-Type

@@ -29,6 +29,11 @@ impl Cluster {
     /// established, and starts `fleet-operator` with the service account's token, connecting to `nats_url` (which
     /// may carry the operator's own NATS credentials: it is passed as `FLEET_NATS_URL`, never on the command line).
     pub fn start(nats_url: &str) -> Self {
+        Self::start_with_nats_ca(nats_url, None)
+    }
+
+    /// [`Self::start`] with the operator trusting the NATS server's CA file (`--nats-ca-file`).
+    pub fn start_with_nats_ca(nats_url: &str, nats_ca: Option<&std::path::Path>) -> Self {
         let kubectl = builds::kubectl();
         let operator_bin = builds::operator();
         let api = KubeApiServer::start();
@@ -71,7 +76,11 @@ impl Cluster {
         let err = out
             .try_clone()
             .unwrap_or_else(|e| panic!("operator log: {e}"));
-        let child = Command::new(&operator_bin)
+        let mut cmd = Command::new(&operator_bin);
+        if let Some(ca) = nats_ca {
+            cmd.arg("--nats-ca-file").arg(ca);
+        }
+        let child = cmd
             .env("FLEET_NATS_URL", nats_url)
             .env("KUBECONFIG", &op_config)
             .env("POD_NAME", "fleet-operator-local")

@@ -43,7 +43,14 @@ impl FleetLockServer {
         let log = std::fs::File::create(dir.path().join("fleetlock.log"))
             .unwrap_or_else(|e| panic!("fleetlock log: {e}"));
         let child = Command::new(&bin)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--config"])
+            // Plain HTTP on loopback (relayed into guests): these tests are about reboot coordination; HTTPS is
+            // covered by the operator's fleetlock_protocol tests.
+            .args([
+                "--plain-http",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--config",
+            ])
             .arg(&config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

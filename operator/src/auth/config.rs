@@ -51,6 +51,15 @@ pub struct RawNats {
     pub user: String,
     /// File holding that user's password.
     pub password_file: PathBuf,
+    /// TLS: PEM CA(s) the server's certificate must chain to (any TLS file makes TLS required).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// TLS: client certificate for a server that verifies clients (mTLS), with `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// TLS: the client certificate's key.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 /// Token issuer settings.
@@ -113,6 +122,8 @@ pub struct Settings {
     pub user: String,
     /// NATS password.
     pub password: String,
+    /// NATS TLS.
+    pub tls: crate::nats_tls::NatsTls,
     /// Issuer account key pair.
     pub issuer: nkeys::KeyPair,
     /// Callout xkey, when requests are encrypted.
@@ -167,6 +178,12 @@ impl Settings {
             );
         }
         let password = read_secret(&raw.nats.password_file, "nats.password_file")?;
+        let tls = crate::nats_tls::NatsTls::new(
+            raw.nats.ca_file.clone(),
+            raw.nats.cert_file.clone(),
+            raw.nats.key_file.clone(),
+            "nats.",
+        )?;
         let seed = read_secret(&raw.issuer_seed_file, "issuer_seed_file")?;
         let issuer = nkeys::KeyPair::from_seed(&seed)
             .map_err(|e| format!("issuer_seed_file: not an nkey seed: {e}"))?;
@@ -222,6 +239,7 @@ impl Settings {
             url: raw.nats.url,
             user: raw.nats.user,
             password,
+            tls,
             issuer,
             xkey,
             account: raw.account,

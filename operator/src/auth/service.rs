@@ -22,14 +22,25 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         Ok(n) => log::info!("JWKS {}: {n} usable keys", settings.jwks.url),
         Err(e) => log::warn!("JWKS not available yet: {e}"),
     }
-    let client = async_nats::ConnectOptions::new()
-        .name("fleet-auth")
-        .user_and_password(settings.user.clone(), settings.password.clone())
-        .connection_timeout(Duration::from_secs(5))
-        .retry_on_initial_connect()
-        .connect(settings.url.as_str())
-        .await
-        .map_err(|e| format!("NATS at {}: {e}", settings.url))?;
+    let options = || {
+        async_nats::ConnectOptions::new()
+            .name("fleet-auth")
+            .user_and_password(settings.user.clone(), settings.password.clone())
+            .connection_timeout(Duration::from_secs(5))
+    };
+    // A certificate problem is a configuration error that retrying does not fix: said at start.
+    settings
+        .tls
+        .refuse_bad_certificates(&settings.url, settings.tls.apply(options())?)
+        .await?;
+    let opts = settings.tls.apply(options().retry_on_initial_connect())?;
+    let client = opts.connect(settings.url.as_str()).await.map_err(|e| {
+        format!(
+            "NATS at {}: {}",
+            settings.url,
+            settings.tls.explain(&crate::kv::error_chain(&e))
+        )
+    })?;
     let mut sub = client
         .queue_subscribe(AUTH_SUBJECT, QUEUE_GROUP.into())
         .await

@@ -1,13 +1,18 @@
 //! `fleetlock-server`: the FleetLock coordinated-reboot lock server (no Kubernetes needed).
 
+use fleet_operator::fleetlock::{CertFiles, Listener};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 const HELP: &str = "fleetlock-server: a FleetLock lock server for coordinated reboots (Zincati/airlock protocol)
 
-Usage: fleetlock-server [--listen ADDR:PORT] [--config PATH]
+Usage: fleetlock-server --tls-cert PEM --tls-key PEM [--listen ADDR:PORT] [--config PATH]
+       fleetlock-server --plain-http [--listen ADDR:PORT] [--config PATH]
 
-  --listen ADDR:PORT  where to serve HTTP (default 0.0.0.0:7450)
+  --tls-cert PEM      serve HTTPS with this certificate chain (leaf first); re-read when it changes on disk
+  --tls-key PEM       the certificate's private key; re-read when it changes on disk
+  --plain-http        serve plain HTTP instead (tokens and passwords then cross the network readable)
+  --listen ADDR:PORT  where to listen (default 0.0.0.0:7450)
   --config PATH       YAML config: default_slots, groups, store, ttl, auth, audit_log, path_prefix (re-read on change).
                       Without it: group `default` with one slot, file store under /var/lib/fleetlock.
   --help              this text
@@ -21,6 +26,7 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let mut listen: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 7450));
     let mut config: Option<PathBuf> = None;
+    let (mut cert, mut key, mut plain) = (None, None, false);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -40,9 +46,27 @@ fn main() {
                 Some(p) => config = Some(PathBuf::from(p)),
                 None => fail("--config needs a path"),
             },
+            "--tls-cert" => match args.next() {
+                Some(p) => cert = Some(PathBuf::from(p)),
+                None => fail("--tls-cert needs a PEM file"),
+            },
+            "--tls-key" => match args.next() {
+                Some(p) => key = Some(PathBuf::from(p)),
+                None => fail("--tls-key needs a PEM file"),
+            },
+            "--plain-http" => plain = true,
             other => fail(&format!("unknown argument {other:?} (see --help)")),
         }
     }
+    let mode = match (cert, key, plain) {
+        (Some(cert), Some(key), false) => Listener::Https(CertFiles { cert, key }),
+        (None, None, true) => Listener::PlainHttp,
+        (None, None, false) => fail(
+            "give --tls-cert and --tls-key to serve HTTPS, or --plain-http to serve plain HTTP (see --help)",
+        ),
+        (_, _, true) => fail("--plain-http and --tls-cert/--tls-key exclude each other"),
+        _ => fail("--tls-cert and --tls-key go together"),
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -50,7 +74,7 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => fail(&format!("tokio runtime: {e}")),
     };
-    if let Err(e) = rt.block_on(fleet_operator::fleetlock::run(listen, config)) {
+    if let Err(e) = rt.block_on(fleet_operator::fleetlock::run(listen, config, mode)) {
         fail(&e);
     }
 }

@@ -121,6 +121,15 @@ pub enum StoreConfig {
         /// Optional NATS credentials file.
         #[serde(default)]
         credentials: Option<PathBuf>,
+        /// TLS: PEM CA(s) the NATS server's certificate must chain to (any TLS file makes TLS required).
+        #[serde(default)]
+        ca_file: Option<PathBuf>,
+        /// TLS: client certificate for a NATS server that verifies clients (mTLS), with `key_file`.
+        #[serde(default)]
+        cert_file: Option<PathBuf>,
+        /// TLS: the client certificate's key.
+        #[serde(default)]
+        key_file: Option<PathBuf>,
     },
 }
 
@@ -135,6 +144,24 @@ impl Default for StoreConfig {
 }
 
 impl StoreConfig {
+    /// The TLS of the NATS store (none for the file store); `Err` for a certificate without its key.
+    pub fn nats_tls(&self) -> Result<crate::nats_tls::NatsTls, String> {
+        match self {
+            Self::File { .. } => Ok(Default::default()),
+            Self::Nats {
+                ca_file,
+                cert_file,
+                key_file,
+                ..
+            } => crate::nats_tls::NatsTls::new(
+                ca_file.clone(),
+                cert_file.clone(),
+                key_file.clone(),
+                "store.",
+            ),
+        }
+    }
+
     /// `file` or `nats`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -286,6 +313,7 @@ impl Config {
             if url.trim().is_empty() {
                 return Err("store.url: empty".into());
             }
+            self.store.nats_tls()?;
         }
         Ok(())
     }
@@ -440,6 +468,7 @@ groups:
             "default_slots: -1",
             "ttl: soon",
             "store: {kind: nats, url: ''}",
+            "store: {kind: nats, url: 'tls://x:4222', cert_file: /c.pem}",
             "unknown: 1",
         ] {
             assert!(Config::parse(bad).is_err(), "{bad}");

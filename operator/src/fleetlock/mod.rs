@@ -1,7 +1,8 @@
-//! The FleetLock coordinated-reboot lock server: the protocol of Zincati and airlock over HTTP, groups with
-//! slots, durable holders (file store with group commit, or NATS JetStream KV with compare-and-set for HA),
-//! config reload, status, metrics, optional auth, TTL and admin release. Runs with no Kubernetes at all:
-//! `fleetlock-server --listen <addr:port> --config <path>`. See `docs/fleetlock.md`.
+//! The FleetLock coordinated-reboot lock server: the protocol of Zincati and airlock over HTTPS (plain HTTP only
+//! when asked for), groups with slots, durable holders (file store with group commit, or NATS JetStream KV with
+//! compare-and-set for HA), config reload, certificate reload, status, metrics, optional auth, TTL and admin
+//! release. Runs with no Kubernetes at all: `fleetlock-server --listen <addr:port> --config <path> --tls-cert <pem>
+//! --tls-key <pem>`. See `docs/fleetlock.md`.
 
 pub mod audit;
 pub mod auth;
@@ -11,6 +12,8 @@ pub mod metrics;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod tls;
 
 pub use config::Config;
 pub use server::run;
+pub use tls::{CertFiles, Listener};

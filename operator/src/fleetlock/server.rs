@@ -4,6 +4,7 @@ use super::config::Config;
 use super::http;
 use super::metrics::Metrics;
 use super::store::Store;
+use super::tls::{CertReloader, Listener};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -70,19 +71,31 @@ impl App {
     }
 }
 
-/// Loads the config (defaults when `path` is `None`), opens the store, binds `listen` and serves until SIGTERM or
-/// SIGINT.
-pub async fn run(listen: SocketAddr, path: Option<PathBuf>) -> Result<(), String> {
+/// Loads the config (defaults when `path` is `None`), opens the store, binds `listen` and serves HTTPS (or plain
+/// HTTP, when `mode` says so) until SIGTERM or SIGINT.
+pub async fn run(listen: SocketAddr, path: Option<PathBuf>, mode: Listener) -> Result<(), String> {
+    // Certificate problems are reported before anything else starts.
+    let tls = match &mode {
+        Listener::Https(files) => Some(Arc::new(CertReloader::new(files.clone())?)),
+        Listener::PlainHttp => None,
+    };
     let config = match &path {
         Some(p) => Config::load(p).map_err(|e| format!("config {}: {e}", p.display()))?,
         None => Config::default(),
     };
     let store = Store::open(&config.store).await?;
     log::info!(
-        "fleetlock-server: {} store, {} group(s) besides default, listening on {listen}",
+        "fleetlock-server: {} store, {} group(s) besides default, listening on {listen} ({})",
         store.kind(),
-        config.groups.len()
+        config.groups.len(),
+        if tls.is_some() { "HTTPS" } else { "plain HTTP" }
     );
+    if tls.is_none() && (config.auth.clients_need_auth() || !config.auth.admin_tokens.is_empty()) {
+        log::warn!(
+            "credentials are configured but the listener is plain HTTP: tokens and passwords cross the network \
+             readable. Serve HTTPS with --tls-cert and --tls-key (docs/fleetlock.md)"
+        );
+    }
     if listen.ip().is_unspecified() && !config.auth.clients_need_auth() {
         log::warn!(
             "listening on all addresses ({listen}) with client authentication off: anyone who reaches this port \
@@ -94,20 +107,33 @@ pub async fn run(listen: SocketAddr, path: Option<PathBuf>) -> Result<(), String
     if let Some(p) = path {
         tokio::spawn(watch_config(app.clone(), p));
     }
+    let acceptor = match &tls {
+        Some(r) => {
+            tokio::spawn(watch_cert(r.clone()));
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(
+                r.server_config()?,
+            )))
+        }
+        None => None,
+    };
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| format!("listen on {listen}: {e}"))?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     tokio::select! {
-        r = serve(listener, app) => r,
+        r = serve(listener, app, acceptor) => r,
         _ = term.recv() => { log::info!("SIGTERM: stopping"); Ok(()) }
         _ = tokio::signal::ctrl_c() => { log::info!("SIGINT: stopping"); Ok(()) }
     }
 }
 
-/// Serves connections from `listener` forever.
-pub async fn serve(listener: TcpListener, app: Arc<App>) -> Result<(), String> {
+/// Serves connections from `listener` forever, over TLS when `tls` is given.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Result<(), String> {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -126,14 +152,34 @@ pub async fn serve(listener: TcpListener, app: Arc<App>) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let timeout = app.config().client_timeout;
+        let tls = tls.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| http::handle(app.clone(), peer, req));
-            let conn = http1::Builder::new()
+            let http = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(timeout)
                 .max_buf_size(MAX_HEAD_BYTES)
-                .serve_connection(TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
+                .clone();
+            let result = match tls {
+                None => http.serve_connection(TokioIo::new(stream), svc).await,
+                // The handshake gets the same time as a request head: a silent client cannot hold a slot.
+                Some(acceptor) => {
+                    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => http.serve_connection(TokioIo::new(s), svc).await,
+                        Ok(Err(e)) => {
+                            log::debug!("TLS handshake from {peer}: {e}");
+                            Ok(())
+                        }
+                        Err(_) => {
+                            log::debug!(
+                                "TLS handshake from {peer}: no handshake within {timeout:?}"
+                            );
+                            Ok(())
+                        }
+                    }
+                }
+            };
+            if let Err(e) = result {
                 log::debug!("connection from {peer}: {e}");
             }
             drop(permit);
@@ -178,6 +224,20 @@ async fn watch_config(app: Arc<App>, path: PathBuf) {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 app.set_error(e);
             }
+        }
+    }
+}
+
+/// Re-reads the certificate and key every [`RELOAD_INTERVAL`]; a rotated pair is served from the next handshake.
+async fn watch_cert(reloader: Arc<CertReloader>) {
+    loop {
+        tokio::time::sleep(RELOAD_INTERVAL).await;
+        let r = reloader.clone();
+        match tokio::task::spawn_blocking(move || r.reload()).await {
+            Ok(Ok(true)) => log::info!("TLS certificate reloaded from disk"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => log::error!("{e}; the last good certificate stays in use"),
+            Err(e) => log::error!("TLS certificate reload: {e}"),
         }
     }
 }

@@ -13,7 +13,7 @@ pub fn check(cfg: &RebootConfig) -> Result<String, String> {
         super::window::Window::from_config(w)?;
     }
     let who = super::identity(&Paths::new(&cfg.root))?;
-    let client = LockClient::new(&cfg.server, &cfg.group, cfg.token.clone(), timeout);
+    let client = LockClient::from_config(cfg, timeout)?;
     let status = client.status()?;
     let group = status
         .groups

@@ -1,5 +1,5 @@
 //! The reboot client's config: the prototype's YAML keys (`server`, `group`, `window`, `timeout`,
-//! `require_hosts`, `range`, `allow_degraded`) plus `token`, `health_wait` and `root`.
+//! `require_hosts`, `range`, `allow_degraded`) plus `token`, `ca_file`, `health_wait` and `root`.
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -37,6 +37,10 @@ pub struct RebootConfig {
     /// Optional bearer token for the server.
     #[serde(default)]
     pub token: Option<String>,
+    /// PEM file of the CA(s) that issued an `https://` server's certificate, trusted besides the system roots
+    /// (a fleet's private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     /// How long to wait for health after a reboot before giving up until the next run, in seconds (default 300).
     #[serde(default = "default_health_wait")]
     pub health_wait: f64,
@@ -104,6 +108,9 @@ impl RebootConfig {
             return Err(format!("server: {:?} is not an http(s) URL", c.server));
         }
         fleet_wire::fleetlock::validate_group(&c.group).map_err(|e| format!("group: {e}"))?;
+        if c.ca_file.as_ref().is_some_and(|p| !p.is_absolute()) {
+            return Err("ca_file: must be an absolute path".into());
+        }
         c.timeout()?;
         c.health_wait()?;
         if c.require_hosts.len() > 64 {
@@ -194,6 +201,7 @@ allow_degraded: false
             "server: http://x\nrange: {cidr: 10.0.0.0/8, port: 22, min_up: 1}",
             "server: http://x\nrange: {cidr: 10.0.0.0/30, port: 22, min_up: 3}",
             "server: http://x\nunknown: 1",
+            "server: https://x\nca_file: ca.pem",
         ] {
             assert!(RebootConfig::parse(bad).is_err(), "{bad}");
         }

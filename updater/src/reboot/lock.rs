@@ -1,11 +1,18 @@
 //! The FleetLock client: `pre-reboot` and `steady-state` against the configured server. Anything but a 200 —
-//! including an unreachable server — means "no". `status` reads the server's status document (no lock taken).
+//! including an unreachable server or a certificate that does not verify — means "no". `status` reads the
+//! server's status document (no lock taken). HTTPS trusts the system roots plus the config's `ca_file`.
 
+use super::config::RebootConfig;
 use fleet_wire::fleetlock::{
     ClientParams, ErrorBody, LockRequest, ServerStatus, PRE_REBOOT_PATH, PROTOCOL_HEADER,
     STATUS_PATH, STEADY_STATE_PATH,
 };
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
 
 /// Largest status document read, in bytes.
 const STATUS_MAX_BYTES: u64 = 1024 * 1024;
@@ -27,20 +34,97 @@ pub struct LockClient {
     agent: ureq::Agent,
 }
 
+/// Largest CA file read, in bytes.
+const CA_FILE_MAX_BYTES: u64 = 1024 * 1024;
+
+/// The CA certificates of a PEM file; `Err` names the file and what is wrong.
+pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    use std::io::Read;
+    let mut pem = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(CA_FILE_MAX_BYTES + 1).read_to_end(&mut pem))
+        .map_err(|e| format!("ca_file {}: {e}", path.display()))?;
+    if pem.len() as u64 > CA_FILE_MAX_BYTES {
+        return Err(format!(
+            "ca_file {}: larger than {CA_FILE_MAX_BYTES} bytes",
+            path.display()
+        ));
+    }
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("ca_file {}: not PEM certificates ({e})", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "ca_file {}: no CERTIFICATE block in the file",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// Says why a request did not reach the server, with a hint when the server's certificate did not verify.
+fn unreachable(base: &str, e: ureq::Error) -> String {
+    let text = e.to_string();
+    let hint = if text.contains("UnknownIssuer") {
+        " (the server's certificate is not signed by a CA this host trusts: set ca_file to the CA that issued it)"
+    } else if text.contains("NotValidForName") {
+        " (the server's certificate is not valid for the host name or address in `server`)"
+    } else if text.contains("Expired") {
+        " (the server's certificate has expired)"
+    } else {
+        ""
+    };
+    format!("FleetLock server {base} unreachable: {text}{hint}")
+}
+
 impl LockClient {
-    /// A client for `server` (base URL) and `group`.
-    pub fn new(server: &str, group: &str, token: Option<String>, timeout: Duration) -> Self {
+    /// A client for `server` (base URL) and `group`; HTTPS verifies the server with the system roots plus the
+    /// certificates of `ca_file`. `Err` names a CA file that cannot be used.
+    pub fn new(
+        server: &str,
+        group: &str,
+        token: Option<String>,
+        timeout: Duration,
+        ca_file: Option<&Path>,
+    ) -> Result<Self, String> {
+        let extra = match ca_file {
+            Some(p) => read_ca_file(p)?,
+            None => Vec::new(),
+        };
+        let native = rustls_native_certs::load_native_certs();
+        let roots: Vec<Certificate<'static>> = native
+            .certs
+            .iter()
+            .chain(extra.iter())
+            .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+            .collect();
+        let tls = TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .root_certs(RootCerts::Specific(Arc::new(roots)))
+            .build();
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             .http_status_as_error(false)
+            .tls_config(tls)
             .build()
             .into();
-        Self {
+        Ok(Self {
             base: server.trim_end_matches('/').to_string(),
             group: group.to_string(),
             token,
             agent,
-        }
+        })
+    }
+
+    /// The client `cfg` describes (server, group, token, CA file) with the per-request `timeout`.
+    pub fn from_config(cfg: &RebootConfig, timeout: Duration) -> Result<Self, String> {
+        Self::new(
+            &cfg.server,
+            &cfg.group,
+            cfg.token.clone(),
+            timeout,
+            cfg.ca_file.as_deref(),
+        )
     }
 
     fn post(&self, path: &str, who: &Identity) -> Result<(), String> {
@@ -63,7 +147,7 @@ impl LockClient {
         }
         let mut resp = req
             .send(&body[..])
-            .map_err(|e| format!("FleetLock server {} unreachable: {e}", self.base))?;
+            .map_err(|e| unreachable(&self.base, e))?;
         let code = resp.status().as_u16();
         if code == 200 {
             return Ok(());
@@ -93,9 +177,7 @@ impl LockClient {
         if let Some(t) = &self.token {
             req = req.header("authorization", &format!("Bearer {t}"));
         }
-        let mut resp = req
-            .call()
-            .map_err(|e| format!("FleetLock server {} unreachable: {e}", self.base))?;
+        let mut resp = req.call().map_err(|e| unreachable(&self.base, e))?;
         let code = resp.status().as_u16();
         let text = resp
             .body_mut()

@@ -68,7 +68,7 @@ pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Resul
     let paths = Paths::new(&cfg.root);
     let timeout = cfg.timeout()?;
     let who = identity(&paths)?;
-    let client = LockClient::new(&cfg.server, &cfg.group, cfg.token.clone(), timeout);
+    let client = LockClient::from_config(cfg, timeout)?;
     let boot_id = system::read_small(&paths.boot_id())?;
     let existing = marker::read(&paths.marker())?;
 
@@ -135,8 +135,7 @@ pub fn release_after_boot(cfg: &RebootConfig, sys: &dyn System) -> Result<Outcom
     match marker::read(&paths.marker())? {
         Some(m) if m.boot_id != boot_id => {
             let who = identity(&paths)?;
-            let client =
-                LockClient::new(&cfg.server, &cfg.group, cfg.token.clone(), cfg.timeout()?);
+            let client = LockClient::from_config(cfg, cfg.timeout()?)?;
             after_reboot(cfg, sys, &paths, &client, &who)
         }
         _ => not_now("no coordinated reboot to finish in this boot".into()),

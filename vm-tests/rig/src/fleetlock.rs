@@ -1,9 +1,19 @@
 //! A real `fleetlock-server` process for tests and the benchmark, and a small blocking HTTP/1.1 client for the
-//! FleetLock protocol over one keep-alive connection (the device-side client lives in fleet-updater).
+//! FleetLock protocol over one keep-alive connection, plain or TLS with a given CA (the device-side client lives in
+//! fleet-updater).
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The server's log level: `$FLEETLOCK_LOG`, default `warn`.
+fn default_log_level() -> String {
+    std::env::var("FLEETLOCK_LOG").unwrap_or_else(|_| "warn".into())
+}
 
 /// Largest answer read, in bytes.
 pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
@@ -43,22 +53,94 @@ impl Answer {
     }
 }
 
+/// The connection's bytes: plain TCP or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Plain(s) => s.read(buf),
+            Self::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::Plain(s) => s.write(buf),
+            Self::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::Plain(s) => s.flush(),
+            Self::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// A TLS client configuration that trusts only the CA certificates in `ca_file` (PEM).
+pub fn trust_only(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca_file)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("CA {}: {e}", ca_file.display()))?;
+    for c in certs {
+        roots
+            .add(c)
+            .map_err(|e| format!("CA {}: {e}", ca_file.display()))?;
+    }
+    let c = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Arc::new(c))
+}
+
 /// A keep-alive connection.
 pub struct Conn {
     addr: SocketAddr,
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Stream>,
 }
 
 impl Conn {
-    /// Connects with 10 s time-outs.
-    pub fn connect(addr: SocketAddr) -> std::io::Result<Self> {
+    fn tcp(addr: SocketAddr) -> std::io::Result<TcpStream> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         s.set_write_timeout(Some(Duration::from_secs(30)))?;
         s.set_nodelay(true)?;
+        Ok(s)
+    }
+
+    /// Connects with 10 s time-outs (plain HTTP).
+    pub fn connect(addr: SocketAddr) -> std::io::Result<Self> {
         Ok(Self {
             addr,
-            reader: BufReader::new(s),
+            reader: BufReader::new(Stream::Plain(Self::tcp(addr)?)),
+        })
+    }
+
+    /// Connects over TLS, verifying the server's certificate for `addr`'s IP address with `tls`; the handshake
+    /// completes (or fails, e.g. with an unknown issuer) before this returns.
+    pub fn connect_tls(addr: SocketAddr, tls: Arc<rustls::ClientConfig>) -> std::io::Result<Self> {
+        let tcp = Self::tcp(addr)?;
+        let conn = rustls::ClientConnection::new(tls, ServerName::IpAddress(addr.ip().into()))
+            .map_err(std::io::Error::other)?;
+        let mut s = rustls::StreamOwned::new(conn, tcp);
+        while s.conn.is_handshaking() {
+            s.conn.complete_io(&mut s.sock)?;
+        }
+        Ok(Self {
+            addr,
+            reader: BufReader::new(Stream::Tls(Box::new(s))),
         })
     }
 
@@ -111,7 +193,7 @@ impl Conn {
     }
 }
 
-fn read_answer(r: &mut BufReader<TcpStream>) -> std::io::Result<Answer> {
+fn read_answer(r: &mut BufReader<impl Read>) -> std::io::Result<Answer> {
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
@@ -158,6 +240,17 @@ fn read_answer(r: &mut BufReader<TcpStream>) -> std::io::Result<Answer> {
     })
 }
 
+/// The files of an HTTPS server process and the CA its clients trust.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The served certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Its key (PEM).
+    pub key: PathBuf,
+    /// The CA the test's clients trust (PEM).
+    pub ca: PathBuf,
+}
+
 /// A `fleetlock-server` child process on a free loopback port, killed (SIGKILL) on drop. For tests and the
 /// benchmark, which pass the binary's path.
 pub struct ServerProcess {
@@ -166,6 +259,7 @@ pub struct ServerProcess {
     config: std::path::PathBuf,
     log: std::path::PathBuf,
     rust_log: String,
+    tls: Option<(TlsFiles, Arc<rustls::ClientConfig>)>,
     /// Where it listens.
     pub addr: SocketAddr,
 }
@@ -176,11 +270,10 @@ pub fn free_addr() -> std::io::Result<SocketAddr> {
 }
 
 impl ServerProcess {
-    /// Starts `bin --listen <free port> --config <config>` and waits until `/healthz` answers. Its log goes to
-    /// `<config>.<port>.log`, at level `$FLEETLOCK_LOG` (default `warn`).
+    /// Starts `bin --listen <free port> --config <config> --plain-http` and waits until `/healthz` answers. Its
+    /// log goes to `<config>.<port>.log`, at level `$FLEETLOCK_LOG` (default `warn`).
     pub fn start(bin: &std::path::Path, config: &std::path::Path) -> Result<Self, String> {
-        let level = std::env::var("FLEETLOCK_LOG").unwrap_or_else(|_| "warn".into());
-        Self::start_logging(bin, config, &level)
+        Self::start_with(bin, config, None, &default_log_level())
     }
 
     /// [`ServerProcess::start`] with the log filter `rust_log` (e.g. `info` to see grants and releases).
@@ -189,17 +282,49 @@ impl ServerProcess {
         config: &std::path::Path,
         rust_log: &str,
     ) -> Result<Self, String> {
+        Self::start_with(bin, config, None, rust_log)
+    }
+
+    /// Like [`ServerProcess::start`], serving HTTPS with `tls`'s certificate; its connections trust only `tls.ca`.
+    pub fn start_tls(
+        bin: &std::path::Path,
+        config: &std::path::Path,
+        tls: TlsFiles,
+    ) -> Result<Self, String> {
+        Self::start_with(bin, config, Some(tls), &default_log_level())
+    }
+
+    fn start_with(
+        bin: &std::path::Path,
+        config: &std::path::Path,
+        tls: Option<TlsFiles>,
+        rust_log: &str,
+    ) -> Result<Self, String> {
         let addr = free_addr().map_err(|e| e.to_string())?;
+        let tls = match tls {
+            Some(t) => {
+                let client = trust_only(&t.ca)?;
+                Some((t, client))
+            }
+            None => None,
+        };
         let mut s = Self {
             child: None,
             bin: bin.to_path_buf(),
             config: config.to_path_buf(),
             log: config.with_extension(format!("{}.log", addr.port())),
             rust_log: rust_log.to_owned(),
+            tls,
             addr,
         };
         s.restart()?;
         Ok(s)
+    }
+
+    /// `https://…` or `http://…` with the address.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Starts the process again on the same address (after [`ServerProcess::kill`]).
@@ -210,7 +335,16 @@ impl ServerProcess {
             .append(true)
             .open(&self.log)
             .map_err(|e| format!("{}: {e}", self.log.display()))?;
-        let child = std::process::Command::new(&self.bin)
+        let mut cmd = std::process::Command::new(&self.bin);
+        match &self.tls {
+            Some((t, _)) => cmd
+                .arg("--tls-cert")
+                .arg(&t.cert)
+                .arg("--tls-key")
+                .arg(&t.key),
+            None => cmd.arg("--plain-http"),
+        };
+        let child = cmd
             .arg("--listen")
             .arg(self.addr.to_string())
             .arg("--config")
@@ -224,8 +358,9 @@ impl ServerProcess {
         self.child = Some(child);
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(a) =
-                Conn::connect(self.addr).and_then(|mut c| c.request("GET", "/healthz", &[], b""))
+            if let Ok(a) = self
+                .conn()
+                .and_then(|mut c| c.request("GET", "/healthz", &[], b""))
             {
                 if a.status == 200 {
                     return Ok(());
@@ -250,9 +385,12 @@ impl ServerProcess {
         }
     }
 
-    /// A new connection.
+    /// A new connection (over TLS trusting only the CA, when the server serves HTTPS).
     pub fn conn(&self) -> std::io::Result<Conn> {
-        Conn::connect(self.addr)
+        match &self.tls {
+            Some((_, client)) => Conn::connect_tls(self.addr, client.clone()),
+            None => Conn::connect(self.addr),
+        }
     }
 
     /// The server's log so far.

@@ -1,5 +1,7 @@
-//! A real `nats-server` (2.10+, JetStream) per test on a free loopback port with a temporary store.
+//! A real `nats-server` (2.10+, JetStream) per test on a free loopback port with a temporary store; optionally
+//! requiring TLS with a private test CA (and client certificates: mTLS).
 
+use crate::tls::{ServerCert, TestCa};
 use crate::util::{free_port, require_binary, wait_for, workspace_root};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -17,6 +19,20 @@ pub struct NatsServer {
     store: tempfile::TempDir,
     extra_args: Vec<String>,
     child: Option<Child>,
+    tls: Option<NatsTls>,
+}
+
+/// TLS of a [`NatsServer`]: the private CA, the server's certificate for `127.0.0.1`, and whether clients must
+/// show a certificate of the CA too (mTLS, nats-server's `verify`).
+pub struct NatsTls {
+    /// The CA that issued the server's certificate (and issues client certificates).
+    pub ca: TestCa,
+    /// The server's certificate and key files.
+    pub server: ServerCert,
+    /// A client certificate of the CA for the rig's own clients (and tests that need one).
+    pub client: ServerCert,
+    /// Whether the server requires client certificates.
+    pub verify_clients: bool,
 }
 
 impl NatsServer {
@@ -27,6 +43,34 @@ impl NatsServer {
 
     /// Starts a server with extra command-line arguments (for example `-c <config>` for auth tests).
     pub fn start_with_args(extra: &[&str]) -> Self {
+        Self::start_full(extra, None)
+    }
+
+    /// Starts a server that requires TLS with a new private CA (no plain connections); with `verify_clients`
+    /// clients must also present a certificate of that CA (mTLS). [`Self::url`] is then `tls://…` and
+    /// [`Self::connect`] trusts the CA (and shows [`NatsTls::client`]).
+    pub fn start_tls(verify_clients: bool) -> Self {
+        Self::start_tls_with_args(verify_clients, &[])
+    }
+
+    /// [`Self::start_tls`] with extra command-line arguments (the TLS flags go on the command line, so a `-c`
+    /// configuration, such as the auth callout's, combines with them).
+    pub fn start_tls_with_args(verify_clients: bool, extra: &[&str]) -> Self {
+        let ca = TestCa::new();
+        let server = ca.server_cert("nats-server");
+        let client = ca.client_cert("fleet-rig");
+        Self::start_full(
+            extra,
+            Some(NatsTls {
+                ca,
+                server,
+                client,
+                verify_clients,
+            }),
+        )
+    }
+
+    fn start_full(extra: &[&str], tls: Option<NatsTls>) -> Self {
         let binary = Self::binary();
         let store = tempfile::Builder::new()
             .prefix("fleet-nats-")
@@ -38,9 +82,20 @@ impl NatsServer {
             store,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
+            tls,
         };
         s.spawn();
         s
+    }
+
+    /// The server's TLS set-up, when it requires TLS.
+    pub fn tls(&self) -> Option<&NatsTls> {
+        self.tls.as_ref()
+    }
+
+    /// The CA file clients must trust, when the server requires TLS.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|t| t.ca.ca_file())
     }
 
     /// The nats-server binary, version-checked (2.10+).
@@ -79,10 +134,24 @@ impl NatsServer {
             "-sd",
         ])
         .arg(self.store.path())
-        .args(&self.extra_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .args(&self.extra_args);
+        if let Some(t) = &self.tls {
+            // `--tlsverify` implies `--tls` and adds client certificate verification against `--tlscacert`.
+            cmd.arg(if t.verify_clients {
+                "--tlsverify"
+            } else {
+                "--tls"
+            })
+            .arg("--tlscert")
+            .arg(&t.server.cert_file)
+            .arg("--tlskey")
+            .arg(&t.server.key_file)
+            .arg("--tlscacert")
+            .arg(t.ca.ca_file());
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));
@@ -100,9 +169,10 @@ impl NatsServer {
         self.child = Some(child);
     }
 
-    /// `nats://127.0.0.1:<port>`.
+    /// `nats://127.0.0.1:<port>`, or `tls://127.0.0.1:<port>` when the server requires TLS.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "tls" } else { "nats" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// The port it listens on (kept across [`Self::stop`] and [`Self::start_again`]).
@@ -134,9 +204,13 @@ impl NatsServer {
         self.spawn();
     }
 
-    /// A blocking client connection (fails the test if it cannot connect).
+    /// A blocking client connection (fails the test if it cannot connect); over TLS trusting the server's CA,
+    /// with the rig's client certificate, when the server requires TLS.
     pub fn connect(&self) -> nats_client::Connection {
-        nats_client::connect(&self.url())
+        match &self.tls {
+            Some(t) => nats_client::connect_tls(&self.url(), t.ca.ca_file(), Some(&t.client)),
+            None => nats_client::connect(&self.url()),
+        }
     }
 }
 
@@ -213,6 +287,25 @@ pub mod nats_client {
             .with_name("fleet-rig")
             .connect(url)
             .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    }
+
+    /// Connects over TLS trusting only `ca_file`, showing `client`'s certificate when given; fails the test on
+    /// error.
+    #[allow(deprecated)]
+    pub fn connect_tls(
+        url: &str,
+        ca_file: &std::path::Path,
+        client: Option<&crate::tls::ServerCert>,
+    ) -> Connection {
+        let mut o = nats::Options::new()
+            .with_name("fleet-rig")
+            .tls_required(true)
+            .add_root_certificate(ca_file);
+        if let Some(c) = client {
+            o = o.client_cert(&c.cert_file, &c.key_file);
+        }
+        o.connect(url)
+            .unwrap_or_else(|e| panic!("connect to {url} over TLS: {e}"))
     }
 
     /// Connects as `user` (a FLEET user of [`super::callout_config`], such as `admin`), failing the test on error.

@@ -1,7 +1,11 @@
 //! A throw-away certificate authority for tests (rcgen, ECDSA P-256): its root as PEM file and DER, and server
-//! certificates for `127.0.0.1` and `localhost` issued by it, written to a temporary directory.
+//! certificates for `127.0.0.1` and `localhost` and client certificates (mTLS) issued by it, written to a temporary
+//! directory.
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::path::{Path, PathBuf};
 
@@ -30,10 +34,16 @@ impl TestCa {
         let mut params = CertificateParams::new(Vec::<String>::new())
             .unwrap_or_else(|e| panic!("CA params: {e}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("CA key: {e}"));
+        // A name of its own per CA (from its key), as two real CAs would have: a certificate of another test CA is
+        // then an unknown issuer to a client, not a bad signature from a same-named one.
+        let tag: String = key.public_key_raw()[1..5]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         params
             .distinguished_name
-            .push(DnType::CommonName, "Harmony Fleet test CA");
-        let key = KeyPair::generate().unwrap_or_else(|e| panic!("CA key: {e}"));
+            .push(DnType::CommonName, format!("Harmony Fleet test CA {tag}"));
         let issuer = CertifiedIssuer::self_signed(params, key)
             .unwrap_or_else(|e| panic!("CA certificate: {e}"));
         let dir = tempfile::Builder::new()
@@ -66,12 +76,27 @@ impl TestCa {
         params
             .distinguished_name
             .push(DnType::CommonName, "127.0.0.1");
-        let key = KeyPair::generate().unwrap_or_else(|e| panic!("server key: {e}"));
+        self.issue(params, name)
+    }
+
+    /// Issues a client certificate (extended key usage clientAuth) with common name `name`, for mTLS; its files
+    /// are named `<name>-client.*`.
+    pub fn client_cert(&self, name: &str) -> ServerCert {
+        let mut params = CertificateParams::new(Vec::<String>::new())
+            .unwrap_or_else(|e| panic!("client params: {e}"));
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.issue(params, &format!("{name}-client"))
+    }
+
+    /// Signs `params` with a new key and writes `<file_name>.crt` and `<file_name>.key`.
+    fn issue(&self, params: CertificateParams, file_name: &str) -> ServerCert {
+        let key = KeyPair::generate().unwrap_or_else(|e| panic!("key: {e}"));
         let cert = params
             .signed_by(&key, &self.issuer)
-            .unwrap_or_else(|e| panic!("server certificate: {e}"));
-        let cert_file = self.dir.path().join(format!("{name}.crt"));
-        let key_file = self.dir.path().join(format!("{name}.key"));
+            .unwrap_or_else(|e| panic!("certificate {file_name}: {e}"));
+        let cert_file = self.dir.path().join(format!("{file_name}.crt"));
+        let key_file = self.dir.path().join(format!("{file_name}.key"));
         std::fs::write(&cert_file, cert.pem()).unwrap_or_else(|e| panic!("write cert: {e}"));
         std::fs::write(&key_file, key.serialize_pem()).unwrap_or_else(|e| panic!("write key: {e}"));
         ServerCert {

@@ -43,8 +43,10 @@ impl Store {
     pub async fn open(cfg: &StoreConfig) -> Result<Self, String> {
         match cfg {
             StoreConfig::File { dir } => Ok(Self::File(file::FileStore::open(dir)?)),
-            StoreConfig::Nats { url, credentials } => Ok(Self::Nats(Box::new(
-                nats::NatsStore::open(url, credentials.as_deref()).await?,
+            StoreConfig::Nats {
+                url, credentials, ..
+            } => Ok(Self::Nats(Box::new(
+                nats::NatsStore::open_tls(url, credentials.as_deref(), &cfg.nats_tls()?).await?,
             ))),
         }
     }

@@ -35,29 +35,53 @@ pub struct NatsStore {
 }
 
 impl NatsStore {
-    /// Connects and opens (or creates) the bucket.
+    /// Connects without TLS settings (a `tls://` URL uses the system roots) and opens (or creates) the bucket.
     pub async fn open(url: &str, credentials: Option<&std::path::Path>) -> Result<Self, String> {
-        let mut opts = async_nats::ConnectOptions::new()
-            .name("fleetlock-server")
-            .connection_timeout(Duration::from_secs(5))
-            .retry_on_initial_connect();
-        if let Some(c) = credentials {
-            opts = opts
-                .credentials_file(c)
-                .await
-                .map_err(|e| format!("{}: {e}", c.display()))?;
-        }
+        Self::open_tls(url, credentials, &Default::default()).await
+    }
+
+    /// Connects (over TLS as `tls` says) and opens (or creates) the bucket.
+    pub async fn open_tls(
+        url: &str,
+        credentials: Option<&std::path::Path>,
+        tls: &crate::nats_tls::NatsTls,
+    ) -> Result<Self, String> {
         // `nats://user:password@host`: fleetlock-server's own user (an `auth_users` entry when the fleet-auth
         // callout is on); the password never appears in errors.
         let parts = fleet_wire::auth::split_nats_url(url);
-        if let Some((user, password)) = parts.user_password {
-            opts = opts.user_and_password(user, password);
-        }
+        let user_password = &parts.user_password;
+        let options = |retry: bool| async move {
+            let mut opts = async_nats::ConnectOptions::new()
+                .name("fleetlock-server")
+                .connection_timeout(Duration::from_secs(5));
+            if retry {
+                opts = opts.retry_on_initial_connect();
+            }
+            if let Some(c) = credentials {
+                opts = opts
+                    .credentials_file(c)
+                    .await
+                    .map_err(|e| format!("{}: {e}", c.display()))?;
+            }
+            if let Some((user, password)) = user_password.clone() {
+                opts = opts.user_and_password(user, password);
+            }
+            tls.apply(opts)
+        };
         let url = parts.url.as_str();
+        // A certificate problem is a configuration error that retrying does not fix: said at start.
+        tls.refuse_bad_certificates(url, options(false).await?)
+            .await?;
+        let opts = options(true).await?;
         let client = tokio::time::timeout(Duration::from_secs(15), opts.connect(url))
             .await
             .map_err(|_| format!("NATS at {url}: no connection within 15 s"))?
-            .map_err(|e| format!("NATS at {url}: {e}"))?;
+            .map_err(|e| {
+                format!(
+                    "NATS at {url}: {}",
+                    tls.explain(&crate::kv::error_chain(&e))
+                )
+            })?;
         let js = async_nats::jetstream::new(client);
         let bucket = fleet_wire::kv::FLEETLOCK;
         let spec =

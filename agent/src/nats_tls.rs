@@ -1,0 +1,174 @@
+//! TLS of the agent's NATS connection: the `ca_file` / `cert_file` / `key_file` of `[nats]` checked and handed to
+//! the client (verification always on, no plain fallback once TLS is configured), and handshake failures said in
+//! words that name the file to look at.
+
+use crate::config::NatsTls;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::Path;
+
+/// Largest CA, certificate or key file read, in bytes.
+pub const TLS_FILE_MAX_BYTES: u64 = 1024 * 1024;
+
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(TLS_FILE_MAX_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("nats.{what} {}: {e}", path.display()))?;
+    if bytes.len() as u64 > TLS_FILE_MAX_BYTES {
+        return Err(format!(
+            "nats.{what} {}: larger than {TLS_FILE_MAX_BYTES} bytes",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+fn certificates(path: &Path, what: &str) -> Result<(), String> {
+    let pem = read(path, what)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("nats.{what} {}: not PEM certificates ({e})", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "nats.{what} {}: no CERTIFICATE block in the file",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the configured files (readable, PEM with what they must hold) so that a mistake is reported with the
+/// file's name before any connection, then sets them on `opts`: the CA replaces the system roots, the client
+/// certificate is shown to a server that asks (mTLS), and TLS is required — a server that offers only plain
+/// connections is refused. Without TLS settings `opts` is returned unchanged (a `tls://` URL then uses the system
+/// roots).
+#[allow(deprecated)] // the blocking `nats` crate is deprecated upstream; the agent uses it by design
+pub fn apply(opts: nats::Options, tls: &NatsTls) -> Result<nats::Options, String> {
+    if tls.is_off() {
+        return Ok(opts);
+    }
+    let mut opts = opts.tls_required(true);
+    if let Some(ca) = &tls.ca_file {
+        certificates(ca, "ca_file")?;
+        opts = opts.add_root_certificate(ca);
+    }
+    if let Some(c) = &tls.client {
+        certificates(&c.cert_file, "cert_file")?;
+        let key = read(&c.key_file, "key_file")?;
+        PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
+            format!(
+                "nats.key_file {}: no usable PRIVATE KEY block ({e})",
+                c.key_file.display()
+            )
+        })?;
+        opts = opts.client_cert(&c.cert_file, &c.key_file);
+    }
+    Ok(opts)
+}
+
+/// A connection error in words: for a certificate the handshake refused, what is wrong and which file to check.
+pub fn explain(error: &str, tls: &NatsTls) -> String {
+    let ca = match &tls.ca_file {
+        Some(p) => format!("the CA in nats.ca_file {}", p.display()),
+        None => "the system's CAs (set nats.ca_file to the fleet's CA)".to_string(),
+    };
+    let hint = if error.contains("UnknownIssuer") || error.contains("BadSignature") {
+        format!("the server's certificate is not signed by {ca} (unknown issuer)")
+    } else if error.contains("NotValidForName") {
+        "the server's certificate is not valid for the host name or address in nats.urls (wrong host name)".into()
+    } else if error.contains("Expired") {
+        "the server's certificate has expired".into()
+    } else if error.contains("NotValidYet") {
+        "the server's certificate is not valid yet (check the device's clock)".into()
+    } else if error.contains("CertificateRequired") || error.contains("certificate required") {
+        "the server requires a client certificate: set nats.cert_file and nats.key_file".into()
+    } else if error.contains("InvalidContentType") || error.contains("CorruptMessage") {
+        "the server did not answer with TLS (is it a TLS-enabled nats-server?); no plain fallback"
+            .into()
+    } else {
+        return error.to_string();
+    };
+    format!("TLS: {hint}: {error}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClientCert;
+    use std::path::PathBuf;
+
+    #[test]
+    fn handshake_errors_are_explained() {
+        let tls = NatsTls {
+            ca_file: Some(PathBuf::from("/etc/harmony-fleet/nats-ca.pem")),
+            client: None,
+        };
+        for (err, words) in [
+            (
+                "invalid peer certificate: UnknownIssuer",
+                "not signed by the CA in nats.ca_file /etc/harmony-fleet/nats-ca.pem",
+            ),
+            (
+                "invalid peer certificate: NotValidForName",
+                "wrong host name",
+            ),
+            ("invalid peer certificate: Expired", "has expired"),
+            (
+                "received corrupt message of type InvalidContentType",
+                "no plain fallback",
+            ),
+        ] {
+            let e = explain(err, &tls);
+            assert!(e.contains(words) && e.contains(err), "{e}");
+        }
+        assert_eq!(explain("connection refused", &tls), "connection refused");
+    }
+
+    #[test]
+    fn bad_files_are_named() {
+        let dir = tempfile::tempdir().expect("dir");
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "hello").expect("write");
+        let missing = dir.path().join("missing.pem");
+        #[allow(deprecated)]
+        let opts = || nats::Options::new();
+        let tls = |ca: &Path| NatsTls {
+            ca_file: Some(ca.to_path_buf()),
+            client: None,
+        };
+        let e = apply(opts(), &tls(&missing)).expect_err("missing");
+        assert!(
+            e.starts_with("nats.ca_file") && e.contains("missing.pem"),
+            "{e}"
+        );
+        let e = apply(opts(), &tls(&junk)).expect_err("junk");
+        assert!(
+            e.contains("junk.pem") && e.contains("no CERTIFICATE"),
+            "{e}"
+        );
+        let ca = fleet_rig::tls::TestCa::new();
+        let c = ca.client_cert("device-1");
+        let mtls = NatsTls {
+            ca_file: Some(ca.ca_file().to_path_buf()),
+            client: Some(ClientCert {
+                cert_file: c.cert_file.clone(),
+                key_file: junk.clone(),
+            }),
+        };
+        let e = apply(opts(), &mtls).expect_err("bad key");
+        assert!(
+            e.starts_with("nats.key_file") && e.contains("junk.pem"),
+            "{e}"
+        );
+        let ok = NatsTls {
+            client: Some(ClientCert {
+                cert_file: c.cert_file,
+                key_file: c.key_file,
+            }),
+            ..mtls
+        };
+        assert!(apply(opts(), &ok).is_ok());
+    }
+}
