@@ -698,6 +698,7 @@ impl Engine {
         }
 
         // Statuses and events.
+        crate::metrics::reconciled("deployments", nats_error.is_none());
         let nats = conditions::nats_reachable(nats_error.as_deref());
         let mut kube_writes: Vec<Write<'_>> = Vec::new();
         for g in &group_objs {
