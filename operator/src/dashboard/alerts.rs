@@ -219,9 +219,9 @@ pub fn evaluate<'a>(
                     kind: AlertKind::DeviceSilent,
                     subject: Subject::Device(d.name.to_owned()),
                     since: Some(hb),
+                    // No running duration here: the alert is kept while it holds, "since" tells how long.
                     detail: format!(
-                        "no heartbeat for {} (alerts after {})",
-                        super::html::age(quiet),
+                        "no heartbeat for longer than {}",
                         super::html::age(t.silent_after)
                     ),
                 });
@@ -287,8 +287,7 @@ pub fn evaluate<'a>(
                         },
                         since: Some(h.taken_at),
                         detail: format!(
-                            "held for {} (alerts after {}){}",
-                            super::html::age(held),
+                            "held for longer than {}{}",
                             super::html::age(t.slot_held_after),
                             h.hostname
                                 .as_ref()
@@ -300,7 +299,7 @@ pub fn evaluate<'a>(
             }
         }
     }
-    out.sort_by(|a, b| a.key().cmp(&b.key()));
+    out.sort_by_key(Alert::key);
     out
 }
 
@@ -332,7 +331,7 @@ mod tests {
         quarantined.phase = UpgradePhase::RollbackFailed;
         let mut failed = fixtures::upgrade_status();
         failed.phase = UpgradePhase::Failed;
-        let devices = vec![
+        let devices = [
             ("q", Some(&quarantined), Some(at(99_990))),
             ("rolled-back", Some(&failed), Some(at(99_990))),
             ("silent", None, Some(at(100_000 - 601))),

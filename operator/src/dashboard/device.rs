@@ -203,28 +203,25 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
         ),
         None => when(s.last_heartbeat.as_deref().and_then(parse_time), now),
     };
-    h.table(
-        &["", ""],
-        [
-            vec!["labels".into(), labels.join(" ")],
-            vec![
-                "description".into(),
-                esc(d.spec.description.as_deref().unwrap_or("—")),
-            ],
-            vec!["agent version".into(), opt_name(s.agent_version.as_ref())],
-            vec!["architecture".into(), opt_name(s.architecture.as_ref())],
-            vec!["OS".into(), esc(s.os.as_deref().unwrap_or("—"))],
-            vec![
-                "capabilities".into(),
-                s.capabilities
-                    .iter()
-                    .map(name)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            ],
-            vec!["last heartbeat".into(), heartbeat],
-        ],
-    );
+    h.pairs([
+        ("labels", labels.join(" ")),
+        (
+            "description",
+            esc(d.spec.description.as_deref().unwrap_or("—")),
+        ),
+        ("agent version", opt_name(s.agent_version.as_ref())),
+        ("architecture", opt_name(s.architecture.as_ref())),
+        ("OS", esc(s.os.as_deref().unwrap_or("—"))),
+        (
+            "capabilities",
+            s.capabilities
+                .iter()
+                .map(name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        ("last heartbeat", heartbeat),
+    ]);
 
     h.raw("<h2>Workloads</h2>");
     match &kv.workloads {

@@ -168,6 +168,16 @@ impl Html {
         self
     }
 
+    /// Appends a two-column table of names and values (trusted markup), without a header row.
+    pub fn pairs(&mut self, rows: impl IntoIterator<Item = (&'static str, String)>) -> &mut Self {
+        self.out.push_str("<table><tbody>");
+        for (k, v) in rows {
+            let _ = write!(self.out, "<tr><th>{}</th><td>{v}</td></tr>", esc(k));
+        }
+        self.out.push_str("</tbody></table>");
+        self
+    }
+
     /// Closes the page.
     pub fn finish(mut self) -> String {
         self.out.push_str("</main></body></html>");

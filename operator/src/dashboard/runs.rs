@@ -241,68 +241,59 @@ pub fn render(
         alert_list(&mut h, &mine, now);
     }
     let run = &s.run;
-    h.table(
-        &["", ""],
-        [
-            vec!["uid".into(), esc(r.metadata.uid.as_deref().unwrap_or("—"))],
-            vec![
-                "phase".into(),
-                format!("<b id=\"run-phase\">{}</b>", opt_name(run.phase.as_ref())),
-            ],
-            vec![
-                "reason".into(),
-                format!(
-                    "<span id=\"run-reason\">{}</span>",
-                    opt_name(run.reason.as_ref())
-                ),
-            ],
-            vec![
-                "devices".into(),
-                format!(
-                    "{} targets, {} succeeded, {} failed",
-                    run.targets, run.succeeded, run.failed
-                ),
-            ],
-            vec!["canaries".into(), canary_outcome(r).into()],
-            vec![
-                "groups".into(),
-                esc(&r.spec.placement.allowed_groups.join(", ")),
-            ],
-            vec![
-                "deadline".into(),
-                format!("{} s after creation", r.spec.deadline_seconds),
-            ],
-            vec![
-                "created".into(),
-                when(ts(&r.metadata.creation_timestamp), now),
-            ],
-            vec!["started".into(), when(run.start_time, now)],
-            vec!["ended".into(), when(run.completion_time, now)],
-            vec![
-                "latest error".into(),
-                run.latest_error
-                    .as_ref()
-                    .map(|e| format!("<span class=\"bad\">{}</span>", esc(&e.to_string())))
-                    .unwrap_or_else(|| "—".into()),
-            ],
-            vec![
-                "conditions".into(),
-                s.conditions
-                    .iter()
-                    .map(|c| {
-                        format!(
-                            "{}={} ({}): {}",
-                            esc(&c.type_),
-                            esc(&c.status),
-                            esc(&c.reason),
-                            esc(&c.message)
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("<br>"),
-            ],
-        ],
-    );
+    h.pairs([
+        ("uid", esc(r.metadata.uid.as_deref().unwrap_or("—"))),
+        (
+            "phase",
+            format!("<b id=\"run-phase\">{}</b>", opt_name(run.phase.as_ref())),
+        ),
+        (
+            "reason",
+            format!(
+                "<span id=\"run-reason\">{}</span>",
+                opt_name(run.reason.as_ref())
+            ),
+        ),
+        (
+            "devices",
+            format!(
+                "{} targets, {} succeeded, {} failed",
+                run.targets, run.succeeded, run.failed
+            ),
+        ),
+        ("canaries", canary_outcome(r).into()),
+        ("groups", esc(&r.spec.placement.allowed_groups.join(", "))),
+        (
+            "deadline",
+            format!("{} s after creation", r.spec.deadline_seconds),
+        ),
+        ("created", when(ts(&r.metadata.creation_timestamp), now)),
+        ("started", when(run.start_time, now)),
+        ("ended", when(run.completion_time, now)),
+        (
+            "latest error",
+            run.latest_error
+                .as_ref()
+                .map(|e| format!("<span class=\"bad\">{}</span>", esc(&e.to_string())))
+                .unwrap_or_else(|| "—".into()),
+        ),
+        (
+            "conditions",
+            s.conditions
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}={} ({}): {}",
+                        esc(&c.type_),
+                        esc(&c.status),
+                        esc(&c.reason),
+                        esc(&c.message)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("<br>"),
+        ),
+    ]);
     h.raw("<h2>Devices</h2>");
     match plan {
         Err(e) => {

@@ -58,7 +58,7 @@ fn not_found(what: &str) -> Resp {
 }
 
 /// The value of query parameter `key`.
-fn query<'a>(q: Option<&'a str>, key: &str) -> Option<String> {
+fn query(q: Option<&str>, key: &str) -> Option<String> {
     q?.split('&')
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| *k == key)
