@@ -101,3 +101,37 @@ pub fn render(state: &State) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AlertKind;
+
+    /// The example rules (docs/dashboard/prometheus-rules.yaml) name only metrics and alert kinds that exist.
+    #[test]
+    fn example_rules_name_real_metrics() {
+        let text = include_str!("../../../docs/dashboard/prometheus-rules.yaml");
+        let doc: serde_json::Value = serde_yaml_ng::from_str(text).expect("rules are YAML");
+        let known = [
+            "fleet_alerts",
+            "fleet_fleetlock_status_up",
+            "fleet_operator_reconcile_errors_total",
+            "fleet_operator_nats_write_duration_seconds_bucket",
+            "up",
+        ];
+        let rules = doc["groups"][0]["rules"].as_array().expect("rules");
+        assert!(rules.len() >= AlertKind::ALL.len());
+        for r in rules {
+            let expr = r["expr"].as_str().expect("expr");
+            assert!(
+                known.iter().any(|m| expr.contains(&format!("{m}{{")) || expr.contains(&format!("({m}"))),
+                "{expr} names no exported metric"
+            );
+            if let Some(kind) = expr.split("alert=\"").nth(1).and_then(|s| s.split('"').next()) {
+                assert!(AlertKind::ALL.iter().any(|k| k.as_str() == kind), "{kind}");
+            }
+        }
+        for k in AlertKind::ALL {
+            assert!(text.contains(&format!("alert=\"{}\"", k.as_str())), "{k:?} has no rule");
+        }
+    }
+}
