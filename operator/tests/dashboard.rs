@@ -536,3 +536,100 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         .unwrap();
     assert_eq!(code, 401, "metrics need the token too");
 }
+
+/// A run page reads only the plan chunk(s) holding its devices, in plan order, with each device's status and
+/// release; a chunk that does not match its digest is an error, never a wrong page. Real nats-server, a
+/// 25,000-device plan (three chunks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_pages_read_one_chunk_of_a_large_plan() {
+    use fleet_operator::dashboard::runs::{read_plan_page, DEVICES_PER_RUN_PAGE};
+    use fleet_operator::dashboard::state::Buckets;
+    let nats = fleet_rig::NatsServer::start();
+    let nc = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(nc);
+    let buckets = std::sync::Arc::new(Buckets::open(&js).await.unwrap());
+    let uid = AttemptId::try_from("6f1c2b9e-8d0a-4c55-9a77-3f2e1d0c9b8a").unwrap();
+    let ids: Vec<DeviceId> = (0..25_000)
+        .map(|i| DeviceId::try_from(format!("d-{i:05}").as_str()).unwrap())
+        .collect();
+    let plan = fleet_wire::TaskPlan::new(
+        uid,
+        fleet_wire::TaskOperation::AptFullUpgradeV1,
+        Timestamp::now(),
+        ids[..5].to_vec(),
+        ids[5..].to_vec(),
+        Timestamp::now(),
+    )
+    .unwrap();
+    let plans = buckets.store(layout::TASK_PLANS).unwrap().clone();
+    assert!(
+        read_plan_page(&buckets, &uid, 0).await.unwrap().is_none(),
+        "no plan yet"
+    );
+    fleet_operator::tasks::store::create(&plans, &plan)
+        .await
+        .unwrap();
+    // d-12001 reported; d-12002 was released and has not reported.
+    let mut st = fixtures::system_status();
+    st.run_uid = uid;
+    st.device_id = ids[12_001].clone();
+    let key = layout::run_key(&ids[12_001], &uid);
+    buckets
+        .store(layout::SYSTEM_UPGRADE_STATUS)
+        .unwrap()
+        .put(key, serde_json::to_vec(&st).unwrap().into())
+        .await
+        .unwrap();
+    let attempt = fixtures::system_attempt();
+    buckets
+        .store(layout::SYSTEM_UPGRADE_INTENT)
+        .unwrap()
+        .put(
+            layout::run_key(&ids[12_002], &uid),
+            serde_json::to_vec(&attempt).unwrap().into(),
+        )
+        .await
+        .unwrap();
+
+    let first = read_plan_page(&buckets, &uid, 0).await.unwrap().unwrap();
+    assert_eq!(
+        (first.total, first.canaries, first.rows.len()),
+        (25_000, 5, DEVICES_PER_RUN_PAGE)
+    );
+    assert!(first.rows[..5].iter().all(|r| r.canary) && !first.rows[5].canary);
+    let page = 12_000 / DEVICES_PER_RUN_PAGE;
+    let mid = read_plan_page(&buckets, &uid, page).await.unwrap().unwrap();
+    assert_eq!(mid.rows[0].device, ids[12_000]);
+    assert_eq!(mid.rows[1].device, ids[12_001]);
+    assert!(mid.rows[1].status.is_some() && mid.rows[1].released);
+    assert!(mid.rows[2].status.is_none() && mid.rows[2].released);
+    assert!(!mid.rows[3].released);
+    let last = read_plan_page(&buckets, &uid, 124).await.unwrap().unwrap();
+    assert_eq!(last.rows.len(), 200);
+    assert_eq!(last.rows[199].device, ids[24_999]);
+    assert!(read_plan_page(&buckets, &uid, 125)
+        .await
+        .unwrap()
+        .unwrap()
+        .rows
+        .is_empty());
+
+    // Someone alters the middle chunk: that page is an error; the others still read.
+    let (manifest, _) = plan.to_stored();
+    plans
+        .put(
+            fleet_wire::taskrun::plan_chunk_key(&uid, &manifest.chunks[1]),
+            b"{\"runUid\":\"x\"}".to_vec().into(),
+        )
+        .await
+        .unwrap();
+    let err = read_plan_page(&buckets, &uid, page)
+        .await
+        .err()
+        .expect("altered chunk");
+    assert!(
+        err.to_string().contains("does not match its digest"),
+        "{err}"
+    );
+    assert!(read_plan_page(&buckets, &uid, 0).await.is_ok());
+}
