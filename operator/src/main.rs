@@ -31,6 +31,7 @@ Options:
   --dashboard-token-file FILE     the token it requires (Authorization: Bearer, or as the Basic password)
   --dashboard-fleetlock-url URL   the FleetLock server whose /v1/status the Reboots page shows
   --dashboard-fleetlock-token-file FILE   a client or admin token of that server
+  --dashboard-fleetlock-ca-file FILE      PEM CA certificate(s) trusted for an https:// FleetLock URL
   --alert-silent-after DURATION   a device without heartbeat for longer alerts (default 15m)
   --alert-slot-held-after DURATION  a FleetLock slot held for longer alerts (default 1h)
   --alert-failed-run-for DURATION   a failed TaskRun alerts for this long after it ended (default 24h)
@@ -220,6 +221,7 @@ struct DashboardArgs {
     token_file: Option<String>,
     fleetlock_url: Option<String>,
     fleetlock_token_file: Option<String>,
+    fleetlock_ca_file: Option<String>,
     thresholds: fleet_operator::dashboard::alerts::Thresholds,
 }
 
@@ -232,6 +234,7 @@ impl DashboardArgs {
             "--dashboard-token-file" => self.token_file = Some(v),
             "--dashboard-fleetlock-url" => self.fleetlock_url = Some(v),
             "--dashboard-fleetlock-token-file" => self.fleetlock_token_file = Some(v),
+            "--dashboard-fleetlock-ca-file" => self.fleetlock_ca_file = Some(v),
             "--alert-silent-after" => self.thresholds.silent_after = duration(&v)?,
             "--alert-slot-held-after" => self.thresholds.slot_held_after = duration(&v)?,
             "--alert-failed-run-for" => self.thresholds.failed_run_for = duration(&v)?,
@@ -256,6 +259,7 @@ impl DashboardArgs {
         let fleetlock = match self.fleetlock_url {
             None => None,
             Some(url) => Some(FleetLockSource {
+                ca: Vec::new(),
                 url,
                 token: match self.fleetlock_token_file {
                     None => None,
@@ -267,6 +271,17 @@ impl DashboardArgs {
                     ),
                 },
             }),
+        };
+        let fleetlock = match (fleetlock, self.fleetlock_ca_file) {
+            (Some(src), Some(f)) => {
+                let pem = std::fs::read(&f)
+                    .map_err(|e| format!("--dashboard-fleetlock-ca-file {f}: {e}"))?;
+                Some(
+                    src.with_ca_pem(&pem)
+                        .map_err(|e| format!("--dashboard-fleetlock-ca-file {f}: {e}"))?,
+                )
+            }
+            (src, _) => src,
         };
         let env = |k: &str, default: &str| {
             std::env::var(k)

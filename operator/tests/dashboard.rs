@@ -633,3 +633,51 @@ async fn run_pages_read_one_chunk_of_a_large_plan() {
     );
     assert!(read_plan_page(&buckets, &uid, 0).await.is_ok());
 }
+
+/// The FleetLock status is read over HTTPS with a private CA (`--dashboard-fleetlock-ca-file`) and the bearer
+/// token; an unknown issuer, a refusal and an oversized answer are errors that say why (rig's rustls server).
+#[test]
+fn fleetlock_status_over_https_with_a_private_ca() {
+    use fleet_operator::dashboard::reboots::{fetch, FleetLockSource, MAX_STATUS_BYTES};
+    use fleet_rig::https::{HttpsServer, Reply};
+    let ca = fleet_rig::tls::TestCa::new();
+    let status = json!({"store": "nats", "config_valid": true, "groups": [
+        {"name": "default", "slots": 1, "holders": [{"id": "pi-1", "ip": "10.0.0.7", "taken_at": "2026-12-01T10:00:00Z"}]}]});
+    let server = HttpsServer::start(&ca, move |req| match req.path() {
+        "/v1/status" if req.header("authorization") == Some("Bearer fl-token") => {
+            Reply::ok(status.to_string())
+        }
+        "/v1/status" => Reply::status(401, &[]),
+        _ => Reply::ok(vec![b' '; MAX_STATUS_BYTES as usize + 1]),
+    });
+    let base = server.url("");
+    let pem = std::fs::read(ca.ca_file()).unwrap();
+    let src = FleetLockSource {
+        url: base.clone(),
+        token: Some("fl-token".into()),
+        ca: vec![],
+    }
+    .with_ca_pem(&pem)
+    .unwrap();
+    let st = fetch(&src).expect("status over https");
+    assert_eq!(st.groups[0].holders[0].id, "pi-1");
+    let no_ca = FleetLockSource {
+        ca: vec![],
+        ..src.clone()
+    };
+    let e = fetch(&no_ca).expect_err("unknown issuer");
+    assert!(e.contains(&base), "{e}");
+    let no_token = FleetLockSource {
+        token: None,
+        ..src.clone()
+    };
+    assert!(fetch(&no_token).expect_err("refused").contains("HTTP 401"));
+    let big = FleetLockSource {
+        url: format!("{base}/big"),
+        ..src.clone()
+    };
+    assert!(fetch(&big).is_err(), "an answer over 1 MiB is refused");
+    assert!(FleetLockSource { ca: vec![], ..src }
+        .with_ca_pem(b"no pem")
+        .is_err());
+}

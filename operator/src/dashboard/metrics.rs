@@ -123,15 +123,24 @@ mod tests {
         for r in rules {
             let expr = r["expr"].as_str().expect("expr");
             assert!(
-                known.iter().any(|m| expr.contains(&format!("{m}{{")) || expr.contains(&format!("({m}"))),
+                known
+                    .iter()
+                    .any(|m| expr.contains(&format!("{m}{{")) || expr.contains(&format!("({m}"))),
                 "{expr} names no exported metric"
             );
-            if let Some(kind) = expr.split("alert=\"").nth(1).and_then(|s| s.split('"').next()) {
+            if let Some(kind) = expr
+                .split("alert=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+            {
                 assert!(AlertKind::ALL.iter().any(|k| k.as_str() == kind), "{kind}");
             }
         }
         for k in AlertKind::ALL {
-            assert!(text.contains(&format!("alert=\"{}\"", k.as_str())), "{k:?} has no rule");
+            assert!(
+                text.contains(&format!("alert=\"{}\"", k.as_str())),
+                "{k:?} has no rule"
+            );
         }
     }
 }

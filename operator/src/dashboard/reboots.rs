@@ -21,6 +21,23 @@ pub struct FleetLockSource {
     pub url: String,
     /// Bearer token (a client or admin token of the server), if it needs one.
     pub token: Option<String>,
+    /// DER certificates that alone are trusted for an `https://` URL (a private CA); empty: the built-in roots.
+    pub ca: Vec<Vec<u8>>,
+}
+
+impl FleetLockSource {
+    /// Reads the CA certificates of `pem` (a PEM file's text) into [`Self::ca`]; an error when it holds none.
+    pub fn with_ca_pem(mut self, pem: &[u8]) -> Result<Self, String> {
+        for item in ureq::tls::parse_pem(pem) {
+            if let Ok(ureq::tls::PemItem::Certificate(c)) = item {
+                self.ca.push(c.der().to_vec());
+            }
+        }
+        if self.ca.is_empty() {
+            return Err("no certificate in the FleetLock CA file".into());
+        }
+        Ok(self)
+    }
 }
 
 impl std::fmt::Debug for FleetLockSource {
@@ -28,13 +45,25 @@ impl std::fmt::Debug for FleetLockSource {
         f.debug_struct("FleetLockSource")
             .field("url", &self.url)
             .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("ca", &self.ca.len())
             .finish()
     }
 }
 
 /// Reads `GET <url>/v1/status` (blocking; run it off the async workers): bounded in time and size.
 pub fn fetch(src: &FleetLockSource) -> Result<ServerStatus, String> {
+    use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+    let mut tls = TlsConfig::builder().provider(TlsProvider::Rustls);
+    if !src.ca.is_empty() {
+        let roots = src
+            .ca
+            .iter()
+            .map(|d| Certificate::from_der(d).to_owned())
+            .collect();
+        tls = tls.root_certs(RootCerts::Specific(std::sync::Arc::new(roots)));
+    }
     let config = ureq::Agent::config_builder()
+        .tls_config(tls.build())
         .max_redirects(0)
         .http_status_as_error(false)
         .timeout_global(Some(STATUS_TIMEOUT))
