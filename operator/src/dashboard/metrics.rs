@@ -3,7 +3,7 @@
 //! in the OpenMetrics text format that Prometheus scrapes.
 
 use super::alerts::AlertKind;
-use super::overview::phase_name;
+use super::overview::{phase_name, run_phase_name};
 use super::state::State;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
@@ -57,14 +57,7 @@ pub fn render(state: &State) -> String {
 
     let mut runs = BTreeMap::new();
     for r in state.runs.state() {
-        let p = r
-            .status
-            .as_ref()
-            .and_then(|s| s.run.phase)
-            .and_then(|p| serde_json::to_value(p).ok())
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_else(|| "Pending".into());
-        *runs.entry(vec![("phase", p)]).or_insert(0) += 1;
+        *runs.entry(vec![("phase", run_phase_name(&r))]).or_insert(0) += 1;
     }
     gauge_family(&mut registry, "fleet_task_runs", "TaskRuns by phase.", runs);
 

@@ -70,6 +70,16 @@ pub fn phase_name(d: &Device) -> String {
         .unwrap_or_else(|| "none".into())
 }
 
+/// The phase of a TaskRun as shown (`Pending` before the operator first wrote its status).
+pub fn run_phase_name(r: &TaskRun) -> String {
+    r.status
+        .as_ref()
+        .and_then(|s| s.run.phase)
+        .and_then(|p| serde_json::to_value(p).ok())
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "Pending".into())
+}
+
 /// The overview page.
 pub fn render(
     devices: &[Arc<Device>],
@@ -162,14 +172,7 @@ pub fn render(
     h.raw("<h2>Task runs by phase</h2>");
     let mut by_phase = BTreeMap::new();
     for r in runs {
-        let p = r
-            .status
-            .as_ref()
-            .and_then(|s| s.run.phase)
-            .and_then(|p| serde_json::to_value(p).ok())
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_else(|| "Pending".into());
-        *by_phase.entry(p).or_insert(0usize) += 1;
+        *by_phase.entry(run_phase_name(r)).or_insert(0usize) += 1;
     }
     h.table(&["phase", "runs"], count_rows(by_phase));
     h.raw("<p><a href=\"/runs\">Task run history</a></p>");
