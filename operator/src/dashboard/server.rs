@@ -13,6 +13,7 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
+use kube::runtime::reflector::ObjectRef;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -142,10 +143,7 @@ pub async fn handle(
             let Ok(id) = DeviceId::try_from(*name) else {
                 return Ok(not_found("not a device id"));
             };
-            let Some(d) = state
-                .devices
-                .find(|d| d.metadata.name.as_deref() == Some(id.as_str()))
-            else {
+            let Some(d) = state.devices.get(&ObjectRef::new(id.as_str())) else {
                 return Ok(not_found(&format!("no Device {id}")));
             };
             let kv = device::read(&state, &id, &state.runs.state()).await;
@@ -159,10 +157,7 @@ pub async fn handle(
             runs::list(&state.runs.state(), page_param(q), &state.alerts(), now),
         ),
         ["runs", ns, name] => {
-            let Some(r) = state.runs.find(|r| {
-                r.metadata.namespace.as_deref() == Some(*ns)
-                    && r.metadata.name.as_deref() == Some(*name)
-            }) else {
+            let Some(r) = state.runs.get(&ObjectRef::new(name).within(ns)) else {
                 return Ok(not_found(&format!("no TaskRun {ns}/{name}")));
             };
             let page = page_param(q);
