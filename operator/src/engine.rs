@@ -432,6 +432,7 @@ impl Engine {
                 nats_error = Some(e.to_string());
             }
         }
+        crate::metrics::reconciled("deployments", nats_error.is_none());
         let nats = conditions::nats_reachable(nats_error.as_deref());
         let mut kube_writes: Vec<Write<'_>> = Vec::new();
         for g in plan.groups {

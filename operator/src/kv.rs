@@ -298,6 +298,20 @@ pub async fn cas_write<T: Serialize + DeserializeOwned + Clone + Send + Sync + '
     key: &str,
     mut decide: impl FnMut(Option<&T>) -> Option<T>,
 ) -> Result<CasOutcome, NatsError> {
+    let started = std::time::Instant::now();
+    let r = cas_write_inner(store, mirror, key, &mut decide).await;
+    if matches!(r, Ok(CasOutcome::Written(_))) {
+        crate::metrics::nats_write(started.elapsed());
+    }
+    r
+}
+
+async fn cas_write_inner<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static>(
+    store: &kv::Store,
+    mirror: &Mirror<T>,
+    key: &str,
+    decide: &mut impl FnMut(Option<&T>) -> Option<T>,
+) -> Result<CasOutcome, NatsError> {
     let bucket = mirror.bucket;
     // What the last try saw: on the first try the mirror (read in place), after a lost race a fresh read.
     let mut known: Option<Seen<T>> = None;

@@ -1,7 +1,8 @@
 //! fleet-operator: CRDs and controllers for devices, groups, placement, agent releases and task runs; the
-//! FleetLock server, which runs with no Kubernetes at all; and fleet-auth, the NATS auth callout for device identity.
+//! FleetLock server, which runs with no Kubernetes at all; and fleet-auth, the NATS auth callout for device identity; and the read-only dashboard with alerts and `/metrics`.
 
 pub mod auth;
+pub mod dashboard;
 pub mod fleetlock;
 // Shared by the controllers: caches, conditions, CRDs, KV, placement; then deployments and agent releases.
 pub mod cache;
@@ -11,6 +12,7 @@ pub mod deploy;
 pub mod engine;
 pub mod health;
 pub mod kv;
+pub mod metrics;
 pub mod mirror;
 pub mod nats_tls;
 pub mod placement;

@@ -10,6 +10,7 @@ intents into NATS JetStream KV (creating the buckets), and mirrors device report
 TaskRun status.
 
 Usage: fleet-operator [--nats-url URL] [NATS TLS] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
+                      [--dashboard-listen ADDR --dashboard-token-file FILE [dashboard options]]
        fleet-operator buckets [--check] [--nats-url URL] [NATS TLS]
        fleet-operator --help | --version
 
@@ -31,7 +32,17 @@ Options:
                           refuses TaskRun spec changes (operator/deploy/webhook.yaml)
   --webhook-cert FILE     its PEM certificate chain
   --webhook-key FILE      its PEM private key
+  --dashboard-listen ADDR         also serve the read-only dashboard and /metrics over HTTP on ADDR
+                                  (e.g. 0.0.0.0:8081; off by default; docs/dashboard.md)
+  --dashboard-token-file FILE     the token it requires (Authorization: Bearer, or as the Basic password)
+  --dashboard-fleetlock-url URL   the FleetLock server whose /v1/status the Reboots page shows
+  --dashboard-fleetlock-token-file FILE   a client or admin token of that server
+  --dashboard-fleetlock-ca-file FILE      PEM CA certificate(s) trusted for an https:// FleetLock URL
+  --alert-silent-after DURATION   a device without heartbeat for longer alerts (default 15m)
+  --alert-slot-held-after DURATION  a FleetLock slot held for longer alerts (default 1h)
+  --alert-failed-run-for DURATION   a failed TaskRun alerts for this long after it ended (default 24h)
 Environment:
+  POD_NAMESPACE    this replica's namespace (events about the FleetLock server regard its Pod)
   KUBECONFIG / in-cluster service account   how the Kubernetes API is reached
   POD_NAME         this replica's name in events
   FLEET_LABEL_SELECTOR  handle only fleet objects with these labels (e.g. fleet=eu)
@@ -50,6 +61,7 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
     let buckets = args.next_if(|a| a == "buckets").is_some();
     let mut check = false;
+    let mut dash = DashboardArgs::default();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--check" if buckets => check = true,
@@ -91,6 +103,16 @@ fn main() -> ExitCode {
                     _ => webhook_key = Some(std::path::PathBuf::from(v)),
                 }
             }
+            flag if flag.starts_with("--dashboard-") || flag.starts_with("--alert-") => {
+                let Some(v) = args.next() else {
+                    eprintln!("{flag} needs a value; see --help");
+                    return ExitCode::from(2);
+                };
+                if let Err(e) = dash.set(flag, v) {
+                    eprintln!("{e}; see --help");
+                    return ExitCode::from(2);
+                }
+            }
             other => {
                 eprintln!("unknown argument {other:?}; see --help");
                 return ExitCode::from(2);
@@ -119,6 +141,13 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!("--webhook-listen, --webhook-cert and --webhook-key go together; see --help");
+            return ExitCode::from(2);
+        }
+    };
+    let dashboard = match dash.options(&nats_url) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
@@ -177,7 +206,20 @@ fn main() -> ExitCode {
             instance: opts.instance.clone(),
             label_selector: opts.label_selector.clone(),
         };
+        let dashboard_client = client.clone();
+        let dashboard = async move {
+            match dashboard {
+                Some(d) => fleet_operator::dashboard::run(dashboard_client, d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            r = dashboard => {
+                if let Err(e) = r {
+                    log::error!("{e}");
+                }
+                ExitCode::FAILURE
+            }
             r = fleet_operator::engine::run(client.clone(), opts) => {
                 if let Err(e) = r {
                     log::error!("{e}");
@@ -199,6 +241,99 @@ fn main() -> ExitCode {
             _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
         }
     })
+}
+
+/// The dashboard's flags as given.
+#[derive(Default)]
+struct DashboardArgs {
+    listen: Option<String>,
+    token_file: Option<String>,
+    fleetlock_url: Option<String>,
+    fleetlock_token_file: Option<String>,
+    fleetlock_ca_file: Option<String>,
+    thresholds: fleet_operator::dashboard::alerts::Thresholds,
+}
+
+impl DashboardArgs {
+    fn set(&mut self, flag: &str, v: String) -> Result<(), String> {
+        let duration =
+            |v: &str| humantime::parse_duration(v).map_err(|e| format!("{flag} {v:?}: {e}"));
+        match flag {
+            "--dashboard-listen" => self.listen = Some(v),
+            "--dashboard-token-file" => self.token_file = Some(v),
+            "--dashboard-fleetlock-url" => self.fleetlock_url = Some(v),
+            "--dashboard-fleetlock-token-file" => self.fleetlock_token_file = Some(v),
+            "--dashboard-fleetlock-ca-file" => self.fleetlock_ca_file = Some(v),
+            "--alert-silent-after" => self.thresholds.silent_after = duration(&v)?,
+            "--alert-slot-held-after" => self.thresholds.slot_held_after = duration(&v)?,
+            "--alert-failed-run-for" => self.thresholds.failed_run_for = duration(&v)?,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// The dashboard's options, `None` when it is off; an error for an incomplete or unreadable set.
+    fn options(self, nats_url: &str) -> Result<Option<fleet_operator::dashboard::Options>, String> {
+        use fleet_operator::dashboard::{auth::Token, events::OwnPod, reboots::FleetLockSource};
+        let (listen, token_file) = match (self.listen, self.token_file) {
+            (None, None) if self.fleetlock_url.is_none() => return Ok(None),
+            (Some(l), Some(t)) => (l, t),
+            _ => {
+                return Err(
+                    "--dashboard-listen and --dashboard-token-file go together; see --help".into(),
+                )
+            }
+        };
+        let token = Token::from_file(std::path::Path::new(&token_file))?;
+        let fleetlock = match self.fleetlock_url {
+            None => None,
+            Some(url) => Some(FleetLockSource {
+                ca: Vec::new(),
+                url,
+                token: match self.fleetlock_token_file {
+                    None => None,
+                    Some(f) => Some(
+                        std::fs::read_to_string(&f)
+                            .map_err(|e| format!("--dashboard-fleetlock-token-file {f}: {e}"))?
+                            .trim()
+                            .to_owned(),
+                    ),
+                },
+            }),
+        };
+        let fleetlock = match (fleetlock, self.fleetlock_ca_file) {
+            (Some(src), Some(f)) => {
+                let pem = std::fs::read(&f)
+                    .map_err(|e| format!("--dashboard-fleetlock-ca-file {f}: {e}"))?;
+                Some(
+                    src.with_ca_pem(&pem)
+                        .map_err(|e| format!("--dashboard-fleetlock-ca-file {f}: {e}"))?,
+                )
+            }
+            (src, _) => src,
+        };
+        let env = |k: &str, default: &str| {
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| default.to_owned())
+        };
+        Ok(Some(fleet_operator::dashboard::Options {
+            listen,
+            token,
+            nats_url: nats_url.to_owned(),
+            label_selector: std::env::var("FLEET_LABEL_SELECTOR")
+                .ok()
+                .filter(|s| !s.is_empty()),
+            fleetlock,
+            thresholds: self.thresholds,
+            pod: OwnPod {
+                name: env("POD_NAME", "fleet-operator"),
+                namespace: env("POD_NAMESPACE", "default"),
+            },
+            instance: std::env::var("POD_NAME").ok(),
+        }))
+    }
 }
 
 /// `fleet-operator buckets`: the buckets of the KV layout, each `exists`, `created` or `missing`, without

@@ -158,6 +158,7 @@ pub async fn run(
                 }
             }
         }
+        crate::metrics::reconciled("taskruns", nats_error.is_none());
         let wake = c.pass(link.as_ref(), nats_error).await;
         let mut wait = if link.is_none() {
             Duration::from_secs(2)

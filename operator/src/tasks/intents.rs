@@ -78,8 +78,10 @@ async fn release_shard(
                     op: format!("encode {key}"),
                     message: e.to_string(),
                 })?;
+                let t = std::time::Instant::now();
                 match store.create(&key, bytes.into()).await {
                     Ok(rev) => {
+                        crate::metrics::nats_write(t.elapsed());
                         if let Some(m) = mirror {
                             m.record(&key, rev, Some(attempt));
                         }

@@ -1,0 +1,274 @@
+//! Dashboard benchmark (run by `scripts/bench.d/58-dashboard.sh`): the real `fleet-operator` binary with the
+//! dashboard on, against a real kube-apiserver holding 10,000 Devices (with statuses) and a TaskRun whose frozen plan
+//! in a real nats-server holds 100,000 devices (10,000 with a status). Measures each page's time and size as a
+//! client on the same host sees them, and the operator's RSS; references measured in the same run: listing the same
+//! CRs with kube's client, and loading the whole plan from NATS.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_operator::crd::Device;
+use fleet_operator::tasks::crd::TaskRun;
+use fleet_wire::kv as layout;
+use fleet_wire::{
+    fixtures, AttemptId, DeviceId, SystemUpgradePhase, TaskOperation, TaskPlan, TaskRunPhase,
+    TaskRunReason, Timestamp, UpgradePhase,
+};
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "dashboard-bench-token-0123456789";
+
+fn proc_mib(pid: u32, field: &str) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Median and range of `times` in ms.
+fn stats(mut times: Vec<f64>) -> String {
+    times.sort_by(|a, b| a.total_cmp(b));
+    format!(
+        "{:.1} ms ({:.1}–{:.1})",
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1]
+    )
+}
+
+fn main() {
+    let n: usize = std::env::var("FLEET_BENCH_DEVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let plan_n: usize = std::env::var("FLEET_BENCH_PLAN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let rounds: usize = 5;
+    let bin = std::env::var("FLEET_OPERATOR_BIN")
+        .expect("FLEET_OPERATOR_BIN: path of the fleet-operator binary");
+    let api = fleet_rig::kube::KubeApiServer::start();
+    let nats = fleet_rig::NatsServer::start();
+    let dir = tempfile::tempdir().expect("tmp");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig(api.token())).expect("kubeconfig");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let kc = kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.token())).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+        let client = kube::Client::try_from(cfg).unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in fleet_operator::crd::all_crds() {
+            let name = crd.metadata.name.clone().unwrap();
+            crds.patch(&name, &PatchParams::apply("bench").force(), &Patch::Apply(&crd)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+
+        // 10,000 Devices with what the operator would mirror: info, a heartbeat, an upgrade status (1 % failed).
+        let devices: Api<Device> = Api::all(client.clone());
+        let now = Timestamp::now();
+        let t = Instant::now();
+        let made: Vec<_> = futures::stream::iter(0..n)
+            .map(|i| {
+                let devices = devices.clone();
+                async move {
+                    let name = format!("device-{i:06}");
+                    let d: Device = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
+                        "kind": "Device", "metadata": {"name": name, "labels": {"site": format!("site-{}", i % 50)}},
+                        "spec": {}})).unwrap();
+                    devices.create(&PostParams::default(), &d).await?;
+                    let mut up = fixtures::failed_status();
+                    up.device_id = DeviceId::try_from(name.as_str()).unwrap();
+                    if i % 100 != 0 {
+                        up.phase = UpgradePhase::Complete;
+                        up.error = None;
+                    }
+                    let status = json!({"agentVersion": "1.2.0", "architecture": "arm64", "os": "Debian GNU/Linux 12",
+                        "lastHeartbeat": now.to_string(), "agentUpgrade": up,
+                        "workloads": {"running": 2, "failed": 0, "pending": 0}});
+                    devices
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+                        .await
+                }
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        assert!(made.iter().all(|r| r.is_ok()), "creating Devices failed");
+        let create_secs = t.elapsed().as_secs_f64();
+
+        // A terminal TaskRun (the task controller leaves it alone) with a 100,000-device plan.
+        let ns = "default";
+        let runs: Api<TaskRun> = Api::namespaced(client.clone(), ns);
+        let run: TaskRun = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
+            "metadata": {"name": "big-run"}, "spec": {"allowedGroups": ["all"], "deadlineSeconds": 3600,
+            "systemUpgradeV1": {}}})).unwrap();
+        let run = runs.create(&PostParams::default(), &run).await.unwrap();
+        let uid = AttemptId::try_from(run.metadata.uid.as_deref().unwrap()).unwrap();
+        let status = fleet_wire::TaskRunStatus {
+            phase: Some(TaskRunPhase::Failed),
+            targets: plan_n as u32,
+            failed: 1,
+            start_time: Some(now),
+            completion_time: Some(now),
+            reason: Some(TaskRunReason::CanaryFailed),
+            ..Default::default()
+        };
+        runs.patch_status("big-run", &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .await
+            .unwrap();
+        let nc = async_nats::connect(nats.url()).await.unwrap();
+        let js = async_nats::jetstream::new(nc);
+        let stores = fleet_operator::kv::ensure_buckets(&js).await.unwrap();
+        let ids: Vec<DeviceId> = (0..plan_n)
+            .map(|i| DeviceId::try_from(format!("device-{i:06}").as_str()).unwrap())
+            .collect();
+        let plan = TaskPlan::new(uid, TaskOperation::AptFullUpgradeV1, now.plus(Duration::from_secs(3600)),
+            ids[..10].to_vec(), ids[10..].to_vec(), now).unwrap();
+        fleet_operator::tasks::store::create(&stores[layout::TASK_PLANS], &plan).await.unwrap();
+        let statuses = stores[layout::SYSTEM_UPGRADE_STATUS].clone();
+        let written: Vec<_> = futures::stream::iter(ids.iter().take(n).cloned())
+            .map(|d| {
+                let statuses = statuses.clone();
+                async move {
+                    let mut s = fixtures::system_status();
+                    s.run_uid = uid;
+                    s.device_id = d.clone();
+                    if d.as_str() == "device-000000" {
+                        s.phase = SystemUpgradePhase::Failed;
+                    }
+                    statuses.put(layout::run_key(&d, &uid), serde_json::to_vec(&s).unwrap().into()).await
+                }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        assert!(written.iter().all(|r| r.is_ok()), "writing statuses failed");
+
+        // References: kube's client listing the same CRs; loading the whole plan from NATS.
+        let mut list_devices = vec![];
+        let mut list_bytes = 0;
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let l = devices.list(&ListParams::default()).await.unwrap();
+            list_devices.push(t.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(l.items.len(), n);
+            list_bytes = serde_json::to_vec(&l).unwrap().len();
+        }
+        let mut get_run = vec![];
+        for _ in 0..rounds {
+            let t = Instant::now();
+            runs.get("big-run").await.unwrap();
+            get_run.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        let mut load_plan = vec![];
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let p = fleet_operator::tasks::store::load(&stores[layout::TASK_PLANS], &uid).await.unwrap().unwrap();
+            load_plan.push(t.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(p.targets().count(), plan_n);
+        }
+
+        // The operator with the dashboard on.
+        let addr = fleet_rig::fleetlock::free_addr().unwrap();
+        let child = std::process::Command::new(&bin)
+            .args(["--nats-url", &nats.url(), "--dashboard-listen", &addr.to_string()])
+            .arg("--dashboard-token-file")
+            .arg(&token_file)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("start fleet-operator");
+        let pid = child.id();
+        let _op = Kill(child);
+        let base = format!("http://{addr}");
+        let get = move |path: &str| -> (u16, usize, f64, String) {
+            let agent = ureq::Agent::new_with_config(
+                ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(Some(Duration::from_secs(60)))
+                    .build(),
+            );
+            let t = Instant::now();
+            match agent.get(format!("{base}{path}")).header("Authorization", &format!("Bearer {TOKEN}")).call() {
+                Ok(mut r) => {
+                    let body = r.body_mut().with_config().limit(64 << 20).read_to_string().unwrap_or_default();
+                    (r.status().as_u16(), body.len(), t.elapsed().as_secs_f64() * 1000.0, body)
+                }
+                Err(_) => (0, 0, 0.0, String::new()),
+            }
+        };
+        let t = Instant::now();
+        let want = format!("{n} devices");
+        loop {
+            let g = get.clone();
+            let (code, _, _, body) = tokio::task::spawn_blocking(move || g("/")).await.unwrap();
+            if code == 200 && body.contains(&want) && body.contains("1 task runs") {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(300), "the dashboard did not show {n} devices");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let ready_secs = t.elapsed().as_secs_f64();
+        let rss_idle = proc_mib(pid, "VmRSS:");
+        let last_page = plan_n.div_ceil(fleet_operator::dashboard::runs::DEVICES_PER_RUN_PAGE) - 1;
+        let pages: Vec<(String, String)> = vec![
+            ("overview `/`".into(), "/".into()),
+            ("device list, first page `/devices`".into(), "/devices".into()),
+            ("device page `/devices/device-000100`".into(), "/devices/device-000100".into()),
+            ("run history `/runs`".into(), "/runs".into()),
+            ("run page 1 (canaries, 200 devices with status)".into(), format!("/runs/{ns}/big-run")),
+            (format!("run page {} (last chunk, no status)", last_page + 1), format!("/runs/{ns}/big-run?page={last_page}")),
+            ("`/metrics`".into(), "/metrics".into()),
+        ];
+        let mut rows = vec![];
+        for (label, path) in pages {
+            let mut times = vec![];
+            let mut bytes = 0;
+            for _ in 0..rounds {
+                let g = get.clone();
+                let p = path.clone();
+                let (code, len, ms, _) = tokio::task::spawn_blocking(move || g(&p)).await.unwrap();
+                assert_eq!(code, 200, "{path}");
+                times.push(ms);
+                bytes = len;
+            }
+            rows.push((label, stats(times), bytes));
+        }
+        let rss = proc_mib(pid, "VmRSS:");
+        let hwm = proc_mib(pid, "VmHWM:");
+        println!("| dashboard: real fleet-operator, {n} Devices, a {plan_n}-device plan | time (median of {rounds}, range) | bytes |");
+        println!("|---|---|---|");
+        println!("| reference: kube client lists the {n} Devices | {} | {list_bytes} (JSON) |", stats(list_devices));
+        println!("| reference: kube client gets the TaskRun | {} | |", stats(get_run));
+        println!("| reference: load the whole {plan_n}-device plan from NATS (tasks::store::load) | {} | |", stats(load_plan));
+        for (label, t, bytes) in rows {
+            println!("| {label} | {t} | {bytes} |");
+        }
+        println!();
+        println!("| setup and memory | value |");
+        println!("|---|---|");
+        println!("| creating {n} Devices with statuses (setup only) | {create_secs:.1} s |");
+        println!("| operator start → overview shows {n} devices | {ready_secs:.1} s |");
+        println!("| operator RSS after start-up / after the pages / peak | {rss_idle:.1} MiB / {rss:.1} MiB / {hwm:.1} MiB |");
+    });
+}

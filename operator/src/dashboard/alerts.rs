@@ -1,0 +1,437 @@
+//! Alerts: a pure evaluation of what the dashboard knows (Devices, TaskRuns, the FleetLock server's status) into a
+//! list of alerts, each with a title, its subject, since when and what to do. The same list is shown on the
+//! dashboard, exported as `fleet_alerts` metrics and published as Kubernetes Warning events when an alert appears.
+
+use fleet_wire::fleetlock::ServerStatus;
+use fleet_wire::{
+    AgentUpgradeStatus, TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp, UpgradePhase,
+};
+use std::time::Duration;
+
+/// The kinds of alert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AlertKind {
+    /// A device's agent upgrade ended in `rollback-failed`: the device is quarantined.
+    RollbackFailed,
+    /// A device has sent no heartbeat for longer than the configured time.
+    DeviceSilent,
+    /// A TaskRun failed because a canary failed (the rest were never released).
+    CanaryFailed,
+    /// A TaskRun failed for another reason.
+    RunFailed,
+    /// A FleetLock slot has been held for longer than the configured time.
+    SlotHeldTooLong,
+    /// The FleetLock server's config file on disk is invalid (it runs on its last good config).
+    FleetLockConfigInvalid,
+}
+
+impl AlertKind {
+    /// Every kind, in display order.
+    pub const ALL: [AlertKind; 6] = [
+        Self::RollbackFailed,
+        Self::DeviceSilent,
+        Self::CanaryFailed,
+        Self::RunFailed,
+        Self::SlotHeldTooLong,
+        Self::FleetLockConfigInvalid,
+    ];
+
+    /// The metric label and the Event reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RollbackFailed => "DeviceRollbackFailed",
+            Self::DeviceSilent => "DeviceSilent",
+            Self::CanaryFailed => "TaskRunCanaryFailed",
+            Self::RunFailed => "TaskRunFailed",
+            Self::SlotHeldTooLong => "FleetLockSlotHeldTooLong",
+            Self::FleetLockConfigInvalid => "FleetLockConfigInvalid",
+        }
+    }
+
+    /// The title a person reads.
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::RollbackFailed => "Agent rollback failed: device quarantined",
+            Self::DeviceSilent => "Device silent",
+            Self::CanaryFailed => "Task run stopped: a canary failed",
+            Self::RunFailed => "Task run failed",
+            Self::SlotHeldTooLong => "FleetLock slot held too long",
+            Self::FleetLockConfigInvalid => "FleetLock config invalid",
+        }
+    }
+
+    /// What to do about it.
+    pub fn action(self) -> &'static str {
+        match self {
+            Self::RollbackFailed => {
+                "The updater refuses new upgrades until root repairs the device: read `journalctl -u \
+                 fleet-updater` on it, then run `fleet-updater --repair-rollback-failed` (docs/updater.md)."
+            }
+            Self::DeviceSilent => {
+                "Check power and network, then `systemctl status fleet-agent` on the device; its NATS \
+                 credentials may have expired (docs/auth.md)."
+            }
+            Self::CanaryFailed => {
+                "Open the run's page for the canary's error and apt output; fix the cause and create a new \
+                 TaskRun (runs are immutable)."
+            }
+            Self::RunFailed => {
+                "Open the run's page for the failing devices and their errors; create a new TaskRun for \
+                 them once fixed."
+            }
+            Self::SlotHeldTooLong => {
+                "The holder did not come back healthy after its reboot: check it; if it is gone, free the \
+                 slot with POST /v1/admin/release (docs/fleetlock.md)."
+            }
+            Self::FleetLockConfigInvalid => {
+                "Fix the config file (the server names the error) — it keeps running on its last good \
+                 config until then."
+            }
+        }
+    }
+}
+
+/// What an alert is about.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Subject {
+    /// A Device (its name).
+    Device(String),
+    /// A TaskRun.
+    Run {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// One holder of a FleetLock group.
+    Holder {
+        /// The group.
+        group: String,
+        /// The holder's id.
+        id: String,
+    },
+    /// The FleetLock server itself.
+    FleetLock,
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Device(d) => write!(f, "device {d}"),
+            Self::Run { namespace, name } => write!(f, "task run {namespace}/{name}"),
+            Self::Holder { group, id } => write!(f, "{id} in FleetLock group {group}"),
+            Self::FleetLock => f.write_str("the FleetLock server"),
+        }
+    }
+}
+
+/// One alert.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alert {
+    /// What kind.
+    pub kind: AlertKind,
+    /// About what.
+    pub subject: Subject,
+    /// Since when the condition holds, when known.
+    pub since: Option<Timestamp>,
+    /// The specifics (an error, a duration).
+    pub detail: String,
+}
+
+impl Alert {
+    /// Identity across evaluations: an alert with the same key is the same alert (one event, not one per pass).
+    pub fn key(&self) -> (AlertKind, Subject) {
+        (self.kind, self.subject.clone())
+    }
+}
+
+/// When conditions become alerts.
+#[derive(Debug, Clone, Copy)]
+pub struct Thresholds {
+    /// A device without a heartbeat for longer is silent.
+    pub silent_after: Duration,
+    /// A FleetLock slot held for longer alerts.
+    pub slot_held_after: Duration,
+    /// A failed run alerts for this long after it ended (then it is history).
+    pub failed_run_for: Duration,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            silent_after: Duration::from_secs(15 * 60),
+            slot_held_after: Duration::from_secs(60 * 60),
+            failed_run_for: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// One device as the alerts see it.
+pub struct DeviceFacts<'a> {
+    /// Its name (the device id).
+    pub name: &'a str,
+    /// The mirrored agent-upgrade status.
+    pub upgrade: Option<&'a AgentUpgradeStatus>,
+    /// Its last heartbeat (never: no silence alert, it has not started yet).
+    pub last_heartbeat: Option<Timestamp>,
+}
+
+/// One TaskRun as the alerts see it.
+pub struct RunFacts<'a> {
+    /// Namespace.
+    pub namespace: &'a str,
+    /// Name.
+    pub name: &'a str,
+    /// Its status.
+    pub status: &'a TaskRunStatus,
+}
+
+/// Every alert that holds at `now`, ordered by kind and subject.
+pub fn evaluate<'a>(
+    devices: impl IntoIterator<Item = DeviceFacts<'a>>,
+    runs: impl IntoIterator<Item = RunFacts<'a>>,
+    fleetlock: Option<&ServerStatus>,
+    t: &Thresholds,
+    now: Timestamp,
+) -> Vec<Alert> {
+    let mut out = Vec::new();
+    for d in devices {
+        if let Some(u) = d
+            .upgrade
+            .filter(|u| u.phase == UpgradePhase::RollbackFailed)
+        {
+            out.push(Alert {
+                kind: AlertKind::RollbackFailed,
+                subject: Subject::Device(d.name.to_owned()),
+                since: Some(u.phase_changed_at),
+                detail: match (&u.target_version, &u.error) {
+                    (Some(v), Some(e)) => format!("upgrade to {v}: {e}"),
+                    (None, Some(e)) => e.to_string(),
+                    (Some(v), None) => format!("upgrade to {v}"),
+                    (None, None) => String::new(),
+                },
+            });
+        }
+        if let Some(hb) = d.last_heartbeat {
+            let quiet = now.since(hb);
+            if quiet > t.silent_after {
+                out.push(Alert {
+                    kind: AlertKind::DeviceSilent,
+                    subject: Subject::Device(d.name.to_owned()),
+                    since: Some(hb),
+                    // No running duration here: the alert is kept while it holds, "since" tells how long.
+                    detail: format!(
+                        "no heartbeat for longer than {}",
+                        super::html::age(t.silent_after)
+                    ),
+                });
+            }
+        }
+    }
+    for r in runs {
+        let s = r.status;
+        if s.phase != Some(TaskRunPhase::Failed) {
+            continue;
+        }
+        if s.completion_time
+            .is_some_and(|c| now.since(c) > t.failed_run_for)
+        {
+            continue;
+        }
+        let kind = match s.reason {
+            Some(TaskRunReason::CanaryFailed) => AlertKind::CanaryFailed,
+            _ => AlertKind::RunFailed,
+        };
+        let reason = s
+            .reason
+            .and_then(|r| serde_json::to_value(r).ok())
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        out.push(Alert {
+            kind,
+            subject: Subject::Run {
+                namespace: r.namespace.to_owned(),
+                name: r.name.to_owned(),
+            },
+            since: s.completion_time,
+            detail: format!(
+                "{reason}: {} of {} succeeded, {} failed{}",
+                s.succeeded,
+                s.targets,
+                s.failed,
+                s.latest_error
+                    .as_ref()
+                    .map(|e| format!("; latest error: {e}"))
+                    .unwrap_or_default()
+            ),
+        });
+    }
+    if let Some(fl) = fleetlock {
+        if !fl.config_valid {
+            out.push(Alert {
+                kind: AlertKind::FleetLockConfigInvalid,
+                subject: Subject::FleetLock,
+                since: None,
+                detail: fl.config_error.clone().unwrap_or_default(),
+            });
+        }
+        for g in &fl.groups {
+            for h in &g.holders {
+                let held = now.since(h.taken_at);
+                if held > t.slot_held_after {
+                    out.push(Alert {
+                        kind: AlertKind::SlotHeldTooLong,
+                        subject: Subject::Holder {
+                            group: g.name.clone(),
+                            id: h.id.clone(),
+                        },
+                        since: Some(h.taken_at),
+                        detail: format!(
+                            "held for longer than {}{}",
+                            super::html::age(t.slot_held_after),
+                            h.hostname
+                                .as_ref()
+                                .map(|n| format!("; host {n}"))
+                                .unwrap_or_default()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    out.sort_by_key(Alert::key);
+    out
+}
+
+/// The alerts of `now` that were not in `before`: each gets one event.
+pub fn appeared<'a>(before: &[Alert], now: &'a [Alert]) -> Vec<&'a Alert> {
+    let old: std::collections::HashSet<_> = before.iter().map(Alert::key).collect();
+    now.iter().filter(|a| !old.contains(&a.key())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_wire::fixtures;
+    use fleet_wire::fleetlock::{GroupStatus, Holder};
+
+    fn at(s: u64) -> Timestamp {
+        Timestamp::from_unix_ms(s * 1000)
+    }
+
+    #[test]
+    fn conditions_become_alerts() {
+        let now = at(100_000);
+        let t = Thresholds {
+            silent_after: Duration::from_secs(600),
+            slot_held_after: Duration::from_secs(3600),
+            failed_run_for: Duration::from_secs(86400),
+        };
+        let mut quarantined = fixtures::upgrade_status();
+        quarantined.phase = UpgradePhase::RollbackFailed;
+        let mut failed = fixtures::upgrade_status();
+        failed.phase = UpgradePhase::Failed;
+        let devices = [
+            ("q", Some(&quarantined), Some(at(99_990))),
+            ("rolled-back", Some(&failed), Some(at(99_990))),
+            ("silent", None, Some(at(100_000 - 601))),
+            ("just-quiet", None, Some(at(100_000 - 600))),
+            ("never", None, None),
+        ];
+        let run = |phase, reason, done: u64| TaskRunStatus {
+            phase: Some(phase),
+            reason,
+            completion_time: Some(at(done)),
+            targets: 3,
+            failed: 1,
+            ..Default::default()
+        };
+        let runs = [
+            (
+                "canary",
+                run(
+                    TaskRunPhase::Failed,
+                    Some(TaskRunReason::CanaryFailed),
+                    99_000,
+                ),
+            ),
+            (
+                "target",
+                run(
+                    TaskRunPhase::Failed,
+                    Some(TaskRunReason::TargetFailed),
+                    99_000,
+                ),
+            ),
+            (
+                "old",
+                run(
+                    TaskRunPhase::Failed,
+                    Some(TaskRunReason::TargetFailed),
+                    10_000,
+                ),
+            ),
+            ("ok", run(TaskRunPhase::Complete, None, 99_000)),
+        ];
+        let holder = |id: &str, taken: u64| Holder {
+            id: id.into(),
+            hostname: None,
+            ip: "10.0.0.1".into(),
+            taken_at: at(taken),
+        };
+        let fl = ServerStatus {
+            store: "file".into(),
+            config_valid: false,
+            config_error: Some("groups: slots must be at least 1".into()),
+            ttl_secs: None,
+            groups: vec![GroupStatus {
+                name: "default".into(),
+                slots: 2,
+                holders: vec![holder("stuck", 100_000 - 3601), holder("fresh", 99_999)],
+            }],
+        };
+        let alerts = evaluate(
+            devices.iter().map(|(n, u, hb)| DeviceFacts {
+                name: n,
+                upgrade: *u,
+                last_heartbeat: *hb,
+            }),
+            runs.iter().map(|(n, s)| RunFacts {
+                namespace: "ops",
+                name: n,
+                status: s,
+            }),
+            Some(&fl),
+            &t,
+            now,
+        );
+        let got: Vec<(AlertKind, String)> = alerts
+            .iter()
+            .map(|a| (a.kind, a.subject.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (AlertKind::RollbackFailed, "device q".into()),
+                (AlertKind::DeviceSilent, "device silent".into()),
+                (AlertKind::CanaryFailed, "task run ops/canary".into()),
+                (AlertKind::RunFailed, "task run ops/target".into()),
+                (
+                    AlertKind::SlotHeldTooLong,
+                    "stuck in FleetLock group default".into()
+                ),
+                (
+                    AlertKind::FleetLockConfigInvalid,
+                    "the FleetLock server".into()
+                ),
+            ]
+        );
+        assert!(alerts[2]
+            .detail
+            .starts_with("CanaryFailed: 0 of 3 succeeded, 1 failed"));
+        // the same alerts again: nothing new; one gone and one back: only that one is new
+        assert!(appeared(&alerts, &alerts).is_empty());
+        let fewer: Vec<Alert> = alerts[1..].to_vec();
+        assert_eq!(appeared(&fewer, &alerts), vec![&alerts[0]]);
+    }
+}

@@ -1,0 +1,72 @@
+//! Alerts as Kubernetes events: one Warning event when an alert appears, regarding the Device or TaskRun it is
+//! about; FleetLock alerts, which concern no fleet object, regard the operator's own Pod.
+
+use super::alerts::{Alert, Subject};
+use crate::crd::Device;
+use crate::tasks::crd::TaskRun;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::Resource;
+
+/// Where the operator runs, for events about the FleetLock server.
+#[derive(Debug, Clone)]
+pub struct OwnPod {
+    /// `POD_NAME` (default `fleet-operator`).
+    pub name: String,
+    /// `POD_NAMESPACE` (default `default`).
+    pub namespace: String,
+}
+
+fn reference(a: &Alert, pod: &OwnPod) -> ObjectReference {
+    match &a.subject {
+        Subject::Device(name) => {
+            let mut r = Device::new(name, Default::default()).object_ref(&());
+            // Cluster-scoped objects' events live in `default` (as in crate::report).
+            r.namespace = Some("default".into());
+            r
+        }
+        Subject::Run { namespace, name } => {
+            let mut r = TaskRun::new(
+                name,
+                crate::tasks::crd::TaskRunSpec {
+                    placement: Default::default(),
+                    deadline_seconds: 1,
+                    system_upgrade_v1: Default::default(),
+                },
+            )
+            .object_ref(&());
+            r.namespace = Some(namespace.clone());
+            r
+        }
+        Subject::Holder { .. } | Subject::FleetLock => ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            ..Default::default()
+        },
+    }
+}
+
+/// Publishes one Warning event for `a` (best effort: the dashboard and metrics carry the same alert).
+pub async fn publish(recorder: &Recorder, a: &Alert, pod: &OwnPod) {
+    let mut note = format!("{}: {}. {}", a.kind.title(), a.subject, a.detail);
+    // The Events API bounds a note at 1 KiB.
+    if note.len() > 1000 {
+        let mut cut = 1000;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: a.kind.as_str().into(),
+        note: Some(note),
+        action: "Alert".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &reference(a, pod)).await {
+        log::warn!("alert event {} for {}: {e}", a.kind.as_str(), a.subject);
+    }
+}

@@ -1,0 +1,139 @@
+//! `/metrics`: the operator's counters ([`crate::metrics`]) and gauges computed at scrape time from the
+//! dashboard's caches (devices by agent-upgrade phase, task runs by phase, alerts by kind, FleetLock reachability),
+//! in the OpenMetrics text format that Prometheus scrapes.
+
+use super::alerts::AlertKind;
+use super::overview::{phase_name, run_phase_name};
+use super::state::State;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
+
+/// The content type of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(&'static str, String)>;
+
+fn gauge_family(registry: &mut Registry, name: &str, help: &str, values: BTreeMap<Labels, i64>) {
+    let f = Family::<Labels, Gauge>::default();
+    for (labels, v) in values {
+        f.get_or_create(&labels).set(v);
+    }
+    registry.register(name, help, f);
+}
+
+/// The whole exposition.
+pub fn render(state: &State) -> String {
+    let mut registry = Registry::default();
+    let m = crate::metrics::global();
+    registry.register(
+        "fleet_operator_reconciles",
+        "Reconcile passes per controller.",
+        m.reconciles.clone(),
+    );
+    registry.register(
+        "fleet_operator_reconcile_errors",
+        "Reconcile passes that ended with an error, per controller.",
+        m.reconcile_errors.clone(),
+    );
+    registry.register(
+        "fleet_operator_nats_write_duration_seconds",
+        "Latency of one NATS KV compare-and-set write, re-reads included.",
+        m.nats_write_seconds.clone(),
+    );
+
+    let mut phases = BTreeMap::new();
+    for d in state.devices.state() {
+        *phases.entry(vec![("phase", phase_name(&d))]).or_insert(0) += 1;
+    }
+    gauge_family(
+        &mut registry,
+        "fleet_devices",
+        "Devices by agent-upgrade phase (`none`: never upgraded).",
+        phases,
+    );
+
+    let mut runs = BTreeMap::new();
+    for r in state.runs.state() {
+        *runs.entry(vec![("phase", run_phase_name(&r))]).or_insert(0) += 1;
+    }
+    gauge_family(&mut registry, "fleet_task_runs", "TaskRuns by phase.", runs);
+
+    let alerts = state.alerts();
+    let mut by_kind: BTreeMap<Labels, i64> = AlertKind::ALL
+        .iter()
+        .map(|k| (vec![("alert", k.as_str().to_owned())], 0))
+        .collect();
+    for a in &alerts {
+        *by_kind
+            .entry(vec![("alert", a.kind.as_str().to_owned())])
+            .or_insert(0) += 1;
+    }
+    gauge_family(
+        &mut registry,
+        "fleet_alerts",
+        "Alerts that hold now, by kind (the dashboard's /alerts page lists them).",
+        by_kind,
+    );
+    let mut fl = BTreeMap::new();
+    if let Some(v) = state.fleetlock() {
+        fl.insert(vec![], i64::from(v.status.is_ok()));
+    }
+    gauge_family(
+        &mut registry,
+        "fleet_fleetlock_status_up",
+        "1 when the FleetLock server's /v1/status was read at the last try, 0 when not (absent: none configured).",
+        fl,
+    );
+
+    let mut out = String::with_capacity(8 * 1024);
+    if let Err(e) = encode(&mut out, &registry) {
+        log::warn!("metrics: {e}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AlertKind;
+
+    /// The example rules (docs/dashboard/prometheus-rules.yaml) name only metrics and alert kinds that exist.
+    #[test]
+    fn example_rules_name_real_metrics() {
+        let text = include_str!("../../../docs/dashboard/prometheus-rules.yaml");
+        let doc: serde_json::Value = serde_yaml_ng::from_str(text).expect("rules are YAML");
+        let known = [
+            "fleet_alerts",
+            "fleet_fleetlock_status_up",
+            "fleet_operator_reconcile_errors_total",
+            "fleet_operator_nats_write_duration_seconds_bucket",
+            "up",
+        ];
+        let rules = doc["groups"][0]["rules"].as_array().expect("rules");
+        assert!(rules.len() >= AlertKind::ALL.len());
+        for r in rules {
+            let expr = r["expr"].as_str().expect("expr");
+            assert!(
+                known
+                    .iter()
+                    .any(|m| expr.contains(&format!("{m}{{")) || expr.contains(&format!("({m}"))),
+                "{expr} names no exported metric"
+            );
+            if let Some(kind) = expr
+                .split("alert=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+            {
+                assert!(AlertKind::ALL.iter().any(|k| k.as_str() == kind), "{kind}");
+            }
+        }
+        for k in AlertKind::ALL {
+            assert!(
+                text.contains(&format!("alert=\"{}\"", k.as_str())),
+                "{k:?} has no rule"
+            );
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The read-only dashboard served by the operator (its own listen address, off by default): fleet overview,
+//! device pages, task run history with per-device results, reboots (FleetLock holders) and alerts, as
+//! server-rendered HTML that needs no JavaScript; `/metrics` for Prometheus; alerts also published as Kubernetes
+//! events. Access needs the dashboard's token.
+//!
+//! A product folder: it takes CRD types, caches, KV helpers and the event recorder from the operator's shared
+//! modules and nothing from `engine.rs` or another product folder.
+
+pub mod alerts;
+pub mod auth;
+pub mod device;
+pub mod events;
+pub mod html;
+pub mod metrics;
+pub mod overview;
+pub mod reboots;
+pub mod runs;
+pub mod server;
+pub mod state;
+
+use crate::cache::cache;
+use crate::crd::{Device, DeviceGroup};
+use crate::tasks::crd::TaskRun;
+use alerts::{DeviceFacts, RunFacts, Thresholds};
+use fleet_wire::Timestamp;
+use kube::Client;
+use state::{Buckets, FleetLockView, State};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// How often the FleetLock status is read, and alerts evaluated at the latest.
+pub const ALERT_INTERVAL: Duration = Duration::from_secs(15);
+/// Least time between two alert evaluations (a change of a watched object wakes one).
+pub const ALERT_DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// How the dashboard runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where to listen, e.g. `0.0.0.0:8081`.
+    pub listen: String,
+    /// The access token.
+    pub token: auth::Token,
+    /// NATS (the operator's own URL).
+    pub nats_url: String,
+    /// Only objects with these labels (the operator's `FLEET_LABEL_SELECTOR`).
+    pub label_selector: Option<String>,
+    /// The FleetLock server to show, if any.
+    pub fleetlock: Option<reboots::FleetLockSource>,
+    /// When conditions become alerts.
+    pub thresholds: Thresholds,
+    /// The operator's Pod, for events about the FleetLock server.
+    pub pod: events::OwnPod,
+    /// The event reporter's instance name.
+    pub instance: Option<String>,
+}
+
+/// Binds `opts.listen`, then serves the dashboard and keeps its data and alerts current. Returns only on a bind
+/// error (the caller exits).
+pub async fn run(client: Client, opts: Options) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(&opts.listen)
+        .await
+        .map_err(|e| format!("dashboard: listen on {}: {e}", opts.listen))?;
+    log::info!("dashboard on http://{}/", opts.listen);
+    let notify = Arc::new(Notify::new());
+    let state = Arc::new(State {
+        devices: cache::<Device>(&client, &opts.label_selector, &notify),
+        groups: cache::<DeviceGroup>(&client, &opts.label_selector, &notify),
+        runs: cache::<TaskRun>(&client, &opts.label_selector, &notify),
+        nats: RwLock::new(None),
+        fleetlock: RwLock::new(None),
+        alerts: RwLock::new(Vec::new()),
+        thresholds: opts.thresholds,
+    });
+    tokio::spawn(connect_nats(state.clone(), opts.nats_url.clone()));
+    tokio::spawn(watch_alerts(client, state.clone(), opts.clone(), notify));
+    server::serve(listener, state, Arc::new(opts.token)).await;
+    Ok(())
+}
+
+/// Connects to NATS (every 2 s until it answers; the client reconnects by itself afterwards).
+async fn connect_nats(state: Arc<State>, url: String) {
+    loop {
+        match crate::kv::connect(&url).await {
+            Ok((_client, js)) => match Buckets::open(&js).await {
+                Ok(b) => {
+                    *state.nats.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(b));
+                    // The client lives as long as the buckets that hold its context.
+                    return;
+                }
+                Err(e) => log::warn!("dashboard: {e}"),
+            },
+            Err(e) => log::warn!("dashboard: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// On every change of a watched object (at most once per [`ALERT_DEBOUNCE`]) and every [`ALERT_INTERVAL`]:
+/// evaluates the alerts and publishes an event for each new one; reads the FleetLock status every
+/// [`ALERT_INTERVAL`].
+async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: Arc<Notify>) {
+    let recorder = crate::report::recorder(client, opts.instance.clone());
+    // Alerts are evaluated only once the caches hold the whole fleet: a partial view would miss alerts now and
+    // raise them again (a second event) a moment later.
+    let _ = state.devices.wait_until_ready().await;
+    let _ = state.runs.wait_until_ready().await;
+    let mut fetched: Option<tokio::time::Instant> = None;
+    loop {
+        let due = fetched.is_none_or(|t| t.elapsed() >= ALERT_INTERVAL);
+        if let (true, Some(src)) = (due, opts.fleetlock.clone()) {
+            fetched = Some(tokio::time::Instant::now());
+            let status = tokio::task::spawn_blocking(move || reboots::fetch(&src))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            if let Err(e) = &status {
+                log::warn!("dashboard: FleetLock status: {e}");
+            }
+            *state.fleetlock.write().unwrap_or_else(|p| p.into_inner()) = Some(FleetLockView {
+                fetched_at: Timestamp::now(),
+                status,
+            });
+        }
+        let now = Timestamp::now();
+        let devices = state.devices.state();
+        let runs = state.runs.state();
+        let fl = state.fleetlock();
+        let next = alerts::evaluate(
+            devices.iter().map(|d| {
+                let s = d.status.as_ref();
+                DeviceFacts {
+                    name: d.metadata.name.as_deref().unwrap_or(""),
+                    upgrade: s.and_then(|s| s.agent_upgrade.as_ref()),
+                    last_heartbeat: s
+                        .and_then(|s| s.last_heartbeat.as_deref())
+                        .and_then(html::parse_time),
+                }
+            }),
+            runs.iter().filter_map(|r| {
+                Some(RunFacts {
+                    namespace: r.metadata.namespace.as_deref()?,
+                    name: r.metadata.name.as_deref()?,
+                    status: &r.status.as_ref()?.run,
+                })
+            }),
+            fl.as_ref().and_then(|v| v.status.as_ref().ok()),
+            &state.thresholds,
+            now,
+        );
+        let before = state.alerts();
+        for a in alerts::appeared(&before, &next) {
+            log::warn!("alert: {}: {}: {}", a.kind.title(), a.subject, a.detail);
+            events::publish(&recorder, a, &opts.pod).await;
+        }
+        *state.alerts.write().unwrap_or_else(|p| p.into_inner()) = next;
+        tokio::select! {
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep(ALERT_INTERVAL) => {}
+        }
+        tokio::time::sleep(ALERT_DEBOUNCE).await;
+    }
+}

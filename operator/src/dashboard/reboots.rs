@@ -1,0 +1,182 @@
+//! Reboots: the FleetLock server's holders per group and how long each has held its slot, read from its
+//! `/v1/status` (with a client or admin token: the status names hosts).
+
+use super::alerts::{Alert, Subject};
+use super::html::{age, esc, when, Html};
+use super::overview::alert_list;
+use super::state::FleetLockView;
+use fleet_wire::fleetlock::{ServerStatus, STATUS_PATH};
+use fleet_wire::Timestamp;
+use std::time::Duration;
+
+/// Largest status document read.
+pub const MAX_STATUS_BYTES: u64 = 1024 * 1024;
+/// How long one status request may take.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where and how to read the FleetLock server's status.
+#[derive(Clone)]
+pub struct FleetLockSource {
+    /// Base URL, e.g. `http://fleetlock:8080`.
+    pub url: String,
+    /// Bearer token (a client or admin token of the server), if it needs one.
+    pub token: Option<String>,
+    /// DER certificates that alone are trusted for an `https://` URL (a private CA); empty: the built-in roots.
+    pub ca: Vec<Vec<u8>>,
+}
+
+impl FleetLockSource {
+    /// Reads the CA certificates of `pem` (a PEM file's text) into [`Self::ca`]; an error when it holds none.
+    pub fn with_ca_pem(mut self, pem: &[u8]) -> Result<Self, String> {
+        for item in ureq::tls::parse_pem(pem) {
+            if let Ok(ureq::tls::PemItem::Certificate(c)) = item {
+                self.ca.push(c.der().to_vec());
+            }
+        }
+        if self.ca.is_empty() {
+            return Err("no certificate in the FleetLock CA file".into());
+        }
+        Ok(self)
+    }
+}
+
+impl std::fmt::Debug for FleetLockSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetLockSource")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("ca", &self.ca.len())
+            .finish()
+    }
+}
+
+/// Reads `GET <url>/v1/status` (blocking; run it off the async workers): bounded in time and size.
+pub fn fetch(src: &FleetLockSource) -> Result<ServerStatus, String> {
+    use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
+    let mut tls = TlsConfig::builder().provider(TlsProvider::Rustls);
+    if !src.ca.is_empty() {
+        let roots = src
+            .ca
+            .iter()
+            .map(|d| Certificate::from_der(d).to_owned())
+            .collect();
+        tls = tls.root_certs(RootCerts::Specific(std::sync::Arc::new(roots)));
+    }
+    let config = ureq::Agent::config_builder()
+        .tls_config(tls.build())
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .timeout_global(Some(STATUS_TIMEOUT))
+        .user_agent(concat!(
+            "fleet-operator-dashboard/",
+            env!("CARGO_PKG_VERSION")
+        ))
+        .build();
+    let agent = ureq::Agent::new_with_config(config);
+    let url = format!("{}{STATUS_PATH}", src.url.trim_end_matches('/'));
+    let mut req = agent.get(&url);
+    if let Some(t) = &src.token {
+        req = req.header("Authorization", &format!("Bearer {t}"));
+    }
+    let mut resp = req.call().map_err(|e| format!("GET {url}: {e}"))?;
+    let code = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(MAX_STATUS_BYTES)
+        .read_to_vec()
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if code != 200 {
+        let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+        return Err(format!("GET {url}: HTTP {code}: {text}"));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not a FleetLock status: {e}"))
+}
+
+/// The reboots page.
+pub fn render(view: Option<&FleetLockView>, alerts: &[Alert], now: Timestamp) -> String {
+    let mut h = Html::page("Reboots");
+    let mine: Vec<Alert> = alerts
+        .iter()
+        .filter(|a| matches!(a.subject, Subject::Holder { .. } | Subject::FleetLock))
+        .cloned()
+        .collect();
+    if !mine.is_empty() {
+        alert_list(&mut h, &mine, now);
+    }
+    let Some(v) = view else {
+        h.raw("<p class=\"muted\">No FleetLock server configured (<code>--dashboard-fleetlock-url</code>), or not \
+               read yet.</p>");
+        return h.finish();
+    };
+    let s = match &v.status {
+        Ok(s) => s,
+        Err(e) => {
+            h.raw(&format!(
+                "<p class=\"bad\">Could not read the FleetLock status ({}): {}</p>",
+                when(Some(v.fetched_at), now),
+                esc(e)
+            ));
+            return h.finish();
+        }
+    };
+    h.raw(&format!(
+        "<p>Store <b>{}</b>, config {}{}, read {}.</p>",
+        esc(&s.store),
+        if s.config_valid {
+            "<span class=\"ok\">valid</span>".to_string()
+        } else {
+            format!(
+                "<span class=\"bad\">invalid: {}</span>",
+                esc(s.config_error.as_deref().unwrap_or(""))
+            )
+        },
+        s.ttl_secs
+            .map(|t| format!(", lock TTL {}", age(Duration::from_secs(t))))
+            .unwrap_or_default(),
+        when(Some(v.fetched_at), now)
+    ));
+    h.table(
+        &[
+            "group",
+            "slots",
+            "holder",
+            "host",
+            "address",
+            "held since",
+            "held for",
+        ],
+        s.groups.iter().flat_map(|g| {
+            let head = vec![
+                esc(&g.name),
+                format!("{} of {} used", g.holders.len(), g.slots),
+            ];
+            if g.holders.is_empty() {
+                let mut row = head;
+                row.extend([
+                    "—".into(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ]);
+                return vec![row];
+            }
+            g.holders
+                .iter()
+                .map(|x| {
+                    let mut row = head.clone();
+                    row.extend([
+                        esc(&x.id),
+                        esc(x.hostname.as_deref().unwrap_or("—")),
+                        esc(&x.ip),
+                        when(Some(x.taken_at), now),
+                        age(now.since(x.taken_at)),
+                    ]);
+                    row
+                })
+                .collect()
+        }),
+    );
+    h.finish()
+}

@@ -1,0 +1,145 @@
+//! What the dashboard reads: caches of Device, DeviceGroup and TaskRun objects (watched, like the controllers'),
+//! the NATS buckets it reads single keys from (never whole buckets), the FleetLock server's last status and the
+//! current alerts.
+
+use super::alerts::{Alert, Thresholds};
+use crate::crd::{Device, DeviceGroup};
+use crate::kv::NatsError;
+use crate::tasks::crd::TaskRun;
+use async_nats::jetstream::kv::Store;
+use fleet_wire::fleetlock::ServerStatus;
+use fleet_wire::Timestamp;
+use kube::runtime::reflector;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+/// The buckets the dashboard reads keys from.
+pub struct Buckets {
+    stores: BTreeMap<&'static str, Store>,
+}
+
+impl Buckets {
+    /// Opens (creating if missing, as the operator does) every bucket of the layout.
+    pub async fn open(js: &async_nats::jetstream::Context) -> Result<Self, NatsError> {
+        Ok(Self {
+            stores: crate::kv::ensure_buckets(js).await?,
+        })
+    }
+
+    /// The store of `bucket`.
+    pub fn store(&self, bucket: &str) -> Result<&Store, NatsError> {
+        self.stores.get(bucket).ok_or_else(|| NatsError {
+            op: format!("open {bucket}"),
+            message: "not a bucket of the layout".into(),
+        })
+    }
+
+    /// Reads and parses one key: `Ok(None)` when absent or deleted; a value that does not parse is an error that
+    /// names the key.
+    pub async fn get<T: DeserializeOwned>(
+        &self,
+        bucket: &'static str,
+        key: &str,
+    ) -> Result<Option<T>, NatsError> {
+        let bytes = self.raw(bucket, key).await?;
+        match bytes {
+            None => Ok(None),
+            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| NatsError {
+                op: format!("read {bucket}/{key}"),
+                message: format!("invalid value: {e}"),
+            }),
+        }
+    }
+}
+
+impl Buckets {
+    /// Whether `key` was ever written and is still on record (present, or removed with a marker).
+    pub async fn on_record(&self, bucket: &'static str, key: &str) -> Result<bool, NatsError> {
+        let store = self.store(bucket)?;
+        tokio::time::timeout(crate::kv::NATS_REQUEST_TIMEOUT, store.entry(key))
+            .await
+            .map_err(|_| NatsError {
+                op: format!("read {bucket}/{key}"),
+                message: "timed out".into(),
+            })?
+            .map(|e| e.is_some())
+            .map_err(|e| NatsError {
+                op: format!("read {bucket}/{key}"),
+                message: e.to_string(),
+            })
+    }
+
+    /// Reads one key's raw bytes (at most the bucket's value limit).
+    pub async fn raw(&self, bucket: &'static str, key: &str) -> Result<Option<Vec<u8>>, NatsError> {
+        let store = self.store(bucket)?;
+        tokio::time::timeout(crate::kv::NATS_REQUEST_TIMEOUT, store.get(key))
+            .await
+            .map_err(|_| NatsError {
+                op: format!("read {bucket}/{key}"),
+                message: "timed out".into(),
+            })?
+            .map(|b| b.map(|b| b.to_vec()))
+            .map_err(|e| NatsError {
+                op: format!("read {bucket}/{key}"),
+                message: e.to_string(),
+            })
+    }
+}
+
+/// The FleetLock server's status as last fetched.
+#[derive(Debug, Clone)]
+pub struct FleetLockView {
+    /// When it was fetched.
+    pub fetched_at: Timestamp,
+    /// The status, or why it could not be read.
+    pub status: Result<ServerStatus, String>,
+}
+
+/// Everything the pages read, shared by the server and the alert loop.
+pub struct State {
+    /// Device objects.
+    pub devices: reflector::Store<Device>,
+    /// DeviceGroup objects.
+    pub groups: reflector::Store<DeviceGroup>,
+    /// TaskRun objects (every namespace).
+    pub runs: reflector::Store<TaskRun>,
+    /// NATS, once connected.
+    pub nats: RwLock<Option<Arc<Buckets>>>,
+    /// `None` when no FleetLock server is configured or it was not read yet.
+    pub fleetlock: RwLock<Option<FleetLockView>>,
+    /// The alerts of the last evaluation.
+    pub alerts: RwLock<Vec<Alert>>,
+    /// Alert thresholds.
+    pub thresholds: Thresholds,
+}
+
+impl State {
+    /// The NATS buckets, or why there are none yet.
+    pub fn buckets(&self) -> Result<Arc<Buckets>, NatsError> {
+        self.nats
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| NatsError {
+                op: "connect".into(),
+                message: "not connected to NATS yet".into(),
+            })
+    }
+
+    /// The current alerts.
+    pub fn alerts(&self) -> Vec<Alert> {
+        self.alerts
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The last FleetLock status.
+    pub fn fleetlock(&self) -> Option<FleetLockView> {
+        self.fleetlock
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}

@@ -1,0 +1,683 @@
+//! The dashboard as a person uses it: the real `fleet-operator` binary (with `--dashboard-listen`) against the real
+//! kube-apiserver, a real nats-server and a real `fleetlock-server`, with a fleet of devices (one whose agent
+//! upgrade rolled back, one quarantined in `rollback-failed`, one silent), a TaskRun whose canary failed and a
+//! FleetLock slot held too long. Headless Chromium (Debian's `chromium`) loads every page; the test asserts on the
+//! rendered DOM (`--dump-dom`) and takes screenshots (`--screenshot`; copied into docs/dashboard/ when
+//! `FLEET_UPDATE_SCREENSHOTS=1`). Alerts are also checked as Kubernetes events and as `/metrics`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use async_nats::jetstream::kv;
+use fleet_operator::crd::{Device, DeviceGroup, FleetDeployment};
+use fleet_operator::tasks::crd::TaskRun;
+use fleet_rig::fleetlock::ServerProcess;
+use fleet_wire::kv as layout;
+use fleet_wire::{
+    fixtures, AttemptId, BoundedText, DeviceId, SystemUpgradePhase, SystemUpgradeStatus,
+    TaskRunPhase, TaskRunReason, Timestamp, UpgradePhase, UpgradeReason, WorkloadState,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod kube_common;
+use kube_common::{eventually, Fleet, API};
+
+const TOKEN: &str = "dashboard-test-token-0123456789";
+/// An env value of a placed workload: it must never appear on a page.
+const SECRET: &str = "s3cr3t-never-rendered";
+
+/// Debian's Chromium, or a loud failure that says how to install it.
+fn chromium() -> PathBuf {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = Path::new(dir).join("chromium");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "headless Chromium is missing: run `scripts/setup chromium` (Debian package `chromium`)"
+    );
+}
+
+/// Runs headless Chromium on `url` with `extra` arguments (a fresh profile each time) and returns its stdout.
+fn browse(url: &str, extra: &[&str]) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let mut child = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromium");
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium did not finish {url} within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    reader.join().unwrap()
+}
+
+/// `GET path` with the token (`None`: without), returning status and body.
+fn get(base: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let agent = ureq::Agent::new_with_config(
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build(),
+    );
+    let mut req = agent.get(format!("{base}{path}"));
+    if let Some(t) = token {
+        req = req.header("Authorization", &format!("Bearer {t}"));
+    }
+    let mut r = req.call().unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+impl Fleet {
+    async fn put<T: serde::Serialize>(&self, bucket: &str, key: &str, v: &T) {
+        let store: kv::Store = self.js.get_key_value(bucket).await.expect("bucket");
+        store
+            .put(key, serde_json::to_vec(v).unwrap().into())
+            .await
+            .expect("put");
+    }
+
+    /// A Device with `labels` and what its agent would publish: info, a heartbeat at `heartbeat`, workloads.
+    async fn device(
+        &self,
+        base: &str,
+        labels: serde_json::Value,
+        heartbeat: Timestamp,
+    ) -> DeviceId {
+        let name = self.name(base);
+        let d: Device = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": {"name": name, "labels": self.labels(labels)},
+            "spec": {"description": "rack 3 <b>not bold</b>"}
+        }))
+        .unwrap();
+        Api::<Device>::all(self.client.clone())
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("device");
+        let id = DeviceId::try_from(name.as_str()).unwrap();
+        let mut info = fixtures::device_info();
+        info.device_id = id.clone();
+        self.put(layout::DEVICE_INFO, &name, &info).await;
+        let mut hb = fixtures::heartbeat();
+        hb.device_id = id.clone();
+        hb.at = heartbeat;
+        self.put(layout::DEVICE_HEARTBEAT, &name, &hb).await;
+        id
+    }
+}
+
+fn spawn_operator(f: &Fleet, dir: &Path, fleetlock: &str) -> std::process::Child {
+    let api = API.get().expect("apiserver");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig(api.token())).unwrap();
+    let token_file = dir.join("dashboard-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let log = std::fs::File::create(dir.join("operator.log")).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_fleet-operator"))
+        .args(["--dashboard-listen", &DASH_ADDR.with(|a| a.to_string())])
+        .arg("--dashboard-token-file")
+        .arg(&token_file)
+        .args(["--dashboard-fleetlock-url", fleetlock])
+        .args([
+            "--alert-silent-after",
+            "10m",
+            "--alert-slot-held-after",
+            "2s",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("FLEET_NATS_URL", f.nats.url())
+        .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", f.run))
+        .env("POD_NAME", "fleet-operator-test")
+        .env("POD_NAMESPACE", &f.run)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start fleet-operator")
+}
+
+thread_local! {
+    static DASH_ADDR: std::net::SocketAddr = fleet_rig::fleetlock::free_addr().unwrap();
+}
+
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Saves a screenshot of `path` as `<name>.png` (in the test's temporary directory; also in docs/dashboard/ with
+/// `FLEET_UPDATE_SCREENSHOTS=1`) and checks it is a PNG.
+fn screenshot(base_with_auth: &str, path: &str, name: &str, height: u32, dir: &Path) {
+    let file = dir.join(format!("{name}.png"));
+    browse(
+        &format!("{base_with_auth}{path}"),
+        &[
+            &format!("--screenshot={}", file.display()),
+            &format!("--window-size=1280,{height}"),
+        ],
+    );
+    let png = std::fs::read(&file).expect("screenshot written");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{name}.png"
+    );
+    if std::env::var("FLEET_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::copy(&file, docs.join(format!("{name}.png"))).unwrap();
+    }
+}
+
+/// What a person does: start the operator with the dashboard on, open it in a browser, and find out why a device
+/// is not upgraded and why a task run stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
+    let chromium = chromium(); // fail first, and loudly, when the browser is missing
+    assert!(chromium.exists());
+    let f = Fleet::start("dash").await;
+    fleet_operator::kv::ensure_buckets(&f.js)
+        .await
+        .expect("buckets");
+    Api::<Namespace>::all(f.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": f.run}})).unwrap(),
+        )
+        .await
+        .expect("namespace");
+    let dir = tempfile::tempdir().unwrap();
+
+    // The fleet: a healthy canary, a device whose upgrade rolled back, one quarantined, one silent for an hour.
+    let now = Timestamp::now();
+    let canary = f
+        .device("pi-canary", json!({"site": "a", "canary": "true"}), now)
+        .await;
+    let rolled = f.device("pi-rolled", json!({"site": "a"}), now).await;
+    let stuck = f.device("pi-stuck", json!({"site": "a"}), now).await;
+    let silent = f
+        .device(
+            "pi-silent",
+            json!({"site": "b"}),
+            Timestamp::from_unix_ms(now.unix_ms() - 3_600_000),
+        )
+        .await;
+    let mut back = fixtures::failed_status();
+    back.device_id = rolled.clone();
+    f.put(layout::AGENT_UPGRADE_STATUS, rolled.as_str(), &back)
+        .await;
+    let mut q = fixtures::failed_status();
+    q.device_id = stuck.clone();
+    q.enter(
+        UpgradePhase::RollbackFailed,
+        fixtures::t(290),
+        Some(UpgradeReason::RestoreFailed),
+    );
+    q.error = Some(BoundedText::lossy(
+        "restoring /usr/local/bin/fleet-agent failed: <Input/output error>",
+    ));
+    f.put(layout::AGENT_UPGRADE_STATUS, stuck.as_str(), &q)
+        .await;
+    let mut ws = fixtures::workload_status();
+    ws.device_id = rolled.clone();
+    ws.at = now;
+    ws.workloads[0].state = WorkloadState::Failed;
+    ws.workloads[0].error = Some(BoundedText::lossy("pull localhost/web:2: image not known"));
+    f.put(layout::WORKLOAD_STATUS, rolled.as_str(), &ws).await;
+
+    // Groups, a deployment whose workload carries a secret env value, and a TaskRun.
+    let group = f.name("site-a");
+    let g: DeviceGroup = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+        "metadata": {"name": group, "labels": f.labels(json!({}))},
+        "spec": {"selector": {"matchLabels": {"fleet-test": f.run, "site": "a"}}}
+    }))
+    .unwrap();
+    Api::<DeviceGroup>::all(f.client.clone())
+        .create(&PostParams::default(), &g)
+        .await
+        .unwrap();
+    let mut w = serde_json::to_value(fixtures::workload("web")).unwrap();
+    w["env"] = json!({"API_KEY": SECRET});
+    let dep: FleetDeployment = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": {"name": f.name("web"), "labels": f.labels(json!({}))},
+        "spec": {"allowedGroups": [group], "targetSelector": {}, "workloads": [w]}
+    }))
+    .unwrap();
+    Api::<FleetDeployment>::all(f.client.clone())
+        .create(&PostParams::default(), &dep)
+        .await
+        .unwrap();
+    let run_name = "nightly-upgrade";
+    let run: TaskRun = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
+        "metadata": {"name": run_name, "labels": f.labels(json!({}))},
+        "spec": {"allowedGroups": [group], "targetSelector": {}, "deadlineSeconds": 3600, "systemUpgradeV1": {}}
+    }))
+    .unwrap();
+    let runs: Api<TaskRun> = Api::namespaced(f.client.clone(), &f.run);
+    let run = runs.create(&PostParams::default(), &run).await.unwrap();
+    let uid = AttemptId::try_from(run.metadata.uid.as_deref().unwrap()).unwrap();
+
+    // FleetLock: one slot taken (alerts after 2 s).
+    let fl_cfg = dir.path().join("fleetlock.yaml");
+    std::fs::write(
+        &fl_cfg,
+        format!(
+            "store: {{kind: file, dir: {}}}\ndefault_slots: 1\n",
+            dir.path().join("fl").display()
+        ),
+    )
+    .unwrap();
+    let fl =
+        ServerProcess::start(Path::new(env!("CARGO_BIN_EXE_fleetlock-server")), &fl_cfg).unwrap();
+    assert_eq!(
+        fl.conn()
+            .unwrap()
+            .fleetlock(true, silent.as_str(), "default")
+            .unwrap()
+            .status,
+        200
+    );
+
+    let _op = Kill(spawn_operator(
+        &f,
+        dir.path(),
+        &format!("http://{}", fl.addr),
+    ));
+    let base = format!("http://{}", DASH_ADDR.with(|a| *a));
+
+    // The canary's intent is released; its agent reports failure: the run stops with CanaryFailed.
+    let intents: kv::Store =
+        f.js.get_key_value(layout::SYSTEM_UPGRADE_INTENT)
+            .await
+            .unwrap();
+    let key = layout::run_key(&canary, &uid);
+    eventually("canary intent", || async {
+        intents.get(&key).await.ok().flatten()
+    })
+    .await;
+    let mut st: SystemUpgradeStatus = fixtures::system_status();
+    st.run_uid = uid;
+    st.device_id = canary.clone();
+    st.accepted_at = Timestamp::now();
+    st.completed_at = Some(Timestamp::now());
+    st.first_heartbeat_after_completion = None;
+    st.phase = SystemUpgradePhase::Failed;
+    st.reason = Some(fleet_wire::SystemUpgradeReason::AptFailed);
+    st.error = Some(BoundedText::lossy(
+        "apt-get full-upgrade exited with 100: dpkg: error processing package <linux-image>",
+    ));
+    f.put(layout::SYSTEM_UPGRADE_STATUS, &key, &st).await;
+    eventually("run failed with CanaryFailed", || async {
+        let s = runs.get(run_name).await.ok()?.status?.run;
+        (s.phase == Some(TaskRunPhase::Failed) && s.reason == Some(TaskRunReason::CanaryFailed))
+            .then_some(())
+    })
+    .await;
+
+    // The dashboard: no token, no page; read-only.
+    let b = base.clone();
+    let (code, _) = tokio::task::spawn_blocking(move || get(&b, "/", None))
+        .await
+        .unwrap();
+    assert_eq!(code, 401);
+    let b = base.clone();
+    let (code, _) =
+        tokio::task::spawn_blocking(move || get(&b, "/", Some("wrong-token-0123456789")))
+            .await
+            .unwrap();
+    assert_eq!(code, 401);
+
+    // Every alert shows (the alert loop runs on every change, at most once a second).
+    let b = base.clone();
+    let alerts_page = eventually("all five alerts", || {
+        let b = b.clone();
+        async move {
+            let (code, body) = tokio::task::spawn_blocking(move || get(&b, "/alerts", Some(TOKEN)))
+                .await
+                .ok()?;
+            (code == 200
+                && [
+                    "DeviceRollbackFailed",
+                    "DeviceSilent",
+                    "TaskRunCanaryFailed",
+                    "FleetLockSlotHeldTooLong",
+                ]
+                .iter()
+                .all(|k| body.contains(&format!("data-alert=\"{k}\""))))
+            .then_some(body)
+        }
+    })
+    .await;
+    assert!(
+        !alerts_page.contains(&format!("device <a href=\"/devices/{rolled}\"")),
+        "a rolled-back upgrade is no alert"
+    );
+
+    // In the browser, with the token as the Basic password (a browser cannot send a bearer header).
+    let authed = format!("http://admin:{TOKEN}@{}", DASH_ADDR.with(|a| *a));
+    let pages: Vec<(String, Vec<String>)> = vec![
+        (
+            "/".into(),
+            vec![
+                "Fleet overview".into(),
+                "data-alert=\"DeviceRollbackFailed\"".into(),
+                "data-alert=\"TaskRunCanaryFailed\"".into(),
+                "rollback-failed".into(),
+                group.clone(),
+            ],
+        ),
+        (
+            format!("/devices/{stuck}"),
+            vec![
+                "id=\"upgrade-timeline\"".into(),
+                "rollback-failed".into(),
+                "restore-failed".into(),
+                "&lt;Input/output error&gt;".into(),
+                "data-alert=\"DeviceRollbackFailed\"".into(),
+            ],
+        ),
+        (
+            format!("/devices/{rolled}"),
+            vec![
+                "id=\"upgrade-timeline\"".into(),
+                "rolling-back".into(),
+                "start-failed".into(),
+                "fleet-agent.service did not become ready".into(),
+                "image not known".into(),
+                "rack 3 &lt;b&gt;not bold&lt;/b&gt;".into(),
+            ],
+        ),
+        (
+            format!("/devices/{canary}"),
+            vec![format!("{}/{run_name}", f.run), "apt-failed".into()],
+        ),
+        (
+            "/runs".into(),
+            vec![run_name.into(), "CanaryFailed".into(), "failed".into()],
+        ),
+        (
+            format!("/runs/{}/{run_name}", f.run),
+            vec![
+                "CanaryFailed".into(),
+                "canary".into(),
+                canary.to_string(),
+                "&lt;linux-image&gt;".into(),
+                "not released".into(),
+                "data-alert=\"TaskRunCanaryFailed\"".into(),
+            ],
+        ),
+        (
+            "/reboots".into(),
+            vec![
+                silent.to_string(),
+                "1 of 1 used".into(),
+                "data-alert=\"FleetLockSlotHeldTooLong\"".into(),
+            ],
+        ),
+    ];
+    for (path, wants) in &pages {
+        let url = format!("{authed}{path}");
+        let dom = tokio::task::spawn_blocking(move || browse(&url, &["--dump-dom"]))
+            .await
+            .unwrap();
+        for want in wants {
+            assert!(
+                dom.contains(want.as_str()),
+                "{path}: {want:?} missing from the DOM:\n{dom}"
+            );
+        }
+        assert!(!dom.contains(SECRET), "{path} shows a workload's env");
+        assert!(!dom.contains("<script"), "{path} has a script");
+    }
+    assert!(
+        pages.iter().any(|(p, _)| p.starts_with("/devices/")),
+        "device pages checked"
+    );
+
+    // Screenshots for docs/dashboard.md.
+    let shots = dir.path().to_path_buf();
+    let a = authed.clone();
+    let (stuck_path, run_path) = (
+        format!("/devices/{stuck}"),
+        format!("/runs/{}/{run_name}", f.run),
+    );
+    tokio::task::spawn_blocking(move || {
+        screenshot(&a, "/", "overview", 1500, &shots);
+        screenshot(&a, &stuck_path, "device", 1300, &shots);
+        screenshot(&a, &run_path, "run", 1000, &shots);
+        screenshot(&a, "/reboots", "reboots", 700, &shots);
+    })
+    .await
+    .unwrap();
+
+    // Alerts as events: on the Device and the TaskRun they are about, and on the operator's Pod for FleetLock.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(f.client.clone());
+    eventually("alert events", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        let has = |name: &str, reason: &str| {
+            list.items.iter().any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning")
+            })
+        };
+        (has(stuck.as_str(), "DeviceRollbackFailed")
+            && has(silent.as_str(), "DeviceSilent")
+            && has(run_name, "TaskRunCanaryFailed")
+            && has("fleet-operator-test", "FleetLockSlotHeldTooLong"))
+        .then_some(())
+    })
+    .await;
+
+    // Metrics.
+    let b = base.clone();
+    let (code, m) = tokio::task::spawn_blocking(move || get(&b, "/metrics", Some(TOKEN)))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    for want in [
+        "fleet_alerts{alert=\"DeviceRollbackFailed\"} 1",
+        "fleet_alerts{alert=\"TaskRunCanaryFailed\"} 1",
+        "fleet_alerts{alert=\"FleetLockConfigInvalid\"} 0",
+        "fleet_devices{phase=\"rollback-failed\"} 1",
+        "fleet_devices{phase=\"failed\"} 1",
+        "fleet_task_runs{phase=\"Failed\"} 1",
+        "fleet_fleetlock_status_up 1",
+        "fleet_operator_reconciles_total{controller=\"deployments\"}",
+        "fleet_operator_reconciles_total{controller=\"taskruns\"}",
+        "fleet_operator_nats_write_duration_seconds_count",
+    ] {
+        assert!(m.contains(want), "{want:?} missing from /metrics:\n{m}");
+    }
+    let b = base.clone();
+    let (code, _) = tokio::task::spawn_blocking(move || get(&b, "/metrics", None))
+        .await
+        .unwrap();
+    assert_eq!(code, 401, "metrics need the token too");
+}
+
+/// A run page reads only the plan chunk(s) holding its devices, in plan order, with each device's status and
+/// release; a chunk that does not match its digest is an error, never a wrong page. Real nats-server, a
+/// 25,000-device plan (three chunks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_pages_read_one_chunk_of_a_large_plan() {
+    use fleet_operator::dashboard::runs::{read_plan_page, DEVICES_PER_RUN_PAGE};
+    use fleet_operator::dashboard::state::Buckets;
+    let nats = fleet_rig::NatsServer::start();
+    let nc = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(nc);
+    let buckets = std::sync::Arc::new(Buckets::open(&js).await.unwrap());
+    let uid = AttemptId::try_from("6f1c2b9e-8d0a-4c55-9a77-3f2e1d0c9b8a").unwrap();
+    let ids: Vec<DeviceId> = (0..25_000)
+        .map(|i| DeviceId::try_from(format!("d-{i:05}").as_str()).unwrap())
+        .collect();
+    let plan = fleet_wire::TaskPlan::new(
+        uid,
+        fleet_wire::TaskOperation::AptFullUpgradeV1,
+        Timestamp::now(),
+        ids[..5].to_vec(),
+        ids[5..].to_vec(),
+        Timestamp::now(),
+    )
+    .unwrap();
+    let plans = buckets.store(layout::TASK_PLANS).unwrap().clone();
+    assert!(
+        read_plan_page(&buckets, &uid, 0).await.unwrap().is_none(),
+        "no plan yet"
+    );
+    fleet_operator::tasks::store::create(&plans, &plan)
+        .await
+        .unwrap();
+    // d-12001 reported; d-12002 was released and has not reported.
+    let mut st = fixtures::system_status();
+    st.run_uid = uid;
+    st.device_id = ids[12_001].clone();
+    let key = layout::run_key(&ids[12_001], &uid);
+    buckets
+        .store(layout::SYSTEM_UPGRADE_STATUS)
+        .unwrap()
+        .put(key, serde_json::to_vec(&st).unwrap().into())
+        .await
+        .unwrap();
+    let attempt = fixtures::system_attempt();
+    buckets
+        .store(layout::SYSTEM_UPGRADE_INTENT)
+        .unwrap()
+        .put(
+            layout::run_key(&ids[12_002], &uid),
+            serde_json::to_vec(&attempt).unwrap().into(),
+        )
+        .await
+        .unwrap();
+
+    let first = read_plan_page(&buckets, &uid, 0).await.unwrap().unwrap();
+    assert_eq!(
+        (first.total, first.canaries, first.rows.len()),
+        (25_000, 5, DEVICES_PER_RUN_PAGE)
+    );
+    assert!(first.rows[..5].iter().all(|r| r.canary) && !first.rows[5].canary);
+    let page = 12_000 / DEVICES_PER_RUN_PAGE;
+    let mid = read_plan_page(&buckets, &uid, page).await.unwrap().unwrap();
+    assert_eq!(mid.rows[0].device, ids[12_000]);
+    assert_eq!(mid.rows[1].device, ids[12_001]);
+    assert!(mid.rows[1].status.is_some() && mid.rows[1].released);
+    assert!(mid.rows[2].status.is_none() && mid.rows[2].released);
+    assert!(!mid.rows[3].released);
+    let last = read_plan_page(&buckets, &uid, 124).await.unwrap().unwrap();
+    assert_eq!(last.rows.len(), 200);
+    assert_eq!(last.rows[199].device, ids[24_999]);
+    assert!(read_plan_page(&buckets, &uid, 125)
+        .await
+        .unwrap()
+        .unwrap()
+        .rows
+        .is_empty());
+
+    // Someone alters the middle chunk: that page is an error; the others still read.
+    let (manifest, _) = plan.to_stored();
+    plans
+        .put(
+            fleet_wire::taskrun::plan_chunk_key(&uid, &manifest.chunks[1]),
+            b"{\"runUid\":\"x\"}".to_vec().into(),
+        )
+        .await
+        .unwrap();
+    let err = read_plan_page(&buckets, &uid, page)
+        .await
+        .err()
+        .expect("altered chunk");
+    assert!(
+        err.to_string().contains("does not match its digest"),
+        "{err}"
+    );
+    assert!(read_plan_page(&buckets, &uid, 0).await.is_ok());
+}
+
+/// The FleetLock status is read over HTTPS with a private CA (`--dashboard-fleetlock-ca-file`) and the bearer
+/// token; an unknown issuer, a refusal and an oversized answer are errors that say why (rig's rustls server).
+#[test]
+fn fleetlock_status_over_https_with_a_private_ca() {
+    use fleet_operator::dashboard::reboots::{fetch, FleetLockSource, MAX_STATUS_BYTES};
+    use fleet_rig::https::{HttpsServer, Reply};
+    let ca = fleet_rig::tls::TestCa::new();
+    let status = json!({"store": "nats", "config_valid": true, "groups": [
+        {"name": "default", "slots": 1, "holders": [{"id": "pi-1", "ip": "10.0.0.7", "taken_at": "2026-12-01T10:00:00Z"}]}]});
+    let server = HttpsServer::start(&ca, move |req| match req.path() {
+        "/v1/status" if req.header("authorization") == Some("Bearer fl-token") => {
+            Reply::ok(status.to_string())
+        }
+        "/v1/status" => Reply::status(401, &[]),
+        _ => Reply::ok(vec![b' '; MAX_STATUS_BYTES as usize + 1]),
+    });
+    let base = server.url("");
+    let pem = std::fs::read(ca.ca_file()).unwrap();
+    let src = FleetLockSource {
+        url: base.clone(),
+        token: Some("fl-token".into()),
+        ca: vec![],
+    }
+    .with_ca_pem(&pem)
+    .unwrap();
+    let st = fetch(&src).expect("status over https");
+    assert_eq!(st.groups[0].holders[0].id, "pi-1");
+    let no_ca = FleetLockSource {
+        ca: vec![],
+        ..src.clone()
+    };
+    let e = fetch(&no_ca).expect_err("unknown issuer");
+    assert!(e.contains(&base), "{e}");
+    let no_token = FleetLockSource {
+        token: None,
+        ..src.clone()
+    };
+    assert!(fetch(&no_token).expect_err("refused").contains("HTTP 401"));
+    let big = FleetLockSource {
+        url: format!("{base}/big"),
+        ..src.clone()
+    };
+    assert!(fetch(&big).is_err(), "an answer over 1 MiB is refused");
+    assert!(FleetLockSource { ca: vec![], ..src }
+        .with_ca_pem(b"no pem")
+        .is_err());
+}
