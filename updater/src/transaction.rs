@@ -16,9 +16,8 @@ use crate::system::upgrade::SystemOpenError;
 use crate::system::{SystemDeps, SystemUpgrades};
 use fleet_wire::limits::{UPDATER_START_BOUND, UPDATER_STOP_BOUND};
 use fleet_wire::{
-    AgentUpgradeAttempt, Architecture, BoundedText, Capability, CutoverStep, ErrorCode, Id128,
-    JournalPhase, Response, SystemUpgradeAttempt, Timestamp, UnitName, UpdaterStatus,
-    UpgradeReason,
+    AgentUpgradeAttempt, Architecture, BoundedText, Capability, ErrorCode, Id128, JournalPhase,
+    Response, SystemUpgradeAttempt, Timestamp, UnitName, UpdaterStatus, UpgradeReason,
 };
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,7 +61,6 @@ impl Default for Bounds {
 #[derive(Default)]
 struct State {
     journal: Option<Journal>,
-    step: Option<(CutoverStep, Timestamp)>,
     recovering: bool,
     /// Set when the journal could not be written: the transaction stopped; a restart recovers.
     fatal: Option<String>,
@@ -156,7 +154,10 @@ impl From<Refused> for Response {
 /// The stop/start part of start-up recovery, which continues after the updater's readiness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PendingRecovery {
+    /// Stop the agent before starting it (a cutover was interrupted).
     stop_first: bool,
+    /// `failed` is already recorded (an interrupted preparation): only a start failure is journaled.
+    failed_recorded: bool,
 }
 
 /// The updater could not start.
@@ -271,7 +272,6 @@ impl Updater {
         let st = self.state();
         let agent_upgrade = st.journal.as_ref().map(|j| {
             let mut s = j.public(
-                st.step,
                 self.inner.boot_id.clone(),
                 self.inner.invocation_id.clone(),
                 UnitName::try_from(UPDATER_UNIT).ok(),
@@ -351,12 +351,7 @@ impl Updater {
         if let Some(e) = &error {
             j.error = Some(BoundedText::lossy(e));
         }
-        if let Err(e) = j.store(&self.inner.paths.journal()) {
-            let msg = format!("{e}; the transaction stopped: restart fleet-updater to recover");
-            log::error!("attempt {}: {msg}", j.attempt.attempt_id);
-            self.state().fatal = Some(msg.clone());
-            return Err(Stop::JournalWrite(msg));
-        }
+        self.persist(&j)?;
         log::info!(
             "attempt {}: {:?} -> {:?}{}{}",
             j.attempt.attempt_id,
@@ -365,11 +360,7 @@ impl Updater {
             j.reason.map(|r| format!(" ({r:?})")).unwrap_or_default(),
             error.map(|e| format!(": {e}")).unwrap_or_default()
         );
-        let mut st = self.state();
-        if j.phase != JournalPhase::Activating {
-            st.step = None;
-        }
-        st.journal = Some(j);
+        self.state().journal = Some(j);
         Ok(())
     }
 
@@ -379,8 +370,27 @@ impl Updater {
         }
     }
 
-    fn set_step(&self, step: CutoverStep) {
-        self.state().step = Some((step, Timestamp::now()));
+    /// Writes `j` durably; a failed write stops the transaction (status shows why; a restart recovers).
+    fn persist(&self, j: &Journal) -> Result<(), Stop> {
+        if let Err(e) = j.store(&self.inner.paths.journal()) {
+            let msg = format!("{e}; the transaction stopped: restart fleet-updater to recover");
+            log::error!("attempt {}: {msg}", j.attempt.attempt_id);
+            self.state().fatal = Some(msg.clone());
+            return Err(Stop::JournalWrite(msg));
+        }
+        Ok(())
+    }
+
+    /// Persists that the cutover is starting the candidate (public `starting`), so the history keeps it.
+    fn record_starting(&self) -> Result<(), Stop> {
+        let Some(mut j) = self.state().journal.clone() else {
+            return Err(Stop::JournalWrite("no transaction to move".into()));
+        };
+        j.starting_at = Some(Timestamp::now());
+        self.persist(&j)?;
+        log::info!("attempt {}: starting the candidate", j.attempt.attempt_id);
+        self.state().journal = Some(j);
+        Ok(())
     }
 
     /// Accepts an upgrade request: validates it, decides (idempotent, conflict, quarantined, busy) and journals a
@@ -473,7 +483,6 @@ impl Updater {
         {
             let mut st = self.state();
             st.journal = Some(j);
-            st.step = None;
             st.fatal = None;
         }
         Ok(Accepted::Started(self.status()))
@@ -580,7 +589,6 @@ impl Updater {
     fn cutover(&self, j: &Journal) -> Result<(), Stop> {
         let unit = &self.inner.unit;
         let services = &self.inner.deps.services;
-        self.set_step(CutoverStep::Stopping);
         let t0 = Instant::now();
         if let Err(e) = services.stop(unit, self.inner.bounds.stop) {
             return self.roll_back(UpgradeReason::StopFailed, format!("stopping {unit}: {e}"));
@@ -598,8 +606,8 @@ impl Updater {
             );
         }
         self.faults().check("link-switched")?;
-        self.set_step(CutoverStep::Starting);
         self.set_detail("starting the candidate; commit on readiness");
+        self.record_starting()?;
         if let Err(e) = services.start(unit, self.inner.bounds.start) {
             return self.roll_back(
                 UpgradeReason::StartFailed,
@@ -618,7 +626,13 @@ impl Updater {
         self.transition(Event::CutoverFailed(reason), Some(error))?;
         self.faults().check("journal-rolling-back")?;
         if self.restore_link()? {
-            self.restart_previous(true, reason)?;
+            self.restart_previous(
+                PendingRecovery {
+                    stop_first: true,
+                    failed_recorded: false,
+                },
+                reason,
+            )?;
         }
         Ok(())
     }
@@ -648,11 +662,11 @@ impl Updater {
     }
 
     /// Stops (when `stop_first`) and starts the agent unit with the previous link selected, then journals
-    /// `failed` (previous agent running) or `rollback-failed`.
-    fn restart_previous(&self, stop_first: bool, reason: UpgradeReason) -> Result<(), Stop> {
+    /// `failed` (previous agent running; already journaled when `failed_recorded`) or `rollback-failed`.
+    fn restart_previous(&self, how: PendingRecovery, reason: UpgradeReason) -> Result<(), Stop> {
         let unit = &self.inner.unit;
         let services = &self.inner.deps.services;
-        if stop_first {
+        if how.stop_first {
             self.set_detail("stopping the agent to restore the previous binary");
             if let Err(e) = services.stop(unit, self.inner.bounds.stop) {
                 // Starting still decides: systemd's own stop time-out has killed the agent by now.
@@ -672,8 +686,10 @@ impl Updater {
         }
         self.faults().check("rollback-started")?;
         self.set_detail("the previous agent is running again");
-        self.transition(Event::RolledBack(reason), None)?;
-        self.faults().check("journal-failed")?;
+        if !how.failed_recorded {
+            self.transition(Event::RolledBack(reason), None)?;
+            self.faults().check("journal-failed")?;
+        }
         Ok(())
     }
 
@@ -693,18 +709,28 @@ impl Updater {
                 Ok(None)
             }
             Recovery::RestoreAndStart => {
+                // The seed's order: restore the link, record `failed`, then start the previous service. A crash
+                // after `failed` is harmless: preparation never stopped the agent, and a boot starts it anyway.
                 self.set_detail("interrupted during preparation: restoring the previous agent");
-                Ok(self
-                    .restore_link()?
-                    .then_some(PendingRecovery { stop_first: false }))
+                if !self.restore_link()? {
+                    return Ok(None);
+                }
+                self.set_detail("interrupted during preparation: starting the previous agent");
+                self.transition(Event::RolledBack(UpgradeReason::Interrupted), None)?;
+                self.faults().check("journal-failed")?;
+                Ok(Some(PendingRecovery {
+                    stop_first: false,
+                    failed_recorded: true,
+                }))
             }
             Recovery::RollBack | Recovery::RepeatRollBack => {
                 self.set_detail("interrupted: rolling back to the previous agent");
                 self.transition(Event::Interrupted, None)?;
                 self.faults().check("journal-rolling-back")?;
-                Ok(self
-                    .restore_link()?
-                    .then_some(PendingRecovery { stop_first: true }))
+                Ok(self.restore_link()?.then_some(PendingRecovery {
+                    stop_first: true,
+                    failed_recorded: false,
+                }))
             }
         }
     }
@@ -712,7 +738,7 @@ impl Updater {
     /// The rest of start-up recovery (stop/start of the previous agent), run after readiness while status
     /// answers with `recovering: true`.
     pub fn finish_recovery(&self, pending: PendingRecovery) -> Result<(), Crashed> {
-        let r = self.restart_previous(pending.stop_first, UpgradeReason::Interrupted);
+        let r = self.restart_previous(pending, UpgradeReason::Interrupted);
         self.state().recovering = false;
         match r {
             Ok(()) => Ok(()),

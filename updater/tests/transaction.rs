@@ -72,9 +72,12 @@ fn success_installs_switches_and_commits() {
         [
             UpgradePhase::Preparing,
             UpgradePhase::Stopping,
+            UpgradePhase::Starting,
             UpgradePhase::Complete
-        ]
+        ],
+        "append-only: starting stays after commit"
     );
+    assert!(j.starting_at.is_some());
     assert_eq!(status.attempt_digest, Some(a.digest()));
     // Idempotent: the same attempt answers the current status and runs nothing.
     let again = u.upgrade_blocking(a.clone()).expect("no crash");
