@@ -8,6 +8,7 @@ pub mod accept;
 pub mod child;
 pub mod config;
 pub mod durable;
+pub mod elf;
 pub mod fault;
 pub mod fetcher;
 pub mod install;

@@ -16,8 +16,9 @@ use crate::system::upgrade::SystemOpenError;
 use crate::system::{SystemDeps, SystemUpgrades};
 use fleet_wire::limits::{UPDATER_START_BOUND, UPDATER_STOP_BOUND};
 use fleet_wire::{
-    AgentUpgradeAttempt, Architecture, BoundedText, Capability, ErrorCode, Id128, JournalPhase,
-    Response, SystemUpgradeAttempt, Timestamp, UnitName, UpdaterStatus, UpgradeReason,
+    AgentUpgradeAttempt, Architecture, BoundedText, Capability, DeviceId, ErrorCode, Id128,
+    JournalPhase, Response, SystemUpgradeAttempt, Timestamp, UnitName, UpdaterStatus,
+    UpgradeReason,
 };
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,6 +39,9 @@ pub struct Deps {
     pub faults: Faults,
     /// The system upgrade's apt policy and reboot client.
     pub system: SystemDeps,
+    /// This device's id from the configuration: attempts of either kind for another device are refused (the
+    /// agent checks too; the root process does not rely on it). `None`: not checked.
+    pub device_id: Option<DeviceId>,
 }
 
 /// Bounds of the cutover's service operations.
@@ -85,6 +89,7 @@ struct Inner {
     system: SystemUpgrades,
     boot_id: Option<Id128>,
     invocation_id: Option<Id128>,
+    device_id: Option<DeviceId>,
 }
 
 /// The updater: cheap to clone, shared by the socket handlers and the transaction thread.
@@ -215,6 +220,7 @@ impl Updater {
             prober,
             faults,
             system,
+            device_id,
         } = deps;
         let system = SystemUpgrades::open(&paths, system, faults.clone())?;
         let deps = AgentDeps {
@@ -230,6 +236,7 @@ impl Updater {
                 unit,
                 deps,
                 bounds,
+                device_id,
                 state: Mutex::new(State {
                     journal,
                     ..State::default()
@@ -311,6 +318,7 @@ impl Updater {
                 "another mutating request is being handled; try again",
             ));
         };
+        self.check_device(&attempt.device_id)?;
         let agent = {
             let st = self.state();
             AgentSide {
@@ -393,6 +401,17 @@ impl Updater {
         Ok(())
     }
 
+    /// Refuses an attempt for another device than the configured one.
+    fn check_device(&self, device: &DeviceId) -> Result<(), Refused> {
+        match &self.inner.device_id {
+            Some(mine) if mine != device => Err(Refused::new(
+                ErrorCode::Invalid,
+                format!("invalid device: the attempt is for {device}, this device is {mine}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Accepts an upgrade request: validates it, decides (idempotent, conflict, quarantined, busy) and journals a
     /// new transaction in `preparing`. Only one mutating request is accepted at a time.
     pub fn accept(&self, attempt: AgentUpgradeAttempt) -> Result<Accepted, Refused> {
@@ -402,6 +421,7 @@ impl Updater {
                 "another mutating request is being handled; try again",
             ));
         };
+        self.check_device(&attempt.device_id)?;
         if Architecture::current() != Some(attempt.architecture) {
             return Err(Refused::new(
                 ErrorCode::Invalid,
