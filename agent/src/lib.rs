@@ -8,7 +8,8 @@ pub mod device;
 pub mod lock;
 pub mod logging;
 pub mod nats_kv;
-pub mod notify;
+/// systemd notifications: the one `sd_notify` of the tree, in fleet-wire.
+pub use fleet_wire::notify;
 pub mod paths;
 pub mod podman;
 pub mod probe;
