@@ -8,6 +8,41 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
+/// Checks a journal's transition history (oldest first): the last entry is the current `phase` and `reason`, the
+/// first is `first` unless older entries were dropped (the history holds the newest 16), every step is `legal`
+/// and none goes back in time. Shared by the agent-upgrade and system-upgrade journals.
+pub fn check_history<T, P, R>(
+    steps: &[T],
+    parts: impl Fn(&T) -> (P, fleet_wire::Timestamp, &Option<R>),
+    current: (P, &Option<R>),
+    first: P,
+    legal: impl Fn(P, P) -> bool,
+) -> Result<(), String>
+where
+    P: Copy + PartialEq + std::fmt::Debug,
+    R: PartialEq,
+{
+    match steps.last().map(&parts) {
+        Some((phase, _, reason)) if phase == current.0 && reason == current.1 => {}
+        _ => return Err("the last transition does not match phase and reason".into()),
+    }
+    if steps.len() < fleet_wire::limits::MAX_TRANSITIONS
+        && steps.first().map(|s| parts(s).0) != Some(first)
+    {
+        return Err(format!("the first transition is not {first:?}"));
+    }
+    for w in steps.windows(2) {
+        let ((from, at0, _), (to, at1, _)) = (parts(&w[0]), parts(&w[1]));
+        if !legal(from, to) {
+            return Err(format!("illegal transition {from:?} -> {to:?}"));
+        }
+        if at1 < at0 {
+            return Err("transitions are not in time order".into());
+        }
+    }
+    Ok(())
+}
+
 /// A versioned JSON state file that checks itself after parsing (the two journals).
 pub trait Validated: serde::de::DeserializeOwned {
     /// Largest file read, in bytes.
@@ -34,5 +69,47 @@ pub fn load_validated<T: Validated>(path: &Path) -> Result<Option<T>, String> {
         Ok(_) => parse_validated(&bytes).map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("cannot be read: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_history;
+    use fleet_wire::fixtures::t;
+    use fleet_wire::JournalPhase::{self, *};
+
+    fn check(steps: &[(JournalPhase, u64)], current: JournalPhase) -> Result<(), String> {
+        let steps: Vec<(JournalPhase, fleet_wire::Timestamp, Option<()>)> =
+            steps.iter().map(|(p, s)| (*p, t(*s), None)).collect();
+        check_history(
+            &steps,
+            |s| (s.0, s.1, &s.2),
+            (current, &None),
+            Preparing,
+            JournalPhase::can_move_to,
+        )
+    }
+
+    #[test]
+    fn history_rules() {
+        check(
+            &[(Preparing, 0), (Activating, 1), (Committed, 2)],
+            Committed,
+        )
+        .expect("legal");
+        for (steps, current, why) in [
+            (&[(Preparing, 0), (Activating, 1)][..], Committed, "last"),
+            (&[(Activating, 0)][..], Activating, "first"),
+            (&[(Preparing, 0), (Committed, 1)][..], Committed, "illegal"),
+            (
+                &[(Preparing, 5), (Activating, 1)][..],
+                Activating,
+                "time order",
+            ),
+            (&[][..], Preparing, "last"),
+        ] {
+            let e = check(steps, current).expect_err(why);
+            assert!(e.contains(why), "{e}");
+        }
     }
 }
