@@ -104,17 +104,14 @@ fn status_ok(sock: &Path) -> bool {
     BufReader::new(&s).read_line(&mut line).is_ok() && line.contains("\"kind\":\"status\"")
 }
 
-#[test]
-fn ready_only_after_the_socket_answers() {
-    require_agent_user();
-    let dev = Device::new();
-    let cfg = config(&dev, "");
+/// Starts the daemon with `cfg` under a test `NOTIFY_SOCKET` (receiving with a 30 s time-out); killed on drop.
+fn spawn_notified(dev: &Device, cfg: &Path) -> (Killed, UnixDatagram) {
     let notify_path = dev.dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).expect("bind");
     notify
         .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
-    let _child = Killed(
+    let child = Killed(
         Command::new(BIN)
             .args(["--config", cfg.to_str().expect("utf8")])
             .env("NOTIFY_SOCKET", &notify_path)
@@ -123,6 +120,15 @@ fn ready_only_after_the_socket_answers() {
             .spawn()
             .expect("spawn"),
     );
+    (child, notify)
+}
+
+#[test]
+fn ready_only_after_the_socket_answers() {
+    require_agent_user();
+    let dev = Device::new();
+    let cfg = config(&dev, "");
+    let (_child, notify) = spawn_notified(&dev, &cfg);
     let started = Instant::now();
     let mut buf = [0u8; 256];
     let n = notify.recv(&mut buf).expect("READY=1 within 30 s");
@@ -139,20 +145,7 @@ fn the_daemon_refuses_attempts_for_another_device() {
     require_agent_user();
     let dev = Device::new();
     let cfg = config(&dev, "device_id = \"device-1\"\n");
-    let notify_path = dev.dir.path().join("notify.sock");
-    let notify = UnixDatagram::bind(&notify_path).expect("bind");
-    notify
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let _child = Killed(
-        Command::new(BIN)
-            .args(["--config", cfg.to_str().expect("utf8")])
-            .env("NOTIFY_SOCKET", &notify_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn"),
-    );
+    let (_child, notify) = spawn_notified(&dev, &cfg);
     let mut buf = [0u8; 256];
     notify.recv(&mut buf).expect("READY=1 within 30 s");
     let ask = |request: fleet_wire::Request| -> String {
