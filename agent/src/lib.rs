@@ -9,7 +9,8 @@ pub mod lock;
 pub mod logging;
 pub mod nats_kv;
 pub mod nats_tls;
-pub mod notify;
+/// systemd notifications: the one `sd_notify` of the tree, in fleet-wire.
+pub use fleet_wire::notify;
 pub mod paths;
 pub mod podman;
 pub mod probe;

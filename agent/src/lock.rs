@@ -1,8 +1,7 @@
-//! The process lock: an exclusive `flock` on `<root>/var/lib/fleet-agent/agent.lock`, held for the process lifetime,
-//! so only one agent mutates workloads.
+//! The process lock: an exclusive lock (std's `File::try_lock`, `flock` on Linux) on
+//! `<root>/var/lib/fleet-agent/agent.lock`, held for the process lifetime, so only one agent mutates workloads.
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::fs::{File, OpenOptions, TryLockError};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -47,15 +46,10 @@ impl ProcessLock {
             .custom_flags(libc::O_CLOEXEC)
             .open(path)
             .map_err(io)?;
-        // SAFETY: flock on a valid, owned descriptor.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                LockError::Held(path.to_owned())
-            } else {
-                io(e)
-            });
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(LockError::Held(path.to_owned())),
+            Err(TryLockError::Error(e)) => return Err(io(e)),
         }
         Ok(Self {
             _file: file,

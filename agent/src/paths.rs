@@ -38,7 +38,7 @@ impl Paths {
 
     /// `<root>/run/fleet-updater/updater.sock`.
     pub fn updater_socket(&self) -> PathBuf {
-        self.under("run/fleet-updater/updater.sock")
+        fleet_wire::socket::updater_socket(&self.root)
     }
 
     /// `<root>/etc/os-release`.

@@ -6,7 +6,6 @@ use fleet_wire::{
     Sha256Hex, Timestamp, Transitions, UpgradePhase, UpgradeReason, Version,
 };
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::Path;
 
 /// Most bindings kept; the oldest are dropped first.
@@ -179,18 +178,13 @@ impl Bindings {
         serde_json::from_slice(&bytes).map_err(|e| format!("{} is corrupt: {e}", path.display()))
     }
 
-    /// Writes the file atomically: temporary file, fsync, rename, fsync of the directory.
+    /// Writes the file atomically and durably (the tree's one atomic write, `fleet_wire::durable`).
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
-        let tmp = dir.join(".upgrade-bindings.json.tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
-            f.sync_all()?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
         }
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        fleet_wire::durable::write_atomic(path, &bytes, 0o640)
     }
 }
 

@@ -23,16 +23,27 @@ pub struct Finished {
 }
 
 impl Finished {
-    /// The last line or so of stderr, for an error message.
+    /// The last 400 characters or so of stderr, for an error message: printable only (control characters and
+    /// invalid UTF-8 become `?`, line breaks ` | `), so a child's raw bytes never reach a status.
     pub fn stderr_tail(&self) -> String {
-        let s = String::from_utf8_lossy(&self.stderr);
-        let t = s.trim();
-        let start = t.len().saturating_sub(400);
-        let start = (start..t.len())
-            .find(|&i| t.is_char_boundary(i))
-            .unwrap_or(t.len());
-        t[start..].to_string()
+        printable_tail(&self.stderr, 400)
     }
+}
+
+/// The last `max_chars` characters of `bytes` as one printable line.
+pub fn printable_tail(bytes: &[u8], max_chars: usize) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    let chars: Vec<char> = s.trim().chars().collect();
+    let start = chars.len().saturating_sub(max_chars);
+    let mut out = String::with_capacity(max_chars);
+    for &c in &chars[start..] {
+        match c {
+            '\n' => out.push_str(" | "),
+            c if c.is_control() || c == char::REPLACEMENT_CHARACTER => out.push('?'),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Why a bounded child did not finish.

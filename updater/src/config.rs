@@ -1,6 +1,6 @@
 //! The updater's configuration file (TOML, typed, validated, unknown keys rejected).
 
-use fleet_wire::UnitName;
+use fleet_wire::{DeviceId, UnitName};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -14,6 +14,7 @@ pub const CONFIG_MAX_BYTES: u64 = 64 * 1024;
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     root: Option<PathBuf>,
+    device_id: Option<String>,
     extra_ca_file: Option<PathBuf>,
     agent_unit: Option<String>,
     agent_user: Option<String>,
@@ -26,6 +27,9 @@ struct RawConfig {
 pub struct Config {
     /// Root prefix of every managed path (`/` on a device).
     pub root: PathBuf,
+    /// This device's id (device setup writes it): attempts for another device are refused. `None` only in
+    /// configurations written before device setup did so; then the agent's check is the only one.
+    pub device_id: Option<DeviceId>,
     /// PEM file of extra CA certificates trusted for artifact downloads, besides the system roots.
     pub extra_ca_file: Option<PathBuf>,
     /// The agent's systemd unit.
@@ -42,6 +46,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             root: PathBuf::from("/"),
+            device_id: None,
             extra_ca_file: None,
             agent_unit: UnitName::try_from("fleet-agent.service")
                 .unwrap_or_else(|_| unreachable!("a valid literal unit name")),
@@ -86,6 +91,10 @@ impl Config {
                 )));
             }
             c.root = root;
+        }
+        if let Some(id) = raw.device_id {
+            c.device_id =
+                Some(DeviceId::try_from(id).map_err(|e| fail(format!("device_id: {e}")))?);
         }
         if let Some(ca) = raw.extra_ca_file {
             if !ca.is_absolute() {
@@ -159,13 +168,14 @@ mod tests {
     #[test]
     fn parses_validates_and_rejects_unknown_keys() {
         let c = Config::parse(
-            "root = \"/tmp/x\"\nextra_ca_file = \"/etc/ca.pem\"\nagent_unit = \"a.service\"\nagent_user = \"agent\"\n",
+            "root = \"/tmp/x\"\ndevice_id = \"device-1\"\nextra_ca_file = \"/etc/ca.pem\"\nagent_unit = \"a.service\"\nagent_user = \"agent\"\n",
             "t",
         )
         .expect("valid");
         assert_eq!(c.root, Path::new("/tmp/x"));
         assert_eq!(c.agent_unit.as_str(), "a.service");
         assert_eq!(c.socket_group, "fleet-agent");
+        assert_eq!(c.device_id.as_ref().map(|d| d.as_str()), Some("device-1"));
         assert_eq!(
             Config::parse("system_reboot_retry_secs = 5", "t")
                 .expect("valid")
@@ -180,6 +190,7 @@ mod tests {
             "agent_unit = \"x.socket\"",
             "agent_user = \"Root;rm\"",
             "root = 3",
+            "device_id = \"a b\"",
             "system_reboot_retry_secs = 0",
             "system_reboot_retry_secs = 9999",
         ] {

@@ -1,86 +1,44 @@
-//! Crash-safe file system writes: temporary file, fsync, atomic rename, fsync of the parent directory.
+//! The updater's durable state files: the crash-safe write itself is the tree's one implementation in
+//! `fleet_wire::durable` (re-exported here); this module adds the versioned JSON files that check themselves.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{symlink, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+pub use fleet_wire::durable::{
+    ensure_dir, fsync_dir, install_atomic, replace_symlink, write_atomic,
+};
+use std::fs::File;
+use std::io;
+use std::path::Path;
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A fresh temporary name next to `path` (same directory, so the final rename is atomic).
-fn temp_beside(path: &Path) -> io::Result<PathBuf> {
-    let dir = parent(path)?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    Ok(dir.join(format!(
-        ".{}.tmp-{}-{n}",
-        name.to_string_lossy(),
-        std::process::id()
-    )))
-}
-
-fn parent(path: &Path) -> io::Result<&Path> {
-    path.parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))
-}
-
-/// fsyncs a directory, making a rename or create inside it durable.
-pub fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Writes `bytes` to `path` atomically and durably with permission bits `mode`.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = temp_beside(path)?;
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        fsync_dir(parent(path)?)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+/// Checks a journal's transition history (oldest first): the last entry is the current `phase` and `reason`, the
+/// first is `first` unless older entries were dropped (the history holds the newest 16), every step is `legal`
+/// and none goes back in time. Shared by the agent-upgrade and system-upgrade journals.
+pub fn check_history<T, P, R>(
+    steps: &[T],
+    parts: impl Fn(&T) -> (P, fleet_wire::Timestamp, &Option<R>),
+    current: (P, &Option<R>),
+    first: P,
+    legal: impl Fn(P, P) -> bool,
+) -> Result<(), String>
+where
+    P: Copy + PartialEq + std::fmt::Debug,
+    R: PartialEq,
+{
+    match steps.last().map(&parts) {
+        Some((phase, _, reason)) if phase == current.0 && reason == current.1 => {}
+        _ => return Err("the last transition does not match phase and reason".into()),
     }
-    result
-}
-
-/// Moves an already written file `src` (same file system) to `dest` atomically and durably, with `mode`.
-pub fn install_atomic(src: &Path, dest: &Path, mode: u32) -> io::Result<()> {
-    let f = File::open(src)?;
-    f.set_permissions(fs::Permissions::from_mode(mode))?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(src, dest)?;
-    fsync_dir(parent(dest)?)
-}
-
-/// Points the symlink `link` at `target` atomically: a temporary symlink, rename over `link`, directory fsync.
-pub fn replace_symlink(link: &Path, target: &Path) -> io::Result<()> {
-    let tmp = temp_beside(link)?;
-    symlink(target, &tmp)?;
-    if let Err(e) = fs::rename(&tmp, link) {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
+    if steps.len() < fleet_wire::limits::MAX_TRANSITIONS
+        && steps.first().map(|s| parts(s).0) != Some(first)
+    {
+        return Err(format!("the first transition is not {first:?}"));
     }
-    fsync_dir(parent(link)?)
-}
-
-/// Creates `dir` (and parents) with `mode` if missing.
-pub fn ensure_dir(dir: &Path, mode: u32) -> io::Result<()> {
-    if !dir.is_dir() {
-        fs::create_dir_all(dir)?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(mode))?;
+    for w in steps.windows(2) {
+        let ((from, at0, _), (to, at1, _)) = (parts(&w[0]), parts(&w[1]));
+        if !legal(from, to) {
+            return Err(format!("illegal transition {from:?} -> {to:?}"));
+        }
+        if at1 < at0 {
+            return Err("transitions are not in time order".into());
+        }
     }
     Ok(())
 }
@@ -116,31 +74,42 @@ pub fn load_validated<T: Validated>(path: &Path) -> Result<Option<T>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::check_history;
+    use fleet_wire::fixtures::t;
+    use fleet_wire::JournalPhase::{self, *};
+
+    fn check(steps: &[(JournalPhase, u64)], current: JournalPhase) -> Result<(), String> {
+        let steps: Vec<(JournalPhase, fleet_wire::Timestamp, Option<()>)> =
+            steps.iter().map(|(p, s)| (*p, t(*s), None)).collect();
+        check_history(
+            &steps,
+            |s| (s.0, s.1, &s.2),
+            (current, &None),
+            Preparing,
+            JournalPhase::can_move_to,
+        )
+    }
 
     #[test]
-    fn atomic_writes_and_links() {
-        let d = tempfile::tempdir().expect("tmp");
-        let p = d.path().join("j.json");
-        write_atomic(&p, b"one", 0o600).expect("write");
-        write_atomic(&p, b"two", 0o600).expect("rewrite");
-        assert_eq!(fs::read(&p).expect("read"), b"two");
-        assert_eq!(
-            fs::metadata(&p).expect("meta").permissions().mode() & 0o777,
-            0o600
-        );
-        let link = d.path().join("active");
-        replace_symlink(&link, Path::new("/a")).expect("link");
-        replace_symlink(&link, Path::new("/b")).expect("relink");
-        assert_eq!(fs::read_link(&link).expect("readlink"), Path::new("/b"));
-        let leftovers = fs::read_dir(d.path())
-            .expect("ls")
-            .filter(|e| {
-                e.as_ref()
-                    .map(|e| e.file_name().to_string_lossy().contains(".tmp-"))
-                    .unwrap_or(false)
-            })
-            .count();
-        assert_eq!(leftovers, 0);
+    fn history_rules() {
+        check(
+            &[(Preparing, 0), (Activating, 1), (Committed, 2)],
+            Committed,
+        )
+        .expect("legal");
+        for (steps, current, why) in [
+            (&[(Preparing, 0), (Activating, 1)][..], Committed, "last"),
+            (&[(Activating, 0)][..], Activating, "first"),
+            (&[(Preparing, 0), (Committed, 1)][..], Committed, "illegal"),
+            (
+                &[(Preparing, 5), (Activating, 1)][..],
+                Activating,
+                "time order",
+            ),
+            (&[][..], Preparing, "last"),
+        ] {
+            let e = check(steps, current).expect_err(why);
+            assert!(e.contains(why), "{e}");
+        }
     }
 }

@@ -62,6 +62,10 @@ pub struct Journal {
     /// How long stopping the old agent took.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_duration_ms: Option<u64>,
+    /// When the cutover started the candidate (the public `starting` phase inside `activating`). Persisted so the
+    /// public history keeps `starting` after commit or rollback: transitions are only ever appended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starting_at: Option<Timestamp>,
     /// The newest transitions (at most 16), oldest first; the last one is the current phase.
     pub transitions: Transitions<Transition<JournalPhase>>,
     /// Attempts finished before this one (at most 32), oldest first.
@@ -125,6 +129,7 @@ impl Journal {
             error: None,
             started_at: now,
             drain_duration_ms: None,
+            starting_at: None,
             transitions,
             earlier_attempts,
         }
@@ -178,24 +183,16 @@ impl Journal {
         if !self.target_link.ends_with(&suffix) {
             return Err(format!("targetLink does not end in {suffix}"));
         }
-        let ts = self.transitions.as_slice();
-        match ts.last() {
-            Some(last) if last.phase == self.phase && last.reason == self.reason => {}
-            _ => return Err("the last transition does not match phase and reason".into()),
-        }
-        if ts.len() < fleet_wire::limits::MAX_TRANSITIONS && ts[0].phase != JournalPhase::Preparing
-        {
-            return Err("the first transition is not preparing".into());
-        }
-        for w in ts.windows(2) {
-            if !w[0].phase.can_move_to(w[1].phase) {
-                return Err(format!(
-                    "illegal transition {:?} -> {:?}",
-                    w[0].phase, w[1].phase
-                ));
-            }
-            if w[1].at < w[0].at {
-                return Err("transitions are not in time order".into());
+        durable::check_history(
+            self.transitions.as_slice(),
+            |t| (t.phase, t.at, &t.reason),
+            (self.phase, &self.reason),
+            JournalPhase::Preparing,
+            JournalPhase::can_move_to,
+        )?;
+        if let Some(at) = self.starting_at {
+            if self.phase == JournalPhase::Preparing || at < self.started_at {
+                return Err("startingAt is set before the cutover began".into());
             }
         }
         if self.earlier_attempts.len() > MAX_EARLIER_ATTEMPTS {
@@ -239,14 +236,20 @@ impl Journal {
         durable::write_atomic(path, &self.to_bytes(), 0o600).map_err(err)
     }
 
-    /// The public status of this transaction. `step` says where an `activating` cutover is (in memory only).
+    /// The public status of this transaction. Its transitions are the journal's, with `activating` shown as
+    /// `stopping` and, once the candidate was started, a `starting` transition right after it (kept after commit
+    /// or rollback: a person reads what happened, in order).
     pub fn public(
         &self,
-        step: Option<(CutoverStep, Timestamp)>,
         boot_id: Option<Id128>,
         invocation_id: Option<Id128>,
         journal_unit: Option<UnitName>,
     ) -> AgentUpgradeStatus {
+        let starting = |at| Transition {
+            phase: UpgradePhase::Starting,
+            at,
+            reason: None,
+        };
         let mut transitions = Transitions::default();
         for t in self.transitions.as_slice() {
             let phase = t.phase.public(CutoverStep::Stopping);
@@ -259,6 +262,9 @@ impl Journal {
                 at: t.at,
                 reason,
             });
+            if let (JournalPhase::Activating, Some(at)) = (t.phase, self.starting_at) {
+                transitions.push(starting(at));
+            }
         }
         let (mut phase, mut changed, mut reason) = (
             self.phase.public(CutoverStep::Stopping),
@@ -268,15 +274,10 @@ impl Journal {
         if phase == UpgradePhase::Stopping {
             reason = Some(UpgradeReason::Updater);
         }
-        if let (JournalPhase::Activating, Some((CutoverStep::Starting, at))) = (self.phase, step) {
+        if let (JournalPhase::Activating, Some(at)) = (self.phase, self.starting_at) {
             phase = UpgradePhase::Starting;
             changed = at;
             reason = None;
-            transitions.push(Transition {
-                phase,
-                at,
-                reason: None,
-            });
         }
         AgentUpgradeStatus {
             device_id: self.attempt.device_id.clone(),
@@ -343,23 +344,43 @@ mod tests {
     }
 
     #[test]
-    fn public_status_follows_the_cutover_step() {
+    fn public_status_follows_the_cutover_step_and_keeps_starting() {
         let mut j = journal();
         j.apply(Event::Prepared, fixtures::t(10)).expect("legal");
-        let s = j.public(None, None, None, None);
+        let s = j.public(None, None, None);
         assert_eq!(s.phase, UpgradePhase::Stopping);
-        let s = j.public(
-            Some((CutoverStep::Starting, fixtures::t(12))),
-            None,
-            None,
-            None,
-        );
+        j.starting_at = Some(fixtures::t(12));
+        let s = j.public(None, None, None);
         assert_eq!(s.phase, UpgradePhase::Starting);
-        assert_eq!(s.transitions.len(), 3);
+        assert_eq!(s.phase_changed_at, fixtures::t(12));
+        let phases = |s: &AgentUpgradeStatus| -> Vec<UpgradePhase> {
+            s.transitions.as_slice().iter().map(|t| t.phase).collect()
+        };
+        use UpgradePhase as P;
+        assert_eq!(phases(&s), [P::Preparing, P::Stopping, P::Starting]);
+        let back = Journal::parse(&j.to_bytes(), "t").expect("valid");
+        assert_eq!(back.starting_at, Some(fixtures::t(12)));
+        // Append-only: after commit (or a rollback) the history still shows `starting`, in order.
+        let mut rolled = j.clone();
         j.apply(Event::Ready, fixtures::t(20)).expect("legal");
+        let s = j.public(None, None, None);
+        assert_eq!(s.phase, P::Complete);
         assert_eq!(
-            j.public(None, None, None, None).phase,
-            UpgradePhase::Complete
+            phases(&s),
+            [P::Preparing, P::Stopping, P::Starting, P::Complete]
         );
+        rolled
+            .apply(
+                Event::CutoverFailed(UpgradeReason::StartFailed),
+                fixtures::t(21),
+            )
+            .expect("legal");
+        assert_eq!(
+            phases(&rolled.public(None, None, None)),
+            [P::Preparing, P::Stopping, P::Starting, P::RollingBack]
+        );
+        let mut bad = journal();
+        bad.starting_at = Some(fixtures::t(12));
+        assert!(Journal::parse(&bad.to_bytes(), "t").is_err());
     }
 }

@@ -9,12 +9,14 @@ pub mod accept;
 pub mod child;
 pub mod config;
 pub mod durable;
+pub mod elf;
 pub mod fault;
 pub mod fetcher;
 pub mod install;
 pub mod journal;
 pub mod machine;
-pub mod notify;
+/// systemd notifications: the one `sd_notify` of the tree, in fleet-wire.
+pub use fleet_wire::notify;
 pub mod paths;
 pub mod peer;
 pub mod probe;

@@ -52,6 +52,8 @@ pub fn next(
         (P::RollingBack, Interrupted) => (P::RollingBack, Some(UpgradeReason::Interrupted)),
         (P::RollingBack, RolledBack(r)) => (P::Failed, Some(r)),
         (P::RollingBack, RestoreFailed) => (P::RollbackFailed, Some(UpgradeReason::RestoreFailed)),
+        // Recovery of an interrupted preparation recorded `failed`, then starting the previous agent failed.
+        (P::Failed, RestoreFailed) => (P::RollbackFailed, Some(UpgradeReason::RestoreFailed)),
         _ => return Err(IllegalTransition { phase, event }),
     };
     if phase.can_move_to(to.0) {
@@ -66,7 +68,7 @@ pub fn next(
 pub enum Recovery {
     /// `committed` keeps the target; `failed` keeps the previous agent (no automatic retry); no journal: nothing.
     Keep,
-    /// `preparing`: restore the previous link, start the previous service, record `failed`; a restore or start
+    /// `preparing`: restore the previous link, record `failed`, start the previous service; a restore or start
     /// failure enters `rollback-failed`.
     RestoreAndStart,
     /// `activating`: record `rolling-back`, restore the previous link, stop, start the previous service.
@@ -108,7 +110,7 @@ mod tests {
     /// The whole table: a change to the state machine must change this test.
     #[test]
     fn transition_table() {
-        let legal: [(P, Event, P, Option<R>); 10] = [
+        let legal: [(P, Event, P, Option<R>); 11] = [
             (P::Preparing, Prepared, P::Activating, None),
             (
                 P::Preparing,
@@ -155,6 +157,12 @@ mod tests {
             ),
             (
                 P::RollingBack,
+                RestoreFailed,
+                P::RollbackFailed,
+                Some(R::RestoreFailed),
+            ),
+            (
+                P::Failed,
                 RestoreFailed,
                 P::RollbackFailed,
                 Some(R::RestoreFailed),

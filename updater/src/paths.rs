@@ -74,12 +74,12 @@ impl Paths {
 
     /// `<root>/run/fleet-updater`: the socket's directory.
     pub fn run_dir(&self) -> PathBuf {
-        self.under("run/fleet-updater")
+        self.under(fleet_wire::socket::UPDATER_RUN_DIR)
     }
 
     /// `<root>/run/fleet-updater/updater.sock`.
     pub fn socket(&self) -> PathBuf {
-        self.run_dir().join("updater.sock")
+        fleet_wire::socket::updater_socket(&self.root)
     }
 
     /// Where a symlink target (as stored in the link) points, seen from this process.

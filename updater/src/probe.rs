@@ -1,10 +1,12 @@
-//! The candidate probe: `<candidate> --self-test` as the agent user (uid, gid, supplementary groups, clean
+//! The candidate probe: the candidate must be an ELF executable for this device's architecture (checked before
+//! anything runs), then `<candidate> --self-test` runs as the agent user (uid, gid, supplementary groups, clean
 //! environment), bounded and killed on time-out; its report's version must equal the target.
 
 use crate::child::{self, ChildError};
+use crate::elf;
 use crate::users::{self, UserIds};
 use fleet_wire::probe::SELF_TEST_REPORT_MAX_BYTES;
-use fleet_wire::{SelfTestReport, UpgradeReason, Version};
+use fleet_wire::{Architecture, SelfTestReport, UpgradeReason, Version};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -31,6 +33,7 @@ fn failed(message: String) -> ProbeError {
 pub struct Prober {
     user: String,
     bound: Duration,
+    scripts: bool,
 }
 
 impl Prober {
@@ -39,7 +42,30 @@ impl Prober {
         Self {
             user: user.into(),
             bound,
+            scripts: false,
         }
+    }
+
+    /// Also lets `#!` scripts through the executable check (tests whose candidates are shell scripts); every
+    /// other non-ELF file is still refused.
+    pub fn allow_scripts(mut self) -> Self {
+        self.scripts = true;
+        self
+    }
+
+    fn check_executable(&self, candidate: &Path) -> Result<(), ProbeError> {
+        if self.scripts {
+            let mut head = [0u8; 2];
+            let is_script = std::fs::File::open(candidate)
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+                .is_ok_and(|()| head == *b"#!");
+            if is_script {
+                return Ok(());
+            }
+        }
+        let arch = Architecture::current()
+            .ok_or_else(|| failed("this device's architecture is not supported".into()))?;
+        elf::check_file(candidate, arch).map_err(failed)
     }
 
     fn command(candidate: &Path, user: &UserIds) -> Command {
@@ -51,6 +77,7 @@ impl Prober {
 
     /// Runs the probe of `candidate` and checks its report against `target`.
     pub fn probe(&self, candidate: &Path, target: &Version) -> Result<SelfTestReport, ProbeError> {
+        self.check_executable(candidate)?;
         let user =
             users::user_by_name(&self.user).map_err(|e| failed(format!("probe user: {e}")))?;
         let mut cmd = Self::command(candidate, &user);

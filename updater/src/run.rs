@@ -34,7 +34,14 @@ pub fn run(config_path: &Path) -> Result<(), String> {
             reboot_retry: cfg.system_reboot_retry,
             ..SystemDeps::production(&paths)
         },
+        device_id: cfg.device_id.clone(),
     };
+    if cfg.device_id.is_none() {
+        log::warn!(
+            "{} has no device_id: attempts are not checked against this device's id (device setup writes it)",
+            config_path.display()
+        );
+    }
     let (updater, pending) = Updater::open(
         paths.clone(),
         cfg.agent_unit.clone(),

@@ -1,5 +1,6 @@
-//! The updater's Unix socket server: bounded handlers (the 33rd connection gets `busy`), a request-read deadline,
-//! peer credentials checked, status always answered, mutating requests handed to the transaction.
+//! The updater's Unix socket server: bounded handlers, a request-read deadline, peer credentials checked, status
+//! always answered (idle or slow peers cannot hold every handler: a new connection evicts the oldest one that has
+//! not sent its request yet), mutating requests handed to the transaction.
 
 use crate::durable;
 use crate::fault::Crashed;
@@ -12,11 +13,13 @@ use fleet_wire::limits::{
 };
 use fleet_wire::socket::{parse_request, read_frame, write_frame, FrameError, PROTOCOL_VERSION};
 use fleet_wire::{ErrorCode, Request, Response, ResponseFrame};
+use std::collections::VecDeque;
 use std::io::{self, BufReader, Read};
+use std::net::Shutdown;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -89,8 +92,67 @@ fn answer(stream: &UnixStream, response: Response) {
     }
 }
 
+/// Connections whose handler is still waiting for the request line, oldest first: the ones a new connection may
+/// evict when every handler is taken (a complete request is never evicted, so status cannot be starved by idle or
+/// slow peers; each handler still keeps its own read deadline).
+#[derive(Default)]
+struct Reading {
+    next: AtomicU64,
+    conns: Mutex<VecDeque<(u64, UnixStream)>>,
+}
+
+impl Reading {
+    fn conns(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, UnixStream)>> {
+        self.conns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Registers `stream` as waiting for its request; `None` when it cannot be cloned (then it is never evicted).
+    fn enter(&self, stream: &UnixStream) -> Option<u64> {
+        let clone = stream.try_clone().ok()?;
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.conns().push_back((id, clone));
+        Some(id)
+    }
+
+    /// The request line arrived (or reading ended): the connection is no longer evictable.
+    fn leave(&self, id: Option<u64>) {
+        if let Some(id) = id {
+            self.conns().retain(|(i, _)| *i != id);
+        }
+    }
+
+    /// Answers the oldest waiting connection `busy` and shuts it down; false when none is waiting.
+    fn evict_oldest(&self, max_handlers: usize) -> bool {
+        let Some((_, stream)) = self.conns().pop_front() else {
+            return false;
+        };
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+        answer(
+            &stream,
+            Response::error(
+                ErrorCode::Busy,
+                format!(
+                    "all {max_handlers} handlers were taken and this connection had not sent its request:                      closed for a newer one; try again"
+                ),
+            ),
+        );
+        // Wakes the handler's blocked read (it sees end of file) so its slot frees at once.
+        let _ = stream.shutdown(Shutdown::Both);
+        true
+    }
+}
+
 /// Handles one connection: credentials, one request line, one answer.
-fn handle(stream: &UnixStream, updater: &Updater, cfg: &ServerConfig) {
+/// `waiting` is its entry in `reading` (made at accept, in accept order), left once the request line is read.
+fn handle(
+    stream: &UnixStream,
+    updater: &Updater,
+    cfg: &ServerConfig,
+    reading: &Reading,
+    waiting: Option<u64>,
+) {
     let _ = stream.set_write_timeout(Some(SOCKET_STATUS_RESPONSE_TIMEOUT));
     match peer::peer_cred(stream) {
         Ok(c) if peer::allowed(c, cfg.allowed_gid) => {}
@@ -118,7 +180,9 @@ fn handle(stream: &UnixStream, updater: &Updater, cfg: &ServerConfig) {
             deadline: Instant::now() + cfg.read_timeout,
         },
     );
-    let line = match read_frame(&mut reader, SOCKET_FRAME_MAX_BYTES) {
+    let read = read_frame(&mut reader, SOCKET_FRAME_MAX_BYTES);
+    reading.leave(waiting);
+    let line = match read {
         Ok(Some(line)) => line,
         Ok(None) => return,
         Err(FrameError::TooLarge { limit }) => {
@@ -205,9 +269,11 @@ impl Drop for Slot {
     }
 }
 
-/// Serves connections on `listener` forever (each on its own thread, at most `cfg.max_handlers` at once).
+/// Serves connections on `listener` forever (each on its own thread, at most `cfg.max_handlers` at once, plus
+/// as many again briefly while evicted handlers exit).
 pub fn serve(listener: UnixListener, updater: Updater, cfg: ServerConfig) -> io::Result<()> {
     let active = Arc::new(AtomicUsize::new(0));
+    let reading = Arc::new(Reading::default());
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
@@ -218,7 +284,10 @@ pub fn serve(listener: UnixListener, updater: Updater, cfg: ServerConfig) -> io:
                 continue;
             }
         };
-        if active.load(Ordering::SeqCst) >= cfg.max_handlers {
+        let n = active.load(Ordering::SeqCst);
+        let full = n >= cfg.max_handlers.saturating_mul(2)
+            || (n >= cfg.max_handlers && !reading.evict_oldest(cfg.max_handlers));
+        if full {
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             answer(
                 &stream,
@@ -230,15 +299,18 @@ pub fn serve(listener: UnixListener, updater: Updater, cfg: ServerConfig) -> io:
             continue;
         }
         active.fetch_add(1, Ordering::SeqCst);
-        let (u, a) = (updater.clone(), Arc::clone(&active));
+        let (u, a, r) = (updater.clone(), Arc::clone(&active), Arc::clone(&reading));
+        let waiting = reading.enter(&stream);
         let spawned = thread::Builder::new()
             .name("socket-handler".into())
             .stack_size(256 * 1024)
             .spawn(move || {
                 let _slot = Slot(a);
-                handle(&stream, &u, &cfg);
+                handle(&stream, &u, &cfg, &r, waiting);
+                r.leave(waiting);
             });
         if let Err(e) = spawned {
+            reading.leave(waiting);
             active.fetch_sub(1, Ordering::SeqCst);
             log::warn!("socket: could not start a handler: {e}");
         }

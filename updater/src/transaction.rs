@@ -16,7 +16,7 @@ use crate::system::upgrade::SystemOpenError;
 use crate::system::{SystemDeps, SystemUpgrades};
 use fleet_wire::limits::{UPDATER_START_BOUND, UPDATER_STOP_BOUND};
 use fleet_wire::{
-    AgentUpgradeAttempt, Architecture, BoundedText, Capability, CutoverStep, ErrorCode, Id128,
+    AgentUpgradeAttempt, Architecture, BoundedText, Capability, DeviceId, ErrorCode, Id128,
     JournalPhase, Response, SystemUpgradeAttempt, Timestamp, UnitName, UpdaterStatus,
     UpgradeReason,
 };
@@ -39,6 +39,9 @@ pub struct Deps {
     pub faults: Faults,
     /// The system upgrade's apt policy and reboot client.
     pub system: SystemDeps,
+    /// This device's id from the configuration: attempts of either kind for another device are refused (the
+    /// agent checks too; the root process does not rely on it). `None`: not checked.
+    pub device_id: Option<DeviceId>,
 }
 
 /// Bounds of the cutover's service operations.
@@ -62,7 +65,6 @@ impl Default for Bounds {
 #[derive(Default)]
 struct State {
     journal: Option<Journal>,
-    step: Option<(CutoverStep, Timestamp)>,
     recovering: bool,
     /// Set when the journal could not be written: the transaction stopped; a restart recovers.
     fatal: Option<String>,
@@ -87,6 +89,7 @@ struct Inner {
     system: SystemUpgrades,
     boot_id: Option<Id128>,
     invocation_id: Option<Id128>,
+    device_id: Option<DeviceId>,
 }
 
 /// The updater: cheap to clone, shared by the socket handlers and the transaction thread.
@@ -156,7 +159,10 @@ impl From<Refused> for Response {
 /// The stop/start part of start-up recovery, which continues after the updater's readiness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PendingRecovery {
+    /// Stop the agent before starting it (a cutover was interrupted).
     stop_first: bool,
+    /// `failed` is already recorded (an interrupted preparation): only a start failure is journaled.
+    failed_recorded: bool,
 }
 
 /// The updater could not start.
@@ -219,6 +225,7 @@ impl Updater {
             prober,
             faults,
             system,
+            device_id,
         } = deps;
         let system = SystemUpgrades::open(&paths, system, faults.clone())?;
         let deps = AgentDeps {
@@ -234,6 +241,7 @@ impl Updater {
                 unit,
                 deps,
                 bounds,
+                device_id,
                 state: Mutex::new(State {
                     journal,
                     ..State::default()
@@ -276,7 +284,6 @@ impl Updater {
         let st = self.state();
         let agent_upgrade = st.journal.as_ref().map(|j| {
             let mut s = j.public(
-                st.step,
                 self.inner.boot_id.clone(),
                 self.inner.invocation_id.clone(),
                 UnitName::try_from(UPDATER_UNIT).ok(),
@@ -316,6 +323,7 @@ impl Updater {
                 "another mutating request is being handled; try again",
             ));
         };
+        self.check_device(&attempt.device_id)?;
         let agent = {
             let st = self.state();
             AgentSide {
@@ -356,12 +364,7 @@ impl Updater {
         if let Some(e) = &error {
             j.error = Some(BoundedText::lossy(e));
         }
-        if let Err(e) = j.store(&self.inner.paths.journal()) {
-            let msg = format!("{e}; the transaction stopped: restart fleet-updater to recover");
-            log::error!("attempt {}: {msg}", j.attempt.attempt_id);
-            self.state().fatal = Some(msg.clone());
-            return Err(Stop::JournalWrite(msg));
-        }
+        self.persist(&j)?;
         log::info!(
             "attempt {}: {:?} -> {:?}{}{}",
             j.attempt.attempt_id,
@@ -370,11 +373,7 @@ impl Updater {
             j.reason.map(|r| format!(" ({r:?})")).unwrap_or_default(),
             error.map(|e| format!(": {e}")).unwrap_or_default()
         );
-        let mut st = self.state();
-        if j.phase != JournalPhase::Activating {
-            st.step = None;
-        }
-        st.journal = Some(j);
+        self.state().journal = Some(j);
         Ok(())
     }
 
@@ -384,8 +383,38 @@ impl Updater {
         }
     }
 
-    fn set_step(&self, step: CutoverStep) {
-        self.state().step = Some((step, Timestamp::now()));
+    /// Writes `j` durably; a failed write stops the transaction (status shows why; a restart recovers).
+    fn persist(&self, j: &Journal) -> Result<(), Stop> {
+        if let Err(e) = j.store(&self.inner.paths.journal()) {
+            let msg = format!("{e}; the transaction stopped: restart fleet-updater to recover");
+            log::error!("attempt {}: {msg}", j.attempt.attempt_id);
+            self.state().fatal = Some(msg.clone());
+            return Err(Stop::JournalWrite(msg));
+        }
+        Ok(())
+    }
+
+    /// Persists that the cutover is starting the candidate (public `starting`), so the history keeps it.
+    fn record_starting(&self) -> Result<(), Stop> {
+        let Some(mut j) = self.state().journal.clone() else {
+            return Err(Stop::JournalWrite("no transaction to move".into()));
+        };
+        j.starting_at = Some(Timestamp::now());
+        self.persist(&j)?;
+        log::info!("attempt {}: starting the candidate", j.attempt.attempt_id);
+        self.state().journal = Some(j);
+        Ok(())
+    }
+
+    /// Refuses an attempt for another device than the configured one.
+    fn check_device(&self, device: &DeviceId) -> Result<(), Refused> {
+        match &self.inner.device_id {
+            Some(mine) if mine != device => Err(Refused::new(
+                ErrorCode::Invalid,
+                format!("invalid device: the attempt is for {device}, this device is {mine}"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Accepts an upgrade request: validates it, decides (idempotent, conflict, quarantined, busy) and journals a
@@ -397,6 +426,7 @@ impl Updater {
                 "another mutating request is being handled; try again",
             ));
         };
+        self.check_device(&attempt.device_id)?;
         if Architecture::current() != Some(attempt.architecture) {
             return Err(Refused::new(
                 ErrorCode::Invalid,
@@ -478,7 +508,6 @@ impl Updater {
         {
             let mut st = self.state();
             st.journal = Some(j);
-            st.step = None;
             st.fatal = None;
         }
         Ok(Accepted::Started(self.status()))
@@ -585,7 +614,6 @@ impl Updater {
     fn cutover(&self, j: &Journal) -> Result<(), Stop> {
         let unit = &self.inner.unit;
         let services = &self.inner.deps.services;
-        self.set_step(CutoverStep::Stopping);
         let t0 = Instant::now();
         if let Err(e) = services.stop(unit, self.inner.bounds.stop) {
             return self.roll_back(UpgradeReason::StopFailed, format!("stopping {unit}: {e}"));
@@ -603,8 +631,8 @@ impl Updater {
             );
         }
         self.faults().check("link-switched")?;
-        self.set_step(CutoverStep::Starting);
         self.set_detail("starting the candidate; commit on readiness");
+        self.record_starting()?;
         if let Err(e) = services.start(unit, self.inner.bounds.start) {
             return self.roll_back(
                 UpgradeReason::StartFailed,
@@ -623,7 +651,13 @@ impl Updater {
         self.transition(Event::CutoverFailed(reason), Some(error))?;
         self.faults().check("journal-rolling-back")?;
         if self.restore_link()? {
-            self.restart_previous(true, reason)?;
+            self.restart_previous(
+                PendingRecovery {
+                    stop_first: true,
+                    failed_recorded: false,
+                },
+                reason,
+            )?;
         }
         Ok(())
     }
@@ -653,11 +687,11 @@ impl Updater {
     }
 
     /// Stops (when `stop_first`) and starts the agent unit with the previous link selected, then journals
-    /// `failed` (previous agent running) or `rollback-failed`.
-    fn restart_previous(&self, stop_first: bool, reason: UpgradeReason) -> Result<(), Stop> {
+    /// `failed` (previous agent running; already journaled when `failed_recorded`) or `rollback-failed`.
+    fn restart_previous(&self, how: PendingRecovery, reason: UpgradeReason) -> Result<(), Stop> {
         let unit = &self.inner.unit;
         let services = &self.inner.deps.services;
-        if stop_first {
+        if how.stop_first {
             self.set_detail("stopping the agent to restore the previous binary");
             if let Err(e) = services.stop(unit, self.inner.bounds.stop) {
                 // Starting still decides: systemd's own stop time-out has killed the agent by now.
@@ -677,8 +711,10 @@ impl Updater {
         }
         self.faults().check("rollback-started")?;
         self.set_detail("the previous agent is running again");
-        self.transition(Event::RolledBack(reason), None)?;
-        self.faults().check("journal-failed")?;
+        if !how.failed_recorded {
+            self.transition(Event::RolledBack(reason), None)?;
+            self.faults().check("journal-failed")?;
+        }
         Ok(())
     }
 
@@ -698,18 +734,28 @@ impl Updater {
                 Ok(None)
             }
             Recovery::RestoreAndStart => {
+                // The seed's order: restore the link, record `failed`, then start the previous service. A crash
+                // after `failed` is harmless: preparation never stopped the agent, and a boot starts it anyway.
                 self.set_detail("interrupted during preparation: restoring the previous agent");
-                Ok(self
-                    .restore_link()?
-                    .then_some(PendingRecovery { stop_first: false }))
+                if !self.restore_link()? {
+                    return Ok(None);
+                }
+                self.set_detail("interrupted during preparation: starting the previous agent");
+                self.transition(Event::RolledBack(UpgradeReason::Interrupted), None)?;
+                self.faults().check("journal-failed")?;
+                Ok(Some(PendingRecovery {
+                    stop_first: false,
+                    failed_recorded: true,
+                }))
             }
             Recovery::RollBack | Recovery::RepeatRollBack => {
                 self.set_detail("interrupted: rolling back to the previous agent");
                 self.transition(Event::Interrupted, None)?;
                 self.faults().check("journal-rolling-back")?;
-                Ok(self
-                    .restore_link()?
-                    .then_some(PendingRecovery { stop_first: true }))
+                Ok(self.restore_link()?.then_some(PendingRecovery {
+                    stop_first: true,
+                    failed_recorded: false,
+                }))
             }
         }
     }
@@ -717,7 +763,7 @@ impl Updater {
     /// The rest of start-up recovery (stop/start of the previous agent), run after readiness while status
     /// answers with `recovering: true`.
     pub fn finish_recovery(&self, pending: PendingRecovery) -> Result<(), Crashed> {
-        let r = self.restart_previous(pending.stop_first, UpgradeReason::Interrupted);
+        let r = self.restart_previous(pending, UpgradeReason::Interrupted);
         self.state().recovering = false;
         match r {
             Ok(()) => Ok(()),

@@ -74,12 +74,12 @@ const NONE: &[&str] = &[];
 
 /// The recovery table, row by row, for every crash point.
 const TABLE: &[Row] = &[
-    // preparing: restore the previous link, start the previous service, record failed.
+    // preparing: restore the previous link, record failed (before readiness), start the previous service.
     row(
         "journal-preparing",
         Ok,
         0,
-        J::Preparing,
+        J::Failed,
         PREV,
         J::Failed,
         P::Failed,
@@ -90,7 +90,7 @@ const TABLE: &[Row] = &[
         "fetched",
         Ok,
         0,
-        J::Preparing,
+        J::Failed,
         PREV,
         J::Failed,
         P::Failed,
@@ -101,7 +101,7 @@ const TABLE: &[Row] = &[
         "installed",
         Ok,
         0,
-        J::Preparing,
+        J::Failed,
         PREV,
         J::Failed,
         P::Failed,
@@ -112,19 +112,19 @@ const TABLE: &[Row] = &[
         "probed",
         Ok,
         0,
-        J::Preparing,
+        J::Failed,
         PREV,
         J::Failed,
         P::Failed,
         Some(R::Interrupted),
         START_PREV,
     ),
-    // preparing, and the start of the previous service fails: rollback-failed.
+    // preparing, and the start of the previous service fails: failed, then rollback-failed.
     row(
         "probed",
         Ok,
         1,
-        J::Preparing,
+        J::Failed,
         PREV,
         J::RollbackFailed,
         P::RollbackFailed,
@@ -558,4 +558,45 @@ fn status_answers_on_the_socket_while_recovery_restarts_the_agent() {
     let s = status();
     assert!(!s.recovering);
     assert_eq!(s.agent_upgrade.expect("status").phase, P::Failed);
+}
+
+#[test]
+fn a_crash_after_recovery_records_failed_keeps_failed() {
+    require_agent_user();
+    let dev = Device::new();
+    let bytes = candidate(TARGET);
+    let services = FakeServices::new(&dev);
+    let (u, _) = dev
+        .open(
+            fetcher_for(&bytes),
+            services.clone(),
+            Faults::crash_at("probed"),
+        )
+        .expect("open");
+    u.upgrade_blocking(attempt_for(&bytes, TARGET))
+        .expect_err("crash");
+    drop(u);
+    // Recovery of `preparing` persists `failed` before it starts anything, then crashes.
+    let e = dev
+        .open(
+            fetcher_for(&bytes),
+            services.clone(),
+            Faults::crash_at("journal-failed"),
+        )
+        .err()
+        .expect("recovery crashes");
+    assert!(
+        matches!(e, StartError::Crashed(Crashed("journal-failed"))),
+        "{e}"
+    );
+    assert_eq!(dev.journal().expect("journal").phase, J::Failed);
+    assert!(services.take_calls().is_empty(), "nothing started yet");
+    // The next start keeps `failed`: preparation never stopped the agent, and a boot starts it.
+    let (_u, pending) = dev
+        .open(fetcher_for(&bytes), services.clone(), Faults::none())
+        .expect("open");
+    assert!(pending.is_none());
+    assert_eq!(dev.active(), PREVIOUS);
+    let j = dev.journal().expect("journal");
+    assert_eq!(j.transitions.phases(), [J::Preparing, J::Failed]);
 }

@@ -104,17 +104,14 @@ fn status_ok(sock: &Path) -> bool {
     BufReader::new(&s).read_line(&mut line).is_ok() && line.contains("\"kind\":\"status\"")
 }
 
-#[test]
-fn ready_only_after_the_socket_answers() {
-    require_agent_user();
-    let dev = Device::new();
-    let cfg = config(&dev, "");
+/// Starts the daemon with `cfg` under a test `NOTIFY_SOCKET` (receiving with a 30 s time-out); killed on drop.
+fn spawn_notified(dev: &Device, cfg: &Path) -> (Killed, UnixDatagram) {
     let notify_path = dev.dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).expect("bind");
     notify
         .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
-    let _child = Killed(
+    let child = Killed(
         Command::new(BIN)
             .args(["--config", cfg.to_str().expect("utf8")])
             .env("NOTIFY_SOCKET", &notify_path)
@@ -123,6 +120,15 @@ fn ready_only_after_the_socket_answers() {
             .spawn()
             .expect("spawn"),
     );
+    (child, notify)
+}
+
+#[test]
+fn ready_only_after_the_socket_answers() {
+    require_agent_user();
+    let dev = Device::new();
+    let cfg = config(&dev, "");
+    let (_child, notify) = spawn_notified(&dev, &cfg);
     let started = Instant::now();
     let mut buf = [0u8; 256];
     let n = notify.recv(&mut buf).expect("READY=1 within 30 s");
@@ -130,4 +136,49 @@ fn ready_only_after_the_socket_answers() {
     assert!(msg.lines().any(|l| l == "READY=1"), "{msg}");
     assert!(status_ok(&dev.paths.socket()), "status right after READY=1");
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Defence in depth: the root process itself refuses an attempt (either kind) for another device than the
+/// `device_id` of its configuration, before anything is journaled.
+#[test]
+fn the_daemon_refuses_attempts_for_another_device() {
+    require_agent_user();
+    let dev = Device::new();
+    let cfg = config(&dev, "device_id = \"device-1\"\n");
+    let (_child, notify) = spawn_notified(&dev, &cfg);
+    let mut buf = [0u8; 256];
+    notify.recv(&mut buf).expect("READY=1 within 30 s");
+    let ask = |request: fleet_wire::Request| -> String {
+        let frame = fleet_wire::RequestFrame {
+            protocol: fleet_wire::socket::PROTOCOL_VERSION,
+            request,
+        };
+        let mut s = UnixStream::connect(dev.paths.socket()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("timeout");
+        let mut line = serde_json::to_vec(&frame).expect("json");
+        line.push(b'\n');
+        s.write_all(&line).expect("write");
+        let mut answer = String::new();
+        BufReader::new(&s).read_line(&mut answer).expect("answer");
+        answer
+    };
+    let mut agent = attempt_for(b"bytes", "1.2.0");
+    agent.device_id = fleet_wire::DeviceId::try_from("device-2").expect("id");
+    let mut system = fleet_wire::fixtures::system_attempt();
+    system.device_id = fleet_wire::DeviceId::try_from("device-2").expect("id");
+    for request in [
+        fleet_wire::Request::Upgrade { attempt: agent },
+        fleet_wire::Request::SystemUpgrade { attempt: system },
+    ] {
+        let answer = ask(request);
+        assert!(
+            answer.contains("\"invalid\"")
+                && answer.contains("device-2")
+                && answer.contains("device-1"),
+            "{answer}"
+        );
+    }
+    assert!(dev.journal().is_none(), "nothing journaled");
+    assert!(!dev.paths.system_journal().exists());
 }

@@ -72,9 +72,12 @@ fn success_installs_switches_and_commits() {
         [
             UpgradePhase::Preparing,
             UpgradePhase::Stopping,
+            UpgradePhase::Starting,
             UpgradePhase::Complete
-        ]
+        ],
+        "append-only: starting stays after commit"
     );
+    assert!(j.starting_at.is_some());
     assert_eq!(status.attempt_digest, Some(a.digest()));
     // Idempotent: the same attempt answers the current status and runs nothing.
     let again = u.upgrade_blocking(a.clone()).expect("no crash");
@@ -312,6 +315,7 @@ fn probe_runs_as_the_agent_user_with_a_clean_environment() {
     let path = dev.binary(PREVIOUS);
     let user = fleet_updater::users::user_by_name("fleet-agent").expect("user");
     let report = Prober::new("fleet-agent", Duration::from_secs(60))
+        .allow_scripts()
         .probe(&path, &Version::try_from(PREVIOUS).expect("v"))
         .expect("passes");
     let groups: Vec<String> = user.groups.iter().map(|g| g.to_string()).collect();
@@ -337,6 +341,7 @@ fn probe_is_killed_at_its_bound() {
     std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let started = Instant::now();
     let e = Prober::new("fleet-agent", Duration::from_millis(500))
+        .allow_scripts()
         .probe(&slow, &Version::try_from("9.9.9").expect("v"))
         .expect_err("times out");
     assert_eq!(e.reason, UpgradeReason::ProbeFailed);
@@ -365,9 +370,10 @@ fn success_over_real_https_with_the_production_fetcher() {
         fleet_updater::transaction::Deps {
             fetcher: Box::new(fetcher),
             services: services.clone(),
-            prober: Prober::new("fleet-agent", Duration::from_secs(60)),
+            prober: Prober::new("fleet-agent", Duration::from_secs(60)).allow_scripts(),
             faults: Faults::none(),
             system: dev.system_deps(Vec::new()),
+            device_id: None,
         },
         fleet_updater::transaction::Bounds::default(),
     )
@@ -393,4 +399,67 @@ fn success_over_real_https_with_the_production_fetcher() {
         0
     );
     assert!(!dev.binary("1.3.0").exists());
+}
+
+/// The executable check before the probe, with the production prober (no scripts): a script, a blob and an ELF
+/// for the other architecture are refused before anything runs, with a printable, bounded error.
+#[test]
+fn a_candidate_that_is_not_an_elf_for_this_device_is_never_run() {
+    require_agent_user();
+    let dev = Device::new();
+    let marker = dev.dir.path().join("ran");
+    let script = format!("#!/bin/sh\ntouch {}\n", marker.display()).into_bytes();
+    let mut blob: Vec<u8> = (0u8..=255).cycle().take(4096).collect();
+    blob[..4].copy_from_slice(b"\x1b[2J");
+    // This test binary's own header with the other architecture's machine number.
+    let mut other_arch = std::fs::read(std::env::current_exe().expect("exe")).expect("read exe");
+    other_arch.truncate(4096);
+    let other = match fleet_wire::Architecture::current().expect("arch") {
+        fleet_wire::Architecture::Amd64 => 183u16,
+        fleet_wire::Architecture::Arm64 => 62u16,
+    };
+    other_arch[18..20].copy_from_slice(&other.to_le_bytes());
+    let services = FakeServices::new(&dev);
+    for (i, (bytes, want)) in [
+        (script, "not an ELF"),
+        (blob, "not an ELF"),
+        (other_arch, "built for"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let version = format!("2.0.{i}");
+        let (u, _) = fleet_updater::transaction::Updater::open(
+            dev.paths.clone(),
+            fleet_wire::UnitName::try_from("fleet-agent.service").expect("unit"),
+            fleet_updater::transaction::Deps {
+                fetcher: fetcher_for(&bytes),
+                services: services.clone(),
+                prober: Prober::new("fleet-agent", Duration::from_secs(60)),
+                faults: Faults::none(),
+                system: dev.system_deps(Vec::new()),
+                device_id: None,
+            },
+            fleet_updater::transaction::Bounds::default(),
+        )
+        .expect("open");
+        let r = u
+            .upgrade_blocking(attempt_for(&bytes, &version))
+            .expect("no crash");
+        assert_eq!(
+            phase_of(&r),
+            (UpgradePhase::Failed, Some(UpgradeReason::ProbeFailed)),
+            "{version}"
+        );
+        let status = u.status().agent_upgrade.expect("status");
+        let error = status.error.expect("error").to_string();
+        assert!(error.contains(want), "{version}: {error}");
+        assert!(
+            error.chars().all(|c| !c.is_control()) && error.chars().count() <= 1024,
+            "{version}: {error:?}"
+        );
+        assert_eq!(dev.active(), PREVIOUS);
+    }
+    assert!(!marker.exists(), "the script candidate was run");
+    assert!(services.take_calls().is_empty());
 }

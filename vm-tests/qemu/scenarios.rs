@@ -341,12 +341,13 @@ fn slow_candidate(dir: &Path) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let p = dir.join("slow-v2");
     let body = format!(
-        "#!/bin/sh\n\
-         case \"$1\" in --self-test|--version|--help) exec {REAL_V2} \"$@\" ;; esac\n\
+        "case \"$1\" in --self-test|--version|--help) exec {REAL_V2} \"$@\" ;; esac\n\
          sleep 30 & wait $!\n\
-         exec {REAL_V2} \"$@\"\n"
+         exec {REAL_V2} \"$@\""
     );
-    write(&p, &body);
+    // An ELF that runs the script: the updater runs only ELF executables for the device's architecture.
+    std::fs::write(&p, builds::script_candidate(&body))
+        .unwrap_or_else(|e| panic!("write {p:?}: {e}"));
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
         .unwrap_or_else(|e| panic!("chmod: {e}"));
     p

@@ -168,6 +168,21 @@ fn prebuilt_or_build(package: &str, bin: &str) -> PathBuf {
     build(package, bin, None)
 }
 
+/// The marker `script-candidate` looks for between its ELF and the appended script.
+pub const SCRIPT_MARKER: &str = "\n#fleet-script-candidate\n";
+
+/// A candidate "binary" that runs the shell `body` (fault injection through the artifact): the
+/// `script-candidate` ELF with `body` appended, because the updater runs only ELF executables for the device's
+/// architecture.
+pub fn script_candidate(body: &str) -> Vec<u8> {
+    let elf = prebuilt_or_build("fleet-vm-tests", "script-candidate");
+    let mut bytes = std::fs::read(&elf).unwrap_or_else(|e| panic!("read {elf:?}: {e}"));
+    bytes.extend_from_slice(SCRIPT_MARKER.as_bytes());
+    bytes.extend_from_slice(body.as_bytes());
+    bytes.push(b'\n');
+    bytes
+}
+
 /// The real `fleet-operator` binary.
 pub fn operator() -> PathBuf {
     prebuilt_or_build("fleet-operator", "fleet-operator")

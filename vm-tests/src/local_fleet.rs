@@ -249,12 +249,13 @@ impl LocalFleet {
         )
     }
 
-    /// Publishes a candidate "binary" `name` that is `#!/bin/sh` and `body` (fault injection through the artifact
-    /// itself, delivered by the real operator): its URL and SHA-256.
+    /// Publishes a candidate "binary" `name` that runs the shell `body` (an ELF, see
+    /// [`crate::builds::script_candidate`]; fault injection through the artifact itself, delivered by the real
+    /// operator): its URL and SHA-256.
     pub fn publish_script(&self, name: &str, body: &str) -> (String, String) {
         use std::os::unix::fs::PermissionsExt;
         let path: PathBuf = self.dir.path().join(name);
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n"))
+        std::fs::write(&path, crate::builds::script_candidate(body))
             .unwrap_or_else(|e| panic!("write the candidate {name}: {e}"));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
             .unwrap_or_else(|e| panic!("chmod: {e}"));

@@ -47,10 +47,11 @@ impl Scene {
         }
     }
 
-    /// Writes a candidate "binary" `name`: `#!/bin/sh` and `body`, which usually `exec`s [`REAL_V2`].
+    /// Writes a candidate "binary" `name` that runs the shell `body` (an ELF, see
+    /// [`crate::builds::script_candidate`]), which usually `exec`s [`REAL_V2`].
     pub fn wrapper(&self, name: &str, body: &str) -> PathBuf {
         let p = self.dir.path().join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write candidate");
+        std::fs::write(&p, crate::builds::script_candidate(body)).expect("write candidate");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         p
     }

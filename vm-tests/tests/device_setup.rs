@@ -60,7 +60,7 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
            /usr/local/sbin/fleet-reboot /etc/systemd/system/fleet-reboot.service /etc/systemd/system/fleet-reboot.timer \
            /etc/harmony-fleet /etc/harmony-fleet/agent.toml /etc/harmony-fleet/updater.toml \
            /etc/harmony-fleet/nats-token /var/lib/fleet-updater /var/lib/fleet-agent; \
-         cat /etc/harmony-fleet/nats-token; \
+         cat /etc/harmony-fleet/nats-token; cat /etc/harmony-fleet/updater.toml; \
          systemctl is-enabled fleet-agent.service fleet-updater.service fleet-reboot.timer; \
          systemctl show -p ExecStart fleet-reboot.service; grep ^Condition /etc/systemd/system/fleet-reboot.service; \
          systemctl show -p User -p Type -p NotifyAccess -p TimeoutStopUSec -p TimeoutStartUSec -p Restart \
@@ -86,6 +86,8 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
         "/etc/harmony-fleet/agent.toml root:fleet-agent 640",
         "/etc/harmony-fleet/nats-token fleet-agent:fleet-agent 600",
         "eyJ.device-1-token.sig\n",
+        // The updater's own device id, from agent.toml (it refuses attempts for another device).
+        "device_id = \"device-1\"\n",
         "/var/lib/fleet-updater root:root 700",
         "/var/lib/fleet-agent fleet-agent:fleet-agent 750",
         "enabled\nenabled\nenabled\n",

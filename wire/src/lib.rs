@@ -2,12 +2,15 @@
 //!
 //! Types validate in their constructors and on deserialization, so a value of a type here is valid by
 //! construction. Canonical digests, KV bucket and key names, the updater socket protocol and the limits table
-//! live here too. This crate does no I/O beyond reading and writing frames on a caller's reader or writer.
+//! live here too. This crate does no I/O beyond reading and writing frames on a caller's reader or writer, except
+//! the two OS primitives every process must share behind the `os` feature ([`durable`], [`notify`]).
 
 pub mod artifact;
 pub mod auth;
 pub mod device;
 pub mod digest;
+#[cfg(feature = "os")]
+pub mod durable;
 mod error;
 pub mod fetch;
 #[doc(hidden)]
@@ -17,6 +20,8 @@ pub mod ids;
 pub mod journal;
 pub mod kv;
 pub mod limits;
+#[cfg(feature = "os")]
+pub mod notify;
 pub mod probe;
 pub mod socket;
 pub mod status;

@@ -18,6 +18,17 @@ use std::io::{BufRead, Write};
 /// The protocol version this build speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// The updater socket's directory, relative to the device root (`/run/fleet-updater`).
+pub const UPDATER_RUN_DIR: &str = "run/fleet-updater";
+/// The updater socket's file name in [`UPDATER_RUN_DIR`].
+pub const UPDATER_SOCKET_NAME: &str = "updater.sock";
+
+/// `<root>/run/fleet-updater/updater.sock`: where the updater listens and the agent connects (one definition for
+/// both processes; `root` is `/` on a device and a temporary directory in tests).
+pub fn updater_socket(root: &std::path::Path) -> std::path::PathBuf {
+    root.join(UPDATER_RUN_DIR).join(UPDATER_SOCKET_NAME)
+}
+
 /// A request line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -150,7 +150,7 @@ impl Rig {
             "ID=debian\nVERSION_ID=\"12\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n",
         )
         .expect("os-release");
-        let peer = UpdaterPeer::start(&root.path().join("run/fleet-updater/updater.sock"));
+        let peer = UpdaterPeer::start(&fleet_wire::socket::updater_socket(root.path()));
         let config = root.path().join("agent.toml");
         let mut rig = Self {
             nats,

@@ -401,7 +401,7 @@ impl AgentProc {
             "ID=debian\nVERSION_ID=\"12\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n",
         )
         .expect("os-release");
-        updater_peer(&root.path().join("run/fleet-updater/updater.sock"));
+        updater_peer(&fleet_wire::socket::updater_socket(root.path()));
         let config = root.path().join("agent.toml");
         std::fs::write(
             &config,

@@ -3,7 +3,6 @@
 
 use fleet_wire::Timestamp;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::Path;
 
 /// The marker file.
@@ -37,31 +36,16 @@ pub fn read(path: &Path) -> Result<Option<Marker>, String> {
     }
 }
 
-/// Writes the marker: temporary file, fsync, rename, directory fsync.
+/// Writes the marker durably (the tree's one atomic write, `fleet_wire::durable`).
 pub fn write(path: &Path, m: &Marker) -> Result<(), String> {
     let dir = path.parent().ok_or("marker path has no parent")?;
     let io = |e: std::io::Error| format!("{}: {e}", path.display());
     std::fs::create_dir_all(dir).map_err(io)?;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(&serde_json::to_vec_pretty(m).map_err(|e| e.to_string())?)
-        .map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io)
+    let bytes = serde_json::to_vec_pretty(m).map_err(|e| e.to_string())?;
+    fleet_wire::durable::write_atomic(path, &bytes, 0o644).map_err(io)
 }
 
 /// Removes the marker durably.
 pub fn remove(path: &Path) -> Result<(), String> {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    }
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
-    }
-    Ok(())
+    fleet_wire::durable::remove(path).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -142,27 +142,13 @@ impl SystemJournal {
                 self.format
             ));
         }
-        let ts = self.transitions.as_slice();
-        match ts.last() {
-            Some(last) if last.phase == self.phase && last.reason == self.reason => {}
-            _ => return Err("the last transition does not match phase and reason".into()),
-        }
-        if ts.len() < fleet_wire::limits::MAX_TRANSITIONS
-            && ts[0].phase != SystemJournalPhase::Accepted
-        {
-            return Err("the first transition is not accepted".into());
-        }
-        for w in ts.windows(2) {
-            if !w[0].phase.can_move_to(w[1].phase) {
-                return Err(format!(
-                    "illegal transition {:?} -> {:?}",
-                    w[0].phase, w[1].phase
-                ));
-            }
-            if w[1].at < w[0].at {
-                return Err("transitions are not in time order".into());
-            }
-        }
+        durable::check_history(
+            self.transitions.as_slice(),
+            |t| (t.phase, t.at, &t.reason),
+            (self.phase, &self.reason),
+            SystemJournalPhase::Accepted,
+            SystemJournalPhase::can_move_to,
+        )?;
         if self.earlier.len() > MAX_EARLIER {
             return Err(format!("more than {MAX_EARLIER} earlier runs"));
         }

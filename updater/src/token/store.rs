@@ -2,9 +2,9 @@
 //! else by the `fleet-agent` user), fsync, rename over the old one, fsync of the directory. The agent reads the
 //! old token or the new one, never a part of either.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// The user the token file belongs to when there is none yet (the agent reads it).
@@ -25,28 +25,19 @@ pub fn write_token(path: &Path, token: &str) -> Result<(), String> {
         }
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let name = path
-        .file_name()
-        .ok_or_else(|| format!("{} has no file name", path.display()))?;
-    let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
-    let _ = fs::remove_file(&tmp);
+    let mut bytes = token.as_bytes().to_vec();
+    bytes.push(b'\n');
+    // The one durable write of the tree (fleet_wire::durable), with the owner set between stage and commit.
+    fleet_wire::durable::remove_stale_temps(path);
     let result = (|| -> io::Result<()> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-        f.write_all(token.as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        crate::durable::fsync_dir(path.parent().unwrap_or(Path::new("/")))
+        let tmp = fleet_wire::durable::temp_beside(path)?;
+        fleet_wire::durable::stage(&tmp, &bytes, 0o600)?;
+        std::os::unix::fs::chown(&tmp, Some(uid), Some(gid))
+            .and_then(|()| fleet_wire::durable::commit(&tmp, path))
+            .inspect_err(|_| {
+                let _ = fs::remove_file(&tmp);
+            })
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
     result.map_err(|e| format!("write {}: {e}", path.display()))
 }
 

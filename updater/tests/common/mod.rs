@@ -120,9 +120,10 @@ impl Device {
             Deps {
                 fetcher,
                 services,
-                prober: Prober::new("fleet-agent", Duration::from_secs(60)),
+                prober: Prober::new("fleet-agent", Duration::from_secs(60)).allow_scripts(),
                 faults,
                 system: self.system_deps(Vec::new()),
+                device_id: Some(DeviceId::try_from("device-1").expect("id")),
             },
             Bounds::default(),
         )
@@ -143,9 +144,10 @@ impl Device {
             Deps {
                 fetcher: fetcher_for(b"x"),
                 services: FakeServices::new(self),
-                prober: Prober::new("fleet-agent", Duration::from_secs(60)),
+                prober: Prober::new("fleet-agent", Duration::from_secs(60)).allow_scripts(),
                 faults,
                 system,
+                device_id: Some(DeviceId::try_from("device-1").expect("id")),
             },
             Bounds::default(),
         )

@@ -11,7 +11,6 @@ use fleet_wire::fleetlock::{Holder, StateFile};
 use fleet_wire::Timestamp;
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -297,22 +296,17 @@ fn remove_temporaries(dir: &Path) {
     }
 }
 
-/// Writes `state` to the temporary file `tmp` and fsyncs it.
+/// Writes `state` to the temporary file `tmp` and fsyncs it (the first half of the tree's one atomic write,
+/// `fleet_wire::durable`; the committer thread does the second).
 fn write_synced(tmp: &Path, state: &StateFile) -> Result<(), String> {
     let bytes = serde_json::to_vec_pretty(state).map_err(|e| e.to_string())?;
-    let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
-    let mut f = File::create(tmp).map_err(io)?;
-    f.write_all(&bytes).map_err(io)?;
-    f.sync_all().map_err(io)
+    fleet_wire::durable::stage(tmp, &bytes, 0o644).map_err(|e| format!("{}: {e}", tmp.display()))
 }
 
 /// Renames the fsynced `tmp` over the state file and fsyncs the directory.
 fn rename_synced(dir: &Path, tmp: &Path) -> Result<(), String> {
     let path = dir.join(STATE_FILE);
-    std::fs::rename(tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| format!("{}: {e}", dir.display()))
+    fleet_wire::durable::commit(tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -1,18 +1,17 @@
-//! systemd notifications (`READY=1`, `STOPPING=1`) as a datagram to `$NOTIFY_SOCKET`, written with std only.
+//! The one systemd notification sender (feature `os`): `sd_notify` with std only, one datagram to
+//! `$NOTIFY_SOCKET` (a path, or `@name` in the abstract namespace). Used by the agent and the updater.
 
 use std::os::unix::net::UnixDatagram;
 
-/// Sends `state` to `$NOTIFY_SOCKET` if it is set. Abstract-namespace addresses (`@name`) are handled.
-/// Returns whether a notification was sent.
+/// Sends `state` (e.g. `READY=1`, `STOPPING=1`) to `$NOTIFY_SOCKET`. `Ok(false)` when not run by systemd.
 pub fn notify(state: &str) -> std::io::Result<bool> {
     let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
         return Ok(false);
     };
-    let target = target.to_string_lossy().into_owned();
     let sock = UnixDatagram::unbound()?;
-    if let Some(name) = target.strip_prefix('@') {
+    if let Some(name) = target.as_encoded_bytes().strip_prefix(b"@") {
         use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
         sock.send_to_addr(state.as_bytes(), &addr)?;
     } else {
         sock.send_to(state.as_bytes(), &target)?;
@@ -23,11 +22,11 @@ pub fn notify(state: &str) -> std::io::Result<bool> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn sends_to_path_socket() {
+    fn sends_to_a_path_and_an_abstract_socket() {
         let dir = tempfile::tempdir().expect("tmp");
         let p = dir.path().join("notify");
         let rx = std::os::unix::net::UnixDatagram::bind(&p).expect("bind");
-        // Tests in this module run alone with respect to NOTIFY_SOCKET.
+        // The only test of this crate that touches NOTIFY_SOCKET.
         std::env::set_var("NOTIFY_SOCKET", &p);
         assert!(super::notify("READY=1").expect("send"));
         std::env::remove_var("NOTIFY_SOCKET");
@@ -35,9 +34,8 @@ mod tests {
         let n = rx.recv(&mut buf).expect("recv");
         assert_eq!(&buf[..n], b"READY=1");
 
-        // An abstract-namespace address, as systemd may hand out: `@name`.
         use std::os::linux::net::SocketAddrExt;
-        let name = format!("fleet-agent-test-{}", std::process::id());
+        let name = format!("fleet-wire-test-{}", std::process::id());
         let addr =
             std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("addr");
         let rx = std::os::unix::net::UnixDatagram::bind_addr(&addr).expect("bind abstract");
