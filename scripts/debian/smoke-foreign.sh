@@ -18,7 +18,7 @@ cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 dpkg-deb -x "$deb" "$dir/pkg"
 bin=$dir/pkg/usr/libexec/harmony-fleet/bin
-for b in fleet-agent fleet-updater fleet-fetch fleet-reboot; do
+for b in fleet-agent fleet-updater fleet-fetch fleet-reboot fleet-boot-watchdog; do
   got=$("${run[@]}" "$bin/$b" --version)
   [ "$got" = "$version" ] || { echo "smoke-foreign: $b --version says '$got', the package is $version" >&2; exit 1; }
   "${run[@]}" "$bin/$b" --help >/dev/null

@@ -5,6 +5,7 @@ pub mod fetch;
 pub mod reboot;
 
 pub mod accept;
+pub mod boot_watchdog;
 pub mod child;
 pub mod config;
 pub mod durable;

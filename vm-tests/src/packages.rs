@@ -35,6 +35,7 @@ pub fn amd64(bootstrap: &str) -> &'static Path {
             (builds::updater(), "fleet-updater"),
             (builds::fetch_helper(), "fleet-fetch"),
             (builds::reboot_client(), "fleet-reboot"),
+            (builds::boot_watchdog(), "fleet-boot-watchdog"),
             (builds::fleetlock_server(), "fleetlock-server"),
         ] {
             std::fs::copy(&from, bins.join(name)).unwrap_or_else(|e| panic!("copy {from:?}: {e}"));

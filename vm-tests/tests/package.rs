@@ -130,6 +130,8 @@ fn packages_install_a_working_device_and_purge_clean() {
         pid
     );
 
+    boot_watchdog_holds_its_cap(&guest);
+
     // An agent upgrade in progress: removal is refused and nothing is removed.
     let journal = guest.path("/var/lib/fleet-updater/journal.json");
     let saved = std::fs::read(&journal).ok();
@@ -200,6 +202,134 @@ fn packages_install_a_working_device_and_purge_clean() {
     let (_, ps) = guest.try_sh("ps -eo user:20,comm | grep -E 'fleet|podman' || true");
     assert!(ps.trim().is_empty(), "still running after purge:\n{ps}");
     drop(link);
+}
+
+/// The hanging remote mount of the seed: its mount helper never returns, so remote-fs.target, and with it
+/// systemd-user-sessions.service (and /run/nologin), never finish.
+const HANGING_MOUNT: &str = "[Unit]\nDescription=A remote mount whose server never answers (test)\n\n[Mount]\n\
+    What=nfs.example.lan:/export\nWhere=/mnt/hang\nType=hang\nOptions=_netdev\nTimeoutSec=infinity\n\n\
+    [Install]\nWantedBy=remote-fs.target\n";
+
+/// The guest's boot id, or `None` while it is between boots. Right after nspawn clones the guest's PID 1, and
+/// before it mounts the guest's own boot id, the file still shows the host's: that is not a guest boot.
+fn boot_id(guest: &Guest) -> Option<String> {
+    guest.pid1()?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let (ok, out) = guest.try_sh("cat /proc/sys/kernel/random/boot_id");
+    let id = out.trim().to_string();
+    (ok && id.len() == 36 && id != host.trim()).then_some(id)
+}
+
+/// Waits for a boot other than `than`; returns its id.
+fn next_boot(guest: &Guest, than: &str, what: &str) -> String {
+    wait_for(Duration::from_secs(90), || {
+        boot_id(guest).filter(|id| id != than)
+    })
+    .unwrap_or_else(|| panic!("{what}: no new boot within 90 s.\n{}", guest.console()))
+}
+
+/// The boot watchdog on the installed device, the way the seed's host got stuck: with a hanging remote mount
+/// every boot stays `starting`. The first stuck boot writes diagnostics and reboots once; the second writes
+/// diagnostics, holds the cap (max_reboots = 1) and stays up, saying so on the console's login message.
+fn boot_watchdog_holds_its_cap(guest: &Guest) {
+    assert_eq!(
+        guest.systemctl(&["is-enabled", "fleet-boot-watchdog.timer"]),
+        "enabled"
+    );
+    guest.write_file(
+        "/etc/harmony-fleet/boot-watchdog.toml",
+        b"max_reboots = 1\nwindow_hours = 24\n",
+        0o644,
+    );
+    // Seconds instead of minutes, the way an admin changes the delay.
+    guest.write_file(
+        "/etc/systemd/system/fleet-boot-watchdog.timer.d/test.conf",
+        b"[Timer]\nOnActiveSec=\nOnActiveSec=3s\n",
+        0o644,
+    );
+    guest.write_file(
+        "/usr/sbin/mount.hang",
+        b"#!/bin/sh\nexec sleep infinity\n",
+        0o755,
+    );
+    guest.write_file(
+        "/etc/systemd/system/mnt-hang.mount",
+        HANGING_MOUNT.as_bytes(),
+        0o644,
+    );
+    guest.sh("systemctl daemon-reload && systemctl enable --quiet mnt-hang.mount");
+    let healthy = guest.boot_id();
+    let _ = guest.exec(&["systemctl", "reboot"]);
+
+    let first = next_boot(guest, &healthy, "the reboot into the hanging mount");
+    let second = next_boot(guest, &first, "the watchdog's reboot of the stuck boot");
+    let motd = wait_for(Duration::from_secs(60), || {
+        // /run is the guest's own tmpfs: read it from inside.
+        let (ok, text) = guest.try_sh("cat /run/motd.d/fleet-boot-watchdog");
+        ok.then_some(text)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no cap message in the second stuck boot:\n{}",
+            guest.journal("fleet-boot-watchdog.service", 40)
+        )
+    });
+    assert!(
+        motd.contains("did not finish booting")
+            && motd.contains("reboot cap reached: 1 watchdog reboot(s)"),
+        "{motd}"
+    );
+    // The cap holds: no third boot, still stuck, the unit failed with the reason.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        boot_id(guest).as_deref(),
+        Some(second.as_str()),
+        "rebooted past the cap"
+    );
+    assert_eq!(guest.systemctl(&["is-system-running"]), "starting");
+    assert_eq!(guest.unit_state("fleet-boot-watchdog.service"), "failed");
+    let journal = guest.journal("fleet-boot-watchdog.service", 40);
+    assert!(journal.contains("the host stays up"), "{journal}");
+
+    // Diagnostics of both stuck boots, the first one deciding the reboot, the second the cap.
+    let listing = guest.sh("ls /var/log/fleet-boot-watchdog/");
+    let files: Vec<&str> = listing.lines().collect();
+    assert_eq!(files.len(), 2, "{listing}");
+    let read = |f: &str| guest.sh(&format!("cat /var/log/fleet-boot-watchdog/{f}"));
+    let (one, two) = (read(files[0]), read(files[1]));
+    for d in [&one, &two] {
+        for want in [
+            "is-system-running says starting",
+            "systemd-user-sessions.service is inactive",
+            "/run/nologin exists",
+            "== jobs: systemctl list-jobs",
+            "mnt-hang.mount",
+            "== failed units",
+            "== ordering cycles",
+            "== dpkg audit",
+            "== mounts",
+        ] {
+            assert!(d.contains(want), "missing {want:?} in:\n{d}");
+        }
+    }
+    assert!(one.contains("decision: rebooting"), "{one}");
+    assert!(two.contains("decision: reboot cap reached"), "{two}");
+    let record = guest.sh("cat /var/lib/fleet-boot-watchdog/reboots.json");
+    assert_eq!(
+        record.matches('Z').count(),
+        1,
+        "one watchdog reboot recorded: {record}"
+    );
+
+    // The person fixes the mount and reboots: the host comes up, the agent with it.
+    guest.sh(
+        "systemctl disable --quiet mnt-hang.mount; rm -f /etc/systemd/system/mnt-hang.mount /usr/sbin/mount.hang; \
+         rm -rf /etc/systemd/system/fleet-boot-watchdog.timer.d /mnt/hang",
+    );
+    let _ = guest.exec(&["systemctl", "reboot"]);
+    next_boot(guest, &second, "the reboot after the fix");
+    guest.wait_up(Duration::from_secs(60));
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(120));
 }
 
 /// Lines only in `a` (`-`) or only in `b` (`+`).
