@@ -178,6 +178,11 @@ pub fn fleetlock_server() -> PathBuf {
     prebuilt_or_build("fleet-operator", "fleetlock-server")
 }
 
+/// The real `fleet-auth` binary (the NATS auth callout).
+pub fn fleet_auth() -> PathBuf {
+    prebuilt_or_build("fleet-operator", "fleet-auth")
+}
+
 /// `kubectl`, built by `scripts/setup.d/50-kube-apiserver.sh` from the same Debian source package as the API
 /// server (`$FLEET_KUBECTL` overrides).
 pub fn kubectl() -> PathBuf {

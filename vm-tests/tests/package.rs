@@ -83,6 +83,7 @@ fn packages_install_a_working_device_and_purge_clean() {
         "fleet-updater.service",
         "fleet-agent.service",
         "fleet-reboot.timer",
+        "fleet-boot-watchdog.timer",
     ] {
         guest.wait_unit(unit, "active", Duration::from_secs(120));
     }
