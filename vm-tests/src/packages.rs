@@ -41,7 +41,13 @@ pub fn amd64(bootstrap: &str) -> &'static Path {
             std::fs::copy(&from, bins.join(name)).unwrap_or_else(|e| panic!("copy {from:?}: {e}"));
         }
         let run = Command::new(workspace_root().join("scripts/package"))
-            .args(["--arch", "amd64", "--no-lintian", "--bin-dir"])
+            .args([
+                "--arch",
+                "amd64",
+                "--no-lintian",
+                "--uncompressed",
+                "--bin-dir",
+            ])
             .arg(&bins)
             .arg("--out")
             .arg(&out)

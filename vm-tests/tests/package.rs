@@ -211,20 +211,20 @@ const HANGING_MOUNT: &str = "[Unit]\nDescription=A remote mount whose server nev
     What=nfs.example.lan:/export\nWhere=/mnt/hang\nType=hang\nOptions=_netdev\nTimeoutSec=infinity\n\n\
     [Install]\nWantedBy=remote-fs.target\n";
 
-/// The guest's boot id, or `None` while it is between boots. Right after nspawn clones the guest's PID 1, and
-/// before it mounts the guest's own boot id, the file still shows the host's: that is not a guest boot.
-fn boot_id(guest: &Guest) -> Option<String> {
-    guest.pid1()?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let (ok, out) = guest.try_sh("cat /proc/sys/kernel/random/boot_id");
-    let id = out.trim().to_string();
-    (ok && id.len() == 36 && id != host.trim()).then_some(id)
+/// The host PID of the guest's running systemd (not nspawn's set-up before it, not `systemd-shutdown` after it),
+/// read without entering the guest: every boot has a new one. The boots the watchdog ends are watched from the host
+/// only, because an `nsenter` into a guest that is shutting down can be frozen by the guest's SIGSTOP broadcast and
+/// then keep its PID namespace from ever finishing.
+fn systemd_pid(guest: &Guest) -> Option<u32> {
+    let pid = guest.pid1()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "systemd").then_some(pid)
 }
 
-/// Waits for a boot other than `than`; returns its id.
-fn next_boot(guest: &Guest, than: &str, what: &str) -> String {
+/// Waits for a boot other than the one whose systemd is `than`; returns its systemd's host PID.
+fn next_boot(guest: &Guest, than: u32, what: &str) -> u32 {
     wait_for(Duration::from_secs(90), || {
-        boot_id(guest).filter(|id| id != than)
+        systemd_pid(guest).filter(|p| *p != than)
     })
     .unwrap_or_else(|| panic!("{what}: no new boot within 90 s.\n{}", guest.console()))
 }
@@ -259,15 +259,17 @@ fn boot_watchdog_holds_its_cap(guest: &Guest) {
         0o644,
     );
     guest.sh("systemctl daemon-reload && systemctl enable --quiet mnt-hang.mount");
-    let healthy = guest.boot_id();
+    let healthy = systemd_pid(guest).unwrap_or_else(|| panic!("the guest is not up"));
     let _ = guest.exec(&["systemctl", "reboot"]);
 
-    let first = next_boot(guest, &healthy, "the reboot into the hanging mount");
-    let second = next_boot(guest, &first, "the watchdog's reboot of the stuck boot");
+    let first = next_boot(guest, healthy, "the reboot into the hanging mount");
+    let second = next_boot(guest, first, "the watchdog's reboot of the stuck boot");
     let motd = wait_for(Duration::from_secs(60), || {
-        // /run is the guest's own tmpfs: read it from inside.
-        let (ok, text) = guest.try_sh("cat /run/motd.d/fleet-boot-watchdog");
-        ok.then_some(text)
+        // /run is the guest's own tmpfs: read through its systemd's view of the file system.
+        std::fs::read_to_string(format!(
+            "/proc/{second}/root/run/motd.d/fleet-boot-watchdog"
+        ))
+        .ok()
     })
     .unwrap_or_else(|| {
         panic!(
@@ -282,11 +284,7 @@ fn boot_watchdog_holds_its_cap(guest: &Guest) {
     );
     // The cap holds: no third boot, still stuck, the unit failed with the reason.
     std::thread::sleep(Duration::from_secs(6));
-    assert_eq!(
-        boot_id(guest).as_deref(),
-        Some(second.as_str()),
-        "rebooted past the cap"
-    );
+    assert_eq!(systemd_pid(guest), Some(second), "rebooted past the cap");
     assert_eq!(guest.systemctl(&["is-system-running"]), "starting");
     assert_eq!(guest.unit_state("fleet-boot-watchdog.service"), "failed");
     let journal = guest.journal("fleet-boot-watchdog.service", 40);
@@ -328,7 +326,7 @@ fn boot_watchdog_holds_its_cap(guest: &Guest) {
          rm -rf /etc/systemd/system/fleet-boot-watchdog.timer.d /mnt/hang",
     );
     let _ = guest.exec(&["systemctl", "reboot"]);
-    next_boot(guest, &second, "the reboot after the fix");
+    next_boot(guest, second, "the reboot after the fix");
     guest.wait_up(Duration::from_secs(60));
     guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(120));
 }
