@@ -29,12 +29,8 @@ const EXTRA_SECTIONS: &[diag::Section] = &[
         "systemctl",
         &["list-units", "--type=mount", "--all", "--no-pager"],
     ),
+    // What an interrupted apt or dpkg run left half-installed or half-configured.
     ("dpkg audit", "dpkg", &["--audit"]),
-    (
-        "interrupted dpkg runs",
-        "ls",
-        &["-la", "/var/lib/dpkg/updates"],
-    ),
     ("apt and dpkg processes", "pgrep", &["-a", "apt|dpkg"]),
     ("dpkg log", "tail", &["-n", "30", "/var/log/dpkg.log"]),
 ];
