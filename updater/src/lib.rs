@@ -6,6 +6,7 @@ pub mod reboot;
 pub mod token;
 
 pub mod accept;
+pub mod boot_watchdog;
 pub mod child;
 pub mod config;
 pub mod durable;

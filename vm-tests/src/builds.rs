@@ -157,6 +157,11 @@ pub fn reboot_client() -> PathBuf {
     build("fleet-updater", "fleet-reboot", None)
 }
 
+/// The boot watchdog, installed beside the updater.
+pub fn boot_watchdog() -> PathBuf {
+    build("fleet-updater", "fleet-boot-watchdog", None)
+}
+
 /// A binary of the workspace's own target directory when it is newer than its sources (`cargo test --workspace`
 /// builds every package's binaries before any test runs; `scripts/demo` builds them too), else a build of its own:
 /// the operator's dependencies (kube, tokio) are not compiled a second time for nothing.

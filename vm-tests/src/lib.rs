@@ -9,6 +9,7 @@ pub mod device;
 pub mod fleet;
 pub mod fleetlock;
 pub mod local_fleet;
+pub mod packages;
 pub mod qemu;
 pub mod scene;
 pub mod tasks;

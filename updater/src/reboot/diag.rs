@@ -1,5 +1,6 @@
 //! The diagnostics snapshot written under `/var/log/fleet-reboot/` before every reboot: job list, failed units,
-//! ordering cycles, mounts and bootc status. Each section and the number of files kept are bounded.
+//! ordering cycles, mounts and bootc status; the boot watchdog's snapshots (`crate::boot_watchdog`) share the
+//! common sections. Each section and the number of files kept are bounded; each file is written durably.
 
 use super::system::{Paths, System};
 use std::fmt::Write;
@@ -22,35 +23,68 @@ fn bounded(s: &str) -> &str {
     &s[..end]
 }
 
-/// Writes one snapshot and returns its path.
+/// One command section: title, program, arguments.
+pub type Section = (&'static str, &'static str, &'static [&'static str]);
+
+/// Who writes a snapshot: its directory, file prefix, title and the sections it adds to the common ones.
+#[derive(Debug, Clone)]
+pub struct Kind {
+    /// Where the snapshots go.
+    pub dir: PathBuf,
+    /// File names are `<prefix>-<unix ms>.log`.
+    pub prefix: &'static str,
+    /// The program named in the first line.
+    pub title: &'static str,
+    /// Sections after the common ones (jobs, failed units, ordering cycles, system state).
+    pub extra: &'static [Section],
+}
+
+const COMMON: &[Section] = &[
+    ("jobs", "systemctl", &["list-jobs", "--no-pager"]),
+    ("failed units", "systemctl", &["--failed", "--no-pager"]),
+    (
+        "ordering cycles",
+        "journalctl",
+        &[
+            "-b",
+            "--no-pager",
+            "-q",
+            "-n",
+            "200",
+            "-g",
+            "ordering cycle",
+        ],
+    ),
+    ("system state", "systemctl", &["is-system-running"]),
+];
+
+/// Writes one fleet-reboot snapshot and returns its path.
 pub fn snapshot(sys: &dyn System, paths: &Paths, reason: &str) -> Result<PathBuf, String> {
+    let kind = Kind {
+        dir: paths.diagnostics_dir(),
+        prefix: "reboot",
+        title: "fleet-reboot",
+        extra: &[("bootc status", "bootc", &["status"])],
+    };
+    write(sys, paths, &kind, reason)
+}
+
+/// Writes one snapshot of `kind` durably (the host may reboot right after) and returns its path.
+pub fn write(
+    sys: &dyn System,
+    paths: &Paths,
+    kind: &Kind,
+    reason: &str,
+) -> Result<PathBuf, String> {
     let t = Duration::from_secs(10);
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "fleet-reboot diagnostics at {}\nreason: {reason}\n",
+        "{} diagnostics at {}\nreason: {reason}\n",
+        kind.title,
         fleet_wire::Timestamp::now()
     );
-    let sections: [(&str, &str, &[&str]); 5] = [
-        ("jobs", "systemctl", &["list-jobs", "--no-pager"]),
-        ("failed units", "systemctl", &["--failed", "--no-pager"]),
-        (
-            "ordering cycles",
-            "journalctl",
-            &[
-                "-b",
-                "--no-pager",
-                "-q",
-                "-n",
-                "200",
-                "-g",
-                "ordering cycle",
-            ],
-        ),
-        ("system state", "systemctl", &["is-system-running"]),
-        ("bootc status", "bootc", &["status"]),
-    ];
-    for (title, program, args) in sections {
+    for (title, program, args) in COMMON.iter().chain(kind.extra) {
         let body = match sys.run(program, args, t) {
             Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
             Err(e) => format!("(not run: {e})"),
@@ -64,18 +98,20 @@ pub fn snapshot(sys: &dyn System, paths: &Paths, reason: &str) -> Result<PathBuf
     }
     let mounts = std::fs::read_to_string(paths.mounts()).unwrap_or_else(|e| format!("({e})"));
     let _ = writeln!(out, "== mounts\n{}", bounded(&mounts));
-    let dir = paths.diagnostics_dir();
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dir = &kind.dir;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(format!(
-        "reboot-{}.log",
+        "{}-{}.log",
+        kind.prefix,
         fleet_wire::Timestamp::now().unix_ms()
     ));
-    std::fs::write(&path, out).map_err(|e| format!("{}: {e}", path.display()))?;
-    prune(&dir);
+    crate::durable::write_atomic(&path, out.as_bytes(), 0o640)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    prune(dir, kind.prefix);
     Ok(path)
 }
 
-fn prune(dir: &std::path::Path) {
+fn prune(dir: &std::path::Path, prefix: &str) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
@@ -84,7 +120,7 @@ fn prune(dir: &std::path::Path) {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("reboot-") && n.ends_with(".log"))
+                .is_some_and(|n| n.starts_with(&format!("{prefix}-")) && n.ends_with(".log"))
         })
         .collect();
     files.sort();

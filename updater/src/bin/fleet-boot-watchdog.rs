@@ -1,0 +1,62 @@
+//! `fleet-boot-watchdog`: one run of the boot watchdog (from fleet-boot-watchdog.timer).
+
+use fleet_updater::boot_watchdog::{self, config::DEFAULT_CONFIG, Outcome, WatchdogConfig};
+use fleet_updater::reboot::system::Host;
+use std::path::PathBuf;
+
+const HELP: &str = "fleet-boot-watchdog: when this host has not finished booting (is-system-running not running
+or degraded, systemd-user-sessions.service not active, /run/nologin present), write diagnostics to
+/var/log/fleet-boot-watchdog/ (jobs, failed units, ordering cycles, mounts, apt/dpkg state), then reboot it —
+at most max_reboots watchdog reboots in window_hours, counted across boots in
+/var/lib/fleet-boot-watchdog/reboots.json. Past that cap the host stays up and says so (diagnostics, journal,
+the console login message).
+
+Usage: fleet-boot-watchdog [--config PATH]
+
+  --config PATH  TOML (default /etc/harmony-fleet/boot-watchdog.toml; missing: every default):
+                 reboot (true), max_reboots (2, 1-100), window_hours (24, 1-720)
+  --help         this text
+  --version      the version
+
+Exit status: 0 when the host is up, left alone, diagnosed or rebooting; 1 when the cap holds or
+something failed (bad config, diagnostics not written, a failed reboot command).";
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let mut config = PathBuf::from(DEFAULT_CONFIG);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--help" | "-h" => {
+                println!("{HELP}");
+                return;
+            }
+            "--version" => {
+                println!("{}", env!("CARGO_PKG_VERSION"));
+                return;
+            }
+            "--config" => match args.next() {
+                Some(p) => config = PathBuf::from(p),
+                None => fail("--config needs a path"),
+            },
+            other => fail(&format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    let cfg = WatchdogConfig::load(&config).unwrap_or_else(|e| fail(&e));
+    match boot_watchdog::run(&cfg, &Host, fleet_wire::Timestamp::now()) {
+        Ok(Outcome::CapReached(file)) => {
+            eprintln!(
+                "fleet-boot-watchdog: reboot cap reached; the host stays up. Diagnostics: {}",
+                file.display()
+            );
+            std::process::exit(1);
+        }
+        Ok(_) => {}
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("fleet-boot-watchdog: {msg}");
+    std::process::exit(1);
+}

@@ -1,0 +1,106 @@
+//! The record of watchdog reboots, kept across boots in `/var/lib/fleet-boot-watchdog/reboots.json` and written
+//! durably before every reboot: what the loop cap counts.
+
+use crate::durable;
+use fleet_wire::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Records kept (the newest); far more than any sensible cap.
+pub const MAX_RECORDS: usize = 64;
+/// Largest record file read, in bytes.
+pub const MAX_BYTES: u64 = 64 * 1024;
+
+/// Watchdog reboots, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct History {
+    /// When each watchdog reboot was requested (UTC).
+    pub reboots: Vec<Timestamp>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    version: u32,
+    #[serde(flatten)]
+    history: History,
+}
+
+impl History {
+    /// Adds a reboot at `now`, dropping the oldest beyond [`MAX_RECORDS`].
+    pub fn record(&mut self, now: Timestamp) {
+        self.reboots.push(now);
+        let excess = self.reboots.len().saturating_sub(MAX_RECORDS);
+        self.reboots.drain(..excess);
+    }
+}
+
+/// Reads the record; a missing file is an empty record.
+pub fn load(path: &Path) -> Result<History, String> {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    match std::fs::File::open(path) {
+        Ok(f) => f
+            .take(MAX_BYTES + 1)
+            .read_to_end(&mut raw)
+            .map_err(|e| format!("{}: {e}", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(History::default()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    if raw.len() as u64 > MAX_BYTES {
+        return Err(format!("{}: larger than {MAX_BYTES} bytes", path.display()));
+    }
+    let file: File =
+        serde_json::from_slice(&raw).map_err(|e| format!("{}: {e}", path.display()))?;
+    if file.version != 1 {
+        return Err(format!(
+            "{}: unknown version {}",
+            path.display(),
+            file.version
+        ));
+    }
+    Ok(file.history)
+}
+
+/// Writes the record durably (temporary file, fsync, rename, directory fsync).
+pub fn save(path: &Path, history: &History) -> Result<(), String> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| format!("{}: no parent directory", path.display()))?;
+    durable::ensure_dir(dir, 0o755).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let file = File {
+        version: 1,
+        history: history.clone(),
+    };
+    let bytes = serde_json::to_vec(&file).map_err(|e| e.to_string())?;
+    durable::write_atomic(path, &bytes, 0o644).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_bounded_and_refusals() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state/reboots.json");
+        assert_eq!(load(&path).expect("missing is empty"), History::default());
+        let mut h = History::default();
+        for i in 0..70 {
+            h.record(Timestamp::from_unix_ms(1_000 + i));
+        }
+        assert_eq!(h.reboots.len(), MAX_RECORDS);
+        assert_eq!(h.reboots[0], Timestamp::from_unix_ms(1_006));
+        save(&path, &h).expect("save");
+        assert_eq!(load(&path).expect("load"), h);
+        std::fs::write(&path, br#"{"version":2,"reboots":[]}"#).expect("write");
+        assert!(load(&path)
+            .expect_err("version")
+            .contains("unknown version 2"));
+        std::fs::write(&path, b"{").expect("write");
+        assert!(load(&path).is_err());
+        std::fs::write(&path, vec![b' '; MAX_BYTES as usize + 1]).expect("write");
+        assert!(load(&path).expect_err("size").contains("larger than"));
+    }
+}

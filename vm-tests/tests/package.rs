@@ -1,0 +1,346 @@
+//! The Debian packages on a booted Debian guest, the way an admin uses them: `apt install ./harmony-fleet-device…deb`
+//! says what to write when there is no agent configuration yet; the admin writes it and runs
+//! `dpkg-reconfigure`, which gives a working device (agent and updater ready, the agent's device info in NATS, the
+//! fleet-reboot timer active); a reinstall changes nothing; `apt remove` is refused during an agent upgrade;
+//! `fleetlock-server` installs disabled and serves once enabled; `apt purge` of both leaves the guest as it was.
+
+use fleet_rig::nspawn::Guest;
+use fleet_rig::{wait_for, NatsServer};
+use fleet_vm_tests::builds::V1;
+use fleet_vm_tests::device::text;
+use fleet_vm_tests::fleet::{agent_config, Operator};
+use fleet_vm_tests::packages;
+use std::process::Output;
+use std::time::Duration;
+
+/// What a clean device looks like: every path with owner and mode, plus the account files' content. Left out:
+/// what the system itself changes while it runs or while apt works (logs, caches, apt and dpkg state, runtime
+/// directories, systemd's own timestamps), where the test keeps the packages, and the shadow tools' backups of
+/// the previous account files (`/etc/passwd-` …, which every user removal writes).
+const SNAPSHOT: &str = r#"find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp \
+  -o -path /var/tmp -o -path /var/log -o -path /var/cache -o -path /var/lib/apt -o -path /var/lib/dpkg \
+  -o -path /var/lib/systemd/timers -o -path /var/lib/systemd/deb-systemd-helper-enabled -o -path /root/pkgs \
+  -o -name '*-' -path '/etc/*' \) -prune -o -printf '%p %u:%g %m\n' | sort;
+  md5sum /etc/passwd /etc/group /etc/shadow /etc/gshadow /etc/subuid /etc/subgid 2>&1"#;
+
+fn apt(guest: &Guest, args: &[&str]) -> Output {
+    let mut all = vec![
+        "--service-type=exec",
+        "--setenv=DEBIAN_FRONTEND=noninteractive",
+        "apt-get",
+        "-y",
+        "--no-install-recommends",
+    ];
+    all.extend_from_slice(args);
+    guest.systemd_run(&all)
+}
+
+fn assert_ok(what: &str, out: &Output) -> String {
+    let t = text(out);
+    assert!(out.status.success(), "{what} failed:\n{t}");
+    t
+}
+
+#[test]
+fn packages_install_a_working_device_and_purge_clean() {
+    let debs = packages::amd64(V1);
+    let nats = NatsServer::start();
+    let operator = Operator::new(&nats);
+    let mut guest = Guest::boot();
+    let link = guest.forward(nats.port());
+    let before = guest.sh(SNAPSHOT);
+    assert!(
+        before.contains("/usr/local/bin root:root 755\n") && before.contains("/etc/subuid"),
+        "the snapshot sees nothing:\n{before}"
+    );
+    for name in ["harmony-fleet-device", "fleetlock-server"] {
+        let file = packages::file_name(name);
+        guest.install_file(&debs.join(&file), &format!("/root/pkgs/{file}"), 0o644);
+    }
+    let device_deb = format!("/root/pkgs/{}", packages::file_name("harmony-fleet-device"));
+    let lock_deb = format!("/root/pkgs/{}", packages::file_name("fleetlock-server"));
+
+    // No configuration yet: installed, not set up, and it says what to do.
+    let out = assert_ok("apt install", &apt(&guest, &["install", &device_deb]));
+    assert!(
+        out.contains("/etc/harmony-fleet/agent.toml does not exist yet")
+            && out.contains("dpkg-reconfigure harmony-fleet-device"),
+        "{out}"
+    );
+    assert_eq!(guest.unit_state("fleet-agent.service"), "inactive");
+
+    // The admin writes the agent's configuration (root-only, as an editor leaves it) and finishes.
+    let cfg = agent_config("device-1", &format!("nats://{}", link.addr()));
+    guest.write_file("/etc/harmony-fleet/agent.toml", cfg.as_bytes(), 0o600);
+    let out = guest.systemd_run(&[
+        "--service-type=exec",
+        "--setenv=DEBIAN_FRONTEND=noninteractive",
+        "dpkg-reconfigure",
+        "harmony-fleet-device",
+    ]);
+    assert_ok("dpkg-reconfigure", &out);
+    for unit in [
+        "fleet-updater.service",
+        "fleet-agent.service",
+        "fleet-reboot.timer",
+        "fleet-boot-watchdog.timer",
+    ] {
+        guest.wait_unit(unit, "active", Duration::from_secs(120));
+    }
+    let info = wait_for(Duration::from_secs(60), || {
+        operator.has_device_info().then_some(())
+    });
+    assert!(
+        info.is_some(),
+        "no device info in NATS:\n{}",
+        guest.journal("fleet-agent.service", 40)
+    );
+    let facts = guest.sh(
+        "stat -c '%n %U:%G %a' /etc/harmony-fleet /etc/harmony-fleet/agent.toml /etc/harmony-fleet/updater.toml \
+           /usr/local/sbin/fleet-updater /usr/local/sbin/fleet-fetch /usr/local/sbin/fleet-reboot \
+           /var/lib/fleet-updater /var/lib/fleet-agent; readlink /usr/local/bin/fleet-agent; \
+         /usr/local/bin/fleet-agent --version; systemctl is-enabled fleet-reboot-release.service",
+    );
+    for want in [
+        "/etc/harmony-fleet root:fleet-agent 750",
+        "/etc/harmony-fleet/agent.toml root:fleet-agent 640",
+        "/etc/harmony-fleet/updater.toml root:root 644",
+        "/usr/local/sbin/fleet-updater root:root 755",
+        "/usr/local/sbin/fleet-fetch root:root 755",
+        "/usr/local/sbin/fleet-reboot root:root 755",
+        "/var/lib/fleet-updater root:root 700",
+        "/var/lib/fleet-agent fleet-agent:fleet-agent 750",
+        &format!("/usr/lib/harmony-fleet/fleet-agent-v{V1}\n{V1}\n"),
+        "enabled",
+    ] {
+        assert!(facts.contains(want), "missing {want:?} in:\n{facts}");
+    }
+
+    // A reinstall runs setup again and changes nothing: the agent keeps its process.
+    let pid = guest.systemctl(&["show", "-P", "MainPID", "fleet-agent.service"]);
+    let out = assert_ok(
+        "apt reinstall",
+        &apt(&guest, &["install", "--reinstall", &device_deb]),
+    );
+    assert!(
+        !out.contains("device-setup: installed") && !out.contains("device-setup: selected"),
+        "{out}"
+    );
+    assert_eq!(
+        guest.systemctl(&["show", "-P", "MainPID", "fleet-agent.service"]),
+        pid
+    );
+
+    boot_watchdog_holds_its_cap(&guest);
+
+    // An agent upgrade in progress: removal is refused and nothing is removed.
+    let journal = guest.path("/var/lib/fleet-updater/journal.json");
+    let saved = std::fs::read(&journal).ok();
+    guest.systemctl(&["stop", "fleet-updater.service"]);
+    guest.write_file(
+        "/var/lib/fleet-updater/journal.json",
+        br#"{"phase":"activating","previousLink":"/usr/lib/harmony-fleet/fleet-agent-v1.0.0"}"#,
+        0o600,
+    );
+    let out = apt(&guest, &["remove", "harmony-fleet-device"]);
+    assert!(!out.status.success(), "removed during an upgrade");
+    assert!(
+        text(&out).contains("an agent upgrade is in progress"),
+        "{}",
+        text(&out)
+    );
+    assert!(guest
+        .sh("dpkg-query -W -f='${Status}' harmony-fleet-device")
+        .contains("install ok installed"));
+    guest.sh("test -x /usr/local/bin/fleet-agent && test -x /usr/local/sbin/fleet-updater");
+    match saved {
+        Some(s) => std::fs::write(&journal, s).unwrap_or_else(|e| panic!("restore journal: {e}")),
+        None => std::fs::remove_file(&journal).unwrap_or_else(|e| panic!("rm journal: {e}")),
+    }
+    guest.systemctl(&["start", "fleet-updater.service"]);
+
+    // fleetlock-server: installed disabled; the admin enables it and it serves its health check.
+    assert_ok(
+        "apt install fleetlock-server",
+        &apt(&guest, &["install", &lock_deb]),
+    );
+    assert_eq!(
+        guest.systemctl(&["is-enabled", "fleetlock-server.service"]),
+        "disabled"
+    );
+    guest.sh("systemctl enable --now fleetlock-server.service");
+    let healthy = wait_for(Duration::from_secs(30), || {
+        guest
+            .try_sh("curl -sf --max-time 2 http://127.0.0.1:7450/healthz")
+            .0
+            .then_some(())
+    });
+    assert!(
+        healthy.is_some(),
+        "fleetlock-server does not answer:\n{}",
+        guest.journal("fleetlock-server.service", 30)
+    );
+    let facts = guest
+        .sh("stat -c '%n %U:%G %a' /etc/fleetlock /etc/fleetlock/config.yaml /var/lib/fleetlock");
+    for want in [
+        "/etc/fleetlock root:fleetlock 750",
+        "/etc/fleetlock/config.yaml root:fleetlock 640",
+        "/var/lib/fleetlock fleetlock:fleetlock 750",
+    ] {
+        assert!(facts.contains(want), "missing {want:?} in:\n{facts}");
+    }
+
+    // Purge both: the guest is as it was before, and nothing of theirs still runs.
+    assert_ok(
+        "apt purge",
+        &apt(
+            &guest,
+            &["purge", "harmony-fleet-device", "fleetlock-server"],
+        ),
+    );
+    let after = guest.sh(SNAPSHOT);
+    assert_eq!(diff(&before, &after), "", "purge left the guest changed");
+    let (_, ps) = guest.try_sh("ps -eo user:20,comm | grep -E 'fleet|podman' || true");
+    assert!(ps.trim().is_empty(), "still running after purge:\n{ps}");
+    drop(link);
+}
+
+/// The hanging remote mount of the seed: its mount helper never returns, so remote-fs.target, and with it
+/// systemd-user-sessions.service (and /run/nologin), never finish.
+const HANGING_MOUNT: &str = "[Unit]\nDescription=A remote mount whose server never answers (test)\n\n[Mount]\n\
+    What=nfs.example.lan:/export\nWhere=/mnt/hang\nType=hang\nOptions=_netdev\nTimeoutSec=infinity\n\n\
+    [Install]\nWantedBy=remote-fs.target\n";
+
+/// The host PID of the guest's running systemd (not nspawn's set-up before it, not `systemd-shutdown` after it),
+/// read without entering the guest: every boot has a new one. The boots the watchdog ends are watched from the host
+/// only, because an `nsenter` into a guest that is shutting down can be frozen by the guest's SIGSTOP broadcast and
+/// then keep its PID namespace from ever finishing.
+fn systemd_pid(guest: &Guest) -> Option<u32> {
+    let pid = guest.pid1()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "systemd").then_some(pid)
+}
+
+/// Waits for a boot other than the one whose systemd is `than`; returns its systemd's host PID.
+fn next_boot(guest: &Guest, than: u32, what: &str) -> u32 {
+    wait_for(Duration::from_secs(90), || {
+        systemd_pid(guest).filter(|p| *p != than)
+    })
+    .unwrap_or_else(|| panic!("{what}: no new boot within 90 s.\n{}", guest.console()))
+}
+
+/// The boot watchdog on the installed device, the way the seed's host got stuck: with a hanging remote mount
+/// every boot stays `starting`. The first stuck boot writes diagnostics and reboots once; the second writes
+/// diagnostics, holds the cap (max_reboots = 1) and stays up, saying so on the console's login message.
+fn boot_watchdog_holds_its_cap(guest: &Guest) {
+    assert_eq!(
+        guest.systemctl(&["is-enabled", "fleet-boot-watchdog.timer"]),
+        "enabled"
+    );
+    guest.write_file(
+        "/etc/harmony-fleet/boot-watchdog.toml",
+        b"max_reboots = 1\nwindow_hours = 24\n",
+        0o644,
+    );
+    // Seconds instead of minutes, the way an admin changes the delay.
+    guest.write_file(
+        "/etc/systemd/system/fleet-boot-watchdog.timer.d/test.conf",
+        b"[Timer]\nOnActiveSec=\nOnActiveSec=3s\n",
+        0o644,
+    );
+    guest.write_file(
+        "/usr/sbin/mount.hang",
+        b"#!/bin/sh\nexec sleep infinity\n",
+        0o755,
+    );
+    guest.write_file(
+        "/etc/systemd/system/mnt-hang.mount",
+        HANGING_MOUNT.as_bytes(),
+        0o644,
+    );
+    guest.sh("systemctl daemon-reload && systemctl enable --quiet mnt-hang.mount");
+    let healthy = systemd_pid(guest).unwrap_or_else(|| panic!("the guest is not up"));
+    let _ = guest.exec(&["systemctl", "reboot"]);
+
+    let first = next_boot(guest, healthy, "the reboot into the hanging mount");
+    let second = next_boot(guest, first, "the watchdog's reboot of the stuck boot");
+    let motd = wait_for(Duration::from_secs(60), || {
+        // /run is the guest's own tmpfs: read through its systemd's view of the file system.
+        std::fs::read_to_string(format!(
+            "/proc/{second}/root/run/motd.d/fleet-boot-watchdog"
+        ))
+        .ok()
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no cap message in the second stuck boot:\n{}",
+            guest.journal("fleet-boot-watchdog.service", 40)
+        )
+    });
+    assert!(
+        motd.contains("did not finish booting")
+            && motd.contains("reboot cap reached: 1 watchdog reboot(s)"),
+        "{motd}"
+    );
+    // The cap holds: no third boot, still stuck, the unit failed with the reason.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(systemd_pid(guest), Some(second), "rebooted past the cap");
+    assert_eq!(guest.systemctl(&["is-system-running"]), "starting");
+    assert_eq!(guest.unit_state("fleet-boot-watchdog.service"), "failed");
+    let journal = guest.journal("fleet-boot-watchdog.service", 40);
+    assert!(journal.contains("the host stays up"), "{journal}");
+
+    // Diagnostics of both stuck boots, the first one deciding the reboot, the second the cap.
+    let listing = guest.sh("ls /var/log/fleet-boot-watchdog/");
+    let files: Vec<&str> = listing.lines().collect();
+    assert_eq!(files.len(), 2, "{listing}");
+    let read = |f: &str| guest.sh(&format!("cat /var/log/fleet-boot-watchdog/{f}"));
+    let (one, two) = (read(files[0]), read(files[1]));
+    for d in [&one, &two] {
+        for want in [
+            "is-system-running says starting",
+            "systemd-user-sessions.service is inactive",
+            "/run/nologin exists",
+            "== jobs: systemctl list-jobs",
+            "mnt-hang.mount",
+            "== failed units",
+            "== ordering cycles",
+            "== dpkg audit",
+            "== mounts",
+        ] {
+            assert!(d.contains(want), "missing {want:?} in:\n{d}");
+        }
+    }
+    assert!(one.contains("decision: rebooting"), "{one}");
+    assert!(two.contains("decision: reboot cap reached"), "{two}");
+    let record = guest.sh("cat /var/lib/fleet-boot-watchdog/reboots.json");
+    assert_eq!(
+        record.matches('Z').count(),
+        1,
+        "one watchdog reboot recorded: {record}"
+    );
+
+    // The person fixes the mount and reboots: the host comes up, the agent with it.
+    guest.sh(
+        "systemctl disable --quiet mnt-hang.mount; rm -f /etc/systemd/system/mnt-hang.mount /usr/sbin/mount.hang; \
+         rm -rf /etc/systemd/system/fleet-boot-watchdog.timer.d /mnt/hang",
+    );
+    let _ = guest.exec(&["systemctl", "reboot"]);
+    next_boot(guest, second, "the reboot after the fix");
+    guest.wait_up(Duration::from_secs(60));
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(120));
+}
+
+/// Lines only in `a` (`-`) or only in `b` (`+`).
+fn diff(a: &str, b: &str) -> String {
+    let left: std::collections::BTreeSet<&str> = a.lines().collect();
+    let right: std::collections::BTreeSet<&str> = b.lines().collect();
+    let mut out = String::new();
+    for l in left.difference(&right) {
+        out.push_str(&format!("- {l}\n"));
+    }
+    for l in right.difference(&left) {
+        out.push_str(&format!("+ {l}\n"));
+    }
+    out
+}
