@@ -5,10 +5,10 @@
 //! `fleetlock-server` installs disabled and serves once enabled; `apt purge` of both leaves the guest as it was.
 
 use fleet_rig::nspawn::Guest;
-use fleet_rig::{wait_for, NatsServer};
+use fleet_rig::wait_for;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::device::text;
-use fleet_vm_tests::fleet::{agent_config, Operator};
+use fleet_vm_tests::fleet::{agent_config, start_nats, Operator, GUEST_TOKEN_FILE};
 use fleet_vm_tests::packages;
 use std::process::Output;
 use std::time::Duration;
@@ -44,7 +44,7 @@ fn assert_ok(what: &str, out: &Output) -> String {
 #[test]
 fn packages_install_a_working_device_and_purge_clean() {
     let debs = packages::amd64(V1);
-    let nats = NatsServer::start();
+    let nats = start_nats();
     let operator = Operator::new(&nats);
     let mut guest = Guest::boot();
     let link = guest.forward(nats.port());
@@ -70,7 +70,16 @@ fn packages_install_a_working_device_and_purge_clean() {
     assert_eq!(guest.unit_state("fleet-agent.service"), "inactive");
 
     // The admin writes the agent's configuration (root-only, as an editor leaves it) and finishes.
-    let cfg = agent_config("device-1", &format!("nats://{}", link.addr()));
+    // With the auth callout on, the device's own token too (root's 0600 file; setup hands it to fleet-agent).
+    let token = nats.device_token("device-1");
+    if let Some(t) = &token {
+        guest.write_file(GUEST_TOKEN_FILE, t.as_bytes(), 0o600);
+    }
+    let cfg = agent_config(
+        "device-1",
+        &format!("nats://{}", link.addr()),
+        token.as_ref().map(|_| GUEST_TOKEN_FILE),
+    );
     guest.write_file("/etc/harmony-fleet/agent.toml", cfg.as_bytes(), 0o600);
     let out = guest.systemd_run(&[
         "--service-type=exec",
@@ -79,6 +88,14 @@ fn packages_install_a_working_device_and_purge_clean() {
         "harmony-fleet-device",
     ]);
     assert_ok("dpkg-reconfigure", &out);
+    if token.is_some() {
+        let st = guest.sh(&format!("stat -c '%U:%G %a' {GUEST_TOKEN_FILE}"));
+        assert_eq!(
+            st.trim(),
+            "fleet-agent:fleet-agent 600",
+            "the token file after setup"
+        );
+    }
     for unit in [
         "fleet-updater.service",
         "fleet-agent.service",
@@ -168,10 +185,20 @@ fn packages_install_a_working_device_and_purge_clean() {
         guest.systemctl(&["is-enabled", "fleetlock-server.service"]),
         "disabled"
     );
+    // The unit serves HTTPS: the admin brings a certificate and key (here from a CA of the test).
+    let ca = fleet_rig::tls::TestCa::new();
+    let cert = ca.server_cert("fleetlock");
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    guest.write_file("/etc/fleetlock/tls/cert.pem", &read(&cert.cert_file), 0o644);
+    guest.write_file("/etc/fleetlock/tls/key.pem", &read(&cert.key_file), 0o640);
+    guest.write_file("/root/pkgs/fleetlock-ca.pem", &read(ca.ca_file()), 0o644);
+    guest.sh("chgrp fleetlock /etc/fleetlock/tls/key.pem && chmod 0755 /etc/fleetlock/tls");
     guest.sh("systemctl enable --now fleetlock-server.service");
     let healthy = wait_for(Duration::from_secs(30), || {
         guest
-            .try_sh("curl -sf --max-time 2 http://127.0.0.1:7450/healthz")
+            .try_sh(
+                "curl -sf --max-time 2 --cacert /root/pkgs/fleetlock-ca.pem https://127.0.0.1:7450/healthz",
+            )
             .0
             .then_some(())
     });
@@ -200,7 +227,11 @@ fn packages_install_a_working_device_and_purge_clean() {
     );
     let after = guest.sh(SNAPSHOT);
     assert_eq!(diff(&before, &after), "", "purge left the guest changed");
-    let (_, ps) = guest.try_sh("ps -eo user:20,comm | grep -E 'fleet|podman' || true");
+    // Ours: fleet-* processes, and Podman of the (deleted) agent user; the distribution's own root Podman units
+    // (podman-restart and the like at boot) are not the package's.
+    let (_, ps) = guest.try_sh(
+        "ps -eo user:20,comm | awk '$2 ~ /fleet/ || ($2 ~ /podman|conmon/ && $1 != \"root\")'",
+    );
     assert!(ps.trim().is_empty(), "still running after purge:\n{ps}");
     drop(link);
 }
