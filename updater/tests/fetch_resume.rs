@@ -413,7 +413,10 @@ fn limits_and_refusals_still_hold_when_resuming() {
     let f = scene
         .fetcher()
         .with_retry(Retry {
+            // One pause longer than the whole deadline (quick()'s 200 ms cap would let the run of fruitless tries
+            // end first on a fast machine, and the test would time the race instead of the deadline).
             first_backoff: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(5),
             ..quick()
         })
         .with_deadline(Duration::from_secs(2), Duration::from_secs(5));
