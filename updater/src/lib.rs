@@ -7,6 +7,7 @@ pub mod token;
 
 pub mod accept;
 pub mod boot_watchdog;
+pub mod bounded;
 pub mod child;
 pub mod config;
 pub mod durable;

@@ -133,17 +133,7 @@ impl RebootConfig {
 
     /// Reads and parses a config file.
     pub fn load(path: &Path) -> Result<Self, String> {
-        use std::io::Read;
-        let mut text = String::new();
-        std::fs::File::open(path)
-            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if text.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(format!(
-                "{}: larger than {MAX_CONFIG_BYTES} bytes",
-                path.display()
-            ));
-        }
+        let text = crate::bounded::read_text(path, MAX_CONFIG_BYTES)?;
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 

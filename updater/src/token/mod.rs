@@ -23,7 +23,7 @@ pub struct Refreshed {
 /// current Unix time in seconds.
 pub fn refresh(cfg: &TokenConfig, now: u64) -> Result<Refreshed, String> {
     let key_path = cfg.key_file();
-    let key_json = read_bounded(&key_path, KEY_FILE_MAX_BYTES)?;
+    let key_json = crate::bounded::read(&key_path, KEY_FILE_MAX_BYTES)?;
     let key = assertion::MachineKey::parse(&key_json)
         .map_err(|e| format!("{}: {e}", key_path.display()))?;
     let jwt = key.assertion(cfg.audience(), now)?;
@@ -43,15 +43,3 @@ pub fn refresh(cfg: &TokenConfig, now: u64) -> Result<Refreshed, String> {
 
 /// The largest machine key file read, in bytes (a 4096-bit key's JSON is about 3.5 KiB).
 const KEY_FILE_MAX_BYTES: u64 = 16 * 1024;
-
-fn read_bounded(path: &std::path::Path, max: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if bytes.len() as u64 > max {
-        return Err(format!("{}: larger than {max} bytes", path.display()));
-    }
-    Ok(bytes)
-}
