@@ -8,47 +8,29 @@
 //! the guest is `10.213.x.2`, the host side of the veth is `10.213.x.1`. Host services bound to 127.0.0.1 (NATS,
 //! HTTPS artifact servers) are exposed to the guest with [`Guest::forward`].
 
-use crate::util::{require_binary, wait_for, workspace_root};
+mod cleanup;
+mod forward;
+mod netns;
+mod tree;
+
+pub use cleanup::sweep_stale;
+pub use forward::{Forward, ForwardHandle};
+pub use tree::{cached_tree, TREE_RECIPE};
+
+use crate::util::{require_binary, wait_for};
+use cleanup::{remove_cgroup, sigkill};
+use netns::{bind_in_netns, setup_network};
 use std::fs;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-
-/// The recipe name `scripts/setup.d/60-nspawn-tree.sh` builds (its `recipe=` line).
-pub const TREE_RECIPE: &str = "bookworm-v3";
-
-const INSTALL_HINT: &str = "Run `scripts/setup` (scripts/setup.d/60-nspawn-tree.sh debootstraps the Debian \
-    bookworm tree with systemd and Podman into $FLEET_CACHE/nspawn/), or point FLEET_NSPAWN_TREE at such a tree.";
 
 /// The exit code systemd-nspawn returns when the guest rebooted.
 const NSPAWN_REBOOT_EXIT: i32 = 133;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// The cached Debian tree: `$FLEET_NSPAWN_TREE`, else `$FLEET_CACHE/nspawn/<recipe>` (default cache
-/// `<repo>/.cache`). Panics with an install hint when it is missing or incomplete.
-pub fn cached_tree() -> PathBuf {
-    let tree = match std::env::var_os("FLEET_NSPAWN_TREE") {
-        Some(t) => PathBuf::from(t),
-        None => std::env::var_os("FLEET_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace_root().join(".cache"))
-            .join("nspawn")
-            .join(TREE_RECIPE),
-    };
-    let stamp = tree.join("etc/fleet-test-tree");
-    assert!(
-        stamp.is_file(),
-        "no complete nspawn tree at {} (missing {}). {INSTALL_HINT}",
-        tree.display(),
-        stamp.display()
-    );
-    tree
-}
 
 /// Runs a host command, failing the test with its output when it fails.
 fn host(cmd: &mut Command) -> Output {
@@ -63,87 +45,6 @@ fn host(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-fn sigkill(pid: u32) {
-    let _ = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
-}
-
-fn pid_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Removes what guests of dead test processes left behind (their network namespaces and cgroups, killing what
-/// still runs in them); names carry the owning test process's PID. Every new guest runs it first.
-pub fn sweep_stale() {
-    let Ok(entries) = fs::read_dir("/run/netns") else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        let Some(pid) = name
-            .strip_prefix("fleet-vm-")
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !pid_alive(pid) {
-            let _ = Command::new("ip").args(["netns", "del", &name]).output();
-            for root in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"] {
-                remove_cgroup(&Path::new(root).join(&name));
-            }
-        }
-    }
-}
-
-/// Kills every process in a cgroup tree and removes it, deepest first.
-fn remove_cgroup(dir: &Path) {
-    if !dir.is_dir() {
-        return;
-    }
-    let _ = fs::write(dir.join("cgroup.kill"), "1");
-    for _ in 0..100 {
-        let mut alive = false;
-        for procs in cgroup_procs_files(dir) {
-            for pid in fs::read_to_string(&procs).unwrap_or_default().lines() {
-                if let Ok(pid) = pid.trim().parse::<u32>() {
-                    alive = true;
-                    sigkill(pid);
-                }
-            }
-        }
-        if !alive {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut dirs = vec![];
-    collect_dirs(dir, &mut dirs);
-    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-    for d in dirs {
-        let _ = fs::remove_dir(&d);
-    }
-}
-
-fn cgroup_procs_files(dir: &Path) -> Vec<PathBuf> {
-    let mut dirs = vec![];
-    collect_dirs(dir, &mut dirs);
-    dirs.into_iter().map(|d| d.join("cgroup.procs")).collect()
-}
-
-fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
-    out.push(dir.to_path_buf());
-    if let Ok(entries) = fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                collect_dirs(&e.path(), out);
-            }
-        }
-    }
 }
 
 /// How a guest boots.
@@ -650,197 +551,4 @@ fn machine_uuid(name: &str) -> String {
 
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
-}
-
-/// Creates the guest's network namespace with a veth pair to the host on a free 10.213.0.0/16 /30.
-fn setup_network(name: &str) -> (Ipv4Addr, Ipv4Addr, String) {
-    host(Command::new("ip").args(["netns", "add", name]));
-    let used = String::from_utf8_lossy(
-        &host(Command::new("ip").args(["-4", "-o", "addr", "show"])).stdout,
-    )
-    .to_string();
-    let seed = std::process::id().wrapping_mul(2654435761) ^ COUNTER.load(Ordering::SeqCst);
-    for i in 0..64u32 {
-        let slot = (seed.wrapping_add(i.wrapping_mul(97))) % 16000;
-        let (a, b) = ((slot * 4) / 256, (slot * 4) % 256);
-        let host_ip = Ipv4Addr::new(10, 213, a as u8, (b + 1) as u8);
-        let guest_ip = Ipv4Addr::new(10, 213, a as u8, (b + 2) as u8);
-        if used.contains(&format!("inet {host_ip}/")) {
-            continue;
-        }
-        let host_if = format!("fv{:x}", slot + 0x10000 * (std::process::id() % 0x100));
-        let ok = Command::new("ip")
-            .args([
-                "link", "add", &host_if, "type", "veth", "peer", "name", "host0", "netns", name,
-            ])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !ok {
-            continue;
-        }
-        host(Command::new("ip").args(["addr", "add", &format!("{host_ip}/30"), "dev", &host_if]));
-        host(Command::new("ip").args(["link", "set", &host_if, "up"]));
-        host(Command::new("ip").args([
-            "-n",
-            name,
-            "addr",
-            "add",
-            &format!("{guest_ip}/30"),
-            "dev",
-            "host0",
-        ]));
-        host(Command::new("ip").args(["-n", name, "link", "set", "host0", "up"]));
-        host(Command::new("ip").args(["-n", name, "link", "set", "lo", "up"]));
-        host(Command::new("ip").args([
-            "-n",
-            name,
-            "route",
-            "add",
-            "default",
-            "via",
-            &host_ip.to_string(),
-        ]));
-        return (host_ip, guest_ip, host_if);
-    }
-    let _ = Command::new("ip").args(["netns", "del", name]).output();
-    panic!("no free 10.213.x.y/30 for a guest veth pair");
-}
-
-/// Binds a TCP listener inside the network namespace at `netns_path`: a short-lived thread enters the namespace
-/// (setns affects only the calling thread), binds, and hands the socket back. The socket stays in that namespace;
-/// connections the relay makes from other threads are made in the host's namespace.
-fn bind_in_netns(netns_path: &str, addr: SocketAddr) -> TcpListener {
-    use std::os::fd::AsRawFd;
-    let ns = fs::File::open(netns_path).unwrap_or_else(|e| panic!("open {netns_path}: {e}"));
-    let t = std::thread::spawn(move || -> std::io::Result<TcpListener> {
-        // SAFETY: setns(2) on a valid, open namespace file descriptor; it changes only this thread, which ends
-        // right after binding.
-        let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        TcpListener::bind(addr)
-    });
-    t.join()
-        .unwrap_or_else(|_| panic!("relay bind thread panicked"))
-        .unwrap_or_else(|e| panic!("relay: bind {addr} in {netns_path}: {e}"))
-}
-
-/// A running TCP relay (see [`Guest::forward`]); stopped on drop.
-pub struct Forward {
-    state: Arc<ForwardState>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-struct ForwardState {
-    stop: AtomicBool,
-    connected: AtomicBool,
-    conns: Mutex<Vec<TcpStream>>,
-    listen: SocketAddr,
-}
-
-/// A handle that switches a [`Forward`] relay between connected and offline.
-#[derive(Clone)]
-pub struct ForwardHandle(Arc<ForwardState>);
-
-impl ForwardHandle {
-    /// `false` resets every relayed connection and refuses new ones (the device is offline); `true` relays again.
-    pub fn set_connected(&self, connected: bool) {
-        self.0.connected.store(connected, Ordering::SeqCst);
-        if !connected {
-            let mut conns = self.0.conns.lock().unwrap_or_else(|p| p.into_inner());
-            for c in conns.drain(..) {
-                let _ = c.shutdown(Shutdown::Both);
-            }
-        }
-    }
-
-    /// The address the guest connects to.
-    pub fn addr(&self) -> SocketAddr {
-        self.0.listen
-    }
-}
-
-impl Forward {
-    fn start(listener: TcpListener, listen: SocketAddr, target: SocketAddr) -> Self {
-        listener
-            .set_nonblocking(true)
-            .unwrap_or_else(|e| panic!("relay: nonblocking: {e}"));
-        let state = Arc::new(ForwardState {
-            stop: AtomicBool::new(false),
-            connected: AtomicBool::new(true),
-            conns: Mutex::new(vec![]),
-            listen,
-        });
-        let st = state.clone();
-        let thread = std::thread::spawn(move || {
-            while !st.stop.load(Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((client, _)) => {
-                        if !st.connected.load(Ordering::SeqCst) {
-                            drop(client);
-                            continue;
-                        }
-                        let _ = client.set_nonblocking(false);
-                        let Ok(server) =
-                            TcpStream::connect_timeout(&target, Duration::from_secs(5))
-                        else {
-                            continue;
-                        };
-                        relay(&st, client, server);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        Self {
-            state,
-            thread: Some(thread),
-        }
-    }
-
-    fn handle(&self) -> ForwardHandle {
-        ForwardHandle(self.state.clone())
-    }
-}
-
-fn relay(st: &Arc<ForwardState>, client: TcpStream, server: TcpStream) {
-    let pairs = [
-        (client.try_clone(), server.try_clone()),
-        (server.try_clone(), client.try_clone()),
-    ];
-    {
-        let mut conns = st.conns.lock().unwrap_or_else(|p| p.into_inner());
-        conns.push(client);
-        conns.push(server);
-    }
-    for pair in pairs {
-        if let (Ok(mut from), Ok(mut to)) = pair {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 16 * 1024];
-                loop {
-                    match from.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                    }
-                }
-                let _ = to.shutdown(Shutdown::Write);
-            });
-        }
-    }
-}
-
-impl Drop for Forward {
-    fn drop(&mut self) {
-        self.state.stop.store(true, Ordering::SeqCst);
-        ForwardHandle(self.state.clone()).set_connected(false);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
