@@ -9,15 +9,15 @@ use crate::nats_kv::{Buckets, Change, Nats, Value};
 use crate::paths::Paths;
 use crate::podman::Podman;
 use crate::reconcile;
-use crate::relay::{self, Bindings, Decision};
+use crate::relay::{self, Bindings, Relay};
 use crate::system_relay::{self, SystemRelay};
 use crate::updater::UpdaterClient;
 use crate::workload_worker::{PassResult, Worker};
 use fleet_wire::kv::{self, AGENT_REQUIRED_BUCKETS};
 use fleet_wire::{
-    AgentUpgradeAttempt, AgentUpgradeStatus, Architecture, AttemptId, BoundedText, DesiredState,
-    DeviceInfo, DeviceWorkloadStatus, ErrorCode, Heartbeat, Response, SystemUpgradeStatus,
-    Timestamp, UpgradePhase, UpgradeReason, Version, WorkloadName, WorkloadSpec,
+    AgentUpgradeAttempt, AgentUpgradeStatus, Architecture, AttemptId, DesiredState, DeviceInfo,
+    DeviceWorkloadStatus, Heartbeat, Response, SystemUpgradeStatus, Timestamp, UpgradePhase,
+    Version, WorkloadName, WorkloadSpec,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -61,7 +61,6 @@ enum Event {
 struct Agent {
     cfg: Config,
     version: Version,
-    arch: Architecture,
     paths: Paths,
     podman: Option<Podman>,
     /// Runs reconcile passes off the event thread; started by the main loop when Podman is enabled.
@@ -70,18 +69,14 @@ struct Agent {
     kv: Buckets,
     updater: UpdaterClient,
     key: String,
-    bindings: Bindings,
     desired: Vec<WorkloadSpec>,
     generation: u64,
     desired_rev: Option<u64>,
-    intent_rev: Option<u64>,
     errors: BTreeMap<WorkloadName, String>,
     /// The desired state changed since the workload status was last published.
     status_stale: bool,
-    mirrored: Option<AgentUpgradeStatus>,
-    in_flight: Option<AttemptId>,
-    /// The attempt last published as pending because the updater was unreachable, with its error text.
-    last_pending: Option<(AttemptId, Option<BoundedText>)>,
+    /// The agent-upgrade relay: its effects are carried out by [`Agent::apply_relay`].
+    relay: Relay,
     system: SystemRelay,
     /// Intents whose published status could not be read yet; read again on the next updater poll.
     system_unread: Vec<(String, Change)>,
@@ -181,11 +176,11 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     }
     let bindings = Bindings::load(&paths.bindings_file()).map_err(|e| fail("state", e))?;
 
+    let relay = Relay::new(cfg.device_id.clone(), arch, bindings);
     let system = SystemRelay::new(cfg.device_id.clone());
     let mut agent = Agent {
         cfg,
         version,
-        arch,
         paths,
         podman,
         worker: None,
@@ -193,16 +188,12 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         kv,
         updater,
         key,
-        bindings,
         desired: Vec::new(),
         generation: 0,
         desired_rev: None,
-        intent_rev: None,
         errors: BTreeMap::new(),
         status_stale: true,
-        mirrored: None,
-        in_flight: None,
-        last_pending: None,
+        relay,
         system,
         system_unread: Vec::new(),
         beat: 0,
@@ -351,7 +342,7 @@ impl Agent {
         self.heartbeat();
         // The intent is read once now (like the desired state) and then followed by its watch.
         match self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
-            Ok(c) => self.on_intent(c),
+            Ok(c) => self.on_intent(&c),
             Err(e) => log::warn!("reading the upgrade intent: {e}"),
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -408,8 +399,11 @@ impl Agent {
                         next_status = Instant::now() + self.cfg.status_interval;
                     }
                 }
-                Ok(Event::Intent(c)) => self.on_intent(c),
-                Ok(Event::UpgradeAnswer(id, r)) => self.on_upgrade_answer(id, *r),
+                Ok(Event::Intent(c)) => self.on_intent(&c),
+                Ok(Event::UpgradeAnswer(id, r)) => {
+                    let effects = self.relay.on_answer(id, *r, Timestamp::now());
+                    self.apply_relay(effects);
+                }
                 Ok(Event::SystemIntent(k, c)) => self.on_system_intent(&k, c),
                 Ok(Event::SystemAnswer(id, r)) => {
                     let effects = self.system.on_answer(id, *r, Timestamp::now());
@@ -439,12 +433,10 @@ impl Agent {
                 }
                 self.reconcile_now(true);
                 // An intent deferred while a request was in flight, or missed by a lost watch, is read again.
-                if self.in_flight.is_none() {
+                if self.relay.idle() {
                     if let Ok(c) = self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
-                        if self.intent_rev != Some(c.revision) {
-                            self.intent_rev = None;
-                            self.on_intent(c);
-                        }
+                        let effects = self.relay.on_intent_reread(&c, Timestamp::now());
+                        self.apply_relay(effects);
                     }
                 }
             }
@@ -707,31 +699,15 @@ impl Agent {
             Value::Put(b) => serde_json::from_slice::<AgentUpgradeStatus>(b).ok(),
             Value::Absent => None,
         };
-        let stale_drain = published
-            .as_ref()
-            .is_some_and(|p| p.phase == UpgradePhase::Stopping);
-        if let Some(s) = recovered {
-            // Publish an active transaction, replace our own drain record, and bring an older record of the
-            // same attempt up to date (e.g. `complete` that the previous process did not mirror).
-            let outdated = published
-                .as_ref()
-                .is_some_and(|p| p.attempt_id == s.attempt_id && p != &s);
-            if !s.phase.is_terminal() || stale_drain || outdated {
-                self.put_upgrade_status(&s)
-                    .map_err(|e| fail("upgrade-status", e))?;
-            }
-            self.mirrored = Some(s);
+        if let Some(s) = self.relay.recover(published.as_ref(), recovered) {
+            self.put_upgrade_status(&s)
+                .map_err(|e| fail("upgrade-status", e))?;
         }
         Ok(())
     }
 
     fn upgrade_active(&self) -> bool {
-        self.in_flight.is_some()
-            || self.system.active()
-            || self
-                .mirrored
-                .as_ref()
-                .is_some_and(|s| !s.phase.is_terminal())
+        self.relay.active() || self.system.active()
     }
 
     fn poll_updater(&mut self) {
@@ -743,102 +719,73 @@ impl Agent {
                 for (k, c) in std::mem::take(&mut self.system_unread) {
                     self.on_system_intent(&k, c);
                 }
-                if let Some(s) = st
-                    .agent_upgrade
-                    .filter(|s| s.device_id == self.cfg.device_id)
-                {
-                    self.mirror(s);
-                }
+                let effects = self.relay.on_updater_status(st.agent_upgrade);
+                self.apply_relay(effects);
             }
             Err(e) => log::warn!("polling the updater: {e}"),
         }
     }
 
-    fn mirror(&mut self, s: AgentUpgradeStatus) {
-        if self.mirrored.as_ref() == Some(&s) {
-            return;
-        }
-        log::info!(
-            "upgrade {:?}: phase {:?} reason {:?}",
-            s.attempt_id.map(|a| a.to_string()),
-            s.phase,
-            s.reason
-        );
-        match self.put_upgrade_status(&s) {
-            Ok(_) => self.mirrored = Some(s),
-            Err(e) => log::warn!("mirroring upgrade status: {e}; will retry"),
-        }
+    fn on_intent(&mut self, c: &Change) {
+        let effects = self.relay.on_intent(c, Timestamp::now());
+        self.apply_relay(effects);
     }
 
-    fn on_intent(&mut self, c: Change) {
-        if self.intent_rev.is_some_and(|r| c.revision <= r) {
-            return;
-        }
-        self.intent_rev = Some(c.revision);
-        let Value::Put(bytes) = c.value else { return };
-        let decision = relay::evaluate(&bytes, &self.cfg.device_id, self.arch, &self.bindings);
-        match decision {
-            Decision::Reject { ref error, .. } => {
-                log::warn!("upgrade intent revision {} rejected: {error}", c.revision);
-                if let Some(s) =
-                    relay::rejected_status(&self.cfg.device_id, &decision, Timestamp::now())
-                {
-                    if let Err(e) = self.put_upgrade_status(&s) {
-                        log::warn!("publishing the rejection: {e}");
+    /// Carries out the upgrade relay's effects in order and reports each outcome back to it.
+    fn apply_relay(&mut self, effects: Vec<relay::Effect>) {
+        use relay::Effect;
+        for effect in effects {
+            match effect {
+                Effect::SaveBindings { bindings, sending } => {
+                    if let Err(e) = bindings.save(&self.paths.bindings_file()) {
+                        let Some(id) = sending else {
+                            log::warn!("recording the upgrade bindings: {e}");
+                            continue;
+                        };
+                        log::error!("cannot record attempt {id}: {e}; not sending it");
+                        self.relay.not_sent(id);
+                        return;
                     }
                 }
-            }
-            Decision::Known(a) => {
-                let accepted = self.bindings.get(&a.attempt_id).is_some_and(|b| b.accepted);
-                let updater_knows = self
-                    .mirrored
-                    .as_ref()
-                    .is_some_and(|s| s.attempt_id == Some(a.attempt_id));
-                // Bound but never accepted (the agent stopped in between): ask again; the updater is idempotent
-                // for the same id and digest.
-                if !accepted && !updater_knows && self.in_flight.is_none() {
-                    self.send(*a);
+                Effect::Publish(s) => {
+                    if let Err(e) = self.put_upgrade_status(&s) {
+                        log::warn!(
+                            "publishing upgrade status {:?} of attempt {:?}: {e}",
+                            s.phase,
+                            s.attempt_id.map(|a| a.to_string())
+                        );
+                    }
                 }
-            }
-            Decision::New(a) => {
-                if self.in_flight.is_some() {
-                    log::warn!("attempt {} arrived while another request is in flight; it will be read again", a.attempt_id);
-                    self.intent_rev = None;
-                    return;
+                Effect::Mirror(s) => match self.put_upgrade_status(&s) {
+                    Ok(_) => self.relay.mirrored(*s),
+                    Err(e) => log::warn!("mirroring upgrade status: {e}; will retry"),
+                },
+                Effect::PublishPending(s) => match self.put_upgrade_status(&s) {
+                    Ok(_) => self.relay.pending_published(&s),
+                    Err(e) => log::warn!(
+                        "publishing the pending attempt {:?}: {e}",
+                        s.attempt_id.map(|a| a.to_string())
+                    ),
+                },
+                Effect::Send(a) => self.send(*a),
+                Effect::Recheck { attempt, error } => {
+                    self.poll_updater();
+                    let effects = self
+                        .relay
+                        .after_lost_answer(attempt, &error, Timestamp::now());
+                    self.apply_relay(effects);
                 }
-                self.bindings
-                    .bind(&a.attempt_id, &a.digest(), Timestamp::now());
-                if let Err(e) = self.bindings.save(&self.paths.bindings_file()) {
-                    log::error!(
-                        "cannot record attempt {}: {e}; not sending it",
-                        a.attempt_id
-                    );
-                    return;
-                }
-                let s = relay::new_status(
-                    &self.cfg.device_id,
-                    Some(a.attempt_id),
-                    Some(a.target_version.clone()),
-                    Some(a.digest()),
-                    UpgradePhase::Preparing,
-                    None,
-                    Timestamp::now(),
-                );
-                if let Err(e) = self.put_upgrade_status(&s) {
-                    log::warn!("publishing preparing: {e}");
-                }
-                self.send(*a);
             }
         }
     }
 
+    /// Sends an attempt to the updater on its own thread; the answer arrives as `Event::UpgradeAnswer`.
     fn send(&mut self, a: AgentUpgradeAttempt) {
         let id = a.attempt_id;
         log::info!(
             "sending upgrade attempt {id} (target {}) to the updater",
             a.target_version
         );
-        self.in_flight = Some(id);
         let client = self.updater.clone();
         let tx = self.tx.clone();
         let spawned = std::thread::Builder::new()
@@ -849,88 +796,7 @@ impl Agent {
             });
         if let Err(e) = spawned {
             log::error!("cannot start the upgrade request: {e}");
-            self.in_flight = None;
-        }
-    }
-
-    fn on_upgrade_answer(&mut self, id: AttemptId, r: Result<Response, String>) {
-        self.in_flight = None;
-        match r {
-            Ok(Response::Accepted { status }) | Ok(Response::Status { status }) => {
-                log::info!("updater accepted attempt {id}");
-                self.last_pending = None;
-                self.bindings.mark_accepted(&id);
-                if let Err(e) = self.bindings.save(&self.paths.bindings_file()) {
-                    log::warn!("recording acceptance of {id}: {e}");
-                }
-                if let Some(s) = status
-                    .agent_upgrade
-                    .filter(|s| s.device_id == self.cfg.device_id)
-                {
-                    self.mirror(s);
-                }
-            }
-            Ok(Response::Error { code, message }) => {
-                log::warn!("updater refused attempt {id}: {code:?}: {message}");
-                let reason = match code {
-                    ErrorCode::Quarantined => UpgradeReason::Quarantined,
-                    ErrorCode::Busy => UpgradeReason::Busy,
-                    _ => UpgradeReason::Rejected,
-                };
-                self.fail_attempt(id, reason, format!("updater refused: {code:?}: {message}"));
-            }
-            Err(e) => {
-                // The updater may still have it: the status poll shows the truth if it does.
-                self.poll_updater();
-                if self.mirrored.as_ref().and_then(|s| s.attempt_id) != Some(id) {
-                    self.updater_unreachable(id, &e);
-                }
-            }
-        }
-    }
-
-    /// The updater never accepted attempt `id` because it could not be reached (socket absent, updater
-    /// restarting): the attempt has not failed. Publish it as pending with reason `updater-unreachable` and read
-    /// the intent again at the next resync, which sends it once the updater answers (it is bound, not accepted).
-    fn updater_unreachable(&mut self, id: AttemptId, e: &str) {
-        log::info!("upgrade attempt {id} not delivered, the updater is unreachable ({e}); it stays pending and is sent again when the updater answers");
-        self.intent_rev = None;
-        let bound = self.bindings.get(&id).map(|b| b.digest.clone());
-        let mut s = relay::new_status(
-            &self.cfg.device_id,
-            Some(id),
-            None,
-            bound.and_then(|d| fleet_wire::Sha256Hex::try_from(d.as_str()).ok()),
-            UpgradePhase::Preparing,
-            Some(UpgradeReason::UpdaterUnreachable),
-            Timestamp::now(),
-        );
-        s.error = Some(BoundedText::lossy(format!(
-            "the updater is unreachable ({e}); the attempt is delivered when it answers again"
-        )));
-        if self.last_pending.as_ref() == Some(&(id, s.error.clone())) {
-            return; // the same wait, already published
-        }
-        match self.put_upgrade_status(&s) {
-            Ok(_) => self.last_pending = Some((id, s.error.clone())),
-            Err(e) => log::warn!("publishing the pending attempt {id}: {e}"),
-        }
-    }
-
-    fn fail_attempt(&mut self, id: AttemptId, reason: UpgradeReason, error: String) {
-        let bound = self.bindings.get(&id).map(|b| b.digest.clone());
-        let mut s = relay::new_status(
-            &self.cfg.device_id,
-            Some(id),
-            None,
-            bound.and_then(|d| fleet_wire::Sha256Hex::try_from(d.as_str()).ok()),
-            UpgradePhase::Failed,
-            Some(reason),
-            Timestamp::now(),
-        );
-        s.error = Some(BoundedText::lossy(error));
-        if let Err(e) = self.put_upgrade_status(&s) {
-            log::warn!("publishing failure of {id}: {e}");
+            self.relay.not_sent(id);
         }
     }
 
@@ -945,39 +811,14 @@ impl Agent {
             .ok()
             .and_then(|st| st.agent_upgrade)
             .filter(|s| s.device_id == self.cfg.device_id);
-        // The updater writes `activating` (public phase `stopping`) before it runs `systemctl stop`.
-        let by_updater = current
-            .as_ref()
-            .is_some_and(|s| s.phase == UpgradePhase::Stopping);
-        let reason = if by_updater {
-            UpgradeReason::Updater
-        } else {
-            UpgradeReason::Shutdown
+        let (reason, status) =
+            relay::stopping_status(current, &self.version, drain_ms, Timestamp::now());
+        let Some(s) = status else {
+            log::info!(
+                "drained in {drain_ms} ms ({reason:?}); no upgrade attempt in progress, agent-upgrade-status left as it is"
+            );
+            return self.finish_drain();
         };
-        let now = Timestamp::now();
-        // `agent-upgrade-status` describes the last attempt. A stop with no attempt in progress (a reboot, an
-        // admin's restart) is not part of one: writing `stopping` there would erase a terminal record (a failed
-        // upgrade would look in progress), so it is only logged.
-        let mut s = match current {
-            Some(s) if by_updater || !s.phase.is_terminal() => s,
-            _ => {
-                log::info!(
-                    "drained in {drain_ms} ms ({reason:?}); no upgrade attempt in progress, agent-upgrade-status left as it is"
-                );
-                return self.finish_drain();
-            }
-        };
-        if s.phase == UpgradePhase::Stopping {
-            // The updater already recorded the transition; add the reason without a duplicate entry.
-            s.reason = Some(reason);
-        } else {
-            s.enter(UpgradePhase::Stopping, now, Some(reason));
-        }
-        s.drain_duration_ms = Some(drain_ms);
-        s.detail = Some(BoundedText::lossy(format!(
-            "agent {} drained in {drain_ms} ms",
-            self.version
-        )));
         match self.put_upgrade_status(&s) {
             Ok(rev) => log::info!(
                 "stopping status ({reason:?}, drain {drain_ms} ms) acknowledged at revision {rev}"
