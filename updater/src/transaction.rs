@@ -11,7 +11,7 @@ use crate::machine::{self, Event, Recovery};
 use crate::paths::Paths;
 use crate::probe::Prober;
 use crate::service::ServiceManager;
-use crate::system::machine::AgentSide;
+use crate::system::accept::AgentSide;
 use crate::system::upgrade::SystemOpenError;
 use crate::system::{SystemDeps, SystemUpgrades};
 use fleet_wire::limits::{UPDATER_START_BOUND, UPDATER_STOP_BOUND};
