@@ -12,7 +12,7 @@
 
 use fleet_rig::https::{HttpsServer, Reply};
 use fleet_rig::tls::TestCa;
-use fleet_updater::fetcher::{production, Fetcher, Retry};
+use fleet_updater::fetch_runner::{production, Fetcher, Retry};
 use fleet_wire::limits::ARTIFACT_MAX_BYTES;
 use fleet_wire::{fixtures, ByteLimit, Sha256Hex};
 use sha2::{Digest, Sha256};

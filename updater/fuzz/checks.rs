@@ -5,7 +5,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_updater::durable::parse_validated;
-use fleet_updater::fetch::partial::PartialState;
+use fleet_updater::fetch_runner::partial::PartialState;
 use fleet_updater::journal::Journal;
 use fleet_updater::system::journal::SystemJournal;
 use fleet_wire::fetch::{FetchFailure, FetchRequest, ResumePoint};

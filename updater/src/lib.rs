@@ -1,7 +1,7 @@
 //! fleet-updater: the root updater. It owns the crash-safe agent-upgrade transaction and the system-upgrade task,
 //! and listens on a Unix socket that only the `fleet-agent` group may use. Blocking threads, no NATS client.
 
-pub mod fetch;
+pub mod fetch_helper;
 pub mod reboot;
 pub mod token;
 
@@ -13,7 +13,7 @@ pub mod config;
 pub mod durable;
 pub mod elf;
 pub mod fault;
-pub mod fetcher;
+pub mod fetch_runner;
 pub mod install;
 pub mod journal;
 pub mod machine;

@@ -1,5 +1,6 @@
-//! The transaction state machine: events, pure transitions between journal phases, and the recovery plan for
-//! each durable phase (the seed's recovery table). No I/O here.
+//! The agent-upgrade transaction's state machine: events, pure transitions between journal phases, and the
+//! recovery plan for each durable phase (the seed's recovery table). No I/O here. The system upgrade has its own
+//! (`crate::system::machine`): other phases, events and recovery; only the shape is alike.
 
 use fleet_wire::{JournalPhase, UpgradeReason};
 

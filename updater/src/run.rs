@@ -2,7 +2,7 @@
 
 use crate::config::Config;
 use crate::fault::Faults;
-use crate::fetcher;
+use crate::fetch_runner;
 use crate::paths::Paths;
 use crate::probe::Prober;
 use crate::service::Systemctl;
@@ -22,7 +22,7 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     let paths = Paths::new(&cfg.root);
     let allowed_gid = users::group_gid(&cfg.socket_group).map_err(|e| e.to_string())?;
     let deps = Deps {
-        fetcher: Box::new(fetcher::production(
+        fetcher: Box::new(fetch_runner::production(
             helper_path()?,
             &cfg.agent_user,
             cfg.extra_ca_file.as_deref(),

@@ -4,14 +4,14 @@
 use crate::accept::{self, Decision};
 use crate::durable;
 use crate::fault::{Crashed, Faults};
-use crate::fetcher::Fetcher;
+use crate::fetch_runner::Fetcher;
 use crate::install;
 use crate::journal::{Journal, JournalError};
 use crate::machine::{self, Event, Recovery};
 use crate::paths::Paths;
 use crate::probe::Prober;
 use crate::service::ServiceManager;
-use crate::system::machine::AgentSide;
+use crate::system::accept::AgentSide;
 use crate::system::upgrade::SystemOpenError;
 use crate::system::{SystemDeps, SystemUpgrades};
 use fleet_wire::limits::{UPDATER_START_BOUND, UPDATER_STOP_BOUND};
@@ -189,14 +189,14 @@ fn read_boot_id() -> Option<Id128> {
 }
 
 /// Temporary files of downloads interrupted by a crash are useless and go; a resumable partial download
-/// (`crate::fetch::partial`) stays, so that the next attempt for the same artifact resumes after its bytes.
+/// (`crate::fetch_runner::partial`) stays, so that the next attempt for the same artifact resumes after its bytes.
 fn remove_partial_downloads(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let resumable = e
                 .file_name()
                 .to_str()
-                .is_some_and(crate::fetch::partial::is_resumable_name);
+                .is_some_and(crate::fetch_runner::partial::is_resumable_name);
             if e.file_type().is_ok_and(|t| t.is_file()) && !resumable {
                 let _ = std::fs::remove_file(e.path());
             }

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use fleet_rig::https::{HttpsServer, Reply};
 use fleet_rig::tls::TestCa;
-use fleet_updater::fetcher::{production, DownloadError, Fetcher, HelperFetcher};
+use fleet_updater::fetch_runner::{production, DownloadError, Fetcher, HelperFetcher};
 use fleet_wire::{AgentUpgradeAttempt, UpgradeReason};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

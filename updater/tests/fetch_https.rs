@@ -4,7 +4,7 @@
 
 use fleet_rig::https::{HttpsServer, Reply};
 use fleet_rig::tls::TestCa;
-use fleet_updater::fetch::{fetch, FetchConfig, FetchError};
+use fleet_updater::fetch_helper::{fetch, FetchConfig, FetchError};
 use fleet_wire::{fixtures, AgentUpgradeAttempt, ByteLimit, Sha256Hex, UpgradeReason};
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::PermissionsExt;

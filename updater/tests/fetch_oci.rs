@@ -6,7 +6,7 @@
 use fleet_rig::https::{HttpsServer, Reply, Request};
 use fleet_rig::registry::{artifact_manifest, digest, Registry};
 use fleet_rig::tls::TestCa;
-use fleet_updater::fetch::{fetch, FetchConfig, FetchError};
+use fleet_updater::fetch_helper::{fetch, FetchConfig, FetchError};
 use fleet_wire::artifact::{OCI_AGENT_ARTIFACT_TYPE, OCI_AGENT_LAYER_MEDIA_TYPE};
 use fleet_wire::{fixtures, AgentUpgradeAttempt, ByteLimit, Sha256Hex, UpgradeReason};
 use sha2::{Digest, Sha256};

@@ -12,7 +12,7 @@ use common::*;
 use fleet_rig::https::{HttpsServer, Reply, Request};
 use fleet_rig::registry::{artifact_manifest, digest};
 use fleet_rig::tls::TestCa;
-use fleet_updater::fetcher::{production, Fetcher, HelperFetcher, Retry};
+use fleet_updater::fetch_runner::{production, Fetcher, HelperFetcher, Retry};
 use fleet_wire::artifact::{OCI_AGENT_ARTIFACT_TYPE, OCI_AGENT_LAYER_MEDIA_TYPE};
 use fleet_wire::AgentUpgradeAttempt;
 use std::os::unix::fs::PermissionsExt;

@@ -72,12 +72,11 @@ fn seeds_parse() {
     use fleet_updater::journal::Journal;
     use fleet_wire::fetch::{FetchFailure, FetchRequest, ResumePoint};
     for (path, b) in inputs("journal") {
-        let ok =
-            Journal::parse(&b, "seed").is_ok()
-                || fleet_updater::durable::parse_validated::<
-                    fleet_updater::fetch::partial::PartialState,
-                >(&b)
-                .is_ok();
+        let ok = Journal::parse(&b, "seed").is_ok()
+            || fleet_updater::durable::parse_validated::<
+                fleet_updater::fetch_runner::partial::PartialState,
+            >(&b)
+            .is_ok();
         assert!(ok, "{}", path.display());
     }
     for (path, b) in inputs("fetch_lines") {

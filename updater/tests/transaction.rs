@@ -357,7 +357,7 @@ fn success_over_real_https_with_the_production_fetcher() {
     let ca = fleet_rig::tls::TestCa::new();
     let server =
         fleet_rig::https::HttpsServer::serve(&ca, fleet_rig::https::Reply::ok(bytes.clone()));
-    let fetcher = fleet_updater::fetcher::production(
+    let fetcher = fleet_updater::fetch_runner::production(
         fetch_helper_in(dev.dir.path()),
         "fleet-agent",
         Some(ca.ca_file()),

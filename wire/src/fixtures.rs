@@ -1,4 +1,6 @@
-//! Fixed example values for tests, golden files and docs. Deterministic: no clock, no randomness.
+//! Fixed example values for tests, golden files, examples and benchmarks. Deterministic: no clock, no randomness.
+//! Compiled only for this crate's own tests and with the `fixtures` feature, which its users enable from their
+//! `[dev-dependencies]`: no release binary contains it.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use crate::*;

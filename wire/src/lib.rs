@@ -14,6 +14,7 @@ pub mod durable;
 mod error;
 pub mod fetch;
 #[doc(hidden)]
+#[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod fleetlock;
 pub mod ids;

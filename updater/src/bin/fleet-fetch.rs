@@ -34,7 +34,7 @@ fn main() {
         .try_clone_to_owned()
         .map(std::fs::File::from);
     let result = match out {
-        Ok(mut out) => fleet_updater::fetch::helper::serve(std::io::stdin().lock(), &mut out),
+        Ok(mut out) => fleet_updater::fetch_helper::serve(std::io::stdin().lock(), &mut out),
         Err(e) => Err(fleet_wire::FetchFailure {
             reason: fleet_wire::UpgradeReason::DownloadFailed,
             message: fleet_wire::BoundedText::lossy(format!("stdout: {e}")),

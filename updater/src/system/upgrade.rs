@@ -2,9 +2,10 @@
 //! coordinated reboot when one is needed, and the repair path (`dpkg --configure -a`), each durable step
 //! journaled before the next begins. Status stays answerable: it only reads the in-memory copy.
 
+use super::accept::{self, AgentSide, Decision};
 use super::apt::{Apt, Outcome, Step};
 use super::journal::{SystemJournal, SystemJournalError};
-use super::machine::{self, AgentSide, Decision, Event, Recovery};
+use super::machine::{self, Event, Recovery};
 use super::reboot::Rebooter;
 use crate::fault::{Crashed, Faults};
 use crate::paths::Paths;
@@ -159,7 +160,7 @@ impl SystemUpgrades {
     ) -> Result<bool, Refused> {
         let refuse = |code, message: String| Refused { code, message };
         let mut st = self.state();
-        let earlier = match machine::decide(st.journal.as_ref(), &attempt, agent, now) {
+        let earlier = match accept::decide(st.journal.as_ref(), &attempt, agent, now) {
             Decision::Current => return Ok(false),
             Decision::Conflict(m) => return Err(refuse(ErrorCode::Conflict, m)),
             Decision::Quarantined => {

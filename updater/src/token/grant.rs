@@ -122,7 +122,7 @@ fn agent(ca_file: Option<&Path>, timeout: Duration) -> Result<ureq::Agent, Strin
         .map(|c| Certificate::from_der(c.as_ref()).to_owned())
         .collect();
     if let Some(path) = ca_file {
-        let pem = crate::fetch::read_ca_bundle(path).map_err(|e| format!("ca_file: {e}"))?;
+        let pem = crate::fetch_helper::read_ca_bundle(path).map_err(|e| format!("ca_file: {e}"))?;
         for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
             let c = c.map_err(|e| format!("ca_file {}: {e}", path.display()))?;
             roots.push(Certificate::from_der(c.as_ref()).to_owned());

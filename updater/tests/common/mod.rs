@@ -3,7 +3,7 @@
 #![allow(dead_code, missing_docs)]
 
 use fleet_updater::fault::Faults;
-use fleet_updater::fetcher::{DownloadError, Downloaded, Fetcher};
+use fleet_updater::fetch_runner::{DownloadError, Downloaded, Fetcher};
 use fleet_updater::journal::Journal;
 use fleet_updater::paths::Paths;
 use fleet_updater::probe::Prober;

@@ -1,16 +1,18 @@
-//! The seam between the transaction and the artifact download: a small trait, with the production
-//! implementation running the `fleet-fetch` helper (`crate::fetch::helper`) as the agent user, resuming after
-//! the bytes already held (`crate::fetch::partial`) when a try fails on the way.
+//! The root side of the artifact download, and the seam between the transaction and it: a small trait, with
+//! the production implementation running the unprivileged `fleet-fetch` helper (`crate::fetch_helper`) as the
+//! agent user, resuming after the bytes already held ([`partial`]) when a try fails on the way.
+
+pub mod partial;
 
 use crate::child;
-use crate::fetch::partial::Partial;
-use crate::fetch::FetchError;
+use crate::fetch_helper::FetchError;
 use crate::users;
 use fleet_wire::fetch::{ResumePoint, FETCH_FAILURE_MAX_BYTES, RESUME_POINT_MAX_BYTES};
 use fleet_wire::limits::HTTPS_REQUEST_TIMEOUT;
 use fleet_wire::{
     AgentUpgradeAttempt, ByteLimit, FetchFailure, FetchRequest, Sha256Hex, UpgradeReason,
 };
+use partial::Partial;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -125,7 +127,7 @@ pub fn production(
     extra_ca_file: Option<&Path>,
 ) -> Result<HelperFetcher, String> {
     let extra_roots_pem = extra_ca_file
-        .map(crate::fetch::read_ca_bundle)
+        .map(crate::fetch_helper::read_ca_bundle)
         .transpose()
         .map_err(|e| format!("extra_ca_file: {e}"))?;
     Ok(HelperFetcher {

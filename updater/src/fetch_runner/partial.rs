@@ -3,8 +3,8 @@
 //! restarts. The SHA-256 state is rebuilt by re-hashing the held bytes when a partial download is reopened, so
 //! the digest still binds the whole artifact; a partial file is handed out only once that digest matches.
 
-use super::{FetchError, Fetched};
 use crate::durable::{self, Validated};
+use crate::fetch_helper::{FetchError, Fetched};
 use fleet_wire::fetch::{ResumePoint, Validators};
 use fleet_wire::{Artifact, Sha256Hex};
 use serde::{Deserialize, Serialize};

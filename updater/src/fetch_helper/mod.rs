@@ -1,20 +1,21 @@
-//! Fetching a candidate agent artifact — a direct `https://` URL or an anonymous `oci://` pull — bounded in
-//! bytes and time and verified by SHA-256 while streaming (docs/artifacts.md). In production this runs in the
-//! `fleet-fetch` helper as the agent user ([`helper`]); the root updater only reads the helper's bytes from a
-//! pipe, checks them again and writes the file (`crate::fetcher`).
+//! The helper side of the artifact download: fetching a candidate agent artifact — a direct `https://` URL or
+//! an anonymous `oci://` pull — bounded in bytes and time and verified by SHA-256 while streaming
+//! (docs/artifacts.md). In production this code runs in the unprivileged `fleet-fetch` helper as the agent user
+//! ([`serve`]); the root side (`crate::fetch_runner`) runs the helper, reads its bytes from a pipe, checks them
+//! again and writes the file.
 
 mod client;
 mod download;
 mod error;
-pub mod helper;
 mod https;
 mod oci;
-pub mod partial;
 mod range;
+mod serve;
 
 pub use download::{stream_to_temp, ReadErrorMap, Streamed};
 pub use error::FetchError;
 pub use oci::{BLOB_MAX_REDIRECTS, TOKEN_MAX_BYTES, TOKEN_RESPONSE_MAX_BYTES};
+pub use serve::serve;
 
 use fleet_wire::fetch::ResumePoint;
 use fleet_wire::fetch::CA_BUNDLE_MAX_BYTES;
