@@ -73,15 +73,18 @@ impl NatsStore {
         tls.refuse_bad_certificates(url, options(false).await?)
             .await?;
         let opts = options(true).await?;
-        let client = tokio::time::timeout(Duration::from_secs(15), opts.connect(url))
-            .await
-            .map_err(|_| format!("NATS at {url}: no connection within 15 s"))?
-            .map_err(|e| {
-                format!(
-                    "NATS at {url}: {}",
-                    tls.explain(&crate::kv::error_chain(&e))
-                )
-            })?;
+        let client = tokio::time::timeout(
+            Duration::from_secs(15),
+            opts.connect(crate::kv::servers(url)),
+        )
+        .await
+        .map_err(|_| format!("NATS at {url}: no connection within 15 s"))?
+        .map_err(|e| {
+            format!(
+                "NATS at {url}: {}",
+                tls.explain(&crate::kv::error_chain(&e))
+            )
+        })?;
         let js = async_nats::jetstream::new(client);
         let bucket = fleet_wire::kv::FLEETLOCK;
         let spec =
