@@ -1,6 +1,7 @@
 //! A real 3-node `nats-server` cluster with JetStream (plain, no auth): each node on free loopback client and
 //! route ports with its own store directory, so a test can kill one node (SIGKILL) and start it again with the
-//! same store, find the leader of a bucket's stream, and wait until every replica has caught up.
+//! same store, find the leader of a bucket's stream, wait until every replica has caught up, and see which
+//! clients each node serves (its monitoring endpoint's `/connz`).
 
 use crate::nats::nats_client::{self, Connection};
 use crate::util::{free_port, kill_when_gone, wait_for};
@@ -12,13 +13,16 @@ use std::time::Duration;
 
 /// The cluster's name (nats-server's `cluster.name`).
 pub const CLUSTER_NAME: &str = "fleet";
-/// How long one JetStream API request of the rig may take.
+/// How long one JetStream API request (or monitoring request) of the rig may take.
 const API_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest monitoring answer read, in bytes.
+const MONITOR_MAX_BYTES: u64 = 4 << 20;
 
 /// One node: its name (`n1`…), ports, configuration, store and log, and its process while it runs.
 struct Node {
     name: String,
     port: u16,
+    monitor_port: u16,
     conf: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -40,15 +44,17 @@ impl NatsCluster {
             .prefix("fleet-nats-cluster-")
             .tempdir()
             .unwrap_or_else(|e| panic!("temp dir for the NATS cluster: {e}"));
-        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let ports: Vec<(u16, u16, u16)> = (0..size)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
         let routes: Vec<String> = ports
             .iter()
-            .map(|(_, r)| format!("\"nats-route://127.0.0.1:{r}\""))
+            .map(|(_, r, _)| format!("\"nats-route://127.0.0.1:{r}\""))
             .collect();
         let nodes = ports
             .iter()
             .enumerate()
-            .map(|(i, (port, route))| {
+            .map(|(i, (port, route, monitor))| {
                 let name = format!("n{}", i + 1);
                 let store = dir.path().join(format!("{name}-store"));
                 let conf = dir.path().join(format!("{name}.conf"));
@@ -57,6 +63,7 @@ impl NatsCluster {
                     &conf,
                     format!(
                         "server_name: {name}\nlisten: \"127.0.0.1:{port}\"\nlog_file: \"{log}\"\n\
+                         http: \"127.0.0.1:{monitor}\"\n\
                          jetstream {{ store_dir: \"{store}\" }}\n\
                          cluster {{\n  name: {CLUSTER_NAME}\n  listen: \"127.0.0.1:{route}\"\n  \
                          routes: [{routes}]\n}}\n",
@@ -69,6 +76,7 @@ impl NatsCluster {
                 Node {
                     name,
                     port: *port,
+                    monitor_port: *monitor,
                     conf,
                     log,
                     child: None,
@@ -191,6 +199,33 @@ impl NatsCluster {
             .join("\n")
     }
 
+    /// The names of the clients node `i` serves now (`/connz` of its monitoring endpoint; unnamed ones as
+    /// `""`); empty while it is down.
+    pub fn client_names(&self, i: usize) -> Vec<String> {
+        if self.pid(i).is_none() {
+            return vec![];
+        }
+        let body = http_get(self.nodes[i].monitor_port, "/connz?limit=4096")
+            .unwrap_or_else(|e| panic!("connz of {}: {e}", self.nodes[i].name));
+        let v: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("connz of {}: {e}", self.nodes[i].name));
+        v["connections"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .map(|c| c["name"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The indexes of the running nodes that serve a client named `name`.
+    pub fn nodes_serving(&self, name: &str) -> Vec<usize> {
+        (0..self.size())
+            .filter(|i| self.client_names(*i).iter().any(|n| n == name))
+            .collect()
+    }
+
     /// A JetStream API request on `conn` (bounded); the answer's JSON, or the API's error as text.
     pub fn api(conn: &Connection, subject: &str, body: &str) -> Result<serde_json::Value, String> {
         let msg = conn
@@ -265,6 +300,31 @@ impl NatsCluster {
             )
         })
     }
+}
+
+/// `GET <path>` of a monitoring endpoint on 127.0.0.1:`port` (HTTP/1.0, bounded in time and size): the body.
+fn http_get(port: u16, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, API_TIMEOUT).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(API_TIMEOUT))
+        .and_then(|()| s.set_write_timeout(Some(API_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.take(MONITOR_MAX_BYTES)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP answer to {path}"))?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(format!(
+            "{path}: {}",
+            head.lines().next().unwrap_or_default()
+        ));
+    }
+    Ok(body.to_string())
 }
 
 impl Drop for NatsCluster {
