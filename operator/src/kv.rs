@@ -414,6 +414,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_url_list_is_one_server_per_url() {
+        assert_eq!(
+            servers("nats://a:4222, nats://b:4222,,nats://c:4222 "),
+            ["nats://a:4222", "nats://b:4222", "nats://c:4222"]
+        );
+        assert_eq!(servers("nats://a:4222"), ["nats://a:4222"]);
+        // Each parses as one server address (async-nats took the whole list as one and failed).
+        for s in servers("nats://127.0.0.1:4222,tls://127.0.0.1:4223") {
+            s.parse::<async_nats::ServerAddr>().expect(s);
+        }
+    }
+
+    #[test]
+    fn replicas_out_of_range_are_refused_and_leave_the_default() {
+        for n in [0, MAX_REPLICAS + 1] {
+            let e = set_replicas(n).expect_err("out of range");
+            assert!(e.contains("1 to 5"), "{e}");
+        }
+        assert_eq!(replicas(), 1);
+        assert_eq!(bucket_config(&fleet_wire::kv::BUCKETS[0]).num_replicas, 1);
+    }
+
+    #[test]
     fn mirror_keeps_the_newest_revision() {
         let m = Mirror::<String>::new("b");
         type Held<'a> = (u64, Option<&'a str>);
