@@ -26,7 +26,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long start-up waits for Podman and for the updater socket before giving up.
+/// How long start-up waits for Podman, for the updater socket, and for each of its NATS reads and writes (a
+/// cluster's stream electing a new leader) before giving up.
 pub const STARTUP_DEPENDENCY_WAIT: Duration = Duration::from_secs(30);
 /// How long the drain waits for the final NATS flush.
 pub const DRAIN_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -155,7 +156,12 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         boot_id: crate::device::boot_id(),
         published_at: Timestamp::now(),
     };
-    put_json(&kv, kv::DEVICE_INFO, &key, &info).map_err(|e| fail("device-info", e))?;
+    // Retried like the other dependencies: on a NATS cluster a bucket whose stream leader was just lost answers
+    // "no responders" for a few seconds, and failing readiness then would roll a good upgrade back.
+    retry_until(STARTUP_DEPENDENCY_WAIT, &draining, || {
+        put_json(&kv, kv::DEVICE_INFO, &key, &info)
+    })
+    .map_err(|e| fail("device-info", e))?;
 
     // Readiness 5 and 6: the recovered updater transaction, and this binary's version against its target.
     let recovered_system = status.system_upgrade.clone();
@@ -211,10 +217,10 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     };
 
     // Readiness 7: a complete desired-state snapshot.
-    let snapshot = agent
-        .kv
-        .get(kv::DESIRED_STATE, &agent.key)
-        .map_err(|e| fail("snapshot", e))?;
+    let snapshot = retry_until(STARTUP_DEPENDENCY_WAIT, &agent.draining, || {
+        agent.kv.get(kv::DESIRED_STATE, &agent.key)
+    })
+    .map_err(|e| fail("snapshot", e))?;
     agent.apply_desired(snapshot);
 
     // Readiness 8: transaction status, when an upgrade is active (or our own drain record is stale).
@@ -699,10 +705,10 @@ impl Agent {
         &mut self,
         recovered: Option<AgentUpgradeStatus>,
     ) -> Result<(), AgentError> {
-        let current = self
-            .kv
-            .get(kv::AGENT_UPGRADE_STATUS, &self.key)
-            .map_err(|e| fail("upgrade-status", e))?;
+        let current = retry_until(STARTUP_DEPENDENCY_WAIT, &self.draining, || {
+            self.kv.get(kv::AGENT_UPGRADE_STATUS, &self.key)
+        })
+        .map_err(|e| fail("upgrade-status", e))?;
         let published = match &current.value {
             Value::Put(b) => serde_json::from_slice::<AgentUpgradeStatus>(b).ok(),
             Value::Absent => None,
@@ -717,8 +723,10 @@ impl Agent {
                 .as_ref()
                 .is_some_and(|p| p.attempt_id == s.attempt_id && p != &s);
             if !s.phase.is_terminal() || stale_drain || outdated {
-                self.put_upgrade_status(&s)
-                    .map_err(|e| fail("upgrade-status", e))?;
+                retry_until(STARTUP_DEPENDENCY_WAIT, &self.draining, || {
+                    self.put_upgrade_status(&s)
+                })
+                .map_err(|e| fail("upgrade-status", e))?;
             }
             self.mirrored = Some(s);
         }
