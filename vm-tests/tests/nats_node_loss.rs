@@ -231,11 +231,20 @@ impl Fleet {
         // The rollout completes on every device.
         for d in &self.devices {
             let v = self.cluster.wait(
-                &format!("{} committed {version}", d.id),
+                &format!("{} finished {version}", d.id),
                 Duration::from_secs(300),
                 || self.view(&d.id).filter(|v| v.finished(version)),
             );
-            assert!(v.committed(version), "{v:#?}\n{}", d.logs());
+            // The Device shows the version the device reports (device-info, mirrored like the status).
+            let committed = wait_for(Duration::from_secs(30), || {
+                self.view(&d.id).filter(|v| v.committed(version))
+            });
+            assert!(
+                committed.is_some(),
+                "{v:#?}\n{}\n--- fleet-operator ---\n{}",
+                d.logs(),
+                self.cluster.operator_log(60)
+            );
         }
         // Exactly one attempt per device was written, and each device ran that one to completion.
         assert_eq!(
