@@ -28,6 +28,12 @@ use std::time::{Duration, Instant};
 pub const PUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time-out of one JetStream API request (open, get).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many times a watch reads a key again after a write notice when the read shows no newer revision (a
+/// direct get may be answered by a replica of a NATS cluster that has not applied the write yet), and the pause
+/// between reads; a notice of a write JetStream refused (a lost compare-and-set) costs at most their product.
+pub const FRESH_READS: u32 = 10;
+/// See [`FRESH_READS`].
+pub const FRESH_PAUSE: Duration = Duration::from_millis(50);
 /// Largest token file read, in bytes.
 pub const TOKEN_MAX_BYTES: u64 = 16 * 1024;
 
@@ -612,6 +618,21 @@ impl Buckets {
         Ok((read, Change { revision, value }))
     }
 
+    /// Reads `key` after a notice that it was written: again (up to [`FRESH_READS`] times, [`FRESH_PAUSE`] apart)
+    /// while the read shows no revision newer than `seen`, since on a NATS cluster the replica answering a
+    /// direct get may not have applied that write yet. The last read is returned either way.
+    fn get_newer(&self, bucket: &str, key: &str, seen: Option<u64>) -> io::Result<Change> {
+        let mut tries = 1;
+        loop {
+            let c = self.get(bucket, key)?;
+            if seen.is_none_or(|s| c.revision > s) || tries >= FRESH_READS {
+                return Ok(c);
+            }
+            tries += 1;
+            std::thread::sleep(FRESH_PAUSE);
+        }
+    }
+
     /// Writes `key` and waits (at most [`PUT_TIMEOUT`]) for JetStream's acknowledgement; returns the revision.
     pub fn put(&self, bucket: &str, key: &str, value: &[u8]) -> io::Result<u64> {
         self.check(bucket)?;
@@ -671,6 +692,9 @@ impl Buckets {
         std::thread::Builder::new()
             .name(format!("watch-{bucket}"))
             .spawn(move || {
+                // The newest revision read per key, so that a read older than the write it was noticed for is
+                // read again ([`FRESH_READS`]).
+                let mut seen: BTreeMap<String, u64> = BTreeMap::new();
                 while !stop.load(Ordering::SeqCst) {
                     let epoch = this.nats.reconnect_count();
                     let sub = match this
@@ -698,12 +722,16 @@ impl Buckets {
                     // The current value, as a consumer delivering the last value per key would.
                     match this.get_keyed(&bucket, &key) {
                         Ok((k, c)) if c.revision > 0 => {
+                            seen.insert(k.clone(), c.revision);
                             if !send(k, c) {
                                 woken(sub);
                                 return;
                             }
                         }
-                        Ok(_) => {}
+                        // Absent: a notice of its first write is followed by a read that must find it.
+                        Ok((k, _)) => {
+                            seen.entry(k).or_insert(0);
+                        }
                         Err(e) => log::debug!("watch {bucket}/{key}: {e}"),
                     }
                     // Blocks until a write, a wake (stop, reconnect) or the connection's close: no timed polling.
@@ -716,8 +744,9 @@ impl Buckets {
                             continue;
                         };
                         crate::timing::mark("delivered", format_args!("bucket={bucket}"));
-                        match this.get(&bucket, changed) {
+                        match this.get_newer(&bucket, changed, seen.get(changed).copied()) {
                             Ok(c) => {
+                                seen.insert(changed.to_owned(), c.revision);
                                 crate::timing::mark(
                                     "read",
                                     format_args!("bucket={bucket} rev={}", c.revision),

@@ -38,6 +38,31 @@ impl NatsError {
 /// connection (the controllers connect and reconnect from several places with only the URL).
 static TLS: OnceLock<NatsTls> = OnceLock::new();
 
+/// How many servers of a NATS cluster keep a copy of each bucket the operator creates (`--kv-replicas`), set
+/// once by `main` like [`TLS`]; 1 unless set. Buckets that exist keep their replica count.
+static REPLICAS: OnceLock<usize> = OnceLock::new();
+
+/// The most replicas JetStream allows a stream.
+pub const MAX_REPLICAS: usize = 5;
+
+/// Sets the replica count of every bucket created later (1..=[`MAX_REPLICAS`]); `Err` if it is out of range or
+/// was set already.
+pub fn set_replicas(replicas: usize) -> Result<(), String> {
+    if !(1..=MAX_REPLICAS).contains(&replicas) {
+        return Err(format!(
+            "--kv-replicas {replicas}: a bucket has 1 to {MAX_REPLICAS} replicas"
+        ));
+    }
+    REPLICAS
+        .set(replicas)
+        .map_err(|_| "the KV replica count was set twice".to_string())
+}
+
+/// The replica count buckets are created with.
+pub fn replicas() -> usize {
+    REPLICAS.get().copied().unwrap_or(1)
+}
+
 /// Sets the TLS of every later [`connect`]; `Err` if it was set already.
 pub fn set_tls(tls: NatsTls) -> Result<(), String> {
     TLS.set(tls)
@@ -62,11 +87,20 @@ pub async fn connect(url: &str) -> Result<(async_nats::Client, jetstream::Contex
         .apply(opts)
         .map_err(|e| NatsError::new(format!("connect to {url}"), e))?;
     let client = opts
-        .connect(url.as_str())
+        .connect(servers(&url))
         .await
         .map_err(|e| NatsError::new(format!("connect to {url}"), tls.explain(&error_chain(&e))))?;
     let js = jetstream::new(client.clone());
     Ok((client, js))
+}
+
+/// The servers of a comma-separated URL list (`nats://a:4222,nats://b:4222`: the nodes of a cluster), for the
+/// client to fail over between; async-nats takes a single string as one server.
+pub fn servers(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 /// An error with its sources (async-nats keeps the TLS reason in the source).
@@ -84,7 +118,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// The KV configuration of one bucket of the layout: file storage, one value per key.
+/// The KV configuration of one bucket of the layout: file storage, one value per key, [`replicas`] copies.
 pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
     kv::Config {
         bucket: spec.name.to_owned(),
@@ -97,6 +131,7 @@ pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
         history: 1,
         max_age: spec.max_age.unwrap_or(Duration::ZERO),
         storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas(),
         ..Default::default()
     }
 }
@@ -377,6 +412,29 @@ async fn cas_write_inner<T: Serialize + DeserializeOwned + Clone + Send + Sync +
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_list_is_one_server_per_url() {
+        assert_eq!(
+            servers("nats://a:4222, nats://b:4222,,nats://c:4222 "),
+            ["nats://a:4222", "nats://b:4222", "nats://c:4222"]
+        );
+        assert_eq!(servers("nats://a:4222"), ["nats://a:4222"]);
+        // Each parses as one server address (async-nats took the whole list as one and failed).
+        for s in servers("nats://127.0.0.1:4222,tls://127.0.0.1:4223") {
+            s.parse::<async_nats::ServerAddr>().expect(s);
+        }
+    }
+
+    #[test]
+    fn replicas_out_of_range_are_refused_and_leave_the_default() {
+        for n in [0, MAX_REPLICAS + 1] {
+            let e = set_replicas(n).expect_err("out of range");
+            assert!(e.contains("1 to 5"), "{e}");
+        }
+        assert_eq!(replicas(), 1);
+        assert_eq!(bucket_config(&fleet_wire::kv::BUCKETS[0]).num_replicas, 1);
+    }
 
     #[test]
     fn mirror_keeps_the_newest_revision() {

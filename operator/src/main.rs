@@ -11,7 +11,7 @@ TaskRun status.
 
 Usage: fleet-operator [--nats-url URL] [NATS TLS] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
                       [--dashboard-listen ADDR --dashboard-token-file FILE [dashboard options]]
-       fleet-operator buckets [--check] [--nats-url URL] [NATS TLS]
+       fleet-operator buckets [--check] [--nats-url URL] [--kv-replicas N] [NATS TLS]
        fleet-operator --help | --version
 
 Commands:
@@ -22,6 +22,9 @@ Options:
   --nats-url URL          NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222);
                           nats://user:password@host:port connects as the operator's own NATS user (never
                           logged; docs/auth.md)
+  --kv-replicas N         copies of each bucket created, on as many servers of a NATS cluster (1-5; default
+                          $FLEET_KV_REPLICAS, else 1; 3 for a 3-node cluster: docs/kv-layout.md). Buckets
+                          that exist keep theirs
   --nats-ca-file FILE     NATS TLS: PEM CA(s) the server's certificate must chain to (replaces the system
                           roots; default $FLEET_NATS_CA_FILE). Any NATS TLS file makes TLS required.
   --nats-cert-file FILE   NATS TLS: client certificate for a server that verifies clients (mTLS;
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
     let mut nats_ca = env_path("FLEET_NATS_CA_FILE");
     let mut nats_cert = env_path("FLEET_NATS_CERT_FILE");
     let mut nats_key = env_path("FLEET_NATS_KEY_FILE");
+    let mut replicas = std::env::var("FLEET_KV_REPLICAS").ok();
     let mut args = std::env::args().skip(1).peekable();
     let buckets = args.next_if(|a| a == "buckets").is_some();
     let mut check = false;
@@ -77,6 +81,13 @@ fn main() -> ExitCode {
                 Some(u) => nats_url = u,
                 None => {
                     eprintln!("--nats-url needs a value; see --help");
+                    return ExitCode::from(2);
+                }
+            },
+            "--kv-replicas" => match args.next() {
+                Some(n) => replicas = Some(n),
+                None => {
+                    eprintln!("--kv-replicas needs a number; see --help");
                     return ExitCode::from(2);
                 }
             },
@@ -124,6 +135,17 @@ fn main() -> ExitCode {
     {
         eprintln!("{e}; see --help");
         return ExitCode::from(2);
+    }
+    if let Some(n) = replicas {
+        let set = n
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| format!("--kv-replicas {n:?} is not a number"))
+            .and_then(fleet_operator::kv::set_replicas);
+        if let Err(e) = set {
+            eprintln!("{e}; see --help");
+            return ExitCode::from(2);
+        }
     }
     // The buckets command prints its own result; the NATS client's connection chatter stays out of it.
     let level = if buckets { "warn" } else { "info" };

@@ -83,7 +83,8 @@ impl NatsTls {
         if self.is_off() {
             return Ok(());
         }
-        let attempt = tokio::time::timeout(PROBE_TIMEOUT, opts.connect(url)).await;
+        let attempt =
+            tokio::time::timeout(PROBE_TIMEOUT, opts.connect(crate::kv::servers(url))).await;
         if let Ok(Err(e)) = attempt {
             let words = self.explain(&crate::kv::error_chain(&e));
             if words.starts_with("TLS: ") {

@@ -124,12 +124,19 @@ pub struct Device {
 
 /// The agent configuration scenarios use, for the device `id`; with `token_file` when the device has a token.
 pub fn agent_config(id: &str, nats_url: &str, token_file: Option<&str>) -> String {
+    agent_config_urls(id, &[nats_url.to_string()], token_file)
+}
+
+/// [`agent_config`] with several NATS servers (the nodes of a cluster), which the agent fails over between.
+pub fn agent_config_urls(id: &str, nats_urls: &[String], token_file: Option<&str>) -> String {
     let token = token_file
         .map(|f| format!("token_file = \"{f}\"\n"))
         .unwrap_or_default();
+    let urls: Vec<String> = nats_urls.iter().map(|u| format!("\"{u}\"")).collect();
     format!(
-        "device_id = \"{id}\"\n\n[nats]\nurls = [\"{nats_url}\"]\n{token}connect_timeout_secs = 5\n\n\
-         [intervals]\nheartbeat_secs = 5\nupdater_poll_ms = 200\n"
+        "device_id = \"{id}\"\n\n[nats]\nurls = [{}]\n{token}connect_timeout_secs = 5\n\n\
+         [intervals]\nheartbeat_secs = 5\nupdater_poll_ms = 200\n",
+        urls.join(", ")
     )
 }
 
@@ -166,8 +173,33 @@ impl Device {
         bootstrap: &str,
         artifacts: Option<&Artifacts>,
     ) -> Self {
+        Self::setup_on(
+            id,
+            &[nats.port()],
+            nats.device_token(id),
+            bootstrap,
+            artifacts,
+        )
+    }
+
+    /// [`Self::setup`] against the NATS servers on the host's 127.0.0.1 `nats_ports` (each relayed into the
+    /// guest at the same address; the agent is given them all, as for the nodes of a cluster), with `token` as
+    /// the device's NATS token when there is one. [`Self::nats_link`] is the first server's relay.
+    pub fn setup_on(
+        id: &str,
+        nats_ports: &[u16],
+        token: Option<fleet_rig::callout::DeviceToken>,
+        bootstrap: &str,
+        artifacts: Option<&Artifacts>,
+    ) -> Self {
         let mut guest = Guest::boot();
-        let nats_link = guest.forward(nats.port());
+        let mut links: Vec<ForwardHandle> = nats_ports.iter().map(|p| guest.forward(*p)).collect();
+        assert!(!links.is_empty(), "a device needs a NATS server");
+        let urls: Vec<String> = links
+            .iter()
+            .map(|l| format!("nats://{}", l.addr()))
+            .collect();
+        let nats_link = links.remove(0);
         let ca_pem = artifacts.map(|a| {
             guest.forward(a.port());
             a.ca_pem()
@@ -183,14 +215,11 @@ impl Device {
         // device-setup installs the download helper from beside the updater.
         stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
         stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
-        let url = format!("nats://{}", nats_link.addr());
         // The token as an administrator would bring it: a root-only file that device setup installs for the agent.
-        let token = nats
-            .device_token(id)
-            .map(|t| stage_bytes(&guest, t.as_bytes(), "nats-token", 0o600));
+        let token = token.map(|t| stage_bytes(&guest, t.as_bytes(), "nats-token", 0o600));
         let acfg = stage_bytes(
             &guest,
-            agent_config(id, &url, token.as_ref().map(|_| GUEST_TOKEN_FILE)).as_bytes(),
+            agent_config_urls(id, &urls, token.as_ref().map(|_| GUEST_TOKEN_FILE)).as_bytes(),
             "agent.toml",
             0o644,
         );

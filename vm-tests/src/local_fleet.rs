@@ -47,7 +47,8 @@ pub struct DeviceView {
 }
 
 impl DeviceView {
-    fn from_json(v: &serde_json::Value) -> Option<Self> {
+    /// A Device object (as `kubectl get fdev -o json` prints it) as a view; `None` without a name.
+    pub fn from_json(v: &serde_json::Value) -> Option<Self> {
         let id = v["metadata"]["name"].as_str()?.to_string();
         let mut labels: Vec<String> = v["metadata"]["labels"]
             .as_object()

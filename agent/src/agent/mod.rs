@@ -29,7 +29,8 @@ mod drain;
 mod event_loop;
 mod upgrades;
 
-/// How long start-up waits for Podman and for the updater socket before giving up.
+/// How long start-up waits for Podman, for the updater socket, and for each of its NATS reads and writes (a
+/// cluster's stream electing a new leader) before giving up.
 pub const STARTUP_DEPENDENCY_WAIT: Duration = Duration::from_secs(30);
 /// How long the drain waits for the final NATS flush.
 pub const DRAIN_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -153,7 +154,12 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         boot_id: crate::device::boot_id(),
         published_at: Timestamp::now(),
     };
-    put_json(&kv, kv::DEVICE_INFO, &key, &info).map_err(|e| fail("device-info", e))?;
+    // Retried like the other dependencies: on a NATS cluster a bucket whose stream leader was just lost answers
+    // "no responders" for a few seconds, and failing readiness then would roll a good upgrade back.
+    retry_until(STARTUP_DEPENDENCY_WAIT, &draining, || {
+        put_json(&kv, kv::DEVICE_INFO, &key, &info)
+    })
+    .map_err(|e| fail("device-info", e))?;
 
     // Readiness 5 and 6: the recovered updater transaction, and this binary's version against its target.
     let recovered_system = status.system_upgrade.clone();
@@ -205,10 +211,10 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     };
 
     // Readiness 7: a complete desired-state snapshot.
-    let snapshot = agent
-        .kv
-        .get(kv::DESIRED_STATE, &agent.key)
-        .map_err(|e| fail("snapshot", e))?;
+    let snapshot = retry_until(STARTUP_DEPENDENCY_WAIT, &agent.draining, || {
+        agent.kv.get(kv::DESIRED_STATE, &agent.key)
+    })
+    .map_err(|e| fail("snapshot", e))?;
     agent.apply_desired(snapshot);
 
     // Readiness 8: transaction status, when an upgrade is active (or our own drain record is stale).

@@ -2,7 +2,7 @@
 //! the system-upgrade relay's ([`crate::system_relay::Effect`]), as KV writes, bindings writes and requests to
 //! the updater on their own threads; and the transaction status published before readiness.
 
-use super::{fail, put_json, Agent, AgentError, Event};
+use super::{fail, put_json, retry_until, Agent, AgentError, Event, STARTUP_DEPENDENCY_WAIT};
 use crate::nats_kv::{Change, Value};
 use crate::relay;
 use crate::system_relay;
@@ -110,17 +110,19 @@ impl Agent {
         &mut self,
         recovered: Option<AgentUpgradeStatus>,
     ) -> Result<(), AgentError> {
-        let current = self
-            .kv
-            .get(kv::AGENT_UPGRADE_STATUS, &self.key)
-            .map_err(|e| fail("upgrade-status", e))?;
+        let current = retry_until(STARTUP_DEPENDENCY_WAIT, &self.draining, || {
+            self.kv.get(kv::AGENT_UPGRADE_STATUS, &self.key)
+        })
+        .map_err(|e| fail("upgrade-status", e))?;
         let published = match &current.value {
             Value::Put(b) => serde_json::from_slice::<AgentUpgradeStatus>(b).ok(),
             Value::Absent => None,
         };
         if let Some(s) = self.relay.recover(published.as_ref(), recovered) {
-            self.put_upgrade_status(&s)
-                .map_err(|e| fail("upgrade-status", e))?;
+            retry_until(STARTUP_DEPENDENCY_WAIT, &self.draining, || {
+                self.put_upgrade_status(&s)
+            })
+            .map_err(|e| fail("upgrade-status", e))?;
         }
         Ok(())
     }

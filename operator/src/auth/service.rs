@@ -34,13 +34,16 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         .refuse_bad_certificates(&settings.url, settings.tls.apply(options())?)
         .await?;
     let opts = settings.tls.apply(options().retry_on_initial_connect())?;
-    let client = opts.connect(settings.url.as_str()).await.map_err(|e| {
-        format!(
-            "NATS at {}: {}",
-            settings.url,
-            settings.tls.explain(&crate::kv::error_chain(&e))
-        )
-    })?;
+    let client = opts
+        .connect(crate::kv::servers(&settings.url))
+        .await
+        .map_err(|e| {
+            format!(
+                "NATS at {}: {}",
+                settings.url,
+                settings.tls.explain(&crate::kv::error_chain(&e))
+            )
+        })?;
     let mut sub = client
         .queue_subscribe(AUTH_SUBJECT, QUEUE_GROUP.into())
         .await

@@ -7,6 +7,7 @@ pub mod fleetlock;
 pub mod https;
 pub mod kube;
 pub mod nats;
+pub mod nats_cluster;
 pub mod nspawn;
 pub mod podman;
 pub mod registry;
@@ -16,4 +17,5 @@ pub mod util;
 pub mod zitadel;
 
 pub use nats::NatsServer;
+pub use nats_cluster::NatsCluster;
 pub use util::{free_port, kill_when_gone, require_binary, wait_for, workspace_root};

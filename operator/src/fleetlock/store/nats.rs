@@ -73,15 +73,18 @@ impl NatsStore {
         tls.refuse_bad_certificates(url, options(false).await?)
             .await?;
         let opts = options(true).await?;
-        let client = tokio::time::timeout(Duration::from_secs(15), opts.connect(url))
-            .await
-            .map_err(|_| format!("NATS at {url}: no connection within 15 s"))?
-            .map_err(|e| {
-                format!(
-                    "NATS at {url}: {}",
-                    tls.explain(&crate::kv::error_chain(&e))
-                )
-            })?;
+        let client = tokio::time::timeout(
+            Duration::from_secs(15),
+            opts.connect(crate::kv::servers(url)),
+        )
+        .await
+        .map_err(|_| format!("NATS at {url}: no connection within 15 s"))?
+        .map_err(|e| {
+            format!(
+                "NATS at {url}: {}",
+                tls.explain(&crate::kv::error_chain(&e))
+            )
+        })?;
         let js = async_nats::jetstream::new(client);
         let bucket = fleet_wire::kv::FLEETLOCK;
         let spec =
@@ -272,22 +275,39 @@ impl NatsStore {
     }
 }
 
+/// The holders of `group` and the key's revision, read from the stream's leader: on a NATS cluster a direct get
+/// (what `kv::Store::entry` does when the bucket allows it) may be answered by a replica that has not applied the
+/// last write yet, and a lock server must read its own writes (`/v1/status` right after a grant shows the holder;
+/// a compare-and-set starts from the current revision rather than losing a round to a stale one).
 async fn load(kv: &kv::Store, group: &str) -> Result<(Vec<Holder>, Option<u64>), StoreError> {
-    let entry = tokio::time::timeout(Duration::from_secs(5), kv.entry(group))
-        .await
-        .map_err(|_| StoreError(format!("reading {group}: no answer from NATS within 5 s")))?
-        .map_err(|e| StoreError(format!("reading {group}: {e}")))?;
-    match entry {
-        Some(e) if e.operation == kv::Operation::Put => {
-            let v: GroupHolders = serde_json::from_slice(&e.value).map_err(|err| {
-                StoreError(format!(
-                    "key {group} of bucket fleetlock does not parse: {err}"
-                ))
-            })?;
-            Ok((v.holders, Some(e.revision)))
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let subject = format!("{}{group}", kv.prefix);
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        kv.stream.get_last_raw_message_by_subject(&subject),
+    )
+    .await
+    .map_err(|_| StoreError(format!("reading {group}: no answer from NATS within 5 s")))?;
+    let msg = match read {
+        Ok(m) => m,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+            return Ok((Vec::new(), None))
         }
-        _ => Ok((Vec::new(), None)),
+        Err(e) => return Err(StoreError(format!("reading {group}: {e}"))),
+    };
+    let op = msg
+        .headers
+        .get("KV-Operation")
+        .map(|v| v.as_str().to_owned());
+    if matches!(op.as_deref(), Some("DEL") | Some("PURGE")) {
+        return Ok((Vec::new(), None));
     }
+    let v: GroupHolders = serde_json::from_slice(&msg.payload).map_err(|err| {
+        StoreError(format!(
+            "key {group} of bucket fleetlock does not parse: {err}"
+        ))
+    })?;
+    Ok((v.holders, Some(msg.sequence)))
 }
 
 enum WriteError {
