@@ -436,9 +436,11 @@ impl Read for &NatsStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).read(buf),
-            Flavor::Tls(tls) => tls_op(tls, |session, eof| match session.reader().read(buf) {
-                Ok(0) if !eof => Err(io::ErrorKind::WouldBlock.into()),
-                res => res,
+            Flavor::Tls(tls) => tls_op(tls, Op::Read, |session, eof| {
+                match session.reader().read(buf) {
+                    Ok(0) if !eof => Err(io::ErrorKind::WouldBlock.into()),
+                    res => res,
+                }
             }),
         }
     }
@@ -458,32 +460,64 @@ impl Write for &NatsStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).write(buf),
-            Flavor::Tls(tls) => tls_op(tls, |session, _| session.writer().write(buf)),
+            // PATCHED (Harmony Fleet): rustls takes nothing while its 64 KiB of outgoing TLS is full; that is
+            // "wait until the socket drains", not the `Ok(0)` that `BufWriter` turns into a `WriteZero` error.
+            Flavor::Tls(tls) => tls_op(tls, Op::Write, |session, _| {
+                match session.writer().write(buf) {
+                    Ok(0) if !buf.is_empty() => Err(io::ErrorKind::WouldBlock.into()),
+                    res => res,
+                }
+            }),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).flush(),
-            Flavor::Tls(tls) => tls_op(tls, |session, _| session.writer().flush()),
+            // PATCHED (Harmony Fleet): a flush is done when rustls holds no TLS bytes for the socket any more,
+            // not after one write attempt that may have been partial.
+            Flavor::Tls(tls) => tls_op(tls, Op::Write, |session, _| {
+                if session.wants_write() {
+                    Err(io::ErrorKind::WouldBlock.into())
+                } else {
+                    session.writer().flush()
+                }
+            }),
         }
     }
+}
+
+/// PATCHED (Harmony Fleet): which side of the stream a [`tls_op`] serves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Reading plaintext: the client thread, the only reader once the handshake is done.
+    Read,
+    /// Writing or flushing plaintext: any thread that publishes or flushes.
+    Write,
 }
 
 /// Performs a blocking operation on a TLS stream.
 ///
 /// However, note that the inner TCP stream is in non-blocking mode.
+///
+/// PATCHED (Harmony Fleet): only a read takes TLS bytes off the socket once the handshake is done. Before, a write
+/// or flush on another thread also called `read_tls` and decrypted whatever had arrived into the session, while
+/// the client thread slept in `poll(POLLIN)` on the socket: that reply then waited in the session until the next
+/// bytes reached the socket, and a request waiting for it timed out. Now whatever arrives stays in the socket
+/// until the reader takes it, so its `poll` sees it.
 fn tls_op<T: std::fmt::Debug>(
     tls: &Mutex<TlsStream>,
+    kind: Op,
     mut op: impl FnMut(&mut ClientConnection, bool) -> io::Result<T>,
 ) -> io::Result<T> {
     loop {
         let mut tls = tls.lock();
         let TlsStream { tcp, session } = &mut *tls;
         let mut eof = false;
+        let may_read = kind == Op::Read || session.is_handshaking();
 
         // If necessary, read TLS messages.
-        if session.wants_read() {
+        if may_read && session.wants_read() {
             match session.read_tls(tcp) {
                 Ok(0) => eof = true,
                 Ok(_) => {
@@ -511,12 +545,13 @@ fn tls_op<T: std::fmt::Debug>(
             res => return res,
         }
 
-        tls_wait(tls)?;
+        tls_wait(tls, may_read)?;
     }
 }
 
-/// Waits until the TLS stream becomes ready.
-fn tls_wait(mut tls: MutexGuard<'_, TlsStream>) -> io::Result<()> {
+/// Waits until the TLS stream becomes ready (for reading only when `may_read`: a writer that would not read must
+/// not wake up for incoming bytes it leaves to the reader).
+fn tls_wait(mut tls: MutexGuard<'_, TlsStream>, may_read: bool) -> io::Result<()> {
     #[cfg(unix)]
     use {
         libc::{self as sys, poll, pollfd},
@@ -543,7 +578,7 @@ fn tls_wait(mut tls: MutexGuard<'_, TlsStream>) -> io::Result<()> {
         events: 0,
         revents: 0,
     };
-    if session.wants_read() {
+    if may_read && session.wants_read() {
         pollfd.events |= sys::POLLIN;
     }
     if session.wants_write() {
