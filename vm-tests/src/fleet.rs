@@ -1,12 +1,12 @@
 //! A whole device for scenarios: an nspawn guest with Harmony Fleet installed by device setup, talking to a NATS
-//! server on the host through its veth relay (with its own token when the auth callout is on, see [`start_nats`]),
-//! and the operator's side of NATS (buckets, desired state, intents, status) played by the test as the services'
+//! server on the host through its veth relay (with its own token when the auth callout is on, and over TLS with
+//! the server's private CA unless `FLEET_NATS_TLS=off`, see [`start_nats`]), and the operator's side of NATS (buckets, desired state, intents, status) played by the test as the services'
 //! own NATS user.
 #![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this module is its one importer here
 
 use crate::builds;
 use crate::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
-use fleet_rig::callout::FleetNats;
+use fleet_rig::callout::{FleetNats, NatsTransport};
 use fleet_rig::nspawn::{ForwardHandle, Guest};
 use fleet_rig::wait_for;
 use fleet_wire::{
@@ -21,11 +21,29 @@ pub const DEVICE: &str = "device-1";
 pub const GUEST_CA_FILE: &str = "/etc/harmony-fleet/test-ca.pem";
 /// Where device setup installs the device's NATS token (`--nats-token`; the agent's `[nats] token_file`).
 pub const GUEST_TOKEN_FILE: &str = "/etc/harmony-fleet/nats-token";
+/// Where a guest keeps the CA of a NATS server that requires TLS (the agent's `[nats] ca_file`).
+pub const GUEST_NATS_CA_FILE: &str = "/etc/harmony-fleet/nats-ca.pem";
 
 /// The fleet's NATS server for a scenario or the demo: with the fleet-auth auth callout on unless
-/// `FLEET_NATS_AUTH=off` (`fleet_rig::callout`), so that every scenario takes the same path.
+/// `FLEET_NATS_AUTH=off`, requiring TLS with a private CA unless `FLEET_NATS_TLS=off` (`fleet_rig::callout`), so
+/// that every scenario takes the same path.
 pub fn start_nats() -> FleetNats {
     FleetNats::start(builds::fleet_auth)
+}
+
+/// The agent's NATS URL in `guest`, which reaches `nats` through `link`: `tls://…` when the server requires TLS,
+/// with the server's CA written to [`GUEST_NATS_CA_FILE`] in the guest ([`agent_config`] then sets `ca_file`);
+/// `nats://…` otherwise.
+pub fn guest_nats_url(guest: &Guest, nats: &FleetNats, link: &ForwardHandle) -> String {
+    if let Some(ca) = nats.ca_file() {
+        let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("NATS CA {}: {e}", ca.display()));
+        guest.write_file(GUEST_NATS_CA_FILE, &pem, 0o644);
+    }
+    debug_assert_eq!(
+        nats.ca_file().is_some(),
+        nats.transport() == NatsTransport::Tls
+    );
+    nats.url_at(link.addr())
 }
 
 /// The operator's side of NATS: every bucket of the layout, created as the operator would.
@@ -122,11 +140,15 @@ pub struct Device {
     pub nats_link: ForwardHandle,
 }
 
-/// The agent configuration scenarios use, for the device `id`; with `token_file` when the device has a token.
+/// The agent configuration scenarios use, for the device `id`; with `token_file` when the device has a token, and
+/// `ca_file` = [`GUEST_NATS_CA_FILE`] for a `tls://` URL (see [`guest_nats_url`]).
 pub fn agent_config(id: &str, nats_url: &str, token_file: Option<&str>) -> String {
-    let token = token_file
+    let mut token = token_file
         .map(|f| format!("token_file = \"{f}\"\n"))
         .unwrap_or_default();
+    if nats_url.starts_with("tls://") {
+        token.push_str(&format!("ca_file = \"{GUEST_NATS_CA_FILE}\"\n"));
+    }
     format!(
         "device_id = \"{id}\"\n\n[nats]\nurls = [\"{nats_url}\"]\n{token}connect_timeout_secs = 5\n\n\
          [intervals]\nheartbeat_secs = 5\nupdater_poll_ms = 200\n"
@@ -157,7 +179,8 @@ impl Device {
     }
 
     /// Boots a guest and installs the updater and agent `bootstrap` as device `id` with device setup, talking to
-    /// `nats` on the host (with a token of its own, `--nats-token`, when the callout is on); waits until both
+    /// `nats` on the host (with a token of its own, `--nats-token`, when the callout is on; over TLS trusting the
+    /// server's CA when it requires TLS, see [`guest_nats_url`]); waits until both
     /// units are active. The updater trusts `artifacts`' CA, reachable from the guest at the same URL as from the
     /// host.
     pub fn setup(
@@ -183,7 +206,7 @@ impl Device {
         // device-setup installs the download helper from beside the updater.
         stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
         stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
-        let url = format!("nats://{}", nats_link.addr());
+        let url = guest_nats_url(&guest, nats, &nats_link);
         // The token as an administrator would bring it: a root-only file that device setup installs for the agent.
         let token = nats
             .device_token(id)
