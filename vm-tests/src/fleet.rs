@@ -28,7 +28,14 @@ pub const GUEST_NATS_CA_FILE: &str = "/etc/harmony-fleet/nats-ca.pem";
 /// `FLEET_NATS_AUTH=off`, requiring TLS with a private CA unless `FLEET_NATS_TLS=off` (`fleet_rig::callout`), so
 /// that every scenario takes the same path.
 pub fn start_nats() -> FleetNats {
-    FleetNats::start(builds::fleet_auth)
+    let nats = FleetNats::start(builds::fleet_auth);
+    eprintln!(
+        "fleet NATS at {} ({:?}, {:?}; switches FLEET_NATS_TLS, FLEET_NATS_AUTH)",
+        nats.url(),
+        nats.transport(),
+        nats.mode()
+    );
+    nats
 }
 
 /// The agent's NATS URL in `guest`, which reaches `nats` through `link`: `tls://…` when the server requires TLS,
