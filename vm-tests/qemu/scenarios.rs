@@ -2,11 +2,11 @@
 //! reboots. Prints PASS/FAIL per scenario with its time; exits 1 when one failed. Run it through
 //! `vm-tests/qemu/run`, which sets up QEMU, the disk image and nats-server first.
 
-use fleet_rig::callout::FleetNats;
+use fleet_rig::callout::{FleetNats, NatsAuth, NatsTransport};
 use fleet_rig::wait_for;
 use fleet_vm_tests::builds::{self, V1, V2};
 use fleet_vm_tests::fleet::{
-    agent_config, start_nats, Artifacts, Operator, DEVICE, GUEST_CA_FILE, GUEST_TOKEN_FILE,
+    agent_config, Artifacts, Operator, DEVICE, GUEST_CA_FILE, GUEST_TOKEN_FILE,
 };
 use fleet_vm_tests::qemu::{
     make_stage_disk, stripped_copy, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST,
@@ -89,7 +89,13 @@ struct Rig {
 /// Boots a fresh guest, installs the updater and agent v1 with `scripts/device-setup` from the staging disk, and
 /// waits until both units are active and the agent has published its device info.
 fn install_v1() -> Rig {
-    let nats = start_nats();
+    // Plain NATS whatever FLEET_NATS_TLS says: the guest reaches the host at 10.0.2.2, which the rig's server
+    // certificate (127.0.0.1, localhost) does not name.
+    let nats = FleetNats::start_with(
+        NatsAuth::from_env(),
+        NatsTransport::Plain,
+        builds::fleet_auth,
+    );
     let operator = Operator::new(&nats);
     let artifacts = Artifacts::start();
     let dir = tempfile::Builder::new()

@@ -12,7 +12,7 @@ use crate::local_fleet::{
 use crate::tasks::{
     installed, ready_for_reboot_upgrade, HolderWatch, RebootUpgradeReady, Tasks, REBOOT_PKG,
 };
-use fleet_rig::callout::{self, NatsAuth};
+use fleet_rig::callout::{self, NatsAuth, NatsTransport};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -142,12 +142,17 @@ impl<'a> Demo<'a> {
                     pid(fleet.cluster.operator_pid()),
                 ],
                 vec![
-                    match fleet.nats.mode() {
-                        NatsAuth::Callout => {
-                            "nats-server (JetStream, auth callout: each device its own token)".into()
+                    format!(
+                        "nats-server (JetStream, {}, {})",
+                        match fleet.nats.mode() {
+                            NatsAuth::Callout => "auth callout: each device its own token",
+                            NatsAuth::Off => "no credentials",
+                        },
+                        match fleet.nats.transport() {
+                            NatsTransport::Tls => "TLS with a private CA",
+                            NatsTransport::Plain => "plain TCP (FLEET_NATS_TLS=off)",
                         }
-                        NatsAuth::Off => "nats-server (JetStream, no credentials)".into(),
-                    },
+                    ),
                     fleet.nats.url(),
                     pid(fleet.nats.pid()),
                 ],

@@ -1,12 +1,12 @@
 //! A whole device for scenarios: an nspawn guest with Harmony Fleet installed by device setup, talking to a NATS
-//! server on the host through its veth relay (with its own token when the auth callout is on, see [`start_nats`]),
-//! and the operator's side of NATS (buckets, desired state, intents, status) played by the test as the services'
+//! server on the host through its veth relay (with its own token when the auth callout is on, and over TLS with
+//! the server's private CA unless `FLEET_NATS_TLS=off`, see [`start_nats`]), and the operator's side of NATS (buckets, desired state, intents, status) played by the test as the services'
 //! own NATS user.
 #![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this module is its one importer here
 
 use crate::builds;
 use crate::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
-use fleet_rig::callout::FleetNats;
+use fleet_rig::callout::{FleetNats, NatsTransport};
 use fleet_rig::nspawn::{ForwardHandle, Guest};
 use fleet_rig::wait_for;
 use fleet_wire::{
@@ -21,11 +21,36 @@ pub const DEVICE: &str = "device-1";
 pub const GUEST_CA_FILE: &str = "/etc/harmony-fleet/test-ca.pem";
 /// Where device setup installs the device's NATS token (`--nats-token`; the agent's `[nats] token_file`).
 pub const GUEST_TOKEN_FILE: &str = "/etc/harmony-fleet/nats-token";
+/// Where a guest keeps the CA of a NATS server that requires TLS (the agent's `[nats] ca_file`).
+pub const GUEST_NATS_CA_FILE: &str = "/etc/harmony-fleet/nats-ca.pem";
 
 /// The fleet's NATS server for a scenario or the demo: with the fleet-auth auth callout on unless
-/// `FLEET_NATS_AUTH=off` (`fleet_rig::callout`), so that every scenario takes the same path.
+/// `FLEET_NATS_AUTH=off`, requiring TLS with a private CA unless `FLEET_NATS_TLS=off` (`fleet_rig::callout`), so
+/// that every scenario takes the same path.
 pub fn start_nats() -> FleetNats {
-    FleetNats::start(builds::fleet_auth)
+    let nats = FleetNats::start(builds::fleet_auth);
+    eprintln!(
+        "fleet NATS at {} ({:?}, {:?}; switches FLEET_NATS_TLS, FLEET_NATS_AUTH)",
+        nats.url(),
+        nats.transport(),
+        nats.mode()
+    );
+    nats
+}
+
+/// The agent's NATS URL in `guest`, which reaches `nats` through `link`: `tls://…` when the server requires TLS,
+/// with the server's CA written to [`GUEST_NATS_CA_FILE`] in the guest ([`agent_config`] then sets `ca_file`);
+/// `nats://…` otherwise.
+pub fn guest_nats_url(guest: &Guest, nats: &FleetNats, link: &ForwardHandle) -> String {
+    if let Some(ca) = nats.ca_file() {
+        let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("NATS CA {}: {e}", ca.display()));
+        guest.write_file(GUEST_NATS_CA_FILE, &pem, 0o644);
+    }
+    debug_assert_eq!(
+        nats.ca_file().is_some(),
+        nats.transport() == NatsTransport::Tls
+    );
+    nats.url_at(link.addr())
 }
 
 /// The operator's side of NATS: every bucket of the layout, created as the operator would.
@@ -122,16 +147,21 @@ pub struct Device {
     pub nats_link: ForwardHandle,
 }
 
-/// The agent configuration scenarios use, for the device `id`; with `token_file` when the device has a token.
+/// The agent configuration scenarios use, for the device `id`; with `token_file` when the device has a token, and
+/// `ca_file` = [`GUEST_NATS_CA_FILE`] for a `tls://` URL (see [`guest_nats_url`]).
 pub fn agent_config(id: &str, nats_url: &str, token_file: Option<&str>) -> String {
     agent_config_urls(id, &[nats_url.to_string()], token_file)
 }
 
-/// [`agent_config`] with several NATS servers (the nodes of a cluster), which the agent fails over between.
+/// [`agent_config`] with several NATS servers (the nodes of a cluster), which the agent fails over between; with
+/// `ca_file` = [`GUEST_NATS_CA_FILE`] when they are `tls://` URLs.
 pub fn agent_config_urls(id: &str, nats_urls: &[String], token_file: Option<&str>) -> String {
-    let token = token_file
+    let mut token = token_file
         .map(|f| format!("token_file = \"{f}\"\n"))
         .unwrap_or_default();
+    if nats_urls.iter().any(|u| u.starts_with("tls://")) {
+        token.push_str(&format!("ca_file = \"{GUEST_NATS_CA_FILE}\"\n"));
+    }
     let urls: Vec<String> = nats_urls.iter().map(|u| format!("\"{u}\"")).collect();
     format!(
         "device_id = \"{id}\"\n\n[nats]\nurls = [{}]\n{token}connect_timeout_secs = 5\n\n\
@@ -164,7 +194,8 @@ impl Device {
     }
 
     /// Boots a guest and installs the updater and agent `bootstrap` as device `id` with device setup, talking to
-    /// `nats` on the host (with a token of its own, `--nats-token`, when the callout is on); waits until both
+    /// `nats` on the host (with a token of its own, `--nats-token`, when the callout is on; over TLS trusting the
+    /// server's CA when it requires TLS, see [`guest_nats_url`]); waits until both
     /// units are active. The updater trusts `artifacts`' CA, reachable from the guest at the same URL as from the
     /// host.
     pub fn setup(
@@ -176,6 +207,7 @@ impl Device {
         Self::setup_on(
             id,
             &[nats.port()],
+            nats.ca_file(),
             nats.device_token(id),
             bootstrap,
             artifacts,
@@ -183,11 +215,13 @@ impl Device {
     }
 
     /// [`Self::setup`] against the NATS servers on the host's 127.0.0.1 `nats_ports` (each relayed into the
-    /// guest at the same address; the agent is given them all, as for the nodes of a cluster), with `token` as
-    /// the device's NATS token when there is one. [`Self::nats_link`] is the first server's relay.
+    /// guest at the same address; the agent is given them all, as for the nodes of a cluster): over TLS trusting
+    /// `nats_ca` (installed at [`GUEST_NATS_CA_FILE`]) when given, with `token` as the device's NATS token when
+    /// there is one. [`Self::nats_link`] is the first server's relay.
     pub fn setup_on(
         id: &str,
         nats_ports: &[u16],
+        nats_ca: Option<&std::path::Path>,
         token: Option<fleet_rig::callout::DeviceToken>,
         bootstrap: &str,
         artifacts: Option<&Artifacts>,
@@ -197,8 +231,15 @@ impl Device {
         assert!(!links.is_empty(), "a device needs a NATS server");
         let urls: Vec<String> = links
             .iter()
-            .map(|l| format!("nats://{}", l.addr()))
+            .map(|l| match nats_ca {
+                Some(_) => format!("tls://{}", l.addr()),
+                None => format!("nats://{}", l.addr()),
+            })
             .collect();
+        if let Some(ca) = nats_ca {
+            let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("NATS CA {}: {e}", ca.display()));
+            guest.write_file(GUEST_NATS_CA_FILE, &pem, 0o644);
+        }
         let nats_link = links.remove(0);
         let ca_pem = artifacts.map(|a| {
             guest.forward(a.port());

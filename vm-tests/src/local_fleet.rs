@@ -113,7 +113,7 @@ impl LocalFleet {
     /// imported and the real [`V3`] at [`REAL_V3`]; returns when every device has its Device object.
     pub fn start(ids: &[&str]) -> Self {
         let nats = start_nats();
-        let cluster = Cluster::start(&nats.service_url());
+        let cluster = Cluster::start_with_nats_ca(&nats.service_url(), nats.ca_file());
         let artifacts = Artifacts::start();
         let v3 = builds::agent(V3);
         let devices: Vec<Device> = std::thread::scope(|s| {

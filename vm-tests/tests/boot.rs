@@ -1,12 +1,13 @@
 //! The nspawn rig itself: a guest boots to `running`/`degraded`, reboots with a new boot id, and reaches a host
 //! service through its veth pair.
 
+use fleet_rig::callout::NatsTransport;
 use fleet_rig::nspawn::Guest;
-use fleet_rig::NatsServer;
 
 #[test]
 fn guest_boots_reboots_and_reaches_the_host() {
-    let nats = NatsServer::start();
+    // The rig's default transport (FLEET_NATS_TLS): a TLS nats-server greets in plain text too (INFO first).
+    let nats = NatsTransport::from_env().start_server();
     let mut guest = Guest::boot();
     let first = guest.boot_id();
     assert_eq!(first.len(), 36, "boot id {first:?}");

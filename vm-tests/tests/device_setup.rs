@@ -7,7 +7,7 @@
 use fleet_rig::nspawn::Guest;
 use fleet_vm_tests::builds::{self, V1};
 use fleet_vm_tests::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
-use fleet_vm_tests::fleet::{agent_config, start_nats, DEVICE, GUEST_TOKEN_FILE};
+use fleet_vm_tests::fleet::{agent_config, guest_nats_url, start_nats, DEVICE, GUEST_TOKEN_FILE};
 use fleet_vm_tests::fleetlock::FleetLockServer;
 use std::path::Path;
 use std::time::Duration;
@@ -292,7 +292,7 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     let updater = stage_file(&guest, &builds::updater(), "fleet-updater", 0o755);
     stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
     stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
-    let url = format!("nats://{}", nats_link.addr());
+    let url = guest_nats_url(&guest, &nats, &nats_link);
     // With the callout: the machine key, fleet-token's config naming the Zitadel stand-in (relayed into the
     // guest at the same URL) and the CA its certificate is from, and fleet-token beside the updater.
     let refresher = nats.machine_key(DEVICE).map(|key| {
@@ -375,7 +375,11 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     // The documented check says what is missing; the documented command creates them.
     let operator = builds::operator();
     let buckets = |extra: &[&str]| {
-        let out = std::process::Command::new(&operator)
+        let mut cmd = std::process::Command::new(&operator);
+        if let Some(ca) = nats.ca_file() {
+            cmd.env("FLEET_NATS_CA_FILE", ca);
+        }
+        let out = cmd
             .arg("buckets")
             .args(extra)
             .env("FLEET_NATS_URL", nats.service_url())

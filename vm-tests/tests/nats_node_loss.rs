@@ -103,7 +103,7 @@ impl Fleet {
                 .iter()
                 .map(|id| {
                     let (artifacts, ports) = (&artifacts, nats.ports());
-                    s.spawn(move || Device::setup_on(id, &ports, None, V1, Some(artifacts)))
+                    s.spawn(move || Device::setup_on(id, &ports, None, None, V1, Some(artifacts)))
                 })
                 .collect();
             handles

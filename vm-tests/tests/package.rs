@@ -8,7 +8,7 @@ use fleet_rig::nspawn::Guest;
 use fleet_rig::wait_for;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::device::text;
-use fleet_vm_tests::fleet::{agent_config, start_nats, Operator, GUEST_TOKEN_FILE};
+use fleet_vm_tests::fleet::{agent_config, guest_nats_url, start_nats, Operator, GUEST_TOKEN_FILE};
 use fleet_vm_tests::packages;
 use std::process::Output;
 use std::time::Duration;
@@ -77,7 +77,7 @@ fn packages_install_a_working_device_and_purge_clean() {
     }
     let cfg = agent_config(
         "device-1",
-        &format!("nats://{}", link.addr()),
+        &guest_nats_url(&guest, &nats, &link),
         token.as_ref().map(|_| GUEST_TOKEN_FILE),
     );
     guest.write_file("/etc/harmony-fleet/agent.toml", cfg.as_bytes(), 0o600);

@@ -2,7 +2,9 @@
 //! auth callout on (docs/auth.md) — nats-server with [`crate::nats::callout_config`], the real `fleet-auth`, and a
 //! Zitadel stand-in ([`crate::zitadel`]: its JWKS, a token per device, the JWT-profile grant of machine users) — and
 //! the services' own user (`admin`, an `auth_users` entry in the buckets' account). `FLEET_NATS_AUTH=off` starts the
-//! plain server (no credentials) instead: one switch, so that every scenario takes the same path.
+//! plain server (no credentials) instead: one switch, so that every scenario takes the same path. Either way the
+//! server requires TLS with a private CA by default (every client trusts [`FleetNats::ca_file`]);
+//! `FLEET_NATS_TLS=off` starts it without TLS.
 
 use crate::nats::{callout_config, nats_client};
 use crate::token::{b64, URL};
@@ -18,6 +20,37 @@ use std::time::Duration;
 pub const SWITCH: &str = "FLEET_NATS_AUTH";
 /// The services' own NATS user (listed in `auth_callout.auth_users`, account FLEET).
 pub const ADMIN_USER: &str = "admin";
+
+/// The TLS switch: `FLEET_NATS_TLS` = `on` (the default) or `off`.
+pub const TLS_SWITCH: &str = "FLEET_NATS_TLS";
+
+/// Whether the fleet's NATS server requires TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatsTransport {
+    /// TLS with a private CA (no plain connections); clients trust the CA, no client certificates required.
+    Tls,
+    /// Plain TCP.
+    Plain,
+}
+
+impl NatsTransport {
+    /// The transport `FLEET_NATS_TLS` selects (default [`NatsTransport::Tls`]); any other value fails the test.
+    pub fn from_env() -> Self {
+        match std::env::var(TLS_SWITCH).as_deref() {
+            Err(_) | Ok("") | Ok("on") => Self::Tls,
+            Ok("off") => Self::Plain,
+            Ok(other) => panic!("{TLS_SWITCH}={other:?}: use `on` (the default) or `off`"),
+        }
+    }
+
+    /// Starts a bare [`NatsServer`] (no auth) with this transport, for tests that need no fleet around it.
+    pub fn start_server(self) -> NatsServer {
+        match self {
+            Self::Tls => NatsServer::start_tls(false),
+            Self::Plain => NatsServer::start(),
+        }
+    }
+}
 
 /// How devices and services authenticate to the fleet's NATS server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,21 +111,25 @@ struct Callout {
 }
 
 impl FleetNats {
-    /// Starts the server in the mode the switch selects; `fleet_auth` gives the fleet-auth binary (called only
-    /// when the callout is on).
+    /// Starts the server in the mode and transport the switches select; `fleet_auth` gives the fleet-auth binary
+    /// (called only when the callout is on).
     pub fn start(fleet_auth: impl FnOnce() -> PathBuf) -> Self {
-        Self::start_with(NatsAuth::from_env(), fleet_auth)
+        Self::start_with(NatsAuth::from_env(), NatsTransport::from_env(), fleet_auth)
     }
 
-    /// Starts the server in `mode`.
-    pub fn start_with(mode: NatsAuth, fleet_auth: impl FnOnce() -> PathBuf) -> Self {
+    /// Starts the server in `mode` over `transport`.
+    pub fn start_with(
+        mode: NatsAuth,
+        transport: NatsTransport,
+        fleet_auth: impl FnOnce() -> PathBuf,
+    ) -> Self {
         match mode {
             NatsAuth::Off => Self {
                 callout: None,
-                server: NatsServer::start(),
+                server: transport.start_server(),
             },
             NatsAuth::Callout => {
-                let (server, callout) = Callout::start(&fleet_auth());
+                let (server, callout) = Callout::start(&fleet_auth(), transport);
                 Self {
                     callout: Some(callout),
                     server,
@@ -110,9 +147,32 @@ impl FleetNats {
         }
     }
 
-    /// `nats://127.0.0.1:<port>` (no credentials).
+    /// `tls://127.0.0.1:<port>`, or `nats://…` without TLS (no credentials).
     pub fn url(&self) -> String {
         self.server.url()
+    }
+
+    /// Its transport.
+    pub fn transport(&self) -> NatsTransport {
+        if self.server.tls().is_some() {
+            NatsTransport::Tls
+        } else {
+            NatsTransport::Plain
+        }
+    }
+
+    /// The CA file every client must trust when the server requires TLS.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.server.ca_file()
+    }
+
+    /// The URL a device reaches the server at through `addr` (its relay): `tls://<addr>` when the server requires
+    /// TLS (the server's certificate names 127.0.0.1, where relays listen), else `nats://<addr>`.
+    pub fn url_at(&self, addr: std::net::SocketAddr) -> String {
+        match self.transport() {
+            NatsTransport::Tls => format!("tls://{addr}"),
+            NatsTransport::Plain => format!("nats://{addr}"),
+        }
     }
 
     /// The port on 127.0.0.1.
@@ -142,7 +202,11 @@ impl FleetNats {
     pub fn service_url(&self) -> String {
         match &self.callout {
             Some(c) => format!(
-                "nats://{ADMIN_USER}:{}@127.0.0.1:{}",
+                "{}://{ADMIN_USER}:{}@127.0.0.1:{}",
+                match self.transport() {
+                    NatsTransport::Tls => "tls",
+                    NatsTransport::Plain => "nats",
+                },
                 c.admin_password,
                 self.port()
             ),
@@ -159,7 +223,12 @@ impl FleetNats {
     /// cannot connect.
     pub fn connect(&self) -> nats_client::Connection {
         match &self.callout {
-            Some(c) => nats_client::connect_user(&self.url(), ADMIN_USER, &c.admin_password),
+            Some(c) => nats_client::connect_user_ca(
+                &self.url(),
+                ADMIN_USER,
+                &c.admin_password,
+                self.ca_file(),
+            ),
             None => self.server.connect(),
         }
     }
@@ -222,7 +291,7 @@ impl FleetNats {
 }
 
 impl Callout {
-    fn start(fleet_auth: &Path) -> (NatsServer, Self) {
+    fn start(fleet_auth: &Path, transport: NatsTransport) -> (NatsServer, Self) {
         let dir = tempfile::Builder::new()
             .prefix("fleet-callout-")
             .tempdir()
@@ -247,14 +316,22 @@ impl Callout {
                 None,
             ),
         );
-        let server = NatsServer::start_with_args(&["-c", &conf.display().to_string()]);
+        let conf = conf.display().to_string();
+        let server = match transport {
+            NatsTransport::Tls => NatsServer::start_tls_with_args(false, &["-c", &conf]),
+            NatsTransport::Plain => NatsServer::start_with_args(&["-c", &conf]),
+        };
+        let nats_ca = server
+            .ca_file()
+            .map(|ca| format!("  ca_file: \"{}\"\n", ca.display()))
+            .unwrap_or_default();
         let password_file = write_private(dir.path(), "auth-password", &auth_password);
         let seed_file = write_private(dir.path(), "issuer.nk", &seed);
         let config = write_private(
             dir.path(),
             "fleet-auth.yaml",
             &format!(
-                "nats:\n  url: \"{url}\"\n  user: fleet-auth\n  password_file: \"{pw}\"\n\
+                "nats:\n  url: \"{url}\"\n  user: fleet-auth\n  password_file: \"{pw}\"\n{nats_ca}\
                  issuer_seed_file: \"{seed}\"\naccount: DEVICES\nzitadel:\n  issuer: \"{iss}\"\n  \
                  audience: \"{AUDIENCE}\"\n  jwks_url: \"{iss}/oauth/v2/keys\"\n  jwks_ca_file: \"{ca}\"\n",
                 url = server.url(),

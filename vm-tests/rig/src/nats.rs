@@ -309,11 +309,23 @@ pub mod nats_client {
     }
 
     /// Connects as `user` (a FLEET user of [`super::callout_config`], such as `admin`), failing the test on error.
-    #[allow(deprecated)]
     pub fn connect_user(url: &str, user: &str, password: &str) -> Connection {
-        nats::Options::with_user_pass(user, password)
-            .with_name("fleet-rig")
-            .connect(url)
+        connect_user_ca(url, user, password, None)
+    }
+
+    /// [`connect_user`] over TLS trusting only `ca_file` when given.
+    #[allow(deprecated)]
+    pub fn connect_user_ca(
+        url: &str,
+        user: &str,
+        password: &str,
+        ca_file: Option<&std::path::Path>,
+    ) -> Connection {
+        let mut o = nats::Options::with_user_pass(user, password).with_name("fleet-rig");
+        if let Some(ca) = ca_file {
+            o = o.tls_required(true).add_root_certificate(ca);
+        }
+        o.connect(url)
             .unwrap_or_else(|e| panic!("connect to {url} as {user}: {e}"))
     }
 
