@@ -98,3 +98,21 @@ pub fn agent_processes(device: &Device) -> Vec<(u32, String)> {
         })
         .collect()
 }
+
+/// Temporary files of interrupted durable writes (`fleet_wire::durable::temp_beside`) beside the journals and the
+/// active link: guest paths. The updater removes them at start-up.
+pub fn interrupted_writes(device: &Device) -> Vec<String> {
+    let mut found = vec![];
+    for dir in ["/var/lib/fleet-updater", "/usr/local/bin"] {
+        let Ok(entries) = std::fs::read_dir(device.guest.path(dir)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') && name.contains(".tmp-") {
+                found.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    found
+}

@@ -3,17 +3,24 @@
 //!
 //! Each round asks for an upgrade to another version — a real agent, or a candidate that fails its start (rolled
 //! back) or its probe (refused) — waits until the updater is in a randomly drawn step of it (download, probe,
-//! stopping, starting, committed, rolling-back), waits a random delay more, and cuts the power. After the next
-//! boot it checks the device: the journal parses with the updater's own parser and ended where the recovery table
-//! (docs/updater.md) says for the phase the journal was in at the cut; exactly one agent is selected (the active
-//! link points at the expected versioned binary, a regular executable file with the expected SHA-256) and it is
-//! the one running and ready; the updater's socket status and what the agent publishes to NATS (upgrade status,
-//! device info) agree with the journal and the running binary; the workload container runs with its image.
+//! stopping, starting, committed, rolling-back), waits a random delay more, and cuts the power; in a quarter of
+//! the rounds the power flickers: it comes back and is cut again a random moment after PID 1 started (mid-boot,
+//! during the updater's recovery or the agent's start). After the last boot it checks the device:
+//! - the journal parses with the updater's own parser and ended where the recovery table (docs/updater.md) says
+//!   for the phase it was in at the last cut, appending to the history the cut left;
+//! - exactly one agent is selected: the active link points at the expected versioned binary, a regular
+//!   executable file with the expected SHA-256, and no temporary file of an interrupted write is left beside the
+//!   link or the journal;
+//! - that agent is ready (`Type=notify`) and the only agent binary running;
+//! - the updater's socket status and what the agent publishes to NATS (upgrade status, device info from this
+//!   boot) agree with the journal and the running binary;
+//! - the workload container runs with its image.
 //!
-//! `FLEET_POWERCUT_ROUNDS` sets the number of rounds (default 4), `FLEET_POWERCUT_SEED` replays the choices of a
-//! run (its seed is printed first). The rounds share one booted guest: a round costs one upgrade and one boot.
-//! The test deletes the unselected versioned binaries before each round so that every upgrade downloads its
-//! artifact (the updater never collects them, and a candidate reuses a real version's file name).
+//! `FLEET_POWERCUT_ROUNDS` sets the number of rounds (default 4; `scripts/powercut` runs 100),
+//! `FLEET_POWERCUT_SEED` replays the draws of a run (its seed is printed first). The rounds share one booted
+//! guest: a round costs one upgrade and one boot. The test deletes the unselected versioned binaries before each
+//! round so that every upgrade downloads its artifact (the updater never collects them, and a candidate reuses a
+//! real version's file name).
 //!
 //! Limit: the guest's disk is an overlay on the host's file system, whose page cache survives the cut: writes
 //! the updater did not sync are not lost here as they could be on real hardware.
@@ -36,6 +43,11 @@ const WORKLOAD: &str = "web";
 const REAL_DIR: &str = "/opt/fleet-test/powercut";
 /// An upgrade on a loaded 2-core machine reaches any step well within this.
 const STEP_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest delay of a second cut after the guest's PID 1 started again: its boot, the updater's recovery
+/// and the agent's start take about this long here.
+const FLICKER_MAX_MS: u64 = 3000;
+/// An intent reaches the updater within this when all is well (logs are printed when it takes longer).
+const SLOW_ACCEPT: Duration = Duration::from_secs(20);
 /// Recovery after a boot (the agent's readiness includes NATS and a desired-state snapshot).
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -101,7 +113,7 @@ impl Step {
         match self {
             Step::Download => 1500,
             Step::Probe => 1500,
-            Step::Stopping => 300,
+            Step::Stopping => 150,
             Step::Starting => 1500,
             Step::Committed => 1000,
             Step::RollingBack => 1000,
@@ -131,6 +143,9 @@ struct Plan {
     target: &'static str,
     step: Step,
     delay_ms: u64,
+    /// The power flickers: a second cut this long after the guest's PID 1 started again (mid-boot, during the
+    /// updater's recovery or the agent's start).
+    flicker_ms: Option<u64>,
 }
 
 impl Plan {
@@ -151,11 +166,13 @@ impl Plan {
         let target = rng.pick(&others);
         let step = rng.pick(kind.steps());
         let delay_ms = rng.below(step.max_delay_ms() + 1);
+        let flicker_ms = (rng.below(4) == 0).then(|| rng.below(FLICKER_MAX_MS + 1));
         Self {
             kind,
             target,
             step,
             delay_ms,
+            flicker_ms,
         }
     }
 }
@@ -166,10 +183,12 @@ struct Row {
     plan: Plan,
     /// The last step the updater's status showed before the cut.
     seen: String,
-    /// The journal's durable phase at the cut (read from the guest's disk after the cut).
-    at_cut: JournalPhase,
+    /// The journal's durable phase at each cut (read from the guest's disk after the cut), see [`cut_label`].
+    at_cut: Vec<String>,
     /// The journal after recovery, and the version selected and running.
     outcome: String,
+    /// From writing the intent to the updater reporting the attempt.
+    accepted: Duration,
     recovery: Duration,
     round_time: Duration,
 }
@@ -186,6 +205,15 @@ fn kebab<T: serde::Serialize>(v: &T) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_else(|| "?".into())
+}
+
+/// The journal's phase, with the cutover's step for `activating` (`starting` once the candidate was started).
+fn cut_label(j: &fleet_updater::journal::Journal) -> String {
+    match (j.phase, j.starting_at) {
+        (JournalPhase::Activating, None) => "activating/stop".into(),
+        (JournalPhase::Activating, Some(_)) => "activating/start".into(),
+        (p, _) => kebab(&p),
+    }
 }
 
 fn describe(s: &AgentUpgradeStatus) -> String {
@@ -206,6 +234,8 @@ impl Rig {
             );
         }
         d.import_test_image();
+        // Candidates are built on the first use: not inside a round's timing.
+        let _ = builds::script_candidate("");
         scene
             .operator
             .put_desired(&desired_one_workload(1, WORKLOAD));
@@ -270,6 +300,13 @@ impl Rig {
         c
     }
 
+    /// The journal just after a cut, as the next boot's updater will read it: it must load.
+    fn journal_at_cut(&self, n: u32) -> fleet_updater::journal::Journal {
+        inspect::journal(&self.scene.device)
+            .unwrap_or_else(|e| panic!("round {n}: after the cut the journal does not load: {e}"))
+            .unwrap_or_else(|| panic!("round {n}: no journal after the cut"))
+    }
+
     /// One round: upgrade, cut at the drawn step, boot, check. Returns the row for the table.
     fn round(&mut self, n: u32, plan: Plan) -> Row {
         let t0 = Instant::now();
@@ -278,12 +315,15 @@ impl Rig {
         let d = &self.scene.device;
         self.scene.operator.put_intent(&attempt);
         let mine = |s: &AgentUpgradeStatus| s.attempt_id.as_ref() == Some(&attempt.attempt_id);
+        let t_intent = Instant::now();
+        let mut accepted = None::<Duration>;
         let mut last = None::<AgentUpgradeStatus>;
         let hit = wait_for(STEP_TIMEOUT, || {
             let s = inspect::updater_status(d).ok()?.agent_upgrade?;
             if !mine(&s) {
                 return None;
             }
+            accepted.get_or_insert_with(|| t_intent.elapsed());
             let done = plan.step.seen_in(&s) || s.phase.is_terminal();
             last = Some(s);
             done.then_some(())
@@ -293,6 +333,14 @@ impl Rig {
             "round {n}: {plan:?} never reached its step within {STEP_TIMEOUT:?}; last status {last:#?}\n{}",
             d.logs()
         );
+        let accepted = accepted.unwrap_or_default();
+        if accepted > SLOW_ACCEPT {
+            eprintln!(
+                "round {n}: the updater had the attempt {:.1} s after the intent was written:\n{}",
+                accepted.as_secs_f64(),
+                d.logs()
+            );
+        }
         std::thread::sleep(Duration::from_millis(plan.delay_ms));
         if let Some(s) = inspect::updater_status(d)
             .ok()
@@ -306,10 +354,18 @@ impl Rig {
         let boot_before = d.guest.boot_id();
 
         self.scene.device.guest.power_cut();
-        let d = &self.scene.device;
-        let at_cut = inspect::journal(d)
-            .unwrap_or_else(|e| panic!("round {n}: after the cut the journal does not load: {e}"))
-            .unwrap_or_else(|| panic!("round {n}: no journal after the cut"));
+        let mut at_cut = self.journal_at_cut(n);
+        let mut cuts = vec![cut_label(&at_cut)];
+        if let Some(ms) = plan.flicker_ms {
+            let g = &mut self.scene.device.guest;
+            g.power_on_nowait();
+            let booting = wait_for(Duration::from_secs(30), || g.pid1());
+            assert!(booting.is_some(), "round {n}: no PID 1 after power-on");
+            std::thread::sleep(Duration::from_millis(ms));
+            self.scene.device.guest.power_cut();
+            at_cut = self.journal_at_cut(n);
+            cuts.push(cut_label(&at_cut));
+        }
         assert_eq!(at_cut.attempt.attempt_id, attempt.attempt_id, "round {n}");
         let previous = versioned(self.current);
         assert_eq!(at_cut.previous_link, previous, "round {n}: previous link");
@@ -338,7 +394,7 @@ impl Rig {
         assert_ne!(boot, boot_before, "round {n}: no new boot");
         let ctx = |what: &str| {
             format!(
-                "round {n} ({plan:?}, cut in journal phase {at_cut:?}, last seen {seen}): {what}\n{}",
+                "round {n} ({plan:?}, cut in journal phases {cuts:?}, last seen {seen}): {what}\n{}",
                 d.logs()
             )
         };
@@ -360,11 +416,29 @@ impl Rig {
             ctx("journal after recovery")
         );
         assert_eq!(journal.attempt.attempt_id, attempt.attempt_id);
+        // Recovery only appends to the history the cut left.
+        let (before, after) = (
+            at_cut.transitions.as_slice(),
+            journal.transitions.as_slice(),
+        );
+        assert!(
+            after.starts_with(before),
+            "{}",
+            ctx(&format!(
+                "journal history rewritten: {before:?} then {after:?}"
+            ))
+        );
 
         // Exactly one selected agent: the link names the expected versioned binary, which is a whole executable.
         let want_link = versioned(want_version);
         let selected = inspect::selected(d).unwrap_or_else(|e| panic!("{}", ctx(&e)));
         assert_eq!(selected.link, want_link, "{}", ctx("selected agent"));
+        let leftovers = inspect::interrupted_writes(d);
+        assert!(
+            leftovers.is_empty(),
+            "{}",
+            ctx(&format!("left over: {leftovers:?}"))
+        );
         assert!(
             selected.executable_file,
             "{}",
@@ -461,15 +535,27 @@ impl Rig {
                 .map(|r| format!("/{}", kebab(&r)))
                 .unwrap_or_default(),
         );
-        let _ = published;
+        if !at_cut.phase.is_terminal() {
+            // The phase changed in this boot: the status says so.
+            assert_eq!(
+                published
+                    .boot_id
+                    .as_ref()
+                    .map(|b| b.to_string().replace('-', "")),
+                Some(boot_hex),
+                "{}",
+                ctx("published status's boot id")
+            );
+        }
         self.current = want_version;
         self.current_sha = want_sha;
         Row {
             round: n,
             plan,
             seen,
-            at_cut: at_cut.phase,
+            at_cut: cuts,
             outcome,
+            accepted,
             recovery,
             round_time: t0.elapsed(),
         }
@@ -487,15 +573,23 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn print_row(r: &Row) {
     eprintln!(
-        "{:>5}  {:<11} {:<6} {:<12} {:>5}  {:<44} {:<13} {:<28} {:>8.1} {:>8.1}",
+        "{:>5}  {:<11} {:<6} {:<12} {:>11}  {:<54} {:<23} {:<26} {:>7.1} {:>7.1} {:>7.1}",
         r.round,
         format!("{:?}", r.plan.kind),
         r.plan.target,
         format!("{:?}", r.plan.step),
-        r.plan.delay_ms,
+        format!(
+            "{}{}",
+            r.plan.delay_ms,
+            r.plan
+                .flicker_ms
+                .map(|f| format!(", {f}"))
+                .unwrap_or_default()
+        ),
         r.seen,
-        kebab(&r.at_cut),
+        r.at_cut.join(">"),
         r.outcome,
+        r.accepted.as_secs_f64(),
         r.recovery.as_secs_f64(),
         r.round_time.as_secs_f64()
     );
@@ -519,15 +613,16 @@ fn power_cuts_at_random_moments_of_agent_upgrades_leave_one_working_agent() {
     let mut rig = Rig::start();
     eprintln!("device ready in {:.1} s", started.elapsed().as_secs_f64());
     eprintln!(
-        "{:>5}  {:<11} {:<6} {:<12} {:>5}  {:<44} {:<13} {:<28} {:>8} {:>8}",
+        "{:>5}  {:<11} {:<6} {:<12} {:>11}  {:<54} {:<23} {:<26} {:>7} {:>7} {:>7}",
         "round",
         "kind",
         "target",
         "cut after",
-        "+ms",
+        "+ms, again",
         "last status seen",
         "journal@cut",
         "after boot",
+        "sent s",
         "recov s",
         "round s"
     );
@@ -541,7 +636,7 @@ fn power_cuts_at_random_moments_of_agent_upgrades_leave_one_working_agent() {
     }
     let mut covered: Vec<(String, usize)> = vec![];
     for r in &rows {
-        let k = kebab(&r.at_cut);
+        let k = r.at_cut.join(">");
         match covered.iter_mut().find(|(p, _)| *p == k) {
             Some((_, c)) => *c += 1,
             None => covered.push((k, 1)),

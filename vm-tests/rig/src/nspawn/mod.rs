@@ -464,9 +464,15 @@ done
 
     /// Boots the guest again after [`Self::power_cut`] and waits until it is up.
     pub fn power_on(&mut self) {
+        self.power_on_nowait();
+        self.wait_up(Duration::from_secs(60));
+    }
+
+    /// Boots the guest again after [`Self::power_cut`] without waiting for the boot: a flickering power supply
+    /// cuts it again mid-boot. [`Self::wait_up`] waits for it.
+    pub fn power_on_nowait(&mut self) {
         assert!(self.wrapper.is_none(), "power_on: the guest is running");
         self.start_wrapper();
-        self.wait_up(Duration::from_secs(60));
     }
 
     /// Exposes the host's `127.0.0.1:<port>` to the guest at the guest's own `127.0.0.1:<port>`: a relay in this
