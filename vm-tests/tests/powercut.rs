@@ -87,6 +87,8 @@ enum Kind {
 /// The step of the upgrade after which the power is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
+    /// Right after the intent is written: the agent may not have handed it to the updater yet.
+    Delivery,
     Download,
     Probe,
     Stopping,
@@ -100,9 +102,29 @@ impl Kind {
     fn steps(self) -> &'static [Step] {
         use Step::*;
         match self {
-            Kind::Upgrade => &[Download, Probe, Stopping, Starting, Committed],
-            Kind::StartFails => &[Download, Probe, Stopping, Starting, RollingBack],
-            Kind::ProbeFails => &[Download, Probe],
+            Kind::Upgrade => &[Delivery, Download, Probe, Stopping, Starting, Committed],
+            Kind::StartFails => &[Delivery, Download, Probe, Stopping, Starting, RollingBack],
+            Kind::ProbeFails => &[Delivery, Download, Probe],
+        }
+    }
+}
+
+impl Kind {
+    /// How an attempt of this kind ends when nothing interrupts it: journal phase and reason, and whether the
+    /// target ends up selected.
+    fn natural_end(self) -> (JournalPhase, Option<UpgradeReason>, bool) {
+        match self {
+            Kind::Upgrade => (JournalPhase::Committed, None, true),
+            Kind::StartFails => (
+                JournalPhase::Failed,
+                Some(UpgradeReason::StartFailed),
+                false,
+            ),
+            Kind::ProbeFails => (
+                JournalPhase::Failed,
+                Some(UpgradeReason::ProbeFailed),
+                false,
+            ),
         }
     }
 }
@@ -111,6 +133,7 @@ impl Step {
     /// The longest random delay after the step is seen, in ms: about the step's length here.
     fn max_delay_ms(self) -> u64 {
         match self {
+            Step::Delivery => 40,
             Step::Download => 1500,
             Step::Probe => 1500,
             Step::Stopping => 150,
@@ -124,6 +147,7 @@ impl Step {
     fn seen_in(self, s: &AgentUpgradeStatus) -> bool {
         let detail = s.detail.as_ref().map(|d| d.as_str()).unwrap_or_default();
         match self {
+            Step::Delivery => true,
             Step::Download => {
                 s.phase == UpgradePhase::Preparing && detail.starts_with("downloading")
             }
@@ -187,8 +211,8 @@ struct Row {
     at_cut: Vec<String>,
     /// The journal after recovery, and the version selected and running.
     outcome: String,
-    /// From writing the intent to the updater reporting the attempt.
-    accepted: Duration,
+    /// From writing the intent to the updater reporting the attempt (when seen before the cut).
+    accepted: Option<Duration>,
     recovery: Duration,
     round_time: Duration,
 }
@@ -208,7 +232,10 @@ fn kebab<T: serde::Serialize>(v: &T) -> String {
 }
 
 /// The journal's phase, with the cutover's step for `activating` (`starting` once the candidate was started).
-fn cut_label(j: &fleet_updater::journal::Journal) -> String {
+fn cut_label(j: Option<&fleet_updater::journal::Journal>) -> String {
+    let Some(j) = j else {
+        return "undelivered".into();
+    };
     match (j.phase, j.starting_at) {
         (JournalPhase::Activating, None) => "activating/stop".into(),
         (JournalPhase::Activating, Some(_)) => "activating/start".into(),
@@ -300,11 +327,16 @@ impl Rig {
         c
     }
 
-    /// The journal just after a cut, as the next boot's updater will read it: it must load.
-    fn journal_at_cut(&self, n: u32) -> fleet_updater::journal::Journal {
+    /// The journal just after a cut, as the next boot's updater will read it (it must load), when it holds
+    /// `attempt`; `None` when the updater had not journaled it yet.
+    fn journal_at_cut(
+        &self,
+        n: u32,
+        attempt: &AgentUpgradeAttempt,
+    ) -> Option<fleet_updater::journal::Journal> {
         inspect::journal(&self.scene.device)
             .unwrap_or_else(|e| panic!("round {n}: after the cut the journal does not load: {e}"))
-            .unwrap_or_else(|| panic!("round {n}: no journal after the cut"))
+            .filter(|j| j.attempt.attempt_id == attempt.attempt_id)
     }
 
     /// One round: upgrade, cut at the drawn step, boot, check. Returns the row for the table.
@@ -319,6 +351,9 @@ impl Rig {
         let mut accepted = None::<Duration>;
         let mut last = None::<AgentUpgradeStatus>;
         let hit = wait_for(STEP_TIMEOUT, || {
+            if plan.step == Step::Delivery {
+                return Some(());
+            }
             let s = inspect::updater_status(d).ok()?.agent_upgrade?;
             if !mine(&s) {
                 return None;
@@ -333,8 +368,7 @@ impl Rig {
             "round {n}: {plan:?} never reached its step within {STEP_TIMEOUT:?}; last status {last:#?}\n{}",
             d.logs()
         );
-        let accepted = accepted.unwrap_or_default();
-        if accepted > SLOW_ACCEPT {
+        if let (Some(accepted), true) = (accepted, accepted > Some(SLOW_ACCEPT)) {
             eprintln!(
                 "round {n}: the updater had the attempt {:.1} s after the intent was written:\n{}",
                 accepted.as_secs_f64(),
@@ -350,12 +384,15 @@ impl Rig {
                 last = Some(s);
             }
         }
-        let seen = last.as_ref().map(describe).unwrap_or_else(|| "?".into());
+        let seen = last
+            .as_ref()
+            .map(describe)
+            .unwrap_or_else(|| "(not at the updater yet)".into());
         let boot_before = d.guest.boot_id();
 
         self.scene.device.guest.power_cut();
-        let mut at_cut = self.journal_at_cut(n);
-        let mut cuts = vec![cut_label(&at_cut)];
+        let mut at_cut = self.journal_at_cut(n, &attempt);
+        let mut cuts = vec![cut_label(at_cut.as_ref())];
         if let Some(ms) = plan.flicker_ms {
             let g = &mut self.scene.device.guest;
             g.power_on_nowait();
@@ -363,22 +400,39 @@ impl Rig {
             assert!(booting.is_some(), "round {n}: no PID 1 after power-on");
             std::thread::sleep(Duration::from_millis(ms));
             self.scene.device.guest.power_cut();
-            at_cut = self.journal_at_cut(n);
-            cuts.push(cut_label(&at_cut));
+            at_cut = self.journal_at_cut(n, &attempt);
+            cuts.push(cut_label(at_cut.as_ref()));
         }
-        assert_eq!(at_cut.attempt.attempt_id, attempt.attempt_id, "round {n}");
-        let previous = versioned(self.current);
-        assert_eq!(at_cut.previous_link, previous, "round {n}: previous link");
-        let (want_phase, want_reason, want_version) = match at_cut.phase {
-            JournalPhase::Committed => (JournalPhase::Committed, None, plan.target),
-            JournalPhase::Failed => (JournalPhase::Failed, at_cut.reason, self.current),
-            JournalPhase::Preparing | JournalPhase::Activating | JournalPhase::RollingBack => (
-                JournalPhase::Failed,
-                Some(UpgradeReason::Interrupted),
-                self.current,
-            ),
-            JournalPhase::RollbackFailed => {
-                panic!("round {n}: rollback-failed at the cut: {at_cut:#?}")
+        let (want_phase, want_reason, want_version) = match &at_cut {
+            // Not at the updater before the cut: the agent hands it over after the boot and it runs to its end.
+            None => {
+                let (phase, reason, target) = plan.kind.natural_end();
+                (
+                    phase,
+                    reason,
+                    if target { plan.target } else { self.current },
+                )
+            }
+            Some(j) => {
+                assert_eq!(
+                    j.previous_link,
+                    versioned(self.current),
+                    "round {n}: previous link"
+                );
+                match j.phase {
+                    JournalPhase::Committed => (JournalPhase::Committed, None, plan.target),
+                    JournalPhase::Failed => (JournalPhase::Failed, j.reason, self.current),
+                    JournalPhase::Preparing
+                    | JournalPhase::Activating
+                    | JournalPhase::RollingBack => (
+                        JournalPhase::Failed,
+                        Some(UpgradeReason::Interrupted),
+                        self.current,
+                    ),
+                    JournalPhase::RollbackFailed => {
+                        panic!("round {n}: rollback-failed at the cut: {j:#?}")
+                    }
+                }
             }
         };
         let want_sha = if want_version == self.current {
@@ -400,7 +454,7 @@ impl Rig {
         };
 
         // The updater recovered and the transaction is over, as the recovery table says.
-        let status = wait_for(RECOVERY_TIMEOUT, || {
+        let status = wait_for(STEP_TIMEOUT, || {
             let s = inspect::updater_status(d).ok()?;
             let u = s.agent_upgrade.clone()?;
             (!s.recovering && mine(&u) && u.phase.is_terminal()).then_some(s)
@@ -417,10 +471,11 @@ impl Rig {
         );
         assert_eq!(journal.attempt.attempt_id, attempt.attempt_id);
         // Recovery only appends to the history the cut left.
-        let (before, after) = (
-            at_cut.transitions.as_slice(),
-            journal.transitions.as_slice(),
-        );
+        let before = at_cut
+            .as_ref()
+            .map(|j| j.transitions.as_slice())
+            .unwrap_or_default();
+        let (before, after) = (before, journal.transitions.as_slice());
         assert!(
             after.starts_with(before),
             "{}",
@@ -535,7 +590,7 @@ impl Rig {
                 .map(|r| format!("/{}", kebab(&r)))
                 .unwrap_or_default(),
         );
-        if !at_cut.phase.is_terminal() {
+        if at_cut.as_ref().is_none_or(|j| !j.phase.is_terminal()) {
             // The phase changed in this boot: the status says so.
             assert_eq!(
                 published
@@ -573,7 +628,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn print_row(r: &Row) {
     eprintln!(
-        "{:>5}  {:<11} {:<6} {:<12} {:>11}  {:<54} {:<23} {:<26} {:>7.1} {:>7.1} {:>7.1}",
+        "{:>5}  {:<11} {:<6} {:<12} {:>11}  {:<54} {:<23} {:<26} {:>7} {:>7.1} {:>7.1}",
         r.round,
         format!("{:?}", r.plan.kind),
         r.plan.target,
@@ -589,7 +644,9 @@ fn print_row(r: &Row) {
         r.seen,
         r.at_cut.join(">"),
         r.outcome,
-        r.accepted.as_secs_f64(),
+        r.accepted
+            .map(|a| format!("{:.1}", a.as_secs_f64()))
+            .unwrap_or_else(|| "-".into()),
         r.recovery.as_secs_f64(),
         r.round_time.as_secs_f64()
     );
