@@ -133,7 +133,7 @@ impl Step {
     /// The longest random delay after the step is seen, in ms: about the step's length here.
     fn max_delay_ms(self) -> u64 {
         match self {
-            Step::Delivery => 40,
+            Step::Delivery => 15,
             Step::Download => 1500,
             Step::Probe => 1500,
             Step::Stopping => 150,
