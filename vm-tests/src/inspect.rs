@@ -116,3 +116,16 @@ pub fn interrupted_writes(device: &Device) -> Vec<String> {
     }
     found
 }
+
+/// The files in the updater's download directory (`/usr/lib/harmony-fleet/.partial`): at most one artifact's
+/// resumable download (its bytes and its state) survives an interruption.
+pub fn partial_downloads(device: &Device) -> Vec<String> {
+    std::fs::read_dir(device.guest.path(&format!("{LIB}/.partial")))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}

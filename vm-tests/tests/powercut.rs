@@ -375,6 +375,7 @@ impl Rig {
                 d.logs()
             );
         }
+        let boot_before = d.guest.boot_id();
         std::thread::sleep(Duration::from_millis(plan.delay_ms));
         if let Some(s) = inspect::updater_status(d)
             .ok()
@@ -388,7 +389,6 @@ impl Rig {
             .as_ref()
             .map(describe)
             .unwrap_or_else(|| "(not at the updater yet)".into());
-        let boot_before = d.guest.boot_id();
 
         self.scene.device.guest.power_cut();
         let mut at_cut = self.journal_at_cut(n, &attempt);
@@ -488,6 +488,20 @@ impl Rig {
         let want_link = versioned(want_version);
         let selected = inspect::selected(d).unwrap_or_else(|e| panic!("{}", ctx(&e)));
         assert_eq!(selected.link, want_link, "{}", ctx("selected agent"));
+        let partial = inspect::partial_downloads(d);
+        let mut artifacts: Vec<&str> = partial
+            .iter()
+            .map(|f| f.split('.').next().unwrap_or_default())
+            .collect();
+        artifacts.sort_unstable();
+        artifacts.dedup();
+        assert!(
+            artifacts.len() <= 1,
+            "{}",
+            ctx(&format!(
+                "more than one artifact's partial download kept: {partial:?}"
+            ))
+        );
         let leftovers = inspect::interrupted_writes(d);
         assert!(
             leftovers.is_empty(),
