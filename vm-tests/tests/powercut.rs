@@ -2,10 +2,11 @@
 //! rootless Podman with one running workload, NATS with the auth callout, artifacts over HTTPS).
 //!
 //! Each round asks for an upgrade to another version — a real agent, or a candidate that fails its start (rolled
-//! back) or its probe (refused) — waits until the updater is in a randomly drawn step of it (download, probe,
-//! stopping, starting, committed, rolling-back), waits a random delay more, and cuts the power; in a quarter of
-//! the rounds the power flickers: it comes back and is cut again a random moment after PID 1 started (mid-boot,
-//! during the updater's recovery or the agent's start). After the last boot it checks the device:
+//! back) or its probe (refused) — waits until the updater is in a randomly drawn step of it (delivery: the intent
+//! just written; download, probe, stopping, starting, committed, rolling-back), waits a random delay more, and
+//! cuts the power; in a quarter of the rounds the power flickers: it comes back and is cut again a random moment
+//! after PID 1 started (mid-boot, during the updater's recovery or the agent's start). After the last boot it
+//! checks the device:
 //! - the journal parses with the updater's own parser and ended where the recovery table (docs/updater.md) says
 //!   for the phase it was in at the last cut, appending to the history the cut left;
 //! - exactly one agent is selected: the active link points at the expected versioned binary, a regular
