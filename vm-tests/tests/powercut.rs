@@ -30,6 +30,7 @@ use fleet_rig::wait_for;
 use fleet_vm_tests::builds::{self, V1, V2, V3};
 use fleet_vm_tests::fleet::{desired_one_workload, one_device_at_a_time, TEST_IMAGE};
 use fleet_vm_tests::inspect::{self, versioned};
+use fleet_vm_tests::local_fleet::kebab;
 use fleet_vm_tests::scene::{Scene, LIB};
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, JournalPhase, UpgradePhase, UpgradeReason,
@@ -223,13 +224,6 @@ struct Rig {
     scene: Scene,
     current: &'static str,
     current_sha: String,
-}
-
-fn kebab<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
 }
 
 /// The journal's phase, with the cutover's step for `activating` (`starting` once the candidate was started).
