@@ -2,7 +2,7 @@
 //! `fleet_wire::durable` (re-exported here); this module adds the versioned JSON files that check themselves.
 
 pub use fleet_wire::durable::{
-    ensure_dir, fsync_dir, install_atomic, replace_symlink, write_atomic,
+    ensure_dir, fsync_dir, install_atomic, remove_stale_temps, replace_symlink, write_atomic,
 };
 use std::fs::File;
 use std::io;

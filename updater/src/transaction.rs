@@ -204,6 +204,15 @@ fn remove_partial_downloads(dir: &Path) {
     }
 }
 
+/// A power cut between staging a durable write and renaming it leaves its temporary file (`durable::temp_beside`)
+/// beside the target: a stale journal copy, or a temporary symlink that selects a candidate. Nothing reads them;
+/// they go at start-up so that repeated cuts do not pile them up next to the active link.
+fn remove_interrupted_writes(paths: &Paths) {
+    for target in [paths.journal(), paths.system_journal(), paths.active_link()] {
+        durable::remove_stale_temps(&target);
+    }
+}
+
 fn path_text(p: &Path) -> Option<String> {
     p.to_str().map(str::to_owned)
 }
@@ -235,6 +244,7 @@ impl Updater {
             faults,
         };
         remove_partial_downloads(&paths.download_dir());
+        remove_interrupted_writes(&paths);
         let updater = Updater {
             inner: Arc::new(Inner {
                 paths,

@@ -600,3 +600,42 @@ fn a_crash_after_recovery_records_failed_keeps_failed() {
     let j = dev.journal().expect("journal");
     assert_eq!(j.transitions.phases(), [J::Preparing, J::Failed]);
 }
+
+/// A power cut between staging a durable write and its rename (the loop in vm-tests/tests/powercut.rs cuts at
+/// random moments) leaves the staged temporary files: a journal copy and a temporary symlink that selects the
+/// candidate. The next start removes them and keeps what the renames had made durable.
+#[test]
+fn a_cut_between_stage_and_rename_leaves_nothing_behind_after_the_next_start() {
+    use fleet_wire::durable::{stage, temp_beside};
+    let dev = Device::new();
+    let bytes = candidate(TARGET);
+    std::fs::create_dir_all(dev.paths.state_dir()).expect("state dir");
+    let mut stale = vec![];
+    for target in [dev.paths.journal(), dev.paths.system_journal()] {
+        let tmp = temp_beside(&target).expect("temp name");
+        stage(&tmp, b"{\"format\":1}", 0o600).expect("stage");
+        stale.push(tmp);
+    }
+    let tmp_link = temp_beside(&dev.paths.active_link()).expect("temp name");
+    std::os::unix::fs::symlink(dev.binary(TARGET), &tmp_link).expect("temp symlink");
+    stale.push(tmp_link);
+
+    let services = FakeServices::new(&dev);
+    let (_u, pending) = dev
+        .open(fetcher_for(&bytes), services.clone(), Faults::none())
+        .expect("open");
+    assert!(pending.is_none());
+    for p in &stale {
+        assert!(
+            std::fs::symlink_metadata(p).is_err(),
+            "{} survived the start",
+            p.display()
+        );
+    }
+    assert_eq!(dev.active(), PREVIOUS);
+    assert!(
+        dev.journal().is_none(),
+        "a staged journal was taken for one"
+    );
+    assert!(services.take_calls().is_empty());
+}

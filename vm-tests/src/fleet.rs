@@ -109,6 +109,12 @@ impl Operator {
         serde_json::from_slice(&raw).ok()
     }
 
+    /// The device's published device info, if any.
+    pub fn device_info(&self) -> Option<fleet_wire::DeviceInfo> {
+        let raw = self.store(kv::DEVICE_INFO).get(DEVICE).ok()??;
+        serde_json::from_slice(&raw).ok()
+    }
+
     /// Whether the device has published its device info (the agent is up and talking to NATS).
     pub fn has_device_info(&self) -> bool {
         matches!(self.store(kv::DEVICE_INFO).get(DEVICE), Ok(Some(_)))
@@ -323,6 +329,17 @@ impl Device {
         let v: serde_json::Value =
             serde_json::from_slice(&raw).unwrap_or_else(|e| panic!("journal is not JSON: {e}"));
         v["phase"].as_str().unwrap_or("unknown").to_string()
+    }
+
+    /// Waits until the journal's durable phase is `phase`; fails the test with both units' logs otherwise.
+    pub fn wait_journal_phase(&self, phase: &str, timeout: Duration) {
+        let ok = wait_for(timeout, || (self.journal_phase() == phase).then_some(()));
+        assert!(
+            ok.is_some(),
+            "the journal did not reach {phase} within {timeout:?} (it is {}).\n{}",
+            self.journal_phase(),
+            self.logs()
+        );
     }
 
     /// The version the running agent reports (`fleet-agent --version` of the active link).

@@ -8,6 +8,7 @@ pub mod demo_state;
 pub mod device;
 pub mod fleet;
 pub mod fleetlock;
+pub mod inspect;
 pub mod local_fleet;
 pub mod packages;
 pub mod qemu;

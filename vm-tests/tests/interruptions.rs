@@ -32,18 +32,10 @@ fn upgrade_until_activating() -> Setup {
     let scene = Scene::v1_with_real_v2();
     let attempt = scene.v2_attempt("slow", &slow_candidate());
     scene.operator.put_intent(&attempt);
-    wait_journal(&scene.device, "activating", Duration::from_secs(180));
+    scene
+        .device
+        .wait_journal_phase("activating", Duration::from_secs(180));
     Setup { scene, attempt }
-}
-
-fn wait_journal(device: &Device, phase: &str, timeout: Duration) {
-    let ok = wait_for(timeout, || (device.journal_phase() == phase).then_some(()));
-    assert!(
-        ok.is_some(),
-        "the journal did not reach {phase} within {timeout:?} (it is {}).\n{}",
-        device.journal_phase(),
-        device.logs()
-    );
 }
 
 /// After recovery: v1 selected, active and reporting; journal and NATS status `failed` because of the interruption.
@@ -108,7 +100,9 @@ fn d_updater_killed_during_activating_and_rolling_back_recovers() {
     let s = upgrade_until_activating();
     kill_updater(&s.scene.device);
     // Recovery of `activating`: record rolling-back, restore v1, stop the candidate (3 s), start v1.
-    wait_journal(&s.scene.device, "rolling-back", Duration::from_secs(60));
+    s.scene
+        .device
+        .wait_journal_phase("rolling-back", Duration::from_secs(60));
     kill_updater(&s.scene.device);
     // Recovery of `rolling-back`: restore the link again and repeat stop/start.
     assert_recovered_to_v1(&s);

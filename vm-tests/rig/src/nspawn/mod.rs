@@ -247,20 +247,13 @@ done
     pub fn pid1(&self) -> Option<u32> {
         let procs = fs::read_dir("/proc").ok()?;
         let marker = format!("/{}/", self.name);
+        let own_depth = ns_pids("self").map_or(1, |ids| ids.len());
         for e in procs.flatten() {
             let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
                 continue;
             };
-            let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
-                continue;
-            };
-            let nspid = status.lines().find(|l| l.starts_with("NSpid:"));
-            let is_init = nspid
-                .map(|l| {
-                    let ids: Vec<&str> = l.split_whitespace().skip(1).collect();
-                    ids.len() >= 2 && ids.last() == Some(&"1")
-                })
-                .unwrap_or(false);
+            let is_init =
+                ns_pids(&pid.to_string()).is_some_and(|ids| is_guest_init(&ids, own_depth));
             if !is_init {
                 continue;
             }
@@ -464,9 +457,15 @@ done
 
     /// Boots the guest again after [`Self::power_cut`] and waits until it is up.
     pub fn power_on(&mut self) {
+        self.power_on_nowait();
+        self.wait_up(Duration::from_secs(60));
+    }
+
+    /// Boots the guest again after [`Self::power_cut`] without waiting for the boot: a flickering power supply
+    /// cuts it again mid-boot. [`Self::wait_up`] waits for it.
+    pub fn power_on_nowait(&mut self) {
         assert!(self.wrapper.is_none(), "power_on: the guest is running");
         self.start_wrapper();
-        self.wait_up(Duration::from_secs(60));
     }
 
     /// Exposes the host's `127.0.0.1:<port>` to the guest at the guest's own `127.0.0.1:<port>`: a relay in this
@@ -528,6 +527,25 @@ impl Drop for Guest {
     }
 }
 
+/// The `NSpid:` line of `/proc/<pid>/status`: the process's id in each PID namespace, outermost first.
+fn ns_pids(pid: &str) -> Option<Vec<String>> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    Some(
+        line.split_whitespace()
+            .skip(1)
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// True for the init of a PID namespace one level below ours (`own_depth` levels deep), given a process's
+/// `NSpid` ids: a guest's PID 1. A container in the guest (Podman's `sleep`, say) is PID 1 of a namespace further
+/// down, in the guest's cgroup too: not the guest's init.
+fn is_guest_init(ns_pids: &[String], own_depth: usize) -> bool {
+    ns_pids.len() == own_depth + 1 && ns_pids.last().map(String::as_str) == Some("1")
+}
+
 fn tail(s: &str, max: usize) -> &str {
     let start = s.len().saturating_sub(max);
     let start = (start..s.len())
@@ -551,4 +569,31 @@ fn machine_uuid(name: &str) -> String {
 
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_guest_init;
+
+    #[test]
+    fn only_the_init_one_namespace_down_is_the_guests() {
+        let ids = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        // (NSpid ids, our own depth, is the guest's PID 1)
+        for (nspid, depth, want) in [
+            ("32640 1", 1, true),
+            // A container's init inside the guest (it was picked when its host PID was lower).
+            ("397 177 1", 1, false),
+            ("32641 2", 1, false),
+            ("1", 1, false),
+            // The tests themselves in a PID namespace (a CI container): one level further down.
+            ("900 40 1", 2, true),
+            ("900 1", 2, false),
+        ] {
+            assert_eq!(
+                is_guest_init(&ids(nspid), depth),
+                want,
+                "{nspid} at depth {depth}"
+            );
+        }
+    }
 }
