@@ -83,8 +83,10 @@ impl Relay {
 
     /// Start-up: takes the updater's transaction (`recovered`, already for this device) and what NATS holds
     /// (`published`); returns the status to write before readiness, if any: an active transaction, a
-    /// replacement for the agent's own stale drain record (`stopping`), or an update of an older record of the
-    /// same attempt (e.g. `complete` that the previous process did not mirror).
+    /// replacement for the agent's own stale drain record (`stopping`), an update of an older record of the
+    /// same attempt (e.g. `complete` that the previous process did not mirror), or the transaction's status where
+    /// NATS holds none, or only an earlier attempt's (its `preparing` write failed and the agent restarted before
+    /// another write went through). A record of a later attempt (one the agent rejected since) is kept.
     pub fn recover(
         &mut self,
         published: Option<&AgentUpgradeStatus>,
@@ -92,7 +94,11 @@ impl Relay {
     ) -> Option<AgentUpgradeStatus> {
         let s = recovered?;
         let stale_drain = published.is_some_and(|p| p.phase == UpgradePhase::Stopping);
-        let outdated = published.is_some_and(|p| p.attempt_id == s.attempt_id && p != &s);
+        let outdated = match published {
+            None => true,
+            Some(p) if p.attempt_id == s.attempt_id => p != &s,
+            Some(p) => p.attempt_started_at < s.attempt_started_at,
+        };
         let write = !s.phase.is_terminal() || stale_drain || outdated;
         self.mirrored = Some(s.clone());
         write.then_some(s)

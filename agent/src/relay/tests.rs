@@ -271,11 +271,40 @@ fn recovery_table() {
             Some(AttemptId::try_from("1d7c0a55-8d0a-4c55-9a77-3f2e1d0c9b8a").expect("id"));
         s
     };
+    let at = |s: &str| s.parse::<Timestamp>().expect("timestamp");
+    let with = |phase, id: &str, started: &str| {
+        let mut s = updater(phase);
+        s.attempt_id = Some(AttemptId::try_from(id).expect("id"));
+        s.attempt_started_at = at(started);
+        s
+    };
+    let (a, b) = (
+        "0b7c0a55-8d0a-4c55-9a77-3f2e1d0c9b8a",
+        "2e7c0a55-8d0a-4c55-9a77-3f2e1d0c9b8a",
+    );
     // (published in NATS, the updater's transaction, written before readiness)
     let table = [
         (None, None, false),
         (None, Some(updater(P::Starting)), true),
-        (None, Some(updater(P::Complete)), false),
+        // NATS lost or never got the record: the updater's is the truth.
+        (None, Some(updater(P::Complete)), true),
+        // An earlier attempt's final record while the updater finished a later one (its `preparing` write
+        // failed): replaced.
+        (
+            Some(with(P::Complete, a, "2026-01-01T00:00:00Z")),
+            Some(with(P::Failed, b, "2026-01-02T00:00:00Z")),
+            true,
+        ),
+        // A later attempt's record (rejected after the updater's attempt finished): kept.
+        (
+            Some({
+                let mut r = with(P::Failed, a, "2026-01-03T00:00:00Z");
+                r.reason = Some(UpgradeReason::Rejected);
+                r
+            }),
+            Some(with(P::Complete, b, "2026-01-02T00:00:00Z")),
+            false,
+        ),
         (
             Some(updater(P::Complete)),
             Some(updater(P::Complete)),
