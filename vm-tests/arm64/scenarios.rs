@@ -1,9 +1,11 @@
-//! `fleet-arm64-scenarios`: an arm64 device (Debian bookworm arm64, as Raspberry Pi OS) booted with systemd-nspawn
-//! through binfmt qemu-aarch64, set up with the arm64 `harmony-fleet-device` package as an admin would, then, on
-//! that one guest in order: an agent upgrade v1 → v2 that commits, a broken v3 that is rolled back to v2, a reboot
-//! coordinated through a real `fleetlock-server`, and `apt purge`. Prints PASS/FAIL per step with its time; exits
-//! 1 when a step failed. Run it through `vm-tests/arm64/run`, which registers qemu-aarch64 with binfmt_misc and
-//! builds the arm64 tree first; without them it fails and says so.
+//! `fleet-arm64-scenarios`: arm64 under emulation (binfmt qemu-aarch64). `device`: an arm64 device (Debian
+//! bookworm arm64, as Raspberry Pi OS) booted with systemd-nspawn, set up with the arm64 `harmony-fleet-device`
+//! package as an admin would, then, on that one guest in order: an agent upgrade v1 → v2 that commits, a broken v3
+//! that is rolled back to v2, a reboot coordinated through a real `fleetlock-server`, and `apt purge`. `image`: the
+//! operator image for amd64 and arm64 with its manifest list (`scripts/operator-image`), the arm64 image's three
+//! binaries started under Podman. Prints PASS/FAIL per step with its time; exits 1 when a step failed. Run it
+//! through `vm-tests/arm64/run`, which registers qemu-aarch64 with binfmt_misc and builds the arm64 tree first;
+//! without them it fails and says so.
 //!
 //! The device binaries are debug builds cross-compiled for aarch64 (`builds::Arch::Arm64`) and packaged by
 //! `scripts/package --arch arm64`, like the amd64 package test. Podman is off in the agent's configuration:
@@ -24,13 +26,14 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-const HELP: &str = "fleet-arm64-scenarios\n\n\
-An arm64 device under systemd-nspawn + binfmt qemu-aarch64, set up with the arm64 package, then in order:\n  \
+const HELP: &str = "fleet-arm64-scenarios [device|image]...   (default: both)\n\n\
+device: an arm64 device under systemd-nspawn + binfmt qemu-aarch64, set up with the arm64 package, then in order:\n  \
 install  apt install ./harmony-fleet-device_<v>_arm64.deb: agent and updater ready, timers active\n  \
 commit   agent upgrade v1 -> v2 commits; v2 ready\n  \
 rollback a v3 that dies before readiness is rolled back; v2 ready again\n  \
 reboot   /run/reboot-required: fleet-reboot takes the FleetLock slot, reboots, gives the slot back\n  \
-purge    apt purge leaves nothing of the package\n\n\
+purge    apt purge leaves nothing of the package\n\
+image: scripts/operator-image --arch amd64 --arch arm64 (a manifest list); the arm64 image's binaries start\n\n\
 Needs qemu-aarch64 registered with binfmt_misc and the arm64 tree: use vm-tests/arm64/run.";
 
 /// Where the versioned agent binaries live on a device.
@@ -44,22 +47,36 @@ const UNIT_WAIT: Duration = Duration::from_secs(240);
 const UPGRADE_WAIT: Duration = Duration::from_secs(480);
 
 fn main() {
-    if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{HELP}");
         return;
     }
-    if let Some(a) = std::env::args().nth(1) {
-        eprintln!("unknown argument {a:?}\n\n{HELP}");
-        std::process::exit(2);
+    let wanted: Vec<&str> = if args.is_empty() {
+        vec!["device", "image"]
+    } else {
+        args.iter().map(String::as_str).collect()
+    };
+    let mut failed = false;
+    for name in wanted {
+        let run: fn() = match name {
+            "device" => device,
+            "image" => image,
+            other => {
+                eprintln!("unknown scenario {other:?}\n\n{HELP}");
+                std::process::exit(2);
+            }
+        };
+        let start = Instant::now();
+        let ok = std::panic::catch_unwind(run).is_ok();
+        println!(
+            "{} arm64 {name} ({:.0} s)",
+            if ok { "PASS" } else { "FAIL" },
+            start.elapsed().as_secs_f64()
+        );
+        failed |= !ok;
     }
-    let start = Instant::now();
-    let ok = std::panic::catch_unwind(run).is_ok();
-    println!(
-        "{} arm64 scenarios ({:.0} s)",
-        if ok { "PASS" } else { "FAIL" },
-        start.elapsed().as_secs_f64()
-    );
-    if !ok {
+    if failed {
         std::process::exit(1);
     }
 }
@@ -79,8 +96,9 @@ impl Steps {
     }
 }
 
-/// The arm64 tree, or a failure that says how to get it (and binfmt's qemu-aarch64, without which it cannot boot).
-fn arm64_tree() -> PathBuf {
+/// Fails, saying how to fix it, unless qemu-aarch64 is registered with binfmt_misc (flag F: the interpreter is
+/// opened at registration, so it works inside containers and guests too).
+fn require_binfmt() {
     let binfmt =
         std::fs::read_to_string("/proc/sys/fs/binfmt_misc/qemu-aarch64").unwrap_or_default();
     assert!(
@@ -88,6 +106,11 @@ fn arm64_tree() -> PathBuf {
         "qemu-aarch64 is not registered with binfmt_misc (with flag F): run vm-tests/arm64/run, which registers \
          it from /usr/lib/binfmt.d/qemu-aarch64.conf (apt-get install qemu-user-static)"
     );
+}
+
+/// The arm64 tree, or a failure that says how to get it (and binfmt's qemu-aarch64, without which it cannot boot).
+fn arm64_tree() -> PathBuf {
+    require_binfmt();
     let cache = std::env::var_os("FLEET_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
@@ -156,7 +179,7 @@ fn wait_status(
     })
 }
 
-fn run() {
+fn device() {
     let tree = arm64_tree();
     let mut steps = Steps { at: Instant::now() };
     let (deb, v2, v3, broken_v3) = steps.run(
@@ -357,4 +380,172 @@ fn run() {
         );
         assert_eq!(left.trim(), "", "purge left these behind");
     });
+}
+
+/// The image name of the `image` scenario (not the release name: the test's store is its own anyway).
+const IMAGE: &str = "localhost/fleet-operator:arm64-check";
+
+/// The operator image for amd64 (the test's debug binaries) and arm64 (the aarch64 release build
+/// `scripts/operator-image` itself would make), a manifest list over both, and the arm64 image's binaries started
+/// under Podman through binfmt (`--help`: running it against the API server is the amd64 image's test,
+/// vm-tests/tests/operator_image.rs, and would take minutes under emulation).
+fn image() {
+    require_binfmt();
+    let mut steps = Steps { at: Instant::now() };
+    let podman = fleet_rig::podman::PodmanService::start();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+    steps.run("image build (amd64 + arm64, manifest list)", || {
+        let amd64 = dir.path().join("amd64");
+        std::fs::create_dir_all(&amd64).unwrap_or_else(|e| panic!("mkdir: {e}"));
+        for (from, name) in [
+            (builds::operator(), "fleet-operator"),
+            (builds::fleetlock_server(), "fleetlock-server"),
+            (builds::fleet_auth(), "fleet-auth"),
+        ] {
+            std::fs::copy(&from, amd64.join(name)).unwrap_or_else(|e| panic!("copy {from:?}: {e}"));
+        }
+        let triple = "aarch64-unknown-linux-gnu";
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(&cargo)
+            .current_dir(fleet_rig::workspace_root())
+            .args([
+                "build",
+                "--quiet",
+                "--release",
+                "--locked",
+                "--target",
+                triple,
+            ])
+            .args([
+                "-p",
+                "fleet-operator",
+                "--bin",
+                "fleet-operator",
+                "--bin",
+                "fleetlock-server",
+            ])
+            .args(["--bin", "fleet-auth"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cargo}: {e}"));
+        assert!(
+            out.status.success(),
+            "the aarch64 release build failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| fleet_rig::workspace_root().join("target"));
+        std::os::unix::fs::symlink(
+            target.join(triple).join("release"),
+            dir.path().join("arm64"),
+        )
+        .unwrap_or_else(|e| panic!("symlink: {e}"));
+        let store = podman.dir();
+        let built =
+            std::process::Command::new(fleet_rig::workspace_root().join("scripts/operator-image"))
+                .args([
+                    "--arch",
+                    "amd64",
+                    "--arch",
+                    "arm64",
+                    "--tag",
+                    IMAGE,
+                    "--bin-dir",
+                ])
+                .arg(dir.path())
+                .env("CONTAINERS_CONF", store.join("containers.conf"))
+                .env(
+                    "PODMAN_OPTS",
+                    format!(
+                        "--root {} --runroot {} --storage-driver vfs",
+                        store.join("root").display(),
+                        store.join("runroot").display()
+                    ),
+                )
+                .output()
+                .unwrap_or_else(|e| panic!("scripts/operator-image: {e}"));
+        assert!(
+            built.status.success(),
+            "scripts/operator-image failed:\n{}",
+            text(&built)
+        );
+    });
+    steps.run("image manifest list (linux/amd64, linux/arm64)", || {
+        let list: serde_json::Value =
+            serde_json::from_str(&podman.podman(&["manifest", "inspect", IMAGE]))
+                .unwrap_or_else(|e| panic!("manifest inspect: {e}"));
+        let mut platforms: Vec<String> = list["manifests"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no manifests in {list:#}"))
+            .iter()
+            .map(|m| {
+                format!(
+                    "{}/{}",
+                    m["platform"]["os"].as_str().unwrap_or("?"),
+                    m["platform"]["architecture"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        platforms.sort();
+        assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{list:#}");
+        for arch in ["amd64", "arm64"] {
+            let name = format!("{IMAGE}-{arch}");
+            assert_eq!(
+                podman.podman(&[
+                    "image",
+                    "inspect",
+                    "-f",
+                    "{{.Os}}/{{.Architecture}} {{.Config.User}}",
+                    &name
+                ]),
+                format!("linux/{arch} 65532:65532")
+            );
+        }
+    });
+    steps.run(
+        "image arm64 binaries start (podman run --arch arm64 … --help)",
+        || {
+            let arm64 = format!("{IMAGE}-arm64");
+            // What the arm64 image holds is aarch64 code (e_machine 0xb7): an amd64 binary would run here as well.
+            podman.podman(&["create", "--name", "arm64-files", &arm64]);
+            for f in [
+                "/usr/local/bin/fleet-operator",
+                "/usr/local/bin/fleetlock-server",
+                "/usr/local/bin/fleet-auth",
+                "/lib/ld-linux-aarch64.so.1",
+            ] {
+                let to = dir.path().join("copied");
+                podman.podman(&["cp", &format!("arm64-files:{f}"), &to.to_string_lossy()]);
+                let bytes = std::fs::read(&to).unwrap_or_else(|e| panic!("read {f}: {e}"));
+                assert_eq!(
+                    bytes.get(18..20),
+                    Some(&[0xb7, 0][..]),
+                    "{f} is not an aarch64 ELF"
+                );
+                std::fs::remove_file(&to).unwrap_or_else(|e| panic!("rm: {e}"));
+            }
+            podman.podman(&["rm", "arm64-files"]);
+            // Each binary's help starts with its own name.
+            for bin in ["fleet-operator", "fleetlock-server", "fleet-auth"] {
+                let out = podman.try_podman(&[
+                    "run",
+                    "--rm",
+                    "--arch",
+                    "arm64",
+                    "--network",
+                    "none",
+                    "--entrypoint",
+                    &format!("/usr/local/bin/{bin}"),
+                    &arm64,
+                    "--help",
+                ]);
+                let help = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    out.status.success() && help.starts_with(&format!("{bin}: ")),
+                    "{bin} --help in the arm64 image:\n{}",
+                    text(&out)
+                );
+            }
+        },
+    );
 }
