@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Whole-device benchmarks: the cutover gap of an agent upgrade on an nspawn device (old agent stopped → new agent
 # READY, idle drain; reference: a plain `systemctl restart` of the same agent in the same run), and the stripped
-# device-profile sizes (scripts/cross-build: release, for size, panic = abort) for aarch64 (Raspberry Pi OS) next to x86_64.
+# sizes of the device profile (scripts/cross-build: release, for size, panic = abort) for aarch64 (Raspberry Pi OS)
+# next to x86_64.
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
