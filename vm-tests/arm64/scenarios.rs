@@ -19,11 +19,10 @@ use fleet_vm_tests::fleet::{
     agent_config, start_nats, Artifacts, Operator, DEVICE, GUEST_CA_FILE, GUEST_TOKEN_FILE,
 };
 use fleet_vm_tests::fleetlock::FleetLockServer;
-use fleet_vm_tests::packages;
+use fleet_vm_tests::packages::{self, apt};
 use fleet_vm_tests::tasks::HolderWatch;
 use fleet_wire::{AgentUpgradeAttempt, Architecture, UpgradePhase, UpgradeReason};
 use std::path::PathBuf;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 const HELP: &str = "fleet-arm64-scenarios [device|image]...   (default: both)\n\n\
@@ -123,18 +122,6 @@ fn arm64_tree() -> PathBuf {
         tree.display()
     );
     tree
-}
-
-fn apt(guest: &Guest, args: &[&str]) -> Output {
-    let mut all = vec![
-        "--service-type=exec",
-        "--setenv=DEBIAN_FRONTEND=noninteractive",
-        "apt-get",
-        "-y",
-        "--no-install-recommends",
-    ];
-    all.extend_from_slice(args);
-    guest.systemd_run(&all)
 }
 
 fn journal_phase(guest: &Guest) -> String {
@@ -440,30 +427,22 @@ fn image() {
             dir.path().join("arm64"),
         )
         .unwrap_or_else(|e| panic!("symlink: {e}"));
-        let store = podman.dir();
-        let built =
-            std::process::Command::new(fleet_rig::workspace_root().join("scripts/operator-image"))
-                .args([
-                    "--arch",
-                    "amd64",
-                    "--arch",
-                    "arm64",
-                    "--tag",
-                    IMAGE,
-                    "--bin-dir",
-                ])
-                .arg(dir.path())
-                .env("CONTAINERS_CONF", store.join("containers.conf"))
-                .env(
-                    "PODMAN_OPTS",
-                    format!(
-                        "--root {} --runroot {} --storage-driver vfs",
-                        store.join("root").display(),
-                        store.join("runroot").display()
-                    ),
-                )
-                .output()
-                .unwrap_or_else(|e| panic!("scripts/operator-image: {e}"));
+        let built = podman
+            .bind_script(&mut std::process::Command::new(
+                fleet_rig::workspace_root().join("scripts/operator-image"),
+            ))
+            .args([
+                "--arch",
+                "amd64",
+                "--arch",
+                "arm64",
+                "--tag",
+                IMAGE,
+                "--bin-dir",
+            ])
+            .arg(dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("scripts/operator-image: {e}"));
         assert!(
             built.status.success(),
             "scripts/operator-image failed:\n{}",

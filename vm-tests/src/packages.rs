@@ -3,9 +3,10 @@
 //! own release builds; here the packaging itself (layout, maintainer scripts, device setup) is under test.
 
 use crate::builds::{self, Arch};
+use fleet_rig::nspawn::Guest;
 use fleet_rig::workspace_root;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 /// The workspace version: every package's version.
@@ -84,4 +85,18 @@ pub fn file_name(name: &str) -> String {
 /// The file name of package `name` for `arch` (`amd64`, `arm64`).
 pub fn file_name_for(name: &str, arch: &str) -> String {
     format!("{name}_{}_{arch}.deb", version())
+}
+
+/// `apt-get -y --no-install-recommends <args>` in the guest as an admin runs it (a transient unit, so under the
+/// guest's own cgroups and seccomp filter, without prompts).
+pub fn apt(guest: &Guest, args: &[&str]) -> Output {
+    let mut all = vec![
+        "--service-type=exec",
+        "--setenv=DEBIAN_FRONTEND=noninteractive",
+        "apt-get",
+        "-y",
+        "--no-install-recommends",
+    ];
+    all.extend_from_slice(args);
+    guest.systemd_run(&all)
 }
