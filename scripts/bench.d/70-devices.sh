@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Whole-device benchmarks: the cutover gap of an agent upgrade on an nspawn device (old agent stopped → new agent
 # READY, idle drain; reference: a plain `systemctl restart` of the same agent in the same run), and the stripped
-# release sizes for aarch64 (Raspberry Pi OS) next to x86_64.
+# sizes of the device profile (scripts/cross-build: release, for size, panic = abort) for aarch64 (Raspberry Pi OS)
+# next to x86_64.
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
@@ -19,7 +20,7 @@ mib() { awk -v b="$1" 'BEGIN{printf "%.2f MiB", b/1048576}'; }
 verdict() { [ "$1" -le "$2" ] && echo met || echo "NOT met"; }
 a_agent=$(size aarch64 fleet-agent); a_upd=$(size aarch64 fleet-updater); a_fetch=$(size aarch64 fleet-fetch)
 x_agent=$(size x86_64 fleet-agent); x_upd=$(size x86_64 fleet-updater); x_fetch=$(size x86_64 fleet-fetch)
-echo "| stripped release binary | aarch64 (Raspberry Pi OS) | x86_64 (reference) | goal (aarch64) |"
+echo "| stripped binary (device profile) | aarch64 (Raspberry Pi OS) | x86_64 (reference) | goal (aarch64) |"
 echo "|---|---|---|---|"
 echo "| fleet-agent | $(mib "$a_agent") | $(mib "$x_agent") | ≤ 5 MiB: $(verdict "$a_agent" 5242880) |"
 echo "| fleet-updater | $(mib "$a_upd") | $(mib "$x_upd") | |"

@@ -13,7 +13,7 @@ mib() { awk -v b="$1" 'BEGIN{printf "%.2f MiB", b/1048576}'; }
 echo "| package | arch | installed | .deb |"
 echo "|---|---|---|---|"
 for f in "$out"/harmony-fleet-device_"$version"_amd64.deb "$out"/harmony-fleet-device_"$version"_arm64.deb \
-         "$out"/fleetlock-server_"$version"_amd64.deb; do
+         "$out"/fleetlock-server_"$version"_amd64.deb "$out"/fleetlock-server_"$version"_arm64.deb; do
   kib=$(dpkg-deb -f "$f" Installed-Size)
   echo "| $(dpkg-deb -f "$f" Package) | $(dpkg-deb -f "$f" Architecture) | $(mib $((kib * 1024))) | $(mib "$(stat -c %s "$f")") |"
 done

@@ -1,5 +1,6 @@
 //! The project's binaries for whole-device tests: the updater and the agent at several compiled versions
-//! (`FLEET_AGENT_VERSION=… cargo build`), built once per test process into their own target directory.
+//! (`FLEET_AGENT_VERSION=… cargo build`), built once per test process into their own target directory, for this
+//! host or cross-built for an arm64 device ([`Arch::Arm64`]: `aarch64-unknown-linux-gnu`, stripped).
 //!
 //! `cargo test` holds its own target directory's lock while tests run, so these builds use
 //! `<target dir>/vm-tests-build` (override: `FLEET_VM_BUILD_DIR`). Each version is copied out after its build,
@@ -41,8 +42,38 @@ fn cargo() -> String {
 static LOCK: Mutex<()> = Mutex::new(());
 static BUILT: OnceLock<Mutex<BTreeMap<String, PathBuf>>> = OnceLock::new();
 
+/// The device architecture a binary is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// This host's (x86-64): plain `cargo build`.
+    Host,
+    /// An arm64 device (Raspberry Pi OS): cross-built for `aarch64-unknown-linux-gnu` (`.cargo/config.toml` sets
+    /// the linker; `scripts/setup cross` installs it), then stripped: debug binaries with their debug info are
+    /// several times larger, and an emulated device downloads and hashes every byte of a candidate.
+    Arm64,
+}
+
+impl Arch {
+    /// The Rust target triple of a cross build.
+    fn triple(self) -> Option<&'static str> {
+        match self {
+            Self::Host => None,
+            Self::Arm64 => Some("aarch64-unknown-linux-gnu"),
+        }
+    }
+}
+
 fn build(package: &str, bin: &str, version: Option<&str>) -> PathBuf {
-    let key = format!("{bin}@{}", version.unwrap_or("default"));
+    build_for(Arch::Host, package, bin, version)
+}
+
+fn build_for(arch: Arch, package: &str, bin: &str, version: Option<&str>) -> PathBuf {
+    let triple = arch.triple();
+    let key = format!(
+        "{bin}@{}{}",
+        version.unwrap_or("default"),
+        triple.map(|t| format!("@{t}")).unwrap_or_default()
+    );
     let built = BUILT.get_or_init(|| Mutex::new(BTreeMap::new()));
     if let Some(p) = built.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return p.clone();
@@ -52,7 +83,10 @@ fn build(package: &str, bin: &str, version: Option<&str>) -> PathBuf {
         return p.clone();
     }
     let root = build_root();
-    let dest_dir = root.join("bin");
+    let dest_dir = match triple {
+        None => root.join("bin"),
+        Some(t) => root.join("bin").join(t),
+    };
     let dest = dest_dir.join(match version {
         Some(v) => format!("{bin}-v{v}"),
         None => bin.to_string(),
@@ -70,6 +104,9 @@ fn build(package: &str, bin: &str, version: Option<&str>) -> PathBuf {
     cmd.current_dir(workspace_root())
         .args(["build", "--quiet", "--locked", "-p", package, "--bin", bin])
         .env("CARGO_TARGET_DIR", root.join("target"));
+    if let Some(t) = triple {
+        cmd.args(["--target", t]);
+    }
     match version {
         Some(v) => cmd.env("FLEET_AGENT_VERSION", v),
         None => cmd.env_remove("FLEET_AGENT_VERSION"),
@@ -82,9 +119,15 @@ fn build(package: &str, bin: &str, version: Option<&str>) -> PathBuf {
         "building {bin} ({key}) failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let from = root.join("target/debug").join(bin);
+    let from = match triple {
+        None => root.join("target/debug").join(bin),
+        Some(t) => root.join("target").join(t).join("debug").join(bin),
+    };
     std::fs::create_dir_all(&dest_dir).unwrap_or_else(|e| panic!("mkdir {dest_dir:?}: {e}"));
-    copy_atomic(&from, &dest);
+    match arch {
+        Arch::Host => copy_atomic(&from, &dest),
+        Arch::Arm64 => strip_atomic("aarch64-linux-gnu-strip", &from, &dest),
+    }
     built
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -132,9 +175,45 @@ fn copy_atomic(from: &Path, to: &Path) {
     std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("rename {tmp:?} to {to:?}: {e}"));
 }
 
+fn strip_atomic(strip: &str, from: &Path, to: &Path) {
+    let tmp = to.with_extension(format!("tmp{}", std::process::id()));
+    let out = Command::new(strip)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(from)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {strip} (scripts/setup cross installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "{strip} {from:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("rename {tmp:?} to {to:?}: {e}"));
+}
+
 /// The agent compiled with `FLEET_AGENT_VERSION=version`.
 pub fn agent(version: &str) -> PathBuf {
     build("fleet-agent", "fleet-agent", Some(version))
+}
+
+/// The agent compiled with `FLEET_AGENT_VERSION=version` for `arch`.
+pub fn agent_for(arch: Arch, version: &str) -> PathBuf {
+    build_for(arch, "fleet-agent", "fleet-agent", Some(version))
+}
+
+/// The device binaries a package carries besides the agent, built for `arch`: (binary, name) of the updater, its
+/// download helper, the reboot client, the boot watchdog and the token refresher.
+pub fn device_bins_for(arch: Arch) -> Vec<(PathBuf, &'static str)> {
+    [
+        "fleet-updater",
+        "fleet-fetch",
+        "fleet-reboot",
+        "fleet-boot-watchdog",
+        "fleet-token",
+    ]
+    .into_iter()
+    .map(|b| (build_for(arch, "fleet-updater", b, None), b))
+    .collect()
 }
 
 /// The updater.
@@ -180,12 +259,58 @@ pub const SCRIPT_MARKER: &str = "\n#fleet-script-candidate\n";
 /// `script-candidate` ELF with `body` appended, because the updater runs only ELF executables for the device's
 /// architecture.
 pub fn script_candidate(body: &str) -> Vec<u8> {
-    let elf = prebuilt_or_build("fleet-vm-tests", "script-candidate");
+    script_candidate_for(Arch::Host, body)
+}
+
+/// [`script_candidate`] for a device of `arch`.
+pub fn script_candidate_for(arch: Arch, body: &str) -> Vec<u8> {
+    let elf = match arch {
+        Arch::Host => prebuilt_or_build("fleet-vm-tests", "script-candidate"),
+        Arch::Arm64 => script_candidate_arm64(),
+    };
     let mut bytes = std::fs::read(&elf).unwrap_or_else(|e| panic!("read {elf:?}: {e}"));
     bytes.extend_from_slice(SCRIPT_MARKER.as_bytes());
     bytes.extend_from_slice(body.as_bytes());
     bytes.push(b'\n');
     bytes
+}
+
+/// `src/bin/script-candidate.rs` for aarch64, compiled by `rustc` alone: it uses only `std`, while a cargo build
+/// of this package for aarch64 would compile the whole rig (and its TLS and NATS dependencies) for it too.
+fn script_candidate_arm64() -> PathBuf {
+    static ELF: OnceLock<PathBuf> = OnceLock::new();
+    ELF.get_or_init(|| {
+        let src = workspace_root().join("vm-tests/src/bin/script-candidate.rs");
+        let dir = build_root().join("bin/aarch64-unknown-linux-gnu");
+        let dest = dir.join("script-candidate");
+        if newest_mtime(&dest) > newest_mtime(&src) {
+            return dest;
+        }
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {dir:?}: {e}"));
+        let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
+        let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+        let out = Command::new(&rustc)
+            .args([
+                "--edition=2021",
+                "--target=aarch64-unknown-linux-gnu",
+                "-Clinker=aarch64-linux-gnu-gcc",
+                "-Copt-level=s",
+                "-Cstrip=symbols",
+                "-o",
+            ])
+            .arg(&tmp)
+            .arg(&src)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {rustc}: {e}"));
+        assert!(
+            out.status.success(),
+            "rustc for aarch64 failed (scripts/setup cross installs the target and linker):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::rename(&tmp, &dest).unwrap_or_else(|e| panic!("rename {tmp:?}: {e}"));
+        dest
+    })
+    .clone()
 }
 
 /// The real `fleet-operator` binary.

@@ -528,13 +528,27 @@ impl Artifacts {
         name: &str,
         version: &str,
     ) -> AgentUpgradeAttempt {
+        let arch = fleet_wire::Architecture::current()
+            .unwrap_or_else(|| panic!("this host's architecture is not a fleet architecture"));
+        self.attempt_for_arch(device, arch, file, name, version)
+    }
+
+    /// Publishes `file` at `/<name>` and returns an attempt for it targeting `version` on `device`, a device of
+    /// architecture `arch`.
+    pub fn attempt_for_arch(
+        &self,
+        device: &str,
+        arch: fleet_wire::Architecture,
+        file: &Path,
+        name: &str,
+        version: &str,
+    ) -> AgentUpgradeAttempt {
         let (url, sha) = self.publish(file, name);
         let json = serde_json::json!({
             "attemptId": fleet_wire::AttemptId::new_random(),
             "deviceId": device,
             "targetVersion": version,
-            "architecture": fleet_wire::Architecture::current()
-                .unwrap_or_else(|| panic!("this host's architecture is not a fleet architecture")),
+            "architecture": arch,
             "artifact": url,
             "byteLimit": fleet_wire::limits::ARTIFACT_MAX_BYTES,
             "sha256": sha,

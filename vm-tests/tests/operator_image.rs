@@ -126,19 +126,12 @@ fn the_operator_image_reconciles_a_fleet_deployment() {
     ] {
         std::fs::copy(&from, bins.join(name)).unwrap_or_else(|e| panic!("copy {from:?}: {e}"));
     }
-    let store = podman.dir();
-    let built = Command::new(workspace_root().join("scripts/operator-image"))
+    let built = podman
+        .bind_script(&mut Command::new(
+            workspace_root().join("scripts/operator-image"),
+        ))
         .args(["--tag", IMAGE, "--bin-dir"])
         .arg(&bins)
-        .env("CONTAINERS_CONF", store.join("containers.conf"))
-        .env(
-            "PODMAN_OPTS",
-            format!(
-                "--root {} --runroot {} --storage-driver vfs",
-                store.join("root").display(),
-                store.join("runroot").display()
-            ),
-        )
         .output()
         .unwrap_or_else(|e| panic!("scripts/operator-image: {e}"));
     assert!(

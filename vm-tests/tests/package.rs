@@ -9,7 +9,7 @@ use fleet_rig::wait_for;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::device::text;
 use fleet_vm_tests::fleet::{agent_config, guest_nats_url, start_nats, Operator, GUEST_TOKEN_FILE};
-use fleet_vm_tests::packages;
+use fleet_vm_tests::packages::{self, apt};
 use std::process::Output;
 use std::time::Duration;
 
@@ -22,18 +22,6 @@ const SNAPSHOT: &str = r#"find / -xdev \( -path /proc -o -path /sys -o -path /de
   -o -path /var/lib/systemd/timers -o -path /var/lib/systemd/deb-systemd-helper-enabled -o -path /root/pkgs \
   -o -name '*-' -path '/etc/*' \) -prune -o -printf '%p %u:%g %m\n' | sort;
   md5sum /etc/passwd /etc/group /etc/shadow /etc/gshadow /etc/subuid /etc/subgid 2>&1"#;
-
-fn apt(guest: &Guest, args: &[&str]) -> Output {
-    let mut all = vec![
-        "--service-type=exec",
-        "--setenv=DEBIAN_FRONTEND=noninteractive",
-        "apt-get",
-        "-y",
-        "--no-install-recommends",
-    ];
-    all.extend_from_slice(args);
-    guest.systemd_run(&all)
-}
 
 fn assert_ok(what: &str, out: &Output) -> String {
     let t = text(out);

@@ -110,6 +110,22 @@ impl PodmanService {
         c
     }
 
+    /// Points a script that runs `podman` itself (e.g. `scripts/operator-image`) at this service's storage and
+    /// configuration, through `CONTAINERS_CONF` and the `PODMAN_OPTS` the project's scripts pass to podman.
+    pub fn bind_script<'a>(&self, script: &'a mut Command) -> &'a mut Command {
+        let d = self.dir.path();
+        script
+            .env("CONTAINERS_CONF", d.join("containers.conf"))
+            .env(
+                "PODMAN_OPTS",
+                format!(
+                    "--root {} --runroot {} --storage-driver vfs",
+                    d.join("root").display(),
+                    d.join("runroot").display()
+                ),
+            )
+    }
+
     /// Runs `podman <args>` against this storage; panics with its stderr on failure.
     pub fn podman(&self, args: &[&str]) -> String {
         let out = self.try_podman(args);
