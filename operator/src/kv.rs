@@ -39,7 +39,8 @@ impl NatsError {
 static TLS: OnceLock<NatsTls> = OnceLock::new();
 
 /// How many servers of a NATS cluster keep a copy of each bucket the operator creates (`--kv-replicas`), set
-/// once by `main` like [`TLS`]; 1 unless set. Buckets that exist keep their replica count.
+/// once by `main` like [`TLS`]; 1 unless set. Buckets that exist keep their replica count, except that
+/// `fleet-operator buckets` scales them to it ([`scale_buckets`]).
 static REPLICAS: OnceLock<usize> = OnceLock::new();
 
 /// The most replicas JetStream allows a stream.
@@ -61,6 +62,40 @@ pub fn set_replicas(replicas: usize) -> Result<(), String> {
 /// The replica count buckets are created with.
 pub fn replicas() -> usize {
     REPLICAS.get().copied().unwrap_or(1)
+}
+
+/// Scales every bucket of the layout that exists to the replica count given with `--kv-replicas` (nothing when
+/// none was given: an operator started without it never scales a cluster's buckets down). Returns each bucket
+/// changed with its old and new count. JetStream adds or removes the copies itself, keeping every key.
+pub async fn scale_buckets(
+    js: &jetstream::Context,
+) -> Result<Vec<(&'static str, usize, usize)>, NatsError> {
+    let Some(want) = REPLICAS.get().copied() else {
+        return Ok(Vec::new());
+    };
+    let mut changed = Vec::new();
+    for spec in fleet_wire::kv::BUCKETS {
+        // A KV bucket is the stream `KV_<bucket>`.
+        let name = format!("KV_{}", spec.name);
+        let Ok(mut stream) = js.get_stream(&name).await else {
+            continue;
+        };
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| NatsError::new(format!("stream info {name}"), e))?;
+        let have = info.config.num_replicas;
+        if have == want {
+            continue;
+        }
+        let mut config = info.config.clone();
+        config.num_replicas = want;
+        js.update_stream(&config)
+            .await
+            .map_err(|e| NatsError::new(format!("scale bucket {} to {want}", spec.name), e))?;
+        changed.push((spec.name, have, want));
+    }
+    Ok(changed)
 }
 
 /// Sets the TLS of every later [`connect`]; `Err` if it was set already.

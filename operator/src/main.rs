@@ -15,7 +15,8 @@ Usage: fleet-operator [--nats-url URL] [NATS TLS] [--webhook-listen ADDR --webho
        fleet-operator --help | --version
 
 Commands:
-  buckets          create the missing NATS KV buckets (no Kubernetes needed) and list them all;
+  buckets          create the missing NATS KV buckets (no Kubernetes needed), scale them to --kv-replicas
+                   when given, and list them all;
                    with --check, create nothing and exit 1 if one is missing
 
 Options:
@@ -23,8 +24,8 @@ Options:
                           nats://user:password@host:port connects as the operator's own NATS user (never
                           logged; docs/auth.md)
   --kv-replicas N         copies of each bucket created, on as many servers of a NATS cluster (1-5; default
-                          $FLEET_KV_REPLICAS, else 1; 3 for a 3-node cluster: docs/kv-layout.md). Buckets
-                          that exist keep theirs
+                          $FLEET_KV_REPLICAS, else 1; 3 for a 3-node cluster: docs/kv-layout.md). The operator
+                          leaves buckets that exist as they are; `buckets` scales them to N
   --nats-ca-file FILE     NATS TLS: PEM CA(s) the server's certificate must chain to (replaces the system
                           roots; default $FLEET_NATS_CA_FILE). Any NATS TLS file makes TLS required.
   --nats-cert-file FILE   NATS TLS: client certificate for a server that verifies clients (mTLS;
@@ -397,5 +398,16 @@ async fn buckets_command(nats_url: &str, check: bool) -> ExitCode {
     for name in &missing {
         println!("{name:<28} created");
     }
-    ExitCode::SUCCESS
+    match kv::scale_buckets(&js).await {
+        Ok(scaled) => {
+            for (name, from, to) in scaled {
+                println!("{name:<28} scaled from {from} to {to} replicas");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fleet-operator buckets: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
