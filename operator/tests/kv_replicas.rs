@@ -2,6 +2,8 @@
 //! three copies: the buckets created with one replica are scaled to three, every key kept; running the command (or
 //! the operator) without the option changes nothing.
 
+#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this test writes and reads one KV key with it
+
 use fleet_rig::NatsCluster;
 use std::process::Command;
 use std::time::Duration;
