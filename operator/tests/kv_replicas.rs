@@ -1,6 +1,6 @@
 //! `fleet-operator buckets --kv-replicas N` on a real 3-node NATS cluster, as an admin grows a single-copy fleet to
-//! three copies: the buckets created with one replica are scaled to three, every key kept; running the command (or
-//! the operator) without the option changes nothing.
+//! three copies: the buckets created with one replica are scaled to three, every key kept; running the command
+//! again without the option changes nothing.
 
 #![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this test writes and reads one KV key with it
 
@@ -51,7 +51,7 @@ fn buckets_scale_to_the_replicas_asked_for_and_keep_their_keys() {
     let kv = js
         .key_value(fleet_wire::kv::DESIRED_STATE)
         .expect("open desired-state");
-    let rev = kv.put("dev-1", b"{\"kept\":true}".to_vec()).expect("put");
+    let rev = kv.put("dev-1", b"{\"kept\":true}").expect("put");
 
     let out = buckets(&urls, &["--kv-replicas", "3"]);
     for spec in fleet_wire::kv::BUCKETS {
