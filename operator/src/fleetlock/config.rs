@@ -130,7 +130,15 @@ pub enum StoreConfig {
         /// TLS: the client certificate's key.
         #[serde(default)]
         key_file: Option<PathBuf>,
+        /// Copies of the `fleetlock` bucket when this server has to create it (1 to 5: 3 on a 3-node cluster);
+        /// a bucket that exists keeps its own (`fleet-operator buckets --kv-replicas N` scales it).
+        #[serde(default = "one_replica")]
+        replicas: usize,
     },
+}
+
+fn one_replica() -> usize {
+    1
 }
 
 fn default_dir() -> PathBuf {
@@ -309,9 +317,15 @@ impl Config {
         {
             return Err("client_timeout: must be between 100ms and 5min".into());
         }
-        if let StoreConfig::Nats { url, .. } = &self.store {
+        if let StoreConfig::Nats { url, replicas, .. } = &self.store {
             if url.trim().is_empty() {
                 return Err("store.url: empty".into());
+            }
+            if !(1..=crate::kv::MAX_REPLICAS).contains(replicas) {
+                return Err(format!(
+                    "store.replicas: {replicas}: a bucket has 1 to {} replicas",
+                    crate::kv::MAX_REPLICAS
+                ));
             }
             self.store.nats_tls()?;
         }
@@ -469,6 +483,9 @@ groups:
             "ttl: soon",
             "store: {kind: nats, url: ''}",
             "store: {kind: nats, url: 'tls://x:4222', cert_file: /c.pem}",
+            "store: {kind: nats, url: 'nats://x:4222', replicas: 0}",
+            "store: {kind: nats, url: 'nats://x:4222', replicas: 6}",
+            "store: {kind: file, replicas: 3}",
             "unknown: 1",
         ] {
             assert!(Config::parse(bad).is_err(), "{bad}");

@@ -44,9 +44,13 @@ impl Store {
         match cfg {
             StoreConfig::File { dir } => Ok(Self::File(file::FileStore::open(dir)?)),
             StoreConfig::Nats {
-                url, credentials, ..
+                url,
+                credentials,
+                replicas,
+                ..
             } => Ok(Self::Nats(Box::new(
-                nats::NatsStore::open_tls(url, credentials.as_deref(), &cfg.nats_tls()?).await?,
+                nats::NatsStore::open_tls(url, credentials.as_deref(), &cfg.nats_tls()?, *replicas)
+                    .await?,
             ))),
         }
     }

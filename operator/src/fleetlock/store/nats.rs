@@ -37,14 +37,15 @@ pub struct NatsStore {
 impl NatsStore {
     /// Connects without TLS settings (a `tls://` URL uses the system roots) and opens (or creates) the bucket.
     pub async fn open(url: &str, credentials: Option<&std::path::Path>) -> Result<Self, String> {
-        Self::open_tls(url, credentials, &Default::default()).await
+        Self::open_tls(url, credentials, &Default::default(), 1).await
     }
 
-    /// Connects (over TLS as `tls` says) and opens (or creates) the bucket.
+    /// Connects (over TLS as `tls` says) and opens the bucket, or creates it with `replicas` copies.
     pub async fn open_tls(
         url: &str,
         credentials: Option<&std::path::Path>,
         tls: &crate::nats_tls::NatsTls,
+        replicas: usize,
     ) -> Result<Self, String> {
         // `nats://user:password@host`: fleetlock-server's own user (an `auth_users` entry when the fleet-auth
         // callout is on); the password never appears in errors.
@@ -97,6 +98,7 @@ impl NatsStore {
                     history: 1,
                     max_value_size: spec.max_value_bytes,
                     storage: async_nats::jetstream::stream::StorageType::File,
+                    num_replicas: replicas,
                     ..Default::default()
                 })
                 .await
