@@ -6,7 +6,7 @@ use fleet_rig::callout::{FleetNats, NatsAuth, NatsTransport};
 use fleet_rig::wait_for;
 use fleet_vm_tests::builds::{self, V1, V2};
 use fleet_vm_tests::fleet::{
-    agent_config, Artifacts, Operator, DEVICE, GUEST_CA_FILE, GUEST_TOKEN_FILE,
+    agent_config, Artifacts, Operator, DEVICE, GUEST_CA_FILE, GUEST_NATS_CA_FILE, GUEST_TOKEN_FILE,
 };
 use fleet_vm_tests::qemu::{
     make_stage_disk, stripped_copy, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST,
@@ -89,11 +89,11 @@ struct Rig {
 /// Boots a fresh guest, installs the updater and agent v1 with `scripts/device-setup` from the staging disk, and
 /// waits until both units are active and the agent has published its device info.
 fn install_v1() -> Rig {
-    // Plain NATS whatever FLEET_NATS_TLS says: the guest reaches the host at 10.0.2.2, which the rig's server
-    // certificate (127.0.0.1, localhost) does not name.
+    // TLS unless FLEET_NATS_TLS=off: the guest reaches the host at 10.0.2.2, which the rig's server certificate
+    // names.
     let nats = FleetNats::start_with(
         NatsAuth::from_env(),
-        NatsTransport::Plain,
+        NatsTransport::from_env(),
         builds::fleet_auth,
     );
     let operator = Operator::new(&nats);
@@ -127,7 +127,15 @@ fn install_v1() -> Rig {
     stripped_copy(&builds::updater(), &files.join("fleet-updater"));
     stripped_copy(&builds::fetch_helper(), &files.join("fleet-fetch"));
     stripped_copy(&builds::reboot_client(), &files.join("fleet-reboot"));
-    let nats_url = format!("nats://{HOST_FROM_GUEST}:{}", nats.port());
+    let nats_url = match nats.ca_file() {
+        Some(ca) => {
+            std::fs::copy(ca, files.join("nats-ca.pem"))
+                .unwrap_or_else(|e| panic!("copy NATS CA: {e}"));
+            format!("tls://{HOST_FROM_GUEST}:{}", nats.port())
+        }
+        None => format!("nats://{HOST_FROM_GUEST}:{}", nats.port()),
+    };
+    step(&format!("the guest's NATS: {nats_url}"));
     // The device's NATS token (auth callout on): a root-only file that device setup installs for the agent.
     let token = nats.device_token(DEVICE);
     if let Some(t) = &token {
@@ -174,6 +182,7 @@ fn install_v1() -> Rig {
     vm.sh(&format!(
         "mkdir -p {s} && mount -o ro /dev/vdb {s} && \
          install -D -m 0644 {s}/files/test-ca.pem {GUEST_CA_FILE} && \
+         {{ [ ! -e {s}/files/nats-ca.pem ] || install -D -m 0644 {s}/files/nats-ca.pem {GUEST_NATS_CA_FILE}; }} && \
          install -D -m 0755 {s}/files/fleet-agent-real-v2 {REAL_V2} && \
          install -m 0644 {s}/files/fleet-artifact-relay.service /etc/systemd/system/ && \
          systemctl daemon-reload && systemctl enable --now fleet-artifact-relay.service"

@@ -1,5 +1,5 @@
 //! A throw-away certificate authority for tests (rcgen, ECDSA P-256): its root as PEM file and DER, and server
-//! certificates for `127.0.0.1` and `localhost` and client certificates (mTLS) issued by it, written to a temporary
+//! certificates for `127.0.0.1`, `localhost` and `10.0.2.2` and client certificates (mTLS) issued by it, written to a temporary
 //! directory.
 
 use rcgen::{
@@ -69,10 +69,15 @@ impl TestCa {
         &self.ca_file
     }
 
-    /// Issues a server certificate for `127.0.0.1` and `localhost`; `name` names its files.
+    /// Issues a server certificate for `127.0.0.1`, `localhost` and `10.0.2.2` (the host as a QEMU user-network
+    /// guest reaches it); `name` names its files.
     pub fn server_cert(&self, name: &str) -> ServerCert {
-        let mut params = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
-            .unwrap_or_else(|e| panic!("server params: {e}"));
+        let mut params = CertificateParams::new(vec![
+            "127.0.0.1".into(),
+            "localhost".into(),
+            "10.0.2.2".into(),
+        ])
+        .unwrap_or_else(|e| panic!("server params: {e}"));
         params
             .distinguished_name
             .push(DnType::CommonName, "127.0.0.1");
