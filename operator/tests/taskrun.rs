@@ -413,6 +413,38 @@ async fn canary_failure_stops_the_rest() {
     );
 }
 
+/// Deleting a running TaskRun (`kubectl delete ftr`) cancels it: the intent the canary has not taken is removed
+/// and nothing more is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_run_removes_its_intents() {
+    let mut f = Fleet::new("cancel").await;
+    let group = f.group("prod").await;
+    let c1 = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o1 = f.device("o1", json!({"member": "prod"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("the canary released", || async {
+        f.intent(&c1, &run).await
+    })
+    .await;
+    f.runs()
+        .delete("upgrade", &Default::default())
+        .await
+        .expect("delete the run");
+    eventually("the canary's intent removed", || async {
+        f.intent(&c1, &run).await.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(f.intent(&o1, &run).await.is_none(), "nothing more released");
+    assert!(
+        f.intent(&c1, &run).await.is_none(),
+        "and nothing written again"
+    );
+}
+
 /// A canary that never reports times out: the run fails with CanaryFailed at its deadline; a success reported
 /// afterwards (even one whose heartbeat precedes the deadline) leaves the run Failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -246,6 +246,25 @@ impl Controller {
                 wake = Some(wake.map_or(w, |x: Timestamp| x.min(w)));
             }
         }
+        // A run deleted while it ran is cancelled: the intents no device has taken yet are removed (an updater that
+        // already accepted its attempt finishes it), as for a run that ended. Until that succeeds its view is kept
+        // and the next pass tries again.
+        let deleted: Vec<AttemptId> = self
+            .views
+            .keys()
+            .filter(|k| !seen.contains(*k) && !self.cleaned.contains(*k))
+            .copied()
+            .collect();
+        for uid in deleted {
+            if let Some(link) = link {
+                log::info!("run {uid} deleted: removing the intents no device has taken");
+                self.clean_up(link, uid).await;
+            }
+            if self.views.contains_key(&uid) {
+                seen.insert(uid);
+                wake = Some(Timestamp::now().plus(Duration::from_secs(1)));
+            }
+        }
         // Forget runs that no longer exist.
         self.plans.retain(|k, _| seen.contains(k));
         self.views.retain(|k, _| seen.contains(k));
