@@ -47,38 +47,7 @@ const UNIT_WAIT: Duration = Duration::from_secs(240);
 const UPGRADE_WAIT: Duration = Duration::from_secs(480);
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{HELP}");
-        return;
-    }
-    let wanted: Vec<&str> = if args.is_empty() {
-        vec!["device", "image"]
-    } else {
-        args.iter().map(String::as_str).collect()
-    };
-    let mut failed = false;
-    for name in wanted {
-        let run: fn() = match name {
-            "device" => device,
-            "image" => image,
-            other => {
-                eprintln!("unknown scenario {other:?}\n\n{HELP}");
-                std::process::exit(2);
-            }
-        };
-        let start = Instant::now();
-        let ok = std::panic::catch_unwind(run).is_ok();
-        println!(
-            "{} arm64 {name} ({:.0} s)",
-            if ok { "PASS" } else { "FAIL" },
-            start.elapsed().as_secs_f64()
-        );
-        failed |= !ok;
-    }
-    if failed {
-        std::process::exit(1);
-    }
+    fleet_vm_tests::runner::run_scenarios(HELP, "arm64", &[("device", device), ("image", image)]);
 }
 
 /// Times the steps and prints one PASS line per step that finished.

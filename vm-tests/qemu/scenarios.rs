@@ -25,39 +25,11 @@ e  power cut (kill -9 of QEMU) during `activating`; after the next boot v1 is se
 Needs qemu-system-x86_64, the image of scripts/setup.d/65-qemu.sh and FLEET_NATS_SERVER: use vm-tests/qemu/run.";
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{HELP}");
-        return;
-    }
-    let wanted: Vec<&str> = if args.is_empty() {
-        vec!["a", "e"]
-    } else {
-        args.iter().map(String::as_str).collect()
-    };
-    let mut failed = false;
-    for name in wanted {
-        let run: fn() = match name {
-            "a" => scenario_a,
-            "e" => scenario_e,
-            other => {
-                eprintln!("unknown scenario {other:?}\n\n{HELP}");
-                std::process::exit(2);
-            }
-        };
-        let start = Instant::now();
-        let ok = std::panic::catch_unwind(run).is_ok();
-        let secs = start.elapsed().as_secs_f64();
-        println!(
-            "{} scenario {name} ({:.0} s)",
-            if ok { "PASS" } else { "FAIL" },
-            secs
-        );
-        failed |= !ok;
-    }
-    if failed {
-        std::process::exit(1);
-    }
+    fleet_vm_tests::runner::run_scenarios(
+        HELP,
+        "scenario",
+        &[("a", scenario_a), ("e", scenario_e)],
+    );
 }
 
 fn step(msg: &str) {

@@ -12,5 +12,6 @@ pub mod inspect;
 pub mod local_fleet;
 pub mod packages;
 pub mod qemu;
+pub mod runner;
 pub mod scene;
 pub mod tasks;

@@ -248,8 +248,12 @@ fn get(port: u16, path: &str) -> Option<String> {
 /// The ids holding a slot of group `default` of the FleetLock server on 127.0.0.1:`port` (`/v1/status`).
 pub fn holder_ids_at(port: u16) -> Vec<String> {
     let body = get(port, "/v1/status").unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    v["groups"]
+    default_holders(&serde_json::from_str(&body).unwrap_or_default())
+}
+
+/// The ids holding a slot of group `default` in a FleetLock `/v1/status` answer (none for anything else).
+pub fn default_holders(status: &serde_json::Value) -> Vec<String> {
+    status["groups"]
         .as_array()
         .and_then(|g| g.iter().find(|g| g["name"] == "default"))
         .and_then(|g| g["holders"].as_array())

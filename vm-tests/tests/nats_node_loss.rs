@@ -427,16 +427,7 @@ impl Fleet {
         let mut c = self.fleetlock.conn().expect("fleetlock connection");
         let a = c.request("GET", "/v1/status", &[], b"").expect("status");
         let v: serde_json::Value = serde_json::from_slice(&a.body).expect("status JSON");
-        v["groups"]
-            .as_array()
-            .and_then(|g| g.iter().find(|g| g["name"] == "default"))
-            .and_then(|g| g["holders"].as_array())
-            .map(|h| {
-                h.iter()
-                    .filter_map(|x| x["id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
+        fleet_vm_tests::tasks::default_holders(&v)
     }
 }
 
