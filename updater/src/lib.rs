@@ -9,6 +9,7 @@ pub mod accept;
 pub mod boot_watchdog;
 pub mod bounded;
 pub mod child;
+pub mod cli;
 pub mod config;
 pub mod durable;
 pub mod elf;

@@ -1,8 +1,8 @@
 //! `fleet-boot-watchdog`: one run of the boot watchdog (from fleet-boot-watchdog.timer).
 
 use fleet_updater::boot_watchdog::{self, config::DEFAULT_CONFIG, Outcome, WatchdogConfig};
+use fleet_updater::cli::Cli;
 use fleet_updater::reboot::system::Host;
-use std::path::PathBuf;
 
 const HELP: &str = "fleet-boot-watchdog: when this host has not finished booting (is-system-running not running
 or degraded, systemd-user-sessions.service not active, /run/nologin present), write diagnostics to
@@ -23,25 +23,7 @@ something failed (bad config, diagnostics not written, a failed reboot command).
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let mut config = PathBuf::from(DEFAULT_CONFIG);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--help" | "-h" => {
-                println!("{HELP}");
-                return;
-            }
-            "--version" => {
-                println!("{}", env!("CARGO_PKG_VERSION"));
-                return;
-            }
-            "--config" => match args.next() {
-                Some(p) => config = PathBuf::from(p),
-                None => fail("--config needs a path"),
-            },
-            other => fail(&format!("unknown argument {other:?} (see --help)")),
-        }
-    }
+    let (config, _) = Cli::from_env(HELP, DEFAULT_CONFIG, &[]).unwrap_or_else(|e| fail(&e));
     let cfg = WatchdogConfig::load(&config).unwrap_or_else(|e| fail(&e));
     match boot_watchdog::run(&cfg, &Host, fleet_wire::Timestamp::now()) {
         Ok(Outcome::CapReached(file)) => {

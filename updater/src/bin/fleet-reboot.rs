@@ -1,7 +1,7 @@
 //! `fleet-reboot`: one run of the coordinated-reboot client (from fleet-reboot.timer).
 
+use fleet_updater::cli::Cli;
 use fleet_updater::reboot::{self, Outcome, RebootConfig, RunOptions};
-use std::path::PathBuf;
 
 const HELP: &str =
     "fleet-reboot: reboot this host into a staged update when the time, its health, its
@@ -25,29 +25,14 @@ Exit status (--check: 0 when the config is valid and the server answers and acce
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let mut config = PathBuf::from(reboot::config::DEFAULT_CONFIG);
-    let mut check = false;
-    let mut after_boot = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--help" | "-h" => {
-                println!("{HELP}");
-                return;
-            }
-            "--version" => {
-                println!("{}", env!("CARGO_PKG_VERSION"));
-                return;
-            }
-            "--check" => check = true,
-            "--after-boot" => after_boot = true,
-            "--config" => match args.next() {
-                Some(p) => config = PathBuf::from(p),
-                None => fail("--config needs a path"),
-            },
-            other => fail(&format!("unknown argument {other:?} (see --help)")),
-        }
-    }
+    let (config, flags) = Cli::from_env(
+        HELP,
+        reboot::config::DEFAULT_CONFIG,
+        &["--check", "--after-boot"],
+    )
+    .unwrap_or_else(|e| fail(&e));
+    let check = flags.contains(&"--check");
+    let after_boot = flags.contains(&"--after-boot");
     let cfg = match RebootConfig::load(&config) {
         Ok(c) => c,
         Err(e) => fail(&e),

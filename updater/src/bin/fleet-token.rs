@@ -1,7 +1,7 @@
 //! `fleet-token`: one refresh of the device's NATS token (from fleet-token.timer).
 
+use fleet_updater::cli::Cli;
 use fleet_updater::token::{self, TokenConfig};
-use std::path::PathBuf;
 
 const HELP: &str = "fleet-token: get a fresh NATS token for this device as its Zitadel machine user (JWT-profile
 grant, RFC 7523) and replace /etc/harmony-fleet/nats-token with it (mode 0600, owned by fleet-agent); the agent
@@ -19,25 +19,8 @@ Exit status: 0 when a new token was written, 1 otherwise. The token and the key 
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let mut config = PathBuf::from(token::config::DEFAULT_CONFIG);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--help" | "-h" => {
-                println!("{HELP}");
-                return;
-            }
-            "--version" => {
-                println!("{}", env!("CARGO_PKG_VERSION"));
-                return;
-            }
-            "--config" => match args.next() {
-                Some(p) => config = PathBuf::from(p),
-                None => fail("--config needs a path"),
-            },
-            other => fail(&format!("unknown argument {other:?} (see --help)")),
-        }
-    }
+    let (config, _) =
+        Cli::from_env(HELP, token::config::DEFAULT_CONFIG, &[]).unwrap_or_else(|e| fail(&e));
     let cfg = TokenConfig::load(&config).unwrap_or_else(|e| fail(&e));
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
