@@ -20,7 +20,8 @@ Commands:
                    with --check, create nothing and exit 1 if one is missing
 
 Options:
-  --nats-url URL          NATS server (default: $FLEET_NATS_URL, else nats://127.0.0.1:4222);
+  --nats-url URL          NATS server, or every node of a cluster comma-separated (default: $FLEET_NATS_URL,
+                          else nats://127.0.0.1:4222);
                           nats://user:password@host:port connects as the operator's own NATS user (never
                           logged; docs/auth.md)
   --kv-replicas N         copies of each bucket created, on as many servers of a NATS cluster (1-5; default
