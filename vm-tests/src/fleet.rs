@@ -43,14 +43,20 @@ pub fn start_nats() -> FleetNats {
 /// `nats://…` otherwise.
 pub fn guest_nats_url(guest: &Guest, nats: &FleetNats, link: &ForwardHandle) -> String {
     if let Some(ca) = nats.ca_file() {
-        let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("NATS CA {}: {e}", ca.display()));
-        guest.write_file(GUEST_NATS_CA_FILE, &pem, 0o644);
+        install_nats_ca(guest, ca);
     }
     debug_assert_eq!(
         nats.ca_file().is_some(),
         nats.transport() == NatsTransport::Tls
     );
     nats.url_at(link.addr())
+}
+
+/// Writes the NATS server's CA (the host file `ca`) to [`GUEST_NATS_CA_FILE`] in `guest`, where an agent config
+/// with a `tls://` URL points `ca_file`.
+fn install_nats_ca(guest: &Guest, ca: &std::path::Path) {
+    let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("NATS CA {}: {e}", ca.display()));
+    guest.write_file(GUEST_NATS_CA_FILE, &pem, 0o644);
 }
 
 /// The operator's side of NATS: every bucket of the layout, created as the operator would.
@@ -243,8 +249,7 @@ impl Device {
             })
             .collect();
         if let Some(ca) = nats_ca {
-            let pem = std::fs::read(ca).unwrap_or_else(|e| panic!("NATS CA {}: {e}", ca.display()));
-            guest.write_file(GUEST_NATS_CA_FILE, &pem, 0o644);
+            install_nats_ca(&guest, ca);
         }
         let nats_link = links.remove(0);
         let ca_pem = artifacts.map(|a| {
