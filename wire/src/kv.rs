@@ -87,12 +87,14 @@ pub const RUNS_PER_DEVICE: u64 = 16;
 /// Per-message overhead JetStream stores beside a value (subject, headers, sequence, time), for sizing.
 const MESSAGE_OVERHEAD: u64 = 256;
 
-/// A bucket's byte limit for a fleet of `fleet_size` devices (at least 64 MiB).
+/// A bucket's byte limit for a fleet of `fleet_size` devices (at least 8 MiB). JetStream reserves it on the
+/// server's storage when the bucket is made, so the sum over the layout (about 3 GB at the default fleet size)
+/// must fit the server's `max_file_store` (75 % of the free disk unless configured).
 pub fn max_bytes(spec: &BucketSpec, fleet_size: u64) -> i64 {
     let bytes = spec
         .bytes_per_device
         .saturating_mul(fleet_size)
-        .max(64 << 20);
+        .max(8 << 20);
     i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
@@ -127,52 +129,52 @@ pub const BUCKETS: &[BucketSpec] = &[
         writer: "operator",
         max_value_bytes: MIB,
         max_age: None,
-        bytes_per_device: 128 * 1024,
+        bytes_per_device: 16 * 1024,
         allow_rollup: false,
     },
     BucketSpec {
         name: WORKLOAD_STATUS,
         key: KeyShape::Device,
         writer: "agent",
-        max_value_bytes: 128 * KIB,
+        max_value_bytes: 96 * KIB,
         max_age: None,
-        bytes_per_device: share(1, 128 * KIB),
+        bytes_per_device: share(1, 96 * KIB),
         allow_rollup: false,
     },
     BucketSpec {
         name: AGENT_UPGRADE_INTENT,
         key: KeyShape::Device,
         writer: "operator (CAS)",
-        max_value_bytes: 64 * KIB,
+        max_value_bytes: 16 * KIB,
         max_age: None,
-        bytes_per_device: 16 * 1024,
+        bytes_per_device: 4 * 1024,
         allow_rollup: false,
     },
     BucketSpec {
         name: AGENT_UPGRADE_STATUS,
         key: KeyShape::Device,
         writer: "agent",
-        max_value_bytes: 16 * KIB,
+        max_value_bytes: 8 * KIB,
         max_age: None,
-        bytes_per_device: share(1, 16 * KIB),
+        bytes_per_device: share(1, 8 * KIB),
         allow_rollup: false,
     },
     BucketSpec {
         name: SYSTEM_UPGRADE_INTENT,
         key: KeyShape::DeviceRun,
         writer: "operator",
-        max_value_bytes: 4 * KIB,
+        max_value_bytes: KIB,
         max_age: Some(Duration::from_secs(30 * 24 * 3600)),
-        bytes_per_device: share(RUNS_PER_DEVICE, 4 * KIB),
+        bytes_per_device: share(RUNS_PER_DEVICE, KIB),
         allow_rollup: false,
     },
     BucketSpec {
         name: SYSTEM_UPGRADE_STATUS,
         key: KeyShape::DeviceRun,
         writer: "agent",
-        max_value_bytes: 16 * KIB,
+        max_value_bytes: 8 * KIB,
         max_age: Some(Duration::from_secs(90 * 24 * 3600)),
-        bytes_per_device: share(RUNS_PER_DEVICE, 16 * KIB),
+        bytes_per_device: share(RUNS_PER_DEVICE, 8 * KIB),
         allow_rollup: false,
     },
     BucketSpec {
@@ -181,7 +183,7 @@ pub const BUCKETS: &[BucketSpec] = &[
         writer: "operator",
         max_value_bytes: MIB,
         max_age: Some(Duration::from_secs(90 * 24 * 3600)),
-        bytes_per_device: 16 * 1024,
+        bytes_per_device: 4 * 1024,
         allow_rollup: true,
     },
     BucketSpec {

@@ -35,6 +35,25 @@ fn kv_layout_lists_every_bucket_with_its_key_and_writer() {
             b.key.pattern()
         );
         assert!(row.contains(b.writer), "{}: writer {}", b.name, b.writer);
+        let size = |bytes: u64| {
+            if bytes % (1 << 20) == 0 {
+                format!("{} MiB", bytes >> 20)
+            } else {
+                format!("{} KiB", bytes >> 10)
+            }
+        };
+        let limit = kv::max_bytes(b, kv::DEFAULT_FLEET_SIZE) as u64;
+        let rollup = if b.allow_rollup { "allowed" } else { "refused" };
+        for want in [
+            format!("| {} |", size(b.max_value_bytes as u64)),
+            format!("| {} MiB | {rollup} |", limit >> 20),
+        ] {
+            assert!(
+                row.contains(&want),
+                "{}: docs/kv-layout.md lacks {want:?} in {row}",
+                b.name
+            );
+        }
     }
     let rows = page.lines().filter(|l| l.starts_with("| `")).count();
     assert_eq!(

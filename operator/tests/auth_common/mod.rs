@@ -403,6 +403,17 @@ pub struct AgentProc {
 impl AgentProc {
     /// Starts the agent; with `podman` (a libpod socket) it reconciles real containers, else Podman is off.
     pub fn start(device: &str, nats_url: &str, token_file: &Path, podman: Option<&Path>) -> Self {
+        Self::start_with_resync(device, nats_url, token_file, podman, 2)
+    }
+
+    /// [`Self::start`] re-reading its keys every `resync_secs` (long: only a watch notices a change in time).
+    pub fn start_with_resync(
+        device: &str,
+        nats_url: &str,
+        token_file: &Path,
+        podman: Option<&Path>,
+        resync_secs: u64,
+    ) -> Self {
         let root = tempfile::Builder::new()
             .prefix("fleet-auth-agent-")
             .tempdir()
@@ -418,7 +429,7 @@ impl AgentProc {
         std::fs::write(
             &config,
             format!(
-                "device_id = \"{device}\"\nroot = \"{}\"\n[nats]\nurls = [\"{nats_url}\"]\ntoken_file = \"{}\"\nconnect_timeout_secs = 2\nretry_window_secs = 60\n{}[intervals]\nheartbeat_secs = 1\nstatus_secs = 1\nresync_secs = 2\nupdater_poll_ms = 200\n",
+                "device_id = \"{device}\"\nroot = \"{}\"\n[nats]\nurls = [\"{nats_url}\"]\ntoken_file = \"{}\"\nconnect_timeout_secs = 2\nretry_window_secs = 60\n{}[intervals]\nheartbeat_secs = 1\nstatus_secs = 1\nresync_secs = {resync_secs}\nupdater_poll_ms = 200\n",
                 root.path().display(),
                 token_file.display(),
                 match podman {

@@ -1,0 +1,417 @@
+//! Attacks by a device that holds one valid token (issue "One device can never harm another", docs/auth.md threat
+//! model), against a real nats-server with the fleet-auth callout and device API, the real fleet-auth, and a real
+//! agent as the victim where the victim's side matters:
+//!
+//! - every header JetStream or KV honours, on a write of every bucket a device writes, changes no other device's
+//!   keys (revision and value);
+//! - answers aimed at another device's subjects (direct gets of a large value of one's own, writes, watch
+//!   registrations, with the reply subject set to the victim's old watch subjects and its inboxes), sustained for
+//!   60 s: the victim agent never disconnects and notices every change of its desired state within seconds;
+//! - floods of run keys, of oversize values and of writes: refused once over the attacker's share, with a report on
+//!   `fleet.device-refusals.<device>`, and nothing of another device's changes.
+#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+
+mod auth_common;
+
+use auth_common::*;
+use fleet_rig::tls::TestCa;
+use fleet_rig::wait_for;
+use fleet_wire::kv;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const RUN_C: &str = "3c1e0a5b-8f2d-4b7a-9c6e-1d2f3a4b5c6d";
+const RUN_A: &str = "0a5b3c1e-8f2d-4b7a-9c6e-1d2f3a4b5c6d";
+
+/// The stack, its buckets, and a bystander device `dev-c` (never connected) with a key in every bucket keyed by
+/// device.
+struct Fleet {
+    stack: Stack,
+    ec: SignKey,
+    _jwks: Jwks,
+    admin: nats::Connection,
+}
+
+impl Fleet {
+    fn start() -> Self {
+        let ca = TestCa::new();
+        let ec = SignKey::ec("ec-1");
+        let jwks = Jwks::start(&ca, &[&ec]);
+        let stack = Stack::start(&ca, &jwks.url(), false);
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        rt.block_on(async {
+            let (_c, js) = fleet_operator::kv::connect(&stack.admin_url())
+                .await
+                .expect("admin connects");
+            fleet_operator::kv::ensure_buckets(&js)
+                .await
+                .expect("buckets");
+        });
+        let admin = stack.admin();
+        let f = Self {
+            stack,
+            ec,
+            _jwks: jwks,
+            admin,
+        };
+        for spec in kv::BUCKETS {
+            if let Some(key) = f.bystander_key(spec) {
+                f.kv(spec.name)
+                    .put(&key, format!("dev-c's {} value", spec.name).into_bytes())
+                    .expect("bystander key");
+            }
+        }
+        f
+    }
+
+    fn kv(&self, bucket: &str) -> nats::kv::Store {
+        nats::jetstream::new(self.admin.clone())
+            .key_value(bucket)
+            .expect("bucket")
+    }
+
+    fn bystander_key(&self, spec: &kv::BucketSpec) -> Option<String> {
+        match spec.key {
+            kv::KeyShape::Device => Some("dev-c".into()),
+            kv::KeyShape::DeviceRun => Some(format!("dev-c.{RUN_C}")),
+            _ => None,
+        }
+    }
+
+    /// Every key of `dev-c`: bucket → (revision, value).
+    fn bystander(&self) -> BTreeMap<&'static str, (u64, Vec<u8>)> {
+        kv::BUCKETS
+            .iter()
+            .filter_map(|spec| {
+                let key = self.bystander_key(spec)?;
+                let e = self
+                    .kv(spec.name)
+                    .entry(&key)
+                    .expect("read")
+                    .unwrap_or_else(|| panic!("dev-c's key in {} is gone", spec.name));
+                assert_eq!(
+                    e.operation,
+                    nats::kv::Operation::Put,
+                    "dev-c's key in {} was deleted or purged",
+                    spec.name
+                );
+                Some((spec.name, (e.revision, e.value)))
+            })
+            .collect()
+    }
+
+    fn token(&self, device: &str) -> String {
+        self.ec.sign(&claims(device, 3600))
+    }
+
+    fn attacker(&self) -> Device {
+        connect_device(&self.stack.nats.url(), &self.token("dev-a")).expect("dev-a connects")
+    }
+}
+
+/// A request from the attacker's own connection on its own inbox; the answer's body (empty on time-out).
+fn ask(
+    a: &Device,
+    subject: &str,
+    headers: Option<&nats::header::HeaderMap>,
+    body: &[u8],
+) -> String {
+    let inbox = format!(
+        "_INBOX.device.dev-a.{}",
+        nats::Connection::new_inbox(&a.conn)
+            .rsplit('.')
+            .next()
+            .unwrap()
+    );
+    let sub = a.conn.subscribe(&inbox).expect("own inbox");
+    a.conn
+        .publish_with_reply_or_headers(subject, Some(&inbox), headers, body)
+        .expect("publish");
+    let got = sub
+        .next_timeout(Duration::from_secs(5))
+        .map(|m| String::from_utf8_lossy(&m.data).into_owned())
+        .unwrap_or_default();
+    let _ = sub.unsubscribe();
+    got
+}
+
+#[test]
+fn no_header_on_a_devices_write_changes_another_devices_keys() {
+    let f = Fleet::start();
+    // dev-a was given one run, so its run keys can be written at all.
+    f.kv(kv::SYSTEM_UPGRADE_INTENT)
+        .put(&format!("dev-a.{RUN_A}"), b"{}".to_vec())
+        .expect("intent");
+    let before = f.bystander();
+    let a = f.attacker();
+    let bystander_subject = |bucket: &str| format!("$KV.{bucket}.dev-c");
+    let header_sets: Vec<Vec<(&str, String)>> = vec![
+        vec![("Nats-Rollup", "all".into())],
+        vec![("Nats-Rollup", "sub".into())],
+        vec![
+            ("KV-Operation", "PURGE".into()),
+            ("Nats-Rollup", "sub".into()),
+        ],
+        vec![
+            ("KV-Operation", "PURGE".into()),
+            ("Nats-Rollup", "all".into()),
+        ],
+        vec![("KV-Operation", "DEL".into())],
+        vec![("Nats-Expected-Stream", "KV_device-info".into())],
+        vec![("Nats-Expected-Last-Sequence", "0".into())],
+        vec![("Nats-Expected-Last-Subject-Sequence", "0".into())],
+        vec![("Nats-Expected-Last-Msg-Id", "x".into())],
+        vec![("Nats-Msg-Id", "dev-c-next".into())],
+        vec![("Nats-TTL", "1s".into())],
+        vec![("Nats-Incr", "1".into())],
+        vec![
+            ("Nats-Batch-Id", "b1".into()),
+            ("Nats-Batch-Sequence", "1".into()),
+            ("Nats-Batch-Commit", "1".into()),
+        ],
+        vec![
+            ("Nats-Schedule", "@every 1s".into()),
+            ("Nats-Schedule-Target", "BYSTANDER".into()),
+        ],
+        vec![("Nats-Required-Api-Level", "0".into())],
+    ];
+    let mut answers = Vec::new();
+    for spec in fleet_wire::device_api::written_buckets() {
+        let own = match spec.key {
+            kv::KeyShape::Device => format!("$KV.{}.dev-a", spec.name),
+            _ => format!("$KV.{}.dev-a.{RUN_A}", spec.name),
+        };
+        for set in &header_sets {
+            let mut h = nats::header::HeaderMap::new();
+            for (k, v) in set {
+                let v = if v == "BYSTANDER" {
+                    bystander_subject(spec.name)
+                } else {
+                    v.clone()
+                };
+                h.insert(*k, v);
+            }
+            answers.push((
+                own.clone(),
+                format!("{set:?}"),
+                ask(&a, &own, Some(&h), b"{}"),
+            ));
+        }
+    }
+    // Schedules and TTLs would act later: wait past them.
+    std::thread::sleep(Duration::from_secs(3));
+    let after = f.bystander();
+    assert_eq!(
+        before, after,
+        "a header on dev-a's own writes changed dev-c's keys; the answers were:\n{answers:#?}"
+    );
+    // The writes themselves went through as plain values (no header of the device's reached JetStream).
+    let e = f
+        .kv(kv::DEVICE_INFO)
+        .entry("dev-a")
+        .expect("read")
+        .expect("dev-a's info");
+    assert_eq!(e.operation, nats::kv::Operation::Put, "{answers:#?}");
+}
+
+#[test]
+fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
+    let f = Fleet::start();
+    fleet_vm_tests::builds::agent(fleet_vm_tests::builds::V1);
+    let tokens = tempfile::tempdir().expect("tmp");
+    let token_b = tokens.path().join("b.token");
+    write_token(&token_b, &f.token("dev-b"));
+    // The victim re-reads its keys only every 10 minutes: a change reaches it in time only through its watch.
+    let victim = AgentProc::start_with_resync("dev-b", &f.stack.nats.url(), &token_b, None, 600);
+    let desired = f.kv(kv::DESIRED_STATE);
+    let put_desired = |generation: u64| {
+        let d = fleet_wire::DesiredState::new(
+            fleet_wire::DeviceId::try_from("dev-b").unwrap(),
+            generation,
+            Vec::new(),
+        )
+        .unwrap();
+        desired
+            .put("dev-b", serde_json::to_vec(&d).unwrap())
+            .unwrap();
+    };
+    let saw = |generation: u64, within: Duration| {
+        wait_for(within, || {
+            victim
+                .log_text()
+                .contains(&format!("desired state generation {generation}"))
+                .then_some(())
+        })
+        .is_some()
+    };
+    put_desired(1);
+    assert!(
+        saw(1, Duration::from_secs(30)),
+        "victim never started:\n{}",
+        victim.log_text()
+    );
+
+    // The attacker's largest value of its own, and the subjects the victim listens on or used to.
+    let a = f.attacker();
+    let big = vec![b'x'; kv::bucket(kv::WORKLOAD_STATUS).unwrap().max_value_bytes as usize];
+    let stored = ask(&a, "$KV.device-workload-status.dev-a", None, &big);
+    let get = fleet_wire::auth::direct_get_subject(
+        kv::WORKLOAD_STATUS,
+        "$KV.device-workload-status.dev-a",
+    );
+    let targets = [
+        "$KV.device-desired-state.dev-b".to_owned(),
+        "$KV.agent-upgrade-intent.dev-b".to_owned(),
+        "$KV.system-upgrade-intent.dev-b.x".to_owned(),
+        "_INBOX.device.dev-b".to_owned(),
+        "_INBOX.device.dev-b.>".to_owned(),
+        "_INBOX.device.dev-b.*.1".to_owned(),
+        "_INBOX.device.dev-b.x.device-desired-state.dev-b".to_owned(),
+    ];
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut generation = 1;
+    let mut last_change = Instant::now();
+    let mut missed = Vec::new();
+    while started.elapsed() < Duration::from_secs(60) {
+        for t in &targets {
+            for _ in 0..20 {
+                let _ = a.conn.publish_request(&get, t, b"");
+                let _ = a
+                    .conn
+                    .publish_request("$KV.device-heartbeat.dev-a", t, b"{}");
+                sent += 2;
+            }
+            let _ = a.conn.publish_request(
+                "fleet.device-watch.dev-a",
+                t,
+                br#"{"inbox":"_INBOX.device.dev-b.AbCdEfGhIjKlMnOpQrStUv"}"#,
+            );
+        }
+        let _ = a.conn.flush_timeout(Duration::from_secs(5));
+        // Every 5 s the victim's desired state changes; it must notice each within 5 s.
+        if last_change.elapsed() >= Duration::from_secs(5) {
+            generation += 1;
+            put_desired(generation);
+            if !saw(generation, Duration::from_secs(5)) {
+                missed.push(generation);
+            }
+            last_change = Instant::now();
+        }
+    }
+    let log = victim.log_text();
+    assert!(
+        stored.contains("\"seq\""),
+        "the attacker's own large value was not stored: {stored}"
+    );
+    assert!(
+        missed.is_empty(),
+        "the victim missed desired-state changes {missed:?} during the attack ({sent} messages sent):\n{log}"
+    );
+    for bad in ["disconnected", "reconnect", "slow consumer"] {
+        assert!(
+            !log.to_lowercase().contains(bad),
+            "the victim's log shows {bad:?} during the attack:\n{log}"
+        );
+    }
+    let mut v = victim;
+    assert!(
+        v.child.try_wait().expect("wait").is_none(),
+        "the victim agent exited"
+    );
+    println!(
+        "{sent} attack messages in 60 s; the victim noticed {generation} generations, none missed"
+    );
+}
+
+#[test]
+fn floods_are_refused_past_the_devices_share_and_reported() {
+    let f = Fleet::start();
+    f.kv(kv::SYSTEM_UPGRADE_INTENT)
+        .put(&format!("dev-a.{RUN_A}"), b"{}".to_vec())
+        .expect("intent");
+    let reports = f
+        .admin
+        .subscribe("fleet.device-refusals.*")
+        .expect("reports");
+    let before = f.bystander();
+    let a = f.attacker();
+
+    // Run keys: only the run dev-a was given is written; every other suffix is refused.
+    let given = ask(
+        &a,
+        &format!("$KV.system-upgrade-status.dev-a.{RUN_A}"),
+        None,
+        b"{}",
+    );
+    assert!(
+        given.contains("\"seq\""),
+        "the given run's status was refused: {given}"
+    );
+    let mut refused = 0;
+    for i in 0..50 {
+        let run = fleet_wire::AttemptId::new_random();
+        let answer = ask(
+            &a,
+            &format!("$KV.system-upgrade-status.dev-a.{run}"),
+            None,
+            &vec![b'x'; 60 * 1024],
+        );
+        if answer.contains("no intent for run") || answer.contains("limit") {
+            refused += 1;
+        } else {
+            panic!("run key {i} ({run}) was not refused: {answer}");
+        }
+        let answer = ask(
+            &a,
+            &format!("$KV.system-upgrade-status.dev-a.x{i}"),
+            None,
+            b"{}",
+        );
+        assert!(answer.contains("invalid key"), "suffix x{i}: {answer}");
+    }
+    assert_eq!(refused, 50);
+    let stream = nats::jetstream::new(f.admin.clone())
+        .stream_info("KV_system-upgrade-status")
+        .expect("stream");
+    assert_eq!(
+        stream.state.messages, 2,
+        "dev-c's and dev-a's given run only"
+    );
+
+    // Oversize values: refused with the limit named.
+    let limit = kv::bucket(kv::DEVICE_INFO).unwrap().max_value_bytes as usize;
+    let answer = ask(&a, "$KV.device-info.dev-a", None, &vec![b'x'; limit + 1]);
+    assert!(answer.contains("over device-info's limit"), "{answer}");
+
+    // A write flood: the budget's burst, then refusals.
+    let mut ok = 0;
+    let mut over = 0;
+    for _ in 0..300 {
+        let answer = ask(&a, "$KV.device-heartbeat.dev-a", None, b"{}");
+        if answer.contains("\"seq\"") {
+            ok += 1;
+        } else if answer.contains("write budget") {
+            over += 1;
+        }
+    }
+    assert!(over > 0, "300 writes in a row were all taken ({ok})");
+    assert!(
+        ok <= fleet_wire::device_api::WRITE_BURST as usize + 20,
+        "{ok} writes taken"
+    );
+
+    // The refusals are reported for dev-a (at most one report per interval, with a count).
+    let report = reports
+        .next_timeout(Duration::from_secs(5))
+        .expect("a refusal report");
+    assert_eq!(report.subject, "fleet.device-refusals.dev-a");
+    let r: fleet_wire::device_api::WriteRefused = serde_json::from_slice(&report.data).unwrap();
+    assert_eq!(r.device_id.as_str(), "dev-a");
+    assert!(f
+        .stack
+        .auth_log_text()
+        .contains("write of device dev-a refused"));
+
+    assert_eq!(before, f.bystander(), "the floods changed dev-c's keys");
+}
