@@ -400,6 +400,14 @@ fn a_new_container_that_does_not_start_gives_way_to_the_previous_spec() {
         "app failed and rolled back",
         || status_of(&wl, 2, "app").filter(|w| w.state == WorkloadState::Failed),
     );
+    let seen = containers(&rig);
+    assert!(
+        seen.get("fleet-app")
+            .is_some_and(|c| c.id == old_id && c.state == "running"),
+        "the old container runs again under its name, and the new one is gone: {seen:?}"
+    );
+    assert_eq!(seen.len(), 1, "the new container is gone: {seen:?}");
+    let now = pid_id_state(&rig, "app");
     let f = s.failure.clone().expect("failure details");
     assert_eq!(f.reason, FailureReason::StartFailed, "{s:?}");
     assert!(f.rolled_back, "{s:?}");
@@ -410,13 +418,6 @@ fn a_new_container_that_does_not_start_gives_way_to_the_previous_spec() {
             && e.ends_with("; the previous spec was restored (its container started again)"),
         "{e}"
     );
-    let now = pid_id_state(&rig, "app");
-    assert!(
-        now.contains(&format!(" {old_id} running")),
-        "the old container runs again under its name: {now}"
-    );
-    let seen = containers(&rig);
-    assert_eq!(seen.len(), 1, "the new container is gone: {seen:?}");
     // Resyncs (every 2 s) do not stop and restart it again for the same failed spec.
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(pid_id_state(&rig, "app"), now);
