@@ -424,3 +424,90 @@ fn a_new_container_that_does_not_start_gives_way_to_the_previous_spec() {
     agent.sigterm();
     assert!(agent.wait_exit(Duration::from_secs(30)).success());
 }
+
+/// A registry on 127.0.0.1 that accepts connections and never answers, so a pull from it takes as long as
+/// Podman's own time-outs and retries (as an unreachable registry or a DNS server that does not answer does).
+/// Stops when dropped.
+struct SilentRegistry {
+    addr: std::net::SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SilentRegistry {
+    fn start() -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            let end = Instant::now() + Duration::from_secs(300);
+            while !s.load(Ordering::SeqCst) && Instant::now() < end {
+                match l.accept() {
+                    Ok((c, _)) if held.len() < 64 => held.push(c),
+                    Ok(_) => {}
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        });
+        Self {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for SilentRegistry {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A fix made while the agent is still pulling a bad image from a registry that does not answer is applied at
+/// once (the pull is abandoned), not after the pull gives up; the running container is untouched meanwhile.
+#[test]
+fn a_fix_does_not_wait_behind_a_slow_pull_of_the_bad_image() {
+    let registry = SilentRegistry::start();
+    let rig = Rig::new(true, "");
+    put_desired(&rig, 1, vec![workload("app", "1")]);
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let wl = store(&rig.nc(), kv::WORKLOAD_STATUS);
+    eventually(&agent, Duration::from_secs(60), "app running", || {
+        (status_of(&wl, 1, "app")?.state == WorkloadState::Running).then_some(())
+    });
+    let before = pid_id_state(&rig, "app");
+
+    let mut slow = workload("app", "1");
+    slow.image = format!("{}/app:v2", registry.addr);
+    put_desired(&rig, 2, vec![slow]);
+    // The pull is under way (Podman connected to the registry and waits).
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        pid_id_state(&rig, "app"),
+        before,
+        "the running container is untouched while the new image is pulled"
+    );
+    let fixed = workload("app", "2");
+    let t = Instant::now();
+    put_desired(&rig, 3, vec![fixed.clone()]);
+    let s = eventually(
+        &agent,
+        Duration::from_secs(15),
+        "the fix running while the bad pull would still hang",
+        || status_of(&wl, 3, "app").filter(|w| w.state == WorkloadState::Running),
+    );
+    println!("fix running after {:?}", t.elapsed());
+    assert_eq!(s.spec_digest, Some(fixed.digest()));
+    assert_eq!((s.error, s.failure), (None, None));
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    drop(registry);
+}
