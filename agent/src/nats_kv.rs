@@ -9,7 +9,10 @@
 //! key in its subject, which is what the device's permissions allow (`fleet_wire::auth::device_permissions`):
 //! opening a bucket and reading a key are direct gets, a write is a put acknowledged on the inbox, and a watch is a
 //! subscription to the key's subject (every write is published there) followed by a direct get — no JetStream
-//! consumer, whose deliver subject permissions could not scope.
+//! consumer, whose deliver subject permissions could not scope. With a device token (the fleet-auth callout) a
+//! device may subscribe below its inbox only: its watches then listen below a random watch inbox of each
+//! connection, registered with fleet-auth's device API, which sends a notice there for every write to one of the
+//! device's keys (`fleet_wire::device_api`); no other device can name that subject.
 //!
 //! The blocking `nats` crate is deprecated upstream; this module is the only place that uses it.
 #![allow(deprecated)]
@@ -68,6 +71,12 @@ struct Inner {
     /// The reply subscription that requests share (made on first use, dropped when its connection closed).
     /// Requests take turns on it.
     replies: Mutex<Option<Replies>>,
+    /// Whether watches listen for the device API's notices (a device token: the fleet-auth callout, whose device
+    /// permissions allow subscriptions below the device's inbox only) rather than on the keys' own subjects.
+    notices: bool,
+    /// The watch inbox of the current connection (`<inbox>.<random token>`, registered with the device API) and
+    /// the reconnect count it was made at.
+    watch_inbox: Mutex<Option<(u64, String)>>,
 }
 
 /// One `<inbox>.<token>.*` subscription per connection for every request's answer, instead of a subscribe and an
@@ -150,6 +159,8 @@ impl Nats {
             watching: Mutex::new(BTreeMap::new()),
             next_watch: AtomicU64::new(0),
             replies: Mutex::new(None),
+            notices: matches!(cfg.auth, NatsAuth::Token(_) | NatsAuth::TokenFile(_)),
+            watch_inbox: Mutex::new(None),
         });
         let started = Instant::now();
         let urls = cfg.urls.join(",");
@@ -250,6 +261,69 @@ impl Nats {
     /// is set then ends, the others subscribe and read their keys again. Call it after setting a stop flag.
     pub fn wake_watches(&self) {
         self.inner.wake_watches();
+    }
+
+    /// What a watch of `bucket`/`key` subscribes to, and the prefix its messages' subjects carry before the key:
+    /// the key's own subject (`$KV.<bucket>.<key>`), or with the device API (docs/auth.md) the notice subject
+    /// below this connection's watch inbox, which no other device can name.
+    fn watch_subjects(&self, bucket: &str, key: &str) -> io::Result<(String, String)> {
+        let prefix = if self.inner.notices {
+            format!("{}.{bucket}.", self.watch_inbox()?)
+        } else {
+            format!("$KV.{bucket}.")
+        };
+        Ok((format!("{prefix}{key}"), prefix))
+    }
+
+    /// This connection's watch inbox, made and registered with the device API on first use after each
+    /// (re)connection.
+    fn watch_inbox(&self) -> io::Result<String> {
+        let epoch = self.reconnect_count();
+        let mut slot = self
+            .inner
+            .watch_inbox
+            .lock()
+            .map_err(|_| io::Error::other("NATS watch lock poisoned"))?;
+        if let Some((e, inbox)) = slot.as_ref() {
+            if *e == epoch {
+                return Ok(inbox.clone());
+            }
+        }
+        let conn = self.conn()?;
+        let inbox = format!("{}.{}", self.inbox, unique_token(&conn));
+        self.register_watch_inbox(&conn, &inbox)?;
+        *slot = Some((epoch, inbox.clone()));
+        Ok(inbox)
+    }
+
+    fn register_watch_inbox(&self, conn: &nats::Connection, inbox: &str) -> io::Result<()> {
+        let body = serde_json::to_vec(&fleet_wire::device_api::WatchRegistration {
+            inbox: inbox.to_owned(),
+        })
+        .map_err(io::Error::other)?;
+        conn.publish(
+            &fleet_wire::device_api::watch_subject(&self.inner.cfg.device_id),
+            body,
+        )
+    }
+
+    /// Registers the current watch inbox with the device API again (the heartbeat calls it), so that a restarted
+    /// fleet-auth sends notices again within a heartbeat; nothing without the device API.
+    pub fn refresh_watches(&self) {
+        if !self.inner.notices {
+            return;
+        }
+        let current = self
+            .inner
+            .watch_inbox
+            .lock()
+            .ok()
+            .and_then(|s| s.as_ref().map(|(_, inbox)| inbox.clone()));
+        if let (Some(inbox), Ok(conn)) = (current, self.conn()) {
+            if let Err(e) = self.register_watch_inbox(&conn, &inbox) {
+                log::debug!("registering the watch inbox: {e}");
+            }
+        }
     }
 
     /// A fresh reply subject under this device's inbox.
@@ -651,10 +725,8 @@ impl Buckets {
     /// What a watch needs: a subscription to `key`'s subject and a direct get (what the probe checks).
     pub fn probe_watch(&self, bucket: &str, key: &str) -> io::Result<()> {
         self.check(bucket)?;
-        let sub = self
-            .nats
-            .conn()?
-            .subscribe(&format!("$KV.{bucket}.{key}"))?;
+        let (subject, _) = self.nats.watch_subjects(bucket, key)?;
+        let sub = self.nats.conn()?.subscribe(&subject)?;
         let got = self.get(bucket, key);
         let _ = sub.unsubscribe();
         got.map(|_| ())
@@ -662,7 +734,8 @@ impl Buckets {
 
     /// Watches `key` (or `<prefix>.>`) on a thread: its current value first (when it exists), then every change,
     /// each passed to `send` until it returns false or `stop` is set (set it, then call [`Nats::wake_watches`]).
-    /// Changes are noticed through the key's subject (every write is published there) and read with a direct
+    /// Changes are noticed through the key's subject (every write is published there; with the device API, its
+    /// notice below this connection's watch inbox, see [`Nats::watch_subjects`]) and read with a direct
     /// get, so the revision is the stream's. The thread sleeps on the subscription with no time-out (an idle
     /// watch costs no wake-ups); a reconnect wakes it to subscribe and read again, and callers still re-read the
     /// key periodically, so a missed change is only late, never lost.
@@ -688,7 +761,6 @@ impl Buckets {
         self.check(bucket)?;
         let this = self.clone();
         let (bucket, key) = (bucket.to_owned(), key.to_owned());
-        let prefix = format!("$KV.{bucket}.");
         std::thread::Builder::new()
             .name(format!("watch-{bucket}"))
             .spawn(move || {
@@ -697,11 +769,15 @@ impl Buckets {
                 let mut seen: BTreeMap<String, u64> = BTreeMap::new();
                 while !stop.load(Ordering::SeqCst) {
                     let epoch = this.nats.reconnect_count();
-                    let sub = match this
-                        .nats
-                        .conn()
-                        .and_then(|c| c.subscribe(&format!("{prefix}{key}")))
-                    {
+                    let (subject, prefix) = match this.nats.watch_subjects(&bucket, &key) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            log::debug!("watch {bucket}/{key}: {e}; retrying");
+                            std::thread::sleep(Duration::from_secs(1));
+                            continue;
+                        }
+                    };
+                    let sub = match this.nats.conn().and_then(|c| c.subscribe(&subject)) {
                         Ok(s) => s,
                         Err(e) => {
                             log::debug!("watch {bucket}/{key}: {e}; retrying");

@@ -163,6 +163,7 @@ pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
             spec.writer
         ),
         max_value_size: spec.max_value_bytes,
+        max_bytes: fleet_wire::kv::max_bytes(spec, fleet_wire::kv::DEFAULT_FLEET_SIZE),
         history: 1,
         max_age: spec.max_age.unwrap_or(Duration::ZERO),
         storage: jetstream::stream::StorageType::File,
@@ -171,7 +172,40 @@ pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
     }
 }
 
-/// Opens every bucket of `fleet_wire::kv::BUCKETS`, creating the missing ones (agents never create buckets).
+/// Brings the limits that bound what a device can do to the fleet's storage to what the layout says, on a bucket
+/// that exists (created by an earlier release, or by hand): the largest value, the byte limit, and no rollup
+/// headers (docs/kv-layout.md). Other settings (replicas, age) are left alone. Returns whether it changed.
+pub async fn secure_bucket(
+    js: &jetstream::Context,
+    spec: &fleet_wire::kv::BucketSpec,
+) -> Result<bool, NatsError> {
+    let name = format!("KV_{}", spec.name);
+    let mut stream = js
+        .get_stream(&name)
+        .await
+        .map_err(|e| NatsError::new(format!("stream {name}"), e))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| NatsError::new(format!("stream info {name}"), e))?;
+    let mut config = info.config.clone();
+    config.allow_rollup = spec.allow_rollup;
+    config.max_bytes = fleet_wire::kv::max_bytes(spec, fleet_wire::kv::DEFAULT_FLEET_SIZE);
+    config.max_message_size = spec.max_value_bytes;
+    if config.allow_rollup == info.config.allow_rollup
+        && config.max_bytes == info.config.max_bytes
+        && config.max_message_size == info.config.max_message_size
+    {
+        return Ok(false);
+    }
+    js.update_stream(&config)
+        .await
+        .map_err(|e| NatsError::new(format!("limit bucket {}", spec.name), e))?;
+    Ok(true)
+}
+
+/// Opens every bucket of `fleet_wire::kv::BUCKETS`, creating the missing ones (agents never create buckets), each
+/// with the limits of [`secure_bucket`].
 pub async fn ensure_buckets(
     js: &jetstream::Context,
 ) -> Result<BTreeMap<&'static str, kv::Store>, NatsError> {
@@ -188,6 +222,15 @@ pub async fn ensure_buckets(
                     .map_err(|_| NatsError::new(format!("create bucket {}", spec.name), e))?,
             },
         };
+        if secure_bucket(js, spec).await? {
+            log::info!(
+                "bucket {}: limits set (largest value {} bytes, {} bytes in all, rollup headers {})",
+                spec.name,
+                spec.max_value_bytes,
+                fleet_wire::kv::max_bytes(spec, fleet_wire::kv::DEFAULT_FLEET_SIZE),
+                if spec.allow_rollup { "allowed" } else { "refused" }
+            );
+        }
         out.insert(spec.name, store);
     }
     Ok(out)

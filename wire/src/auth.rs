@@ -55,26 +55,64 @@ pub fn direct_get_subject(bucket: &str, subject: &str) -> String {
     format!("$JS.API.DIRECT.GET.KV_{bucket}.{subject}")
 }
 
-/// The subjects the devices' account imports as services from the account holding the KV buckets: direct gets,
-/// and puts to the buckets the agent writes. Devices live in an account of their own so that JetStream's answers
-/// (which go to whatever reply subject a request names) are delivered in the devices' account, never onto a KV
-/// subject of the buckets' account (see `docs/auth.md`).
-pub fn device_service_imports() -> Vec<String> {
-    let mut v = vec!["$JS.API.DIRECT.GET.>".to_owned()];
-    for spec in BUCKETS {
-        if device_access(spec) == DeviceAccess::ReadWrite {
-            match spec.key {
-                KeyShape::Device => v.push(format!("$KV.{}.*", spec.name)),
-                _ => v.push(format!("$KV.{}.>", spec.name)),
-            }
-        }
-    }
-    v
+/// The account that holds the KV buckets (and the operator's and fleetlock-server's users).
+pub const FLEET_ACCOUNT: &str = "FLEET";
+/// The account fleet-auth's device API serves the devices' writes and watch registrations in.
+pub const DEVICE_API_ACCOUNT: &str = "DEVICE_API";
+/// The account devices are placed in.
+pub const DEVICES_ACCOUNT: &str = "DEVICES";
+
+/// What the devices' account imports, and from which account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Import {
+    /// A service (requests whose answers come back to the requester's reply subject).
+    Service {
+        /// The exporting account.
+        account: &'static str,
+        /// The subject.
+        subject: String,
+    },
+    /// A stream (messages published in the exporting account are delivered in the devices' account too).
+    Stream {
+        /// The exporting account.
+        account: &'static str,
+        /// The subject.
+        subject: String,
+    },
 }
 
-/// The subject the devices' account imports as a stream: every KV write, which the watches listen to (each
-/// device may subscribe only to its own keys).
-pub const DEVICE_STREAM_IMPORT: &str = "$KV.>";
+/// The devices' account's imports (`docs/auth.md`): direct gets from the buckets' account; KV writes and watch
+/// registrations from the device API's account (fleet-auth checks every write and writes only its value); and
+/// the notices fleet-auth publishes below the devices' inboxes. Nothing else: no JetStream API but direct gets,
+/// no KV subject stream — so no answer and no message a device can cause lands on a subject that another device
+/// subscribes to, whose subscriptions all sit below a random token of each connection.
+pub fn device_imports() -> Vec<Import> {
+    let mut v = vec![Import::Service {
+        account: FLEET_ACCOUNT,
+        subject: "$JS.API.DIRECT.GET.>".to_owned(),
+    }];
+    for spec in BUCKETS {
+        if device_access(spec) == DeviceAccess::ReadWrite {
+            let subject = match spec.key {
+                KeyShape::Device => format!("$KV.{}.*", spec.name),
+                _ => format!("$KV.{}.>", spec.name),
+            };
+            v.push(Import::Service {
+                account: DEVICE_API_ACCOUNT,
+                subject,
+            });
+        }
+    }
+    v.push(Import::Service {
+        account: DEVICE_API_ACCOUNT,
+        subject: format!("{}.*", crate::device_api::WATCH_ROOT),
+    });
+    v.push(Import::Stream {
+        account: FLEET_ACCOUNT,
+        subject: format!("{DEVICE_INBOX_ROOT}.>"),
+    });
+    v
+}
 
 /// A NATS server URL split from the user and password it may carry (`nats://user:password@host:port`): the
 /// services that bypass the callout (operator, fleetlock-server, fleet-auth) authenticate with their own
@@ -128,13 +166,14 @@ pub struct DevicePermissions {
     pub subscribe: Vec<String>,
 }
 
-/// The permissions of `device`: for each bucket keyed by device, a direct get of its own keys and a subscription
-/// to their subjects (every write to a key is published there: the agent's watch), a put on its own keys where the
-/// agent is the writer, and its own reply inboxes. No JetStream consumer API at all: a consumer's deliver subject
-/// cannot be scoped by permissions (see `docs/auth.md`).
+/// The permissions of `device`: for each bucket keyed by device, a direct get of its own keys, and a write of
+/// its own keys where the agent is the writer (served by the device API, [`device_imports`]); a watch
+/// registration of its own; and subscriptions below its own inbox only (replies, and the device API's notices).
+/// No JetStream consumer API at all: a consumer's deliver subject cannot be scoped by permissions (see
+/// `docs/auth.md`).
 pub fn device_permissions(device: &DeviceId) -> DevicePermissions {
     let mut publish = Vec::new();
-    let mut subscribe = vec![format!("{}.>", device_inbox_prefix(device))];
+    let subscribe = vec![format!("{}.>", device_inbox_prefix(device))];
     for spec in BUCKETS {
         let access = device_access(spec);
         let Some(filter) = device_key_filter(spec, device) else {
@@ -145,10 +184,10 @@ pub fn device_permissions(device: &DeviceId) -> DevicePermissions {
         }
         publish.push(direct_get_subject(spec.name, &filter));
         if access == DeviceAccess::ReadWrite {
-            publish.push(filter.clone());
+            publish.push(filter);
         }
-        subscribe.push(filter);
     }
+    publish.push(crate::device_api::watch_subject(device));
     DevicePermissions { publish, subscribe }
 }
 
@@ -202,16 +241,10 @@ mod tests {
                 "missing publish {want}"
             );
         }
-        for want in [
-            "$KV.device-desired-state.dev-a",
-            "$KV.agent-upgrade-intent.dev-a",
-            "$KV.system-upgrade-intent.dev-a.>",
-        ] {
-            assert!(
-                p.subscribe.iter().any(|s| s == want),
-                "missing subscribe {want}"
-            );
-        }
+        assert!(p.publish.iter().any(|s| s == "fleet.device-watch.dev-a"));
+        // Subscriptions below its own inbox only: no KV subject, which another device could name as the reply
+        // subject of a request and so deliver answers to.
+        assert_eq!(p.subscribe, ["_INBOX.device.dev-a.>"]);
         for forbidden in [
             "$KV.device-desired-state.dev-a",
             "$KV.agent-upgrade-intent.dev-a",
@@ -237,13 +270,36 @@ mod tests {
 
     #[test]
     fn imports_cover_what_devices_publish() {
-        let imports = device_service_imports();
-        assert_eq!(imports[0], "$JS.API.DIRECT.GET.>");
-        assert!(imports.contains(&"$KV.device-heartbeat.*".to_owned()));
-        assert!(imports.contains(&"$KV.system-upgrade-status.>".to_owned()));
-        assert!(!imports
+        let imports = device_imports();
+        let services: Vec<(&str, &str)> = imports
             .iter()
-            .any(|s| s.contains("intent") || s.contains("desired")));
+            .filter_map(|i| match i {
+                Import::Service { account, subject } => Some((*account, subject.as_str())),
+                Import::Stream { .. } => None,
+            })
+            .collect();
+        assert_eq!(services[0], (FLEET_ACCOUNT, "$JS.API.DIRECT.GET.>"));
+        assert!(services.contains(&(DEVICE_API_ACCOUNT, "$KV.device-heartbeat.*")));
+        assert!(services.contains(&(DEVICE_API_ACCOUNT, "$KV.system-upgrade-status.>")));
+        assert!(services.contains(&(DEVICE_API_ACCOUNT, "fleet.device-watch.*")));
+        // Writes never reach JetStream directly: only direct gets are imported from the buckets' account.
+        assert_eq!(
+            services.iter().filter(|(a, _)| *a == FLEET_ACCOUNT).count(),
+            1
+        );
+        assert!(!services
+            .iter()
+            .any(|(_, s)| s.contains("intent") || s.contains("desired")));
+        assert_eq!(
+            imports
+                .iter()
+                .filter(|i| matches!(i, Import::Stream { .. }))
+                .collect::<Vec<_>>(),
+            [&Import::Stream {
+                account: FLEET_ACCOUNT,
+                subject: "_INBOX.device.>".into()
+            }]
+        );
         // Every publish a device is allowed is served by one of the imports.
         let matches = |pat: &str, subj: &str| {
             let (p, s): (Vec<&str>, Vec<&str>) =
@@ -255,7 +311,7 @@ mod tests {
         };
         for subj in device_permissions(&dev("dev-a")).publish {
             assert!(
-                imports.iter().any(|i| matches(i, &subj)),
+                services.iter().any(|(_, i)| matches(i, &subj)),
                 "{subj} is not imported"
             );
         }

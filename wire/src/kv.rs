@@ -63,9 +63,43 @@ pub struct BucketSpec {
     pub max_value_bytes: i32,
     /// Values older than this are removed by JetStream (`None`: kept).
     pub max_age: Option<Duration>,
+    /// The bucket's share per device of the fleet, in bytes: its byte limit is this times the fleet size the
+    /// buckets are made for ([`max_bytes`]). For a bucket a device writes it covers every key that device may
+    /// write at its largest value.
+    pub bytes_per_device: u64,
+    /// Whether JetStream honours `Nats-Rollup` headers (a purge of a key or of the whole bucket in one message).
+    /// Off everywhere but in the task plans, which only the operator writes: a rollup names no key, so a
+    /// `Nats-Rollup: all` on one's own key would erase every key (docs/kv-layout.md).
+    pub allow_rollup: bool,
 }
 
+const KIB: i32 = 1024;
 const MIB: i32 = 1024 * 1024;
+
+/// The fleet size buckets are made for unless `fleet-operator --fleet-size` says otherwise: their byte limits
+/// are [`BucketSpec::bytes_per_device`] times it.
+pub const DEFAULT_FLEET_SIZE: u64 = 10_000;
+
+/// Keys `<device-id>.<run-uid>` a device holds at most in a bucket that keeps runs, for sizing: the runs of 30 to
+/// 90 days (intents are removed when terminal; statuses age out after 90 days).
+pub const RUNS_PER_DEVICE: u64 = 16;
+
+/// Per-message overhead JetStream stores beside a value (subject, headers, sequence, time), for sizing.
+const MESSAGE_OVERHEAD: u64 = 256;
+
+/// A bucket's byte limit for a fleet of `fleet_size` devices (at least 64 MiB).
+pub fn max_bytes(spec: &BucketSpec, fleet_size: u64) -> i64 {
+    let bytes = spec
+        .bytes_per_device
+        .saturating_mul(fleet_size)
+        .max(64 << 20);
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+/// The share of a bucket keyed by device with `keys` keys per device at most `value` bytes each.
+const fn share(keys: u64, value: i32) -> u64 {
+    keys * (value as u64 + MESSAGE_OVERHEAD)
+}
 
 /// The whole layout. The operator creates these buckets; agents only open them.
 pub const BUCKETS: &[BucketSpec] = &[
@@ -73,15 +107,19 @@ pub const BUCKETS: &[BucketSpec] = &[
         name: DEVICE_INFO,
         key: KeyShape::Device,
         writer: "agent",
-        max_value_bytes: 64 * 1024,
+        max_value_bytes: 8 * KIB,
         max_age: None,
+        bytes_per_device: share(1, 8 * KIB),
+        allow_rollup: false,
     },
     BucketSpec {
         name: DEVICE_HEARTBEAT,
         key: KeyShape::Device,
         writer: "agent",
-        max_value_bytes: 4096,
+        max_value_bytes: KIB,
         max_age: None,
+        bytes_per_device: share(1, KIB),
+        allow_rollup: false,
     },
     BucketSpec {
         name: DESIRED_STATE,
@@ -89,41 +127,53 @@ pub const BUCKETS: &[BucketSpec] = &[
         writer: "operator",
         max_value_bytes: MIB,
         max_age: None,
+        bytes_per_device: 128 * 1024,
+        allow_rollup: false,
     },
     BucketSpec {
         name: WORKLOAD_STATUS,
         key: KeyShape::Device,
         writer: "agent",
-        max_value_bytes: MIB,
+        max_value_bytes: 128 * KIB,
         max_age: None,
+        bytes_per_device: share(1, 128 * KIB),
+        allow_rollup: false,
     },
     BucketSpec {
         name: AGENT_UPGRADE_INTENT,
         key: KeyShape::Device,
         writer: "operator (CAS)",
-        max_value_bytes: 64 * 1024,
+        max_value_bytes: 64 * KIB,
         max_age: None,
+        bytes_per_device: 16 * 1024,
+        allow_rollup: false,
     },
     BucketSpec {
         name: AGENT_UPGRADE_STATUS,
         key: KeyShape::Device,
         writer: "agent",
-        max_value_bytes: 64 * 1024,
+        max_value_bytes: 16 * KIB,
         max_age: None,
+        bytes_per_device: share(1, 16 * KIB),
+        allow_rollup: false,
     },
     BucketSpec {
         name: SYSTEM_UPGRADE_INTENT,
         key: KeyShape::DeviceRun,
         writer: "operator",
-        max_value_bytes: 4096,
+        max_value_bytes: 4 * KIB,
         max_age: Some(Duration::from_secs(30 * 24 * 3600)),
+        bytes_per_device: share(RUNS_PER_DEVICE, 4 * KIB),
+        allow_rollup: false,
     },
     BucketSpec {
         name: SYSTEM_UPGRADE_STATUS,
         key: KeyShape::DeviceRun,
         writer: "agent",
-        max_value_bytes: 64 * 1024,
+        max_value_bytes: 16 * KIB,
         max_age: Some(Duration::from_secs(90 * 24 * 3600)),
+        bytes_per_device: share(RUNS_PER_DEVICE, 16 * KIB),
+        allow_rollup: false,
     },
     BucketSpec {
         name: TASK_PLANS,
@@ -131,13 +181,17 @@ pub const BUCKETS: &[BucketSpec] = &[
         writer: "operator",
         max_value_bytes: MIB,
         max_age: Some(Duration::from_secs(90 * 24 * 3600)),
+        bytes_per_device: 16 * 1024,
+        allow_rollup: true,
     },
     BucketSpec {
         name: FLEETLOCK,
         key: KeyShape::Group,
         writer: "fleetlock-server (CAS)",
-        max_value_bytes: 64 * 1024,
+        max_value_bytes: 64 * KIB,
         max_age: None,
+        bytes_per_device: 1024,
+        allow_rollup: true,
     },
 ];
 

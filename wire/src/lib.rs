@@ -8,6 +8,7 @@
 pub mod artifact;
 pub mod auth;
 pub mod device;
+pub mod device_api;
 pub mod digest;
 #[cfg(feature = "os")]
 pub mod durable;

@@ -165,6 +165,33 @@ impl Agent {
             }
             Err(e) => log::warn!("publishing heartbeat: {e}"),
         }
+        self.nats.refresh_watches();
+        self.republish_if_lost();
+    }
+
+    /// Writes device info and the mirrored upgrade status again when NATS no longer has them (an operator's
+    /// mistake, a bucket restored from a backup): both are otherwise written only at start-up and on change.
+    fn republish_if_lost(&mut self) {
+        let absent = |bucket: &str| matches!(self.kv.get(bucket, &self.key), Ok(c) if c.value == crate::nats_kv::Value::Absent);
+        if absent(kv::DEVICE_INFO) {
+            log::warn!("device info is missing from NATS: writing it again");
+            let mut info = self.info.clone();
+            info.published_at = Timestamp::now();
+            match put_json(&self.kv, kv::DEVICE_INFO, &self.key, &info) {
+                Ok(_) => self.info = info,
+                Err(e) => log::warn!("writing device info again: {e}"),
+            }
+        }
+        if self.relay.idle() {
+            if let Some(s) = self.relay.last_mirrored().cloned() {
+                if absent(kv::AGENT_UPGRADE_STATUS) {
+                    log::warn!("the agent-upgrade status is missing from NATS: writing it again");
+                    if let Err(e) = self.put_upgrade_status(&s) {
+                        log::warn!("writing the agent-upgrade status again: {e}");
+                    }
+                }
+            }
+        }
     }
 
     pub(super) fn upgrade_active(&self) -> bool {

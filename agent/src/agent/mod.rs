@@ -71,6 +71,8 @@ struct Agent {
     kv: Buckets,
     updater: UpdaterClient,
     key: String,
+    /// The device info as last written (written again when NATS loses it).
+    info: DeviceInfo,
     desired: Vec<WorkloadSpec>,
     generation: u64,
     desired_rev: Option<u64>,
@@ -195,6 +197,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         kv,
         updater,
         key,
+        info,
         desired: Vec::new(),
         generation: 0,
         desired_rev: None,

@@ -114,6 +114,11 @@ impl Relay {
                 .is_some_and(|s| !s.phase.is_terminal())
     }
 
+    /// The updater's status as last mirrored into NATS (what NATS should hold), if any.
+    pub fn last_mirrored(&self) -> Option<&AgentUpgradeStatus> {
+        self.mirrored.as_ref()
+    }
+
     /// True when no request is in flight (the periodic re-read of the intent is only useful then).
     pub fn idle(&self) -> bool {
         self.in_flight.is_none()

@@ -31,6 +31,25 @@ pub struct RawConfig {
     /// Most requests handled at once.
     #[serde(default = "default_concurrency")]
     pub max_concurrent: usize,
+    /// The device API: the devices' writes and watch registrations (required when devices are placed in an
+    /// account of their own).
+    #[serde(default)]
+    pub device_api: Option<RawDeviceApi>,
+}
+
+/// The device API's two NATS users (docs/auth.md): one in the account whose services the devices import, one
+/// in the buckets' account. Same server URL and TLS as `nats`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDeviceApi {
+    /// User in the device API's account (`DEVICE_API`), listed in `auth_callout.auth_users`.
+    pub user: String,
+    /// File holding that user's password.
+    pub password_file: PathBuf,
+    /// User in the buckets' account (`FLEET`), listed in `auth_callout.auth_users`.
+    pub fleet_user: String,
+    /// File holding that user's password.
+    pub fleet_password_file: PathBuf,
 }
 
 fn global_account() -> String {
@@ -136,6 +155,20 @@ pub struct Settings {
     pub jwks: JwksSettings,
     /// Concurrency bound.
     pub max_concurrent: usize,
+    /// The device API's users, when it is on.
+    pub device_api: Option<DeviceApiSettings>,
+}
+
+/// The device API's users with their passwords loaded.
+pub struct DeviceApiSettings {
+    /// User in the device API's account.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+    /// User in the buckets' account.
+    pub fleet_user: String,
+    /// Its password.
+    pub fleet_password: String,
 }
 
 fn read_bounded(path: &Path, max: u64, what: &str) -> Result<Vec<u8>, String> {
@@ -235,6 +268,25 @@ impl Settings {
         if !(1..=4096).contains(&raw.max_concurrent) {
             return Err("max_concurrent must be within 1..=4096".into());
         }
+        let device_api = match raw.device_api {
+            Some(d) => Some(DeviceApiSettings {
+                password: read_secret(&d.password_file, "device_api.password_file")?,
+                fleet_password: read_secret(
+                    &d.fleet_password_file,
+                    "device_api.fleet_password_file",
+                )?,
+                user: d.user,
+                fleet_user: d.fleet_user,
+            }),
+            // In an account of their own, devices write and watch through the device API only.
+            None if raw.account != "$G" => {
+                return Err(format!(
+                    "device_api is required when devices are placed in account {} (docs/auth.md)",
+                    raw.account
+                ))
+            }
+            None => None,
+        };
         Ok(Settings {
             url: raw.nats.url,
             user: raw.nats.user,
@@ -258,6 +310,7 @@ impl Settings {
                 max_age: Duration::from_secs(z.jwks_max_age_secs.max(1)),
             },
             max_concurrent: raw.max_concurrent,
+            device_api,
         })
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod callout;
 pub mod config;
+pub mod device_api;
 pub mod jwks;
 pub mod natsjwt;
 pub mod service;

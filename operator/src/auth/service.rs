@@ -14,8 +14,22 @@ pub const AUTH_SUBJECT: &str = "$SYS.REQ.USER.AUTH";
 /// Queue group, so that several fleet-auth replicas share the requests.
 pub const QUEUE_GROUP: &str = "fleet-auth";
 
-/// Connects and serves until the connection's subscription ends.
-pub async fn run(settings: Settings) -> Result<(), String> {
+/// Connects and serves the callout (and the device API, when configured) until a connection's subscription ends.
+pub async fn run(mut settings: Settings) -> Result<(), String> {
+    match settings.device_api.take() {
+        None => serve_callout(settings).await,
+        Some(api) => {
+            let (url, tls) = (settings.url.clone(), settings.tls.clone());
+            tokio::select! {
+                r = serve_callout(settings) => r,
+                r = super::device_api::run(&url, &tls, api) => r,
+            }
+        }
+    }
+}
+
+/// The callout: a queue subscription on [`AUTH_SUBJECT`] and one task per request under a concurrency bound.
+async fn serve_callout(settings: Settings) -> Result<(), String> {
     let jwks = Jwks::new(settings.jwks.clone())?;
     // Warm the cache; a failure is not fatal (every decision fetches again and fails closed meanwhile).
     match jwks.prefetch().await {

@@ -166,16 +166,18 @@ impl Stack {
             .expect("tmp");
         let issuer = nkeys::KeyPair::new_account();
         let curve = nkeys::XKey::new();
-        let auth_password = password();
-        let admin_password = password();
+        let passwords = fleet_rig::nats::CalloutPasswords {
+            auth: password(),
+            admin: password(),
+            device_api: password(),
+        };
         let conf = dir.path().join("nats.conf");
         std::fs::write(
             &conf,
             fleet_rig::nats::callout_config(
                 &dir.path().join("nats.log"),
                 &issuer.public_key(),
-                &auth_password,
-                &admin_password,
+                &passwords,
                 xkey.then(|| curve.public_key()).as_deref(),
             ),
         )
@@ -186,7 +188,9 @@ impl Stack {
             std::fs::write(&p, text).expect("write");
             p
         };
-        let pw = write("auth-password", &auth_password);
+        let pw = write("auth-password", &passwords.auth);
+        let api_pw = write("device-api-password", &passwords.device_api);
+        let admin_pw = write("admin-password", &passwords.admin);
         let seed = write("issuer.nk", &issuer.seed().expect("seed"));
         let xkey_file = xkey.then(|| write("xkey.nk", &curve.seed().expect("xseed")));
         let auth_config = dir.path().join("fleet-auth.yaml");
@@ -199,6 +203,11 @@ impl Stack {
   password_file: "{pw}"
 issuer_seed_file: "{seed}"
 account: DEVICES
+device_api:
+  user: {api_user}
+  password_file: "{api_pw}"
+  fleet_user: admin
+  fleet_password_file: "{admin_pw}"
 {xkey}
 zitadel:
   issuer: "{ISSUER}"
@@ -212,6 +221,9 @@ zitadel:
 "#,
                 url = nats.url(),
                 pw = pw.display(),
+                api_user = fleet_rig::nats::DEVICE_API_USER,
+                api_pw = api_pw.display(),
+                admin_pw = admin_pw.display(),
                 seed = seed.display(),
                 xkey = xkey_file
                     .map(|p| format!("xkey_seed_file: \"{}\"", p.display()))
@@ -226,7 +238,7 @@ zitadel:
             nats,
             auth: None,
             auth_config,
-            admin_password,
+            admin_password: passwords.admin,
             issuer,
         };
         s.start_auth();

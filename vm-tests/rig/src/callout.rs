@@ -303,18 +303,16 @@ impl Callout {
         let seed = account
             .seed()
             .unwrap_or_else(|e| panic!("account seed: {e}"));
-        let (auth_password, admin_password) = (password(&rng), password(&rng));
+        let passwords = crate::nats::CalloutPasswords {
+            auth: password(&rng),
+            admin: password(&rng),
+            device_api: password(&rng),
+        };
         let nats_log = dir.path().join("nats.log");
         let conf = write_private(
             dir.path(),
             "nats.conf",
-            &callout_config(
-                &nats_log,
-                &account.public_key(),
-                &auth_password,
-                &admin_password,
-                None,
-            ),
+            &callout_config(&nats_log, &account.public_key(), &passwords, None),
         );
         let conf = conf.display().to_string();
         let server = match transport {
@@ -325,17 +323,24 @@ impl Callout {
             .ca_file()
             .map(|ca| format!("  ca_file: \"{}\"\n", ca.display()))
             .unwrap_or_default();
-        let password_file = write_private(dir.path(), "auth-password", &auth_password);
+        let password_file = write_private(dir.path(), "auth-password", &passwords.auth);
+        let api_password_file =
+            write_private(dir.path(), "device-api-password", &passwords.device_api);
+        let admin_password_file = write_private(dir.path(), "admin-password", &passwords.admin);
         let seed_file = write_private(dir.path(), "issuer.nk", &seed);
         let config = write_private(
             dir.path(),
             "fleet-auth.yaml",
             &format!(
                 "nats:\n  url: \"{url}\"\n  user: fleet-auth\n  password_file: \"{pw}\"\n{nats_ca}\
-                 issuer_seed_file: \"{seed}\"\naccount: DEVICES\nzitadel:\n  issuer: \"{iss}\"\n  \
+                 issuer_seed_file: \"{seed}\"\naccount: DEVICES\ndevice_api:\n  user: {api_user}\n  \
+                 password_file: \"{api_pw}\"\n  fleet_user: admin\n  fleet_password_file: \"{admin_pw}\"\nzitadel:\n  issuer: \"{iss}\"\n  \
                  audience: \"{AUDIENCE}\"\n  jwks_url: \"{iss}/oauth/v2/keys\"\n  jwks_ca_file: \"{ca}\"\n",
                 url = server.url(),
                 pw = password_file.display(),
+                api_user = crate::nats::DEVICE_API_USER,
+                api_pw = api_password_file.display(),
+                admin_pw = admin_password_file.display(),
                 seed = seed_file.display(),
                 iss = zitadel.url(),
                 ca = zitadel.ca_file().display(),
@@ -378,7 +383,7 @@ impl Callout {
             auth_log,
             nats_log,
             zitadel,
-            admin_password,
+            admin_password: passwords.admin,
             _dir: dir,
         };
         (server, callout)

@@ -220,44 +220,72 @@ impl Drop for NatsServer {
     }
 }
 
+/// The user fleet-auth's device API serves the devices in (account `DEVICE_API`, bypassing the callout).
+pub const DEVICE_API_USER: &str = "fleet-device-api";
+
 /// The nats-server configuration of docs/auth.md (pass it with `-c` to [`NatsServer::start_with_args`]): user
 /// `fleet-auth` in account AUTH, where the auth callout asks; user `admin` (the operator's and fleetlock's stand-in,
-/// bypassing the callout) and the KV buckets in FLEET; devices, placed by fleet-auth (`account: DEVICES`), in
-/// DEVICES, which reaches FLEET only through the imports of `fleet_wire::auth`. `issuer` is fleet-auth's account
-/// public key, `xkey` its optional curve public key; the server logs to `log`.
+/// bypassing the callout, and the device API's user for the buckets) and the KV buckets in FLEET; user
+/// [`DEVICE_API_USER`] in DEVICE_API, where fleet-auth serves the devices' writes and watch registrations; devices,
+/// placed by fleet-auth (`account: DEVICES`), in DEVICES, which reaches the others only through the imports of
+/// `fleet_wire::auth::device_imports`. `issuer` is fleet-auth's account public key, `xkey` its optional curve
+/// public key; the server logs to `log`.
 pub fn callout_config(
     log: &Path,
     issuer: &str,
-    auth_password: &str,
-    admin_password: &str,
+    passwords: &CalloutPasswords,
     xkey: Option<&str>,
 ) -> String {
-    let imports = fleet_wire::auth::device_service_imports();
-    let exports: String = imports
+    use fleet_wire::auth::{Import, DEVICE_API_ACCOUNT, FLEET_ACCOUNT};
+    let imports = fleet_wire::auth::device_imports();
+    let exports = |account: &str| -> String {
+        imports
+            .iter()
+            .filter_map(|i| match i {
+                Import::Service {
+                    account: a,
+                    subject,
+                } if *a == account => Some(format!("      {{ service: \"{subject}\" }}\n")),
+                Import::Stream {
+                    account: a,
+                    subject,
+                } if *a == account => Some(format!("      {{ stream: \"{subject}\" }}\n")),
+                _ => None,
+            })
+            .collect()
+    };
+    let device_imports: String = imports
         .iter()
-        .map(|s| format!("      {{ service: \"{s}\" }}\n"))
+        .map(|i| match i {
+            Import::Service { account, subject } => {
+                format!("      {{ service: {{ account: {account}, subject: \"{subject}\" }} }}\n")
+            }
+            Import::Stream { account, subject } => {
+                format!("      {{ stream: {{ account: {account}, subject: \"{subject}\" }} }}\n")
+            }
+        })
         .collect();
-    let service_imports: String = imports
-        .iter()
-        .map(|s| format!("      {{ service: {{ account: FLEET, subject: \"{s}\" }} }}\n"))
-        .collect();
-    let stream = fleet_wire::auth::DEVICE_STREAM_IMPORT;
     let xkey = xkey.map(|x| format!("xkey: \"{x}\"")).unwrap_or_default();
     format!(
         r#"log_file: "{log}"
+# Device tokens up to fleet_wire::auth::NATS_TOKEN_MAX_BYTES travel in CONNECT.
+max_control_line: 32KB
 accounts {{
-  AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth_password}" }} ] }}
-  FLEET {{
+  AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth}" }} ] }}
+  {FLEET_ACCOUNT} {{
     jetstream: enabled
-    users: [ {{ user: "admin", password: "{admin_password}" }} ]
+    users: [ {{ user: "admin", password: "{admin}" }} ]
     exports: [
-{exports}      {{ stream: "{stream}" }}
-    ]
+{fleet_exports}    ]
+  }}
+  {DEVICE_API_ACCOUNT} {{
+    users: [ {{ user: "{DEVICE_API_USER}", password: "{api}" }} ]
+    exports: [
+{api_exports}    ]
   }}
   DEVICES {{
     imports: [
-{service_imports}      {{ stream: {{ account: FLEET, subject: "{stream}" }} }}
-    ]
+{device_imports}    ]
   }}
 }}
 authorization {{
@@ -265,13 +293,28 @@ authorization {{
   auth_callout {{
     issuer: "{issuer}"
     account: AUTH
-    auth_users: [ "fleet-auth", "admin" ]
+    auth_users: [ "fleet-auth", "admin", "{DEVICE_API_USER}" ]
     {xkey}
   }}
 }}
 "#,
         log = log.display(),
+        auth = passwords.auth,
+        admin = passwords.admin,
+        api = passwords.device_api,
+        fleet_exports = exports(FLEET_ACCOUNT),
+        api_exports = exports(DEVICE_API_ACCOUNT),
     )
+}
+
+/// The passwords of the service users in [`callout_config`].
+pub struct CalloutPasswords {
+    /// `fleet-auth` (account AUTH).
+    pub auth: String,
+    /// `admin` (account FLEET).
+    pub admin: String,
+    /// [`DEVICE_API_USER`] (account DEVICE_API).
+    pub device_api: String,
 }
 
 /// A blocking client for tests (the `nats` crate is deprecated upstream; the lint is allowed here only).

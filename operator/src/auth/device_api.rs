@@ -1,0 +1,440 @@
+//! fleet-auth's device API (`fleet_wire::device_api`, docs/auth.md): the only way a device's messages reach the
+//! buckets, and the only sender of notices to a device.
+//!
+//! - Writes: every KV subject devices write is a service of the device API's account. A write is checked (its
+//!   bucket, its key, its size; a run key only for a run the device was given), counted against the device's
+//!   write budget, and written to JetStream with its value alone — no header of the device's reaches JetStream.
+//!   The answer is JetStream's acknowledgement (or an error in JetStream's shape), as a direct write would get.
+//!   Writes of one device are handled in order (each device's writes go to the same worker).
+//! - Watches: devices register their inbox (every replica keeps every registration); each write to a key of an
+//!   operator-written bucket is noticed by one replica (a queue group), which publishes an empty notice below that
+//!   device's registered inbox.
+//! - Refused writes are logged and reported to the operator (`fleet.device-refusals.<device>`), at most one
+//!   report per device per [`REFUSAL_REPORT_INTERVAL`].
+
+use super::config::DeviceApiSettings;
+use async_nats::jetstream;
+use fleet_wire::device_api::{
+    check_put, key_device, notice_subject, noticed_buckets, refusals_subject, written_buckets,
+    DevicePut, PutRefusal, WatchRegistration, WriteBudget, WriteRefused, REFUSAL_REPORT_INTERVAL,
+    WATCH_ROOT, WATCH_TTL,
+};
+use fleet_wire::DeviceId;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Queue group shared by fleet-auth replicas for writes and notices.
+pub const QUEUE_GROUP: &str = "fleet-auth";
+/// Workers handling writes; a device's writes always go to the same one, in order.
+pub const WORKERS: usize = 64;
+/// Writes waiting per worker; beyond that a write is dropped unanswered (the agent's put times out and is
+/// tried again), so a flood never grows memory.
+pub const WORKER_QUEUE: usize = 512;
+/// Devices whose registrations, budgets and report times are kept at most (a fleet of this many devices fits).
+pub const MAX_DEVICES: usize = 1_000_000;
+/// Time-out of one JetStream write or read made for a device.
+pub const JS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the device API's state of one device is kept.
+#[derive(Default)]
+struct DeviceState {
+    /// Registered watch inbox and when it was registered.
+    inbox: Option<(String, Instant)>,
+    /// Write budget.
+    budget: Option<WriteBudget>,
+    /// When a refusal was last reported, and refusals since.
+    reported: Option<Instant>,
+    refused: u64,
+}
+
+/// The device API's memory, shared by its tasks.
+struct Registry {
+    devices: Mutex<HashMap<DeviceId, DeviceState>>,
+    started: Instant,
+}
+
+impl Registry {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Runs `f` on `device`'s state, making room when the map is full (dropping what expired, then refusing).
+    fn with<R>(&self, device: &DeviceId, f: impl FnOnce(&mut DeviceState) -> R) -> Option<R> {
+        let mut map = self.devices.lock().ok()?;
+        if !map.contains_key(device) && map.len() >= MAX_DEVICES {
+            let now = Instant::now();
+            map.retain(|_, s| {
+                s.inbox
+                    .as_ref()
+                    .is_some_and(|(_, at)| now.duration_since(*at) < WATCH_TTL)
+            });
+            if map.len() >= MAX_DEVICES {
+                return None;
+            }
+        }
+        Some(f(map.entry(device.clone()).or_default()))
+    }
+
+    /// The registered inbox of `device`, unless it expired.
+    fn inbox(&self, device: &DeviceId) -> Option<String> {
+        let map = self.devices.lock().ok()?;
+        let (inbox, at) = map.get(device)?.inbox.as_ref()?;
+        (at.elapsed() < WATCH_TTL).then(|| inbox.clone())
+    }
+}
+
+/// The buckets' side: JetStream for writes and run checks, and the connection notices are published on.
+struct Fleet {
+    client: async_nats::Client,
+    js: jetstream::Context,
+}
+
+/// Connects both users and serves until a connection's subscription ends.
+pub async fn run(
+    url: &str,
+    tls: &crate::nats_tls::NatsTls,
+    api: DeviceApiSettings,
+) -> Result<(), String> {
+    let connect = |user: String, password: String, name: &'static str| async move {
+        let opts = async_nats::ConnectOptions::new()
+            .name(name)
+            .user_and_password(user, password)
+            .connection_timeout(Duration::from_secs(5))
+            .retry_on_initial_connect();
+        tls.apply(opts)?
+            .connect(crate::kv::servers(url))
+            .await
+            .map_err(|e| {
+                format!(
+                    "NATS at {url} ({name}): {}",
+                    tls.explain(&crate::kv::error_chain(&e))
+                )
+            })
+    };
+    let devices = connect(api.user.clone(), api.password, "fleet-auth device API").await?;
+    let fleet_client = connect(
+        api.fleet_user.clone(),
+        api.fleet_password,
+        "fleet-auth device API (buckets)",
+    )
+    .await?;
+    let fleet = Arc::new(Fleet {
+        js: jetstream::new(fleet_client.clone()),
+        client: fleet_client,
+    });
+    let registry = Arc::new(Registry {
+        devices: Mutex::new(HashMap::new()),
+        started: Instant::now(),
+    });
+
+    let mut writes = Vec::new();
+    for spec in written_buckets() {
+        let subject = fleet_wire::auth::device_imports()
+            .into_iter()
+            .find_map(|i| match i {
+                fleet_wire::auth::Import::Service { subject, .. }
+                    if subject.starts_with(&format!("$KV.{}.", spec.name)) =>
+                {
+                    Some(subject)
+                }
+                _ => None,
+            })
+            .ok_or_else(|| format!("no import for bucket {}", spec.name))?;
+        writes.push(
+            devices
+                .queue_subscribe(subject.clone(), QUEUE_GROUP.into())
+                .await
+                .map_err(|e| format!("subscribe {subject}: {e}"))?,
+        );
+    }
+    let mut registrations = devices
+        .subscribe(format!("{WATCH_ROOT}.*"))
+        .await
+        .map_err(|e| format!("subscribe {WATCH_ROOT}.*: {e}"))?;
+    let mut notices = Vec::new();
+    for spec in noticed_buckets() {
+        let subject = match spec.key {
+            fleet_wire::kv::KeyShape::Device => format!("$KV.{}.*", spec.name),
+            _ => format!("$KV.{}.>", spec.name),
+        };
+        notices.push(
+            fleet
+                .client
+                .queue_subscribe(subject.clone(), QUEUE_GROUP.into())
+                .await
+                .map_err(|e| format!("subscribe {subject}: {e}"))?,
+        );
+    }
+    devices
+        .flush()
+        .await
+        .map_err(|e| format!("NATS flush: {e}"))?;
+    fleet
+        .client
+        .flush()
+        .await
+        .map_err(|e| format!("NATS flush: {e}"))?;
+
+    // Writes: one ordered worker per share of the devices.
+    let mut queues = Vec::with_capacity(WORKERS);
+    for _ in 0..WORKERS {
+        let (tx, mut rx) = mpsc::channel::<async_nats::Message>(WORKER_QUEUE);
+        queues.push(tx);
+        let (fleet, registry, devices) = (fleet.clone(), registry.clone(), devices.clone());
+        tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                handle_write(&fleet, &registry, &devices, msg).await;
+            }
+        });
+    }
+    let mut writes = futures::stream::select_all(writes);
+    let dispatch = async move {
+        while let Some(msg) = writes.next().await {
+            let shard = shard(&msg.subject);
+            if queues[shard].try_send(msg).is_err() {
+                log::debug!("device API worker {shard} busy: a write was dropped unanswered");
+            }
+        }
+    };
+    let reg = {
+        let registry = registry.clone();
+        async move {
+            while let Some(msg) = registrations.next().await {
+                match WatchRegistration::parse(&msg.subject, &msg.payload) {
+                    Ok((device, r)) => {
+                        if registry
+                            .with(&device, |s| s.inbox = Some((r.inbox, Instant::now())))
+                            .is_none()
+                        {
+                            log::warn!("watch registration of {device} dropped: {MAX_DEVICES} devices registered");
+                        }
+                    }
+                    Err(e) => log::warn!("watch registration on {} refused: {e}", msg.subject),
+                }
+            }
+        }
+    };
+    let notify = {
+        let fleet = fleet.clone();
+        let mut notices = futures::stream::select_all(notices);
+        async move {
+            while let Some(msg) = notices.next().await {
+                let Some((bucket, key)) = msg
+                    .subject
+                    .strip_prefix("$KV.")
+                    .and_then(|r| r.split_once('.'))
+                else {
+                    continue;
+                };
+                let Some(spec) = fleet_wire::kv::bucket(bucket) else {
+                    continue;
+                };
+                let Some(device) = key_device(spec, key) else {
+                    continue;
+                };
+                if let Some(inbox) = registry.inbox(&device) {
+                    let subject = notice_subject(&inbox, bucket, key);
+                    if let Err(e) = fleet.client.publish(subject, bytes::Bytes::new()).await {
+                        log::warn!("notice to {device}: {e}");
+                    }
+                }
+            }
+        }
+    };
+    log::info!(
+        "fleet-auth device API serving writes and watches as {} and {}",
+        api.user,
+        api.fleet_user
+    );
+    tokio::select! {
+        _ = dispatch => {}
+        _ = reg => {}
+        _ = notify => {}
+    }
+    Err("a device API subscription ended (NATS connection closed)".into())
+}
+
+/// The worker a write goes to: by the device named in its subject, so a device's writes stay in order.
+fn shard(subject: &str) -> usize {
+    use std::hash::{Hash, Hasher};
+    let device = subject.split('.').nth(2).unwrap_or("");
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    device.hash(&mut h);
+    (h.finish() % WORKERS as u64) as usize
+}
+
+/// Handles one write: checks, budget, run check, the JetStream write, the answer; reports refusals.
+async fn handle_write(
+    fleet: &Fleet,
+    registry: &Registry,
+    devices: &async_nats::Client,
+    msg: async_nats::Message,
+) {
+    let answer = match write(fleet, registry, &msg).await {
+        Ok((stream, seq)) => serde_json::json!({ "stream": stream, "seq": seq }),
+        Err(Failure::Refused(device, refusal)) => {
+            report(fleet, registry, device.as_ref(), &refusal).await;
+            api_error(400, &format!("device API refused the write: {refusal}"))
+        }
+        Err(Failure::Store(e)) => {
+            log::warn!("write {} failed: {e}", msg.subject);
+            api_error(503, &format!("device API could not write: {e}"))
+        }
+    };
+    if let Some(reply) = msg.reply {
+        let body = serde_json::to_vec(&answer).unwrap_or_default();
+        if let Err(e) = devices.publish(reply, body.into()).await {
+            log::debug!("answer to {}: {e}", msg.subject);
+        }
+    }
+}
+
+/// An answer in JetStream's error shape, which the agent reads as it reads JetStream's own.
+fn api_error(code: u16, description: &str) -> serde_json::Value {
+    serde_json::json!({ "error": { "code": code, "err_code": 0, "description": description } })
+}
+
+enum Failure {
+    /// The device's own fault: reported.
+    Refused(Option<DeviceId>, PutRefusal),
+    /// JetStream did not take it.
+    Store(String),
+}
+
+async fn write(
+    fleet: &Fleet,
+    registry: &Registry,
+    msg: &async_nats::Message,
+) -> Result<(String, u64), Failure> {
+    let put: DevicePut = check_put(&msg.subject, msg.payload.len())
+        .map_err(|r| Failure::Refused(subject_device(&msg.subject), r))?;
+    let now = registry.now_ms();
+    let allowed = registry
+        .with(&put.device, |s| {
+            s.budget
+                .get_or_insert_with(|| WriteBudget::full(now))
+                .take(now)
+        })
+        .unwrap_or(false);
+    if !allowed {
+        return Err(Failure::Refused(Some(put.device), PutRefusal::OverBudget));
+    }
+    if let Some(run) = &put.run {
+        if !run_given(fleet, &put.key()).await.map_err(Failure::Store)? {
+            return Err(Failure::Refused(
+                Some(put.device.clone()),
+                PutRefusal::UnknownRun {
+                    run: run.to_string(),
+                },
+            ));
+        }
+    }
+    // The value alone: no header of the device's (`Nats-Rollup`, `KV-Operation`, `Nats-Expected-*`,
+    // `Nats-Msg-Id`, `Nats-TTL`, …) reaches JetStream.
+    let ack = tokio::time::timeout(JS_TIMEOUT, async {
+        fleet
+            .js
+            .publish(put.subject(), msg.payload.clone())
+            .await
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|_| Failure::Store(format!("no acknowledgement within {JS_TIMEOUT:?}")))?
+    .map_err(Failure::Store)?;
+    Ok((ack.stream, ack.sequence))
+}
+
+/// Whether run key `key` (`<device>.<run>`) may be written: the device was given the run (its intent exists) or
+/// wrote its status before (an intent is removed once its run is terminal).
+async fn run_given(fleet: &Fleet, key: &str) -> Result<bool, String> {
+    for bucket in [
+        fleet_wire::kv::SYSTEM_UPGRADE_INTENT,
+        fleet_wire::kv::SYSTEM_UPGRADE_STATUS,
+    ] {
+        let found = tokio::time::timeout(JS_TIMEOUT, async {
+            let store = fleet
+                .js
+                .get_key_value(bucket)
+                .await
+                .map_err(|e| format!("bucket {bucket}: {e}"))?;
+            store
+                .get(key)
+                .await
+                .map(|v| v.is_some())
+                .map_err(|e| format!("read {bucket}/{key}: {e}"))
+        })
+        .await
+        .map_err(|_| format!("read {bucket}/{key}: no answer within {JS_TIMEOUT:?}"))??;
+        if found {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The device named by a KV subject (`$KV.<bucket>.<device>…`), if it is a valid id.
+fn subject_device(subject: &str) -> Option<DeviceId> {
+    DeviceId::try_from(subject.split('.').nth(2)?).ok()
+}
+
+/// Logs a refusal and reports it to the operator, at most once per device per [`REFUSAL_REPORT_INTERVAL`].
+async fn report(
+    fleet: &Fleet,
+    registry: &Registry,
+    device: Option<&DeviceId>,
+    refusal: &PutRefusal,
+) {
+    let Some(device) = device else {
+        log::warn!("write refused: {refusal}");
+        return;
+    };
+    let due = registry
+        .with(device, |s| {
+            s.refused += 1;
+            let due = s
+                .reported
+                .is_none_or(|at| at.elapsed() >= REFUSAL_REPORT_INTERVAL);
+            if due {
+                s.reported = Some(Instant::now());
+                Some(std::mem::take(&mut s.refused))
+            } else {
+                None
+            }
+        })
+        .flatten();
+    let Some(count) = due else { return };
+    log::warn!("write of device {device} refused ({count} since the last report): {refusal}");
+    let body = WriteRefused {
+        device_id: device.clone(),
+        kind: refusal.kind().into(),
+        reason: refusal.to_string(),
+        count,
+    };
+    if let Ok(bytes) = serde_json::to_vec(&body) {
+        let _ = fleet
+            .client
+            .publish(refusals_subject(device), bytes.into())
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_devices_writes_share_one_worker() {
+        let a = shard("$KV.device-info.dev-a");
+        assert_eq!(shard("$KV.device-heartbeat.dev-a"), a);
+        assert_eq!(
+            shard("$KV.system-upgrade-status.dev-a.0a5b3c1e-8f2d-4b7a-9c6e-1d2f3a4b5c6d"),
+            a
+        );
+        assert!(a < WORKERS);
+    }
+}

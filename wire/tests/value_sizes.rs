@@ -1,0 +1,110 @@
+//! The byte limits of the buckets devices write (`fleet_wire::kv::BUCKETS`, enforced by JetStream and by the
+//! device API) fit the largest value a real agent writes: every bounded text at its longest, all 16 transitions,
+//! and the most workloads a desired state may hold (each with an error at its longest). A limit that a real value
+//! could exceed would make that device's own status disappear, so each is checked here with room to spare.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_wire::fixtures;
+use fleet_wire::kv;
+use fleet_wire::workload::MAX_WORKLOADS;
+use fleet_wire::{BoundedText, Transition, WorkloadName, WorkloadState, WorkloadStatus};
+
+/// A text at its longest. Agents write ASCII (journald lines, Podman and apt messages); JSON escapes none of it.
+fn longest() -> Option<BoundedText> {
+    Some(BoundedText::lossy(
+        &"e".repeat(fleet_wire::limits::MAX_TEXT_CHARS),
+    ))
+}
+
+fn limit(bucket: &str) -> usize {
+    kv::bucket(bucket).expect("bucket").max_value_bytes as usize
+}
+
+/// Asserts that `value` fits `bucket` with at least a quarter of the limit to spare, and prints the numbers.
+fn fits(bucket: &str, value: &impl serde::Serialize) -> usize {
+    let bytes = serde_json::to_vec(value).expect("json").len();
+    let limit = limit(bucket);
+    println!("{bucket}: largest real value {bytes} bytes, limit {limit} bytes");
+    assert!(
+        bytes * 4 <= limit * 3,
+        "{bucket}: the largest real value is {bytes} bytes, too close to the limit of {limit}"
+    );
+    bytes
+}
+
+#[test]
+fn the_largest_values_fit_their_buckets() {
+    let mut info = fixtures::device_info();
+    info.os.id = longest().unwrap();
+    info.os.version_id = longest();
+    info.os.pretty_name = longest();
+    fits(kv::DEVICE_INFO, &info);
+
+    fits(kv::DEVICE_HEARTBEAT, &fixtures::heartbeat());
+
+    let mut status = fixtures::workload_status();
+    let one = status.workloads[0].clone();
+    status.workloads = (0..MAX_WORKLOADS)
+        .map(|i| WorkloadStatus {
+            name: WorkloadName::try_from(format!("workload-{i:02}-{}", "n".repeat(40)).as_str())
+                .expect("name"),
+            state: WorkloadState::Failed,
+            error: longest(),
+            ..one.clone()
+        })
+        .collect();
+    let n = fits(kv::WORKLOAD_STATUS, &status);
+    // Fifty workloads, as the issue measures, fit in less.
+    assert!(n * 50 / MAX_WORKLOADS <= limit(kv::WORKLOAD_STATUS));
+
+    let mut up = fixtures::failed_status();
+    up.detail = longest();
+    up.error = longest();
+    for i in 0..fleet_wire::limits::MAX_TRANSITIONS {
+        up.transitions.push(Transition {
+            phase: fleet_wire::UpgradePhase::RollingBack,
+            at: fixtures::t(i as u64),
+            reason: Some(fleet_wire::UpgradeReason::StartFailed),
+        });
+    }
+    fits(kv::AGENT_UPGRADE_STATUS, &up);
+
+    let mut sys = fixtures::system_status();
+    sys.error = longest();
+    sys.detail = longest();
+    sys.output_tail = longest();
+    for i in 0..fleet_wire::limits::MAX_TRANSITIONS {
+        sys.transitions.push(Transition {
+            phase: fleet_wire::SystemUpgradePhase::Upgrading,
+            at: fixtures::t(i as u64),
+            reason: None,
+        });
+    }
+    fits(kv::SYSTEM_UPGRADE_STATUS, &sys);
+}
+
+#[test]
+fn every_bucket_has_a_byte_limit_for_the_documented_fleet() {
+    for spec in kv::BUCKETS {
+        let bytes = kv::max_bytes(spec, kv::DEFAULT_FLEET_SIZE);
+        assert!(bytes >= 64 << 20, "{}", spec.name);
+        // A device's share holds every key it may write at its largest value.
+        if spec.writer == "agent" {
+            let keys = match spec.key {
+                kv::KeyShape::Device => 1,
+                _ => kv::RUNS_PER_DEVICE,
+            };
+            assert!(
+                spec.bytes_per_device >= keys * spec.max_value_bytes as u64,
+                "{}",
+                spec.name
+            );
+        }
+        println!(
+            "{}: {} MiB for {} devices",
+            spec.name,
+            bytes >> 20,
+            kv::DEFAULT_FLEET_SIZE
+        );
+    }
+}
