@@ -50,6 +50,8 @@ fn the_largest_values_fit_their_buckets() {
                 .expect("name"),
             state: WorkloadState::Failed,
             error: longest(),
+            // The failure details at their largest: a 64-hex container id and a digest.
+            failure: fixtures::workload_status_failed().workloads[0].failure.clone(),
             ..one.clone()
         })
         .collect();
