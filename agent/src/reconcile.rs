@@ -247,10 +247,12 @@ impl Swap {
         use FailureReason as R;
         use Step::*;
         let go = |step| Ok(Swap { step, ..self });
-        let fail = |step, why| Ok(Swap {
-            step,
-            cause: Some(why),
-        });
+        let fail = |step, why| {
+            Ok(Swap {
+                step,
+                cause: Some(why),
+            })
+        };
         let cause = self.cause.unwrap_or(R::Other);
         match (self.step, ok) {
             (Pull, true) => go(Park),
@@ -430,7 +432,8 @@ pub fn reconcile(
                         .and_then(|o| o.labels.get(LABEL_WORKLOAD))
                         .and_then(|w| WorkloadName::try_from(w.as_str()).ok())
                     {
-                        out.errors.insert(w, failed(FailureReason::RemoveFailed, &e));
+                        out.errors
+                            .insert(w, failed(FailureReason::RemoveFailed, &e));
                     }
                 }
             }
@@ -471,7 +474,8 @@ pub fn reconcile(
                 log::info!("starting container {id} ({})", name.as_str());
                 if let Err(e) = podman.start(&id) {
                     log::warn!("start {}: {e}", name.as_str());
-                    out.errors.insert(name, failed(FailureReason::StartFailed, &e));
+                    out.errors
+                        .insert(name, failed(FailureReason::StartFailed, &e));
                 }
             }
         }
@@ -601,7 +605,11 @@ fn ended(end: Replaced, errors: &[String]) -> Applied {
     let first = errors.first().map(String::as_str).unwrap_or("failed");
     let (reason, rolled_back, what) = match end {
         Replaced::Done => return Applied::Done,
-        Replaced::Kept(r) => (r, false, "the container of the previous spec keeps running".to_owned()),
+        Replaced::Kept(r) => (
+            r,
+            false,
+            "the container of the previous spec keeps running".to_owned(),
+        ),
         Replaced::RolledBack(r) => (
             r,
             true,
@@ -625,7 +633,11 @@ fn ended(end: Replaced, errors: &[String]) -> Applied {
 
 /// Per-workload status from the desired state, the observed containers and the last pass's failures. A failed
 /// workload names the container of an older spec that still runs, if one does.
-pub fn statuses(desired: &[WorkloadSpec], observed: &[Observed], errors: &Errors) -> Vec<WorkloadStatus> {
+pub fn statuses(
+    desired: &[WorkloadSpec],
+    observed: &[Observed],
+    errors: &Errors,
+) -> Vec<WorkloadStatus> {
     desired
         .iter()
         .map(|w| {
@@ -857,14 +869,46 @@ mod tests {
             (fwd(Start), false, Ok(back(RemoveNew, R::StartFailed))),
             (fwd(RemoveOld), true, Err(Replaced::Done)),
             (fwd(RemoveOld), false, Err(Replaced::Done)),
-            (back(RemoveNew, R::StartFailed), true, Ok(back(Unpark, R::StartFailed))),
-            (back(RemoveNew, R::StartFailed), false, Ok(back(RestartOld, R::StartFailed))),
-            (back(Unpark, R::CreateFailed), true, Err(Replaced::Kept(R::CreateFailed))),
-            (back(Unpark, R::CreateFailed), false, Err(Replaced::Kept(R::CreateFailed))),
-            (back(Unpark, R::StartFailed), true, Ok(back(RestartOld, R::StartFailed))),
-            (back(Unpark, R::StopFailed), false, Ok(back(RestartOld, R::StopFailed))),
-            (back(RestartOld, R::StartFailed), true, Err(Replaced::RolledBack(R::StartFailed))),
-            (back(RestartOld, R::StopFailed), false, Err(Replaced::Broken(R::StopFailed))),
+            (
+                back(RemoveNew, R::StartFailed),
+                true,
+                Ok(back(Unpark, R::StartFailed)),
+            ),
+            (
+                back(RemoveNew, R::StartFailed),
+                false,
+                Ok(back(RestartOld, R::StartFailed)),
+            ),
+            (
+                back(Unpark, R::CreateFailed),
+                true,
+                Err(Replaced::Kept(R::CreateFailed)),
+            ),
+            (
+                back(Unpark, R::CreateFailed),
+                false,
+                Err(Replaced::Kept(R::CreateFailed)),
+            ),
+            (
+                back(Unpark, R::StartFailed),
+                true,
+                Ok(back(RestartOld, R::StartFailed)),
+            ),
+            (
+                back(Unpark, R::StopFailed),
+                false,
+                Ok(back(RestartOld, R::StopFailed)),
+            ),
+            (
+                back(RestartOld, R::StartFailed),
+                true,
+                Err(Replaced::RolledBack(R::StartFailed)),
+            ),
+            (
+                back(RestartOld, R::StopFailed),
+                false,
+                Err(Replaced::Broken(R::StopFailed)),
+            ),
         ];
         for (i, (from, ok, want)) in cases.into_iter().enumerate() {
             assert_eq!(from.after(ok), want, "case {i}: {from:?} ok={ok}");
@@ -899,17 +943,25 @@ mod tests {
             // The image cannot be pulled: nothing else happens; the old container runs on, untouched.
             (&[Pull], &[Pull], Replaced::Kept(R::ImagePullFailed)),
             // Podman refuses the create: the old container (never stopped) gets its name back.
-            (&[Create], &[Pull, Park, Create, Unpark], Replaced::Kept(R::CreateFailed)),
+            (
+                &[Create],
+                &[Pull, Park, Create, Unpark],
+                Replaced::Kept(R::CreateFailed),
+            ),
             // The new container does not start: it goes, the old one comes back.
             (
                 &[Start],
-                &[Pull, Park, Create, StopOld, Start, RemoveNew, Unpark, RestartOld],
+                &[
+                    Pull, Park, Create, StopOld, Start, RemoveNew, Unpark, RestartOld,
+                ],
                 Replaced::RolledBack(R::StartFailed),
             ),
             // … and if the old one cannot start either, the status says so.
             (
                 &[Start, RestartOld],
-                &[Pull, Park, Create, StopOld, Start, RemoveNew, Unpark, RestartOld],
+                &[
+                    Pull, Park, Create, StopOld, Start, RemoveNew, Unpark, RestartOld,
+                ],
                 Replaced::Broken(R::StartFailed),
             ),
             // The new container cannot be removed: the old one starts under its parked name.
@@ -922,8 +974,10 @@ mod tests {
         for (failing, steps, end) in cases {
             assert_eq!(drive(failing), (steps.to_vec(), end), "failing {failing:?}");
         }
-        let Applied::Failed(f) = ended(Replaced::Kept(R::ImagePullFailed), &["image x could not be pulled: y".into()])
-        else {
+        let Applied::Failed(f) = ended(
+            Replaced::Kept(R::ImagePullFailed),
+            &["image x could not be pulled: y".into()],
+        ) else {
             panic!("kept is a failure");
         };
         assert_eq!(
@@ -987,7 +1041,10 @@ mod tests {
         );
         assert_eq!(s[0].state, WorkloadState::Failed);
         // The desired spec has no container: the operator counts it failed, not running the old spec.
-        assert_eq!((s[0].container_id.as_deref(), s[0].spec_digest.as_ref()), (None, None));
+        assert_eq!(
+            (s[0].container_id.as_deref(), s[0].spec_digest.as_ref()),
+            (None, None)
+        );
         assert_eq!(
             s[0].failure,
             Some(WorkloadFailure {
@@ -998,7 +1055,14 @@ mod tests {
             })
         );
         // Fixed: no failure, no error.
-        let s = statuses(&[web.clone()], &[observed("1", &web, "device-1", "running")], &Errors::new());
-        assert_eq!((s[0].state, s[0].error.as_ref(), s[0].failure.as_ref()), (WorkloadState::Running, None, None));
+        let s = statuses(
+            std::slice::from_ref(&web),
+            &[observed("1", &web, "device-1", "running")],
+            &Errors::new(),
+        );
+        assert_eq!(
+            (s[0].state, s[0].error.as_ref(), s[0].failure.as_ref()),
+            (WorkloadState::Running, None, None)
+        );
     }
 }

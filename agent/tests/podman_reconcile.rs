@@ -371,7 +371,11 @@ fn a_bad_image_never_takes_the_running_workload_down() {
     ]);
     assert!(env.lines().any(|l| l == "MARKER=2"), "{env}");
     let names: Vec<String> = containers(&rig).into_keys().collect();
-    assert_eq!(names, vec!["fleet-app".to_string()], "the old container is gone");
+    assert_eq!(
+        names,
+        vec!["fleet-app".to_string()],
+        "the old container is gone"
+    );
     agent.sigterm();
     assert!(agent.wait_exit(Duration::from_secs(30)).success());
 }

@@ -197,7 +197,10 @@ fn device_and_workload_shapes() {
     check("heartbeat", &fixtures::heartbeat());
     check("desired-state", &fixtures::desired_state());
     check("workload-status", &fixtures::workload_status());
-    check("workload-status-failed", &fixtures::workload_status_failed());
+    check(
+        "workload-status-failed",
+        &fixtures::workload_status_failed(),
+    );
 }
 
 /// The failure details are additive: an agent before them writes a status this reader takes (no failure), and a

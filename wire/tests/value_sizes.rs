@@ -12,7 +12,7 @@ use fleet_wire::{BoundedText, Transition, WorkloadName, WorkloadState, WorkloadS
 /// A text at its longest. Agents write ASCII (journald lines, Podman and apt messages); JSON escapes none of it.
 fn longest() -> Option<BoundedText> {
     Some(BoundedText::lossy(
-        &"e".repeat(fleet_wire::limits::MAX_TEXT_CHARS),
+        "e".repeat(fleet_wire::limits::MAX_TEXT_CHARS),
     ))
 }
 
@@ -51,7 +51,9 @@ fn the_largest_values_fit_their_buckets() {
             state: WorkloadState::Failed,
             error: longest(),
             // The failure details at their largest: a 64-hex container id and a digest.
-            failure: fixtures::workload_status_failed().workloads[0].failure.clone(),
+            failure: fixtures::workload_status_failed().workloads[0]
+                .failure
+                .clone(),
             ..one.clone()
         })
         .collect();
