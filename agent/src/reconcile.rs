@@ -452,7 +452,13 @@ pub fn reconcile(
                     Action::Replace { old, .. } => {
                         let o = observed.iter().find(|o| o.id == *old);
                         let old_name = o.map(|o| o.name.as_str()).unwrap_or("");
-                        replace(podman, device, spec, old, old_name, draining, cancel)
+                        let was_running = o.is_some_and(|o| o.state == "running");
+                        let old = Old {
+                            id: old,
+                            name: old_name,
+                            was_running,
+                        };
+                        replace(podman, device, spec, &old, draining, cancel)
                     }
                     _ => create(podman, device, spec, draining, cancel),
                 };
@@ -530,16 +536,25 @@ fn create(
     }
 }
 
-/// Replaces container `old` (named `old_name`) with `spec`'s, step by step as [`Swap::after`] says.
+/// The container a replacement replaces.
+struct Old<'a> {
+    id: &'a str,
+    name: &'a str,
+    /// Only a container that was running is started again by a roll-back.
+    was_running: bool,
+}
+
+/// Replaces container `old` with `spec`'s, step by step as [`Swap::after`] says.
 fn replace(
     podman: &Podman,
     device: &DeviceId,
     spec: &WorkloadSpec,
-    old: &str,
-    old_name: &str,
+    old: &Old<'_>,
     draining: &AtomicBool,
     cancel: &dyn Fn() -> bool,
 ) -> Applied {
+    let (old_name, was_running) = (old.name, old.was_running);
+    let old = old.id;
     let name = spec.name.container_name();
     let parked = parked_name(&spec.name);
     let mut swap = Swap::BEGIN;
@@ -582,7 +597,8 @@ fn replace(
                 None => Ok(()),
             },
             Step::Unpark => podman.rename(old, &name),
-            Step::RestartOld => podman.start(old),
+            Step::RestartOld if was_running => podman.start(old),
+            Step::RestartOld => Ok(()),
         };
         if let Err(e) = &r {
             log::warn!("{} ({:?}): {e}", spec.name.as_str(), swap.step);
@@ -590,7 +606,7 @@ fn replace(
         }
         swap = match swap.after(r.is_ok()) {
             Ok(next) => next,
-            Err(end) => return ended(end, &errors),
+            Err(end) => return ended(end, &errors, was_running),
         };
     }
     Applied::Failed(Failed {
@@ -601,19 +617,28 @@ fn replace(
 }
 
 /// The status a finished replacement leaves, in words: the first error, and what runs now.
-fn ended(end: Replaced, errors: &[String]) -> Applied {
+fn ended(end: Replaced, errors: &[String], was_running: bool) -> Applied {
     let first = errors.first().map(String::as_str).unwrap_or("failed");
     let (reason, rolled_back, what) = match end {
         Replaced::Done => return Applied::Done,
         Replaced::Kept(r) => (
             r,
             false,
-            "the container of the previous spec keeps running".to_owned(),
+            if was_running {
+                "the container of the previous spec keeps running".to_owned()
+            } else {
+                "the container of the previous spec is left as it was (not running)".to_owned()
+            },
         ),
         Replaced::RolledBack(r) => (
             r,
             true,
-            "the previous spec was restored (its container started again)".to_owned(),
+            if was_running {
+                "the previous spec was restored (its container started again)".to_owned()
+            } else {
+                "the previous spec was restored (its container was not running and is left so)"
+                    .to_owned()
+            },
         ),
         Replaced::Broken(r) => (
             r,
@@ -977,6 +1002,7 @@ mod tests {
         let Applied::Failed(f) = ended(
             Replaced::Kept(R::ImagePullFailed),
             &["image x could not be pulled: y".into()],
+            true,
         ) else {
             panic!("kept is a failure");
         };
@@ -985,6 +1011,21 @@ mod tests {
             "image x could not be pulled: y; the container of the previous spec keeps running"
         );
         assert!(!f.rolled_back);
+        // An old container that was not running is not started by a roll-back, and the status says so.
+        let Applied::Failed(f) = ended(
+            Replaced::RolledBack(R::StartFailed),
+            &["starting the container: x".into()],
+            false,
+        ) else {
+            panic!("rolled back is a failure");
+        };
+        assert!(f.rolled_back);
+        assert!(
+            f.error
+                .ends_with("(its container was not running and is left so)"),
+            "{}",
+            f.error
+        );
     }
 
     #[test]
