@@ -2,27 +2,43 @@
 //! one mutation at a time (each checked against the drain flag first). A pass compares either everything or, for
 //! a desired-state change, only the workloads the change touched ([`Scope`]), so a one-workload change costs the
 //! same with 50 unchanged workloads present as with none.
+//!
+//! A workload is replaced, never dropped ([`Swap`]): the new image is present before the running container is
+//! touched, the old container steps aside under another name while the new one is created, and a new container
+//! that does not start gives way to the old one again. A spec that failed is not tried again before its
+//! [`Backoff`] is over, unless the desired spec changes (a fix is tried at once).
 
-use crate::podman::{Observed, Podman};
+use crate::podman::{Observed, Podman, PodmanError};
 use fleet_wire::workload::{LABEL_DEVICE, LABEL_SPEC_DIGEST, LABEL_WORKLOAD};
 use fleet_wire::{
-    BoundedText, DeviceId, RestartPolicy, WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
+    BoundedText, DeviceId, FailureReason, RestartPolicy, Sha256Hex, WorkloadFailure, WorkloadName,
+    WorkloadSpec, WorkloadState, WorkloadStatus,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// One mutation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Stop and remove a managed container (gone from the desired state, changed spec, other device, duplicate).
+    /// Stop and remove a managed container (gone from the desired state, other device, duplicate, or an extra
+    /// container of an older spec).
     Remove {
         /// Container id.
         id: String,
         /// Why, for the log.
         why: &'static str,
     },
-    /// Create and start the container of a workload.
+    /// Make sure the image is present, then create and start the container of a workload that has none.
     Create(WorkloadName),
+    /// Replace the container of an older spec with the desired one ([`Swap`]): nothing is touched before the new
+    /// image is present, and the old container comes back if the new one does not start.
+    Replace {
+        /// The old container's id.
+        old: String,
+        /// The workload.
+        name: WorkloadName,
+    },
     /// Start an existing container of a workload that is not running but should be.
     Start {
         /// Container id.
@@ -31,6 +47,20 @@ pub enum Action {
         name: WorkloadName,
     },
 }
+
+/// Why a workload's desired spec is not running after a pass: what its status reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failed {
+    /// The reason, for an event.
+    pub reason: FailureReason,
+    /// What happened, in words a person acts on.
+    pub error: String,
+    /// The new container did not start and the previous one was started again.
+    pub rolled_back: bool,
+}
+
+/// Per-workload failures of a pass.
+pub type Errors = BTreeMap<WorkloadName, Failed>;
 
 /// Which workloads a pass compares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,12 +113,14 @@ pub fn scope(reached: Option<&[WorkloadSpec]>, desired: &[WorkloadSpec]) -> Scop
 /// Plans the actions that make `observed` (managed containers only) match `desired`. Pure.
 ///
 /// A container whose spec-digest label equals the desired spec's digest is kept as it is (an agent restart
-/// therefore restarts nothing); any other managed container is removed, removals first so a replacement can
-/// reuse the container name.
+/// therefore restarts nothing). A workload with no such container but one of an older spec is replaced (the
+/// running one of them, else the first; any others are removed); any other managed container is removed.
+/// Removals come first.
 pub fn plan(device: &DeviceId, desired: &[WorkloadSpec], observed: &[Observed]) -> Vec<Action> {
     let mut removes = Vec::new();
     let mut rest = Vec::new();
     let mut kept: BTreeMap<&str, &Observed> = BTreeMap::new();
+    let mut older: BTreeMap<&str, Vec<&Observed>> = BTreeMap::new();
     let want: BTreeMap<&str, &WorkloadSpec> =
         desired.iter().map(|w| (w.name.as_str(), w)).collect();
     for o in observed {
@@ -98,7 +130,8 @@ pub fn plan(device: &DeviceId, desired: &[WorkloadSpec], observed: &[Observed]) 
             Some("labelled for another device")
         } else if let Some(spec) = want.get(workload) {
             if label(LABEL_SPEC_DIGEST) != Some(spec.digest().as_str()) {
-                Some("spec changed")
+                older.entry(workload).or_default().push(o);
+                None
             } else if kept.contains_key(workload) {
                 Some("duplicate")
             } else {
@@ -116,14 +149,29 @@ pub fn plan(device: &DeviceId, desired: &[WorkloadSpec], observed: &[Observed]) 
         }
     }
     for w in desired {
+        let mut old = older.remove(w.name.as_str()).unwrap_or_default();
         match kept.get(w.name.as_str()) {
-            None => rest.push(Action::Create(w.name.clone())),
-            Some(o) if should_start(o, w.restart_policy) => rest.push(Action::Start {
-                id: o.id.clone(),
-                name: w.name.clone(),
-            }),
-            Some(_) => {}
+            Some(o) => {
+                if should_start(o, w.restart_policy) {
+                    rest.push(Action::Start {
+                        id: o.id.clone(),
+                        name: w.name.clone(),
+                    });
+                }
+            }
+            None if old.is_empty() => rest.push(Action::Create(w.name.clone())),
+            None => {
+                let i = old.iter().position(|o| o.state == "running").unwrap_or(0);
+                rest.push(Action::Replace {
+                    old: old.remove(i).id.clone(),
+                    name: w.name.clone(),
+                });
+            }
         }
+        removes.extend(old.into_iter().map(|o| Action::Remove {
+            id: o.id.clone(),
+            why: "spec changed",
+        }));
     }
     removes.extend(rest);
     removes
@@ -138,26 +186,205 @@ fn should_start(o: &Observed, policy: RestartPolicy) -> bool {
     }
 }
 
+/// One step of replacing a workload's container (see [`Swap::after`] for the order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Make sure the new image is present (pull it). Nothing is touched before this succeeds.
+    Pull,
+    /// Rename the old container out of the way ([`parked_name`]); it keeps running.
+    Park,
+    /// Create the new container under the workload's name.
+    Create,
+    /// Stop the old container (frees its ports).
+    StopOld,
+    /// Start the new container.
+    Start,
+    /// Remove the old container: done.
+    RemoveOld,
+    /// Roll back: remove the new container.
+    RemoveNew,
+    /// Roll back: give the old container its name back.
+    Unpark,
+    /// Roll back: start the old container again.
+    RestartOld,
+}
+
+/// How a replacement ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replaced {
+    /// The new container runs; the old one is gone (or left stopped for the next pass to remove).
+    Done,
+    /// The old container was never stopped and runs as before.
+    Kept(FailureReason),
+    /// The new container did not start; the old one was started again.
+    RolledBack(FailureReason),
+    /// The new container did not start and the old one could not be started again either.
+    Broken(FailureReason),
+}
+
+/// Where a replacement stands: the step to do next and the first failure, once one happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Swap {
+    /// The next step.
+    pub step: Step,
+    /// The failure that turned the replacement into a roll-back.
+    pub cause: Option<FailureReason>,
+}
+
+impl Swap {
+    /// The first step.
+    pub const BEGIN: Swap = Swap {
+        step: Step::Pull,
+        cause: None,
+    };
+
+    /// The next step after `self.step` succeeded (`ok`) or failed, or how the replacement ended. Pure.
+    ///
+    /// Forward: pull, park, create, stop old, start new, remove old. A failed pull or park touched nothing; a
+    /// failed create unparks the old container (still running); a failed stop or start removes the new
+    /// container, unparks the old one and starts it again.
+    pub fn after(self, ok: bool) -> Result<Swap, Replaced> {
+        use FailureReason as R;
+        use Step::*;
+        let go = |step| Ok(Swap { step, ..self });
+        let fail = |step, why| {
+            Ok(Swap {
+                step,
+                cause: Some(why),
+            })
+        };
+        let cause = self.cause.unwrap_or(R::Other);
+        match (self.step, ok) {
+            (Pull, true) => go(Park),
+            (Pull, false) => Err(Replaced::Kept(R::ImagePullFailed)),
+            (Park, true) => go(Create),
+            (Park, false) => Err(Replaced::Kept(R::CreateFailed)),
+            (Create, true) => go(StopOld),
+            (Create, false) => fail(Unpark, R::CreateFailed),
+            (StopOld, true) => go(Start),
+            (StopOld, false) => fail(RemoveNew, R::StopFailed),
+            (Start, true) => go(RemoveOld),
+            (Start, false) => fail(RemoveNew, R::StartFailed),
+            // A stopped old container left behind is removed by the next pass ("spec changed").
+            (RemoveOld, _) => Err(Replaced::Done),
+            (RemoveNew, true) => go(Unpark),
+            // The new container keeps the name; the old one starts under its parked name.
+            (RemoveNew, false) => go(RestartOld),
+            // Renamed back or not, a container that was never stopped keeps running.
+            (Unpark, _) if cause == R::CreateFailed => Err(Replaced::Kept(cause)),
+            (Unpark, _) => go(RestartOld),
+            (RestartOld, true) => Err(Replaced::RolledBack(cause)),
+            (RestartOld, false) => Err(Replaced::Broken(cause)),
+        }
+    }
+}
+
+/// The name the old container of `name` has while its replacement is created. A workload name cannot contain
+/// '.', so this never collides with another workload's container.
+pub fn parked_name(name: &WorkloadName) -> String {
+    format!("{}.previous", name.container_name())
+}
+
+/// First wait before a failed spec is tried again.
+pub const RETRY_FIRST: Duration = Duration::from_secs(30);
+/// Longest wait before a failed spec is tried again (the wait doubles per failure up to this).
+pub const RETRY_MAX: Duration = Duration::from_secs(10 * 60);
+
+/// Failed specs, held back from a new attempt until their wait is over: a replacement that stopped and
+/// restarted the old container must not repeat that on every resync, and a pull that fails (slowly) must not
+/// occupy the worker on every resync. Keyed by workload and spec digest: a changed spec is tried at once. Kept in
+/// memory only (an agent restart tries once more). Pure: the caller passes the time.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    held: BTreeMap<WorkloadName, Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    digest: Sha256Hex,
+    failed: Failed,
+    failures: u32,
+    until: Instant,
+}
+
+impl Backoff {
+    /// The failure to report instead of trying `spec` now, while its wait is not over.
+    pub fn holds(&self, spec: &WorkloadSpec, now: Instant) -> Option<&Failed> {
+        self.held
+            .get(&spec.name)
+            .filter(|h| h.digest == spec.digest() && now < h.until)
+            .map(|h| &h.failed)
+    }
+
+    /// Records a failed attempt of `spec`: the wait doubles with each failure of the same spec.
+    pub fn failed(&mut self, spec: &WorkloadSpec, failed: Failed, now: Instant) {
+        let digest = spec.digest();
+        let failures = match self.held.get(&spec.name) {
+            Some(h) if h.digest == digest => h.failures.saturating_add(1),
+            _ => 1,
+        };
+        let wait = RETRY_FIRST
+            .saturating_mul(1 << (failures - 1).min(16))
+            .min(RETRY_MAX);
+        self.held.insert(
+            spec.name.clone(),
+            Held {
+                digest,
+                failed,
+                failures,
+                until: now + wait,
+            },
+        );
+    }
+
+    /// Forgets a workload whose desired spec now runs.
+    pub fn succeeded(&mut self, name: &WorkloadName) {
+        self.held.remove(name);
+    }
+
+    /// Forgets workloads that are no longer desired or whose desired spec changed.
+    pub fn retain(&mut self, desired: &[WorkloadSpec]) {
+        let want: BTreeMap<&WorkloadName, Sha256Hex> =
+            desired.iter().map(|w| (&w.name, w.digest())).collect();
+        self.held
+            .retain(|n, h| want.get(n).is_some_and(|d| *d == h.digest));
+    }
+}
+
 /// The outcome of one reconcile pass.
 #[derive(Debug, Default)]
 pub struct Outcome {
     /// Mutations performed.
     pub mutations: usize,
-    /// Per-workload errors of this pass.
-    pub errors: BTreeMap<WorkloadName, String>,
-    /// True when the pass stopped early because the agent is draining.
+    /// Per-workload failures of this pass (including those still held back by the [`Backoff`]).
+    pub errors: Errors,
+    /// True when the pass stopped early: the agent is draining, or a newer desired state made a pull in
+    /// progress pointless.
     pub interrupted: bool,
 }
 
+/// What running one create or replacement came to.
+enum Applied {
+    Done,
+    Failed(Failed),
+    /// Stopped before anything was touched (drain, or `cancel` during the pull).
+    Abandoned,
+}
+
 /// Runs one reconcile pass over `scope`. Before each mutation it checks `draining`: once set, no new mutation
-/// starts, and the one in progress finishes (the caller waits for this function to return).
+/// starts, and the one in progress finishes (the caller waits for this function to return). `cancel` is asked
+/// while an image is being pulled; when it says so, the pull is abandoned and the pass ends (the agent is
+/// draining, or a newer desired state is waiting).
 pub fn reconcile(
     podman: &Podman,
     device: &DeviceId,
     desired: &[WorkloadSpec],
     scope: &Scope,
     draining: &AtomicBool,
-) -> Result<Outcome, crate::podman::PodmanError> {
+    backoff: &mut Backoff,
+    cancel: &dyn Fn() -> bool,
+) -> Result<Outcome, PodmanError> {
+    backoff.retain(desired);
     let (observed, actions) = match scope {
         Scope::All => {
             let observed = podman.list_managed()?;
@@ -181,7 +408,7 @@ pub fn reconcile(
         }
     };
     for a in &actions {
-        if let Action::Create(name) = a {
+        if let Action::Create(name) | Action::Replace { name, .. } = a {
             crate::timing::mark("decided", format_args!("workload={}", name.as_str()));
         }
     }
@@ -193,9 +420,9 @@ pub fn reconcile(
             out.interrupted = true;
             break;
         }
-        out.mutations += 1;
         match a {
             Action::Remove { id, why } => {
+                out.mutations += 1;
                 log::info!("removing container {id}: {why}");
                 if let Err(e) = podman.remove(&id) {
                     log::warn!("remove {id}: {e}");
@@ -205,38 +432,56 @@ pub fn reconcile(
                         .and_then(|o| o.labels.get(LABEL_WORKLOAD))
                         .and_then(|w| WorkloadName::try_from(w.as_str()).ok())
                     {
-                        out.errors.insert(w, e.to_string());
+                        out.errors
+                            .insert(w, failed(FailureReason::RemoveFailed, &e));
                     }
                 }
             }
-            Action::Create(name) => {
+            Action::Create(ref name) | Action::Replace { ref name, .. } => {
                 let Some(spec) = by_name.get(name.as_str()) else {
                     continue;
                 };
-                log::info!(
-                    "creating container {} ({})",
-                    name.container_name(),
-                    spec.image
-                );
-                let r = podman.create(device, spec).and_then(|id| {
-                    if draining.load(Ordering::SeqCst) {
-                        // Created but not started: the next agent starts it.
-                        return Ok(());
+                let now = Instant::now();
+                if let Some(f) = backoff.holds(spec, now) {
+                    log::debug!("{}: the failed spec waits for its retry", name.as_str());
+                    out.errors.insert(name.clone(), f.clone());
+                    continue;
+                }
+                out.mutations += 1;
+                let applied = match &a {
+                    Action::Replace { old, .. } => {
+                        let o = observed.iter().find(|o| o.id == *old);
+                        let old_name = o.map(|o| o.name.as_str()).unwrap_or("");
+                        let was_running = o.is_some_and(|o| o.state == "running");
+                        let old = Old {
+                            id: old,
+                            name: old_name,
+                            was_running,
+                        };
+                        replace(podman, device, spec, &old, draining, cancel)
                     }
-                    podman.start(&id)?;
-                    crate::timing::mark("started", format_args!("workload={}", name.as_str()));
-                    Ok(())
-                });
-                if let Err(e) = r {
-                    log::warn!("create {}: {e}", name.as_str());
-                    out.errors.insert(name, e.to_string());
+                    _ => create(podman, device, spec, draining, cancel),
+                };
+                match applied {
+                    Applied::Done => backoff.succeeded(&spec.name),
+                    Applied::Failed(f) => {
+                        log::warn!("{}: {}", name.as_str(), f.error);
+                        backoff.failed(spec, f.clone(), now);
+                        out.errors.insert(name.clone(), f);
+                    }
+                    Applied::Abandoned => {
+                        out.interrupted = true;
+                        break;
+                    }
                 }
             }
             Action::Start { id, name } => {
+                out.mutations += 1;
                 log::info!("starting container {id} ({})", name.as_str());
                 if let Err(e) = podman.start(&id) {
                     log::warn!("start {}: {e}", name.as_str());
-                    out.errors.insert(name, e.to_string());
+                    out.errors
+                        .insert(name, failed(FailureReason::StartFailed, &e));
                 }
             }
         }
@@ -244,22 +489,193 @@ pub fn reconcile(
     Ok(out)
 }
 
-/// Per-workload status from the desired state, the observed containers and the last pass's errors.
+fn failed(reason: FailureReason, e: &PodmanError) -> Failed {
+    Failed {
+        reason,
+        error: e.to_string(),
+        rolled_back: false,
+    }
+}
+
+/// Pull, create, start a workload that has no container.
+fn create(
+    podman: &Podman,
+    device: &DeviceId,
+    spec: &WorkloadSpec,
+    draining: &AtomicBool,
+    cancel: &dyn Fn() -> bool,
+) -> Applied {
+    let name = spec.name.as_str();
+    match podman.ensure_image(&spec.image, cancel) {
+        Err(e) if e.is_cancelled() => return Applied::Abandoned,
+        Err(e) => return Applied::Failed(failed(FailureReason::ImagePullFailed, &e)),
+        Ok(_) => {}
+    }
+    if draining.load(Ordering::SeqCst) {
+        return Applied::Abandoned;
+    }
+    log::info!(
+        "creating container {} ({})",
+        spec.name.container_name(),
+        spec.image
+    );
+    let id = match podman.create(device, spec) {
+        Ok(id) => id,
+        Err(e) => return Applied::Failed(failed(FailureReason::CreateFailed, &e)),
+    };
+    if draining.load(Ordering::SeqCst) {
+        // Created but not started: the next agent starts it.
+        return Applied::Done;
+    }
+    match podman.start(&id) {
+        Ok(()) => {
+            crate::timing::mark("started", format_args!("workload={name}"));
+            Applied::Done
+        }
+        Err(e) => Applied::Failed(failed(FailureReason::StartFailed, &e)),
+    }
+}
+
+/// The container a replacement replaces.
+struct Old<'a> {
+    id: &'a str,
+    name: &'a str,
+    /// Only a container that was running is started again by a roll-back.
+    was_running: bool,
+}
+
+/// Replaces container `old` with `spec`'s, step by step as [`Swap::after`] says.
+fn replace(
+    podman: &Podman,
+    device: &DeviceId,
+    spec: &WorkloadSpec,
+    old: &Old<'_>,
+    draining: &AtomicBool,
+    cancel: &dyn Fn() -> bool,
+) -> Applied {
+    let (old_name, was_running) = (old.name, old.was_running);
+    let old = old.id;
+    let name = spec.name.container_name();
+    let parked = parked_name(&spec.name);
+    let mut swap = Swap::BEGIN;
+    let mut new_id: Option<String> = None;
+    let mut errors: Vec<String> = Vec::new();
+    // Bounded: every path through `Swap::after` ends within nine steps.
+    for _ in 0..16 {
+        let r: Result<(), PodmanError> = match swap.step {
+            Step::Pull => match podman.ensure_image(&spec.image, cancel) {
+                Err(e) if e.is_cancelled() => return Applied::Abandoned,
+                r => r.map(|_| ()),
+            },
+            Step::Park => {
+                // The last point where nothing has been touched.
+                if draining.load(Ordering::SeqCst) {
+                    return Applied::Abandoned;
+                }
+                log::info!(
+                    "replacing container {old} of {} with {} (the old one steps aside as {parked})",
+                    spec.name.as_str(),
+                    spec.image
+                );
+                if old_name == parked {
+                    Ok(()) // parked by an earlier agent that stopped half-way
+                } else {
+                    podman.rename(old, &parked)
+                }
+            }
+            Step::Create => podman.create(device, spec).map(|id| new_id = Some(id)),
+            Step::StopOld => podman.stop(old),
+            Step::Start => match &new_id {
+                Some(id) => podman.start(id).map(|()| {
+                    crate::timing::mark("started", format_args!("workload={}", spec.name.as_str()));
+                }),
+                None => Ok(()),
+            },
+            Step::RemoveOld => podman.remove(old),
+            Step::RemoveNew => match &new_id {
+                Some(id) => podman.remove(id),
+                None => Ok(()),
+            },
+            Step::Unpark => podman.rename(old, &name),
+            Step::RestartOld if was_running => podman.start(old),
+            Step::RestartOld => Ok(()),
+        };
+        if let Err(e) = &r {
+            log::warn!("{} ({:?}): {e}", spec.name.as_str(), swap.step);
+            errors.push(e.to_string());
+        }
+        swap = match swap.after(r.is_ok()) {
+            Ok(next) => next,
+            Err(end) => return ended(end, &errors, was_running),
+        };
+    }
+    Applied::Failed(Failed {
+        reason: FailureReason::Other,
+        error: "the replacement did not finish".into(),
+        rolled_back: false,
+    })
+}
+
+/// The status a finished replacement leaves, in words: the first error, and what runs now.
+fn ended(end: Replaced, errors: &[String], was_running: bool) -> Applied {
+    let first = errors.first().map(String::as_str).unwrap_or("failed");
+    let (reason, rolled_back, what) = match end {
+        Replaced::Done => return Applied::Done,
+        Replaced::Kept(r) => (
+            r,
+            false,
+            if was_running {
+                "the container of the previous spec keeps running".to_owned()
+            } else {
+                "the container of the previous spec is left as it was (not running)".to_owned()
+            },
+        ),
+        Replaced::RolledBack(r) => (
+            r,
+            true,
+            if was_running {
+                "the previous spec was restored (its container started again)".to_owned()
+            } else {
+                "the previous spec was restored (its container was not running and is left so)"
+                    .to_owned()
+            },
+        ),
+        Replaced::Broken(r) => (
+            r,
+            true,
+            format!(
+                "restoring the previous spec failed too: {}",
+                errors.last().map(String::as_str).unwrap_or("failed")
+            ),
+        ),
+    };
+    Applied::Failed(Failed {
+        reason,
+        error: format!("{first}; {what}"),
+        rolled_back,
+    })
+}
+
+/// Per-workload status from the desired state, the observed containers and the last pass's failures. A failed
+/// workload names the container of an older spec that still runs, if one does.
 pub fn statuses(
     desired: &[WorkloadSpec],
     observed: &[Observed],
-    errors: &BTreeMap<WorkloadName, String>,
+    errors: &Errors,
 ) -> Vec<WorkloadStatus> {
     desired
         .iter()
         .map(|w| {
             let digest = w.digest();
-            let o = observed.iter().find(|o| {
+            let of_workload = |o: &&Observed| {
                 o.labels.get(LABEL_WORKLOAD).map(String::as_str) == Some(w.name.as_str())
-                    && o.labels.get(LABEL_SPEC_DIGEST).map(String::as_str) == Some(digest.as_str())
+            };
+            let o = observed.iter().filter(of_workload).find(|o| {
+                o.labels.get(LABEL_SPEC_DIGEST).map(String::as_str) == Some(digest.as_str())
             });
-            let error = errors.get(&w.name).map(BoundedText::lossy);
-            let state = match (o, &error) {
+            let f = errors.get(&w.name);
+            let error = f.map(|f| BoundedText::lossy(&f.error));
+            let state = match (o, f) {
                 (_, Some(_)) => WorkloadState::Failed,
                 (None, None) => WorkloadState::Missing,
                 (Some(o), None) => match o.state.as_str() {
@@ -268,12 +684,28 @@ pub fn statuses(
                     _ => WorkloadState::Starting,
                 },
             };
+            let failure = f.map(|f| {
+                let running = observed.iter().filter(of_workload).find(|o| {
+                    o.state == "running"
+                        && o.labels.get(LABEL_SPEC_DIGEST).map(String::as_str)
+                            != Some(digest.as_str())
+                });
+                WorkloadFailure {
+                    reason: f.reason,
+                    running_container_id: running.map(|o| o.id.clone()),
+                    running_spec_digest: running
+                        .and_then(|o| o.labels.get(LABEL_SPEC_DIGEST))
+                        .and_then(|d| Sha256Hex::try_from(d.as_str()).ok()),
+                    rolled_back: f.rolled_back,
+                }
+            });
             WorkloadStatus {
                 name: w.name.clone(),
                 state,
                 container_id: o.map(|o| o.id.clone()),
                 spec_digest: o.map(|_| digest.clone()),
                 error,
+                failure,
             }
         })
         .collect()
@@ -323,11 +755,38 @@ mod tests {
                 vec![observed("1", &web, "device-1", "running")],
                 vec![],
             ),
-            // Spec changed: replace (remove first).
+            // Spec changed: replace (never a removal first: the old one runs until the new one is there).
             (
                 vec![web2.clone()],
                 vec![observed("1", &web, "device-1", "running")],
-                vec![rm("1", "spec changed"), Action::Create(name("web"))],
+                vec![Action::Replace {
+                    old: "1".into(),
+                    name: name("web"),
+                }],
+            ),
+            // Two containers of older specs: the running one is replaced, the other removed.
+            (
+                vec![web2.clone()],
+                vec![
+                    observed("1", &web, "device-1", "exited"),
+                    observed("2", &web, "device-1", "running"),
+                ],
+                vec![
+                    rm("1", "spec changed"),
+                    Action::Replace {
+                        old: "2".into(),
+                        name: name("web"),
+                    },
+                ],
+            ),
+            // The new spec's container already runs (a replacement stopped half-way): the old one goes.
+            (
+                vec![web2.clone()],
+                vec![
+                    observed("1", &web, "device-1", "exited"),
+                    observed("2", &web2, "device-1", "running"),
+                ],
+                vec![rm("1", "spec changed")],
             ),
             // Removed from the desired state.
             (
@@ -394,7 +853,14 @@ mod tests {
     fn statuses_report_each_desired_workload() {
         let web = fixtures::workload("web");
         let db = fixtures::workload("db");
-        let errors = BTreeMap::from([(db.name.clone(), "boom".to_string())]);
+        let errors = Errors::from([(
+            db.name.clone(),
+            Failed {
+                reason: FailureReason::CreateFailed,
+                error: "boom".into(),
+                rolled_back: false,
+            },
+        )]);
         let s = statuses(
             &[web.clone(), db],
             &[observed("1", &web, "device-1", "running")],
@@ -403,5 +869,241 @@ mod tests {
         assert_eq!(s[0].state, WorkloadState::Running);
         assert_eq!(s[0].container_id.as_deref(), Some("1"));
         assert_eq!(s[1].state, WorkloadState::Failed);
+    }
+
+    /// Every step's successor, on success and on failure, forward and in a roll-back.
+    #[test]
+    fn swap_transition_table() {
+        use FailureReason as R;
+        use Step::*;
+        let fwd = |step| Swap { step, cause: None };
+        let back = |step, c| Swap {
+            step,
+            cause: Some(c),
+        };
+        let cases: Vec<(Swap, bool, Result<Swap, Replaced>)> = vec![
+            (fwd(Pull), true, Ok(fwd(Park))),
+            (fwd(Pull), false, Err(Replaced::Kept(R::ImagePullFailed))),
+            (fwd(Park), true, Ok(fwd(Create))),
+            (fwd(Park), false, Err(Replaced::Kept(R::CreateFailed))),
+            (fwd(Create), true, Ok(fwd(StopOld))),
+            (fwd(Create), false, Ok(back(Unpark, R::CreateFailed))),
+            (fwd(StopOld), true, Ok(fwd(Start))),
+            (fwd(StopOld), false, Ok(back(RemoveNew, R::StopFailed))),
+            (fwd(Start), true, Ok(fwd(RemoveOld))),
+            (fwd(Start), false, Ok(back(RemoveNew, R::StartFailed))),
+            (fwd(RemoveOld), true, Err(Replaced::Done)),
+            (fwd(RemoveOld), false, Err(Replaced::Done)),
+            (
+                back(RemoveNew, R::StartFailed),
+                true,
+                Ok(back(Unpark, R::StartFailed)),
+            ),
+            (
+                back(RemoveNew, R::StartFailed),
+                false,
+                Ok(back(RestartOld, R::StartFailed)),
+            ),
+            (
+                back(Unpark, R::CreateFailed),
+                true,
+                Err(Replaced::Kept(R::CreateFailed)),
+            ),
+            (
+                back(Unpark, R::CreateFailed),
+                false,
+                Err(Replaced::Kept(R::CreateFailed)),
+            ),
+            (
+                back(Unpark, R::StartFailed),
+                true,
+                Ok(back(RestartOld, R::StartFailed)),
+            ),
+            (
+                back(Unpark, R::StopFailed),
+                false,
+                Ok(back(RestartOld, R::StopFailed)),
+            ),
+            (
+                back(RestartOld, R::StartFailed),
+                true,
+                Err(Replaced::RolledBack(R::StartFailed)),
+            ),
+            (
+                back(RestartOld, R::StopFailed),
+                false,
+                Err(Replaced::Broken(R::StopFailed)),
+            ),
+        ];
+        for (i, (from, ok, want)) in cases.into_iter().enumerate() {
+            assert_eq!(from.after(ok), want, "case {i}: {from:?} ok={ok}");
+        }
+    }
+
+    /// The decision end to end: which Podman steps run, given which of them fail (the image not pullable, the
+    /// new container not creatable or not starting, the old one not restartable), and what the status says.
+    #[test]
+    fn replacement_paths() {
+        use FailureReason as R;
+        use Step::*;
+        fn drive(failing: &[Step]) -> (Vec<Step>, Replaced) {
+            let mut swap = Swap::BEGIN;
+            let mut ran = vec![];
+            for _ in 0..16 {
+                ran.push(swap.step);
+                match swap.after(!failing.contains(&swap.step)) {
+                    Ok(next) => swap = next,
+                    Err(end) => return (ran, end),
+                }
+            }
+            panic!("no end: {ran:?}");
+        }
+        let cases: Vec<(&[Step], &[Step], Replaced)> = vec![
+            // Image present (or pulled): the old container runs until the new one is created, then swaps.
+            (
+                &[],
+                &[Pull, Park, Create, StopOld, Start, RemoveOld],
+                Replaced::Done,
+            ),
+            // The image cannot be pulled: nothing else happens; the old container runs on, untouched.
+            (&[Pull], &[Pull], Replaced::Kept(R::ImagePullFailed)),
+            // Podman refuses the create: the old container (never stopped) gets its name back.
+            (
+                &[Create],
+                &[Pull, Park, Create, Unpark],
+                Replaced::Kept(R::CreateFailed),
+            ),
+            // The new container does not start: it goes, the old one comes back.
+            (
+                &[Start],
+                &[
+                    Pull, Park, Create, StopOld, Start, RemoveNew, Unpark, RestartOld,
+                ],
+                Replaced::RolledBack(R::StartFailed),
+            ),
+            // … and if the old one cannot start either, the status says so.
+            (
+                &[Start, RestartOld],
+                &[
+                    Pull, Park, Create, StopOld, Start, RemoveNew, Unpark, RestartOld,
+                ],
+                Replaced::Broken(R::StartFailed),
+            ),
+            // The new container cannot be removed: the old one starts under its parked name.
+            (
+                &[Start, RemoveNew],
+                &[Pull, Park, Create, StopOld, Start, RemoveNew, RestartOld],
+                Replaced::RolledBack(R::StartFailed),
+            ),
+        ];
+        for (failing, steps, end) in cases {
+            assert_eq!(drive(failing), (steps.to_vec(), end), "failing {failing:?}");
+        }
+        let Applied::Failed(f) = ended(
+            Replaced::Kept(R::ImagePullFailed),
+            &["image x could not be pulled: y".into()],
+            true,
+        ) else {
+            panic!("kept is a failure");
+        };
+        assert_eq!(
+            f.error,
+            "image x could not be pulled: y; the container of the previous spec keeps running"
+        );
+        assert!(!f.rolled_back);
+        // An old container that was not running is not started by a roll-back, and the status says so.
+        let Applied::Failed(f) = ended(
+            Replaced::RolledBack(R::StartFailed),
+            &["starting the container: x".into()],
+            false,
+        ) else {
+            panic!("rolled back is a failure");
+        };
+        assert!(f.rolled_back);
+        assert!(
+            f.error
+                .ends_with("(its container was not running and is left so)"),
+            "{}",
+            f.error
+        );
+    }
+
+    #[test]
+    fn backoff_holds_a_failed_spec_until_its_wait_is_over_or_the_spec_changes() {
+        let web = fixtures::workload("web");
+        let mut fixed = web.clone();
+        fixed.image = "localhost/web:2".into();
+        let f = Failed {
+            reason: FailureReason::ImagePullFailed,
+            error: "no".into(),
+            rolled_back: false,
+        };
+        let t0 = Instant::now();
+        let mut b = Backoff::default();
+        assert_eq!(b.holds(&web, t0), None);
+        b.failed(&web, f.clone(), t0);
+        assert_eq!(b.holds(&web, t0 + RETRY_FIRST / 2), Some(&f));
+        assert_eq!(b.holds(&fixed, t0), None, "a changed spec is tried at once");
+        assert_eq!(b.holds(&web, t0 + RETRY_FIRST), None);
+        // Failing again doubles the wait, up to the cap.
+        let t1 = t0 + RETRY_FIRST;
+        b.failed(&web, f.clone(), t1);
+        assert!(b.holds(&web, t1 + RETRY_FIRST * 3 / 2).is_some());
+        assert!(b.holds(&web, t1 + RETRY_FIRST * 2).is_none());
+        for _ in 0..40 {
+            b.failed(&web, f.clone(), t1);
+        }
+        assert!(b.holds(&web, t1 + RETRY_MAX).is_none());
+        // A spec that changed is forgotten; so is one that ran.
+        b.retain(&[fixed.clone()]);
+        assert_eq!(b.holds(&web, t1), None);
+        b.failed(&fixed, f.clone(), t1);
+        b.succeeded(&fixed.name);
+        assert_eq!(b.holds(&fixed, t1), None);
+    }
+
+    #[test]
+    fn a_failed_workload_names_the_old_container_that_still_runs() {
+        let web = fixtures::workload("web");
+        let mut next = web.clone();
+        next.image = "localhost/web:nope".into();
+        let errors = Errors::from([(
+            web.name.clone(),
+            Failed {
+                reason: FailureReason::ImagePullFailed,
+                error: "image localhost/web:nope could not be pulled: x".into(),
+                rolled_back: false,
+            },
+        )]);
+        let s = statuses(
+            &[next],
+            &[observed("1", &web, "device-1", "running")],
+            &errors,
+        );
+        assert_eq!(s[0].state, WorkloadState::Failed);
+        // The desired spec has no container: the operator counts it failed, not running the old spec.
+        assert_eq!(
+            (s[0].container_id.as_deref(), s[0].spec_digest.as_ref()),
+            (None, None)
+        );
+        assert_eq!(
+            s[0].failure,
+            Some(WorkloadFailure {
+                reason: FailureReason::ImagePullFailed,
+                running_container_id: Some("1".into()),
+                running_spec_digest: Some(web.digest()),
+                rolled_back: false,
+            })
+        );
+        // Fixed: no failure, no error.
+        let s = statuses(
+            std::slice::from_ref(&web),
+            &[observed("1", &web, "device-1", "running")],
+            &Errors::new(),
+        );
+        assert_eq!(
+            (s[0].state, s[0].error.as_ref(), s[0].failure.as_ref()),
+            (WorkloadState::Running, None, None)
+        );
     }
 }

@@ -4,15 +4,16 @@
 //! One thread and one pass at a time keep the one-mutation-at-a-time rule; the drain flag is checked before each
 //! mutation as before, and [`Worker::finish`] waits for the mutation in progress. Requests made while a pass runs
 //! are coalesced: the next pass uses the newest desired state (and compares everything if any of them asked so).
-//! The worker remembers the desired state its last pass reached, so a change is compared for the workloads it
-//! touched only ([`reconcile::scope`]).
+//! A request with another desired state also abandons an image pull in progress, so a fix never waits behind a
+//! pull of the image it replaces. The worker remembers the desired state its last pass reached, so a change is
+//! compared for the workloads it touched only ([`reconcile::scope`]), and the specs that failed
+//! ([`reconcile::Backoff`]).
 
 use crate::podman::Podman;
-use crate::reconcile::{self, Outcome, Scope};
+use crate::reconcile::{self, Backoff, Outcome, Scope};
 use fleet_wire::{DeviceId, WorkloadSpec};
-use std::sync::atomic::AtomicBool;
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 /// The result of one pass, handed to the event loop.
@@ -24,9 +25,49 @@ struct Job {
     full: bool,
 }
 
+/// The request waiting for the worker (at most one: newer requests merge into it).
+#[derive(Default)]
+struct Queue {
+    next: Option<Job>,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        // A poisoned lock only means a panic elsewhere; the queue itself is always consistent.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next job, or `None` once closed.
+    fn take(&self) -> Option<Job> {
+        let mut q = self.lock();
+        loop {
+            if q.closed {
+                return None;
+            }
+            if let Some(job) = q.next.take() {
+                return Some(job);
+            }
+            q = self.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// True when a waiting request wants another desired state than `desired`.
+    fn superseded(&self, desired: &[WorkloadSpec]) -> bool {
+        let q = self.lock();
+        q.closed || q.next.as_ref().is_some_and(|j| j.desired != desired)
+    }
+}
+
 /// A running workload worker.
 pub struct Worker {
-    jobs: Option<mpsc::Sender<Job>>,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -38,27 +79,32 @@ impl Worker {
         draining: Arc<AtomicBool>,
         done: impl Fn(PassResult) + Send + 'static,
     ) -> std::io::Result<Self> {
-        let (jobs, rx) = mpsc::channel::<Job>();
+        let shared = Arc::new(Shared::default());
+        let mine = shared.clone();
         let thread = std::thread::Builder::new()
             .name("workloads".into())
             .spawn(move || {
                 // The desired state the last pass reached (no error, not interrupted).
                 let mut reached: Option<Vec<WorkloadSpec>> = None;
-                while let Ok(mut job) = rx.recv() {
-                    // Coalesce: only the newest desired state matters.
-                    while let Ok(newer) = rx.try_recv() {
-                        job = Job {
-                            full: job.full || newer.full,
-                            desired: newer.desired,
-                        };
-                    }
+                let mut backoff = Backoff::default();
+                while let Some(job) = mine.take() {
                     let base = if job.full { None } else { reached.take() };
                     let scope = reconcile::scope(base.as_deref(), &job.desired);
                     if let Scope::Only(names) = &scope {
                         log::debug!("reconcile pass over {} changed workloads", names.len());
                     }
-                    let r = reconcile::reconcile(&podman, &device, &job.desired, &scope, &draining)
-                        .map_err(|e| e.to_string());
+                    let cancel =
+                        || draining.load(Ordering::SeqCst) || mine.superseded(&job.desired);
+                    let r = reconcile::reconcile(
+                        &podman,
+                        &device,
+                        &job.desired,
+                        &scope,
+                        &draining,
+                        &mut backoff,
+                        &cancel,
+                    )
+                    .map_err(|e| e.to_string());
                     reached = match &r {
                         Ok(out) if out.errors.is_empty() && !out.interrupted => Some(job.desired),
                         _ => None,
@@ -67,7 +113,7 @@ impl Worker {
                 }
             })?;
         Ok(Self {
-            jobs: Some(jobs),
+            shared,
             thread: Some(thread),
         })
     }
@@ -75,16 +121,20 @@ impl Worker {
     /// Asks for a pass toward `desired` (after the one in progress, if any). `full`: compare every container
     /// (start-up, resync); otherwise only the workloads that differ from what the last pass reached.
     pub fn request(&self, desired: Vec<WorkloadSpec>, full: bool) {
-        if let Some(j) = &self.jobs {
-            // The worker only stops after `finish`; a send error then means nothing is left to do.
-            let _ = j.send(Job { desired, full });
+        let mut q = self.shared.lock();
+        if q.closed {
+            return;
         }
+        let full = full || q.next.as_ref().is_some_and(|j| j.full);
+        q.next = Some(Job { desired, full });
+        self.shared.wake.notify_one();
     }
 
     /// Admits no new pass and waits for the one in progress (which, with the drain flag set, stops before its
     /// next mutation).
     pub fn finish(&mut self) {
-        self.jobs = None;
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_one();
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
                 log::error!("the workload worker panicked");

@@ -1,5 +1,6 @@
 //! Reconciliation against real Podman and a real nats-server: create, update, remove, a foreign container left
-//! alone, an agent restart that restarts nothing, and 30 s of NATS outage that touches no container.
+//! alone, an agent restart that restarts nothing, 30 s of NATS outage that touches no container, and a new spec
+//! that cannot be pulled or does not start, which never takes the running workload down.
 #![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -9,8 +10,9 @@ use fleet_wire::{
     DesiredState, DeviceId, DeviceInfo, DeviceWorkloadStatus, Heartbeat, WorkloadName,
     WorkloadSpec, WorkloadState,
 };
+use fleet_wire::{FailureReason, WorkloadStatus};
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, PartialEq)]
 struct Seen {
@@ -272,4 +274,244 @@ fn an_unpullable_image_is_reported_in_words() {
     assert!(!e.contains("answered 200") && !e.contains("POST"), "{e}");
     agent.sigterm();
     assert!(agent.wait_exit(Duration::from_secs(30)).success());
+}
+
+/// `<PID> <container id> <state>` of `fleet-<name>`.
+fn pid_id_state(rig: &Rig, name: &str) -> String {
+    rig.podman
+        .as_ref()
+        .unwrap()
+        .podman(&[
+            "inspect",
+            "--format",
+            "{{.State.Pid}} {{.Id}} {{.State.Status}}",
+            &format!("fleet-{name}"),
+        ])
+        .trim()
+        .to_owned()
+}
+
+/// The status of workload `name` in the device's published workload status of `generation`.
+fn status_of(store: &nats::kv::Store, generation: u64, name: &str) -> Option<WorkloadStatus> {
+    let s: DeviceWorkloadStatus = get_json(store, DEVICE)?;
+    if s.generation != generation {
+        return None;
+    }
+    s.workloads.into_iter().find(|w| w.name.as_str() == name)
+}
+
+/// A running workload changed to an image tag that does not exist: the container keeps running (same id and
+/// PID), the status says `failed` with the pull error within 10 s and names the container that still runs, resyncs
+/// leave it alone; the fix runs the new spec and the error is gone at once.
+#[test]
+fn a_bad_image_never_takes_the_running_workload_down() {
+    let rig = Rig::new(true, "");
+    put_desired(&rig, 1, vec![workload("app", "1")]);
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let wl = store(&rig.nc(), kv::WORKLOAD_STATUS);
+    eventually(&agent, Duration::from_secs(60), "app running", || {
+        (status_of(&wl, 1, "app")?.state == WorkloadState::Running).then_some(())
+    });
+    let before = pid_id_state(&rig, "app");
+    let old_id = before.split(' ').nth(1).unwrap().to_owned();
+    assert!(before.ends_with(" running"), "{before}");
+
+    let mut bad = workload("app", "1");
+    bad.image = "localhost/busybox:no-such-tag".into();
+    let t = Instant::now();
+    put_desired(&rig, 2, vec![bad]);
+    let s = eventually(
+        &agent,
+        Duration::from_secs(10),
+        "app failed with the pull error",
+        || status_of(&wl, 2, "app").filter(|w| w.state == WorkloadState::Failed),
+    );
+    println!("failed with the pull error after {:?}", t.elapsed());
+    assert_eq!(
+        pid_id_state(&rig, "app"),
+        before,
+        "the running container keeps running, same id and PID"
+    );
+    let e = s.error.as_ref().expect("an error").as_str().to_owned();
+    assert!(
+        e.starts_with("image localhost/busybox:no-such-tag could not be pulled: "),
+        "{e}"
+    );
+    let f = s.failure.clone().expect("failure details for an event");
+    assert_eq!(f.reason, FailureReason::ImagePullFailed);
+    assert_eq!(f.running_container_id.as_deref(), Some(old_id.as_str()));
+    assert_eq!(f.running_spec_digest, Some(workload("app", "1").digest()));
+    assert!(!f.rolled_back);
+
+    // Resync passes (every 2 s) leave the running container alone and keep reporting the failure.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(pid_id_state(&rig, "app"), before);
+    let again = status_of(&wl, 2, "app").expect("status");
+    assert_eq!((again.state, again.error), (WorkloadState::Failed, s.error));
+
+    // Fixed: the new spec runs, the error is gone on the next pass.
+    let fixed = workload("app", "2");
+    let t = Instant::now();
+    put_desired(&rig, 3, vec![fixed.clone()]);
+    let s = eventually(
+        &agent,
+        Duration::from_secs(10),
+        "fixed spec running, error gone",
+        || status_of(&wl, 3, "app").filter(|w| w.state == WorkloadState::Running),
+    );
+    println!("fixed spec running, error gone after {:?}", t.elapsed());
+    assert_eq!(s.spec_digest, Some(fixed.digest()));
+    assert_eq!((s.error, s.failure), (None, None));
+    let env = rig.podman.as_ref().unwrap().podman(&[
+        "inspect",
+        "--format",
+        "{{range .Config.Env}}{{println .}}{{end}}",
+        "fleet-app",
+    ]);
+    assert!(env.lines().any(|l| l == "MARKER=2"), "{env}");
+    let names: Vec<String> = containers(&rig).into_keys().collect();
+    assert_eq!(
+        names,
+        vec!["fleet-app".to_string()],
+        "the old container is gone"
+    );
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+}
+
+/// A new spec whose container is created but does not start (its program does not exist): the previous spec's
+/// container runs again, the status says why, and resyncs do not stop it again for the same spec.
+#[test]
+fn a_new_container_that_does_not_start_gives_way_to_the_previous_spec() {
+    let rig = Rig::new(true, "");
+    put_desired(&rig, 1, vec![workload("app", "1")]);
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let wl = store(&rig.nc(), kv::WORKLOAD_STATUS);
+    eventually(&agent, Duration::from_secs(60), "app running", || {
+        (status_of(&wl, 1, "app")?.state == WorkloadState::Running).then_some(())
+    });
+    let before = pid_id_state(&rig, "app");
+    let old_id = before.split(' ').nth(1).unwrap().to_owned();
+
+    let mut broken = workload("app", "2");
+    broken.command = vec!["/no/such/program".into()];
+    put_desired(&rig, 2, vec![broken]);
+    let s = eventually(
+        &agent,
+        Duration::from_secs(30),
+        "app failed and rolled back",
+        || status_of(&wl, 2, "app").filter(|w| w.state == WorkloadState::Failed),
+    );
+    let seen = containers(&rig);
+    assert!(
+        seen.get("fleet-app")
+            .is_some_and(|c| c.id == old_id && c.state == "running"),
+        "the old container runs again under its name, and the new one is gone: {seen:?}"
+    );
+    assert_eq!(seen.len(), 1, "the new container is gone: {seen:?}");
+    let now = pid_id_state(&rig, "app");
+    let f = s.failure.clone().expect("failure details");
+    assert_eq!(f.reason, FailureReason::StartFailed, "{s:?}");
+    assert!(f.rolled_back, "{s:?}");
+    assert_eq!(f.running_container_id.as_deref(), Some(old_id.as_str()));
+    let e = s.error.expect("error").as_str().to_owned();
+    assert!(
+        e.starts_with("starting the container: ")
+            && e.ends_with("; the previous spec was restored (its container started again)"),
+        "{e}"
+    );
+    // Resyncs (every 2 s) do not stop and restart it again for the same failed spec.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(pid_id_state(&rig, "app"), now);
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+}
+
+/// A registry on 127.0.0.1 that accepts connections and never answers, so a pull from it takes as long as
+/// Podman's own time-outs and retries (as an unreachable registry or a DNS server that does not answer does).
+/// Stops when dropped.
+struct SilentRegistry {
+    addr: std::net::SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SilentRegistry {
+    fn start() -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            let end = Instant::now() + Duration::from_secs(300);
+            while !s.load(Ordering::SeqCst) && Instant::now() < end {
+                match l.accept() {
+                    Ok((c, _)) if held.len() < 64 => held.push(c),
+                    Ok(_) => {}
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        });
+        Self {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for SilentRegistry {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A fix made while the agent is still pulling a bad image from a registry that does not answer is applied at
+/// once (the pull is abandoned), not after the pull gives up; the running container is untouched meanwhile.
+#[test]
+fn a_fix_does_not_wait_behind_a_slow_pull_of_the_bad_image() {
+    let registry = SilentRegistry::start();
+    let rig = Rig::new(true, "");
+    put_desired(&rig, 1, vec![workload("app", "1")]);
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let wl = store(&rig.nc(), kv::WORKLOAD_STATUS);
+    eventually(&agent, Duration::from_secs(60), "app running", || {
+        (status_of(&wl, 1, "app")?.state == WorkloadState::Running).then_some(())
+    });
+    let before = pid_id_state(&rig, "app");
+
+    let mut slow = workload("app", "1");
+    slow.image = format!("{}/app:v2", registry.addr);
+    put_desired(&rig, 2, vec![slow]);
+    // The pull is under way (Podman connected to the registry and waits).
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        pid_id_state(&rig, "app"),
+        before,
+        "the running container is untouched while the new image is pulled"
+    );
+    let fixed = workload("app", "2");
+    let t = Instant::now();
+    put_desired(&rig, 3, vec![fixed.clone()]);
+    let s = eventually(
+        &agent,
+        Duration::from_secs(15),
+        "the fix running while the bad pull would still hang",
+        || status_of(&wl, 3, "app").filter(|w| w.state == WorkloadState::Running),
+    );
+    println!("fix running after {:?}", t.elapsed());
+    assert_eq!(s.spec_digest, Some(fixed.digest()));
+    assert_eq!((s.error, s.failure), (None, None));
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    drop(registry);
 }

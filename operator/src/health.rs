@@ -94,6 +94,7 @@ mod tests {
             container_id: None,
             spec_digest: matches!(state, WorkloadState::Running).then(|| w.digest()),
             error: error.map(BoundedText::lossy),
+            failure: None,
         }
     }
 
@@ -162,6 +163,7 @@ mod tests {
             container_id: None,
             spec_digest: None,
             error: Some(BoundedText::lossy(&long)),
+            failure: None,
         });
         s.workloads.push(WorkloadStatus {
             name: WorkloadName::try_from("job").expect("name"),
@@ -169,6 +171,7 @@ mod tests {
             container_id: None,
             spec_digest: None,
             error: None,
+            failure: None,
         });
         let h = device(&s);
         assert_eq!((h.running, h.failed, h.pending), (1, 1, 1));

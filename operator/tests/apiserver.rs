@@ -641,6 +641,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     container_id: Some("c1".into()),
                     spec_digest: Some(web.digest()),
                     error: None,
+                    failure: None,
                 },
                 WorkloadStatus {
                     name: dbs.name.clone(),
@@ -648,6 +649,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     container_id: None,
                     spec_digest: None,
                     error: error.map(BoundedText::lossy),
+                    failure: None,
                 },
             ],
         }

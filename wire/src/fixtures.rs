@@ -126,8 +126,31 @@ pub fn workload_status() -> DeviceWorkloadStatus {
             container_id: Some("3f2a".repeat(16)),
             spec_digest: Some(w.digest()),
             error: None,
+            failure: None,
         }],
     }
+}
+
+/// A workload whose new image could not be pulled while the previous spec's container keeps running.
+pub fn workload_status_failed() -> DeviceWorkloadStatus {
+    let w = workload("web");
+    let mut s = workload_status();
+    s.workloads = vec![WorkloadStatus {
+        name: w.name.clone(),
+        state: WorkloadState::Failed,
+        container_id: None,
+        spec_digest: None,
+        error: Some(BoundedText::lossy(
+            "image localhost/web:nope could not be pulled: manifest unknown",
+        )),
+        failure: Some(crate::WorkloadFailure {
+            reason: crate::FailureReason::ImagePullFailed,
+            running_container_id: Some("3f2a".repeat(16)),
+            running_spec_digest: Some(w.digest()),
+            rolled_back: false,
+        }),
+    }];
+    s
 }
 
 pub fn device_info() -> DeviceInfo {

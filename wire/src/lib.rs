@@ -54,6 +54,6 @@ pub use text::{BoundedText, Transitions};
 pub use time::Timestamp;
 pub use upgrade::{AgentUpgradeAttempt, ByteLimit};
 pub use workload::{
-    DesiredState, DeviceWorkloadStatus, PortMapping, Protocol, RestartPolicy, VolumeMount,
-    WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
+    DesiredState, DeviceWorkloadStatus, FailureReason, PortMapping, Protocol, RestartPolicy,
+    VolumeMount, WorkloadFailure, WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
 };

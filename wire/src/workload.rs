@@ -510,6 +510,46 @@ pub struct WorkloadStatus {
     /// The latest error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<BoundedText>,
+    /// Why the last reconcile of this workload failed and what keeps running meanwhile (with `state: failed`;
+    /// absent from agents before it was added, and ignored by readers before it was added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<WorkloadFailure>,
+}
+
+/// Why a workload's desired spec is not running, for an event (reason) and a person (with the status's error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureReason {
+    /// The image could not be pulled; nothing was touched.
+    ImagePullFailed,
+    /// Podman refused to create the new container; nothing running was touched.
+    CreateFailed,
+    /// The running container of the previous spec could not be stopped for the replacement.
+    StopFailed,
+    /// The new container was created but did not start.
+    StartFailed,
+    /// A container could not be removed.
+    RemoveFailed,
+    /// A reason this reader does not know (written by a newer agent).
+    #[serde(other)]
+    Other,
+}
+
+/// What a failed workload's status says beyond its error text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadFailure {
+    /// Why.
+    pub reason: FailureReason,
+    /// The container of the previous spec that keeps running (never stopped, or started again), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_container_id: Option<String>,
+    /// Its spec digest (the previous spec's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_spec_digest: Option<Sha256Hex>,
+    /// True when the new container was created but did not start and the previous one was started again.
+    #[serde(default)]
+    pub rolled_back: bool,
 }
 
 /// Status of every workload on a device, published at a fixed interval.

@@ -197,6 +197,24 @@ fn device_and_workload_shapes() {
     check("heartbeat", &fixtures::heartbeat());
     check("desired-state", &fixtures::desired_state());
     check("workload-status", &fixtures::workload_status());
+    check(
+        "workload-status-failed",
+        &fixtures::workload_status_failed(),
+    );
+}
+
+/// The failure details are additive: an agent before them writes a status this reader takes (no failure), and a
+/// reason from a newer agent reads as `other` rather than failing the whole status.
+#[test]
+fn workload_failure_is_additive() {
+    let old: DeviceWorkloadStatus =
+        serde_json::from_str(include_str!("golden/workload-status.json")).unwrap();
+    assert_eq!(old.workloads[0].failure, None);
+    let mut v = serde_json::to_value(fixtures::workload_status_failed()).unwrap();
+    v["workloads"][0]["failure"]["reason"] = serde_json::json!("disk-on-fire");
+    let s: DeviceWorkloadStatus = serde_json::from_value(v).unwrap();
+    let f = s.workloads[0].failure.as_ref().unwrap();
+    assert_eq!(f.reason, FailureReason::Other);
 }
 
 /// Older readers must cope with newer devices: unknown fields and capabilities in device info are tolerated.

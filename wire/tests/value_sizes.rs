@@ -12,7 +12,7 @@ use fleet_wire::{BoundedText, Transition, WorkloadName, WorkloadState, WorkloadS
 /// A text at its longest. Agents write ASCII (journald lines, Podman and apt messages); JSON escapes none of it.
 fn longest() -> Option<BoundedText> {
     Some(BoundedText::lossy(
-        &"e".repeat(fleet_wire::limits::MAX_TEXT_CHARS),
+        "e".repeat(fleet_wire::limits::MAX_TEXT_CHARS),
     ))
 }
 
@@ -59,6 +59,10 @@ fn the_largest_values_fit_their_buckets() {
                 .expect("name"),
             state: WorkloadState::Failed,
             error: longest(),
+            // The failure details at their largest: a 64-hex container id and a digest.
+            failure: fixtures::workload_status_failed().workloads[0]
+                .failure
+                .clone(),
             ..one.clone()
         })
         .collect();

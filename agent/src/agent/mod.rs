@@ -14,10 +14,8 @@ use crate::updater::UpdaterClient;
 use crate::workload_worker::{PassResult, Worker};
 use fleet_wire::kv::{self, AGENT_REQUIRED_BUCKETS};
 use fleet_wire::{
-    Architecture, AttemptId, DeviceInfo, Response, Timestamp, UpgradePhase, Version, WorkloadName,
-    WorkloadSpec,
+    Architecture, AttemptId, DeviceInfo, Response, Timestamp, UpgradePhase, Version, WorkloadSpec,
 };
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -78,7 +76,7 @@ struct Agent {
     desired: Vec<WorkloadSpec>,
     generation: u64,
     desired_rev: Option<u64>,
-    errors: BTreeMap<WorkloadName, String>,
+    errors: crate::reconcile::Errors,
     /// The desired state changed since the workload status was last published.
     status_stale: bool,
     /// The agent-upgrade relay: its effects are carried out by [`Agent::apply_relay`].
@@ -203,7 +201,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         desired: Vec::new(),
         generation: 0,
         desired_rev: None,
-        errors: BTreeMap::new(),
+        errors: crate::reconcile::Errors::new(),
         status_stale: true,
         relay,
         system,

@@ -1,5 +1,5 @@
-//! libpod REST API calls the agent needs: ping, list its labelled containers, create, start, stop, remove, and
-//! pull an image only when it is missing.
+//! libpod REST API calls the agent needs: ping, list its labelled containers, make sure an image is present
+//! (pulling it only when it is missing), create, start, rename, stop, remove.
 
 use super::http::{self, HttpError};
 use fleet_wire::workload::{
@@ -54,6 +54,14 @@ pub enum PodmanError {
     },
 }
 
+impl PodmanError {
+    /// True when the caller stopped waiting (a pull abandoned for a newer desired state or a drain): nothing
+    /// failed, so nothing is reported.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, Self::Http(HttpError::Cancelled))
+    }
+}
+
 /// What a Podman call does, in words a person reads in a workload error (`POST /containers/create` → "creating
 /// the container").
 fn what(call: &str) -> String {
@@ -63,6 +71,7 @@ fn what(call: &str) -> String {
         ("POST", "create") => "creating the container".into(),
         ("POST", "start") => "starting the container".into(),
         ("POST", "stop") => "stopping the container".into(),
+        ("POST", "rename") => "renaming the container".into(),
         ("DELETE", _) => "removing the container".into(),
         ("POST", "pull") => "pulling the image".into(),
         ("GET", "json") => "listing containers".into(),
@@ -141,13 +150,26 @@ impl Podman {
         timeout: Duration,
         ok: &[u16],
     ) -> Result<Vec<u8>, PodmanError> {
+        self.call_until(method, path, body, timeout, ok, &|| false)
+    }
+
+    fn call_until(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        timeout: Duration,
+        ok: &[u16],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Vec<u8>, PodmanError> {
         let bytes = body.map(|b| b.to_string().into_bytes());
-        let r = http::request(
+        let r = http::request_until(
             &self.socket,
             method,
             &format!("{API}{path}"),
             bytes.as_deref(),
             timeout,
+            cancel,
         )?;
         if ok.contains(&r.status) {
             return Ok(r.body);
@@ -213,8 +235,14 @@ impl Podman {
             .collect())
     }
 
-    /// Pulls `image` when Podman does not have it; true when it pulled.
-    fn pull_if_missing(&self, image: &str) -> Result<bool, PodmanError> {
+    /// Makes sure Podman has `image`, pulling it only when it is missing; true when it pulled. While the pull runs
+    /// it asks `cancel` every [`http::CANCEL_POLL`] and gives up when it says so (the pull is abandoned, not
+    /// failed). Touches no container.
+    pub fn ensure_image(
+        &self,
+        image: &str,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<bool, PodmanError> {
         let exists = self.call(
             "GET",
             &format!("/images/{}/exists", enc(image)),
@@ -228,12 +256,13 @@ impl Podman {
                 return Ok(false);
             }
         }
-        let body = self.call(
+        let body = self.call_until(
             "POST",
             &format!("/images/pull?reference={}&quiet=true", enc(image)),
             None,
             PULL,
             &[200],
+            cancel,
         )?;
         // The pull answers 200 and streams progress objects; a failure is an object with "error".
         for line in body.split(|b| *b == b'\n') {
@@ -251,21 +280,12 @@ impl Podman {
         Ok(true)
     }
 
-    /// Creates the container for `spec` with the agent's labels; returns its id. The image is pulled only when
-    /// it is missing: the create is tried first (the image is nearly always there, and Podman resolves it in the
-    /// create anyway), and only a failed create checks the image, pulls it if missing and creates again.
+    /// Creates the container for `spec` with the agent's labels; returns its id. The image must be present
+    /// ([`Self::ensure_image`] first): a create never pulls, so nothing is touched before the image is known good.
     pub fn create(&self, device: &DeviceId, spec: &WorkloadSpec) -> Result<String, PodmanError> {
         let workload = spec.name.as_str();
         let body = create_body(device, spec);
-        let out = match self.call("POST", "/containers/create", Some(&body), QUICK, &[201]) {
-            Ok(out) => out,
-            Err(e) => {
-                if !self.pull_if_missing(&spec.image)? {
-                    return Err(e);
-                }
-                self.call("POST", "/containers/create", Some(&body), QUICK, &[201])?
-            }
-        };
+        let out = self.call("POST", "/containers/create", Some(&body), QUICK, &[201])?;
         crate::timing::mark("created", format_args!("workload={workload}"));
         serde_json::from_slice::<serde_json::Value>(&out)
             .ok()
@@ -288,8 +308,21 @@ impl Podman {
         .map(|_| ())
     }
 
-    /// Stops (grace period, then kill) and removes a container.
-    pub fn remove(&self, id: &str) -> Result<(), PodmanError> {
+    /// Renames a container (running or not): the old container of a workload steps aside under another name
+    /// while the new one is created, so it can be named back and started again if the new one fails.
+    pub fn rename(&self, id: &str, name: &str) -> Result<(), PodmanError> {
+        self.call(
+            "POST",
+            &format!("/containers/{}/rename?name={}", enc(id), enc(name)),
+            None,
+            QUICK,
+            &[204],
+        )
+        .map(|_| ())
+    }
+
+    /// Stops a container (grace period, then kill); already stopped or gone is fine.
+    pub fn stop(&self, id: &str) -> Result<(), PodmanError> {
         let grace = self.stop_timeout.as_secs();
         self.call(
             "POST",
@@ -297,7 +330,13 @@ impl Podman {
             None,
             QUICK + self.stop_timeout,
             &[204, 304, 404],
-        )?;
+        )
+        .map(|_| ())
+    }
+
+    /// Stops (grace period, then kill) and removes a container.
+    pub fn remove(&self, id: &str) -> Result<(), PodmanError> {
+        self.stop(id)?;
         self.call(
             "DELETE",
             &format!("/containers/{}?force=true&timeout=0", enc(id)),

@@ -33,7 +33,13 @@ pub enum HttpError {
     /// The response did not parse as HTTP/1.1.
     #[error("malformed HTTP response from podman: {0}")]
     Malformed(String),
+    /// The caller stopped waiting (see [`request_until`]).
+    #[error("abandoned while waiting for Podman")]
+    Cancelled,
 }
+
+/// How often a waiting [`request_until`] asks whether to stop waiting.
+pub const CANCEL_POLL: Duration = Duration::from_millis(200);
 
 /// Sends one request and reads the whole response within `timeout`.
 pub fn request(
@@ -42,6 +48,19 @@ pub fn request(
     path_and_query: &str,
     body: Option<&[u8]>,
     timeout: Duration,
+) -> Result<Response, HttpError> {
+    request_until(socket, method, path_and_query, body, timeout, &|| false)
+}
+
+/// Like [`request`], but while waiting for the answer it asks `cancel` every [`CANCEL_POLL`] and gives up with
+/// [`HttpError::Cancelled`] when it says so (a long image pull that a newer desired state made pointless).
+pub fn request_until(
+    socket: &Path,
+    method: &str,
+    path_and_query: &str,
+    body: Option<&[u8]>,
+    timeout: Duration,
+    cancel: &dyn Fn() -> bool,
 ) -> Result<Response, HttpError> {
     let deadline = Instant::now() + timeout;
     let mut stream = UnixStream::connect(socket)?;
@@ -71,10 +90,21 @@ pub fn request(
                 format!("{method} {path_and_query}: no complete answer within {timeout:?}"),
             )));
         }
-        stream.set_read_timeout(Some(left))?;
+        stream.set_read_timeout(Some(left.min(CANCEL_POLL)))?;
         let n = match stream.read(&mut buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if cancel() {
+                    return Err(HttpError::Cancelled);
+                }
+                continue;
+            }
             Err(e) => return Err(e.into()),
         };
         if n == 0 {
