@@ -404,7 +404,12 @@ fn releases(
 ) {
     let mut sorted: Vec<&Arc<AgentRelease>> = s.releases.iter().collect();
     sorted.sort_by(|a, b| {
-        let key = |r: &AgentRelease| (r.metadata.creation_timestamp.clone(), r.metadata.uid.clone());
+        let key = |r: &AgentRelease| {
+            (
+                r.metadata.creation_timestamp.clone(),
+                r.metadata.uid.clone(),
+            )
+        };
         key(b).cmp(&key(a))
     });
     let mut owner: BTreeMap<DeviceId, String> = BTreeMap::new();
@@ -457,11 +462,20 @@ fn rollout_wants(o: &rollout::Outcome) -> [Want; 2] {
         "{} updated ({} healthy, {} soaking), {} updating, {} pending, {} failed",
         st.updated, st.healthy, st.soaking, st.updating, st.pending, st.failed
     );
-    let names = |ids: &[DeviceId]| ids.iter().map(DeviceId::as_str).collect::<Vec<_>>().join(", ");
+    let names = |ids: &[DeviceId]| {
+        ids.iter()
+            .map(DeviceId::as_str)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let progressing = match st.phase {
         RolloutPhase::Progressing | RolloutPhase::Soaking if !o.stalled.0.is_empty() => {
             let more = (o.stalled.1 as usize).saturating_sub(o.stalled.0.len());
-            let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
             Want {
                 type_: conditions::PROGRESSING,
                 ok: false,
@@ -506,11 +520,16 @@ fn rollout_wants(o: &rollout::Outcome) -> [Want; 2] {
             type_: conditions::HALTED,
             ok: false,
             reason: conditions::REASON_NOT_HALTED,
-            message: "no device gets the change before the rollout allows it; nothing halts it".into(),
+            message: "no device gets the change before the rollout allows it; nothing halts it"
+                .into(),
         },
         Some(h) => {
             let more = h.failed.saturating_sub(h.devices.len());
-            let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
             let what = match h.reason {
                 rollout::HaltReason::CanaryFailed => "a canary failed".to_owned(),
                 rollout::HaltReason::FailureThreshold => format!(
@@ -536,7 +555,11 @@ fn rollout_wants(o: &rollout::Outcome) -> [Want; 2] {
 /// `Superseded=True`: some targeted devices belong to newer releases (a few named, with the release).
 fn superseded_want(examples: &[String], total: u32) -> Want {
     let more = (total as usize).saturating_sub(examples.len());
-    let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
     Want {
         type_: conditions::SUPERSEDED,
         ok: true,
@@ -585,7 +608,10 @@ fn release(
     )
     .map_err(|e| (e.reason(), e.to_string()))?;
     let uid = r.metadata.uid.clone().unwrap_or_else(|| name.to_owned());
-    let token = r.annotations().get(release::RETRY_ANNOTATION).filter(|t| !t.is_empty());
+    let token = r
+        .annotations()
+        .get(release::RETRY_ANNOTATION)
+        .filter(|t| !t.is_empty());
     let mut superseded = Vec::new();
     let mut superseded_total = 0u32;
     let mut counts = ReleaseCounts::default();
@@ -1044,8 +1070,18 @@ mod tests {
         let mut s = base();
         // r-b is newer and sorts last by name: the newer one wins, whatever the names
         s.releases = vec![
-            release_with("r-a", "site-a", json!({"creationTimestamp": "2026-12-01T09:00:00Z", "uid": "u-a"}), Value::Null),
-            release_with("r-b", "all", json!({"creationTimestamp": "2026-12-01T10:00:00Z", "uid": "u-b"}), Value::Null),
+            release_with(
+                "r-a",
+                "site-a",
+                json!({"creationTimestamp": "2026-12-01T09:00:00Z", "uid": "u-a"}),
+                Value::Null,
+            ),
+            release_with(
+                "r-b",
+                "all",
+                json!({"creationTimestamp": "2026-12-01T10:00:00Z", "uid": "u-b"}),
+                Value::Null,
+            ),
         ];
         s.info = [info("d1"), info("d2")].into();
         cases.push((
@@ -1080,7 +1116,12 @@ mod tests {
             device("d2", json!({"site": "a"})),
             device("d3", json!({"site": "a", "canary": "false"})),
         ];
-        s.releases = vec![release_with("r", "all", json!({}), json!({"soakSeconds": 60}))];
+        s.releases = vec![release_with(
+            "r",
+            "all",
+            json!({}),
+            json!({"soakSeconds": 60}),
+        )];
         s.info = [info("d1"), info("d2"), info("d3")].into();
         cases.push((
             "a staged release gives the change to its canary only",
@@ -1105,7 +1146,12 @@ mod tests {
         ));
 
         let mut s = base();
-        s.releases = vec![release_with("r", "all", json!({}), json!({"maxUnavailable": "150%"}))];
+        s.releases = vec![release_with(
+            "r",
+            "all",
+            json!({}),
+            json!({"maxUnavailable": "150%"}),
+        )];
         cases.push((
             "an invalid rollout section is InvalidSpec",
             s,

@@ -474,10 +474,22 @@ mod tests {
             // no beat of the new version yet, just committed: soaking, not silent
             (committed(100, Some(90), None), 150, Standing::Soaking),
             // silent for longer than the timeout (90 s) since the commit
-            (committed(100, Some(90), None), 191, Standing::Failed(Failure::Silent)),
-            (committed(100, Some(90), Some(130)), 221, Standing::Failed(Failure::Silent)),
+            (
+                committed(100, Some(90), None),
+                191,
+                Standing::Failed(Failure::Silent),
+            ),
+            (
+                committed(100, Some(90), Some(130)),
+                221,
+                Standing::Failed(Failure::Silent),
+            ),
             // the agent restarted 30 s after its commit: failed, whatever the heartbeats say
-            (committed(100, Some(130), Some(500)), 510, Standing::Failed(Failure::Restarted)),
+            (
+                committed(100, Some(130), Some(500)),
+                510,
+                Standing::Failed(Failure::Restarted),
+            ),
             // a restart after the soak ended is no failure (a reboot next week)
             (committed(100, Some(450), Some(500)), 510, Standing::Healthy),
         ];
@@ -486,7 +498,10 @@ mod tests {
         }
         // soak 0: healthy on commit unless restarted since
         let p0 = policy(0, n(1), n(0));
-        assert_eq!(standing(committed(100, Some(90), None), &p0, t(101)), Standing::Healthy);
+        assert_eq!(
+            standing(committed(100, Some(90), None), &p0, t(101)),
+            Standing::Healthy
+        );
         assert_eq!(
             standing(committed(100, Some(101), None), &p0, t(102)),
             Standing::Healthy,
@@ -578,7 +593,11 @@ mod tests {
         let rows: Vec<Row> = vec![
             (
                 "no rollout section: everyone at once, failures never halt",
-                vec![("a", true, Pending), ("b", false, Pending), ("c", false, Failed)],
+                vec![
+                    ("a", true, Pending),
+                    ("b", false, Pending),
+                    ("c", false, Failed),
+                ],
                 Policy::ALL_AT_ONCE,
                 0,
                 vec!["a", "b"],
@@ -588,7 +607,11 @@ mod tests {
             ),
             (
                 "canaries first, all of them at once",
-                vec![("a", true, Pending), ("b", false, Pending), ("c", true, Pending)],
+                vec![
+                    ("a", true, Pending),
+                    ("b", false, Pending),
+                    ("c", true, Pending),
+                ],
                 staged,
                 0,
                 vec!["a", "c"],
@@ -618,7 +641,11 @@ mod tests {
             ),
             (
                 "every canary soaked: the rest follow, one at a time",
-                vec![("a", true, soaked), ("b", false, Pending), ("c", false, Pending)],
+                vec![
+                    ("a", true, soaked),
+                    ("b", false, Pending),
+                    ("c", false, Pending),
+                ],
                 staged,
                 410,
                 vec!["b"],
@@ -628,7 +655,11 @@ mod tests {
             ),
             (
                 "one of the rest soaking with maxUnavailable 1: nobody else",
-                vec![("a", true, soaked), ("b", false, soaking), ("c", false, Pending)],
+                vec![
+                    ("a", true, soaked),
+                    ("b", false, soaking),
+                    ("c", false, Pending),
+                ],
                 staged,
                 140,
                 vec![],
@@ -654,7 +685,11 @@ mod tests {
             ),
             (
                 "maxUnavailable 10% of 3 rounds down to 0 but releases at least one",
-                vec![("b", false, Pending), ("c", false, Pending), ("d", false, Pending)],
+                vec![
+                    ("b", false, Pending),
+                    ("c", false, Pending),
+                    ("d", false, Pending),
+                ],
                 policy(0, pct("10%"), n(0)),
                 0,
                 vec!["b"],
@@ -742,7 +777,11 @@ mod tests {
             ),
             (
                 "everyone healthy or failed within the threshold: complete",
-                vec![("a", true, soaked), ("b", false, Current), ("c", false, Failed)],
+                vec![
+                    ("a", true, soaked),
+                    ("b", false, Current),
+                    ("c", false, Failed),
+                ],
                 policy(300, n(1), n(1)),
                 410,
                 vec![],
@@ -777,10 +816,7 @@ mod tests {
         let halt = out.halt.expect("halted");
         assert_eq!(
             halt.devices,
-            [
-                "a (agent restarted during its soak)",
-                "b (attempt failed)"
-            ]
+            ["a (agent restarted during its soak)", "b (attempt failed)"]
         );
         assert_eq!((halt.failed, halt.tolerated), (2, 0));
     }
@@ -789,9 +825,17 @@ mod tests {
     fn stalled_devices_are_named_with_their_phase() {
         let devices = vec![
             // preparing for 10 min: within 9 min + 1 min slack
-            ("a", false, Observed::Updating(Some((UpgradePhase::Preparing, t(0))))),
+            (
+                "a",
+                false,
+                Observed::Updating(Some((UpgradePhase::Preparing, t(0)))),
+            ),
             // starting for 6 min: more than 4 min 15 s + 1 min
-            ("b", false, Observed::Updating(Some((UpgradePhase::Starting, t(240))))),
+            (
+                "b",
+                false,
+                Observed::Updating(Some((UpgradePhase::Starting, t(240)))),
+            ),
             // not reported yet: not judged
             ("c", false, Observed::Updating(None)),
         ];
@@ -826,7 +870,10 @@ mod tests {
                     if now >= at + 10 {
                         d.observed = committed(at + 10, Some(at + 5), Some(now - now % 10));
                     }
-                } else if let Observed::Committed { at, agent_started, .. } = d.observed {
+                } else if let Observed::Committed {
+                    at, agent_started, ..
+                } = d.observed
+                {
                     d.observed = Observed::Committed {
                         at,
                         agent_started,

@@ -8,8 +8,8 @@ use async_nats::jetstream::kv;
 use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, PlacementStatus, RolloutPhase};
 use fleet_operator::engine::{self, Options};
 use fleet_wire::{
-    fixtures, AgentUpgradeAttempt, AgentUpgradeStatus, DeviceId, DeviceInfo, Heartbeat,
-    Timestamp, UpgradePhase, Version,
+    fixtures, AgentUpgradeAttempt, AgentUpgradeStatus, DeviceId, DeviceInfo, Heartbeat, Timestamp,
+    UpgradePhase, Version,
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -32,8 +32,11 @@ impl Rig {
         let f = Fleet::start(run).await;
         let group = f.name("fleet");
         let meta = json!({"name": group, "labels": f.labels(json!({}))});
-        create::<DeviceGroup>(&f, json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
-            "metadata": meta, "spec": {"selector": {"matchLabels": {"fleet-test": f.run}}}}))
+        create::<DeviceGroup>(
+            &f,
+            json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+            "metadata": meta, "spec": {"selector": {"matchLabels": {"fleet-test": f.run}}}}),
+        )
         .await;
         Rig { f, group }
     }
@@ -121,17 +124,26 @@ impl Rig {
         s.target_version = Some(a.target_version.clone());
         s.phase = phase;
         s.phase_changed_at = at;
-        self.put(fleet_wire::kv::AGENT_UPGRADE_STATUS, a.device_id.as_str(), &s)
-            .await;
+        self.put(
+            fleet_wire::kv::AGENT_UPGRADE_STATUS,
+            a.device_id.as_str(),
+            &s,
+        )
+        .await;
     }
 
     /// What a good upgrade of `name` publishes: the new agent starts, the updater commits, it beats.
     async fn commit(&self, a: &AgentUpgradeAttempt, at: Timestamp) {
         let name = a.device_id.as_str();
         self.agent_started(name, NEW, at).await;
-        self.status(a, UpgradePhase::Complete, at.plus(Duration::from_millis(500)))
+        self.status(
+            a,
+            UpgradePhase::Complete,
+            at.plus(Duration::from_millis(500)),
+        )
+        .await;
+        self.heartbeat(name, NEW, at.plus(Duration::from_secs(1)))
             .await;
-        self.heartbeat(name, NEW, at.plus(Duration::from_secs(1))).await;
     }
 
     async fn release(&self, name: &str, rollout: serde_json::Value) {
@@ -167,7 +179,8 @@ impl Rig {
             loop {
                 if let Some(s) = self.release_status(name).await {
                     if let Some(r) = &s.rollout {
-                        if r.phase == phase && (r.updated, r.healthy, r.pending, r.failed) == counts {
+                        if r.phase == phase && (r.updated, r.healthy, r.pending, r.failed) == counts
+                        {
                             return s;
                         }
                     }
@@ -253,11 +266,14 @@ async fn canary_soak_then_one_at_a_time_across_an_operator_kill() {
         r.heartbeat(n, OLD, t0).await;
     }
     let rel = r.f.name("v2");
-    r.release(&rel, json!({"soakSeconds": 3, "maxUnavailable": 1})).await;
+    r.release(&rel, json!({"soakSeconds": 3, "maxUnavailable": 1}))
+        .await;
 
     // only the canary is given the release
     let a_c = eventually("canary intent", || r.intent(&c)).await;
-    let st = r.wait_rollout(&rel, RolloutPhase::Progressing, (0, 0, 2, 0)).await;
+    let st = r
+        .wait_rollout(&rel, RolloutPhase::Progressing, (0, 0, 2, 0))
+        .await;
     assert_eq!(condition(&st, "Halted").status, "False");
     assert_eq!(
         kubectl_columns(&rel, &["PHASE", "UPDATED", "HEALTHY", "PENDING", "FAILED"]),
@@ -266,26 +282,41 @@ async fn canary_soak_then_one_at_a_time_across_an_operator_kill() {
     // the canary commits: it soaks; the others still wait
     let t1 = Timestamp::now();
     r.commit(&a_c, t1).await;
-    r.wait_rollout(&rel, RolloutPhase::Soaking, (1, 0, 2, 0)).await;
+    r.wait_rollout(&rel, RolloutPhase::Soaking, (1, 0, 2, 0))
+        .await;
     assert_eq!(
         kubectl_columns(&rel, &["PHASE", "UPDATED", "HEALTHY", "PENDING"]),
         ["Soaking", "1", "0", "2"]
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(r.intent(&d1).await.is_none() && r.intent(&d2).await.is_none(), "released before the canary's soak");
+    assert!(
+        r.intent(&d1).await.is_none() && r.intent(&d2).await.is_none(),
+        "released before the canary's soak"
+    );
     // a heartbeat after the soak: one more device (the first by id), not two
     r.heartbeat(&c, NEW, t1.plus(Duration::from_secs(4))).await;
     let a_1 = eventually("d1 intent", || r.intent(&d1)).await;
-    r.wait_rollout(&rel, RolloutPhase::Progressing, (1, 1, 1, 0)).await;
-    assert!(r.intent(&d2).await.is_none(), "maxUnavailable 1 gave two devices the release");
+    r.wait_rollout(&rel, RolloutPhase::Progressing, (1, 1, 1, 0))
+        .await;
+    assert!(
+        r.intent(&d2).await.is_none(),
+        "maxUnavailable 1 gave two devices the release"
+    );
     assert_eq!(r.intent_writes().await, 2);
 
     // the operator dies mid-rollout; a new one takes over from what NATS says
     r.kill_operators().await;
     r.start_operator();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(r.intent(&d2).await.is_none(), "a restarted operator released d2 while d1 updates");
-    assert_eq!(r.intent_writes().await, 2, "a restarted operator wrote an intent again");
+    assert!(
+        r.intent(&d2).await.is_none(),
+        "a restarted operator released d2 while d1 updates"
+    );
+    assert_eq!(
+        r.intent_writes().await,
+        2,
+        "a restarted operator wrote an intent again"
+    );
 
     let t2 = Timestamp::now();
     r.commit(&a_1, t2).await;
@@ -294,7 +325,9 @@ async fn canary_soak_then_one_at_a_time_across_an_operator_kill() {
     let t3 = Timestamp::now();
     r.commit(&a_2, t3).await;
     r.heartbeat(&d2, NEW, t3.plus(Duration::from_secs(4))).await;
-    let st = r.wait_rollout(&rel, RolloutPhase::Complete, (3, 3, 0, 0)).await;
+    let st = r
+        .wait_rollout(&rel, RolloutPhase::Complete, (3, 3, 0, 0))
+        .await;
     assert_eq!(condition(&st, "Progressing").reason, "RolloutComplete");
     assert_eq!(
         kubectl_columns(&rel, &["PHASE", "UPDATED", "HEALTHY", "PENDING", "FAILED"]),
@@ -303,7 +336,9 @@ async fn canary_soak_then_one_at_a_time_across_an_operator_kill() {
     // each device was given the release exactly once
     assert_eq!(r.intent_writes().await, 3);
     assert_eq!(
-        [a_c.attempt_id, a_1.attempt_id, a_2.attempt_id].map(|a| a.to_string()).len(),
+        [a_c.attempt_id, a_1.attempt_id, a_2.attempt_id]
+            .map(|a| a.to_string())
+            .len(),
         3
     );
 }
@@ -325,18 +360,28 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
         r.heartbeat(n, OLD, t0).await;
     }
     let rel = r.f.name("v2");
-    r.release(&rel, json!({"soakSeconds": 600, "maxUnavailable": 1})).await;
+    r.release(&rel, json!({"soakSeconds": 600, "maxUnavailable": 1}))
+        .await;
     let a_c = eventually("canary intent", || r.intent(&c)).await;
     let t1 = Timestamp::now();
     r.commit(&a_c, t1).await;
-    r.wait_rollout(&rel, RolloutPhase::Soaking, (1, 0, 2, 0)).await;
+    r.wait_rollout(&rel, RolloutPhase::Soaking, (1, 0, 2, 0))
+        .await;
     // 30 s later (in the device's clock) the agent exits and systemd starts it again
-    r.agent_started(&c, NEW, t1.plus(Duration::from_secs(30))).await;
-    let st = r.wait_rollout(&rel, RolloutPhase::Halted, (0, 0, 2, 1)).await;
+    r.agent_started(&c, NEW, t1.plus(Duration::from_secs(30)))
+        .await;
+    let st = r
+        .wait_rollout(&rel, RolloutPhase::Halted, (0, 0, 2, 1))
+        .await;
     let halted = condition(&st, "Halted");
-    assert_eq!((halted.status.as_str(), halted.reason.as_str()), ("True", "CanaryFailed"));
+    assert_eq!(
+        (halted.status.as_str(), halted.reason.as_str()),
+        ("True", "CanaryFailed")
+    );
     assert!(
-        halted.message.contains(&format!("{c} (agent restarted during its soak)")),
+        halted
+            .message
+            .contains(&format!("{c} (agent restarted during its soak)")),
         "{}",
         halted.message
     );
@@ -357,7 +402,10 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
     .await;
     let halts = fleet_operator::metrics::global()
         .rollout_halts
-        .get_or_create(&vec![("kind", "AgentRelease".to_owned()), ("reason", "CanaryFailed".to_owned())])
+        .get_or_create(&vec![
+            ("kind", "AgentRelease".to_owned()),
+            ("reason", "CanaryFailed".to_owned()),
+        ])
         .get();
     assert!(halts >= 1, "halt metric: {halts}");
     assert_eq!(
@@ -365,7 +413,10 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
         ["Halted", "1", "2"]
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(r.intent(&d1).await.is_none() && r.intent(&d2).await.is_none(), "a halted rollout released a device");
+    assert!(
+        r.intent(&d1).await.is_none() && r.intent(&d2).await.is_none(),
+        "a halted rollout released a device"
+    );
 
     // a second release: its canary's attempt fails (rolled back): halted, then retried once per annotation value
     let rel2 = r.f.name("v2b");
@@ -375,16 +426,21 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
     // rel2 is newer: it takes every device; the first release keeps its own view of what it still owns
     r.release(&rel2, json!({})).await;
     let first = eventually("c2 intent", || async {
-        r.intent(&c2).await.filter(|a| a.target_version.as_str() == NEW)
+        r.intent(&c2)
+            .await
+            .filter(|a| a.target_version.as_str() == NEW)
     })
     .await;
-    r.status(&first, UpgradePhase::Failed, Timestamp::now()).await;
+    r.status(&first, UpgradePhase::Failed, Timestamp::now())
+        .await;
     let st = eventually("rel2 halted on the failed canary", || async {
         let s = r.release_status(&rel2).await?;
         (s.rollout.as_ref()?.phase == RolloutPhase::Halted).then_some(s)
     })
     .await;
-    assert!(condition(&st, "Halted").message.contains(&format!("{c2} (attempt failed)")));
+    assert!(condition(&st, "Halted")
+        .message
+        .contains(&format!("{c2} (attempt failed)")));
     let before = r.intent_writes().await;
     Api::<AgentRelease>::all(r.f.client.clone())
         .patch(
@@ -395,16 +451,26 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
         .await
         .expect("annotate");
     let retried = eventually("a new attempt for the failed canary", || async {
-        r.intent(&c2).await.filter(|a| a.attempt_id != first.attempt_id)
+        r.intent(&c2)
+            .await
+            .filter(|a| a.attempt_id != first.attempt_id)
     })
     .await;
     assert_eq!(retried.target_version, first.target_version);
     tokio::time::sleep(Duration::from_secs(2)).await;
     // one new attempt per value: the retried one is kept, even when it fails again
-    r.status(&retried, UpgradePhase::Failed, Timestamp::now()).await;
+    r.status(&retried, UpgradePhase::Failed, Timestamp::now())
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(r.intent(&c2).await.map(|a| a.attempt_id), Some(retried.attempt_id));
-    assert_eq!(r.intent_writes().await, before + 1, "the retry wrote more than one attempt");
+    assert_eq!(
+        r.intent(&c2).await.map(|a| a.attempt_id),
+        Some(retried.attempt_id)
+    );
+    assert_eq!(
+        r.intent_writes().await,
+        before + 1,
+        "the retry wrote more than one attempt"
+    );
 }
 
 /// Two AgentReleases on the same devices: the newer owns them, whatever the names; the older keeps its counts
@@ -437,7 +503,9 @@ async fn overlapping_releases_the_newest_wins_and_the_older_keeps_its_status() {
     }))
     .await;
     let taken = eventually("the newer release's attempt on a", || async {
-        r.intent(&a).await.filter(|x| x.target_version.as_str() == "3.0.0")
+        r.intent(&a)
+            .await
+            .filter(|x| x.target_version.as_str() == "3.0.0")
     })
     .await;
     let old = eventually("the older release reports a superseded device", || async {
@@ -446,8 +514,15 @@ async fn overlapping_releases_the_newest_wins_and_the_older_keeps_its_status() {
     })
     .await;
     let sup = condition(&old, "Superseded");
-    assert_eq!((sup.status.as_str(), sup.reason.as_str()), ("True", "NewerRelease"));
-    assert!(sup.message.contains(&format!("{a} (by {newer})")), "{}", sup.message);
+    assert_eq!(
+        (sup.status.as_str(), sup.reason.as_str()),
+        ("True", "NewerRelease")
+    );
+    assert!(
+        sup.message.contains(&format!("{a} (by {newer})")),
+        "{}",
+        sup.message
+    );
     // its own counts and conditions are all there
     assert_eq!(condition(&old, "Ready").status, "True");
     assert_eq!(old.targeted_devices, Some(1));
@@ -455,10 +530,17 @@ async fn overlapping_releases_the_newest_wins_and_the_older_keeps_its_status() {
     for t in ["Degraded", "Progressing", "Halted", "NatsReachable"] {
         condition(&old, t);
     }
-    let new = r.wait_rollout(&newer, RolloutPhase::Progressing, (0, 0, 0, 0)).await;
+    let new = r
+        .wait_rollout(&newer, RolloutPhase::Progressing, (0, 0, 0, 0))
+        .await;
     assert_eq!(condition(&new, "Ready").status, "True");
     assert!(new.conditions.iter().all(|c| c.type_ != "Superseded"));
     // b stays the older release's
-    assert_eq!(r.intent(&b).await.map(|x| x.target_version.as_str().to_owned()), Some(NEW.into()));
+    assert_eq!(
+        r.intent(&b)
+            .await
+            .map(|x| x.target_version.as_str().to_owned()),
+        Some(NEW.into())
+    );
     assert_eq!(r.intent(&a).await, Some(taken));
 }
