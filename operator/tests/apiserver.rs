@@ -15,7 +15,7 @@ use serde_json::json;
 use std::time::Duration;
 
 mod kube_common;
-use kube_common::{eventually, kubectl, Fleet, API};
+use kube_common::{eventually, kubectl, Fleet};
 
 impl Fleet {
     async fn new(run: &str) -> Self {
