@@ -64,7 +64,7 @@ fn main() {
     println!("| {DEVICES} devices, one pass | staged (ms) | no rollout section (ms) | staged / unstaged |");
     println!("|---|---|---|---|");
     for (name, t) in &cases {
-        let mut measure = |policy: &Policy| {
+        let measure = |policy: &Policy| {
             let mut v: Vec<f64> = (0..runs)
                 .map(|_| {
                     let start = Instant::now();
