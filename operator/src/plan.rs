@@ -520,8 +520,7 @@ fn rollout_wants(o: &rollout::Outcome) -> [Want; 2] {
             type_: conditions::HALTED,
             ok: false,
             reason: conditions::REASON_NOT_HALTED,
-            message: "no device gets the change before the rollout allows it; nothing halts it"
-                .into(),
+            message: "nothing halts the rollout".into(),
         },
         Some(h) => {
             let more = h.failed.saturating_sub(h.devices.len());
