@@ -28,6 +28,15 @@ pub const NATS_REACHABLE: &str = "NatsReachable";
 /// Condition type (AgentRelease): True while targeted devices failed their current attempt. Unlike the others it
 /// is bad when True, as Kubernetes' own `*Degraded`/`*Pressure` conditions are.
 pub const DEGRADED: &str = "Degraded";
+/// Condition type (AgentRelease): True while its rollout gives devices the change or waits for their soak; False
+/// once complete or halted. Never a problem by itself (`Halted` is).
+pub const PROGRESSING: &str = "Progressing";
+/// Condition type (AgentRelease): True while the rollout is halted (a failed canary, too many failures); bad when
+/// True, like `Degraded`.
+pub const HALTED: &str = "Halted";
+/// Condition type (AgentRelease): True while a newer AgentRelease has taken some of its targeted devices;
+/// informational (the newer release is what a person asked for last).
+pub const SUPERSEDED: &str = "Superseded";
 
 /// Reason: placed (or resolved) successfully.
 pub const REASON_PLACED: &str = "Placed";
@@ -45,6 +54,20 @@ pub const REASON_NATS_UNREACHABLE: &str = "NatsUnreachable";
 pub const REASON_DEVICES_FAILED: &str = "DevicesFailed";
 /// Reason (Degraded=False): no targeted device has failed.
 pub const REASON_NO_FAILURES: &str = "NoFailures";
+/// Reason (Progressing=True): devices are being given the change or are updating.
+pub const REASON_PROGRESSING: &str = "Progressing";
+/// Reason (Progressing=True): waiting for updated devices' soak.
+pub const REASON_SOAKING: &str = "Soaking";
+/// Reason (Progressing=False): some devices stay in one upgrade phase longer than its bounds allow.
+pub const REASON_STALLED: &str = "Stalled";
+/// Reason (Progressing=False): every device in the rollout is done.
+pub const REASON_COMPLETE: &str = "RolloutComplete";
+/// Reason (Progressing=False, Halted=False/True): the rollout is halted / not halted.
+pub const REASON_HALTED: &str = "Halted";
+/// Reason (Halted=False): nothing halts the rollout.
+pub const REASON_NOT_HALTED: &str = "NotHalted";
+/// Reason (Superseded): a newer AgentRelease targets some of the same devices / none does.
+pub const REASON_NEWER_RELEASE: &str = "NewerRelease";
 /// Most characters of a condition message (the API server's own limit is 32 KiB; people read these).
 pub const MAX_MESSAGE_CHARS: usize = 1024;
 
@@ -120,12 +143,15 @@ pub fn merge(
         .collect()
 }
 
-/// Whether a condition reports a problem: False for the positive types, True for `Degraded`.
+/// Whether a condition reports a problem: False for the positive types, True for `Degraded` and `Halted`;
+/// `Progressing` only when False for `Stalled` (a finished rollout is no problem, a halt says so in `Halted`);
+/// `Superseded` never.
 pub fn is_bad(c: &Condition) -> bool {
-    if c.type_ == DEGRADED {
-        c.status == "True"
-    } else {
-        c.status == "False"
+    match c.type_.as_str() {
+        DEGRADED | HALTED => c.status == "True",
+        PROGRESSING => c.status == "False" && c.reason == REASON_STALLED,
+        SUPERSEDED => false,
+        _ => c.status == "False",
     }
 }
 

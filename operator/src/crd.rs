@@ -7,6 +7,7 @@
 
 use fleet_wire::{AgentUpgradeStatus, Architecture, Capability, Version};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -234,9 +235,80 @@ pub struct PlacementStatus {
     /// what the devices report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<WorkloadHealth>,
-    /// `Ready` (reasons `Placed`, `InvalidSpec`, `GroupSourceError`, `Conflict`) and `NatsReachable`.
+    /// AgentRelease only: targeted devices taken by a newer AgentRelease that targets them too (see
+    /// docs/crds.md, "Two releases, one device"); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded: Option<u32>,
+    /// AgentRelease only: where its rollout stands ([`crate::rollout`]), counted over the devices it owns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+    /// `Ready` (reasons `Placed`, `InvalidSpec`, `GroupSourceError`, `Conflict`) and `NatsReachable`; on an
+    /// AgentRelease also `Degraded`, `Progressing`, `Halted` and (when some of its devices are taken by a newer
+    /// release) `Superseded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// How a change reaches its devices: `canary=true` devices first, the rest after every canary stayed healthy for
+/// `soakSeconds`, at most `maxUnavailable` at once, halting on a failed canary or on more than `maxFailures` failed
+/// devices among the rest. Absent: every targeted device at once and no halt (see docs/crds.md).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// Seconds each updated device must stay healthy after its update (committed, heartbeating as the new
+    /// version, its agent not restarted) before it counts as healthy; 0 up to 86,400. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak_seconds: Option<u32>,
+    /// Most non-canary devices updating or soaking at once: a count (`2`) or a percentage of the devices in the
+    /// rollout (`"25%"`, rounded down, at least 1). Default `"100%"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+    /// Most failed non-canary devices tolerated: one more halts the rollout. A count or a percentage of the
+    /// devices in the rollout (rounded down). Default 0: the first failure halts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_failures: Option<IntOrString>,
+    /// A device in its soak whose latest heartbeat is older than this many seconds counts as failed while it
+    /// stays silent; 10 up to 86,400. Default 90 (three of the agent's default 30 s heartbeats).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout_seconds: Option<u32>,
+}
+
+/// The phase of a rollout.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RolloutPhase {
+    /// Devices are being given the change or are updating.
+    #[default]
+    Progressing,
+    /// Nothing is updating; updated devices are in their soak before more devices are released.
+    Soaking,
+    /// A failed canary or too many failures: no further device gets the change (condition `Halted`).
+    Halted,
+    /// Every device in the rollout runs the change (or failed within `maxFailures`).
+    Complete,
+}
+
+/// Rollout counts over the devices in the rollout (targeted, owned, able to take the release).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// Progressing, Soaking, Halted or Complete.
+    pub phase: RolloutPhase,
+    /// Running the change: soaking or healthy.
+    pub updated: u32,
+    /// Updated and past the soak (or already running the change before this release).
+    pub healthy: u32,
+    /// Updated, within the soak.
+    pub soaking: u32,
+    /// Given the change, not committed yet.
+    pub updating: u32,
+    /// Of `updating`: in one upgrade phase for longer than its bounds allow (condition `Progressing=False`,
+    /// reason `Stalled`).
+    #[serde(default)]
+    pub stalled: u32,
+    /// Not given the change yet.
+    pub pending: u32,
+    /// Failed the attempt, or restarted / fell silent during the soak.
+    pub failed: u32,
 }
 
 /// The desired agent version for one architecture. Plain strings here, validated into fleet-wire types by
@@ -265,10 +337,15 @@ pub struct ReleaseBuild {
     status = "PlacementStatus",
     shortname = "frel",
     printcolumn = r#"{"name":"Devices","type":"integer","jsonPath":".status.targetedDevices"}"#,
-    printcolumn = r#"{"name":"UpToDate","type":"integer","jsonPath":".status.upToDate"}"#,
-    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.failed"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.rollout.phase"}"#,
+    printcolumn = r#"{"name":"Updated","type":"integer","jsonPath":".status.rollout.updated"}"#,
+    printcolumn = r#"{"name":"Healthy","type":"integer","jsonPath":".status.rollout.healthy"}"#,
+    printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.rollout.pending"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.rollout.failed"}"#,
+    printcolumn = r#"{"name":"UpToDate","type":"integer","priority":1,"jsonPath":".status.upToDate"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#
+    printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#,
+    printcolumn = r#"{"name":"Halted","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Halted\")].message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentReleaseSpec {
@@ -277,6 +354,9 @@ pub struct AgentReleaseSpec {
     pub placement: Placement,
     /// One build per architecture.
     pub builds: Vec<ReleaseBuild>,
+    /// Staged rollout; absent: every targeted device at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
 }
 
 /// Every CRD, in the order crdgen writes them, with unknown spec fields kept for the webhook to refuse.

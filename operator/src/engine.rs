@@ -381,6 +381,9 @@ impl Engine {
             .cloned()
             .collect();
         for c in &failing {
+            if c.type_ == conditions::HALTED {
+                crate::metrics::rollout_halted(K::kind(&()).as_ref(), &c.reason);
+            }
             // Once per change, like the Warning event: a condition that stays the same is not logged again.
             log::warn!(
                 "{} {}: {} {}: {}",
@@ -416,7 +419,11 @@ impl Engine {
     /// One level-triggered pass: decide ([`plan::plan`], pure), then carry the plan out.
     async fn pass(&self, link: Option<&Link>, nats_error: Option<String>) {
         let snapshot = self.snapshot();
-        let plan = plan::plan(&snapshot, &mut AttemptId::new_random);
+        let plan = plan::plan(
+            &snapshot,
+            fleet_wire::Timestamp::now(),
+            &mut AttemptId::new_random,
+        );
         self.apply(plan, link, nats_error).await;
     }
 

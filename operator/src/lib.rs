@@ -19,6 +19,7 @@ pub mod placement;
 pub mod plan;
 pub mod release;
 pub mod report;
+pub mod rollout;
 pub mod schema;
 pub mod tasks;
 pub mod validate;

@@ -19,7 +19,12 @@ pub struct OperatorMetrics {
     pub reconcile_errors: Family<ControllerLabels, Counter>,
     /// Seconds one NATS KV write took (compare-and-set, including re-reads after a lost race).
     pub nats_write_seconds: Histogram,
+    /// Rollouts that halted (condition `Halted` turned True), per kind and reason.
+    pub rollout_halts: Family<HaltLabels, Counter>,
 }
+
+/// Labels of a halt: `kind="AgentRelease", reason="CanaryFailed"`.
+pub type HaltLabels = Vec<(&'static str, String)>;
 
 /// The counters of this process.
 pub fn global() -> &'static OperatorMetrics {
@@ -29,6 +34,7 @@ pub fn global() -> &'static OperatorMetrics {
         reconcile_errors: Family::default(),
         // 0.5 ms … about 8 s
         nats_write_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
+        rollout_halts: Family::default(),
     })
 }
 
@@ -46,4 +52,10 @@ pub fn reconciled(controller: &'static str, ok: bool) {
 /// Records how long one NATS write took.
 pub fn nats_write(took: Duration) {
     global().nats_write_seconds.observe(took.as_secs_f64());
+}
+
+/// Counts one rollout halt of an object of `kind` for `reason` (once per halt: when `Halted` turns True).
+pub fn rollout_halted(kind: &str, reason: &str) {
+    let labels = vec![("kind", kind.to_owned()), ("reason", reason.to_owned())];
+    global().rollout_halts.get_or_create(&labels).inc();
 }

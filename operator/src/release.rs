@@ -1,11 +1,98 @@
 //! Agent releases, as pure functions: which attempt (if any) a device needs, and how a release's devices are
 //! doing. The CAS write itself is in [`crate::kv`].
 
+use crate::rollout::Observed;
 use crate::validate::Build;
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, Capability, DeviceId, DeviceInfo,
-    UpgradePhase,
+    Heartbeat, UpgradePhase,
 };
+use sha2::{Digest, Sha256};
+
+/// Annotation on an AgentRelease that retries its failed devices: each new value gives every device whose
+/// current attempt of the release `failed` one new attempt (`rollback-failed` devices are never retried). The
+/// new attempt's id is derived from the release, the value and the device ([`retry_id`]), so the retry happens
+/// once per value, across passes, replicas and operator restarts.
+pub const RETRY_ANNOTATION: &str = "fleet.nationtech.io/retry";
+
+/// The attempt id of `device`'s retry for the annotation value `token` of the release `release_uid`: a UUID
+/// (version 4 layout) from SHA-256 of the three, so every replica and pass derives the same one.
+pub fn retry_id(release_uid: &str, token: &str, device: &DeviceId) -> AttemptId {
+    let mut h = Sha256::new();
+    for part in [release_uid, token, device.as_str()] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest = h.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    let uuid = uuid::Builder::from_random_bytes(bytes).into_uuid();
+    // A v4-layout UUID from 16 digest bytes is never nil and always canonical.
+    AttemptId::try_from(uuid.hyphenated().to_string()).unwrap_or_else(|_| AttemptId::new_random())
+}
+
+/// The status the agent reported for `current`, if it is about that attempt.
+fn status_of<'a>(
+    current: Option<&AgentUpgradeAttempt>,
+    status: Option<&'a AgentUpgradeStatus>,
+) -> Option<&'a AgentUpgradeStatus> {
+    let current = current?;
+    status.filter(|s| s.attempt_id == Some(current.attempt_id))
+}
+
+/// A retry of a failed device's current attempt: the same attempt under [`retry_id`], when `retry` (that id) is
+/// set, the current attempt `failed` (not `rollback-failed`) and is not already that retry.
+pub fn retry_attempt(
+    decision: &IntentDecision,
+    current: Option<&AgentUpgradeAttempt>,
+    status: Option<&AgentUpgradeStatus>,
+    retry: Option<AttemptId>,
+) -> Option<AgentUpgradeAttempt> {
+    let (IntentDecision::Keep, Some(cur), Some(id)) = (decision, current, retry) else {
+        return None;
+    };
+    let failed = status_of(current, status).is_some_and(|s| s.phase == UpgradePhase::Failed);
+    (failed && cur.attempt_id != id).then(|| AgentUpgradeAttempt {
+        attempt_id: id,
+        ..cur.clone()
+    })
+}
+
+/// What NATS says about a device for its release's rollout; `None` when the device cannot take the release
+/// (nothing known yet, no build for it, incapable): such a device is not part of the rollout. `current` is the
+/// device's intent when it is an attempt of this release's build (see [`attempt_matches`]).
+pub fn observe(
+    decision: &IntentDecision,
+    current: Option<&AgentUpgradeAttempt>,
+    status: Option<&AgentUpgradeStatus>,
+    info: Option<&DeviceInfo>,
+    heartbeat: Option<&Heartbeat>,
+) -> Option<Observed> {
+    let mine = status_of(current, status);
+    let phase = mine.map(|s| s.phase);
+    Some(match decision {
+        IntentDecision::Unknown | IntentDecision::NoBuild | IntentDecision::Incapable => {
+            return None
+        }
+        IntentDecision::Write(_) => Observed::Pending,
+        IntentDecision::Keep | IntentDecision::UpToDate => match (mine, phase) {
+            (Some(s), Some(UpgradePhase::Complete)) => {
+                let version = current.map(|a| &a.target_version);
+                Observed::Committed {
+                    at: s.phase_changed_at,
+                    agent_started: info.map(|i| i.published_at),
+                    heartbeat: heartbeat
+                        .filter(|h| Some(&h.agent_version) == version)
+                        .map(|h| h.at),
+                }
+            }
+            (_, Some(UpgradePhase::Failed | UpgradePhase::RollbackFailed)) => Observed::Failed,
+            // Up to date with no report of this attempt (or none written): it ran the version before.
+            (None, _) if *decision == IntentDecision::UpToDate => Observed::Current,
+            _ => Observed::Updating(mine.map(|s| (s.phase, s.phase_changed_at))),
+        },
+    })
+}
 
 /// What to do about one device's `agent-upgrade-intent` key.
 #[derive(Debug, Clone, PartialEq, Eq)]

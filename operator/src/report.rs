@@ -54,6 +54,7 @@ where
             action: match c.type_.as_str() {
                 conditions::NATS_REACHABLE => "WriteNats".into(),
                 conditions::DEGRADED => "Upgrade".into(),
+                conditions::HALTED => "Rollout".into(),
                 _ => "Place".into(),
             },
             secondary: None,

@@ -241,6 +241,7 @@ mod tests {
             let spec = AgentReleaseSpec {
                 placement: Placement::default(),
                 builds,
+                rollout: None,
             };
             match (release_builds(&spec), want) {
                 (Ok(v), Ok(n)) => assert_eq!(v.len(), n, "case {i}"),

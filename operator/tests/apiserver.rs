@@ -15,7 +15,7 @@ use serde_json::json;
 use std::time::Duration;
 
 mod kube_common;
-use kube_common::{eventually, Fleet, API};
+use kube_common::{eventually, kubectl, Fleet};
 
 impl Fleet {
     async fn new(run: &str) -> Self {
@@ -886,47 +886,6 @@ async fn invalid_specs_report_every_error_and_hold_what_runs() {
         Some(placed),
         "the running workload is held"
     );
-}
-
-/// `kubectl <args>` against the shared API server as a person runs it, with `stdin`; returns (success, stdout,
-/// stderr).
-fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
-    use std::io::Write;
-    let api = API.get().expect("apiserver started");
-    let cache = std::env::var_os("FLEET_CACHE")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
-    let bin = fleet_rig::require_binary(
-        "kubectl",
-        "FLEET_KUBECTL",
-        &[cache.join("kube-apiserver/kubectl")],
-        "Run `scripts/setup kube-apiserver`, or point FLEET_KUBECTL at a kubectl binary.",
-    );
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("kubeconfig");
-    std::fs::write(&config, api.kubeconfig(api.token())).expect("kubeconfig");
-    let mut child = std::process::Command::new(bin)
-        .arg("--kubeconfig")
-        .arg(&config)
-        .args(["--request-timeout", "30s"])
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run kubectl");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
-    let out = child.wait_with_output().expect("kubectl output");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// Issue 22 item 8 with the admission webhook registered from `deploy/webhook.yaml`: a mistyped field is refused

@@ -43,6 +43,11 @@ pub fn render(state: &State) -> String {
         "Latency of one NATS KV compare-and-set write, re-reads included.",
         m.nats_write_seconds.clone(),
     );
+    registry.register(
+        "fleet_operator_rollout_halts",
+        "Rollouts that halted (condition Halted turned True), per kind and reason.",
+        m.rollout_halts.clone(),
+    );
 
     let mut phases = BTreeMap::new();
     for d in state.devices.state() {

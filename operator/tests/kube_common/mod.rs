@@ -211,3 +211,44 @@ impl Fleet {
         }
     }
 }
+
+/// `kubectl <args>` against the shared API server as a person runs it (verifying it with the rig's CA), with
+/// `stdin`; returns (success, stdout, stderr).
+pub fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let api = API.get().expect("apiserver started");
+    let cache = std::env::var_os("FLEET_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
+    let bin = fleet_rig::require_binary(
+        "kubectl",
+        "FLEET_KUBECTL",
+        &[cache.join("kube-apiserver/kubectl")],
+        "Run `scripts/setup kube-apiserver`, or point FLEET_KUBECTL at a kubectl binary.",
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("kubeconfig");
+    std::fs::write(&config, api.kubeconfig(api.token())).expect("kubeconfig");
+    let mut child = std::process::Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(&config)
+        .args(["--request-timeout", "30s"])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -1,0 +1,903 @@
+//! Staged rollouts, as a pure function: from what NATS says about each device in a rollout and the object's
+//! `rollout` section, [`plan`] decides which devices get the change now, the rollout's phase, its counts and why
+//! it halted. Nothing is remembered between passes: the position is read again from NATS (the intents written, the
+//! statuses and heartbeats reported) every time, so an operator restarted at any point never releases a device
+//! twice and never skips a gate. Table-tested.
+//!
+//! The rule (docs/crds.md, "Rollouts"): devices labelled `canary=true` first (all of them at once); the rest only
+//! after every canary is healthy, i.e. committed and past its soak; then at most `maxUnavailable` of the rest
+//! updating or soaking at once. A failed canary, a canary that restarted or fell silent during its soak, or more
+//! than `maxFailures` failed devices among the rest halt the rollout: no further device gets the change. Devices
+//! already updated keep what they have.
+
+use crate::crd::{RolloutPhase, RolloutSpec, RolloutStatus};
+use fleet_wire::{DeviceId, Timestamp, UpgradePhase};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::time::Duration;
+
+pub use crate::tasks::planning::CANARY_LABEL;
+
+/// Default `heartbeatTimeoutSeconds`: three of the agent's default 30 s heartbeats.
+pub const DEFAULT_HEARTBEAT_TIMEOUT_SECS: u32 = 90;
+/// Longest `soakSeconds` and `heartbeatTimeoutSeconds`: one day.
+pub const MAX_SECONDS: u32 = 86_400;
+/// Shortest `heartbeatTimeoutSeconds` (a heartbeat is sent at most once a second).
+pub const MIN_HEARTBEAT_TIMEOUT_SECS: u32 = 10;
+/// Most devices a halt message names (the counts carry the rest).
+pub const HALT_EXAMPLES: usize = 10;
+/// Slack on top of a phase's own bound before a device counts as stalled: one operator resync, so that a device
+/// is never called stalled only because the operator looked late.
+pub const STALL_SLACK: Duration = Duration::from_secs(60);
+
+/// The longest an agent upgrade stays in `phase` when nothing is wrong, from the agent-upgrade bounds (seed
+/// agent-upgrades: download 5 min + probe 4 min while preparing, stop 65 s, start 4 min 15 s; a rollback is a stop
+/// and a start); `None` for terminal phases.
+pub fn phase_bound(phase: UpgradePhase) -> Option<Duration> {
+    match phase {
+        UpgradePhase::Preparing => Some(Duration::from_secs(9 * 60)),
+        UpgradePhase::Stopping => Some(Duration::from_secs(65)),
+        UpgradePhase::Starting => Some(Duration::from_secs(255)),
+        UpgradePhase::RollingBack => Some(Duration::from_secs(65 + 255)),
+        UpgradePhase::Complete | UpgradePhase::Failed | UpgradePhase::RollbackFailed => None,
+    }
+}
+
+/// A count, or a percentage of the devices in the rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Amount {
+    /// That many devices.
+    Count(u32),
+    /// That percentage (0 to 100) of the devices in the rollout, rounded down.
+    Percent(u32),
+}
+
+impl Amount {
+    fn parse(field: &str, v: &IntOrString) -> Result<Self, String> {
+        match v {
+            IntOrString::Int(n) => u32::try_from(*n)
+                .map(Amount::Count)
+                .map_err(|_| format!("rollout.{field} must not be negative, not {n}")),
+            IntOrString::String(s) => s
+                .strip_suffix('%')
+                .and_then(|p| p.parse::<u32>().ok())
+                .filter(|p| *p <= 100)
+                .map(Amount::Percent)
+                .ok_or_else(|| {
+                    format!("rollout.{field} must be a count or a percentage from \"0%\" to \"100%\", not {s:?}")
+                }),
+        }
+    }
+    /// The number of devices out of `total`.
+    pub fn of(self, total: usize) -> usize {
+        match self {
+            Amount::Count(n) => n as usize,
+            Amount::Percent(p) => total * p as usize / 100,
+        }
+    }
+}
+
+/// A rollout section, checked and with its defaults filled in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Canaries first and halts: false without a `rollout` section (every device at once, as before).
+    pub staged: bool,
+    /// How long an updated device must stay healthy.
+    pub soak: Duration,
+    /// Most non-canary devices updating or soaking at once (at least 1 after resolving).
+    pub max_unavailable: Amount,
+    /// Most failed non-canary devices before a halt.
+    pub max_failures: Amount,
+    /// A soaking device silent for longer counts as failed.
+    pub heartbeat_timeout: Duration,
+}
+
+impl Policy {
+    /// No `rollout` section: every device at once, never halted.
+    pub const ALL_AT_ONCE: Policy = Policy {
+        staged: false,
+        soak: Duration::ZERO,
+        max_unavailable: Amount::Percent(100),
+        max_failures: Amount::Percent(100),
+        heartbeat_timeout: Duration::from_secs(DEFAULT_HEARTBEAT_TIMEOUT_SECS as u64),
+    };
+
+    /// The policy of an object's `rollout` section (`None`: [`Policy::ALL_AT_ONCE`]), or why it is invalid.
+    pub fn from_spec(spec: Option<&RolloutSpec>) -> Result<Policy, String> {
+        let Some(r) = spec else {
+            return Ok(Policy::ALL_AT_ONCE);
+        };
+        let soak = r.soak_seconds.unwrap_or(0);
+        if soak > MAX_SECONDS {
+            return Err(format!(
+                "rollout.soakSeconds must be 0 to {MAX_SECONDS}, not {soak}"
+            ));
+        }
+        let timeout = r
+            .heartbeat_timeout_seconds
+            .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT_SECS);
+        if !(MIN_HEARTBEAT_TIMEOUT_SECS..=MAX_SECONDS).contains(&timeout) {
+            return Err(format!(
+                "rollout.heartbeatTimeoutSeconds must be {MIN_HEARTBEAT_TIMEOUT_SECS} to {MAX_SECONDS}, not {timeout}"
+            ));
+        }
+        let amount = |field, v: &Option<IntOrString>, default| match v {
+            Some(v) => Amount::parse(field, v),
+            None => Ok(default),
+        };
+        Ok(Policy {
+            staged: true,
+            soak: Duration::from_secs(soak.into()),
+            max_unavailable: amount("maxUnavailable", &r.max_unavailable, Amount::Percent(100))?,
+            max_failures: amount("maxFailures", &r.max_failures, Amount::Count(0))?,
+            heartbeat_timeout: Duration::from_secs(timeout.into()),
+        })
+    }
+}
+
+/// What NATS says about one device in the rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// Needs the change and has not been given it (or a retry asks for a new attempt).
+    Pending,
+    /// Given the change (its intent is written); the attempt is not terminal yet: the phase the device reported
+    /// for it and when it entered it (the device's clock), once it reported.
+    Updating(Option<(UpgradePhase, Timestamp)>),
+    /// The attempt committed at `at`.
+    Committed {
+        /// When it committed (the device's clock).
+        at: Timestamp,
+        /// When the running agent process started (its `device-info`), when known (the device's clock).
+        agent_started: Option<Timestamp>,
+        /// The latest heartbeat of the new version (the device's clock).
+        heartbeat: Option<Timestamp>,
+    },
+    /// Runs the change without an attempt of this object (it had it before): healthy.
+    Current,
+    /// The attempt failed (or its rollback failed).
+    Failed,
+}
+
+/// Why a device counts as failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Its attempt failed.
+    Attempt,
+    /// Its agent restarted during the soak.
+    Restarted,
+    /// No heartbeat for longer than the timeout during the soak.
+    Silent,
+}
+
+/// Where one device stands, from [`Observed`], the policy and now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Not given the change yet.
+    Pending,
+    /// Given the change, not committed.
+    Updating,
+    /// Committed, within its soak.
+    Soaking,
+    /// Committed and past its soak, or already current.
+    Healthy,
+    /// Failed.
+    Failed(Failure),
+}
+
+/// One device of a rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The device.
+    pub id: DeviceId,
+    /// Labelled `canary=true`.
+    pub canary: bool,
+    /// What NATS says.
+    pub observed: Observed,
+}
+
+/// Why a rollout halted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HaltReason {
+    /// A canary failed its attempt or its soak.
+    CanaryFailed,
+    /// More failed devices among the rest than `maxFailures`.
+    FailureThreshold,
+}
+
+impl HaltReason {
+    /// The condition reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HaltReason::CanaryFailed => "CanaryFailed",
+            HaltReason::FailureThreshold => "FailureThreshold",
+        }
+    }
+}
+
+/// A halt: the reason, the failed devices that caused it (at most [`HALT_EXAMPLES`], each with why) and their
+/// number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Halt {
+    /// Why.
+    pub reason: HaltReason,
+    /// Up to [`HALT_EXAMPLES`] devices, `dev-1 (restarted during its soak)`.
+    pub devices: Vec<String>,
+    /// How many devices failed in the group that halted (canaries, or the rest).
+    pub failed: usize,
+    /// The tolerated number (0 for canaries).
+    pub tolerated: usize,
+}
+
+/// What one pass of a rollout decides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// Devices to give the change now.
+    pub release: Vec<DeviceId>,
+    /// Phase and counts.
+    pub status: RolloutStatus,
+    /// Set when halted.
+    pub halt: Option<Halt>,
+    /// Devices being given the change, updating or soaking, for the `Progressing` message (a few).
+    pub in_flight: Vec<DeviceId>,
+    /// Updating devices in one phase for longer than its bound plus [`STALL_SLACK`] (a few, `dev-1 (preparing
+    /// for 12m)`), and their number.
+    pub stalled: (Vec<String>, u32),
+}
+
+/// `dev (preparing for 12m)` when the device's phase outlasted its bound.
+fn stall(id: &DeviceId, observed: Observed, now: Timestamp) -> Option<String> {
+    let Observed::Updating(Some((phase, since))) = observed else {
+        return None;
+    };
+    let bound = phase_bound(phase)?;
+    let stuck = now.since(since);
+    (stuck > bound + STALL_SLACK).then(|| {
+        let word = serde_json::to_value(phase)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        format!("{id} ({word} for {}m)", stuck.as_secs() / 60)
+    })
+}
+
+/// Where a device stands now.
+pub fn standing(observed: Observed, policy: &Policy, now: Timestamp) -> Standing {
+    match observed {
+        Observed::Pending => Standing::Pending,
+        Observed::Updating(_) => Standing::Updating,
+        Observed::Current => Standing::Healthy,
+        Observed::Failed => Standing::Failed(Failure::Attempt),
+        Observed::Committed {
+            at,
+            agent_started,
+            heartbeat,
+        } => {
+            let soak_end = at.plus(policy.soak);
+            // device-info is published once per agent process, before it commits: a later one is a restart.
+            // Both times are the device's own clock, so no skew enters here.
+            if agent_started.is_some_and(|s| s > at && s < soak_end) {
+                return Standing::Failed(Failure::Restarted);
+            }
+            let silent = heartbeat.is_none_or(|h| now.since(h) > policy.heartbeat_timeout);
+            if policy.soak.is_zero() {
+                return Standing::Healthy;
+            }
+            // Past the soak once the device itself reported a heartbeat at or after its end.
+            if heartbeat.is_some_and(|h| h >= soak_end) {
+                return Standing::Healthy;
+            }
+            // A just-committed agent has not beaten yet: silence counts from the commit, not from the old agent.
+            let silent_since_commit = silent && now.since(at) > policy.heartbeat_timeout;
+            if silent_since_commit {
+                Standing::Failed(Failure::Silent)
+            } else {
+                Standing::Soaking
+            }
+        }
+    }
+}
+
+fn describe(id: &DeviceId, s: Standing) -> String {
+    match s {
+        Standing::Failed(Failure::Attempt) => format!("{id} (attempt failed)"),
+        Standing::Failed(Failure::Restarted) => format!("{id} (agent restarted during its soak)"),
+        Standing::Failed(Failure::Silent) => format!("{id} (no heartbeat during its soak)"),
+        _ => id.to_string(),
+    }
+}
+
+/// Decides one pass of a rollout over `targets` (sorted by device id: the rest are released in that order).
+pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
+    let standings: Vec<(&Target, Standing)> = targets
+        .iter()
+        .map(|t| (t, standing(t.observed, policy, now)))
+        .collect();
+    let mut status = RolloutStatus::default();
+    for (_, s) in &standings {
+        match s {
+            Standing::Pending => status.pending += 1,
+            Standing::Updating => status.updating += 1,
+            Standing::Soaking => status.soaking += 1,
+            Standing::Healthy => status.healthy += 1,
+            Standing::Failed(_) => status.failed += 1,
+        }
+    }
+    status.updated = status.soaking + status.healthy;
+    let total = targets.len();
+    let is_canary = |t: &Target| policy.staged && t.canary;
+    let failed_of = |canary: bool| -> Vec<String> {
+        standings
+            .iter()
+            .filter(|(t, s)| is_canary(t) == canary && matches!(s, Standing::Failed(_)))
+            .map(|(t, s)| describe(&t.id, *s))
+            .collect()
+    };
+    let halt = if policy.staged {
+        let canaries = failed_of(true);
+        let rest = failed_of(false);
+        let tolerated = policy.max_failures.of(total);
+        if !canaries.is_empty() {
+            Some(Halt {
+                reason: HaltReason::CanaryFailed,
+                failed: canaries.len(),
+                devices: canaries.into_iter().take(HALT_EXAMPLES).collect(),
+                tolerated: 0,
+            })
+        } else if rest.len() > tolerated {
+            Some(Halt {
+                reason: HaltReason::FailureThreshold,
+                failed: rest.len(),
+                devices: rest.into_iter().take(HALT_EXAMPLES).collect(),
+                tolerated,
+            })
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+    let in_flight_of = |canary: bool| {
+        standings.iter().filter(move |(t, s)| {
+            is_canary(t) == canary && matches!(s, Standing::Updating | Standing::Soaking)
+        })
+    };
+    let pending_of = |canary: bool| {
+        standings
+            .iter()
+            .filter(move |(t, s)| is_canary(t) == canary && *s == Standing::Pending)
+            .map(|(t, _)| t.id.clone())
+    };
+    let canaries_healthy = standings
+        .iter()
+        .filter(|(t, _)| is_canary(t))
+        .all(|(_, s)| *s == Standing::Healthy);
+    let release: Vec<DeviceId> = if halt.is_some() {
+        vec![]
+    } else if !canaries_healthy {
+        pending_of(true).collect()
+    } else {
+        let budget = if policy.staged {
+            policy.max_unavailable.of(total).max(1)
+        } else {
+            usize::MAX
+        };
+        let busy = in_flight_of(false).count();
+        pending_of(false)
+            .take(budget.saturating_sub(busy))
+            .collect()
+    };
+    let mut in_flight: Vec<DeviceId> = release.clone();
+    in_flight.extend(
+        in_flight_of(true)
+            .chain(in_flight_of(false))
+            .map(|(t, _)| t.id.clone()),
+    );
+    in_flight.truncate(HALT_EXAMPLES);
+    let mut stalled = (Vec::new(), 0u32);
+    for t in targets {
+        if let Some(s) = stall(&t.id, t.observed, now) {
+            stalled.1 += 1;
+            if stalled.0.len() < HALT_EXAMPLES {
+                stalled.0.push(s);
+            }
+        }
+    }
+    status.stalled = stalled.1;
+    status.phase = if halt.is_some() {
+        RolloutPhase::Halted
+    } else if status.pending + status.updating + status.soaking == 0 {
+        RolloutPhase::Complete
+    } else if status.updating == 0 && status.soaking > 0 && release.is_empty() {
+        RolloutPhase::Soaking
+    } else {
+        RolloutPhase::Progressing
+    };
+    Outcome {
+        release,
+        status,
+        halt,
+        in_flight,
+        stalled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_800_000_000_000;
+    fn t(secs: u64) -> Timestamp {
+        Timestamp::from_unix_ms(T0 + secs * 1000)
+    }
+    fn committed(at: u64, started: Option<u64>, beat: Option<u64>) -> Observed {
+        Observed::Committed {
+            at: t(at),
+            agent_started: started.map(t),
+            heartbeat: beat.map(t),
+        }
+    }
+    fn targets(spec: &[(&str, bool, Observed)]) -> Vec<Target> {
+        spec.iter()
+            .map(|(id, canary, observed)| Target {
+                id: DeviceId::try_from(*id).expect("id"),
+                canary: *canary,
+                observed: *observed,
+            })
+            .collect()
+    }
+    fn policy(soak: u32, max_unavailable: IntOrString, max_failures: IntOrString) -> Policy {
+        Policy::from_spec(Some(&RolloutSpec {
+            soak_seconds: Some(soak),
+            max_unavailable: Some(max_unavailable),
+            max_failures: Some(max_failures),
+            heartbeat_timeout_seconds: None,
+        }))
+        .expect("policy")
+    }
+    fn n(v: i32) -> IntOrString {
+        IntOrString::Int(v)
+    }
+    fn pct(v: &str) -> IntOrString {
+        IntOrString::String(v.into())
+    }
+
+    #[test]
+    fn standing_table() {
+        let p = policy(300, n(1), n(0));
+        let cases: Vec<(Observed, u64, Standing)> = vec![
+            (Observed::Pending, 0, Standing::Pending),
+            (Observed::Updating(None), 0, Standing::Updating),
+            (Observed::Current, 0, Standing::Healthy),
+            (Observed::Failed, 0, Standing::Failed(Failure::Attempt)),
+            // committed at 100, started at 90 (before its commit), beating: soaking until a beat at 400
+            (committed(100, Some(90), Some(130)), 140, Standing::Soaking),
+            (committed(100, Some(90), Some(400)), 410, Standing::Healthy),
+            // no beat of the new version yet, just committed: soaking, not silent
+            (committed(100, Some(90), None), 150, Standing::Soaking),
+            // silent for longer than the timeout (90 s) since the commit
+            (
+                committed(100, Some(90), None),
+                191,
+                Standing::Failed(Failure::Silent),
+            ),
+            (
+                committed(100, Some(90), Some(130)),
+                221,
+                Standing::Failed(Failure::Silent),
+            ),
+            // the agent restarted 30 s after its commit: failed, whatever the heartbeats say
+            (
+                committed(100, Some(130), Some(500)),
+                510,
+                Standing::Failed(Failure::Restarted),
+            ),
+            // a restart after the soak ended is no failure (a reboot next week)
+            (committed(100, Some(450), Some(500)), 510, Standing::Healthy),
+        ];
+        for (i, (o, now, want)) in cases.into_iter().enumerate() {
+            assert_eq!(standing(o, &p, t(now)), want, "case {i}");
+        }
+        // soak 0: healthy on commit unless restarted since
+        let p0 = policy(0, n(1), n(0));
+        assert_eq!(
+            standing(committed(100, Some(90), None), &p0, t(101)),
+            Standing::Healthy
+        );
+        assert_eq!(
+            standing(committed(100, Some(101), None), &p0, t(102)),
+            Standing::Healthy,
+            "soak 0 has no window a restart can fall into"
+        );
+    }
+
+    #[test]
+    fn policy_table() {
+        assert_eq!(Policy::from_spec(None), Ok(Policy::ALL_AT_ONCE));
+        let empty = Policy::from_spec(Some(&RolloutSpec::default())).expect("defaults");
+        assert_eq!(
+            empty,
+            Policy {
+                staged: true,
+                soak: Duration::ZERO,
+                max_unavailable: Amount::Percent(100),
+                max_failures: Amount::Count(0),
+                heartbeat_timeout: Duration::from_secs(90),
+            }
+        );
+        let bad = |r: RolloutSpec, frag: &str| {
+            let e = Policy::from_spec(Some(&r)).expect_err(frag);
+            assert!(e.contains(frag), "{e}");
+        };
+        bad(
+            RolloutSpec {
+                soak_seconds: Some(MAX_SECONDS + 1),
+                ..Default::default()
+            },
+            "soakSeconds",
+        );
+        bad(
+            RolloutSpec {
+                max_unavailable: Some(pct("101%")),
+                ..Default::default()
+            },
+            "maxUnavailable",
+        );
+        bad(
+            RolloutSpec {
+                max_failures: Some(pct("ten")),
+                ..Default::default()
+            },
+            "maxFailures",
+        );
+        bad(
+            RolloutSpec {
+                max_failures: Some(n(-1)),
+                ..Default::default()
+            },
+            "maxFailures",
+        );
+        bad(
+            RolloutSpec {
+                heartbeat_timeout_seconds: Some(1),
+                ..Default::default()
+            },
+            "heartbeatTimeoutSeconds",
+        );
+        assert_eq!(Amount::Percent(25).of(10), 2);
+        assert_eq!(Amount::Percent(100).of(3), 3);
+        assert_eq!(Amount::Count(2).of(100), 2);
+    }
+
+    /// One row: the devices (id, canary, observed), the policy, now (seconds), then what the pass must decide:
+    /// released devices, phase, (updated, healthy, soaking, updating, pending, failed), halt reason.
+    type Row = (
+        &'static str,
+        Vec<(&'static str, bool, Observed)>,
+        Policy,
+        u64,
+        Vec<&'static str>,
+        RolloutPhase,
+        (u32, u32, u32, u32, u32, u32),
+        Option<HaltReason>,
+    );
+
+    #[test]
+    fn plan_table() {
+        use Observed::{Current, Failed, Pending};
+        #[allow(non_upper_case_globals)]
+        const Updating: Observed = Observed::Updating(None);
+        use RolloutPhase::*;
+        let staged = policy(300, n(1), n(0));
+        let soaked = committed(100, Some(90), Some(400));
+        let soaking = committed(100, Some(90), Some(130));
+        let crashed = committed(100, Some(130), Some(140));
+        let rows: Vec<Row> = vec![
+            (
+                "no rollout section: everyone at once, failures never halt",
+                vec![
+                    ("a", true, Pending),
+                    ("b", false, Pending),
+                    ("c", false, Failed),
+                ],
+                Policy::ALL_AT_ONCE,
+                0,
+                vec!["a", "b"],
+                Progressing,
+                (0, 0, 0, 0, 2, 1),
+                None,
+            ),
+            (
+                "canaries first, all of them at once",
+                vec![
+                    ("a", true, Pending),
+                    ("b", false, Pending),
+                    ("c", true, Pending),
+                ],
+                staged,
+                0,
+                vec!["a", "c"],
+                Progressing,
+                (0, 0, 0, 0, 3, 0),
+                None,
+            ),
+            (
+                "a canary updating: the rest wait",
+                vec![("a", true, Updating), ("b", false, Pending)],
+                staged,
+                0,
+                vec![],
+                Progressing,
+                (0, 0, 0, 1, 1, 0),
+                None,
+            ),
+            (
+                "a canary in its soak: the rest wait",
+                vec![("a", true, soaking), ("b", false, Pending)],
+                staged,
+                140,
+                vec![],
+                Soaking,
+                (1, 0, 1, 0, 1, 0),
+                None,
+            ),
+            (
+                "every canary soaked: the rest follow, one at a time",
+                vec![
+                    ("a", true, soaked),
+                    ("b", false, Pending),
+                    ("c", false, Pending),
+                ],
+                staged,
+                410,
+                vec!["b"],
+                Progressing,
+                (1, 1, 0, 0, 2, 0),
+                None,
+            ),
+            (
+                "one of the rest soaking with maxUnavailable 1: nobody else",
+                vec![
+                    ("a", true, soaked),
+                    ("b", false, soaking),
+                    ("c", false, Pending),
+                ],
+                staged,
+                140,
+                vec![],
+                Soaking,
+                (2, 1, 1, 0, 1, 0),
+                None,
+            ),
+            (
+                "maxUnavailable 50% of 5 is 2: one updating leaves room for one",
+                vec![
+                    ("a", true, Current),
+                    ("b", false, Updating),
+                    ("c", false, Pending),
+                    ("d", false, Pending),
+                    ("e", false, Pending),
+                ],
+                policy(300, pct("50%"), n(0)),
+                0,
+                vec!["c"],
+                Progressing,
+                (1, 1, 0, 1, 3, 0),
+                None,
+            ),
+            (
+                "maxUnavailable 10% of 3 rounds down to 0 but releases at least one",
+                vec![
+                    ("b", false, Pending),
+                    ("c", false, Pending),
+                    ("d", false, Pending),
+                ],
+                policy(0, pct("10%"), n(0)),
+                0,
+                vec!["b"],
+                Progressing,
+                (0, 0, 0, 0, 3, 0),
+                None,
+            ),
+            (
+                "no canary among the targets: the rest start at once",
+                vec![("b", false, Pending), ("c", false, Pending)],
+                policy(0, n(5), n(0)),
+                0,
+                vec!["b", "c"],
+                Progressing,
+                (0, 0, 0, 0, 2, 0),
+                None,
+            ),
+            (
+                "a failed canary halts: nobody else",
+                vec![("a", true, Failed), ("b", false, Pending)],
+                staged,
+                0,
+                vec![],
+                Halted,
+                (0, 0, 0, 0, 1, 1),
+                Some(HaltReason::CanaryFailed),
+            ),
+            (
+                "a canary whose agent restarted in its soak halts, even with maxFailures",
+                vec![("a", true, crashed), ("b", false, Pending)],
+                policy(300, n(1), n(10)),
+                150,
+                vec![],
+                Halted,
+                (0, 0, 0, 0, 1, 1),
+                Some(HaltReason::CanaryFailed),
+            ),
+            (
+                "one failure among the rest within maxFailures 1: the rollout goes on",
+                vec![
+                    ("a", true, soaked),
+                    ("b", false, Failed),
+                    ("c", false, Pending),
+                ],
+                policy(300, n(1), n(1)),
+                410,
+                vec!["c"],
+                Progressing,
+                (1, 1, 0, 0, 1, 1),
+                None,
+            ),
+            (
+                "failures beyond maxFailures 0 halt; what is updating keeps going",
+                vec![
+                    ("a", true, soaked),
+                    ("b", false, Failed),
+                    ("c", false, Updating),
+                    ("d", false, Pending),
+                ],
+                policy(300, n(2), n(0)),
+                410,
+                vec![],
+                Halted,
+                (1, 1, 0, 1, 1, 1),
+                Some(HaltReason::FailureThreshold),
+            ),
+            (
+                "maxFailures as a percentage: 25% of 8 is 2, a third failure halts",
+                vec![
+                    ("a", false, Failed),
+                    ("b", false, Failed),
+                    ("c", false, Failed),
+                    ("d", false, Pending),
+                    ("e", false, Pending),
+                    ("f", false, Pending),
+                    ("g", false, Pending),
+                    ("h", false, Pending),
+                ],
+                policy(0, n(8), pct("25%")),
+                0,
+                vec![],
+                Halted,
+                (0, 0, 0, 0, 5, 3),
+                Some(HaltReason::FailureThreshold),
+            ),
+            (
+                "everyone healthy or failed within the threshold: complete",
+                vec![
+                    ("a", true, soaked),
+                    ("b", false, Current),
+                    ("c", false, Failed),
+                ],
+                policy(300, n(1), n(1)),
+                410,
+                vec![],
+                Complete,
+                (2, 2, 0, 0, 0, 1),
+                None,
+            ),
+        ];
+        for (name, devices, policy, now, release, phase, counts, halt) in rows {
+            let out = plan(&targets(&devices), &policy, t(now));
+            let released: Vec<&str> = out.release.iter().map(DeviceId::as_str).collect();
+            assert_eq!(released, release, "{name}");
+            assert_eq!(out.status.phase, phase, "{name}");
+            let s = &out.status;
+            assert_eq!(
+                (s.updated, s.healthy, s.soaking, s.updating, s.pending, s.failed),
+                counts,
+                "{name}"
+            );
+            assert_eq!(out.halt.as_ref().map(|h| h.reason), halt, "{name}");
+        }
+    }
+
+    #[test]
+    fn halt_names_the_devices_and_why() {
+        let devices = vec![
+            ("a", true, committed(100, Some(130), Some(140))),
+            ("b", true, Observed::Failed),
+            ("c", false, Observed::Pending),
+        ];
+        let out = plan(&targets(&devices), &policy(300, n(1), n(0)), t(150));
+        let halt = out.halt.expect("halted");
+        assert_eq!(
+            halt.devices,
+            ["a (agent restarted during its soak)", "b (attempt failed)"]
+        );
+        assert_eq!((halt.failed, halt.tolerated), (2, 0));
+    }
+
+    #[test]
+    fn stalled_devices_are_named_with_their_phase() {
+        let devices = vec![
+            // preparing for 10 min: within 9 min + 1 min slack
+            (
+                "a",
+                false,
+                Observed::Updating(Some((UpgradePhase::Preparing, t(0)))),
+            ),
+            // starting for 6 min: more than 4 min 15 s + 1 min
+            (
+                "b",
+                false,
+                Observed::Updating(Some((UpgradePhase::Starting, t(240)))),
+            ),
+            // not reported yet: not judged
+            ("c", false, Observed::Updating(None)),
+        ];
+        let out = plan(&targets(&devices), &policy(0, n(3), n(0)), t(600));
+        assert_eq!(out.stalled, (vec!["b (starting for 6m)".to_owned()], 1));
+        let later = plan(&targets(&devices), &policy(0, n(3), n(0)), t(601));
+        assert_eq!(later.stalled.1, 2, "{:?}", later.stalled);
+        assert_eq!(phase_bound(UpgradePhase::Complete), None);
+    }
+
+    /// The position is a function of NATS alone: replaying the passes of a rollout, with each pass's releases
+    /// turned into written intents (as the engine does), never releases a device twice and releases the rest only
+    /// after the canary's soak.
+    #[test]
+    fn replayed_passes_release_each_device_once() {
+        let p = policy(60, n(1), n(0));
+        let mut devices = targets(&[
+            ("a", true, Observed::Pending),
+            ("b", false, Observed::Pending),
+            ("c", false, Observed::Pending),
+        ]);
+        let mut released: Vec<(u64, String)> = vec![];
+        for now in 0..400u64 {
+            // Devices commit 10 s after release and beat every 10 s; a "restarted operator" is just the next pass.
+            for d in devices.iter_mut() {
+                if let Observed::Updating(_) = d.observed {
+                    let at = released
+                        .iter()
+                        .find(|(_, id)| id == d.id.as_str())
+                        .map(|(s, _)| *s)
+                        .expect("released");
+                    if now >= at + 10 {
+                        d.observed = committed(at + 10, Some(at + 5), Some(now - now % 10));
+                    }
+                } else if let Observed::Committed {
+                    at, agent_started, ..
+                } = d.observed
+                {
+                    d.observed = Observed::Committed {
+                        at,
+                        agent_started,
+                        heartbeat: Some(t(now - now % 10)),
+                    };
+                }
+            }
+            let out = plan(&devices, &p, t(now));
+            for id in out.release {
+                assert!(
+                    !released.iter().any(|(_, r)| r == id.as_str()),
+                    "{id} released twice"
+                );
+                released.push((now, id.to_string()));
+                let d = devices.iter_mut().find(|d| d.id == id).expect("device");
+                d.observed = Observed::Updating(None);
+            }
+        }
+        let order: Vec<&str> = released.iter().map(|(_, id)| id.as_str()).collect();
+        assert_eq!(order, ["a", "b", "c"]);
+        // a commits at 10 and soaks 60 s: b goes when a beat at 70 or later arrives; b commits at 80, c goes at 140.
+        assert_eq!(released[1].0, 70);
+        assert_eq!(released[2].0, 140);
+        let last = plan(&devices, &p, t(400));
+        assert_eq!(last.status.phase, RolloutPhase::Complete);
+    }
+}
