@@ -430,10 +430,11 @@ impl Io {
                 return Err(format!("poll: {e}"));
             }
             if fds[1].revents != 0 {
-                // Cleared before the outbox is read (at the top of the next turn), so no wake-up is lost.
-                self.shared.wake_pending.store(false, Ordering::SeqCst);
+                // Drained, then cleared, then the outbox is read (at the top of the next turn): a frame queued
+                // before the clear is taken then, one queued after it writes a new wake-up byte.
                 let mut sink = [0u8; 64];
                 while matches!((&self.wake_rx).read(&mut sink), Ok(n) if n > 0) {}
+                self.shared.wake_pending.store(false, Ordering::SeqCst);
             }
             if more_to_read || fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
                 more_to_read = self.read()?;
