@@ -21,7 +21,10 @@ fn client(server: &NatsServer) -> fleet_nats::Client {
     client_with(server, |_| {})
 }
 
-fn client_with(server: &NatsServer, set: impl FnOnce(&mut fleet_nats::Options)) -> fleet_nats::Client {
+fn client_with(
+    server: &NatsServer,
+    set: impl FnOnce(&mut fleet_nats::Options),
+) -> fleet_nats::Client {
     let mut opts = fleet_nats::Options::new(&server.url());
     opts.name = "nats_tls_client".into();
     opts.tls = Some(fleet_nats::TlsOptions {
@@ -122,7 +125,11 @@ fn publishes_larger_than_the_tls_send_buffer_all_arrive() {
     }
     assert_eq!(sub.dropped(), 0);
     // Larger than the server's max_payload: refused here, the connection stays.
-    let e = sender.publish("big", &vec![0u8; 2 * 1024 * 1024]).expect_err("too big");
+    let e = sender
+        .publish("big", &vec![0u8; 2 * 1024 * 1024])
+        .expect_err("too big");
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
-    sender.flush(Duration::from_secs(5)).expect("still connected");
+    sender
+        .flush(Duration::from_secs(5))
+        .expect("still connected");
 }

@@ -12,10 +12,17 @@ fn parse_all(stream: &[u8], limits: &Limits) -> (Vec<ServerOp>, Option<ProtoErro
     loop {
         match parse(&stream[pos..], limits) {
             Ok(Some((op, n))) => {
-                assert!(n > 0 && n <= stream.len() - pos, "consumed {n} of {}", stream.len() - pos);
+                assert!(
+                    n > 0 && n <= stream.len() - pos,
+                    "consumed {n} of {}",
+                    stream.len() - pos
+                );
                 if let ServerOp::Msg(m) = &op {
                     let headers = n - m.payload.len();
-                    assert!(m.payload.len() <= limits.max_payload, "payload past max_payload");
+                    assert!(
+                        m.payload.len() <= limits.max_payload,
+                        "payload past max_payload"
+                    );
                     assert!(headers > 0);
                 }
                 ops.push(op);
@@ -29,7 +36,11 @@ fn parse_all(stream: &[u8], limits: &Limits) -> (Vec<ServerOp>, Option<ProtoErro
 
 /// The same stream arriving in pieces (cut where the input says), parsed as the I/O thread does: the buffer
 /// never holds more than one frame's bound plus one piece.
-fn parse_pieces(stream: &[u8], cuts: &[u8], limits: &Limits) -> (Vec<ServerOp>, Option<ProtoError>) {
+fn parse_pieces(
+    stream: &[u8],
+    cuts: &[u8],
+    limits: &Limits,
+) -> (Vec<ServerOp>, Option<ProtoError>) {
     let bound = limits.max_control_line + limits.max_payload + 4;
     let mut ops = Vec::new();
     let mut buf = Vec::new();
@@ -51,7 +62,11 @@ fn parse_pieces(stream: &[u8], cuts: &[u8], limits: &Limits) -> (Vec<ServerOp>, 
                 Err(e) => return (ops, Some(e)),
             }
         }
-        assert!(buf.len() <= bound + piece, "buffer of {} bytes past its bound", buf.len());
+        assert!(
+            buf.len() <= bound + piece,
+            "buffer of {} bytes past its bound",
+            buf.len()
+        );
     }
     (ops, None)
 }

@@ -115,11 +115,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(
-        wake_tx: UnixStream,
-        max_payload: usize,
-        opts: &crate::Options,
-    ) -> Shared {
+    pub(crate) fn new(wake_tx: UnixStream, max_payload: usize, opts: &crate::Options) -> Shared {
         Shared {
             outbox: Mutex::new(Outbox {
                 frames: VecDeque::new(),

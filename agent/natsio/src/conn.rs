@@ -59,7 +59,9 @@ impl ServerAddr {
         };
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         if rest.contains('@') {
-            return Err(bad("credentials in the URL are not supported (set them in the configuration)"));
+            return Err(bad(
+                "credentials in the URL are not supported (set them in the configuration)",
+            ));
         }
         if rest.contains('/') || rest.is_empty() {
             return Err(bad("expected host[:port]"));
@@ -175,7 +177,12 @@ fn read_op(
                 ))
             }
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "no answer from the server within the connect time-out",
@@ -396,9 +403,7 @@ impl Io {
             if writing {
                 let stalled = now.saturating_duration_since(self.last_progress);
                 if stalled >= self.shared.write_timeout {
-                    return Err(format!(
-                        "the server took none of our bytes for {stalled:?}"
-                    ));
+                    return Err(format!("the server took none of our bytes for {stalled:?}"));
                 }
                 wait = wait.min(self.shared.write_timeout - stalled);
             }
@@ -418,7 +423,9 @@ impl Io {
                     revents: 0,
                 },
             ];
-            let ms = wait.as_millis().saturating_add(u128::from(wait.subsec_nanos() % 1_000_000 != 0));
+            let ms = wait
+                .as_millis()
+                .saturating_add(u128::from(wait.subsec_nanos() % 1_000_000 != 0));
             let ms = i32::try_from(ms).unwrap_or(i32::MAX);
             // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
             let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
@@ -436,7 +443,8 @@ impl Io {
                 while matches!((&self.wake_rx).read(&mut sink), Ok(n) if n > 0) {}
                 self.shared.wake_pending.store(false, Ordering::SeqCst);
             }
-            if more_to_read || fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            if more_to_read || fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+            {
                 more_to_read = self.read()?;
             }
         }
@@ -579,7 +587,13 @@ mod tests {
         assert_eq!(p("nats://127.0.0.1").port, 4222);
         assert_eq!(p("10.0.0.1:5000").host, "10.0.0.1");
         assert_eq!(p("tls://[::1]:4222").host, "::1");
-        for bad in ["http://x", "nats://u:p@x:1", "nats://", "nats://x:port", "nats://x/y"] {
+        for bad in [
+            "http://x",
+            "nats://u:p@x:1",
+            "nats://",
+            "nats://x:port",
+            "nats://x/y",
+        ] {
             assert!(ServerAddr::parse(bad).is_err(), "{bad}");
         }
     }

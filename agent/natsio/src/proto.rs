@@ -249,8 +249,9 @@ pub fn parse(buf: &[u8], limits: &Limits) -> Result<Option<(ServerOp, usize)>, P
             Ok(Some((ServerOp::Err(text.to_owned()), after)))
         }
         "INFO" => {
-            let info: ServerInfo = serde_json::from_str(rest)
-                .map_err(|e| ProtoError::Malformed(format!("INFO is not the JSON expected: {e}")))?;
+            let info: ServerInfo = serde_json::from_str(rest).map_err(|e| {
+                ProtoError::Malformed(format!("INFO is not the JSON expected: {e}"))
+            })?;
             Ok(Some((ServerOp::Info(Box::new(info)), after)))
         }
         "MSG" | "HMSG" => {
@@ -394,7 +395,12 @@ mod tests {
             panic!("{op:?}")
         };
         assert_eq!(
-            (info.server_id.as_str(), info.max_payload(), info.offers_tls(), info.headers),
+            (
+                info.server_id.as_str(),
+                info.max_payload(),
+                info.offers_tls(),
+                info.headers
+            ),
             ("S1", 2048, true, true)
         );
         assert!(n > 0);
@@ -432,7 +438,8 @@ mod tests {
         let h = m.headers.expect("headers");
         assert_eq!(h.status.as_deref(), Some("503"));
         assert!(m.payload.is_empty());
-        let block = b"NATS/1.0 404 Message Not Found\r\nNats-Sequence: 12\r\nKV-Operation: DEL\r\n\r\n";
+        let block =
+            b"NATS/1.0 404 Message Not Found\r\nNats-Sequence: 12\r\nKV-Operation: DEL\r\n\r\n";
         let mut buf = format!("HMSG s 3 r {} {}\r\n", block.len(), block.len() + 2).into_bytes();
         buf.extend_from_slice(block);
         buf.extend_from_slice(b"ok\r\n");

@@ -64,7 +64,10 @@ fn system_roots() -> io::Result<Vec<u8>> {
     }
     Err(io::Error::new(
         io::ErrorKind::NotFound,
-        format!("no CA given and no system CA bundle ({})", SYSTEM_CA_BUNDLES.join(", ")),
+        format!(
+            "no CA given and no system CA bundle ({})",
+            SYSTEM_CA_BUNDLES.join(", ")
+        ),
     ))
 }
 
@@ -79,7 +82,10 @@ pub fn client_config(opts: &TlsOptions) -> io::Result<Arc<rustls::ClientConfig>>
         // A system bundle may hold a certificate webpki cannot use; a given CA must be usable.
         if let Err(e) = roots.add(c) {
             if opts.ca_pem.is_some() {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("CA: {e}")));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("CA: {e}"),
+                ));
             }
         }
     }
@@ -124,7 +130,10 @@ impl Transport {
         host: &str,
     ) -> io::Result<Transport> {
         let name = ServerName::try_from(host.to_owned()).map_err(|e| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("TLS server name {host:?}: {e}"))
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("TLS server name {host:?}: {e}"),
+            )
         })?;
         let mut tls = rustls::ClientConnection::new(config, name).map_err(tls_error)?;
         while tls.is_handshaking() {

@@ -28,7 +28,10 @@ fn a_full_subscription_drops_and_counts_and_the_connection_stays() {
     // Every message reached the client once the next flush is answered (the server sends in order).
     let other = nc.subscribe("other").unwrap();
     nc.publish("other", b"x").unwrap();
-    assert_eq!(other.next_timeout(Duration::from_secs(5)).unwrap().data, b"x");
+    assert_eq!(
+        other.next_timeout(Duration::from_secs(5)).unwrap().data,
+        b"x"
+    );
     assert_eq!(slow.dropped(), 90);
     for i in 0..10 {
         let m = slow.next_timeout(Duration::from_secs(1)).unwrap();
@@ -75,7 +78,10 @@ fn a_silent_server_is_detected_and_a_flush_keeps_its_bound() {
     let why = why.expect("on_closed within 10 s");
     assert!(why.contains("PING"), "{why}");
     assert!(nc.closed().is_some());
-    assert!(sub.next().is_none(), "subscriptions end with the connection");
+    assert!(
+        sub.next().is_none(),
+        "subscriptions end with the connection"
+    );
     assert!(nc.publish("x", b"y").is_err());
 }
 
@@ -90,7 +96,9 @@ fn a_server_that_goes_away_is_reported_at_once() {
     let nc = fleet_nats::connect(&o).unwrap();
     nc.flush(Duration::from_secs(5)).unwrap();
     server.stop();
-    let why = closed.recv_timeout(Duration::from_secs(10)).expect("closed");
+    let why = closed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("closed");
     assert!(why.contains("closed"), "{why}");
     // The next connection is the caller's to make: none here, so connecting fails within its bound.
     let mut o2 = options(&server);

@@ -25,7 +25,9 @@ fn inputs() -> Vec<(PathBuf, Vec<u8>)> {
             out.push((path.clone(), std::fs::read(&path).expect("read")));
         }
     }
-    assert!(out.iter().any(|(p, _)| p.to_string_lossy().contains("/seeds/")));
+    assert!(out
+        .iter()
+        .any(|(p, _)| p.to_string_lossy().contains("/seeds/")));
     out
 }
 
@@ -68,7 +70,10 @@ fn seeds_parse_or_are_refused_as_named() {
             "long-control-line" => {
                 assert!(matches!(end, Some(ProtoError::ControlLineTooLong { .. })))
             }
-            _ => assert!(end.is_none() && rest.is_empty() && frames > 0, "{name}: {end:?}"),
+            _ => assert!(
+                end.is_none() && rest.is_empty() && frames > 0,
+                "{name}: {end:?}"
+            ),
         }
     }
 }
