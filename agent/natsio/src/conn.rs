@@ -425,7 +425,7 @@ impl Io {
             ];
             let ms = wait
                 .as_millis()
-                .saturating_add(u128::from(wait.subsec_nanos() % 1_000_000 != 0));
+                .saturating_add(u128::from(!wait.subsec_nanos().is_multiple_of(1_000_000)));
             let ms = i32::try_from(ms).unwrap_or(i32::MAX);
             // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
             let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
