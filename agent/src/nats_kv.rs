@@ -2,10 +2,13 @@
 //! the required KV buckets (opened, never created), bounded-time get and put, and a key watch that is re-created
 //! after every reconnect.
 //!
+//! The client is the agent's own [`fleet_nats`] (core NATS only, one I/O thread per connection); it does not
+//! reconnect by itself: when a connection closes, a thread of ours makes a new one.
+//!
 //! Every request uses a reply subject under the device's own inbox (`_INBOX.device.<device-id>`, the only reply
 //! subjects fleet-auth lets a device subscribe to), so no device can read another's replies; requests share one
 //! reply subscription per connection (`<inbox>.<token>.*`). The KV calls are made
-//! here with core NATS (the crate's own JetStream API always uses `_INBOX.<random>`) and each names the device's
+//! here with core NATS (a JetStream client API would use `_INBOX.<random>`) and each names the device's
 //! key in its subject, which is what the device's permissions allow (`fleet_wire::auth::device_permissions`):
 //! opening a bucket and reading a key are direct gets, a write is a put acknowledged on the inbox, and a watch is a
 //! subscription to the key's subject (every write is published there) followed by a direct get — no JetStream
@@ -13,9 +16,6 @@
 //! device may subscribe below its inbox only: its watches then listen below a random watch inbox of each
 //! connection, registered with fleet-auth's device API, which sends a notice there for every write to one of the
 //! device's keys (`fleet_wire::device_api`); no other device can name that subject.
-//!
-//! The blocking `nats` crate is deprecated upstream; this module is the only place that uses it.
-#![allow(deprecated)]
 
 use crate::config::{NatsAuth, NatsConfig};
 use fleet_wire::auth::{device_key_filter, direct_get_subject};
@@ -23,7 +23,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -54,7 +53,7 @@ struct Inner {
     cfg: NatsConfig,
     client_name: String,
     /// The current connection (`None` only before the first one).
-    conn: RwLock<Option<nats::Connection>>,
+    conn: RwLock<Option<fleet_nats::Client>>,
     /// Id of the connection attempt that is (or is becoming) current; callbacks of older ones are ignored.
     current: AtomicU64,
     /// Ids handed out so far.
@@ -65,7 +64,7 @@ struct Inner {
     reconnects: AtomicU64,
     /// The subscriptions that watch threads block on, by watch id: [`Nats::wake_watches`] unsubscribes them,
     /// which ends their blocking read (on a reconnect, or when the watches stop).
-    watching: Mutex<BTreeMap<u64, nats::Subscription>>,
+    watching: Mutex<BTreeMap<u64, fleet_nats::Subscription>>,
     /// Ids handed out to watch subscriptions so far.
     next_watch: AtomicU64,
     /// The reply subscription that requests share (made on first use, dropped when its connection closed).
@@ -83,13 +82,12 @@ struct Inner {
 /// unsubscribe around each request: one write per request instead of three, and fewer wake-ups.
 struct Replies {
     /// The connection the subscription belongs to (requests are published on it too).
-    conn: nats::Connection,
-    sub: nats::Subscription,
+    conn: fleet_nats::Client,
+    sub: fleet_nats::Subscription,
     /// `<inbox>.<token>`: request `n` is answered on `<base>.<n>`.
     base: String,
     next: u64,
-    /// The reconnect count when it was made: after a reconnect it is made again (a closed connection keeps its
-    /// subscriptions open, silently).
+    /// The reconnect count when it was made: after a reconnect it is made again on the new connection.
     epoch: u64,
 }
 
@@ -144,9 +142,8 @@ impl Nats {
     /// Connects: attempts of at most `connect_timeout` each, repeated until `retry_window` has passed.
     ///
     /// Every connection is made here, with the credentials read at that moment (a `token_file` is read again):
-    /// the client library retries a lost connection once with the credentials it has, and when that fails the
-    /// connection closes and a thread of ours connects anew, forever, swapping the new connection in. An expired
-    /// token therefore costs at most one reconnect once a fresh one is on disk.
+    /// when a connection closes, a thread of ours connects anew, forever, swapping the new connection in. An
+    /// expired token therefore costs at most one reconnect once a fresh one is on disk.
     pub fn connect(cfg: &NatsConfig, client_name: &str) -> Result<Nats, NatsError> {
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
@@ -197,7 +194,7 @@ impl Nats {
     }
 
     /// The current connection.
-    fn conn(&self) -> io::Result<nats::Connection> {
+    fn conn(&self) -> io::Result<fleet_nats::Client> {
         self.inner
             .conn
             .read()
@@ -235,7 +232,7 @@ impl Nats {
             match status(&reply).as_deref() {
                 None | Some("404") => {}
                 Some(code) => {
-                    let why = header(&reply, nats::header::DESCRIPTION).unwrap_or_default();
+                    let why = description(&reply);
                     return Err(bucket_err(format!("direct get answered {code} {why}")));
                 }
             }
@@ -247,9 +244,9 @@ impl Nats {
         })
     }
 
-    /// Flushes pending writes to the server within `timeout`.
+    /// Flushes pending writes to the server and waits for its acknowledgement (a PONG), all within `timeout`.
     pub fn flush(&self, timeout: Duration) -> io::Result<()> {
-        self.conn()?.flush_timeout(timeout)
+        self.conn()?.flush(timeout)
     }
 
     /// How many times the client has reconnected.
@@ -290,20 +287,20 @@ impl Nats {
             }
         }
         let conn = self.conn()?;
-        let inbox = format!("{}.{}", self.inbox, unique_token(&conn));
+        let inbox = format!("{}.{}", self.inbox, unique_token());
         self.register_watch_inbox(&conn, &inbox)?;
         *slot = Some((epoch, inbox.clone()));
         Ok(inbox)
     }
 
-    fn register_watch_inbox(&self, conn: &nats::Connection, inbox: &str) -> io::Result<()> {
+    fn register_watch_inbox(&self, conn: &fleet_nats::Client, inbox: &str) -> io::Result<()> {
         let body = serde_json::to_vec(&fleet_wire::device_api::WatchRegistration {
             inbox: inbox.to_owned(),
         })
         .map_err(io::Error::other)?;
         conn.publish(
             &fleet_wire::device_api::watch_subject(&self.inner.cfg.device_id),
-            body,
+            &body,
         )
     }
 
@@ -327,13 +324,18 @@ impl Nats {
     }
 
     /// A fresh reply subject under this device's inbox.
-    fn reply_subject(conn: &nats::Connection, inbox: &str) -> String {
-        format!("{inbox}.{}", unique_token(conn))
+    fn reply_subject(inbox: &str) -> String {
+        format!("{inbox}.{}", unique_token())
     }
 
     /// Publishes `body` to `subject` with a reply subject of this device's and waits at most `timeout` for the
     /// answer. A "no responders" status (nothing serves the subject) is an error.
-    fn request(&self, subject: &str, body: &[u8], timeout: Duration) -> io::Result<nats::Message> {
+    fn request(
+        &self,
+        subject: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> io::Result<fleet_nats::Message> {
         let got = match self.request_once(subject, body, timeout) {
             // The shared reply subscription belonged to a connection that has closed: once more on the current.
             Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
@@ -369,7 +371,7 @@ impl Nats {
         subject: &str,
         body: &[u8],
         timeout: Duration,
-    ) -> io::Result<nats::Message> {
+    ) -> io::Result<fleet_nats::Message> {
         let mut slot = self
             .inner
             .replies
@@ -383,7 +385,7 @@ impl Nats {
             Some(r) => r,
             None => {
                 let conn = self.conn()?;
-                let base = Self::reply_subject(&conn, &self.inbox);
+                let base = Self::reply_subject(&self.inbox);
                 let sub = conn.subscribe(&format!("{base}.*"))?;
                 slot.insert(Replies {
                     conn,
@@ -426,63 +428,41 @@ impl Inner {
         let id = this.next_id.fetch_add(1, Ordering::SeqCst) + 1;
         this.current.store(id, Ordering::SeqCst);
         let cfg = &this.cfg;
-        let opts = match &cfg.auth {
-            NatsAuth::None => nats::Options::new(),
-            NatsAuth::UserPassword { user, password } => {
-                nats::Options::with_user_pass(user, password.expose())
-            }
-            NatsAuth::Token(t) => nats::Options::with_token(t.expose()),
+        let mut opts = fleet_nats::Options::new(&cfg.urls.join(","));
+        opts.name = this.client_name.clone();
+        opts.connect_timeout = cfg.connect_timeout;
+        opts.auth = match &cfg.auth {
+            NatsAuth::None => fleet_nats::Auth::None,
+            NatsAuth::UserPassword { user, password } => fleet_nats::Auth::UserPassword {
+                user: user.clone(),
+                password: password.expose().to_owned(),
+            },
+            NatsAuth::Token(t) => fleet_nats::Auth::Token(t.expose().to_owned()),
             // Read now: every connection of ours reads the file again, so a rotated token is used.
             NatsAuth::TokenFile(path) => {
-                nats::Options::with_token(&read_token(path).map_err(|e| e.to_string())?)
+                fleet_nats::Auth::Token(read_token(path).map_err(|e| e.to_string())?)
             }
         };
-        let opts = crate::nats_tls::apply(opts, &cfg.tls)?;
-        let (on_reconnect, on_close) = (Arc::downgrade(this), Arc::downgrade(this));
-        let opts = opts
-            .with_name(&this.client_name)
-            // One reconnect by the library (with the credentials it has); then the connection closes and
-            // `reconnect` makes a new one with fresh credentials. (Zero would also forbid the first connect.)
-            .max_reconnects(Some(1))
-            .reconnect_callback(move || {
-                if let Some(inner) = on_reconnect.upgrade() {
-                    inner.reconnects.fetch_add(1, Ordering::SeqCst);
-                    // Watches read their keys again: a change made while disconnected was not delivered.
-                    inner.wake_watches();
+        crate::nats_tls::apply(&mut opts, &cfg.tls)?;
+        let on_close = Arc::downgrade(this);
+        opts.on_closed = Some(Arc::new(move |_why: &str| {
+            if let Some(inner) = on_close.upgrade() {
+                // A connection that has been replaced (or abandoned) is not reconnected.
+                if inner.current.load(Ordering::SeqCst) == id {
+                    Inner::reconnect(&inner);
                 }
-                log::info!("reconnected to NATS");
-            })
-            .disconnect_callback(|| log::warn!("disconnected from NATS; reconnecting"))
-            .close_callback(move || {
-                if let Some(inner) = on_close.upgrade() {
-                    if inner.current.load(Ordering::SeqCst) == id {
-                        Inner::reconnect(&inner);
-                    }
-                }
-            });
-        // The client has no connect time-out of its own: bound the attempt from outside. A late success of an
-        // abandoned attempt is dropped (and so closed) by its thread; its close is ignored (its id is stale).
-        let (tx, rx) = mpsc::channel();
-        let urls = cfg.urls.join(",");
-        let tls = cfg.tls.clone();
-        std::thread::Builder::new()
-            .name("nats-connect".into())
-            .spawn(move || {
-                let r = opts
-                    .connect(urls.as_str())
-                    .map_err(|e| crate::nats_tls::explain(&e.to_string(), &tls));
-                let _ = tx.send(r);
-            })
-            .map_err(|e| e.to_string())?;
-        let conn = match rx.recv_timeout(cfg.connect_timeout) {
-            Ok(r) => r?,
-            Err(_) => return Err(format!("no connection within {:?}", cfg.connect_timeout)),
-        };
+            }
+        }));
+        let conn = fleet_nats::connect(&opts)
+            .map_err(|e| crate::nats_tls::explain(&e.to_string(), &cfg.tls))?;
         let mut slot = this
             .conn
             .write()
             .map_err(|_| "NATS connection lock poisoned".to_owned())?;
-        *slot = Some(conn);
+        // Unless it closed at once and a newer attempt has taken over.
+        if this.current.load(Ordering::SeqCst) == id {
+            *slot = Some(conn);
+        }
         Ok(())
     }
 
@@ -499,7 +479,7 @@ impl Inner {
     }
 
     /// Registers `sub` as a watch subscription to wake; returns its id.
-    fn register_watch(&self, sub: &nats::Subscription) -> u64 {
+    fn register_watch(&self, sub: &fleet_nats::Subscription) -> u64 {
         let id = self.next_watch.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut w) = self.watching.lock() {
             w.insert(id, sub.clone());
@@ -545,10 +525,24 @@ impl Inner {
     }
 }
 
-/// A token from the NATS client's NUID generator (22 alphanumeric characters): unique reply and consumer names.
-fn unique_token(conn: &nats::Connection) -> String {
-    let inbox = conn.new_inbox();
-    inbox.rsplit('.').next().unwrap_or(&inbox).to_owned()
+/// 128 random bits in hex: reply subjects that no other client of this device (the probe, a previous run) uses.
+fn unique_token() -> String {
+    let mut bytes = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        // No random device: unique enough from the clock, the process and a counter.
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        bytes[..8].copy_from_slice(&t.to_le_bytes());
+        let n = (u64::from(std::process::id()) << 32) | COUNT.fetch_add(1, Ordering::Relaxed);
+        bytes[8..].copy_from_slice(&n.to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Reads the token file (bounded, trimmed, non-empty). The token is never logged.
@@ -579,14 +573,22 @@ fn read_token(path: &std::path::Path) -> io::Result<String> {
 }
 
 /// The status code of a header-only status message (`404`, `503`, `100` …).
-fn status(msg: &nats::Message) -> Option<String> {
-    msg.headers
-        .as_ref()
-        .and_then(|h| h.get(nats::header::STATUS).cloned())
+fn status(msg: &fleet_nats::Message) -> Option<String> {
+    msg.headers.as_ref().and_then(|h| h.status.clone())
 }
 
-fn header(msg: &nats::Message, name: &str) -> Option<String> {
-    msg.headers.as_ref().and_then(|h| h.get(name).cloned())
+/// The text after a status code.
+fn description(msg: &fleet_nats::Message) -> String {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.description.clone())
+        .unwrap_or_default()
+}
+
+fn header(msg: &fleet_nats::Message, name: &str) -> Option<String> {
+    msg.headers
+        .as_ref()
+        .and_then(|h| h.get(name).map(str::to_owned))
 }
 
 /// A JetStream API answer: its JSON, or the API error it carries.
@@ -664,7 +666,7 @@ impl Buckets {
                 ))
             }
             Some(code) => {
-                let why = header(&msg, nats::header::DESCRIPTION).unwrap_or_default();
+                let why = description(&msg);
                 return Err(io::Error::other(format!(
                     "direct get {bucket}/{key}: status {code} {why}"
                 )));
@@ -787,7 +789,7 @@ impl Buckets {
                     };
                     // Registered before the read, so a reconnect from now on wakes this subscription.
                     let id = this.nats.inner.register_watch(&sub);
-                    let woken = |sub: nats::Subscription| {
+                    let woken = |sub: fleet_nats::Subscription| {
                         this.nats.inner.unregister_watch(id);
                         let _ = sub.unsubscribe();
                     };

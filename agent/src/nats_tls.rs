@@ -25,7 +25,7 @@ fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-fn certificates(path: &Path, what: &str) -> Result<(), String> {
+fn certificates(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     let pem = read(path, what)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -36,26 +36,24 @@ fn certificates(path: &Path, what: &str) -> Result<(), String> {
             path.display()
         ));
     }
-    Ok(())
+    Ok(pem)
 }
 
 /// Checks the configured files (readable, PEM with what they must hold) so that a mistake is reported with the
 /// file's name before any connection, then sets them on `opts`: the CA replaces the system roots, the client
 /// certificate is shown to a server that asks (mTLS), and TLS is required — a server that offers only plain
-/// connections is refused. Without TLS settings `opts` is returned unchanged (a `tls://` URL then uses the system
-/// roots).
-#[allow(deprecated)] // the blocking `nats` crate is deprecated upstream; the agent uses it by design
-pub fn apply(opts: nats::Options, tls: &NatsTls) -> Result<nats::Options, String> {
+/// connections is refused. Without TLS settings `opts` is left as it is (a `tls://` URL then uses the system
+/// roots). The files are read again on every connection attempt, like the token file.
+pub fn apply(opts: &mut fleet_nats::Options, tls: &NatsTls) -> Result<(), String> {
     if tls.is_off() {
-        return Ok(opts);
+        return Ok(());
     }
-    let mut opts = opts.tls_required(true);
+    let mut t = fleet_nats::TlsOptions::default();
     if let Some(ca) = &tls.ca_file {
-        certificates(ca, "ca_file")?;
-        opts = opts.add_root_certificate(ca);
+        t.ca_pem = Some(certificates(ca, "ca_file")?);
     }
     if let Some(c) = &tls.client {
-        certificates(&c.cert_file, "cert_file")?;
+        let cert = certificates(&c.cert_file, "cert_file")?;
         let key = read(&c.key_file, "key_file")?;
         PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
             format!(
@@ -63,9 +61,10 @@ pub fn apply(opts: nats::Options, tls: &NatsTls) -> Result<nats::Options, String
                 c.key_file.display()
             )
         })?;
-        opts = opts.client_cert(&c.cert_file, &c.key_file);
+        t.client = Some((cert, key));
     }
-    Ok(opts)
+    opts.tls = Some(t);
+    Ok(())
 }
 
 /// A connection error in words: for a certificate the handshake refused, what is wrong and which file to check.
@@ -76,15 +75,18 @@ pub fn explain(error: &str, tls: &NatsTls) -> String {
     };
     let hint = if error.contains("UnknownIssuer") || error.contains("BadSignature") {
         format!("the server's certificate is not signed by {ca} (unknown issuer)")
-    } else if error.contains("NotValidForName") {
+    } else if error.contains("NotValidForName") || error.contains("not valid for name") {
         "the server's certificate is not valid for the host name or address in nats.urls (wrong host name)".into()
-    } else if error.contains("Expired") {
+    } else if error.contains("Expired") || error.contains("certificate expired") {
         "the server's certificate has expired".into()
-    } else if error.contains("NotValidYet") {
+    } else if error.contains("NotValidYet") || error.contains("not valid yet") {
         "the server's certificate is not valid yet (check the device's clock)".into()
     } else if error.contains("CertificateRequired") || error.contains("certificate required") {
         "the server requires a client certificate: set nats.cert_file and nats.key_file".into()
-    } else if error.contains("InvalidContentType") || error.contains("CorruptMessage") {
+    } else if error.contains("InvalidContentType")
+        || error.contains("CorruptMessage")
+        || error.contains("does not offer it")
+    {
         "the server did not answer with TLS (is it a TLS-enabled nats-server?); no plain fallback"
             .into()
     } else {
@@ -116,6 +118,14 @@ mod tests {
             ),
             ("invalid peer certificate: Expired", "has expired"),
             (
+                "invalid peer certificate: certificate not valid for name \"10.0.0.9\"; certificate is only valid for 127.0.0.1",
+                "wrong host name",
+            ),
+            (
+                "TLS is required but the server at nats://127.0.0.1:4222 does not offer it (plain server; no plain fallback)",
+                "no plain fallback",
+            ),
+            (
                 "received corrupt message of type InvalidContentType",
                 "no plain fallback",
             ),
@@ -132,18 +142,17 @@ mod tests {
         let junk = dir.path().join("junk.pem");
         std::fs::write(&junk, "hello").expect("write");
         let missing = dir.path().join("missing.pem");
-        #[allow(deprecated)]
-        let opts = || nats::Options::new();
+        let opts = || fleet_nats::Options::new("tls://127.0.0.1:1");
         let tls = |ca: &Path| NatsTls {
             ca_file: Some(ca.to_path_buf()),
             client: None,
         };
-        let e = apply(opts(), &tls(&missing)).expect_err("missing");
+        let e = apply(&mut opts(), &tls(&missing)).expect_err("missing");
         assert!(
             e.starts_with("nats.ca_file") && e.contains("missing.pem"),
             "{e}"
         );
-        let e = apply(opts(), &tls(&junk)).expect_err("junk");
+        let e = apply(&mut opts(), &tls(&junk)).expect_err("junk");
         assert!(
             e.contains("junk.pem") && e.contains("no CERTIFICATE"),
             "{e}"
@@ -157,7 +166,7 @@ mod tests {
                 key_file: junk.clone(),
             }),
         };
-        let e = apply(opts(), &mtls).expect_err("bad key");
+        let e = apply(&mut opts(), &mtls).expect_err("bad key");
         assert!(
             e.starts_with("nats.key_file") && e.contains("junk.pem"),
             "{e}"
@@ -169,6 +178,6 @@ mod tests {
             }),
             ..mtls
         };
-        assert!(apply(opts(), &ok).is_ok());
+        assert!(apply(&mut opts(), &ok).is_ok());
     }
 }
