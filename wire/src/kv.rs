@@ -192,7 +192,7 @@ pub const BUCKETS: &[BucketSpec] = &[
         writer: "fleetlock-server (CAS)",
         max_value_bytes: 64 * KIB,
         max_age: None,
-        bytes_per_device: 1024,
+        bytes_per_device: 4 * 1024,
         allow_rollup: true,
     },
 ];
