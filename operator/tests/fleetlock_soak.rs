@@ -7,6 +7,7 @@
 //! The soak runs `FLEET_SOAK_PAIRS` pairs (default 4,000). The full soak (docs/fleetlock.md):
 //! `FLEET_SOAK_PAIRS=200000 cargo test --release -p fleet-operator --test fleetlock_soak soak`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; one test writes a key with it, as an older server did
 
 use fleet_rig::fleetlock::{Conn, ServerProcess};
 use fleet_rig::NatsCluster;
@@ -133,6 +134,35 @@ fn zincati_protocol_points_on_a_nats_cluster() {
     assert!(m.contains("fleetlock_holders{group=\"workers\"} 2"), "{m}");
     let after = consumers(&cluster);
     assert!(after <= before, "requests left consumers: {before} before, {after} after");
+}
+
+/// A slot written by a server from before the holder index (only the group key, no `_holder.` key) is found by
+/// the start-up scan and given back by the holder's steady-state.
+#[test]
+fn slots_granted_before_the_index_are_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cluster, mut servers) = setup(dir.path(), "default_slots: 1\n", 1);
+    let held = fleet_wire::fleetlock::GroupHolders {
+        version: 1,
+        holders: vec![fleet_wire::fleetlock::Holder {
+            id: "old-host".into(),
+            hostname: None,
+            ip: "10.0.0.7".into(),
+            taken_at: fleet_wire::Timestamp::now(),
+        }],
+    };
+    let js = nats::jetstream::new(cluster.connect());
+    let kv = js.key_value(fleet_wire::kv::FLEETLOCK).unwrap();
+    kv.put("default", serde_json::to_vec(&held).unwrap()).unwrap();
+    servers[0].restart().unwrap();
+    let mut c = servers[0].conn().unwrap();
+    assert_eq!(holders(&mut c, "default"), vec!["old-host"]);
+    let full = c.fleetlock(true, "new-host", "default").unwrap();
+    assert_eq!(full.status, 409, "{}", full.text());
+    let r = c.fleetlock(false, "old-host", "default").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(holders(&mut c, "default").is_empty());
+    assert_eq!(c.fleetlock(true, "new-host", "default").unwrap().status, 200);
 }
 
 /// `FLEET_SOAK_PAIRS` lock/release pairs (default 4,000; the full soak 200,000) from 50 clients spread over three
