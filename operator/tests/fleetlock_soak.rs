@@ -100,15 +100,27 @@ fn zincati_protocol_points_on_a_nats_cluster() {
     let r = a.request("POST", "/v1/pre-reboot", &hdr, zincati).unwrap();
     assert_eq!(status_of(&r).0, 200, "{}", r.text());
     // The holder asking again (through the other replica) is fine; another client finds the slot taken.
-    assert_eq!(b.request("POST", "/v1/pre-reboot", &hdr, zincati).unwrap().status, 200);
+    assert_eq!(
+        b.request("POST", "/v1/pre-reboot", &hdr, zincati)
+            .unwrap()
+            .status,
+        200
+    );
     let full = b.fleetlock(true, "other", "default").unwrap();
-    assert_eq!((full.status, full.kind().as_deref()), (409, Some("all-slots-taken")), "{}", full.text());
+    assert_eq!(
+        (full.status, full.kind().as_deref()),
+        (409, Some("all-slots-taken")),
+        "{}",
+        full.text()
+    );
     assert_eq!(holders(&mut b, "default"), vec![zid]);
     // steady-state from a non-holder is fine and changes nothing.
     assert_eq!(a.fleetlock(false, "other", "default").unwrap().status, 200);
     assert_eq!(holders(&mut b, "default"), vec![zid]);
     // Zincati's steady-state (through the replica that did not grant) frees the slot.
-    let r = b.request("POST", "/v1/steady-state", &hdr, zincati).unwrap();
+    let r = b
+        .request("POST", "/v1/steady-state", &hdr, zincati)
+        .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(holders(&mut a, "default").is_empty());
     assert_eq!(b.fleetlock(true, "other", "default").unwrap().status, 200);
@@ -127,13 +139,22 @@ fn zincati_protocol_points_on_a_nats_cluster() {
     assert_eq!(a.fleetlock(true, "m3", "workers").unwrap().status, 200);
 
     // Validation is the same as on the file store.
-    assert_eq!(a.fleetlock(true, "x", "nope").unwrap().kind().as_deref(), Some("unknown-group"));
-    assert_eq!(a.fleetlock(true, "", "default").unwrap().kind().as_deref(), Some("invalid-id"));
+    assert_eq!(
+        a.fleetlock(true, "x", "nope").unwrap().kind().as_deref(),
+        Some("unknown-group")
+    );
+    assert_eq!(
+        a.fleetlock(true, "", "default").unwrap().kind().as_deref(),
+        Some("invalid-id")
+    );
 
     let m = a.request("GET", "/metrics", &[], b"").unwrap().text();
     assert!(m.contains("fleetlock_holders{group=\"workers\"} 2"), "{m}");
     let after = consumers(&cluster);
-    assert!(after <= before, "requests left consumers: {before} before, {after} after");
+    assert!(
+        after <= before,
+        "requests left consumers: {before} before, {after} after"
+    );
 }
 
 /// A slot written by a server from before the holder index (only the group key, no `_holder.` key) is found by
@@ -153,7 +174,8 @@ fn slots_granted_before_the_index_are_released() {
     };
     let js = nats::jetstream::new(cluster.connect());
     let kv = js.key_value(fleet_wire::kv::FLEETLOCK).unwrap();
-    kv.put("default", serde_json::to_vec(&held).unwrap()).unwrap();
+    kv.put("default", serde_json::to_vec(&held).unwrap())
+        .unwrap();
     servers[0].restart().unwrap();
     let mut c = servers[0].conn().unwrap();
     assert_eq!(holders(&mut c, "default"), vec!["old-host"]);
@@ -162,7 +184,10 @@ fn slots_granted_before_the_index_are_released() {
     let r = c.fleetlock(false, "old-host", "default").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(holders(&mut c, "default").is_empty());
-    assert_eq!(c.fleetlock(true, "new-host", "default").unwrap().status, 200);
+    assert_eq!(
+        c.fleetlock(true, "new-host", "default").unwrap().status,
+        200
+    );
 }
 
 /// `FLEET_SOAK_PAIRS` lock/release pairs (default 4,000; the full soak 200,000) from 50 clients spread over three
@@ -247,5 +272,8 @@ fn soak_lock_release_pairs_all_answered_with_flat_consumers() {
         "the consumer count rose from {before} to {peak} during the soak"
     );
     let mut c = servers[0].conn().unwrap();
-    assert!(holders(&mut c, "default").is_empty(), "every slot given back");
+    assert!(
+        holders(&mut c, "default").is_empty(),
+        "every slot given back"
+    );
 }

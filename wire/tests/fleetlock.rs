@@ -83,7 +83,10 @@ fn server_shapes() {
     );
     let key = holder_index_key("any id: spaces, / and ü");
     assert!(key.starts_with("_holder.") && key.len() == 8 + 32, "{key}");
-    assert!(fleet_wire::fleetlock::validate_group(&key).is_err(), "no group is named like an index key");
+    assert!(
+        fleet_wire::fleetlock::validate_group(&key).is_err(),
+        "no group is named like an index key"
+    );
     let mut groups = std::collections::BTreeMap::new();
     groups.insert("db".to_string(), vec![holder()]);
     check("state-file", &StateFile { version: 1, groups });

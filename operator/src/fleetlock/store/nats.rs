@@ -321,9 +321,9 @@ impl NatsStore {
                 .map_err(|e| e.to_string())
                 .try_filter_map(|(subject, _)| {
                     let key = subject.strip_prefix(prefix.as_str()).map(str::to_string);
-                    std::future::ready(Ok(key.filter(|k| {
-                        !k.starts_with(fleet_wire::fleetlock::HOLDER_INDEX_PREFIX)
-                    })))
+                    std::future::ready(Ok(
+                        key.filter(|k| !k.starts_with(fleet_wire::fleetlock::HOLDER_INDEX_PREFIX))
+                    ))
                 })
                 .take(MAX_GROUP_KEYS)
                 .try_collect::<Vec<String>>()
@@ -423,7 +423,9 @@ async fn read_last<T: serde::de::DeserializeOwned>(
         return Ok(None);
     }
     let v: T = serde_json::from_slice(&msg.payload).map_err(|err| {
-        StoreError(format!("key {key} of bucket fleetlock does not parse: {err}"))
+        StoreError(format!(
+            "key {key} of bucket fleetlock does not parse: {err}"
+        ))
     })?;
     Ok(Some((v, msg.sequence)))
 }
