@@ -16,7 +16,7 @@ cutover=$("$target/debug/cutover-bench")
 echo "$cutover"
 # cutover-bench judges its own goal row ("met" / "NOT met"); a miss goes into the summary.
 { grep -F 'NOT met' <<<"$cutover" || true; } | while IFS='|' read -r _ label value _; do
-  goal_missed "$(echo "$label" | xargs): $(echo "$value" | xargs), goal ≤ 1500 ms"
+  goal_missed "$(trim "$label"): $(trim "$value"), goal ≤ 1500 ms"
 done
 grep -qE '\| (met|NOT met) \|$|: (met|NOT met) \|$' <<<"$cutover" || goal_missed "cutover-bench printed no judged goal row"
 echo

@@ -14,7 +14,7 @@ echo "| credentials | clients | connects/s | p50 connect (ms) | p99 connect (ms)
 echo "|---|---|---|---|---|---|---|"
 "$target/release/examples/auth_bench" --clients 100 --seconds 5 | while IFS= read -r line; do
   case $line in
-    "|"*) IFS='|' read -ra c <<<"$line"; echo "$line $(errors "$(echo "${c[1]}" | xargs)" "$(number "${c[6]}")") |" ;;
+    "|"*) IFS='|' read -ra c <<<"$line"; echo "$line $(errors "$(trim "${c[1]}")" "$(number "${c[6]}")") |" ;;
     *) echo "$line" ;;
   esac
 done

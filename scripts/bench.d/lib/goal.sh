@@ -38,6 +38,11 @@ cell() {
   awk -F'|' -v p="$2" -v n="$3" 'index($0, p) && /^\|/ { c = $(n + 1); gsub(/^ +| +$/, "", c); print c; exit }' "$1"
 }
 
+# trim TEXT: TEXT without leading and trailing blanks.
+trim() {
+  sed 's/^[[:space:]]*//; s/[[:space:]]*$//' <<<"$1"
+}
+
 # number TEXT: the first number in TEXT (`3.50 MiB` → 3.50, `1,234 keys/s` → 1234); empty when there is none.
 number() {
   tr -d ',' <<<"$1" | grep -oE -- '-?[0-9]+(\.[0-9]+)?' | head -n1 || true
