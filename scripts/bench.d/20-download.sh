@@ -6,6 +6,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
+. "$root/scripts/bench.d/lib/goal.sh"
 rounds=${FLEET_BENCH_ROUNDS:-3}
 cargo build --release --locked -q -p fleet-updater --example fetch_bench --bin fleet-fetch
 bin=${CARGO_TARGET_DIR:-$root/target}/release/examples/fetch_bench
@@ -62,8 +63,7 @@ maxhelper=$(printf '%s\n' "${helper_rss[@]}" | sort -n | tail -n1)
 maxcurl=$(printf '%s\n' "${curl_rss[@]}" | sort -n | tail -n1)
 mibs() { awk -v ms="$1" 'BEGIN { printf "%.0f", 100 / (ms / 1000) }'; }
 ratio=$(awk -v f="$fm" -v c="$cm" 'BEGIN { printf "%.2f", c / f }')
-verdict() { awk -v r="$ratio" 'BEGIN { print (r >= 0.9) ? "meets goal (≥ 0.9×)" : "BELOW goal (≥ 0.9×)" }'; }
-under8() { awk -v k="$1" 'BEGIN { print (k < 8192) ? "meets goal (< 8 MiB)" : "ABOVE goal (< 8 MiB)" }'; }
+under8() { goal "$1 (KiB)" "$2" "<" 8192 "8 MiB"; }
 
 echo "100 MiB over loopback HTTPS (TLS 1.3, same rustls server for both), median of $rounds alternating rounds."
 echo "fetch: process start to exit incl. starting the helper, system roots, SHA-256 on both sides, temp file write"
@@ -72,6 +72,6 @@ echo
 echo "| measure | fleet-updater fetch (helper + updater side) | curl \\| sha256sum | result |"
 echo "|---|---|---|---|"
 echo "| time (ms), runs: ${fetch_ms[*]} / ${curl_ms[*]} | $fm | $cm | |"
-echo "| throughput (MiB/s) | $(mibs "$fm") | $(mibs "$cm") | fetch = ${ratio}× curl: $(verdict) |"
-echo "| peak RSS, updater side (KiB, max of runs) | $maxrss | $maxcurl (curl alone) | $(under8 "$maxrss") |"
-echo "| peak RSS, fleet-fetch helper (KiB, max of runs) | $maxhelper | | $(under8 "$maxhelper") |"
+echo "| throughput (MiB/s) | $(mibs "$fm") | $(mibs "$cm") | fetch = ${ratio}× curl: $(goal "fetch throughput / curl (×)" "$ratio" ">=" 0.9 "0.9×") |"
+echo "| peak RSS, updater side (KiB, max of runs) | $maxrss | $maxcurl (curl alone) | $(under8 "peak RSS, updater side" "$maxrss") |"
+echo "| peak RSS, fleet-fetch helper (KiB, max of runs) | $maxhelper | | $(under8 "peak RSS, fleet-fetch helper" "$maxhelper") |"

@@ -8,6 +8,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
+. "$root/scripts/bench.d/lib/goal.sh"
 drops=${FLEET_BENCH_DROPS:-5}
 seed=${FLEET_BENCH_SEED:-$(date +%s)}
 mib=100
@@ -29,7 +30,7 @@ ratio() { awk -v b="$1" -v s="$size" 'BEGIN { printf "%.3f", b / s }'; }
 mibs() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 r_bytes=$(field resume bytes_sent) z_bytes=$(field from-zero bytes_sent)
 r_ratio=$(ratio "$r_bytes") z_ratio=$(ratio "$z_bytes")
-verdict=$(awk -v r="$r_ratio" 'BEGIN { print (r <= 1.1) ? "meets goal (≤ 1.1×)" : "ABOVE goal (≤ 1.1×)" }')
+verdict=$(goal "resumed bytes sent / artifact size (×)" "$r_ratio" "<=" 1.1 "1.1×")
 
 echo "100 MiB artifact over loopback HTTPS, the link dropped $drops times (seed $seed); bytes the server sent in all."
 echo "Both runs verify the SHA-256 of the whole artifact; pauses between tries shortened to 100 ms for the benchmark."

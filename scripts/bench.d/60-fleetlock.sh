@@ -14,12 +14,23 @@ server=$target/release/fleetlock-server
 # A directory on the real disk (not tmpfs), so fsync costs what it costs on a device.
 dir=${FLEET_CACHE:-$root/.cache}/bench-fleetlock
 rm -rf "$dir"; mkdir -p "$dir"
-echo "| setup | clients | pairs/s | p99 pair (ms) | p99 request (ms) | requests per commit | errors |"
-echo "|---|---|---|---|---|---|---|"
-"$bench" --store fsync-reference --dir "$dir" --seconds 3
-"$bench" --store file --bin "$server" --dir "$dir" --clients 50 --seconds 5
-"$bench" --store file --bin "$server" --dir "$dir" --clients 50 --seconds 5 --https
-"$bench" --store nats --bin "$server" --dir "$dir" --clients 50 --seconds 5 --replicas 3
+. "$root/scripts/bench.d/lib/goal.sh"
+echo "| setup | clients | pairs/s | p99 pair (ms) | p99 request (ms) | requests per commit | errors | result |"
+echo "|---|---|---|---|---|---|---|---|"
+echo "$("$bench" --store fsync-reference --dir "$dir" --seconds 3) — |"
+# row LABEL MIN_PAIRS MAX_P99 ARGS...: one measured row with its goals judged (MAX_P99 - : no latency goal).
+row() {
+  local label=$1 min=$2 p99=$3 line cells
+  shift 3
+  line=$("$bench" "$@")
+  IFS='|' read -ra cells <<<"$line"
+  local v="pairs/s $(goal "$label: pairs/s" "$(number "${cells[3]}")" ">=" "$min")"
+  [ "$p99" = - ] || v+="; p99 $(goal "$label: p99 pair (ms)" "$(number "${cells[4]}")" "<=" "$p99" "$p99 ms")"
+  echo "$line $v; $(errors "$label" "$(number "${cells[7]}")") |"
+}
+row "file store, HTTP" 5000 20 --store file --bin "$server" --dir "$dir" --clients 50 --seconds 5
+row "file store, HTTPS" 5000 20 --store file --bin "$server" --dir "$dir" --clients 50 --seconds 5 --https
+row "NATS store, 3 replicas" 1000 - --store nats --bin "$server" --dir "$dir" --clients 50 --seconds 5 --replicas 3
 echo
 echo "Goals: file store >= 5000 pairs/s with p99 pair <= 20 ms (HTTP and HTTPS); NATS store (3 replicas) >= 1000 pairs/s;"
 echo "0 errors."

@@ -5,6 +5,7 @@
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
+. "$root/scripts/bench.d/lib/goal.sh"
 target=${CARGO_TARGET_DIR:-$root/target}
 out=$target/packages
 scripts/package --out "$out" >"$target/package.log" 2>&1 || { tail -20 "$target/package.log" >&2; exit 1; }
@@ -25,12 +26,11 @@ trap 'rm -rf "$dir"' EXIT
 dpkg-deb -x "$out/harmony-fleet-device_${version}_arm64.deb" "$dir"
 b=$dir/usr/libexec/harmony-fleet/bin
 sz() { stat -c %s "$b/$1"; }
-verdict() { [ "$1" -le "$2" ] && echo met || echo "NOT met"; }
 echo "| arm64 binary in the package (stripped) | size | goal |"
 echo "|---|---|---|"
-echo "| fleet-agent | $(mib "$(sz fleet-agent)") | ≤ 5 MiB: $(verdict "$(sz fleet-agent)" 5242880) |"
+echo "| fleet-agent | $(mib "$(sz fleet-agent)") | $(goal "arm64 fleet-agent in the package (bytes)" "$(sz fleet-agent)" "<=" 5242880 "5 MiB") |"
 echo "| fleet-updater | $(mib "$(sz fleet-updater)") | |"
 echo "| fleet-fetch | $(mib "$(sz fleet-fetch)") | |"
-echo "| fleet-updater + fleet-fetch | $(mib $(($(sz fleet-updater) + $(sz fleet-fetch)))) | ≤ 4 MiB: $(verdict $(($(sz fleet-updater) + $(sz fleet-fetch))) 4194304) |"
+echo "| fleet-updater + fleet-fetch | $(mib $(($(sz fleet-updater) + $(sz fleet-fetch)))) | $(goal "arm64 fleet-updater + fleet-fetch in the package (bytes)" $(($(sz fleet-updater) + $(sz fleet-fetch))) "<=" 4194304 "4 MiB") |"
 echo "| fleet-reboot | $(mib "$(sz fleet-reboot)") | |"
 echo "| fleet-boot-watchdog | $(mib "$(sz fleet-boot-watchdog)") | |"

@@ -245,6 +245,37 @@ pub struct GroupHolders {
     pub holders: Vec<Holder>,
 }
 
+/// Where the NATS store finds the groups one client id may hold a slot in: the value of key
+/// [`holder_index_key`]`(id)` in the `fleetlock` bucket. A release reads it instead of listing the bucket's keys
+/// (which needs a JetStream consumer per request). It only grows (a grant adds its groups before it is written), so
+/// it always covers every slot the id holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HolderIndex {
+    /// Format version (1).
+    pub version: u32,
+    /// The client id (the key holds only its digest).
+    pub id: String,
+    /// Groups the id was granted a slot in, sorted, without duplicates.
+    pub groups: Vec<String>,
+}
+
+/// Prefix of the holder index keys. `_` cannot start a group name (`^[a-zA-Z0-9.-]+$`), so no group key collides.
+pub const HOLDER_INDEX_PREFIX: &str = "_holder.";
+
+/// Key of `id`'s [`HolderIndex`] in the `fleetlock` bucket: `_holder.<first 16 bytes of SHA-256(id), hex>` (an id
+/// may hold bytes a KV key cannot).
+pub fn holder_index_key(id: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    let mut key = String::with_capacity(HOLDER_INDEX_PREFIX.len() + 32);
+    key.push_str(HOLDER_INDEX_PREFIX);
+    for b in &digest[..16] {
+        key.push_str(&format!("{b:02x}"));
+    }
+    key
+}
+
 /// The file store's state file: every group's holders.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -69,6 +69,24 @@ fn server_shapes() {
             holders: vec![holder()],
         },
     );
+    check(
+        "holder-index",
+        &HolderIndex {
+            version: 1,
+            id: "e0f3745b108f471cbd4883c6fbed8cdd".into(),
+            groups: vec!["db".into(), "default".into()],
+        },
+    );
+    assert_eq!(
+        holder_index_key("e0f3745b108f471cbd4883c6fbed8cdd"),
+        holder_index_key("e0f3745b108f471cbd4883c6fbed8cdd")
+    );
+    let key = holder_index_key("any id: spaces, / and ü");
+    assert!(key.starts_with("_holder.") && key.len() == 8 + 32, "{key}");
+    assert!(
+        fleet_wire::fleetlock::validate_group(&key).is_err(),
+        "no group is named like an index key"
+    );
     let mut groups = std::collections::BTreeMap::new();
     groups.insert("db".to_string(), vec![holder()]);
     check("state-file", &StateFile { version: 1, groups });

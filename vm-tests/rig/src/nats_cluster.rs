@@ -219,6 +219,19 @@ impl NatsCluster {
             .unwrap_or_default()
     }
 
+    /// The JetStream consumers node `i` hosts (`consumers` of its monitoring endpoint's `/jsz`); 0 while it is
+    /// down.
+    pub fn consumers(&self, i: usize) -> u64 {
+        if self.pid(i).is_none() {
+            return 0;
+        }
+        let body = http_get(self.nodes[i].monitor_port, "/jsz")
+            .unwrap_or_else(|e| panic!("jsz of {}: {e}", self.nodes[i].name));
+        let v: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("jsz of {}: {e}", self.nodes[i].name));
+        v["consumers"].as_u64().unwrap_or(0)
+    }
+
     /// The indexes of the running nodes that serve a client named `name`.
     pub fn nodes_serving(&self, name: &str) -> Vec<usize> {
         (0..self.size())

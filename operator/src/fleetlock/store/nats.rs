@@ -4,11 +4,16 @@
 //! re-reads and re-applies the batch (never an error for a client). A host in several groups takes its slots in
 //! name order and gives back what it took if a later group is full: all or nothing, and the transient state only
 //! ever holds more slots than needed (safe: others wait, nobody reboots without a slot).
+//!
+//! A release learns which groups to look at from the id's holder index (key `_holder.<digest>`,
+//! [`fleet_wire::fleetlock::HolderIndex`]), which every grant extends before it writes the group: no request lists
+//! the bucket, so none creates a JetStream consumer; every request is a bounded number of reads from the stream's
+//! leader and compare-and-set writes (docs/fleetlock.md lists them).
 
 use super::{Applied, StoreError, COMMIT_DEADLINE, MAX_BATCH};
 use crate::fleetlock::state::{self, Op, OpResult};
 use async_nats::jetstream::kv;
-use fleet_wire::fleetlock::{GroupHolders, Holder};
+use fleet_wire::fleetlock::{holder_index_key, GroupHolders, Holder, HolderIndex};
 use fleet_wire::Timestamp;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,8 +22,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-/// Most group keys a release looks through.
+/// Most group keys the start-up scan looks through.
 pub const MAX_GROUP_KEYS: usize = 10_000;
+/// Most groups one holder index lists; past it, a grant drops the groups the id holds nothing in.
+pub const MAX_INDEX_GROUPS: usize = 256;
 
 struct Job {
     op: Op,
@@ -111,12 +118,87 @@ impl NatsStore {
                     .map_err(|e2| format!("KV bucket {bucket}: create: {e}; open: {e2}"))?,
             },
         };
-        Ok(Self {
+        let store = Self {
             kv,
             workers: Mutex::new(HashMap::new()),
             commits: Arc::new(AtomicU64::new(0)),
             conflicts: Arc::new(AtomicU64::new(0)),
-        })
+        };
+        store
+            .index_existing_holders()
+            .await
+            .map_err(|e| format!("KV bucket {bucket}: {e}"))?;
+        Ok(store)
+    }
+
+    /// Once at start: every holder in the bucket gets its groups into its index, so slots granted by a server
+    /// from before the index existed are released too. The only listing of keys, never per request.
+    async fn index_existing_holders(&self) -> Result<(), StoreError> {
+        let mut by_id: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for g in self.group_keys().await? {
+            for h in load(&self.kv, &g).await?.0 {
+                by_id.entry(h.id).or_default().push(g.clone());
+            }
+        }
+        for (id, groups) in by_id {
+            self.index_add(&id, &groups).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes `id`'s index list `groups` (durable before it returns; no write when it already does). Cost: one
+    /// read, and one compare-and-set when something is new (repeated on a conflict, within the commit deadline).
+    async fn index_add(&self, id: &str, groups: &[String]) -> Result<(), StoreError> {
+        let key = holder_index_key(id);
+        let deadline = Instant::now() + COMMIT_DEADLINE;
+        let mut attempt = 0u32;
+        loop {
+            let (mut index, revision) = load_index(&self.kv, &key).await?;
+            let before = index.len();
+            for g in groups {
+                if let Err(at) = index.binary_search(g) {
+                    index.insert(at, g.clone());
+                }
+            }
+            if index.len() == before {
+                return Ok(());
+            }
+            if index.len() > MAX_INDEX_GROUPS {
+                // Groups the id no longer holds a slot in (config changes over the years) make room; a group it
+                // holds stays, whatever the count.
+                let mut keep = Vec::with_capacity(index.len());
+                for g in index {
+                    let held = groups.contains(&g)
+                        || load(&self.kv, &g).await?.0.iter().any(|h| h.id == id);
+                    if held {
+                        keep.push(g);
+                    }
+                }
+                index = keep;
+            }
+            let value = serde_json::to_vec(&HolderIndex {
+                version: 1,
+                id: id.to_string(),
+                groups: index,
+            })
+            .map_err(|e| StoreError(e.to_string()))?;
+            match write(&self.kv, &key, value, revision).await {
+                Ok(()) => return Ok(()),
+                Err(WriteError::Conflict) if Instant::now() < deadline => {
+                    self.conflicts.fetch_add(1, Ordering::Relaxed);
+                    attempt = attempt.saturating_add(1);
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(WriteError::Conflict) => {
+                    return Err(StoreError(format!(
+                        "holder index of {id}: compare-and-set kept conflicting for {COMMIT_DEADLINE:?}"
+                    )))
+                }
+                Err(WriteError::Other(e)) => {
+                    return Err(StoreError(format!("writing the holder index of {id}: {e}")))
+                }
+            }
+        }
     }
 
     fn worker(&self, group: &str) -> Result<mpsc::Sender<Job>, StoreError> {
@@ -160,6 +242,9 @@ impl NatsStore {
     pub async fn apply(&self, op: Op, ttl: Option<Duration>) -> Result<Applied, StoreError> {
         match op {
             Op::Lock { groups, holder } => {
+                // The index first: a slot written is always one a release will find.
+                let names: Vec<String> = groups.iter().map(|(g, _)| g.clone()).collect();
+                self.index_add(&holder.id, &names).await?;
                 let mut taken = Vec::new();
                 let mut expired = Vec::new();
                 for (g, slots) in groups {
@@ -193,10 +278,10 @@ impl NatsStore {
                 })
             }
             Op::Unlock { groups, id } => {
-                // No groups: every group the bucket holds, configured or not (a release never depends on the
-                // current config).
+                // No groups: every group the id's index lists, configured or not (a release never depends on
+                // the current config).
                 let groups = match groups.is_empty() {
-                    true => self.group_keys().await?,
+                    true => load_index(&self.kv, &holder_index_key(&id)).await?.0,
                     false => groups,
                 };
                 let mut removed = 0;
@@ -220,15 +305,29 @@ impl NatsStore {
         }
     }
 
-    /// Every group with a key in the bucket (at most [`MAX_GROUP_KEYS`]).
+    /// Every group with a key in the bucket (at most [`MAX_GROUP_KEYS`]; index keys left out), from the stream's
+    /// subject list (`STREAM.INFO` with a subject filter, paged): no consumer. Start-up only.
     async fn group_keys(&self) -> Result<Vec<String>, StoreError> {
         use futures::{StreamExt, TryStreamExt};
+        let prefix = self.kv.prefix.clone();
         let list = async {
-            let keys = self.kv.keys().await.map_err(|e| e.to_string())?;
-            keys.take(MAX_GROUP_KEYS)
+            let subjects = self
+                .kv
+                .stream
+                .info_with_subjects(format!("{prefix}>"))
+                .await
+                .map_err(|e| e.to_string())?;
+            subjects
+                .map_err(|e| e.to_string())
+                .try_filter_map(|(subject, _)| {
+                    let key = subject.strip_prefix(prefix.as_str()).map(str::to_string);
+                    std::future::ready(Ok(
+                        key.filter(|k| !k.starts_with(fleet_wire::fleetlock::HOLDER_INDEX_PREFIX))
+                    ))
+                })
+                .take(MAX_GROUP_KEYS)
                 .try_collect::<Vec<String>>()
                 .await
-                .map_err(|e| e.to_string())
         };
         tokio::time::timeout(Duration::from_secs(5), list)
             .await
@@ -282,34 +381,53 @@ impl NatsStore {
 /// last write yet, and a lock server must read its own writes (`/v1/status` right after a grant shows the holder;
 /// a compare-and-set starts from the current revision rather than losing a round to a stale one).
 async fn load(kv: &kv::Store, group: &str) -> Result<(Vec<Holder>, Option<u64>), StoreError> {
+    Ok(match read_last::<GroupHolders>(kv, group).await? {
+        Some((v, revision)) => (v.holders, Some(revision)),
+        None => (Vec::new(), None),
+    })
+}
+
+/// The groups `id`'s index (key `key`) lists and the key's revision; read from the leader like [`load`]: a
+/// release right after a grant through another replica must see the groups that grant added.
+async fn load_index(kv: &kv::Store, key: &str) -> Result<(Vec<String>, Option<u64>), StoreError> {
+    Ok(match read_last::<HolderIndex>(kv, key).await? {
+        Some((v, revision)) => (v.groups, Some(revision)),
+        None => (Vec::new(), None),
+    })
+}
+
+/// The value of `key` and its revision (one `STREAM.MSG.GET` request to the stream's leader, no consumer); `None`
+/// when the key does not exist or was deleted.
+async fn read_last<T: serde::de::DeserializeOwned>(
+    kv: &kv::Store,
+    key: &str,
+) -> Result<Option<(T, u64)>, StoreError> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
-    let subject = format!("{}{group}", kv.prefix);
+    let subject = format!("{}{key}", kv.prefix);
     let read = tokio::time::timeout(
         Duration::from_secs(5),
         kv.stream.get_last_raw_message_by_subject(&subject),
     )
     .await
-    .map_err(|_| StoreError(format!("reading {group}: no answer from NATS within 5 s")))?;
+    .map_err(|_| StoreError(format!("reading {key}: no answer from NATS within 5 s")))?;
     let msg = match read {
         Ok(m) => m,
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
-            return Ok((Vec::new(), None))
-        }
-        Err(e) => return Err(StoreError(format!("reading {group}: {e}"))),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(StoreError(format!("reading {key}: {e}"))),
     };
     let op = msg
         .headers
         .get("KV-Operation")
         .map(|v| v.as_str().to_owned());
     if matches!(op.as_deref(), Some("DEL") | Some("PURGE")) {
-        return Ok((Vec::new(), None));
+        return Ok(None);
     }
-    let v: GroupHolders = serde_json::from_slice(&msg.payload).map_err(|err| {
+    let v: T = serde_json::from_slice(&msg.payload).map_err(|err| {
         StoreError(format!(
-            "key {group} of bucket fleetlock does not parse: {err}"
+            "key {key} of bucket fleetlock does not parse: {err}"
         ))
     })?;
-    Ok((v.holders, Some(msg.sequence)))
+    Ok(Some((v, msg.sequence)))
 }
 
 enum WriteError {
@@ -317,32 +435,28 @@ enum WriteError {
     Other(String),
 }
 
+/// Writes `value` to `key` if its revision is still `revision` (`None`: the key must not exist).
 async fn write(
     kv: &kv::Store,
-    group: &str,
-    holders: Vec<Holder>,
+    key: &str,
+    value: Vec<u8>,
     revision: Option<u64>,
 ) -> Result<(), WriteError> {
-    let value = serde_json::to_vec(&GroupHolders {
-        version: 1,
-        holders,
-    })
-    .map_err(|e| WriteError::Other(e.to_string()))?;
     let fut = async {
         match revision {
-            None => kv.create(group, value.into()).await.map(drop).map_err(|e| {
-                if e.kind() == kv::CreateErrorKind::AlreadyExists {
+            None => kv.create(key, value.into()).await.map(drop).map_err(|e| {
+                if e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e) {
                     WriteError::Conflict
                 } else {
                     WriteError::Other(e.to_string())
                 }
             }),
             Some(r) => kv
-                .update(group, value.into(), r)
+                .update(key, value.into(), r)
                 .await
                 .map(drop)
                 .map_err(|e| {
-                    if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
+                    if e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e) {
                         WriteError::Conflict
                     } else {
                         WriteError::Other(e.to_string())
@@ -353,6 +467,24 @@ async fn write(
     tokio::time::timeout(Duration::from_secs(5), fut)
         .await
         .map_err(|_| WriteError::Other("no answer from NATS within 5 s".into()))?
+}
+
+/// Whether a failed write lost a compare-and-set race: JetStream's `wrong last sequence`, which a clustered stream
+/// also reports as error code 10164 (a concurrent proposal; async-nats maps only 10071 to a wrong revision, so
+/// on a 3-node cluster the race surfaced as a 503 `store-unavailable`).
+fn lost_race(e: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::{Error as ApiError, ErrorCode};
+    const WRONG_LAST_SEQUENCE_CLUSTERED: ErrorCode = ErrorCode(10164);
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(api) = err.downcast_ref::<ApiError>() {
+            let code = api.error_code();
+            return code == ErrorCode::STREAM_WRONG_LAST_SEQUENCE
+                || code == WRONG_LAST_SEQUENCE_CLUSTERED;
+        }
+        next = err.source();
+    }
+    false
 }
 
 async fn group_writer(
@@ -393,7 +525,15 @@ async fn group_writer(
                 break Ok(results);
             }
             let holders = map.remove(&group).unwrap_or_default();
-            match write(&kv, &group, holders, revision).await {
+            let value = serde_json::to_vec(&GroupHolders {
+                version: 1,
+                holders,
+            });
+            let written = match value {
+                Ok(v) => write(&kv, &group, v, revision).await,
+                Err(e) => Err(WriteError::Other(e.to_string())),
+            };
+            match written {
                 Ok(()) => {
                     commits.fetch_add(1, Ordering::Relaxed);
                     attempt = 0;
