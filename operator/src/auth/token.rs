@@ -69,7 +69,7 @@ pub enum Denied {
     #[error("token expired")]
     Expired,
     /// `exp`, with the leeway, is less than [`MIN_SESSION`] away.
-    #[error("token expires within {}s even with the {1}s leeway (exp {0})", MIN_SESSION.as_secs())]
+    #[error("token expires within {min}s even with the {1}s leeway (exp {0})", min = MIN_SESSION.as_secs())]
     ExpiresTooSoon(u64, u64),
     /// `nbf` in the future.
     #[error("token not valid yet (nbf in the future)")]

@@ -245,6 +245,7 @@ pub fn callout_config(
     let xkey = xkey.map(|x| format!("xkey: \"{x}\"")).unwrap_or_default();
     format!(
         r#"log_file: "{log}"
+max_control_line: 20KB
 accounts {{
   AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth_password}" }} ] }}
   FLEET {{
