@@ -594,7 +594,18 @@ fn fleet_auth_admits_exactly_the_sessions_nats_server_keeps() {
             ));
         }
     }
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let server_said: Vec<String> = stack
+        .nats_log_text()
+        .lines()
+        .filter(|l| !l.contains("[INF]") && !l.contains("authentication error"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "{}\nnats-server's log:\n{}",
+        problems.join("\n"),
+        server_said.join("\n")
+    );
 }
 
 /// An ES256 token for `device` of as close to `len` bytes as base64 allows (at most `len`).
