@@ -1,10 +1,12 @@
 //! Benchmark of fleet-auth: device connects per second (each one an auth decision: request JWT, JWKS-cached token
 //! verification, signed user JWT) and p99 connect latency with N concurrent clients, next to the same connects by a
 //! static user/password that nats-server checks itself (an `auth_users` entry, on the same server). Prints
-//! Markdown table rows.
+//! Markdown table rows. With `--storm N`, instead: a reconnect storm — N device connections through the callout,
+//! nats-server killed and started again on the same port and store, and how long until every device is connected
+//! again through the callout, with fleet-auth's memory (one row).
 //!
 //! `FLEET_AUTH_BIN=target/release/fleet-auth cargo run --release --example auth_bench -- [--clients 100]
-//!  [--seconds 5]`
+//!  [--seconds 5] [--storm 2000]`
 #![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/auth_common/mod.rs"]
@@ -12,6 +14,7 @@ mod auth_common;
 
 use auth_common::*;
 use fleet_rig::tls::TestCa;
+use fleet_rig::wait_for;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,6 +91,122 @@ fn run(
     );
 }
 
+/// fleet-auth's resident memory and its peak so far, MiB (from /proc).
+fn rss_mib(stack: &Stack) -> (f64, f64) {
+    let pid = stack.auth.as_ref().map(|c| c.id()).unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
+}
+
+/// How many of `clients` are connected now.
+fn connected(clients: &[async_nats::Client]) -> usize {
+    clients
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.connection_state(),
+                async_nats::connection::State::Connected
+            )
+        })
+        .count()
+}
+
+/// The reconnect storm: `devices` connections with their own tokens (opened 50 at a time; a client whose session
+/// was refused retries by itself), then nats-server killed and started on the same port and store; every client
+/// reconnects by itself (async-nats' default backoff, like a device's client) and is counted back at its first
+/// `connected` event after the kill (the event follows the server's answer to CONNECT, so the callout admitted
+/// it). Prints one row: time until all are back, p50/p99, fleet-auth's admissions during the storm, its memory.
+fn storm(rt: &tokio::runtime::Runtime, stack: &mut Stack, key: &SignKey, devices: usize) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    const LIMIT: Duration = Duration::from_secs(180);
+    let url = stack.nats.url();
+    let killed = Arc::new(AtomicBool::new(false));
+    let back: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; devices]));
+    let opening = Instant::now();
+    let clients: Vec<async_nats::Client> = rt.block_on(async {
+        let permits = Arc::new(tokio::sync::Semaphore::new(50));
+        let tasks: Vec<_> = (0..devices)
+            .map(|i| {
+                let token = key.sign(&claims(&format!("storm-{i}"), 3600));
+                let (killed, back, permits, url) =
+                    (killed.clone(), back.clone(), permits.clone(), url.clone());
+                tokio::spawn(async move {
+                    let _permit = permits.acquire().await.unwrap();
+                    async_nats::ConnectOptions::with_token(token)
+                        .connection_timeout(Duration::from_secs(10))
+                        .retry_on_initial_connect()
+                        .event_callback(move |event| {
+                            let (killed, back) = (killed.clone(), back.clone());
+                            async move {
+                                if matches!(event, async_nats::Event::Connected)
+                                    && killed.load(Ordering::SeqCst)
+                                {
+                                    let mut b = back.lock().unwrap();
+                                    b[i].get_or_insert_with(Instant::now);
+                                }
+                            }
+                        })
+                        .connect(url.as_str())
+                        .await
+                        .unwrap_or_else(|e| panic!("storm-{i}: {e}"))
+                })
+            })
+            .collect();
+        let mut clients = Vec::with_capacity(devices);
+        for t in tasks {
+            clients.push(t.await.unwrap());
+        }
+        clients
+    });
+    let all_open = wait_for(LIMIT, || (connected(&clients) == devices).then_some(()));
+    let opened = opening.elapsed().as_secs_f64();
+    let (rss_before, _) = rss_mib(stack);
+    let allowed = |stack: &Stack| stack.auth_log_text().matches("] allowed client").count();
+    let allowed_before = allowed(stack);
+    killed.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    stack.nats.start_again();
+    let restarted = t0.elapsed().as_secs_f64();
+    let all_back = wait_for(LIMIT, || {
+        (back.lock().unwrap().iter().all(Option::is_some) && connected(&clients) == devices)
+            .then(|| t0.elapsed())
+    });
+    let (rss_after, peak) = rss_mib(stack);
+    let mut times: Vec<Duration> = back
+        .lock()
+        .unwrap()
+        .iter()
+        .flatten()
+        .map(|t| t.duration_since(t0))
+        .collect();
+    times.sort();
+    let missing = devices - connected(&clients);
+    let readmitted = allowed(stack) - allowed_before;
+    drop(clients);
+    let within = |d: Option<f64>| {
+        d.map_or(format!("not within {} s", LIMIT.as_secs()), |d| {
+            format!("{d:.1}")
+        })
+    };
+    println!(
+        "| {devices} devices, nats-server killed and restarted ({restarted:.1} s to listen) | {} | {} | {:.1} | \
+         {:.1} | {readmitted} | {missing} | {rss_before:.0} / {peak:.0} / {rss_after:.0} |",
+        within(all_open.map(|_| opened)),
+        within(all_back.map(|d| d.as_secs_f64())),
+        pct(&times, 0.5) / 1000.0,
+        pct(&times, 0.99) / 1000.0,
+    );
+}
+
 fn main() {
     let clients: usize = arg("--clients").map_or(100, |v| v.parse().unwrap());
     let seconds: u64 = arg("--seconds").map_or(5, |v| v.parse().unwrap());
@@ -96,7 +215,12 @@ fn main() {
     let ec = SignKey::ec("ec-1");
     let rsa = SignKey::rsa("rsa-1", keydir.path());
     let jwks = Jwks::start(&ca, &[&ec, &rsa]);
-    let stack = Stack::start(&ca, &jwks.url(), false);
+    let mut stack = Stack::start(&ca, &jwks.url(), false);
+    if let Some(devices) = arg("--storm") {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        storm(&rt, &mut stack, &ec, devices.parse().unwrap());
+        return;
+    }
     let url = stack.nats.url();
     let password = stack.admin_password.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();

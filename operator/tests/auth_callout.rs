@@ -562,7 +562,9 @@ fn fleet_auth_admits_exactly_the_sessions_nats_server_keeps() {
     std::thread::sleep(Duration::from_secs(3));
     for (device, lo, hi, s) in &sessions {
         if !s.alive() {
-            problems.push(format!("{device}: admitted, then ended by nats-server within 3 s"));
+            problems.push(format!(
+                "{device}: admitted, then ended by nats-server within 3 s"
+            ));
         }
         match logged(&stack, device) {
             Some(Ok(until)) if (*lo..=*hi).contains(&until) => {}
@@ -573,7 +575,11 @@ fn fleet_auth_admits_exactly_the_sessions_nats_server_keeps() {
     }
     // Refused, with the reason in fleet-auth's log and nats-server's.
     let refused = [
-        ("dev-short", 58, "token expires within 5s even with the 60s leeway"),
+        (
+            "dev-short",
+            58,
+            "token expires within 5s even with the 60s leeway",
+        ),
         ("dev-gone", 61, "token expired"),
     ];
     for (device, ago, reason) in refused {
@@ -748,7 +754,8 @@ impl Drop for DocServer {
 /// the variable's value, not the text of the example.
 #[test]
 fn the_documented_server_config_takes_its_passwords_from_the_environment() {
-    let doc = std::fs::read_to_string(fleet_rig::workspace_root().join("docs/auth.md")).expect("docs");
+    let doc =
+        std::fs::read_to_string(fleet_rig::workspace_root().join("docs/auth.md")).expect("docs");
     let section = doc
         .split_once("## nats-server configuration")
         .expect("section")
@@ -765,7 +772,11 @@ fn the_documented_server_config_takes_its_passwords_from_the_environment() {
         std::fs::write(&p, text).expect("write");
         p
     };
-    let vars = ["FLEET_AUTH_PASSWORD", "OPERATOR_PASSWORD", "FLEETLOCK_PASSWORD"];
+    let vars = [
+        "FLEET_AUTH_PASSWORD",
+        "OPERATOR_PASSWORD",
+        "FLEETLOCK_PASSWORD",
+    ];
     let nats_server = || {
         let mut c = std::process::Command::new(fleet_rig::NatsServer::binary());
         for v in vars {
@@ -780,7 +791,8 @@ fn the_documented_server_config_takes_its_passwords_from_the_environment() {
     c.arg("-c").arg(&verbatim).arg("-t");
     let (code, err) = run_bounded(c);
     assert!(
-        code.is_some_and(|c| c != 0) && err.contains("variable reference for 'FLEET_AUTH_PASSWORD'"),
+        code.is_some_and(|c| c != 0)
+            && err.contains("variable reference for 'FLEET_AUTH_PASSWORD'"),
         "the verbatim example did not refuse to start: {code:?} {err}"
     );
 
@@ -793,7 +805,10 @@ fn the_documented_server_config_takes_its_passwords_from_the_environment() {
         ("listen: 0.0.0.0:4222", format!("listen: 127.0.0.1:{port}")),
         ("/etc/nats/server.crt", cert.cert_file.display().to_string()),
         ("/etc/nats/server.key", cert.key_file.display().to_string()),
-        ("/var/lib/nats", dir.path().join("store").display().to_string()),
+        (
+            "/var/lib/nats",
+            dir.path().join("store").display().to_string(),
+        ),
         ("\"A…\"", format!("\"{issuer}\"")),
     ] {
         assert!(conf.contains(from), "the example has no {from:?}");
@@ -831,7 +846,11 @@ fn the_documented_server_config_takes_its_passwords_from_the_environment() {
         .zip(vars)
         .zip(passwords)
     {
-        assert_eq!(connect(user, password), Ok(()), "{user} with ${var}'s value");
+        assert_eq!(
+            connect(user, password),
+            Ok(()),
+            "{user} with ${var}'s value"
+        );
         let literal = connect(user, &format!("${var}"));
         assert!(
             literal

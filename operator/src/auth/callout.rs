@@ -131,10 +131,7 @@ impl Callout {
         let (outcome, log, allowed) = match &decision {
             Ok((device, until, jwt)) => (
                 Ok(jwt.as_str()),
-                format!(
-                    "allowed {who} as device {device} until {}",
-                    rfc3339(*until)
-                ),
+                format!("allowed {who} as device {device} until {}", rfc3339(*until)),
                 true,
             ),
             Err(reason) => (

@@ -169,8 +169,11 @@ pub fn verify_at(
     let expires = claims
         .get("exp")
         .and_then(|v| {
-            v.as_u64()
-                .or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).map(|f| f as u64))
+            v.as_u64().or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.is_finite() && *f >= 0.0)
+                    .map(|f| f as u64)
+            })
         })
         .ok_or_else(|| Denied::MissingClaim("exp".into()))?;
     let raw = claims
@@ -264,7 +267,10 @@ mod tests {
         for (exp, want) in table {
             assert_eq!(session_end(exp, l, now), want, "exp {exp}");
         }
-        assert_eq!(session_end(now, Duration::ZERO, now), Err(Denied::ExpiresTooSoon(now, 0)));
+        assert_eq!(
+            session_end(now, Duration::ZERO, now),
+            Err(Denied::ExpiresTooSoon(now, 0))
+        );
     }
 
     #[test]
