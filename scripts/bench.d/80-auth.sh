@@ -3,7 +3,7 @@
 # with the cached JWKS, user JWT signed) and p50/p99 connect latency with 100 concurrent clients; reference: the same
 # connects by a static user/password that nats-server checks itself, on the same server. Then a reconnect storm:
 # 2,000 device connections through the callout, nats-server killed and started again (same port and store), the
-# time until every device is back through the callout, and fleet-auth's memory.
+# time until fleet-auth has admitted every device again, and fleet-auth's memory.
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
