@@ -1,10 +1,12 @@
 //! Benchmark of fleet-auth: device connects per second (each one an auth decision: request JWT, JWKS-cached token
 //! verification, signed user JWT) and p99 connect latency with N concurrent clients, next to the same connects by a
 //! static user/password that nats-server checks itself (an `auth_users` entry, on the same server). Prints
-//! Markdown table rows.
+//! Markdown table rows. With `--storm N`, instead: a reconnect storm — N device connections through the callout,
+//! nats-server killed and started again on the same port and store, and how long until every device is connected
+//! again through the callout, with fleet-auth's memory (one row).
 //!
 //! `FLEET_AUTH_BIN=target/release/fleet-auth cargo run --release --example auth_bench -- [--clients 100]
-//!  [--seconds 5]`
+//!  [--seconds 5] [--storm 2000]`
 #![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/auth_common/mod.rs"]
@@ -12,6 +14,7 @@ mod auth_common;
 
 use auth_common::*;
 use fleet_rig::tls::TestCa;
+use fleet_rig::wait_for;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,6 +91,106 @@ fn run(
     );
 }
 
+/// fleet-auth's resident memory and its peak so far, MiB (from /proc).
+fn rss_mib(stack: &Stack) -> (f64, f64) {
+    let pid = stack.auth.as_ref().map(|c| c.id()).unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
+}
+
+/// The devices fleet-auth admitted in `log` (its lines "as device storm-<i> until …").
+fn admitted(log: &str) -> std::collections::HashSet<usize> {
+    log.lines()
+        .filter_map(|l| l.split_once("as device storm-"))
+        .filter_map(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// The reconnect storm: `devices` connections with their own tokens (opened 50 at a time; a client whose session
+/// was refused retries by itself), then nats-server killed and started on the same port and store; every client
+/// reconnects by itself (async-nats' default backoff, like a device's client). A device counts as back when
+/// fleet-auth's log says it admitted it after the kill: async-nats reports `connected` on any first answer of the
+/// server, also one that precedes a refusal, so its events do not prove an admission. Prints one row: time until
+/// all are back, p50/p99, fleet-auth's admissions during the storm, its memory.
+fn storm(rt: &tokio::runtime::Runtime, stack: &mut Stack, key: &SignKey, devices: usize) {
+    const LIMIT: Duration = Duration::from_secs(180);
+    let url = stack.nats.url();
+    let opening = Instant::now();
+    let clients: Vec<async_nats::Client> = rt.block_on(async {
+        let permits = Arc::new(tokio::sync::Semaphore::new(50));
+        let tasks: Vec<_> = (0..devices)
+            .map(|i| {
+                let token = key.sign(&claims(&format!("storm-{i}"), 3600));
+                let (permits, url) = (permits.clone(), url.clone());
+                tokio::spawn(async move {
+                    let _permit = permits.acquire().await.unwrap();
+                    async_nats::ConnectOptions::with_token(token)
+                        .connection_timeout(Duration::from_secs(10))
+                        .retry_on_initial_connect()
+                        .connect(url.as_str())
+                        .await
+                        .unwrap_or_else(|e| panic!("storm-{i}: {e}"))
+                })
+            })
+            .collect();
+        let mut clients = Vec::with_capacity(devices);
+        for t in tasks {
+            clients.push(t.await.unwrap());
+        }
+        clients
+    });
+    let all_open = wait_for(LIMIT, || {
+        (admitted(&stack.auth_log_text()).len() == devices).then(|| opening.elapsed())
+    });
+    let (rss_before, _) = rss_mib(stack);
+    let offset = stack.auth_log_text().len();
+    let t0 = Instant::now();
+    stack.nats.start_again();
+    let restarted = t0.elapsed().as_secs_f64();
+    let mut back: Vec<Option<Duration>> = vec![None; devices];
+    let all_back = wait_for(LIMIT, || {
+        let log = stack.auth_log_text();
+        for i in admitted(log.get(offset..).unwrap_or("")) {
+            if let Some(b) = back.get_mut(i) {
+                b.get_or_insert_with(|| t0.elapsed());
+            }
+        }
+        back.iter().all(Option::is_some).then(|| t0.elapsed())
+    });
+    let (rss_after, peak) = rss_mib(stack);
+    let mut times: Vec<Duration> = back.iter().flatten().copied().collect();
+    times.sort();
+    let missing = devices - times.len();
+    let readmitted = stack
+        .auth_log_text()
+        .get(offset..)
+        .unwrap_or("")
+        .matches("] allowed client")
+        .count();
+    drop(clients);
+    let within = |d: Option<Duration>| {
+        d.map_or(format!("not within {} s", LIMIT.as_secs()), |d| {
+            format!("{:.1}", d.as_secs_f64())
+        })
+    };
+    println!(
+        "| {devices} devices, nats-server killed and restarted ({restarted:.1} s to listen) | {} | {} | {:.1} | \
+         {:.1} | {readmitted} | {missing} | {rss_before:.0} / {peak:.0} / {rss_after:.0} |",
+        within(all_open),
+        within(all_back),
+        pct(&times, 0.5) / 1000.0,
+        pct(&times, 0.99) / 1000.0,
+    );
+}
+
 fn main() {
     let clients: usize = arg("--clients").map_or(100, |v| v.parse().unwrap());
     let seconds: u64 = arg("--seconds").map_or(5, |v| v.parse().unwrap());
@@ -96,7 +199,12 @@ fn main() {
     let ec = SignKey::ec("ec-1");
     let rsa = SignKey::rsa("rsa-1", keydir.path());
     let jwks = Jwks::start(&ca, &[&ec, &rsa]);
-    let stack = Stack::start(&ca, &jwks.url(), false);
+    let mut stack = Stack::start(&ca, &jwks.url(), false);
+    if let Some(devices) = arg("--storm") {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        storm(&rt, &mut stack, &ec, devices.parse().unwrap());
+        return;
+    }
     let url = stack.nats.url();
     let password = stack.admin_password.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -14,6 +14,7 @@ pub mod health;
 pub mod kv;
 pub mod metrics;
 pub mod mirror;
+pub mod nats_password;
 pub mod nats_tls;
 pub mod placement;
 pub mod plan;

@@ -132,6 +132,15 @@ fn main() -> ExitCode {
             }
         }
     }
+    if let Some((_, password)) = fleet_wire::auth::split_nats_url(&nats_url).user_password {
+        if let Err(e) = fleet_operator::nats_password::refuse_placeholder(
+            &password,
+            "the password in --nats-url (or FLEET_NATS_URL)",
+        ) {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    }
     if let Err(e) = fleet_operator::nats_tls::NatsTls::new(nats_ca, nats_cert, nats_key, "--nats-")
         .and_then(fleet_operator::kv::set_tls)
     {

@@ -463,3 +463,414 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
     );
     drop(agent_b);
 }
+
+/// A device session that records whether the server ended it: no reconnects, so an ended session stays ended.
+struct Session {
+    conn: nats::Connection,
+    ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Session {
+    fn open(url: &str, token: &str) -> Result<Self, String> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let ended = std::sync::Arc::new(AtomicBool::new(false));
+        let (on_disconnect, on_close) = (ended.clone(), ended.clone());
+        nats::Options::with_token(token)
+            .with_name("session-test")
+            // Counts attempts, the first connection included: one, so an ended session is not made anew.
+            .max_reconnects(1)
+            .disconnect_callback(move || on_disconnect.store(true, Ordering::SeqCst))
+            .close_callback(move || on_close.store(true, Ordering::SeqCst))
+            .connect(url)
+            .map(|conn| Self { conn, ended })
+            .map_err(|e| e.to_string())
+    }
+
+    /// Whether the server still serves it: not ended, and a round trip answers.
+    fn alive(&self) -> bool {
+        !self.ended.load(std::sync::atomic::Ordering::SeqCst)
+            && self.conn.flush_timeout(Duration::from_secs(2)).is_ok()
+    }
+}
+
+/// Sets fleet-auth's `leeway_secs` (the stack starts with 2) and restarts it.
+fn set_leeway(stack: &mut Stack, secs: u64) {
+    let text = std::fs::read_to_string(&stack.auth_config).expect("config");
+    assert!(text.contains("leeway_secs: 2\n"), "{text}");
+    std::fs::write(
+        &stack.auth_config,
+        text.replace("leeway_secs: 2\n", &format!("leeway_secs: {secs}\n")),
+    )
+    .expect("config");
+    stack.start_auth();
+}
+
+/// fleet-auth's decision about `device` as logged: `Some(Ok(session end))` for "allowed … until <time>",
+/// `Some(Err(line))` for any other line about it.
+fn logged(stack: &Stack, device: &str) -> Option<Result<u64, String>> {
+    let log = stack.auth_log_text();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains(&format!("as device {device} ")) || l.contains(device))?;
+    let until = line
+        .split_once(&format!("as device {device} until "))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|t| humantime::parse_rfc3339(t).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
+    Some(until.ok_or_else(|| line.to_owned()))
+}
+
+/// What fleet-auth logs is what nats-server does, for every token expiry: a token inside the leeway gets a session
+/// that lasts until `exp` + leeway; one whose session would be too short, or that expired beyond the leeway, is
+/// refused with its reason; far and huge expiries (beyond nats-server's 64-bit timer and `exp`) get a session capped
+/// at 24 h instead of one the server refuses or ends at once.
+#[test]
+fn fleet_auth_admits_exactly_the_sessions_nats_server_keeps() {
+    const YEAR: u64 = 365 * 86400;
+    const CAP: u64 = 24 * 3600;
+    let ca = TestCa::new();
+    let ec = SignKey::ec("ec-1");
+    let jwks = Jwks::start(&ca, &[&ec]);
+    let mut stack = Stack::start(&ca, &jwks.url(), false);
+    set_leeway(&mut stack, 60);
+    let t = now();
+    // (device, exp, the session end fleet-auth must log: within lo..=hi)
+    let admitted: Vec<(&str, serde_json::Value, u64, u64)> = vec![
+        ("dev-leeway", json!(t - 30), t + 30, t + 30),
+        ("dev-now", json!(t), t + 60, t + 60),
+        ("dev-fraction", json!(t as f64 + 600.5), t + 660, t + 660),
+        ("dev-far", json!(t + 300 * YEAR), t + CAP, t + CAP + 10),
+        ("dev-i64", json!(i64::MAX), t + CAP, t + CAP + 10),
+        ("dev-u64", json!(u64::MAX), t + CAP, t + CAP + 10),
+    ];
+    let mut problems = Vec::new();
+    let mut sessions = Vec::new();
+    for (device, exp, lo, hi) in &admitted {
+        let mut c = claims(device, 600);
+        c["exp"] = exp.clone();
+        match Session::open(&stack.nats.url(), &ec.sign(&c)) {
+            Ok(s) => sessions.push((*device, *lo, *hi, s)),
+            Err(e) => problems.push(format!(
+                "{device} (exp {exp}): refused by nats-server ({e}); fleet-auth logged {:?}",
+                logged(&stack, device)
+            )),
+        }
+    }
+    // Sessions the server ends at once (an overflowing timer) are gone after a few seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    for (device, lo, hi, s) in &sessions {
+        if !s.alive() {
+            problems.push(format!(
+                "{device}: admitted, then ended by nats-server within 3 s"
+            ));
+        }
+        match logged(&stack, device) {
+            Some(Ok(until)) if (*lo..=*hi).contains(&until) => {}
+            other => problems.push(format!(
+                "{device}: fleet-auth should log a session until {lo}..={hi}, logged {other:?}"
+            )),
+        }
+    }
+    // Refused, with the reason in fleet-auth's log and nats-server's.
+    let refused = [
+        (
+            "dev-short",
+            58,
+            "token expires within 5s even with the 60s leeway",
+        ),
+        ("dev-gone", 61, "token expired"),
+    ];
+    for (device, ago, reason) in refused {
+        let mut c = claims(device, 600);
+        c["exp"] = json!(now() - ago);
+        let connected = Session::open(&stack.nats.url(), &ec.sign(&c)).is_ok();
+        let said = wait_for(Duration::from_secs(5), || {
+            let log = stack.auth_log_text();
+            log.lines()
+                .any(|l| l.contains("denied client") && l.contains(reason))
+                .then_some(())
+        });
+        if connected || said.is_none() {
+            problems.push(format!(
+                "{device} (exp now-{ago}): connected {connected}, fleet-auth's last line {:?} (want a denial: \
+                 {reason})",
+                stack.auth_log_text().lines().last()
+            ));
+        }
+    }
+    let server_said: Vec<String> = stack
+        .nats_log_text()
+        .lines()
+        .filter(|l| !l.contains("[INF]") && !l.contains("authentication error"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "{}\nnats-server's log:\n{}",
+        problems.join("\n"),
+        server_said.join("\n")
+    );
+}
+
+/// An ES256 token for `device` of as close to `len` bytes as base64 allows (at most `len`).
+fn sized_token(key: &SignKey, device: &str, len: usize) -> String {
+    let mut pad = len * 3 / 4;
+    loop {
+        let mut c = claims(device, 600);
+        c["pad"] = json!("x".repeat(pad));
+        let t = key.sign(&c);
+        if t.len() <= len {
+            return t;
+        }
+        pad -= 1;
+    }
+}
+
+/// nats-server reads a CONNECT only up to its `max_control_line`; the rig's configuration (as docs/auth.md's) sets
+/// it so that the largest token the agent and fleet-auth take gets through to the callout, and one byte more is
+/// refused by fleet-auth with its reason.
+#[test]
+fn a_16_kib_token_connects_through_the_callout() {
+    let ca = TestCa::new();
+    let ec = SignKey::ec("ec-1");
+    let jwks = Jwks::start(&ca, &[&ec]);
+    let stack = Stack::start(&ca, &jwks.url(), false);
+    let max = fleet_wire::auth::NATS_TOKEN_MAX_BYTES;
+    for (device, len) in [("dev-15k", 15 * 1024), ("dev-16k", max)] {
+        let token = sized_token(&ec, device, len);
+        assert!(token.len() + 4 > len, "{}", token.len());
+        let d = expect_allowed(&stack, &token, device);
+        d.conn.flush().expect("the device's session answers");
+    }
+    let mut c = claims("dev-over", 600);
+    c["pad"] = json!("x".repeat(max * 3 / 4));
+    let over = ec.sign(&c);
+    assert!(over.len() > max);
+    expect_denied(&stack, &over, &format!("larger than {max} bytes"));
+}
+
+/// Runs `cmd` for at most 15 s; its exit code (None: still running, then killed) and stderr.
+fn run_bounded(mut cmd: std::process::Command) -> (Option<i32>, String) {
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let status = wait_for(Duration::from_secs(15), || child.try_wait().ok().flatten());
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (status.and_then(|s| s.code()), err)
+}
+
+/// A copied example whose password variable was never substituted stops fleet-auth, fleet-operator and
+/// fleetlock-server at start with the reason, instead of connecting with a password printed in the docs.
+#[test]
+fn services_refuse_a_placeholder_password_at_start() {
+    let ca = TestCa::new();
+    let ec = SignKey::ec("ec-1");
+    let jwks = Jwks::start(&ca, &[&ec]);
+    let mut stack = Stack::start(&ca, &jwks.url(), false);
+    stack.stop_auth();
+    let port = stack.nats.port();
+    let mut problems = Vec::new();
+    let mut check = |what: &str, cmd: std::process::Command, placeholder: &str| {
+        let (code, err) = run_bounded(cmd);
+        let said = format!("{placeholder:?}, a placeholder, not a password");
+        if code != Some(2) || !err.contains(&said) {
+            problems.push(format!("{what}: exit {code:?}, stderr {err:?}"));
+        }
+    };
+
+    std::fs::write(
+        stack.dir.path().join("auth-password"),
+        "$FLEET_AUTH_PASSWORD\n",
+    )
+    .expect("password file");
+    let mut auth = std::process::Command::new(fleet_auth_bin());
+    auth.arg("--config").arg(&stack.auth_config);
+    check("fleet-auth", auth, "$FLEET_AUTH_PASSWORD");
+
+    let operator = env!("CARGO_BIN_EXE_fleet-operator");
+    for args in [&[][..], &["buckets"][..]] {
+        let mut op = std::process::Command::new(operator);
+        op.args(args)
+            .env(
+                "FLEET_NATS_URL",
+                format!("nats://fleet-operator:$OPERATOR_PASSWORD@127.0.0.1:{port}"),
+            )
+            .env("KUBECONFIG", stack.dir.path().join("no-kubeconfig"));
+        check(
+            &format!("fleet-operator {args:?}"),
+            op,
+            "$OPERATOR_PASSWORD",
+        );
+    }
+    let mut op = std::process::Command::new(operator);
+    op.args([
+        "buckets",
+        "--nats-url",
+        &format!("nats://fleet-operator:${{OPERATOR_PASSWORD}}@127.0.0.1:{port}"),
+    ]);
+    check("fleet-operator --nats-url", op, "${OPERATOR_PASSWORD}");
+
+    let config = stack.dir.path().join("fleetlock.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "store: {{kind: nats, url: 'nats://fleetlock:$(FLEETLOCK_PASSWORD)@127.0.0.1:{port}'}}\n"
+        ),
+    )
+    .expect("fleetlock config");
+    let mut fl = std::process::Command::new(env!("CARGO_BIN_EXE_fleetlock-server"));
+    fl.args(["--plain-http", "--listen"])
+        .arg(format!("127.0.0.1:{}", fleet_rig::free_port()))
+        .arg("--config")
+        .arg(&config);
+    check("fleetlock-server", fl, "$(FLEETLOCK_PASSWORD)");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// A nats-server started by a test from its own configuration and environment; killed on drop.
+struct DocServer(std::process::Child);
+
+impl Drop for DocServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// docs/auth.md's nats-server example is safe to copy as it is: without the password variables nats-server refuses
+/// to start; with them (and its files and port) it starts, listens with TLS, and each service user's password is
+/// the variable's value, not the text of the example.
+#[test]
+fn the_documented_server_config_takes_its_passwords_from_the_environment() {
+    let doc =
+        std::fs::read_to_string(fleet_rig::workspace_root().join("docs/auth.md")).expect("docs");
+    let section = doc
+        .split_once("## nats-server configuration")
+        .expect("section")
+        .1;
+    let example = section
+        .split_once("```\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("the example")
+        .0;
+    let ca = TestCa::new();
+    let dir = tempfile::tempdir().expect("tmp");
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    };
+    let vars = [
+        "FLEET_AUTH_PASSWORD",
+        "OPERATOR_PASSWORD",
+        "FLEETLOCK_PASSWORD",
+        "DEVICE_API_PASSWORD",
+        "DEVICE_KV_PASSWORD",
+    ];
+    let nats_server = || {
+        let mut c = std::process::Command::new(fleet_rig::NatsServer::binary());
+        for v in vars {
+            c.env_remove(v);
+        }
+        c
+    };
+
+    // Verbatim, without the variables.
+    let verbatim = write("verbatim.conf", example);
+    let mut c = nats_server();
+    c.arg("-c").arg(&verbatim).arg("-t");
+    let (code, err) = run_bounded(c);
+    assert!(
+        code.is_some_and(|c| c != 0)
+            && err.contains("variable reference for 'FLEET_AUTH_PASSWORD'"),
+        "the verbatim example did not refuse to start: {code:?} {err}"
+    );
+
+    // With the variables, its certificate, store, issuer and a port of this machine.
+    let cert = ca.server_cert("nats-server");
+    let port = fleet_rig::free_port();
+    let issuer = nkeys::KeyPair::new_account().public_key();
+    let mut conf = example.to_owned();
+    for (from, to) in [
+        ("listen: 0.0.0.0:4222", format!("listen: 127.0.0.1:{port}")),
+        ("/etc/nats/server.crt", cert.cert_file.display().to_string()),
+        ("/etc/nats/server.key", cert.key_file.display().to_string()),
+        (
+            "/var/lib/nats",
+            dir.path().join("store").display().to_string(),
+        ),
+        ("\"A…\"", format!("\"{issuer}\"")),
+    ] {
+        assert!(conf.contains(from), "the example has no {from:?}");
+        conf = conf.replace(from, &to);
+    }
+    let conf = write("nats.conf", &conf);
+    let passwords = [
+        "authPw1x",
+        "operatorPw2y",
+        "fleetlockPw3z",
+        "deviceApiPw4w",
+        "deviceKvPw5v",
+    ];
+    let mut c = nats_server();
+    c.arg("-c").arg(&conf);
+    for (v, p) in vars.iter().zip(passwords) {
+        c.env(v, p);
+    }
+    let _server = DocServer(
+        c.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server"),
+    );
+    let up = wait_for(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    assert!(up.is_some(), "the documented configuration did not start");
+    let url = format!("tls://127.0.0.1:{port}");
+    let connect = |user: &str, password: &str| {
+        nats::Options::with_user_pass(user, password)
+            .tls_required(true)
+            .add_root_certificate(ca.ca_file())
+            .connect(url.as_str())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    for ((user, var), password) in [
+        "fleet-auth",
+        "fleet-operator",
+        "fleetlock",
+        "fleet-device-api",
+        "fleet-device-kv",
+    ]
+    .into_iter()
+    .zip(vars)
+    .zip(passwords)
+    {
+        assert_eq!(
+            connect(user, password),
+            Ok(()),
+            "{user} with ${var}'s value"
+        );
+        let literal = connect(user, &format!("${var}"));
+        assert!(
+            literal
+                .as_ref()
+                .is_err_and(|e| e.to_lowercase().contains("authorization violation")),
+            "{user} with the literal ${var}: {literal:?}"
+        );
+    }
+}

@@ -80,6 +80,12 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// `secs` (Unix seconds) as an RFC 3339 UTC time, for the log.
+fn rfc3339(secs: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
 impl Callout {
     /// Handles one request (`payload` as received, `server_xkey` the header's value).
     pub async fn handle(&self, payload: &[u8], server_xkey: Option<&str>) -> Answer {
@@ -116,16 +122,16 @@ impl Callout {
         if req.aud.as_deref() != Some(REQUEST_AUDIENCE) {
             return drop(format!("audience is not {REQUEST_AUDIENCE}"));
         }
-        if req.exp.is_some_and(|e| e + 5 < now()) {
+        if req.exp.is_some_and(|e| e.saturating_add(5) < now()) {
             return drop("it expired".into());
         }
         let r = req.nats;
         let who = format!("client {} cid {}", r.client_info.host, r.client_info.id);
         let decision = self.decide(&r.connect_opts, &r.user_nkey).await;
         let (outcome, log, allowed) = match &decision {
-            Ok((device, jwt)) => (
+            Ok((device, until, jwt)) => (
                 Ok(jwt.as_str()),
-                format!("allowed {who} as device {device}"),
+                format!("allowed {who} as device {device} until {}", rfc3339(*until)),
                 true,
             ),
             Err(reason) => (
@@ -153,12 +159,13 @@ impl Callout {
         }
     }
 
-    /// Verifies the token; on success the device and the user JWT for `user_nkey` with its permissions.
+    /// Verifies the token; on success the device, the session's end (Unix seconds) and the user JWT for
+    /// `user_nkey` with its permissions.
     async fn decide(
         &self,
         opts: &ConnectOpts,
         user_nkey: &str,
-    ) -> Result<(String, String), String> {
+    ) -> Result<(String, u64, String), String> {
         // In server-config mode nats-server drops a client's `jwt` option, so the token travels as `auth_token`.
         let Some(token) = opts.auth_token.as_deref().filter(|s| !s.is_empty()) else {
             return Err(Denied::NoToken.to_string());
@@ -170,11 +177,12 @@ impl Callout {
             subscribe: perms.subscribe,
         };
         let device = identity.device.to_string();
-        // The server disconnects the client when its token expires; it reconnects with the token on disk.
-        let claims =
-            natsjwt::user_claims(user_nkey, &self.account, &device, &allow, identity.expires);
+        // The server disconnects the client when the session ends (token expiry plus leeway, capped); it
+        // reconnects with the token on disk.
+        let until = identity.session_until;
+        let claims = natsjwt::user_claims(user_nkey, &self.account, &device, &allow, until);
         let jwt = natsjwt::encode(claims, &self.issuer, now()).map_err(|e| e.to_string())?;
-        Ok((device, jwt))
+        Ok((device, until, jwt))
     }
 
     async fn verify(&self, token: &str) -> Result<token::Identity, Denied> {

@@ -211,6 +211,10 @@ impl Settings {
             );
         }
         let password = read_secret(&raw.nats.password_file, "nats.password_file")?;
+        crate::nats_password::refuse_placeholder(
+            &password,
+            &format!("nats.password_file {}", raw.nats.password_file.display()),
+        )?;
         let tls = crate::nats_tls::NatsTls::new(
             raw.nats.ca_file.clone(),
             raw.nats.cert_file.clone(),

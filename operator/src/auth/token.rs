@@ -1,6 +1,7 @@
 //! Verifying a device's Zitadel token against one signing key: signature (RS256 or ES256, chosen by the key, never
 //! by the token), `iss`, `aud`, `exp` and `nbf` with a small leeway, and the device id claim as a
-//! `fleet_wire::DeviceId`. Pure: the key comes from the JWKS cache.
+//! `fleet_wire::DeviceId`; and how long the session it opens lasts ([`session_end`]), so that the user JWT the
+//! callout issues is one nats-server accepts. Pure: the key comes from the JWKS cache.
 
 use fleet_wire::DeviceId;
 use jsonwebtoken::errors::ErrorKind;
@@ -12,6 +13,14 @@ use std::time::Duration;
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 /// Largest leeway allowed for `exp`/`nbf`.
 pub const MAX_LEEWAY: Duration = Duration::from_secs(300);
+/// Longest session one admission grants: the user JWT expires then at the latest, and the device reconnects with
+/// its token, which is checked again. It also keeps the user JWT's `exp` far from what nats-server cannot hold
+/// (it refuses an `exp` beyond `i64`, and an `exp` more than about 292 years ahead overflows its timer and
+/// disconnects the client at once).
+pub const MAX_SESSION: Duration = Duration::from_secs(24 * 3600);
+/// Shortest session worth admitting: nats-server disconnects a client whose user JWT expires, so a token that
+/// (with the leeway) has less left than this is refused as expired rather than admitted for a moment.
+pub const MIN_SESSION: Duration = Duration::from_secs(5);
 
 /// What a token must satisfy.
 #[derive(Debug, Clone)]
@@ -59,6 +68,9 @@ pub enum Denied {
     /// `exp` passed.
     #[error("token expired")]
     Expired,
+    /// `exp`, with the leeway, is less than [`MIN_SESSION`] away.
+    #[error("token expires within {min}s even with the {1}s leeway (exp {0})", min = MIN_SESSION.as_secs())]
+    ExpiresTooSoon(u64, u64),
     /// `nbf` in the future.
     #[error("token not valid yet (nbf in the future)")]
     NotYetValid,
@@ -86,6 +98,25 @@ pub struct Identity {
     pub device: DeviceId,
     /// Token expiry (Unix seconds).
     pub expires: u64,
+    /// When the session ends (Unix seconds): the user JWT's `exp`, from [`session_end`].
+    pub session_until: u64,
+}
+
+/// The end of the session a token with expiry `exp` opens at `now` (Unix seconds): `exp` plus the leeway (the
+/// token is valid that long in this clock, so nats-server must not disconnect the device earlier), at most
+/// [`MAX_SESSION`] from now. A session shorter than [`MIN_SESSION`] is refused: nats-server refuses a user JWT
+/// whose `exp` has passed and disconnects at once one whose `exp` is now, so admitting it would be a lie in the
+/// log.
+pub fn session_end(exp: u64, leeway: Duration, now: u64) -> Result<u64, Denied> {
+    let end = exp.saturating_add(leeway.as_secs());
+    if end < now.saturating_add(MIN_SESSION.as_secs()) {
+        return Err(if exp.saturating_add(leeway.as_secs()) < now {
+            Denied::Expired
+        } else {
+            Denied::ExpiresTooSoon(exp, leeway.as_secs())
+        });
+    }
+    Ok(end.min(now.saturating_add(MAX_SESSION.as_secs())))
 }
 
 /// The `kid` of `token`'s header (tokens without one are refused).
@@ -102,8 +133,19 @@ pub fn kid(token: &str) -> Result<String, Denied> {
         .ok_or_else(|| Denied::Malformed("no kid in the header".into()))
 }
 
-/// Verifies `token` with `key` under `policy`.
+/// Verifies `token` with `key` under `policy` at the current time.
 pub fn verify(token: &str, key: &SigningKey, policy: &Policy) -> Result<Identity, Denied> {
+    verify_at(token, key, policy, jsonwebtoken::get_current_timestamp())
+}
+
+/// [`verify`] with the session computed for `now` (Unix seconds; jsonwebtoken's own `exp`/`nbf` check uses the
+/// system clock).
+pub fn verify_at(
+    token: &str,
+    key: &SigningKey,
+    policy: &Policy,
+    now: u64,
+) -> Result<Identity, Denied> {
     let mut v = Validation::new(key.alg);
     v.algorithms = vec![key.alg];
     v.leeway = policy.leeway.as_secs();
@@ -123,16 +165,28 @@ pub fn verify(token: &str, key: &SigningKey, policy: &Policy) -> Result<Identity
             other => Denied::Malformed(format!("{other:?}")),
         })?;
     let claims = data.claims;
+    // A NumericDate may have a fraction (RFC 7519); jsonwebtoken accepted it, so it is a non-negative number.
     let expires = claims
         .get("exp")
-        .and_then(Value::as_u64)
+        .and_then(|v| {
+            v.as_u64().or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.is_finite() && *f >= 0.0)
+                    .map(|f| f as u64)
+            })
+        })
         .ok_or_else(|| Denied::MissingClaim("exp".into()))?;
     let raw = claims
         .get(&policy.device_claim)
         .and_then(Value::as_str)
         .ok_or_else(|| Denied::NoDeviceId(policy.device_claim.clone()))?;
     let device = DeviceId::try_from(raw).map_err(|e| Denied::BadDeviceId(e.to_string()))?;
-    Ok(Identity { device, expires })
+    let session_until = session_end(expires, policy.leeway, now)?;
+    Ok(Identity {
+        device,
+        expires,
+        session_until,
+    })
 }
 
 #[cfg(test)]
@@ -191,6 +245,32 @@ mod tests {
     fn good() -> Value {
         json!({"iss": "https://zitadel.test", "aud": ["fleet", "other"], "exp": now() + 600,
                "nbf": now() - 10, "device_id": "dev-a"})
+    }
+
+    #[test]
+    fn sessions_end_with_the_leeway_capped_and_never_too_soon() {
+        let l = Duration::from_secs(30);
+        let now = 1_800_000_000;
+        let cap = now + MAX_SESSION.as_secs();
+        let table = [
+            (now + 600, Ok(now + 630)),
+            (now, Ok(now + 30)),
+            (now - 25, Ok(now + 5)),
+            (now - 26, Err(Denied::ExpiresTooSoon(now - 26, 30))),
+            (now - 30, Err(Denied::ExpiresTooSoon(now - 30, 30))),
+            (now - 31, Err(Denied::Expired)),
+            (0, Err(Denied::Expired)),
+            (cap - 30, Ok(cap)),
+            (cap, Ok(cap)),
+            (u64::MAX, Ok(cap)),
+        ];
+        for (exp, want) in table {
+            assert_eq!(session_end(exp, l, now), want, "exp {exp}");
+        }
+        assert_eq!(
+            session_end(now, Duration::ZERO, now),
+            Err(Denied::ExpiresTooSoon(now, 0))
+        );
     }
 
     #[test]
@@ -263,8 +343,30 @@ mod tests {
                 "{bad:?}: {got:?}"
             );
         }
-        // Within the leeway.
-        assert!(with(&|c| c["exp"] = json!(now() - 2)).is_ok());
+        // Within the leeway only if the session it opens is long enough for nats-server to keep the device.
+        let p60 = Policy {
+            leeway: Duration::from_secs(60),
+            ..policy()
+        };
+        let lee = |exp: u64| {
+            let mut c = good();
+            c["exp"] = json!(exp);
+            verify(&sign(&k, c), &k.key, &p60)
+        };
+        let t = now();
+        let id = lee(t - 30).expect("30 s into a 60 s leeway");
+        assert_eq!((id.expires, id.session_until), (t - 30, t + 30));
+        assert_eq!(lee(t - 58), Err(Denied::ExpiresTooSoon(t - 58, 60)));
+        assert_eq!(lee(t - 61), Err(Denied::Expired));
+        // Far and huge expiries open a capped session.
+        for exp in [t + 10 * 366 * 86400, i64::MAX as u64, u64::MAX] {
+            let id = lee(exp).expect("far exp");
+            let ahead = id.session_until - t;
+            assert!(
+                (MAX_SESSION.as_secs()..=MAX_SESSION.as_secs() + 1).contains(&ahead),
+                "{exp}: {ahead}"
+            );
+        }
         // A token signed with HS256 by someone holding the public key is refused (alg from the key).
         let hs = jsonwebtoken::encode(
             &Header::new(Algorithm::HS256),

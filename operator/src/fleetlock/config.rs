@@ -321,6 +321,9 @@ impl Config {
             if url.trim().is_empty() {
                 return Err("store.url: empty".into());
             }
+            if let Some((_, password)) = fleet_wire::auth::split_nats_url(url).user_password {
+                crate::nats_password::refuse_placeholder(&password, "store.url's password")?;
+            }
             if !(1..=crate::kv::MAX_REPLICAS).contains(replicas) {
                 return Err(format!(
                     "store.replicas: {replicas}: a bucket has 1 to {} replicas",
@@ -485,6 +488,7 @@ groups:
             "store: {kind: nats, url: 'tls://x:4222', cert_file: /c.pem}",
             "store: {kind: nats, url: 'nats://x:4222', replicas: 0}",
             "store: {kind: nats, url: 'nats://x:4222', replicas: 6}",
+            "store: {kind: nats, url: 'nats://fleetlock:$FLEETLOCK_PASSWORD@x:4222'}",
             "store: {kind: file, replicas: 3}",
             "unknown: 1",
         ] {

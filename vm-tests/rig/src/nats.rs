@@ -268,8 +268,8 @@ pub fn callout_config(
     let xkey = xkey.map(|x| format!("xkey: \"{x}\"")).unwrap_or_default();
     format!(
         r#"log_file: "{log}"
-# Device tokens up to fleet_wire::auth::NATS_TOKEN_MAX_BYTES travel in CONNECT.
-max_control_line: 32KB
+# Device tokens up to fleet_wire::auth::NATS_TOKEN_MAX_BYTES travel in CONNECT (docs/auth.md).
+max_control_line: 20KB
 accounts {{
   AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth}" }} ] }}
   {FLEET_ACCOUNT} {{
