@@ -274,11 +274,25 @@ impl Settings {
         }
         let device_api = match raw.device_api {
             Some(d) => Some(DeviceApiSettings {
-                password: read_secret(&d.password_file, "device_api.password_file")?,
-                fleet_password: read_secret(
-                    &d.fleet_password_file,
-                    "device_api.fleet_password_file",
-                )?,
+                password: {
+                    let p = read_secret(&d.password_file, "device_api.password_file")?;
+                    crate::nats_password::refuse_placeholder(
+                        &p,
+                        &format!("device_api.password_file {}", d.password_file.display()),
+                    )?;
+                    p
+                },
+                fleet_password: {
+                    let p = read_secret(&d.fleet_password_file, "device_api.fleet_password_file")?;
+                    crate::nats_password::refuse_placeholder(
+                        &p,
+                        &format!(
+                            "device_api.fleet_password_file {}",
+                            d.fleet_password_file.display()
+                        ),
+                    )?;
+                    p
+                },
                 user: d.user,
                 fleet_user: d.fleet_user,
             }),
