@@ -42,10 +42,9 @@ where
     S: Serialize,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
-    let mut reference = obj.object_ref(&());
-    // Fleet objects are cluster-scoped: their events live in `default`, and API servers before 1.22 insist that
-    // the regarding object's namespace equals the event's.
-    reference.namespace = Some("default".into());
+    // The object's own reference (kind, name, uid; no namespace: fleet objects are cluster-scoped, and the event
+    // is recorded in `default`, which the API server accepts for them), so that `kubectl describe` finds it.
+    let reference = obj.object_ref(&());
     for c in failing {
         let ev = Event {
             type_: EventType::Warning,
