@@ -54,6 +54,7 @@ fn reference(a: &Alert, pod: &OwnPod, devices: &Store<Device>, runs: &Store<Task
 
 /// Publishes one Warning event for `a` (best effort: the dashboard and metrics carry the same alert).
 pub async fn publish(
+    client: &kube::Client,
     recorder: &Recorder,
     a: &Alert,
     pod: &OwnPod,
@@ -76,10 +77,15 @@ pub async fn publish(
         action: "Alert".into(),
         secondary: None,
     };
-    if let Err(e) = recorder
-        .publish(&ev, &reference(a, pod, devices, runs))
-        .await
-    {
+    let reference = reference(a, pod, devices, runs);
+    let published = match &a.subject {
+        // cluster-scoped: recorded so that `kubectl describe` finds it (see crate::report)
+        Subject::Device(_) => {
+            crate::report::publish_cluster_scoped(client, recorder, &ev, &reference).await
+        }
+        _ => recorder.publish(&ev, &reference).await,
+    };
+    if let Err(e) = published {
         log::warn!("alert event {} for {}: {e}", a.kind.as_str(), a.subject);
     }
 }
