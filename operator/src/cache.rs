@@ -70,7 +70,9 @@ where
 
 /// The typed event of a raw one, with unknown fields marked (see the module docs). `Err` carries whether the
 /// object came from a list, and why it did not decode.
-fn typed<K>(ev: watcher::Event<DynamicObject>) -> Result<watcher::Event<K>, (bool, serde_json::Error)>
+fn typed<K>(
+    ev: watcher::Event<DynamicObject>,
+) -> Result<watcher::Event<K>, (bool, serde_json::Error)>
 where
     K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
 {

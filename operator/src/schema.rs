@@ -80,7 +80,11 @@ pub fn mark_unknown(meta: &mut ObjectMeta, paths: &[String]) {
 /// the webhook would have named them; `None` when it has none.
 pub fn refusal<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Option<String> {
     let kind = K::kind(&());
-    let list = obj.meta().annotations.as_ref()?.get(UNKNOWN_FIELDS_ANNOTATION)?;
+    let list = obj
+        .meta()
+        .annotations
+        .as_ref()?
+        .get(UNKNOWN_FIELDS_ANNOTATION)?;
     let paths: Vec<String> = serde_json::from_str(list).ok()?;
     let root = of(&kind)?;
     (!paths.is_empty()).then(|| {

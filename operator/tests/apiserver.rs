@@ -564,11 +564,18 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
     let ev = list
         .items
         .iter()
-        .find(|e| e.reason.as_deref() == Some("NatsUnreachable") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(dep.as_str()))
+        .find(|e| {
+            e.reason.as_deref() == Some("NatsUnreachable")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(dep.as_str())
+        })
         .unwrap();
     let regarding = ev.regarding.clone().unwrap();
     assert_eq!(
-        (regarding.kind.as_deref(), regarding.uid, regarding.namespace),
+        (
+            regarding.kind.as_deref(),
+            regarding.uid,
+            regarding.namespace
+        ),
         (Some("FleetDeployment"), uid, None)
     );
     let (ok, out, err) = kubectl(&["describe", "fdep", &dep], "");
@@ -584,11 +591,18 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
     let ev = list
         .items
         .iter()
-        .find(|e| e.reason.as_deref() == Some("NatsUnreachable") && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(dep.as_str()))
+        .find(|e| {
+            e.reason.as_deref() == Some("NatsUnreachable")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(dep.as_str())
+        })
         .unwrap();
     let regarding = ev.regarding.clone().unwrap();
     assert_eq!(
-        (regarding.kind.as_deref(), regarding.uid, regarding.namespace),
+        (
+            regarding.kind.as_deref(),
+            regarding.uid,
+            regarding.namespace
+        ),
         (Some("FleetDeployment"), uid, None)
     );
     let (ok, out, err) = kubectl(&["describe", "fdep", &dep], "");
@@ -1257,9 +1271,7 @@ async fn without_the_webhook_unknown_fields_are_refused_by_the_operator() {
     .await;
 
     let placed = eventually("the correct deployment placed", || async {
-        f.desired(&a)
-            .await
-            .filter(|s| workload_names(s) == ["ok"])
+        f.desired(&a).await.filter(|s| workload_names(s) == ["ok"])
     })
     .await;
     let condition = |reason: Option<String>, want: &str| {
@@ -1306,9 +1318,7 @@ async fn without_the_webhook_unknown_fields_are_refused_by_the_operator() {
     // nothing of the refused objects reached a device
     assert_eq!(f.desired(&a).await, Some(placed));
     assert!(
-        f.desired(&b)
-            .await
-            .is_none_or(|s| s.workloads.is_empty()),
+        f.desired(&b).await.is_none_or(|s| s.workloads.is_empty()),
         "nothing placed on {b}"
     );
     let intents = f.bucket(fleet_wire::kv::AGENT_UPGRADE_INTENT).await;

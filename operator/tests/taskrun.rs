@@ -1175,9 +1175,7 @@ async fn without_the_webhook_unknown_fields_and_spec_edits_stop_the_run() {
     typo["targetSelector"] = json!({"matchLabel": {"canary": "true"}});
     create_raw(&f, "TaskRun", "typo", typo).await;
     let (reason, message) = eventually("the typo refused", || async {
-        run_ready(&f, "typo")
-            .await
-            .filter(|(r, _)| r != "Planning")
+        run_ready(&f, "typo").await.filter(|(r, _)| r != "Planning")
     })
     .await;
     assert_eq!(reason, "InvalidSpec", "{message}");
@@ -1192,7 +1190,11 @@ async fn without_the_webhook_unknown_fields_and_spec_edits_stop_the_run() {
     let typo_uid = AttemptId::try_from(r.metadata.uid.unwrap().as_str()).unwrap();
     let plans = f.bucket(layout::TASK_PLANS).await;
     assert!(
-        plans.get(plan_manifest_key(&typo_uid)).await.unwrap().is_none(),
+        plans
+            .get(plan_manifest_key(&typo_uid))
+            .await
+            .unwrap()
+            .is_none(),
         "no plan for a refused run"
     );
     for d in [&c, &o] {

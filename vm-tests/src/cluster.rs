@@ -118,8 +118,8 @@ impl Cluster {
     /// until they refuse a typo (the API server loads a new configuration asynchronously, and the operator may still
     /// be starting).
     fn register_webhooks(&self) {
-        let ca = std::fs::read(self.webhook_ca.ca_file())
-            .unwrap_or_else(|e| panic!("webhook CA: {e}"));
+        let ca =
+            std::fs::read(self.webhook_ca.ca_file()).unwrap_or_else(|e| panic!("webhook CA: {e}"));
         let config = fleet_rig::kube::webhook_registration(
             "fleet-operator-webhooks",
             &self.webhook_url,

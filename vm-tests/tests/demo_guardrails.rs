@@ -11,9 +11,11 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 
 const API: &str = "apiVersion: fleet.nationtech.io/v1alpha1";
-const BUILD: &str = "{architecture: amd64, version: 1.2.0, artifact: \"https://example.com/fleet-agent\", \
+const BUILD: &str =
+    "{architecture: amd64, version: 1.2.0, artifact: \"https://example.com/fleet-agent\", \
     sha256: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa, byteLimit: 1000}";
-const RUN_SPEC: &str = "allowedGroups: [demo], targetSelector: {}, deadlineSeconds: 600, systemUpgradeV1: {}";
+const RUN_SPEC: &str =
+    "allowedGroups: [demo], targetSelector: {}, deadlineSeconds: 600, systemUpgradeV1: {}";
 
 /// (kind, name, the spec as YAML flow text or a whole document tail, the path the refusal must name). Each kind's
 /// closed objects all appear as the parent of some path (checked against the published schemas below).
@@ -293,7 +295,11 @@ fn the_demo_cluster_refuses_typos_at_every_depth_and_taskrun_edits() {
     );
 
     // a TaskRun's spec cannot change; its labels can
-    c.create(&document("TaskRun", "upgrade", &format!("spec: {{{RUN_SPEC}}}")));
+    c.create(&document(
+        "TaskRun",
+        "upgrade",
+        &format!("spec: {{{RUN_SPEC}}}"),
+    ));
     let err = c
         .try_kubectl(&[
             "patch",

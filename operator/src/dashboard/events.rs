@@ -20,7 +20,12 @@ pub struct OwnPod {
 
 /// The object `a` regards: the cached object's own reference (kind, name, namespace, uid), so that `kubectl
 /// describe` finds the event; by name alone while the object is not cached.
-fn reference(a: &Alert, pod: &OwnPod, devices: &Store<Device>, runs: &Store<TaskRun>) -> ObjectReference {
+fn reference(
+    a: &Alert,
+    pod: &OwnPod,
+    devices: &Store<Device>,
+    runs: &Store<TaskRun>,
+) -> ObjectReference {
     match &a.subject {
         Subject::Device(name) => devices
             .get(&ObjectRef::new(name))

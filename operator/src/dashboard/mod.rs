@@ -150,7 +150,15 @@ async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: 
         let before = state.alerts();
         for a in alerts::appeared(&before, &next) {
             log::warn!("alert: {}: {}: {}", a.kind.title(), a.subject, a.detail);
-            events::publish(&client, &recorder, a, &opts.pod, &state.devices, &state.runs).await;
+            events::publish(
+                &client,
+                &recorder,
+                a,
+                &opts.pod,
+                &state.devices,
+                &state.runs,
+            )
+            .await;
         }
         *state.alerts.write().unwrap_or_else(|p| p.into_inner()) = next;
         tokio::select! {

@@ -38,7 +38,9 @@ pub fn ready(
     let (ok, r) = match (phase, reason, problem) {
         (TaskRunPhase::Failed, r, _) => (false, r.map(reason_name).unwrap_or("Failed")),
         // Refused before it was acted on: unknown fields, or a spec that is not the one frozen (`spec_check`).
-        (_, Some(TaskRunReason::InvalidSpec), _) => (false, reason_name(TaskRunReason::InvalidSpec)),
+        (_, Some(TaskRunReason::InvalidSpec), _) => {
+            (false, reason_name(TaskRunReason::InvalidSpec))
+        }
         (_, _, Some(_)) => (false, reason_name(TaskRunReason::GroupSourceError)),
         (TaskRunPhase::Planning, ..) => (true, "Planning"),
         (TaskRunPhase::Running, ..) => (true, "Running"),
@@ -125,7 +127,11 @@ fn diff(path: &str, was: &serde_json::Value, now: &serde_json::Value, out: &mut 
             }
         }
     } else if was != now {
-        out.push(format!("{path} (was {}, now {})", shown(Some(was)), shown(Some(now))));
+        out.push(format!(
+            "{path} (was {}, now {})",
+            shown(Some(was)),
+            shown(Some(now))
+        ));
     }
 }
 

@@ -283,8 +283,7 @@ pub fn webhook_registration(
 ) -> serde_json::Value {
     use base64::Engine;
     let path = workspace_root().join("operator/deploy/webhook.yaml");
-    let text = fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let mut config = text
         .split("\n---\n")
         .map(|doc| {
