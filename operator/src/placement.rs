@@ -177,7 +177,15 @@ pub fn resolve_groups(
         .iter()
         .map(|g| {
             let name = g.name_any();
-            let members = resolve_group(&name, &g.spec, devices);
+            // Fields the typed spec dropped (`selector: {matchLabel: …}` reads as "no selector"): refused, never
+            // resolved into a different group.
+            let members = match crate::schema::refusal(g.as_ref()) {
+                Some(message) => Err(GroupError::InvalidSpec {
+                    group: name.clone(),
+                    message,
+                }),
+                None => resolve_group(&name, &g.spec, devices),
+            };
             (name, members)
         })
         .collect()

@@ -307,7 +307,11 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) -> Deployed {
     let mut results = BTreeMap::new();
     let mut targets_of = BTreeMap::new();
     for d in &s.deployments {
-        let workloads = validate::deployment_workloads(&d.spec);
+        // Unknown fields (kept by the CRD, dropped by the typed spec) make the spec invalid, as the webhook says.
+        let workloads = match crate::schema::refusal(d.as_ref()) {
+            Some(m) => Err(m),
+            None => validate::deployment_workloads(&d.spec),
+        };
         let targets = match &workloads {
             Err(e) => Err(PlacementError::InvalidSpec(e.clone())),
             Ok(_) => placement::place(
@@ -594,6 +598,9 @@ fn release(
     now: Timestamp,
     new_id: &mut dyn FnMut() -> AttemptId,
 ) -> ReleaseResult {
+    if let Some(m) = crate::schema::refusal(r) {
+        return Err((conditions::REASON_INVALID_SPEC, m));
+    }
     let builds: Arc<[Build]> = validate::release_builds(&r.spec)
         .map_err(|e| (conditions::REASON_INVALID_SPEC, e))?
         .into();

@@ -42,10 +42,7 @@ where
     S: Serialize,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
-    let mut reference = obj.object_ref(&());
-    // Fleet objects are cluster-scoped: their events live in `default`, and API servers before 1.22 insist that
-    // the regarding object's namespace equals the event's.
-    reference.namespace = Some("default".into());
+    let reference = obj.object_ref(&());
     for c in failing {
         let ev = Event {
             type_: EventType::Warning,
@@ -59,7 +56,7 @@ where
             },
             secondary: None,
         };
-        if let Err(e) = recorder.publish(&ev, &reference).await {
+        if let Err(e) = publish_cluster_scoped(client, recorder, &ev, &reference).await {
             // Events are best effort: the condition carries the same message.
             log::warn!("event {} for {name}: {e}", c.reason);
         }
@@ -68,6 +65,57 @@ where
     api.patch_status(&name, &PatchParams::default(), &replace_status(status)?)
         .await?;
     Ok(())
+}
+
+/// Records `ev` about the cluster-scoped object `reference` (kind, name, uid) so that `kubectl describe` shows
+/// it: a core/v1 Event of the old form (no `eventTime`) in `default` whose `involvedObject` has no namespace, as
+/// kubelets record Node events. 1.20 API servers refuse that for events of the new form (events.k8s.io): their
+/// `regarding` must carry the event's namespace, and then `kubectl describe`, which looks for no namespace, never
+/// finds them. `recorder` is kept for the reporter's name (the source component is [`MANAGER`]).
+pub async fn publish_cluster_scoped(
+    client: &Client,
+    recorder: &Recorder,
+    ev: &Event,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    let _ = recorder;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let name = reference.name.clone().unwrap_or_default();
+    let mut involved = reference.clone();
+    involved.namespace = None;
+    let event = CoreEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        involved_object: involved,
+        type_: Some(
+            match ev.type_ {
+                EventType::Normal => "Normal",
+                EventType::Warning => "Warning",
+            }
+            .into(),
+        ),
+        reason: Some(ev.reason.clone()),
+        message: ev.note.clone(),
+        // An event of the old form (no eventTime): only for those does the API server accept the `default`
+        // namespace for an object without one.
+        count: Some(1),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        source: Some(EventSource {
+            component: Some(MANAGER.into()),
+            host: None,
+        }),
+        ..Default::default()
+    };
+    Api::<CoreEvent>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &event)
+        .await
+        .map(|_| ())
 }
 
 /// A patch that replaces `status` whole. A merge patch would keep every key the new status lacks (an earlier

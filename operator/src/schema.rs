@@ -2,6 +2,10 @@
 //! (`x-kubernetes-preserve-unknown-fields` on every object of the spec, see [`keep_unknown_fields`]) so that the
 //! admission webhook sees them, and [`unknown_fields`] names each one by its path. Pure.
 //!
+//! Without the webhook (missing, bypassed, or an object stored before it was installed) the operator still sees
+//! the kept fields: its caches mark them ([`mark_unknown`], `crate::cache`) and every controller refuses to act on
+//! a marked object ([`refusal`]: `Ready=False`, reason `InvalidSpec`).
+//!
 //! Why not the API server alone: 1.20 prunes unknown fields while decoding a request, before admission, and has no
 //! server-side `fieldValidation=Strict` (1.25+). A pruned typo (`devicez: [dev-2]`) would leave a valid-looking
 //! object that means something else, so the schema keeps what it does not know and the webhook refuses it.
@@ -9,8 +13,14 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// The annotation the operator's caches put on an object with unknown fields (their paths, a JSON list). In memory
+/// only: the operator never writes it, and one set by a person is replaced by what the cache found.
+pub const UNKNOWN_FIELDS_ANNOTATION: &str = "fleet.nationtech.io/unknown-fields";
 
 /// Most unknown field paths one answer names (the count carries the rest).
 pub const MAX_REPORTED: usize = 20;
@@ -48,6 +58,41 @@ fn mark(node: &mut JSONSchemaProps) {
     if let Some(JSONSchemaPropsOrBool::Schema(values)) = node.additional_properties.as_mut() {
         mark(values);
     }
+}
+
+/// The root schema of fleet kind `kind` (built once), or `None` for any other kind.
+pub fn of(kind: &str) -> Option<&'static JSONSchemaProps> {
+    static SCHEMAS: OnceLock<BTreeMap<String, JSONSchemaProps>> = OnceLock::new();
+    SCHEMAS.get_or_init(schemas).get(kind)
+}
+
+/// Marks `meta` with `paths` (see [`UNKNOWN_FIELDS_ANNOTATION`]); with none, removes any mark.
+pub fn mark_unknown(meta: &mut ObjectMeta, paths: &[String]) {
+    let annotations = meta.annotations.get_or_insert_with(Default::default);
+    annotations.remove(UNKNOWN_FIELDS_ANNOTATION);
+    if !paths.is_empty() {
+        let list = serde_json::to_string(paths).unwrap_or_default();
+        annotations.insert(UNKNOWN_FIELDS_ANNOTATION.to_owned(), list);
+    }
+}
+
+/// Why the operator refuses to act on `obj` (a cached fleet object, see [`mark_unknown`]): its unknown fields, as
+/// the webhook would have named them; `None` when it has none.
+pub fn refusal<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Option<String> {
+    let kind = K::kind(&());
+    let list = obj
+        .meta()
+        .annotations
+        .as_ref()?
+        .get(UNKNOWN_FIELDS_ANNOTATION)?;
+    let paths: Vec<String> = serde_json::from_str(list).ok()?;
+    let root = of(&kind)?;
+    (!paths.is_empty()).then(|| {
+        format!(
+            "{}; the operator acts on nothing in this object until it is fixed",
+            unknown_message(root, &paths)
+        )
+    })
 }
 
 /// The root schema of each fleet kind (`DeviceGroup` → its `openAPIV3Schema`).
@@ -123,6 +168,11 @@ fn walk(schema: &JSONSchemaProps, value: &Value, path: &str, out: &mut Vec<Strin
 /// The denial message for `paths` (non-empty) on `kind` `name`: each path, bounded to [`MAX_REPORTED`], and
 /// what the known fields are where the first one was found.
 pub fn denial(kind: &str, name: &str, root: &JSONSchemaProps, paths: &[String]) -> String {
+    format!("{kind} {name:?}: {}", unknown_message(root, paths))
+}
+
+/// [`denial`] without the object's kind and name (for the object's own condition).
+pub fn unknown_message(root: &JSONSchemaProps, paths: &[String]) -> String {
     let shown: Vec<&str> = paths
         .iter()
         .take(MAX_REPORTED)
@@ -136,7 +186,7 @@ pub fn denial(kind: &str, name: &str, root: &JSONSchemaProps, paths: &[String]) 
     };
     let noun = if paths.len() == 1 { "field" } else { "fields" };
     let mut msg = format!(
-        "{kind} {name:?}: unknown {noun} {}{tail} (refused rather than silently dropped; see docs/crds.md)",
+        "unknown {noun} {}{tail} (refused rather than silently dropped; see docs/crds.md)",
         shown.join(", ")
     );
     if let Some(known) = paths.first().and_then(|p| known_beside(root, p)) {

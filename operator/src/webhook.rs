@@ -1,6 +1,9 @@
 //! The operator's validating admission webhook, served over HTTPS (rustls), `operator/deploy/webhook.yaml`
-//! registers it. Two checks, one path each: [`FIELDS_PATH`] refuses unknown fields in every fleet object
-//! ([`crate::schema`]), [`crate::tasks::webhook::PATH`] refuses changes to a TaskRun's spec.
+//! registers it (in a cluster, in the demo and in the tests alike). Two checks, one path each: [`FIELDS_PATH`]
+//! refuses unknown fields in every fleet object ([`crate::schema`]) and invalid fleet-wire parts (workloads, release
+//! builds, a schedule: open in the CRD schema), [`crate::tasks::webhook::PATH`] refuses changes to a TaskRun's spec.
+//! The operator does not rely on it: it refuses to act on such objects by itself (`crate::cache`,
+//! [`crate::tasks::status::spec_check`]).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -9,13 +12,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
@@ -43,12 +44,6 @@ pub fn answer(uid: Option<&Value>, denial: Option<&str>) -> Value {
     })
 }
 
-/// The schema of each fleet kind, built once.
-fn schemas() -> &'static BTreeMap<String, JSONSchemaProps> {
-    static SCHEMAS: OnceLock<BTreeMap<String, JSONSchemaProps>> = OnceLock::new();
-    SCHEMAS.get_or_init(crate::schema::schemas)
-}
-
 /// The unknown-field check of one `AdmissionReview` (pure): refused when the new object has a field its kind's
 /// schema does not know, naming every such field; objects of other kinds, and deletes, are allowed.
 pub fn fields_review(request: &Value) -> Value {
@@ -57,22 +52,50 @@ pub fn fields_review(request: &Value) -> Value {
         .pointer("/request/kind/kind")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let (Some(root), Some(object)) = (schemas().get(kind), request.pointer("/request/object"))
+    let (Some(root), Some(object)) = (crate::schema::of(kind), request.pointer("/request/object"))
     else {
         return answer(uid, None);
     };
-    let unknown = crate::schema::unknown_fields(root, object);
-    if unknown.is_empty() {
-        return answer(uid, None);
-    }
     let name = object
         .pointer("/metadata/name")
         .or_else(|| request.pointer("/request/name"))
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let message = crate::schema::denial(kind, name, root, &unknown);
+    let unknown = crate::schema::unknown_fields(root, object);
+    let message = if !unknown.is_empty() {
+        crate::schema::denial(kind, name, root, &unknown)
+    } else if let Some(problem) = wire_problems(kind, object) {
+        format!("{kind} {name:?}: {problem}")
+    } else {
+        return answer(uid, None);
+    };
     log::info!("admission refused: {message}");
     answer(uid, Some(&message))
+}
+
+/// What is wrong in the parts of a spec whose shape is a fleet-wire contract (open in the CRD schema: workloads,
+/// release builds, a schedule), validated exactly as the operator validates them, so that a typo inside them is
+/// refused too instead of becoming an `InvalidSpec` condition later. `None`: valid, or not such a kind.
+fn wire_problems(kind: &str, object: &Value) -> Option<String> {
+    let spec = object.get("spec")?;
+    match kind {
+        "FleetDeployment" => {
+            let s: crate::crd::FleetDeploymentSpec = serde_json::from_value(spec.clone()).ok()?;
+            crate::validate::deployment_workloads(&s)
+                .err()
+                .map(|e| format!("spec.{e}"))
+        }
+        "AgentRelease" => {
+            let s: crate::crd::AgentReleaseSpec = serde_json::from_value(spec.clone()).ok()?;
+            crate::validate::release_builds(&s)
+                .err()
+                .map(|e| format!("spec.{e}"))
+        }
+        "TaskSchedule" => crate::tasks::schedule::Schedule::parse(spec.get("schedule")?)
+            .err()
+            .map(|e| format!("spec.{e}")),
+        _ => None,
+    }
 }
 
 /// The server's TLS configuration from PEM files (certificate chain, private key).
@@ -214,6 +237,30 @@ mod tests {
                     json!({"metadata": {"name": "d"}, "spec": {"allowedGroups": [], "workloads": [], "extra": 1, "more": 2}}),
                 ),
                 Some("FleetDeployment \"d\": unknown fields spec.extra, spec.more"),
+            ),
+            // inside the fleet-wire parts, validated as the operator validates them
+            (
+                req(
+                    "FleetDeployment",
+                    json!({"metadata": {"name": "d"}, "spec": {"allowedGroups": ["g"], "workloads": [{"name": "w", "imag": "x"}]}}),
+                ),
+                Some("FleetDeployment \"d\": spec.workloads[0]: "),
+            ),
+            (
+                req(
+                    "TaskSchedule",
+                    json!({"metadata": {"name": "s"}, "spec": {"schedule": {"daily": {"at": "03:00"}, "cron": "0 3 * * *"},
+                           "template": {"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {}}}}),
+                ),
+                Some("TaskSchedule \"s\": spec.schedule must be exactly one of daily, weekly, yearly or cron, always UTC (there is no time-zone field); it has cron, daily"),
+            ),
+            (
+                req(
+                    "AgentRelease",
+                    json!({"metadata": {"name": "r"}, "spec": {"allowedGroups": ["g"], "builds": [{"architecture": "amd64",
+                           "version": "1.2.0", "artifact": "https://example.com/a", "sha256": "xyz", "byteLimit": 10}]}}),
+                ),
+                Some("AgentRelease \"r\": spec.builds[0].sha256: "),
             ),
             // not ours, or nothing to check
             (

@@ -558,6 +558,60 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
             .then_some(())
     })
     .await;
+    // the event belongs to the object (kind, name, uid), so `kubectl describe` shows it
+    let uid = deployments.get(&dep).await.unwrap().metadata.uid;
+    let list = events.list(&Default::default()).await.unwrap();
+    let ev = list
+        .items
+        .iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("NatsUnreachable")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(dep.as_str())
+        })
+        .unwrap();
+    let regarding = ev.regarding.clone().unwrap();
+    assert_eq!(
+        (
+            regarding.kind.as_deref(),
+            regarding.uid,
+            regarding.namespace
+        ),
+        (Some("FleetDeployment"), uid, None)
+    );
+    let (ok, out, err) = kubectl(&["describe", "fdep", &dep], "");
+    assert!(ok, "{err}");
+    let events_section = out.split("Events:").nth(1).unwrap_or_default();
+    assert!(
+        events_section.contains("NatsUnreachable"),
+        "kubectl describe shows no event:\n{out}"
+    );
+    // the event belongs to the object (kind, name, uid), so `kubectl describe` shows it
+    let uid = deployments.get(&dep).await.unwrap().metadata.uid;
+    let list = events.list(&Default::default()).await.unwrap();
+    let ev = list
+        .items
+        .iter()
+        .find(|e| {
+            e.reason.as_deref() == Some("NatsUnreachable")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(dep.as_str())
+        })
+        .unwrap();
+    let regarding = ev.regarding.clone().unwrap();
+    assert_eq!(
+        (
+            regarding.kind.as_deref(),
+            regarding.uid,
+            regarding.namespace
+        ),
+        (Some("FleetDeployment"), uid, None)
+    );
+    let (ok, out, err) = kubectl(&["describe", "fdep", &dep], "");
+    assert!(ok, "{err}");
+    let events_section = out.split("Events:").nth(1).unwrap_or_default();
+    assert!(
+        events_section.contains("NatsUnreachable"),
+        "kubectl describe shows no event:\n{out}"
+    );
 }
 
 /// `kubectl get <what> -o wide` against the shared API server, verifying it with the rig's CA, as a person runs it.
@@ -1094,4 +1148,145 @@ async fn device_groups_select_explicitly_and_typos_are_refused() {
         );
     }
     hooks.remove().await;
+}
+
+/// A fleet object created raw through the API (no Rust type in between to drop fields), labelled for this test.
+async fn create_raw<K>(f: &Fleet, name: &str, spec: serde_json::Value)
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let resource = kube::api::ApiResource::erase::<K>(&());
+    let api: Api<kube::api::DynamicObject> = Api::all_with(f.client.clone(), &resource);
+    let mut obj = kube::api::DynamicObject::new(name, &resource).data(json!({ "spec": spec }));
+    obj.metadata.labels = serde_json::from_value(f.labels(json!({}))).unwrap();
+    api.create(&PostParams::default(), &obj)
+        .await
+        .expect("stored: no webhook is registered");
+}
+
+/// Fail closed without the webhook (none is registered here): objects stored with unknown fields — the issue's
+/// `targetSelector: {matchLabel: …}`, which the typed spec reads as "every device of the group" — are refused by
+/// the operator itself: `Ready=False`, reason `InvalidSpec`, the field named; the deployment places nothing, the
+/// release writes no intent, the mistyped group resolves to no member list (its deployment waits on it), while a
+/// correct deployment beside them is placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_webhook_unknown_fields_are_refused_by_the_operator() {
+    let mut f = Fleet::new("closed").await;
+    let (a, b) = (f.name("closed-a"), f.name("closed-b"));
+    f.device(&a, json!({"site": "a"})).await;
+    f.device(&b, json!({"site": "b"})).await;
+    let all = f.name("all");
+    create_raw::<DeviceGroup>(&f, &all, json!({"selectAll": true})).await;
+    f.start_operator();
+    // each device reports, so that a release would write it an intent
+    let info_store = f.bucket(fleet_wire::kv::DEVICE_INFO).await;
+    for d in [&a, &b] {
+        let mut info: DeviceInfo = fixtures::device_info();
+        info.device_id = DeviceId::try_from(d.as_str()).unwrap();
+        info.agent_version = Version::try_from("1.0.0").unwrap();
+        info_store
+            .put(d.as_str(), serde_json::to_vec(&info).unwrap().into())
+            .await
+            .expect("info");
+    }
+
+    let web = f.name("web");
+    create_raw::<FleetDeployment>(
+        &f,
+        &web,
+        json!({"allowedGroups": [all], "targetSelector": {"matchLabel": {"site": "a"}},
+               "workloads": [{"name": "web", "image": "localhost/web:1"}]}),
+    )
+    .await;
+    let ok = f.name("ok");
+    create_raw::<FleetDeployment>(
+        &f,
+        &ok,
+        json!({"allowedGroups": [all], "targetSelector": {"matchLabels": {"site": "a"}},
+               "workloads": [{"name": "ok", "image": "localhost/ok:1"}]}),
+    )
+    .await;
+    let typo_group = f.name("typo-group");
+    create_raw::<DeviceGroup>(
+        &f,
+        &typo_group,
+        json!({"selector": {"matchLabel": {"site": "b"}}}),
+    )
+    .await;
+    let via = f.name("via");
+    create_raw::<FleetDeployment>(
+        &f,
+        &via,
+        json!({"allowedGroups": [typo_group], "workloads": [{"name": "via", "image": "localhost/via:1"}]}),
+    )
+    .await;
+    let rel = f.name("rel");
+    let at = fixtures::attempt();
+    create_raw::<AgentRelease>(
+        &f,
+        &rel,
+        json!({"allowedGroups": [all], "targetSelector": {"matchLabel": {"site": "a"}},
+               "builds": [{"architecture": "arm64", "version": "2.0.0", "artifact": at.artifact.to_string(),
+                           "sha256": at.sha256.as_str(), "byteLimit": 20_000_000}]}),
+    )
+    .await;
+
+    let placed = eventually("the correct deployment placed", || async {
+        f.desired(&a).await.filter(|s| workload_names(s) == ["ok"])
+    })
+    .await;
+    let condition = |reason: Option<String>, want: &str| {
+        assert_eq!(reason.as_deref(), Some("InvalidSpec"), "{want}");
+    };
+    let web_message = eventually("the deployment refused", || async {
+        ready_message(&f, &web)
+            .await
+            .filter(|m| m.contains("unknown field"))
+    })
+    .await;
+    condition(f.ready_reason::<FleetDeployment>(&web).await, "web");
+    assert!(
+        web_message.starts_with("unknown field spec.targetSelector.matchLabel (refused rather than silently dropped; see docs/crds.md); known fields there: matchExpressions, matchLabels; the operator acts on nothing in this object until it is fixed"),
+        "{web_message}"
+    );
+    let group_message = eventually("the group refused", || async {
+        let g = Api::<DeviceGroup>::all(f.client.clone())
+            .get(&typo_group)
+            .await
+            .ok()?;
+        g.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready" && c.reason == "InvalidSpec")
+            .map(|c| c.message)
+    })
+    .await;
+    assert!(
+        group_message.contains("unknown field spec.selector.matchLabel"),
+        "{group_message}"
+    );
+    assert_eq!(
+        f.ready_reason::<FleetDeployment>(&via).await.as_deref(),
+        Some("GroupSourceError")
+    );
+    let rel_reason = eventually("the release refused", || async {
+        f.ready_reason::<AgentRelease>(&rel)
+            .await
+            .filter(|r| r != "Placed")
+    })
+    .await;
+    condition(Some(rel_reason), "release");
+    // nothing of the refused objects reached a device
+    assert_eq!(f.desired(&a).await, Some(placed));
+    assert!(
+        f.desired(&b).await.is_none_or(|s| s.workloads.is_empty()),
+        "nothing placed on {b}"
+    );
+    let intents = f.bucket(fleet_wire::kv::AGENT_UPGRADE_INTENT).await;
+    for d in [&a, &b] {
+        assert!(
+            intents.get(d.as_str()).await.unwrap().is_none(),
+            "an agent-upgrade intent for {d}"
+        );
+    }
 }

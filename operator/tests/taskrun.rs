@@ -1127,3 +1127,179 @@ async fn nats_unreachable_keeps_the_run_planning() {
     })
     .await;
 }
+
+/// A TaskRun or TaskSchedule created raw through the API (no Rust type in between to drop fields).
+async fn create_raw(f: &Fleet, kind: &str, name: &str, spec: serde_json::Value) {
+    let resource = match kind {
+        "TaskRun" => kube::api::ApiResource::erase::<TaskRun>(&()),
+        _ => kube::api::ApiResource::erase::<fleet_operator::tasks::crd::TaskSchedule>(&()),
+    };
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(f.client.clone(), &f.run, &resource);
+    let mut obj = kube::api::DynamicObject::new(name, &resource)
+        .within(&f.run)
+        .data(json!({ "spec": spec }));
+    obj.metadata.labels = serde_json::from_value(f.labels(json!({}))).unwrap();
+    api.create(&PostParams::default(), &obj)
+        .await
+        .expect("stored: no webhook is registered");
+}
+
+/// The Ready condition (reason, message) of TaskRun `name`.
+async fn run_ready(f: &Fleet, name: &str) -> Option<(String, String)> {
+    let r = f.runs().get(name).await.ok()?;
+    r.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.reason, c.message))
+}
+
+/// Fail closed without the webhook (none is registered here): the operator itself refuses a TaskRun with an
+/// unknown field (the issue's `targetSelector: {matchLabel: …}`, which the typed spec reads as "every device"):
+/// `Ready=False`, reason `InvalidSpec`, the field named, no plan, no intent. A running TaskRun whose spec is edited
+/// is held the same way, naming the field with what it was and is: the canary's success releases nobody while the
+/// spec differs from the frozen one, and the rest are released once it is as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_webhook_unknown_fields_and_spec_edits_stop_the_run() {
+    let mut f = Fleet::new("closed").await;
+    let group = f.group("prod").await;
+    let c = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o = f.device("o1", json!({"member": "prod"}), true).await;
+    f.start_operator();
+
+    // the typo: refused by the operator, nothing planned or released
+    let mut typo = spec(&group, 600);
+    typo["targetSelector"] = json!({"matchLabel": {"canary": "true"}});
+    create_raw(&f, "TaskRun", "typo", typo).await;
+    let (reason, message) = eventually("the typo refused", || async {
+        run_ready(&f, "typo").await.filter(|(r, _)| r != "Planning")
+    })
+    .await;
+    assert_eq!(reason, "InvalidSpec", "{message}");
+    assert!(
+        message.starts_with("unknown field spec.targetSelector.matchLabel (refused rather than silently dropped; see docs/crds.md); known fields there: matchExpressions, matchLabels; the operator acts on nothing in this object until it is fixed"),
+        "{message}"
+    );
+    let r = f.runs().get("typo").await.unwrap();
+    let st = r.status.clone().unwrap().run;
+    assert_eq!(st.reason, Some(fleet_wire::TaskRunReason::InvalidSpec));
+    assert_ne!(st.phase, Some(TaskRunPhase::Running));
+    let typo_uid = AttemptId::try_from(r.metadata.uid.unwrap().as_str()).unwrap();
+    let plans = f.bucket(layout::TASK_PLANS).await;
+    assert!(
+        plans
+            .get(plan_manifest_key(&typo_uid))
+            .await
+            .unwrap()
+            .is_none(),
+        "no plan for a refused run"
+    );
+    for d in [&c, &o] {
+        assert!(f.intent(d, &typo_uid).await.is_none(), "{d} released");
+    }
+
+    // an edit of a running run: held, the field named
+    let run = f.task_run("edited", spec(&group, 600)).await;
+    f.phase("edited", TaskRunPhase::Running).await;
+    eventually("canary intent", || async { f.intent(&c, &run).await }).await;
+    f.runs()
+        .patch(
+            "edited",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"allowedGroups": [group, "production"]}})),
+        )
+        .await
+        .expect("stored: no webhook is registered");
+    let (reason, message) = eventually("the edit refused", || async {
+        run_ready(&f, "edited")
+            .await
+            .filter(|(r, _)| r != "Running")
+    })
+    .await;
+    assert_eq!(reason, "InvalidSpec", "{message}");
+    assert_eq!(
+        message,
+        format!("spec changed after the run froze it: spec.allowedGroups (was [\"{group}\"], now [\"{group}\",\"production\"]); a TaskRun's spec is immutable (its UID names one frozen plan): the operator acts on nothing in this run until the spec is as it was; or delete it and create a new TaskRun")
+    );
+    f.succeed(&c, &run).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        f.intent(&o, &run).await.is_none(),
+        "released while the spec differs from the frozen one"
+    );
+    let st = f.runs().get("edited").await.unwrap().status.unwrap().run;
+    assert_eq!(
+        (st.phase, st.reason, st.succeeded),
+        (
+            Some(TaskRunPhase::Running),
+            Some(fleet_wire::TaskRunReason::InvalidSpec),
+            0
+        )
+    );
+    // as it was: the run goes on
+    f.runs()
+        .patch(
+            "edited",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"allowedGroups": [group]}})),
+        )
+        .await
+        .unwrap();
+    eventually("the rest released once the spec is as frozen", || async {
+        f.intent(&o, &run).await
+    })
+    .await;
+    let (reason, _) = run_ready(&f, "edited").await.unwrap();
+    assert_eq!(reason, "Running");
+}
+
+/// Fail closed without the webhook: a TaskSchedule with the issue's `suspended: true` (for `suspend`) schedules
+/// nothing, however many ticks pass, and says why (`Ready=False`, `InvalidSpec`, the field named).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_webhook_a_mistyped_schedule_creates_no_run() {
+    use fleet_operator::tasks::crd::TaskSchedule;
+    use fleet_operator::tasks::scheduler;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let f = Fleet::new("sched-typo").await;
+    let clock = Arc::new(AtomicU64::new(Timestamp::now().unix_ms()));
+    let c = clock.clone();
+    let opts = scheduler::Options {
+        instance: Some("sched".into()),
+        label_selector: Some(format!("fleet-test={}", f.run)),
+        clock: Arc::new(move || Timestamp::from_unix_ms(c.load(Ordering::SeqCst))),
+        resync: Duration::from_millis(200),
+    };
+    let scheduler = tokio::spawn(scheduler::run(f.client.clone(), opts));
+    let mut s = json!({"schedule": {"cron": "* * * * *"}, "template": spec("prod", 600)});
+    s["suspended"] = json!(true);
+    create_raw(&f, "TaskSchedule", "often", s).await;
+    let schedules: Api<TaskSchedule> = Api::namespaced(f.client.clone(), &f.run);
+    let ready = eventually("the schedule refused", || async {
+        let s = schedules.get("often").await.ok()?.status?;
+        s.conditions.into_iter().find(|c| c.type_ == "Ready")
+    })
+    .await;
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(
+        ready
+            .message
+            .starts_with("unknown field spec.suspended (refused rather than silently dropped; see docs/crds.md); known fields there: schedule, suspend, template"),
+        "{}",
+        ready.message
+    );
+    // five ticks later: still no run
+    clock.fetch_add(5 * 60_000, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let runs = f.runs().list(&Default::default()).await.unwrap().items;
+    assert!(runs.is_empty(), "runs created: {runs:?}");
+    let st = schedules.get("often").await.unwrap().status.unwrap();
+    assert_eq!(st.next_tick, None);
+    scheduler.abort();
+}

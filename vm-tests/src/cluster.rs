@@ -1,6 +1,7 @@
 //! The cluster side of a local fleet, every part real: etcd + kube-apiserver (serving a certificate of the rig's
-//! CA), the CRDs and RBAC of `operator/deploy/` applied with kubectl, and the `fleet-operator` binary running as
-//! the `fleet-operator` service account those manifests bind. Everything is driven with kubectl, as a person would.
+//! CA), the CRDs and RBAC of `operator/deploy/` applied with kubectl, the `fleet-operator` binary running as the
+//! `fleet-operator` service account those manifests bind and serving the admission webhook, registered as
+//! `operator/deploy/webhook.yaml` has it. Everything is driven with kubectl, as a person would.
 
 use crate::builds;
 use fleet_rig::kube::KubeApiServer;
@@ -17,6 +18,8 @@ const KUBECTL_TIMEOUT: &str = "30s";
 /// then the API server.
 pub struct Cluster {
     operator: Option<Child>,
+    webhook_url: String,
+    webhook_ca: fleet_rig::tls::TestCa,
     kubectl: PathBuf,
     kubeconfig: PathBuf,
     dir: tempfile::TempDir,
@@ -26,8 +29,11 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts the API server, applies `operator/deploy/crds.yaml` and `rbac.yaml`, waits until the CRDs are
-    /// established, and starts `fleet-operator` with the service account's token, connecting to `nats_url` (which
-    /// may carry the operator's own NATS credentials: it is passed as `FLEET_NATS_URL`, never on the command line).
+    /// established, starts `fleet-operator` with the service account's token, connecting to `nats_url` (which
+    /// may carry the operator's own NATS credentials: it is passed as `FLEET_NATS_URL`, never on the command line)
+    /// and serving the admission webhook on a loopback port, then registers the webhooks of
+    /// `operator/deploy/webhook.yaml` ([`fleet_rig::kube::webhook_registration`]) and waits until the API server
+    /// refuses a typo through them.
     pub fn start(nats_url: &str) -> Self {
         Self::start_with_nats_ca(nats_url, None)
     }
@@ -43,8 +49,12 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("temp dir for the cluster: {e}"));
         let kubeconfig = dir.path().join("kubeconfig");
         write_private(&kubeconfig, &api.kubeconfig(api.token()));
+        let webhook_ca = fleet_rig::tls::TestCa::new();
+        let webhook_port = fleet_rig::free_port();
         let mut c = Self {
             operator: None,
+            webhook_url: format!("https://127.0.0.1:{webhook_port}"),
+            webhook_ca,
             kubectl,
             kubeconfig,
             dir,
@@ -68,6 +78,7 @@ impl Cluster {
             "crd/fleetdeployments.fleet.nationtech.io",
             "crd/agentreleases.fleet.nationtech.io",
             "crd/taskruns.fleet.nationtech.io",
+            "crd/taskschedules.fleet.nationtech.io",
         ]);
         let op_config = c.dir.path().join("operator.kubeconfig");
         write_private(&op_config, &c.api.kubeconfig(c.api.operator_token()));
@@ -80,6 +91,13 @@ impl Cluster {
         if let Some(ca) = nats_ca {
             cmd.arg("--nats-ca-file").arg(ca);
         }
+        let serving = c.webhook_ca.server_cert("fleet-operator-webhook");
+        cmd.arg("--webhook-listen")
+            .arg(format!("127.0.0.1:{webhook_port}"))
+            .arg("--webhook-cert")
+            .arg(&serving.cert_file)
+            .arg("--webhook-key")
+            .arg(&serving.key_file);
         let child = cmd
             .env("FLEET_NATS_URL", nats_url)
             .env("KUBECONFIG", &op_config)
@@ -92,7 +110,37 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("start {}: {e}", operator_bin.display()));
         fleet_rig::kill_when_gone(&[child.id()]);
         c.operator = Some(child);
+        c.register_webhooks();
         c
+    }
+
+    /// Registers the webhooks of `operator/deploy/webhook.yaml`, pointed at the operator's loopback port, and waits
+    /// until they refuse a typo (the API server loads a new configuration asynchronously, and the operator may still
+    /// be starting).
+    fn register_webhooks(&self) {
+        let ca =
+            std::fs::read(self.webhook_ca.ca_file()).unwrap_or_else(|e| panic!("webhook CA: {e}"));
+        let config = fleet_rig::kube::webhook_registration(
+            "fleet-operator-webhooks",
+            &self.webhook_url,
+            &ca,
+            None,
+        );
+        self.apply(&config.to_string());
+        let typo = "apiVersion: fleet.nationtech.io/v1alpha1\nkind: DeviceGroup\nmetadata: {name: webhook-probe}\nspec: {selectAll: true, selectAl: true}\n";
+        self.wait(
+            "the admission webhook refusing a typo",
+            Duration::from_secs(60),
+            || match self.try_with_stdin(&["create", "--dry-run=server", "-f", "-"], typo) {
+                Err(e) if e.contains("unknown field spec.selectAl") => Some(()),
+                _ => None,
+            },
+        );
+    }
+
+    /// Where the operator serves the admission webhook (`https://127.0.0.1:<port>`).
+    pub fn webhook_url(&self) -> &str {
+        &self.webhook_url
     }
 
     /// The admin kubeconfig (`system:masters`; verifies the server with the rig's CA).
@@ -161,6 +209,30 @@ impl Cluster {
     /// its output.
     pub fn create(&self, yaml: &str) -> String {
         self.with_stdin("create", yaml)
+    }
+
+    /// `kubectl <args>` with `stdin`: its stdout, or its stderr as the error.
+    pub fn try_with_stdin(&self, args: &[&str], stdin: &str) -> Result<String, String> {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("run kubectl: {e}"))?;
+        if let Some(mut input) = child.stdin.take() {
+            input
+                .write_all(stdin.as_bytes())
+                .map_err(|e| format!("kubectl stdin: {e}"))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("kubectl {}: {e}", args.join(" ")))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
     }
 
     fn with_stdin(&self, verb: &str, yaml: &str) -> String {

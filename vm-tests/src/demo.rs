@@ -142,6 +142,11 @@ impl<'a> Demo<'a> {
                     pid(fleet.cluster.operator_pid()),
                 ],
                 vec![
+                    "its admission webhook (operator/deploy/webhook.yaml): refuses unknown fields and TaskRun spec edits".into(),
+                    fleet.cluster.webhook_url().into(),
+                    pid(fleet.cluster.operator_pid()),
+                ],
+                vec![
                     format!(
                         "nats-server (JetStream, {}, {})",
                         match fleet.nats.mode() {

@@ -6,6 +6,7 @@ use crate::crd::Device;
 use crate::tasks::crd::TaskRun;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
 
 /// Where the operator runs, for events about the FleetLock server.
@@ -17,27 +18,35 @@ pub struct OwnPod {
     pub namespace: String,
 }
 
-fn reference(a: &Alert, pod: &OwnPod) -> ObjectReference {
+/// The object `a` regards: the cached object's own reference (kind, name, namespace, uid), so that `kubectl
+/// describe` finds the event; by name alone while the object is not cached.
+fn reference(
+    a: &Alert,
+    pod: &OwnPod,
+    devices: &Store<Device>,
+    runs: &Store<TaskRun>,
+) -> ObjectReference {
     match &a.subject {
-        Subject::Device(name) => {
-            let mut r = Device::new(name, Default::default()).object_ref(&());
-            // Cluster-scoped objects' events live in `default` (as in crate::report).
-            r.namespace = Some("default".into());
-            r
-        }
-        Subject::Run { namespace, name } => {
-            let mut r = TaskRun::new(
-                name,
-                crate::tasks::crd::TaskRunSpec {
-                    placement: Default::default(),
-                    deadline_seconds: 1,
-                    system_upgrade_v1: Default::default(),
-                },
-            )
-            .object_ref(&());
-            r.namespace = Some(namespace.clone());
-            r
-        }
+        Subject::Device(name) => devices
+            .get(&ObjectRef::new(name))
+            .map(|d| d.object_ref(&()))
+            .unwrap_or_else(|| Device::new(name, Default::default()).object_ref(&())),
+        Subject::Run { namespace, name } => runs
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|r| r.object_ref(&()))
+            .unwrap_or_else(|| {
+                let mut r = TaskRun::new(
+                    name,
+                    crate::tasks::crd::TaskRunSpec {
+                        placement: Default::default(),
+                        deadline_seconds: 1,
+                        system_upgrade_v1: Default::default(),
+                    },
+                )
+                .object_ref(&());
+                r.namespace = Some(namespace.clone());
+                r
+            }),
         Subject::Holder { .. } | Subject::FleetLock => ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
@@ -49,7 +58,14 @@ fn reference(a: &Alert, pod: &OwnPod) -> ObjectReference {
 }
 
 /// Publishes one Warning event for `a` (best effort: the dashboard and metrics carry the same alert).
-pub async fn publish(recorder: &Recorder, a: &Alert, pod: &OwnPod) {
+pub async fn publish(
+    client: &kube::Client,
+    recorder: &Recorder,
+    a: &Alert,
+    pod: &OwnPod,
+    devices: &Store<Device>,
+    runs: &Store<TaskRun>,
+) {
     let mut note = format!("{}: {}. {}", a.kind.title(), a.subject, a.detail);
     // The Events API bounds a note at 1 KiB.
     if note.len() > 1000 {
@@ -66,7 +82,15 @@ pub async fn publish(recorder: &Recorder, a: &Alert, pod: &OwnPod) {
         action: "Alert".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&ev, &reference(a, pod)).await {
+    let reference = reference(a, pod, devices, runs);
+    let published = match &a.subject {
+        // cluster-scoped: recorded so that `kubectl describe` finds it (see crate::report)
+        Subject::Device(_) => {
+            crate::report::publish_cluster_scoped(client, recorder, &ev, &reference).await
+        }
+        _ => recorder.publish(&ev, &reference).await,
+    };
+    if let Err(e) = published {
         log::warn!("alert event {} for {}: {e}", a.kind.as_str(), a.subject);
     }
 }

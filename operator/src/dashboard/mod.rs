@@ -100,7 +100,7 @@ async fn connect_nats(state: Arc<State>, url: String) {
 /// evaluates the alerts and publishes an event for each new one; reads the FleetLock status every
 /// [`ALERT_INTERVAL`].
 async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: Arc<Notify>) {
-    let recorder = crate::report::recorder(client, opts.instance.clone());
+    let recorder = crate::report::recorder(client.clone(), opts.instance.clone());
     // Alerts are evaluated only once the caches hold the whole fleet: a partial view would miss alerts now and
     // raise them again (a second event) a moment later.
     let _ = state.devices.wait_until_ready().await;
@@ -150,7 +150,15 @@ async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: 
         let before = state.alerts();
         for a in alerts::appeared(&before, &next) {
             log::warn!("alert: {}: {}: {}", a.kind.title(), a.subject, a.detail);
-            events::publish(&recorder, a, &opts.pod).await;
+            events::publish(
+                &client,
+                &recorder,
+                a,
+                &opts.pod,
+                &state.devices,
+                &state.runs,
+            )
+            .await;
         }
         *state.alerts.write().unwrap_or_else(|p| p.into_inner()) = next;
         tokio::select! {

@@ -313,6 +313,19 @@ impl Controller {
             return (!self.cleaned.contains(&uid))
                 .then(|| Timestamp::now().plus(Duration::from_secs(1)));
         }
+        // Fail closed without the webhook: unknown fields, or a spec that is not the one frozen, stop the run where
+        // it is (nothing planned, nothing released) until the spec is fixed.
+        if let Err(problem) = run_status::spec_check(run) {
+            let status = TaskRunStatus {
+                phase: Some(phase),
+                reason: Some(TaskRunReason::InvalidSpec),
+                latest_error: Some(BoundedText::lossy(problem.clone())),
+                ..old.run.clone()
+            };
+            self.write(run, status, Some(problem), None, nats_error)
+                .await;
+            return None;
+        }
         let Some(link) = link else {
             let status = TaskRunStatus {
                 phase: Some(phase),
@@ -711,7 +724,8 @@ impl Controller {
             conditions::nats_reachable(nats_error),
         ];
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let next = run_status::next(&old, status, &wants, run.metadata.generation, &now);
+        let frozen = run_status::spec_check(run).ok();
+        let next = run_status::next(&old, status, &wants, run.metadata.generation, &now, frozen);
         match run_status::write(&self.client, &self.recorder, run, &next, note).await {
             Ok(_) => true,
             Err(kube::Error::Api(s)) if s.code == 409 => {

@@ -86,6 +86,11 @@ pub struct TaskRunCrStatus {
     /// `NatsReachable`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The spec as the operator first accepted it (at generation 1). The run acts only while its spec equals this:
+    /// the admission webhook refuses spec edits, and without it the operator refuses to act on an edited run
+    /// ([`super::status::spec_check`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen_spec: Option<serde_json::Value>,
 }
 
 impl crate::conditions::WithConditions for TaskRunCrStatus {
@@ -127,6 +132,7 @@ impl JsonSchema for TaskRunCrStatus {
                 "reason": {"type": "string", "enum": reasons},
                 "latestError": {"type": "string", "maxLength": fleet_wire::limits::MAX_TEXT_CHARS},
                 "conditions": conditions,
+                "frozenSpec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
             }
         })
     }

@@ -72,6 +72,18 @@ impl Schedule {
     /// Validates a schedule as written in a TaskSchedule spec (`{daily: {at}}`, `{weekly: {day, at}}`,
     /// `{yearly: {month, day, at}}` or `{cron: "…"}`).
     pub fn parse(value: &serde_json::Value) -> Result<Self, String> {
+        // Checked here, not left to serde: its message for this ("invalid value: map, expected map with a single
+        // key") speaks of the parser, not of the schedule.
+        const FORMS: &str = "schedule must be exactly one of daily, weekly, yearly or cron, always UTC (there is no time-zone field)";
+        match value.as_object() {
+            Some(m) if m.len() == 1 => {}
+            Some(m) if m.is_empty() => return Err(format!("{FORMS}; it is empty")),
+            Some(m) => {
+                let keys: Vec<&str> = m.keys().map(String::as_str).collect();
+                return Err(format!("{FORMS}; it has {}", keys.join(", ")));
+            }
+            None => return Err(format!("{FORMS}; it is {value}")),
+        }
         let form: Form = serde_json::from_value(value.clone()).map_err(|e| {
             format!("schedule must be exactly one of daily, weekly, yearly or cron, always UTC (there is no time-zone field): {e}")
         })?;

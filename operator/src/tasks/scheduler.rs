@@ -120,7 +120,12 @@ async fn reconcile(
     next.active_run = active.clone();
     let mut events = vec![];
     // A run's name is the schedule's and a tick's: it must stay a valid object name.
-    let parsed = Schedule::parse(&s.spec.schedule).and_then(|sched| {
+    // Unknown fields (`suspended: true` for `suspend`) make the spec invalid: nothing is scheduled from it.
+    let parsed = match crate::schema::refusal(s) {
+        Some(m) => Err(m),
+        None => Schedule::parse(&s.spec.schedule),
+    };
+    let parsed = parsed.and_then(|sched| {
         match schedule::run_name(&s.name_any(), now).len() > MAX_NAME_CHARS {
             true => Err(format!(
                 "the name is too long for its runs' names (<name>-<tick>, at most {MAX_NAME_CHARS} characters)"

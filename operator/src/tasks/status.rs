@@ -26,7 +26,9 @@ pub fn reason_name(r: TaskRunReason) -> &'static str {
 }
 
 /// The `Ready` condition for a run in `phase`: True while planning or running normally and when complete; False
-/// with the run's reason when failed, or when planning or a release waits on a group source error (`problem`).
+/// with the run's reason when failed, with `InvalidSpec` while the operator refuses to act on the run (reason
+/// `InvalidSpec` before the run ended, the message in `problem`), or when planning or a release waits on a group
+/// source error (`problem`).
 pub fn ready(
     phase: TaskRunPhase,
     reason: Option<TaskRunReason>,
@@ -35,6 +37,10 @@ pub fn ready(
 ) -> Want {
     let (ok, r) = match (phase, reason, problem) {
         (TaskRunPhase::Failed, r, _) => (false, r.map(reason_name).unwrap_or("Failed")),
+        // Refused before it was acted on: unknown fields, or a spec that is not the one frozen (`spec_check`).
+        (_, Some(TaskRunReason::InvalidSpec), _) => {
+            (false, reason_name(TaskRunReason::InvalidSpec))
+        }
         (_, _, Some(_)) => (false, reason_name(TaskRunReason::GroupSourceError)),
         (TaskRunPhase::Planning, ..) => (true, "Planning"),
         (TaskRunPhase::Running, ..) => (true, "Running"),
@@ -48,17 +54,84 @@ pub fn ready(
     }
 }
 
-/// The next status: `run` as computed, conditions merged so that unchanged ones keep their transition time.
+/// The next status: `run` as computed, conditions merged so that unchanged ones keep their transition time, the
+/// frozen spec kept (or `frozen`, once accepted).
 pub fn next(
     old: &TaskRunCrStatus,
     run: fleet_wire::TaskRunStatus,
     wants: &[Want],
     generation: Option<i64>,
     now: &Time,
+    frozen: Option<serde_json::Value>,
 ) -> TaskRunCrStatus {
     TaskRunCrStatus {
         run,
         conditions: conditions::merge(&old.conditions, wants, generation, now),
+        frozen_spec: old.frozen_spec.clone().or(frozen),
+    }
+}
+
+/// Longest value shown for one changed field.
+const MAX_VALUE_CHARS: usize = 120;
+
+/// Whether the operator may act on `run`. `Ok` carries the spec to freeze (or already frozen); `Err` says why not:
+/// fields its schema does not know ([`crate::schema::refusal`]), a spec that differs from the one frozen in status
+/// (each changed field named, with what it was and is), or a spec edited before the operator froze it (its
+/// generation is past 1). Pure.
+pub fn spec_check(run: &TaskRun) -> Result<serde_json::Value, String> {
+    if let Some(m) = crate::schema::refusal(run) {
+        return Err(m);
+    }
+    let current = serde_json::to_value(&run.spec).map_err(|e| format!("spec: {e}"))?;
+    const IMMUTABLE: &str = "a TaskRun's spec is immutable (its UID names one frozen plan): the operator acts on nothing in this run until the spec is as it was; or delete it and create a new TaskRun";
+    match run.status.as_ref().and_then(|s| s.frozen_spec.as_ref()) {
+        Some(f) if *f == current => Ok(current),
+        Some(f) => {
+            let mut changed = Vec::new();
+            diff("spec", f, &current, &mut changed);
+            Err(format!(
+                "spec changed after the run froze it: {}; {IMMUTABLE}",
+                changed.join(", ")
+            ))
+        }
+        None => match run.metadata.generation {
+            Some(g) if g > 1 => Err(format!(
+                "spec changed after creation (generation {g}), before the operator froze it; {IMMUTABLE}"
+            )),
+            _ => Ok(current),
+        },
+    }
+}
+
+fn shown(v: Option<&serde_json::Value>) -> String {
+    let s = v.map_or_else(|| "absent".to_owned(), |v| v.to_string());
+    if s.chars().count() <= MAX_VALUE_CHARS {
+        s
+    } else {
+        let mut t: String = s.chars().take(MAX_VALUE_CHARS - 1).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// The paths at which `was` and `now` differ (objects field by field, anything else whole), with both values.
+fn diff(path: &str, was: &serde_json::Value, now: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    if let (Value::Object(a), Value::Object(b)) = (was, now) {
+        let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+        for k in keys {
+            let at = format!("{path}.{k}");
+            match (a.get(k), b.get(k)) {
+                (Some(x), Some(y)) => diff(&at, x, y, out),
+                (x, y) => out.push(format!("{at} (was {}, now {})", shown(x), shown(y))),
+            }
+        }
+    } else if was != now {
+        out.push(format!(
+            "{path} (was {}, now {})",
+            shown(Some(was)),
+            shown(Some(now))
+        ));
     }
 }
 

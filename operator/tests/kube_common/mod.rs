@@ -131,9 +131,10 @@ impl Fleet {
     }
 }
 
-/// The operator's admission webhook served in this process over HTTPS (a test CA of its own) and registered with
-/// `operator/deploy/webhook.yaml`: every hook pointed at 127.0.0.1 by its service path, for this test's objects
-/// only (the API server is shared by the tests of the binary). [`Webhook::remove`] unregisters it.
+/// The operator's admission webhook served in this process over HTTPS (a test CA of its own) and registered as
+/// `operator/deploy/webhook.yaml` has it ([`fleet_rig::kube::webhook_registration`], as the demo's cluster does):
+/// every hook pointed at 127.0.0.1 by its service path, for this test's objects only (the API server is shared by
+/// the tests of the binary). [`Webhook::remove`] unregisters it.
 pub struct Webhook {
     /// The ValidatingWebhookConfiguration's name.
     pub name: String,
@@ -171,34 +172,16 @@ impl Fleet {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let server = tokio::spawn(fleet_operator::webhook::serve(listener, tls));
-        let manifest =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/webhook.yaml"))
-                .unwrap();
-        let doc = manifest
-            .split("\n---\n")
-            .find(|d| d.contains("kind: ValidatingWebhookConfiguration"))
-            .expect("webhook configuration in deploy/webhook.yaml");
-        let mut config: ValidatingWebhookConfiguration =
-            serde_yaml_ng::from_str(doc).expect("yaml");
         let name = self.name("webhooks");
-        config.metadata.name = Some(name.clone());
         let ca_pem = std::fs::read(ca.ca_file()).unwrap();
-        for hook in config.webhooks.as_mut().expect("webhooks") {
-            let service = hook
-                .client_config
-                .service
-                .take()
-                .expect("service reference");
-            let path = service.path.expect("service path");
-            hook.client_config.url = Some(format!("https://127.0.0.1:{port}{path}"));
-            hook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem.clone()));
-            hook.object_selector = Some(
-                serde_json::from_value(
-                    serde_json::json!({"matchLabels": {"fleet-test": self.run}}),
-                )
-                .unwrap(),
-            );
-        }
+        let config: ValidatingWebhookConfiguration =
+            serde_json::from_value(fleet_rig::kube::webhook_registration(
+                &name,
+                &format!("https://127.0.0.1:{port}"),
+                &ca_pem,
+                Some(serde_json::json!({"matchLabels": {"fleet-test": self.run}})),
+            ))
+            .expect("webhook configuration");
         Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
             .create(&Default::default(), &config)
             .await

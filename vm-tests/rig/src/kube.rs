@@ -269,3 +269,44 @@ impl Drop for KubeApiServer {
         }
     }
 }
+
+/// The admission webhooks exactly as `operator/deploy/webhook.yaml` registers them (the same hooks, rules, paths,
+/// failure policy and time-outs), for an operator serving them outside a cluster: each hook's `clientConfig`
+/// points at `base_url` plus its service path instead of the in-cluster Service (this API server runs no cluster
+/// network), trusts `ca_pem`, and, when given, only sees objects matching `object_selector` (tests that share one
+/// API server). Named `name`. Used by the demo's cluster and by the operator's tests alike.
+pub fn webhook_registration(
+    name: &str,
+    base_url: &str,
+    ca_pem: &[u8],
+    object_selector: Option<serde_json::Value>,
+) -> serde_json::Value {
+    use base64::Engine;
+    let path = workspace_root().join("operator/deploy/webhook.yaml");
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut config = text
+        .split("\n---\n")
+        .map(|doc| {
+            serde_yaml_ng::from_str::<serde_json::Value>(doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
+        .find(|d| d["kind"] == "ValidatingWebhookConfiguration")
+        .unwrap_or_else(|| panic!("no ValidatingWebhookConfiguration in {}", path.display()));
+    config["metadata"] = serde_json::json!({ "name": name });
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let hooks = config["webhooks"]
+        .as_array_mut()
+        .unwrap_or_else(|| panic!("{}: no webhooks", path.display()));
+    for hook in hooks {
+        let service_path = hook["clientConfig"]["service"]["path"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: a hook without a service path", path.display()))
+            .to_owned();
+        hook["clientConfig"] =
+            serde_json::json!({ "url": format!("{base_url}{service_path}"), "caBundle": ca });
+        if let Some(sel) = &object_selector {
+            hook["objectSelector"] = sel.clone();
+        }
+    }
+    config
+}

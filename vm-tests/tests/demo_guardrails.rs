@@ -1,0 +1,325 @@
+//! The guardrails on the demo's own cluster: `fleet_vm_tests::cluster::Cluster::start`, the path `scripts/demo`
+//! (and every local-fleet test) sets its cluster up by, with the admission webhooks registered as
+//! `operator/deploy/webhook.yaml` has them. Driven with kubectl, as a person would: a typo is refused at every depth
+//! of every fleet kind (each closed object of each kind's published schema is covered, read back from the
+//! cluster), inside the fleet-wire parts too, nothing refused is stored, and a TaskRun's spec cannot be edited.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_rig::NatsServer;
+use fleet_vm_tests::cluster::Cluster;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+const API: &str = "apiVersion: fleet.nationtech.io/v1alpha1";
+const BUILD: &str =
+    "{architecture: amd64, version: 1.2.0, artifact: \"https://example.com/fleet-agent\", \
+    sha256: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa, byteLimit: 1000}";
+const RUN_SPEC: &str =
+    "allowedGroups: [demo], targetSelector: {}, deadlineSeconds: 600, systemUpgradeV1: {}";
+
+/// (kind, name, the spec as YAML flow text or a whole document tail, the path the refusal must name). Each kind's
+/// closed objects all appear as the parent of some path (checked against the published schemas below).
+fn typos() -> Vec<(&'static str, &'static str, String, &'static str)> {
+    vec![
+        // Device
+        ("Device", "t-dev-root", "spec: {}\nsepc: {}".into(), "sepc"),
+        ("Device", "t-dev-spec", "spec: {descriptio: x}".into(), "spec.descriptio"),
+        // at the root of each kind: labels belong in metadata
+        ("DeviceGroup", "t-grp-root", "spec: {selectAll: true}\nlabels: {a: b}".into(), "labels"),
+        (
+            "FleetDeployment",
+            "t-dep-root",
+            "spec: {allowedGroups: [demo], workloads: []}\nlabels: {a: b}".into(),
+            "labels",
+        ),
+        (
+            "AgentRelease",
+            "t-rel-root",
+            format!("spec: {{allowedGroups: [demo], builds: [{BUILD}]}}\nlabels: {{a: b}}"),
+            "labels",
+        ),
+        ("TaskRun", "t-run-root", format!("spec: {{{RUN_SPEC}}}\nlabels: {{a: b}}"), "labels"),
+        (
+            "TaskSchedule",
+            "t-sch-root",
+            format!("spec: {{schedule: {{cron: \"0 3 * * *\"}}, template: {{{RUN_SPEC}}}}}\nlabels: {{a: b}}"),
+            "labels",
+        ),
+        // DeviceGroup
+        ("DeviceGroup", "t-grp-spec", "spec: {devicez: [d-1]}".into(), "spec.devicez"),
+        (
+            "DeviceGroup",
+            "t-grp-sel",
+            "spec: {selector: {matchLabel: {site: a}}}".into(),
+            "spec.selector.matchLabel",
+        ),
+        (
+            "DeviceGroup",
+            "t-grp-expr",
+            "spec: {selector: {matchExpressions: [{key: k, operator: In, values: [a], valuez: [b]}]}}".into(),
+            "spec.selector.matchExpressions[0].valuez",
+        ),
+        // FleetDeployment
+        (
+            "FleetDeployment",
+            "t-dep-spec",
+            "spec: {allowedGroups: [demo], workloads: [], targetSelecter: {}}".into(),
+            "spec.targetSelecter",
+        ),
+        (
+            "FleetDeployment",
+            "t-dep-sel",
+            "spec: {allowedGroups: [demo], workloads: [], targetSelector: {matchLabel: {site: a}}}".into(),
+            "spec.targetSelector.matchLabel",
+        ),
+        (
+            "FleetDeployment",
+            "t-dep-expr",
+            "spec: {allowedGroups: [demo], workloads: [], targetSelector: {matchExpressions: [{key: k, operator: Exists, operater: In}]}}".into(),
+            "spec.targetSelector.matchExpressions[0].operater",
+        ),
+        // inside a fleet-wire workload (open in the CRD schema, validated by fleet-wire's own type)
+        (
+            "FleetDeployment",
+            "t-dep-wl",
+            "spec: {allowedGroups: [demo], workloads: [{name: web, imag: \"busybox:1\"}]}".into(),
+            "spec.workloads[0]",
+        ),
+        // AgentRelease
+        (
+            "AgentRelease",
+            "t-rel-spec",
+            format!("spec: {{allowedGroups: [demo], builds: [{BUILD}], canarie: true}}"),
+            "spec.canarie",
+        ),
+        (
+            "AgentRelease",
+            "t-rel-build",
+            "spec: {allowedGroups: [demo], builds: [{architecture: amd64, version: 1.2.0, artifact: \"https://example.com/a\", sha256: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa, byteLimit: 1000, sha: x}]}".into(),
+            "spec.builds[0].sha",
+        ),
+        (
+            "AgentRelease",
+            "t-rel-sel",
+            format!("spec: {{allowedGroups: [demo], builds: [{BUILD}], targetSelector: {{matchLabel: {{a: b}}}}}}"),
+            "spec.targetSelector.matchLabel",
+        ),
+        (
+            "AgentRelease",
+            "t-rel-expr",
+            format!("spec: {{allowedGroups: [demo], builds: [{BUILD}], targetSelector: {{matchExpressions: [{{key: k, operator: Exists, value: x}}]}}}}"),
+            "spec.targetSelector.matchExpressions[0].value",
+        ),
+        // TaskRun (namespaced)
+        (
+            "TaskRun",
+            "t-run-spec",
+            format!("spec: {{{RUN_SPEC}, retries: 3}}"),
+            "spec.retries",
+        ),
+        (
+            "TaskRun",
+            "t-run-sel",
+            "spec: {allowedGroups: [demo], targetSelector: {matchLabel: {canary: \"true\"}}, deadlineSeconds: 600, systemUpgradeV1: {}}".into(),
+            "spec.targetSelector.matchLabel",
+        ),
+        (
+            "TaskRun",
+            "t-run-expr",
+            "spec: {allowedGroups: [demo], targetSelector: {matchExpressions: [{key: k, operator: Exists, valus: []}]}, deadlineSeconds: 600, systemUpgradeV1: {}}".into(),
+            "spec.targetSelector.matchExpressions[0].valus",
+        ),
+        // TaskSchedule: the issue's `suspended: true`, then every depth of the template
+        (
+            "TaskSchedule",
+            "t-sch-spec",
+            format!("spec: {{schedule: {{cron: \"*/2 * * * *\"}}, suspended: true, template: {{{RUN_SPEC}}}}}"),
+            "spec.suspended",
+        ),
+        (
+            "TaskSchedule",
+            "t-sch-tpl",
+            format!("spec: {{schedule: {{cron: \"*/2 * * * *\"}}, template: {{{RUN_SPEC}, deadline: 5}}}}"),
+            "spec.template.deadline",
+        ),
+        (
+            "TaskSchedule",
+            "t-sch-sel",
+            "spec: {schedule: {cron: \"*/2 * * * *\"}, template: {allowedGroups: [demo], targetSelector: {matchLabel: {a: b}}, deadlineSeconds: 600, systemUpgradeV1: {}}}".into(),
+            "spec.template.targetSelector.matchLabel",
+        ),
+        (
+            "TaskSchedule",
+            "t-sch-expr",
+            "spec: {schedule: {cron: \"*/2 * * * *\"}, template: {allowedGroups: [demo], targetSelector: {matchExpressions: [{key: k, operator: Exists, vals: []}]}, deadlineSeconds: 600, systemUpgradeV1: {}}}".into(),
+            "spec.template.targetSelector.matchExpressions[0].vals",
+        ),
+        // inside the schedule (validated by the schedule's own parser): a time-zone field does not exist
+        (
+            "TaskSchedule",
+            "t-sch-tz",
+            format!("spec: {{schedule: {{daily: {{at: \"03:00\", timeZone: Europe/Paris}}}}, template: {{{RUN_SPEC}}}}}"),
+            "spec.schedule",
+        ),
+    ]
+}
+
+fn namespaced(kind: &str) -> bool {
+    matches!(kind, "TaskRun" | "TaskSchedule")
+}
+
+fn document(kind: &str, name: &str, body: &str) -> String {
+    let ns = if namespaced(kind) {
+        "\n  namespace: default"
+    } else {
+        ""
+    };
+    format!("{API}\nkind: {kind}\nmetadata:\n  name: {name}{ns}\n{body}\n")
+}
+
+/// The parent object of a field path, its list indices as `[]`: `spec.a[0].b` → `spec.a[]`, `sepc` → ``.
+fn parent(path: &str) -> String {
+    let parent = path.rsplit_once('.').map_or("", |(p, _)| p);
+    let mut out = String::new();
+    let mut in_index = false;
+    for c in parent.chars() {
+        match c {
+            '[' => {
+                in_index = true;
+                out.push_str("[]");
+            }
+            ']' => in_index = false,
+            _ if in_index => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// Every closed object (one that lists `properties`) under `spec` of a published schema, and the root.
+fn closed_objects(node: &Value, path: &str, out: &mut BTreeSet<String>) {
+    if let Some(props) = node["properties"].as_object() {
+        out.insert(path.to_owned());
+        for (k, child) in props {
+            if path.is_empty() && k != "spec" {
+                continue;
+            }
+            let at = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            closed_objects(child, &at, out);
+        }
+    }
+    if node["items"].is_object() {
+        closed_objects(&node["items"], &format!("{path}[]"), out);
+    }
+}
+
+#[test]
+fn the_demo_cluster_refuses_typos_at_every_depth_and_taskrun_edits() {
+    let nats = NatsServer::start();
+    let c = Cluster::start(&nats.url());
+
+    // every typo: refused by `kubectl apply`, naming its path; nothing stored
+    let typos = typos();
+    for (kind, name, body, path) in &typos {
+        let doc = document(kind, name, body);
+        let err = c
+            .try_with_stdin(&["apply", "-f", "-"], &doc)
+            .expect_err(&format!("{kind} {name} with {path} was accepted:\n{doc}"));
+        let unknown = format!("{kind} \"{name}\": unknown field {path} ");
+        let wire = format!("{kind} \"{name}\": {path}");
+        assert!(
+            err.contains("admission webhook") && (err.contains(&unknown) || err.contains(&wire)),
+            "{kind} {name}: refused, but not naming {path} through the webhook:\n{err}"
+        );
+        let ns: &[&str] = if namespaced(kind) {
+            &["-n", "default"]
+        } else {
+            &[]
+        };
+        let mut get = vec!["get", kind, name];
+        get.extend_from_slice(ns);
+        assert!(c.try_kubectl(&get).is_err(), "{kind} {name} was stored");
+    }
+
+    // every depth of every kind: each closed object of each published schema has a typo above
+    let crds = c
+        .get_json(&["crd"])
+        .expect("kubectl get crd")
+        .get("items")
+        .cloned()
+        .expect("items");
+    let mut kinds = 0;
+    for crd in crds.as_array().expect("list") {
+        if crd["spec"]["group"] != "fleet.nationtech.io" {
+            continue;
+        }
+        kinds += 1;
+        let kind = crd["spec"]["names"]["kind"].as_str().expect("kind");
+        let mut closed = BTreeSet::new();
+        closed_objects(
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+            "",
+            &mut closed,
+        );
+        let covered: BTreeSet<String> = typos
+            .iter()
+            .filter(|t| t.0 == kind)
+            .map(|t| parent(t.3))
+            .collect();
+        let missing: Vec<&String> = closed.difference(&covered).collect();
+        assert!(
+            missing.is_empty(),
+            "{kind}: no typo tried in {missing:?} (closed objects: {closed:?})"
+        );
+    }
+    assert_eq!(kinds, 6, "every fleet kind");
+
+    // the issue's own messages, exactly as a person reads them
+    let err = c
+        .try_with_stdin(
+            &["apply", "-f", "-"],
+            &document(
+                "TaskSchedule",
+                "upgrade-often",
+                &format!("spec: {{schedule: {{cron: \"*/2 * * * *\"}}, suspended: true, template: {{{RUN_SPEC}}}}}"),
+            ),
+        )
+        .expect_err("suspended refused");
+    assert!(
+        err.contains("TaskSchedule \"upgrade-often\": unknown field spec.suspended (refused rather than silently dropped; see docs/crds.md); known fields there: schedule, suspend, template"),
+        "{err}"
+    );
+
+    // a TaskRun's spec cannot change; its labels can
+    c.create(&document(
+        "TaskRun",
+        "upgrade",
+        &format!("spec: {{{RUN_SPEC}}}"),
+    ));
+    let err = c
+        .try_kubectl(&[
+            "patch",
+            "ftr",
+            "upgrade",
+            "-n",
+            "default",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"allowedGroups":["demo","production"]}}"#,
+        ])
+        .expect_err("spec edit refused");
+    assert!(
+        err.contains("TaskRun spec is immutable") && err.contains("create a new TaskRun"),
+        "{err}"
+    );
+    let run = c
+        .get_json(&["ftr", "upgrade", "-n", "default"])
+        .expect("run");
+    assert_eq!(run["spec"]["allowedGroups"], serde_json::json!(["demo"]));
+    c.kubectl(&["label", "ftr", "upgrade", "-n", "default", "note=x"]);
+}
