@@ -140,7 +140,7 @@ fn no_header_on_a_devices_write_changes_another_devices_keys() {
     let f = Fleet::start();
     // dev-a was given one run, so its run keys can be written at all.
     f.kv(kv::SYSTEM_UPGRADE_INTENT)
-        .put(&format!("dev-a.{RUN_A}"), b"{}".to_vec())
+        .put(&format!("dev-a.{RUN_A}"), b"{}")
         .expect("intent");
     let before = f.bystander();
     let a = f.attacker();
@@ -328,7 +328,7 @@ fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
 fn floods_are_refused_past_the_devices_share_and_reported() {
     let f = Fleet::start();
     f.kv(kv::SYSTEM_UPGRADE_INTENT)
-        .put(&format!("dev-a.{RUN_A}"), b"{}".to_vec())
+        .put(&format!("dev-a.{RUN_A}"), b"{}")
         .expect("intent");
     let reports = f
         .admin

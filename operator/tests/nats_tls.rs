@@ -164,8 +164,11 @@ fn fleet_auth_over_tls() {
         fleet_rig::nats::callout_config(
             &dir.path().join("nats.log"),
             &issuer.public_key(),
-            "auth-pw",
-            "admin-pw",
+            &fleet_rig::nats::CalloutPasswords {
+                auth: "auth-pw".into(),
+                admin: "admin-pw".into(),
+                device_api: "api-pw".into(),
+            },
             None,
         ),
     )
@@ -177,18 +180,24 @@ fn fleet_auth_over_tls() {
         p
     };
     let pw = write("auth-password", "auth-pw");
+    let api_pw = write("api-password", "api-pw");
+    let admin_pw = write("admin-password", "admin-pw");
     let seed = write("issuer.nk", &issuer.seed().unwrap());
     let config = |ca: &Path| {
         write(
             "fleet-auth.yaml",
             &format!(
                 "nats:\n  url: \"{}\"\n  user: fleet-auth\n  password_file: \"{}\"\n  ca_file: \"{}\"\n\
-                 issuer_seed_file: \"{}\"\naccount: DEVICES\nzitadel:\n  issuer: https://id.example\n  \
+                 issuer_seed_file: \"{}\"\naccount: DEVICES\ndevice_api:\n  user: {}\n  password_file: \"{}\"\n  \
+                 fleet_user: admin\n  fleet_password_file: \"{}\"\nzitadel:\n  issuer: https://id.example\n  \
                  audience: fleet\n  jwks_url: https://127.0.0.1:9/keys\n  jwks_timeout_ms: 200\n",
                 nats.url(),
                 pw.display(),
                 ca.display(),
-                seed.display()
+                seed.display(),
+                fleet_rig::nats::DEVICE_API_USER,
+                api_pw.display(),
+                admin_pw.display()
             ),
         )
     };

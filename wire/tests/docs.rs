@@ -36,7 +36,7 @@ fn kv_layout_lists_every_bucket_with_its_key_and_writer() {
         );
         assert!(row.contains(b.writer), "{}: writer {}", b.name, b.writer);
         let size = |bytes: u64| {
-            if bytes % (1 << 20) == 0 {
+            if bytes.is_multiple_of(1 << 20) {
                 format!("{} MiB", bytes >> 20)
             } else {
                 format!("{} KiB", bytes >> 10)
