@@ -100,6 +100,12 @@ fn typos() -> Vec<(&'static str, &'static str, String, &'static str)> {
         ),
         (
             "AgentRelease",
+            "t-rel-rollout",
+            format!("spec: {{allowedGroups: [demo], builds: [{BUILD}], rollout: {{soakSecond: 60}}}}"),
+            "spec.rollout.soakSecond",
+        ),
+        (
+            "AgentRelease",
             "t-rel-sel",
             format!("spec: {{allowedGroups: [demo], builds: [{BUILD}], targetSelector: {{matchLabel: {{a: b}}}}}}"),
             "spec.targetSelector.matchLabel",
