@@ -337,15 +337,22 @@ async fn canaries_first_then_the_rest_complete() {
 
     // The buckets are file-backed, keep one value per key and have byte and age limits.
     for (bucket, max_value, age_days) in [
-        (layout::SYSTEM_UPGRADE_INTENT, 4096, 30),
-        (layout::SYSTEM_UPGRADE_STATUS, 64 * 1024, 90),
+        (layout::SYSTEM_UPGRADE_INTENT, 1024, 30),
+        (layout::SYSTEM_UPGRADE_STATUS, 8 * 1024, 90),
         (layout::TASK_PLANS, 1024 * 1024, 90),
     ] {
         let mut stream = f.js.get_stream(format!("KV_{bucket}")).await.unwrap();
         let c = stream.info().await.unwrap().config.clone();
+        let spec = layout::bucket(bucket).unwrap();
         assert_eq!(c.storage, jetstream::stream::StorageType::File, "{bucket}");
         assert_eq!(c.max_messages_per_subject, 1, "{bucket}");
         assert_eq!(c.max_message_size, max_value, "{bucket}");
+        assert_eq!(
+            c.max_bytes,
+            layout::max_bytes(spec, layout::DEFAULT_FLEET_SIZE),
+            "{bucket}"
+        );
+        assert_eq!(c.allow_rollup, spec.allow_rollup, "{bucket}");
         assert_eq!(
             c.max_age,
             Duration::from_secs(age_days * 24 * 3600),
