@@ -109,21 +109,23 @@ async fn invalid_spec_patches_status_and_publishes_one_warning() {
             report::write_status(&client, &recorder, &dep, &status, &f).await
         })
     };
-    // 1. the Warning event, regarding the deployment
+    // 1. the Warning event about the deployment itself: a core/v1 event of the old form in `default` (what a
+    // 1.20 API server accepts for a cluster-scoped object), so `kubectl describe` finds it
     let ev = server
         .expect(
             Method::POST,
-            "/apis/events.k8s.io/v1/namespaces/default/events",
+            "/api/v1/namespaces/default/events",
             201,
             serde_json::json!({}),
         )
         .await;
     assert_eq!(ev["type"], "Warning");
     assert_eq!(ev["reason"], "InvalidSpec");
-    assert_eq!(ev["regarding"]["kind"], "FleetDeployment");
-    assert_eq!(ev["regarding"]["name"], "web");
-    assert!(ev["note"].as_str().unwrap().contains("matchExpressions"));
-    assert_eq!(ev["reportingInstance"], "op-0");
+    assert_eq!(ev["involvedObject"]["kind"], "FleetDeployment");
+    assert_eq!(ev["involvedObject"]["name"], "web");
+    assert!(ev["involvedObject"].get("namespace").is_none());
+    assert!(ev["message"].as_str().unwrap().contains("matchExpressions"));
+    assert_eq!(ev["source"]["component"], "fleet-operator");
     // 2. the status patch with the condition
     let mut reply = dep.clone();
     reply.status = Some(status.clone());
