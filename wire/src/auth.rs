@@ -49,6 +49,15 @@ pub fn device_key_filter(spec: &BucketSpec, device: &DeviceId) -> Option<String>
     }
 }
 
+/// The KV subject filter covering every device's keys in `spec` (a bucket keyed by device): `$KV.<bucket>.*` or
+/// `$KV.<bucket>.>` for run buckets.
+pub fn every_device_filter(spec: &BucketSpec) -> String {
+    match spec.key {
+        KeyShape::Device => format!("$KV.{}.*", spec.name),
+        _ => format!("$KV.{}.>", spec.name),
+    }
+}
+
 /// Subject of a direct get of the last value of `subject` (the key's `$KV.…` subject, or a `….>` filter for the
 /// newest of a device's run keys). The key is in the subject, so permissions can scope it; the body must be empty.
 pub fn direct_get_subject(bucket: &str, subject: &str) -> String {
@@ -93,10 +102,7 @@ pub fn device_imports() -> Vec<Import> {
     }];
     for spec in BUCKETS {
         if device_access(spec) == DeviceAccess::ReadWrite {
-            let subject = match spec.key {
-                KeyShape::Device => format!("$KV.{}.*", spec.name),
-                _ => format!("$KV.{}.>", spec.name),
-            };
+            let subject = every_device_filter(spec);
             v.push(Import::Service {
                 account: DEVICE_API_ACCOUNT,
                 subject,

@@ -132,17 +132,7 @@ pub async fn run(
 
     let mut writes = Vec::new();
     for spec in written_buckets() {
-        let subject = fleet_wire::auth::device_imports()
-            .into_iter()
-            .find_map(|i| match i {
-                fleet_wire::auth::Import::Service { subject, .. }
-                    if subject.starts_with(&format!("$KV.{}.", spec.name)) =>
-                {
-                    Some(subject)
-                }
-                _ => None,
-            })
-            .ok_or_else(|| format!("no import for bucket {}", spec.name))?;
+        let subject = fleet_wire::auth::every_device_filter(spec);
         writes.push(
             devices
                 .queue_subscribe(subject.clone(), QUEUE_GROUP.into())
@@ -156,10 +146,7 @@ pub async fn run(
         .map_err(|e| format!("subscribe {WATCH_ROOT}.*: {e}"))?;
     let mut notices = Vec::new();
     for spec in noticed_buckets() {
-        let subject = match spec.key {
-            fleet_wire::kv::KeyShape::Device => format!("$KV.{}.*", spec.name),
-            _ => format!("$KV.{}.>", spec.name),
-        };
+        let subject = fleet_wire::auth::every_device_filter(spec);
         notices.push(
             fleet
                 .client
