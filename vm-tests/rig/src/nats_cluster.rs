@@ -257,7 +257,18 @@ impl NatsCluster {
     pub fn wait_meta_leader(&self, timeout: Duration) {
         let conns: Vec<Connection> = (0..self.size())
             .filter(|i| self.pid(*i).is_some())
-            .map(|i| self.connect_node(i))
+            .map(|i| {
+                // A node that died after it accepted its first connection (a route port taken, say) says why
+                // in its log; show it rather than only "connection refused".
+                if TcpStream::connect(("127.0.0.1", self.nodes[i].port)).is_err() {
+                    panic!(
+                        "nats-server {} stopped accepting connections after start-up\n{}",
+                        self.nodes[i].name,
+                        self.logs(20)
+                    );
+                }
+                self.connect_node(i)
+            })
             .collect();
         let ok = wait_for(timeout, || {
             conns

@@ -12,13 +12,47 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from("."))
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, taken from below the kernel's ephemeral range.
+///
+/// Why not port 0: a port the kernel handed out and that was released is back in the ephemeral pool, so
+/// before the part binds it an outgoing connection (a route between cluster nodes, a client) or another
+/// test's `bind(0)` may take it, and the part dies with "address already in use" (seen in CI). Ports below
+/// the ephemeral range are never picked for outgoing connections; a process-wide cursor keeps one process's
+/// ports distinct, and its start depends on the PID so test binaries running side by side start apart.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0")
-        .unwrap_or_else(|e| panic!("cannot bind a free port on 127.0.0.1: {e}"));
-    l.local_addr()
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("local_addr: {e}"))
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let (lo, hi) = non_ephemeral_range();
+    let span = u32::from(hi - lo);
+    let _ = CURSOR.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(7919)) % span,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..span {
+        let n = CURSOR.fetch_add(1, Ordering::SeqCst) % span;
+        let port = lo + n as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 in {lo}..{hi}");
+}
+
+/// The ports the rig hands out: from 10000 up to the start of the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, 32768 by default), or 10000..30000 if that range starts too low.
+fn non_ephemeral_range() -> (u16, u16) {
+    const LO: u16 = 10_000;
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if start >= LO + 5_000 {
+        (LO, start)
+    } else {
+        (LO, 30_000)
+    }
 }
 
 /// Finds `name`: the environment variable `env_var` if set, then each of `candidates`, then `PATH`.
