@@ -25,8 +25,8 @@ impl WithConditions for crate::crd::PlacementStatus {
 pub const READY: &str = "Ready";
 /// Condition type: the operator can reach NATS.
 pub const NATS_REACHABLE: &str = "NatsReachable";
-/// Condition type (AgentRelease): True while targeted devices failed their current attempt. Unlike the others it
-/// is bad when True, as Kubernetes' own `*Degraded`/`*Pressure` conditions are.
+/// Condition type (AgentRelease): True while targeted devices failed their current attempt; (FleetDeployment)
+/// True while some of its workloads failed on their devices. Unlike the others it is bad when True, as Kubernetes' own `*Degraded`/`*Pressure` conditions are.
 pub const DEGRADED: &str = "Degraded";
 /// Condition type (AgentRelease): True while its rollout gives devices the change or waits for their soak; False
 /// once complete or halted. Never a problem by itself (`Halted` is).
@@ -52,7 +52,9 @@ pub const REASON_NATS_OK: &str = "Connected";
 pub const REASON_NATS_UNREACHABLE: &str = "NatsUnreachable";
 /// Reason (Degraded=True): devices failed their current attempt.
 pub const REASON_DEVICES_FAILED: &str = "DevicesFailed";
-/// Reason (Degraded=False): no targeted device has failed.
+/// Reason (FleetDeployment, Degraded=True): some of its workloads failed on their devices.
+pub const REASON_WORKLOADS_FAILED: &str = "WorkloadsFailed";
+/// Reason (Degraded=False): no targeted device (or workload) has failed.
 pub const REASON_NO_FAILURES: &str = "NoFailures";
 /// Reason (Progressing=True): devices are being given the change or are updating.
 pub const REASON_PROGRESSING: &str = "Progressing";

@@ -242,9 +242,10 @@ pub struct PlacementStatus {
     /// AgentRelease only: where its rollout stands ([`crate::rollout`]), counted over the devices it owns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
-    /// `Ready` (reasons `Placed`, `InvalidSpec`, `GroupSourceError`, `Conflict`) and `NatsReachable`; on an
-    /// AgentRelease also `Degraded`, `Progressing`, `Halted` and (when some of its devices are taken by a newer
-    /// release) `Superseded`.
+    /// `Ready` (reasons `Placed`, `InvalidSpec`, `GroupSourceError`, `Conflict`) and `NatsReachable`; on a
+    /// FleetDeployment also `Degraded` (True, reason `WorkloadsFailed`, while some of its workloads failed on their
+    /// devices); on an AgentRelease also `Degraded`, `Progressing`, `Halted` and (when some of its devices are
+    /// taken by a newer release) `Superseded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }

@@ -6,7 +6,7 @@
 use crate::conditions::{self, Want};
 use crate::crd::{
     AgentRelease, Device, DeviceGroup, DeviceGroupStatus, DeviceStatus, FleetDeployment,
-    PlacementStatus, RolloutPhase, HOLD_ANNOTATION,
+    PlacementStatus, RolloutPhase, WorkloadHealth, HOLD_ANNOTATION,
 };
 use crate::health;
 use crate::mirror::{self, Reported};
@@ -246,6 +246,34 @@ fn degraded_want(c: &ReleaseCounts, failed: &[String]) -> Want {
             c.failed,
             devices(c.targeted),
             failed.join(", ")
+        ),
+    }
+}
+
+/// FleetDeployment: Degraded=True while some of its workloads failed on their devices (the agent's last reconcile
+/// failed or the container exited), with the count and the first failure (devices by name, stable while the same
+/// devices fail); the Warning event a person sees in `kubectl describe` comes from it turning True.
+fn workloads_degraded_want(h: &WorkloadHealth) -> Want {
+    if h.failed == 0 {
+        return Want {
+            type_: conditions::DEGRADED,
+            ok: false,
+            reason: conditions::REASON_NO_FAILURES,
+            message: "no workload has failed on a targeted device".into(),
+        };
+    }
+    let total = h.running + h.failed + h.pending;
+    let first = h
+        .latest_error
+        .as_deref()
+        .unwrap_or("no error text reported");
+    Want {
+        type_: conditions::DEGRADED,
+        ok: true,
+        reason: conditions::REASON_WORKLOADS_FAILED,
+        message: format!(
+            "{} of {total} workloads failed on their devices; first: {first}",
+            h.failed
         ),
     }
 }
@@ -785,10 +813,12 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
             next: PlacementStatus {
                 observed_generation: obj.metadata.generation,
                 targeted_devices: targeted,
-                workloads: health,
+                workloads: health.clone(),
                 ..Default::default()
             },
-            wants: vec![ready_want(&result)],
+            wants: std::iter::once(ready_want(&result))
+                .chain(health.as_ref().map(workloads_degraded_want))
+                .collect(),
             nats: true,
         });
     }
@@ -1281,7 +1311,7 @@ mod tests {
         let p = plan(&s, Timestamp::now(), &mut AttemptId::new_random);
         let (_, _, next) = p.deployments[0].clone().finish(&ok, &now).expect("changed");
         let types: Vec<&str> = next.conditions.iter().map(|c| c.type_.as_str()).collect();
-        assert_eq!(types, ["Ready", "NatsReachable"]);
+        assert_eq!(types, ["Ready", "NatsReachable", "Degraded"]);
         // the same plan against the status it produced writes nothing
         let mut written = (*s.deployments[0]).clone();
         written.status = Some(next);

@@ -750,6 +750,59 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
         table.contains("db: image localhost/db:1 could not be pulled"),
         "{table}"
     );
+    // a failing workload is a condition and a Warning event about the deployment itself (kind, name, uid), which
+    // `kubectl describe` shows
+    let obj = deps.get(&dep).await.expect("the deployment");
+    let degraded = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded"))
+        .cloned()
+        .expect("Degraded condition");
+    let message = format!("1 of 4 workloads failed on their devices; first: {d2}: db: {pull}");
+    assert_eq!(
+        (
+            degraded.status.as_str(),
+            degraded.reason.as_str(),
+            degraded.message.as_str()
+        ),
+        ("True", "WorkloadsFailed", message.as_str())
+    );
+    let uid = obj.metadata.uid.clone().expect("uid");
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(f.client.clone(), "default");
+    let ev = eventually(
+        "WorkloadsFailed Warning event about the deployment",
+        || async {
+            let list = core.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("WorkloadsFailed")
+                    && e.involved_object.uid.as_deref() == Some(uid.as_str())
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        (
+            ev.type_.as_deref(),
+            ev.involved_object.kind.as_deref(),
+            ev.involved_object.name.as_deref(),
+            ev.message.as_deref()
+        ),
+        (
+            Some("Warning"),
+            Some("FleetDeployment"),
+            Some(dep.as_str()),
+            Some(message.as_str())
+        )
+    );
+    let (ok, described, err) = kubectl(&["describe", "fdep", &dep], "");
+    assert!(ok, "{err}");
+    let events_section = described.split("Events:").nth(1).unwrap_or_default();
+    assert!(
+        events_section.contains("WorkloadsFailed")
+            && events_section.contains("1 of 4 workloads failed"),
+        "kubectl describe fdep shows the event:\n{described}"
+    );
 
     // the device recovers: no failure and no error left
     store
@@ -767,6 +820,17 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
     })
     .await;
     assert_eq!((w.failed, w.pending, w.latest_error), (0, 0, None));
+    let degraded = eventually("Degraded=False once none fails", || async {
+        let s = deps.get(&dep).await.ok()?.status?;
+        s.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "False")
+    })
+    .await;
+    assert_eq!(
+        (degraded.reason.as_str(), degraded.message.as_str()),
+        ("NoFailures", "no workload has failed on a targeted device")
+    );
 }
 
 /// Deleting a Device whose device runs workloads: the operator recreates it (the device still reports) with the
