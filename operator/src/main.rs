@@ -40,9 +40,11 @@ Options:
   --dashboard-listen ADDR         also serve the read-only dashboard and /metrics over HTTP on ADDR
                                   (e.g. 0.0.0.0:8081; off by default; docs/dashboard.md)
   --dashboard-token-file FILE     the token it requires (Authorization: Bearer, or as the Basic password)
-  --dashboard-fleetlock-url URL   the FleetLock server whose /v1/status the Reboots page shows
+  --dashboard-fleetlock-url URL   the FleetLock server whose /v1/status the Reboots page and the FleetLock
+                                  alerts read
   --dashboard-fleetlock-token-file FILE   a client or admin token of that server
   --dashboard-fleetlock-ca-file FILE      PEM CA certificate(s) trusted for an https:// FleetLock URL
+  Alerts are evaluated and published as Warning events whether or not the dashboard is served:
   --alert-silent-after DURATION   a device without heartbeat for longer alerts (default 15m)
   --alert-slot-held-after DURATION  a FleetLock slot held for longer alerts (default 1h)
   --alert-failed-run-for DURATION   a failed TaskRun alerts for this long after it ended (default 24h)
@@ -240,12 +242,7 @@ fn main() -> ExitCode {
             label_selector: opts.label_selector.clone(),
         };
         let dashboard_client = client.clone();
-        let dashboard = async move {
-            match dashboard {
-                Some(d) => fleet_operator::dashboard::run(dashboard_client, d).await,
-                None => std::future::pending().await,
-            }
-        };
+        let dashboard = fleet_operator::dashboard::run(dashboard_client, dashboard);
         tokio::select! {
             r = dashboard => {
                 if let Err(e) = r {
@@ -305,19 +302,24 @@ impl DashboardArgs {
         Ok(())
     }
 
-    /// The dashboard's options, `None` when it is off; an error for an incomplete or unreadable set.
-    fn options(self, nats_url: &str) -> Result<Option<fleet_operator::dashboard::Options>, String> {
-        use fleet_operator::dashboard::{auth::Token, events::OwnPod, reboots::FleetLockSource};
-        let (listen, token_file) = match (self.listen, self.token_file) {
-            (None, None) if self.fleetlock_url.is_none() => return Ok(None),
-            (Some(l), Some(t)) => (l, t),
+    /// The alerts' and dashboard's options (`serve` is `None` when the dashboard is off: alerts run all the
+    /// same); an error for an incomplete or unreadable set.
+    fn options(self, nats_url: &str) -> Result<fleet_operator::dashboard::Options, String> {
+        use fleet_operator::dashboard::{
+            auth::Token, events::OwnPod, reboots::FleetLockSource, Serve,
+        };
+        let serve = match (self.listen, self.token_file) {
+            (None, None) => None,
+            (Some(listen), Some(t)) => Some(Serve {
+                listen,
+                token: Token::from_file(std::path::Path::new(&t))?,
+            }),
             _ => {
                 return Err(
                     "--dashboard-listen and --dashboard-token-file go together; see --help".into(),
                 )
             }
         };
-        let token = Token::from_file(std::path::Path::new(&token_file))?;
         let fleetlock = match self.fleetlock_url {
             None => None,
             Some(url) => Some(FleetLockSource {
@@ -351,9 +353,8 @@ impl DashboardArgs {
                 .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| default.to_owned())
         };
-        Ok(Some(fleet_operator::dashboard::Options {
-            listen,
-            token,
+        Ok(fleet_operator::dashboard::Options {
+            serve,
             nats_url: nats_url.to_owned(),
             label_selector: std::env::var("FLEET_LABEL_SELECTOR")
                 .ok()
@@ -365,7 +366,7 @@ impl DashboardArgs {
                 namespace: env("POD_NAMESPACE", "default"),
             },
             instance: std::env::var("POD_NAME").ok(),
-        }))
+        })
     }
 }
 

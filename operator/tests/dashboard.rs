@@ -142,34 +142,100 @@ impl Fleet {
 }
 
 fn spawn_operator(f: &Fleet, dir: &Path, fleetlock: &str) -> std::process::Child {
+    let token_file = dir.join("dashboard-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let mut cmd = operator_command(f, dir);
+    cmd.args(["--dashboard-listen", &DASH_ADDR.with(|a| a.to_string())])
+        .arg("--dashboard-token-file")
+        .arg(&token_file)
+        .args(["--dashboard-fleetlock-url", fleetlock]);
+    cmd.spawn().expect("start fleet-operator")
+}
+
+/// The operator as every test here starts it (the alert thresholds short), without dashboard flags.
+fn operator_command(f: &Fleet, dir: &Path) -> Command {
     let api = API.get().expect("apiserver");
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, api.kubeconfig(api.token())).unwrap();
-    let token_file = dir.join("dashboard-token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let log = std::fs::File::create(dir.join("operator.log")).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_fleet-operator"))
-        .args(["--dashboard-listen", &DASH_ADDR.with(|a| a.to_string())])
-        .arg("--dashboard-token-file")
-        .arg(&token_file)
-        .args(["--dashboard-fleetlock-url", fleetlock])
-        .args([
-            "--alert-silent-after",
-            "10m",
-            "--alert-slot-held-after",
-            "2s",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("FLEET_NATS_URL", f.nats.url())
-        .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", f.run))
-        .env("POD_NAME", "fleet-operator-test")
-        .env("POD_NAMESPACE", &f.run)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start fleet-operator")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleet-operator"));
+    cmd.args([
+        "--alert-silent-after",
+        "10m",
+        "--alert-slot-held-after",
+        "2s",
+    ])
+    .env("KUBECONFIG", &kubeconfig)
+    .env("FLEET_NATS_URL", f.nats.url())
+    .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", f.run))
+    .env("POD_NAME", "fleet-operator-test")
+    .env("POD_NAMESPACE", &f.run)
+    .env("RUST_LOG", "info")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(log);
+    cmd
+}
+
+/// Alerts do not need the dashboard: an operator started without any dashboard flag publishes a silent device's
+/// alert as a Warning event about that Device (its kind, name and uid: what `kubectl describe` finds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alerts_are_events_without_the_dashboard() {
+    let f = Fleet::start("alerts").await;
+    fleet_operator::kv::ensure_buckets(&f.js)
+        .await
+        .expect("buckets");
+    let dir = tempfile::tempdir().unwrap();
+    let now = Timestamp::now();
+    let silent = f
+        .device(
+            "pi-quiet",
+            json!({"site": "c"}),
+            Timestamp::from_unix_ms(now.unix_ms() - 3_600_000),
+        )
+        .await;
+    let _op = Kill(
+        operator_command(&f, dir.path())
+            .spawn()
+            .expect("start fleet-operator"),
+    );
+    let uid = Api::<Device>::all(f.client.clone())
+        .get(silent.as_str())
+        .await
+        .expect("the Device")
+        .metadata
+        .uid
+        .expect("uid");
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(f.client.clone(), "default");
+    let ev = eventually("DeviceSilent event without the dashboard", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("DeviceSilent")
+                && e.involved_object.uid.as_deref() == Some(uid.as_str())
+        })
+    })
+    .await;
+    assert_eq!(
+        (
+            ev.type_.as_deref(),
+            ev.involved_object.kind.as_deref(),
+            ev.involved_object.name.as_deref()
+        ),
+        (Some("Warning"), Some("Device"), Some(silent.as_str()))
+    );
+    let note = ev.message.unwrap_or_default();
+    assert!(
+        note.starts_with(&format!(
+            "Device silent: device {silent}. no heartbeat for longer than 10"
+        )),
+        "{note}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+    assert!(
+        log.contains("the dashboard is not served"),
+        "the operator says the dashboard is off:\n{log}"
+    );
 }
 
 thread_local! {

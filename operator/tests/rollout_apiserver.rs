@@ -388,18 +388,28 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
     assert_eq!(condition(&st, "Progressing").status, "False");
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(r.f.client.clone(), "default");
-    eventually("CanaryFailed Warning event", || async {
+    let ev = eventually("CanaryFailed Warning event", || async {
         let list = events.list(&Default::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("CanaryFailed")
-                    && e.type_.as_deref() == Some("Warning")
-                    && e.regarding.as_ref().and_then(|x| x.name.as_deref()) == Some(rel.as_str())
-            })
-            .then_some(())
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("CanaryFailed")
+                && e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|x| x.name.as_deref()) == Some(rel.as_str())
+        })
     })
     .await;
+    // the event belongs to the release (kind and uid, as `kubectl describe` finds it) and says what the
+    // condition says, word for word
+    let regarding = ev.regarding.clone().expect("regarding");
+    let uid = Api::<AgentRelease>::all(r.f.client.clone())
+        .get(&rel)
+        .await
+        .expect("the release")
+        .metadata
+        .uid;
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.uid, ev.note.as_deref()),
+        (Some("AgentRelease"), uid, Some(halted.message.as_str()))
+    );
     let halts = fleet_operator::metrics::global()
         .rollout_halts
         .get_or_create(&vec![

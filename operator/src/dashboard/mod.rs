@@ -1,7 +1,7 @@
-//! The read-only dashboard served by the operator (its own listen address, off by default): fleet overview,
-//! device pages, task run history with per-device results, reboots (FleetLock holders) and alerts, as
-//! server-rendered HTML that needs no JavaScript; `/metrics` for Prometheus; alerts also published as Kubernetes
-//! events. Access needs the dashboard's token.
+//! Alerts, always evaluated and published as Kubernetes events, and the read-only dashboard served by the
+//! operator (its own listen address, off by default): fleet overview, device pages, task run history with
+//! per-device results, reboots (FleetLock holders) and alerts, as server-rendered HTML that needs no JavaScript;
+//! `/metrics` for Prometheus. Access to the pages needs the dashboard's token.
 //!
 //! A product folder: it takes CRD types, caches, KV helpers and the event recorder from the operator's shared
 //! modules and nothing from `engine.rs` or another product folder.
@@ -34,13 +34,20 @@ pub const ALERT_INTERVAL: Duration = Duration::from_secs(15);
 /// Least time between two alert evaluations (a change of a watched object wakes one).
 pub const ALERT_DEBOUNCE: Duration = Duration::from_secs(1);
 
-/// How the dashboard runs.
+/// Where and how the dashboard's pages and `/metrics` are served.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct Serve {
     /// Where to listen, e.g. `0.0.0.0:8081`.
     pub listen: String,
     /// The access token.
     pub token: auth::Token,
+}
+
+/// How the alerts and (when served) the dashboard run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The pages and `/metrics`; `None`: off (alerts and their events run all the same).
+    pub serve: Option<Serve>,
     /// NATS (the operator's own URL).
     pub nats_url: String,
     /// Only objects with these labels (the operator's `FLEET_LABEL_SELECTOR`).
@@ -55,13 +62,17 @@ pub struct Options {
     pub instance: Option<String>,
 }
 
-/// Binds `opts.listen`, then serves the dashboard and keeps its data and alerts current. Returns only on a bind
-/// error (the caller exits).
+/// Evaluates the alerts and publishes their events, always; binds `opts.serve`'s address when given and serves
+/// the dashboard. Returns only on a bind error (the caller exits).
 pub async fn run(client: Client, opts: Options) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(&opts.listen)
-        .await
-        .map_err(|e| format!("dashboard: listen on {}: {e}", opts.listen))?;
-    log::info!("dashboard on http://{}/", opts.listen);
+    let listener = match &opts.serve {
+        Some(s) => Some(
+            tokio::net::TcpListener::bind(&s.listen)
+                .await
+                .map_err(|e| format!("dashboard: listen on {}: {e}", s.listen))?,
+        ),
+        None => None,
+    };
     let notify = Arc::new(Notify::new());
     let state = Arc::new(State {
         devices: cache::<Device>(&client, &opts.label_selector, &notify),
@@ -72,9 +83,18 @@ pub async fn run(client: Client, opts: Options) -> Result<(), String> {
         alerts: RwLock::new(Vec::new()),
         thresholds: opts.thresholds,
     });
-    tokio::spawn(connect_nats(state.clone(), opts.nats_url.clone()));
     tokio::spawn(watch_alerts(client, state.clone(), opts.clone(), notify));
-    server::serve(listener, state, Arc::new(opts.token)).await;
+    match (listener, opts.serve) {
+        (Some(listener), Some(serve)) => {
+            log::info!("dashboard on http://{}/", serve.listen);
+            tokio::spawn(connect_nats(state.clone(), opts.nats_url.clone()));
+            server::serve(listener, state, Arc::new(serve.token)).await;
+        }
+        _ => {
+            log::info!("alerts are evaluated and published as events; the dashboard is not served (--dashboard-listen)");
+            std::future::pending::<()>().await;
+        }
+    }
     Ok(())
 }
 
