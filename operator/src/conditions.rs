@@ -64,6 +64,8 @@ pub const REASON_SOAKING: &str = "Soaking";
 pub const REASON_STALLED: &str = "Stalled";
 /// Reason (Progressing=False): every device in the rollout is done.
 pub const REASON_COMPLETE: &str = "RolloutComplete";
+/// Reason (Progressing=False): every device in the rollout is done and none runs the change (all failed).
+pub const REASON_ROLLOUT_FAILED: &str = "RolloutFailed";
 /// Reason (Progressing=False, Halted=False/True): the rollout is halted / not halted.
 pub const REASON_HALTED: &str = "Halted";
 /// Reason (Halted=False): nothing halts the rollout.

@@ -286,13 +286,16 @@ pub enum RolloutPhase {
     Halted,
     /// Every device in the rollout runs the change (or failed within `maxFailures`).
     Complete,
+    /// Nothing is left to give the change or to wait for, and no device runs it: every device in the rollout
+    /// failed (a release without a `rollout` section, which never halts, whose every device failed).
+    Failed,
 }
 
 /// Rollout counts over the devices in the rollout (targeted, owned, able to take the release).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStatus {
-    /// Progressing, Soaking, Halted or Complete.
+    /// Progressing, Soaking, Halted, Complete or Failed.
     pub phase: RolloutPhase,
     /// Running the change: soaking or healthy.
     pub updated: u32,

@@ -524,6 +524,12 @@ fn rollout_wants(o: &rollout::Outcome) -> [Want; 2] {
             reason: conditions::REASON_COMPLETE,
             message: counts.clone(),
         },
+        RolloutPhase::Failed => Want {
+            type_: conditions::PROGRESSING,
+            ok: false,
+            reason: conditions::REASON_ROLLOUT_FAILED,
+            message: format!("{counts}: no device runs the change"),
+        },
         RolloutPhase::Halted => Want {
             type_: conditions::PROGRESSING,
             ok: false,

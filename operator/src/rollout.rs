@@ -405,7 +405,12 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
     status.phase = if halt.is_some() {
         RolloutPhase::Halted
     } else if status.pending + status.updating + status.soaking == 0 {
-        RolloutPhase::Complete
+        // Done; "Complete" only if the change reached some device (or there was nothing to fail).
+        if status.failed > 0 && status.updated == 0 {
+            RolloutPhase::Failed
+        } else {
+            RolloutPhase::Complete
+        }
     } else if status.updating == 0 && status.soaking > 0 && release.is_empty() {
         RolloutPhase::Soaking
     } else {
@@ -603,6 +608,16 @@ mod tests {
                 vec!["a", "b"],
                 Progressing,
                 (0, 0, 0, 0, 2, 1),
+                None,
+            ),
+            (
+                "no rollout section, every device failed: the rollout failed, not complete",
+                vec![("a", false, Failed), ("b", false, Failed)],
+                Policy::ALL_AT_ONCE,
+                0,
+                vec![],
+                RolloutPhase::Failed,
+                (0, 0, 0, 0, 0, 2),
                 None,
             ),
             (
