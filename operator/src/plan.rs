@@ -1240,7 +1240,7 @@ mod tests {
                     "group site-a: Some(1)",
                     "group all: Some(2)",
                     "release r: Some(1)/Some(0)/Some(0)/Some(1)",
-                    "release r: Complete 0/0/0/1",
+                    "release r: Failed 0/0/0/1",
                 ]),
                 device_statuses: 1,
                 ..Default::default()
