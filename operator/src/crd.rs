@@ -66,6 +66,7 @@ pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
     printcolumn = r#"{"name":"Heartbeat","type":"string","jsonPath":".status.lastHeartbeat"}"#,
     printcolumn = r#"{"name":"Upgrade","type":"string","jsonPath":".status.agentUpgrade.phase"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.agentUpgrade.reason"}"#,
+    printcolumn = r#"{"name":"Stalled","type":"string","jsonPath":".status.stalled.phase"}"#,
     printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.workloads.running"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.workloads.failed"}"#,
     printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#,
@@ -109,6 +110,21 @@ pub struct DeviceStatus {
     /// Every workload the device reports (`device-workload-status`), counted; absent until it reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<WorkloadHealth>,
+    /// Set while the device's agent upgrade has stayed in one phase longer than that phase's bound allows
+    /// ([`crate::rollout::phase_bound`] plus [`crate::rollout::STALL_SLACK`]): the phase it is stuck in and since
+    /// when (the device's own `phaseChangedAt`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<Stalled>,
+}
+
+/// Where a device's agent upgrade is stuck.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Stalled {
+    /// The phase (`preparing`, `stopping`, `starting`, `rolling-back`).
+    pub phase: String,
+    /// Since when it has been in it (RFC 3339, UTC).
+    pub since: String,
 }
 
 /// Workload counts and the latest error, folded from `device-workload-status` by [`crate::health`].

@@ -1,7 +1,7 @@
 //! Device status mirrored from NATS KV (`device-info`, `device-heartbeat`, `agent-upgrade-status`,
 //! `device-workload-status`), as a pure function. Heartbeats are coalesced so that a large fleet does not turn every beat into an API write.
 
-use crate::crd::DeviceStatus;
+use crate::crd::{DeviceStatus, Stalled};
 use fleet_wire::{AgentUpgradeStatus, DeviceInfo, DeviceWorkloadStatus, Heartbeat, Timestamp};
 use std::time::Duration;
 
@@ -21,8 +21,14 @@ pub struct Reported {
     pub workloads: Option<DeviceWorkloadStatus>,
 }
 
-/// The Device status to write, given what is currently mirrored; `None` when nothing needs writing.
-pub fn device_status(current: Option<&DeviceStatus>, r: &Reported) -> Option<DeviceStatus> {
+/// The Device status to write at `now` (the operator's clock), given what is currently mirrored; `None` when
+/// nothing needs writing. `stalled` is set once the upgrade's phase outlasted its bound (the operator's periodic
+/// pass notices it without a new report).
+pub fn device_status(
+    current: Option<&DeviceStatus>,
+    r: &Reported,
+    now: Timestamp,
+) -> Option<DeviceStatus> {
     let mut next = DeviceStatus {
         agent_version: r.info.as_ref().map(|i| i.agent_version.clone()),
         architecture: r.info.as_ref().map(|i| i.architecture),
@@ -41,6 +47,15 @@ pub fn device_status(current: Option<&DeviceStatus>, r: &Reported) -> Option<Dev
         last_heartbeat: r.heartbeat.as_ref().map(|h| h.at.to_string()),
         agent_upgrade: r.upgrade.clone(),
         workloads: r.workloads.as_ref().map(crate::health::device),
+        stalled: r.upgrade.as_ref().and_then(|u| {
+            crate::rollout::is_stalled(u.phase, u.phase_changed_at, now).then(|| Stalled {
+                phase: serde_json::to_value(u.phase)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                since: u.phase_changed_at.to_string(),
+            })
+        }),
     };
     // A heartbeat's own agent version is fresher than the info's after a cutover.
     if let Some(h) = &r.heartbeat {
@@ -76,7 +91,7 @@ mod tests {
             upgrade: Some(fixtures::failed_status()),
             workloads: None,
         };
-        let first = device_status(None, &base).expect("first write");
+        let first = device_status(None, &base, hb.at).expect("first write");
         assert_eq!(first.agent_version, Some(hb.agent_version.clone()));
         assert_eq!(first.architecture, Some(info.architecture));
         assert_eq!(
@@ -86,7 +101,7 @@ mod tests {
         assert_eq!(first.last_heartbeat, Some(hb.at.to_string()));
 
         // unchanged: nothing to write
-        assert_eq!(device_status(Some(&first), &base), None);
+        assert_eq!(device_status(Some(&first), &base, hb.at), None);
 
         // a beat 10 s later is coalesced; 40 s later is written
         hb.at = hb.at.plus(Duration::from_secs(10));
@@ -94,14 +109,14 @@ mod tests {
             heartbeat: Some(hb.clone()),
             ..base.clone()
         };
-        assert_eq!(device_status(Some(&first), &r), None);
+        assert_eq!(device_status(Some(&first), &r, hb.at), None);
         hb.at = hb.at.plus(Duration::from_secs(30));
         let r = Reported {
             heartbeat: Some(hb.clone()),
             ..base.clone()
         };
         assert_eq!(
-            device_status(Some(&first), &r).and_then(|s| s.last_heartbeat),
+            device_status(Some(&first), &r, hb.at).and_then(|s| s.last_heartbeat),
             Some(hb.at.to_string())
         );
 
@@ -112,7 +127,7 @@ mod tests {
             ..base.clone()
         };
         assert_eq!(
-            device_status(Some(&first), &r).and_then(|s| s.agent_version),
+            device_status(Some(&first), &r, hb.at).and_then(|s| s.agent_version),
             Some(hb.agent_version.clone())
         );
 
@@ -121,7 +136,7 @@ mod tests {
             upgrade: Some(fixtures::upgrade_status()),
             ..base.clone()
         };
-        assert!(device_status(Some(&first), &r).is_some());
+        assert!(device_status(Some(&first), &r, hb.at).is_some());
 
         // a workload report is summarized; a new measurement time alone writes nothing
         let mut ws = fixtures::workload_status();
@@ -129,17 +144,38 @@ mod tests {
             workloads: Some(ws.clone()),
             ..base.clone()
         };
-        let with = device_status(Some(&first), &r).expect("workloads summarized");
+        let with = device_status(Some(&first), &r, hb.at).expect("workloads summarized");
         assert_eq!(with.workloads.as_ref().map(|w| w.running), Some(1));
         ws.at = ws.at.plus(Duration::from_secs(10));
         let r = Reported {
             workloads: Some(ws),
             ..base.clone()
         };
-        assert_eq!(device_status(Some(&with), &r), None);
+        assert_eq!(device_status(Some(&with), &r, hb.at), None);
+
+        // an upgrade preparing since t(0): not stalled within 9 min + 1 min slack; stalled after, with its phase
+        // and since when, and that stays put (no write per pass) while it lasts
+        let preparing = fixtures::upgrade_status();
+        let since = preparing.phase_changed_at;
+        let r = Reported {
+            upgrade: Some(preparing),
+            ..base.clone()
+        };
+        let at = |secs| since.plus(Duration::from_secs(secs));
+        let calm = device_status(Some(&first), &r, at(600)).expect("upgrade written");
+        assert_eq!(calm.stalled, None);
+        let stuck = device_status(Some(&calm), &r, at(601)).expect("stalled written");
+        assert_eq!(
+            stuck.stalled,
+            Some(Stalled {
+                phase: "preparing".into(),
+                since: since.to_string()
+            })
+        );
+        assert_eq!(device_status(Some(&stuck), &r, at(3600)), None);
 
         // nothing reported at all: an empty status, written once
-        let empty = device_status(None, &Reported::default());
+        let empty = device_status(None, &Reported::default(), hb.at);
         assert_eq!(empty, None);
     }
 }

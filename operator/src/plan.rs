@@ -317,7 +317,7 @@ pub fn plan(s: &Snapshot, now: Timestamp, new_id: &mut dyn FnMut() -> AttemptId)
     releases(s, &fleet, &mut plan, now, new_id);
     groups(s, &fleet, &mut plan);
     deployment_statuses(s, deployed, &mut plan);
-    devices_to_write(s, &fleet, &mut plan);
+    devices_to_write(s, &fleet, &mut plan, now);
     plan
 }
 
@@ -831,7 +831,7 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
 }
 
 /// Devices: create the ones that reported, mirror what they report.
-fn devices_to_write(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) {
+fn devices_to_write(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) {
     for id in s.info.keys() {
         let Ok(dev) = DeviceId::try_from(id.as_str()) else {
             continue;
@@ -859,7 +859,7 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) {
         if reported == Reported::default() {
             continue;
         }
-        if let Some(next) = mirror::device_status(d.status.as_ref(), &reported) {
+        if let Some(next) = mirror::device_status(d.status.as_ref(), &reported, now) {
             plan.device_statuses.push((id, next));
         }
     }

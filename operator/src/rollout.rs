@@ -243,14 +243,19 @@ pub struct Outcome {
     pub stalled: (Vec<String>, u32),
 }
 
+/// True when an agent upgrade has been in `phase` since `since` for longer than the phase's bound plus
+/// [`STALL_SLACK`] (never for a terminal phase): the device is *stalled*.
+pub fn is_stalled(phase: UpgradePhase, since: Timestamp, now: Timestamp) -> bool {
+    phase_bound(phase).is_some_and(|bound| now.since(since) > bound + STALL_SLACK)
+}
+
 /// `dev (preparing for 12m)` when the device's phase outlasted its bound.
 fn stall(id: &DeviceId, observed: Observed, now: Timestamp) -> Option<String> {
     let Observed::Updating(Some((phase, since))) = observed else {
         return None;
     };
-    let bound = phase_bound(phase)?;
     let stuck = now.since(since);
-    (stuck > bound + STALL_SLACK).then(|| {
+    is_stalled(phase, since, now).then(|| {
         let word = serde_json::to_value(phase)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))

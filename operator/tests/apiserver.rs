@@ -314,6 +314,30 @@ async fn device_status_follows_nats() {
     for stale in ["reason", "error", "invocationId", "drainDurationMs"] {
         assert!(rec.get(stale).is_none(), "stale {stale} kept: {rec}");
     }
+    // that record has been `preparing` since the fixture's epoch, far beyond the phase's bound: the Device says
+    // it is stalled, in which phase and since when, and `kubectl get fdev` shows it
+    assert_eq!(
+        v.pointer("/status/stalled"),
+        Some(
+            &serde_json::json!({"phase": "preparing", "since": next.phase_changed_at.to_string()})
+        ),
+        "{v}"
+    );
+    let table = kubectl_get(&["fdev", &name]);
+    assert_eq!(cell(&table, "STALLED"), "preparing", "{table}");
+    // a phase entered just now is within its bound: not stalled
+    next.phase_changed_at = fleet_wire::Timestamp::now();
+    f.bucket(fleet_wire::kv::AGENT_UPGRADE_STATUS)
+        .await
+        .put(name.as_str(), serde_json::to_vec(&next).unwrap().into())
+        .await
+        .expect("put status");
+    eventually("stalled gone with a fresh phase", || async {
+        let s = devices.get(&name).await.ok()?.status?;
+        (s.agent_upgrade.as_ref()?.phase_changed_at == next.phase_changed_at && s.stalled.is_none())
+            .then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

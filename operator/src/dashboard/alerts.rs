@@ -15,6 +15,8 @@ pub enum AlertKind {
     RollbackFailed,
     /// A device has sent no heartbeat for longer than the configured time.
     DeviceSilent,
+    /// A device's agent upgrade has stayed in one phase longer than that phase's bound allows.
+    DeviceStalled,
     /// A TaskRun failed because a canary failed (the rest were never released).
     CanaryFailed,
     /// A TaskRun failed for another reason.
@@ -27,9 +29,10 @@ pub enum AlertKind {
 
 impl AlertKind {
     /// Every kind, in display order.
-    pub const ALL: [AlertKind; 6] = [
+    pub const ALL: [AlertKind; 7] = [
         Self::RollbackFailed,
         Self::DeviceSilent,
+        Self::DeviceStalled,
         Self::CanaryFailed,
         Self::RunFailed,
         Self::SlotHeldTooLong,
@@ -41,6 +44,7 @@ impl AlertKind {
         match self {
             Self::RollbackFailed => "DeviceRollbackFailed",
             Self::DeviceSilent => "DeviceSilent",
+            Self::DeviceStalled => "DeviceStalled",
             Self::CanaryFailed => "TaskRunCanaryFailed",
             Self::RunFailed => "TaskRunFailed",
             Self::SlotHeldTooLong => "FleetLockSlotHeldTooLong",
@@ -53,6 +57,7 @@ impl AlertKind {
         match self {
             Self::RollbackFailed => "Agent rollback failed: device quarantined",
             Self::DeviceSilent => "Device silent",
+            Self::DeviceStalled => "Agent upgrade stalled",
             Self::CanaryFailed => "Task run stopped: a canary failed",
             Self::RunFailed => "Task run failed",
             Self::SlotHeldTooLong => "FleetLock slot held too long",
@@ -70,6 +75,11 @@ impl AlertKind {
             Self::DeviceSilent => {
                 "Check power and network, then `systemctl status fleet-agent` on the device; its NATS \
                  credentials may have expired (docs/auth.md)."
+            }
+            Self::DeviceStalled => {
+                "The updater bounds every phase, so a stall means it is stopped or cannot report: run \
+                 `systemctl status fleet-updater` and `journalctl -u fleet-updater` on the device \
+                 (docs/updater.md)."
             }
             Self::CanaryFailed => {
                 "Open the run's page for the canary's error and apt output; fix the cause and create a new \
@@ -212,6 +222,31 @@ pub fn evaluate<'a>(
                 },
             });
         }
+        if let Some(u) = d
+            .upgrade
+            .filter(|u| crate::rollout::is_stalled(u.phase, u.phase_changed_at, now))
+        {
+            let phase = serde_json::to_value(u.phase)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let bound = crate::rollout::phase_bound(u.phase).unwrap_or_default();
+            out.push(Alert {
+                kind: AlertKind::DeviceStalled,
+                subject: Subject::Device(d.name.to_owned()),
+                since: Some(u.phase_changed_at),
+                detail: match &u.target_version {
+                    Some(v) => format!(
+                        "upgrade to {v} in phase {phase} for longer than its bound of {}",
+                        super::html::age(bound)
+                    ),
+                    None => format!(
+                        "in phase {phase} for longer than its bound of {}",
+                        super::html::age(bound)
+                    ),
+                },
+            });
+        }
         if let Some(hb) = d.last_heartbeat {
             let quiet = now.since(hb);
             if quiet > t.silent_after {
@@ -331,8 +366,15 @@ mod tests {
         quarantined.phase = UpgradePhase::RollbackFailed;
         let mut failed = fixtures::upgrade_status();
         failed.phase = UpgradePhase::Failed;
+        // preparing for 9 min + 1 min slack + 1 s: stalled; for exactly 10 min: not yet
+        let mut stuck = fixtures::upgrade_status();
+        stuck.phase_changed_at = at(100_000 - 601);
+        let mut preparing = fixtures::upgrade_status();
+        preparing.phase_changed_at = at(100_000 - 600);
         let devices = [
             ("q", Some(&quarantined), Some(at(99_990))),
+            ("stuck", Some(&stuck), Some(at(99_990))),
+            ("preparing", Some(&preparing), Some(at(99_990))),
             ("rolled-back", Some(&failed), Some(at(99_990))),
             ("silent", None, Some(at(100_000 - 601))),
             ("just-quiet", None, Some(at(100_000 - 600))),
@@ -414,6 +456,7 @@ mod tests {
             [
                 (AlertKind::RollbackFailed, "device q".into()),
                 (AlertKind::DeviceSilent, "device silent".into()),
+                (AlertKind::DeviceStalled, "device stuck".into()),
                 (AlertKind::CanaryFailed, "task run ops/canary".into()),
                 (AlertKind::RunFailed, "task run ops/target".into()),
                 (
@@ -426,7 +469,11 @@ mod tests {
                 ),
             ]
         );
-        assert!(alerts[2]
+        assert_eq!(
+            alerts[2].detail,
+            "upgrade to 1.2.0 in phase preparing for longer than its bound of 9m"
+        );
+        assert!(alerts[3]
             .detail
             .starts_with("CanaryFailed: 0 of 3 succeeded, 1 failed"));
         // the same alerts again: nothing new; one gone and one back: only that one is new
