@@ -218,6 +218,11 @@ fn main() {
                 last_heartbeat: Some(fixtures::t(90).to_string()),
                 agent_upgrade: Some(fixtures::upgrade_status()),
                 workloads: None,
+                // the fixture has been preparing since t(0): stalled, as the operator mirrors it
+                stalled: Some(fleet_operator::crd::Stalled {
+                    phase: "preparing".into(),
+                    since: fixtures::upgrade_status().phase_changed_at.to_string(),
+                }),
             });
             devices_objs.push(d);
             labels.insert(info.device_id, l);

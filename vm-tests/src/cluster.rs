@@ -18,6 +18,8 @@ const KUBECTL_TIMEOUT: &str = "30s";
 /// then the API server.
 pub struct Cluster {
     operator: Option<Child>,
+    dashboard_url: String,
+    dashboard_token: String,
     webhook_url: String,
     webhook_ca: fleet_rig::tls::TestCa,
     kubectl: PathBuf,
@@ -51,8 +53,11 @@ impl Cluster {
         write_private(&kubeconfig, &api.kubeconfig(api.token()));
         let webhook_ca = fleet_rig::tls::TestCa::new();
         let webhook_port = fleet_rig::free_port();
+        let dashboard_port = fleet_rig::free_port();
         let mut c = Self {
             operator: None,
+            dashboard_url: format!("http://127.0.0.1:{dashboard_port}"),
+            dashboard_token: random_token(),
             webhook_url: format!("https://127.0.0.1:{webhook_port}"),
             webhook_ca,
             kubectl,
@@ -91,6 +96,13 @@ impl Cluster {
         if let Some(ca) = nats_ca {
             cmd.arg("--nats-ca-file").arg(ca);
         }
+        // The dashboard on, as a person who wants to look at the fleet runs it (docs/dashboard.md).
+        let token_file = c.dir.path().join("dashboard-token");
+        write_private(&token_file, &format!("{}\n", c.dashboard_token));
+        cmd.arg("--dashboard-listen")
+            .arg(format!("127.0.0.1:{dashboard_port}"))
+            .arg("--dashboard-token-file")
+            .arg(&token_file);
         let serving = c.webhook_ca.server_cert("fleet-operator-webhook");
         cmd.arg("--webhook-listen")
             .arg(format!("127.0.0.1:{webhook_port}"))
@@ -136,6 +148,16 @@ impl Cluster {
                 _ => None,
             },
         );
+    }
+
+    /// Where the operator serves its dashboard (`http://127.0.0.1:<port>`).
+    pub fn dashboard_url(&self) -> &str {
+        &self.dashboard_url
+    }
+
+    /// The dashboard's access token (a bearer token, or the password of HTTP Basic with any user name).
+    pub fn dashboard_token(&self) -> &str {
+        &self.dashboard_token
     }
 
     /// Where the operator serves the admission webhook (`https://127.0.0.1:<port>`).
@@ -315,4 +337,14 @@ impl Drop for Cluster {
             let _ = c.wait();
         }
     }
+}
+
+/// 32 hex characters from the kernel's random source (the dashboard's token).
+fn random_token() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .unwrap_or_else(|e| panic!("read /dev/urandom: {e}"));
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -3,7 +3,7 @@
 //! the devices themselves (Podman, the active symlink, the boot id), never echoed from what was asked for.
 
 use crate::builds::{V1, V2, V3};
-use crate::demo_state::Record;
+use crate::demo_state::{self, Record};
 use crate::fleetlock::FleetLockServer;
 use crate::local_fleet::{
     deployment_yaml, group_yaml, kebab, release_yaml, taskrun_yaml, DeviceView, LocalFleet,
@@ -102,6 +102,12 @@ impl<'a> Demo<'a> {
         let fleetlock = FleetLockServer::start();
         if let Some(pid) = fleetlock.pid() {
             record.add(pid, "fleetlock-server");
+        }
+        // Each guest's PID 1, for `scripts/demo --shell <device>` (and so that --keep can tell when one died).
+        for d in &fleet.devices {
+            if let Some(pid) = d.guest.pid1() {
+                record.add(pid, &demo_state::guest_name(&d.id));
+            }
         }
         // For step 6: fleetlock-server relayed into each guest for its reboots, and an apt repository whose upgrade
         // wants a reboot.
@@ -685,7 +691,8 @@ impl<'a> Demo<'a> {
         Ok(())
     }
 
-    /// `--keep`: says how to reach the fleet and waits for Ctrl-C or `scripts/demo --stop`.
+    /// `--keep`: says how to reach the fleet (kubectl, the dashboard, a shell in each device) and waits for
+    /// Ctrl-C or `scripts/demo --stop`, saying so when a part of the fleet dies meanwhile.
     pub fn keep(&self, dir: &Path) {
         println!("\n== the fleet keeps running (--keep)");
         println!(
@@ -700,9 +707,31 @@ impl<'a> Demo<'a> {
         );
         println!("   kubectl get fdev,fdg,fdep,frel,ftr");
         println!("   manifests: {}", self.manifests.display());
+        let c = &self.fleet.cluster;
+        println!(
+            "   dashboard: {}/ (token {}: as a bearer token, or as the password with any user name)",
+            c.dashboard_url(),
+            c.dashboard_token()
+        );
+        for d in &self.fleet.devices {
+            println!("   a shell in {}: sudo scripts/demo --shell {}", d.id, d.id);
+        }
         println!("   Stop it: Ctrl-C here, or `scripts/demo --stop` from another shell.");
+        let mut reported = BTreeSet::new();
+        let mut checked = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(200));
+            if checked.elapsed() < Duration::from_secs(2) {
+                continue;
+            }
+            checked = Instant::now();
+            for (name, pid) in demo_state::dead(dir) {
+                if reported.insert(name.clone()) {
+                    println!(
+                        "   !! {name} (pid {pid}) is no longer running: the fleet is incomplete"
+                    );
+                }
+            }
         }
     }
 }

@@ -124,6 +124,51 @@ impl Record {
     }
 }
 
+/// The name a device's guest (its PID 1) is recorded under.
+pub fn guest_name(device: &str) -> String {
+    format!("guest-{device}")
+}
+
+/// The recorded parts of the demo in `dir` that are no longer running (name, PID), in record order.
+pub fn dead(dir: &Path) -> Vec<(String, u32)> {
+    read(dir)
+        .into_iter()
+        .filter(|e| e.name != DEMO && !alive(e))
+        .map(|e| (e.name, e.pid))
+        .collect()
+}
+
+/// The command that opens a login shell in `device`'s guest of the demo recorded in `dir` (`nsenter` into every
+/// namespace of its PID 1, as root); an error naming the devices there are when it has none.
+pub fn shell(dir: &Path, device: &str) -> Result<Command, String> {
+    let entries = read(dir);
+    let want = guest_name(device);
+    match entries.iter().find(|e| e.name == want && alive(e)) {
+        Some(e) => {
+            let mut cmd = Command::new("nsenter");
+            cmd.args(["-t", &e.pid.to_string(), "-a", "--", "/bin/bash", "-l"])
+                // The host's temporary directory (the demo sets its own) does not exist in the guest.
+                .env_remove("TMPDIR");
+            Ok(cmd)
+        }
+        None => {
+            let running: Vec<&str> = entries
+                .iter()
+                .filter(|e| alive(e))
+                .filter_map(|e| e.name.strip_prefix("guest-"))
+                .collect();
+            Err(if running.is_empty() {
+                "no demo device is running (start one with `scripts/demo --keep`)".into()
+            } else {
+                format!(
+                    "no running demo device {device}; running: {}",
+                    running.join(", ")
+                )
+            })
+        }
+    }
+}
+
 /// Stops the demo recorded in `dir` (SIGTERM: it tears its fleet down itself) and waits for it. Returns what
 /// happened, for the user.
 pub fn stop(dir: &Path) -> String {
@@ -163,6 +208,33 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn shell_finds_a_recorded_running_guest_and_names_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let start = start_time(me).expect("own start time");
+        fs::write(
+            dir.path().join("pids"),
+            format!(
+                "{me} {start} guest-pi-1\n{me} {} guest-pi-gone\n",
+                start + 1
+            ),
+        )
+        .unwrap();
+        let cmd = shell(dir.path(), "pi-1").expect("a shell");
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(cmd.get_program(), "nsenter");
+        assert_eq!(args, ["-t", &me.to_string(), "-a", "--", "/bin/bash", "-l"]);
+        assert_eq!(
+            shell(dir.path(), "pi-gone").err().as_deref(),
+            Some("no running demo device pi-gone; running: pi-1")
+        );
+        assert_eq!(dead(dir.path()), vec![("guest-pi-gone".to_string(), me)]);
     }
 
     #[test]

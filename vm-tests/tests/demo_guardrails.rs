@@ -2,7 +2,8 @@
 //! (and every local-fleet test) sets its cluster up by, with the admission webhooks registered as
 //! `operator/deploy/webhook.yaml` has them. Driven with kubectl, as a person would: a typo is refused at every depth
 //! of every fleet kind (each closed object of each kind's published schema is covered, read back from the
-//! cluster), inside the fleet-wire parts too, nothing refused is stored, and a TaskRun's spec cannot be edited.
+//! cluster), inside the fleet-wire parts too, nothing refused is stored, and a TaskRun's spec cannot be edited;
+//! and the dashboard `scripts/demo --keep` points a person to answers with its token only.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_rig::NatsServer;
@@ -328,4 +329,42 @@ fn the_demo_cluster_refuses_typos_at_every_depth_and_taskrun_edits() {
         .expect("run");
     assert_eq!(run["spec"]["allowedGroups"], serde_json::json!(["demo"]));
     c.kubectl(&["label", "ftr", "upgrade", "-n", "default", "note=x"]);
+
+    // the dashboard `scripts/demo --keep` prints: served by the demo's operator, with its token only
+    let addr = c
+        .dashboard_url()
+        .strip_prefix("http://")
+        .expect("an http URL")
+        .to_owned();
+    let token = c.dashboard_token().to_owned();
+    let answered = fleet_rig::wait_for(std::time::Duration::from_secs(30), || {
+        http_status(&addr, Some(&token)).filter(|s| *s == 200)
+    });
+    assert_eq!(
+        answered,
+        Some(200),
+        "the dashboard at {addr} with its token"
+    );
+    assert_eq!(http_status(&addr, None), Some(401), "without the token");
+    assert_eq!(http_status(&addr, Some("not-the-token")), Some(401));
+}
+
+/// The status code of `GET /` on `addr` (with `Authorization: Bearer <token>` when given); `None` when nothing
+/// answers.
+fn http_status(addr: &str, token: Option<&str>) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok()?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }

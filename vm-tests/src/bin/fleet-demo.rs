@@ -8,19 +8,39 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-const USAGE: &str = "usage: fleet-demo [--keep | --stop]   (run it through scripts/demo)";
+const USAGE: &str =
+    "usage: fleet-demo [--keep | --stop | --shell DEVICE]   (run it through scripts/demo)";
 
 fn main() {
     let dir = PathBuf::from(
         std::env::var_os("FLEET_DEMO_DIR").unwrap_or_else(|| "/var/tmp/fleet-demo".into()),
     );
     let mut keep = false;
-    for a in std::env::args().skip(1) {
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--keep" => keep = true,
             "--stop" => {
                 println!("{}", demo_state::stop(&dir));
                 return;
+            }
+            "--shell" => {
+                let Some(device) = args.next() else {
+                    eprintln!("{USAGE}");
+                    std::process::exit(2);
+                };
+                match demo_state::shell(&dir, &device) {
+                    Ok(mut cmd) => {
+                        use std::os::unix::process::CommandExt;
+                        let e = cmd.exec();
+                        eprintln!("nsenter: {e}");
+                        std::process::exit(1);
+                    }
+                    Err(e) => {
+                        eprintln!("{e}");
+                        std::process::exit(1);
+                    }
+                }
             }
             _ => {
                 eprintln!("{USAGE}");
