@@ -218,6 +218,7 @@ fn main() {
                 last_heartbeat: Some(fixtures::t(90).to_string()),
                 agent_upgrade: Some(fixtures::upgrade_status()),
                 workloads: None,
+                writes_refused: None,
             });
             devices_objs.push(d);
             labels.insert(info.device_id, l);

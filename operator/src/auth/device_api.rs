@@ -263,7 +263,7 @@ async fn handle_write(
     let answer = match write(fleet, registry, &msg).await {
         Ok((stream, seq)) => serde_json::json!({ "stream": stream, "seq": seq }),
         Err(Failure::Refused(device, refusal)) => {
-            report(fleet, registry, device.as_ref(), &refusal).await;
+            report(fleet, registry, device.as_ref(), &msg.subject, &refusal).await;
             api_error(400, &format!("device API refused the write: {refusal}"))
         }
         Err(Failure::Store(e)) => {
@@ -369,11 +369,20 @@ fn subject_device(subject: &str) -> Option<DeviceId> {
     DeviceId::try_from(subject.split('.').nth(2)?).ok()
 }
 
+/// The bucket devices write named by a KV subject (`$KV.<bucket>.…`), if any.
+fn subject_bucket(subject: &str) -> Option<String> {
+    let bucket = subject.strip_prefix("$KV.")?.split('.').next()?;
+    written_buckets()
+        .any(|b| b.name == bucket)
+        .then(|| bucket.to_owned())
+}
+
 /// Logs a refusal and reports it to the operator, at most once per device per [`REFUSAL_REPORT_INTERVAL`].
 async fn report(
     fleet: &Fleet,
     registry: &Registry,
     device: Option<&DeviceId>,
+    subject: &str,
     refusal: &PutRefusal,
 ) {
     let Some(device) = device else {
@@ -398,6 +407,7 @@ async fn report(
     log::warn!("write of device {device} refused ({count} since the last report): {refusal}");
     let body = WriteRefused {
         device_id: device.clone(),
+        bucket: subject_bucket(subject),
         kind: refusal.kind().into(),
         reason: refusal.to_string(),
         count,
@@ -423,5 +433,15 @@ mod tests {
             a
         );
         assert!(a < WORKERS);
+    }
+
+    #[test]
+    fn reports_name_only_buckets_devices_write() {
+        assert_eq!(
+            subject_bucket("$KV.device-info.dev-a").as_deref(),
+            Some("device-info")
+        );
+        assert_eq!(subject_bucket("$KV.device-desired-state.dev-a"), None);
+        assert_eq!(subject_bucket("fleet.device-watch.dev-a"), None);
     }
 }
