@@ -27,8 +27,8 @@ pub const EVENT_WINDOW: Duration = Duration::from_secs(5 * 60);
 /// At most this many `WritesRefused` events a minute for the whole fleet (per replica): a fleet-wide flood must
 /// not turn into a flood of API writes. Refusals not evented then are in the next event of their device.
 pub const EVENTS_PER_MINUTE: u32 = 60;
-/// A new count is written to the Device status at most this often (a flood reports every 10 s).
-pub const STATUS_COALESCE: Duration = Duration::from_secs(60);
+/// A new count is written to the Device status at most this often (a flood reports every 10 s), as heartbeats are.
+pub const STATUS_COALESCE: Duration = Duration::from_secs(30);
 /// `status.writesRefused` is removed once the device has had no refusal for this long.
 pub const QUIET: Duration = Duration::from_secs(60 * 60);
 /// Devices whose records are kept at most; past that, new devices are only counted in the metric and logged.
@@ -146,9 +146,10 @@ pub fn window(now: Timestamp) -> u64 {
     now.unix_ms() / (EVENT_WINDOW.as_millis() as u64).max(1)
 }
 
-/// The Device's `status.writesRefused` at `now`, given what it shows and the operator's record: the record (a
-/// count change within [`STATUS_COALESCE`] of the shown one keeps the shown one, so a flood costs one status write
-/// a minute), what is shown when there is no record (after a restart), nothing once [`QUIET`] passed.
+/// The Device's `status.writesRefused` at `now`, given what it shows and the operator's record: the record (but a
+/// new count of the same cause within [`STATUS_COALESCE`] of the shown report keeps the shown one, so a flood costs
+/// one status write per [`STATUS_COALESCE`]), what is shown when there is no record (after a restart), nothing once
+/// [`QUIET`] passed.
 pub fn status(
     shown: Option<&WritesRefused>,
     record: Option<&Record>,
@@ -163,13 +164,10 @@ pub fn status(
     }
     if let Some(old) = shown {
         let same_cause = (&old.bucket, &old.kind, &old.since) == (&next.bucket, &next.kind, &next.since);
-        let recent = match (
-            old.last_at.parse::<Timestamp>(),
-            next.last_at.parse::<Timestamp>(),
-        ) {
-            (Ok(o), Ok(n)) => n >= o && n.since(o) < STATUS_COALESCE,
-            _ => false,
-        };
+        let recent = old
+            .last_at
+            .parse::<Timestamp>()
+            .is_ok_and(|o| now >= o && now.since(o) < STATUS_COALESCE);
         if same_cause && recent {
             return Some(old.clone());
         }
@@ -461,9 +459,12 @@ mod tests {
         assert_eq!(first.bucket.as_deref(), Some("device-heartbeat"));
         r.observe(&report(500, "device-heartbeat", "over-budget"), t(10));
         assert_eq!(status(Some(&first), Some(&r), t(10)), Some(first.clone()), "coalesced");
-        r.observe(&report(50, "device-heartbeat", "over-budget"), t(70));
-        let later = status(Some(&first), Some(&r), t(70)).expect("shown");
-        assert_eq!(later.count, 551, "a minute later the count is written");
+        r.observe(&report(50, "device-heartbeat", "over-budget"), t(20));
+        assert_eq!(status(Some(&first), Some(&r), t(29)), Some(first.clone()), "coalesced");
+        // The flood stopped: the next pass after the coalescing time writes the count, then nothing changes.
+        let later = status(Some(&first), Some(&r), t(30)).expect("shown");
+        assert_eq!(later.count, 551, "30 s later the count is written");
+        assert_eq!(status(Some(&later), Some(&r), t(70)), Some(later.clone()));
         r.observe(&report(1, "device-info", "too-large"), t(75));
         assert_eq!(
             status(Some(&later), Some(&r), t(75)).map(|s| s.kind),
@@ -472,13 +473,13 @@ mod tests {
         );
         // After a restart (no record) the shown status stays until it is quiet for an hour.
         assert_eq!(status(Some(&later), None, t(3000)), Some(later.clone()));
-        assert_eq!(status(Some(&later), None, t(70 + 3600)), None);
+        assert_eq!(status(Some(&later), None, t(20 + 3600)), None);
         assert_eq!(status(None, None, t(0)), None);
         // A record continues what a restart's predecessor showed.
         let mut again = Record::new(Some(&later), t(200));
         again.observe(&report(5, "device-heartbeat", "over-budget"), t(200));
         assert_eq!((again.count, again.since), (556, t(0)));
-        assert_eq!(Record::new(Some(&later), t(70 + 3600)).count, 0);
+        assert_eq!(Record::new(Some(&later), t(20 + 3600)).count, 0);
     }
 
     #[test]
