@@ -85,7 +85,11 @@ impl Record {
         self.count = self.count.saturating_add(r.count);
         self.unevented = self.unevented.saturating_add(r.count);
         self.last_at = now;
-        self.bucket = r.bucket.as_deref().and_then(bucket_label).map(str::to_owned);
+        self.bucket = r
+            .bucket
+            .as_deref()
+            .and_then(bucket_label)
+            .map(str::to_owned);
         self.kind = kind_label(&r.kind).to_owned();
         self.reason = r.reason.chars().take(MAX_REASON_CHARS).collect();
     }
@@ -163,7 +167,8 @@ pub fn status(
         return None;
     }
     if let Some(old) = shown {
-        let same_cause = (&old.bucket, &old.kind, &old.since) == (&next.bucket, &next.kind, &next.since);
+        let same_cause =
+            (&old.bucket, &old.kind, &old.since) == (&next.bucket, &next.kind, &next.since);
         let recent = old
             .last_at
             .parse::<Timestamp>()
@@ -338,7 +343,9 @@ async fn handle(r: &Reporting, limiter: &mut EventLimiter, subject: &str, payloa
         }
     };
     // The subject names the device (only fleet-auth may publish there); a body naming another is not believed.
-    if subject.strip_prefix(REFUSALS_ROOT).and_then(|s| s.strip_prefix('.'))
+    if subject
+        .strip_prefix(REFUSALS_ROOT)
+        .and_then(|s| s.strip_prefix('.'))
         != Some(report.device_id.as_str())
     {
         log::warn!(
@@ -348,7 +355,11 @@ async fn handle(r: &Reporting, limiter: &mut EventLimiter, subject: &str, payloa
         return;
     }
     crate::metrics::writes_refused(
-        report.bucket.as_deref().and_then(bucket_label).unwrap_or("other"),
+        report
+            .bucket
+            .as_deref()
+            .and_then(bucket_label)
+            .unwrap_or("other"),
         kind_label(&report.kind),
         report.count,
     );
@@ -372,13 +383,21 @@ fn device(r: &Reporting, id: &DeviceId) -> Option<Arc<Device>> {
 }
 
 /// Publishes the `WritesRefused` event of window `w` on `device`'s Device, within the fleet-wide limit.
-async fn publish(r: &Reporting, limiter: &mut EventLimiter, device: &DeviceId, w: u64, text: String) {
+async fn publish(
+    r: &Reporting,
+    limiter: &mut EventLimiter,
+    device: &DeviceId,
+    w: u64,
+    text: String,
+) {
     let Some(obj) = self::device(r, device) else {
         // No Device yet (the control loop creates it): the refusals are evented once it exists.
         return;
     };
     if !limiter.take(Timestamp::now()) {
-        log::debug!("WritesRefused event of {device} deferred: {EVENTS_PER_MINUTE} events a minute");
+        log::debug!(
+            "WritesRefused event of {device} deferred: {EVENTS_PER_MINUTE} events a minute"
+        );
         return;
     }
     log::warn!("Device {}: {REASON}: {text}", obj.name_any());
@@ -444,7 +463,12 @@ mod tests {
         r.observe(&report(300, "device-info", "too-large"), t(20));
         let (w2, text) = r.event_due(&d, t(300)).expect("next window");
         assert_eq!(w2, w + 1);
-        assert!(text.starts_with("fleet-auth refused 800 writes of device dev-a (latest: device-info, too-large"), "{text}");
+        assert!(
+            text.starts_with(
+                "fleet-auth refused 800 writes of device dev-a (latest: device-info, too-large"
+            ),
+            "{text}"
+        );
         assert!(text.contains("801 refused since"), "{text}");
         r.evented(w2);
         assert_eq!(r.event_due(&d, t(900)), None, "nothing new");
@@ -458,9 +482,17 @@ mod tests {
         assert_eq!((first.count, first.kind.as_str()), (1, "over-budget"));
         assert_eq!(first.bucket.as_deref(), Some("device-heartbeat"));
         r.observe(&report(500, "device-heartbeat", "over-budget"), t(10));
-        assert_eq!(status(Some(&first), Some(&r), t(10)), Some(first.clone()), "coalesced");
+        assert_eq!(
+            status(Some(&first), Some(&r), t(10)),
+            Some(first.clone()),
+            "coalesced"
+        );
         r.observe(&report(50, "device-heartbeat", "over-budget"), t(20));
-        assert_eq!(status(Some(&first), Some(&r), t(29)), Some(first.clone()), "coalesced");
+        assert_eq!(
+            status(Some(&first), Some(&r), t(29)),
+            Some(first.clone()),
+            "coalesced"
+        );
         // The flood stopped: the next pass after the coalescing time writes the count, then nothing changes.
         let later = status(Some(&first), Some(&r), t(30)).expect("shown");
         assert_eq!(later.count, 551, "30 s later the count is written");

@@ -81,7 +81,13 @@ pub async fn publish_cluster_scoped(
     let _ = recorder;
     let now = k8s_openapi::jiff::Timestamp::now();
     let name = reference.name.clone().unwrap_or_default();
-    publish_named(client, ev, reference, &format!("{name}.{:x}", now.as_nanosecond())).await
+    publish_named(
+        client,
+        ev,
+        reference,
+        &format!("{name}.{:x}", now.as_nanosecond()),
+    )
+    .await
 }
 
 /// [`publish_cluster_scoped`] under the event name `event_name`: a second create of the same name is refused

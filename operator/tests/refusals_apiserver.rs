@@ -75,7 +75,9 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
     let (admin, js) = fleet_operator::kv::connect(&stack.admin_url())
         .await
         .expect("admin connects");
-    fleet_operator::kv::ensure_buckets(&js).await.expect("buckets");
+    fleet_operator::kv::ensure_buckets(&js)
+        .await
+        .expect("buckets");
     let devices: Api<Device> = Api::all(client.clone());
     for name in [&attacker, &victim] {
         let d: Device = serde_json::from_value(serde_json::json!({
@@ -83,7 +85,10 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
             "metadata": {"name": name, "labels": {"fleet-test": run}}, "spec": {}
         }))
         .unwrap();
-        devices.create(&PostParams::default(), &d).await.expect("Device");
+        devices
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("Device");
     }
     let opts = Options {
         nats_url: stack.admin_url(),
@@ -97,12 +102,14 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
         })
     };
     // The operator listens once its NATS link is up: its first pass writes the victim's heartbeat status below.
-    let mut reports = admin
-        .subscribe("fleet.device-refusals.>")
-        .await
-        .unwrap();
+    let mut reports = admin.subscribe("fleet.device-refusals.>").await.unwrap();
 
-    let a = device(&stack.nats.url(), ec.sign(&claims(&attacker, 3600)), &attacker).await;
+    let a = device(
+        &stack.nats.url(),
+        ec.sign(&claims(&attacker, 3600)),
+        &attacker,
+    )
+    .await;
     let v = device(&stack.nats.url(), ec.sign(&claims(&victim, 3600)), &victim).await;
     let hb = |id: &str| {
         let h = fleet_wire::Heartbeat {
@@ -129,9 +136,13 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
     let before = refused_count("device-heartbeat", "over-budget");
     let mut over = 0;
     for _ in 0..300 {
-        if put(&a, format!("$KV.device-heartbeat.{attacker}"), hb(&attacker))
-            .await
-            .contains("write budget")
+        if put(
+            &a,
+            format!("$KV.device-heartbeat.{attacker}"),
+            hb(&attacker),
+        )
+        .await
+        .contains("write budget")
         {
             over += 1;
         }
@@ -141,7 +152,10 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
         .await
         .expect("a refusal report")
         .expect("report");
-    assert_eq!(first.subject.as_str(), format!("fleet.device-refusals.{attacker}"));
+    assert_eq!(
+        first.subject.as_str(),
+        format!("fleet.device-refusals.{attacker}")
+    );
 
     // The Device shows it: status, kubectl's column, one event naming the bucket, the reason and the count.
     let shown = eventually("the attacker's Device shows writesRefused", || async {
@@ -201,22 +215,39 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
     // kubectl get/describe show it to a person.
     let (ok, out, err) = kubectl(&["get", "fdev", &attacker], "");
     assert!(ok, "{err}");
-    assert!(out.lines().next().unwrap_or_default().contains("REFUSED"), "{out}");
     assert!(
-        out.lines().nth(1).unwrap_or_default().contains(&total.to_string()),
+        out.lines().next().unwrap_or_default().contains("REFUSED"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .nth(1)
+            .unwrap_or_default()
+            .contains(&total.to_string()),
         "{out}"
     );
     let (ok, out, err) = kubectl(&["describe", "fdev", &attacker], "");
     assert!(ok, "{err}");
-    assert!(out.contains("Writes Refused") && out.contains("WritesRefused"), "{out}");
+    assert!(
+        out.contains("Writes Refused") && out.contains("WritesRefused"),
+        "{out}"
+    );
 
     // The other device shows nothing.
-    let vs = devices.get(&victim).await.unwrap().status.unwrap_or_default();
+    let vs = devices
+        .get(&victim)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default();
     assert_eq!(vs.writes_refused, None);
     assert!(vs.last_heartbeat.is_some());
     assert!(events_of(&client, &victim).await.is_empty());
     let ok = put(&v, format!("$KV.device-heartbeat.{victim}"), hb(&victim)).await;
-    assert!(ok.contains("\"seq\""), "the victim's writes still go through: {ok}");
+    assert!(
+        ok.contains("\"seq\""),
+        "the victim's writes still go through: {ok}"
+    );
     println!(
         "{total} refusals shown on {attacker}, {} event(s), metric +{counted}; {victim} shows none",
         events.len()

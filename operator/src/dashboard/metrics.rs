@@ -58,7 +58,11 @@ pub fn render(state: &State) -> String {
         .devices
         .state()
         .iter()
-        .filter(|d| d.status.as_ref().is_some_and(|s| s.writes_refused.is_some()))
+        .filter(|d| {
+            d.status
+                .as_ref()
+                .is_some_and(|s| s.writes_refused.is_some())
+        })
         .count();
     gauge_family(
         &mut registry,
