@@ -44,6 +44,12 @@ fn world() -> &'static World {
             NatsTransport::Tls,
             auth_common::fleet_auth_bin,
         );
+        // Kept in a static, never dropped: the server and fleet-auth end when this test process does.
+        let pids: Vec<u32> = [nats.pid(), nats.auth_pid()]
+            .into_iter()
+            .flatten()
+            .collect();
+        fleet_rig::kill_when_gone(&pids);
         let ca = nats.ca_file().expect("TLS").to_owned();
         fleet_operator::kv::set_tls(
             fleet_operator::nats_tls::NatsTls::new(Some(ca), None, None, "--nats-").expect("tls"),
