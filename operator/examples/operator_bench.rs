@@ -223,6 +223,7 @@ fn main() {
                     phase: "preparing".into(),
                     since: fixtures::upgrade_status().phase_changed_at.to_string(),
                 }),
+                writes_refused: None,
             });
             devices_objs.push(d);
             labels.insert(info.device_id, l);

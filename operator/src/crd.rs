@@ -70,6 +70,7 @@ pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
     printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.workloads.running"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.workloads.failed"}"#,
     printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#,
+    printcolumn = r#"{"name":"Refused","type":"integer","jsonPath":".status.writesRefused.count"}"#,
     printcolumn = r#"{"name":"Hold","type":"string","jsonPath":".metadata.annotations.fleet\\.nationtech\\.io/hold-workloads"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -115,6 +116,10 @@ pub struct DeviceStatus {
     /// when (the device's own `phaseChangedAt`); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled: Option<Stalled>,
+    /// fleet-auth refused some of this device's writes (over its share: size, run keys, write budget); absent
+    /// when none was refused for an hour ([`crate::refusals`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writes_refused: Option<WritesRefused>,
 }
 
 /// Where a device's agent upgrade is stuck.
@@ -125,6 +130,25 @@ pub struct Stalled {
     pub phase: String,
     /// Since when it has been in it (RFC 3339, UTC).
     pub since: String,
+}
+
+/// A device's refused writes, from fleet-auth's reports (`fleet.device-refusals.<device>`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WritesRefused {
+    /// Refused writes since `since` (the count is written at most once a minute).
+    pub count: u64,
+    /// When the first of them was reported (RFC 3339, UTC).
+    pub since: String,
+    /// When the latest was reported.
+    pub last_at: String,
+    /// The latest refused write's bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    /// Its kind: `over-budget`, `too-large`, `unknown-run`, `bad-key`, `not-writable`.
+    pub kind: String,
+    /// fleet-auth's text (e.g. `value of 9000 bytes is over device-info's limit of 8192 bytes`).
+    pub reason: String,
 }
 
 /// Workload counts and the latest error, folded from `device-workload-status` by [`crate::health`].

@@ -179,6 +179,7 @@ pub async fn run(
         releases,
         mirrors: Mirrors::default(),
         new_device_labels: selector_labels(opts.label_selector.as_deref()),
+        refusals: Arc::default(),
     };
     let mut link: Option<Link> = None;
     loop {
@@ -189,7 +190,20 @@ pub async fn run(
         let mut nats_error = None;
         if link.is_none() {
             match open_link(&opts.nats_url, &engine.mirrors, &notify).await {
-                Ok(l) => link = Some(l),
+                Ok(mut l) => {
+                    // fleet-auth's reports of refused device writes, on the same connection.
+                    l.watches.push(tokio::spawn(crate::refusals::listen(
+                        l.client.clone(),
+                        crate::refusals::Reporting {
+                            refusals: engine.refusals.clone(),
+                            devices: engine.devices.clone(),
+                            client: engine.client.clone(),
+                            recorder: engine.recorder.clone(),
+                            notify: notify.clone(),
+                        },
+                    )));
+                    link = Some(l);
+                }
                 Err(e) => {
                     log::warn!("{e}");
                     nats_error = Some(e.to_string());
@@ -334,6 +348,7 @@ struct Engine {
     releases: Cache<AgentRelease>,
     mirrors: Mirrors,
     new_device_labels: BTreeMap<String, String>,
+    refusals: Arc<crate::refusals::Refusals>,
 }
 
 /// Labels for Device objects the operator creates: the `key=value` terms of the label selector, so that the
@@ -413,6 +428,7 @@ impl Engine {
             workloads: self.mirrors.workloads.values(),
             desired: self.mirrors.desired.values(),
             intents: self.mirrors.intent.values(),
+            refused: self.refusals.snapshot(),
         }
     }
 

@@ -18,6 +18,7 @@ pub mod nats_password;
 pub mod nats_tls;
 pub mod placement;
 pub mod plan;
+pub mod refusals;
 pub mod release;
 pub mod report;
 pub mod rollout;

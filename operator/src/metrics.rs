@@ -21,7 +21,12 @@ pub struct OperatorMetrics {
     pub nats_write_seconds: Histogram,
     /// Rollouts that halted (condition `Halted` turned True), per kind and reason.
     pub rollout_halts: Family<HaltLabels, Counter>,
+    /// Device writes fleet-auth refused, per bucket and kind (no device label: bounded for any fleet size).
+    pub writes_refused: Family<RefusalLabels, Counter>,
 }
+
+/// Labels of refused writes: `bucket="device-info", kind="too-large"` (both from fixed sets).
+pub type RefusalLabels = Vec<(&'static str, &'static str)>;
 
 /// Labels of a halt: `kind="AgentRelease", reason="CanaryFailed"`.
 pub type HaltLabels = Vec<(&'static str, String)>;
@@ -35,6 +40,7 @@ pub fn global() -> &'static OperatorMetrics {
         // 0.5 ms … about 8 s
         nats_write_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
         rollout_halts: Family::default(),
+        writes_refused: Family::default(),
     })
 }
 
@@ -58,4 +64,10 @@ pub fn nats_write(took: Duration) {
 pub fn rollout_halted(kind: &str, reason: &str) {
     let labels = vec![("kind", kind.to_owned()), ("reason", reason.to_owned())];
     global().rollout_halts.get_or_create(&labels).inc();
+}
+
+/// Counts `n` refused device writes of `bucket` and `kind` (from [`crate::refusals`]' fixed label sets).
+pub fn writes_refused(bucket: &'static str, kind: &'static str, n: u64) {
+    let labels = vec![("bucket", bucket), ("kind", kind)];
+    global().writes_refused.get_or_create(&labels).inc_by(n);
 }

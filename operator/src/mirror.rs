@@ -19,6 +19,8 @@ pub struct Reported {
     pub upgrade: Option<AgentUpgradeStatus>,
     /// From `device-workload-status`.
     pub workloads: Option<DeviceWorkloadStatus>,
+    /// fleet-auth's reports of refused writes ([`crate::refusals`]).
+    pub refused: Option<crate::refusals::Record>,
 }
 
 /// The Device status to write at `now` (the operator's clock), given what is currently mirrored; `None` when
@@ -56,6 +58,11 @@ pub fn device_status(
                 since: u.phase_changed_at.to_string(),
             })
         }),
+        writes_refused: crate::refusals::status(
+            current.and_then(|c| c.writes_refused.as_ref()),
+            r.refused.as_ref(),
+            now,
+        ),
     };
     // A heartbeat's own agent version is fresher than the info's after a cutover.
     if let Some(h) = &r.heartbeat {
@@ -81,6 +88,10 @@ mod tests {
     use super::*;
     use fleet_wire::{fixtures, Version};
 
+    fn now() -> Timestamp {
+        Timestamp::from_unix_ms(1_796_013_600_000)
+    }
+
     #[test]
     fn status_table() {
         let info = fixtures::device_info();
@@ -90,8 +101,9 @@ mod tests {
             heartbeat: Some(hb.clone()),
             upgrade: Some(fixtures::failed_status()),
             workloads: None,
+            refused: None,
         };
-        let first = device_status(None, &base, hb.at).expect("first write");
+        let first = device_status(None, &base, now()).expect("first write");
         assert_eq!(first.agent_version, Some(hb.agent_version.clone()));
         assert_eq!(first.architecture, Some(info.architecture));
         assert_eq!(
@@ -101,7 +113,7 @@ mod tests {
         assert_eq!(first.last_heartbeat, Some(hb.at.to_string()));
 
         // unchanged: nothing to write
-        assert_eq!(device_status(Some(&first), &base, hb.at), None);
+        assert_eq!(device_status(Some(&first), &base, now()), None);
 
         // a beat 10 s later is coalesced; 40 s later is written
         hb.at = hb.at.plus(Duration::from_secs(10));
@@ -109,14 +121,14 @@ mod tests {
             heartbeat: Some(hb.clone()),
             ..base.clone()
         };
-        assert_eq!(device_status(Some(&first), &r, hb.at), None);
+        assert_eq!(device_status(Some(&first), &r, now()), None);
         hb.at = hb.at.plus(Duration::from_secs(30));
         let r = Reported {
             heartbeat: Some(hb.clone()),
             ..base.clone()
         };
         assert_eq!(
-            device_status(Some(&first), &r, hb.at).and_then(|s| s.last_heartbeat),
+            device_status(Some(&first), &r, now()).and_then(|s| s.last_heartbeat),
             Some(hb.at.to_string())
         );
 
@@ -127,7 +139,7 @@ mod tests {
             ..base.clone()
         };
         assert_eq!(
-            device_status(Some(&first), &r, hb.at).and_then(|s| s.agent_version),
+            device_status(Some(&first), &r, now()).and_then(|s| s.agent_version),
             Some(hb.agent_version.clone())
         );
 
@@ -136,7 +148,7 @@ mod tests {
             upgrade: Some(fixtures::upgrade_status()),
             ..base.clone()
         };
-        assert!(device_status(Some(&first), &r, hb.at).is_some());
+        assert!(device_status(Some(&first), &r, now()).is_some());
 
         // a workload report is summarized; a new measurement time alone writes nothing
         let mut ws = fixtures::workload_status();
@@ -144,14 +156,14 @@ mod tests {
             workloads: Some(ws.clone()),
             ..base.clone()
         };
-        let with = device_status(Some(&first), &r, hb.at).expect("workloads summarized");
+        let with = device_status(Some(&first), &r, now()).expect("workloads summarized");
         assert_eq!(with.workloads.as_ref().map(|w| w.running), Some(1));
         ws.at = ws.at.plus(Duration::from_secs(10));
         let r = Reported {
             workloads: Some(ws),
             ..base.clone()
         };
-        assert_eq!(device_status(Some(&with), &r, hb.at), None);
+        assert_eq!(device_status(Some(&with), &r, now()), None);
 
         // an upgrade preparing since t(0): not stalled within 9 min + 1 min slack; stalled after, with its phase
         // and since when, and that stays put (no write per pass) while it lasts
@@ -174,8 +186,33 @@ mod tests {
         );
         assert_eq!(device_status(Some(&stuck), &r, at(3600)), None);
 
+        // refused writes are shown, and gone an hour after the last
+        let mut rec = crate::refusals::Record::new(None, now());
+        rec.observe(
+            &fleet_wire::device_api::WriteRefused {
+                device_id: info.device_id.clone(),
+                bucket: Some("device-info".into()),
+                kind: "too-large".into(),
+                reason: "value of 9000 bytes is over device-info's limit of 8192 bytes".into(),
+                count: 4,
+            },
+            now(),
+        );
+        let r = Reported {
+            refused: Some(rec),
+            ..base.clone()
+        };
+        let refused = device_status(Some(&first), &r, now()).expect("refusals shown");
+        let shown = refused.writes_refused.clone().expect("writesRefused");
+        assert_eq!((shown.count, shown.kind.as_str()), (4, "too-large"));
+        let later = now().plus(crate::refusals::QUIET);
+        assert_eq!(
+            device_status(Some(&refused), &r, later).map(|s| s.writes_refused),
+            Some(None)
+        );
+
         // nothing reported at all: an empty status, written once
-        let empty = device_status(None, &Reported::default(), hb.at);
+        let empty = device_status(None, &Reported::default(), now());
         assert_eq!(empty, None);
     }
 }

@@ -53,6 +53,8 @@ pub struct Snapshot {
     pub desired: BTreeMap<String, DesiredState>,
     /// `agent-upgrade-intent`.
     pub intents: BTreeMap<String, AgentUpgradeAttempt>,
+    /// Refused writes reported by fleet-auth ([`crate::refusals`]).
+    pub refused: BTreeMap<String, crate::refusals::Record>,
 }
 
 /// One agent-upgrade attempt to write, with what was decided from (so that a lost compare-and-set decides again
@@ -317,7 +319,7 @@ pub fn plan(s: &Snapshot, now: Timestamp, new_id: &mut dyn FnMut() -> AttemptId)
     releases(s, &fleet, &mut plan, now, new_id);
     groups(s, &fleet, &mut plan);
     deployment_statuses(s, deployed, &mut plan);
-    devices_to_write(s, &fleet, &mut plan, now);
+    devices_to_write(s, &fleet, now, &mut plan);
     plan
 }
 
@@ -831,7 +833,7 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
 }
 
 /// Devices: create the ones that reported, mirror what they report.
-fn devices_to_write(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) {
+fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan) {
     for id in s.info.keys() {
         let Ok(dev) = DeviceId::try_from(id.as_str()) else {
             continue;
@@ -854,6 +856,7 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp
             heartbeat: s.heartbeats.get(&id).cloned(),
             upgrade: s.upgrades.get(&id).cloned(),
             workloads: s.workloads.get(&id).cloned(),
+            refused: s.refused.get(&id).cloned(),
         };
         // Nothing reported (yet, or by another fleet's NATS): leave the status alone.
         if reported == Reported::default() {

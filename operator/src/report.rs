@@ -78,16 +78,34 @@ pub async fn publish_cluster_scoped(
     ev: &Event,
     reference: &k8s_openapi::api::core::v1::ObjectReference,
 ) -> Result<(), kube::Error> {
-    use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     let _ = recorder;
     let now = k8s_openapi::jiff::Timestamp::now();
     let name = reference.name.clone().unwrap_or_default();
+    publish_named(
+        client,
+        ev,
+        reference,
+        &format!("{name}.{:x}", now.as_nanosecond()),
+    )
+    .await
+}
+
+/// [`publish_cluster_scoped`] under the event name `event_name`: a second create of the same name is refused
+/// (409), which lets replicas that decide the same event publish it once.
+pub async fn publish_named(
+    client: &Client,
+    ev: &Event,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    event_name: &str,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    let now = k8s_openapi::jiff::Timestamp::now();
     let mut involved = reference.clone();
     involved.namespace = None;
     let event = CoreEvent {
         metadata: ObjectMeta {
-            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+            name: Some(event_name.to_owned()),
             namespace: Some("default".into()),
             ..Default::default()
         },

@@ -52,6 +52,9 @@ pub const REFUSAL_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 pub struct WriteRefused {
     /// The device.
     pub device_id: DeviceId,
+    /// The bucket of the latest refused write, when its subject named one devices write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
     /// [`PutRefusal::kind`] of the latest refusal.
     pub kind: String,
     /// Its text.

@@ -10,7 +10,8 @@
 //!   operator-written bucket is noticed by one replica (a queue group), which publishes an empty notice below that
 //!   device's registered inbox.
 //! - Refused writes are logged and reported to the operator (`fleet.device-refusals.<device>`), at most one
-//!   report per device per [`REFUSAL_REPORT_INTERVAL`].
+//!   report per device per [`REFUSAL_REPORT_INTERVAL`]; refusals that came after a report are reported with the
+//!   next refusal or, when none comes, within the next interval.
 
 use super::config::DeviceApiSettings;
 use async_nats::jetstream;
@@ -45,14 +46,18 @@ struct DeviceState {
     inbox: Option<(String, Instant)>,
     /// Write budget.
     budget: Option<WriteBudget>,
-    /// When a refusal was last reported, and refusals since.
+    /// When a refusal was last reported, refusals since, and the latest of them (reported by [`flush`] when no
+    /// later refusal comes: a flood that stops within the interval is still reported whole).
     reported: Option<Instant>,
     refused: u64,
+    latest: Option<WriteRefused>,
 }
 
 /// The device API's memory, shared by its tasks.
 struct Registry {
     devices: Mutex<HashMap<DeviceId, DeviceState>>,
+    /// Devices with refusals not reported yet.
+    unreported: Mutex<std::collections::HashSet<DeviceId>>,
     started: Instant,
 }
 
@@ -127,6 +132,7 @@ pub async fn run(
     });
     let registry = Arc::new(Registry {
         devices: Mutex::new(HashMap::new()),
+        unreported: Mutex::new(Default::default()),
         started: Instant::now(),
     });
 
@@ -205,7 +211,7 @@ pub async fn run(
         }
     };
     let notify = {
-        let fleet = fleet.clone();
+        let (fleet, registry) = (fleet.clone(), registry.clone());
         let mut notices = futures::stream::select_all(notices);
         async move {
             while let Some(msg) = notices.next().await {
@@ -231,6 +237,16 @@ pub async fn run(
             }
         }
     };
+    let flusher = {
+        let (fleet, registry) = (fleet.clone(), registry.clone());
+        async move {
+            let mut tick = tokio::time::interval(REFUSAL_REPORT_INTERVAL / 2);
+            loop {
+                tick.tick().await;
+                flush(&fleet, &registry).await;
+            }
+        }
+    };
     log::info!(
         "fleet-auth device API serving writes and watches as {} and {}",
         api.user,
@@ -240,6 +256,7 @@ pub async fn run(
         _ = dispatch => {}
         _ = reg => {}
         _ = notify => {}
+        _ = flusher => {}
     }
     Err("a device API subscription ended (NATS connection closed)".into())
 }
@@ -263,7 +280,7 @@ async fn handle_write(
     let answer = match write(fleet, registry, &msg).await {
         Ok((stream, seq)) => serde_json::json!({ "stream": stream, "seq": seq }),
         Err(Failure::Refused(device, refusal)) => {
-            report(fleet, registry, device.as_ref(), &refusal).await;
+            report(fleet, registry, device.as_ref(), &msg.subject, &refusal).await;
             api_error(400, &format!("device API refused the write: {refusal}"))
         }
         Err(Failure::Store(e)) => {
@@ -369,43 +386,96 @@ fn subject_device(subject: &str) -> Option<DeviceId> {
     DeviceId::try_from(subject.split('.').nth(2)?).ok()
 }
 
+/// The bucket devices write named by a KV subject (`$KV.<bucket>.…`), if any.
+fn subject_bucket(subject: &str) -> Option<String> {
+    let bucket = subject.strip_prefix("$KV.")?.split('.').next()?;
+    written_buckets()
+        .any(|b| b.name == bucket)
+        .then(|| bucket.to_owned())
+}
+
 /// Logs a refusal and reports it to the operator, at most once per device per [`REFUSAL_REPORT_INTERVAL`].
 async fn report(
     fleet: &Fleet,
     registry: &Registry,
     device: Option<&DeviceId>,
+    subject: &str,
     refusal: &PutRefusal,
 ) {
     let Some(device) = device else {
         log::warn!("write refused: {refusal}");
         return;
     };
+    let latest = WriteRefused {
+        device_id: device.clone(),
+        bucket: subject_bucket(subject),
+        kind: refusal.kind().into(),
+        reason: refusal.to_string(),
+        count: 0,
+    };
     let due = registry
         .with(device, |s| {
             s.refused += 1;
-            let due = s
-                .reported
-                .is_none_or(|at| at.elapsed() >= REFUSAL_REPORT_INTERVAL);
-            if due {
-                s.reported = Some(Instant::now());
-                Some(std::mem::take(&mut s.refused))
-            } else {
-                None
-            }
+            s.latest = Some(latest);
+            take_due(s)
         })
         .flatten();
-    let Some(count) = due else { return };
-    log::warn!("write of device {device} refused ({count} since the last report): {refusal}");
-    let body = WriteRefused {
-        device_id: device.clone(),
-        kind: refusal.kind().into(),
-        reason: refusal.to_string(),
-        count,
+    match due {
+        Some(body) => publish_report(fleet, &body).await,
+        None => {
+            if let Ok(mut set) = registry.unreported.lock() {
+                set.insert(device.clone());
+            }
+        }
+    }
+}
+
+/// The report due for a device's state (its interval passed and it has refusals), taking its count.
+fn take_due(s: &mut DeviceState) -> Option<WriteRefused> {
+    let due = s.refused > 0
+        && s.reported
+            .is_none_or(|at| at.elapsed() >= REFUSAL_REPORT_INTERVAL);
+    if !due {
+        return None;
+    }
+    s.reported = Some(Instant::now());
+    let mut body = s.latest.clone()?;
+    body.count = std::mem::take(&mut s.refused);
+    Some(body)
+}
+
+/// Reports the refusals that no later refusal reported (the flood stopped), once their interval passed.
+async fn flush(fleet: &Fleet, registry: &Registry) {
+    let devices: Vec<DeviceId> = match registry.unreported.lock() {
+        Ok(mut set) => set.drain().collect(),
+        Err(_) => return,
     };
-    if let Ok(bytes) = serde_json::to_vec(&body) {
+    for device in devices {
+        match registry.with(&device, take_due).flatten() {
+            Some(body) => publish_report(fleet, &body).await,
+            None => {
+                let pending = registry.with(&device, |s| s.refused > 0).unwrap_or(false);
+                if pending {
+                    if let Ok(mut set) = registry.unreported.lock() {
+                        set.insert(device);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn publish_report(fleet: &Fleet, body: &WriteRefused) {
+    log::warn!(
+        "write of device {} refused ({} since the last report): {}",
+        body.device_id,
+        body.count,
+        body.reason
+    );
+    if let Ok(bytes) = serde_json::to_vec(body) {
         let _ = fleet
             .client
-            .publish(refusals_subject(device), bytes.into())
+            .publish(refusals_subject(&body.device_id), bytes.into())
             .await;
     }
 }
@@ -423,5 +493,37 @@ mod tests {
             a
         );
         assert!(a < WORKERS);
+    }
+
+    #[test]
+    fn a_report_takes_every_refusal_since_the_last() {
+        let mut s = DeviceState::default();
+        assert_eq!(take_due(&mut s), None, "nothing refused");
+        s.refused = 3;
+        s.latest = Some(WriteRefused {
+            device_id: DeviceId::try_from("dev-a").expect("id"),
+            bucket: Some("device-heartbeat".into()),
+            kind: "over-budget".into(),
+            reason: "over the write budget".into(),
+            count: 0,
+        });
+        assert_eq!(take_due(&mut s).map(|r| r.count), Some(3));
+        s.refused = 2;
+        assert_eq!(
+            take_due(&mut s),
+            None,
+            "within the interval: kept for later"
+        );
+        assert_eq!(s.refused, 2);
+    }
+
+    #[test]
+    fn reports_name_only_buckets_devices_write() {
+        assert_eq!(
+            subject_bucket("$KV.device-info.dev-a").as_deref(),
+            Some("device-info")
+        );
+        assert_eq!(subject_bucket("$KV.device-desired-state.dev-a"), None);
+        assert_eq!(subject_bucket("fleet.device-watch.dev-a"), None);
     }
 }

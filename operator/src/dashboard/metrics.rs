@@ -48,6 +48,28 @@ pub fn render(state: &State) -> String {
         "Rollouts that halted (condition Halted turned True), per kind and reason.",
         m.rollout_halts.clone(),
     );
+    registry.register(
+        "fleet_device_writes_refused",
+        "Device writes fleet-auth refused (over the device's share), per bucket and kind; the Device is in \
+         kubectl get fdev (column Refused) and its WritesRefused events.",
+        m.writes_refused.clone(),
+    );
+    let refusing = state
+        .devices
+        .state()
+        .iter()
+        .filter(|d| {
+            d.status
+                .as_ref()
+                .is_some_and(|s| s.writes_refused.is_some())
+        })
+        .count();
+    gauge_family(
+        &mut registry,
+        "fleet_devices_writes_refused",
+        "Devices with writes refused within the last hour (status.writesRefused).",
+        BTreeMap::from([(vec![], i64::try_from(refusing).unwrap_or(i64::MAX))]),
+    );
 
     let mut phases = BTreeMap::new();
     for d in state.devices.state() {
@@ -113,6 +135,7 @@ mod tests {
             "fleet_alerts",
             "fleet_fleetlock_status_up",
             "fleet_operator_reconcile_errors_total",
+            "fleet_device_writes_refused_total",
             "fleet_operator_nats_write_duration_seconds_bucket",
             "up",
         ];
