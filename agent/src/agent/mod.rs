@@ -95,7 +95,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     // Readiness 1: configuration (read-only) and then the process lock, before anything is touched.
     let cfg = Config::load(config_path).map_err(|e| fail("config", e))?;
     let paths = Paths::new(&cfg.root);
-    let lock = ProcessLock::acquire(&paths.lock_file()).map_err(|e| fail("lock", e))?;
+    let lock = ProcessLock::acquire(&paths.lock_file(), crate::lock::PROGRAM).map_err(|e| fail("lock", e))?;
     log::info!(
         "fleet-agent {version} for device {} holds {}",
         cfg.device_id,
