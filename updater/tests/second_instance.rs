@@ -129,15 +129,31 @@ fn a_second_updater_refuses_and_touches_nothing() {
         }
         let before = footprint(&dev);
         let (code, err) = run_second(&cfg);
-        assert_eq!(code, Some(1), "the second updater must exit 1; stderr: {err}");
+        assert_eq!(
+            code,
+            Some(1),
+            "the second updater must exit 1; stderr: {err}"
+        );
         assert!(
             err.contains("another fleet-updater holds")
-                && err.contains(&dev.paths.state_dir().join("updater.lock").display().to_string()),
+                && err.contains(
+                    &dev.paths
+                        .state_dir()
+                        .join("updater.lock")
+                        .display()
+                        .to_string()
+                ),
             "{err}"
         );
-        assert!(!err.contains("journal"), "the second updater read the journal: {err}");
+        assert!(
+            !err.contains("journal"),
+            "the second updater read the journal: {err}"
+        );
         assert_eq!(footprint(&dev), before, "socket or state directory changed");
-        assert!(status_ok(&dev.paths.socket()), "the first updater still answers");
+        assert!(
+            status_ok(&dev.paths.socket()),
+            "the first updater still answers"
+        );
     }
 
     // The kernel releases the lock with the process, however it ends: a new updater starts at once.
