@@ -25,9 +25,9 @@ pub mod kv;
 pub mod limits;
 #[cfg(feature = "os")]
 pub mod notify;
+pub mod probe;
 #[cfg(feature = "os")]
 pub mod process_lock;
-pub mod probe;
 pub mod socket;
 pub mod status;
 pub mod taskrun;

@@ -85,7 +85,10 @@ mod tests {
         let first = ProcessLock::acquire(&p, "fleet-x").expect("first");
         let second = ProcessLock::acquire(&p, "fleet-x").expect_err("second");
         assert!(matches!(second, LockError::Held { .. }), "{second}");
-        assert!(second.to_string().contains("another fleet-x holds"), "{second}");
+        assert!(
+            second.to_string().contains("another fleet-x holds"),
+            "{second}"
+        );
         drop(first);
         ProcessLock::acquire(&p, "fleet-x").expect("after release");
     }
