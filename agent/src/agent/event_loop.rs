@@ -26,12 +26,20 @@ impl Agent {
             self.worker = Some(worker);
         }
         self.reconcile_now(true);
-        self.publish_status();
-        self.heartbeat();
+        // Each NATS step below may wait its whole request bound on a server that does not answer: a SIGTERM
+        // that came meanwhile skips the rest, so the drain waits for one request at most, never for a sum.
+        if !self.stopping() {
+            self.publish_status();
+        }
+        if !self.stopping() {
+            self.heartbeat();
+        }
         // The intent is read once now (like the desired state) and then followed by its watch.
-        match self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
-            Ok(c) => self.on_intent(&c),
-            Err(e) => log::warn!("reading the upgrade intent: {e}"),
+        if !self.stopping() {
+            match self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
+                Ok(c) => self.on_intent(&c),
+                Err(e) => log::warn!("reading the upgrade intent: {e}"),
+            }
         }
         let stop = Arc::new(AtomicBool::new(false));
         for (bucket, intent) in [(kv::DESIRED_STATE, false), (kv::AGENT_UPGRADE_INTENT, true)] {
@@ -121,14 +129,14 @@ impl Agent {
                 }
                 self.reconcile_now(true);
                 // An intent deferred while a request was in flight, or missed by a lost watch, is read again.
-                if self.relay.idle() {
+                if self.relay.idle() && !self.stopping() {
                     if let Ok(c) = self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
                         let effects = self.relay.on_intent_reread(&c, Timestamp::now());
                         self.apply_relay(effects);
                     }
                 }
             }
-            if now >= next_poll {
+            if now >= next_poll && !self.stopping() {
                 next_poll = now
                     + if self.upgrade_active() {
                         self.cfg.updater_poll_interval
@@ -137,11 +145,11 @@ impl Agent {
                     };
                 self.poll_updater();
             }
-            if now >= next_status {
+            if now >= next_status && !self.stopping() {
                 next_status = now + self.cfg.status_interval;
                 self.publish_status();
             }
-            if now >= next_beat {
+            if now >= next_beat && !self.stopping() {
                 next_beat = now + self.cfg.heartbeat_interval;
                 self.heartbeat();
             }
@@ -166,7 +174,14 @@ impl Agent {
             Err(e) => log::warn!("publishing heartbeat: {e}"),
         }
         self.nats.refresh_watches();
-        self.republish_if_lost();
+        if !self.stopping() {
+            self.republish_if_lost();
+        }
+    }
+
+    /// SIGTERM came (the signal thread set the flag): no further NATS step of the loop starts.
+    fn stopping(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 
     /// Writes device info and the mirrored upgrade status again when NATS no longer has them (an operator's
@@ -182,7 +197,7 @@ impl Agent {
                 Err(e) => log::warn!("writing device info again: {e}"),
             }
         }
-        if self.relay.idle() {
+        if self.relay.idle() && !self.stopping() {
             if let Some(s) = self.relay.last_mirrored().cloned() {
                 if absent(kv::AGENT_UPGRADE_STATUS) {
                     log::warn!("the agent-upgrade status is missing from NATS: writing it again");
