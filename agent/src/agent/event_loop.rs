@@ -69,7 +69,12 @@ impl Agent {
         let mut next_beat = now + self.cfg.heartbeat_interval;
         let mut next_status = now + self.cfg.status_interval;
         let mut next_resync = now + self.cfg.resync_interval;
-        let mut next_poll = now + self.cfg.updater_poll_interval;
+        // Idle, the updater is polled with the resync, in the same wake-up; an active upgrade polls at its own rate.
+        let mut next_poll = if self.upgrade_active() {
+            now + self.cfg.updater_poll_interval
+        } else {
+            next_resync
+        };
         loop {
             let soonest = next_beat.min(next_status).min(next_resync).min(next_poll);
             let wait = soonest.saturating_duration_since(Instant::now());
@@ -128,6 +133,9 @@ impl Agent {
                     Err(e) => log::warn!("re-reading the desired state: {e}; keeping the last one"),
                 }
                 self.reconcile_now(true);
+                if !self.stopping() {
+                    self.republish_if_lost();
+                }
                 // An intent deferred while a request was in flight, or missed by a lost watch, is read again.
                 if self.relay.idle() && !self.stopping() {
                     if let Ok(c) = self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
@@ -174,9 +182,6 @@ impl Agent {
             Err(e) => log::warn!("publishing heartbeat: {e}"),
         }
         self.nats.refresh_watches();
-        if !self.stopping() {
-            self.republish_if_lost();
-        }
     }
 
     /// SIGTERM came (the signal thread set the flag): no further NATS step of the loop starts.
@@ -186,6 +191,7 @@ impl Agent {
 
     /// Writes device info and the mirrored upgrade status again when NATS no longer has them (an operator's
     /// mistake, a bucket restored from a backup): both are otherwise written only at start-up and on change.
+    /// Checked at each resync (not each heartbeat: its reads are the idle loop's main cost in wake-ups).
     fn republish_if_lost(&mut self) {
         let absent = |bucket: &str| matches!(self.kv.get(bucket, &self.key), Ok(c) if c.value == crate::nats_kv::Value::Absent);
         if absent(kv::DEVICE_INFO) {
