@@ -1,4 +1,5 @@
-//! The agent's configuration file (TOML): typed, validated, unknown keys rejected. See `docs/agent-config.md`.
+//! The agent's configuration file (TOML): typed and validated; keys this release does not know are ignored with a
+//! warning each, so a file written for a newer release still starts a rolled-back one. See `docs/agent-config.md`.
 
 use fleet_wire::limits::{NATS_CONNECT_ATTEMPT_TIMEOUT, NATS_RETRY_WINDOW};
 use fleet_wire::DeviceId;
@@ -9,6 +10,9 @@ use std::time::Duration;
 
 /// Where the agent reads its configuration unless `--config` says otherwise.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/harmony-fleet/agent.toml";
+/// How long start-up waits for missing buckets unless `nats.bucket_wait_secs` says otherwise: long enough for an
+/// operator to create them, short enough that a process whose connection went stale meanwhile is replaced.
+pub const BUCKET_WAIT_DEFAULT: Duration = Duration::from_secs(600);
 /// Largest configuration file read, in bytes.
 pub const CONFIG_MAX_BYTES: u64 = 64 * 1024;
 
@@ -92,6 +96,8 @@ pub struct NatsConfig {
     pub connect_timeout: Duration,
     /// Window within which attempts are retried before giving up (at most 3 min).
     pub retry_window: Duration,
+    /// How long start-up waits for buckets that do not exist yet before it exits 1 (systemd restarts it).
+    pub bucket_wait: Duration,
 }
 
 /// The validated configuration.
@@ -119,10 +125,12 @@ pub struct Config {
     pub resync_interval: Duration,
     /// How often the updater's status is polled while an upgrade is active.
     pub updater_poll_interval: Duration,
+    /// Keys of the file this release does not know (`nats.foo`), ignored: a file written for a newer release
+    /// must still start this one after a rollback. [`Config::load`] logs one warning for each.
+    pub ignored_keys: Vec<String>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawConfig {
     device_id: String,
     #[serde(default)]
@@ -134,10 +142,12 @@ struct RawConfig {
     updater: RawUpdater,
     #[serde(default)]
     intervals: RawIntervals,
+    /// Keys this release does not know (collected, warned about, otherwise ignored).
+    #[serde(flatten)]
+    unknown: toml::Table,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawNats {
     urls: Vec<String>,
     #[serde(default)]
@@ -158,10 +168,14 @@ struct RawNats {
     connect_timeout_secs: Option<u64>,
     #[serde(default)]
     retry_window_secs: Option<u64>,
+    #[serde(default)]
+    bucket_wait_secs: Option<u64>,
+    /// Keys this release does not know (collected, warned about, otherwise ignored).
+    #[serde(flatten)]
+    unknown: toml::Table,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 struct RawPodman {
     #[serde(default)]
     enabled: Option<bool>,
@@ -169,17 +183,21 @@ struct RawPodman {
     socket: Option<PathBuf>,
     #[serde(default)]
     stop_timeout_secs: Option<u64>,
+    /// Keys this release does not know (collected, warned about, otherwise ignored).
+    #[serde(flatten)]
+    unknown: toml::Table,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 struct RawUpdater {
     #[serde(default)]
     socket: Option<PathBuf>,
+    /// Keys this release does not know (collected, warned about, otherwise ignored).
+    #[serde(flatten)]
+    unknown: toml::Table,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 struct RawIntervals {
     #[serde(default)]
     heartbeat_secs: Option<u64>,
@@ -189,6 +207,9 @@ struct RawIntervals {
     resync_secs: Option<u64>,
     #[serde(default)]
     updater_poll_ms: Option<u64>,
+    /// Keys this release does not know (collected, warned about, otherwise ignored).
+    #[serde(flatten)]
+    unknown: toml::Table,
 }
 
 /// Why the configuration is unusable.
@@ -202,7 +223,7 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
-    /// The file is not valid TOML or has unknown or mistyped keys.
+    /// The file is not valid TOML or has mistyped values.
     #[error("configuration {path} is invalid: {message}")]
     Parse {
         /// The file.
@@ -241,6 +262,20 @@ fn secs(
     Ok(Duration::from_secs(v))
 }
 
+/// The dotted names of `unknown`'s keys under `table` (`""` for the top level), sorted.
+fn unknown_keys(table: &str, unknown: &toml::Table) -> Vec<String> {
+    unknown
+        .keys()
+        .map(|k| {
+            if table.is_empty() {
+                k.clone()
+            } else {
+                format!("{table}.{k}")
+            }
+        })
+        .collect()
+}
+
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -256,13 +291,20 @@ impl Config {
             });
         }
         let text = std::fs::read_to_string(path).map_err(read_err)?;
-        Self::parse(&text).map_err(|e| match e {
+        let cfg = Self::parse(&text).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
                 path: path.to_owned(),
                 message,
             },
             other => other,
-        })
+        })?;
+        for key in &cfg.ignored_keys {
+            log::warn!(
+                "configuration {}: unknown key `{key}` ignored (written for a newer release, or a typo)",
+                path.display()
+            );
+        }
+        Ok(cfg)
     }
 
     /// Parses and validates configuration text.
@@ -276,6 +318,15 @@ impl Config {
         let root = raw.root.unwrap_or_else(|| PathBuf::from("/"));
         if !root.is_absolute() {
             return Err(invalid("root", "must be an absolute path"));
+        }
+        let mut ignored_keys = unknown_keys("", &raw.unknown);
+        for (table, unknown) in [
+            ("nats", &raw.nats.unknown),
+            ("podman", &raw.podman.unknown),
+            ("updater", &raw.updater.unknown),
+            ("intervals", &raw.intervals.unknown),
+        ] {
+            ignored_keys.extend(unknown_keys(table, unknown));
         }
         let n = raw.nats;
         if n.urls.is_empty() || n.urls.len() > 16 {
@@ -350,6 +401,13 @@ impl Config {
                 0,
                 NATS_RETRY_WINDOW.as_secs(),
             )?,
+            bucket_wait: secs(
+                "nats.bucket_wait_secs",
+                n.bucket_wait_secs,
+                BUCKET_WAIT_DEFAULT.as_secs(),
+                1,
+                3600,
+            )?,
         };
         let podman_socket = match raw.podman.socket {
             Some(p) if p.is_absolute() => p,
@@ -391,6 +449,7 @@ impl Config {
             status_interval: secs("intervals.status_secs", i.status_secs, 30, 1, 3600)?,
             resync_interval: secs("intervals.resync_secs", i.resync_secs, 60, 1, 3600)?,
             updater_poll_interval: Duration::from_millis(poll_ms),
+            ignored_keys,
         })
     }
 }
@@ -411,16 +470,35 @@ mod tests {
         );
         assert_eq!(c.nats.connect_timeout, Duration::from_secs(15));
         assert_eq!(c.nats.retry_window, Duration::from_secs(180));
+        assert_eq!(c.nats.bucket_wait, Duration::from_secs(600));
         assert!(c.podman_enabled);
         assert_eq!(c.nats.auth, NatsAuth::None);
     }
 
     #[test]
-    fn rejects_unknown_keys_and_bad_values() {
-        assert!(matches!(
-            Config::parse(&format!("{MIN}colour = 1\n")),
-            Err(ConfigError::Parse { .. })
-        ));
+    fn ignores_unknown_keys_and_rejects_bad_values() {
+        let c = Config::parse(&format!(
+            "colour = 1\n{MIN}compression = \"zstd\"\n[podman]\nenabled = false\npull_policy = \"never\"\n\
+             [intervals]\nheartbeat_secs = 5\nmetrics_secs = 9\n[metrics]\nport = 9100\n"
+        ))
+        .expect("unknown keys are ignored");
+        assert_eq!(
+            c.ignored_keys,
+            [
+                "colour",
+                "metrics",
+                "nats.compression",
+                "podman.pull_policy",
+                "intervals.metrics_secs"
+            ]
+        );
+        // The keys it knows beside them still apply.
+        assert!(!c.podman_enabled);
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(5));
+        assert!(Config::parse(MIN).expect("valid").ignored_keys.is_empty());
+        // A known key with a wrong type is still an error.
+        let e = Config::parse(&format!("{MIN}[podman]\nenabled = \"yes\"\n")).expect_err("type");
+        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
         let e = Config::parse(&MIN.replace("device-1", "Device 1")).expect_err("id");
         assert!(e.to_string().contains("device_id"), "{e}");
         let e = Config::parse(&format!("{MIN}connect_timeout_secs = 60\n")).expect_err("range");
@@ -472,11 +550,14 @@ mod tests {
             ("ca_file = \"ca.pem\"\n", "nats.ca_file"),
             ("cert_file = \"/c.pem\"\n", "go together"),
             ("key_file = \"/k.pem\"\n", "go together"),
-            ("insecure_skip_verify = true\n", "unknown field"),
         ] {
             let e = Config::parse(&format!("{MIN}{bad}")).expect_err(bad);
             assert!(e.to_string().contains(words), "{bad}: {e}");
         }
+        // There is no key to turn verification off: one that looks like it is only ignored (with a warning).
+        let c = Config::parse(&format!("{MIN}insecure_skip_verify = true\n")).expect("ignored");
+        assert_eq!(c.ignored_keys, ["nats.insecure_skip_verify"]);
+        assert!(c.nats.tls.is_off());
     }
 
     #[test]

@@ -25,7 +25,11 @@ RUST_LOG=${RUST_LOG:-warn} cargo run --release -q -p fleet-agent --example agent
 # The goals the tables above state, judged.
 ratios=$(awk -F'|' '/^\| ratio \(goal/ { gsub(/[ ×]/, "", $3); print $3 }' "$out")
 fifty=$(grep -F '50 workloads placed at once' "$out" | grep -oE '\([0-9.]+×\)' | tr -d '()×' | head -n1 || true)
-wakes() { cell "$out" "| $1 |" 5; }
+# The idle table's row of daemon $1 (five cells, first cell exactly the name): `cell` would match the first
+# table's header, which names fleet-agent too.
+wakes() {
+  awk -F'|' -v n="$1" '$2 == " " n " " && NF == 7 { c = $6; gsub(/^ +| +$/, "", c); print c; exit }' "$out"
+}
 echo
 echo "| goal (device profile builds) | measured | result |"
 echo "|---|---|---|"

@@ -1,4 +1,5 @@
-//! The updater's configuration file (TOML, typed, validated, unknown keys rejected).
+//! The updater's configuration file (TOML, typed, validated; keys this release does not know are ignored with a
+//! warning each, so a file written for a newer release, by its device setup, still starts this one).
 
 use fleet_wire::{DeviceId, UnitName};
 use serde::Deserialize;
@@ -11,7 +12,6 @@ pub const CONFIG_MAX_BYTES: u64 = 64 * 1024;
 
 /// The file as written; every key optional.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawConfig {
     root: Option<PathBuf>,
     device_id: Option<String>,
@@ -20,6 +20,9 @@ struct RawConfig {
     agent_user: Option<String>,
     socket_group: Option<String>,
     system_reboot_retry_secs: Option<u64>,
+    /// Keys this release does not know (collected, warned about, otherwise ignored).
+    #[serde(flatten)]
+    unknown: toml::Table,
 }
 
 /// The validated configuration.
@@ -40,6 +43,8 @@ pub struct Config {
     pub socket_group: String,
     /// Time between coordinated-reboot runs while a system upgrade waits for its reboot.
     pub system_reboot_retry: std::time::Duration,
+    /// Keys of the file this release does not know, ignored; [`Config::load`] logs one warning for each.
+    pub ignored_keys: Vec<String>,
 }
 
 impl Default for Config {
@@ -53,6 +58,7 @@ impl Default for Config {
             agent_user: "fleet-agent".into(),
             socket_group: "fleet-agent".into(),
             system_reboot_retry: crate::system::upgrade::REBOOT_RETRY,
+            ignored_keys: Vec::new(),
         }
     }
 }
@@ -82,7 +88,10 @@ impl Config {
             why,
         };
         let raw: RawConfig = toml::from_str(text).map_err(|e| fail(e.to_string()))?;
-        let mut c = Config::default();
+        let mut c = Config {
+            ignored_keys: raw.unknown.keys().cloned().collect(),
+            ..Config::default()
+        };
         if let Some(root) = raw.root {
             if !root.is_absolute() {
                 return Err(fail(format!(
@@ -157,7 +166,13 @@ impl Config {
             return Err(fail(format!("larger than {CONFIG_MAX_BYTES} bytes")));
         }
         let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-        Self::parse(&text, &origin)
+        let c = Self::parse(&text, &origin)?;
+        for key in &c.ignored_keys {
+            log::warn!(
+                "configuration {origin}: unknown key `{key}` ignored (written for a newer release, or a typo)"
+            );
+        }
+        Ok(c)
     }
 }
 
@@ -166,7 +181,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_validates_and_rejects_unknown_keys() {
+    fn parses_validates_and_ignores_unknown_keys() {
         let c = Config::parse(
             "root = \"/tmp/x\"\ndevice_id = \"device-1\"\nextra_ca_file = \"/etc/ca.pem\"\nagent_unit = \"a.service\"\nagent_user = \"agent\"\n",
             "t",
@@ -184,7 +199,6 @@ mod tests {
         );
         assert_eq!(Config::parse("", "t").expect("empty"), Config::default());
         for bad in [
-            "rooot = \"/\"",
             "root = \"relative\"",
             "agent_unit = \"x\"",
             "agent_unit = \"x.socket\"",
@@ -196,7 +210,18 @@ mod tests {
         ] {
             assert!(Config::parse(bad, "t").is_err(), "{bad}");
         }
-        let e = Config::parse("rooot = \"/\"", "/etc/u.toml").expect_err("unknown");
-        assert!(e.to_string().contains("rooot"), "{e}");
+        let c = Config::parse(
+            "rooot = \"/x\"\nagent_user = \"agent\"\n[reboot]\nwindow = \"Sun\"\n",
+            "/etc/u.toml",
+        )
+        .expect("unknown keys are ignored");
+        assert_eq!(c.ignored_keys, ["reboot", "rooot"]);
+        assert_eq!(
+            (c.root.as_path(), c.agent_user.as_str()),
+            (Path::new("/"), "agent")
+        );
+        // A known key with a wrong type is still an error, with the key named.
+        let e = Config::parse("socket_group = 5", "/etc/u.toml").expect_err("type");
+        assert!(e.to_string().contains("socket_group"), "{e}");
     }
 }

@@ -56,6 +56,11 @@ impl Paths {
         self.state_dir().join("journal.json")
     }
 
+    /// `<root>/var/lib/fleet-updater/updater.lock`: the process lock, taken before recovery and the socket.
+    pub fn lock_file(&self) -> PathBuf {
+        self.state_dir().join("updater.lock")
+    }
+
     /// `<root>/var/lib/fleet-updater/system-upgrade.json`: the system-upgrade journal.
     pub fn system_journal(&self) -> PathBuf {
         self.state_dir().join("system-upgrade.json")

@@ -11,6 +11,7 @@ use crate::system::SystemDeps;
 use crate::transaction::{Bounds, Deps, Updater};
 use crate::{notify, users};
 use fleet_wire::limits::PROBE_TIMEOUT;
+use fleet_wire::process_lock::ProcessLock;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -20,6 +21,10 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     limit_malloc_arenas();
     let cfg = Config::load(config_path).map_err(|e| e.to_string())?;
     let paths = Paths::new(&cfg.root);
+    // Before anything is touched: a second updater (started by hand beside the unit's) must neither unlink the
+    // live socket nor run recovery against the live transaction. Held until the process exits.
+    let lock = take_lock(&paths)?;
+    log::info!("holding {}", lock.path().display());
     let allowed_gid = users::group_gid(&cfg.socket_group).map_err(|e| e.to_string())?;
     let deps = Deps {
         fetcher: Box::new(fetch_runner::production(
@@ -84,6 +89,13 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     }
     socket::serve(listener, updater, ServerConfig::new(allowed_gid))
         .map_err(|e| format!("serving {}: {e}", paths.socket().display()))
+}
+
+fn take_lock(paths: &Paths) -> Result<ProcessLock, String> {
+    let dir = paths.state_dir();
+    crate::durable::ensure_dir(&dir, 0o700)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    ProcessLock::acquire(&paths.lock_file(), "fleet-updater").map_err(|e| e.to_string())
 }
 
 /// The download helper `fleet-fetch`, installed beside this executable. Missing, it fails each download with a

@@ -63,14 +63,50 @@ fn arguments() {
 #[test]
 fn configuration_errors_stop_the_updater() {
     let dev = Device::new();
-    let cfg = config(&dev, "agent_usr = \"x\"\n");
+    let cfg = config(&dev, "agent_user = \"Root;rm\"\n");
     let (code, _, err) = run_to_end(&["--config", cfg.to_str().expect("utf8")]);
     assert_eq!(code, 1);
-    assert!(err.contains("agent_usr"), "{err}");
+    assert!(err.contains("agent_user"), "{err}");
     let (code, _, err) = run_to_end(&["--config", "/nonexistent/updater.toml"]);
     assert_eq!(code, 1);
     assert!(err.contains("/nonexistent/updater.toml"), "{err}");
     assert!(!dev.paths.socket().exists());
+}
+
+/// A configuration written for a newer release (its device setup) still starts this one: each key it does not
+/// know is one warning, and the keys it knows apply.
+#[test]
+fn unknown_configuration_keys_are_ignored_with_a_warning_each() {
+    require_agent_user();
+    let dev = Device::new();
+    let cfg = config(
+        &dev,
+        "agent_usr = \"x\"\ndevice_id = \"device-1\"\n[metrics]\nport = 9100\n",
+    );
+    let notify_path = dev.dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).expect("bind");
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let log = dev.dir.path().join("updater.log");
+    let _child = Killed(
+        Command::new(BIN)
+            .args(["--config", cfg.to_str().expect("utf8")])
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn"),
+    );
+    let mut buf = [0u8; 256];
+    let got = notify.recv(&mut buf);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    got.unwrap_or_else(|e| panic!("no READY=1 within 30 s ({e}):\n{text}"));
+    assert!(status_ok(&dev.paths.socket()), "{text}");
+    for key in ["agent_usr", "metrics"] {
+        let line = format!("unknown key `{key}` ignored");
+        assert_eq!(text.matches(&line).count(), 1, "{key}:\n{text}");
+    }
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! Types validate in their constructors and on deserialization, so a value of a type here is valid by
 //! construction. Canonical digests, KV bucket and key names, the updater socket protocol and the limits table
 //! live here too. This crate does no I/O beyond reading and writing frames on a caller's reader or writer, except
-//! the two OS primitives every process must share behind the `os` feature ([`durable`], [`notify`]).
+//! the OS primitives every process must share behind the `os` feature ([`durable`], [`notify`],
+//! [`process_lock`]).
 
 pub mod artifact;
 pub mod auth;
@@ -25,6 +26,8 @@ pub mod limits;
 #[cfg(feature = "os")]
 pub mod notify;
 pub mod probe;
+#[cfg(feature = "os")]
+pub mod process_lock;
 pub mod socket;
 pub mod status;
 pub mod taskrun;

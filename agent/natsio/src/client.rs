@@ -86,6 +86,9 @@ impl SubQueue {
         }
         s.bytes += m.data.len();
         s.msgs.push_back(m);
+        // Notified after the lock is released: a reader woken while it is held would block on it at once (a
+        // second wake-up per message).
+        drop(s);
         self.ready.notify_one();
     }
 

@@ -539,6 +539,12 @@ impl Io {
                 Err(e) => break Err(e.to_string()),
             }
         };
+        if pos > 0 {
+            // A keep-alive PING is only for a server that has been silent for a whole interval: while replies and
+            // messages arrive, none is sent (no wake-up of its own), and a silent server is still found within
+            // `max_pings_out + 1` intervals of its last frame.
+            self.next_ping = Instant::now() + self.ping_interval;
+        }
         self.inbuf.drain(..pos);
         result
     }

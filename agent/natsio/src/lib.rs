@@ -70,7 +70,8 @@ pub struct Options {
     pub tls: Option<TlsOptions>,
     /// Bound of one connection attempt over all servers.
     pub connect_timeout: Duration,
-    /// Keep-alive `PING` interval: the I/O thread's only periodic wake-up.
+    /// Keep-alive `PING` after this long without a frame from the server: the I/O thread's only timer, and it
+    /// does not fire while replies and messages arrive.
     pub ping_interval: Duration,
     /// Unanswered `PING`s after which the server counts as gone.
     pub max_pings_out: u32,
@@ -87,8 +88,8 @@ pub struct Options {
 }
 
 impl Options {
-    /// Defaults for `urls` (a comma-separated list is split): 10 s connect, a `PING` every 30 s and 2 unanswered
-    /// ones allowed, 10 s write time-out, 8 MiB send queue, 1024 messages or 16 MiB per subscription.
+    /// Defaults for `urls` (a comma-separated list is split): 10 s connect, a `PING` after 30 s without a frame from the
+    /// server and 2 unanswered ones allowed, 10 s write time-out, 8 MiB send queue, 1024 messages or 16 MiB per subscription.
     pub fn new(urls: &str) -> Options {
         Options {
             urls: urls

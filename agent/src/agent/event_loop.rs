@@ -26,12 +26,20 @@ impl Agent {
             self.worker = Some(worker);
         }
         self.reconcile_now(true);
-        self.publish_status();
-        self.heartbeat();
+        // Each NATS step below may wait its whole request bound on a server that does not answer: a SIGTERM
+        // that came meanwhile skips the rest, so the drain waits for one request at most, never for a sum.
+        if !self.stopping() {
+            self.publish_status();
+        }
+        if !self.stopping() {
+            self.heartbeat();
+        }
         // The intent is read once now (like the desired state) and then followed by its watch.
-        match self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
-            Ok(c) => self.on_intent(&c),
-            Err(e) => log::warn!("reading the upgrade intent: {e}"),
+        if !self.stopping() {
+            match self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
+                Ok(c) => self.on_intent(&c),
+                Err(e) => log::warn!("reading the upgrade intent: {e}"),
+            }
         }
         let stop = Arc::new(AtomicBool::new(false));
         for (bucket, intent) in [(kv::DESIRED_STATE, false), (kv::AGENT_UPGRADE_INTENT, true)] {
@@ -61,7 +69,12 @@ impl Agent {
         let mut next_beat = now + self.cfg.heartbeat_interval;
         let mut next_status = now + self.cfg.status_interval;
         let mut next_resync = now + self.cfg.resync_interval;
-        let mut next_poll = now + self.cfg.updater_poll_interval;
+        // Idle, the updater is polled with the resync, in the same wake-up; an active upgrade polls at its own rate.
+        let mut next_poll = if self.upgrade_active() {
+            now + self.cfg.updater_poll_interval
+        } else {
+            next_resync
+        };
         loop {
             let soonest = next_beat.min(next_status).min(next_resync).min(next_poll);
             let wait = soonest.saturating_duration_since(Instant::now());
@@ -120,15 +133,18 @@ impl Agent {
                     Err(e) => log::warn!("re-reading the desired state: {e}; keeping the last one"),
                 }
                 self.reconcile_now(true);
+                if !self.stopping() {
+                    self.republish_if_lost();
+                }
                 // An intent deferred while a request was in flight, or missed by a lost watch, is read again.
-                if self.relay.idle() {
+                if self.relay.idle() && !self.stopping() {
                     if let Ok(c) = self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
                         let effects = self.relay.on_intent_reread(&c, Timestamp::now());
                         self.apply_relay(effects);
                     }
                 }
             }
-            if now >= next_poll {
+            if now >= next_poll && !self.stopping() {
                 next_poll = now
                     + if self.upgrade_active() {
                         self.cfg.updater_poll_interval
@@ -137,11 +153,11 @@ impl Agent {
                     };
                 self.poll_updater();
             }
-            if now >= next_status {
+            if now >= next_status && !self.stopping() {
                 next_status = now + self.cfg.status_interval;
                 self.publish_status();
             }
-            if now >= next_beat {
+            if now >= next_beat && !self.stopping() {
                 next_beat = now + self.cfg.heartbeat_interval;
                 self.heartbeat();
             }
@@ -166,11 +182,16 @@ impl Agent {
             Err(e) => log::warn!("publishing heartbeat: {e}"),
         }
         self.nats.refresh_watches();
-        self.republish_if_lost();
+    }
+
+    /// SIGTERM came (the signal thread set the flag): no further NATS step of the loop starts.
+    fn stopping(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 
     /// Writes device info and the mirrored upgrade status again when NATS no longer has them (an operator's
     /// mistake, a bucket restored from a backup): both are otherwise written only at start-up and on change.
+    /// Checked at each resync (not each heartbeat: its reads are the idle loop's main cost in wake-ups).
     fn republish_if_lost(&mut self) {
         let absent = |bucket: &str| matches!(self.kv.get(bucket, &self.key), Ok(c) if c.value == crate::nats_kv::Value::Absent);
         if absent(kv::DEVICE_INFO) {
@@ -182,7 +203,7 @@ impl Agent {
                 Err(e) => log::warn!("writing device info again: {e}"),
             }
         }
-        if self.relay.idle() {
+        if self.relay.idle() && !self.stopping() {
             if let Some(s) = self.relay.last_mirrored().cloned() {
                 if absent(kv::AGENT_UPGRADE_STATUS) {
                     log::warn!("the agent-upgrade status is missing from NATS: writing it again");

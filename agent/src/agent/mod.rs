@@ -95,7 +95,8 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     // Readiness 1: configuration (read-only) and then the process lock, before anything is touched.
     let cfg = Config::load(config_path).map_err(|e| fail("config", e))?;
     let paths = Paths::new(&cfg.root);
-    let lock = ProcessLock::acquire(&paths.lock_file()).map_err(|e| fail("lock", e))?;
+    let lock = ProcessLock::acquire(&paths.lock_file(), crate::lock::PROGRAM)
+        .map_err(|e| fail("lock", e))?;
     log::info!(
         "fleet-agent {version} for device {} holds {}",
         cfg.device_id,
@@ -129,7 +130,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     // Readiness 3: NATS and buckets.
     let nats = Nats::connect(&cfg.nats, &format!("fleet-agent {}", cfg.device_id))
         .map_err(|e| fail("nats", e))?;
-    let Some(kv) = wait_for_buckets(&nats, &draining)? else {
+    let Some(kv) = wait_for_buckets(&nats, &draining, cfg.nats.bucket_wait)? else {
         return early_exit();
     };
     let key = kv::device_key(&cfg.device_id);
@@ -267,10 +268,17 @@ fn spawn_signal_thread(
 pub const BUCKET_POLL: Duration = Duration::from_secs(5);
 
 /// Opens the required buckets. While one does not exist yet (a device set up before anyone created the buckets)
-/// it waits, logging one INFO line, instead of failing into a restart loop: each poll extends systemd's start
-/// timeout (`EXTEND_TIMEOUT_USEC`), and `STATUS=` says what it waits for (`systemctl status fleet-agent`).
-/// During an upgrade the updater's own start bound still ends the wait (it rolls back). `None`: SIGTERM came.
-fn wait_for_buckets(nats: &Nats, draining: &AtomicBool) -> Result<Option<Buckets>, AgentError> {
+/// it waits, logging one INFO line, instead of failing into a fast restart loop: each poll extends systemd's start
+/// timeout (`EXTEND_TIMEOUT_USEC`), and `STATUS=` says what it waits for (`systemctl status fleet-agent`). The
+/// wait is bounded by `bound` (`nats.bucket_wait_secs`): then it fails, the process exits 1 and systemd starts
+/// it anew with a fresh connection. During an upgrade the updater's own start bound ends the wait sooner
+/// (it rolls back). `None`: SIGTERM came.
+fn wait_for_buckets(
+    nats: &Nats,
+    draining: &AtomicBool,
+    bound: Duration,
+) -> Result<Option<Buckets>, AgentError> {
+    let started = Instant::now();
     let mut waiting = false;
     loop {
         match nats.open_buckets(AGENT_REQUIRED_BUCKETS) {
@@ -282,20 +290,35 @@ fn wait_for_buckets(nats: &Nats, draining: &AtomicBool) -> Result<Option<Buckets
                 return Ok(Some(kv));
             }
             Err(e @ crate::nats_kv::NatsError::BucketMissing { .. }) => {
+                let left = bound.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return Err(fail(
+                        "buckets",
+                        format!(
+                            "{e}; still missing after {}s (nats.bucket_wait_secs): exiting so that systemd starts the agent again",
+                            bound.as_secs()
+                        ),
+                    ));
+                }
                 if !waiting {
-                    log::info!("{e}; waiting for it (checking every {BUCKET_POLL:?})");
+                    log::info!(
+                        "{e}; waiting for it (checking every {BUCKET_POLL:?}, at most {}s)",
+                        bound.as_secs()
+                    );
                     waiting = true;
                 }
+                // Extended by what the next poll can take (the poll, its requests), never past the bound by more.
                 let status = format!(
                     "STATUS=waiting for the NATS buckets: {e}\nEXTEND_TIMEOUT_USEC={}",
-                    (BUCKET_POLL * 6).as_micros()
+                    (BUCKET_POLL * 6).min(left + BUCKET_POLL * 2).as_micros()
                 );
                 let _ = crate::notify::notify(&status);
             }
             Err(e) => return Err(fail("buckets", e)),
         }
+        let nap = BUCKET_POLL.min(bound.saturating_sub(started.elapsed()));
         let slept = Instant::now();
-        while slept.elapsed() < BUCKET_POLL {
+        while slept.elapsed() < nap {
             if draining.load(Ordering::SeqCst) {
                 return Ok(None);
             }
