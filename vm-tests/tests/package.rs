@@ -12,7 +12,8 @@ use fleet_rig::wait_for;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::device::text;
 use fleet_vm_tests::fleet::{
-    agent_config, desired_one_workload, guest_nats_url, start_nats, Operator, GUEST_TOKEN_FILE, TEST_IMAGE,
+    agent_config, desired_one_workload, guest_nats_url, start_nats, Operator, GUEST_TOKEN_FILE,
+    TEST_IMAGE,
 };
 use fleet_vm_tests::packages::{self, apt};
 use std::process::Output;
@@ -231,7 +232,11 @@ fn packages_install_a_working_device_and_purge_clean() {
         "1",
         "the failure is visible in the unit's status"
     );
-    guest.write_file("/etc/harmony-fleet/fleet-reboot.yaml", b"server: [\n", 0o644);
+    guest.write_file(
+        "/etc/harmony-fleet/fleet-reboot.yaml",
+        b"server: [\n",
+        0o644,
+    );
     guest.systemctl(&["start", "fleet-reboot.service"]);
     assert_eq!(
         guest.systemctl(&["is-failed", "fleet-reboot.service"]),
@@ -240,7 +245,8 @@ fn packages_install_a_working_device_and_purge_clean() {
     );
 
     // A workload of the agent, and two volumes of its user: one with data, one empty.
-    let as_agent = "cd / && runuser -u fleet-agent -- env XDG_RUNTIME_DIR=/run/user/$(id -u fleet-agent)";
+    let as_agent =
+        "cd / && runuser -u fleet-agent -- env XDG_RUNTIME_DIR=/run/user/$(id -u fleet-agent)";
     guest.sh(&format!(
         "{as_agent} podman import --quiet /usr/share/fleet-test/busybox-rootfs.tar {TEST_IMAGE} >/dev/null"
     ));
@@ -265,7 +271,10 @@ fn packages_install_a_working_device_and_purge_clean() {
     ));
 
     // Remove says what goes and what stays; the workload keeps running, unmanaged.
-    let out = assert_ok("apt remove", &apt(&guest, &["remove", "harmony-fleet-device"]));
+    let out = assert_ok(
+        "apt remove",
+        &apt(&guest, &["remove", "harmony-fleet-device"]),
+    );
     for want in [
         "Kept until purge: /etc/harmony-fleet",
         "Still running, now unmanaged (nothing updates or restarts them): fleet-web",
@@ -302,7 +311,9 @@ fn packages_install_a_working_device_and_purge_clean() {
         "a failed unit of the package is left behind:\n{failed}"
     );
     assert_eq!(
-        guest.sh("cat /var/lib/harmony-fleet-kept-volumes/data/f").trim(),
+        guest
+            .sh("cat /var/lib/harmony-fleet-kept-volumes/data/f")
+            .trim(),
         "precious"
     );
     let after = guest.sh(SNAPSHOT);
@@ -523,7 +534,11 @@ fn printed_device_commands() -> Vec<(&'static str, String)> {
             }
         }
         for span in spans {
-            let span = span.trim().trim_start_matches("sudo ").trim_start_matches("env ").to_string();
+            let span = span
+                .trim()
+                .trim_start_matches("sudo ")
+                .trim_start_matches("env ")
+                .to_string();
             let span = span
                 .split_whitespace()
                 .skip_while(|w| w.contains('=') && !w.starts_with('-'))
@@ -570,13 +585,21 @@ fn printed_commands_run_on_the_device(guest: &Guest) {
                 .next()
                 .unwrap_or_default();
             if opt.len() > 2 && !help.contains(opt) {
-                bad.push(format!("{src}: `{command}`: {word} --help does not name {opt}"));
+                bad.push(format!(
+                    "{src}: `{command}`: {word} --help does not name {opt}"
+                ));
             }
         }
     }
-    assert!(bad.is_empty(), "instructions that cannot be run as printed:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "instructions that cannot be run as printed:\n{}",
+        bad.join("\n")
+    );
     // The repair's refusal on a healthy device names a command that exists, and changes nothing.
-    let (ok, out) = guest.try_sh(&format!("{path} fleet-device-setup --repair-rollback-failed"));
+    let (ok, out) = guest.try_sh(&format!(
+        "{path} fleet-device-setup --repair-rollback-failed"
+    ));
     assert!(!ok && out.contains("nothing to repair"), "{out}");
     assert!(
         out.contains("Run /usr/sbin/fleet-device-setup without --repair-rollback-failed"),

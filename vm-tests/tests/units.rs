@@ -87,7 +87,10 @@ fn unit_files_have_exactly_the_documented_timing() {
     );
     for (path, (unit, want)) in UNITS.iter().zip(&docs) {
         let have = file_directives(&read(path));
-        assert_eq!(&have, want, "{unit}: the file ({path}) and docs/device-setup.md differ");
+        assert_eq!(
+            &have, want,
+            "{unit}: the file ({path}) and docs/device-setup.md differ"
+        );
     }
 }
 
