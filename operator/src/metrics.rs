@@ -31,21 +31,32 @@ pub type RefusalLabels = Vec<(&'static str, &'static str)>;
 /// Labels of a halt: `kind="AgentRelease", reason="CanaryFailed"`.
 pub type HaltLabels = Vec<(&'static str, String)>;
 
-/// The counters of this process.
+/// The controllers that count their passes ([`reconciled`]).
+pub const CONTROLLERS: [&str; 2] = ["deployments", "taskruns"];
+
+/// The counters of this process. Each controller's series exist from the start at 0, so that a rate or an alert
+/// on errors has a series before the first error.
 pub fn global() -> &'static OperatorMetrics {
     static M: OnceLock<OperatorMetrics> = OnceLock::new();
-    M.get_or_init(|| OperatorMetrics {
-        reconciles: Family::default(),
-        reconcile_errors: Family::default(),
-        // 0.5 ms … about 8 s
-        nats_write_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
-        rollout_halts: Family::default(),
-        writes_refused: Family::default(),
+    M.get_or_init(|| {
+        let m = OperatorMetrics {
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            // 0.5 ms … about 8 s
+            nats_write_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
+            rollout_halts: Family::default(),
+            writes_refused: Family::default(),
+        };
+        for c in CONTROLLERS {
+            let labels = vec![("controller", c)];
+            let _ = m.reconciles.get_or_create(&labels);
+            let _ = m.reconcile_errors.get_or_create(&labels);
+        }
+        m
     })
 }
 
-/// Counts one reconcile pass of `controller` (`deployments`, `taskruns`, `schedules`); `ok`: it ended without
-/// an error.
+/// Counts one reconcile pass of `controller` (one of [`CONTROLLERS`]); `ok`: it ended without an error.
 pub fn reconciled(controller: &'static str, ok: bool) {
     let labels = vec![("controller", controller)];
     let m = global();

@@ -482,7 +482,8 @@ mod tests {
     fn group_membership_table() {
         let d = devices();
         let cases: Vec<(DeviceGroupSpec, Result<BTreeSet<DeviceId>, &str>)> = vec![
-            // the typo of issue 22: a list and an empty selector place only the listed device
+            // a device list beside an empty selector (`selector: {}`, a half-deleted label selector): only the
+            // listed device, never every device
             (group(false, Some(sel(&[])), &["d2"]), Ok(ids(&["d2"]))),
             (group(false, None, &["d2", "d9"]), Ok(ids(&["d2"]))),
             // list plus labels: the union

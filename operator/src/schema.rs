@@ -239,7 +239,7 @@ mod tests {
                        "spec": {"devices": ["dev-2"], "selector": {"matchLabels": {"site": "a"}}}}),
                 vec![],
             ),
-            // the typo of issue 22, and nested ones
+            // a misspelt top-level field (`devicez` for `devices`), and nested ones
             (
                 "DeviceGroup",
                 json!({"spec": {"devicez": ["dev-2"], "selector": {}}}),

@@ -15,7 +15,7 @@ Usage:
   fleet-updater --version         print the version
   fleet-updater --help            this text
 
-Configuration keys (TOML, all optional): root, extra_ca_file, agent_unit, agent_user, socket_group,
+Configuration keys (TOML, all optional): root, device_id, extra_ca_file, agent_unit, agent_user, socket_group,
 system_reboot_retry_secs.
 Logging: RUST_LOG (default info). See docs/updater.md.";
 

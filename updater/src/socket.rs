@@ -134,7 +134,7 @@ impl Reading {
             Response::error(
                 ErrorCode::Busy,
                 format!(
-                    "all {max_handlers} handlers were taken and this connection had not sent its request:                      closed for a newer one; try again"
+                    "all {max_handlers} handlers were taken and this connection had not sent its request: closed for a newer one; try again"
                 ),
             ),
         );

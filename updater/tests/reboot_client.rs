@@ -374,3 +374,24 @@ fn release_after_boot_only_finishes_a_coordinated_reboot() {
         .join("var/lib/fleet-reboot/marker.json")
         .exists());
 }
+
+#[test]
+fn the_documented_id_command_prints_the_id_the_client_sends() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/fleetlock.md"))
+        .unwrap();
+    let command = "printf 'fleet-reboot:%s' \"$(cat /etc/machine-id)\" | sha256sum | cut -c1-32";
+    assert!(doc.contains(command), "docs/fleetlock.md names the command");
+    let h = host();
+    let srv = responder();
+    let cfg = config(h.root.path(), srv.addr, "");
+    run_once(&cfg, &h.script, RunOptions::default()).unwrap();
+    let sent = srv.holder.lock().unwrap().clone().expect("lock held");
+    let machine_id = h.root.path().join("etc/machine-id");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command.replace("/etc/machine-id", &machine_id.display().to_string()))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), sent);
+}

@@ -2,13 +2,19 @@
 //! says what to write when there is no agent configuration yet; the admin writes it and runs
 //! `dpkg-reconfigure`, which gives a working device (agent and updater ready, the agent's device info in NATS, the
 //! fleet-reboot timer active); a reinstall changes nothing; `apt remove` is refused during an agent upgrade;
-//! `fleetlock-server` installs disabled and serves once enabled; `apt purge` of both leaves the guest as it was.
+//! `fleetlock-server` installs disabled and serves once enabled; a misconfigured token refresher fails no unit;
+//! `apt remove` says what stays and leaves the agent's workload running; `apt purge` of both says what goes,
+//! keeps the agent user's Podman volume with data (and only that) and leaves no failed unit; otherwise the guest
+//! is as it was.
 
 use fleet_rig::nspawn::Guest;
 use fleet_rig::wait_for;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::device::text;
-use fleet_vm_tests::fleet::{agent_config, guest_nats_url, start_nats, Operator, GUEST_TOKEN_FILE};
+use fleet_vm_tests::fleet::{
+    agent_config, desired_one_workload, guest_nats_url, start_nats, Operator, GUEST_TOKEN_FILE,
+    TEST_IMAGE,
+};
 use fleet_vm_tests::packages::{self, apt};
 use std::process::Output;
 use std::time::Duration;
@@ -121,6 +127,8 @@ fn packages_install_a_working_device_and_purge_clean() {
         assert!(facts.contains(want), "missing {want:?} in:\n{facts}");
     }
 
+    printed_commands_run_on_the_device(&guest);
+
     // A reinstall runs setup again and changes nothing: the agent keeps its process.
     let pid = guest.systemctl(&["show", "-P", "MainPID", "fleet-agent.service"]);
     let out = assert_ok(
@@ -205,14 +213,117 @@ fn packages_install_a_working_device_and_purge_clean() {
         assert!(facts.contains(want), "missing {want:?} in:\n{facts}");
     }
 
-    // Purge both: the guest is as it was before, and nothing of theirs still runs.
-    assert_ok(
+    // A misconfigured token refresher logs its reason but fails no unit (a failed unit makes the system
+    // degraded, which holds back coordinated reboots); a failed unit of the package is forgotten once it is gone.
+    guest.write_file(
+        "/etc/harmony-fleet/fleet-token.yaml",
+        b"token_endpoint: [not, a, url\n",
+        0o644,
+    );
+    guest.systemctl(&["start", "fleet-token.service"]);
+    assert_eq!(
+        guest.systemctl(&["is-failed", "fleet-token.service"]),
+        "inactive",
+        "a failed refresh failed the unit:\n{}",
+        guest.journal("fleet-token.service", 20)
+    );
+    let log = guest.journal("fleet-token.service", 20);
+    assert!(
+        log.contains("ERROR"),
+        "the failure is in the unit's journal:\n{log}"
+    );
+    guest.write_file(
+        "/etc/harmony-fleet/fleet-reboot.yaml",
+        b"server: [\n",
+        0o644,
+    );
+    guest.systemctl(&["start", "fleet-reboot.service"]);
+    assert_eq!(
+        guest.systemctl(&["is-failed", "fleet-reboot.service"]),
+        "failed",
+        "the test needs a failed unit of the package"
+    );
+
+    // A workload of the agent, and two volumes of its user: one with data, one empty.
+    let as_agent =
+        "cd / && runuser -u fleet-agent -- env XDG_RUNTIME_DIR=/run/user/$(id -u fleet-agent)";
+    guest.sh(&format!(
+        "{as_agent} podman import --quiet /usr/share/fleet-test/busybox-rootfs.tar {TEST_IMAGE} >/dev/null"
+    ));
+    operator.put_desired(&desired_one_workload(1, "web"));
+    let running = || {
+        guest
+            .try_sh(&format!(
+                "{as_agent} podman inspect --format '{{{{.State.Running}}}}' fleet-web"
+            ))
+            .1
+            .trim()
+            == "true"
+    };
+    assert!(
+        wait_for(Duration::from_secs(120), || running().then_some(())).is_some(),
+        "the workload does not run:\n{}",
+        guest.journal("fleet-agent.service", 40)
+    );
+    guest.sh(&format!(
+        "{as_agent} sh -c 'podman volume create data >/dev/null && podman volume create empty >/dev/null && \
+         echo precious > \"$(podman volume inspect --format {{{{.Mountpoint}}}} data)/f\"'"
+    ));
+
+    // Remove says what goes and what stays; the workload keeps running, unmanaged.
+    let out = assert_ok(
+        "apt remove",
+        &apt(&guest, &["remove", "harmony-fleet-device"]),
+    );
+    for want in [
+        "Kept until purge: /etc/harmony-fleet",
+        "Still running, now unmanaged (nothing updates or restarts them): fleet-web",
+        "HARMONY_FLEET_PURGE_VOLUMES=yes",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+    assert!(running(), "the workload stopped with the package");
+    assert_eq!(
+        guest.systemctl(&["is-active", "fleet-agent.service"]),
+        "inactive"
+    );
+
+    // Purge both: it says what it stops and keeps the volume with data; otherwise the guest is as it was before,
+    // with no failed unit of the package, and nothing of theirs still runs.
+    let out = assert_ok(
         "apt purge",
         &apt(
             &guest,
             &["purge", "harmony-fleet-device", "fleetlock-server"],
         ),
     );
+    for want in [
+        "stopped the agent user's containers: fleet-web",
+        "kept the data of Podman volume data in /var/lib/harmony-fleet-kept-volumes/data",
+        "purged /etc/harmony-fleet",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+    assert!(!out.contains("volume empty"), "{out}");
+    let (_, failed) = guest.try_sh("systemctl --failed --plain --no-legend");
+    assert!(
+        !failed.contains("fleet-"),
+        "a failed unit of the package is left behind:\n{failed}"
+    );
+    assert_eq!(
+        guest
+            .sh("cat /var/lib/harmony-fleet-kept-volumes/data/f")
+            .trim(),
+        "precious"
+    );
+    let after = guest.sh(SNAPSHOT);
+    let changes = diff(&before, &after);
+    let other: Vec<&str> = changes
+        .lines()
+        .filter(|l| !l.contains("/var/lib/harmony-fleet-kept-volumes"))
+        .collect();
+    assert_eq!(other, Vec::<&str>::new(), "purge left the guest changed");
+    guest.sh("rm -rf /var/lib/harmony-fleet-kept-volumes");
     let after = guest.sh(SNAPSHOT);
     assert_eq!(diff(&before, &after), "", "purge left the guest changed");
     // Ours: fleet-* processes, and Podman of the (deleted) agent user; the distribution's own root Podman units
@@ -362,4 +473,136 @@ fn diff(a: &str, b: &str) -> String {
         out.push_str(&format!("+ {l}\n"));
     }
     out
+}
+
+/// Where the product tells a person what to run on a device: alert texts, docs, the maintainer scripts' messages.
+const INSTRUCTION_SOURCES: [&str; 12] = [
+    "operator/src/dashboard/alerts.rs",
+    "docs/dashboard.md",
+    "docs/device-setup.md",
+    "docs/packages.md",
+    "docs/updater.md",
+    "docs/fleetlock.md",
+    "docs/auth.md",
+    "docs/boot-watchdog.md",
+    "docs/agent-config.md",
+    "README.md",
+    "scripts/debian/harmony-fleet-device/postinst",
+    "scripts/debian/harmony-fleet-device/postrm",
+];
+
+/// The commands a person runs on a device (the first word of an instruction).
+const DEVICE_COMMANDS: [&str; 11] = [
+    "fleet-device-setup",
+    "fleet-updater",
+    "fleet-agent",
+    "fleet-reboot",
+    "fleet-token",
+    "fleet-boot-watchdog",
+    "fleet-fetch",
+    "systemctl",
+    "journalctl",
+    "dpkg-reconfigure",
+    "apt",
+];
+
+/// Every device command the sources name: spans in backticks or single quotes, and lines of fenced code blocks,
+/// whose first word is one of [`DEVICE_COMMANDS`]; (source, command).
+fn printed_device_commands() -> Vec<(&'static str, String)> {
+    let root = fleet_rig::util::workspace_root();
+    let mut out = Vec::new();
+    for src in INSTRUCTION_SOURCES {
+        let text = std::fs::read_to_string(root.join(src)).unwrap_or_else(|e| panic!("{src}: {e}"));
+        // Rust string continuations ("…\\n   …") join into one line.
+        let text = text
+            .split("\\\n")
+            .map(|p| p.trim_start())
+            .collect::<Vec<_>>()
+            .join("");
+        let mut spans: Vec<String> = Vec::new();
+        for quote in ['`', '\''] {
+            for line in text.lines() {
+                spans.extend(line.split(quote).skip(1).step_by(2).map(str::to_owned));
+            }
+        }
+        let mut fenced = false;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+            } else if fenced {
+                spans.push(line.split('#').next().unwrap_or_default().trim().to_owned());
+            }
+        }
+        for span in spans {
+            let span = span
+                .trim()
+                .trim_start_matches("sudo ")
+                .trim_start_matches("env ")
+                .to_string();
+            let span = span
+                .split_whitespace()
+                .skip_while(|w| w.contains('=') && !w.starts_with('-'))
+                .collect::<Vec<_>>()
+                .join(" ");
+            if span
+                .split_whitespace()
+                .next()
+                .is_some_and(|w| DEVICE_COMMANDS.contains(&w))
+            {
+                out.push((src, span));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Each printed device command exists on root's PATH of the installed device, and its `--help` names every long
+/// option the instruction gives.
+fn printed_commands_run_on_the_device(guest: &Guest) {
+    let commands = printed_device_commands();
+    assert!(
+        commands
+            .iter()
+            .any(|(_, c)| c == "fleet-device-setup --repair-rollback-failed"),
+        "the repair instruction is among them: {commands:#?}"
+    );
+    let path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    let mut bad = Vec::new();
+    for (src, command) in &commands {
+        let word = command.split_whitespace().next().unwrap_or_default();
+        let (found, _) = guest.try_sh(&format!("{path} command -v {word}"));
+        if !found {
+            bad.push(format!("{src}: `{command}`: {word} is not on root's PATH"));
+            continue;
+        }
+        let (_, help) = guest.try_sh(&format!("{path} {word} --help 2>&1"));
+        for opt in command.split_whitespace().filter(|w| w.starts_with("--")) {
+            let opt = opt
+                .trim_end_matches([']', ')', ',', '.', ';', ':'])
+                .split('=')
+                .next()
+                .unwrap_or_default();
+            if opt.len() > 2 && !help.contains(opt) {
+                bad.push(format!(
+                    "{src}: `{command}`: {word} --help does not name {opt}"
+                ));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "instructions that cannot be run as printed:\n{}",
+        bad.join("\n")
+    );
+    // The repair's refusal on a healthy device names a command that exists, and changes nothing.
+    let (ok, out) = guest.try_sh(&format!(
+        "{path} fleet-device-setup --repair-rollback-failed"
+    ));
+    assert!(!ok && out.contains("nothing to repair"), "{out}");
+    assert!(
+        out.contains("Run /usr/sbin/fleet-device-setup without --repair-rollback-failed"),
+        "{out}"
+    );
 }

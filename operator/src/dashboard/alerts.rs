@@ -70,7 +70,8 @@ impl AlertKind {
         match self {
             Self::RollbackFailed => {
                 "The updater refuses new upgrades until root repairs the device: read `journalctl -u \
-                 fleet-updater` on it, then run `fleet-updater --repair-rollback-failed` (docs/updater.md)."
+                 fleet-updater` on it, then follow the root repair of docs/device-setup.md; its last step \
+                 is `fleet-device-setup --repair-rollback-failed`."
             }
             Self::DeviceSilent => {
                 "Check power and network, then `systemctl status fleet-agent` on the device; its NATS \

@@ -24,36 +24,42 @@ fn gauge_family(registry: &mut Registry, name: &str, help: &str, values: BTreeMa
     registry.register(name, help, f);
 }
 
-/// The whole exposition.
-pub fn render(state: &State) -> String {
-    let mut registry = Registry::default();
+/// The operator's own counters ([`crate::metrics`]). The library adds the period that ends each HELP text, so
+/// the texts here end without one.
+fn register_counters(registry: &mut Registry) {
     let m = crate::metrics::global();
     registry.register(
         "fleet_operator_reconciles",
-        "Reconcile passes per controller.",
+        "Reconcile passes per controller",
         m.reconciles.clone(),
     );
     registry.register(
         "fleet_operator_reconcile_errors",
-        "Reconcile passes that ended with an error, per controller.",
+        "Reconcile passes that ended with an error, per controller",
         m.reconcile_errors.clone(),
     );
     registry.register(
         "fleet_operator_nats_write_duration_seconds",
-        "Latency of one NATS KV compare-and-set write, re-reads included.",
+        "Latency of one NATS KV compare-and-set write, re-reads included",
         m.nats_write_seconds.clone(),
     );
     registry.register(
         "fleet_operator_rollout_halts",
-        "Rollouts that halted (condition Halted turned True), per kind and reason.",
+        "Rollouts that halted (condition Halted turned True), per kind and reason",
         m.rollout_halts.clone(),
     );
     registry.register(
         "fleet_device_writes_refused",
         "Device writes fleet-auth refused (over the device's share), per bucket and kind; the Device is in \
-         kubectl get fdev (column Refused) and its WritesRefused events.",
+         kubectl get fdev (column Refused) and its WritesRefused events",
         m.writes_refused.clone(),
     );
+}
+
+/// The whole exposition.
+pub fn render(state: &State) -> String {
+    let mut registry = Registry::default();
+    register_counters(&mut registry);
     let refusing = state
         .devices
         .state()
@@ -67,7 +73,7 @@ pub fn render(state: &State) -> String {
     gauge_family(
         &mut registry,
         "fleet_devices_writes_refused",
-        "Devices with writes refused within the last hour (status.writesRefused).",
+        "Devices with writes refused within the last hour (status.writesRefused)",
         BTreeMap::from([(vec![], i64::try_from(refusing).unwrap_or(i64::MAX))]),
     );
 
@@ -78,7 +84,7 @@ pub fn render(state: &State) -> String {
     gauge_family(
         &mut registry,
         "fleet_devices",
-        "Devices by agent-upgrade phase (`none`: never upgraded).",
+        "Devices by agent-upgrade phase (`none`: never upgraded)",
         phases,
     );
 
@@ -86,7 +92,7 @@ pub fn render(state: &State) -> String {
     for r in state.runs.state() {
         *runs.entry(vec![("phase", run_phase_name(&r))]).or_insert(0) += 1;
     }
-    gauge_family(&mut registry, "fleet_task_runs", "TaskRuns by phase.", runs);
+    gauge_family(&mut registry, "fleet_task_runs", "TaskRuns by phase", runs);
 
     let alerts = state.alerts();
     let mut by_kind: BTreeMap<Labels, i64> = AlertKind::ALL
@@ -101,7 +107,7 @@ pub fn render(state: &State) -> String {
     gauge_family(
         &mut registry,
         "fleet_alerts",
-        "Alerts that hold now, by kind (the dashboard's /alerts page lists them).",
+        "Alerts that hold now, by kind (the dashboard's /alerts page lists them)",
         by_kind,
     );
     let mut fl = BTreeMap::new();
@@ -111,7 +117,7 @@ pub fn render(state: &State) -> String {
     gauge_family(
         &mut registry,
         "fleet_fleetlock_status_up",
-        "1 when the FleetLock server's /v1/status was read at the last try, 0 when not (absent: none configured).",
+        "1 when the FleetLock server's /v1/status was read at the last try, 0 when not (absent: none configured)",
         fl,
     );
 
@@ -125,6 +131,25 @@ pub fn render(state: &State) -> String {
 #[cfg(test)]
 mod tests {
     use super::AlertKind;
+
+    /// Every counter is exported from the start (errors at 0 per controller, so a rate or an alert on it has a
+    /// series before the first error), and no HELP text ends with two periods.
+    #[test]
+    fn counters_start_at_zero_and_help_texts_end_once() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        super::register_counters(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("encodes");
+        for c in crate::metrics::CONTROLLERS {
+            let line = format!("fleet_operator_reconcile_errors_total{{controller=\"{c}\"}} ");
+            assert!(out.contains(&line), "{line:?} missing:\n{out}");
+        }
+        let help: Vec<&str> = out.lines().filter(|l| l.starts_with("# HELP")).collect();
+        assert!(help.len() >= 3, "{out}");
+        for l in help {
+            assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
+        }
+    }
 
     /// The example rules (docs/dashboard/prometheus-rules.yaml) name only metrics and alert kinds that exist.
     #[test]

@@ -111,13 +111,13 @@ impl Client {
             other => FetchError::Transport {
                 url: redact(url),
                 // A dropped or refused connection, a lost name server or a stalled body may pass on a flaky
-                // link; a certificate or protocol violation will not.
+                // link; a certificate or protocol violation (too many headers, a bad chunk length) will not:
+                // the same server answers the same way again.
                 transient: match &other {
                     ureq::Error::Io(io) => transient_io(io.kind()),
                     ureq::Error::HostNotFound
                     | ureq::Error::ConnectionFailed
-                    | ureq::Error::BodyStalled
-                    | ureq::Error::Protocol(_) => true,
+                    | ureq::Error::BodyStalled => true,
                     _ => false,
                 },
                 detail: other.to_string(),

@@ -37,9 +37,7 @@ pub enum FetchError {
         detail: String,
     },
     /// The server answered with a status other than success.
-    #[error(
-        "{url} answered HTTP {status}; check that the artifact exists and is readable anonymously"
-    )]
+    #[error("{url} answered HTTP {status}; {}", status_hint(*status))]
     Status {
         /// The URL, without its query.
         url: String,
@@ -97,6 +95,18 @@ pub enum FetchError {
     },
 }
 
+/// What a person checks after an HTTP status: the server's health for one that may pass (it was tried again),
+/// the artifact's URL and access for a refusal.
+fn status_hint(status: u16) -> &'static str {
+    match status {
+        408 | 500..=599 => {
+            "the artifact server failed or timed out (tried again with backoff, docs/artifacts.md); check its health and logs"
+        }
+        429 => "the artifact server is rate-limiting this device (tried again with backoff, docs/artifacts.md); check its request limits",
+        _ => "check that the artifact exists and is readable anonymously",
+    }
+}
+
 impl FetchError {
     /// Whether trying again (resuming) may pass: a dropped or failed connection, a time-out, a server error
     /// or overload. Never a refusal of the artifact itself.
@@ -133,6 +143,22 @@ impl FetchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_hints_fit_the_status() {
+        let text = |status| {
+            FetchError::Status {
+                url: "u".into(),
+                status,
+            }
+            .to_string()
+        };
+        assert!(text(404).contains("readable anonymously"), "{}", text(404));
+        for s in [408, 500, 503, 429] {
+            assert!(!text(s).contains("readable anonymously"), "{}", text(s));
+            assert!(text(s).contains("tried again"), "{}", text(s));
+        }
+    }
 
     #[test]
     fn reasons() {

@@ -89,7 +89,8 @@ pub const HELPER_BOUND: Duration =
 pub struct Retry {
     /// Most tries of one fetch in all.
     pub max_tries: u32,
-    /// Most tries in a row that receive no byte.
+    /// Most tries in a row that add no byte beyond the most ever held (bytes a server sends again from zero
+    /// are not progress).
     pub max_fruitless: u32,
     /// Pause after the first failure in a row; doubled after each further one.
     pub first_backoff: Duration,
@@ -117,6 +118,32 @@ impl Retry {
             .saturating_mul(1 << doublings)
             .min(self.max_backoff)
     }
+
+    /// What follows a failed try that may pass, given the count so far: another try after a pause, or the end.
+    /// Pure, so the schedule the docs state is a unit test.
+    pub fn after_failure(&self, count: &mut TryCount, progressed: bool) -> Option<Duration> {
+        count.tries += 1;
+        if progressed {
+            count.fruitless = 0;
+            count.in_a_row = 1;
+        } else {
+            count.fruitless += 1;
+            count.in_a_row += 1;
+        }
+        (count.tries < self.max_tries && count.fruitless < self.max_fruitless)
+            .then(|| self.backoff(count.in_a_row))
+    }
+}
+
+/// Tries of one fetch so far, as [`Retry::after_failure`] counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TryCount {
+    /// Tries that failed.
+    pub tries: u32,
+    /// Failed tries in a row that added no byte beyond the most ever held.
+    pub fruitless: u32,
+    /// Failures in a row for the pause (a try that added bytes starts a new row at 1).
+    pub in_a_row: u32,
 }
 
 /// The fetcher the daemon uses: the helper `program` run as `user`, trusting the PEM bundle `extra_ca_file`
@@ -372,7 +399,11 @@ impl Fetcher for HelperFetcher {
             attempt.effective_byte_limit(),
         )
         .map_err(|e| DownloadError::from(&e))?;
-        let (mut tries, mut fruitless) = (0u32, 0u32);
+        let mut tries = 0u32;
+        let mut count = TryCount::default();
+        // The most bytes ever held: a server that ignores Range sends the same bytes from zero again, which
+        // is no progress.
+        let mut most_held = partial.len();
         let mut resumed = false;
         let mut restarted_after_mismatch = false;
         let mut last: Option<DownloadError> = None;
@@ -413,19 +444,19 @@ impl Fetcher for HelperFetcher {
                     }
                 },
                 Err(e) => {
-                    fruitless = if t.appended > 0 { 1 } else { fruitless + 1 };
-                    if !t.transient
-                        || tries >= self.retry.max_tries
-                        || fruitless > self.retry.max_fruitless
-                    {
+                    let progressed = partial.len() > most_held;
+                    most_held = most_held.max(partial.len());
+                    let next = if t.transient {
+                        self.retry.after_failure(&mut count, progressed)
+                    } else {
+                        None
+                    };
+                    let Some(pause) = next else {
                         break Err((e, t.transient));
-                    }
-                    let pause = self
-                        .retry
-                        .backoff(fruitless)
-                        .min(deadline.saturating_duration_since(Instant::now()));
+                    };
+                    let pause = pause.min(deadline.saturating_duration_since(Instant::now()));
                     log::info!(
-                        "attempt {id}: download try {tries} failed after {} new bytes ({e}); {} bytes held, next try in {pause:?}",
+                        "attempt {id}: download try {tries} failed after {} bytes received ({e}); {} bytes held, next try in {pause:?}",
                         t.appended,
                         partial.len()
                     );
@@ -492,6 +523,35 @@ mod tests {
                 "failure {n} in a row"
             );
         }
+    }
+
+    #[test]
+    fn the_default_schedule_is_the_documented_one() {
+        // docs/artifacts.md: after failures that receive nothing, 6 tries with pauses of 1, 2, 4, 8 and 16 s.
+        let r = Retry::default();
+        let mut count = TryCount::default();
+        let mut pauses = Vec::new();
+        while let Some(p) = r.after_failure(&mut count, false) {
+            pauses.push(p.as_secs());
+        }
+        assert_eq!(count.tries, 6);
+        assert_eq!(pauses, [1, 2, 4, 8, 16]);
+        // A try that adds bytes starts the row again; 32 tries in all at most.
+        let mut count = TryCount::default();
+        let mut tries = 1;
+        while r.after_failure(&mut count, tries % 3 == 0).is_some() {
+            tries += 1;
+        }
+        assert_eq!((tries, count.tries), (32, 32));
+        let mut count = TryCount::default();
+        assert_eq!(
+            r.after_failure(&mut count, true),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            r.after_failure(&mut count, false),
+            Some(Duration::from_secs(2))
+        );
     }
 
     #[test]
