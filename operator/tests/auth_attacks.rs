@@ -9,8 +9,9 @@
 //!   60 s: the victim agent never disconnects and notices every change of its desired state within seconds;
 //! - floods of run keys, of oversize values and of writes: refused once over the attacker's share, with a report on
 //!   `fleet.device-refusals.<device>`, and nothing of another device's changes.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::nats_client as nats;
 mod auth_common;
 
 use auth_common::*;
