@@ -14,10 +14,11 @@ pub struct JetStream {
     ctx: async_nats::jetstream::Context,
 }
 
-/// The JetStream context of `conn`.
+/// The JetStream context of `conn` (made on the rig's runtime: async-nats starts a task for it).
 pub fn new(conn: Connection) -> JetStream {
+    let client = conn.client().clone();
     JetStream {
-        ctx: async_nats::jetstream::new(conn.client().clone()),
+        ctx: block_on(async move { async_nats::jetstream::new(client) }),
     }
 }
 
