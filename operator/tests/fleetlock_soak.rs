@@ -8,8 +8,8 @@
 //! `FLEET_SOAK_PAIRS=200000 cargo test --release -p fleet-operator --test fleetlock_soak soak`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_rig::nats_client as nats;
 use fleet_rig::fleetlock::{Conn, ServerProcess};
+use fleet_rig::nats_client as nats;
 use fleet_rig::NatsCluster;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -3,7 +3,6 @@
 //! again without the option changes nothing. fleetlock-server's NATS store, configured with `replicas: 3`, creates
 //! its bucket with three copies.
 
-
 use fleet_rig::nats_client as nats;
 use fleet_rig::NatsCluster;
 use std::process::Command;

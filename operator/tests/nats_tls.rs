@@ -4,8 +4,8 @@
 //! against a plain server while TLS is configured.
 #![allow(clippy::unwrap_used, clippy::expect_used, deprecated)]
 
-use fleet_rig::nats_client as nats;
 use fleet_rig::fleetlock::{ServerProcess, TlsFiles};
+use fleet_rig::nats_client as nats;
 use fleet_rig::tls::{ServerCert, TestCa};
 use fleet_rig::{wait_for, NatsServer};
 use std::path::Path;

@@ -3,10 +3,10 @@
 //! the server's private CA unless `FLEET_NATS_TLS=off`, see [`start_nats`]), and the operator's side of NATS (buckets, desired state, intents, status) played by the test as the services'
 //! own NATS user.
 
-use fleet_rig::nats_client as nats;
 use crate::builds;
 use crate::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
 use fleet_rig::callout::{FleetNats, NatsTransport};
+use fleet_rig::nats_client as nats;
 use fleet_rig::nspawn::{ForwardHandle, Guest};
 use fleet_rig::wait_for;
 use fleet_wire::{

@@ -3,9 +3,9 @@
 //! system-upgrade buckets (intent in, status out), and a device's side of FleetLock (its configuration, the
 //! holders of the slot).
 
-use fleet_rig::nats_client as nats;
 use crate::fleet::{device_id, Device, DEVICE};
 use fleet_rig::callout::FleetNats;
+use fleet_rig::nats_client as nats;
 use fleet_rig::nspawn::{ForwardHandle, Guest};
 use fleet_rig::wait_for;
 use fleet_wire::{

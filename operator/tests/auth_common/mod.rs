@@ -3,10 +3,10 @@
 //! for real agents.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_rig::nats_client as nats;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use fleet_rig::https::{HttpsServer, Reply};
+use fleet_rig::nats_client as nats;
 use fleet_rig::tls::TestCa;
 use fleet_rig::{wait_for, NatsServer};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};

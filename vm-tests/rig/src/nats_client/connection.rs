@@ -48,7 +48,10 @@ impl Message {
     /// Publishes `data` to the message's reply subject (an error when it has none).
     pub fn respond(&self, data: impl AsRef<[u8]>) -> io::Result<()> {
         let reply = self.reply.clone().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "the message has no reply subject")
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the message has no reply subject",
+            )
         })?;
         Connection::new(self.client.clone()).publish(&reply, data)
     }
@@ -75,7 +78,12 @@ impl Connection {
     }
 
     /// Publishes `data` to `subject` with the reply subject `reply`.
-    pub fn publish_request(&self, subject: &str, reply: &str, data: impl AsRef<[u8]>) -> io::Result<()> {
+    pub fn publish_request(
+        &self,
+        subject: &str,
+        reply: &str,
+        data: impl AsRef<[u8]>,
+    ) -> io::Result<()> {
         self.publish_with_reply_or_headers(subject, Some(reply), None, data)
     }
 
@@ -165,8 +173,14 @@ impl Subscription {
         let s = self.inner.clone();
         match block_on(async move { tokio::time::timeout(timeout, s.lock().await.next()).await }) {
             Ok(Some(m)) => Ok(Message::new(self.client.clone(), m)),
-            Ok(None) => Err(io::Error::new(io::ErrorKind::BrokenPipe, "subscription ended")),
-            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "next_timeout: timed out")),
+            Ok(None) => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "subscription ended",
+            )),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "next_timeout: timed out",
+            )),
         }
     }
 
@@ -178,10 +192,7 @@ impl Subscription {
 
     /// Calls `f` on every message from a thread of its own until the returned [`Handler`] is dropped (then
     /// within [`HANDLER_POLL`]) or the subscription ends.
-    pub fn with_handler(
-        self,
-        f: impl Fn(Message) -> io::Result<()> + Send + 'static,
-    ) -> Handler {
+    pub fn with_handler(self, f: impl Fn(Message) -> io::Result<()> + Send + 'static) -> Handler {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::spawn(move || {

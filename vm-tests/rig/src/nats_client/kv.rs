@@ -81,7 +81,12 @@ impl Store {
 
     /// Writes `value` only when the key's latest revision is `revision` (JetStream error 10071 otherwise); the
     /// new revision.
-    pub fn update(&self, key: impl AsRef<str>, value: impl AsRef<[u8]>, revision: u64) -> io::Result<u64> {
+    pub fn update(
+        &self,
+        key: impl AsRef<str>,
+        value: impl AsRef<[u8]>,
+        revision: u64,
+    ) -> io::Result<u64> {
         let (s, key, v) = (self.inner.clone(), key.as_ref().to_owned(), bytes(value));
         block_on(async move { s.update(key, v, revision).await }).map_err(io_error)
     }

@@ -123,7 +123,8 @@ impl Options {
         if let Some(n) = self.max_reconnects {
             o = o.max_reconnects(n);
         }
-        let (on_error, on_disconnect, on_close) = (self.on_error, self.on_disconnect, self.on_close);
+        let (on_error, on_disconnect, on_close) =
+            (self.on_error, self.on_disconnect, self.on_close);
         o = o.event_callback(move |event| {
             let (on_error, on_disconnect, on_close) =
                 (on_error.clone(), on_disconnect.clone(), on_close.clone());
