@@ -52,48 +52,43 @@ impl Store {
     }
 
     /// The key's value; `None` when absent, deleted or purged.
-    pub fn get(&self, key: impl AsRef<str>) -> io::Result<Option<Vec<u8>>> {
-        let (s, key) = (self.inner.clone(), key.as_ref().to_owned());
+    pub fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
+        let (s, key) = (self.inner.clone(), key.to_owned());
         block_on(async move { s.get(key).await })
             .map(|v| v.map(|b| b.to_vec()))
             .map_err(io_error)
     }
 
     /// The key's latest revision, delete and purge markers included; `None` when it never had one.
-    pub fn entry(&self, key: impl AsRef<str>) -> io::Result<Option<Entry>> {
-        let (s, key) = (self.inner.clone(), key.as_ref().to_owned());
+    pub fn entry(&self, key: &str) -> io::Result<Option<Entry>> {
+        let (s, key) = (self.inner.clone(), key.to_owned());
         block_on(async move { s.entry(key).await })
             .map(|e| e.map(Entry::from))
             .map_err(io_error)
     }
 
     /// Writes `value`; its revision.
-    pub fn put(&self, key: impl AsRef<str>, value: impl AsRef<[u8]>) -> io::Result<u64> {
-        let (s, key, v) = (self.inner.clone(), key.as_ref().to_owned(), bytes(value));
+    pub fn put(&self, key: &str, value: impl AsRef<[u8]>) -> io::Result<u64> {
+        let (s, key, v) = (self.inner.clone(), key.to_owned(), bytes(value));
         block_on(async move { s.put(key, v).await }).map_err(io_error)
     }
 
     /// Writes `value` only when the key has no value (absent, deleted or purged); its revision.
-    pub fn create(&self, key: impl AsRef<str>, value: impl AsRef<[u8]>) -> io::Result<u64> {
-        let (s, key, v) = (self.inner.clone(), key.as_ref().to_owned(), bytes(value));
+    pub fn create(&self, key: &str, value: impl AsRef<[u8]>) -> io::Result<u64> {
+        let (s, key, v) = (self.inner.clone(), key.to_owned(), bytes(value));
         block_on(async move { s.create(key, v).await }).map_err(io_error)
     }
 
     /// Writes `value` only when the key's latest revision is `revision` (JetStream error 10071 otherwise); the
     /// new revision.
-    pub fn update(
-        &self,
-        key: impl AsRef<str>,
-        value: impl AsRef<[u8]>,
-        revision: u64,
-    ) -> io::Result<u64> {
-        let (s, key, v) = (self.inner.clone(), key.as_ref().to_owned(), bytes(value));
+    pub fn update(&self, key: &str, value: impl AsRef<[u8]>, revision: u64) -> io::Result<u64> {
+        let (s, key, v) = (self.inner.clone(), key.to_owned(), bytes(value));
         block_on(async move { s.update(key, v, revision).await }).map_err(io_error)
     }
 
     /// Writes a delete marker.
-    pub fn delete(&self, key: impl AsRef<str>) -> io::Result<()> {
-        let (s, key) = (self.inner.clone(), key.as_ref().to_owned());
+    pub fn delete(&self, key: &str) -> io::Result<()> {
+        let (s, key) = (self.inner.clone(), key.to_owned());
         block_on(async move { s.delete(key).await }).map_err(io_error)
     }
 
