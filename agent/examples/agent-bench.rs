@@ -6,8 +6,9 @@
 //! image and command in the same run (median of 5); and 50 workloads placed at once against fifty sequential
 //! `podman run -d`. Needs `FLEET_AGENT_BIN` and `FLEET_UPDATER_BIN` (release builds) and the parts of the
 //! integration tests. `FLEET_BENCH_IDLE_SECS` sets the idle window (default 60).
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use fleet_rig::nats_client as nats;
 #[path = "../tests/common/mod.rs"]
 mod common;
 use common::*;

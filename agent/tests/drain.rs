@@ -2,7 +2,7 @@
 //! drain duration, notifies STOPPING=1 and exits 0 — and, with no upgrade attempt in progress, leaves the last
 //! attempt's terminal `agent-upgrade-status` record exactly as it was (a stop must not make a failed upgrade look
 //! in progress). Also: a second agent exits at once with a clear error while the first holds the lock.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 use common::*;

@@ -2,7 +2,7 @@
 //! (mTLS): with the fleet's CA and its own certificate it becomes ready and publishes; with another CA, without a
 //! client certificate, or against a plain server while TLS is configured, it fails readiness with the reason and
 //! the file to look at, and never talks plain.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 use common::*;

@@ -1,8 +1,9 @@
 //! Reconciliation against real Podman and a real nats-server: create, update, remove, a foreign container left
 //! alone, an agent restart that restarts nothing, 30 s of NATS outage that touches no container, and a new spec
 //! that cannot be pulled or does not start, which never takes the running workload down.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::nats_client as nats;
 mod common;
 use common::*;
 use fleet_wire::kv;

@@ -2,7 +2,7 @@
 //! peer: the compiled version must match the target the updater is activating (else no `READY=1`, a non-zero
 //! exit, so systemd's start fails and the updater rolls back), and an active transaction's status is in NATS
 //! before `READY=1` is sent.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 use common::*;

@@ -1,8 +1,9 @@
 //! `fleet-agent --self-test` and `--version` as the updater runs them: one JSON report line, exit 0 only when every
 //! check passed, and the failed check named when NATS is unreachable, a bucket is missing, the Podman socket is
 //! missing, the updater socket is missing, or the configuration is invalid.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::nats_client as nats;
 mod common;
 use common::*;
 use fleet_wire::SelfTestReport;

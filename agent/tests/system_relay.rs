@@ -2,7 +2,7 @@
 //! the updater reports; an expired intent never reaches the updater; a valid one (also one written while the
 //! agent was down) is sent once, every updater change is mirrored into `system-upgrade-status/<device>.<run>`,
 //! the first heartbeat after completion is recorded, and a restarted agent does not send it again.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 use common::*;

@@ -2,8 +2,9 @@
 //! a status error and never reach the updater; a valid one is bound, published as `preparing`, sent once, and
 //! every updater phase up to `complete` is mirrored; SIGTERM while the updater is stopping the agent gives an
 //! acknowledged `stopping` status with reason `updater`.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::nats_client as nats;
 mod common;
 use common::*;
 use fleet_wire::kv;

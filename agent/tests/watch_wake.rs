@@ -1,7 +1,7 @@
 //! The desired-state watch sleeps on its subscription with no time-out: a change still arrives after a NATS
 //! outage that closed the connection (the new connection wakes the watch to subscribe again), with the periodic
 //! re-read set to an hour so that only the watch can deliver it; and SIGTERM still ends the agent promptly.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 use common::*;

@@ -7,7 +7,7 @@
 //!
 //! `FLEET_AUTH_BIN=target/release/fleet-auth cargo run --release --example auth_bench -- [--clients 100]
 //!  [--seconds 5] [--storm 2000]`
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/auth_common/mod.rs"]
 mod auth_common;

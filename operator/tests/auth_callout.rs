@@ -3,8 +3,9 @@
 //! Violation": nats-server does not pass the callout's reason to clients); JWKS rotation works without a restart;
 //! an unreachable or oversize JWKS fails closed; a real agent with a token file runs normally, rotates its token
 //! on reconnect, and can neither read nor write another device's keys nor hear its replies.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::nats_client as nats;
 mod auth_common;
 
 use auth_common::*;

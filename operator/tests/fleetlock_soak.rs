@@ -7,9 +7,9 @@
 //! The soak runs `FLEET_SOAK_PAIRS` pairs (default 4,000). The full soak (docs/fleetlock.md):
 //! `FLEET_SOAK_PAIRS=200000 cargo test --release -p fleet-operator --test fleetlock_soak soak`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; one test writes a key with it, as an older server did
 
 use fleet_rig::fleetlock::{Conn, ServerProcess};
+use fleet_rig::nats_client as nats;
 use fleet_rig::NatsCluster;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

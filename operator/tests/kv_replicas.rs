@@ -3,8 +3,7 @@
 //! again without the option changes nothing. fleetlock-server's NATS store, configured with `replicas: 3`, creates
 //! its bucket with three copies.
 
-#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this test writes and reads one KV key with it
-
+use fleet_rig::nats_client as nats;
 use fleet_rig::NatsCluster;
 use std::process::Command;
 use std::time::Duration;

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, deprecated)]
 
 use fleet_rig::fleetlock::{ServerProcess, TlsFiles};
+use fleet_rig::nats_client as nats;
 use fleet_rig::tls::{ServerCert, TestCa};
 use fleet_rig::{wait_for, NatsServer};
 use std::path::Path;

@@ -2,11 +2,11 @@
 //! server on the host through its veth relay (with its own token when the auth callout is on, and over TLS with
 //! the server's private CA unless `FLEET_NATS_TLS=off`, see [`start_nats`]), and the operator's side of NATS (buckets, desired state, intents, status) played by the test as the services'
 //! own NATS user.
-#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this module is its one importer here
 
 use crate::builds;
 use crate::device::{device_setup, stage_bytes, stage_file, stage_setup, text};
 use fleet_rig::callout::{FleetNats, NatsTransport};
+use fleet_rig::nats_client as nats;
 use fleet_rig::nspawn::{ForwardHandle, Guest};
 use fleet_rig::wait_for;
 use fleet_wire::{
@@ -69,7 +69,7 @@ impl Operator {
     pub fn new(server: &FleetNats) -> Self {
         let conn = server.connect();
         for spec in kv::BUCKETS {
-            fleet_rig::nats::nats_client::create_bucket(&conn, spec);
+            fleet_rig::nats_client::create_bucket(&conn, spec);
         }
         Self {
             js: nats::jetstream::new(conn),

@@ -2,10 +2,10 @@
 //! `dpkg-scanpackages` inside a guest (the only source apt sees there), the operator's side of the
 //! system-upgrade buckets (intent in, status out), and a device's side of FleetLock (its configuration, the
 //! holders of the slot).
-#![allow(deprecated)] // the blocking `nats` client is deprecated upstream
 
 use crate::fleet::{device_id, Device, DEVICE};
 use fleet_rig::callout::FleetNats;
+use fleet_rig::nats_client as nats;
 use fleet_rig::nspawn::{ForwardHandle, Guest};
 use fleet_rig::wait_for;
 use fleet_wire::{

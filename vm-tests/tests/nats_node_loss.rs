@@ -8,10 +8,10 @@
 //! restarting, every device commits the target, no key written before the loss is lost (desired state
 //! unchanged), exactly one attempt per device is written, the FleetLock slot keeps exactly its one holder, the
 //! lost node's clients reconnect, and the agents, the operator and fleetlock-server carry on without restarting.
-#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this test reads KV state with it
 
 use fleet_rig::fleetlock::{Conn, ServerProcess};
-use fleet_rig::nats::nats_client::Connection;
+use fleet_rig::nats_client as nats;
+use fleet_rig::nats_client::Connection;
 use fleet_rig::{wait_for, NatsCluster};
 use fleet_vm_tests::builds::{self, V1, V2, V3};
 use fleet_vm_tests::cluster::Cluster;

@@ -1,8 +1,8 @@
 //! g. A device that is offline while its AgentRelease changes twice upgrades straight to the current target when
 //! it returns: the intermediate target is never fetched. Driven through the real operator (kubectl →
 //! kube-apiserver → fleet-operator → NATS), which writes both intents while the device cannot hear them.
-#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this test reads one KV key with it
 
+use fleet_rig::nats_client as nats;
 use fleet_vm_tests::builds::{V2, V3};
 use fleet_vm_tests::local_fleet::{group_yaml, release_yaml, LocalFleet};
 use fleet_vm_tests::scene::LIB;

@@ -3,9 +3,9 @@
 //! `scripts/operator-image` and run under Podman as the `fleet-operator` service account, talking to a real NATS.
 //! A device's info in NATS becomes a Device; a DeviceGroup and a FleetDeployment for it are reconciled: the
 //! deployment counts the device and its desired state appears in NATS.
-#![allow(deprecated)] // the blocking `nats` client is deprecated upstream
 
 use fleet_rig::kube::KubeApiServer;
+use fleet_rig::nats_client as nats;
 use fleet_rig::podman::PodmanService;
 use fleet_rig::{wait_for, workspace_root, NatsServer};
 use fleet_vm_tests::builds;

@@ -1,8 +1,9 @@
 //! Agent-upgrade intents through a real nats-server: the operator's CAS write of `AgentUpgradeAttempt` and the
 //! agent's read, with the `fleet-wire` types and KV layout.
-#![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fleet_rig::nats::nats_client::create_bucket;
+use fleet_rig::nats_client as nats;
+use fleet_rig::nats_client::create_bucket;
 use fleet_rig::NatsServer;
 use fleet_wire::{fixtures, kv, AgentUpgradeAttempt, AttemptId, Version};
 

@@ -1,7 +1,8 @@
 //! Shared test set-up: a real nats-server with the agent's buckets, an optional real Podman service, an
 //! in-test updater socket peer speaking the fleet-wire protocol, and the agent binary as a child process.
-#![allow(deprecated, dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::nats_client as nats;
 use fleet_rig::podman::PodmanService;
 use fleet_rig::{wait_for, NatsServer};
 use fleet_wire::kv::AGENT_REQUIRED_BUCKETS;
@@ -19,7 +20,7 @@ pub const DEVICE: &str = "device-1";
 
 /// Creates every bucket the agent requires (the operator does this on a real fleet).
 pub fn create_buckets(nc: &nats::Connection) {
-    fleet_rig::nats::nats_client::create_buckets(nc, AGENT_REQUIRED_BUCKETS);
+    fleet_rig::nats_client::create_buckets(nc, AGENT_REQUIRED_BUCKETS);
 }
 
 /// A KV handle for the test's own reads and writes.

@@ -1,11 +1,12 @@
 //! Shared set-up for the fleet-auth tests: a local HTTPS JWKS issuer with RSA and EC keys, a real nats-server with
 //! `auth_callout`, the real `fleet-auth` binary, device connections with tokens, and a status-only updater peer
 //! for real agents.
-#![allow(deprecated, dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use fleet_rig::https::{HttpsServer, Reply};
+use fleet_rig::nats_client as nats;
 use fleet_rig::tls::TestCa;
 use fleet_rig::{wait_for, NatsServer};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
@@ -303,7 +304,7 @@ zitadel:
 
     /// A blocking admin connection.
     pub fn admin(&self) -> nats::Connection {
-        fleet_rig::nats::nats_client::connect_user(&self.nats.url(), "admin", &self.admin_password)
+        fleet_rig::nats_client::connect_user(&self.nats.url(), "admin", &self.admin_password)
     }
 }
 

@@ -6,7 +6,8 @@
 //! server requires TLS with a private CA by default (every client trusts [`FleetNats::ca_file`]);
 //! `FLEET_NATS_TLS=off` starts it without TLS.
 
-use crate::nats::{callout_config, nats_client};
+use crate::nats::callout_config;
+use crate::nats_client;
 use crate::token::{b64, URL};
 use crate::zitadel::Zitadel;
 pub use crate::zitadel::{MachineKeyFile, AUDIENCE, TOKEN_TTL};

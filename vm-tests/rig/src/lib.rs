@@ -7,6 +7,7 @@ pub mod fleetlock;
 pub mod https;
 pub mod kube;
 pub mod nats;
+pub mod nats_client;
 pub mod nats_cluster;
 pub mod nspawn;
 pub mod podman;

@@ -1,6 +1,7 @@
 //! A real `nats-server` (2.10+, JetStream) per test on a free loopback port with a temporary store; optionally
 //! requiring TLS with a private test CA (and client certificates: mTLS).
 
+use crate::nats_client;
 use crate::tls::{ServerCert, TestCa};
 use crate::util::{free_port, require_binary, wait_for, workspace_root};
 use std::net::TcpStream;
@@ -315,119 +316,4 @@ pub struct CalloutPasswords {
     pub admin: String,
     /// [`DEVICE_API_USER`] (account DEVICE_API).
     pub device_api: String,
-}
-
-/// A blocking client for tests (the `nats` crate is deprecated upstream; the lint is allowed here only).
-pub mod nats_client {
-    /// The blocking client's connection type.
-    #[allow(deprecated)]
-    pub type Connection = nats::Connection;
-
-    /// Connects, failing the test with the URL on error.
-    #[allow(deprecated)]
-    pub fn connect(url: &str) -> Connection {
-        nats::Options::new()
-            .with_name("fleet-rig")
-            .connect(url)
-            .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
-    }
-
-    /// Connects over TLS trusting only `ca_file`, showing `client`'s certificate when given; fails the test on
-    /// error.
-    #[allow(deprecated)]
-    pub fn connect_tls(
-        url: &str,
-        ca_file: &std::path::Path,
-        client: Option<&crate::tls::ServerCert>,
-    ) -> Connection {
-        let mut o = nats::Options::new()
-            .with_name("fleet-rig")
-            .tls_required(true)
-            .add_root_certificate(ca_file);
-        if let Some(c) = client {
-            o = o.client_cert(&c.cert_file, &c.key_file);
-        }
-        o.connect(url)
-            .unwrap_or_else(|e| panic!("connect to {url} over TLS: {e}"))
-    }
-
-    /// Connects as `user` (a FLEET user of [`super::callout_config`], such as `admin`), failing the test on error.
-    pub fn connect_user(url: &str, user: &str, password: &str) -> Connection {
-        connect_user_ca(url, user, password, None)
-    }
-
-    /// [`connect_user`] over TLS trusting only `ca_file` when given.
-    #[allow(deprecated)]
-    pub fn connect_user_ca(
-        url: &str,
-        user: &str,
-        password: &str,
-        ca_file: Option<&std::path::Path>,
-    ) -> Connection {
-        let mut o = nats::Options::with_user_pass(user, password).with_name("fleet-rig");
-        if let Some(ca) = ca_file {
-            o = o.tls_required(true).add_root_certificate(ca);
-        }
-        o.connect(url)
-            .unwrap_or_else(|e| panic!("connect to {url} as {user}: {e}"))
-    }
-
-    /// A KV bucket handle.
-    #[allow(deprecated)]
-    pub type Store = nats::kv::Store;
-
-    /// Creates the bucket `spec` the way the operator (async-nats) does: file-backed, one value per key, the
-    /// layout's value size and age limits, and direct get allowed (the agent reads keys with direct gets, the only
-    /// read a device's permissions scope to its own key). The blocking crate's own bucket creation cannot set
-    /// `allow_direct`, so the stream is created with a JetStream API request. Fails the test on error.
-    #[allow(deprecated)]
-    pub fn create_bucket(conn: &Connection, spec: &fleet_wire::kv::BucketSpec) -> Store {
-        let age = spec.max_age.unwrap_or(std::time::Duration::ZERO);
-        let dup = if age.is_zero() {
-            std::time::Duration::from_secs(120)
-        } else {
-            age.min(std::time::Duration::from_secs(120))
-        };
-        let config = serde_json::json!({
-            "name": format!("KV_{}", spec.name),
-            "subjects": [format!("$KV.{}.>", spec.name)],
-            "retention": "limits",
-            "max_consumers": -1,
-            "max_msgs": -1,
-            "max_bytes": -1,
-            "max_msgs_per_subject": 1,
-            "max_age": age.as_nanos() as u64,
-            "max_msg_size": spec.max_value_bytes,
-            "storage": "file",
-            "discard": "new",
-            "num_replicas": 1,
-            "duplicate_window": dup.as_nanos() as u64,
-            "allow_rollup_hdrs": true,
-            "deny_delete": true,
-            "allow_direct": true,
-        });
-        let reply = conn
-            .request(
-                &format!("$JS.API.STREAM.CREATE.KV_{}", spec.name),
-                config.to_string(),
-            )
-            .unwrap_or_else(|e| panic!("create bucket {}: {e}", spec.name));
-        let answer: serde_json::Value = serde_json::from_slice(&reply.data)
-            .unwrap_or_else(|e| panic!("create bucket {}: {e}", spec.name));
-        if let Some(err) = answer.get("error") {
-            panic!("create bucket {}: {err}", spec.name);
-        }
-        nats::jetstream::new(conn.clone())
-            .key_value(spec.name)
-            .unwrap_or_else(|e| panic!("open bucket {}: {e}", spec.name))
-    }
-
-    /// Creates the named buckets of the layout ([`fleet_wire::kv::BUCKETS`]); a name outside it fails the test.
-    pub fn create_buckets(conn: &Connection, names: &[&str]) {
-        for name in names {
-            let spec = fleet_wire::kv::bucket(name)
-                .unwrap_or_else(|| panic!("bucket {name} is not in the KV layout"));
-            create_bucket(conn, spec);
-        }
-    }
 }

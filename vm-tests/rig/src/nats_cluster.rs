@@ -3,7 +3,7 @@
 //! same store, find the leader of a bucket's stream, wait until every replica has caught up, and see which
 //! clients each node serves (its monitoring endpoint's `/connz`).
 
-use crate::nats::nats_client::{self, Connection};
+use crate::nats_client::{self, Connection};
 use crate::util::{free_port, kill_when_gone, wait_for};
 use crate::NatsServer;
 use std::net::TcpStream;

@@ -5,9 +5,9 @@
 //! also shows when the Device objects say so. Each round runs the KV path first (to v2; the AgentRelease is
 //! deleted meanwhile, so the operator leaves the intents alone), then the operator path (v2 → v3, the real v3
 //! agent): the same kind of one-step upgrade with a real binary. `FLEET_BENCH_RUNS` rounds (default 3).
-#![allow(deprecated)] // the blocking `nats` client is deprecated upstream; this bench reads KV with it
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::nats_client as nats;
 use fleet_vm_tests::builds::{self, V2, V3};
 use fleet_vm_tests::local_fleet::{group_yaml, release_yaml, LocalFleet};
 use fleet_wire::{kv, AgentUpgradeStatus, UpgradePhase};
