@@ -73,9 +73,14 @@ fn self_test_passes_when_healthy_and_names_each_failure() {
         );
     }
 
-    // Invalid configuration.
+    // Invalid configuration: a known key with a value of the wrong type (an unknown key is only a warning, so
+    // that a rolled-back release reads a newer one's configuration).
     let good = std::fs::read_to_string(&rig.config).unwrap();
-    std::fs::write(&rig.config, format!("{good}\nsurprise = true\n")).unwrap();
+    std::fs::write(
+        &rig.config,
+        good.replace("retry_window_secs = 120", "retry_window_secs = \"soon\""),
+    )
+    .unwrap();
     assert_eq!(failed_check(&rig.config).0, "config");
     std::fs::write(&rig.config, &good).unwrap();
 
