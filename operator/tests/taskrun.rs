@@ -1259,8 +1259,13 @@ async fn without_the_webhook_unknown_fields_and_spec_edits_stop_the_run() {
         f.intent(&o, &run).await
     })
     .await;
-    let (reason, _) = run_ready(&f, "edited").await.unwrap();
-    assert_eq!(reason, "Running");
+    // The intent is written before the status that says so: wait for the status, not for a race.
+    eventually("Ready says Running again", || async {
+        run_ready(&f, "edited")
+            .await
+            .filter(|(reason, _)| reason == "Running")
+    })
+    .await;
 }
 
 /// Fail closed without the webhook: a TaskSchedule with the issue's `suspended: true` (for `suspend`) schedules
