@@ -51,10 +51,7 @@ pub fn device_status(
         workloads: r.workloads.as_ref().map(crate::health::device),
         stalled: r.upgrade.as_ref().and_then(|u| {
             crate::rollout::is_stalled(u.phase, u.phase_changed_at, now).then(|| Stalled {
-                phase: serde_json::to_value(u.phase)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default(),
+                phase: crate::rollout::phase_word(u.phase),
                 since: u.phase_changed_at.to_string(),
             })
         }),

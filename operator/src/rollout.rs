@@ -243,6 +243,14 @@ pub struct Outcome {
     pub stalled: (Vec<String>, u32),
 }
 
+/// The phase's wire name (`preparing`, `rolling-back`, …), as status, events and alerts show it.
+pub fn phase_word(phase: UpgradePhase) -> String {
+    serde_json::to_value(phase)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// True when an agent upgrade has been in `phase` since `since` for longer than the phase's bound plus
 /// [`STALL_SLACK`] (never for a terminal phase): the device is *stalled*.
 pub fn is_stalled(phase: UpgradePhase, since: Timestamp, now: Timestamp) -> bool {
@@ -256,10 +264,7 @@ fn stall(id: &DeviceId, observed: Observed, now: Timestamp) -> Option<String> {
     };
     let stuck = now.since(since);
     is_stalled(phase, since, now).then(|| {
-        let word = serde_json::to_value(phase)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let word = phase_word(phase);
         format!("{id} ({word} for {}m)", stuck.as_secs() / 60)
     })
 }

@@ -227,10 +227,7 @@ pub fn evaluate<'a>(
             .upgrade
             .filter(|u| crate::rollout::is_stalled(u.phase, u.phase_changed_at, now))
         {
-            let phase = serde_json::to_value(u.phase)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let phase = crate::rollout::phase_word(u.phase);
             let bound = crate::rollout::phase_bound(u.phase).unwrap_or_default();
             out.push(Alert {
                 kind: AlertKind::DeviceStalled,

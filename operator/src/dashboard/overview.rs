@@ -65,8 +65,7 @@ pub fn phase_name(d: &Device) -> String {
     d.status
         .as_ref()
         .and_then(|s| s.agent_upgrade.as_ref())
-        .and_then(|u| serde_json::to_value(u.phase).ok())
-        .and_then(|v| v.as_str().map(str::to_owned))
+        .map(|u| crate::rollout::phase_word(u.phase))
         .unwrap_or_else(|| "none".into())
 }
 
