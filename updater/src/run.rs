@@ -28,7 +28,7 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     let allowed_gid = users::group_gid(&cfg.socket_group).map_err(|e| e.to_string())?;
     let deps = Deps {
         fetcher: Box::new(fetch_runner::production(
-            helper_path()?,
+            beside_me("fleet-fetch", "agent-upgrade downloads")?,
             &cfg.agent_user,
             cfg.extra_ca_file.as_deref(),
         )?),
@@ -37,7 +37,10 @@ pub fn run(config_path: &Path) -> Result<(), String> {
         faults: Faults::from_env(),
         system: SystemDeps {
             reboot_retry: cfg.system_reboot_retry,
-            ..SystemDeps::production(&paths)
+            ..SystemDeps::production(
+                &paths,
+                beside_me("fleet-reboot", "system upgrades that need a reboot")?,
+            )
         },
         device_id: cfg.device_id.clone(),
     };
@@ -98,16 +101,15 @@ fn take_lock(paths: &Paths) -> Result<ProcessLock, String> {
     ProcessLock::acquire(&paths.lock_file(), "fleet-updater").map_err(|e| e.to_string())
 }
 
-/// The download helper `fleet-fetch`, installed beside this executable. Missing, it fails each download with a
-/// clear message; the updater still starts, so recovery and status never depend on it.
-fn helper_path() -> Result<std::path::PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| {
-        format!("cannot find this executable's path (for fleet-fetch beside it): {e}")
-    })?;
-    let helper = exe.with_file_name("fleet-fetch");
+/// A helper program installed beside this executable (`fleet-fetch`, `fleet-reboot`). Missing, what needs it
+/// (`needed_for`) fails with a clear message; the updater still starts, so recovery and status never depend on it.
+fn beside_me(name: &str, needed_for: &str) -> Result<std::path::PathBuf, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find this executable's path (for {name} beside it): {e}"))?;
+    let helper = exe.with_file_name(name);
     if !helper.is_file() {
         log::warn!(
-            "{} is missing: agent upgrades will fail to download until it is installed",
+            "{} is missing: {needed_for} will fail until it is installed",
             helper.display()
         );
     }

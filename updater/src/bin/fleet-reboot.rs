@@ -7,12 +7,15 @@ const HELP: &str =
     "fleet-reboot: reboot this host into a staged update when the time, its health, its
 dependencies and a FleetLock slot allow it; release the slot after the reboot.
 
-Usage: fleet-reboot [--config PATH] [--check | --after-boot]
+Usage: fleet-reboot [--config PATH] [--check | --after-boot | --upgrade-step]
 
   --check        validate the config and reach the server with its token (GET /v1/status), print what it
                  found and exit; takes and releases no lock and never reboots
   --after-boot   only finish a coordinated reboot: when the marker names another boot, wait until healthy
                  and give the slot back (fleet-reboot-release.service, right after boot); else nothing
+  --upgrade-step one run for fleet-updater's system upgrade, which knows a reboot is needed (no \"something
+                 staged\" check); prints the outcome as one line of JSON: {\"outcome\":\"not-now\",\"reason\":…},
+                 {\"outcome\":\"rebooting\"} or {\"outcome\":\"released\"}
   --config PATH  YAML config (default /etc/harmony-fleet/fleet-reboot.yaml): server, group,
                  window{timezone,days,start,end}, timeout, require_hosts, range{cidr,port,min_up},
                  allow_degraded, token, health_wait, root
@@ -28,11 +31,20 @@ fn main() {
     let (config, flags) = Cli::from_env(
         HELP,
         reboot::config::DEFAULT_CONFIG,
-        &["--check", "--after-boot"],
+        &["--check", "--after-boot", "--upgrade-step"],
     )
     .unwrap_or_else(|e| fail(&e));
     let check = flags.contains(&"--check");
     let after_boot = flags.contains(&"--after-boot");
+    let upgrade_step = flags.contains(&"--upgrade-step");
+    if [check, after_boot, upgrade_step]
+        .iter()
+        .filter(|f| **f)
+        .count()
+        > 1
+    {
+        fail("--check, --after-boot and --upgrade-step exclude each other");
+    }
     let cfg = match RebootConfig::load(&config) {
         Ok(c) => c,
         Err(e) => fail(&e),
@@ -46,6 +58,22 @@ fn main() {
     }
     let outcome = if after_boot {
         reboot::release_after_boot(&cfg, &reboot::system::Host)
+    } else if upgrade_step {
+        let outcome = reboot::run_once(
+            &cfg,
+            &reboot::system::Host,
+            RunOptions {
+                reboot_needed: true,
+                now: None,
+            },
+        );
+        if let Ok(o) = &outcome {
+            match serde_json::to_string(o) {
+                Ok(line) => println!("{line}"),
+                Err(e) => fail(&format!("cannot print the outcome: {e}")),
+            }
+        }
+        outcome
     } else {
         reboot::run_once(&cfg, &reboot::system::Host, RunOptions::default())
     };

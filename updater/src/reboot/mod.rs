@@ -23,8 +23,10 @@ use system::{Paths, System};
 /// How often health is polled while waiting after a reboot.
 pub const HEALTH_POLL: Duration = Duration::from_secs(5);
 
-/// What one run did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one run did. `fleet-reboot --upgrade-step` prints it as one line of JSON for `fleet-updater`
+/// (`{"outcome":"not-now","reason":"…"}`, `{"outcome":"rebooting"}`, `{"outcome":"released"}`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "outcome", content = "reason", rename_all = "kebab-case")]
 pub enum Outcome {
     /// A check said "not now" (the reason is logged too).
     NotNow(String),

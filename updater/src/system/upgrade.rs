@@ -436,11 +436,15 @@ fn failure_text(step: Step, out: &Outcome) -> String {
 }
 
 impl SystemDeps {
-    /// A device's: apt from `/usr/bin`, the coordinated-reboot client configured by `paths.reboot_config()`.
-    pub fn production(paths: &Paths) -> Self {
+    /// A device's: apt from `/usr/bin`, the coordinated-reboot client `reboot_program` configured by
+    /// `paths.reboot_config()`.
+    pub fn production(paths: &Paths, reboot_program: PathBuf) -> Self {
         Self {
             apt: Apt::default(),
-            rebooter: Box::new(super::reboot::Coordinated::new(paths.reboot_config())),
+            rebooter: Box::new(super::reboot::Coordinated::new(
+                reboot_program,
+                paths.reboot_config(),
+            )),
             reboot_retry: REBOOT_RETRY,
         }
     }
