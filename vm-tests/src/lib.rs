@@ -3,6 +3,7 @@
 
 pub mod builds;
 pub mod cluster;
+pub mod controller_manager;
 pub mod demo;
 pub mod demo_state;
 pub mod device;

@@ -10,6 +10,8 @@ use fleet_rig::NatsServer;
 use fleet_vm_tests::cluster::Cluster;
 use serde_json::Value;
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 const API: &str = "apiVersion: fleet.nationtech.io/v1alpha1";
 const BUILD: &str =
@@ -224,10 +226,24 @@ fn closed_objects(node: &Value, path: &str, out: &mut BTreeSet<String>) {
     }
 }
 
+/// The demo's cluster, one for the whole test binary (each test uses its own object names). Kept in a static, never
+/// dropped: its processes are stopped, and its directories removed, once this test process is gone.
+fn cluster() -> &'static Cluster {
+    static C: OnceLock<(NatsServer, Cluster)> = OnceLock::new();
+    &C.get_or_init(|| {
+        let nats = NatsServer::start();
+        if let Some(pid) = nats.pid() {
+            fleet_rig::kill_when_gone(&[pid]);
+        }
+        let c = Cluster::start(&nats.url());
+        (nats, c)
+    })
+    .1
+}
+
 #[test]
 fn the_demo_cluster_refuses_typos_at_every_depth_and_taskrun_edits() {
-    let nats = NatsServer::start();
-    let c = Cluster::start(&nats.url());
+    let c = cluster();
 
     // every typo: refused by `kubectl apply`, naming its path; nothing stored
     let typos = typos();
@@ -367,4 +383,63 @@ fn http_status(addr: &str, token: Option<&str>) -> Option<u16> {
     let mut head = [0u8; 12];
     s.read_exact(&mut head).ok()?;
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// How long kube-controller-manager may take to collect what a deleted object owned (well under a second once its
+/// garbage collector watches every resource, which `Cluster::start` waits for).
+const COLLECTED: Duration = Duration::from_secs(60);
+
+#[test]
+fn deleting_a_task_schedule_deletes_its_runs_and_a_deleted_namespace_empties() {
+    let c = cluster();
+    // A schedule that does not fire during the test, and a run owned by it exactly as the scheduler creates one.
+    c.apply(&document(
+        "TaskSchedule",
+        "nightly",
+        &format!("spec: {{schedule: {{cron: \"0 3 * * *\"}}, template: {{{RUN_SPEC}}}}}"),
+    ));
+    let schedule = c
+        .get_json(&["fts", "nightly", "-n", "default"])
+        .expect("the schedule");
+    let uid = schedule["metadata"]["uid"].as_str().expect("uid");
+    c.create(&format!(
+        "{API}\nkind: TaskRun\nmetadata:\n  name: nightly-by-hand\n  namespace: default\n  \
+         labels: {{fleet.nationtech.io/schedule: nightly}}\n  ownerReferences:\n  \
+         - {{apiVersion: fleet.nationtech.io/v1alpha1, kind: TaskSchedule, name: nightly, uid: {uid}, \
+         controller: true, blockOwnerDeletion: true}}\nspec: {{{RUN_SPEC}}}\n"
+    ));
+    c.kubectl(&["delete", "fts", "nightly", "-n", "default"]);
+    c.wait("the schedule's run deleted with it", COLLECTED, || {
+        c.try_kubectl(&["get", "ftr", "nightly-by-hand", "-n", "default"])
+            .is_err()
+            .then_some(())
+    });
+    let left = c.kubectl(&[
+        "get",
+        "ftr",
+        "-n",
+        "default",
+        "-l",
+        "fleet.nationtech.io/schedule=nightly",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(left.trim(), "", "no run of the deleted schedule is left");
+
+    // A namespace deleted with a run in it goes, run and all (the namespace controller empties it first).
+    c.kubectl(&["create", "namespace", "gc-probe"]);
+    c.create(
+        &document(
+            "TaskRun",
+            "in-a-namespace",
+            &format!("spec: {{{RUN_SPEC}}}"),
+        )
+        .replace("namespace: default", "namespace: gc-probe"),
+    );
+    c.kubectl(&["delete", "namespace", "gc-probe", "--wait=false"]);
+    c.wait("the deleted namespace gone", COLLECTED, || {
+        c.try_kubectl(&["get", "namespace", "gc-probe"])
+            .is_err()
+            .then_some(())
+    });
 }
