@@ -10,6 +10,7 @@ pub mod device;
 pub mod fleet;
 pub mod fleetlock;
 pub mod inspect;
+pub mod instructions;
 pub mod local_fleet;
 pub mod packages;
 pub mod qemu;

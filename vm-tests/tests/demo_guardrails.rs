@@ -8,6 +8,7 @@
 
 use fleet_rig::NatsServer;
 use fleet_vm_tests::cluster::Cluster;
+use fleet_vm_tests::instructions;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
@@ -442,4 +443,179 @@ fn deleting_a_task_schedule_deletes_its_runs_and_a_deleted_namespace_empties() {
             .is_err()
             .then_some(())
     });
+}
+
+/// Where the product tells a person what to run in the cluster: the docs, the README and the operator's texts
+/// (alerts, status and event messages, `--help`).
+fn cluster_sources() -> Vec<String> {
+    let mut s = instructions::files("docs", ".md");
+    s.push("README.md".into());
+    s.extend(instructions::files("operator/src", ".rs"));
+    s
+}
+
+/// Printed commands that name a verb (and kind) in passing, acting on no object: kubectl must know them as
+/// written (`<command> --help` exits 0).
+const MENTIONS: [&str; 7] = [
+    "kubectl",
+    "kubectl apply",
+    "kubectl create",
+    "kubectl delete ftr",
+    "kubectl describe",
+    "kubectl get -o yaml",
+    "kubectl port-forward",
+];
+
+/// Printed commands that install the operator as a cluster's admin does: run with `--dry-run=server` (the API
+/// server checks every object, admission included, and stores none), so that they do not replace this cluster's
+/// own install, whose webhooks point at the local operator.
+const INSTALLS: [&str; 2] = [
+    "kubectl apply -k operator/deploy",
+    "kubectl apply -f operator/deploy/crds.yaml -f operator/deploy/rbac.yaml -f operator/deploy/deployment.yaml -f operator/deploy/webhook.yaml",
+];
+
+/// The demo's devices, labelled as `scripts/demo` labels them, and its group `demo` (`vm-tests/src/demo.rs`).
+fn set_up_as_the_demo(c: &Cluster) {
+    for d in fleet_vm_tests::demo::DEVICES {
+        c.apply(&document("Device", d, "spec: {}"));
+    }
+    c.kubectl(&[
+        "label",
+        "fdev",
+        fleet_vm_tests::demo::DEVICES[0],
+        "canary=true",
+        "--overwrite",
+    ]);
+    for d in fleet_vm_tests::demo::DEVICES {
+        c.kubectl(&["label", "fdev", d, "site=demo", "--overwrite"]);
+    }
+    c.apply(&fleet_vm_tests::local_fleet::group_yaml(
+        "demo",
+        &[("site", "demo")],
+    ));
+}
+
+#[test]
+fn every_printed_kubectl_command_runs_and_the_readme_examples_work_on_the_demo() {
+    let c = cluster();
+    set_up_as_the_demo(c);
+    // The objects the examples name, made by hand.
+    c.apply(&format!(
+        "{API}\nkind: Device\nmetadata:\n  name: pi-7\n  annotations: {{fleet.nationtech.io/hold-workloads: \"true\"}}\nspec: {{}}\n"
+    ));
+    c.apply(&document(
+        "DeviceGroup",
+        "everything",
+        "spec: {selectAll: true}",
+    ));
+    c.apply(&document(
+        "DeviceGroup",
+        "printed-none",
+        "spec: {selector: {matchLabels: {printed: none}}}",
+    ));
+    c.apply(&document(
+        "AgentRelease",
+        "agent-1-2-0",
+        &format!("spec: {{allowedGroups: [printed-none], builds: [{BUILD}]}}"),
+    ));
+    c.create(&document(
+        "TaskRun",
+        "printed-name",
+        &format!("spec: {{{RUN_SPEC}}}"),
+    ));
+
+    let commands = instructions::printed(&cluster_sources(), &["kubectl"]);
+    for expected in [
+        "kubectl annotate frel agent-1-2-0 fleet.nationtech.io/retry=2026-12-01-a --overwrite",
+        "kubectl get events -A --field-selector reason=DeviceRollbackFailed",
+        INSTALLS[1],
+    ] {
+        assert!(
+            commands.iter().any(|(_, cmd)| cmd == expected),
+            "`{expected}` is among the printed commands: {commands:#?}"
+        );
+    }
+    let root = fleet_rig::util::workspace_root();
+    let bin_dir = c
+        .kubectl_bin()
+        .parent()
+        .expect("kubectl's directory")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut bad = Vec::new();
+    let mut ran = 0;
+    for (src, printed) in &commands {
+        let command = if MENTIONS.contains(&printed.as_str()) {
+            format!("{printed} --help")
+        } else if INSTALLS.contains(&printed.as_str()) {
+            format!("{printed} --dry-run=server")
+        } else {
+            printed.replace("<name>", "printed-name")
+        };
+        if command.contains('<') && !command.contains("<<<") {
+            bad.push(format!(
+                "{src}: `{printed}`: a placeholder this test does not fill"
+            ));
+            continue;
+        }
+        // As a person runs it: in a shell at the repository's root, kubectl on PATH, the demo's kubeconfig.
+        let out = std::process::Command::new("timeout")
+            .args(["60", "bash", "-c", &command])
+            .current_dir(&root)
+            .env("KUBECONFIG", c.kubeconfig())
+            .env("PATH", &path)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run bash");
+        ran += 1;
+        if !out.status.success() {
+            bad.push(format!(
+                "{src}: `{command}`: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "printed commands kubectl does not run as printed ({} of {ran}):\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+
+    // The README's TaskRun example (created above as printed) names groups the demo has, and runs on its devices,
+    // the canary first.
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let mut groups = BTreeSet::new();
+    for part in readme.split("\"allowedGroups\":[").skip(1) {
+        let list = part.split(']').next().unwrap_or_default();
+        groups.extend(
+            list.split(',')
+                .map(|g| g.trim().trim_matches('"').to_owned()),
+        );
+    }
+    assert!(!groups.is_empty(), "the README has a TaskRun example");
+    for g in &groups {
+        assert!(
+            c.try_kubectl(&["get", "fdg", g]).is_ok(),
+            "the README's example names group {g}, which the demo does not have"
+        );
+    }
+    let run = c.wait(
+        "the README's TaskRun running on the demo's devices",
+        Duration::from_secs(60),
+        || {
+            let run = c.get_json(&["ftr", "upgrade-1"])?;
+            (run["status"]["phase"] == "Running").then_some(run)
+        },
+    );
+    assert_eq!(
+        run["status"]["targets"],
+        fleet_vm_tests::demo::DEVICES.len(),
+        "{run:#}"
+    );
 }
