@@ -9,6 +9,7 @@
 use fleet_rig::NatsServer;
 use fleet_vm_tests::cluster::Cluster;
 use fleet_vm_tests::instructions;
+use fleet_wire::kv;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
@@ -230,8 +231,13 @@ fn closed_objects(node: &Value, path: &str, out: &mut BTreeSet<String>) {
 /// The demo's cluster, one for the whole test binary (each test uses its own object names). Kept in a static, never
 /// dropped: its processes are stopped, and its directories removed, once this test process is gone.
 fn cluster() -> &'static Cluster {
+    &demo().1
+}
+
+/// The demo's NATS server and cluster (see [`cluster`]).
+fn demo() -> &'static (NatsServer, Cluster) {
     static C: OnceLock<(NatsServer, Cluster)> = OnceLock::new();
-    &C.get_or_init(|| {
+    C.get_or_init(|| {
         let nats = NatsServer::start();
         if let Some(pid) = nats.pid() {
             fleet_rig::kill_when_gone(&[pid]);
@@ -239,7 +245,6 @@ fn cluster() -> &'static Cluster {
         let c = Cluster::start(&nats.url());
         (nats, c)
     })
-    .1
 }
 
 #[test]
@@ -474,21 +479,32 @@ const INSTALLS: [&str; 2] = [
     "kubectl apply -f operator/deploy/crds.yaml -f operator/deploy/rbac.yaml -f operator/deploy/deployment.yaml -f operator/deploy/webhook.yaml",
 ];
 
-/// The demo's devices, labelled as `scripts/demo` labels them, and its group `demo` (`vm-tests/src/demo.rs`).
-fn set_up_as_the_demo(c: &Cluster) {
-    for d in fleet_vm_tests::demo::DEVICES {
-        c.apply(&document("Device", d, "spec: {}"));
+/// The demo's devices as `scripts/demo` has them (`vm-tests/src/demo.rs`): each publishes its device info (an
+/// agent that can run the system upgrade), the operator makes its Device, which is labelled as the demo labels it;
+/// and the demo's group `demo`.
+fn set_up_as_the_demo(nats: &NatsServer, c: &Cluster) {
+    use fleet_vm_tests::demo::DEVICES;
+    let js = fleet_rig::nats_client::jetstream::new(nats.connect());
+    let info = fleet_rig::wait_for(Duration::from_secs(60), || {
+        js.key_value(kv::DEVICE_INFO).ok()
+    })
+    .expect("the operator creates its buckets");
+    for d in DEVICES {
+        let mut i = fleet_wire::fixtures::device_info();
+        i.device_id = fleet_wire::DeviceId::try_from(d).expect("id");
+        i.architecture = fleet_wire::Architecture::current().expect("a fleet architecture");
+        info.put(d, serde_json::to_vec(&i).expect("json"))
+            .expect("put device info");
     }
-    c.kubectl(&[
-        "label",
-        "fdev",
-        fleet_vm_tests::demo::DEVICES[0],
-        "canary=true",
-        "--overwrite",
-    ]);
-    for d in fleet_vm_tests::demo::DEVICES {
-        c.kubectl(&["label", "fdev", d, "site=demo", "--overwrite"]);
+    for d in DEVICES {
+        c.wait(
+            &format!("the operator making Device {d}"),
+            Duration::from_secs(60),
+            || c.try_kubectl(&["get", "fdev", d]).ok(),
+        );
     }
+    c.kubectl(&["label", "fdev", DEVICES[0], "canary=true"]);
+    c.kubectl(&["label", "fdev", "--all", "site=demo"]);
     c.apply(&fleet_vm_tests::local_fleet::group_yaml(
         "demo",
         &[("site", "demo")],
@@ -497,8 +513,8 @@ fn set_up_as_the_demo(c: &Cluster) {
 
 #[test]
 fn every_printed_kubectl_command_runs_and_the_readme_examples_work_on_the_demo() {
-    let c = cluster();
-    set_up_as_the_demo(c);
+    let (nats, c) = demo();
+    set_up_as_the_demo(nats, c);
     // The objects the examples name, made by hand.
     c.apply(&format!(
         "{API}\nkind: Device\nmetadata:\n  name: pi-7\n  annotations: {{fleet.nationtech.io/hold-workloads: \"true\"}}\nspec: {{}}\n"
