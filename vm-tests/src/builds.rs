@@ -342,3 +342,19 @@ pub fn kubectl() -> PathBuf {
          source package into $FLEET_CACHE/kube-apiserver/), or point FLEET_KUBECTL at a kubectl binary.",
     )
 }
+
+/// `kube-controller-manager`, built by `scripts/setup.d/50-kube-apiserver.sh` from the same Debian source package
+/// as the API server (`$FLEET_KUBE_CONTROLLER_MANAGER` overrides).
+pub fn kube_controller_manager() -> PathBuf {
+    let cache = std::env::var_os("FLEET_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".cache"));
+    fleet_rig::require_binary(
+        "kube-controller-manager",
+        "FLEET_KUBE_CONTROLLER_MANAGER",
+        &[cache.join("kube-apiserver/kube-controller-manager")],
+        "Run `scripts/setup kube-apiserver` (it builds kube-controller-manager beside kube-apiserver from Debian's \
+         kubernetes source package into $FLEET_CACHE/kube-apiserver/), or point FLEET_KUBE_CONTROLLER_MANAGER at \
+         a kube-controller-manager binary.",
+    )
+}

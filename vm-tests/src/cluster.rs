@@ -1,9 +1,11 @@
 //! The cluster side of a local fleet, every part real: etcd + kube-apiserver (serving a certificate of the rig's
 //! CA), the CRDs and RBAC of `operator/deploy/` applied with kubectl, the `fleet-operator` binary running as the
 //! `fleet-operator` service account those manifests bind and serving the admission webhook, registered as
-//! `operator/deploy/webhook.yaml` has it. Everything is driven with kubectl, as a person would.
+//! `operator/deploy/webhook.yaml` has it, and kube-controller-manager's garbage collector and namespace controller
+//! (owner references are collected as in a real cluster). Everything is driven with kubectl, as a person would.
 
 use crate::builds;
+use crate::controller_manager::ControllerManager;
 use fleet_rig::kube::KubeApiServer;
 use fleet_rig::workspace_root;
 use std::io::Write;
@@ -24,6 +26,8 @@ pub struct Cluster {
     webhook_ca: fleet_rig::tls::TestCa,
     kubectl: PathBuf,
     kubeconfig: PathBuf,
+    /// Declared before `api`: stopped before the API server.
+    controller_manager: Option<ControllerManager>,
     dir: tempfile::TempDir,
     /// The API server and etcd.
     pub api: KubeApiServer,
@@ -31,7 +35,7 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts the API server, applies `operator/deploy/crds.yaml` and `rbac.yaml`, waits until the CRDs are
-    /// established, starts `fleet-operator` with the service account's token, connecting to `nats_url` (which
+    /// established, starts kube-controller-manager ([`crate::controller_manager`]) with the admin kubeconfig, starts `fleet-operator` with the service account's token, connecting to `nats_url` (which
     /// may carry the operator's own NATS credentials: it is passed as `FLEET_NATS_URL`, never on the command line)
     /// and serving the admission webhook on a loopback port, then registers the webhooks of
     /// `operator/deploy/webhook.yaml` ([`fleet_rig::kube::webhook_registration`]) and waits until the API server
@@ -62,6 +66,7 @@ impl Cluster {
             webhook_ca,
             kubectl,
             kubeconfig,
+            controller_manager: None,
             dir,
             api,
         };
@@ -85,6 +90,11 @@ impl Cluster {
             "crd/taskruns.fleet.nationtech.io",
             "crd/taskschedules.fleet.nationtech.io",
         ]);
+        // After the CRDs are served, so that its garbage collector watches the fleet kinds from its first sync.
+        c.controller_manager = Some(ControllerManager::start(
+            &c.kubeconfig,
+            &c.dir.path().join("kube-controller-manager.log"),
+        ));
         let op_config = c.dir.path().join("operator.kubeconfig");
         write_private(&op_config, &c.api.kubeconfig(c.api.operator_token()));
         let log = c.dir.path().join("fleet-operator.log");
@@ -120,7 +130,8 @@ impl Cluster {
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", operator_bin.display()));
-        fleet_rig::kill_when_gone(&[child.id()]);
+        // Also for a cluster kept in a `static` (never dropped): its directory (kubeconfigs, keys) goes too.
+        fleet_rig::util::kill_and_remove_when_gone(&[child.id()], c.dir.path());
         c.operator = Some(child);
         c.register_webhooks();
         c
@@ -178,6 +189,11 @@ impl Cluster {
     /// The operator's PID while it runs.
     pub fn operator_pid(&self) -> Option<u32> {
         self.operator.as_ref().map(Child::id)
+    }
+
+    /// kube-controller-manager's PID.
+    pub fn controller_manager_pid(&self) -> Option<u32> {
+        self.controller_manager.as_ref().map(ControllerManager::pid)
     }
 
     /// The last `lines` lines of the operator's log (for failure messages).

@@ -90,6 +90,9 @@ impl<'a> Demo<'a> {
         {
             record.add(pid, name);
         }
+        if let Some(pid) = fleet.cluster.controller_manager_pid() {
+            record.add(pid, "kube-controller-manager");
+        }
         if let Some(pid) = fleet.cluster.operator_pid() {
             record.add(pid, "fleet-operator");
         }
@@ -141,6 +144,14 @@ impl<'a> Demo<'a> {
                         .map(u32::to_string)
                         .collect::<Vec<_>>()
                         .join(", "),
+                ],
+                vec![
+                    format!(
+                        "kube-controller-manager 1.20 ({}: owner references are collected)",
+                        crate::controller_manager::CONTROLLERS
+                    ),
+                    "-".into(),
+                    pid(fleet.cluster.controller_manager_pid()),
                 ],
                 vec![
                     "fleet-operator (service account harmony-fleet:fleet-operator)".into(),

@@ -3,12 +3,14 @@
 
 pub mod builds;
 pub mod cluster;
+pub mod controller_manager;
 pub mod demo;
 pub mod demo_state;
 pub mod device;
 pub mod fleet;
 pub mod fleetlock;
 pub mod inspect;
+pub mod instructions;
 pub mod local_fleet;
 pub mod packages;
 pub mod qemu;

@@ -8,8 +8,12 @@
 
 use fleet_rig::NatsServer;
 use fleet_vm_tests::cluster::Cluster;
+use fleet_vm_tests::instructions;
+use fleet_wire::kv;
 use serde_json::Value;
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 const API: &str = "apiVersion: fleet.nationtech.io/v1alpha1";
 const BUILD: &str =
@@ -224,10 +228,28 @@ fn closed_objects(node: &Value, path: &str, out: &mut BTreeSet<String>) {
     }
 }
 
+/// The demo's cluster, one for the whole test binary (each test uses its own object names). Kept in a static, never
+/// dropped: its processes are stopped, and its directories removed, once this test process is gone.
+fn cluster() -> &'static Cluster {
+    &demo().1
+}
+
+/// The demo's NATS server and cluster (see [`cluster`]).
+fn demo() -> &'static (NatsServer, Cluster) {
+    static C: OnceLock<(NatsServer, Cluster)> = OnceLock::new();
+    C.get_or_init(|| {
+        let nats = NatsServer::start();
+        if let Some(pid) = nats.pid() {
+            fleet_rig::kill_when_gone(&[pid]);
+        }
+        let c = Cluster::start(&nats.url());
+        (nats, c)
+    })
+}
+
 #[test]
 fn the_demo_cluster_refuses_typos_at_every_depth_and_taskrun_edits() {
-    let nats = NatsServer::start();
-    let c = Cluster::start(&nats.url());
+    let c = cluster();
 
     // every typo: refused by `kubectl apply`, naming its path; nothing stored
     let typos = typos();
@@ -367,4 +389,249 @@ fn http_status(addr: &str, token: Option<&str>) -> Option<u16> {
     let mut head = [0u8; 12];
     s.read_exact(&mut head).ok()?;
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// How long kube-controller-manager may take to collect what a deleted object owned (well under a second once its
+/// garbage collector watches every resource, which `Cluster::start` waits for).
+const COLLECTED: Duration = Duration::from_secs(60);
+
+#[test]
+fn deleting_a_task_schedule_deletes_its_runs_and_a_deleted_namespace_empties() {
+    let c = cluster();
+    // A schedule that does not fire during the test, and a run owned by it exactly as the scheduler creates one.
+    c.apply(&document(
+        "TaskSchedule",
+        "nightly",
+        &format!("spec: {{schedule: {{cron: \"0 3 * * *\"}}, template: {{{RUN_SPEC}}}}}"),
+    ));
+    let schedule = c
+        .get_json(&["fts", "nightly", "-n", "default"])
+        .expect("the schedule");
+    let uid = schedule["metadata"]["uid"].as_str().expect("uid");
+    c.create(&format!(
+        "{API}\nkind: TaskRun\nmetadata:\n  name: nightly-by-hand\n  namespace: default\n  \
+         labels: {{fleet.nationtech.io/schedule: nightly}}\n  ownerReferences:\n  \
+         - {{apiVersion: fleet.nationtech.io/v1alpha1, kind: TaskSchedule, name: nightly, uid: {uid}, \
+         controller: true, blockOwnerDeletion: true}}\nspec: {{{RUN_SPEC}}}\n"
+    ));
+    c.kubectl(&["delete", "fts", "nightly", "-n", "default"]);
+    c.wait("the schedule's run deleted with it", COLLECTED, || {
+        c.try_kubectl(&["get", "ftr", "nightly-by-hand", "-n", "default"])
+            .is_err()
+            .then_some(())
+    });
+    let left = c.kubectl(&[
+        "get",
+        "ftr",
+        "-n",
+        "default",
+        "-l",
+        "fleet.nationtech.io/schedule=nightly",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(left.trim(), "", "no run of the deleted schedule is left");
+
+    // A namespace deleted with a run in it goes, run and all (the namespace controller empties it first).
+    c.kubectl(&["create", "namespace", "gc-probe"]);
+    c.create(
+        &document(
+            "TaskRun",
+            "in-a-namespace",
+            &format!("spec: {{{RUN_SPEC}}}"),
+        )
+        .replace("namespace: default", "namespace: gc-probe"),
+    );
+    c.kubectl(&["delete", "namespace", "gc-probe", "--wait=false"]);
+    c.wait("the deleted namespace gone", COLLECTED, || {
+        c.try_kubectl(&["get", "namespace", "gc-probe"])
+            .is_err()
+            .then_some(())
+    });
+}
+
+/// Where the product tells a person what to run in the cluster: the docs, the README and the operator's texts
+/// (alerts, status and event messages, `--help`).
+fn cluster_sources() -> Vec<String> {
+    let mut s = instructions::files("docs", ".md");
+    s.push("README.md".into());
+    s.extend(instructions::files("operator/src", ".rs"));
+    s
+}
+
+/// Printed commands that name a verb (and kind) in passing, acting on no object: kubectl must know them as
+/// written (`<command> --help` exits 0).
+const MENTIONS: [&str; 7] = [
+    "kubectl",
+    "kubectl apply",
+    "kubectl create",
+    "kubectl delete ftr",
+    "kubectl describe",
+    "kubectl get -o yaml",
+    "kubectl port-forward",
+];
+
+/// Printed commands that install the operator as a cluster's admin does: run with `--dry-run=server` (the API
+/// server checks every object, admission included, and stores none), so that they do not replace this cluster's
+/// own install, whose webhooks point at the local operator.
+const INSTALLS: [&str; 2] = [
+    "kubectl apply -k operator/deploy",
+    "kubectl apply -f operator/deploy/crds.yaml -f operator/deploy/rbac.yaml -f operator/deploy/deployment.yaml -f operator/deploy/webhook.yaml",
+];
+
+/// The demo's devices as `scripts/demo` has them (`vm-tests/src/demo.rs`): each publishes its device info (an
+/// agent that can run the system upgrade), the operator makes its Device, which is labelled as the demo labels it;
+/// and the demo's group `demo`.
+fn set_up_as_the_demo(nats: &NatsServer, c: &Cluster) {
+    use fleet_vm_tests::demo::DEVICES;
+    let js = fleet_rig::nats_client::jetstream::new(nats.connect());
+    let info = fleet_rig::wait_for(Duration::from_secs(60), || {
+        js.key_value(kv::DEVICE_INFO).ok()
+    })
+    .expect("the operator creates its buckets");
+    for d in DEVICES {
+        let mut i = fleet_wire::fixtures::device_info();
+        i.device_id = fleet_wire::DeviceId::try_from(d).expect("id");
+        i.architecture = fleet_wire::Architecture::current().expect("a fleet architecture");
+        info.put(d, serde_json::to_vec(&i).expect("json"))
+            .expect("put device info");
+    }
+    for d in DEVICES {
+        c.wait(
+            &format!("the operator making Device {d}"),
+            Duration::from_secs(60),
+            || c.try_kubectl(&["get", "fdev", d]).ok(),
+        );
+    }
+    c.kubectl(&["label", "fdev", DEVICES[0], "canary=true"]);
+    c.kubectl(&["label", "fdev", "--all", "site=demo"]);
+    c.apply(&fleet_vm_tests::local_fleet::group_yaml(
+        "demo",
+        &[("site", "demo")],
+    ));
+}
+
+#[test]
+fn every_printed_kubectl_command_runs_and_the_readme_examples_work_on_the_demo() {
+    let (nats, c) = demo();
+    set_up_as_the_demo(nats, c);
+    // The objects the examples name, made by hand.
+    c.apply(&format!(
+        "{API}\nkind: Device\nmetadata:\n  name: pi-7\n  annotations: {{fleet.nationtech.io/hold-workloads: \"true\"}}\nspec: {{}}\n"
+    ));
+    c.apply(&document(
+        "DeviceGroup",
+        "everything",
+        "spec: {selectAll: true}",
+    ));
+    c.apply(&document(
+        "DeviceGroup",
+        "printed-none",
+        "spec: {selector: {matchLabels: {printed: none}}}",
+    ));
+    c.apply(&document(
+        "AgentRelease",
+        "agent-1-2-0",
+        &format!("spec: {{allowedGroups: [printed-none], builds: [{BUILD}]}}"),
+    ));
+    c.create(&document(
+        "TaskRun",
+        "printed-name",
+        &format!("spec: {{{RUN_SPEC}}}"),
+    ));
+
+    let commands = instructions::printed(&cluster_sources(), &["kubectl"]);
+    for expected in [
+        "kubectl annotate frel agent-1-2-0 fleet.nationtech.io/retry=2026-12-01-a --overwrite",
+        "kubectl get events -A --field-selector reason=DeviceRollbackFailed",
+        INSTALLS[1],
+    ] {
+        assert!(
+            commands.iter().any(|(_, cmd)| cmd == expected),
+            "`{expected}` is among the printed commands: {commands:#?}"
+        );
+    }
+    let root = fleet_rig::util::workspace_root();
+    let bin_dir = c
+        .kubectl_bin()
+        .parent()
+        .expect("kubectl's directory")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut bad = Vec::new();
+    let mut ran = 0;
+    for (src, printed) in &commands {
+        let command = if MENTIONS.contains(&printed.as_str()) {
+            format!("{printed} --help")
+        } else if INSTALLS.contains(&printed.as_str()) {
+            format!("{printed} --dry-run=server")
+        } else {
+            printed.replace("<name>", "printed-name")
+        };
+        if command.contains('<') && !command.contains("<<<") {
+            bad.push(format!(
+                "{src}: `{printed}`: a placeholder this test does not fill"
+            ));
+            continue;
+        }
+        // As a person runs it: in a shell at the repository's root, kubectl on PATH, the demo's kubeconfig.
+        let out = std::process::Command::new("timeout")
+            .args(["60", "bash", "-c", &command])
+            .current_dir(&root)
+            .env("KUBECONFIG", c.kubeconfig())
+            .env("PATH", &path)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run bash");
+        ran += 1;
+        if !out.status.success() {
+            bad.push(format!(
+                "{src}: `{command}`: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "printed commands kubectl does not run as printed ({} of {ran}):\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+
+    // The README's TaskRun example (created above as printed) names groups the demo has, and runs on its devices,
+    // the canary first.
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let mut groups = BTreeSet::new();
+    for part in readme.split("\"allowedGroups\":[").skip(1) {
+        let list = part.split(']').next().unwrap_or_default();
+        groups.extend(
+            list.split(',')
+                .map(|g| g.trim().trim_matches('"').to_owned()),
+        );
+    }
+    assert!(!groups.is_empty(), "the README has a TaskRun example");
+    for g in &groups {
+        assert!(
+            c.try_kubectl(&["get", "fdg", g]).is_ok(),
+            "the README's example names group {g}, which the demo does not have"
+        );
+    }
+    let run = c.wait(
+        "the README's TaskRun running on the demo's devices",
+        Duration::from_secs(60),
+        || {
+            let run = c.get_json(&["ftr", "upgrade-1"])?;
+            (run["status"]["phase"] == "Running").then_some(run)
+        },
+    );
+    assert_eq!(
+        run["status"]["targets"],
+        fleet_vm_tests::demo::DEVICES.len(),
+        "{run:#}"
+    );
 }

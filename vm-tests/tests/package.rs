@@ -506,56 +506,9 @@ const DEVICE_COMMANDS: [&str; 11] = [
     "apt",
 ];
 
-/// Every device command the sources name: spans in backticks or single quotes, and lines of fenced code blocks,
-/// whose first word is one of [`DEVICE_COMMANDS`]; (source, command).
-fn printed_device_commands() -> Vec<(&'static str, String)> {
-    let root = fleet_rig::util::workspace_root();
-    let mut out = Vec::new();
-    for src in INSTRUCTION_SOURCES {
-        let text = std::fs::read_to_string(root.join(src)).unwrap_or_else(|e| panic!("{src}: {e}"));
-        // Rust string continuations ("…\\n   …") join into one line.
-        let text = text
-            .split("\\\n")
-            .map(|p| p.trim_start())
-            .collect::<Vec<_>>()
-            .join("");
-        let mut spans: Vec<String> = Vec::new();
-        for quote in ['`', '\''] {
-            for line in text.lines() {
-                spans.extend(line.split(quote).skip(1).step_by(2).map(str::to_owned));
-            }
-        }
-        let mut fenced = false;
-        for line in text.lines() {
-            if line.trim_start().starts_with("```") {
-                fenced = !fenced;
-            } else if fenced {
-                spans.push(line.split('#').next().unwrap_or_default().trim().to_owned());
-            }
-        }
-        for span in spans {
-            let span = span
-                .trim()
-                .trim_start_matches("sudo ")
-                .trim_start_matches("env ")
-                .to_string();
-            let span = span
-                .split_whitespace()
-                .skip_while(|w| w.contains('=') && !w.starts_with('-'))
-                .collect::<Vec<_>>()
-                .join(" ");
-            if span
-                .split_whitespace()
-                .next()
-                .is_some_and(|w| DEVICE_COMMANDS.contains(&w))
-            {
-                out.push((src, span));
-            }
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
+/// Every device command the sources name (their first word one of [`DEVICE_COMMANDS`]); (source, command).
+fn printed_device_commands() -> Vec<(String, String)> {
+    fleet_vm_tests::instructions::printed(&INSTRUCTION_SOURCES, &DEVICE_COMMANDS)
 }
 
 /// Each printed device command exists on root's PATH of the installed device, and its `--help` names every long

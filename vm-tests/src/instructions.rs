@@ -1,0 +1,79 @@
+//! The commands the product tells a person to run, read from where it tells them: spans in backticks or single
+//! quotes and the lines of fenced code blocks (docs, alert texts, status messages, maintainer scripts), whose first
+//! word is one of the commands asked for. The tests run each where the person is told to run it (on the device:
+//! `tests/package.rs`; in the cluster: `tests/demo_guardrails.rs`).
+
+/// Every command in the files `sources` (paths in the workspace) whose first word is one of `commands`, after a
+/// leading `sudo `, `env ` and `VAR=value` words; (source, command), sorted, without repeats. Rust string
+/// continuations (`"…\` + newline + `   …"`) are joined into one line first.
+pub fn printed<S: AsRef<str>>(sources: &[S], commands: &[&str]) -> Vec<(String, String)> {
+    let root = fleet_rig::util::workspace_root();
+    let mut out = Vec::new();
+    for src in sources {
+        let src = src.as_ref();
+        let text = std::fs::read_to_string(root.join(src)).unwrap_or_else(|e| panic!("{src}: {e}"));
+        let text = text
+            .split("\\\n")
+            .map(|p| p.trim_start())
+            .collect::<Vec<_>>()
+            .join("");
+        let mut spans: Vec<String> = Vec::new();
+        for quote in ['`', '\''] {
+            for line in text.lines() {
+                spans.extend(line.split(quote).skip(1).step_by(2).map(str::to_owned));
+            }
+        }
+        let mut fenced = false;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+            } else if fenced {
+                spans.push(line.split('#').next().unwrap_or_default().trim().to_owned());
+            }
+        }
+        for span in spans {
+            let span = span
+                .trim()
+                .trim_start_matches("sudo ")
+                .trim_start_matches("env ")
+                .to_string();
+            let span = span
+                .split_whitespace()
+                .skip_while(|w| w.contains('=') && !w.starts_with('-'))
+                .collect::<Vec<_>>()
+                .join(" ");
+            if span
+                .split_whitespace()
+                .next()
+                .is_some_and(|w| commands.contains(&w))
+            {
+                out.push((src.to_owned(), span));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The files under `dir` (relative to the workspace) whose names end in `ext`, recursively, as workspace paths.
+pub fn files(dir: &str, ext: &str) -> Vec<String> {
+    let root = fleet_rig::util::workspace_root();
+    let mut out = Vec::new();
+    let mut todo = vec![root.join(dir)];
+    while let Some(d) = todo.pop() {
+        let entries = std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.to_string_lossy().ends_with(ext) {
+                if let Ok(rel) = p.strip_prefix(&root) {
+                    out.push(rel.display().to_string());
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
