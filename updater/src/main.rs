@@ -9,6 +9,7 @@ install, probe, stop, switch, start, commit or roll back), the system upgrade (a
 full-upgrade, a coordinated reboot when needed) and their crash-safe journals, and answers the agent on
 <root>/run/fleet-updater/updater.sock. Runs as root under systemd (Type=notify). Downloads run in the helper
 fleet-fetch, installed beside this executable, as agent_user; the updater checks size and SHA-256 again itself.
+The reboot a system upgrade needs runs as `fleet-reboot --upgrade-step`, installed beside this executable too.
 
 Usage:
   fleet-updater [--config PATH]   run (default config: /etc/harmony-fleet/updater.toml)
