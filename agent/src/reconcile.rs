@@ -11,8 +11,8 @@
 use crate::podman::{Observed, Podman, PodmanError};
 use fleet_wire::workload::{LABEL_DEVICE, LABEL_SPEC_DIGEST, LABEL_WORKLOAD};
 use fleet_wire::{
-    BoundedText, DeviceId, FailureReason, RestartPolicy, Sha256Hex, WorkloadFailure, WorkloadName,
-    Timestamp, WorkloadSpec, WorkloadState, WorkloadStatus,
+    BoundedText, DeviceId, FailureReason, RestartPolicy, Sha256Hex, Timestamp, WorkloadFailure,
+    WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -875,7 +875,10 @@ mod tests {
         assert_eq!(s[0].state, WorkloadState::Running);
         assert_eq!(s[0].container_id.as_deref(), Some("1"));
         // Podman's StartedAt (Unix seconds) is what a rollout's soak counts from; only a running workload has one.
-        assert_eq!(s[0].started_at, Some(fleet_wire::Timestamp::from_unix_ms(1000)));
+        assert_eq!(
+            s[0].started_at,
+            Some(fleet_wire::Timestamp::from_unix_ms(1000))
+        );
         assert_eq!(s[1].state, WorkloadState::Failed);
         assert_eq!(s[1].started_at, None);
     }

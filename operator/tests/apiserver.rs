@@ -764,7 +764,11 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
 
     // what a person sees
     let table = kubectl_get(&["fdep", &dep]);
-    for (col, want) in [("RUNNING", "3"), ("FAILED", "1"), ("PENDING", "0")] {
+    for (col, want) in [
+        ("RUNNING", "3"),
+        ("WORKLOADSFAILED", "1"),
+        ("WORKLOADSPENDING", "0"),
+    ] {
         assert_eq!(cell(&table, col), want, "{col} in\n{table}");
     }
     assert!(
