@@ -288,7 +288,7 @@ pub struct DeploymentInput {
     pub targets: Result<BTreeSet<DeviceId>, PlacementError>,
     /// Targeted devices its rollout has not given the change yet, with what they keep instead of `workloads`
     /// (their previous workloads of this deployment, see [`crate::rollout_workloads::previous`]).
-    pub held: BTreeMap<DeviceId, Vec<WorkloadSpec>>,
+    pub held: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
 }
 
 /// Result of [`desired_workloads`].
@@ -338,7 +338,8 @@ pub fn desired_workloads<'a>(
         match &d.targets {
             Ok(targets) => {
                 for dev in targets.iter().filter(|t| devices.contains(*t)) {
-                    for w in d.held.get(dev).unwrap_or(&d.workloads) {
+                    let ws = d.held.get(dev).map_or(&d.workloads[..], |l| &l[..]);
+                    for w in ws {
                         add(dev, w);
                     }
                 }
@@ -696,8 +697,8 @@ mod tests {
 
         // a rollout holds devices it has not given the change: they get what they had, the rest the new spec
         let mut staged = ok("a", vec![w("web", "v2")], &["d1", "d2", "d3"]);
-        staged.held.insert(id("d2"), vec![w("web", "old")]);
-        staged.held.insert(id("d3"), vec![]);
+        staged.held.insert(id("d2"), vec![w("web", "old")].into());
+        staged.held.insert(id("d3"), Vec::new().into());
         let r = desired_workloads(&devs, &[staged], &current);
         assert_eq!(r.per_device[&id("d1")][..], vec![w("web", "v2")]);
         assert_eq!(r.per_device[&id("d2")][..], vec![w("web", "old")]);

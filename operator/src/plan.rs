@@ -27,6 +27,9 @@ use std::sync::Arc;
 pub const FAILED_EXAMPLES: usize = 5;
 /// Most unknown listed devices a group's message names.
 pub const UNKNOWN_EXAMPLES: usize = 5;
+/// Most distinct previous specs of one staged deployment shared between the devices it holds back (the rest are
+/// kept per device; a deployment changed a few times mid-rollout has a few).
+pub const HELD_LISTS: usize = 8;
 /// Most superseded devices a release's Superseded message names.
 pub const CONFLICT_EXAMPLES: usize = 10;
 
@@ -336,7 +339,7 @@ struct Deployed {
     /// Deployments with a `rollout` section: the pass's outcome.
     rollouts: BTreeMap<String, StagedDeployment>,
     /// Per deployment, the devices its rollout holds back and what they keep.
-    held: BTreeMap<String, BTreeMap<DeviceId, Vec<WorkloadSpec>>>,
+    held: BTreeMap<String, BTreeMap<DeviceId, Arc<[WorkloadSpec]>>>,
 }
 
 /// One staged deployment's rollout in this pass.
@@ -358,7 +361,7 @@ fn stage(
     policy: &rollout::Policy,
     now: Timestamp,
     plan: &mut Plan,
-) -> (StagedDeployment, BTreeMap<DeviceId, Vec<WorkloadSpec>>) {
+) -> (StagedDeployment, BTreeMap<DeviceId, Arc<[WorkloadSpec]>>) {
     use crate::rollout_workloads as rw;
     let old = d.status.as_ref();
     let token = rw::token(d.annotations().get(release::RETRY_ANNOTATION));
@@ -403,12 +406,23 @@ fn stage(
     }
     outcome.status.retry = token.map(str::to_owned);
     let released: BTreeSet<&DeviceId> = outcome.release.iter().collect();
+    // Devices held back mostly keep one and the same previous spec: one shared list each, so that placement
+    // shares it too (it shares lists by their objects' addresses).
+    let mut lists: Vec<Arc<[WorkloadSpec]>> = Vec::new();
     let held = in_rollout
         .iter()
         .filter(|t| t.observed == rollout::Observed::Pending && !released.contains(&t.id))
         .map(|t| {
             let keep = rw::previous(workloads, s.desired.get(t.id.as_str()));
-            (t.id.clone(), keep)
+            let list = match lists.iter().find(|l| l[..] == keep[..]) {
+                Some(l) => l.clone(),
+                None if lists.len() < HELD_LISTS => {
+                    lists.push(keep.into());
+                    lists[lists.len() - 1].clone()
+                }
+                None => keep.into(),
+            };
+            (t.id.clone(), list)
         })
         .collect();
     (StagedDeployment { outcome, kept_halt }, held)
@@ -918,7 +932,7 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
                 let on_device = plan.desired.get(dev);
                 let report = s.workloads.get(dev.as_str());
                 // A device the rollout holds back is judged on what it keeps.
-                let given = held.and_then(|h| h.get(dev)).map_or(mine, Vec::as_slice);
+                let given = held.and_then(|h| h.get(dev)).map_or(mine, |l| &l[..]);
                 given
                     .iter()
                     .filter(move |w| !lost || on_device.is_some_and(|l| l.contains(w)))

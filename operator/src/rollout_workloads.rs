@@ -159,6 +159,7 @@ mod tests {
     fn observe_table() {
         use WorkloadState::*;
         let (old, new) = (web("nginx:1"), web("nginx:2"));
+        let news = [new.clone()];
         let db = fixtures::workload("db");
         let committed = |at, beat| Observed::Committed {
             at: t(at),
@@ -186,47 +187,43 @@ mod tests {
             ),
             (
                 "given; the report is of the previous generation (its failure is the old spec's)",
-                Some(key(4, &[new.clone()])),
+                Some(key(4, &news)),
                 Some(report(3, 50, &[(&new, Failed, None)])),
                 Observed::Updating(None),
             ),
             (
                 "the old container still runs",
-                Some(key(4, &[new.clone()])),
+                Some(key(4, &news)),
                 Some(report(4, 50, &[(&old, Running, Some(10))])),
                 Observed::Updating(None),
             ),
             (
                 "the new image could not be pulled",
-                Some(key(4, &[new.clone()])),
+                Some(key(4, &news)),
                 Some(report(4, 50, &[(&new, Failed, None)])),
                 Observed::Failed,
             ),
             (
                 "the new container exited",
-                Some(key(4, &[new.clone()])),
+                Some(key(4, &news)),
                 Some(report(4, 50, &[(&new, Exited, None)])),
                 Observed::Failed,
             ),
             (
                 "running the new spec since 40: the soak counts from the start",
-                Some(key(4, &[new.clone()])),
+                Some(key(4, &news)),
                 Some(report(4, 50, &[(&new, Running, Some(40))])),
                 committed(40, 50),
             ),
             (
                 "an older agent reports no start: the report's own time",
-                Some(key(4, &[new.clone()])),
+                Some(key(4, &news)),
                 Some(report(4, 50, &[(&new, Running, None)])),
                 committed(50, 50),
             ),
         ];
         for (name, cur, rep, want) in cases {
-            assert_eq!(
-                observe(&[new.clone()], cur.as_ref(), rep.as_ref()),
-                want,
-                "{name}"
-            );
+            assert_eq!(observe(&news, cur.as_ref(), rep.as_ref()), want, "{name}");
         }
         // Two workloads: the later start counts; one still starting keeps the device updating.
         let two = [new.clone(), db.clone()];
@@ -242,9 +239,9 @@ mod tests {
             observe(&two, Some(&cur), Some(&half)),
             Observed::Updating(None)
         );
-        assert_eq!(previous(&[new.clone()], Some(&cur)), [new.clone()]);
+        assert_eq!(previous(&news, Some(&cur)), news);
         assert_eq!(
-            previous(&[new.clone()], Some(&key(3, &[old.clone(), db.clone()]))),
+            previous(&news, Some(&key(3, &[old.clone(), db.clone()]))),
             [old]
         );
         assert!(previous(&[new], None).is_empty());
@@ -255,7 +252,8 @@ mod tests {
     #[test]
     fn soak_of_workloads() {
         let new = web("nginx:2");
-        let cur = key(4, &[new.clone()]);
+        let news = [new.clone()];
+        let cur = key(4, &news);
         let p = Policy::from_spec(Some(&crate::crd::RolloutSpec {
             soak_seconds: Some(60),
             ..Default::default()
@@ -263,7 +261,7 @@ mod tests {
         .expect("policy");
         let seen = |started, at, now| {
             let o = observe(
-                &[new.clone()],
+                &news,
                 Some(&cur),
                 Some(&report(
                     4,
@@ -297,10 +295,10 @@ mod tests {
                 })
                 .collect()
         };
-        let pending = || observe(&[new.clone()], None, None);
+        let pending = || observe(&news, None, None);
         let running = |started| {
             observe(
-                &[new.clone()],
+                &news,
                 Some(&cur),
                 Some(&report(
                     4,
