@@ -349,9 +349,9 @@ struct StagedDeployment {
     kept_halt: Option<Want>,
 }
 
-#[allow(clippy::too_many_arguments)]
 /// A deployment's rollout: which targeted devices get its spec now, which keep their previous workloads
 /// (returned), which failed ones a retry gives the spec again (into `plan.bump`).
+#[allow(clippy::too_many_arguments)]
 fn stage(
     s: &Snapshot,
     fleet: &Fleet,
