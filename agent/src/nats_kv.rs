@@ -18,7 +18,7 @@
 //! device's keys (`fleet_wire::device_api`); no other device can name that subject.
 
 use crate::config::{NatsAuth, NatsConfig};
-use fleet_wire::auth::{device_key_filter, direct_get_subject};
+use fleet_wire::auth::{device_read_filter, direct_get_subject};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::io::Read;
@@ -203,8 +203,8 @@ impl Nats {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "not connected to NATS"))
     }
 
-    /// Opens every bucket in `names` (a direct get of this device's key in each: it answers, found or not, only
-    /// when the bucket exists); the first missing one is an error naming it.
+    /// Opens every bucket in `names` (a direct get of this device's key in each, of its probe key in a write-only
+    /// bucket: it answers, found or not, only when the bucket exists); the first missing one is an error naming it.
     pub fn open_buckets(&self, names: &[&str]) -> Result<Buckets, NatsError> {
         let mut opened = BTreeSet::new();
         for name in names {
@@ -213,7 +213,7 @@ impl Nats {
                 message,
             };
             let filter = fleet_wire::kv::bucket(name)
-                .and_then(|spec| device_key_filter(spec, &self.inner.cfg.device_id))
+                .and_then(|spec| device_read_filter(spec, &self.inner.cfg.device_id))
                 .ok_or_else(|| {
                     bucket_err("not a bucket keyed by device in the KV layout".into())
                 })?;

@@ -254,11 +254,23 @@ fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
 
     // The attacker's largest value of its own, and the subjects the victim listens on or used to.
     let a = f.attacker();
-    let big = vec![b'x'; kv::bucket(kv::WORKLOAD_STATUS).unwrap().max_value_bytes as usize];
-    let stored = ask(&a, "$KV.device-workload-status.dev-a", None, &big);
-    let get = fleet_wire::auth::direct_get_subject(
-        kv::WORKLOAD_STATUS,
-        "$KV.device-workload-status.dev-a",
+    let spec = largest_readable_own_bucket();
+    let own = format!("$KV.{}.dev-a", spec.name);
+    let big = vec![b'x'; spec.max_value_bytes as usize];
+    let stored = ask(&a, &own, None, &big);
+    let get = fleet_wire::auth::direct_get_subject(spec.name, &own);
+    // What it only writes it cannot read back: its 96 KiB of workload status is no ammunition.
+    let status = "$KV.device-workload-status.dev-a";
+    assert!(ask(&a, status, None, &vec![b'x'; 96 * 1024]).contains("\"seq\""));
+    let read_back = ask(
+        &a,
+        &fleet_wire::auth::direct_get_subject(kv::WORKLOAD_STATUS, status),
+        None,
+        b"",
+    );
+    assert!(
+        read_back.is_empty(),
+        "a device read its write-only workload status back: {read_back:.80}"
     );
     let targets = [
         "$KV.device-desired-state.dev-b".to_owned(),

@@ -522,22 +522,30 @@ fn over_tls_answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
         w.nats.auth_logs()
     );
     let a = w.connect(&attacker);
-    let big = vec![b'x'; kv::bucket(kv::WORKLOAD_STATUS).unwrap().max_value_bytes as usize];
-    let stored = ask(
-        w,
-        &a,
-        format!("$KV.device-workload-status.{attacker}"),
-        None,
-        big,
-    );
+    let spec = auth_common::largest_readable_own_bucket();
+    let own = format!("$KV.{}.{attacker}", spec.name);
+    let big = vec![b'x'; spec.max_value_bytes as usize];
+    let stored = ask(w, &a, own.clone(), None, big);
     assert!(
         stored.contains("\"seq\""),
         "the attacker's own large value: {stored}"
     );
-    let get = fleet_wire::auth::direct_get_subject(
-        kv::WORKLOAD_STATUS,
-        &format!("$KV.device-workload-status.{attacker}"),
+    // What it only writes it cannot read back: its 96 KiB of workload status is no ammunition.
+    let status = format!("$KV.device-workload-status.{attacker}");
+    let stored = ask(w, &a, status.clone(), None, vec![b'x'; 96 * 1024]);
+    assert!(stored.contains("\"seq\""), "{stored}");
+    let read_back = ask(
+        w,
+        &a,
+        fleet_wire::auth::direct_get_subject(kv::WORKLOAD_STATUS, &status),
+        None,
+        Vec::new(),
     );
+    assert!(
+        read_back.is_empty(),
+        "a device read its write-only workload status back: {read_back:.80}"
+    );
+    let get = fleet_wire::auth::direct_get_subject(spec.name, &own);
     let v = &victim_id;
     let targets = [
         format!("$KV.device-desired-state.{v}"),

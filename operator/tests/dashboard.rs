@@ -421,6 +421,24 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     })
     .await;
 
+    // fleet-auth reports refused writes of the canary (as its device API does on a flood): the operator puts
+    // them on the Device, the dashboard raises an alert.
+    let report = fleet_wire::device_api::WriteRefused {
+        device_id: canary.clone(),
+        bucket: Some(layout::DEVICE_HEARTBEAT.into()),
+        kind: "over-budget".into(),
+        reason: "over the device's write budget".into(),
+        count: 212,
+    };
+    let nats = async_nats::connect(f.nats.url()).await.expect("nats");
+    nats.publish(
+        fleet_wire::device_api::refusals_subject(&canary),
+        serde_json::to_vec(&report).unwrap().into(),
+    )
+    .await
+    .unwrap();
+    nats.flush().await.unwrap();
+
     // The dashboard: no token, no page; read-only.
     let b = base.clone();
     let (code, _) = tokio::task::spawn_blocking(move || get(&b, "/", None))
@@ -448,6 +466,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
                     "DeviceSilent",
                     "TaskRunCanaryFailed",
                     "FleetLockSlotHeldTooLong",
+                    "DeviceWritesRefused",
                 ]
                 .iter()
                 .all(|k| body.contains(&format!("data-alert=\"{k}\""))))
@@ -458,6 +477,11 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     assert!(
         !alerts_page.contains(&format!("device <a href=\"/devices/{rolled}\"")),
         "a rolled-back upgrade is no alert"
+    );
+    assert!(
+        alerts_page.contains("212 refused since")
+            && alerts_page.contains("over-budget in device-heartbeat"),
+        "the refused writes' alert says how many and why:\n{alerts_page}"
     );
 
     // In the browser, with the token as the Basic password (a browser cannot send a bearer header).

@@ -22,15 +22,42 @@ pub enum DeviceAccess {
     Read,
     /// Read, watch and write its own keys (written by the agent).
     ReadWrite,
+    /// Write its own key, never read it (the agent only reports there: heartbeats, workload status). A device may
+    /// direct-get only the bucket's probe key ([`device_read_filter`]), which nobody writes: its answer (404, or
+    /// no responders) tells the agent the bucket exists. Were its own key readable, a device could make the
+    /// server send that value, its largest (96 KiB of workload status), to any reply subject it names, thousands
+    /// of times a second (docs/auth.md).
+    Write,
 }
 
+/// Buckets the agent writes and never reads back ([`DeviceAccess::Write`]); keyed by device only.
+const WRITE_ONLY: &[&str] = &[crate::kv::DEVICE_HEARTBEAT, crate::kv::WORKLOAD_STATUS];
+
+/// The key below a device's own in a write-only bucket that a device may direct-get: `<device-id>.probe`. A device
+/// writes exactly `<device-id>` there and the operator never writes a device bucket, so it is always absent.
+pub const PROBE_KEY: &str = "probe";
+
 /// The access a device has to `spec`: buckets keyed by device are readable by that device, and writable when the
-/// layout names the agent as their writer; other buckets are closed to devices.
+/// layout names the agent as their writer (write-only where the agent never reads them); other buckets are closed
+/// to devices.
 pub fn device_access(spec: &BucketSpec) -> DeviceAccess {
     match spec.key {
         KeyShape::Run | KeyShape::Group => DeviceAccess::None,
+        KeyShape::Device if spec.writer == "agent" && WRITE_ONLY.contains(&spec.name) => {
+            DeviceAccess::Write
+        }
         KeyShape::Device | KeyShape::DeviceRun if spec.writer == "agent" => DeviceAccess::ReadWrite,
         KeyShape::Device | KeyShape::DeviceRun => DeviceAccess::Read,
+    }
+}
+
+/// The subject filter a device may direct-get in `spec`: its own keys ([`device_key_filter`]), or only the probe
+/// key `$KV.<bucket>.<device>.probe` of a write-only bucket; `None` when the bucket is closed to devices.
+pub fn device_read_filter(spec: &BucketSpec, device: &DeviceId) -> Option<String> {
+    match device_access(spec) {
+        DeviceAccess::None => None,
+        DeviceAccess::Write => Some(format!("$KV.{}.{device}.{PROBE_KEY}", spec.name)),
+        DeviceAccess::Read | DeviceAccess::ReadWrite => device_key_filter(spec, device),
     }
 }
 
@@ -101,7 +128,10 @@ pub fn device_imports() -> Vec<Import> {
         subject: "$JS.API.DIRECT.GET.>".to_owned(),
     }];
     for spec in BUCKETS {
-        if device_access(spec) == DeviceAccess::ReadWrite {
+        if matches!(
+            device_access(spec),
+            DeviceAccess::ReadWrite | DeviceAccess::Write
+        ) {
             let subject = every_device_filter(spec);
             v.push(Import::Service {
                 account: DEVICE_API_ACCOUNT,
@@ -172,8 +202,8 @@ pub struct DevicePermissions {
     pub subscribe: Vec<String>,
 }
 
-/// The permissions of `device`: for each bucket keyed by device, a direct get of its own keys, and a write of
-/// its own keys where the agent is the writer (served by the device API, [`device_imports`]); a watch
+/// The permissions of `device`: for each bucket keyed by device, a direct get of its own keys (of the probe key
+/// only in a write-only bucket, [`device_read_filter`]), and a write of its own keys where the agent is the writer (served by the device API, [`device_imports`]); a watch
 /// registration of its own; and subscriptions below its own inbox only (replies, and the device API's notices).
 /// No JetStream consumer API at all: a consumer's deliver subject cannot be scoped by permissions (see
 /// `docs/auth.md`).
@@ -181,16 +211,18 @@ pub fn device_permissions(device: &DeviceId) -> DevicePermissions {
     let mut publish = Vec::new();
     let subscribe = vec![format!("{}.>", device_inbox_prefix(device))];
     for spec in BUCKETS {
-        let access = device_access(spec);
-        let Some(filter) = device_key_filter(spec, device) else {
+        let (Some(read), Some(own)) = (
+            device_read_filter(spec, device),
+            device_key_filter(spec, device),
+        ) else {
             continue;
         };
-        if access == DeviceAccess::None {
-            continue;
-        }
-        publish.push(direct_get_subject(spec.name, &filter));
-        if access == DeviceAccess::ReadWrite {
-            publish.push(filter);
+        publish.push(direct_get_subject(spec.name, &read));
+        if matches!(
+            device_access(spec),
+            DeviceAccess::ReadWrite | DeviceAccess::Write
+        ) {
+            publish.push(own);
         }
     }
     publish.push(crate::device_api::watch_subject(device));
@@ -210,9 +242,9 @@ mod tests {
     fn access_per_bucket() {
         let table = [
             (kv::DEVICE_INFO, DeviceAccess::ReadWrite),
-            (kv::DEVICE_HEARTBEAT, DeviceAccess::ReadWrite),
+            (kv::DEVICE_HEARTBEAT, DeviceAccess::Write),
             (kv::DESIRED_STATE, DeviceAccess::Read),
-            (kv::WORKLOAD_STATUS, DeviceAccess::ReadWrite),
+            (kv::WORKLOAD_STATUS, DeviceAccess::Write),
             (kv::AGENT_UPGRADE_INTENT, DeviceAccess::Read),
             (kv::AGENT_UPGRADE_STATUS, DeviceAccess::ReadWrite),
             (kv::SYSTEM_UPGRADE_INTENT, DeviceAccess::Read),
@@ -248,6 +280,27 @@ mod tests {
             );
         }
         assert!(p.publish.iter().any(|s| s == "fleet.device-watch.dev-a"));
+        // What it only writes, it cannot read: only the probe key, which nobody writes.
+        for (bucket, probe) in [
+            ("device-heartbeat", "$KV.device-heartbeat.dev-a.probe"),
+            (
+                "device-workload-status",
+                "$KV.device-workload-status.dev-a.probe",
+            ),
+        ] {
+            assert!(p
+                .publish
+                .iter()
+                .any(|s| s == &format!("$KV.{bucket}.dev-a")));
+            assert!(p
+                .publish
+                .iter()
+                .any(|s| s == &direct_get_subject(bucket, probe)));
+            assert!(!p
+                .publish
+                .iter()
+                .any(|s| s == &direct_get_subject(bucket, &format!("$KV.{bucket}.dev-a"))));
+        }
         // Subscriptions below its own inbox only: no KV subject, which another device could name as the reply
         // subject of a request and so deliver answers to.
         assert_eq!(p.subscribe, ["_INBOX.device.dev-a.>"]);

@@ -138,9 +138,12 @@ pub fn noticed_buckets() -> impl Iterator<Item = &'static BucketSpec> {
 
 /// The buckets a device writes through the device API.
 pub fn written_buckets() -> impl Iterator<Item = &'static BucketSpec> {
-    BUCKETS
-        .iter()
-        .filter(|b| device_access(b) == DeviceAccess::ReadWrite)
+    BUCKETS.iter().filter(|b| {
+        matches!(
+            device_access(b),
+            DeviceAccess::ReadWrite | DeviceAccess::Write
+        )
+    })
 }
 
 /// The device whose key `key` of `spec` is (`<device-id>` or `<device-id>.<run-uid>`).

@@ -17,6 +17,9 @@ pub enum AlertKind {
     DeviceSilent,
     /// A device's agent upgrade has stayed in one phase longer than that phase's bound allows.
     DeviceStalled,
+    /// fleet-auth refused writes of a device recently (over its share, too large, not its key): a broken or
+    /// compromised device.
+    WritesRefused,
     /// A TaskRun failed because a canary failed (the rest were never released).
     CanaryFailed,
     /// A TaskRun failed for another reason.
@@ -29,15 +32,22 @@ pub enum AlertKind {
 
 impl AlertKind {
     /// Every kind, in display order.
-    pub const ALL: [AlertKind; 7] = [
+    pub const ALL: [AlertKind; 8] = [
         Self::RollbackFailed,
         Self::DeviceSilent,
         Self::DeviceStalled,
+        Self::WritesRefused,
         Self::CanaryFailed,
         Self::RunFailed,
         Self::SlotHeldTooLong,
         Self::FleetLockConfigInvalid,
     ];
+
+    /// Whether the alert is published as an Event when it appears: not for refused writes, whose Device already
+    /// gets a rate-limited `WritesRefused` event from the operator (`crate::refusals`).
+    pub fn publishes_event(self) -> bool {
+        self != Self::WritesRefused
+    }
 
     /// The metric label and the Event reason.
     pub fn as_str(self) -> &'static str {
@@ -45,6 +55,7 @@ impl AlertKind {
             Self::RollbackFailed => "DeviceRollbackFailed",
             Self::DeviceSilent => "DeviceSilent",
             Self::DeviceStalled => "DeviceStalled",
+            Self::WritesRefused => "DeviceWritesRefused",
             Self::CanaryFailed => "TaskRunCanaryFailed",
             Self::RunFailed => "TaskRunFailed",
             Self::SlotHeldTooLong => "FleetLockSlotHeldTooLong",
@@ -58,6 +69,7 @@ impl AlertKind {
             Self::RollbackFailed => "Agent rollback failed: device quarantined",
             Self::DeviceSilent => "Device silent",
             Self::DeviceStalled => "Agent upgrade stalled",
+            Self::WritesRefused => "Device writes refused",
             Self::CanaryFailed => "Task run stopped: a canary failed",
             Self::RunFailed => "Task run failed",
             Self::SlotHeldTooLong => "FleetLock slot held too long",
@@ -81,6 +93,11 @@ impl AlertKind {
                 "The updater bounds every phase, so a stall means it is stopped or cannot report: run \
                  `systemctl status fleet-updater` and `journalctl -u fleet-updater` on the device \
                  (docs/updater.md)."
+            }
+            Self::WritesRefused => {
+                "The agent never writes this much or outside its own keys: read `journalctl -u fleet-agent` \
+                 on the device and `kubectl describe device <name>` (its WritesRefused events); a device that \
+                 keeps flooding may be compromised: revoke its token (docs/auth.md)."
             }
             Self::CanaryFailed => {
                 "Open the run's page for the canary's error and apt output; fix the cause and create a new \
@@ -165,6 +182,8 @@ pub struct Thresholds {
     pub slot_held_after: Duration,
     /// A failed run alerts for this long after it ended (then it is history).
     pub failed_run_for: Duration,
+    /// Refused writes alert for this long after the latest was reported.
+    pub refused_for: Duration,
 }
 
 impl Default for Thresholds {
@@ -173,6 +192,7 @@ impl Default for Thresholds {
             silent_after: Duration::from_secs(15 * 60),
             slot_held_after: Duration::from_secs(60 * 60),
             failed_run_for: Duration::from_secs(24 * 3600),
+            refused_for: Duration::from_secs(3600),
         }
     }
 }
@@ -185,6 +205,8 @@ pub struct DeviceFacts<'a> {
     pub upgrade: Option<&'a AgentUpgradeStatus>,
     /// Its last heartbeat (never: no silence alert, it has not started yet).
     pub last_heartbeat: Option<Timestamp>,
+    /// Its refused writes as the Device shows them, with the latest report's time.
+    pub writes_refused: Option<(&'a crate::crd::WritesRefused, Timestamp)>,
 }
 
 /// One TaskRun as the alerts see it.
@@ -243,6 +265,27 @@ pub fn evaluate<'a>(
                         super::html::age(bound)
                     ),
                 },
+            });
+        }
+        if let Some((w, last)) = d
+            .writes_refused
+            .filter(|(_, last)| now.since(*last) <= t.refused_for)
+        {
+            out.push(Alert {
+                kind: AlertKind::WritesRefused,
+                subject: Subject::Device(d.name.to_owned()),
+                since: Some(last),
+                detail: format!(
+                    "{} refused since {} (latest: {}{}: {})",
+                    w.count,
+                    w.since,
+                    w.kind,
+                    w.bucket
+                        .as_deref()
+                        .map(|b| format!(" in {b}"))
+                        .unwrap_or_default(),
+                    w.reason
+                ),
             });
         }
         if let Some(hb) = d.last_heartbeat {
@@ -359,6 +402,15 @@ mod tests {
             silent_after: Duration::from_secs(600),
             slot_held_after: Duration::from_secs(3600),
             failed_run_for: Duration::from_secs(86400),
+            refused_for: Duration::from_secs(3600),
+        };
+        let refused = crate::crd::WritesRefused {
+            count: 300,
+            since: "2026-12-01T10:00:00Z".into(),
+            last_at: "2026-12-01T10:01:00Z".into(),
+            bucket: Some("device-heartbeat".into()),
+            kind: "over-budget".into(),
+            reason: "over the device's write budget".into(),
         };
         let mut quarantined = fixtures::upgrade_status();
         quarantined.phase = UpgradePhase::RollbackFailed;
@@ -377,6 +429,11 @@ mod tests {
             ("silent", None, Some(at(100_000 - 601))),
             ("just-quiet", None, Some(at(100_000 - 600))),
             ("never", None, None),
+        ];
+        // Refused an hour ago exactly: still shown; an hour and a second ago: history.
+        let refusals = [
+            ("flooder", at(100_000 - 3600)),
+            ("flooded-long-ago", at(100_000 - 3601)),
         ];
         let run = |phase, reason, done: u64| TaskRunStatus {
             phase: Some(phase),
@@ -431,11 +488,20 @@ mod tests {
             }],
         };
         let alerts = evaluate(
-            devices.iter().map(|(n, u, hb)| DeviceFacts {
-                name: n,
-                upgrade: *u,
-                last_heartbeat: *hb,
-            }),
+            devices
+                .iter()
+                .map(|(n, u, hb)| DeviceFacts {
+                    name: n,
+                    upgrade: *u,
+                    last_heartbeat: *hb,
+                    writes_refused: None,
+                })
+                .chain(refusals.iter().map(|(n, last)| DeviceFacts {
+                    name: n,
+                    upgrade: None,
+                    last_heartbeat: None,
+                    writes_refused: Some((&refused, *last)),
+                })),
             runs.iter().map(|(n, s)| RunFacts {
                 namespace: "ops",
                 name: n,
@@ -455,6 +521,7 @@ mod tests {
                 (AlertKind::RollbackFailed, "device q".into()),
                 (AlertKind::DeviceSilent, "device silent".into()),
                 (AlertKind::DeviceStalled, "device stuck".into()),
+                (AlertKind::WritesRefused, "device flooder".into()),
                 (AlertKind::CanaryFailed, "task run ops/canary".into()),
                 (AlertKind::RunFailed, "task run ops/target".into()),
                 (
@@ -471,7 +538,12 @@ mod tests {
             alerts[2].detail,
             "upgrade to 1.2.0 in phase preparing for longer than its bound of 9m"
         );
-        assert!(alerts[3]
+        assert_eq!(
+            alerts[3].detail,
+            "300 refused since 2026-12-01T10:00:00Z (latest: over-budget in device-heartbeat: over the \
+             device's write budget)"
+        );
+        assert!(alerts[4]
             .detail
             .starts_with("CanaryFailed: 0 of 3 succeeded, 1 failed"));
         // the same alerts again: nothing new; one gone and one back: only that one is new

@@ -154,6 +154,9 @@ async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: 
                     last_heartbeat: s
                         .and_then(|s| s.last_heartbeat.as_deref())
                         .and_then(html::parse_time),
+                    writes_refused: s
+                        .and_then(|s| s.writes_refused.as_ref())
+                        .and_then(|w| Some((w, html::parse_time(&w.last_at)?))),
                 }
             }),
             runs.iter().filter_map(|r| {
@@ -169,6 +172,10 @@ async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: 
         );
         let before = state.alerts();
         for a in alerts::appeared(&before, &next) {
+            if !a.kind.publishes_event() {
+                log::warn!("alert: {}: {}: {}", a.kind.title(), a.subject, a.detail);
+                continue;
+            }
             log::warn!("alert: {}: {}: {}", a.kind.title(), a.subject, a.detail);
             events::publish(
                 &client,

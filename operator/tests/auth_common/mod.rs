@@ -482,3 +482,16 @@ pub fn write_token(path: &Path, text: &str) {
     std::io::Write::write_all(&mut f, text.as_bytes()).expect("write token");
     std::fs::rename(&tmp, path).expect("rename token");
 }
+
+/// The bucket (keyed by device) where a device can store its largest value *and* read it back by a direct get:
+/// the most it can make the server send to a reply subject it names per request. Write-only buckets (workload
+/// status, 96 KiB) are excluded by the permissions, which is the point.
+#[allow(dead_code)]
+pub fn largest_readable_own_bucket() -> &'static fleet_wire::kv::BucketSpec {
+    use fleet_wire::auth::{device_access, DeviceAccess};
+    fleet_wire::device_api::written_buckets()
+        .filter(|b| b.key == fleet_wire::kv::KeyShape::Device)
+        .filter(|b| device_access(b) == DeviceAccess::ReadWrite)
+        .max_by_key(|b| b.max_value_bytes)
+        .expect("a bucket a device writes and reads")
+}
