@@ -11,8 +11,8 @@
 use crate::podman::{Observed, Podman, PodmanError};
 use fleet_wire::workload::{LABEL_DEVICE, LABEL_SPEC_DIGEST, LABEL_WORKLOAD};
 use fleet_wire::{
-    BoundedText, DeviceId, FailureReason, RestartPolicy, Sha256Hex, WorkloadFailure, WorkloadName,
-    WorkloadSpec, WorkloadState, WorkloadStatus,
+    BoundedText, DeviceId, FailureReason, RestartPolicy, Sha256Hex, Timestamp, WorkloadFailure,
+    WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -704,6 +704,12 @@ pub fn statuses(
                 state,
                 container_id: o.map(|o| o.id.clone()),
                 spec_digest: o.map(|_| digest.clone()),
+                // Podman's StartedAt in Unix seconds (0: never started); only while running, as the soak reads it.
+                started_at: o
+                    .filter(|_| state == WorkloadState::Running)
+                    .and_then(|o| u64::try_from(o.started_at).ok())
+                    .filter(|s| *s > 0)
+                    .map(|s| Timestamp::from_unix_ms(s * 1000)),
                 error,
                 failure,
             }
@@ -868,7 +874,13 @@ mod tests {
         );
         assert_eq!(s[0].state, WorkloadState::Running);
         assert_eq!(s[0].container_id.as_deref(), Some("1"));
+        // Podman's StartedAt (Unix seconds) is what a rollout's soak counts from; only a running workload has one.
+        assert_eq!(
+            s[0].started_at,
+            Some(fleet_wire::Timestamp::from_unix_ms(1000))
+        );
         assert_eq!(s[1].state, WorkloadState::Failed);
+        assert_eq!(s[1].started_at, None);
     }
 
     /// Every step's successor, on success and on failure, forward and in a roll-back.

@@ -117,6 +117,7 @@ fn place(
         name: "web".into(),
         workloads: vec![fleet.workload.clone()],
         targets,
+        held: Default::default(),
     }];
     let current = current(&inputs);
     let per_device = placement::desired_workloads(&devset, &inputs, &current).per_device;

@@ -235,10 +235,16 @@ pub struct Placement {
     printcolumn = r#"{"name":"Devices","type":"integer","jsonPath":".status.targetedDevices"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.rollout.phase"}"#,
+    printcolumn = r#"{"name":"Updated","type":"integer","jsonPath":".status.rollout.updated"}"#,
+    printcolumn = r#"{"name":"Healthy","type":"integer","jsonPath":".status.rollout.healthy"}"#,
+    printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.rollout.pending"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.rollout.failed"}"#,
     printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.workloads.running"}"#,
-    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.workloads.failed"}"#,
-    printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.workloads.pending"}"#,
-    printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#
+    printcolumn = r#"{"name":"WorkloadsFailed","type":"integer","jsonPath":".status.workloads.failed"}"#,
+    printcolumn = r#"{"name":"WorkloadsPending","type":"integer","priority":1,"jsonPath":".status.workloads.pending"}"#,
+    printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#,
+    printcolumn = r#"{"name":"Halted","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Halted\")].message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct FleetDeploymentSpec {
@@ -250,6 +256,10 @@ pub struct FleetDeploymentSpec {
     /// condition instead of breaking the watch of every FleetDeployment.
     #[schemars(schema_with = "wire_object_list")]
     pub workloads: Vec<serde_json::Value>,
+    /// Staged rollout of a change to `workloads`; absent: every targeted device at once. Same fields and rule as
+    /// an AgentRelease's ([`RolloutSpec`]); devices not given the change yet keep the previous workloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutSpec>,
 }
 
 /// Status of a placed object (FleetDeployment or AgentRelease).
@@ -279,13 +289,14 @@ pub struct PlacementStatus {
     /// docs/crds.md, "Two releases, one device"); absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded: Option<u32>,
-    /// AgentRelease only: where its rollout stands ([`crate::rollout`]), counted over the devices it owns.
+    /// Where the rollout stands ([`crate::rollout`]): on an AgentRelease counted over the devices it owns, on a
+    /// FleetDeployment (only with a `rollout` section) over its targeted devices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
     /// `Ready` (reasons `Placed`, `InvalidSpec`, `GroupSourceError`, `Conflict`) and `NatsReachable`; on a
     /// FleetDeployment also `Degraded` (True, reason `WorkloadsFailed`, while some of its workloads failed on their
-    /// devices); on an AgentRelease also `Degraded`, `Progressing`, `Halted` and (when some of its devices are
-    /// taken by a newer release) `Superseded`.
+    /// devices, and with a `rollout` section `Progressing` and `Halted`); on an AgentRelease also `Degraded`,
+    /// `Progressing`, `Halted` and (when some of its devices are taken by a newer release) `Superseded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }
@@ -296,8 +307,9 @@ pub struct PlacementStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutSpec {
-    /// Seconds each updated device must stay healthy after its update (committed, heartbeating as the new
-    /// version, its agent not restarted) before it counts as healthy; 0 up to 86,400. Default 0.
+    /// Seconds each updated device must stay healthy after its update before it counts as healthy (a release:
+    /// committed, heartbeating as the new version, its agent not restarted; a deployment: every workload of it
+    /// running the new spec, not restarted); 0 up to 86,400. Default 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub soak_seconds: Option<u32>,
     /// Most non-canary devices updating or soaking at once: a count (`2`) or a percentage of the devices in the
@@ -308,8 +320,9 @@ pub struct RolloutSpec {
     /// devices in the rollout (rounded down). Default 0: the first failure halts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_failures: Option<IntOrString>,
-    /// A device in its soak whose latest heartbeat is older than this many seconds counts as failed while it
-    /// stays silent; 10 up to 86,400. Default 90 (three of the agent's default 30 s heartbeats).
+    /// A device in its soak whose latest heartbeat (a deployment: its latest workload status) is older than this
+    /// many seconds counts as failed while it stays silent; 10 up to 86,400. Default 90 (three of the agent's
+    /// default 30 s intervals).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_timeout_seconds: Option<u32>,
 }
@@ -353,6 +366,10 @@ pub struct RolloutStatus {
     pub pending: u32,
     /// Failed the attempt, or restarted / fell silent during the soak.
     pub failed: u32,
+    /// FleetDeployment only: the `fleet.nationtech.io/retry` annotation's value this status was decided under. A
+    /// halt holds (even after the failed devices recover) until the annotation changes or the spec does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
 }
 
 /// The desired agent version for one architecture. Plain strings here, validated into fleet-wire types by

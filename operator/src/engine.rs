@@ -240,6 +240,17 @@ pub async fn write_desired(
     mirror: &Arc<Mirror<DesiredState>>,
     per_device: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
 ) -> Result<usize, NatsError> {
+    write_desired_bumped(store, mirror, per_device, Arc::default()).await
+}
+
+/// [`write_desired`], also writing the devices in `bump` with a new generation when their workloads are
+/// unchanged (a FleetDeployment retry: the agent takes the spec again).
+pub async fn write_desired_bumped(
+    store: &Store,
+    mirror: &Arc<Mirror<DesiredState>>,
+    per_device: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
+    bump: Arc<std::collections::BTreeSet<DeviceId>>,
+) -> Result<usize, NatsError> {
     let mut shards: Vec<Vec<(DeviceId, Arc<[WorkloadSpec]>)>> = (0..WRITE_SHARDS)
         .map(|_| Vec::with_capacity(per_device.len() / WRITE_SHARDS + 1))
         .collect();
@@ -250,10 +261,10 @@ pub async fn write_desired(
         shards
             .into_iter()
             .map(|shard| {
-                let (store, mirror) = (store.clone(), mirror.clone());
+                let (store, mirror, bump) = (store.clone(), mirror.clone(), bump.clone());
                 tokio::spawn(async move {
-                    write_desired_shard(&store, &mirror, shard, WRITE_CONCURRENCY / WRITE_SHARDS)
-                        .await
+                    let concurrency = WRITE_CONCURRENCY / WRITE_SHARDS;
+                    write_desired_shard(&store, &mirror, shard, &bump, concurrency).await
                 })
             })
             .collect(),
@@ -290,19 +301,23 @@ async fn write_desired_shard(
     store: &Store,
     mirror: &Mirror<DesiredState>,
     items: Vec<(DeviceId, Arc<[WorkloadSpec]>)>,
+    bump: &std::collections::BTreeSet<DeviceId>,
     concurrency: usize,
 ) -> Result<usize, NatsError> {
     // Owned items (taken, not copied): borrowed ones make the future's lifetimes too general for `tokio::spawn`.
     futures::stream::iter(items)
         .map(|(dev, want)| async move {
+            // Bumped once: a lost race re-decides on the value it lost to, which may be the bump itself.
+            let mut bumping = bump.contains(&dev);
             kv::cas_write(
                 store,
                 mirror,
                 &layout::device_key(&dev),
                 |cur: Option<&DesiredState>| {
-                    if cur.is_some_and(|c| c.workloads[..] == want[..]) {
+                    if cur.is_some_and(|c| c.workloads[..] == want[..]) && !bumping {
                         return None;
                     }
+                    bumping = false;
                     let generation = cur.map(|c| c.generation + 1).unwrap_or(1);
                     match DesiredState::new(dev.clone(), generation, want.to_vec()) {
                         Ok(s) => Some(s),
@@ -451,7 +466,10 @@ impl Engine {
             log::warn!("Device {name:?} ignored: {why}");
         }
         if let (Some(link), None) = (link, &nats_error) {
-            if let Err(e) = self.write_nats(link, plan.desired, plan.intents).await {
+            if let Err(e) = self
+                .write_nats(link, plan.desired, plan.bump, plan.intents)
+                .await
+            {
                 nats_error = Some(e.to_string());
             }
         }
@@ -506,10 +524,14 @@ impl Engine {
         &self,
         link: &Link,
         desired: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
+        bump: std::collections::BTreeSet<DeviceId>,
         intents: Vec<plan::IntentWrite>,
     ) -> Result<(), NatsError> {
         let store = link.store(layout::DESIRED_STATE)?;
-        match write_desired(store, &self.mirrors.desired, desired).await? {
+        if !bump.is_empty() {
+            log::info!("retry: desired state given again to {} devices", bump.len());
+        }
+        match write_desired_bumped(store, &self.mirrors.desired, desired, Arc::new(bump)).await? {
             0 => {}
             n => log::info!("wrote {n} desired states"),
         }

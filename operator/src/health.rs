@@ -93,6 +93,7 @@ mod tests {
             state,
             container_id: None,
             spec_digest: matches!(state, WorkloadState::Running).then(|| w.digest()),
+            started_at: None,
             error: error.map(BoundedText::lossy),
             failure: None,
         }
@@ -162,6 +163,7 @@ mod tests {
             state: WorkloadState::Failed,
             container_id: None,
             spec_digest: None,
+            started_at: None,
             error: Some(BoundedText::lossy(&long)),
             failure: None,
         });
@@ -170,6 +172,7 @@ mod tests {
             state: WorkloadState::Missing,
             container_id: None,
             spec_digest: None,
+            started_at: None,
             error: None,
             failure: None,
         });

@@ -22,6 +22,7 @@ pub mod refusals;
 pub mod release;
 pub mod report;
 pub mod rollout;
+pub mod rollout_workloads;
 pub mod schema;
 pub mod tasks;
 pub mod validate;

@@ -286,6 +286,9 @@ pub struct DeploymentInput {
     pub workloads: Vec<WorkloadSpec>,
     /// Where it goes, or why that is unknown.
     pub targets: Result<BTreeSet<DeviceId>, PlacementError>,
+    /// Targeted devices its rollout has not given the change yet, with what they keep instead of `workloads`
+    /// (their previous workloads of this deployment, see [`crate::rollout_workloads::previous`]).
+    pub held: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
 }
 
 /// Result of [`desired_workloads`].
@@ -335,7 +338,8 @@ pub fn desired_workloads<'a>(
         match &d.targets {
             Ok(targets) => {
                 for dev in targets.iter().filter(|t| devices.contains(*t)) {
-                    for w in &d.workloads {
+                    let ws = d.held.get(dev).map_or(&d.workloads[..], |l| &l[..]);
+                    for w in ws {
                         add(dev, w);
                     }
                 }
@@ -618,11 +622,13 @@ mod tests {
             name: name.into(),
             workloads: ws,
             targets: Ok(ids(t)),
+            held: BTreeMap::new(),
         };
         let failed = |name: &str, ws: Vec<WorkloadSpec>| DeploymentInput {
             name: name.into(),
             workloads: ws,
             targets: Err(PlacementError::InvalidSpec("x".into())),
+            held: BTreeMap::new(),
         };
         let mut current = BTreeMap::new();
         current.insert(id("d2"), vec![w("web", "old"), w("gone", "x")]);
@@ -688,5 +694,17 @@ mod tests {
         assert_eq!(r.per_device[&id("d2")][..], vec![w("web", "v3")]);
         assert_eq!(r.per_device[&id("d3")][..], vec![w("web", "old")], "held");
         assert!(r.conflicts.is_empty());
+
+        // a rollout holds devices it has not given the change: they get what they had, the rest the new spec
+        let mut staged = ok("a", vec![w("web", "v2")], &["d1", "d2", "d3"]);
+        staged.held.insert(id("d2"), vec![w("web", "old")].into());
+        staged.held.insert(id("d3"), Vec::new().into());
+        let r = desired_workloads(&devs, &[staged], &current);
+        assert_eq!(r.per_device[&id("d1")][..], vec![w("web", "v2")]);
+        assert_eq!(r.per_device[&id("d2")][..], vec![w("web", "old")]);
+        assert!(
+            r.per_device[&id("d3")].is_empty(),
+            "never had it: nothing yet"
+        );
     }
 }

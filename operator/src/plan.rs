@@ -27,6 +27,9 @@ use std::sync::Arc;
 pub const FAILED_EXAMPLES: usize = 5;
 /// Most unknown listed devices a group's message names.
 pub const UNKNOWN_EXAMPLES: usize = 5;
+/// Most distinct previous specs of one staged deployment shared between the devices it holds back (the rest are
+/// kept per device; a deployment changed a few times mid-rollout has a few).
+pub const HELD_LISTS: usize = 8;
 /// Most superseded devices a release's Superseded message names.
 pub const CONFLICT_EXAMPLES: usize = 10;
 
@@ -167,6 +170,9 @@ pub struct NewDevice {
 pub struct Plan {
     /// Each device's workloads (written compare-and-set; unchanged ones are skipped).
     pub desired: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
+    /// Devices whose desired state is written again with a new generation even when unchanged: a FleetDeployment
+    /// retry gives its failed devices the spec again ([`crate::rollout_workloads::retry_requested`]).
+    pub bump: BTreeSet<DeviceId>,
     /// Agent-upgrade attempts to write.
     pub intents: Vec<IntentWrite>,
     /// DeviceGroup statuses.
@@ -315,7 +321,7 @@ fn fleet(s: &Snapshot, plan: &mut Plan) -> Fleet {
 pub fn plan(s: &Snapshot, now: Timestamp, new_id: &mut dyn FnMut() -> AttemptId) -> Plan {
     let mut plan = Plan::default();
     let fleet = fleet(s, &mut plan);
-    let deployed = deployments(s, &fleet, &mut plan);
+    let deployed = deployments(s, &fleet, &mut plan, now);
     releases(s, &fleet, &mut plan, now, new_id);
     groups(s, &fleet, &mut plan);
     deployment_statuses(s, deployed, &mut plan);
@@ -330,17 +336,114 @@ struct Deployed {
     workloads: BTreeMap<String, Vec<WorkloadSpec>>,
     holding: BTreeSet<String>,
     conflicts: BTreeMap<String, Vec<(DeviceId, String, String)>>,
+    /// Deployments with a `rollout` section: the pass's outcome.
+    rollouts: BTreeMap<String, StagedDeployment>,
+    /// Per deployment, the devices its rollout holds back and what they keep.
+    held: BTreeMap<String, BTreeMap<DeviceId, Arc<[WorkloadSpec]>>>,
 }
 
-fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) -> Deployed {
+/// One staged deployment's rollout in this pass.
+struct StagedDeployment {
+    outcome: rollout::Outcome,
+    /// The previous `Halted` condition, kept while the halt holds and nothing fails now.
+    kept_halt: Option<Want>,
+}
+
+/// A deployment's rollout: which targeted devices get its spec now, which keep their previous workloads
+/// (returned), which failed ones a retry gives the spec again (into `plan.bump`).
+#[allow(clippy::too_many_arguments)]
+fn stage(
+    s: &Snapshot,
+    fleet: &Fleet,
+    d: &FleetDeployment,
+    workloads: &[WorkloadSpec],
+    targets: &BTreeSet<DeviceId>,
+    policy: &rollout::Policy,
+    now: Timestamp,
+    plan: &mut Plan,
+) -> (StagedDeployment, BTreeMap<DeviceId, Arc<[WorkloadSpec]>>) {
+    use crate::rollout_workloads as rw;
+    let old = d.status.as_ref();
+    let token = rw::token(d.annotations().get(release::RETRY_ANNOTATION));
+    let retry = rw::retry_requested(old, token);
+    let holds = !retry && rw::halt_holds(old, d.metadata.generation, token);
+    let mut in_rollout = Vec::with_capacity(targets.len());
+    for dev in targets {
+        let current = s.desired.get(dev.as_str());
+        let mut observed = rw::observe(workloads, current, s.workloads.get(dev.as_str()));
+        if retry && observed == rollout::Observed::Failed {
+            plan.bump.insert(dev.clone());
+            observed = rollout::Observed::Updating(None);
+        }
+        let canary = fleet
+            .labels
+            .get(dev)
+            .and_then(|l| l.get(rollout::CANARY_LABEL))
+            .is_some_and(|v| v == "true");
+        in_rollout.push(rollout::Target {
+            id: dev.clone(),
+            canary,
+            observed,
+        });
+    }
+    let mut outcome = rollout::plan(&in_rollout, policy, now);
+    let mut kept_halt = None;
+    if holds && outcome.halt.is_none() {
+        outcome.release.clear();
+        outcome.status.phase = RolloutPhase::Halted;
+        kept_halt = old
+            .and_then(|o| o.conditions.iter().find(|c| c.type_ == conditions::HALTED))
+            .map(|c| Want {
+                type_: conditions::HALTED,
+                ok: true,
+                reason: if c.reason == rollout::HaltReason::FailureThreshold.as_str() {
+                    rollout::HaltReason::FailureThreshold.as_str()
+                } else {
+                    rollout::HaltReason::CanaryFailed.as_str()
+                },
+                message: c.message.clone(),
+            });
+    }
+    outcome.status.retry = token.map(str::to_owned);
+    let released: BTreeSet<&DeviceId> = outcome.release.iter().collect();
+    // Devices held back mostly keep one and the same previous spec: one shared list each, so that placement
+    // shares it too (it shares lists by their objects' addresses).
+    let mut lists: Vec<Arc<[WorkloadSpec]>> = Vec::new();
+    let held = in_rollout
+        .iter()
+        .filter(|t| t.observed == rollout::Observed::Pending && !released.contains(&t.id))
+        .map(|t| {
+            let keep = rw::previous(workloads, s.desired.get(t.id.as_str()));
+            let list = match lists.iter().find(|l| l[..] == keep[..]) {
+                Some(l) => l.clone(),
+                None if lists.len() < HELD_LISTS => {
+                    lists.push(keep.into());
+                    lists[lists.len() - 1].clone()
+                }
+                None => keep.into(),
+            };
+            (t.id.clone(), list)
+        })
+        .collect();
+    (StagedDeployment { outcome, kept_halt }, held)
+}
+
+fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> Deployed {
     let mut inputs = Vec::new();
     let mut results = BTreeMap::new();
     let mut targets_of = BTreeMap::new();
+    let mut rollouts = BTreeMap::new();
     for d in &s.deployments {
         // Unknown fields (kept by the CRD, dropped by the typed spec) make the spec invalid, as the webhook says.
         let workloads = match crate::schema::refusal(d.as_ref()) {
             Some(m) => Err(m),
             None => validate::deployment_workloads(&d.spec),
+        };
+        // The rollout section is checked like an AgentRelease's: out of range is an invalid spec.
+        let policy = rollout::Policy::from_spec(d.spec.rollout.as_ref());
+        let workloads = match (workloads, &policy) {
+            (Ok(_), Err(e)) => Err(e.clone()),
+            (w, _) => w,
         };
         let targets = match &workloads {
             Err(e) => Err(PlacementError::InvalidSpec(e.clone())),
@@ -373,10 +476,17 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) -> Deployed {
                 held.into_values().collect()
             }
         };
+        let mut held = BTreeMap::new();
+        if let (Ok(t), Ok(policy), Some(_)) = (&targets, &policy, &d.spec.rollout) {
+            let (staged, h) = stage(s, fleet, d, &workloads, t, policy, now, plan);
+            rollouts.insert(d.name_any(), staged);
+            held = h;
+        }
         inputs.push(DeploymentInput {
             name: d.name_any(),
             workloads,
             targets,
+            held,
         });
     }
     // Each device's current workloads: only a deployment whose placement failed reads them (to hold what runs).
@@ -417,12 +527,22 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan) -> Deployed {
         }
     }
     plan.desired = desired.per_device;
+    let mut workloads = BTreeMap::new();
+    let mut held = BTreeMap::new();
+    for i in inputs {
+        if !i.held.is_empty() {
+            held.insert(i.name.clone(), i.held);
+        }
+        workloads.insert(i.name, i.workloads);
+    }
     Deployed {
         results,
         targets: targets_of,
-        workloads: inputs.into_iter().map(|i| (i.name, i.workloads)).collect(),
+        workloads,
         holding,
         conflicts: desired.conflicts,
+        rollouts,
+        held,
     }
 }
 
@@ -807,14 +927,27 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             let lost = d.conflicts.contains_key(&name);
+            let held = d.held.get(&name);
             health::deployment(targets.iter().flat_map(|dev| {
                 let on_device = plan.desired.get(dev);
                 let report = s.workloads.get(dev.as_str());
-                mine.iter()
+                // A device the rollout holds back is judged on what it keeps.
+                let given = held.and_then(|h| h.get(dev)).map_or(mine, |l| &l[..]);
+                given
+                    .iter()
                     .filter(move |w| !lost || on_device.is_some_and(|l| l.contains(w)))
                     .map(move |w| (dev.as_str(), w, report))
             }))
         });
+        let staged = d.rollouts.get(&name);
+        let mut wants: Vec<Want> = std::iter::once(ready_want(&result))
+            .chain(health.as_ref().map(workloads_degraded_want))
+            .collect();
+        if let Some(r) = staged {
+            let [progressing, halted] = rollout_wants(&r.outcome);
+            wants.push(progressing);
+            wants.push(r.kept_halt.clone().unwrap_or(halted));
+        }
         plan.deployments.push(StatusPlan {
             obj: obj.clone(),
             old: obj.status.clone().unwrap_or_default(),
@@ -822,11 +955,10 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
                 observed_generation: obj.metadata.generation,
                 targeted_devices: targeted,
                 workloads: health.clone(),
+                rollout: staged.map(|r| r.outcome.status.clone()),
                 ..Default::default()
             },
-            wants: std::iter::once(ready_want(&result))
-                .chain(health.as_ref().map(workloads_degraded_want))
-                .collect(),
+            wants,
             nats: true,
         });
     }
@@ -1330,6 +1462,160 @@ mod tests {
         // an unreachable NATS is a change
         let down = conditions::nats_reachable(Some("connection refused"));
         assert!(p.deployments[0].clone().finish(&down, &now).is_some());
+    }
+
+    /// A staged deployment through its passes: the canary gets the new spec and the rest keep the old one in
+    /// their desired state; after the canary's soak one more; a failed canary halts, and the halt holds after it
+    /// recovers until the retry annotation changes, which gives the failed device the spec again.
+    #[test]
+    fn staged_deployment_holds_the_rest_until_the_canary_soaked() {
+        use fleet_wire::{WorkloadState, WorkloadStatus};
+        let staged = |image: &str, meta: Value, status: Option<PlacementStatus>| {
+            let mut d: FleetDeployment = (*obj::<FleetDeployment>(
+                "FleetDeployment",
+                "web",
+                meta,
+                json!({"allowedGroups": ["all"], "workloads": [{"name": "web", "image": image}],
+                    "rollout": {"soakSeconds": 60, "maxUnavailable": 1}}),
+            ))
+            .clone();
+            d.status = status;
+            Arc::new(d)
+        };
+        let spec_of = |d: &FleetDeployment| validate::deployment_workloads(&d.spec).expect("valid");
+        let old = spec_of(&staged("nginx:1", json!({}), None));
+        let new = spec_of(&staged("nginx:2", json!({}), None));
+        let key = |id: &str, generation, ws: &[WorkloadSpec]| {
+            let s = DesiredState::new(DeviceId::try_from(id).expect("id"), generation, ws.to_vec());
+            (id.to_owned(), s.expect("state"))
+        };
+        let now = Timestamp::now();
+        let report = |id: &str, generation, state, started: u64| {
+            let mut r = fixtures::workload_status();
+            r.device_id = DeviceId::try_from(id).expect("id");
+            r.generation = generation;
+            r.at = now;
+            r.workloads = vec![WorkloadStatus {
+                name: new[0].name.clone(),
+                state,
+                container_id: None,
+                spec_digest: (state == WorkloadState::Running).then(|| new[0].digest()),
+                started_at: Some(Timestamp::from_unix_ms(now.unix_ms() - started * 1000)),
+                error: None,
+                failure: None,
+            }];
+            (id.to_owned(), r)
+        };
+        let images = |p: &Plan| -> Vec<String> {
+            p.desired
+                .iter()
+                .map(|(d, ws)| {
+                    format!(
+                        "{d}={}",
+                        ws.iter().map(|w| w.image.as_str()).collect::<String>()
+                    )
+                })
+                .collect()
+        };
+        let rollout_of = |p: &Plan| {
+            let d = &p.deployments[0];
+            let r = d.next.rollout.clone().expect("status.rollout");
+            let halted = d
+                .wants
+                .iter()
+                .find(|w| w.type_ == conditions::HALTED)
+                .cloned();
+            (r, halted.expect("Halted wanted"))
+        };
+        let mut s = base();
+        s.devices = vec![
+            device("d1", json!({"canary": "true"})),
+            device("d2", json!({})),
+            device("d3", json!({})),
+        ];
+        s.deployments = vec![staged("nginx:2", json!({}), None)];
+        s.desired = [key("d1", 1, &old), key("d2", 1, &old), key("d3", 1, &old)].into();
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
+        let (r, halted) = rollout_of(&p);
+        assert_eq!((r.phase, r.pending), (RolloutPhase::Progressing, 3));
+        assert!(!halted.ok);
+
+        // the canary took it and runs it for 30 s: soaking, nobody else
+        s.desired.insert("d1".into(), key("d1", 2, &new).1);
+        s.workloads = [report("d1", 2, WorkloadState::Running, 30)].into();
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
+        assert_eq!(rollout_of(&p).0.phase, RolloutPhase::Soaking);
+
+        // 60 s: healthy; d2 is next, d3 waits
+        s.workloads = [report("d1", 2, WorkloadState::Running, 60)].into();
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:2", "d3=nginx:1"]);
+        assert_eq!(rollout_of(&p).0.healthy, 1);
+
+        // the canary's workload failed: halted, the rest keep the old spec
+        s.workloads = [report("d1", 2, WorkloadState::Failed, 0)].into();
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
+        let (r, halted) = rollout_of(&p);
+        assert_eq!((r.phase, r.failed), (RolloutPhase::Halted, 1));
+        assert!(halted.ok && halted.reason == "CanaryFailed", "{halted:?}");
+        assert!(halted.message.contains("d1"), "{}", halted.message);
+        let ok = conditions::nats_reachable(None);
+        let at = Time(k8s_openapi::jiff::Timestamp::now());
+        let (_, _, halted_status) = p.deployments[0].clone().finish(&ok, &at).expect("status");
+
+        // it recovers: the halt holds (the status says Halted for this spec)
+        s.deployments = vec![staged("nginx:2", json!({}), Some(halted_status.clone()))];
+        s.workloads = [report("d1", 2, WorkloadState::Running, 600)].into();
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
+        let (r, halted) = rollout_of(&p);
+        assert_eq!(r.phase, RolloutPhase::Halted);
+        assert!(halted.ok && halted.message.contains("d1"), "{halted:?}");
+        assert!(p.bump.is_empty());
+
+        // a retry with the canary still failing gives it the spec again (a new generation) and lifts the halt
+        let retry = json!({"annotations": {release::RETRY_ANNOTATION: "1"}});
+        s.deployments = vec![staged(
+            "nginx:2",
+            retry.clone(),
+            Some(halted_status.clone()),
+        )];
+        s.workloads = [report("d1", 2, WorkloadState::Failed, 0)].into();
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(
+            p.bump.iter().map(DeviceId::as_str).collect::<Vec<_>>(),
+            ["d1"]
+        );
+        let (r, halted) = rollout_of(&p);
+        assert_eq!(
+            (r.phase, r.updating, r.retry.as_deref()),
+            (RolloutPhase::Progressing, 1, Some("1"))
+        );
+        assert!(!halted.ok);
+
+        // a retry after the canary recovered: the rollout goes on
+        s.workloads = [report("d1", 2, WorkloadState::Running, 600)].into();
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:2", "d3=nginx:1"]);
+        assert!(p.bump.is_empty());
+
+        // an invalid rollout section is InvalidSpec and places nothing new
+        let mut bad = (*staged("nginx:3", json!({}), None)).clone();
+        bad.spec.rollout = Some(crate::crd::RolloutSpec {
+            soak_seconds: Some(rollout::MAX_SECONDS + 1),
+            ..Default::default()
+        });
+        s.deployments = vec![Arc::new(bad)];
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(
+            p.deployments[0].wants[0].reason,
+            conditions::REASON_INVALID_SPEC
+        );
+        assert!(p.deployments[0].wants[0].message.contains("soakSeconds"));
+        assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
     }
 
     #[test]

@@ -190,6 +190,7 @@ mod tests {
             let spec = FleetDeploymentSpec {
                 placement: Placement::default(),
                 workloads,
+                rollout: None,
             };
             match (deployment_workloads(&spec), want) {
                 (Ok(v), Ok(n)) => assert_eq!(v.len(), n, "case {i}"),

@@ -718,6 +718,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     state: WorkloadState::Running,
                     container_id: Some("c1".into()),
                     spec_digest: Some(web.digest()),
+                    started_at: None,
                     error: None,
                     failure: None,
                 },
@@ -726,6 +727,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     state: db,
                     container_id: None,
                     spec_digest: None,
+                    started_at: None,
                     error: error.map(BoundedText::lossy),
                     failure: None,
                 },
@@ -762,7 +764,11 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
 
     // what a person sees
     let table = kubectl_get(&["fdep", &dep]);
-    for (col, want) in [("RUNNING", "3"), ("FAILED", "1"), ("PENDING", "0")] {
+    for (col, want) in [
+        ("RUNNING", "3"),
+        ("WORKLOADSFAILED", "1"),
+        ("WORKLOADSPENDING", "0"),
+    ] {
         assert_eq!(cell(&table, col), want, "{col} in\n{table}");
     }
     assert!(

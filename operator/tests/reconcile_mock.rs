@@ -64,6 +64,7 @@ fn deployment() -> FleetDeployment {
                 target_selector: Default::default(),
             },
             workloads: vec![],
+            rollout: None,
         },
     );
     d.metadata.generation = Some(3);

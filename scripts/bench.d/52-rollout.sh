@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One pass of the AgentRelease rollout planner over 100,000 devices at the start, middle and end of a staged
-# rollout, next to the same devices without a rollout section. Prints a Markdown table
+# One pass of the rollout planner over 100,000 devices at the start, middle and end of a staged rollout, next to
+# the same devices without a rollout section; then a whole operator pass for a FleetDeployment change on 100,000
+# devices, staged and not (its own path: desired-state keys and workload reports). Prints two Markdown tables
 # (operator/examples/rollout_bench.rs).
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}

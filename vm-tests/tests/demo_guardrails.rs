@@ -67,6 +67,12 @@ fn typos() -> Vec<(&'static str, &'static str, String, &'static str)> {
         // FleetDeployment
         (
             "FleetDeployment",
+            "t-dep-rollout",
+            "spec: {allowedGroups: [demo], workloads: [], rollout: {maxUnavailabe: 1}}".into(),
+            "spec.rollout.maxUnavailabe",
+        ),
+        (
+            "FleetDeployment",
             "t-dep-spec",
             "spec: {allowedGroups: [demo], workloads: [], targetSelecter: {}}".into(),
             "spec.targetSelecter",

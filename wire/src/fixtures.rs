@@ -125,6 +125,7 @@ pub fn workload_status() -> DeviceWorkloadStatus {
             state: WorkloadState::Running,
             container_id: Some("3f2a".repeat(16)),
             spec_digest: Some(w.digest()),
+            started_at: Some(t(30)),
             error: None,
             failure: None,
         }],
@@ -140,6 +141,7 @@ pub fn workload_status_failed() -> DeviceWorkloadStatus {
         state: WorkloadState::Failed,
         container_id: None,
         spec_digest: None,
+        started_at: None,
         error: Some(BoundedText::lossy(
             "image localhost/web:nope could not be pulled: manifest unknown",
         )),

@@ -507,6 +507,11 @@ pub struct WorkloadStatus {
     /// Digest of the spec the container was created from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_digest: Option<Sha256Hex>,
+    /// With `state: running`: when that container last started (the device's clock, whole seconds). A restart
+    /// moves it, so a rollout's soak counts from it. Absent in every other state and from agents before it was
+    /// added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
     /// The latest error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<BoundedText>,

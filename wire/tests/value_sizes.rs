@@ -59,6 +59,8 @@ fn the_largest_values_fit_their_buckets() {
                 .expect("name"),
             state: WorkloadState::Failed,
             error: longest(),
+            // Only a running workload says when it started.
+            started_at: None,
             // The failure details at their largest: a 64-hex container id and a digest.
             failure: fixtures::workload_status_failed().workloads[0]
                 .failure

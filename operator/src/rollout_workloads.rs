@@ -1,0 +1,356 @@
+//! A FleetDeployment's side of a staged rollout, as pure functions: what *updated*, *healthy* and *failed* mean
+//! for workloads, mapped into the planner's [`Observed`] (the planner itself, [`crate::rollout::plan`], is the one
+//! AgentRelease uses); what a device not given the change yet keeps; and the halt that holds until a person
+//! retries. Everything is read from NATS (the device's desired-state key and its workload status) and the CR
+//! (its status and annotations), so a restarted operator finds the same position. Table-tested.
+//!
+//! - *updated*: the device's desired-state key holds every workload of the deployment's spec as it is now;
+//! - *healthy*: the device reports every one of them running that spec (its digest), at a generation at least
+//!   the key's, each container started (its `startedAt`) at least `soakSeconds` before the report; a restart moves
+//!   `startedAt`, so the soak starts again. A report older than `heartbeatTimeoutSeconds` during the soak fails;
+//! - *failed*: one of them reports `failed` (the agent could not pull, create or start it) or `exited` for that
+//!   spec;
+//! - otherwise *updating*.
+
+use crate::crd::{PlacementStatus, RolloutPhase};
+use crate::rollout::Observed;
+use fleet_wire::{DesiredState, DeviceWorkloadStatus, Timestamp, WorkloadSpec, WorkloadState};
+use std::collections::BTreeSet;
+
+/// True when `current` (the device's desired-state key) holds every workload of `new`, exactly.
+pub fn is_updated(new: &[WorkloadSpec], current: Option<&DesiredState>) -> bool {
+    let have = current.map(|c| c.workloads.as_slice()).unwrap_or_default();
+    new.iter().all(|w| have.contains(w))
+}
+
+/// What a device not given the change keeps: the workloads its key holds under the names of the deployment's
+/// spec (nothing for a device that never had them). A workload removed from the spec is removed everywhere at
+/// once: only changes and additions are staged.
+pub fn previous(new: &[WorkloadSpec], current: Option<&DesiredState>) -> Vec<WorkloadSpec> {
+    let names: BTreeSet<&str> = new.iter().map(|w| w.name.as_str()).collect();
+    current
+        .map(|c| c.workloads.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter(|w| names.contains(w.name.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// Where one targeted device stands for the deployment's spec `new`, from its desired-state key and its report.
+pub fn observe(
+    new: &[WorkloadSpec],
+    current: Option<&DesiredState>,
+    report: Option<&DeviceWorkloadStatus>,
+) -> Observed {
+    let Some(cur) = current.filter(|_| is_updated(new, current)) else {
+        return Observed::Pending;
+    };
+    // A report of an older generation describes what the device had before this key.
+    let Some(report) = report.filter(|r| r.generation >= cur.generation) else {
+        return Observed::Updating(None);
+    };
+    let mut started: Option<Timestamp> = None;
+    let mut all_running = true;
+    for w in new {
+        let digest = w.digest();
+        let entry = report.workloads.iter().find(|r| r.name == w.name);
+        let of_spec = entry.is_some_and(|r| r.spec_digest.as_ref().is_none_or(|d| *d == digest));
+        match entry.map(|r| r.state) {
+            Some(WorkloadState::Failed) => return Observed::Failed,
+            Some(WorkloadState::Exited) if of_spec => return Observed::Failed,
+            Some(WorkloadState::Running)
+                if entry.is_some_and(|r| r.spec_digest.as_ref() == Some(&digest)) =>
+            {
+                // The soak counts from the latest start; without one (an older agent) from the report itself,
+                // which only a zero soak passes.
+                let at = entry.and_then(|r| r.started_at).unwrap_or(report.at);
+                started = Some(started.map_or(at, |s| s.max(at)));
+            }
+            _ => all_running = false,
+        }
+    }
+    match (all_running, started) {
+        (true, Some(at)) => Observed::Committed {
+            at,
+            agent_started: None,
+            heartbeat: Some(report.at),
+        },
+        // A deployment with no workloads has nothing to wait for.
+        (true, None) => Observed::Current,
+        (false, _) => Observed::Updating(None),
+    }
+}
+
+/// The retry annotation's value, when set and not empty.
+pub fn token(value: Option<&String>) -> Option<&str> {
+    value.map(String::as_str).filter(|t| !t.is_empty())
+}
+
+/// True when the retry annotation holds a value this deployment's status was not decided under: its failed
+/// devices are given the spec again (a new desired-state generation) and a held halt is lifted.
+pub fn retry_requested(old: Option<&PlacementStatus>, token: Option<&str>) -> bool {
+    token.is_some()
+        && old
+            .and_then(|s| s.rollout.as_ref())
+            .and_then(|r| r.retry.as_deref())
+            != token
+}
+
+/// True when the previous status halted this same spec (`generation`) under the same retry value: the halt holds,
+/// even if the devices that caused it recovered, until a person changes the spec or the annotation.
+pub fn halt_holds(
+    old: Option<&PlacementStatus>,
+    generation: Option<i64>,
+    token: Option<&str>,
+) -> bool {
+    old.is_some_and(|s| {
+        s.observed_generation == generation
+            && s.rollout
+                .as_ref()
+                .is_some_and(|r| r.phase == RolloutPhase::Halted && r.retry.as_deref() == token)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::RolloutStatus;
+    use crate::rollout::{plan, Policy, Standing, Target};
+    use fleet_wire::{fixtures, DeviceId, WorkloadStatus};
+
+    const T0: u64 = 1_800_000_000_000;
+    fn t(secs: u64) -> Timestamp {
+        Timestamp::from_unix_ms(T0 + secs * 1000)
+    }
+    fn web(image: &str) -> WorkloadSpec {
+        let mut w = fixtures::workload("web");
+        w.image = image.into();
+        w
+    }
+    fn key(generation: u64, ws: &[WorkloadSpec]) -> DesiredState {
+        DesiredState::new(fixtures::device(), generation, ws.to_vec()).expect("state")
+    }
+    /// A report at `at` (seconds) of generation `generation`: each workload's state, spec and start.
+    fn report(
+        generation: u64,
+        at: u64,
+        ws: &[(&WorkloadSpec, WorkloadState, Option<u64>)],
+    ) -> DeviceWorkloadStatus {
+        let mut s = fixtures::workload_status();
+        s.generation = generation;
+        s.at = t(at);
+        s.workloads = ws
+            .iter()
+            .map(|(w, state, started)| WorkloadStatus {
+                name: w.name.clone(),
+                state: *state,
+                container_id: None,
+                spec_digest: (*state != WorkloadState::Failed).then(|| w.digest()),
+                started_at: started.map(t),
+                error: None,
+                failure: None,
+            })
+            .collect();
+        s
+    }
+
+    #[test]
+    fn observe_table() {
+        use WorkloadState::*;
+        let (old, new) = (web("nginx:1"), web("nginx:2"));
+        let news = [new.clone()];
+        let db = fixtures::workload("db");
+        let committed = |at, beat| Observed::Committed {
+            at: t(at),
+            agent_started: None,
+            heartbeat: Some(t(beat)),
+        };
+        let cases: Vec<(
+            &str,
+            Option<DesiredState>,
+            Option<DeviceWorkloadStatus>,
+            Observed,
+        )> = vec![
+            ("no key", None, None, Observed::Pending),
+            (
+                "the key holds the old spec",
+                Some(key(3, &[old.clone(), db.clone()])),
+                Some(report(3, 50, &[(&old, Running, Some(10))])),
+                Observed::Pending,
+            ),
+            (
+                "given, not reported yet",
+                Some(key(4, &[new.clone(), db.clone()])),
+                None,
+                Observed::Updating(None),
+            ),
+            (
+                "given; the report is of the previous generation (its failure is the old spec's)",
+                Some(key(4, &news)),
+                Some(report(3, 50, &[(&new, Failed, None)])),
+                Observed::Updating(None),
+            ),
+            (
+                "the old container still runs",
+                Some(key(4, &news)),
+                Some(report(4, 50, &[(&old, Running, Some(10))])),
+                Observed::Updating(None),
+            ),
+            (
+                "the new image could not be pulled",
+                Some(key(4, &news)),
+                Some(report(4, 50, &[(&new, Failed, None)])),
+                Observed::Failed,
+            ),
+            (
+                "the new container exited",
+                Some(key(4, &news)),
+                Some(report(4, 50, &[(&new, Exited, None)])),
+                Observed::Failed,
+            ),
+            (
+                "running the new spec since 40: the soak counts from the start",
+                Some(key(4, &news)),
+                Some(report(4, 50, &[(&new, Running, Some(40))])),
+                committed(40, 50),
+            ),
+            (
+                "an older agent reports no start: the report's own time",
+                Some(key(4, &news)),
+                Some(report(4, 50, &[(&new, Running, None)])),
+                committed(50, 50),
+            ),
+        ];
+        for (name, cur, rep, want) in cases {
+            assert_eq!(observe(&news, cur.as_ref(), rep.as_ref()), want, "{name}");
+        }
+        // Two workloads: the later start counts; one still starting keeps the device updating.
+        let two = [new.clone(), db.clone()];
+        let cur = key(5, &two);
+        let both = report(
+            5,
+            90,
+            &[(&new, Running, Some(40)), (&db, Running, Some(70))],
+        );
+        assert_eq!(observe(&two, Some(&cur), Some(&both)), committed(70, 90));
+        let half = report(5, 90, &[(&new, Running, Some(40)), (&db, Starting, None)]);
+        assert_eq!(
+            observe(&two, Some(&cur), Some(&half)),
+            Observed::Updating(None)
+        );
+        assert_eq!(previous(&news, Some(&cur)), news);
+        assert_eq!(
+            previous(&news, Some(&key(3, &[old.clone(), db.clone()]))),
+            [old]
+        );
+        assert!(previous(&[new], None).is_empty());
+    }
+
+    /// What the shared planner makes of a deployment's observations: a restart restarts the soak, a stale report
+    /// during the soak fails the device.
+    #[test]
+    fn soak_of_workloads() {
+        let new = web("nginx:2");
+        let news = [new.clone()];
+        let cur = key(4, &news);
+        let p = Policy::from_spec(Some(&crate::crd::RolloutSpec {
+            soak_seconds: Some(60),
+            ..Default::default()
+        }))
+        .expect("policy");
+        let seen = |started, at, now| {
+            let o = observe(
+                &news,
+                Some(&cur),
+                Some(&report(
+                    4,
+                    at,
+                    &[(&new, WorkloadState::Running, Some(started))],
+                )),
+            );
+            crate::rollout::standing(o, &p, t(now))
+        };
+        assert_eq!(seen(10, 50, 50), Standing::Soaking);
+        assert_eq!(seen(10, 70, 70), Standing::Healthy, "60 s after its start");
+        assert_eq!(
+            seen(40, 70, 70),
+            Standing::Soaking,
+            "restarted at 40: 30 s only"
+        );
+        assert_eq!(
+            seen(10, 50, 50 + 91),
+            Standing::Failed(crate::rollout::Failure::Silent),
+            "no report for longer than the heartbeat timeout"
+        );
+        // three devices, one canary, maxUnavailable 1: the planner releases the canary, then one at a time
+        let ids = ["a", "b", "c"];
+        let targets = |obs: [Observed; 3]| -> Vec<Target> {
+            ids.iter()
+                .zip(obs)
+                .map(|(id, observed)| Target {
+                    id: DeviceId::try_from(*id).expect("id"),
+                    canary: *id == "a",
+                    observed,
+                })
+                .collect()
+        };
+        let pending = || observe(&news, None, None);
+        let running = |started| {
+            observe(
+                &news,
+                Some(&cur),
+                Some(&report(
+                    4,
+                    100,
+                    &[(&new, WorkloadState::Running, Some(started))],
+                )),
+            )
+        };
+        let p1 = Policy {
+            max_unavailable: crate::rollout::Amount::Count(1),
+            ..p
+        };
+        let first = plan(&targets([pending(), pending(), pending()]), &p1, t(0));
+        assert_eq!(first.release, [DeviceId::try_from("a").expect("id")]);
+        let soaking = plan(&targets([running(60), pending(), pending()]), &p1, t(100));
+        assert!(soaking.release.is_empty());
+        assert_eq!(soaking.status.phase, RolloutPhase::Soaking);
+        let next = plan(&targets([running(10), pending(), pending()]), &p1, t(100));
+        assert_eq!(next.release, [DeviceId::try_from("b").expect("id")]);
+        assert_eq!((next.status.healthy, next.status.pending), (1, 2));
+    }
+
+    #[test]
+    fn halts_hold_until_a_retry() {
+        let status = |generation, phase, retry: Option<&str>| PlacementStatus {
+            observed_generation: Some(generation),
+            rollout: Some(RolloutStatus {
+                phase,
+                retry: retry.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let halted = status(2, RolloutPhase::Halted, None);
+        assert!(halt_holds(Some(&halted), Some(2), None));
+        assert!(!halt_holds(Some(&halted), Some(3), None), "a new spec");
+        assert!(!halt_holds(Some(&halted), Some(2), Some("1")), "a retry");
+        assert!(!halt_holds(
+            Some(&status(2, RolloutPhase::Soaking, None)),
+            Some(2),
+            None
+        ));
+        assert!(!halt_holds(None, Some(2), None));
+        let retried = status(2, RolloutPhase::Halted, Some("1"));
+        assert!(halt_holds(Some(&retried), Some(2), Some("1")));
+        assert!(retry_requested(Some(&halted), Some("1")));
+        assert!(
+            !retry_requested(Some(&retried), Some("1")),
+            "already handled"
+        );
+        assert!(retry_requested(Some(&retried), Some("2")));
+        assert!(!retry_requested(Some(&halted), None));
+        assert_eq!(token(Some(&String::new())), None);
+    }
+}
