@@ -467,12 +467,13 @@ fn cluster_sources() -> Vec<String> {
 
 /// Printed commands that name a verb (and kind) in passing, acting on no object: kubectl must know them as
 /// written (`<command> --help` exits 0).
-const MENTIONS: [&str; 7] = [
+const MENTIONS: [&str; 8] = [
     "kubectl",
     "kubectl apply",
     "kubectl create",
     "kubectl delete ftr",
     "kubectl describe",
+    "kubectl explain",
     "kubectl get -o yaml",
     "kubectl port-forward",
 ];
@@ -544,6 +545,15 @@ fn every_printed_kubectl_command_runs_and_the_readme_examples_work_on_the_demo()
         "TaskRun",
         "printed-name",
         &format!("spec: {{{RUN_SPEC}}}"),
+    ));
+    // `<name>` in a Device's instructions, and the deployment the rollout docs retry.
+    c.apply(&format!(
+        "{API}\nkind: Device\nmetadata:\n  name: printed-name\nspec: {{}}\n"
+    ));
+    c.apply(&document(
+        "FleetDeployment",
+        "web",
+        "spec: {allowedGroups: [printed-none], workloads: []}",
     ));
 
     let commands = instructions::printed(&cluster_sources(), &["kubectl"]);
