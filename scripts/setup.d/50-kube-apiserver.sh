@@ -7,7 +7,7 @@
 # Cold: about 115 MB of downloads and 6-10 minutes of build on 2 cores (kubectl alone: about 4 minutes).
 # kube-controller-manager alone with an empty Go cache: 11.6 CPU-minutes (measured; 22 min wall on 2 cores shared
 # with other builds); built after kube-apiserver in the same cache, 91% of its Go source is compiled already
-# (254 of its 1,616 packages are its own), so it adds an estimated 1-2 minutes, most of it the link.
+# (254 of its 1,616 packages are its own), so it adds about a minute (measured on a fresh clone: 55 s after kube-apiserver and kubectl).
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cache=${FLEET_CACHE:-$root/.cache}
