@@ -5,9 +5,7 @@
 //! included).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use async_nats::jetstream::kv;
 use fleet_operator::crd::{Device, DeviceGroup, FleetDeployment, PlacementStatus, RolloutPhase};
-use fleet_operator::engine::{self, Options};
 use fleet_wire::{
     BoundedText, DesiredState, DeviceId, DeviceWorkloadStatus, Timestamp, WorkloadState,
     WorkloadStatus,
@@ -56,7 +54,7 @@ impl Rig {
             )
             .await;
         }
-        r.start_operator();
+        r.f.start_engine();
         let meta = json!({"name": r.dep, "labels": r.f.labels(json!({}))});
         create::<FleetDeployment>(
             &r.f,
@@ -74,36 +72,9 @@ impl Rig {
         (r, devs)
     }
 
-    fn start_operator(&mut self) {
-        let opts = Options {
-            nats_url: self.f.nats.url(),
-            instance: Some(format!("op-{}", self.f.operators.len())),
-            label_selector: Some(format!("fleet-test={}", self.f.run)),
-        };
-        let client = self.f.client.clone();
-        self.f.operators.push(tokio::spawn(async move {
-            let _ = engine::run(client, opts).await;
-        }));
-    }
-
-    /// Stops every operator of this test at once (as a SIGKILL would: the task is dropped mid-pass).
-    async fn kill_operators(&mut self) {
-        for o in self.f.operators.drain(..) {
-            o.abort();
-            let _ = o.await;
-        }
-    }
-
-    async fn bucket(&self, name: &str) -> kv::Store {
-        eventually(&format!("bucket {name}"), || async {
-            self.f.js.get_key_value(name).await.ok()
-        })
-        .await
-    }
-
     /// The device's desired-state key.
     async fn desired(&self, dev: &str) -> Option<DesiredState> {
-        let store = self.bucket(fleet_wire::kv::DESIRED_STATE).await;
+        let store = self.f.bucket_when_made(fleet_wire::kv::DESIRED_STATE).await;
         let v = store.get(dev).await.ok()??;
         Some(serde_json::from_slice(&v).unwrap())
     }
@@ -154,7 +125,10 @@ impl Rig {
                 failure: None,
             }],
         };
-        let store = self.bucket(fleet_wire::kv::WORKLOAD_STATUS).await;
+        let store = self
+            .f
+            .bucket_when_made(fleet_wire::kv::WORKLOAD_STATUS)
+            .await;
         store
             .put(dev, serde_json::to_vec(&s).unwrap().into())
             .await
@@ -324,8 +298,8 @@ async fn a_spec_change_goes_to_the_canary_then_one_at_a_time_across_an_operator_
     assert_eq!(r.desired_writes().await, before + 2);
 
     // the operator dies mid-rollout; a new one takes over from what NATS and the CR say
-    r.kill_operators().await;
-    r.start_operator();
+    r.f.kill_operators().await;
+    r.f.start_engine();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         r.image(&d2).await.as_deref(),

@@ -4,9 +4,7 @@
 //! operator decides is read back from NATS and from the API server (`kubectl get frel` included).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use async_nats::jetstream::kv;
 use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, PlacementStatus, RolloutPhase};
-use fleet_operator::engine::{self, Options};
 use fleet_wire::{
     fixtures, AgentUpgradeAttempt, AgentUpgradeStatus, DeviceId, DeviceInfo, Heartbeat, Timestamp,
     UpgradePhase, Version,
@@ -41,35 +39,9 @@ impl Rig {
         Rig { f, group }
     }
 
-    fn start_operator(&mut self) {
-        let opts = Options {
-            nats_url: self.f.nats.url(),
-            instance: Some(format!("op-{}", self.f.operators.len())),
-            label_selector: Some(format!("fleet-test={}", self.f.run)),
-        };
-        let client = self.f.client.clone();
-        self.f.operators.push(tokio::spawn(async move {
-            let _ = engine::run(client, opts).await;
-        }));
-    }
-
-    /// Stops every operator of this test at once (as a SIGKILL would: the task is dropped mid-pass).
-    async fn kill_operators(&mut self) {
-        for o in self.f.operators.drain(..) {
-            o.abort();
-            let _ = o.await;
-        }
-    }
-
-    async fn bucket(&self, name: &str) -> kv::Store {
-        eventually(&format!("bucket {name}"), || async {
-            self.f.js.get_key_value(name).await.ok()
-        })
-        .await
-    }
-
     async fn put<T: serde::Serialize>(&self, bucket: &str, key: &str, v: &T) {
-        self.bucket(bucket)
+        self.f
+            .bucket_when_made(bucket)
             .await
             .put(key, serde_json::to_vec(v).unwrap().into())
             .await
@@ -104,7 +76,8 @@ impl Rig {
 
     async fn intent(&self, name: &str) -> Option<AgentUpgradeAttempt> {
         let v = self
-            .bucket(fleet_wire::kv::AGENT_UPGRADE_INTENT)
+            .f
+            .bucket_when_made(fleet_wire::kv::AGENT_UPGRADE_INTENT)
             .await
             .get(name)
             .await
@@ -259,7 +232,7 @@ async fn canary_soak_then_one_at_a_time_across_an_operator_kill() {
     r.device(&c, json!({"canary": "true"})).await;
     r.device(&d1, json!({})).await;
     r.device(&d2, json!({})).await;
-    r.start_operator();
+    r.f.start_engine();
     let t0 = Timestamp::now();
     for n in [&c, &d1, &d2] {
         r.agent_started(n, OLD, t0).await;
@@ -305,8 +278,8 @@ async fn canary_soak_then_one_at_a_time_across_an_operator_kill() {
     assert_eq!(r.intent_writes().await, 2);
 
     // the operator dies mid-rollout; a new one takes over from what NATS says
-    r.kill_operators().await;
-    r.start_operator();
+    r.f.kill_operators().await;
+    r.f.start_engine();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         r.intent(&d2).await.is_none(),
@@ -353,7 +326,7 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
     r.device(&c, json!({"canary": "true"})).await;
     r.device(&d1, json!({})).await;
     r.device(&d2, json!({})).await;
-    r.start_operator();
+    r.f.start_engine();
     let t0 = Timestamp::now();
     for n in [&c, &d1, &d2] {
         r.agent_started(n, OLD, t0).await;
@@ -491,7 +464,7 @@ async fn overlapping_releases_the_newest_wins_and_the_older_keeps_its_status() {
     let (a, b) = (r.f.name("a"), r.f.name("b"));
     r.device(&a, json!({"site": "x"})).await;
     r.device(&b, json!({"site": "y"})).await;
-    r.start_operator();
+    r.f.start_engine();
     let t0 = Timestamp::now();
     for n in [&a, &b] {
         r.agent_started(n, OLD, t0).await;

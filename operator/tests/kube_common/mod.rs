@@ -116,6 +116,36 @@ impl Fleet {
         }
     }
 
+    /// Starts one more deployments-and-releases engine in this process for this test's objects only (its own
+    /// instance name, the test's label selector).
+    pub fn start_engine(&mut self) {
+        let opts = fleet_operator::engine::Options {
+            nats_url: self.nats.url(),
+            instance: Some(format!("op-{}", self.operators.len())),
+            label_selector: Some(format!("fleet-test={}", self.run)),
+        };
+        let client = self.client.clone();
+        self.operators.push(tokio::spawn(async move {
+            let _ = fleet_operator::engine::run(client, opts).await;
+        }));
+    }
+
+    /// Stops every operator of this test at once (as a SIGKILL would: the task is dropped mid-pass).
+    pub async fn kill_operators(&mut self) {
+        for o in self.operators.drain(..) {
+            o.abort();
+            let _ = o.await;
+        }
+    }
+
+    /// Bucket `name`, once the operator has made it.
+    pub async fn bucket_when_made(&self, name: &str) -> async_nats::jetstream::kv::Store {
+        eventually(&format!("bucket {name}"), || async {
+            self.js.get_key_value(name).await.ok()
+        })
+        .await
+    }
+
     /// `base` made unique to this test.
     pub fn name(&self, base: &str) -> String {
         format!("{base}-{}", self.run)
