@@ -3,7 +3,7 @@
 //! record per device, shows it in the Device's `status.writesRefused` (`kubectl get fdev` column Refused), publishes
 //! a Warning event `WritesRefused` on the Device (at most one per device per [`EVENT_WINDOW`], and at most
 //! [`EVENTS_PER_MINUTE`] for the whole fleet), and counts them in `fleet_device_writes_refused_total{bucket,kind}`
-//! (labels bounded: no device label, so 10,000 devices make at most 36 series). Deciding is pure ([`Record`],
+//! (labels bounded: no device label, so 10,000 devices make at most 42 series). Deciding is pure ([`Record`],
 //! [`status`], [`EventLimiter`]); [`listen`] is the I/O.
 
 use crate::crd::{Device, WritesRefused};
