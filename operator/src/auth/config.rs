@@ -416,3 +416,79 @@ fn flood_guard(g: RawFloodGuard) -> Result<super::flood_guard::GuardSettings, St
         interval: Duration::from_millis(g.interval_ms),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config with the secrets it names written to `dir`, and `extra` appended.
+    fn load(dir: &Path, extra: &str) -> Result<Settings, String> {
+        let seed = nkeys::KeyPair::new_account().seed().unwrap();
+        for (name, text) in [
+            ("pw", "servicePw1"),
+            ("seed", seed.as_str()),
+            ("guard", "guardPw2"),
+            ("placeholder", "$FLOOD_GUARD_PASSWORD"),
+        ] {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        let d = dir.display();
+        let text = format!(
+            "nats: {{url: \"nats://127.0.0.1:4222\", user: fleet-auth, password_file: \"{d}/pw\"}}\n\
+             issuer_seed_file: \"{d}/seed\"\n\
+             zitadel: {{issuer: \"https://z\", audience: \"a\", jwks_url: \"https://z/keys\"}}\n{extra}"
+        );
+        let raw: RawConfig = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;
+        Settings::from_raw(raw)
+    }
+
+    const API: &str = "device_api: {user: api, password_file: \"DIR/pw\", fleet_user: kv, fleet_password_file: \"DIR/pw\"}\n";
+
+    #[test]
+    fn the_flood_guard_is_checked_and_defaults_are_written_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let api = API.replace("DIR", &d);
+        let guard = |more: &str| {
+            format!("{api}flood_guard: {{user: sys, password_file: \"{d}/guard\"{more}}}\n")
+        };
+        let guard = |more: &str| format!("account: DEVICES\n{}", guard(more));
+        let s = load(dir.path(), &guard("")).expect("defaults");
+        let g = s.flood_guard.expect("on");
+        assert_eq!(
+            (
+                g.budget.max_msgs_per_sec,
+                g.budget.cooldown_secs,
+                g.budget.max_cooldown_secs
+            ),
+            (500, 60, 3600)
+        );
+        assert_eq!(
+            (g.interval, g.user.as_str(), g.password.as_str()),
+            (Duration::from_secs(2), "sys", "guardPw2")
+        );
+        assert!(
+            load(dir.path(), &api).unwrap().flood_guard.is_none(),
+            "off unless configured"
+        );
+        for (more, why) in [
+            (", max_msgs_per_sec: 5", "max_msgs_per_sec"),
+            (", cooldown_secs: 0", "cooldown_secs"),
+            (
+                ", cooldown_secs: 600, max_cooldown_secs: 60",
+                "cooldown_secs",
+            ),
+            (", interval_ms: 10", "interval_ms"),
+        ] {
+            let e = load(dir.path(), &guard(more)).err().unwrap_or_default();
+            assert!(e.contains(why), "{more}: {e}");
+        }
+        let e = load(dir.path(), &guard("").replace("/guard", "/placeholder"))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("placeholder"), "{e}");
+        let alone = format!("flood_guard: {{user: sys, password_file: \"{d}/guard\"}}\n");
+        let e = load(dir.path(), &alone).err().unwrap_or_default();
+        assert!(e.contains("flood_guard needs device_api"), "{e}");
+    }
+}
