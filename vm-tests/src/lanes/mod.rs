@@ -117,11 +117,21 @@ fn run_all(args: &[String]) -> Result<i32, String> {
                 .args([
                     "test",
                     "--no-run",
-                    "--message-format=json-render-diagnostics",
+                    // Plain `json`: `json-render-diagnostics` changes rustc's flags, so every workspace crate
+                    // a plain `cargo test` built would be compiled again.
+                    "--message-format=json",
                 ])
                 .args(&split.cargo)
                 .current_dir(&root),
         )?;
+        for m in messages
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        {
+            if let Some(r) = m["message"]["rendered"].as_str() {
+                eprint!("{r}");
+            }
+        }
         let ctx = binaries::Context {
             cargo: cargo_for_tests(&cargo),
             sysroot_libs: sysroot_libs(),
