@@ -244,7 +244,7 @@ pub fn run(specs: &[Spec], jobs: &[Job], opts: &Options) -> Vec<Outcome> {
         };
     loop {
         let interrupted = stop.load(Ordering::SeqCst);
-        let starting = !interrupted && !(failed && opts.fail_fast);
+        let starting = !(interrupted || (failed && opts.fail_fast));
         while starting && running.len() < lanes {
             let Some(&next) = queue.front() else { break };
             if running.iter().any(|r| r.alone) || (jobs[next].alone && !running.is_empty()) {

@@ -69,17 +69,17 @@ pub fn jobs(names: &[String], plan: &BTreeMap<String, Entry>) -> Vec<Job> {
     let est = |i: usize| plan.get(&names[i]).map(|e| e.secs).unwrap_or(UNKNOWN_SECS);
     let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     let mut out = vec![];
-    for i in 0..names.len() {
-        match plan.get(&names[i]).and_then(|e| e.group.clone()) {
+    for (i, name) in names.iter().enumerate() {
+        match plan.get(name).and_then(|e| e.group.clone()) {
             Some(g) if g == ALONE => out.push(Job {
-                label: names[i].clone(),
+                label: name.clone(),
                 members: vec![i],
                 secs: est(i),
                 alone: true,
             }),
             Some(g) => groups.entry(g).or_default().push(i),
             None => out.push(Job {
-                label: names[i].clone(),
+                label: name.clone(),
                 members: vec![i],
                 secs: est(i),
                 alone: false,
