@@ -83,6 +83,9 @@ fn build_for(arch: Arch, package: &str, bin: &str, version: Option<&str>) -> Pat
         return p.clone();
     }
     let root = build_root();
+    // Test binaries run side by side (scripts/test's lanes) share this build directory: hold its lock from the
+    // build until the copy, or another binary's build of another version replaces the binary in between.
+    let _shared = lock_build_root(&root);
     let dest_dir = match triple {
         None => root.join("bin"),
         Some(t) => root.join("bin").join(t),
@@ -133,6 +136,20 @@ fn build_for(arch: Arch, package: &str, bin: &str, version: Option<&str>) -> Pat
         .unwrap_or_else(|p| p.into_inner())
         .insert(key, dest.clone());
     dest
+}
+
+/// An exclusive lock on `<root>/.lock` across processes, released when the file is dropped.
+fn lock_build_root(root: &Path) -> std::fs::File {
+    std::fs::create_dir_all(root).unwrap_or_else(|e| panic!("mkdir {root:?}: {e}"));
+    let path = root.join(".lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {path:?}: {e}"));
+    f.lock().unwrap_or_else(|e| panic!("lock {path:?}: {e}"));
+    f
 }
 
 /// True when `dest` exists and is newer than every file of the workspace manifests, `wire/` and the package.

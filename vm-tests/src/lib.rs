@@ -11,6 +11,7 @@ pub mod fleet;
 pub mod fleetlock;
 pub mod inspect;
 pub mod instructions;
+pub mod lanes;
 pub mod local_fleet;
 pub mod packages;
 pub mod qemu;

@@ -33,11 +33,52 @@ pub fn free_port() -> u16 {
     for _ in 0..span {
         let n = CURSOR.fetch_add(1, Ordering::SeqCst) % span;
         let port = lo + n as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() && claim_port(port) {
             return port;
         }
     }
     panic!("no free port on 127.0.0.1 in {lo}..{hi}");
+}
+
+/// Claims `port` for this process against the other test processes (scripts/test runs binaries side by side): a
+/// file `<tmp>/fleet-rig-ports/<port>` holding the owner's PID, taken over once that process is gone. Without it a
+/// port a test keeps while its server is stopped (`NatsServer::stop` then `start_again`) looks free to another
+/// process, whose new server then answers on it — or fails to bind — and goes away under the first test (seen as
+/// "connection refused" right after a start when two binaries ran at once).
+fn claim_port(port: u16) -> bool {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join("fleet-rig-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let file = dir.join(port.to_string());
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&file)
+        {
+            Ok(mut f) => return write!(f, "{}", std::process::id()).is_ok(),
+            Err(_) => {
+                let owner = std::fs::read_to_string(&file)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                let gone = match owner {
+                    Some(pid) if pid == std::process::id() => return true,
+                    Some(pid) => !Path::new(&format!("/proc/{pid}")).exists(),
+                    // Being written this moment, or left half-written by a crash long ago.
+                    None => std::fs::metadata(&file)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > Duration::from_secs(10)),
+                };
+                if !gone {
+                    return false;
+                }
+                let _ = std::fs::remove_file(&file);
+            }
+        }
+    }
+    false
 }
 
 /// The ports the rig hands out: from 10000 up to the start of the kernel's ephemeral range
@@ -131,5 +172,36 @@ pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> O
             return None;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_claimed_by_a_live_process_is_refused_and_one_of_a_gone_process_taken_over() {
+        let dir = std::env::temp_dir().join("fleet-rig-ports");
+        std::fs::create_dir_all(&dir).unwrap();
+        // Ports above the rig's range: no free_port of another test process hands them out.
+        let (live, gone, fresh) = (65_001u16, 65_002u16, 65_003u16);
+        std::fs::write(dir.join(live.to_string()), "1").unwrap();
+        std::fs::write(dir.join(gone.to_string()), "4194303").unwrap();
+        let _ = std::fs::remove_file(dir.join(fresh.to_string()));
+        assert!(!claim_port(live), "PID 1 holds it");
+        assert!(claim_port(gone));
+        assert!(claim_port(fresh));
+        let me = std::process::id().to_string();
+        assert_eq!(
+            std::fs::read_to_string(dir.join(gone.to_string())).unwrap(),
+            me
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join(fresh.to_string())).unwrap(),
+            me
+        );
+        for p in [live, gone, fresh] {
+            let _ = std::fs::remove_file(dir.join(p.to_string()));
+        }
     }
 }
