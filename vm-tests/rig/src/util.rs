@@ -126,15 +126,36 @@ pub fn require_binary(
     on_path.unwrap_or_else(|| panic!("`{name}` is not installed (looked at ${env_var}, {candidates:?} and PATH). {install_hint}"))
 }
 
+/// `<pid>:<start time>` (field 22 of `/proc/<pid>/stat`, in clock ticks since boot): which process a pid was when
+/// the watchdog was set, so that a pid reused by another test binary's process (test binaries run side by side,
+/// `scripts/test`) is never killed. The shell side reads the same field (`alive` in [`WATCH`]).
+fn tagged(pid: u32) -> String {
+    let start = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split_whitespace().nth(19).map(str::to_owned))
+        })
+        .unwrap_or_default();
+    format!("{pid}:{start}")
+}
+
+/// The watchdog's shell functions: `alive TAG` is true while the process of a [`tagged`] pid runs.
+const WATCH: &str = "alive() { p=${1%%:*}; s=${1#*:}; [ -n \"$s\" ] && \
+    [ \"$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f20)\" = \"$s\" ]; }; ";
+
 /// Starts a small watchdog that kills `pids` once this process has exited: a part kept in a `static` is never
-/// dropped, and a process killed outright drops nothing.
+/// dropped, and a process killed outright drops nothing. Only the processes those pids were are killed.
 pub fn kill_when_gone(pids: &[u32]) {
-    let script = "while kill -0 \"$0\" 2>/dev/null; do sleep 1; done; kill \"$@\" 2>/dev/null";
+    let script = format!(
+        "{WATCH}while kill -0 \"$0\" 2>/dev/null; do sleep 1; done; \
+         for t in \"$@\"; do alive \"$t\" && kill \"${{t%%:*}}\" 2>/dev/null; done"
+    );
     let _ = std::process::Command::new("sh")
         .arg("-c")
         .arg(script)
         .arg(std::process::id().to_string())
-        .args(pids.iter().map(u32::to_string))
+        .args(pids.iter().map(|p| tagged(*p)))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -144,17 +165,19 @@ pub fn kill_when_gone(pids: &[u32]) {
 /// Like [`kill_when_gone`], then removes `dir` once those processes have exited: a part held in a test binary's
 /// `static` is never dropped, so without this its temporary directory (etcd's data) stays behind in /tmp.
 pub fn kill_and_remove_when_gone(pids: &[u32], dir: &std::path::Path) {
-    let script =
-        "parent=$0; dir=$1; shift; while kill -0 \"$parent\" 2>/dev/null; do sleep 1; done; \
-                  kill \"$@\" 2>/dev/null; for i in 1 2 3 4 5 6 7 8 9 10; do \
-                  alive=; for p in \"$@\"; do kill -0 \"$p\" 2>/dev/null && alive=1; done; \
-                  [ -z \"$alive\" ] && break; sleep 1; done; rm -rf -- \"$dir\"";
+    let script = format!(
+        "{WATCH}parent=$0; dir=$1; shift; while kill -0 \"$parent\" 2>/dev/null; do sleep 1; done; \
+         for t in \"$@\"; do alive \"$t\" && kill \"${{t%%:*}}\" 2>/dev/null; done; \
+         for i in 1 2 3 4 5 6 7 8 9 10; do \
+         still=; for t in \"$@\"; do alive \"$t\" && still=1; done; \
+         [ -z \"$still\" ] && break; sleep 1; done; rm -rf -- \"$dir\""
+    );
     let _ = std::process::Command::new("sh")
         .arg("-c")
         .arg(script)
         .arg(std::process::id().to_string())
         .arg(dir)
-        .args(pids.iter().map(u32::to_string))
+        .args(pids.iter().map(|p| tagged(*p)))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -178,6 +201,37 @@ pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The watchdog kills the process its pid was, and never a process that only has a reused pid's number.
+    #[test]
+    fn the_watchdog_kills_only_the_process_it_was_set_for() {
+        let alive = |tag: &str| {
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("{WATCH}alive \"$0\""))
+                .arg(tag)
+                .status()
+                .unwrap()
+                .success()
+        };
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let tag = tagged(child.id());
+        assert!(alive(&tag), "{tag}");
+        // The same pid with another start time is another process.
+        let (pid, start) = tag.split_once(':').unwrap();
+        let other = format!("{pid}:{}", start.parse::<u64>().unwrap() + 1);
+        assert!(!alive(&other), "{other}");
+        assert!(
+            !alive(&format!("{pid}:")),
+            "an unknown start time is never alive"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!alive(&tag), "{tag} after it exited");
+    }
 
     #[test]
     fn a_port_claimed_by_a_live_process_is_refused_and_one_of_a_gone_process_taken_over() {
