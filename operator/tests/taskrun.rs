@@ -46,6 +46,7 @@ impl Fleet {
             nats_url: self.nats.url(),
             instance: Some(format!("op-{n}")),
             label_selector: Some(format!("fleet-test={}", self.run)),
+            accept_timeout: fleet_operator::tasks::stall::DEFAULT_ACCEPT_TIMEOUT,
         }
     }
 
