@@ -771,6 +771,7 @@ async fn operator_processes_share_one_plan_and_resume_after_sigkill() {
             "Targets",
             "Succeeded",
             "Failed",
+            "Stalled",
             "Reason",
             "Age"
         ]
