@@ -511,7 +511,11 @@ async fn device_that_never_accepts_its_intent_is_stalled() {
     })
     .await;
     let s = f.runs().get("upgrade").await.unwrap().status.unwrap();
-    assert_eq!(s.run.phase, Some(TaskRunPhase::Running), "stalled is not failed");
+    assert_eq!(
+        s.run.phase,
+        Some(TaskRunPhase::Running),
+        "stalled is not failed"
+    );
 
     // A fresh operator judges from NATS: the same device, the same write time.
     f.kill_operators().await;

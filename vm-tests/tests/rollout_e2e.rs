@@ -141,21 +141,25 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
 
     // 1. The latent bug: the canary commits, dies during its soak, and the release halts naming it.
     let (url, sha) = fleet.publish_script("fleet-agent-v3-latent", &latent_bug());
-    cluster.apply(&staged(
-        release_yaml("latent", "lab", V3, &url, &sha),
-        120,
-    ));
-    let committed = cluster.wait("the canary committed the latent bug", UPGRADE_TIMEOUT, || {
-        upgrade(&fleet, CANARY).filter(|u| {
-            u.phase == UpgradePhase::Complete && u.target_version.as_ref().map(|v| v.as_str()) == Some(V3)
-        })
-    });
+    cluster.apply(&staged(release_yaml("latent", "lab", V3, &url, &sha), 120));
+    let committed = cluster.wait(
+        "the canary committed the latent bug",
+        UPGRADE_TIMEOUT,
+        || {
+            upgrade(&fleet, CANARY).filter(|u| {
+                u.phase == UpgradePhase::Complete
+                    && u.target_version.as_ref().map(|v| v.as_str()) == Some(V3)
+            })
+        },
+    );
     let halted = cluster.wait("the release halted", Duration::from_secs(120), || {
         condition(&fleet, "latent", "Halted").filter(|c| c.0 == "True")
     });
     assert_eq!(halted.1, "CanaryFailed", "{halted:?}\n{}", logs(&fleet));
     assert!(
-        halted.2.contains(&format!("{CANARY} (agent restarted during its soak)")),
+        halted
+            .2
+            .contains(&format!("{CANARY} (agent restarted during its soak)")),
         "{halted:?}"
     );
     // It halted after the commit, within the 30 s of the bug plus a restart and a pass.
@@ -166,7 +170,11 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         halted_at.since(committed.phase_changed_at)
     );
     let r = row(&fleet, "latent");
-    assert_eq!(r.get(2).map(String::as_str), Some("Halted"), "kubectl get frel: {r:?}");
+    assert_eq!(
+        r.get(2).map(String::as_str),
+        Some("Halted"),
+        "kubectl get frel: {r:?}"
+    );
     let described = cluster.kubectl(&["describe", "frel", "latent"]);
     assert!(
         described.contains("CanaryFailed") && described.contains(CANARY),
@@ -186,7 +194,10 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
             "{d} left v1"
         );
     }
-    eprintln!("scenario 1 (latent bug halts at the canary) done at {:?}", started.elapsed());
+    eprintln!(
+        "scenario 1 (latent bug halts at the canary) done at {:?}",
+        started.elapsed()
+    );
     cluster.kubectl(&["delete", "frel", "latent"]);
 
     // 2. A good 2.0.0 whose artifact is missing at first: the canary's download fails and the release halts.
@@ -196,11 +207,16 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         release_yaml("good", "lab", V2, &url, &sha.to_string()),
         SOAK_SECS,
     ));
-    let halted = cluster.wait("the release halted on the failed download", UPGRADE_TIMEOUT, || {
-        condition(&fleet, "good", "Halted").filter(|c| c.0 == "True")
-    });
+    let halted = cluster.wait(
+        "the release halted on the failed download",
+        UPGRADE_TIMEOUT,
+        || condition(&fleet, "good", "Halted").filter(|c| c.0 == "True"),
+    );
     assert_eq!(halted.1, "CanaryFailed", "{halted:?}");
-    assert!(halted.2.contains(&format!("{CANARY} (attempt failed)")), "{halted:?}");
+    assert!(
+        halted.2.contains(&format!("{CANARY} (attempt failed)")),
+        "{halted:?}"
+    );
     let first = intents.of(CANARY).expect("the canary's intent").0;
     assert_eq!(first.target_version.as_str(), V2, "{first:?}");
     let failed = upgrade(&fleet, CANARY).expect("status");
@@ -218,16 +234,16 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         "fleet.nationtech.io/retry=fixed-artifact",
         "--overwrite",
     ]);
-    let retried = cluster.wait("a new attempt for the canary", Duration::from_secs(60), || {
-        intents
-            .of(CANARY)
-            .filter(|(a, _)| a.attempt_id != first.attempt_id)
-    });
-    assert_eq!(
-        retried.0.target_version.as_str(),
-        V2,
-        "{retried:?}"
+    let retried = cluster.wait(
+        "a new attempt for the canary",
+        Duration::from_secs(60),
+        || {
+            intents
+                .of(CANARY)
+                .filter(|(a, _)| a.attempt_id != first.attempt_id)
+        },
     );
+    assert_eq!(retried.0.target_version.as_str(), V2, "{retried:?}");
 
     // Canary, soak, then the others one at a time: watched as a person would, `kubectl get frel` every second.
     let mut rows: Vec<Vec<String>> = vec![];
@@ -256,7 +272,10 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
-    assert_eq!(most_in_flight, 1, "more than one device updating or soaking at once");
+    assert_eq!(
+        most_in_flight, 1,
+        "more than one device updating or soaking at once"
+    );
     let last = rows.last().expect("rows");
     assert_eq!(
         last.get(1..7).map(|s| s.join(" ")),
@@ -266,7 +285,8 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
     // Each step was visible: one, two, then three devices updated.
     for updated in ["1", "2", "3"] {
         assert!(
-            rows.iter().any(|r| r.get(3).map(String::as_str) == Some(updated)),
+            rows.iter()
+                .any(|r| r.get(3).map(String::as_str) == Some(updated)),
             "no row with {updated} updated: {rows:?}"
         );
     }

@@ -270,10 +270,7 @@ pub fn evaluate<'a>(
                     ),
                 },
             });
-        } else if let Some((s, run)) = d
-            .stalled
-            .and_then(|s| Some((s, s.task_run.as_deref()?)))
-        {
+        } else if let Some((s, run)) = d.stalled.and_then(|s| Some((s, s.task_run.as_deref()?))) {
             out.push(Alert {
                 kind: AlertKind::DeviceStalled,
                 subject: Subject::Device(d.name.to_owned()),
@@ -575,7 +572,10 @@ mod tests {
             alerts[3].detail,
             "has not accepted the system-upgrade intent of TaskRun ops/upgrade (written 2026-12-01T10:00:00Z)"
         );
-        assert_eq!(alerts[3].since, super::super::html::parse_time("2026-12-01T10:00:00Z"));
+        assert_eq!(
+            alerts[3].since,
+            super::super::html::parse_time("2026-12-01T10:00:00Z")
+        );
         assert_eq!(
             alerts[4].detail,
             "300 refused since 2026-12-01T10:00:00Z (latest: over-budget in device-heartbeat: over the \

@@ -28,11 +28,11 @@ use fleet_wire::{
     AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskOperation, TaskPlan,
     TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp,
 };
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store as Cache;
 use kube::{Client, ResourceExt};
-use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -445,8 +445,7 @@ impl Controller {
                 phase: Some(phase),
                 ..old.run.clone()
             };
-            self.write(run, status, None, None, nats_error, None)
-                .await;
+            self.write(run, status, None, None, nats_error, None).await;
             return None;
         };
         let now = Timestamp::now();

@@ -180,11 +180,7 @@ mod tests {
         let s = stalls(&devices, seen, t(130), Duration::from_secs(120));
         assert_eq!(s.devices, vec![(id("a"), t(0))]);
         // c becomes stalled first (50 + 120), then b
-        assert_eq!(
-            s.wake,
-            Some(t(170).plus(Duration::from_millis(1))),
-            "{s:?}"
-        );
+        assert_eq!(s.wake, Some(t(170).plus(Duration::from_millis(1))), "{s:?}");
         assert_eq!(
             s.examples(),
             [format!("a (intent written {})", t(0))],

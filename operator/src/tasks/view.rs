@@ -172,7 +172,9 @@ async fn follow<T: DeserializeOwned + Clone + Send + Sync + 'static>(
             Ok(i) => (
                 i.stream_sequence,
                 i.pending,
-                Timestamp::from_unix_ms((i.published.unix_timestamp_nanos() / 1_000_000).max(0) as u64),
+                Timestamp::from_unix_ms(
+                    (i.published.unix_timestamp_nanos() / 1_000_000).max(0) as u64
+                ),
             ),
             Err(e) => return err(&e),
         };
