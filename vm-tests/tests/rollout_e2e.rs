@@ -204,7 +204,7 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
     let v2 = builds::agent(V2);
     let (url, sha) = fleet.artifacts.planned(&v2, "fleet-agent-v2");
     cluster.apply(&staged(
-        release_yaml("good", "lab", V2, &url, &sha.to_string()),
+        release_yaml("good", "lab", V2, &url, sha.as_ref()),
         SOAK_SECS,
     ));
     let halted = cluster.wait(
