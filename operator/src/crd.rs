@@ -151,7 +151,9 @@ pub struct WritesRefused {
     /// The latest refused write's bucket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket: Option<String>,
-    /// Its kind: `over-budget`, `too-large`, `unknown-run`, `bad-key`, `not-writable`.
+    /// Its kind: `over-budget`, `too-large`, `unknown-run`, `bad-key`, `not-writable`, or `flood` (fleet-auth's
+    /// flood guard disconnected the device and refuses it for a cool-down; it stays `flood`, with its text, until
+    /// the device has been quiet long enough for this field to go).
     pub kind: String,
     /// fleet-auth's text (e.g. `value of 9000 bytes is over device-info's limit of 8192 bytes`).
     pub reason: String,

@@ -3,12 +3,12 @@
 //! record per device, shows it in the Device's `status.writesRefused` (`kubectl get fdev` column Refused), publishes
 //! a Warning event `WritesRefused` on the Device (at most one per device per [`EVENT_WINDOW`], and at most
 //! [`EVENTS_PER_MINUTE`] for the whole fleet), and counts them in `fleet_device_writes_refused_total{bucket,kind}`
-//! (labels bounded: no device label, so 10,000 devices make at most 36 series). Deciding is pure ([`Record`],
+//! (labels bounded: no device label, so 10,000 devices make at most 42 series). Deciding is pure ([`Record`],
 //! [`status`], [`EventLimiter`]); [`listen`] is the I/O.
 
 use crate::crd::{Device, WritesRefused};
 use crate::kv::NatsError;
-use fleet_wire::device_api::{written_buckets, WriteRefused, REFUSALS_ROOT};
+use fleet_wire::device_api::{written_buckets, WriteRefused, FLOOD_KIND, REFUSALS_ROOT};
 use fleet_wire::{DeviceId, Timestamp};
 use futures::StreamExt;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -55,6 +55,29 @@ pub struct Record {
     pub unevented: u64,
     /// The event window ([`window`]) of the latest event.
     pub evented: Option<u64>,
+    /// A flood report not in an event yet: its event does not wait for the next window.
+    pub flood_pending: bool,
+    /// The window of the latest flood event.
+    pub flood_evented: Option<u64>,
+}
+
+/// Which event of a device: the one of a window, or a flood's (at most one of each per window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    /// The window ([`window`]).
+    pub window: u64,
+    /// A flood's event.
+    pub flood: bool,
+}
+
+impl std::fmt::Display for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.flood {
+            write!(f, "{}-flood", self.window)
+        } else {
+            write!(f, "{}", self.window)
+        }
+    }
 }
 
 impl Record {
@@ -74,6 +97,8 @@ impl Record {
             reason: String::new(),
             unevented: 0,
             evented: None,
+            flood_pending: false,
+            flood_evented: None,
         }
     }
 
@@ -85,6 +110,13 @@ impl Record {
         self.count = self.count.saturating_add(r.count);
         self.unevented = self.unevented.saturating_add(r.count);
         self.last_at = now;
+        if r.kind == FLOOD_KIND {
+            self.flood_pending = true;
+        }
+        // A flood outranks the refused writes queued before the device was cut off (reported after it).
+        if self.kind == FLOOD_KIND && r.kind != FLOOD_KIND {
+            return;
+        }
         self.bucket = r
             .bucket
             .as_deref()
@@ -96,19 +128,43 @@ impl Record {
 
     /// The event due at `now`, if any (its window and text): refusals not evented yet, and no event of this
     /// device in this window. The caller marks it sent with [`Record::evented`].
-    pub fn event_due(&self, device: &DeviceId, now: Timestamp) -> Option<(u64, String)> {
+    pub fn event_due(&self, device: &DeviceId, now: Timestamp) -> Option<(Slot, String)> {
         let w = window(now);
-        (self.unevented > 0 && self.evented != Some(w)).then(|| (w, self.event_text(device)))
+        let slot = if self.flood_pending && self.flood_evented != Some(w) {
+            Slot {
+                window: w,
+                flood: true,
+            }
+        } else if self.unevented > 0 && self.evented != Some(w) {
+            Slot {
+                window: w,
+                flood: false,
+            }
+        } else {
+            return None;
+        };
+        Some((slot, self.event_text(device)))
     }
 
-    /// Marks the event of window `w` as published.
-    pub fn evented(&mut self, w: u64) {
-        self.evented = Some(w);
+    /// Marks the event of `slot` as published (a flood's also counts as its window's).
+    pub fn evented(&mut self, slot: Slot) {
+        if slot.flood {
+            self.flood_evented = Some(slot.window);
+            self.flood_pending = false;
+        }
+        self.evented = Some(slot.window);
         self.unevented = 0;
     }
 
     /// The event's text: how many since the last event, the latest bucket and reason, the total.
     pub fn event_text(&self, device: &DeviceId) -> String {
+        if self.kind == FLOOD_KIND {
+            return format!(
+                "fleet-auth's flood guard cut off device {device}: {}; {} refusals since {}. Only this device is \
+                 cut off: every other device's connection and keys are untouched",
+                self.reason, self.count, self.since,
+            );
+        }
         let plural = |n: u64| if n == 1 { "write" } else { "writes" };
         format!(
             "fleet-auth refused {} {} of device {device} (latest: {}{}: {}); {} refused since {}. Only this \
@@ -219,14 +275,10 @@ pub fn bucket_label(bucket: &str) -> Option<&'static str> {
 
 /// The metric's `kind` label: one of the device API's kinds, else `other`.
 pub fn kind_label(kind: &str) -> &'static str {
-    const KINDS: [&str; 5] = [
-        "not-writable",
-        "bad-key",
-        "too-large",
-        "unknown-run",
-        "over-budget",
-    ];
-    KINDS.into_iter().find(|k| *k == kind).unwrap_or("other")
+    fleet_wire::device_api::REFUSAL_KINDS
+        .into_iter()
+        .find(|k| *k == kind)
+        .unwrap_or("other")
 }
 
 /// The records of every device, shared by the listener and the control loop.
@@ -251,7 +303,7 @@ impl Refusals {
         r: &WriteRefused,
         shown: Option<&WritesRefused>,
         now: Timestamp,
-    ) -> Result<Option<(u64, String)>, ()> {
+    ) -> Result<Option<(Slot, String)>, ()> {
         let mut map = self.records.lock().map_err(|_| ())?;
         if !map.contains_key(&r.device_id) && map.len() >= MAX_TRACKED {
             map.retain(|_, rec| now.since(rec.last_at) < QUIET);
@@ -267,7 +319,7 @@ impl Refusals {
     }
 
     /// Events due at `now` for refusals that arrived after their device's last event (a flood that stopped).
-    fn due(&self, now: Timestamp) -> Vec<(DeviceId, u64, String)> {
+    fn due(&self, now: Timestamp) -> Vec<(DeviceId, Slot, String)> {
         let Ok(mut map) = self.records.lock() else {
             return vec![];
         };
@@ -277,7 +329,7 @@ impl Refusals {
             .collect()
     }
 
-    fn mark(&self, device: &DeviceId, w: u64) {
+    fn mark(&self, device: &DeviceId, w: Slot) {
         if let Ok(mut map) = self.records.lock() {
             if let Some(rec) = map.get_mut(device) {
                 rec.evented(w);
@@ -387,7 +439,7 @@ async fn publish(
     r: &Reporting,
     limiter: &mut EventLimiter,
     device: &DeviceId,
-    w: u64,
+    w: Slot,
     text: String,
 ) {
     let Some(obj) = self::device(r, device) else {
@@ -462,7 +514,7 @@ mod tests {
         assert_eq!(r.event_due(&d, t(10)), None, "same window");
         r.observe(&report(300, "device-info", "too-large"), t(20));
         let (w2, text) = r.event_due(&d, t(300)).expect("next window");
-        assert_eq!(w2, w + 1);
+        assert_eq!(w2.window, w.window + 1);
         assert!(
             text.starts_with(
                 "fleet-auth refused 800 writes of device dev-a (latest: device-info, too-large"
@@ -472,6 +524,41 @@ mod tests {
         assert!(text.contains("801 refused since"), "{text}");
         r.evented(w2);
         assert_eq!(r.event_due(&d, t(900)), None, "nothing new");
+    }
+
+    #[test]
+    fn a_flood_outranks_the_refusals_reported_after_it() {
+        let d = dev("dev-a");
+        let mut r = Record::new(None, t(0));
+        r.observe(&report(3, "device-heartbeat", "over-budget"), t(0));
+        let (first, _) = r.event_due(&d, t(0)).expect("first event");
+        assert!(!first.flood);
+        r.evented(first);
+        let mut flood = report(1, "device-heartbeat", FLOOD_KIND);
+        flood.bucket = None;
+        flood.reason = "disconnected: 30000 messages a second over 2.0 s".into();
+        r.observe(&flood, t(1));
+        r.observe(&report(400, "device-heartbeat", "over-budget"), t(2));
+        let shown = status(None, Some(&r), t(2)).expect("shown");
+        assert_eq!((shown.kind.as_str(), shown.count), (FLOOD_KIND, 404));
+        assert_eq!(shown.bucket, None);
+        // Its event does not wait for the next window, and has a name of its own.
+        let (slot, text) = r
+            .event_due(&d, t(2))
+            .expect("the flood's event in the same window");
+        assert_eq!(slot.window, first.window);
+        assert_eq!(
+            (slot.to_string(), first.to_string()),
+            (format!("{}-flood", first.window), first.window.to_string())
+        );
+        r.evented(slot);
+        assert_eq!(r.event_due(&d, t(3)), None, "one flood event per window");
+        assert!(
+            text.starts_with(
+                "fleet-auth's flood guard cut off device dev-a: disconnected: 30000 messages a second"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -467,3 +467,80 @@ fn a_lost_device_info_is_written_again_within_a_heartbeat() {
         .log_text()
         .contains("device info is missing from NATS: writing it again"));
 }
+
+/// A flood from a raw client that names another device in every field of CONNECT a client controls (`user`,
+/// `name`) while it authenticates with its own token: fleet-auth's flood guard cuts off the token's device and
+/// only it (the server reports the user fleet-auth named, never the client's words), the other device stays
+/// welcome, and its Device's refusals are not touched.
+#[test]
+fn a_flooding_client_that_names_another_device_in_connect_cuts_off_only_itself() {
+    use std::io::{BufRead, BufReader, Write};
+    let f = Fleet::start();
+    let reports = f
+        .admin
+        .subscribe("fleet.device-refusals.*")
+        .expect("reports");
+    let addr = f.stack.nats.url().trim_start_matches("nats://").to_owned();
+    let mut s = std::net::TcpStream::connect(&addr).expect("tcp");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut info = String::new();
+    BufReader::new(s.try_clone().unwrap())
+        .read_line(&mut info)
+        .expect("INFO");
+    assert!(info.starts_with("INFO "), "{info}");
+    let connect = serde_json::json!({
+        "verbose": false, "pedantic": false, "protocol": 1, "headers": true,
+        "user": "dev-b", "name": "fleet-agent dev-b", "auth_token": f.token("dev-a"),
+    });
+    write!(s, "CONNECT {connect}\r\nPING\r\n").unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut pong = String::new();
+    reader.read_line(&mut pong).expect("PONG");
+    assert_eq!(pong.trim(), "PONG", "dev-a's token with user dev-b: {pong}");
+    // 10 s of heartbeats as fast as the socket takes them (the answers go nowhere: no reply subject).
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let line = b"PUB $KV.device-heartbeat.dev-a 2\r\n{}\r\n".repeat(200);
+    while started.elapsed() < Duration::from_secs(10) {
+        if s.write_all(&line).is_err() {
+            break;
+        }
+        sent += 200;
+    }
+    let logs = || f.stack.auth_log_text();
+    let cut = wait_for(Duration::from_secs(10), || {
+        logs()
+            .contains("flood guard: device dev-a (cid ")
+            .then_some(())
+    });
+    assert!(
+        cut.is_some(),
+        "dev-a was not cut off after {sent} messages:\n{}",
+        logs()
+    );
+    assert!(
+        !logs().contains("flood guard: device dev-b"),
+        "the guard believed the client's CONNECT:\n{}",
+        logs()
+    );
+    // The token's device is refused while it cools down; the named one is welcome.
+    let again = connect_device(&f.stack.nats.url(), &f.token("dev-a"));
+    assert!(again.is_err(), "dev-a reconnected while cooling down");
+    assert!(
+        logs().contains("device dev-a is cooling down after a message flood"),
+        "{}",
+        logs()
+    );
+    connect_device(&f.stack.nats.url(), &f.token("dev-b")).expect("dev-b is not cut off");
+    // The report names dev-a, kind flood.
+    let flood = wait_for(Duration::from_secs(15), || {
+        let m = reports.next_timeout(Duration::from_secs(1)).ok()?;
+        let r: fleet_wire::device_api::WriteRefused = serde_json::from_slice(&m.data).ok()?;
+        (r.kind == fleet_wire::device_api::FLOOD_KIND).then_some((m.subject, r))
+    })
+    .expect("a flood report");
+    assert_eq!(flood.0, "fleet.device-refusals.dev-a");
+    assert_eq!(flood.1.device_id.as_str(), "dev-a");
+    println!("{sent} messages sent; {}", flood.1.reason);
+}

@@ -779,6 +779,7 @@ fn the_documented_server_config_takes_its_passwords_from_the_environment() {
         "FLEETLOCK_PASSWORD",
         "DEVICE_API_PASSWORD",
         "DEVICE_KV_PASSWORD",
+        "FLOOD_GUARD_PASSWORD",
     ];
     let nats_server = || {
         let mut c = std::process::Command::new(fleet_rig::NatsServer::binary());
@@ -824,6 +825,7 @@ fn the_documented_server_config_takes_its_passwords_from_the_environment() {
         "fleetlockPw3z",
         "deviceApiPw4w",
         "deviceKvPw5v",
+        "floodGuardPw6u",
     ];
     let mut c = nats_server();
     c.arg("-c").arg(&conf);
@@ -856,6 +858,7 @@ fn the_documented_server_config_takes_its_passwords_from_the_environment() {
         "fleetlock",
         "fleet-device-api",
         "fleet-device-kv",
+        "fleet-auth-system",
     ]
     .into_iter()
     .zip(vars)

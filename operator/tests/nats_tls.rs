@@ -169,6 +169,7 @@ fn fleet_auth_over_tls() {
                 auth: "auth-pw".into(),
                 admin: "admin-pw".into(),
                 device_api: "api-pw".into(),
+                system: "system-pw".into(),
             },
             None,
         ),

@@ -42,6 +42,18 @@ pub const WRITE_RATE_PER_SEC: u32 = 5;
 /// Root of the subjects the device API reports refused writes on (in the buckets' account, where the operator
 /// listens): `fleet.device-refusals.<device-id>`.
 pub const REFUSALS_ROOT: &str = "fleet.device-refusals";
+/// [`WriteRefused::kind`] of a report that fleet-auth's flood guard disconnected the device (it sent more
+/// messages a second than its budget) and refuses its sessions for a cool-down.
+pub const FLOOD_KIND: &str = "flood";
+/// Every [`WriteRefused::kind`]: the [`PutRefusal::kind`]s and [`FLOOD_KIND`].
+pub const REFUSAL_KINDS: [&str; 6] = [
+    "not-writable",
+    "bad-key",
+    "too-large",
+    "unknown-run",
+    "over-budget",
+    FLOOD_KIND,
+];
 
 /// The device API reports at most one refusal per device this often (a flood is one report with a count).
 pub const REFUSAL_REPORT_INTERVAL: Duration = Duration::from_secs(10);
@@ -320,6 +332,29 @@ mod tests {
 
     fn dev(s: &str) -> DeviceId {
         DeviceId::try_from(s).expect("device id")
+    }
+
+    #[test]
+    fn every_refusal_kind_is_listed() {
+        let all = [
+            PutRefusal::NotWritable("x".into()),
+            PutRefusal::BadKey {
+                bucket: "b".into(),
+                key: "k".into(),
+                why: "w".into(),
+            },
+            PutRefusal::TooLarge {
+                bucket: "b".into(),
+                bytes: 2,
+                limit: 1,
+            },
+            PutRefusal::UnknownRun { run: "r".into() },
+            PutRefusal::OverBudget,
+        ];
+        for r in &all {
+            assert!(REFUSAL_KINDS.contains(&r.kind()), "{}", r.kind());
+        }
+        assert_eq!(REFUSAL_KINDS.len(), all.len() + 1);
     }
 
     #[test]

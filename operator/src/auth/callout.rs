@@ -61,6 +61,8 @@ pub struct Callout {
     pub policy: Policy,
     /// Key source.
     pub jwks: Arc<Jwks>,
+    /// Devices refused for a cool-down after a flood (the flood guard's).
+    pub cooldowns: Arc<std::sync::Mutex<super::flood::Cooldowns>>,
 }
 
 /// The result of handling one request.
@@ -171,6 +173,19 @@ impl Callout {
             return Err(Denied::NoToken.to_string());
         };
         let identity = self.verify(token).await.map_err(|d| d.to_string())?;
+        let cooling = self
+            .cooldowns
+            .lock()
+            .ok()
+            .and_then(|c| c.cooling(&identity.device, now()));
+        if let Some(c) = cooling {
+            return Err(format!(
+                "device {} is cooling down after a message flood (flood {} in a row): refused until {}",
+                identity.device,
+                c.strikes,
+                rfc3339(c.until)
+            ));
+        }
         let perms = fleet_wire::auth::device_permissions(&identity.device);
         let allow = Allow {
             publish: perms.publish,

@@ -35,6 +35,45 @@ pub struct RawConfig {
     /// account of their own).
     #[serde(default)]
     pub device_api: Option<RawDeviceApi>,
+    /// The flood guard: disconnects a device sending more messages a second than its budget (needs
+    /// `device_api`, whose buckets' user carries its reports).
+    #[serde(default)]
+    pub flood_guard: Option<RawFloodGuard>,
+}
+
+/// The flood guard's system-account user and budget (docs/auth.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFloodGuard {
+    /// User in the system account (`system_account`), listed in `auth_callout.auth_users`.
+    pub user: String,
+    /// File holding that user's password.
+    pub password_file: PathBuf,
+    /// Messages a second one device connection may send, averaged over one poll.
+    #[serde(default = "default_max_msgs")]
+    pub max_msgs_per_sec: u64,
+    /// The first cool-down after a flood, seconds (doubled on each repeat).
+    #[serde(default = "default_cooldown")]
+    pub cooldown_secs: u64,
+    /// The longest cool-down, seconds.
+    #[serde(default = "default_max_cooldown")]
+    pub max_cooldown_secs: u64,
+    /// Time between polls, milliseconds.
+    #[serde(default = "default_poll")]
+    pub interval_ms: u64,
+}
+
+fn default_max_msgs() -> u64 {
+    500
+}
+fn default_cooldown() -> u64 {
+    60
+}
+fn default_max_cooldown() -> u64 {
+    3600
+}
+fn default_poll() -> u64 {
+    2000
 }
 
 /// The device API's two NATS users (docs/auth.md): one in the account whose services the devices import, one
@@ -157,6 +196,8 @@ pub struct Settings {
     pub max_concurrent: usize,
     /// The device API's users, when it is on.
     pub device_api: Option<DeviceApiSettings>,
+    /// The flood guard, when it is on.
+    pub flood_guard: Option<super::flood_guard::GuardSettings>,
 }
 
 /// The device API's users with their passwords loaded.
@@ -305,6 +346,16 @@ impl Settings {
             }
             None => None,
         };
+        let flood_guard = match raw.flood_guard {
+            None => None,
+            Some(_) if device_api.is_none() => {
+                return Err(
+                    "flood_guard needs device_api (its reports reach the operator through the buckets' user)"
+                        .into(),
+                )
+            }
+            Some(g) => Some(flood_guard(g)?),
+        };
         Ok(Settings {
             url: raw.nats.url,
             user: raw.nats.user,
@@ -329,6 +380,115 @@ impl Settings {
             },
             max_concurrent: raw.max_concurrent,
             device_api,
+            flood_guard,
         })
+    }
+}
+
+fn flood_guard(g: RawFloodGuard) -> Result<super::flood_guard::GuardSettings, String> {
+    let password = read_secret(&g.password_file, "flood_guard.password_file")?;
+    crate::nats_password::refuse_placeholder(
+        &password,
+        &format!("flood_guard.password_file {}", g.password_file.display()),
+    )?;
+    if !(10..=1_000_000).contains(&g.max_msgs_per_sec) {
+        return Err("flood_guard.max_msgs_per_sec must be within 10..=1000000".into());
+    }
+    if !(1..=86_400).contains(&g.cooldown_secs)
+        || !(g.cooldown_secs..=7 * 86_400).contains(&g.max_cooldown_secs)
+    {
+        return Err(
+            "flood_guard.cooldown_secs must be within 1..=86400 and max_cooldown_secs within cooldown_secs..=604800"
+                .into(),
+        );
+    }
+    if !(250..=60_000).contains(&g.interval_ms) {
+        return Err("flood_guard.interval_ms must be within 250..=60000".into());
+    }
+    Ok(super::flood_guard::GuardSettings {
+        user: g.user,
+        password,
+        budget: super::flood::Budget {
+            max_msgs_per_sec: g.max_msgs_per_sec,
+            cooldown_secs: g.cooldown_secs,
+            max_cooldown_secs: g.max_cooldown_secs,
+        },
+        interval: Duration::from_millis(g.interval_ms),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config with the secrets it names written to `dir`, and `extra` appended.
+    fn load(dir: &Path, extra: &str) -> Result<Settings, String> {
+        let seed = nkeys::KeyPair::new_account().seed().unwrap();
+        for (name, text) in [
+            ("pw", "servicePw1"),
+            ("seed", seed.as_str()),
+            ("guard", "guardPw2"),
+            ("placeholder", "$FLOOD_GUARD_PASSWORD"),
+        ] {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        let d = dir.display();
+        let text = format!(
+            "nats: {{url: \"nats://127.0.0.1:4222\", user: fleet-auth, password_file: \"{d}/pw\"}}\n\
+             issuer_seed_file: \"{d}/seed\"\n\
+             zitadel: {{issuer: \"https://z\", audience: \"a\", jwks_url: \"https://z/keys\"}}\n{extra}"
+        );
+        let raw: RawConfig = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;
+        Settings::from_raw(raw)
+    }
+
+    const API: &str = "device_api: {user: api, password_file: \"DIR/pw\", fleet_user: kv, fleet_password_file: \"DIR/pw\"}\n";
+
+    #[test]
+    fn the_flood_guard_is_checked_and_defaults_are_written_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let api = API.replace("DIR", &d);
+        let guard = |more: &str| {
+            format!("{api}flood_guard: {{user: sys, password_file: \"{d}/guard\"{more}}}\n")
+        };
+        let guard = |more: &str| format!("account: DEVICES\n{}", guard(more));
+        let s = load(dir.path(), &guard("")).expect("defaults");
+        let g = s.flood_guard.expect("on");
+        assert_eq!(
+            (
+                g.budget.max_msgs_per_sec,
+                g.budget.cooldown_secs,
+                g.budget.max_cooldown_secs
+            ),
+            (500, 60, 3600)
+        );
+        assert_eq!(
+            (g.interval, g.user.as_str(), g.password.as_str()),
+            (Duration::from_secs(2), "sys", "guardPw2")
+        );
+        assert!(
+            load(dir.path(), &api).unwrap().flood_guard.is_none(),
+            "off unless configured"
+        );
+        for (more, why) in [
+            (", max_msgs_per_sec: 5", "max_msgs_per_sec"),
+            (", cooldown_secs: 0", "cooldown_secs"),
+            (
+                ", cooldown_secs: 600, max_cooldown_secs: 60",
+                "cooldown_secs",
+            ),
+            (", interval_ms: 10", "interval_ms"),
+        ] {
+            let e = load(dir.path(), &guard(more)).err().unwrap_or_default();
+            assert!(e.contains(why), "{more}: {e}");
+        }
+        let e = load(dir.path(), &guard("").replace("/guard", "/placeholder"))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("placeholder"), "{e}");
+        let alone = format!("flood_guard: {{user: sys, password_file: \"{d}/guard\"}}\n");
+        let e = load(dir.path(), &alone).err().unwrap_or_default();
+        assert!(e.contains("flood_guard needs device_api"), "{e}");
     }
 }

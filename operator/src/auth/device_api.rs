@@ -103,26 +103,13 @@ pub async fn run(
     tls: &crate::nats_tls::NatsTls,
     api: DeviceApiSettings,
 ) -> Result<(), String> {
-    let connect = |user: String, password: String, name: &'static str| async move {
-        let opts = async_nats::ConnectOptions::new()
-            .name(name)
-            .user_and_password(user, password)
-            .connection_timeout(Duration::from_secs(5))
-            .retry_on_initial_connect();
-        tls.apply(opts)?
-            .connect(crate::kv::servers(url))
-            .await
-            .map_err(|e| {
-                format!(
-                    "NATS at {url} ({name}): {}",
-                    tls.explain(&crate::kv::error_chain(&e))
-                )
-            })
-    };
-    let devices = connect(api.user.clone(), api.password, "fleet-auth device API").await?;
-    let fleet_client = connect(
-        api.fleet_user.clone(),
-        api.fleet_password,
+    use super::service::connect_user;
+    let devices = connect_user(url, tls, &api.user, &api.password, "fleet-auth device API").await?;
+    let fleet_client = connect_user(
+        url,
+        tls,
+        &api.fleet_user,
+        &api.fleet_password,
         "fleet-auth device API (buckets)",
     )
     .await?;

@@ -5,6 +5,8 @@
 pub mod callout;
 pub mod config;
 pub mod device_api;
+pub mod flood;
+pub mod flood_guard;
 pub mod jwks;
 pub mod natsjwt;
 pub mod service;

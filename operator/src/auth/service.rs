@@ -3,9 +3,10 @@
 
 use super::callout::{Callout, XKEY_HEADER};
 use super::config::Settings;
+use super::flood::Cooldowns;
 use super::jwks::Jwks;
 use futures::StreamExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -14,22 +15,87 @@ pub const AUTH_SUBJECT: &str = "$SYS.REQ.USER.AUTH";
 /// Queue group, so that several fleet-auth replicas share the requests.
 pub const QUEUE_GROUP: &str = "fleet-auth";
 
-/// Connects and serves the callout (and the device API, when configured) until a connection's subscription ends.
+/// Connects and serves the callout (and the device API and flood guard, when configured) until a connection's
+/// subscription ends.
 pub async fn run(mut settings: Settings) -> Result<(), String> {
-    match settings.device_api.take() {
-        None => serve_callout(settings).await,
-        Some(api) => {
-            let (url, tls) = (settings.url.clone(), settings.tls.clone());
-            tokio::select! {
-                r = serve_callout(settings) => r,
-                r = super::device_api::run(&url, &tls, api) => r,
-            }
+    let cooldowns = Arc::new(Mutex::new(Cooldowns::default()));
+    let (url, tls) = (settings.url.clone(), settings.tls.clone());
+    let guard = match (settings.flood_guard.take(), &settings.device_api) {
+        (Some(g), Some(api)) => {
+            let system =
+                connect_user(&url, &tls, &g.user, &g.password, "fleet-auth flood guard").await?;
+            let fleet = connect_user(
+                &url,
+                &tls,
+                &api.fleet_user,
+                &api.fleet_password,
+                "fleet-auth flood guard (reports)",
+            )
+            .await?;
+            log::info!(
+                "flood guard on: {} messages a second per device connection, polled every {} ms; cool-down {} s \
+                 doubling up to {} s",
+                g.budget.max_msgs_per_sec,
+                g.interval.as_millis(),
+                g.budget.cooldown_secs,
+                g.budget.max_cooldown_secs
+            );
+            Some(super::flood_guard::run(
+                system,
+                fleet,
+                settings.account.clone(),
+                g,
+                cooldowns.clone(),
+            ))
         }
+        _ => None,
+    };
+    let guard = async move {
+        match guard {
+            Some(g) => g.await,
+            None => std::future::pending().await,
+        }
+    };
+    let api = settings.device_api.take();
+    let api = async move {
+        match api {
+            Some(api) => super::device_api::run(&url, &tls, api).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = serve_callout(settings, cooldowns) => r,
+        r = api => r,
+        r = guard => r,
     }
 }
 
+/// A connection of one of fleet-auth's users (`auth_users`: they bypass the callout), retried until it is made.
+pub(super) async fn connect_user(
+    url: &str,
+    tls: &crate::nats_tls::NatsTls,
+    user: &str,
+    password: &str,
+    name: &'static str,
+) -> Result<async_nats::Client, String> {
+    let opts = async_nats::ConnectOptions::new()
+        .name(name)
+        .user_and_password(user.to_owned(), password.to_owned())
+        .connection_timeout(Duration::from_secs(5))
+        .retry_on_initial_connect();
+    tls.apply(opts)?
+        .connect(crate::kv::servers(url))
+        .await
+        .map_err(|e| {
+            format!(
+                "NATS at {url} ({name}): {}",
+                tls.explain(&crate::kv::error_chain(&e))
+            )
+        })
+}
+
 /// The callout: a queue subscription on [`AUTH_SUBJECT`] and one task per request under a concurrency bound.
-async fn serve_callout(settings: Settings) -> Result<(), String> {
+async fn serve_callout(settings: Settings, cooldowns: Arc<Mutex<Cooldowns>>) -> Result<(), String> {
     let jwks = Jwks::new(settings.jwks.clone())?;
     // Warm the cache; a failure is not fatal (every decision fetches again and fails closed meanwhile).
     match jwks.prefetch().await {
@@ -83,6 +149,7 @@ async fn serve_callout(settings: Settings) -> Result<(), String> {
         account: settings.account,
         policy: settings.policy,
         jwks,
+        cooldowns,
     });
     let permits = Arc::new(Semaphore::new(settings.max_concurrent));
     while let Some(msg) = sub.next().await {

@@ -171,6 +171,7 @@ impl Stack {
             auth: password(),
             admin: password(),
             device_api: password(),
+            system: password(),
         };
         let conf = dir.path().join("nats.conf");
         std::fs::write(
@@ -192,6 +193,7 @@ impl Stack {
         let pw = write("auth-password", &passwords.auth);
         let api_pw = write("device-api-password", &passwords.device_api);
         let admin_pw = write("admin-password", &passwords.admin);
+        let system_pw = write("system-password", &passwords.system);
         let seed = write("issuer.nk", &issuer.seed().expect("seed"));
         let xkey_file = xkey.then(|| write("xkey.nk", &curve.seed().expect("xseed")));
         let auth_config = dir.path().join("fleet-auth.yaml");
@@ -209,6 +211,9 @@ device_api:
   password_file: "{api_pw}"
   fleet_user: admin
   fleet_password_file: "{admin_pw}"
+flood_guard:
+  user: {guard_user}
+  password_file: "{system_pw}"
 {xkey}
 zitadel:
   issuer: "{ISSUER}"
@@ -225,6 +230,8 @@ zitadel:
                 api_user = fleet_rig::nats::DEVICE_API_USER,
                 api_pw = api_pw.display(),
                 admin_pw = admin_pw.display(),
+                guard_user = fleet_rig::nats::FLOOD_GUARD_USER,
+                system_pw = system_pw.display(),
                 seed = seed.display(),
                 xkey = xkey_file
                     .map(|p| format!("xkey_seed_file: \"{}\"", p.display()))

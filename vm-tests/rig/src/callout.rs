@@ -308,6 +308,7 @@ impl Callout {
             auth: password(&rng),
             admin: password(&rng),
             device_api: password(&rng),
+            system: password(&rng),
         };
         let nats_log = dir.path().join("nats.log");
         let conf = write_private(
@@ -328,6 +329,7 @@ impl Callout {
         let api_password_file =
             write_private(dir.path(), "device-api-password", &passwords.device_api);
         let admin_password_file = write_private(dir.path(), "admin-password", &passwords.admin);
+        let system_password_file = write_private(dir.path(), "system-password", &passwords.system);
         let seed_file = write_private(dir.path(), "issuer.nk", &seed);
         let config = write_private(
             dir.path(),
@@ -335,13 +337,16 @@ impl Callout {
             &format!(
                 "nats:\n  url: \"{url}\"\n  user: fleet-auth\n  password_file: \"{pw}\"\n{nats_ca}\
                  issuer_seed_file: \"{seed}\"\naccount: DEVICES\ndevice_api:\n  user: {api_user}\n  \
-                 password_file: \"{api_pw}\"\n  fleet_user: admin\n  fleet_password_file: \"{admin_pw}\"\nzitadel:\n  issuer: \"{iss}\"\n  \
+                 password_file: \"{api_pw}\"\n  fleet_user: admin\n  fleet_password_file: \"{admin_pw}\"\n\
+                 flood_guard:\n  user: {guard_user}\n  password_file: \"{system_pw}\"\nzitadel:\n  issuer: \"{iss}\"\n  \
                  audience: \"{AUDIENCE}\"\n  jwks_url: \"{iss}/oauth/v2/keys\"\n  jwks_ca_file: \"{ca}\"\n",
                 url = server.url(),
                 pw = password_file.display(),
                 api_user = crate::nats::DEVICE_API_USER,
                 api_pw = api_password_file.display(),
                 admin_pw = admin_password_file.display(),
+                guard_user = crate::nats::FLOOD_GUARD_USER,
+                system_pw = system_password_file.display(),
                 seed = seed_file.display(),
                 iss = zitadel.url(),
                 ca = zitadel.ca_file().display(),

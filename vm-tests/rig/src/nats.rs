@@ -223,6 +223,8 @@ impl Drop for NatsServer {
 
 /// The user fleet-auth's device API serves the devices in (account `DEVICE_API`, bypassing the callout).
 pub const DEVICE_API_USER: &str = "fleet-device-api";
+/// fleet-auth's flood guard's user (the system account `SYS`, bypassing the callout).
+pub const FLOOD_GUARD_USER: &str = "fleet-auth-system";
 
 /// The nats-server configuration of docs/auth.md (pass it with `-c` to [`NatsServer::start_with_args`]): user
 /// `fleet-auth` in account AUTH, where the auth callout asks; user `admin` (the operator's and fleetlock's stand-in,
@@ -230,7 +232,8 @@ pub const DEVICE_API_USER: &str = "fleet-device-api";
 /// [`DEVICE_API_USER`] in DEVICE_API, where fleet-auth serves the devices' writes and watch registrations; devices,
 /// placed by fleet-auth (`account: DEVICES`), in DEVICES, which reaches the others only through the imports of
 /// `fleet_wire::auth::device_imports`. `issuer` is fleet-auth's account public key, `xkey` its optional curve
-/// public key; the server logs to `log`.
+/// public key; the server logs to `log`. User [`FLOOD_GUARD_USER`] in the system account `SYS` is fleet-auth's
+/// flood guard (it reads connection counters and disconnects flooding devices).
 pub fn callout_config(
     log: &Path,
     issuer: &str,
@@ -271,7 +274,9 @@ pub fn callout_config(
         r#"log_file: "{log}"
 # Device tokens up to fleet_wire::auth::NATS_TOKEN_MAX_BYTES travel in CONNECT (docs/auth.md).
 max_control_line: 20KB
+system_account: SYS
 accounts {{
+  SYS {{ users: [ {{ user: "{FLOOD_GUARD_USER}", password: "{system}" }} ] }}
   AUTH {{ users: [ {{ user: "fleet-auth", password: "{auth}" }} ] }}
   {FLEET_ACCOUNT} {{
     jetstream: enabled
@@ -294,7 +299,7 @@ authorization {{
   auth_callout {{
     issuer: "{issuer}"
     account: AUTH
-    auth_users: [ "fleet-auth", "admin", "{DEVICE_API_USER}" ]
+    auth_users: [ "fleet-auth", "admin", "{DEVICE_API_USER}", "{FLOOD_GUARD_USER}" ]
     {xkey}
   }}
 }}
@@ -303,6 +308,7 @@ authorization {{
         auth = passwords.auth,
         admin = passwords.admin,
         api = passwords.device_api,
+        system = passwords.system,
         fleet_exports = exports(FLEET_ACCOUNT),
         api_exports = exports(DEVICE_API_ACCOUNT),
     )
@@ -316,4 +322,6 @@ pub struct CalloutPasswords {
     pub admin: String,
     /// [`DEVICE_API_USER`] (account DEVICE_API).
     pub device_api: String,
+    /// [`FLOOD_GUARD_USER`] (account SYS).
+    pub system: String,
 }
