@@ -223,6 +223,7 @@ fn main() {
                 stalled: Some(fleet_operator::crd::Stalled {
                     phase: "preparing".into(),
                     since: fixtures::upgrade_status().phase_changed_at.to_string(),
+                    task_run: None,
                 }),
                 writes_refused: None,
             });

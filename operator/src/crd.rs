@@ -113,7 +113,9 @@ pub struct DeviceStatus {
     pub workloads: Option<WorkloadHealth>,
     /// Set while the device's agent upgrade has stayed in one phase longer than that phase's bound allows
     /// ([`crate::rollout::phase_bound`] plus [`crate::rollout::STALL_SLACK`]): the phase it is stuck in and since
-    /// when (the device's own `phaseChangedAt`); absent otherwise.
+    /// when (the device's own `phaseChangedAt`); or, with no stalled agent upgrade, while a running TaskRun's
+    /// intent for it has gone unaccepted for longer than the accept timeout (phase `not-accepted`, `taskRun`
+    /// naming the run, set by the TaskRun controller: [`crate::tasks::stall`]); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalled: Option<Stalled>,
     /// fleet-auth refused some of this device's writes (over its share: size, run keys, write budget); absent
@@ -126,10 +128,14 @@ pub struct DeviceStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Stalled {
-    /// The phase (`preparing`, `stopping`, `starting`, `rolling-back`).
+    /// The phase (`preparing`, `stopping`, `starting`, `rolling-back`; `not-accepted` for a TaskRun's intent).
     pub phase: String,
-    /// Since when it has been in it (RFC 3339, UTC).
+    /// Since when it has been in it (RFC 3339, UTC; for a TaskRun: when NATS stored the intent).
     pub since: String,
+    /// The TaskRun (`namespace/name`) whose system-upgrade intent the device has not accepted; absent for an
+    /// agent upgrade.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_run: Option<String>,
 }
 
 /// A device's refused writes, from fleet-auth's reports (`fleet.device-refusals.<device>`).

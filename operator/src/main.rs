@@ -48,6 +48,10 @@ Options:
   --alert-silent-after DURATION   a device without heartbeat for longer alerts (default 15m)
   --alert-slot-held-after DURATION  a FleetLock slot held for longer alerts (default 1h)
   --alert-failed-run-for DURATION   a failed TaskRun alerts for this long after it ended (default 24h)
+  --task-accept-timeout DURATION    a TaskRun device whose intent has no status for longer is stalled:
+                                    Progressing=False on the run, status.stalled on the Device, an alert
+                                    (default 2m: three 30 s agent heartbeats and one resync; 1s to 24h; raise
+                                    it for agents with slower heartbeats; docs/crds.md)
 Environment:
   POD_NAMESPACE    this replica's namespace (events about the FleetLock server regard its Pod)
   KUBECONFIG / in-cluster service account   how the Kubernetes API is reached
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
     let buckets = args.next_if(|a| a == "buckets").is_some();
     let mut check = false;
     let mut dash = DashboardArgs::default();
+    let mut accept_timeout = fleet_operator::tasks::stall::DEFAULT_ACCEPT_TIMEOUT;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--check" if buckets => check = true,
@@ -116,6 +121,29 @@ fn main() -> ExitCode {
                     "--webhook-listen" => webhook_listen = Some(v),
                     "--webhook-cert" => webhook_cert = Some(std::path::PathBuf::from(v)),
                     _ => webhook_key = Some(std::path::PathBuf::from(v)),
+                }
+            }
+            "--task-accept-timeout" => {
+                use fleet_operator::tasks::stall::{MAX_ACCEPT_TIMEOUT, MIN_ACCEPT_TIMEOUT};
+                let parsed = args
+                    .next()
+                    .ok_or_else(|| "--task-accept-timeout needs a duration".to_owned())
+                    .and_then(|v| {
+                        humantime::parse_duration(&v)
+                            .map_err(|e| format!("--task-accept-timeout {v:?}: {e}"))
+                    })
+                    .and_then(|d| {
+                        (MIN_ACCEPT_TIMEOUT..=MAX_ACCEPT_TIMEOUT)
+                            .contains(&d)
+                            .then_some(d)
+                            .ok_or_else(|| "--task-accept-timeout must be 1s to 24h".to_owned())
+                    });
+                match parsed {
+                    Ok(d) => accept_timeout = d,
+                    Err(e) => {
+                        eprintln!("{e}; see --help");
+                        return ExitCode::from(2);
+                    }
                 }
             }
             flag if flag.starts_with("--dashboard-") || flag.starts_with("--alert-") => {
@@ -240,6 +268,7 @@ fn main() -> ExitCode {
             nats_url: opts.nats_url.clone(),
             instance: opts.instance.clone(),
             label_selector: opts.label_selector.clone(),
+            accept_timeout,
         };
         let dashboard_client = client.clone();
         let dashboard = fleet_operator::dashboard::run(dashboard_client, dashboard);

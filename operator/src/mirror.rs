@@ -49,12 +49,23 @@ pub fn device_status(
         last_heartbeat: r.heartbeat.as_ref().map(|h| h.at.to_string()),
         agent_upgrade: r.upgrade.clone(),
         workloads: r.workloads.as_ref().map(crate::health::device),
-        stalled: r.upgrade.as_ref().and_then(|u| {
-            crate::rollout::is_stalled(u.phase, u.phase_changed_at, now).then(|| Stalled {
-                phase: crate::rollout::phase_word(u.phase),
-                since: u.phase_changed_at.to_string(),
+        stalled: r
+            .upgrade
+            .as_ref()
+            .and_then(|u| {
+                crate::rollout::is_stalled(u.phase, u.phase_changed_at, now).then(|| Stalled {
+                    phase: crate::rollout::phase_word(u.phase),
+                    since: u.phase_changed_at.to_string(),
+                    task_run: None,
+                })
             })
-        }),
+            // A TaskRun's stall is the TaskRun controller's to set and clear: kept as it is (an agent upgrade's
+            // stall, the more urgent, replaces it).
+            .or_else(|| {
+                current
+                    .and_then(|c| c.stalled.clone())
+                    .filter(|s| s.task_run.is_some())
+            }),
         writes_refused: crate::refusals::status(
             current.and_then(|c| c.writes_refused.as_ref()),
             r.refused.as_ref(),
@@ -178,10 +189,23 @@ mod tests {
             stuck.stalled,
             Some(Stalled {
                 phase: "preparing".into(),
-                since: since.to_string()
+                since: since.to_string(),
+                task_run: None,
             })
         );
         assert_eq!(device_status(Some(&stuck), &r, at(3600)), None);
+
+        // a TaskRun's stall (the TaskRun controller's) is kept as it is; an agent upgrade's stall replaces it
+        let task = Stalled {
+            phase: "not-accepted".into(),
+            since: since.to_string(),
+            task_run: Some("ops/upgrade".into()),
+        };
+        let mut marked = calm.clone();
+        marked.stalled = Some(task.clone());
+        assert_eq!(device_status(Some(&marked), &r, at(600)), None);
+        let over = device_status(Some(&marked), &r, at(601)).expect("agent stall wins");
+        assert_eq!(over.stalled, stuck.stalled);
 
         // refused writes are shown, and gone an hour after the last
         let mut rec = crate::refusals::Record::new(None, now());

@@ -46,11 +46,21 @@ impl Fleet {
             nats_url: self.nats.url(),
             instance: Some(format!("op-{n}")),
             label_selector: Some(format!("fleet-test={}", self.run)),
+            accept_timeout: fleet_operator::tasks::stall::DEFAULT_ACCEPT_TIMEOUT,
         }
     }
 
     fn start_operator(&mut self) {
         let (client, opts) = (self.client.clone(), self.options(self.operators.len()));
+        self.operators.push(tokio::spawn(async move {
+            let _ = controller::run(client, opts).await;
+        }));
+    }
+
+    /// [`Self::start_operator`] with `--task-accept-timeout` set to `timeout`.
+    fn start_operator_accepting_within(&mut self, timeout: Duration) {
+        let (client, mut opts) = (self.client.clone(), self.options(self.operators.len()));
+        opts.accept_timeout = timeout;
         self.operators.push(tokio::spawn(async move {
             let _ = controller::run(client, opts).await;
         }));
@@ -420,6 +430,117 @@ async fn canary_failure_stops_the_rest() {
     );
 }
 
+/// A released device that never accepts its intent (no status for the run) is *stalled* once the accept timeout
+/// passed: the run counts it and names it in `Progressing=False` (reason `Stalled`, a Warning event), the Device
+/// says so in `status.stalled`; the device that accepted is not named. The intent's write time is NATS's, so an
+/// operator started afresh reports the same stall with the same time. A status from the device clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_that_never_accepts_its_intent_is_stalled() {
+    let mut f = Fleet::new("stalled").await;
+    let group = f.group("prod").await;
+    let taker = f.device("taker", json!({"member": "prod"}), true).await;
+    let mute = f.device("mute", json!({"member": "prod"}), true).await;
+    let timeout = Duration::from_secs(3);
+    f.start_operator_accepting_within(timeout);
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("both released", || async {
+        Some((f.intent(&taker, &run).await?, f.intent(&mute, &run).await?))
+    })
+    .await;
+    let released = Timestamp::now();
+    // The taker's agent accepts at once (the updater is upgrading); the mute one never answers.
+    let accepted = |d: &DeviceId| {
+        let mut s: SystemUpgradeStatus = fixtures::system_status();
+        s.run_uid = run;
+        s.device_id = d.clone();
+        s.phase = SystemUpgradePhase::Upgrading;
+        s.accepted_at = Timestamp::now();
+        s.completed_at = None;
+        s.first_heartbeat_after_completion = None;
+        serde_json::to_vec(&s).unwrap()
+    };
+    let statuses = f.bucket(layout::SYSTEM_UPGRADE_STATUS).await;
+    statuses
+        .put(layout::run_key(&taker, &run), accepted(&taker).into())
+        .await
+        .unwrap();
+    let runs = f.runs();
+    let stalled_run = || async {
+        let st = runs.get("upgrade").await.ok()?.status?;
+        let c = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")?
+            .clone();
+        Some((st.stalled, c.status, c.reason, c.message))
+    };
+    let (n, status, _, message) = eventually("the run reports the mute device stalled", || async {
+        stalled_run().await.filter(|s| s.2 == "Stalled")
+    })
+    .await;
+    assert!(
+        Timestamp::now().since(released) >= timeout,
+        "not stalled before the timeout"
+    );
+    assert_eq!((n, status.as_str()), (1, "False"));
+    assert!(
+        message.contains(mute.as_str()) && !message.contains(taker.as_str()),
+        "{message}"
+    );
+    assert!(message.contains("within 3s"), "{message}");
+    let devices = Api::<Device>::all(f.client.clone());
+    let device_stall = |d: DeviceId| {
+        let api = devices.clone();
+        async move { api.get(d.as_str()).await.ok()?.status?.stalled }
+    };
+    let on_device = eventually("the Device says so", || device_stall(mute.clone())).await;
+    assert_eq!(on_device.phase, "not-accepted");
+    assert_eq!(
+        on_device.task_run.as_deref(),
+        Some(format!("{}/upgrade", f.run).as_str())
+    );
+    assert!(
+        device_stall(taker.clone()).await.is_none(),
+        "the device that accepted is not stalled"
+    );
+    eventually("Warning Stalled event", || async {
+        f.events("upgrade")
+            .await
+            .contains(&("Warning".into(), "Stalled".into()))
+            .then_some(())
+    })
+    .await;
+    let s = f.runs().get("upgrade").await.unwrap().status.unwrap();
+    assert_eq!(
+        s.run.phase,
+        Some(TaskRunPhase::Running),
+        "stalled is not failed"
+    );
+
+    // A fresh operator judges from NATS: the same device, the same write time.
+    f.kill_operators().await;
+    f.start_operator_accepting_within(timeout);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again = device_stall(mute.clone()).await.expect("still stalled");
+    assert_eq!(again.since, on_device.since, "the intent's time is NATS's");
+    assert_eq!(stalled_run().await.map(|s| s.2).as_deref(), Some("Stalled"));
+
+    // The device answers: no longer stalled, on the run or the Device.
+    statuses
+        .put(layout::run_key(&mute, &run), accepted(&mute).into())
+        .await
+        .unwrap();
+    eventually("the stall clears", || async {
+        let (n, status, reason, _) = stalled_run().await?;
+        (n == 0 && status == "True" && reason == "Progressing").then_some(())
+    })
+    .await;
+    eventually("the Device's stall clears", || async {
+        device_stall(mute.clone()).await.is_none().then_some(())
+    })
+    .await;
+}
+
 /// Deleting a running TaskRun (`kubectl delete ftr`) cancels it: the intent the canary has not taken is removed
 /// and nothing more is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -654,6 +775,7 @@ async fn operator_processes_share_one_plan_and_resume_after_sigkill() {
             "Targets",
             "Succeeded",
             "Failed",
+            "Stalled",
             "Reason",
             "Age"
         ]

@@ -505,6 +505,18 @@ impl Artifacts {
         std::fs::read(self.ca.ca_file()).unwrap_or_else(|e| panic!("read CA: {e}"))
     }
 
+    /// The URL and SHA-256 `file` will have once published at `/<name>`, without serving it yet (until
+    /// [`Self::publish`], a download answers 404).
+    pub fn planned(&self, file: &Path, name: &str) -> (String, fleet_wire::Sha256Hex) {
+        use sha2::Digest;
+        let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("read {file:?}: {e}"));
+        let sha: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+        (
+            self.server.url(&format!("/{name}")),
+            fleet_wire::Sha256Hex::from_bytes(sha),
+        )
+    }
+
     /// Publishes `file` at `/<name>`: its URL (the same on the host and in guests) and SHA-256.
     pub fn publish(&self, file: &Path, name: &str) -> (String, fleet_wire::Sha256Hex) {
         use sha2::Digest;

@@ -15,7 +15,8 @@ pub enum AlertKind {
     RollbackFailed,
     /// A device has sent no heartbeat for longer than the configured time.
     DeviceSilent,
-    /// A device's agent upgrade has stayed in one phase longer than that phase's bound allows.
+    /// A device's agent upgrade has stayed in one phase longer than that phase's bound allows, or it has not
+    /// accepted a running TaskRun's intent within the accept timeout.
     DeviceStalled,
     /// fleet-auth refused writes of a device recently (over its share, too large, not its key): a broken or
     /// compromised device.
@@ -68,7 +69,7 @@ impl AlertKind {
         match self {
             Self::RollbackFailed => "Agent rollback failed: device quarantined",
             Self::DeviceSilent => "Device silent",
-            Self::DeviceStalled => "Agent upgrade stalled",
+            Self::DeviceStalled => "Device stalled",
             Self::WritesRefused => "Device writes refused",
             Self::CanaryFailed => "Task run stopped: a canary failed",
             Self::RunFailed => "Task run failed",
@@ -90,9 +91,9 @@ impl AlertKind {
                  credentials may have expired (docs/auth.md)."
             }
             Self::DeviceStalled => {
-                "The updater bounds every phase, so a stall means it is stopped or cannot report: run \
-                 `systemctl status fleet-updater` and `journalctl -u fleet-updater` on the device \
-                 (docs/updater.md)."
+                "The updater bounds every phase and answers a new intent at once, so a stall means the \
+                 updater or the agent is stopped or cannot report: run `systemctl status fleet-updater \
+                 fleet-agent` and `journalctl -u fleet-updater` on the device (docs/updater.md)."
             }
             Self::WritesRefused => {
                 "The agent never writes this much or outside its own keys: read `journalctl -u fleet-agent` \
@@ -207,6 +208,9 @@ pub struct DeviceFacts<'a> {
     pub last_heartbeat: Option<Timestamp>,
     /// Its refused writes as the Device shows them, with the latest report's time.
     pub writes_refused: Option<(&'a crate::crd::WritesRefused, Timestamp)>,
+    /// Its `status.stalled` (only a TaskRun's stall is read from it: an agent upgrade's is judged from
+    /// `upgrade` at the evaluation's own time).
+    pub stalled: Option<&'a crate::crd::Stalled>,
 }
 
 /// One TaskRun as the alerts see it.
@@ -265,6 +269,16 @@ pub fn evaluate<'a>(
                         super::html::age(bound)
                     ),
                 },
+            });
+        } else if let Some((s, run)) = d.stalled.and_then(|s| Some((s, s.task_run.as_deref()?))) {
+            out.push(Alert {
+                kind: AlertKind::DeviceStalled,
+                subject: Subject::Device(d.name.to_owned()),
+                since: super::html::parse_time(&s.since),
+                detail: format!(
+                    "has not accepted the system-upgrade intent of TaskRun {run} (written {})",
+                    s.since
+                ),
             });
         }
         if let Some((w, last)) = d
@@ -421,6 +435,12 @@ mod tests {
         stuck.phase_changed_at = at(100_000 - 601);
         let mut preparing = fixtures::upgrade_status();
         preparing.phase_changed_at = at(100_000 - 600);
+        // a TaskRun intent the device has not accepted (set on the Device by the TaskRun controller)
+        let task_stall = crate::crd::Stalled {
+            phase: "not-accepted".into(),
+            since: "2026-12-01T10:00:00Z".into(),
+            task_run: Some("ops/upgrade".into()),
+        };
         let devices = [
             ("q", Some(&quarantined), Some(at(99_990))),
             ("stuck", Some(&stuck), Some(at(99_990))),
@@ -495,13 +515,22 @@ mod tests {
                     upgrade: *u,
                     last_heartbeat: *hb,
                     writes_refused: None,
+                    stalled: None,
                 })
                 .chain(refusals.iter().map(|(n, last)| DeviceFacts {
                     name: n,
                     upgrade: None,
                     last_heartbeat: None,
                     writes_refused: Some((&refused, *last)),
-                })),
+                    stalled: None,
+                }))
+                .chain([DeviceFacts {
+                    name: "untaken",
+                    upgrade: None,
+                    last_heartbeat: Some(at(99_990)),
+                    writes_refused: None,
+                    stalled: Some(&task_stall),
+                }]),
             runs.iter().map(|(n, s)| RunFacts {
                 namespace: "ops",
                 name: n,
@@ -521,6 +550,7 @@ mod tests {
                 (AlertKind::RollbackFailed, "device q".into()),
                 (AlertKind::DeviceSilent, "device silent".into()),
                 (AlertKind::DeviceStalled, "device stuck".into()),
+                (AlertKind::DeviceStalled, "device untaken".into()),
                 (AlertKind::WritesRefused, "device flooder".into()),
                 (AlertKind::CanaryFailed, "task run ops/canary".into()),
                 (AlertKind::RunFailed, "task run ops/target".into()),
@@ -540,10 +570,18 @@ mod tests {
         );
         assert_eq!(
             alerts[3].detail,
+            "has not accepted the system-upgrade intent of TaskRun ops/upgrade (written 2026-12-01T10:00:00Z)"
+        );
+        assert_eq!(
+            alerts[3].since,
+            super::super::html::parse_time("2026-12-01T10:00:00Z")
+        );
+        assert_eq!(
+            alerts[4].detail,
             "300 refused since 2026-12-01T10:00:00Z (latest: over-budget in device-heartbeat: over the \
              device's write budget)"
         );
-        assert!(alerts[4]
+        assert!(alerts[5]
             .detail
             .starts_with("CanaryFailed: 0 of 3 succeeded, 1 failed"));
         // the same alerts again: nothing new; one gone and one back: only that one is new

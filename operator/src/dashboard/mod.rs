@@ -157,6 +157,7 @@ async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: 
                     writes_refused: s
                         .and_then(|s| s.writes_refused.as_ref())
                         .and_then(|w| Some((w, html::parse_time(&w.last_at)?))),
+                    stalled: s.and_then(|s| s.stalled.as_ref()),
                 }
             }),
             runs.iter().filter_map(|r| {

@@ -12,12 +12,13 @@ use super::crd::{created_at, TaskRun};
 use super::intents;
 use super::planning::{self, Groups, PlanError};
 use super::progress::{self, Decision, DeviceState, Outcome};
-use super::status as run_status;
+use super::stall;
+use super::status::{self as run_status, StallReport};
 use super::store;
 use super::view::RunView;
 use crate::cache::cache;
 use crate::conditions;
-use crate::crd::{Device, DeviceGroup};
+use crate::crd::{Device, DeviceGroup, Stalled};
 use crate::kv::{self, Mirror, NatsError};
 use crate::placement::{self, Labels};
 use crate::report;
@@ -27,6 +28,7 @@ use fleet_wire::{
     AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskOperation, TaskPlan,
     TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp,
 };
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store as Cache;
@@ -57,6 +59,22 @@ pub struct Options {
     pub instance: Option<String>,
     /// Only TaskRuns, Devices and DeviceGroups with these labels are handled.
     pub label_selector: Option<String>,
+    /// A released device without a status for the run for longer is *stalled* ([`stall`];
+    /// `--task-accept-timeout`, default [`stall::DEFAULT_ACCEPT_TIMEOUT`]).
+    pub accept_timeout: Duration,
+}
+
+/// Devices patched at once when their `status.stalled` changes.
+pub const DEVICE_WRITES_AT_ONCE: usize = 16;
+
+/// One running run's stalled devices, as last judged from its view.
+struct RunStalls {
+    /// `namespace/name`, as the Devices name it.
+    run: String,
+    /// Every stalled device and when NATS stored its intent.
+    devices: Vec<(DeviceId, Timestamp)>,
+    /// When the next waiting device becomes stalled.
+    wake: Option<Timestamp>,
 }
 
 struct Link {
@@ -140,6 +158,8 @@ pub async fn run(
         finished: HashMap::new(),
         cleaned: HashSet::new(),
         retries: HashMap::new(),
+        stalls: HashMap::new(),
+        accept_timeout: opts.accept_timeout,
     };
     let mut link: Option<Link> = None;
     loop {
@@ -196,6 +216,10 @@ struct Controller {
     cleaned: HashSet<AttemptId>,
     /// Planning retries after group source errors: failures so far and when to try again.
     retries: HashMap<AttemptId, (u32, Timestamp)>,
+    /// Running runs' stalled devices, judged from their views (a run absent here was not judged yet).
+    stalls: HashMap<AttemptId, RunStalls>,
+    /// See [`Options::accept_timeout`].
+    accept_timeout: Duration,
 }
 
 /// What one pass decided for one run's status.
@@ -203,6 +227,11 @@ struct Report {
     status: TaskRunStatus,
     problem: Option<String>,
     note: Option<String>,
+}
+
+/// `namespace/name` of a run, as a Device's `status.stalled.taskRun` names it.
+fn run_ref(run: &TaskRun) -> String {
+    format!("{}/{}", run.namespace().unwrap_or_default(), run.name_any())
 }
 
 fn failed(reason: TaskRunReason, error: String, now: Timestamp) -> TaskRunStatus {
@@ -271,7 +300,91 @@ impl Controller {
         self.finished.retain(|k, _| seen.contains(k));
         self.cleaned.retain(|k| seen.contains(k));
         self.retries.retain(|k, _| seen.contains(k));
+        self.stalls.retain(|k, _| seen.contains(k));
+        self.mark_devices(&runs).await;
         wake
+    }
+
+    /// Sets each Device's `status.stalled` for the TaskRun intents it has not accepted (the earliest, when several
+    /// runs wait on it) and clears it once the device accepted, or its run ended or is gone. An agent upgrade's
+    /// stall (set by the engine) is left alone. A stall naming a running run not judged yet (its view is still
+    /// reading NATS after a restart) stays as it is.
+    async fn mark_devices(&self, runs: &[Arc<TaskRun>]) {
+        let mut want: BTreeMap<&str, Stalled> = BTreeMap::new();
+        for st in self.stalls.values() {
+            for (d, since) in &st.devices {
+                let next = Stalled {
+                    phase: stall::NOT_ACCEPTED.into(),
+                    since: since.to_string(),
+                    task_run: Some(st.run.clone()),
+                };
+                want.entry(d.as_str())
+                    .and_modify(|w| {
+                        if next.since < w.since {
+                            *w = next.clone();
+                        }
+                    })
+                    .or_insert(next);
+            }
+        }
+        let running: HashSet<String> = runs
+            .iter()
+            .filter(|r| {
+                let uid = AttemptId::try_from(r.uid().unwrap_or_default().as_str()).ok();
+                let done = uid.and_then(|u| self.finished.get(&u)).is_some();
+                !done
+                    && r.status
+                        .as_ref()
+                        .is_some_and(|s| s.run.phase == Some(TaskRunPhase::Running))
+            })
+            .map(|r| run_ref(r))
+            .collect();
+        let judged: HashSet<&str> = self.stalls.values().map(|s| s.run.as_str()).collect();
+        let mut writes = Vec::new();
+        for dev in self.devices.state() {
+            let name = dev.name_any();
+            let current = dev.status.as_ref().and_then(|s| s.stalled.as_ref());
+            let next = match (current, want.get(name.as_str())) {
+                (Some(c), _) if c.task_run.is_none() => continue,
+                (c, Some(w)) if c == Some(w) => continue,
+                (_, Some(w)) => Some(w.clone()),
+                (Some(c), None) => {
+                    let r = c.task_run.as_deref().unwrap_or_default();
+                    if running.contains(r) && !judged.contains(r) {
+                        continue;
+                    }
+                    None
+                }
+                (None, None) => continue,
+            };
+            writes.push((name, next));
+        }
+        if writes.is_empty() {
+            return;
+        }
+        let api: kube::Api<Device> = kube::Api::all(self.client.clone());
+        futures::stream::iter(writes)
+            .for_each_concurrent(DEVICE_WRITES_AT_ONCE, |(name, next)| {
+                let api = api.clone();
+                async move {
+                    match &next {
+                        Some(s) => log::info!(
+                            "device {name}: stalled: has not accepted the intent of TaskRun {} written {}",
+                            s.task_run.as_deref().unwrap_or_default(),
+                            s.since
+                        ),
+                        None => log::info!("device {name}: no longer stalled on a TaskRun"),
+                    }
+                    let patch = serde_json::json!({"status": {"stalled": next}});
+                    if let Err(e) = api
+                        .patch_status(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch))
+                        .await
+                    {
+                        log::warn!("device {name}: status.stalled: {e}");
+                    }
+                }
+            })
+            .await;
     }
 
     /// One run's pass; returns when it wants to run again at the latest.
@@ -290,6 +403,7 @@ impl Controller {
             .or(old.run.phase)
             .unwrap_or(TaskRunPhase::Planning);
         if phase.is_terminal() {
+            self.stalls.remove(&uid);
             // A terminal run never advances: only its remaining intents are removed. Intents live at most as long as
             // the bucket's age limit, so a run that ended before that has none left.
             let intent_age = layout::bucket(layout::SYSTEM_UPGRADE_INTENT)
@@ -322,7 +436,7 @@ impl Controller {
                 latest_error: Some(BoundedText::lossy(problem.clone())),
                 ..old.run.clone()
             };
-            self.write(run, status, Some(problem), None, nats_error)
+            self.write(run, status, Some(problem), None, nats_error, None)
                 .await;
             return None;
         }
@@ -331,7 +445,7 @@ impl Controller {
                 phase: Some(phase),
                 ..old.run.clone()
             };
-            self.write(run, status, None, None, nats_error).await;
+            self.write(run, status, None, None, nats_error, None).await;
             return None;
         };
         let now = Timestamp::now();
@@ -340,13 +454,29 @@ impl Controller {
             Ok(p) => p,
             Err(report) => {
                 let wake = self.retries.get(&uid).map(|r| r.1);
-                self.write(run, report.status, report.problem, report.note, None)
+                self.write(run, report.status, report.problem, report.note, None, None)
                     .await;
                 return wake;
             }
         };
         let report = self.progress(link, run, uid, &plan, now).await;
         let terminal = report.status.phase.is_some_and(TaskRunPhase::is_terminal);
+        if terminal {
+            self.stalls.remove(&uid);
+        }
+        let stalled = self.stalls.get(&uid).map(|st| {
+            let examples = stall::Stalls {
+                devices: st.devices.clone(),
+                wake: None,
+            }
+            .examples();
+            StallReport {
+                count: st.devices.len() as u32,
+                examples,
+                timeout: self.accept_timeout,
+            }
+        });
+        let stall_wake = self.stalls.get(&uid).and_then(|st| st.wake);
         let written = self
             .write(
                 run,
@@ -354,6 +484,7 @@ impl Controller {
                 report.problem,
                 report.note,
                 None,
+                stalled,
             )
             .await;
         if terminal && written {
@@ -363,7 +494,7 @@ impl Controller {
             self.clean_up(link, uid).await;
             return None;
         }
-        Some(plan.expires_at)
+        Some(stall_wake.map_or(plan.expires_at, |w| w.min(plan.expires_at)))
     }
 
     /// The run's plan: loaded, or planned and stored now. `Err` carries the status to write instead.
@@ -599,6 +730,12 @@ impl Controller {
             }
         };
         let (counts, decision, latest) = progress::step(plan, state, &authorized, now);
+        let stalls = stall::stalls(
+            plan.targets(),
+            |d| view.intent_seen(d, &uid),
+            now,
+            self.accept_timeout,
+        );
         // Terminal devices' intents are removed; their statuses stay.
         let done: Vec<String> = view
             .live_intents()
@@ -641,6 +778,14 @@ impl Controller {
         if let Some(e) = errors.into_iter().next() {
             status.latest_error = Some(BoundedText::lossy(e));
         }
+        self.stalls.insert(
+            uid,
+            RunStalls {
+                run: run_ref(run),
+                devices: stalls.devices,
+                wake: stalls.wake,
+            },
+        );
         Report {
             status,
             problem,
@@ -703,14 +848,42 @@ impl Controller {
         problem: Option<String>,
         note: Option<String>,
         nats_error: Option<&str>,
+        stalled: Option<StallReport>,
     ) -> bool {
         let old = run.status.clone().unwrap_or_default();
         let phase = status.phase.unwrap_or(TaskRunPhase::Planning);
+        // Not judged in this pass (no NATS, the view still reading): the last judgement stands.
+        let kept = old
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::PROGRESSING && c.reason == conditions::REASON_STALLED)
+            .filter(|_| phase == TaskRunPhase::Running && stalled.is_none());
+        let (progressing, stalled_count) = match kept {
+            Some(c) => (
+                conditions::Want {
+                    type_: conditions::PROGRESSING,
+                    ok: false,
+                    reason: conditions::REASON_STALLED,
+                    message: c.message.clone(),
+                },
+                old.stalled,
+            ),
+            None => {
+                let s = stalled.unwrap_or_default();
+                (run_status::progressing(phase, &s), s.count)
+            }
+        };
         let message = match phase {
             TaskRunPhase::Planning => "freezing the target plan".to_owned(),
             TaskRunPhase::Running => format!(
-                "{} of {} devices succeeded, {} failed",
-                status.succeeded, status.targets, status.failed
+                "{} of {} devices succeeded, {} failed{}",
+                status.succeeded,
+                status.targets,
+                status.failed,
+                match stalled_count {
+                    0 => String::new(),
+                    n => format!(", {n} stalled"),
+                }
             ),
             TaskRunPhase::Complete => format!("all {} devices succeeded", status.targets),
             TaskRunPhase::Failed => status
@@ -721,11 +894,20 @@ impl Controller {
         };
         let wants = [
             run_status::ready(phase, status.reason, problem.as_deref(), message),
+            progressing,
             conditions::nats_reachable(nats_error),
         ];
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let frozen = run_status::spec_check(run).ok();
-        let next = run_status::next(&old, status, &wants, run.metadata.generation, &now, frozen);
+        let next = run_status::next(
+            &old,
+            status,
+            stalled_count,
+            &wants,
+            run.metadata.generation,
+            &now,
+            frozen,
+        );
         match run_status::write(&self.client, &self.recorder, run, &next, note).await {
             Ok(_) => true,
             Err(kube::Error::Api(s)) if s.code == 409 => {

@@ -58,6 +58,7 @@ fn deadline_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     printcolumn = r#"{"name":"Targets","type":"integer","jsonPath":".status.targets"}"#,
     printcolumn = r#"{"name":"Succeeded","type":"integer","jsonPath":".status.succeeded"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.failed"}"#,
+    printcolumn = r#"{"name":"Stalled","type":"integer","jsonPath":".status.stalled"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -82,8 +83,12 @@ pub struct TaskRunCrStatus {
     /// Phase, counts, times, reason, latest error.
     #[serde(flatten)]
     pub run: TaskRunStatus,
-    /// `Ready` (True while planning or running normally and when complete; False with the failure reason) and
-    /// `NatsReachable`.
+    /// Released devices that have not accepted their intent within the accept timeout ([`super::stall`]), while
+    /// the run is running; absent when none (the `Progressing` condition names them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stalled: u32,
+    /// `Ready` (True while planning or running normally and when complete; False with the failure reason),
+    /// `Progressing` (False with reason `Stalled` naming the stalled devices) and `NatsReachable`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The spec as the operator first accepted it (at generation 1). The run acts only while its spec equals this:
@@ -91,6 +96,10 @@ pub struct TaskRunCrStatus {
     /// ([`super::status::spec_check`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_spec: Option<serde_json::Value>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl crate::conditions::WithConditions for TaskRunCrStatus {
@@ -131,6 +140,7 @@ impl JsonSchema for TaskRunCrStatus {
                 "completionTime": {"type": "string", "format": "date-time"},
                 "reason": {"type": "string", "enum": reasons},
                 "latestError": {"type": "string", "maxLength": fleet_wire::limits::MAX_TEXT_CHARS},
+                "stalled": {"type": "integer", "format": "uint32", "minimum": 0},
                 "conditions": conditions,
                 "frozenSpec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
             }

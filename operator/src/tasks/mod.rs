@@ -12,6 +12,7 @@ pub mod planning;
 pub mod progress;
 pub mod schedule;
 pub mod scheduler;
+pub mod stall;
 pub mod status;
 pub mod store;
 pub mod view;

@@ -54,17 +54,74 @@ pub fn ready(
     }
 }
 
-/// The next status: `run` as computed, conditions merged so that unchanged ones keep their transition time, the
-/// frozen spec kept (or `frozen`, once accepted).
+/// Stalled devices of a running run, for its status: how many, and the first few named
+/// ([`super::stall::Stalls::examples`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StallReport {
+    /// How many.
+    pub count: u32,
+    /// The first [`super::stall::STALL_EXAMPLES`], `dev (intent written …)`.
+    pub examples: Vec<String>,
+    /// The accept timeout they exceeded.
+    pub timeout: std::time::Duration,
+}
+
+/// The `Progressing` condition for a run in `phase`: True while planning and while running with every released
+/// device accepting; False with reason `Stalled` naming the devices that have not accepted their intent within
+/// the timeout (a problem: a Warning event); False with `Complete` or `Failed` once the run ended (no problem).
+pub fn progressing(phase: TaskRunPhase, stalled: &StallReport) -> Want {
+    let (ok, reason, message) = match phase {
+        TaskRunPhase::Planning => (true, "Planning", "freezing the target plan".to_owned()),
+        TaskRunPhase::Running if stalled.count > 0 => {
+            let more = (stalled.count as usize).saturating_sub(stalled.examples.len());
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            (
+                false,
+                conditions::REASON_STALLED,
+                format!(
+                    "{} released devices have not accepted their intent within {}: {}{tail}; see each Device's status.stalled",
+                    stalled.count,
+                    humantime::format_duration(stalled.timeout),
+                    stalled.examples.join(", ")
+                ),
+            )
+        }
+        TaskRunPhase::Running => (
+            true,
+            conditions::REASON_PROGRESSING,
+            "released devices accept their intents".to_owned(),
+        ),
+        TaskRunPhase::Complete => (false, "Complete", "the run ended".to_owned()),
+        TaskRunPhase::Failed => (false, "Failed", "the run ended".to_owned()),
+    };
+    Want {
+        type_: conditions::PROGRESSING,
+        ok,
+        reason,
+        message,
+    }
+}
+
+/// The next status: `run` as computed with `stalled` devices, conditions merged so that unchanged ones keep their
+/// transition time, the frozen spec kept (or `frozen`, once accepted).
 pub fn next(
     old: &TaskRunCrStatus,
     run: fleet_wire::TaskRunStatus,
+    stalled: u32,
     wants: &[Want],
     generation: Option<i64>,
     now: &Time,
     frozen: Option<serde_json::Value>,
 ) -> TaskRunCrStatus {
     TaskRunCrStatus {
+        stalled: match run.phase {
+            Some(TaskRunPhase::Running) => stalled,
+            _ => 0,
+        },
         run,
         conditions: conditions::merge(&old.conditions, wants, generation, now),
         frozen_spec: old.frozen_spec.clone().or(frozen),
@@ -253,5 +310,37 @@ mod tests {
             let w = ready(p, r, problem, "m".into());
             assert_eq!((w.ok, w.reason), (ok, reason), "case {i}");
         }
+    }
+
+    #[test]
+    fn progressing_table() {
+        use TaskRunPhase::*;
+        let none = StallReport::default();
+        let two = StallReport {
+            count: 12,
+            examples: vec!["a (intent written x)".into(), "b (intent written y)".into()],
+            timeout: std::time::Duration::from_secs(120),
+        };
+        let cases = [
+            (Planning, &none, true, "Planning"),
+            (Running, &none, true, "Progressing"),
+            (Running, &two, false, "Stalled"),
+            // a finished run is not stalled, whatever was counted last
+            (Complete, &two, false, "Complete"),
+            (Failed, &two, false, "Failed"),
+        ];
+        for (i, (p, s, ok, reason)) in cases.into_iter().enumerate() {
+            let w = progressing(p, s);
+            assert_eq!((w.ok, w.reason), (ok, reason), "case {i}");
+            let w = w.clone();
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            let c = conditions::merge(&[], &[w], None, &now);
+            assert_eq!(conditions::is_bad(&c[0]), reason == "Stalled", "case {i}");
+        }
+        assert_eq!(
+            progressing(Running, &two).message,
+            "12 released devices have not accepted their intent within 2m: a (intent written x), b (intent \
+             written y) and 10 more; see each Device's status.stalled"
+        );
     }
 }

@@ -6,11 +6,16 @@ use crate::kv::{Mirror, NatsError};
 use async_nats::jetstream::consumer::{push, DeliverPolicy, ReplayPolicy};
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
-use fleet_wire::{AttemptId, DeviceId, SystemUpgradeAttempt, SystemUpgradeStatus};
+use fleet_wire::{AttemptId, DeviceId, SystemUpgradeAttempt, SystemUpgradeStatus, Timestamp};
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+
+/// When NATS stored each present intent (the entry's timestamp, not this process's clock at the write), so that
+/// a restarted operator judges the same devices stalled ([`super::stall`]).
+type Written = Arc<RwLock<HashMap<String, Timestamp>>>;
 use tokio::sync::Notify;
 
 /// The KV view of one run.
@@ -19,6 +24,7 @@ pub struct RunView {
     pub intents: Arc<Mirror<SystemUpgradeAttempt>>,
     /// `system-upgrade-status/*.<run-uid>`.
     pub statuses: Arc<Mirror<SystemUpgradeStatus>>,
+    written: Written,
     synced: [Arc<AtomicBool>; 2],
     tasks: Vec<tokio::task::JoinHandle<NatsError>>,
 }
@@ -44,6 +50,7 @@ impl RunView {
         let mut view = Self {
             intents: Mirror::new(layout::SYSTEM_UPGRADE_INTENT),
             statuses: Mirror::new(layout::SYSTEM_UPGRADE_STATUS),
+            written: Written::default(),
             synced: [Arc::default(), Arc::default()],
             tasks: vec![],
         };
@@ -53,6 +60,7 @@ impl RunView {
                 intents.clone(),
                 filter.clone(),
                 view.intents.clone(),
+                Some(view.written.clone()),
                 view.synced[0].clone(),
                 notify.clone(),
             )),
@@ -61,6 +69,7 @@ impl RunView {
                 statuses.clone(),
                 filter,
                 view.statuses.clone(),
+                None,
                 view.synced[1].clone(),
                 notify.clone(),
             )),
@@ -92,19 +101,37 @@ impl RunView {
         (released, status)
     }
 
+    /// `device`'s intent for `run` as the stall check sees it ([`super::stall::Seen`]).
+    pub fn intent_seen(&self, device: &DeviceId, run: &AttemptId) -> super::stall::Seen {
+        let key = layout::run_key(device, run);
+        super::stall::Seen {
+            live: self
+                .intents
+                .with(&key, |s| s.is_some_and(|s| s.value.is_some())),
+            written: self
+                .written
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&key)
+                .copied(),
+            reported: self.statuses.with(&key, |s| s.is_some()),
+        }
+    }
+
     /// Keys of intents that are still present.
     pub fn live_intents(&self) -> Vec<String> {
         self.intents.values().into_keys().collect()
     }
 }
 
-/// Reads `filter`'s last values from `store` into `mirror`, sets `synced`, then follows changes. Returns when the
-/// consumer ends.
+/// Reads `filter`'s last values from `store` into `mirror` (and each present key's NATS timestamp into
+/// `written`, when given), sets `synced`, then follows changes. Returns when the consumer ends.
 async fn follow<T: DeserializeOwned + Clone + Send + Sync + 'static>(
     client: async_nats::Client,
     store: Store,
     filter: String,
     mirror: Arc<Mirror<T>>,
+    written: Option<Written>,
     synced: Arc<AtomicBool>,
     notify: Arc<Notify>,
 ) -> NatsError {
@@ -142,7 +169,13 @@ async fn follow<T: DeserializeOwned + Clone + Send + Sync + 'static>(
             Err(e) => return err(&e),
         };
         let info = match m.info() {
-            Ok(i) => (i.stream_sequence, i.pending),
+            Ok(i) => (
+                i.stream_sequence,
+                i.pending,
+                Timestamp::from_unix_ms(
+                    (i.published.unix_timestamp_nanos() / 1_000_000).max(0) as u64
+                ),
+            ),
             Err(e) => return err(&e),
         };
         let Some(key) = m.subject.strip_prefix(store.prefix.as_str()) else {
@@ -163,6 +196,13 @@ async fn follow<T: DeserializeOwned + Clone + Send + Sync + 'static>(
                 }
             },
         };
+        if let Some(w) = &written {
+            let mut w = w.write().unwrap_or_else(|p| p.into_inner());
+            match removed {
+                true => w.remove(key),
+                false => w.insert(key.to_owned(), info.2),
+            };
+        }
         mirror.record(key, info.0, value);
         if info.1 == 0 {
             synced.store(true, Ordering::SeqCst);

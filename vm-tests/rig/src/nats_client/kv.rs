@@ -32,6 +32,8 @@ pub struct Entry {
     pub revision: u64,
     /// What the revision did.
     pub operation: Operation,
+    /// When the server stored it (Unix ms).
+    pub created_unix_ms: u64,
 }
 
 impl From<async_nats::jetstream::kv::Entry> for Entry {
@@ -42,6 +44,7 @@ impl From<async_nats::jetstream::kv::Entry> for Entry {
             value: e.value.to_vec(),
             revision: e.revision,
             operation: e.operation,
+            created_unix_ms: (e.created.unix_timestamp_nanos() / 1_000_000).max(0) as u64,
         }
     }
 }
