@@ -193,10 +193,13 @@ fn child_fetch_for_the_restart_test() {
 fn a_link_that_drops_at_random_offsets_completes_across_an_updater_restart() {
     let scene = Scene::new();
     let mut rng = Rng(seed());
-    let size = 6 << 20;
-    let artifact = Arc::new(rng.bytes(size));
-    // Every response but the last few is cut somewhere in its first 1.5 MiB: a link that drops every so often.
+    // Every response but the last is cut somewhere in its first 1.5 MiB: a link that drops every so often. The
+    // artifact is larger than six cuts can be together, so every cut happens (with 6 MiB, one seed in several
+    // reached the end early: FLEET_RESUME_SEED=1796197310618259017 made 6 requests, not 7).
     let cuts: Vec<u64> = (0..6).map(|_| rng.between(64 << 10, 1536 << 10)).collect();
+    let size = 10 << 20;
+    assert!(cuts.iter().sum::<u64>() < size as u64);
+    let artifact = Arc::new(rng.bytes(size));
     let (body, c) = (artifact.clone(), cuts.clone());
     let (server, sent) = counting_server(&scene.ca, move |req, i| {
         Reply::ranged(req, body.clone(), "\"v1\"", c.get(i).copied())
