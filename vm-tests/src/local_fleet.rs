@@ -211,6 +211,15 @@ impl LocalFleet {
             .unwrap_or_else(|| panic!("no device {id}"))
     }
 
+    /// Every device's logs, each under a `=== <id> ===` line (for a failing test's message).
+    pub fn device_logs(&self) -> String {
+        self.devices
+            .iter()
+            .map(|d| format!("=== {} ===\n{}", d.id, d.logs()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The Device object `id` as the cluster shows it.
     pub fn view(&self, id: &str) -> Option<DeviceView> {
         DeviceView::from_json(&self.cluster.get_json(&["fdev", id])?)

@@ -115,12 +115,7 @@ fn upgrade(fleet: &LocalFleet, id: &str) -> Option<AgentUpgradeStatus> {
 }
 
 fn logs(fleet: &LocalFleet) -> String {
-    fleet
-        .devices
-        .iter()
-        .map(|d| format!("=== {} ===\n{}", d.id, d.logs()))
-        .collect::<Vec<_>>()
-        .join("\n")
+    fleet.device_logs()
         + &format!(
             "\n--- fleet-operator ---\n{}",
             fleet.cluster.operator_log(60)

@@ -37,15 +37,7 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
         fleet.taskrun("upgrade").filter(|r| r.terminal())
     });
     let (max, order) = holders.stop();
-    let logs = || {
-        fleet
-            .devices
-            .iter()
-            .map(|d| format!("=== {} ===\n{}", d.id, d.logs()))
-            .collect::<Vec<_>>()
-            .join("\n")
-            + &format!("\n--- fleetlock-server ---\n{}", lock.log())
-    };
+    let logs = || fleet.device_logs() + &format!("\n--- fleetlock-server ---\n{}", lock.log());
     let st = &run.status;
     assert_eq!(
         (st.phase, st.targets, st.succeeded, st.failed, st.reason),
