@@ -6,7 +6,7 @@
 //! like a refused write (`fleet.device-refusals.<device>`, kind `flood`), so its Device, events and alerts show it.
 
 use super::flood::{Budget, Conn, Cooldowns, Cooling, Flood, Tracker};
-use fleet_wire::device_api::{refusals_subject, WriteRefused};
+use fleet_wire::device_api::{refusals_subject, WriteRefused, FLOOD_KIND};
 use fleet_wire::DeviceId;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -245,9 +245,6 @@ async fn act(
         let _ = fleet.publish(refusals_subject(&f.device), b.into()).await;
     }
 }
-
-/// The refusal kind of a flood (`fleet.device-refusals` reports, metrics, events).
-pub const FLOOD_KIND: &str = fleet_wire::device_api::FLOOD_KIND;
 
 #[cfg(test)]
 mod tests {
