@@ -128,7 +128,7 @@ fn build_for(arch: Arch, package: &str, bin: &str, version: Option<&str>) -> Pat
     };
     std::fs::create_dir_all(&dest_dir).unwrap_or_else(|e| panic!("mkdir {dest_dir:?}: {e}"));
     match arch {
-        Arch::Host => copy_atomic(&from, &dest),
+        Arch::Host => fleet_rig::util::install_executable(&from, &dest),
         Arch::Arm64 => strip_atomic("aarch64-linux-gnu-strip", &from, &dest),
     }
     built
@@ -184,12 +184,6 @@ fn newest_mtime(p: &Path) -> std::time::SystemTime {
         }
     }
     newest
-}
-
-fn copy_atomic(from: &Path, to: &Path) {
-    let tmp = to.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::copy(from, &tmp).unwrap_or_else(|e| panic!("copy {from:?} to {tmp:?}: {e}"));
-    std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("rename {tmp:?} to {to:?}: {e}"));
 }
 
 fn strip_atomic(strip: &str, from: &Path, to: &Path) {

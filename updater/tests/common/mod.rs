@@ -166,8 +166,7 @@ impl Device {
 /// The real `fleet-fetch` helper, copied into `dir` (mode 0755) where the agent user, which runs it, can reach it.
 pub fn fetch_helper_in(dir: &Path) -> PathBuf {
     let helper = dir.join("fleet-fetch");
-    std::fs::copy(env!("CARGO_BIN_EXE_fleet-fetch"), &helper).expect("copy fleet-fetch");
-    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    fleet_rig::util::install_executable(Path::new(env!("CARGO_BIN_EXE_fleet-fetch")), &helper);
     helper
 }
 

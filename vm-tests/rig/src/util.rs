@@ -126,6 +126,28 @@ pub fn require_binary(
     on_path.unwrap_or_else(|| panic!("`{name}` is not installed (looked at ${env_var}, {candidates:?} and PATH). {install_hint}"))
 }
 
+/// Copies an executable to `to` (mode 0755, replaced atomically) so that this process can run it at once.
+///
+/// Why a child `install` and not `std::fs::copy`: while this process holds the copy open for writing, another
+/// test thread's fork inherits that descriptor until its exec, and running the copy in that window fails with
+/// "Text file busy" (seen in CI). The copy's writer is the child, which nothing here forks from.
+pub fn install_executable(from: &Path, to: &Path) {
+    let tmp = to.with_extension(format!("tmp{}", std::process::id()));
+    let out = std::process::Command::new("install")
+        .arg("-m")
+        .arg("0755")
+        .arg(from)
+        .arg(&tmp)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run install (coreutils): {e}"));
+    assert!(
+        out.status.success(),
+        "install {from:?} {tmp:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("rename {tmp:?} to {to:?}: {e}"));
+}
+
 /// `<pid>:<start time>` (field 22 of `/proc/<pid>/stat`, in clock ticks since boot): which process a pid was when
 /// the watchdog was set, so that a pid reused by another test binary's process (test binaries run side by side,
 /// `scripts/test`) is never killed. The shell side reads the same field (`alive` in [`WATCH`]).
