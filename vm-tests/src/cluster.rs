@@ -16,10 +16,21 @@ use std::time::{Duration, Instant};
 /// How long one kubectl call may take (an apiserver on two busy cores answers in well under a second).
 const KUBECTL_TIMEOUT: &str = "30s";
 
+/// The operator's command line and environment, kept to start it again the same way.
+#[derive(Default)]
+struct Launch {
+    bin: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    env: Vec<(&'static str, std::ffi::OsString)>,
+}
+
 /// A running API server with the fleet CRDs and RBAC, and the real operator. The operator is stopped on drop,
 /// then the API server.
 pub struct Cluster {
-    operator: Option<Child>,
+    /// The operator process (replaced by [`Self::kill_operator_and_restart`]).
+    operator: std::sync::Mutex<Option<Child>>,
+    /// How the operator is started: its binary, arguments and environment.
+    launch: Launch,
     dashboard_url: String,
     dashboard_token: String,
     webhook_url: String,
@@ -59,7 +70,8 @@ impl Cluster {
         let webhook_port = fleet_rig::free_port();
         let dashboard_port = fleet_rig::free_port();
         let mut c = Self {
-            operator: None,
+            operator: std::sync::Mutex::new(None),
+            launch: Launch::default(),
             dashboard_url: format!("http://127.0.0.1:{dashboard_port}"),
             dashboard_token: random_token(),
             webhook_url: format!("https://127.0.0.1:{webhook_port}"),
@@ -97,44 +109,86 @@ impl Cluster {
         ));
         let op_config = c.dir.path().join("operator.kubeconfig");
         write_private(&op_config, &c.api.kubeconfig(c.api.operator_token()));
-        let log = c.dir.path().join("fleet-operator.log");
-        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("operator log: {e}"));
-        let err = out
-            .try_clone()
-            .unwrap_or_else(|e| panic!("operator log: {e}"));
-        let mut cmd = Command::new(&operator_bin);
+        let mut args: Vec<std::ffi::OsString> = vec![];
         if let Some(ca) = nats_ca {
-            cmd.arg("--nats-ca-file").arg(ca);
+            args.extend(["--nats-ca-file".into(), ca.into()]);
         }
         // The dashboard on, as a person who wants to look at the fleet runs it (docs/dashboard.md).
         let token_file = c.dir.path().join("dashboard-token");
         write_private(&token_file, &format!("{}\n", c.dashboard_token));
-        cmd.arg("--dashboard-listen")
-            .arg(format!("127.0.0.1:{dashboard_port}"))
-            .arg("--dashboard-token-file")
-            .arg(&token_file);
+        args.extend([
+            "--dashboard-listen".into(),
+            format!("127.0.0.1:{dashboard_port}").into(),
+            "--dashboard-token-file".into(),
+            token_file.into(),
+        ]);
         let serving = c.webhook_ca.server_cert("fleet-operator-webhook");
-        cmd.arg("--webhook-listen")
-            .arg(format!("127.0.0.1:{webhook_port}"))
-            .arg("--webhook-cert")
-            .arg(&serving.cert_file)
-            .arg("--webhook-key")
-            .arg(&serving.key_file);
-        let child = cmd
-            .env("FLEET_NATS_URL", nats_url)
-            .env("KUBECONFIG", &op_config)
-            .env("POD_NAME", "fleet-operator-local")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
+        args.extend([
+            "--webhook-listen".into(),
+            format!("127.0.0.1:{webhook_port}").into(),
+            "--webhook-cert".into(),
+            serving.cert_file.clone().into(),
+            "--webhook-key".into(),
+            serving.key_file.clone().into(),
+        ]);
+        c.launch = Launch {
+            bin: operator_bin,
+            args,
+            env: vec![
+                ("FLEET_NATS_URL", nats_url.into()),
+                ("KUBECONFIG", op_config.into()),
+                ("POD_NAME", "fleet-operator-local".into()),
+                ("RUST_LOG", "info".into()),
+            ],
+        };
+        let child = c.spawn_operator();
+        // Also for a cluster kept in a `static` (never dropped): its directory (kubeconfigs, keys) goes too.
+        fleet_rig::util::kill_and_remove_when_gone(&[child.id()], c.dir.path());
+        *c.operator.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        c.register_webhooks();
+        c
+    }
+
+    /// Starts the operator as [`Launch`] says, its output appended to `fleet-operator.log`.
+    fn spawn_operator(&self) -> Child {
+        let log = self.dir.path().join("fleet-operator.log");
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap_or_else(|e| panic!("operator log: {e}"));
+        let err = out
+            .try_clone()
+            .unwrap_or_else(|e| panic!("operator log: {e}"));
+        let mut cmd = Command::new(&self.launch.bin);
+        cmd.args(&self.launch.args);
+        for (k, v) in &self.launch.env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", operator_bin.display()));
-        // Also for a cluster kept in a `static` (never dropped): its directory (kubeconfigs, keys) goes too.
-        fleet_rig::util::kill_and_remove_when_gone(&[child.id()], c.dir.path());
-        c.operator = Some(child);
-        c.register_webhooks();
-        c
+            .unwrap_or_else(|e| panic!("start {}: {e}", self.launch.bin.display()))
+    }
+
+    /// SIGKILLs the operator (no shutdown of any kind, as a node lost or an OOM kill would) and starts it again
+    /// the same way; returns the new process's PID. The log keeps both runs, with a line between them.
+    pub fn kill_operator_and_restart(&self) -> u32 {
+        let mut slot = self.operator.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut old) = slot.take() {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        let log = self.dir.path().join("fleet-operator.log");
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&log) {
+            let _ = writeln!(f, "--- fleet-operator SIGKILLed and started again ---");
+        }
+        let child = self.spawn_operator();
+        let pid = child.id();
+        fleet_rig::util::kill_when_gone(&[pid]);
+        *slot = Some(child);
+        pid
     }
 
     /// Registers the webhooks of `operator/deploy/webhook.yaml`, pointed at the operator's loopback port, and waits
@@ -188,7 +242,11 @@ impl Cluster {
 
     /// The operator's PID while it runs.
     pub fn operator_pid(&self) -> Option<u32> {
-        self.operator.as_ref().map(Child::id)
+        self.operator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Child::id)
     }
 
     /// kube-controller-manager's PID.
@@ -348,7 +406,12 @@ fn write_private(path: &Path, contents: &str) {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if let Some(mut c) = self.operator.take() {
+        if let Some(mut c) = self
+            .operator
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             let _ = c.kill();
             let _ = c.wait();
         }

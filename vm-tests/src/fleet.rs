@@ -390,6 +390,8 @@ pub struct Artifacts {
     server: fleet_rig::https::HttpsServer,
     files: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, std::path::PathBuf>>>,
     flaky: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Flaky>>>,
+    /// Paths answered with headers (the file's length) and then no byte: a download that hangs.
+    stalling: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>,
 }
 
 /// An artifact served with range support over a link that drops: response `i` is cut after `cuts[i]` bytes.
@@ -416,8 +418,15 @@ impl Artifacts {
         > = Default::default();
         let flaky: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Flaky>>> =
             Default::default();
-        let (f, fl) = (files.clone(), flaky.clone());
+        let stalling: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>> =
+            Default::default();
+        let (f, fl, st) = (files.clone(), flaky.clone(), stalling.clone());
         let server = HttpsServer::start(&ca, move |req| {
+            if let Some(len) = st.lock().unwrap_or_else(|p| p.into_inner()).get(req.path()) {
+                return Reply::StallAfterHeaders {
+                    content_length: *len,
+                };
+            }
             if let Some(a) = fl
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -444,7 +453,21 @@ impl Artifacts {
             server,
             files,
             flaky,
+            stalling,
         }
+    }
+
+    /// Publishes `file` at `/<name>` as a download that hangs: the answer declares the file's length, then no
+    /// byte follows. Its URL and SHA-256, as [`Self::publish`].
+    pub fn publish_stalling(&self, file: &Path, name: &str) -> (String, fleet_wire::Sha256Hex) {
+        let len = std::fs::metadata(file)
+            .unwrap_or_else(|e| panic!("stat {file:?}: {e}"))
+            .len();
+        self.stalling
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(format!("/{name}"), len);
+        self.planned(file, name)
     }
 
     /// Publishes `file` at `/<name>` with HTTP range support over a link that drops: the `i`-th response is cut

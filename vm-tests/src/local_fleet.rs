@@ -44,6 +44,8 @@ pub struct DeviceView {
     pub agent_version: Option<String>,
     /// `status.agentUpgrade`.
     pub upgrade: Option<AgentUpgradeStatus>,
+    /// `status.stalled`: the phase a device is stuck in and since when (`phase`, `since`, …), as JSON.
+    pub stalled: Option<serde_json::Value>,
 }
 
 impl DeviceView {
@@ -65,6 +67,7 @@ impl DeviceView {
             labels,
             agent_version: status["agentVersion"].as_str().map(str::to_string),
             upgrade: serde_json::from_value(status["agentUpgrade"].clone()).ok(),
+            stalled: Some(status["stalled"].clone()).filter(|s| s.is_object()),
         })
     }
 

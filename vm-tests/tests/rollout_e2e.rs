@@ -11,12 +11,14 @@
 //!    canary's download fails (404), the release halts; the artifact is published and the documented retry (a new
 //!    value of the `fleet.nationtech.io/retry` annotation) gives the canary a new attempt; it commits, soaks, then
 //!    the others follow one at a time, each only after the one before it soaked (the intents' NATS times against
-//!    the devices' commit times), with the progress in `kubectl get frel` at each step.
+//!    the devices' commit times), with the progress in `kubectl get frel` at each step. The operator is SIGKILLed
+//!    while the first of the rest updates and started again: no device is given the release twice.
+//! 3. A FleetDeployment staged the same way, changed to an image tag that does not exist: the canary's container
+//!    keeps running (same PID, same image), the canary reports `failed` with the pull error within 10 s of being
+//!    given the change, the deployment halts naming it with a Warning event, the others are never given it; the
+//!    fix (a good spec) rolls out from the canary, every device runs it and the error is gone.
 //!
-//! Not here: a device whose updater stops mid-download is stalled only after the `preparing` bound plus one
-//! resync (10 min), too long for this suite; the planner's stall rule is table-tested in
-//! `operator/src/rollout.rs` and the Device/alert side in `operator/src/mirror.rs` and
-//! `operator/src/dashboard/alerts.rs`.
+//! A device whose updater stops mid-download: `stall_e2e.rs` (it waits out the 10-min bound).
 
 use fleet_rig::nats_client as nats;
 use fleet_vm_tests::builds::{self, V2, V3};
@@ -241,6 +243,11 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
     assert_eq!(retried.0.target_version.as_str(), V2, "{retried:?}");
 
     // Canary, soak, then the others one at a time: watched as a person would, `kubectl get frel` every second.
+    // The operator is SIGKILLed while the first of the rest updates and started again: it resumes from NATS and
+    // the CR, and no device is given the release twice (each device's attempt stays the one it was first given).
+    let mut given: std::collections::BTreeMap<&str, fleet_wire::AttemptId> =
+        [(CANARY, retried.0.attempt_id.clone())].into();
+    let mut killed = false;
     let mut rows: Vec<Vec<String>> = vec![];
     let mut most_in_flight = 0;
     let deadline = Instant::now() + UPGRADE_TIMEOUT * 3;
@@ -256,6 +263,25 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
             continue;
         };
         most_in_flight = most_in_flight.max(c.3 + c.4);
+        for d in OTHERS {
+            if let Some((a, _)) = intents.of(d) {
+                let first = given.entry(d).or_insert_with(|| a.attempt_id.clone());
+                assert_eq!(
+                    *first,
+                    a.attempt_id,
+                    "{d} was given the release twice\n{}",
+                    logs(&fleet)
+                );
+            }
+        }
+        if !killed && given.contains_key(OTHERS[0]) {
+            let pid = cluster.kill_operator_and_restart();
+            eprintln!(
+                "operator SIGKILLed while {} updates; started again as {pid}",
+                OTHERS[0]
+            );
+            killed = true;
+        }
         let r = row(&fleet, "good");
         // NAME DEVICES PHASE UPDATED HEALTHY PENDING FAILED: keep each change
         if rows.last().map(|l| &l[..7.min(l.len())]) != Some(&r[..7.min(r.len())]) {
@@ -267,6 +293,7 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+    assert!(killed, "the operator was never killed mid-rollout");
     assert_eq!(
         most_in_flight, 1,
         "more than one device updating or soaking at once"
@@ -302,11 +329,249 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         assert!(now.committed(V2), "{now:#?}");
         before = d;
     }
-    // The retried canary runs the release too.
+    // The retried canary runs the release too, and every device still holds the one attempt it was given.
     assert!(fleet.view(CANARY).expect("canary").committed(V2));
+    for (d, a) in &given {
+        assert_eq!(
+            intents.of(d).map(|(i, _)| i.attempt_id).as_ref(),
+            Some(a),
+            "{d}: a second attempt"
+        );
+    }
     eprintln!(
         "scenario 2 (retry, then canary, soak and one at a time) done at {:?}",
         started.elapsed()
     );
+
+    // 3. A FleetDeployment staged the same way, changed to an image tag that does not exist.
+    bad_image_never_takes_a_workload_down(&fleet);
+    eprintln!(
+        "scenario 3 (a bad image tag halts at the canary, its container keeps running; the fix rolls out) done at {:?}",
+        started.elapsed()
+    );
     fleet.assert_no_secrets_in_logs();
+}
+
+/// A KV bucket read as the services' own NATS user: the value at `key` and when NATS stored it.
+fn entry<T: serde::de::DeserializeOwned>(
+    store: &nats::kv::Store,
+    key: &str,
+) -> Option<(T, Timestamp)> {
+    let e = store.entry(key).ok()??;
+    let v = serde_json::from_slice(&e.value).ok()?;
+    Some((v, Timestamp::from_unix_ms(e.created_unix_ms)))
+}
+
+/// The deployment `web` on the group `lab`: one workload `web` of `image` running `command`, staged with soak 0 and
+/// `maxUnavailable: 1`.
+fn web(image: &str, command: &str) -> String {
+    format!(
+        "apiVersion: fleet.nationtech.io/v1alpha1\nkind: FleetDeployment\nmetadata:\n  name: web\nspec:\n  \
+         allowedGroups: [lab]\n  targetSelector: {{}}\n  workloads:\n    - name: web\n      image: {image}\n      \
+         command: [{command}]\n  rollout:\n    soakSeconds: 0\n    maxUnavailable: 1\n"
+    )
+}
+
+/// `status.rollout.phase` and `status.workloads` of the deployment `web`.
+fn web_status(fleet: &LocalFleet) -> Option<(String, serde_json::Value)> {
+    let d = fleet.cluster.get_json(&["fdep", "web"])?;
+    Some((
+        d["status"]["rollout"]["phase"].as_str()?.to_string(),
+        d["status"]["workloads"].clone(),
+    ))
+}
+
+/// The container `fleet-web` on `device`: (PID, image, running).
+fn container(fleet: &LocalFleet, device: &str) -> Option<(u64, String, bool)> {
+    let c = fleet.device(device).container("fleet-web")?;
+    Some((
+        c["State"]["Pid"].as_u64()?,
+        c["ImageName"].as_str().unwrap_or_default().to_string(),
+        c["State"]["Running"] == true,
+    ))
+}
+
+/// Warning events about the deployment `web`, as `kubectl get events` shows them: "reason: message".
+fn web_warnings(fleet: &LocalFleet) -> Vec<String> {
+    let out = fleet.cluster.kubectl(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        "involvedObject.kind=FleetDeployment,involvedObject.name=web,type=Warning",
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    v["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        e["reason"].as_str().unwrap_or_default(),
+                        e["message"].as_str().unwrap_or_default()
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Scenario 3 on the same three devices: `web` runs everywhere; changed to a tag that does not exist, the canary's
+/// container keeps running (same PID, old image) and reports `failed` with the pull error within 10 s of being
+/// given the change, the deployment halts with the canary named and a Warning event, and the other two are never
+/// given it; fixed (a good spec), the change rolls out from the canary and the error is gone.
+fn bad_image_never_takes_a_workload_down(fleet: &LocalFleet) {
+    use fleet_vm_tests::fleet::TEST_IMAGE;
+    use fleet_wire::{DesiredState, DeviceWorkloadStatus, FailureReason, WorkloadState};
+    let cluster = &fleet.cluster;
+    let js = nats::jetstream::new(fleet.nats.connect());
+    let desired = js
+        .key_value(kv::DESIRED_STATE)
+        .expect("desired-state bucket");
+    let reports = js
+        .key_value(kv::WORKLOAD_STATUS)
+        .expect("workload-status bucket");
+    let ids: Vec<&str> = std::iter::once(CANARY).chain(OTHERS).collect();
+    let image_given = |d: &str| -> Option<(String, Timestamp)> {
+        let (s, at): (DesiredState, _) = entry(&desired, d)?;
+        let w = s.workloads.iter().find(|w| w.name.as_str() == "web")?;
+        Some((w.image.clone(), at))
+    };
+
+    cluster.apply(&web(TEST_IMAGE, "sleep, \"100000\""));
+    cluster.wait(
+        "web rolled out and running on all three",
+        UPGRADE_TIMEOUT,
+        || {
+            let (phase, w) = web_status(fleet)?;
+            (phase == "Complete" && w["running"] == 3).then_some(())
+        },
+    );
+    let before: Vec<(u64, String, bool)> = ids
+        .iter()
+        .map(|d| container(fleet, d).expect("fleet-web"))
+        .collect();
+    assert!(before.iter().all(|c| c.2), "{before:?}");
+
+    let bad = "localhost/busybox:no-such-tag";
+    cluster.apply(&web(bad, "sleep, \"100000\""));
+    let (_, given_at) = cluster.wait(
+        "the canary given the bad tag",
+        Duration::from_secs(60),
+        || image_given(CANARY).filter(|(i, _)| i == bad),
+    );
+    let (report, reported_at) = cluster.wait(
+        "the canary reports web failed",
+        Duration::from_secs(60),
+        || {
+            let (r, at): (DeviceWorkloadStatus, _) = entry(&reports, CANARY)?;
+            let w = r
+                .workloads
+                .iter()
+                .find(|w| w.name.as_str() == "web")?
+                .clone();
+            (w.state == WorkloadState::Failed).then_some((w, at))
+        },
+    );
+    let took = reported_at.since(given_at);
+    eprintln!(
+        "the canary reported the bad image failed {took:?} after it was given it: {report:?}"
+    );
+    assert!(
+        took <= Duration::from_secs(10),
+        "failed only {took:?} after the change reached the canary (NATS times): {report:?}"
+    );
+    let error = report
+        .error
+        .as_ref()
+        .map(|e| e.as_str())
+        .unwrap_or_default();
+    assert!(
+        error.contains(&format!("image {bad} could not be pulled")),
+        "{report:?}"
+    );
+    let failure = report.failure.as_ref().expect("failure");
+    assert_eq!(failure.reason, FailureReason::ImagePullFailed, "{report:?}");
+    // The old container still runs: same process, same image.
+    assert_eq!(
+        container(fleet, CANARY),
+        Some(before[0].clone()),
+        "the canary's running container was touched"
+    );
+    let halted = cluster.wait("the deployment halted", Duration::from_secs(60), || {
+        let d = cluster.get_json(&["fdep", "web"])?;
+        let c = d["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Halted" && c["status"] == "True")?
+            .clone();
+        Some((d, c))
+    });
+    assert_eq!(halted.1["reason"], "CanaryFailed", "{:#}", halted.1);
+    assert!(
+        halted.1["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(CANARY),
+        "{:#}",
+        halted.1
+    );
+    let latest = halted.0["status"]["workloads"]["latestError"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        latest.starts_with(&format!("{CANARY}: web: image {bad} could not be pulled")),
+        "{:#}",
+        halted.0["status"]
+    );
+    let warnings = cluster.wait("a Warning event about web", Duration::from_secs(30), || {
+        Some(web_warnings(fleet)).filter(|w| w.iter().any(|m| m.contains(CANARY)))
+    });
+    eprintln!("events: {warnings:?}");
+    // A few passes later the others were never given it and run what they ran.
+    std::thread::sleep(Duration::from_secs(5));
+    for (i, d) in OTHERS.iter().enumerate() {
+        assert_eq!(
+            image_given(d).map(|(i, _)| i).as_deref(),
+            Some(TEST_IMAGE),
+            "{d} given the bad tag past a failed canary"
+        );
+        assert_eq!(container(fleet, d), Some(before[i + 1].clone()), "{d}");
+    }
+
+    // The fix: a good spec (the image that exists, another command) rolls out from the canary; the error is gone.
+    cluster.apply(&web(TEST_IMAGE, "sleep, \"200000\""));
+    let (_, w) = cluster.wait("the fix rolled out to all three", UPGRADE_TIMEOUT, || {
+        let (phase, w) = web_status(fleet)?;
+        (phase == "Complete" && w["running"] == 3 && w["failed"] == 0).then_some((phase, w))
+    });
+    assert!(
+        w["latestError"].is_null() || w["latestError"] == "",
+        "the error stayed after the fix: {w:#}"
+    );
+    for d in &ids {
+        let (_, image, running) = container(fleet, d).expect("fleet-web");
+        let args =
+            fleet.device(d).container("fleet-web").expect("fleet-web")["Config"]["Cmd"].clone();
+        assert!(
+            running && image == TEST_IMAGE,
+            "{d}: {image} running={running}"
+        );
+        assert_eq!(
+            args,
+            serde_json::json!(["sleep", "200000"]),
+            "{d} runs the new spec"
+        );
+    }
+    let d = cluster.get_json(&["fdep", "web"]).expect("web");
+    let degraded = d["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Degraded").cloned())
+        .unwrap_or_default();
+    assert_eq!(degraded["status"], "False", "{degraded:#}");
+    cluster.kubectl(&["delete", "fdep", "web"]);
 }

@@ -1,0 +1,192 @@
+//! A stalled agent upgrade on a whole device, every part real: `kubectl apply` an AgentRelease → kube-apiserver +
+//! etcd → the `fleet-operator` binary → nats-server (with the auth callout) → an nspawn Debian device installed with
+//! device setup. The artifact server answers the download's headers and then sends nothing; once the device reports
+//! `preparing` and its download has started, its updater is stopped (SIGSTOP to every process of
+//! `fleet-updater.service`: the updater and its download helper), as a hung updater would be. What a person sees:
+//!
+//! - nothing called stalled before the `preparing` bound (9 min) plus one resync (60 s) has passed;
+//! - then, within one more pass: the Device's `status.stalled` (phase `preparing`, since the phase began) and its
+//!   Stalled column in `kubectl get fdev`, the release's `Progressing=False` with reason `Stalled` naming the
+//!   device and its phase, `status.rollout.stalled` 1, and the `DeviceStalled` Warning event about the Device;
+//! - the updater resumed (SIGCONT): the attempt ends on the download's own deadline (failed, not hanging) and the
+//!   stall clears.
+//!
+//! About 11 minutes, nearly all of it waiting (the bound is the seed's, not a test setting).
+
+use fleet_vm_tests::builds::{self, V2};
+use fleet_vm_tests::local_fleet::{group_yaml, release_yaml, LocalFleet};
+use fleet_wire::{Timestamp, UpgradePhase};
+use std::time::{Duration, Instant};
+
+const DEVICE: &str = "stall-1";
+/// The `preparing` bound (download 5 min + probe 4 min) plus the operator's one-resync slack: the earliest a
+/// device may be called stalled (operator/src/rollout.rs, docs/crds.md).
+const STALL_AFTER: Duration = Duration::from_secs(9 * 60 + 60);
+/// After that moment, the most the operator may take to say so: it checks stalls on every pass, at least once a
+/// minute, plus a status write.
+const ONE_PASS: Duration = Duration::from_secs(75);
+
+fn logs(fleet: &LocalFleet) -> String {
+    fleet.device_logs()
+        + &format!(
+            "\n--- fleet-operator ---\n{}",
+            fleet.cluster.operator_log(80)
+        )
+}
+
+/// The release's condition `type_` as (status, reason, message).
+fn condition(fleet: &LocalFleet, type_: &str) -> Option<(String, String, String)> {
+    let r = fleet.cluster.get_json(&["frel", "hang"])?;
+    let c = r["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?
+        .clone();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+/// Warning events with `reason` about the Device.
+fn device_events(fleet: &LocalFleet, reason: &str) -> Vec<String> {
+    let out = fleet.cluster.kubectl(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        &format!("reason={reason},involvedObject.name={DEVICE}"),
+        "-o",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    v["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|e| e["type"] == "Warning")
+                .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn an_updater_stopped_mid_download_is_stalled_after_the_phase_bound() {
+    let fleet = LocalFleet::start(&[DEVICE]);
+    let (cluster, device) = (&fleet.cluster, fleet.device(DEVICE));
+    cluster.kubectl(&["label", "fdev", DEVICE, "site=lab"]);
+    cluster.apply(&group_yaml("lab", &[("site", "lab")]));
+
+    let v2 = builds::agent(V2);
+    let (url, sha) = fleet.artifacts.publish_stalling(&v2, "fleet-agent-hang");
+    cluster.apply(&release_yaml("hang", "lab", V2, &url, sha.as_ref()));
+    let preparing = cluster.wait(
+        "the device preparing, its download started",
+        Duration::from_secs(120),
+        || {
+            let u = fleet.view(DEVICE)?.upgrade?;
+            (u.phase == UpgradePhase::Preparing
+                && fleet.artifacts.requests_for("fleet-agent-hang") > 0)
+                .then_some(u)
+        },
+    );
+    device
+        .guest
+        .systemctl(&["kill", "--signal=SIGSTOP", "fleet-updater.service"]);
+    let since = preparing.phase_changed_at;
+    eprintln!("updater stopped mid-download; preparing since {since:?}");
+
+    // Watched every 5 s as a person would: nothing stalled before the bound, then all of it within a pass.
+    let deadline = Instant::now() + STALL_AFTER + ONE_PASS + Duration::from_secs(60);
+    let stalled = loop {
+        assert!(
+            Instant::now() < deadline,
+            "not stalled {:?} after preparing began\n{}",
+            Timestamp::now().since(since),
+            logs(&fleet)
+        );
+        let view = fleet.view(DEVICE).expect("Device");
+        if let Some(s) = view.stalled {
+            break (s, Timestamp::now());
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    };
+    let (s, seen) = stalled;
+    let after = seen.since(since);
+    eprintln!("stalled after {after:?}: {s}");
+    assert!(
+        after >= STALL_AFTER,
+        "called stalled {after:?} after preparing began, before the bound {STALL_AFTER:?}: {s}"
+    );
+    assert!(
+        after <= STALL_AFTER + ONE_PASS,
+        "stalled only {after:?} after preparing began (bound {STALL_AFTER:?} plus a pass {ONE_PASS:?})"
+    );
+    assert_eq!(s["phase"], "preparing", "{s}");
+    assert_eq!(
+        s["since"],
+        serde_json::to_value(since).expect("json"),
+        "since the phase began: {s}"
+    );
+    let table = cluster.kubectl(&["get", "fdev", DEVICE]);
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let col = header
+        .iter()
+        .position(|h| *h == "STALLED")
+        .expect("a Stalled column");
+    assert_eq!(
+        row.get(col),
+        Some(&"preparing"),
+        "kubectl get fdev:\n{table}"
+    );
+
+    let progressing = cluster.wait("the release Progressing=False, Stalled", ONE_PASS, || {
+        condition(&fleet, "Progressing").filter(|c| c.1 == "Stalled")
+    });
+    assert_eq!(progressing.0, "False", "{progressing:?}");
+    assert!(
+        progressing.2.contains(&format!("{DEVICE} (preparing")),
+        "{progressing:?}"
+    );
+    let rel = cluster.get_json(&["frel", "hang"]).expect("release");
+    assert_eq!(rel["status"]["rollout"]["stalled"], 1, "{rel:#}");
+    let events = cluster.wait("the DeviceStalled Warning event", ONE_PASS, || {
+        Some(device_events(&fleet, "DeviceStalled")).filter(|e| !e.is_empty())
+    });
+    assert!(events.iter().any(|m| m.contains("preparing")), "{events:?}");
+
+    // The updater resumed: its download is long past its deadline, the attempt fails, the stall clears.
+    device
+        .guest
+        .systemctl(&["kill", "--signal=SIGCONT", "fleet-updater.service"]);
+    let failed = cluster.wait(
+        "the attempt failed on its deadline and the stall cleared",
+        Duration::from_secs(180),
+        || {
+            let v = fleet.view(DEVICE)?;
+            let u = v.upgrade.clone()?;
+            (u.phase == UpgradePhase::Failed && v.stalled.is_none()).then_some(u)
+        },
+    );
+    eprintln!("after SIGCONT: {:?} {:?}", failed.reason, failed.error);
+    assert_eq!(
+        fleet.view(DEVICE).and_then(|v| v.agent_version).as_deref(),
+        Some(builds::V1),
+        "the device keeps its agent"
+    );
+    cluster.wait("Progressing no longer Stalled", ONE_PASS, || {
+        condition(&fleet, "Progressing").filter(|c| c.1 != "Stalled")
+    });
+    fleet.assert_no_secrets_in_logs();
+}
