@@ -5,6 +5,11 @@
 //! also shows when the Device objects say so. Each round runs the KV path first (to v2; the AgentRelease is
 //! deleted meanwhile, so the operator leaves the intents alone), then the operator path (v2 → v3, the real v3
 //! agent): the same kind of one-step upgrade with a real binary. `FLEET_BENCH_RUNS` rounds (default 3).
+//!
+//! With `--staging` (`scripts/bench.d/52-rollout.sh`): the cost of a staged rollout itself, in the same run — each
+//! round an AgentRelease without a `rollout` section and then one with `rollout: {soakSeconds: 0}` (one device
+//! `canary=true`: the canary first, the other two once it committed), each from `kubectl apply` to all three
+//! Device objects showing the new version committed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_rig::nats_client as nats;
@@ -48,7 +53,65 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+/// The version to upgrade to from `current`: the two built versions in turn.
+fn other(current: &str) -> &'static str {
+    if current == V2 {
+        V3
+    } else {
+        V2
+    }
+}
+
+/// Applies `release` and waits until every Device shows `version` committed; seconds from the apply.
+fn through_operator(fleet: &LocalFleet, release: &str, version: &str) -> f64 {
+    let t0 = Instant::now();
+    fleet.cluster.apply(release);
+    fleet.cluster.wait(
+        &format!("every Device shows {version} committed"),
+        TIMEOUT,
+        || {
+            let views = fleet.views();
+            (views.len() == DEVICES.len() && views.iter().all(|v| v.committed(version)))
+                .then(|| t0.elapsed().as_secs_f64())
+        },
+    )
+}
+
+/// `--staging`: the same upgrade without and with a staged rollout (soak 0), round after round.
+fn staging(fleet: &LocalFleet, runs: usize) {
+    let cluster = &fleet.cluster;
+    cluster.kubectl(&["label", "fdev", DEVICES[0], "canary=true"]);
+    let (mut plain, mut staged) = (vec![], vec![]);
+    let mut current = builds::V1;
+    for round in 0..runs {
+        for (i, times) in [&mut plain, &mut staged].into_iter().enumerate() {
+            let _ = cluster.try_kubectl(&["delete", "frel", "fleet-agent", "--ignore-not-found"]);
+            let version = other(current);
+            let (url, sha) = fleet.artifacts.publish(
+                &builds::agent(version),
+                &format!("fleet-agent-{version}-round{round}-{i}"),
+            );
+            let mut release = release_yaml("fleet-agent", "bench", version, &url, sha.as_ref());
+            if i == 1 {
+                release.push_str("  rollout:\n    soakSeconds: 0\n");
+            }
+            times.push(through_operator(fleet, &release, version));
+            current = version;
+        }
+    }
+    let (p, p_lo, p_hi) = median(plain);
+    let (st, st_lo, st_hi) = median(staged);
+    println!("| agent upgrade of 3 nspawn devices from `kubectl apply` to all 3 Devices committed, same run, median of {runs} (range) | wall time |");
+    println!("|---|---|");
+    println!("| AgentRelease without a `rollout` section (all at once) | {p:.1} s ({p_lo:.1}–{p_hi:.1}) |");
+    println!(
+        "| AgentRelease with `rollout: {{soakSeconds: 0}}` (the canary, then the other two) | {st:.1} s ({st_lo:.1}–{st_hi:.1}); {:+.1} s: the cost of staging |",
+        st - p
+    );
+}
+
 fn main() {
+    let staged_only = std::env::args().any(|a| a == "--staging");
     let runs: usize = std::env::var("FLEET_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -64,6 +127,9 @@ fn main() {
     let cluster = &fleet.cluster;
     cluster.kubectl(&["label", "fdev", "--all", "site=bench"]);
     cluster.apply(&group_yaml("bench", &[("site", "bench")]));
+    if staged_only {
+        return staging(&fleet, runs);
+    }
     let v2 = builds::agent(V2);
     let (mut kv_times, mut op_times, mut cr_times) = (vec![], vec![], vec![]);
     for round in 0..runs {
