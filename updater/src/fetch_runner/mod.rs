@@ -310,7 +310,8 @@ impl HelperFetcher {
             // Past the deadline: the bytes so far are kept for a later attempt to resume.
             _ if timed_out => (
                 Err(download_failed(format!(
-                    "the download did not finish within {bound:?}; the helper was killed"
+                    "the helper was killed at the download's deadline (its try had {} s left)",
+                    bound.as_secs_f64().round()
                 ))),
                 true,
             ),
