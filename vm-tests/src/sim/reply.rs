@@ -133,7 +133,7 @@ pub fn agent_accepted(a: &AgentUpgradeAttempt, boot: &Id128, at: Timestamp) -> A
     });
     AgentUpgradeStatus {
         device_id: a.device_id.clone(),
-        attempt_id: Some(a.attempt_id.clone()),
+        attempt_id: Some(a.attempt_id),
         target_version: Some(a.target_version.clone()),
         attempt_digest: Some(a.digest()),
         phase: UpgradePhase::Preparing,
@@ -174,7 +174,7 @@ pub fn agent_step(
 pub fn system_accepted(a: &SystemUpgradeAttempt, at: Timestamp) -> SystemUpgradeStatus {
     if a.expires_at < at {
         return SystemUpgradeStatus::refused(
-            a.run_uid.clone(),
+            a.run_uid,
             a.device_id.clone(),
             SystemUpgradeReason::Expired,
             "the intent expired before the updater accepted it",
@@ -188,7 +188,7 @@ pub fn system_accepted(a: &SystemUpgradeAttempt, at: Timestamp) -> SystemUpgrade
         reason: None,
     });
     SystemUpgradeStatus {
-        run_uid: a.run_uid.clone(),
+        run_uid: a.run_uid,
         device_id: a.device_id.clone(),
         phase: SystemUpgradePhase::Accepted,
         reason: None,
