@@ -246,7 +246,7 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
     // The operator is SIGKILLed while the first of the rest updates and started again: it resumes from NATS and
     // the CR, and no device is given the release twice (each device's attempt stays the one it was first given).
     let mut given: std::collections::BTreeMap<&str, fleet_wire::AttemptId> =
-        [(CANARY, retried.0.attempt_id.clone())].into();
+        [(CANARY, retried.0.attempt_id)].into();
     let mut killed = false;
     let mut rows: Vec<Vec<String>> = vec![];
     let mut most_in_flight = 0;
@@ -265,7 +265,7 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         most_in_flight = most_in_flight.max(c.3 + c.4);
         for d in OTHERS {
             if let Some((a, _)) = intents.of(d) {
-                let first = given.entry(d).or_insert_with(|| a.attempt_id.clone());
+                let first = given.entry(d).or_insert_with(|| a.attempt_id);
                 assert_eq!(
                     *first,
                     a.attempt_id,
