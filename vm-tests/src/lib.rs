@@ -17,4 +17,5 @@ pub mod packages;
 pub mod qemu;
 pub mod runner;
 pub mod scene;
+pub mod sim;
 pub mod tasks;

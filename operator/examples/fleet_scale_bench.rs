@@ -1,0 +1,515 @@
+//! Fleet-scale benchmark (run by `scripts/bench.d/90-fleet-scale.sh`, one N per run): a real kube-apiserver +
+//! etcd, a real nats-server, the release `fleet-operator` and `fleet-sim` playing N devices. Measures onboarding
+//! (every Device object exists), a steady-state window (CPU and RSS of operator, apiserver, etcd and nats-server;
+//! apiserver writes/s by verb and resource from its `/metrics`; etcd growth; heartbeat → Device status lag and
+//! the age of each Device's `lastHeartbeat`), a FleetDeployment to every desired-state key and an AgentRelease to
+//! every intent and to every device up to date (or failed). Prints a Markdown table and writes `key value` lines
+//! to `$FLEET_SCALE_RESULTS` for the script's goal rows.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn env_num<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn now_ms() -> u64 {
+    fleet_wire::Timestamp::now().unix_ms()
+}
+
+/// (utime + stime) of `pid` in clock ticks, from `/proc/<pid>/stat`.
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name may hold spaces: fields count from after its closing parenthesis.
+    let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    n(11) + n(12)
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(p) else {
+        return std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
+}
+
+/// Write requests counted by the apiserver: (verb, resource[/subresource]) → count, summed over codes.
+fn apiserver_writes(url: &str, ca: &Path, header_file: &Path) -> BTreeMap<(String, String), f64> {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .arg("-H")
+        .arg(format!("@{}", header_file.display()))
+        .arg(format!("{url}/metrics"))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut m = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split("\",")
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let verb = label("verb");
+        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY") {
+            continue;
+        }
+        let (res, sub) = (label("resource"), label("subresource"));
+        let res = if sub.is_empty() {
+            res
+        } else {
+            format!("{res}/{sub}")
+        };
+        *m.entry((verb, res)).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    m
+}
+
+fn quantile(v: &mut [u64], q: f64) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
+}
+
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        // SIGTERM first so the simulator prints its last counters.
+        // SAFETY: kill(2) on a child we started and still own.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What the Device watch keeps: each Device's `lastHeartbeat`, and heartbeat lags while recording.
+#[derive(Default)]
+struct Seen {
+    heartbeat: HashMap<String, Option<String>>,
+    recording: bool,
+    lags_ms: Vec<u64>,
+}
+
+/// Distinct keys written to a bucket since the last reset (what the operator wrote, seen on its subjects).
+#[derive(Default)]
+struct Keys {
+    written: HashSet<String>,
+}
+
+async fn count_keys(nc: async_nats::Client, bucket: &str, keys: Arc<Mutex<Keys>>) {
+    let prefix = format!("$KV.{bucket}.");
+    let mut sub = nc.subscribe(format!("{prefix}>")).await.expect("subscribe");
+    while let Some(m) = sub.next().await {
+        let op = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("KV-Operation"))
+            .map(|v| v.as_str().to_owned());
+        if matches!(op.as_deref(), Some("DEL") | Some("PURGE")) {
+            continue;
+        }
+        if let Some(k) = m.subject.as_str().strip_prefix(&prefix) {
+            keys.lock().unwrap().written.insert(k.to_owned());
+        }
+    }
+}
+
+struct Out {
+    rows: Vec<(String, String)>,
+    results: Vec<(String, String)>,
+}
+impl Out {
+    fn row(&mut self, what: impl Into<String>, value: impl Into<String>) {
+        self.rows.push((what.into(), value.into()));
+    }
+    fn result(&mut self, key: &str, value: impl ToString) {
+        self.results.push((key.to_owned(), value.to_string()));
+    }
+}
+
+async fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> Option<f64> {
+    let t = Instant::now();
+    loop {
+        if done() {
+            return Some(t.elapsed().as_secs_f64());
+        }
+        if t.elapsed() >= limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn main() {
+    let n: usize = env_num("FLEET_SCALE_DEVICES", 1000);
+    let steady = Duration::from_secs(env_num("FLEET_SCALE_STEADY_SECS", 180));
+    let settle = Duration::from_secs(env_num("FLEET_SCALE_SETTLE_SECS", 30));
+    let limit = Duration::from_secs(env_num("FLEET_SCALE_TIMEOUT_SECS", 900));
+    let connections: usize = env_num("FLEET_SCALE_CONNECTIONS", 8).clamp(1, n);
+    let fail: f64 = env_num("FLEET_SCALE_FAIL_FRACTION", 0.01);
+    let heartbeat_secs: u64 = env_num("FLEET_SCALE_HEARTBEAT_SECS", 30);
+    let op_bin =
+        std::env::var("FLEET_OPERATOR_BIN").expect("FLEET_OPERATOR_BIN: the fleet-operator binary");
+    let sim_bin = std::env::var("FLEET_SIM_BIN").expect("FLEET_SIM_BIN: the fleet-sim binary");
+    let results_file = std::env::var_os("FLEET_SCALE_RESULTS").map(PathBuf::from);
+
+    let api = fleet_rig::kube::KubeApiServer::start();
+    let nats = fleet_rig::NatsServer::start();
+    let dir = tempfile::tempdir().expect("tmp");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig(api.token())).expect("kubeconfig");
+    // The bearer token goes to curl in a file, never on a command line.
+    let header_file = dir.path().join("auth-header");
+    std::fs::write(
+        &header_file,
+        format!("Authorization: Bearer {}\n", api.token()),
+    )
+    .expect("header");
+    let pids = api.pids();
+    let (etcd_pid, apiserver_pid) = (pids[0], pids[1]);
+    let nats_pid = nats.pid().expect("nats pid");
+    let etcd_dir = api.log_dir().join("etcd");
+    let mut out = Out {
+        rows: vec![],
+        results: vec![],
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let ok = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.token())).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+        let client = kube::Client::try_from(cfg).unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in fleet_operator::crd::all_crds() {
+            let name = crd.metadata.name.clone().unwrap();
+            crds.patch(&name, &PatchParams::apply("bench").force(), &Patch::Apply(&crd)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let group: DeviceGroup = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+            "metadata": {"name": "all"}, "spec": {"selectAll": true}})).unwrap();
+        Api::<DeviceGroup>::all(client.clone()).create(&PostParams::default(), &group).await.unwrap();
+
+        let op_log = std::fs::File::create(dir.path().join("operator.log")).expect("log");
+        let op = std::process::Command::new(&op_bin)
+            .args(["--nats-url", &nats.url()])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .stdout(op_log.try_clone().expect("log"))
+            .stderr(op_log)
+            .spawn()
+            .expect("start fleet-operator");
+        let op_pid = op.id();
+        let _op = Kill(op);
+        let nc = async_nats::connect(nats.url()).await.unwrap();
+        let js = async_nats::jetstream::new(nc.clone());
+        // The operator creates the buckets; the devices only open them.
+        let t = Instant::now();
+        while js.get_key_value(fleet_wire::kv::SYSTEM_UPGRADE_STATUS).await.is_err() {
+            assert!(t.elapsed() < Duration::from_secs(120), "the operator did not create the buckets");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let desired = Arc::new(Mutex::new(Keys::default()));
+        let intents = Arc::new(Mutex::new(Keys::default()));
+        tokio::spawn(count_keys(nc.clone(), fleet_wire::kv::DESIRED_STATE, desired.clone()));
+        tokio::spawn(count_keys(nc.clone(), fleet_wire::kv::AGENT_UPGRADE_INTENT, intents.clone()));
+
+        // Every Device's lastHeartbeat, and the lag of each new one while recording.
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let devices: Api<Device> = Api::all(client.clone());
+        {
+            let seen = seen.clone();
+            let devices = devices.clone();
+            tokio::spawn(async move {
+                let mut w = watcher(devices, watcher::Config::default()).boxed();
+                while let Some(ev) = w.next().await {
+                    let d = match ev {
+                        Ok(watcher::Event::Apply(d)) | Ok(watcher::Event::InitApply(d)) => d,
+                        _ => continue,
+                    };
+                    let Some(name) = d.metadata.name.clone() else { continue };
+                    let hb = d.status.as_ref().and_then(|s| s.last_heartbeat.clone());
+                    let at = now_ms();
+                    let mut s = seen.lock().unwrap();
+                    let old = s.heartbeat.insert(name, hb.clone());
+                    if s.recording && hb.is_some() && old.flatten() != hb {
+                        if let Some(t) = hb.and_then(|h| h.parse::<fleet_wire::Timestamp>().ok()) {
+                            s.lags_ms.push(at.saturating_sub(t.unix_ms()));
+                        }
+                    }
+                }
+            });
+        }
+
+        // The simulator: its counter lines go to stderr (the table is stdout), the last one is kept.
+        let mut sim_cmd = std::process::Command::new(&sim_bin);
+        sim_cmd
+            .args(["--devices", &n.to_string(), "--connections", &connections.to_string()])
+            .args(["--nats-url", &nats.url(), "--fail-fraction", &fail.to_string()])
+            .args(["--heartbeat-secs", &heartbeat_secs.to_string()])
+            .stdout(std::process::Stdio::piped());
+        let mut sim = sim_cmd.spawn().expect("start fleet-sim");
+        let sim_out = sim.stdout.take().expect("sim stdout");
+        let sim_pid = sim.id();
+        let sim = Kill(sim);
+        let last_line = Arc::new(Mutex::new(String::new()));
+        {
+            let last_line = last_line.clone();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(sim_out).lines().map_while(Result::ok) {
+                    eprintln!("  {line}");
+                    *last_line.lock().unwrap() = line;
+                }
+            });
+        }
+        let t0 = Instant::now();
+        let onboard = wait_until(limit, || seen.lock().unwrap().heartbeat.len() >= n).await;
+        let onboard_devices = seen.lock().unwrap().heartbeat.len();
+        match onboard {
+            Some(s) => out.row(format!("onboarding: fleet-sim start → all {n} Device objects exist"), format!("{s:.1} s")),
+            None => out.row("onboarding", format!("not done in {} s ({onboard_devices} of {n})", limit.as_secs())),
+        }
+        out.result("onboarding_secs", onboard.map_or("timeout".into(), |s| format!("{s:.1}")));
+        if onboard.is_none() {
+            return false;
+        }
+        // Every device has its (empty) desired state before the steady window.
+        let initial = wait_until(limit, || desired.lock().unwrap().written.len() >= n).await;
+        out.row(
+            format!("fleet-sim start → all {n} empty desired states written"),
+            initial.map_or("timeout".into(), |_| format!("{:.1} s", t0.elapsed().as_secs_f64())),
+        );
+        tokio::time::sleep(settle).await;
+
+        // Steady state: heartbeats and workload statuses only.
+        let tick = clock_ticks();
+        let procs = [("fleet-operator", op_pid), ("kube-apiserver", apiserver_pid), ("etcd", etcd_pid), ("nats-server", nats_pid), ("fleet-sim", sim_pid)];
+        let cpu0: Vec<u64> = procs.iter().map(|(_, p)| cpu_ticks(*p)).collect();
+        let writes0 = apiserver_writes(&api.url(), api.ca_file(), &header_file);
+        let (db0, dir0) = (dir_bytes(&etcd_dir.join("member/snap/db")), dir_bytes(&etcd_dir));
+        let mut rss_max = vec![0.0f64; procs.len()];
+        let mut ages: Vec<u64> = vec![];
+        let mut never = 0u64;
+        seen.lock().unwrap().recording = true;
+        let w0 = Instant::now();
+        while w0.elapsed() < steady {
+            tokio::time::sleep(Duration::from_secs(10).min(steady.saturating_sub(w0.elapsed())).max(Duration::from_millis(10))).await;
+            for (i, (_, p)) in procs.iter().enumerate() {
+                rss_max[i] = rss_max[i].max(rss_mib(*p));
+            }
+            let now = now_ms();
+            let s = seen.lock().unwrap();
+            // A Device without a heartbeat yet has no age: counted apart.
+            for h in s.heartbeat.values() {
+                match h.as_ref().and_then(|h| h.parse::<fleet_wire::Timestamp>().ok()) {
+                    Some(t) => ages.push(now.saturating_sub(t.unix_ms())),
+                    None => never += 1,
+                }
+            }
+        }
+        let window = w0.elapsed().as_secs_f64();
+        let mut lags = {
+            let mut s = seen.lock().unwrap();
+            s.recording = false;
+            std::mem::take(&mut s.lags_ms)
+        };
+        let writes1 = apiserver_writes(&api.url(), api.ca_file(), &header_file);
+        let (db1, dir1) = (dir_bytes(&etcd_dir.join("member/snap/db")), dir_bytes(&etcd_dir));
+        out.row("steady window", format!("{window:.0} s, after {} s settling", settle.as_secs()));
+        for (i, (name, p)) in procs.iter().enumerate() {
+            let cpu = (cpu_ticks(*p).saturating_sub(cpu0[i])) as f64 / tick / window * 100.0;
+            out.row(format!("{name}: CPU (% of one core) / max RSS"), format!("{cpu:.1} % / {:.0} MiB", rss_max[i]));
+            let key = name.replace('-', "_");
+            out.result(&format!("{key}_cpu_pct"), format!("{cpu:.1}"));
+            out.result(&format!("{key}_rss_mib"), format!("{:.0}", rss_max[i]));
+        }
+        let mut total = 0.0;
+        let mut by: Vec<(String, f64)> = writes1
+            .iter()
+            .map(|(k, v)| (format!("{} {}", k.0, k.1), (v - writes0.get(k).copied().unwrap_or(0.0)) / window))
+            .filter(|(_, r)| *r > 0.0)
+            .collect();
+        by.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (_, r) in &by {
+            total += r;
+        }
+        out.row("apiserver writes/s (POST, PUT, PATCH, DELETE, APPLY), total", format!("{total:.1}"));
+        out.result("apiserver_writes_per_sec", format!("{total:.1}"));
+        for (what, r) in by.iter().take(6) {
+            out.row(format!("  {what}"), format!("{r:.2}/s"));
+        }
+        out.row(
+            "etcd growth: bbolt db file / whole data dir (WAL included)",
+            format!("{:.1} KiB/s / {:.1} KiB/s", (db1 as f64 - db0 as f64) / window / 1024.0, (dir1 as f64 - dir0 as f64) / window / 1024.0),
+        );
+        let (p50, p99) = (quantile(&mut lags, 0.5), quantile(&mut lags, 0.99));
+        let secs = |v: Option<u64>| v.map_or("-".into(), |ms| format!("{:.1}", ms as f64 / 1000.0));
+        out.row(
+            "heartbeat → Device status lag (sent `at` → watch event), p50 / p99",
+            format!("{} s / {} s ({} updates)", secs(p50), secs(p99), lags.len()),
+        );
+        out.result("heartbeat_lag_p99_secs", secs(p99));
+        let (a99, amax) = (quantile(&mut ages, 0.99), ages.iter().max().copied());
+        out.row(
+            "Device lastHeartbeat age, sampled every 10 s: p99 / max",
+            format!("{} s / {} s ({} samples; {never} of a Device without a heartbeat yet)", secs(a99), secs(amax), ages.len()),
+        );
+        out.result("heartbeat_age_p99_secs", secs(a99));
+        out.result("heartbeat_age_max_secs", secs(amax));
+
+        // A FleetDeployment to every desired-state key.
+        desired.lock().unwrap().written.clear();
+        let dep: FleetDeployment = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+            "metadata": {"name": "web"}, "spec": {"allowedGroups": ["all"], "workloads": [{"name": "web", "image": "localhost/web:1"}]}})).unwrap();
+        Api::<FleetDeployment>::all(client.clone()).create(&PostParams::default(), &dep).await.unwrap();
+        let fd = wait_until(limit, || desired.lock().unwrap().written.len() >= n).await;
+        let fd_keys = desired.lock().unwrap().written.len();
+        out.row(
+            format!("FleetDeployment create → all {n} desired-state keys written"),
+            fd.map_or(format!("not done in {} s ({fd_keys} of {n})", limit.as_secs()), |s| format!("{s:.2} s ({:.0} keys/s)", n as f64 / s)),
+        );
+        out.result("fleetdeployment_secs", fd.map_or("timeout".into(), |s| format!("{s:.2}")));
+
+        // An AgentRelease to every intent, then to every device up to date (or failed: the simulator's fraction).
+        let rel: AgentRelease = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "AgentRelease",
+            "metadata": {"name": "v2"}, "spec": {"allowedGroups": ["all"], "builds": [{"architecture": "amd64", "version": "2.0.0",
+            "artifact": "https://artifacts.example.com/fleet-agent-2.0.0-amd64", "sha256": "ab".repeat(32), "byteLimit": 20_000_000}]}})).unwrap();
+        let releases: Api<AgentRelease> = Api::all(client.clone());
+        releases.create(&PostParams::default(), &rel).await.unwrap();
+        let t = Instant::now();
+        let ar = wait_until(limit, || intents.lock().unwrap().written.len() >= n).await;
+        let ar_keys = intents.lock().unwrap().written.len();
+        out.row(
+            format!("AgentRelease create → all {n} agent-upgrade intents written"),
+            ar.map_or(format!("not done in {} s ({ar_keys} of {n})", limit.as_secs()), |s| format!("{s:.2} s")),
+        );
+        out.result("agentrelease_intents_secs", ar.map_or("timeout".into(), |s| format!("{s:.2}")));
+        let mut done = None;
+        let mut last = (0, 0);
+        while t.elapsed() < limit {
+            if let Ok(r) = releases.get("v2").await {
+                let st = r.status.unwrap_or_default();
+                last = (st.up_to_date.unwrap_or(0), st.failed.unwrap_or(0));
+                if (last.0 + last.1) as usize >= n {
+                    done = Some(t.elapsed().as_secs_f64());
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        out.row(
+            format!("AgentRelease create → status: every device up to date or failed ({:.1}% fail)", fail * 100.0),
+            match done {
+                Some(s) => format!("{s:.1} s ({} up to date, {} failed)", last.0, last.1),
+                None => format!("not done in {} s ({} up to date, {} failed)", limit.as_secs(), last.0, last.1),
+            },
+        );
+        out.result("agentrelease_done_secs", done.map_or("timeout".into(), |s| format!("{s:.1}")));
+        drop(sim);
+        std::thread::sleep(Duration::from_millis(300));
+        let line = last_line.lock().unwrap().clone();
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                .unwrap_or("?")
+                .to_owned()
+        };
+        out.row(
+            "fleet-sim writes sent / acked / errors (every bucket)",
+            format!("{} / {} / {}", field("sent"), field("acked"), field("errors")),
+        );
+        out.row(
+            "fleet-sim heartbeat put → ack p50 / p99; sent late (its own lag) p99",
+            format!("{} ms / {} ms; {} ms", field("hb_ack_ms_p50"), field("hb_ack_ms_p99"), field("hb_late_ms_p99")),
+        );
+        out.result("sim_errors", field("errors"));
+        true
+    });
+    let stdout = std::io::stdout();
+    let mut o = stdout.lock();
+    let _ = writeln!(
+        o,
+        "| fleet-scale, {n} simulated devices ({connections} NATS connections, heartbeat every {heartbeat_secs} s) | measured |"
+    );
+    let _ = writeln!(o, "|---|---|");
+    for (w, v) in &out.rows {
+        let _ = writeln!(o, "| {w} | {v} |");
+    }
+    if let Some(f) = results_file {
+        let text: String = out
+            .results
+            .iter()
+            .map(|(k, v)| format!("{k} {v}\n"))
+            .collect();
+        std::fs::write(f, text).expect("results file");
+    }
+    if !ok {
+        let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        eprintln!("fleet-operator log (last lines):");
+        for l in tail.iter().rev() {
+            eprintln!("  {l}");
+        }
+        std::process::exit(1);
+    }
+}

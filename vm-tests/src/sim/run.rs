@@ -1,0 +1,77 @@
+//! Starts the connections, prints a line of counters every 10 s, and stops on SIGINT/SIGTERM or after
+//! `--duration-secs`.
+
+use crate::sim::args::Args;
+use crate::sim::conn;
+use crate::sim::stats::Stats;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the counters are printed.
+pub const REPORT_EVERY: Duration = Duration::from_secs(10);
+
+/// Runs the simulation; the error says why it could not start or why it ended early (a connection closed).
+pub fn run(args: &Args) -> Result<(), String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())
+            .map_err(|e| format!("signal handler: {e}"))?;
+    }
+    let stats = Arc::new(Stats::default());
+    let started = Instant::now();
+    let mut conns = Vec::with_capacity(args.connections);
+    for c in 0..args.connections {
+        match conn::start(args, c, stats.clone(), stop.clone()) {
+            Ok(x) => conns.push(x),
+            Err(e) => {
+                stop.store(true, Ordering::SeqCst);
+                return Err(format!("connection {c} to NATS: {e}"));
+            }
+        }
+    }
+    println!(
+        "fleet-sim: {} devices over {} connections, heartbeat every {:?}, workload status every {:?}, {:.1}% failing",
+        args.devices,
+        args.connections,
+        args.heartbeat,
+        args.status,
+        args.fail_fraction * 100.0
+    );
+    let line = |stats: &Stats, conns: &[conn::Conn]| {
+        let in_flight = conns.iter().map(conn::Conn::in_flight).sum();
+        let dropped: u64 = conns.iter().map(conn::Conn::dropped).sum();
+        format!(
+            "{} sub_dropped={dropped}",
+            stats.line(started.elapsed(), args.devices, in_flight)
+        )
+    };
+    let mut next = Instant::now() + REPORT_EVERY;
+    let mut ended = None;
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+        if let Some((c, why)) = conns
+            .iter()
+            .enumerate()
+            .find_map(|(c, x)| x.closed().map(|w| (c, w)))
+        {
+            ended = Some(format!("connection {c} closed: {why}"));
+            break;
+        }
+        if args.duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
+        if Instant::now() >= next {
+            next += REPORT_EVERY;
+            println!("{}", line(&stats, &conns));
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    println!("{}", line(&stats, &conns));
+    for c in conns {
+        for t in c.threads {
+            let _ = t.join();
+        }
+    }
+    ended.map_or(Ok(()), Err)
+}

@@ -1,0 +1,159 @@
+//! `fleet-sim` against a real nats-server with the layout's buckets: its devices publish device info and
+//! heartbeats, answer a desired state with a workload status, an agent-upgrade intent with statuses up to
+//! `complete` and device info at the new version (or `failed` on a failing device), and a system-upgrade intent
+//! with `accepted` then `succeeded` and the first heartbeat after it. Waits are bounds on failure only.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_rig::nats_client::buckets::create_buckets;
+use fleet_rig::NatsServer;
+use fleet_wire::{
+    fixtures, AgentUpgradeStatus, Architecture, DeviceId, DeviceInfo, DeviceWorkloadStatus,
+    SystemUpgradePhase, SystemUpgradeStatus, Timestamp, UpgradePhase, WorkloadState,
+};
+use std::time::{Duration, Instant};
+
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{what}: not within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+struct Sim(std::process::Child);
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn simulated_devices_write_what_the_agent_writes() {
+    let nats = NatsServer::start();
+    let conn = nats.connect();
+    let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
+    create_buckets(&conn, &names);
+    let js = fleet_rig::nats_client::jetstream::new(conn.clone());
+    let kv = |b: &str| js.key_value(b).unwrap();
+    // Four devices on two connections; a quarter failing is device 3.
+    let mut sim = Sim(std::process::Command::new(env!("CARGO_BIN_EXE_fleet-sim"))
+        .args([
+            "--devices",
+            "4",
+            "--connections",
+            "2",
+            "--nats-url",
+            &nats.url(),
+        ])
+        .args([
+            "--fail-fraction",
+            "0.25",
+            "--heartbeat-secs",
+            "1",
+            "--status-secs",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fleet-sim"));
+    let (info, beats) = (
+        kv(fleet_wire::kv::DEVICE_INFO),
+        kv(fleet_wire::kv::DEVICE_HEARTBEAT),
+    );
+    for i in 0..4 {
+        let id = format!("sim-{i:06}");
+        let got: DeviceInfo = eventually("device info", || {
+            info.get(&id)
+                .unwrap()
+                .map(|v| serde_json::from_slice(&v).unwrap())
+        });
+        assert_eq!(got.device_id.as_str(), id);
+        assert_eq!(got.agent_version.as_str(), "1.0.0");
+        eventually("a heartbeat", || beats.get(&id).unwrap());
+    }
+
+    // A desired state → a workload status of its generation.
+    let dev1 = DeviceId::try_from("sim-000001").unwrap();
+    let mut desired = fixtures::desired_state();
+    desired.device_id = dev1.clone();
+    kv(fleet_wire::kv::DESIRED_STATE)
+        .put(dev1.as_str(), serde_json::to_vec(&desired).unwrap())
+        .unwrap();
+    let statuses = kv(fleet_wire::kv::WORKLOAD_STATUS);
+    let ws: DeviceWorkloadStatus = eventually("workload status", || {
+        let v = statuses.get(dev1.as_str()).unwrap()?;
+        let s: DeviceWorkloadStatus = serde_json::from_slice(&v).unwrap();
+        (s.generation == desired.generation).then_some(s)
+    });
+    assert_eq!(ws.workloads.len(), 1);
+    assert_eq!(ws.workloads[0].state, WorkloadState::Running);
+
+    // An agent-upgrade intent → complete and device info at the target; on the failing device → failed.
+    let intents = kv(fleet_wire::kv::AGENT_UPGRADE_INTENT);
+    let upgrades = kv(fleet_wire::kv::AGENT_UPGRADE_STATUS);
+    for (dev, end) in [
+        ("sim-000001", UpgradePhase::Complete),
+        ("sim-000003", UpgradePhase::Failed),
+    ] {
+        let mut a = fixtures::attempt();
+        a.device_id = DeviceId::try_from(dev).unwrap();
+        a.architecture = Architecture::Amd64;
+        intents.put(dev, serde_json::to_vec(&a).unwrap()).unwrap();
+        let s: AgentUpgradeStatus = eventually("a terminal agent-upgrade status", || {
+            let s: AgentUpgradeStatus =
+                serde_json::from_slice(&upgrades.get(dev).unwrap()?).unwrap();
+            s.phase.is_terminal().then_some(s)
+        });
+        assert_eq!(s.phase, end, "{dev}");
+        assert_eq!(s.attempt_id, Some(a.attempt_id));
+        assert_eq!(s.transitions.phases()[0], UpgradePhase::Preparing);
+        if end == UpgradePhase::Complete {
+            eventually("device info at the new version", || {
+                let i: DeviceInfo = serde_json::from_slice(&info.get(dev).unwrap()?).unwrap();
+                (i.agent_version == a.target_version).then_some(())
+            });
+        }
+    }
+
+    // A system-upgrade intent → accepted, succeeded, then the first heartbeat after it.
+    let mut run = fixtures::system_attempt();
+    run.device_id = DeviceId::try_from("sim-000002").unwrap();
+    run.expires_at = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + 3_600_000);
+    let key = format!("sim-000002.{}", run.run_uid);
+    kv(fleet_wire::kv::SYSTEM_UPGRADE_INTENT)
+        .put(&key, serde_json::to_vec(&run).unwrap())
+        .unwrap();
+    let runs = kv(fleet_wire::kv::SYSTEM_UPGRADE_STATUS);
+    let s: SystemUpgradeStatus = eventually("succeeded, with the first heartbeat after it", || {
+        let s: SystemUpgradeStatus = serde_json::from_slice(&runs.get(&key).unwrap()?).unwrap();
+        s.first_heartbeat_after_completion.is_some().then_some(s)
+    });
+    assert_eq!(s.phase, SystemUpgradePhase::Succeeded);
+    assert_eq!(
+        s.transitions.phases(),
+        [SystemUpgradePhase::Accepted, SystemUpgradePhase::Succeeded]
+    );
+
+    // SIGTERM: it stops, printing its counters with no error.
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &sim.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = sim.0.stdout.take().unwrap();
+    let text = std::io::read_to_string(out).unwrap();
+    let status = sim.0.wait().unwrap();
+    assert!(status.success(), "fleet-sim exited with {status}:\n{text}");
+    let last = text.lines().last().unwrap_or("");
+    assert!(
+        last.contains(" errors=0 ") && last.contains(" bad=0 "),
+        "{last}"
+    );
+}
