@@ -17,6 +17,17 @@ use std::time::{Duration, Instant};
 const KUBECTL_TIMEOUT: &str = "30s";
 
 /// The operator's command line and environment, kept to start it again the same way.
+/// One entry of an object's `status.conditions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// "True", "False" or "Unknown".
+    pub status: String,
+    /// The CamelCase reason.
+    pub reason: String,
+    /// The sentence for a person.
+    pub message: String,
+}
+
 #[derive(Default)]
 struct Launch {
     bin: PathBuf,
@@ -362,6 +373,40 @@ impl Cluster {
         args.extend_from_slice(&["-o", "json"]);
         let out = self.try_kubectl(&args).ok()?;
         serde_json::from_str(&out).ok()
+    }
+
+    /// The condition `type_` of the object `what` (e.g. `["frel", "good"]`) as a person reads it in
+    /// `kubectl describe`; `None` while the object or the condition is missing.
+    pub fn condition(&self, what: &[&str], type_: &str) -> Option<Condition> {
+        let obj = self.get_json(what)?;
+        let c = obj["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == type_)?;
+        let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+        Some(Condition {
+            status: s("status"),
+            reason: s("reason"),
+            message: s("message"),
+        })
+    }
+
+    /// Warning events about the object of `kind` and `name`, in every namespace, as `kubectl get events` shows
+    /// them: "reason: message".
+    pub fn warnings(&self, kind: &str, name: &str) -> Vec<String> {
+        let selector =
+            format!("involvedObject.kind={kind},involvedObject.name={name},type=Warning");
+        let Some(v) = self.get_json(&["events", "-A", "--field-selector", &selector]) else {
+            return Vec::new();
+        };
+        let items = v["items"].as_array().map(Vec::as_slice).unwrap_or_default();
+        items
+            .iter()
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                format!("{}: {}", s("reason"), s("message"))
+            })
+            .collect()
     }
 
     /// Waits until `check` (polled every `every`, with kubectl calls inside) returns `Some`; fails with `what` and

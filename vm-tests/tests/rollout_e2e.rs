@@ -87,18 +87,6 @@ fn rollout(fleet: &LocalFleet, name: &str) -> Option<Counts> {
     ))
 }
 
-/// The release's condition `type_` as (status, reason, message).
-fn condition(fleet: &LocalFleet, name: &str, type_: &str) -> Option<(String, String, String)> {
-    let r = fleet.cluster.get_json(&["frel", name])?;
-    let c = r["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)?
-        .clone();
-    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
-    Some((s("status"), s("reason"), s("message")))
-}
-
 /// The `kubectl get frel` row as a person reads it: NAME DEVICES PHASE UPDATED HEALTHY PENDING FAILED …
 fn row(fleet: &LocalFleet, name: &str) -> Vec<String> {
     let table = fleet.cluster.kubectl(&["get", "frel", name]);
@@ -150,12 +138,20 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         },
     );
     let halted = cluster.wait("the release halted", Duration::from_secs(120), || {
-        condition(&fleet, "latent", "Halted").filter(|c| c.0 == "True")
+        fleet
+            .cluster
+            .condition(&["frel", "latent"], "Halted")
+            .filter(|c| c.status == "True")
     });
-    assert_eq!(halted.1, "CanaryFailed", "{halted:?}\n{}", logs(&fleet));
+    assert_eq!(
+        halted.reason,
+        "CanaryFailed",
+        "{halted:?}\n{}",
+        logs(&fleet)
+    );
     assert!(
         halted
-            .2
+            .message
             .contains(&format!("{CANARY} (agent restarted during its soak)")),
         "{halted:?}"
     );
@@ -207,11 +203,18 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
     let halted = cluster.wait(
         "the release halted on the failed download",
         UPGRADE_TIMEOUT,
-        || condition(&fleet, "good", "Halted").filter(|c| c.0 == "True"),
+        || {
+            fleet
+                .cluster
+                .condition(&["frel", "good"], "Halted")
+                .filter(|c| c.status == "True")
+        },
     );
-    assert_eq!(halted.1, "CanaryFailed", "{halted:?}");
+    assert_eq!(halted.reason, "CanaryFailed", "{halted:?}");
     assert!(
-        halted.2.contains(&format!("{CANARY} (attempt failed)")),
+        halted
+            .message
+            .contains(&format!("{CANARY} (attempt failed)")),
         "{halted:?}"
     );
     let first = intents.of(CANARY).expect("the canary's intent").0;
@@ -391,35 +394,6 @@ fn container(fleet: &LocalFleet, device: &str) -> Option<(u64, String, bool)> {
     ))
 }
 
-/// Warning events about the deployment `web`, as `kubectl get events` shows them: "reason: message".
-fn web_warnings(fleet: &LocalFleet) -> Vec<String> {
-    let out = fleet.cluster.kubectl(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        "involvedObject.kind=FleetDeployment,involvedObject.name=web,type=Warning",
-        "-o",
-        "json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-    v["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .map(|e| {
-                    format!(
-                        "{}: {}",
-                        e["reason"].as_str().unwrap_or_default(),
-                        e["message"].as_str().unwrap_or_default()
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Scenario 3 on the same three devices: `web` runs everywhere; changed to a tag that does not exist, the canary's
 /// container keeps running (same PID, old image) and reports `failed` with the pull error within 10 s of being
 /// given the change, the deployment halts with the canary named and a Warning event, and the other two are never
@@ -529,7 +503,8 @@ fn bad_image_never_takes_a_workload_down(fleet: &LocalFleet) {
         halted.0["status"]
     );
     let warnings = cluster.wait("a Warning event about web", Duration::from_secs(30), || {
-        Some(web_warnings(fleet)).filter(|w| w.iter().any(|m| m.contains(CANARY)))
+        Some(cluster.warnings("FleetDeployment", "web"))
+            .filter(|w| w.iter().any(|m| m.contains(CANARY)))
     });
     eprintln!("events: {warnings:?}");
     // A few passes later the others were never given it and run what they ran.

@@ -34,42 +34,6 @@ fn logs(fleet: &LocalFleet) -> String {
         )
 }
 
-/// The release's condition `type_` as (status, reason, message).
-fn condition(fleet: &LocalFleet, type_: &str) -> Option<(String, String, String)> {
-    let r = fleet.cluster.get_json(&["frel", "hang"])?;
-    let c = r["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)?
-        .clone();
-    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
-    Some((s("status"), s("reason"), s("message")))
-}
-
-/// Warning events with `reason` about the Device.
-fn device_events(fleet: &LocalFleet, reason: &str) -> Vec<String> {
-    let out = fleet.cluster.kubectl(&[
-        "get",
-        "events",
-        "-A",
-        "--field-selector",
-        &format!("reason={reason},involvedObject.name={DEVICE}"),
-        "-o",
-        "json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-    v["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter(|e| e["type"] == "Warning")
-                .map(|e| e["message"].as_str().unwrap_or_default().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn an_updater_stopped_mid_download_is_stalled_after_the_phase_bound() {
     let fleet = LocalFleet::start(&[DEVICE]);
@@ -143,17 +107,22 @@ fn an_updater_stopped_mid_download_is_stalled_after_the_phase_bound() {
     );
 
     let progressing = cluster.wait("the release Progressing=False, Stalled", ONE_PASS, || {
-        condition(&fleet, "Progressing").filter(|c| c.1 == "Stalled")
+        cluster
+            .condition(&["frel", "hang"], "Progressing")
+            .filter(|c| c.reason == "Stalled")
     });
-    assert_eq!(progressing.0, "False", "{progressing:?}");
+    assert_eq!(progressing.status, "False", "{progressing:?}");
     assert!(
-        progressing.2.contains(&format!("{DEVICE} (preparing")),
+        progressing
+            .message
+            .contains(&format!("{DEVICE} (preparing")),
         "{progressing:?}"
     );
     let rel = cluster.get_json(&["frel", "hang"]).expect("release");
     assert_eq!(rel["status"]["rollout"]["stalled"], 1, "{rel:#}");
     let events = cluster.wait("the DeviceStalled Warning event", ONE_PASS, || {
-        Some(device_events(&fleet, "DeviceStalled")).filter(|e| !e.is_empty())
+        Some(cluster.warnings("Device", DEVICE))
+            .filter(|e| e.iter().any(|m| m.starts_with("DeviceStalled: ")))
     });
     assert!(events.iter().any(|m| m.contains("preparing")), "{events:?}");
 
@@ -177,7 +146,9 @@ fn an_updater_stopped_mid_download_is_stalled_after_the_phase_bound() {
         "the device keeps its agent"
     );
     cluster.wait("Progressing no longer Stalled", ONE_PASS, || {
-        condition(&fleet, "Progressing").filter(|c| c.1 != "Stalled")
+        cluster
+            .condition(&["frel", "hang"], "Progressing")
+            .filter(|c| c.reason != "Stalled")
     });
     fleet.assert_no_secrets_in_logs();
 }
