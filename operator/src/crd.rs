@@ -99,8 +99,9 @@ pub struct DeviceStatus {
     /// Operating system pretty name, when reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub os: Option<String>,
-    /// Time of the last heartbeat (RFC 3339, UTC), coalesced to at most one status write per
-    /// [`crate::mirror::HEARTBEAT_COALESCE`].
+    /// Time of a recent heartbeat (RFC 3339, UTC): refreshed once an hour
+    /// ([`crate::mirror::HEARTBEAT_REFRESH`]) or with any other status change; the dashboard and its alerts read
+    /// liveness from the device-heartbeat bucket, not from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<String>,
     /// The agent-upgrade status (`agent-upgrade-status`): fleet-wire `AgentUpgradeStatus`, bounded by its

@@ -10,7 +10,8 @@
 
 use crate::cache::cache;
 use crate::conditions;
-use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment, HOLD_ANNOTATION};
+use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
+use crate::device_writes::DeviceWrites;
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
 use crate::placement::DeploymentInput;
 use crate::plan::{self, NewDevice, Plan, Snapshot};
@@ -34,7 +35,8 @@ use tokio::sync::Notify;
 
 /// Concurrent NATS writes per pass.
 pub const WRITE_CONCURRENCY: usize = 1024;
-/// Concurrent Kubernetes writes per pass.
+/// Concurrent Kubernetes writes per pass (group, deployment and release statuses; Device writes have their own
+/// writer: [`crate::device_writes`]).
 pub const KUBE_CONCURRENCY: usize = 16;
 /// Changes arriving within this window are handled by one pass.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -114,15 +116,47 @@ pub struct Mirrors {
     pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
 }
 
-impl Default for Mirrors {
-    fn default() -> Self {
+/// The devices whose heartbeats wake the control loop (the plan's [`Plan::heartbeat_watch`]).
+pub type HeartbeatWatch = Arc<std::sync::RwLock<std::collections::HashSet<String>>>;
+
+/// The `device-heartbeat` mirror, whose watch wakes the loop for a device's first heartbeat, a new agent version
+/// in it, or a device in `watch`; any other beat is recorded quietly (liveness is read from the mirror, and a
+/// Device's `lastHeartbeat` is refreshed by the periodic pass: [`crate::mirror::HEARTBEAT_REFRESH`]).
+pub fn heartbeat_mirror(watch: HeartbeatWatch) -> Arc<Mirror<Heartbeat>> {
+    Mirror::waking_when(
+        layout::DEVICE_HEARTBEAT,
+        Box::new(move |key, old: Option<&Heartbeat>, new| match (old, new) {
+            (Some(o), Some(n)) if o.agent_version == n.agent_version => watch
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(key),
+            _ => true,
+        }),
+    )
+}
+
+impl Mirrors {
+    /// The mirrors, `heartbeat` shared with the dashboard (made by [`heartbeat_mirror`]).
+    pub fn new(heartbeat: Arc<Mirror<Heartbeat>>) -> Self {
         Self {
             info: Mirror::new(layout::DEVICE_INFO),
-            heartbeat: Mirror::new(layout::DEVICE_HEARTBEAT),
+            heartbeat,
             upgrade: Mirror::new(layout::AGENT_UPGRADE_STATUS),
             desired: Mirror::new(layout::DESIRED_STATE),
             intent: Mirror::new(layout::AGENT_UPGRADE_INTENT),
-            workloads: Mirror::new(layout::WORKLOAD_STATUS),
+            // The agent republishes its workload status on a timer: a report that differs only in when it was
+            // measured is recorded quietly.
+            workloads: Mirror::waking_when(
+                layout::WORKLOAD_STATUS,
+                Box::new(
+                    |_, old: Option<&DeviceWorkloadStatus>, new| match (old, new) {
+                        (Some(o), Some(n)) => {
+                            o.generation != n.generation || o.workloads != n.workloads
+                        }
+                        _ => true,
+                    },
+                ),
+            ),
         }
     }
 }
@@ -155,6 +189,18 @@ pub async fn run(
     client: Client,
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+    let watch = HeartbeatWatch::default();
+    run_with(client, opts, heartbeat_mirror(watch.clone()), watch).await
+}
+
+/// [`run`] with the heartbeat mirror made by the caller (who shares it: the dashboard reads liveness from it)
+/// from `watch`.
+pub async fn run_with(
+    client: Client,
+    opts: Options,
+    heartbeats: Arc<Mirror<Heartbeat>>,
+    watch: HeartbeatWatch,
+) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let notify = Arc::new(Notify::new());
     let devices = cache::<Device>(&client, &opts.label_selector, &notify);
     let groups = cache::<DeviceGroup>(&client, &opts.label_selector, &notify);
@@ -170,6 +216,11 @@ pub async fn run(
         "caches synced; NATS at {}",
         fleet_wire::auth::split_nats_url(&opts.nats_url).url
     );
+    let device_writes = Arc::new(DeviceWrites::default());
+    tokio::spawn(device_writes.clone().run(
+        client.clone(),
+        selector_labels(opts.label_selector.as_deref()),
+    ));
     let engine = Engine {
         client: client.clone(),
         recorder: report::recorder(client, opts.instance.clone()),
@@ -177,8 +228,9 @@ pub async fn run(
         groups,
         deployments,
         releases,
-        mirrors: Mirrors::default(),
-        new_device_labels: selector_labels(opts.label_selector.as_deref()),
+        mirrors: Mirrors::new(heartbeats),
+        heartbeat_watch: watch,
+        device_writes,
         refusals: Arc::default(),
     };
     let mut link: Option<Link> = None;
@@ -362,7 +414,8 @@ struct Engine {
     deployments: Cache<FleetDeployment>,
     releases: Cache<AgentRelease>,
     mirrors: Mirrors,
-    new_device_labels: BTreeMap<String, String>,
+    heartbeat_watch: HeartbeatWatch,
+    device_writes: Arc<DeviceWrites>,
     refusals: Arc<crate::refusals::Refusals>,
 }
 
@@ -450,11 +503,16 @@ impl Engine {
     /// One level-triggered pass: decide ([`plan::plan`], pure), then carry the plan out.
     async fn pass(&self, link: Option<&Link>, nats_error: Option<String>) {
         let snapshot = self.snapshot();
-        let plan = plan::plan(
+        let mut plan = plan::plan(
             &snapshot,
             fleet_wire::Timestamp::now(),
             &mut AttemptId::new_random,
         );
+        let watch = std::mem::take(&mut plan.heartbeat_watch);
+        *self
+            .heartbeat_watch
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = watch.iter().map(|d| d.to_string()).collect();
         self.apply(plan, link, nats_error).await;
     }
 
@@ -491,20 +549,15 @@ impl Engine {
                 kube_writes.push(self.status_write(obj, old, next));
             }
         }
+        // Device writes (one per device: the many) go to their own writer, so that the next pass's NATS writes
+        // never wait behind them.
         for NewDevice { id, hold } in plan.new_devices {
-            if hold {
-                log::warn!("Device {id} is missing but the device runs workloads: recreating it with {HOLD_ANNOTATION}=true (its workloads are kept until a person labels it and removes the annotation)");
-            }
-            let new_labels = &self.new_device_labels;
-            kube_writes.push(Box::pin(async move {
-                report::create_device(&self.client, &id, new_labels, hold).await
-            }));
+            self.device_writes.create(id, hold);
         }
-        for (id, next) in plan.device_statuses {
-            kube_writes.push(Box::pin(async move {
-                report::write_device_status(&self.client, &id, &next).await
-            }));
+        for (name, next) in plan.device_statuses {
+            self.device_writes.status(name, next);
         }
+        crate::metrics::device_writes_waiting(self.device_writes.waiting());
         let errors: Vec<kube::Error> = futures::stream::iter(kube_writes)
             .buffer_unordered(KUBE_CONCURRENCY)
             .filter_map(|r| async move { r.err() })

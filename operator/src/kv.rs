@@ -245,11 +245,16 @@ pub struct Seen<T> {
     pub value: Option<T>,
 }
 
+/// Whether a change of `key` from the first value to the second wakes the control loop.
+pub type WakeWhen<T> = Box<dyn Fn(&str, Option<&T>, Option<&T>) -> bool + Send + Sync>;
+
 /// An in-memory mirror of one bucket, kept current by a watch task.
 pub struct Mirror<T> {
     bucket: &'static str,
     map: RwLock<BTreeMap<String, Seen<T>>>,
     synced: std::sync::atomic::AtomicBool,
+    /// `None`: every change wakes.
+    wake_when: Option<WakeWhen<T>>,
 }
 
 impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
@@ -264,10 +269,23 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             bucket,
             map: RwLock::new(BTreeMap::new()),
             synced: false.into(),
+            wake_when: None,
         })
     }
 
-    /// Watches `store` from its current values on, updating the mirror and waking `notify` on each change.
+    /// An empty mirror of `bucket` whose watch wakes its `notify` only for the changes `wake_when` picks (a
+    /// device's periodic report that changes nothing a pass decides from is recorded, quietly).
+    pub fn waking_when(bucket: &'static str, wake_when: WakeWhen<T>) -> Arc<Self> {
+        Arc::new(Self {
+            bucket,
+            map: RwLock::new(BTreeMap::new()),
+            synced: false.into(),
+            wake_when: Some(wake_when),
+        })
+    }
+
+    /// Watches `store` from its current values on, updating the mirror and waking `notify` on each change (each
+    /// that `wake_when` picks, when set).
     /// Returns when the watch ends (NATS went away); the caller starts it again.
     pub async fn run(self: Arc<Self>, store: kv::Store, notify: Arc<Notify>) -> NatsError {
         let mut watch = match store.watch_with_history(">").await {
@@ -294,6 +312,8 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             let held = self.with(&entry.key, |s| {
                 s.is_some_and(|s| s.revision >= entry.revision)
             });
+            // The operator's own writes, echoed, wake as before (a pass decides from what it wrote).
+            let mut wake = true;
             if !held {
                 let value = match entry.operation {
                     kv::Operation::Put => match serde_json::from_slice::<T>(&entry.value) {
@@ -309,12 +329,25 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
                     },
                     kv::Operation::Delete | kv::Operation::Purge => None,
                 };
+                if let Some(when) = &self.wake_when {
+                    wake = self.with(&entry.key, |old| {
+                        when(
+                            &entry.key,
+                            old.and_then(|o| o.value.as_ref()),
+                            value.as_ref(),
+                        )
+                    });
+                }
                 self.record(&entry.key, entry.revision, value);
             }
-            if entry.delta == 0 {
+            // The end of the initial values always wakes: the loop waits for it.
+            if entry.delta == 0 && !self.is_synced() {
                 self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
+                wake = true;
             }
-            notify.notify_one();
+            if wake {
+                notify.notify_one();
+            }
         }
         NatsError::new(format!("watch {}", self.bucket), "the watch ended")
     }

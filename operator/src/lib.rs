@@ -9,6 +9,7 @@ pub mod cache;
 pub mod conditions;
 pub mod crd;
 pub mod deploy;
+pub mod device_writes;
 pub mod engine;
 pub mod health;
 pub mod kv;

@@ -270,8 +270,12 @@ fn main() -> ExitCode {
             label_selector: opts.label_selector.clone(),
             accept_timeout,
         };
+        // One heartbeat mirror: the control loop keeps it, the dashboard and its alerts read liveness from it.
+        let watch = fleet_operator::engine::HeartbeatWatch::default();
+        let heartbeats = fleet_operator::engine::heartbeat_mirror(watch.clone());
         let dashboard_client = client.clone();
-        let dashboard = fleet_operator::dashboard::run(dashboard_client, dashboard);
+        let dashboard =
+            fleet_operator::dashboard::run(dashboard_client, dashboard, heartbeats.clone());
         tokio::select! {
             r = dashboard => {
                 if let Err(e) = r {
@@ -279,7 +283,7 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::engine::run(client.clone(), opts) => {
+            r = fleet_operator::engine::run_with(client.clone(), opts, heartbeats, watch) => {
                 if let Err(e) = r {
                     log::error!("{e}");
                 }

@@ -23,6 +23,8 @@ pub struct OperatorMetrics {
     pub rollout_halts: Family<HaltLabels, Counter>,
     /// Device writes fleet-auth refused, per bucket and kind (no device label: bounded for any fleet size).
     pub writes_refused: Family<RefusalLabels, Counter>,
+    /// Device creations and status writes waiting for the API server ([`crate::device_writes`]).
+    pub device_writes_waiting: prometheus_client::metrics::gauge::Gauge,
 }
 
 /// Labels of refused writes: `bucket="device-info", kind="too-large"` (both from fixed sets).
@@ -46,6 +48,7 @@ pub fn global() -> &'static OperatorMetrics {
             nats_write_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
             rollout_halts: Family::default(),
             writes_refused: Family::default(),
+            device_writes_waiting: Default::default(),
         };
         for c in CONTROLLERS {
             let labels = vec![("controller", c)];
@@ -81,4 +84,11 @@ pub fn rollout_halted(kind: &str, reason: &str) {
 pub fn writes_refused(bucket: &'static str, kind: &'static str, n: u64) {
     let labels = vec![("bucket", bucket), ("kind", kind)];
     global().writes_refused.get_or_create(&labels).inc_by(n);
+}
+
+/// Sets how many Device writes wait for the API server.
+pub fn device_writes_waiting(n: usize) {
+    global()
+        .device_writes_waiting
+        .set(i64::try_from(n).unwrap_or(i64::MAX));
 }

@@ -1,12 +1,16 @@
 //! Device status mirrored from NATS KV (`device-info`, `device-heartbeat`, `agent-upgrade-status`,
-//! `device-workload-status`), as a pure function. Heartbeats are coalesced so that a large fleet does not turn every beat into an API write.
+//! `device-workload-status`), as a pure function. A heartbeat alone is written at most once per
+//! [`HEARTBEAT_REFRESH`]: liveness is read from the heartbeat mirror (the dashboard, alerts, rollouts), so the API
+//! server carries writes that follow change, not N devices / 30 s for ever (Kubernetes moved node heartbeats out
+//! of NodeStatus for the same reason, KEP-589).
 
 use crate::crd::{DeviceStatus, Stalled};
 use fleet_wire::{AgentUpgradeStatus, DeviceInfo, DeviceWorkloadStatus, Heartbeat, Timestamp};
 use std::time::Duration;
 
-/// A heartbeat newer than the mirrored one by less than this is not written to the Device status.
-pub const HEARTBEAT_COALESCE: Duration = Duration::from_secs(30);
+/// A heartbeat newer than the Device's `lastHeartbeat` by less than this is not written to it: 100,000 devices
+/// cost 28 writes/s.
+pub const HEARTBEAT_REFRESH: Duration = Duration::from_secs(3600);
 
 /// What NATS says about one device.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -79,11 +83,11 @@ pub fn device_status(
         }
     }
     let current = current.cloned().unwrap_or_default();
-    // Keep the mirrored heartbeat when the new one is within the coalescing window.
+    // Keep the written heartbeat while the new one is within the refresh.
     if let (Some(old), Some(new)) = (&current.last_heartbeat, &next.last_heartbeat) {
         let parse = |s: &str| s.parse::<Timestamp>().ok();
         if let (Some(o), Some(n)) = (parse(old), parse(new)) {
-            if n.unix_ms() >= o.unix_ms() && n.since(o) < HEARTBEAT_COALESCE {
+            if n.unix_ms() >= o.unix_ms() && n.since(o) < HEARTBEAT_REFRESH {
                 next.last_heartbeat = current.last_heartbeat.clone();
             }
         }
@@ -123,14 +127,17 @@ mod tests {
         // unchanged: nothing to write
         assert_eq!(device_status(Some(&first), &base, now()), None);
 
-        // a beat 10 s later is coalesced; 40 s later is written
-        hb.at = hb.at.plus(Duration::from_secs(10));
-        let r = Reported {
-            heartbeat: Some(hb.clone()),
-            ..base.clone()
-        };
-        assert_eq!(device_status(Some(&first), &r, now()), None);
-        hb.at = hb.at.plus(Duration::from_secs(30));
+        // beats 10 s and 59 min later are not written; one an hour later is
+        let beat = hb.at;
+        for secs in [10, 59 * 60] {
+            hb.at = beat.plus(Duration::from_secs(secs));
+            let r = Reported {
+                heartbeat: Some(hb.clone()),
+                ..base.clone()
+            };
+            assert_eq!(device_status(Some(&first), &r, now()), None, "{secs} s");
+        }
+        hb.at = beat.plus(HEARTBEAT_REFRESH);
         let r = Reported {
             heartbeat: Some(hb.clone()),
             ..base.clone()

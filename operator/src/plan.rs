@@ -187,6 +187,9 @@ pub struct Plan {
     pub device_statuses: Vec<(String, DeviceStatus)>,
     /// Device objects ignored because their name is not a device id (name, why).
     pub ignored: Vec<(String, String)>,
+    /// Devices whose next heartbeat can change a decision (an agent release soaking on them): only their
+    /// heartbeats wake the control loop.
+    pub heartbeat_watch: BTreeSet<DeviceId>,
 }
 
 /// "1 device", "3 devices".
@@ -847,6 +850,11 @@ fn release(
         });
     }
     let outcome = rollout::plan(&in_rollout, &policy, now);
+    for t in &in_rollout {
+        if rollout::standing(t.observed, &policy, now) == rollout::Standing::Soaking {
+            plan.heartbeat_watch.insert(t.id.clone());
+        }
+    }
     // Devices the rollout holds back were counted as in progress by their decision: they are not.
     let held = (outcome.status.pending as usize).saturating_sub(outcome.release.len());
     counts.in_progress = counts.in_progress.saturating_sub(held as u32);

@@ -54,6 +54,12 @@ fn register_counters(registry: &mut Registry) {
          kubectl get fdev (column Refused) and its WritesRefused events",
         m.writes_refused.clone(),
     );
+    registry.register(
+        "fleet_operator_device_writes_waiting",
+        "Device creations and status writes waiting for the API server (a backlog that grows means the API \
+         server cannot keep up; desired-state and intent writes do not wait for it)",
+        m.device_writes_waiting.clone(),
+    );
 }
 
 /// The whole exposition.
@@ -86,6 +92,32 @@ pub fn render(state: &State) -> String {
         "fleet_devices",
         "Devices by agent-upgrade phase (`none`: never upgraded)",
         phases,
+    );
+
+    // Liveness as the dashboard and the silence alert see it (the heartbeat mirror): the age of each device's
+    // latest heartbeat, by quantile; devices that never beat are left out.
+    let now = fleet_wire::Timestamp::now();
+    let mut ages: Vec<i64> = state
+        .devices
+        .state()
+        .iter()
+        .filter_map(|d| state.last_heartbeat(d))
+        .map(|t| i64::try_from(now.since(t).as_secs()).unwrap_or(i64::MAX))
+        .collect();
+    ages.sort_unstable();
+    let quantiles: BTreeMap<Labels, i64> = [("0.5", 0.5), ("0.99", 0.99), ("1", 1.0)]
+        .into_iter()
+        .filter_map(|(label, q)| {
+            let i = ((ages.len() as f64 * q).ceil() as usize).checked_sub(1)?;
+            Some((vec![("quantile", label.to_string())], *ages.get(i)?))
+        })
+        .collect();
+    gauge_family(
+        &mut registry,
+        "fleet_device_heartbeat_age_seconds",
+        "Age of each device's latest heartbeat as the dashboard and the silence alert see it, by quantile over \
+         the devices that have sent one (device clocks)",
+        quantiles,
     );
 
     let mut runs = BTreeMap::new();

@@ -64,7 +64,11 @@ pub struct Options {
 
 /// Evaluates the alerts and publishes their events, always; binds `opts.serve`'s address when given and serves
 /// the dashboard. Returns only on a bind error (the caller exits).
-pub async fn run(client: Client, opts: Options) -> Result<(), String> {
+pub async fn run(
+    client: Client,
+    opts: Options,
+    heartbeats: Arc<crate::kv::Mirror<fleet_wire::Heartbeat>>,
+) -> Result<(), String> {
     let listener = match &opts.serve {
         Some(s) => Some(
             tokio::net::TcpListener::bind(&s.listen)
@@ -78,6 +82,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), String> {
         devices: cache::<Device>(&client, &opts.label_selector, &notify),
         groups: cache::<DeviceGroup>(&client, &opts.label_selector, &notify),
         runs: cache::<TaskRun>(&client, &opts.label_selector, &notify),
+        heartbeats,
         nats: RwLock::new(None),
         fleetlock: RwLock::new(None),
         alerts: RwLock::new(Vec::new()),
@@ -151,9 +156,7 @@ async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: 
                 DeviceFacts {
                     name: d.metadata.name.as_deref().unwrap_or(""),
                     upgrade: s.and_then(|s| s.agent_upgrade.as_ref()),
-                    last_heartbeat: s
-                        .and_then(|s| s.last_heartbeat.as_deref())
-                        .and_then(html::parse_time),
+                    last_heartbeat: state.last_heartbeat(d),
                     writes_refused: s
                         .and_then(|s| s.writes_refused.as_ref())
                         .and_then(|w| Some((w, html::parse_time(&w.last_at)?))),

@@ -2,7 +2,7 @@
 //! and the alert list it shares with the alerts page.
 
 use super::alerts::{Alert, Subject};
-use super::html::{age, esc, parse_time, url_part, when, Html};
+use super::html::{age, esc, url_part, when, Html};
 use crate::crd::{Device, DeviceGroup};
 use crate::tasks::crd::TaskRun;
 use fleet_wire::Timestamp;
@@ -85,6 +85,7 @@ pub fn render(
     groups: &[Arc<DeviceGroup>],
     runs: &[Arc<TaskRun>],
     alerts: &[Alert],
+    last_heartbeat: &dyn Fn(&Device) -> Option<Timestamp>,
     now: Timestamp,
 ) -> String {
     let mut h = Html::page("Fleet overview");
@@ -107,9 +108,7 @@ pub fn render(
             .unwrap_or_else(|| "unknown".into());
         *versions.entry(v).or_insert(0usize) += 1;
         *phases.entry(phase_name(d)).or_insert(0usize) += 1;
-        let hb = s
-            .and_then(|s| s.last_heartbeat.as_deref())
-            .and_then(parse_time);
+        let hb = last_heartbeat(d);
         let bucket = match hb {
             None => (u64::MAX, "never".to_string()),
             Some(t) => {

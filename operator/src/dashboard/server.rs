@@ -122,6 +122,7 @@ pub async fn handle(
                 &state.groups.state(),
                 &state.runs.state(),
                 &state.alerts(),
+                &|d| state.last_heartbeat(d),
                 now,
             ),
         ),

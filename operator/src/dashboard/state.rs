@@ -4,11 +4,11 @@
 
 use super::alerts::{Alert, Thresholds};
 use crate::crd::{Device, DeviceGroup};
-use crate::kv::NatsError;
+use crate::kv::{Mirror, NatsError};
 use crate::tasks::crd::TaskRun;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::fleetlock::ServerStatus;
-use fleet_wire::Timestamp;
+use fleet_wire::{Heartbeat, Timestamp};
 use kube::runtime::reflector;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
@@ -104,6 +104,9 @@ pub struct State {
     pub groups: reflector::Store<DeviceGroup>,
     /// TaskRun objects (every namespace).
     pub runs: reflector::Store<TaskRun>,
+    /// `device-heartbeat`, mirrored by the control loop: liveness is read here, not from the Device's
+    /// `lastHeartbeat` (written only at a slow refresh: [`crate::mirror::HEARTBEAT_REFRESH`]).
+    pub heartbeats: Arc<Mirror<Heartbeat>>,
     /// NATS, once connected.
     pub nats: RwLock<Option<Arc<Buckets>>>,
     /// `None` when no FleetLock server is configured or it was not read yet.
@@ -115,6 +118,21 @@ pub struct State {
 }
 
 impl State {
+    /// When `device` last beat (its own clock): the mirrored heartbeat, else (the mirror not read yet) the
+    /// Device's `lastHeartbeat`.
+    pub fn last_heartbeat(&self, device: &Device) -> Option<Timestamp> {
+        let name = device.metadata.name.as_deref().unwrap_or_default();
+        self.heartbeats
+            .with(name, |s| s.and_then(|s| s.value.as_ref()).map(|h| h.at))
+            .or_else(|| {
+                device
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.last_heartbeat.as_deref())
+                    .and_then(super::html::parse_time)
+            })
+    }
+
     /// The NATS buckets, or why there are none yet.
     pub fn buckets(&self) -> Result<Arc<Buckets>, NatsError> {
         self.nats
