@@ -39,7 +39,13 @@ pub fn pager(base: &str, page: usize, per: usize, total: usize) -> String {
 }
 
 /// The device list: page `page`, only devices in upgrade phase `phase` when given.
-pub fn list(devices: &[Arc<Device>], page: usize, phase: Option<&str>, now: Timestamp) -> String {
+pub fn list(
+    devices: &[Arc<Device>],
+    page: usize,
+    phase: Option<&str>,
+    last_heartbeat: &dyn Fn(&Device) -> Option<Timestamp>,
+    now: Timestamp,
+) -> String {
     let mut ds: Vec<&Arc<Device>> = devices
         .iter()
         .filter(|d| phase.is_none_or(|p| phase_name(d) == p))
@@ -74,7 +80,7 @@ pub fn list(devices: &[Arc<Device>], page: usize, phase: Option<&str>, now: Time
                     opt_name(s.architecture.as_ref()),
                     esc(&phase_name(d)),
                     opt_name(u.and_then(|u| u.reason.as_ref())),
-                    when(s.last_heartbeat.as_deref().and_then(parse_time), now),
+                    when(last_heartbeat(d), now),
                     s.workloads
                         .as_ref()
                         .map(|w| {

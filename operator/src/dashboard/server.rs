@@ -137,6 +137,7 @@ pub async fn handle(
                 &state.devices.state(),
                 page_param(q),
                 query(q, "phase").as_deref(),
+                &|d| state.last_heartbeat(d),
                 now,
             ),
         ),
