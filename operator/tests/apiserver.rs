@@ -288,6 +288,36 @@ async fn device_status_follows_nats() {
     assert_eq!(up.transitions, st.transitions);
     assert_eq!(status.last_heartbeat, Some(hb.at.to_string()));
 
+    // a routine heartbeat ten minutes later (same version) is no Device write: liveness is read from the
+    // operator's heartbeat mirror, and lastHeartbeat is refreshed hourly
+    let first_beat = hb.at;
+    let beat = |hb: &fleet_wire::Heartbeat| serde_json::to_vec(hb).unwrap();
+    hb.at = hb.at.plus(Duration::from_secs(600));
+    f.bucket(fleet_wire::kv::DEVICE_HEARTBEAT)
+        .await
+        .put(name.as_str(), beat(&hb).into())
+        .await
+        .expect("put heartbeat");
+    // a beat that carries a new agent version is a change: written at once (the routine one before it is not)
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    hb.at = hb.at.plus(Duration::from_secs(30));
+    hb.agent_version = Version::try_from("1.3.0").unwrap();
+    f.bucket(fleet_wire::kv::DEVICE_HEARTBEAT)
+        .await
+        .put(name.as_str(), beat(&hb).into())
+        .await
+        .expect("put heartbeat");
+    let status = eventually("the heartbeat's new version on the Device", || async {
+        let s = devices.get(&name).await.ok()?.status?;
+        (s.agent_version.as_ref()?.as_str() == "1.3.0").then_some(s)
+    })
+    .await;
+    assert_eq!(
+        status.last_heartbeat,
+        Some(first_beat.to_string()),
+        "a heartbeat within the hour's refresh was written to the Device"
+    );
+
     // a new attempt's record without reason, error or invocation id: the Device shows exactly that record, with
     // nothing left over from the failed one
     let mut next = fixtures::upgrade_status();
