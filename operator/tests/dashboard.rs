@@ -620,6 +620,19 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     ] {
         assert!(m.contains(want), "{want:?} missing from /metrics:\n{m}");
     }
+    // Liveness as the dashboard reads it (the heartbeat mirror): most beat just now, pi-silent an hour ago.
+    let age = |q: &str| -> u64 {
+        let prefix = format!("fleet_device_heartbeat_age_seconds{{quantile=\"{q}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix:?} in /metrics:\n{m}"))
+    };
+    assert!(age("0.5") < 600, "median heartbeat age {} s", age("0.5"));
+    assert!(
+        (3600..4200).contains(&age("1")),
+        "oldest heartbeat age {} s (pi-silent's is an hour)",
+        age("1")
+    );
     let b = base.clone();
     let (code, _) = tokio::task::spawn_blocking(move || get(&b, "/metrics", None))
         .await
