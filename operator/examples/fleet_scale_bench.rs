@@ -170,6 +170,59 @@ struct Keys {
     written: HashSet<String>,
 }
 
+/// The one device the bench itself plays beside fleet-sim's: it publishes its info and one heartbeat, then falls
+/// silent, so that the time to its `DeviceSilent` alert is measured under the fleet's load. Not counted among the
+/// N in any other row.
+const SILENT: &str = "fleet-scale-silent";
+
+/// Publishes the silent device's info and its only heartbeat (the fixtures' shapes, its own id, `at` now); returns
+/// that `at` in Unix ms.
+async fn publish_silent_device(js: &async_nats::jetstream::Context) -> u64 {
+    let id = fleet_wire::DeviceId::try_from(SILENT).unwrap();
+    let at = fleet_wire::Timestamp::now();
+    let mut info = fleet_wire::fixtures::device_info();
+    info.device_id = id.clone();
+    info.architecture = fleet_wire::Architecture::Amd64;
+    info.published_at = at;
+    let mut hb = fleet_wire::fixtures::heartbeat();
+    hb.device_id = id;
+    hb.at = at;
+    for (bucket, value) in [
+        (
+            fleet_wire::kv::DEVICE_INFO,
+            serde_json::to_vec(&info).unwrap(),
+        ),
+        (
+            fleet_wire::kv::DEVICE_HEARTBEAT,
+            serde_json::to_vec(&hb).unwrap(),
+        ),
+    ] {
+        js.get_key_value(bucket)
+            .await
+            .unwrap()
+            .put(SILENT, value.into())
+            .await
+            .unwrap();
+    }
+    at.unix_ms()
+}
+
+/// Polls the `DeviceSilent` Warning event about the silent device every second until `limit`; returns when it
+/// was first seen, in Unix ms.
+async fn silent_alert_seen(client: kube::Client, limit: Duration) -> Option<u64> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client, "default");
+    let lp = kube::api::ListParams::default()
+        .fields(&format!("involvedObject.name={SILENT},reason=DeviceSilent"));
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if events.list(&lp).await.is_ok_and(|l| !l.items.is_empty()) {
+            return Some(now_ms());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    None
+}
+
 async fn count_keys(nc: async_nats::Client, bucket: &str, keys: Arc<Mutex<Keys>>) {
     let prefix = format!("$KV.{bucket}.");
     let mut sub = nc.subscribe(format!("{prefix}>")).await.expect("subscribe");
@@ -183,7 +236,9 @@ async fn count_keys(nc: async_nats::Client, bucket: &str, keys: Arc<Mutex<Keys>>
             continue;
         }
         if let Some(k) = m.subject.as_str().strip_prefix(&prefix) {
-            keys.lock().unwrap().written.insert(k.to_owned());
+            if k != SILENT {
+                keys.lock().unwrap().written.insert(k.to_owned());
+            }
         }
     }
 }
@@ -222,6 +277,7 @@ fn main() {
     let connections: usize = env_num("FLEET_SCALE_CONNECTIONS", 8).clamp(1, n);
     let fail: f64 = env_num("FLEET_SCALE_FAIL_FRACTION", 0.01);
     let heartbeat_secs: u64 = env_num("FLEET_SCALE_HEARTBEAT_SECS", 30);
+    let silent_after: u64 = env_num("FLEET_SCALE_SILENT_AFTER_SECS", 90);
     let op_bin =
         std::env::var("FLEET_OPERATOR_BIN").expect("FLEET_OPERATOR_BIN: the fleet-operator binary");
     let sim_bin = std::env::var("FLEET_SIM_BIN").expect("FLEET_SIM_BIN: the fleet-sim binary");
@@ -273,9 +329,12 @@ fn main() {
         std::fs::write(&token_file, dash_token).expect("token");
         let op = std::process::Command::new(&op_bin)
             .args(["--nats-url", &nats.url()])
+            // Buckets with room for N devices, as docs/kv-layout.md tells a person with a fleet this size.
+            .args(["--fleet-size", &n.max(fleet_wire::kv::DEFAULT_FLEET_SIZE as usize).to_string()])
             .args(["--dashboard-listen", &dash_addr])
             .arg("--dashboard-token-file")
             .arg(&token_file)
+            .args(["--alert-silent-after", &format!("{silent_after}s")])
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "warn")
             .stdout(op_log.try_clone().expect("log"))
@@ -310,7 +369,7 @@ fn main() {
                         Ok(watcher::Event::Apply(d)) | Ok(watcher::Event::InitApply(d)) => d,
                         _ => continue,
                     };
-                    let Some(name) = d.metadata.name.clone() else { continue };
+                    let Some(name) = d.metadata.name.clone().filter(|n| n != SILENT) else { continue };
                     let hb = d.status.as_ref().and_then(|s| s.last_heartbeat.clone());
                     let at = now_ms();
                     let mut s = seen.lock().unwrap();
@@ -376,6 +435,8 @@ fn main() {
         let mut live_p99: Vec<u64> = vec![];
         let mut never = 0u64;
         seen.lock().unwrap().recording = true;
+        let silent_at = publish_silent_device(&js).await;
+        let silent_seen = tokio::spawn(silent_alert_seen(client.clone(), steady + Duration::from_secs(silent_after + 120)));
         let w0 = Instant::now();
         while w0.elapsed() < steady {
             tokio::time::sleep(Duration::from_secs(10).min(steady.saturating_sub(w0.elapsed())).max(Duration::from_millis(10))).await;
@@ -449,6 +510,15 @@ fn main() {
             format!("{} s / {} s ({} samples)", secs(l99), secs(lmax), live_p99.len()),
         );
         out.result("heartbeat_age_p99_secs", secs(lmax));
+        // Detection: from the silent device's last heartbeat past the threshold to its alert (evaluated every
+        // 15 s, so up to 15 s plus the pass's own time).
+        let seen_at = silent_seen.await.ok().flatten();
+        let beyond = seen_at.map(|t| t.saturating_sub(silent_at) as f64 / 1000.0 - silent_after as f64);
+        out.row(
+            format!("silent device: last heartbeat → DeviceSilent event (--alert-silent-after {silent_after}s), time beyond the threshold"),
+            beyond.map_or("no alert".into(), |b| format!("{b:.1} s")),
+        );
+        out.result("silent_detection_secs", beyond.map_or("none".into(), |b| format!("{b:.1}")));
 
         // A FleetDeployment to every desired-state key.
         desired.lock().unwrap().written.clear();

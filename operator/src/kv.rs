@@ -64,6 +64,35 @@ pub fn replicas() -> usize {
     REPLICAS.get().copied().unwrap_or(1)
 }
 
+/// The fleet size every bucket's byte limit is made for (`--fleet-size`), set once by `main` like [`REPLICAS`];
+/// [`fleet_wire::kv::DEFAULT_FLEET_SIZE`] unless set. Unlike the replica count it applies to buckets that exist
+/// too ([`ensure_buckets`]), so that a fleet that grows past its buckets is one flag away from room.
+static FLEET_SIZE: OnceLock<u64> = OnceLock::new();
+
+/// The largest `--fleet-size`: the byte limits of ten million devices (about 3 TB) fit no single server.
+pub const MAX_FLEET_SIZE: u64 = 10_000_000;
+
+/// Sets the fleet size the byte limits are made for (1..=[`MAX_FLEET_SIZE`]); `Err` if it is out of range or was
+/// set already.
+pub fn set_fleet_size(devices: u64) -> Result<(), String> {
+    if !(1..=MAX_FLEET_SIZE).contains(&devices) {
+        return Err(format!(
+            "--fleet-size {devices}: buckets are made for 1 to {MAX_FLEET_SIZE} devices"
+        ));
+    }
+    FLEET_SIZE
+        .set(devices)
+        .map_err(|_| "the fleet size was set twice".to_string())
+}
+
+/// The fleet size the buckets' byte limits are made for.
+pub fn fleet_size() -> u64 {
+    FLEET_SIZE
+        .get()
+        .copied()
+        .unwrap_or(fleet_wire::kv::DEFAULT_FLEET_SIZE)
+}
+
 /// Scales every bucket of the layout that exists to the replica count given with `--kv-replicas` (nothing when
 /// none was given: an operator started without it never scales a cluster's buckets down). Returns each bucket
 /// changed with its old and new count. JetStream adds or removes the copies itself, keeping every key.
@@ -163,7 +192,7 @@ pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
             spec.writer
         ),
         max_value_size: spec.max_value_bytes,
-        max_bytes: fleet_wire::kv::max_bytes(spec, fleet_wire::kv::DEFAULT_FLEET_SIZE),
+        max_bytes: fleet_wire::kv::max_bytes(spec, fleet_size()),
         history: 1,
         max_age: spec.max_age.unwrap_or(Duration::ZERO),
         storage: jetstream::stream::StorageType::File,
@@ -172,13 +201,16 @@ pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
     }
 }
 
-/// Brings the limits that bound what a device can do to the fleet's storage to what the layout says, on a bucket
-/// that exists (created by an earlier release, or by hand): the largest value, the byte limit, and no rollup
-/// headers (docs/kv-layout.md). Other settings (replicas, age) are left alone. Returns whether it changed.
-pub async fn secure_bucket(
+/// The configuration that brings a bucket that exists (created by an earlier release, or by hand) to the limits
+/// that bound what a device can do to the fleet's storage: the largest value, the byte limit for [`fleet_size`],
+/// and no rollup headers (docs/kv-layout.md); `None` when it has them. Other settings (replicas, age) are left
+/// alone. A byte limit below what the bucket holds now is an error: JetStream would keep the keys but refuse every
+/// new key and every write that grows the bucket (measured: `maximum bytes exceeded`), so devices could not
+/// onboard or report.
+async fn limits_to_set(
     js: &jetstream::Context,
     spec: &fleet_wire::kv::BucketSpec,
-) -> Result<bool, NatsError> {
+) -> Result<Option<jetstream::stream::Config>, NatsError> {
     let name = format!("KV_{}", spec.name);
     let mut stream = js
         .get_stream(&name)
@@ -190,22 +222,30 @@ pub async fn secure_bucket(
         .map_err(|e| NatsError::new(format!("stream info {name}"), e))?;
     let mut config = info.config.clone();
     config.allow_rollup = spec.allow_rollup;
-    config.max_bytes = fleet_wire::kv::max_bytes(spec, fleet_wire::kv::DEFAULT_FLEET_SIZE);
+    config.max_bytes = fleet_wire::kv::max_bytes(spec, fleet_size());
     config.max_message_size = spec.max_value_bytes;
-    if config.allow_rollup == info.config.allow_rollup
-        && config.max_bytes == info.config.max_bytes
-        && config.max_message_size == info.config.max_message_size
-    {
-        return Ok(false);
+    let held = info.state.bytes;
+    if config.max_bytes != info.config.max_bytes && held > config.max_bytes.unsigned_abs() {
+        return Err(NatsError::new(
+            format!("limit bucket {}", spec.name),
+            format!(
+                "it holds {held} bytes, more than the {} bytes --fleet-size {} allows it; with that limit \
+                 JetStream would refuse every new key and every write that grows it, so no bucket was changed: \
+                 give a --fleet-size of at least the fleet's device count",
+                config.max_bytes,
+                fleet_size(),
+            ),
+        ));
     }
-    js.update_stream(&config)
-        .await
-        .map_err(|e| NatsError::new(format!("limit bucket {}", spec.name), e))?;
-    Ok(true)
+    let same = config.allow_rollup == info.config.allow_rollup
+        && config.max_bytes == info.config.max_bytes
+        && config.max_message_size == info.config.max_message_size;
+    Ok((!same).then_some(config))
 }
 
-/// Opens every bucket of `fleet_wire::kv::BUCKETS`, creating the missing ones (agents never create buckets), each
-/// with the limits of [`secure_bucket`].
+/// Opens every bucket of `fleet_wire::kv::BUCKETS`, creating the missing ones (agents never create buckets), and
+/// brings each to the limits of the layout ([`limits_to_set`]): all or none, so that a `--fleet-size` too small
+/// for one bucket changes no other.
 pub async fn ensure_buckets(
     js: &jetstream::Context,
 ) -> Result<BTreeMap<&'static str, kv::Store>, NatsError> {
@@ -222,16 +262,26 @@ pub async fn ensure_buckets(
                     .map_err(|_| NatsError::new(format!("create bucket {}", spec.name), e))?,
             },
         };
-        if secure_bucket(js, spec).await? {
-            log::info!(
-                "bucket {}: limits set (largest value {} bytes, {} bytes in all, rollup headers {})",
-                spec.name,
-                spec.max_value_bytes,
-                fleet_wire::kv::max_bytes(spec, fleet_wire::kv::DEFAULT_FLEET_SIZE),
-                if spec.allow_rollup { "allowed" } else { "refused" }
-            );
-        }
         out.insert(spec.name, store);
+    }
+    let mut changes = Vec::new();
+    for spec in fleet_wire::kv::BUCKETS {
+        if let Some(config) = limits_to_set(js, spec).await? {
+            changes.push((spec, config));
+        }
+    }
+    for (spec, config) in changes {
+        js.update_stream(&config)
+            .await
+            .map_err(|e| NatsError::new(format!("limit bucket {}", spec.name), e))?;
+        log::info!(
+            "bucket {}: limits set (largest value {} bytes, {} bytes in all for {} devices, rollup headers {})",
+            spec.name,
+            spec.max_value_bytes,
+            config.max_bytes,
+            fleet_size(),
+            if spec.allow_rollup { "allowed" } else { "refused" }
+        );
     }
     Ok(out)
 }

@@ -11,7 +11,7 @@ TaskRun status.
 
 Usage: fleet-operator [--nats-url URL] [NATS TLS] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
                       [--dashboard-listen ADDR --dashboard-token-file FILE [dashboard options]]
-       fleet-operator buckets [--check] [--nats-url URL] [--kv-replicas N] [NATS TLS]
+       fleet-operator buckets [--check] [--nats-url URL] [--kv-replicas N] [--fleet-size N] [NATS TLS]
        fleet-operator --help | --version
 
 Commands:
@@ -27,6 +27,10 @@ Options:
   --kv-replicas N         copies of each bucket created, on as many servers of a NATS cluster (1-5; default
                           $FLEET_KV_REPLICAS, else 1; 3 for a 3-node cluster: docs/kv-layout.md). The operator
                           leaves buckets that exist as they are; `buckets` scales them to N
+  --fleet-size N          the number of devices each bucket's byte limit is made for (1-10000000; default
+                          $FLEET_SIZE, else 10000; docs/kv-layout.md). Applied to buckets that exist too; a limit
+                          below what a bucket holds is refused, never set. JetStream reserves the limits on its
+                          store: about 0.3 MB per device (3 GB at 10000); give every replica the same N
   --nats-ca-file FILE     NATS TLS: PEM CA(s) the server's certificate must chain to (replaces the system
                           roots; default $FLEET_NATS_CA_FILE). Any NATS TLS file makes TLS required.
   --nats-cert-file FILE   NATS TLS: client certificate for a server that verifies clients (mTLS;
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
     let mut nats_cert = env_path("FLEET_NATS_CERT_FILE");
     let mut nats_key = env_path("FLEET_NATS_KEY_FILE");
     let mut replicas = std::env::var("FLEET_KV_REPLICAS").ok();
+    let mut fleet_size = std::env::var("FLEET_SIZE").ok();
     let mut args = std::env::args().skip(1).peekable();
     let buckets = args.next_if(|a| a == "buckets").is_some();
     let mut check = false;
@@ -97,6 +102,13 @@ fn main() -> ExitCode {
                 Some(n) => replicas = Some(n),
                 None => {
                     eprintln!("--kv-replicas needs a number; see --help");
+                    return ExitCode::from(2);
+                }
+            },
+            "--fleet-size" => match args.next() {
+                Some(n) => fleet_size = Some(n),
+                None => {
+                    eprintln!("--fleet-size needs a number; see --help");
                     return ExitCode::from(2);
                 }
             },
@@ -183,6 +195,17 @@ fn main() -> ExitCode {
             .parse::<usize>()
             .map_err(|_| format!("--kv-replicas {n:?} is not a number"))
             .and_then(fleet_operator::kv::set_replicas);
+        if let Err(e) = set {
+            eprintln!("{e}; see --help");
+            return ExitCode::from(2);
+        }
+    }
+    if let Some(n) = fleet_size {
+        let set = n
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("--fleet-size {n:?} is not a number"))
+            .and_then(fleet_operator::kv::set_fleet_size);
         if let Err(e) = set {
             eprintln!("{e}; see --help");
             return ExitCode::from(2);
@@ -447,6 +470,10 @@ async fn buckets_command(nats_url: &str, check: bool) -> ExitCode {
             for (name, from, to) in scaled {
                 println!("{name:<28} scaled from {from} to {to} replicas");
             }
+            println!(
+                "byte limits made for {} devices (--fleet-size; docs/kv-layout.md)",
+                kv::fleet_size()
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {

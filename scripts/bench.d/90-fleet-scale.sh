@@ -6,7 +6,8 @@
 # applied as they are at every N (meeting them at a smaller N does not show them met at 100,000).
 # Usage: 90-fleet-scale.sh [N...] (default $FLEET_SCALE_DEVICES, else 1000); `scripts/bench fleet-scale 1000 10000`.
 # Settings: FLEET_SCALE_STEADY_SECS (180), FLEET_SCALE_SETTLE_SECS (30), FLEET_SCALE_CONNECTIONS (8),
-# FLEET_SCALE_FAIL_FRACTION (0.01), FLEET_SCALE_HEARTBEAT_SECS (30), FLEET_SCALE_TIMEOUT_SECS (900 per phase).
+# FLEET_SCALE_FAIL_FRACTION (0.01), FLEET_SCALE_HEARTBEAT_SECS (30), FLEET_SCALE_TIMEOUT_SECS (900 per phase),
+# FLEET_SCALE_SILENT_AFTER_SECS (90: the operator's --alert-silent-after, for the one device that falls silent).
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
@@ -40,6 +41,8 @@ for n in "${sizes[@]}"; do
   echo "| operator RSS, steady max (MiB; unscaled) | ${v:-none} | $(goal "N=$n operator RSS MiB" "$v" "<=" 1024 "1 GiB") |"
   v=$(val heartbeat_age_p99_secs)
   echo "| heartbeat liveness as the dashboard and alerts read it: age p99, worst sample (s) | ${v:-none} | $(goal "N=$n heartbeat liveness (s)" "$v" "<=" "$live" "2 × $hb s") |"
+  v=$(val silent_detection_secs)
+  echo "| silent device: DeviceSilent event after the threshold (s; alerts are evaluated every 15 s) | ${v:-none} | $(goal "N=$n silent-device detection (s)" "$v" "<=" 30 "2 × 15 s") |"
   v=$(val onboarding_secs)
   echo "| onboarding: all N Device objects (s) | ${v:-none} | $(goal "N=$n onboarding (s)" "$v" "<=" 600 "10 min") |"
   v=$(val fleetdeployment_secs)
