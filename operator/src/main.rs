@@ -98,20 +98,16 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             },
-            "--kv-replicas" => match args.next() {
-                Some(n) => replicas = Some(n),
-                None => {
-                    eprintln!("--kv-replicas needs a number; see --help");
+            flag @ ("--kv-replicas" | "--fleet-size") => {
+                let Some(n) = args.next() else {
+                    eprintln!("{flag} needs a number; see --help");
                     return ExitCode::from(2);
+                };
+                match flag {
+                    "--kv-replicas" => replicas = Some(n),
+                    _ => fleet_size = Some(n),
                 }
-            },
-            "--fleet-size" => match args.next() {
-                Some(n) => fleet_size = Some(n),
-                None => {
-                    eprintln!("--fleet-size needs a number; see --help");
-                    return ExitCode::from(2);
-                }
-            },
+            }
             flag @ ("--nats-ca-file" | "--nats-cert-file" | "--nats-key-file") => {
                 let Some(v) = args.next() else {
                     eprintln!("{flag} needs a file; see --help");
@@ -189,27 +185,13 @@ fn main() -> ExitCode {
         eprintln!("{e}; see --help");
         return ExitCode::from(2);
     }
-    if let Some(n) = replicas {
-        let set = n
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| format!("--kv-replicas {n:?} is not a number"))
-            .and_then(fleet_operator::kv::set_replicas);
-        if let Err(e) = set {
-            eprintln!("{e}; see --help");
-            return ExitCode::from(2);
-        }
-    }
-    if let Some(n) = fleet_size {
-        let set = n
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| format!("--fleet-size {n:?} is not a number"))
-            .and_then(fleet_operator::kv::set_fleet_size);
-        if let Err(e) = set {
-            eprintln!("{e}; see --help");
-            return ExitCode::from(2);
-        }
+    let set = [
+        replicas.map(|n| set_number("--kv-replicas", &n, fleet_operator::kv::set_replicas)),
+        fleet_size.map(|n| set_number("--fleet-size", &n, fleet_operator::kv::set_fleet_size)),
+    ];
+    if let Some(Err(e)) = set.into_iter().flatten().find(Result::is_err) {
+        eprintln!("{e}; see --help");
+        return ExitCode::from(2);
     }
     // The buckets command prints its own result; the NATS client's connection chatter stays out of it.
     let level = if buckets { "warn" } else { "info" };
@@ -424,6 +406,18 @@ impl DashboardArgs {
             instance: std::env::var("POD_NAME").ok(),
         })
     }
+}
+
+/// Parses the value `n` of the number flag `flag` and hands it to `set` (which checks its range).
+fn set_number<T: std::str::FromStr>(
+    flag: &str,
+    n: &str,
+    set: impl FnOnce(T) -> Result<(), String>,
+) -> Result<(), String> {
+    n.trim()
+        .parse::<T>()
+        .map_err(|_| format!("{flag} {n:?} is not a number"))
+        .and_then(set)
 }
 
 /// `fleet-operator buckets`: the buckets of the KV layout, each `exists`, `created` or `missing`, without
