@@ -443,7 +443,8 @@ fn a_lost_device_info_is_written_again_within_a_heartbeat() {
     let tokens = tempfile::tempdir().expect("tmp");
     let token = tokens.path().join("b.token");
     write_token(&token, &f.token("dev-b"));
-    let agent = AgentProc::start("dev-b", &f.stack.nats.url(), &token, None);
+    // A resync far longer than the test: only the heartbeat's check (every second here) can write it again.
+    let agent = AgentProc::start_with_resync("dev-b", &f.stack.nats.url(), &token, None, 3600);
     let info = f.kv(kv::DEVICE_INFO);
     let present = || {
         info.entry("dev-b")

@@ -133,9 +133,6 @@ impl Agent {
                     Err(e) => log::warn!("re-reading the desired state: {e}; keeping the last one"),
                 }
                 self.reconcile_now(true);
-                if !self.stopping() {
-                    self.republish_if_lost();
-                }
                 // An intent deferred while a request was in flight, or missed by a lost watch, is read again.
                 if self.relay.idle() && !self.stopping() {
                     if let Ok(c) = self.kv.get(kv::AGENT_UPGRADE_INTENT, &self.key) {
@@ -160,6 +157,9 @@ impl Agent {
             if now >= next_beat && !self.stopping() {
                 next_beat = now + self.cfg.heartbeat_interval;
                 self.heartbeat();
+                if !self.stopping() {
+                    self.republish_if_lost();
+                }
             }
         }
     }
@@ -191,7 +191,7 @@ impl Agent {
 
     /// Writes device info and the mirrored upgrade status again when NATS no longer has them (an operator's
     /// mistake, a bucket restored from a backup): both are otherwise written only at start-up and on change.
-    /// Checked at each resync (not each heartbeat: its reads are the idle loop's main cost in wake-ups).
+    /// Checked with each heartbeat (in its wake-up), so that a lost key is back within one heartbeat interval.
     fn republish_if_lost(&mut self) {
         let absent = |bucket: &str| matches!(self.kv.get(bucket, &self.key), Ok(c) if c.value == crate::nats_kv::Value::Absent);
         if absent(kv::DEVICE_INFO) {
