@@ -509,6 +509,28 @@ mod tests {
         assert!(e.to_string().contains("credentials"), "{e}");
     }
 
+    /// The package's example, copied verbatim, is the documented set-up: TLS with the private CA, the device's
+    /// token from fleet-token (docs/packages.md, docs/auth.md).
+    #[test]
+    fn the_packaged_example_is_the_documented_tls_setup() {
+        let text = include_str!("../../scripts/debian/harmony-fleet-device/examples/agent.toml");
+        let c = Config::parse(text).expect("the example parses");
+        assert!(c.ignored_keys.is_empty(), "{:?}", c.ignored_keys);
+        assert!(
+            c.nats.urls.iter().all(|u| u.starts_with("tls://")),
+            "{:?}",
+            c.nats.urls
+        );
+        assert_eq!(
+            c.nats.auth,
+            NatsAuth::TokenFile(PathBuf::from("/etc/harmony-fleet/nats-token"))
+        );
+        assert_eq!(
+            c.nats.tls.ca_file.as_deref(),
+            Some(Path::new("/etc/harmony-fleet/nats-ca.pem"))
+        );
+    }
+
     #[test]
     fn token_file_and_inbox() {
         let c = Config::parse(&format!(
