@@ -1,5 +1,5 @@
-//! Kubernetes object caches for the controllers: a reflector store per kind, filtered by the operator's label
-//! selector, whose watch wakes the controller on every change.
+//! Kubernetes object caches for the controllers: one reflector store per kind for the whole operator, filtered by
+//! the operator's label selector, whose watch wakes every controller that reads it on every change.
 //!
 //! Objects are watched raw and decoded here, so that the fields a fleet kind's schema does not know (the CRDs keep
 //! them for the admission webhook to refuse, see [`crate::schema`]) stay visible after the typed decode drops them:
@@ -7,17 +7,38 @@
 //! the operator never writes it), and every controller refuses to act on such an object even when no webhook
 //! refused it (the webhook missing, bypassed or failing open).
 
+use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
+use crate::tasks::crd::{TaskRun, TaskSchedule};
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
-/// A cache of every `K` (in all namespaces) matching `selector`, kept by a spawned watch that wakes `notify` on
-/// every event; watch errors are logged and retried with backoff.
-pub fn cache<K>(client: &Client, selector: &Option<String>, notify: &Arc<Notify>) -> Store<K>
+/// One watch and one cache of every `K` (in all namespaces) matching the operator's label selector, shared by
+/// every controller of the process ([`Caches`]): each controller [`Shared::subscribe`]s with its own `Notify`,
+/// woken on every event. Watch errors are logged and retried with backoff.
+pub struct Shared<K: kube::Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    wakers: Arc<Mutex<Vec<Arc<Notify>>>>,
+    /// True once the first list is in the store. Kept here because the store's own `wait_until_ready` wakes
+    /// only the last of several tasks waiting at once (one oneshot waker), and every controller waits.
+    ready: tokio::sync::watch::Receiver<bool>,
+}
+
+impl<K: kube::Resource<DynamicType = ()> + 'static> Clone for Shared<K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            wakers: self.wakers.clone(),
+            ready: self.ready.clone(),
+        }
+    }
+}
+
+impl<K> Shared<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -27,45 +48,110 @@ where
         + Sync
         + 'static,
 {
-    let (reader, mut writer) = reflector::store::<K>();
-    let mut config = watcher::Config::default();
-    if let Some(sel) = selector {
-        config = config.labels(sel);
-    }
-    let api = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K>(&()));
-    let stream = watcher(api, config).default_backoff();
-    let notify = notify.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        // An object that does not decode during a (re)list keeps that list from replacing the cache: a missing
-        // object must never look deleted (a deleted deployment's workloads are removed).
-        let mut undecodable = false;
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(ev) => match typed::<K>(ev) {
-                    Ok(watcher::Event::InitDone) if undecodable => {
-                        log::error!(
-                            "list of {}: an object did not decode; the cache keeps what it had",
-                            K::kind(&())
-                        );
-                    }
-                    Ok(ev) => {
-                        if matches!(ev, watcher::Event::Init) {
-                            undecodable = false;
-                        }
-                        writer.apply_watcher_event(&ev);
-                    }
-                    Err((init, e)) => {
-                        undecodable |= init;
-                        log::error!("watch of {}: {e}", K::kind(&()));
-                    }
-                },
-                Err(e) => log::warn!("watch of {}: {e}", K::kind(&())),
-            }
-            notify.notify_one();
+    /// Starts the watch of `K` objects matching `selector`.
+    pub fn watch(client: &Client, selector: &Option<String>) -> Self {
+        let (reader, mut writer) = reflector::store::<K>();
+        let mut config = watcher::Config::default();
+        if let Some(sel) = selector {
+            config = config.labels(sel);
         }
-    });
-    reader
+        let api = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K>(&()));
+        let stream = watcher(api, config).default_backoff();
+        let wakers: Arc<Mutex<Vec<Arc<Notify>>>> = Arc::default();
+        let wake = wakers.clone();
+        let (ready_tx, ready) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            // An object that does not decode during a (re)list keeps that list from replacing the cache: a missing
+            // object must never look deleted (a deleted deployment's workloads are removed).
+            let mut undecodable = false;
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(ev) => match typed::<K>(ev) {
+                        Ok(watcher::Event::InitDone) if undecodable => {
+                            log::error!(
+                                "list of {}: an object did not decode; the cache keeps what it had",
+                                K::kind(&())
+                            );
+                        }
+                        Ok(ev) => {
+                            if matches!(ev, watcher::Event::Init) {
+                                undecodable = false;
+                            }
+                            writer.apply_watcher_event(&ev);
+                            if matches!(ev, watcher::Event::InitDone) {
+                                ready_tx.send_replace(true);
+                            }
+                        }
+                        Err((init, e)) => {
+                            undecodable |= init;
+                            log::error!("watch of {}: {e}", K::kind(&()));
+                        }
+                    },
+                    Err(e) => log::warn!("watch of {}: {e}", K::kind(&())),
+                }
+                for n in wake.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    n.notify_one();
+                }
+            }
+        });
+        Self {
+            store: reader,
+            wakers,
+            ready,
+        }
+    }
+
+    /// Waits until the first list is in the cache (never a partial view); any number of tasks may wait at once.
+    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        if self.ready.clone().wait_for(|r| *r).await.is_ok() {
+            return Ok(());
+        }
+        // The watch ended before its first list: the store reports its writer dropped.
+        self.store.wait_until_ready().await
+    }
+
+    /// The cache, with `notify` woken on every event from now on.
+    pub fn subscribe(&self, notify: &Arc<Notify>) -> Store<K> {
+        self.wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(notify.clone());
+        self.store.clone()
+    }
+}
+
+/// The operator's caches, one per kind, made once by `main` and shared by the deployments controller, the task
+/// controllers and the dashboard (so the API server serves one watch per kind, and each object is decoded and held
+/// once).
+#[derive(Clone)]
+pub struct Caches {
+    /// Devices.
+    pub devices: Shared<Device>,
+    /// DeviceGroups.
+    pub groups: Shared<DeviceGroup>,
+    /// FleetDeployments.
+    pub deployments: Shared<FleetDeployment>,
+    /// AgentReleases.
+    pub releases: Shared<AgentRelease>,
+    /// TaskRuns.
+    pub runs: Shared<TaskRun>,
+    /// TaskSchedules.
+    pub schedules: Shared<TaskSchedule>,
+}
+
+impl Caches {
+    /// Starts one watch per kind, filtered by `selector` (the operator's `FLEET_LABEL_SELECTOR`).
+    pub fn watch(client: &Client, selector: &Option<String>) -> Self {
+        Self {
+            devices: Shared::watch(client, selector),
+            groups: Shared::watch(client, selector),
+            deployments: Shared::watch(client, selector),
+            releases: Shared::watch(client, selector),
+            runs: Shared::watch(client, selector),
+            schedules: Shared::watch(client, selector),
+        }
+    }
 }
 
 /// The typed event of a raw one, with unknown fields marked (see the module docs). `Err` carries whether the

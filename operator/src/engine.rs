@@ -8,7 +8,7 @@
 //! that re-reads and re-decides on conflict (see `kv::cas_write`), so two replicas that decide the same thing
 //! write it once, and Kubernetes status writes are idempotent merge patches.
 
-use crate::cache::cache;
+use crate::cache::Caches;
 use crate::conditions;
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use crate::device_writes::DeviceWrites;
@@ -190,27 +190,36 @@ pub async fn run(
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let watch = HeartbeatWatch::default();
-    run_with(client, opts, heartbeat_mirror(watch.clone()), watch).await
+    let caches = Caches::watch(&client, &opts.label_selector);
+    run_with(
+        client,
+        opts,
+        &caches,
+        heartbeat_mirror(watch.clone()),
+        watch,
+    )
+    .await
 }
 
-/// [`run`] with the heartbeat mirror made by the caller (who shares it: the dashboard reads liveness from it)
-/// from `watch`.
+/// [`run`] with the operator's shared caches and the heartbeat mirror made by the caller (who shares it: the
+/// dashboard reads liveness from it) from `watch`.
 pub async fn run_with(
     client: Client,
     opts: Options,
+    caches: &Caches,
     heartbeats: Arc<Mirror<Heartbeat>>,
     watch: HeartbeatWatch,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let notify = Arc::new(Notify::new());
-    let devices = cache::<Device>(&client, &opts.label_selector, &notify);
-    let groups = cache::<DeviceGroup>(&client, &opts.label_selector, &notify);
-    let deployments = cache::<FleetDeployment>(&client, &opts.label_selector, &notify);
-    let releases = cache::<AgentRelease>(&client, &opts.label_selector, &notify);
+    let devices = caches.devices.subscribe(&notify);
+    let groups = caches.groups.subscribe(&notify);
+    let deployments = caches.deployments.subscribe(&notify);
+    let releases = caches.releases.subscribe(&notify);
     // Never place from a partial view: a missing deployment would look like "remove its workloads".
-    devices.wait_until_ready().await?;
-    groups.wait_until_ready().await?;
-    deployments.wait_until_ready().await?;
-    releases.wait_until_ready().await?;
+    caches.devices.ready().await?;
+    caches.groups.ready().await?;
+    caches.deployments.ready().await?;
+    caches.releases.ready().await?;
     // The URL may carry the operator's own NATS password: log it without.
     log::info!(
         "caches synced; NATS at {}",
@@ -486,7 +495,8 @@ impl Engine {
     /// Everything a pass decides from, read from the caches and mirrors (in memory, no I/O).
     fn snapshot(&self) -> Snapshot {
         Snapshot {
-            devices: self.devices.state(),
+            // What the writer wrote and the watch does not show yet: never decided (and written) twice.
+            devices: self.device_writes.overlay(self.devices.state()),
             groups: self.groups.state(),
             deployments: self.deployments.state(),
             releases: self.releases.state(),
@@ -502,6 +512,7 @@ impl Engine {
 
     /// One level-triggered pass: decide ([`plan::plan`], pure), then carry the plan out.
     async fn pass(&self, link: Option<&Link>, nats_error: Option<String>) {
+        let started = std::time::Instant::now();
         let snapshot = self.snapshot();
         let mut plan = plan::plan(
             &snapshot,
@@ -514,6 +525,7 @@ impl Engine {
             .write()
             .unwrap_or_else(|p| p.into_inner()) = watch.iter().map(|d| d.to_string()).collect();
         self.apply(plan, link, nats_error).await;
+        crate::metrics::pass(started.elapsed());
     }
 
     /// Carries out a plan: the NATS writes (compare-and-set), then statuses, events and Devices, whose

@@ -278,9 +278,15 @@ fn main() -> ExitCode {
         // One heartbeat mirror: the control loop keeps it, the dashboard and its alerts read liveness from it.
         let watch = fleet_operator::engine::HeartbeatWatch::default();
         let heartbeats = fleet_operator::engine::heartbeat_mirror(watch.clone());
+        // One watch and one cache per kind, shared by every controller and the dashboard.
+        let caches = fleet_operator::cache::Caches::watch(&client, &opts.label_selector);
         let dashboard_client = client.clone();
-        let dashboard =
-            fleet_operator::dashboard::run(dashboard_client, dashboard, heartbeats.clone());
+        let dashboard = fleet_operator::dashboard::run(
+            dashboard_client,
+            dashboard,
+            &caches,
+            heartbeats.clone(),
+        );
         tokio::select! {
             r = dashboard => {
                 if let Err(e) = r {
@@ -288,19 +294,19 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::engine::run_with(client.clone(), opts, heartbeats, watch) => {
+            r = fleet_operator::engine::run_with(client.clone(), opts, &caches, heartbeats, watch) => {
                 if let Err(e) = r {
                     log::error!("{e}");
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::tasks::scheduler::run(client.clone(), schedule_opts) => {
+            r = fleet_operator::tasks::scheduler::run_with(client.clone(), schedule_opts, &caches) => {
                 if let Err(e) = r {
                     log::error!("task schedules: {e}");
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::tasks::controller::run(client, task_opts) => {
+            r = fleet_operator::tasks::controller::run_with(client, task_opts, &caches) => {
                 if let Err(e) = r {
                     log::error!("task runs: {e}");
                 }

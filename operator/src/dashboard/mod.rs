@@ -18,9 +18,7 @@ pub mod runs;
 pub mod server;
 pub mod state;
 
-use crate::cache::cache;
-use crate::crd::{Device, DeviceGroup};
-use crate::tasks::crd::TaskRun;
+use crate::cache::Caches;
 use alerts::{DeviceFacts, RunFacts, Thresholds};
 use fleet_wire::Timestamp;
 use kube::Client;
@@ -67,6 +65,7 @@ pub struct Options {
 pub async fn run(
     client: Client,
     opts: Options,
+    caches: &Caches,
     heartbeats: Arc<crate::kv::Mirror<fleet_wire::Heartbeat>>,
 ) -> Result<(), String> {
     let listener = match &opts.serve {
@@ -79,16 +78,24 @@ pub async fn run(
     };
     let notify = Arc::new(Notify::new());
     let state = Arc::new(State {
-        devices: cache::<Device>(&client, &opts.label_selector, &notify),
-        groups: cache::<DeviceGroup>(&client, &opts.label_selector, &notify),
-        runs: cache::<TaskRun>(&client, &opts.label_selector, &notify),
+        devices: caches.devices.subscribe(&notify),
+        groups: caches.groups.subscribe(&notify),
+        runs: caches.runs.subscribe(&notify),
         heartbeats,
         nats: RwLock::new(None),
         fleetlock: RwLock::new(None),
         alerts: RwLock::new(Vec::new()),
         thresholds: opts.thresholds,
     });
-    tokio::spawn(watch_alerts(client, state.clone(), opts.clone(), notify));
+    let (devices, runs) = (caches.devices.clone(), caches.runs.clone());
+    let ready = async move { devices.ready().await.is_ok() && runs.ready().await.is_ok() };
+    tokio::spawn(watch_alerts(
+        client,
+        state.clone(),
+        opts.clone(),
+        notify,
+        ready,
+    ));
     match (listener, opts.serve) {
         (Some(listener), Some(serve)) => {
             log::info!("dashboard on http://{}/", serve.listen);
@@ -124,12 +131,22 @@ async fn connect_nats(state: Arc<State>, url: String) {
 /// On every change of a watched object (at most once per [`ALERT_DEBOUNCE`]) and every [`ALERT_INTERVAL`]:
 /// evaluates the alerts and publishes an event for each new one; reads the FleetLock status every
 /// [`ALERT_INTERVAL`].
-async fn watch_alerts(client: Client, state: Arc<State>, opts: Options, notify: Arc<Notify>) {
+async fn watch_alerts(
+    client: Client,
+    state: Arc<State>,
+    opts: Options,
+    notify: Arc<Notify>,
+    ready: impl std::future::Future<Output = bool>,
+) {
     let recorder = crate::report::recorder(client.clone(), opts.instance.clone());
     // Alerts are evaluated only once the caches hold the whole fleet: a partial view would miss alerts now and
     // raise them again (a second event) a moment later.
-    let _ = state.devices.wait_until_ready().await;
-    let _ = state.runs.wait_until_ready().await;
+    if !ready.await {
+        log::error!(
+            "dashboard: the Device or TaskRun watch ended before its first list; no alerts"
+        );
+        return;
+    }
     let mut fetched: Option<tokio::time::Instant> = None;
     loop {
         let due = fetched.is_none_or(|t| t.elapsed() >= ALERT_INTERVAL);

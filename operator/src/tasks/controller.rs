@@ -16,7 +16,7 @@ use super::stall;
 use super::status::{self as run_status, StallReport};
 use super::store;
 use super::view::RunView;
-use crate::cache::cache;
+use crate::cache::Caches;
 use crate::conditions;
 use crate::crd::{Device, DeviceGroup, Stalled};
 use crate::kv::{self, Mirror, NatsError};
@@ -132,14 +132,24 @@ pub async fn run(
     client: Client,
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+    let caches = Caches::watch(&client, &opts.label_selector);
+    run_with(client, opts, &caches).await
+}
+
+/// [`run`] with the operator's shared caches.
+pub async fn run_with(
+    client: Client,
+    opts: Options,
+    caches: &Caches,
+) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let notify = Arc::new(Notify::new());
-    let runs = cache::<TaskRun>(&client, &opts.label_selector, &notify);
-    let devices = cache::<Device>(&client, &opts.label_selector, &notify);
-    let groups = cache::<DeviceGroup>(&client, &opts.label_selector, &notify);
+    let runs = caches.runs.subscribe(&notify);
+    let devices = caches.devices.subscribe(&notify);
+    let groups = caches.groups.subscribe(&notify);
     // Never plan from a partial view: a missing group or device would shrink the frozen plan.
-    runs.wait_until_ready().await?;
-    devices.wait_until_ready().await?;
-    groups.wait_until_ready().await?;
+    caches.runs.ready().await?;
+    caches.devices.ready().await?;
+    caches.groups.ready().await?;
     // The URL may carry the operator's own NATS password: log it without.
     log::info!(
         "task runs: caches synced; NATS at {}",

@@ -7,7 +7,7 @@
 
 use super::crd::{created_at, TaskRun, TaskSchedule, TaskScheduleStatus};
 use super::schedule::{self, Decision, Schedule};
-use crate::cache::cache;
+use crate::cache::Caches;
 use crate::conditions::{self, Want};
 use crate::report;
 use fleet_wire::{TaskRunPhase, Timestamp};
@@ -59,12 +59,22 @@ pub async fn run(
     client: Client,
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+    let caches = Caches::watch(&client, &opts.label_selector);
+    run_with(client, opts, &caches).await
+}
+
+/// [`run`] with the operator's shared caches.
+pub async fn run_with(
+    client: Client,
+    opts: Options,
+    caches: &Caches,
+) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let notify = Arc::new(Notify::new());
-    let schedules = cache::<TaskSchedule>(&client, &opts.label_selector, &notify);
-    let runs = cache::<TaskRun>(&client, &opts.label_selector, &notify);
-    schedules.wait_until_ready().await?;
+    let schedules = caches.schedules.subscribe(&notify);
+    let runs = caches.runs.subscribe(&notify);
+    caches.schedules.ready().await?;
     // Never decide "no active run" from a partial view.
-    runs.wait_until_ready().await?;
+    caches.runs.ready().await?;
     log::info!("task schedules: caches synced");
     let recorder = report::recorder(client.clone(), opts.instance.clone());
     loop {
