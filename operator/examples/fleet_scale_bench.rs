@@ -109,6 +109,13 @@ fn apiserver_writes(url: &str, ca: &Path, header_file: &Path) -> BTreeMap<(Strin
         } else {
             format!("{res}/{sub}")
         };
+        // A write the API server refused is counted apart, with its code.
+        let code = label("code");
+        let res = if code.starts_with('2') {
+            res
+        } else {
+            format!("{res}, answered {code}")
+        };
         *m.entry((verb, res)).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
     }
     m
@@ -127,6 +134,66 @@ fn dashboard_heartbeat_age_p99(addr: &str, token: &str) -> Option<u64> {
         let v = l.strip_prefix("fleet_device_heartbeat_age_seconds{quantile=\"0.99\"} ")?;
         v.trim().parse::<u64>().ok()
     })
+}
+
+/// Every sample of the operator's `/metrics` (series with its labels → value).
+fn operator_metrics(addr: &str, token: &str) -> BTreeMap<String, f64> {
+    let Ok(out) = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "10", "-H"])
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg(format!("http://{addr}/metrics"))
+        .output()
+    else {
+        return BTreeMap::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), v.trim().parse::<f64>().ok()?))
+        })
+        .collect()
+}
+
+/// Rows for what the operator did between two `/metrics` samples: Device writes by kind with their mean API
+/// server latency, and passes with their mean duration.
+fn operator_work(
+    out: &mut Out,
+    when: &str,
+    m0: &BTreeMap<String, f64>,
+    m1: &BTreeMap<String, f64>,
+    secs: f64,
+) {
+    let delta = |k: &str| m1.get(k).copied().unwrap_or(0.0) - m0.get(k).copied().unwrap_or(0.0);
+    let mut parts = vec![];
+    for kind in ["create", "status"] {
+        let base = "fleet_operator_device_write_duration_seconds";
+        let (n, sum) = (
+            delta(&format!("{base}_count{{kind=\"{kind}\"}}")),
+            delta(&format!("{base}_sum{{kind=\"{kind}\"}}")),
+        );
+        let mean = if n > 0.0 { sum / n * 1000.0 } else { 0.0 };
+        parts.push(format!(
+            "{n:.0} {kind} ({:.1}/s, mean {mean:.0} ms)",
+            n / secs
+        ));
+    }
+    let (n, sum) = (
+        delta("fleet_operator_pass_duration_seconds_count"),
+        delta("fleet_operator_pass_duration_seconds_sum"),
+    );
+    let mean = if n > 0.0 { sum / n * 1000.0 } else { 0.0 };
+    out.row(
+        format!("operator, {when}: Device writes; passes"),
+        format!(
+            "{}; {:.0} waiting at the end; {n:.0} passes (mean {mean:.0} ms)",
+            parts.join(", "),
+            m1.get("fleet_operator_device_writes_waiting")
+                .copied()
+                .unwrap_or(0.0)
+        ),
+    );
 }
 
 fn quantile(v: &mut [u64], q: f64) -> Option<u64> {
@@ -406,6 +473,7 @@ fn main() {
             });
         }
         let t0 = Instant::now();
+        let metrics_start = operator_metrics(&dash_addr, dash_token);
         let onboard = wait_until(limit, || seen.lock().unwrap().heartbeat.len() >= n).await;
         let onboard_devices = seen.lock().unwrap().heartbeat.len();
         match onboard {
@@ -422,7 +490,33 @@ fn main() {
             format!("fleet-sim start → all {n} empty desired states written"),
             initial.map_or("timeout".into(), |_| format!("{:.1} s", t0.elapsed().as_secs_f64())),
         );
+        // Onboarding is over when every Device has its first status and the operator's writer has nothing left
+        // waiting: the steady window measures steady state, not the tail of onboarding.
+        let statused = wait_until(limit, || {
+            let s = seen.lock().unwrap();
+            s.heartbeat.len() >= n && s.heartbeat.values().all(Option::is_some)
+        })
+        .await;
+        let mut drained = statused.is_some();
+        while drained && operator_metrics(&dash_addr, dash_token).get("fleet_operator_device_writes_waiting").copied().unwrap_or(1.0) > 0.0 {
+            if t0.elapsed() >= limit {
+                drained = false;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let done = t0.elapsed().as_secs_f64();
+        out.row(
+            "fleet-sim start → every Device with its first status and no Device write waiting",
+            if drained { format!("{done:.1} s") } else { format!("not done in {} s", limit.as_secs()) },
+        );
+        out.result("onboarding_status_secs", if drained { format!("{done:.1}") } else { "timeout".into() });
+        if !drained {
+            return false;
+        }
         tokio::time::sleep(settle).await;
+        let metrics_steady = operator_metrics(&dash_addr, dash_token);
+        operator_work(&mut out, "fleet-sim start → end of settling", &metrics_start, &metrics_steady, t0.elapsed().as_secs_f64());
 
         // Steady state: heartbeats and workload statuses only.
         let tick = clock_ticks();
@@ -465,6 +559,7 @@ fn main() {
         let writes1 = apiserver_writes(&api.url(), api.ca_file(), &header_file);
         let (db1, dir1) = (dir_bytes(&etcd_dir.join("member/snap/db")), dir_bytes(&etcd_dir));
         out.row("steady window", format!("{window:.0} s, after {} s settling", settle.as_secs()));
+        operator_work(&mut out, "steady window", &metrics_steady, &operator_metrics(&dash_addr, dash_token), window);
         for (i, (name, p)) in procs.iter().enumerate() {
             let cpu = (cpu_ticks(*p).saturating_sub(cpu0[i])) as f64 / tick / window * 100.0;
             out.row(format!("{name}: CPU (% of one core) / max RSS"), format!("{cpu:.1} % / {:.0} MiB", rss_max[i]));
@@ -484,7 +579,7 @@ fn main() {
         }
         out.row("apiserver writes/s (POST, PUT, PATCH, DELETE, APPLY), total", format!("{total:.1}"));
         out.result("apiserver_writes_per_sec", format!("{total:.1}"));
-        for (what, r) in by.iter().take(6) {
+        for (what, r) in by.iter().take(8) {
             out.row(format!("  {what}"), format!("{r:.2}/s"));
         }
         out.row(
@@ -606,13 +701,17 @@ fn main() {
             .collect();
         std::fs::write(f, text).expect("results file");
     }
+    // The operator's warnings (it runs with RUST_LOG=warn): how many, and the last lines, on stderr.
+    let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+    eprintln!(
+        "fleet-operator log: {} lines; the last ones:",
+        log.lines().count()
+    );
+    for l in tail.iter().rev() {
+        eprintln!("  {}", l.chars().take(400).collect::<String>());
+    }
     if !ok {
-        let log = std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        eprintln!("fleet-operator log (last lines):");
-        for l in tail.iter().rev() {
-            eprintln!("  {l}");
-        }
         std::process::exit(1);
     }
 }

@@ -4,19 +4,30 @@
 //! Latest wins: a status queued for a device replaces the one still waiting for it (a pass that runs while the
 //! writer is behind decides the same status again, which then costs nothing). At most [`CONCURRENCY`] writes are
 //! in flight; a failed write is not retried here, because the next pass decides it again from the cache.
+//!
+//! Written, not yet seen: the watch shows a write a moment after the API server took it (seconds under load),
+//! and a pass in between would decide the same change again from the stale cache and write it twice. So the
+//! writer remembers each status it wrote with the resourceVersion the API server gave it, and the pass decides
+//! from that status ([`DeviceWrites::overlay`]) until the cache holds the object at that version or later; a
+//! Device it created is not created again for [`CREATE_ECHO`].
 
+use crate::crd::Device;
 use crate::crd::DeviceStatus;
 use crate::report;
 use futures::StreamExt;
 use kube::Client;
-use std::collections::BTreeMap;
+use kube::ResourceExt;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// Device writes in flight at once.
 pub const CONCURRENCY: usize = 16;
 /// Writes taken per round: a round's errors are logged once.
 const ROUND: usize = 512;
+/// A Device this writer created is not created again for this long (its watch event is due long before).
+pub const CREATE_ECHO: Duration = Duration::from_secs(30);
 
 /// What waits to be written.
 #[derive(Default)]
@@ -38,17 +49,73 @@ struct Round {
 pub struct DeviceWrites {
     pending: Mutex<Pending>,
     wake: Notify,
+    /// Statuses written, with the resourceVersion of the object written, until the cache shows that version.
+    written: Mutex<HashMap<String, (DeviceStatus, u64)>>,
+    /// Devices created, and when.
+    created: Mutex<HashMap<String, Instant>>,
+    /// Statuses being written now (taken from `pending`, not yet answered).
+    in_flight: Mutex<HashMap<String, DeviceStatus>>,
 }
 
 impl DeviceWrites {
-    /// Queues a creation (before any status: a status of a device not yet created would fail).
+    /// Queues a creation (before any status: a status of a device not yet created would fail), unless this
+    /// writer created the Device less than [`CREATE_ECHO`] ago.
     pub fn create(&self, id: String, hold: bool) {
+        {
+            let mut created = lock(&self.created);
+            let now = Instant::now();
+            created.retain(|_, at| now.duration_since(*at) < CREATE_ECHO);
+            if created.contains_key(&id) {
+                return;
+            }
+        }
         self.lock().creates.insert(id, hold);
         self.wake.notify_one();
     }
 
-    /// Queues a status, replacing one still waiting for the same device.
+    /// `devices` as a pass decides from them: each status this writer wrote that the cached object predates (its
+    /// resourceVersion is older than the write's) in place of the cached one. Writes the cache shows, and those of
+    /// devices no longer cached, are forgotten.
+    pub fn overlay(&self, devices: Vec<Arc<Device>>) -> Vec<Arc<Device>> {
+        let mut written = lock(&self.written);
+        if written.is_empty() {
+            return devices;
+        }
+        let mut kept = HashMap::with_capacity(written.len());
+        let devices = devices
+            .into_iter()
+            .map(|d| {
+                let name = d.name_any();
+                let Some((status, rv)) = written.remove(&name) else {
+                    return d;
+                };
+                match d.resource_version().and_then(|v| v.parse::<u64>().ok()) {
+                    Some(cached) if cached < rv => {
+                        let mut newer = (*d).clone();
+                        newer.status = Some(status.clone());
+                        kept.insert(name, (status, rv));
+                        Arc::new(newer)
+                    }
+                    _ => d,
+                }
+            })
+            .collect();
+        *written = kept;
+        devices
+    }
+
+    fn record_status(&self, name: String, status: DeviceStatus, rv: Option<u64>) {
+        if let Some(rv) = rv {
+            lock(&self.written).insert(name, (status, rv));
+        }
+    }
+
+    /// Queues a status, replacing one still waiting for the same device; the status being written for it now is
+    /// not queued again.
     pub fn status(&self, name: String, status: DeviceStatus) {
+        if lock(&self.in_flight).get(&name) == Some(&status) {
+            return;
+        }
         self.lock().statuses.insert(name, status);
         self.wake.notify_one();
     }
@@ -60,7 +127,7 @@ impl DeviceWrites {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.pending)
     }
 
     /// Takes up to [`ROUND`] writes: creations first.
@@ -73,6 +140,10 @@ impl DeviceWrites {
                 None => break,
             }
         }
+        // Marked created from now (a pass while they are in flight queues none of them again); a failed one is
+        // unmarked.
+        let now = Instant::now();
+        lock(&self.created).extend(creates.iter().map(|(id, _)| (id.clone(), now)));
         let mut statuses = Vec::new();
         while creates.len() + statuses.len() < ROUND {
             match p.statuses.pop_first() {
@@ -80,6 +151,7 @@ impl DeviceWrites {
                 None => break,
             }
         }
+        lock(&self.in_flight).extend(statuses.iter().cloned());
         Round { creates, statuses }
     }
 
@@ -91,12 +163,18 @@ impl DeviceWrites {
                 self.wake.notified().await;
                 continue;
             }
-            let (client, labels) = (&client, &labels);
+            let (client, labels, this) = (&client, &labels, &self);
             let creates = futures::stream::iter(creates).map(|(id, hold)| async move {
                 if hold {
                     log::warn!("Device {id} is missing but the device runs workloads: recreating it with {}=true (its workloads are kept until a person labels it and removes the annotation)", crate::crd::HOLD_ANNOTATION);
                 }
-                report::create_device(client, &id, labels, hold).await
+                let t = Instant::now();
+                let r = report::create_device(client, &id, labels, hold).await;
+                crate::metrics::device_write("create", t.elapsed());
+                if r.is_err() {
+                    lock(&this.created).remove(&id);
+                }
+                r
             });
             let errors: Vec<kube::Error> = creates
                 .buffer_unordered(CONCURRENCY)
@@ -105,7 +183,13 @@ impl DeviceWrites {
                 .await;
             let mut errors = errors;
             let statuses = futures::stream::iter(statuses).map(|(name, s)| async move {
-                report::write_device_status(client, &name, &s).await
+                let t = Instant::now();
+                let r = report::write_device_status(client, &name, &s).await;
+                crate::metrics::device_write("status", t.elapsed());
+                // Remembered as written before it stops being in flight: a pass in between sees one of the two.
+                let r = r.map(|rv| this.record_status(name.clone(), s, rv));
+                lock(&this.in_flight).remove(&name);
+                r
             });
             errors.extend(
                 statuses
@@ -123,6 +207,10 @@ impl DeviceWrites {
             crate::metrics::device_writes_waiting(self.waiting());
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
@@ -144,6 +232,65 @@ mod tests {
         assert_eq!(creates.len(), 1);
         assert_eq!(statuses, vec![("a".into(), st("2.0.0"))]);
         assert_eq!(q.waiting(), 0);
+    }
+
+    fn device(name: &str, rv: &str, os: &str) -> Arc<Device> {
+        let mut d = Device::new(name, Default::default());
+        d.metadata.resource_version = Some(rv.into());
+        d.status = Some(DeviceStatus {
+            os: Some(os.into()),
+            ..Default::default()
+        });
+        Arc::new(d)
+    }
+
+    fn os(d: &Device) -> &str {
+        d.status
+            .as_ref()
+            .and_then(|s| s.os.as_deref())
+            .unwrap_or("")
+    }
+
+    #[test]
+    fn a_written_status_is_decided_from_until_the_cache_shows_it() {
+        let q = DeviceWrites::default();
+        let st = DeviceStatus {
+            os: Some("written".into()),
+            ..Default::default()
+        };
+        q.record_status("a".into(), st.clone(), Some(10));
+        q.record_status("gone".into(), st.clone(), Some(10));
+        // The watch has not shown the write yet: the pass sees what was written.
+        let seen = q.overlay(vec![device("a", "9", "cached"), device("b", "3", "b")]);
+        assert_eq!(os(&seen[0]), "written");
+        assert_eq!(os(&seen[1]), "b");
+        // A device no longer cached is forgotten; "a" is kept until its echo.
+        assert_eq!(lock(&q.written).len(), 1);
+        // The watch shows the write (or a later one): the cache wins and the write is forgotten.
+        let seen = q.overlay(vec![device("a", "12", "later")]);
+        assert_eq!(os(&seen[0]), "later");
+        assert!(lock(&q.written).is_empty());
+        // A resourceVersion that is not a number is never compared: the cache wins.
+        q.record_status("a".into(), st, Some(10));
+        assert_eq!(
+            os(&q.overlay(vec![device("a", "x1", "cached")])[0]),
+            "cached"
+        );
+    }
+
+    #[test]
+    fn a_device_just_created_is_not_created_again() {
+        let q = DeviceWrites::default();
+        q.create("a".into(), false);
+        assert_eq!(q.take().creates, vec![("a".to_owned(), false)]);
+        // Taken (in flight or written): a pass that decides it again queues nothing.
+        q.create("a".into(), false);
+        q.create("b".into(), false);
+        assert_eq!(q.take().creates, vec![("b".to_owned(), false)]);
+        // A failed creation is unmarked, so the next pass queues it again.
+        lock(&q.created).remove("a");
+        q.create("a".into(), false);
+        assert_eq!(q.take().creates, vec![("a".to_owned(), false)]);
     }
 
     #[test]

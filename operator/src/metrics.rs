@@ -25,6 +25,19 @@ pub struct OperatorMetrics {
     pub writes_refused: Family<RefusalLabels, Counter>,
     /// Device creations and status writes waiting for the API server ([`crate::device_writes`]).
     pub device_writes_waiting: prometheus_client::metrics::gauge::Gauge,
+    /// Seconds one Device creation or status write took at the API server, per kind (`create`, `status`).
+    pub device_write_seconds: Family<DeviceWriteLabels, Histogram>,
+    /// Seconds one pass of the deployments controller took (decide, then its NATS and status writes; Device
+    /// writes are off the pass).
+    pub pass_seconds: Histogram,
+}
+
+/// Labels of a Device write: `kind="create"` or `kind="status"`.
+pub type DeviceWriteLabels = Vec<(&'static str, &'static str)>;
+
+fn latency_buckets() -> Histogram {
+    // 0.5 ms … about 8 s
+    Histogram::new(exponential_buckets(0.0005, 2.0, 15))
 }
 
 /// Labels of refused writes: `bucket="device-info", kind="too-large"` (both from fixed sets).
@@ -44,11 +57,14 @@ pub fn global() -> &'static OperatorMetrics {
         let m = OperatorMetrics {
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
-            // 0.5 ms … about 8 s
-            nats_write_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
+            nats_write_seconds: latency_buckets(),
             rollout_halts: Family::default(),
             writes_refused: Family::default(),
             device_writes_waiting: Default::default(),
+            device_write_seconds: Family::new_with_constructor(
+                latency_buckets as fn() -> Histogram,
+            ),
+            pass_seconds: latency_buckets(),
         };
         for c in CONTROLLERS {
             let labels = vec![("controller", c)];
@@ -91,4 +107,17 @@ pub fn device_writes_waiting(n: usize) {
     global()
         .device_writes_waiting
         .set(i64::try_from(n).unwrap_or(i64::MAX));
+}
+
+/// Records one Device write of `kind` (`create` or `status`) and how long the API server took.
+pub fn device_write(kind: &'static str, took: Duration) {
+    global()
+        .device_write_seconds
+        .get_or_create(&vec![("kind", kind)])
+        .observe(took.as_secs_f64());
+}
+
+/// Records how long one deployments-controller pass took.
+pub fn pass(took: Duration) {
+    global().pass_seconds.observe(took.as_secs_f64());
 }

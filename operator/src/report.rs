@@ -210,15 +210,20 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_jso
 }
 
 /// Replaces a Device's mirrored status.
+/// Returns the resourceVersion of the object written, when the API server's is a number (etcd's revision).
 pub async fn write_device_status(
     client: &Client,
     name: &str,
     status: &DeviceStatus,
-) -> Result<(), kube::Error> {
+) -> Result<Option<u64>, kube::Error> {
     let api: Api<Device> = Api::all(client.clone());
-    api.patch_status(name, &PatchParams::default(), &replace_status(status)?)
+    let written = api
+        .patch_status(name, &PatchParams::default(), &replace_status(status)?)
         .await?;
-    Ok(())
+    Ok(written
+        .metadata
+        .resource_version
+        .and_then(|v| v.parse().ok()))
 }
 
 #[cfg(test)]

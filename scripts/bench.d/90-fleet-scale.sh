@@ -45,6 +45,8 @@ for n in "${sizes[@]}"; do
   echo "| silent device: DeviceSilent event after the threshold (s; alerts are evaluated every 15 s) | ${v:-none} | $(goal "N=$n silent-device detection (s)" "$v" "<=" 30 "2 × 15 s") |"
   v=$(val onboarding_secs)
   echo "| onboarding: all N Device objects (s) | ${v:-none} | $(goal "N=$n onboarding (s)" "$v" "<=" 600 "10 min") |"
+  v=$(val onboarding_status_secs)
+  echo "| onboarding: every Device with its first status, no Device write waiting (s) | ${v:-none} | $(goal "N=$n onboarding with statuses (s)" "$v" "<=" 600 "10 min") |"
   v=$(val fleetdeployment_secs)
   echo "| FleetDeployment → every desired-state key (s) | ${v:-none} | $(goal "N=$n FleetDeployment to all keys (s)" "$v" "<=" 60 "60 s") |"
   v=$(val agentrelease_intents_secs)

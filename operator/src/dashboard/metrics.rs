@@ -60,6 +60,17 @@ fn register_counters(registry: &mut Registry) {
          server cannot keep up; desired-state and intent writes do not wait for it)",
         m.device_writes_waiting.clone(),
     );
+    registry.register(
+        "fleet_operator_device_write_duration_seconds",
+        "Latency of one Device creation or status write at the API server, per kind (create, status)",
+        m.device_write_seconds.clone(),
+    );
+    registry.register(
+        "fleet_operator_pass_duration_seconds",
+        "Duration of one deployments-controller pass: deciding from the caches and mirrors, then its NATS writes \
+         and the status writes of groups, deployments and releases (Device writes are off the pass)",
+        m.pass_seconds.clone(),
+    );
 }
 
 /// The whole exposition.
