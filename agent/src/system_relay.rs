@@ -39,6 +39,8 @@ struct Run {
     stage: Stage,
     /// The status last acknowledged by NATS (or read from it).
     published: Option<SystemUpgradeStatus>,
+    /// Its status was written again after its key was lost ([`SystemRelay::republishable`]).
+    republished: bool,
 }
 
 impl Run {
@@ -93,6 +95,7 @@ impl SystemRelay {
             attempt: None,
             stage: Stage::WithUpdater,
             published: None,
+            republished: false,
         });
         entry.stage = Stage::WithUpdater;
         entry.attempt = None;
@@ -137,6 +140,7 @@ impl SystemRelay {
                         attempt: None,
                         stage: Stage::WithUpdater,
                         published: Some(p),
+                        republished: false,
                     },
                 );
                 self.forget_old();
@@ -176,6 +180,7 @@ impl SystemRelay {
                 attempt: Some(attempt),
                 stage: Stage::Pending,
                 published: None,
+                republished: false,
             },
         );
         self.forget_old();
@@ -285,6 +290,7 @@ impl SystemRelay {
                 attempt: None,
                 stage: Stage::WithUpdater,
                 published: Some(published),
+                republished: false,
             },
         );
         self.forget_old();
@@ -300,6 +306,7 @@ impl SystemRelay {
             attempt: None,
             stage: Stage::WithUpdater,
             published: None,
+            republished: false,
         });
         if run.stage != Stage::InFlight {
             run.stage = Stage::WithUpdater;
@@ -340,6 +347,24 @@ impl SystemRelay {
             }
         }
         out
+    }
+
+    /// The latest run's status as NATS acknowledged it, while the run is under way (not finished; its intent is
+    /// still there, so fleet-auth takes the write): written again by the agent when its key is gone, once per run
+    /// ([`Self::republished`]), so a write that is refused anyway is not repeated every heartbeat.
+    pub fn republishable(&self) -> Option<&SystemUpgradeStatus> {
+        self.runs
+            .values()
+            .filter(|r| !r.finished() && !r.republished)
+            .filter_map(|r| r.published.as_ref())
+            .max_by_key(|p| p.accepted_at)
+    }
+
+    /// The agent wrote run `run`'s status again.
+    pub fn republished(&mut self, run: &AttemptId) {
+        if let Some(r) = self.runs.get_mut(run) {
+            r.republished = true;
+        }
     }
 
     /// NATS acknowledged `status`.
@@ -623,5 +648,29 @@ mod tests {
             .as_ref()
             .is_some_and(|e| e.as_str().contains("already ended")));
         assert!(!r.active());
+    }
+
+    #[test]
+    fn the_latest_unfinished_run_is_republishable_once() {
+        let mut r = SystemRelay::new(device());
+        assert!(r.republishable().is_none());
+        let done = fixtures::system_status();
+        r.remember(done.clone());
+        // Ended (and its first heartbeat after completion recorded, or a failure): never written again.
+        let mut failed = done.clone();
+        failed.phase = SystemUpgradePhase::Failed;
+        let mut r2 = SystemRelay::new(device());
+        r2.remember(failed);
+        assert!(r2.republishable().is_none());
+        // A newer run under way: it is the one, once.
+        let mut running = done.clone();
+        running.run_uid = fleet_wire::AttemptId::new_random();
+        running.accepted_at = done.accepted_at.plus(Duration::from_secs(60));
+        running.phase = SystemUpgradePhase::Upgrading;
+        running.completed_at = None;
+        r.remember(running.clone());
+        assert_eq!(r.republishable(), Some(&running));
+        r.republished(&running.run_uid);
+        assert!(r.republishable().is_none());
     }
 }

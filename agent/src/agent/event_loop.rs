@@ -189,8 +189,9 @@ impl Agent {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// Writes device info and the mirrored upgrade status again when NATS no longer has them (an operator's
-    /// mistake, a bucket restored from a backup): both are otherwise written only at start-up and on change.
+    /// Writes device info, the mirrored agent-upgrade status and the status of a system-upgrade run under way again
+    /// when NATS no longer has them (an operator's mistake, a bucket restored from a backup): they are otherwise
+    /// written only at start-up and on change.
     /// Checked with each heartbeat (in its wake-up), so that a lost key is back within one heartbeat interval.
     fn republish_if_lost(&mut self) {
         let absent = |bucket: &str| matches!(self.kv.get(bucket, &self.key), Ok(c) if c.value == crate::nats_kv::Value::Absent);
@@ -210,6 +211,17 @@ impl Agent {
                     if let Err(e) = self.put_upgrade_status(&s) {
                         log::warn!("writing the agent-upgrade status again: {e}");
                     }
+                }
+            }
+        }
+        if let Some(s) = self.system.republishable().cloned() {
+            let key = kv::run_key(&s.device_id, &s.run_uid);
+            let gone = matches!(self.kv.get(kv::SYSTEM_UPGRADE_STATUS, &key), Ok(c) if c.value == crate::nats_kv::Value::Absent);
+            if gone && !self.stopping() {
+                log::warn!("system-upgrade-status/{key} is missing from NATS: writing it again");
+                self.system.republished(&s.run_uid);
+                if let Err(e) = put_json(&self.kv, kv::SYSTEM_UPGRADE_STATUS, &key, &s) {
+                    log::warn!("writing system-upgrade-status/{key} again: {e}");
                 }
             }
         }
