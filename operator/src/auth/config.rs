@@ -491,4 +491,48 @@ mod tests {
         let e = load(dir.path(), &alone).err().unwrap_or_default();
         assert!(e.contains("flood_guard needs device_api"), "{e}");
     }
+
+    /// docs/auth.md's fleet-auth configuration, copied verbatim (only its directory moved to a temporary one, with
+    /// the secret files it names), is accepted as documented: a person who copies it gets what it says.
+    #[test]
+    fn the_documented_configuration_is_accepted_verbatim() {
+        let doc = include_str!("../../../docs/auth.md");
+        let section = &doc[doc
+            .find("## fleet-auth configuration")
+            .expect("the section")..];
+        let start = section.find("```yaml\n").expect("its yaml block") + "```yaml\n".len();
+        let block = &section[start..start + section[start..].find("```").expect("block end")];
+        let dir = tempfile::tempdir().unwrap();
+        let seed = nkeys::KeyPair::new_account().seed().unwrap();
+        for (name, text) in [
+            ("nats-password", "servicePw1"),
+            ("issuer.nk", seed.as_str()),
+            ("device-api-password", "apiPw3"),
+            ("device-kv-password", "kvPw4"),
+            ("flood-guard-password", "guardPw2"),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let text = block.replace("/etc/fleet-auth/", &format!("{}/", dir.path().display()));
+        let raw: RawConfig = serde_yaml_ng::from_str(&text).expect("the documented YAML parses");
+        let s = Settings::from_raw(raw).expect("the documented configuration is accepted");
+        assert_eq!(s.url, "tls://nats.fleet:4222");
+        assert_eq!(
+            (s.user.as_str(), s.password.as_str()),
+            ("fleet-auth", "servicePw1")
+        );
+        assert!(s.tls.ca_file.is_some(), "the server's CA is named");
+        assert_eq!(s.account, "DEVICES");
+        let api = s.device_api.expect("device API on");
+        assert_eq!(
+            (api.user.as_str(), api.fleet_user.as_str()),
+            ("fleet-device-api", "fleet-device-kv")
+        );
+        let g = s.flood_guard.expect("flood guard on");
+        assert_eq!(
+            (g.user.as_str(), g.budget.max_msgs_per_sec),
+            ("fleet-auth-system", 500)
+        );
+        assert_eq!(s.max_concurrent, 256);
+    }
 }
