@@ -10,6 +10,26 @@ use std::time::Duration;
 #[error("{0}")]
 pub struct ServiceError(pub String);
 
+/// What `systemctl` prints when the service manager itself is going away (a shutdown, or PID 1 gone at a power
+/// cut) rather than when the unit failed.
+const MANAGER_GONE: [&str; 7] = [
+    "D-Bus connection terminated",
+    "Connection reset by peer",
+    "Failed to connect to bus",
+    "Transport endpoint is not connected",
+    "System has not been booted with systemd",
+    "is destructive",
+    "shutdown.target",
+];
+
+impl ServiceError {
+    /// The service manager went away (or is shutting down) during the operation: it says nothing about the unit,
+    /// so a caller must not judge the unit by it.
+    pub fn manager_gone(&self) -> bool {
+        MANAGER_GONE.iter().any(|m| self.0.contains(m))
+    }
+}
+
 /// Stops and starts the agent's unit. `start` returns once the unit is active (after `READY=1` for
 /// `Type=notify`), or fails.
 pub trait ServiceManager: Send + Sync {
@@ -108,6 +128,18 @@ mod tests {
             .start(&unit, Duration::from_secs(10))
             .expect_err("fails");
         assert!(e.0.contains("Job for fleet-agent.service failed"), "{e}");
+        assert!(!e.manager_gone(), "a failed unit is the unit's failure");
+        // PID 1 went away mid-call (as at a power cut in the test devices), or a shutdown is under way.
+        for said in [
+            "Warning! D-Bus connection terminated. | Failed to wait for response: Connection reset by peer",
+            "Failed to start fleet-agent.service: Transaction for fleet-agent.service/start is destructive (shutdown.target has 'start' job queued, but 'stop' is included in transaction).",
+        ] {
+            let gone = script(d.path(), &format!("echo '{said}' >&2; exit 1"));
+            let e = Systemctl::with_program(&gone)
+                .start(&unit, Duration::from_secs(10))
+                .expect_err("fails");
+            assert!(e.manager_gone(), "{e}");
+        }
         let hanging = script(d.path(), "sleep 60");
         let e = Systemctl::with_program(&hanging)
             .stop(&unit, Duration::from_millis(300))

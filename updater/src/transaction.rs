@@ -103,6 +103,9 @@ pub struct Updater {
 enum Stop {
     Crashed(Crashed),
     JournalWrite(String),
+    /// The service manager went away mid-step (shutdown, power cut): nothing is journaled, so start-up recovery
+    /// runs the step again on the next boot instead of recording a verdict the step never reached.
+    ManagerGone(String),
 }
 
 impl From<Crashed> for Stop {
@@ -177,6 +180,9 @@ pub enum StartError {
     /// A crash point was hit during recovery (fault injection).
     #[error(transparent)]
     Crashed(#[from] Crashed),
+    /// The service manager went away during recovery (a shutdown): recovery runs again at the next start.
+    #[error("start-up recovery stopped, the service manager went away: {0}")]
+    ManagerGone(String),
     /// The system-upgrade journal is unreadable or invalid, or its recovery could not be journaled.
     #[error(transparent)]
     System(#[from] SystemOpenError),
@@ -267,6 +273,7 @@ impl Updater {
         let pending = updater.recover_sync().map_err(|s| match s {
             Stop::Crashed(c) => StartError::Crashed(c),
             Stop::JournalWrite(e) => StartError::JournalWrite(e),
+            Stop::ManagerGone(e) => StartError::ManagerGone(e),
         })?;
         updater.state().recovering = pending.is_some();
         Ok((updater, pending))
@@ -547,6 +554,10 @@ impl Updater {
                 log::error!("transaction stopped: {e}");
                 Ok(())
             }
+            Err(Stop::ManagerGone(e)) => {
+                log::warn!("transaction stopped, the service manager went away (recovered at the next start): {e}");
+                Ok(())
+            }
         }
     }
 
@@ -711,6 +722,11 @@ impl Updater {
         }
         self.set_detail("starting the previous agent");
         if let Err(e) = services.start(unit, self.inner.bounds.start) {
+            if e.manager_gone() {
+                return Err(Stop::ManagerGone(format!(
+                    "starting {unit} with the previous binary: {e}"
+                )));
+            }
             self.set_detail("starting the previous agent failed: quarantined");
             self.transition(
                 Event::RestoreFailed,
@@ -780,6 +796,10 @@ impl Updater {
             Err(Stop::Crashed(c)) => Err(c),
             Err(Stop::JournalWrite(e)) => {
                 log::error!("recovery stopped: {e}");
+                Ok(())
+            }
+            Err(Stop::ManagerGone(e)) => {
+                log::warn!("recovery stopped, the service manager went away (run again at the next start): {e}");
                 Ok(())
             }
         }

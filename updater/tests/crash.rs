@@ -479,6 +479,44 @@ fn a_crash_during_recovery_is_recovered_again() {
     );
 }
 
+/// A power cut during start-up recovery, while the previous agent is being started: systemd goes away mid-call.
+/// That says nothing about the previous agent, so nothing is journaled (no rollback-failed, no quarantine), and
+/// the next boot's recovery starts it and records failed/interrupted. (Found by `vm-tests/tests/powercut.rs`,
+/// seed 1796317012655802737: "rollback-failed at the cut … D-Bus connection terminated".)
+#[test]
+fn the_service_manager_going_away_during_recovery_is_no_verdict() {
+    require_agent_user();
+    let dev = Device::new();
+    let bytes = candidate(TARGET);
+    let services = FakeServices::new(&dev);
+    let a = attempt_for(&bytes, TARGET);
+    let (u, _) = dev
+        .open(
+            fetcher_for(&bytes),
+            services.clone(),
+            Faults::crash_at("link-switched"),
+        )
+        .expect("open");
+    u.upgrade_blocking(a).expect_err("crash");
+    drop(u);
+    services.manager_gone_starts.store(1, Ordering::SeqCst);
+    let (u, pending) = dev
+        .open(fetcher_for(&bytes), services.clone(), Faults::none())
+        .expect("open");
+    u.finish_recovery(pending.expect("pending"))
+        .expect("stops without a verdict");
+    assert_eq!(dev.journal().expect("journal").phase, J::RollingBack);
+    drop(u);
+    let (u, pending) = dev
+        .open(fetcher_for(&bytes), services.clone(), Faults::none())
+        .expect("the next boot opens");
+    u.finish_recovery(pending.expect("pending"))
+        .expect("recovers");
+    assert_eq!(dev.active(), PREVIOUS);
+    let j = dev.journal().expect("journal");
+    assert_eq!((j.phase, j.reason), (J::Failed, Some(R::Interrupted)));
+}
+
 #[test]
 fn a_corrupt_journal_stops_the_updater_before_anything_else() {
     let dev = Device::new();

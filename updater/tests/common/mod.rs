@@ -247,6 +247,8 @@ pub struct FakeServices {
     pub calls: Mutex<Vec<String>>,
     pub fail_starts: AtomicUsize,
     pub fail_stops: AtomicUsize,
+    /// The next N starts fail the way `systemctl` does when PID 1 goes away mid-call (a power cut, a shutdown).
+    pub manager_gone_starts: AtomicUsize,
     /// When set, every start waits for this gate.
     pub start_gate: Mutex<Option<Arc<Gate>>>,
 }
@@ -258,6 +260,7 @@ impl FakeServices {
             calls: Mutex::new(Vec::new()),
             fail_starts: AtomicUsize::new(0),
             fail_stops: AtomicUsize::new(0),
+            manager_gone_starts: AtomicUsize::new(0),
             start_gate: Mutex::new(None),
         })
     }
@@ -294,6 +297,13 @@ impl ServiceManager for FakeServices {
         let gate = self.start_gate.lock().expect("lock").clone();
         if let Some(g) = gate {
             g.wait();
+        }
+        if Self::take_failure(&self.manager_gone_starts) {
+            return Err(ServiceError(
+                "systemctl start fleet-agent.service failed (exit status: 1): Warning! D-Bus connection \
+                 terminated. | Failed to wait for response: Connection reset by peer"
+                    .into(),
+            ));
         }
         if Self::take_failure(&self.fail_starts) {
             return Err(ServiceError("scripted start failure".into()));
