@@ -136,6 +136,37 @@ fn dashboard_heartbeat_age_p99(addr: &str, token: &str) -> Option<u64> {
     })
 }
 
+/// The API server's registered watchers of the fleet kinds (`apiserver_registered_watchers`), by kind.
+fn apiserver_fleet_watchers(url: &str, ca: &Path, header_file: &Path) -> BTreeMap<String, f64> {
+    let Ok(out) = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .arg("-H")
+        .arg(format!("@{}", header_file.display()))
+        .arg(format!("{url}/metrics"))
+        .output()
+    else {
+        return BTreeMap::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("apiserver_registered_watchers{")?;
+            let (labels, v) = rest.rsplit_once("} ")?;
+            if !labels.contains("group=\"fleet.nationtech.io\"") {
+                return None;
+            }
+            let kind = labels
+                .split("kind=\"")
+                .nth(1)?
+                .split('"')
+                .next()?
+                .to_owned();
+            Some((kind, v.trim().parse::<f64>().ok()?))
+        })
+        .collect()
+}
+
 /// Every sample of the operator's `/metrics` (series with its labels → value).
 fn operator_metrics(addr: &str, token: &str) -> BTreeMap<String, f64> {
     let Ok(out) = std::process::Command::new("curl")
@@ -557,6 +588,12 @@ fn main() {
             std::mem::take(&mut s.lags_ms)
         };
         let writes1 = apiserver_writes(&api.url(), api.ca_file(), &header_file);
+        let watchers = apiserver_fleet_watchers(&api.url(), api.ca_file(), &header_file);
+        out.row(
+            "API server watchers of the fleet kinds (the bench's own Device watch included)",
+            watchers.iter().map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join(", "),
+        );
+        out.result("device_watchers", watchers.get("Device").map_or("none".into(), |v| format!("{v:.0}")));
         let (db1, dir1) = (dir_bytes(&etcd_dir.join("member/snap/db")), dir_bytes(&etcd_dir));
         out.row("steady window", format!("{window:.0} s, after {} s settling", settle.as_secs()));
         operator_work(&mut out, "steady window", &metrics_steady, &operator_metrics(&dash_addr, dash_token), window);
