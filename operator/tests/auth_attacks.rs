@@ -545,3 +545,83 @@ fn a_flooding_client_that_names_another_device_in_connect_cuts_off_only_itself()
     assert_eq!(flood.1.device_id.as_str(), "dev-a");
     println!("{sent} messages sent; {}", flood.1.reason);
 }
+
+/// A device that holds many subscriptions (each costs every server memory; nats-server does not apply the user
+/// JWT's `subs` limit to users the auth callout admits) is cut off by the flood guard like a message flood, well
+/// within its message budget, and only it: its sessions are refused for the cool-down, the other device's are
+/// not, and the operator gets a report of kind flood that says why.
+#[test]
+fn a_device_holding_too_many_subscriptions_is_cut_off_alone() {
+    use std::io::{BufRead, BufReader, Write};
+    let f = Fleet::start();
+    let reports = f
+        .admin
+        .subscribe("fleet.device-refusals.*")
+        .expect("reports");
+    let addr = f.stack.nats.url().trim_start_matches("nats://").to_owned();
+    let mut s = std::net::TcpStream::connect(&addr).expect("tcp");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).expect("INFO");
+    let connect = serde_json::json!({
+        "verbose": false, "pedantic": false, "protocol": 1, "headers": true,
+        "auth_token": f.token("dev-a"),
+    });
+    write!(s, "CONNECT {connect}\r\nPING\r\n").unwrap();
+    let mut pong = String::new();
+    reader.read_line(&mut pong).expect("PONG");
+    assert_eq!(pong.trim(), "PONG", "dev-a connects: {pong}");
+    // 600 subscriptions below its own inbox (allowed subjects), sent over 3 s: 200 messages a second, far under
+    // the 500-a-second message budget.
+    for chunk in 0..6 {
+        let subs: String = (0..100)
+            .map(|i| {
+                format!(
+                    "SUB _INBOX.device.dev-a.x.{chunk}.{i} {}\r\n",
+                    chunk * 100 + i + 1
+                )
+            })
+            .collect();
+        s.write_all(subs.as_bytes()).expect("SUB");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    s.write_all(b"PING\r\n").expect("PING");
+    let logs = || f.stack.auth_log_text();
+    let cut = wait_for(Duration::from_secs(15), || {
+        logs()
+            .lines()
+            .find(|l| {
+                l.contains("flood guard: device dev-a (cid ")
+                    && l.contains("subscriptions, over its limit of 256")
+            })
+            .map(str::to_owned)
+    });
+    assert!(
+        cut.is_some(),
+        "dev-a was not cut off holding 600 subscriptions:\n{}",
+        logs()
+    );
+    assert!(
+        !logs().contains("messages a second over"),
+        "cut off for its subscriptions, not a message rate:\n{}",
+        logs()
+    );
+    let again = connect_device(&f.stack.nats.url(), &f.token("dev-a"));
+    assert!(again.is_err(), "dev-a reconnected while cooling down");
+    connect_device(&f.stack.nats.url(), &f.token("dev-b")).expect("dev-b is not cut off");
+    let flood = wait_for(Duration::from_secs(15), || {
+        let m = reports.next_timeout(Duration::from_secs(1)).ok()?;
+        let r: fleet_wire::device_api::WriteRefused = serde_json::from_slice(&m.data).ok()?;
+        (r.kind == fleet_wire::device_api::FLOOD_KIND).then_some((m.subject, r))
+    })
+    .expect("a report");
+    assert_eq!(flood.0, "fleet.device-refusals.dev-a");
+    assert!(
+        flood.1.reason.contains("600 subscriptions"),
+        "{}",
+        flood.1.reason
+    );
+    println!("{}", flood.1.reason);
+}

@@ -58,6 +58,9 @@ pub struct RawFloodGuard {
     /// The longest cool-down, seconds.
     #[serde(default = "default_max_cooldown")]
     pub max_cooldown_secs: u64,
+    /// Subscriptions one device connection may hold.
+    #[serde(default = "default_max_subscriptions")]
+    pub max_subscriptions: u64,
     /// Time between polls, milliseconds.
     #[serde(default = "default_poll")]
     pub interval_ms: u64,
@@ -71,6 +74,9 @@ fn default_cooldown() -> u64 {
 }
 fn default_max_cooldown() -> u64 {
     3600
+}
+fn default_max_subscriptions() -> u64 {
+    256
 }
 fn default_poll() -> u64 {
     2000
@@ -394,6 +400,9 @@ fn flood_guard(g: RawFloodGuard) -> Result<super::flood_guard::GuardSettings, St
     if !(10..=1_000_000).contains(&g.max_msgs_per_sec) {
         return Err("flood_guard.max_msgs_per_sec must be within 10..=1000000".into());
     }
+    if !(16..=1_000_000).contains(&g.max_subscriptions) {
+        return Err("flood_guard.max_subscriptions must be within 16..=1000000".into());
+    }
     if !(1..=86_400).contains(&g.cooldown_secs)
         || !(g.cooldown_secs..=7 * 86_400).contains(&g.max_cooldown_secs)
     {
@@ -412,6 +421,7 @@ fn flood_guard(g: RawFloodGuard) -> Result<super::flood_guard::GuardSettings, St
             max_msgs_per_sec: g.max_msgs_per_sec,
             cooldown_secs: g.cooldown_secs,
             max_cooldown_secs: g.max_cooldown_secs,
+            max_subscriptions: g.max_subscriptions,
         },
         interval: Duration::from_millis(g.interval_ms),
     })
@@ -459,9 +469,10 @@ mod tests {
             (
                 g.budget.max_msgs_per_sec,
                 g.budget.cooldown_secs,
-                g.budget.max_cooldown_secs
+                g.budget.max_cooldown_secs,
+                g.budget.max_subscriptions
             ),
-            (500, 60, 3600)
+            (500, 60, 3600, 256)
         );
         assert_eq!(
             (g.interval, g.user.as_str(), g.password.as_str()),
@@ -479,6 +490,7 @@ mod tests {
                 "cooldown_secs",
             ),
             (", interval_ms: 10", "interval_ms"),
+            (", max_subscriptions: 2", "max_subscriptions"),
         ] {
             let e = load(dir.path(), &guard(more)).err().unwrap_or_default();
             assert!(e.contains(why), "{more}: {e}");

@@ -24,6 +24,8 @@ pub struct Budget {
     pub cooldown_secs: u64,
     /// The longest cool-down, seconds; a device with no flood for this long starts again at the first.
     pub max_cooldown_secs: u64,
+    /// Subscriptions a device's connection may hold (an agent holds a few; each costs the server memory).
+    pub max_subscriptions: u64,
 }
 
 /// One connection of a CONNZ answer.
@@ -37,6 +39,8 @@ pub struct Conn {
     pub device: Option<DeviceId>,
     /// Messages received from the client since it connected.
     pub in_msgs: u64,
+    /// Subscriptions it holds now.
+    pub subscriptions: u64,
 }
 
 /// A connection over budget.
@@ -114,6 +118,36 @@ impl Tracker {
     pub fn tracked(&self) -> usize {
         self.last.len()
     }
+}
+
+/// A device's connection holding more subscriptions than its budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverSubscribed {
+    /// The connection's server.
+    pub server: String,
+    /// Its id.
+    pub cid: u64,
+    /// Its device.
+    pub device: DeviceId,
+    /// Subscriptions it holds.
+    pub subscriptions: u64,
+}
+
+/// The device connections of one poll that hold more subscriptions than `budget` allows (NATS keeps each in the
+/// server's memory; the user JWT's `subs` limit is not applied to users the auth callout admits).
+pub fn over_subscribed(conns: &[Conn], budget: &Budget) -> Vec<OverSubscribed> {
+    conns
+        .iter()
+        .filter(|c| c.subscriptions > budget.max_subscriptions)
+        .filter_map(|c| {
+            Some(OverSubscribed {
+                server: c.server.clone(),
+                cid: c.cid,
+                device: c.device.clone()?,
+                subscriptions: c.subscriptions,
+            })
+        })
+        .collect()
 }
 
 /// One device's cool-down.
@@ -204,13 +238,36 @@ mod tests {
             cid,
             device: device.map(dev),
             in_msgs,
+            subscriptions: 3,
         }
+    }
+
+    #[test]
+    fn a_connection_over_its_subscriptions_is_named() {
+        let at = |subscriptions, device| Conn {
+            subscriptions,
+            ..conn(1, device, 0)
+        };
+        assert!(
+            over_subscribed(&[at(256, Some("dev-a")), at(3, Some("dev-b"))], &BUDGET).is_empty()
+        );
+        assert_eq!(
+            over_subscribed(&[at(257, Some("dev-a")), at(9_000, None)], &BUDGET),
+            [OverSubscribed {
+                server: "S1".into(),
+                cid: 1,
+                device: dev("dev-a"),
+                subscriptions: 257
+            }],
+            "at the budget is allowed, one over is not; a connection that is not a device's is never named"
+        );
     }
 
     const BUDGET: Budget = Budget {
         max_msgs_per_sec: 100,
         cooldown_secs: 60,
         max_cooldown_secs: 3600,
+        max_subscriptions: 256,
     };
 
     #[test]

@@ -5,7 +5,7 @@
 //! [`super::flood::Cooldowns`]; other replicas learn it on [`COOLDOWN_SUBJECT`]) and reports it to the operator
 //! like a refused write (`fleet.device-refusals.<device>`, kind `flood`), so its Device, events and alerts show it.
 
-use super::flood::{Budget, Conn, Cooldowns, Cooling, Flood, Tracker};
+use super::flood::{Budget, Conn, Cooldowns, Cooling, Tracker};
 use fleet_wire::device_api::{refusals_subject, WriteRefused, FLOOD_KIND};
 use fleet_wire::DeviceId;
 use futures::StreamExt;
@@ -62,6 +62,9 @@ struct ConnInfo {
     cid: u64,
     #[serde(default)]
     in_msgs: u64,
+    /// Subscriptions held now (CONNZ `subscriptions`).
+    #[serde(default)]
+    subscriptions: u64,
     /// For a user fleet-auth admitted: the `name` of the user JWT it issued, the device id (the client cannot
     /// set it; its CONNECT `name` is a different field).
     #[serde(default)]
@@ -125,7 +128,7 @@ pub async fn run(
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            let conns = match connz(&system, &account).await {
+            let conns = match connz(&system, &account, "msgs_from").await {
                 Ok(c) => c,
                 Err(e) => {
                     log::warn!("flood guard: {e}");
@@ -133,8 +136,45 @@ pub async fn run(
                 }
             };
             let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            for flood in tracker.observe(&conns, now_ms, &budget) {
-                act(&system, &fleet, &cooldowns, &budget, flood).await;
+            for f in tracker.observe(&conns, now_ms, &budget) {
+                let what = format!(
+                    "{} messages a second over {:.1} s, over its budget of {}",
+                    f.msgs_per_sec,
+                    f.over_ms as f64 / 1000.0,
+                    budget.max_msgs_per_sec
+                );
+                act(
+                    &system,
+                    &fleet,
+                    &cooldowns,
+                    &budget,
+                    (f.server, f.cid, f.device),
+                    what,
+                )
+                .await;
+            }
+            // The connections holding the most subscriptions, judged at once (a count, not a rate).
+            let held = match connz(&system, &account, "subs").await {
+                Ok(c) => c,
+                Err(e) => {
+                    log::warn!("flood guard: {e}");
+                    continue;
+                }
+            };
+            for o in super::flood::over_subscribed(&held, &budget) {
+                let what = format!(
+                    "{} subscriptions, over its limit of {}",
+                    o.subscriptions, budget.max_subscriptions
+                );
+                act(
+                    &system,
+                    &fleet,
+                    &cooldowns,
+                    &budget,
+                    (o.server, o.cid, o.device),
+                    what,
+                )
+                .await;
             }
         }
     };
@@ -144,15 +184,20 @@ pub async fn run(
     }
 }
 
-/// One poll: every server's busiest connections of `account`.
-async fn connz(system: &async_nats::Client, account: &str) -> Result<Vec<Conn>, String> {
+/// One poll: every server's top connections of `account` by `sort` (`msgs_from`: messages received; `subs`:
+/// subscriptions held).
+async fn connz(
+    system: &async_nats::Client,
+    account: &str,
+    sort: &str,
+) -> Result<Vec<Conn>, String> {
     let inbox = system.new_inbox();
     let mut answers = system
         .subscribe(inbox.clone())
         .await
         .map_err(|e| format!("subscribe {inbox}: {e}"))?;
     let ask = serde_json::json!({
-        "acc": account, "sort": "msgs_from", "limit": TOP_CONNECTIONS, "auth": true,
+        "acc": account, "sort": sort, "limit": TOP_CONNECTIONS, "auth": true,
     });
     system
         .publish_with_reply("$SYS.REQ.SERVER.PING.CONNZ", inbox, ask.to_string().into())
@@ -177,29 +222,32 @@ async fn connz(system: &async_nats::Client, account: &str) -> Result<Vec<Conn>, 
             cid: c.cid,
             device: device_of(&c.authorized_user),
             in_msgs: c.in_msgs,
+            subscriptions: c.subscriptions,
         }));
     }
     Ok(conns)
 }
 
-/// Disconnects a flooding connection, starts its device's cool-down, tells the other replicas and the operator.
+/// Disconnects a connection (server, cid, device) over its budget (`what` says how), starts its device's
+/// cool-down, tells the other replicas and the operator.
 async fn act(
     system: &async_nats::Client,
     fleet: &async_nats::Client,
     cooldowns: &Mutex<Cooldowns>,
     budget: &Budget,
-    f: Flood,
+    (server, cid, device): (String, u64, DeviceId),
+    what: String,
 ) {
     let now = unix_now();
     let Some(cooling) = cooldowns
         .lock()
         .ok()
-        .map(|mut c| c.strike(&f.device, now, budget))
+        .map(|mut c| c.strike(&device, now, budget))
     else {
         return;
     };
-    let kick = format!("$SYS.REQ.SERVER.{}.KICK", f.server);
-    let body = serde_json::json!({ "cid": f.cid }).to_string();
+    let kick = format!("$SYS.REQ.SERVER.{server}.KICK");
+    let body = serde_json::json!({ "cid": cid }).to_string();
     let kicked = match tokio::time::timeout(KICK_TIMEOUT, system.request(kick, body.into())).await {
         Ok(Ok(m)) if !m.payload.windows(7).any(|w| w == b"\"error\"") => "disconnected".to_owned(),
         Ok(Ok(m)) => format!(
@@ -213,21 +261,12 @@ async fn act(
         std::time::UNIX_EPOCH + Duration::from_secs(cooling.until),
     );
     let reason = format!(
-        "{kicked}: {} messages a second over {:.1} s, over its budget of {}; its connections are refused until \
-         {until} (flood {} in a row)",
-        f.msgs_per_sec,
-        f.over_ms as f64 / 1000.0,
-        budget.max_msgs_per_sec,
+        "{kicked}: {what}; its connections are refused until {until} (flood {} in a row)",
         cooling.strikes,
     );
-    log::warn!(
-        "flood guard: device {} (cid {} on server {}) {reason}",
-        f.device,
-        f.cid,
-        f.server
-    );
+    log::warn!("flood guard: device {device} (cid {cid} on server {server}) {reason}");
     let notice = CooldownNotice {
-        device: f.device.clone(),
+        device: device.clone(),
         until: cooling.until,
         strikes: cooling.strikes,
     };
@@ -235,14 +274,14 @@ async fn act(
         let _ = system.publish(COOLDOWN_SUBJECT, b.into()).await;
     }
     let report = WriteRefused {
-        device_id: f.device.clone(),
+        device_id: device.clone(),
         bucket: None,
         kind: FLOOD_KIND.into(),
         reason,
         count: 1,
     };
     if let Ok(b) = serde_json::to_vec(&report) {
-        let _ = fleet.publish(refusals_subject(&f.device), b.into()).await;
+        let _ = fleet.publish(refusals_subject(&device), b.into()).await;
     }
 }
 

@@ -33,9 +33,10 @@ pub async fn run(mut settings: Settings) -> Result<(), String> {
             )
             .await?;
             log::info!(
-                "flood guard on: {} messages a second per device connection, polled every {} ms; cool-down {} s \
-                 doubling up to {} s",
+                "flood guard on: {} messages a second and {} subscriptions per device connection, polled every {} \
+                 ms; cool-down {} s doubling up to {} s",
                 g.budget.max_msgs_per_sec,
+                g.budget.max_subscriptions,
                 g.interval.as_millis(),
                 g.budget.cooldown_secs,
                 g.budget.max_cooldown_secs
