@@ -116,7 +116,8 @@ pub struct Mirrors {
     pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
 }
 
-/// The devices whose heartbeats wake the control loop (the plan's [`Plan::heartbeat_watch`]).
+/// The devices whose heartbeats and workload reports always wake the control loop (the plan's
+/// [`Plan::heartbeat_watch`]).
 pub type HeartbeatWatch = Arc<std::sync::RwLock<std::collections::HashSet<String>>>;
 
 /// The `device-heartbeat` mirror, whose watch wakes the loop for a device's first heartbeat, a new agent version
@@ -136,8 +137,9 @@ pub fn heartbeat_mirror(watch: HeartbeatWatch) -> Arc<Mirror<Heartbeat>> {
 }
 
 impl Mirrors {
-    /// The mirrors, `heartbeat` shared with the dashboard (made by [`heartbeat_mirror`]).
-    pub fn new(heartbeat: Arc<Mirror<Heartbeat>>) -> Self {
+    /// The mirrors, `heartbeat` shared with the dashboard (made by [`heartbeat_mirror`]); a workload report of a
+    /// device in `watch` always wakes the loop (it can end a deployment's soak).
+    pub fn new(heartbeat: Arc<Mirror<Heartbeat>>, watch: HeartbeatWatch) -> Self {
         Self {
             info: Mirror::new(layout::DEVICE_INFO),
             heartbeat,
@@ -145,13 +147,18 @@ impl Mirrors {
             desired: Mirror::new(layout::DESIRED_STATE),
             intent: Mirror::new(layout::AGENT_UPGRADE_INTENT),
             // The agent republishes its workload status on a timer: a report that differs only in when it was
-            // measured is recorded quietly.
+            // measured is recorded quietly, unless its device is soaking.
             workloads: Mirror::waking_when(
                 layout::WORKLOAD_STATUS,
                 Box::new(
-                    |_, old: Option<&DeviceWorkloadStatus>, new| match (old, new) {
+                    move |key, old: Option<&DeviceWorkloadStatus>, new| match (old, new) {
                         (Some(o), Some(n)) => {
-                            o.generation != n.generation || o.workloads != n.workloads
+                            o.generation != n.generation
+                                || o.workloads != n.workloads
+                                || watch
+                                    .read()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .contains(key)
                         }
                         _ => true,
                     },
@@ -237,7 +244,7 @@ pub async fn run_with(
         groups,
         deployments,
         releases,
-        mirrors: Mirrors::new(heartbeats),
+        mirrors: Mirrors::new(heartbeats, watch.clone()),
         heartbeat_watch: watch,
         device_writes,
         refusals: Arc::default(),

@@ -187,8 +187,8 @@ pub struct Plan {
     pub device_statuses: Vec<(String, DeviceStatus)>,
     /// Device objects ignored because their name is not a device id (name, why).
     pub ignored: Vec<(String, String)>,
-    /// Devices whose next heartbeat can change a decision (an agent release soaking on them): only their
-    /// heartbeats wake the control loop.
+    /// Devices whose next heartbeat or workload report can change a decision (an agent release or a deployment
+    /// soaking on them): of the reports that change nothing else, only theirs wake the control loop.
     pub heartbeat_watch: BTreeSet<DeviceId>,
 }
 
@@ -390,6 +390,13 @@ fn stage(
         });
     }
     let mut outcome = rollout::plan(&in_rollout, policy, now);
+    // A soaking device's next workload report can end its soak (a report that changes nothing else is otherwise
+    // recorded quietly): its reports wake the control loop.
+    for t in &in_rollout {
+        if rollout::standing(t.observed, policy, now) == rollout::Standing::Soaking {
+            plan.heartbeat_watch.insert(t.id.clone());
+        }
+    }
     let mut kept_halt = None;
     if holds && outcome.halt.is_none() {
         outcome.release.clear();
@@ -1555,6 +1562,14 @@ mod tests {
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
         assert_eq!(rollout_of(&p).0.phase, RolloutPhase::Soaking);
+        // its next report (the same workloads, a later time) ends the soak: it must wake the loop
+        assert_eq!(
+            p.heartbeat_watch
+                .iter()
+                .map(|d| d.as_str())
+                .collect::<Vec<_>>(),
+            ["d1"]
+        );
 
         // 60 s: healthy; d2 is next, d3 waits
         s.workloads = [report("d1", 2, WorkloadState::Running, 60)].into();
