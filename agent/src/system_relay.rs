@@ -39,7 +39,7 @@ struct Run {
     stage: Stage,
     /// The status last acknowledged by NATS (or read from it).
     published: Option<SystemUpgradeStatus>,
-    /// Its status was written again after its key was lost ([`SystemRelay::republishable`]).
+    /// Writing its status again after its key was lost was refused ([`SystemRelay::republishable`]).
     republished: bool,
 }
 
@@ -350,8 +350,8 @@ impl SystemRelay {
     }
 
     /// The latest run's status as NATS acknowledged it, while the run is under way (not finished; its intent is
-    /// still there, so fleet-auth takes the write): written again by the agent when its key is gone, once per run
-    /// ([`Self::republished`]), so a write that is refused anyway is not repeated every heartbeat.
+    /// still there, so fleet-auth takes the write): written again by the agent whenever its key is gone, until a
+    /// write of it is refused ([`Self::republished`]), so that a refused write is not repeated every heartbeat.
     pub fn republishable(&self) -> Option<&SystemUpgradeStatus> {
         self.runs
             .values()
@@ -360,7 +360,7 @@ impl SystemRelay {
             .max_by_key(|p| p.accepted_at)
     }
 
-    /// The agent wrote run `run`'s status again.
+    /// Writing run `run`'s status again was refused: it is not tried again.
     pub fn republished(&mut self, run: &AttemptId) {
         if let Some(r) = self.runs.get_mut(run) {
             r.republished = true;
@@ -651,7 +651,7 @@ mod tests {
     }
 
     #[test]
-    fn the_latest_unfinished_run_is_republishable_once() {
+    fn the_latest_unfinished_run_is_republishable_until_refused() {
         let mut r = SystemRelay::new(device());
         assert!(r.republishable().is_none());
         let done = fixtures::system_status();
@@ -662,7 +662,7 @@ mod tests {
         let mut r2 = SystemRelay::new(device());
         r2.remember(failed);
         assert!(r2.republishable().is_none());
-        // A newer run under way: it is the one, once.
+        // A newer run under way: it is the one, until writing it again is refused.
         let mut running = done.clone();
         running.run_uid = fleet_wire::AttemptId::new_random();
         running.accepted_at = done.accepted_at.plus(Duration::from_secs(60));

@@ -126,6 +126,17 @@ fn capabilities_follow_the_updater_and_a_run_is_relayed_once() {
         "upgrading",
         phase_is(P::Upgrading),
     );
+    // Its status lost while the run is under way (an operator's mistake, a bucket restored from a backup) is
+    // written again within a heartbeat (1 s here), each time it is lost.
+    for loss in 1..=2 {
+        statuses.delete(&key).unwrap();
+        eventually(
+            &agent,
+            Duration::from_secs(5),
+            &format!("the run's status written again after loss {loss}"),
+            phase_is(P::Upgrading),
+        );
+    }
     let done = updater_view(&a, P::Succeeded);
     rig.peer.status.lock().unwrap().system_upgrade = Some(done.clone());
     let s = eventually(

@@ -146,6 +146,21 @@ fn rejects_invalid_intents_and_relays_a_valid_one() {
         );
     }
 
+    // The mirrored status lost (an operator's mistake, a bucket restored from a backup) is written again within
+    // a heartbeat (1 s here), each time it is lost.
+    for loss in 1..=2 {
+        statuses.delete(DEVICE).unwrap();
+        eventually(
+            &agent,
+            Duration::from_secs(5),
+            &format!("the status written again after loss {loss}"),
+            || {
+                let got: AgentUpgradeStatus = get_json(&statuses, DEVICE)?;
+                (got == s).then_some(())
+            },
+        );
+    }
+
     // The same UUID with other content is rejected and not sent.
     let mut reused = good.clone();
     reused.target_version = fleet_wire::Version::try_from("9.9.9").unwrap();

@@ -219,9 +219,10 @@ impl Agent {
             let gone = matches!(self.kv.get(kv::SYSTEM_UPGRADE_STATUS, &key), Ok(c) if c.value == crate::nats_kv::Value::Absent);
             if gone && !self.stopping() {
                 log::warn!("system-upgrade-status/{key} is missing from NATS: writing it again");
-                self.system.republished(&s.run_uid);
+                // A refused write is not tried again for this run; a written one is, should it be lost again.
                 if let Err(e) = put_json(&self.kv, kv::SYSTEM_UPGRADE_STATUS, &key, &s) {
                     log::warn!("writing system-upgrade-status/{key} again: {e}");
+                    self.system.republished(&s.run_uid);
                 }
             }
         }
