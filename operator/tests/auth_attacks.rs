@@ -192,11 +192,19 @@ fn no_header_on_a_devices_write_changes_another_devices_keys() {
                 };
                 h.insert(*k, v);
             }
-            answers.push((
-                own.clone(),
-                format!("{set:?}"),
-                ask(&a, &own, Some(&h), b"{}"),
-            ));
+            let answer = ask(&a, &own, Some(&h), b"{}");
+            // Taken as a plain write of dev-a's own key (within its budget: 75 writes of a burst of 100)...
+            assert!(
+                answer.contains("\"seq\""),
+                "dev-a's write of {own} with {set:?} was not acknowledged: {answer}"
+            );
+            // ...and dev-c's keys are as they were right after it.
+            assert_eq!(
+                before,
+                f.bystander(),
+                "dev-a's write of {own} with {set:?} changed dev-c's keys: {answer}"
+            );
+            answers.push((own.clone(), format!("{set:?}"), answer));
         }
     }
     // Schedules and TTLs would act later: wait past them.
@@ -215,8 +223,11 @@ fn no_header_on_a_devices_write_changes_another_devices_keys() {
     assert_eq!(e.operation, nats::kv::Operation::Put, "{answers:#?}");
 }
 
+/// The attack a device can keep up: paced just under the flood guard's budget (500 messages a second), so it is
+/// never cut off and lasts the whole 60 s (a faster flood is cut off within two polls: `auth_attacks_tls`).
 #[test]
 fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
+    const RATE: f64 = 400.0;
     let f = Fleet::start();
     fleet_vm_tests::builds::agent(fleet_vm_tests::builds::V1);
     let tokens = tempfile::tempdir().expect("tmp");
@@ -300,10 +311,15 @@ fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
                 t,
                 br#"{"inbox":"_INBOX.device.dev-b.AbCdEfGhIjKlMnOpQrStUv"}"#,
             );
+            sent += 1;
         }
-        // One round trip per burst paces the attack (the blocking client's flush waited for the server's PONG;
-        // async-nats's ends when the bytes are written).
         let _ = ask(&a, &get, None, b"");
+        sent += 1;
+        // Paced to RATE on average.
+        let due = Duration::from_secs_f64(sent as f64 / RATE);
+        if let Some(ahead) = due.checked_sub(started.elapsed()) {
+            std::thread::sleep(ahead);
+        }
         // Every 5 s the victim's desired state changes; it must notice each within 5 s.
         if last_change.elapsed() >= Duration::from_secs(5) {
             generation += 1;
@@ -314,6 +330,15 @@ fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
             last_change = Instant::now();
         }
     }
+    let attack = started.elapsed();
+    // The attack lasted: the attacker is still connected and served at its end (not cut off by the flood guard).
+    let last = ask(&a, &get, None, b"");
+    assert_eq!(
+        last.len(),
+        big.len(),
+        "the attacker was cut off before the end of its {attack:?} at {:.0} messages a second",
+        sent as f64 / attack.as_secs_f64()
+    );
     let log = victim.log_text();
     assert!(
         stored.contains("\"seq\""),
@@ -335,7 +360,8 @@ fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
         "the victim agent exited"
     );
     println!(
-        "{sent} attack messages in 60 s; the victim noticed {generation} generations, none missed"
+        "{sent} attack messages in {attack:.1?} ({:.0} a second); the victim noticed {generation} generations, none missed",
+        sent as f64 / attack.as_secs_f64()
     );
 }
 

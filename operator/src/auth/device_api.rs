@@ -34,6 +34,10 @@ pub const WORKERS: usize = 64;
 /// Writes waiting per worker; beyond that a write is dropped unanswered (the agent's put times out and is
 /// tried again), so a flood never grows memory.
 pub const WORKER_QUEUE: usize = 512;
+/// Writes of one device waiting at once; beyond that its writes are dropped unanswered. An agent waits for each
+/// write's answer before it sends the next, so it never has more than one waiting; a flooding device can take at
+/// most this many of its worker's [`WORKER_QUEUE`] places, never the other devices' (issue 28).
+pub const DEVICE_QUEUED: usize = 4;
 /// Devices whose registrations, budgets and report times are kept at most (a fleet of this many devices fits).
 pub const MAX_DEVICES: usize = 1_000_000;
 /// Time-out of one JetStream write or read made for a device.
@@ -158,23 +162,33 @@ pub async fn run(
         .await
         .map_err(|e| format!("NATS flush: {e}"))?;
 
-    // Writes: one ordered worker per share of the devices.
+    // Writes: one ordered worker per share of the devices, each device holding at most DEVICE_QUEUED places.
+    let queued = Arc::new(Queued::default());
     let mut queues = Vec::with_capacity(WORKERS);
     for _ in 0..WORKERS {
         let (tx, mut rx) = mpsc::channel::<async_nats::Message>(WORKER_QUEUE);
         queues.push(tx);
         let (fleet, registry, devices) = (fleet.clone(), registry.clone(), devices.clone());
+        let queued = queued.clone();
         tokio::spawn(async move {
             while let Some(msg) = rx.recv().await {
+                let device = subject_device_name(&msg.subject).to_owned();
                 handle_write(&fleet, &registry, &devices, msg).await;
+                queued.done(&device);
             }
         });
     }
     let mut writes = futures::stream::select_all(writes);
     let dispatch = async move {
         while let Some(msg) = writes.next().await {
-            let shard = shard(&msg.subject);
+            let device = subject_device_name(&msg.subject).to_owned();
+            if !queued.take(&device) {
+                log::debug!("device {device:?} has {DEVICE_QUEUED} writes waiting: a write was dropped unanswered");
+                continue;
+            }
+            let shard = shard(&device);
             if queues[shard].try_send(msg).is_err() {
+                queued.done(&device);
                 log::debug!("device API worker {shard} busy: a write was dropped unanswered");
             }
         }
@@ -248,10 +262,42 @@ pub async fn run(
     Err("a device API subscription ended (NATS connection closed)".into())
 }
 
-/// The worker a write goes to: by the device named in its subject, so a device's writes stay in order.
-fn shard(subject: &str) -> usize {
+/// The device part of a write's subject (`$KV.<bucket>.<device>…`) as sent, valid or not (checked later).
+fn subject_device_name(subject: &str) -> &str {
+    subject.split('.').nth(2).unwrap_or("")
+}
+
+/// Writes waiting per device (only devices with some waiting are kept: at most the workers' places).
+#[derive(Default)]
+struct Queued(Mutex<HashMap<String, usize>>);
+
+impl Queued {
+    /// Takes a place for one more write of `device`; false when it has [`DEVICE_QUEUED`] waiting.
+    fn take(&self, device: &str) -> bool {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(device.to_owned()).or_insert(0);
+        if *n >= DEVICE_QUEUED {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    /// One write of `device` was handled (or dropped after its place was taken).
+    fn done(&self, device: &str) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(device) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(device);
+            }
+        }
+    }
+}
+
+/// The worker a device's writes go to, so that they stay in order.
+fn shard(device: &str) -> usize {
     use std::hash::{Hash, Hasher};
-    let device = subject.split('.').nth(2).unwrap_or("");
     let mut h = std::collections::hash_map::DefaultHasher::new();
     device.hash(&mut h);
     (h.finish() % WORKERS as u64) as usize
@@ -473,13 +519,35 @@ mod tests {
 
     #[test]
     fn a_devices_writes_share_one_worker() {
-        let a = shard("$KV.device-info.dev-a");
-        assert_eq!(shard("$KV.device-heartbeat.dev-a"), a);
+        let device = |s| shard(subject_device_name(s));
+        let a = device("$KV.device-info.dev-a");
+        assert_eq!(device("$KV.device-heartbeat.dev-a"), a);
         assert_eq!(
-            shard("$KV.system-upgrade-status.dev-a.0a5b3c1e-8f2d-4b7a-9c6e-1d2f3a4b5c6d"),
+            device("$KV.system-upgrade-status.dev-a.0a5b3c1e-8f2d-4b7a-9c6e-1d2f3a4b5c6d"),
             a
         );
         assert!(a < WORKERS);
+    }
+
+    #[test]
+    fn a_flooding_device_holds_at_most_its_own_places() {
+        let q = Queued::default();
+        for _ in 0..DEVICE_QUEUED {
+            assert!(q.take("dev-a"));
+        }
+        assert!(!q.take("dev-a"), "a fifth waiting write of dev-a");
+        assert!(q.take("dev-b"), "another device is not held up by dev-a");
+        q.done("dev-a");
+        assert!(q.take("dev-a"), "a place freed is dev-a's again");
+        for _ in 0..DEVICE_QUEUED {
+            q.done("dev-a");
+        }
+        q.done("dev-b");
+        q.done("dev-b");
+        assert!(
+            q.0.lock().unwrap().is_empty(),
+            "devices with nothing waiting are not kept"
+        );
     }
 
     #[test]
