@@ -594,6 +594,10 @@ fn main() {
             watchers.iter().map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join(", "),
         );
         out.result("device_watchers", watchers.get("Device").map_or("none".into(), |v| format!("{v:.0}")));
+        // One NATS link for the whole operator (issue 32, point 3): the controllers and the dashboard share it.
+        let links = fleet_rig::util::tcp_connections_to(op_pid, nats.port());
+        out.row("the operator's NATS connections", links.to_string());
+        out.result("operator_nats_connections", links.to_string());
         let (db1, dir1) = (dir_bytes(&etcd_dir.join("member/snap/db")), dir_bytes(&etcd_dir));
         out.row("steady window", format!("{window:.0} s, after {} s settling", settle.as_secs()));
         operator_work(&mut out, "steady window", &metrics_steady, &operator_metrics(&dash_addr, dash_token), window);

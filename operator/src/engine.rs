@@ -13,6 +13,7 @@ use crate::conditions;
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use crate::device_writes::DeviceWrites;
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
+use crate::nats_link::NatsLink;
 use crate::placement::DeploymentInput;
 use crate::plan::{self, NewDevice, Plan, Snapshot};
 use crate::report;
@@ -174,8 +175,8 @@ impl Mirrors {
     }
 }
 
-async fn open_link(url: &str, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link, NatsError> {
-    let (client, js) = kv::connect(url).await?;
+async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link, NatsError> {
+    let (client, js) = nats.connect().await?;
     let stores = kv::ensure_buckets(&js).await?;
     let mut link = Link {
         client,
@@ -198,22 +199,25 @@ pub async fn run(
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let watch = HeartbeatWatch::default();
     let caches = Caches::watch(&client, &opts.label_selector);
+    let nats = NatsLink::new(opts.nats_url.clone());
     run_with(
         client,
         opts,
         &caches,
+        &nats,
         heartbeat_mirror(watch.clone()),
         watch,
     )
     .await
 }
 
-/// [`run`] with the operator's shared caches and the heartbeat mirror made by the caller (who shares it: the
-/// dashboard reads liveness from it) from `watch`.
+/// [`run`] with the operator's shared caches and NATS connection, and the heartbeat mirror made by the caller (who
+/// shares it: the dashboard reads liveness from it) from `watch`.
 pub async fn run_with(
     client: Client,
     opts: Options,
     caches: &Caches,
+    nats: &NatsLink,
     heartbeats: Arc<Mirror<Heartbeat>>,
     watch: HeartbeatWatch,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
@@ -228,10 +232,7 @@ pub async fn run_with(
     caches.deployments.ready().await?;
     caches.releases.ready().await?;
     // The URL may carry the operator's own NATS password: log it without.
-    log::info!(
-        "caches synced; NATS at {}",
-        fleet_wire::auth::split_nats_url(&opts.nats_url).url
-    );
+    log::info!("caches synced; NATS at {}", nats.display_url());
     let device_writes = Arc::new(DeviceWrites::default());
     tokio::spawn(device_writes.clone().run(
         client.clone(),
@@ -257,7 +258,7 @@ pub async fn run_with(
         }
         let mut nats_error = None;
         if link.is_none() {
-            match open_link(&opts.nats_url, &engine.mirrors, &notify).await {
+            match open_link(nats, &engine.mirrors, &notify).await {
                 Ok(mut l) => {
                     // fleet-auth's reports of refused device writes, on the same connection.
                     l.watches.push(tokio::spawn(crate::refusals::listen(

@@ -15,6 +15,7 @@ pub mod health;
 pub mod kv;
 pub mod metrics;
 pub mod mirror;
+pub mod nats_link;
 pub mod nats_password;
 pub mod nats_tls;
 pub mod placement;

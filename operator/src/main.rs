@@ -212,7 +212,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let dashboard = match dash.options(&nats_url) {
+    let dashboard = match dash.options() {
         Ok(d) => d,
         Err(e) => {
             eprintln!("{e}");
@@ -278,13 +278,15 @@ fn main() -> ExitCode {
         // One heartbeat mirror: the control loop keeps it, the dashboard and its alerts read liveness from it.
         let watch = fleet_operator::engine::HeartbeatWatch::default();
         let heartbeats = fleet_operator::engine::heartbeat_mirror(watch.clone());
-        // One watch and one cache per kind, shared by every controller and the dashboard.
+        // One watch and one cache per kind, and one NATS connection, shared by every controller and the dashboard.
         let caches = fleet_operator::cache::Caches::watch(&client, &opts.label_selector);
+        let nats = fleet_operator::nats_link::NatsLink::new(opts.nats_url.clone());
         let dashboard_client = client.clone();
         let dashboard = fleet_operator::dashboard::run(
             dashboard_client,
             dashboard,
             &caches,
+            nats.clone(),
             heartbeats.clone(),
         );
         tokio::select! {
@@ -294,7 +296,7 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::engine::run_with(client.clone(), opts, &caches, heartbeats, watch) => {
+            r = fleet_operator::engine::run_with(client.clone(), opts, &caches, &nats, heartbeats, watch) => {
                 if let Err(e) = r {
                     log::error!("{e}");
                 }
@@ -306,7 +308,7 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::tasks::controller::run_with(client, task_opts, &caches) => {
+            r = fleet_operator::tasks::controller::run_with(client, task_opts, &caches, &nats) => {
                 if let Err(e) = r {
                     log::error!("task runs: {e}");
                 }
@@ -348,7 +350,7 @@ impl DashboardArgs {
 
     /// The alerts' and dashboard's options (`serve` is `None` when the dashboard is off: alerts run all the
     /// same); an error for an incomplete or unreadable set.
-    fn options(self, nats_url: &str) -> Result<fleet_operator::dashboard::Options, String> {
+    fn options(self) -> Result<fleet_operator::dashboard::Options, String> {
         use fleet_operator::dashboard::{
             auth::Token, events::OwnPod, reboots::FleetLockSource, Serve,
         };
@@ -399,7 +401,6 @@ impl DashboardArgs {
         };
         Ok(fleet_operator::dashboard::Options {
             serve,
-            nats_url: nats_url.to_owned(),
             label_selector: std::env::var("FLEET_LABEL_SELECTOR")
                 .ok()
                 .filter(|s| !s.is_empty()),

@@ -638,6 +638,14 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         .await
         .unwrap();
     assert_eq!(code, 401, "metrics need the token too");
+
+    // One NATS connection for the whole operator: the deployments controller, the TaskRun controller, the refusal
+    // reports and the dashboard (all of which have used NATS by now) share it.
+    assert_eq!(
+        fleet_rig::util::tcp_connections_to(_op.0.id(), f.nats.port()),
+        1,
+        "the operator's connections to nats-server"
+    );
 }
 
 /// A run page reads only the plan chunk(s) holding its devices, in plan order, with each device's status and

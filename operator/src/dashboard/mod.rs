@@ -19,6 +19,7 @@ pub mod server;
 pub mod state;
 
 use crate::cache::Caches;
+use crate::nats_link::NatsLink;
 use alerts::{DeviceFacts, RunFacts, Thresholds};
 use fleet_wire::Timestamp;
 use kube::Client;
@@ -46,8 +47,6 @@ pub struct Serve {
 pub struct Options {
     /// The pages and `/metrics`; `None`: off (alerts and their events run all the same).
     pub serve: Option<Serve>,
-    /// NATS (the operator's own URL).
-    pub nats_url: String,
     /// Only objects with these labels (the operator's `FLEET_LABEL_SELECTOR`).
     pub label_selector: Option<String>,
     /// The FleetLock server to show, if any.
@@ -66,6 +65,7 @@ pub async fn run(
     client: Client,
     opts: Options,
     caches: &Caches,
+    nats: Arc<NatsLink>,
     heartbeats: Arc<crate::kv::Mirror<fleet_wire::Heartbeat>>,
 ) -> Result<(), String> {
     let listener = match &opts.serve {
@@ -99,7 +99,7 @@ pub async fn run(
     match (listener, opts.serve) {
         (Some(listener), Some(serve)) => {
             log::info!("dashboard on http://{}/", serve.listen);
-            tokio::spawn(connect_nats(state.clone(), opts.nats_url.clone()));
+            tokio::spawn(connect_nats(state.clone(), nats));
             server::serve(listener, state, Arc::new(serve.token)).await;
         }
         _ => {
@@ -110,14 +110,14 @@ pub async fn run(
     Ok(())
 }
 
-/// Connects to NATS (every 2 s until it answers; the client reconnects by itself afterwards).
-async fn connect_nats(state: Arc<State>, url: String) {
+/// Opens the buckets on the operator's NATS connection (every 2 s until it answers; the connection reconnects by
+/// itself afterwards).
+async fn connect_nats(state: Arc<State>, nats: Arc<NatsLink>) {
     loop {
-        match crate::kv::connect(&url).await {
+        match nats.connect().await {
             Ok((_client, js)) => match Buckets::open(&js).await {
                 Ok(b) => {
                     *state.nats.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(b));
-                    // The client lives as long as the buckets that hold its context.
                     return;
                 }
                 Err(e) => log::warn!("dashboard: {e}"),

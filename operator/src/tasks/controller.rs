@@ -20,6 +20,7 @@ use crate::cache::Caches;
 use crate::conditions;
 use crate::crd::{Device, DeviceGroup, Stalled};
 use crate::kv::{self, Mirror, NatsError};
+use crate::nats_link::NatsLink;
 use crate::placement::{self, Labels};
 use crate::report;
 use async_nats::jetstream::kv::Store;
@@ -91,11 +92,11 @@ impl Drop for Link {
 
 impl Link {
     async fn open(
-        url: &str,
+        nats: &NatsLink,
         info: &Arc<Mirror<DeviceInfo>>,
         notify: &Arc<Notify>,
     ) -> Result<Self, NatsError> {
-        let (client, js) = kv::connect(url).await?;
+        let (client, js) = nats.connect().await?;
         let stores = kv::ensure_buckets(&js).await?;
         let info_store = store(&stores, layout::DEVICE_INFO)?.clone();
         let info_watch = tokio::spawn(info.clone().run(info_store, notify.clone()));
@@ -133,14 +134,16 @@ pub async fn run(
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let caches = Caches::watch(&client, &opts.label_selector);
-    run_with(client, opts, &caches).await
+    let nats = NatsLink::new(opts.nats_url.clone());
+    run_with(client, opts, &caches, &nats).await
 }
 
-/// [`run`] with the operator's shared caches.
+/// [`run`] with the operator's shared caches and NATS connection.
 pub async fn run_with(
     client: Client,
     opts: Options,
     caches: &Caches,
+    nats: &NatsLink,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let notify = Arc::new(Notify::new());
     let runs = caches.runs.subscribe(&notify);
@@ -151,10 +154,7 @@ pub async fn run_with(
     caches.devices.ready().await?;
     caches.groups.ready().await?;
     // The URL may carry the operator's own NATS password: log it without.
-    log::info!(
-        "task runs: caches synced; NATS at {}",
-        fleet_wire::auth::split_nats_url(&opts.nats_url).url
-    );
+    log::info!("task runs: caches synced; NATS at {}", nats.display_url());
     let mut c = Controller {
         recorder: report::recorder(client.clone(), opts.instance.clone()),
         client,
@@ -180,7 +180,7 @@ pub async fn run_with(
         }
         let mut nats_error = None;
         if link.is_none() {
-            match Link::open(&opts.nats_url, &c.info, &notify).await {
+            match Link::open(nats, &c.info, &notify).await {
                 Ok(l) => link = Some(l),
                 Err(e) => {
                     log::warn!("task runs: {e}");
