@@ -220,6 +220,39 @@ pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> O
     }
 }
 
+/// Established TCP connections of process `pid` to port `port` on any address: its socket inodes
+/// (`/proc/<pid>/fd`) that `/proc/net/tcp` or `tcp6` lists with that remote port. 0 when `pid` is gone.
+pub fn tcp_connections_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let l = std::fs::read_link(e.ok()?.path()).ok()?;
+            Some(
+                l.to_str()?
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .map(|t| {
+            t.lines()
+                .skip(1)
+                .filter(|l| {
+                    // sl, local address, remote address, state (01: established), …, inode (10th column)
+                    let c: Vec<&str> = l.split_whitespace().collect();
+                    c.len() > 9 && c[2].ends_with(&want) && c[3] == "01" && inodes.contains(c[9])
+                })
+                .count()
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,37 +313,4 @@ mod tests {
             let _ = std::fs::remove_file(dir.join(p.to_string()));
         }
     }
-}
-
-/// Established TCP connections of process `pid` to port `port` on any address: its socket inodes
-/// (`/proc/<pid>/fd`) that `/proc/net/tcp` or `tcp6` lists with that remote port. 0 when `pid` is gone.
-pub fn tcp_connections_to(pid: u32, port: u16) -> usize {
-    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            let l = std::fs::read_link(e.ok()?.path()).ok()?;
-            Some(
-                l.to_str()?
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .to_owned(),
-            )
-        })
-        .collect();
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok())
-        .map(|t| {
-            t.lines()
-                .skip(1)
-                .filter(|l| {
-                    // sl, local address, remote address, state (01: established), …, inode (10th column)
-                    let c: Vec<&str> = l.split_whitespace().collect();
-                    c.len() > 9 && c[2].ends_with(&want) && c[3] == "01" && inodes.contains(c[9])
-                })
-                .count()
-        })
-        .sum()
 }
