@@ -138,11 +138,16 @@ pub fn heartbeat_mirror(watch: HeartbeatWatch) -> Arc<Mirror<Heartbeat>> {
 }
 
 impl Mirrors {
-    /// The mirrors, `heartbeat` shared with the dashboard (made by [`heartbeat_mirror`]); a workload report of a
-    /// device in `watch` always wakes the loop (it can end a deployment's soak).
-    pub fn new(heartbeat: Arc<Mirror<Heartbeat>>, watch: HeartbeatWatch) -> Self {
+    /// The mirrors, `heartbeat` shared with the dashboard (made by [`heartbeat_mirror`]) and `info` with the TaskRun
+    /// controller (both kept current by this controller's watches); a workload report of a device in `watch` always
+    /// wakes the loop (it can end a deployment's soak).
+    pub fn new(
+        heartbeat: Arc<Mirror<Heartbeat>>,
+        info: Arc<Mirror<DeviceInfo>>,
+        watch: HeartbeatWatch,
+    ) -> Self {
         Self {
-            info: Mirror::new(layout::DEVICE_INFO),
+            info,
             heartbeat,
             upgrade: Mirror::new(layout::AGENT_UPGRADE_STATUS),
             desired: Mirror::new(layout::DESIRED_STATE),
@@ -206,19 +211,23 @@ pub async fn run(
         &caches,
         &nats,
         heartbeat_mirror(watch.clone()),
+        Mirror::new(layout::DEVICE_INFO),
         watch,
     )
     .await
 }
 
-/// [`run`] with the operator's shared caches and NATS connection, and the heartbeat mirror made by the caller (who
-/// shares it: the dashboard reads liveness from it) from `watch`.
+/// [`run`] with the operator's shared caches and NATS connection, and the heartbeat and device-info mirrors made by
+/// the caller, who shares them (the dashboard reads liveness from the heartbeats, the TaskRun controller
+/// capabilities from the device info); this controller's watches keep them current. `heartbeats` is made by
+/// [`heartbeat_mirror`] from `watch`.
 pub async fn run_with(
     client: Client,
     opts: Options,
     caches: &Caches,
     nats: &NatsLink,
     heartbeats: Arc<Mirror<Heartbeat>>,
+    info: Arc<Mirror<DeviceInfo>>,
     watch: HeartbeatWatch,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let notify = Arc::new(Notify::new());
@@ -245,7 +254,7 @@ pub async fn run_with(
         groups,
         deployments,
         releases,
-        mirrors: Mirrors::new(heartbeats, watch.clone()),
+        mirrors: Mirrors::new(heartbeats, info, watch.clone()),
         heartbeat_watch: watch,
         device_writes,
         refusals: Arc::default(),

@@ -305,6 +305,8 @@ pub struct Mirror<T> {
     synced: std::sync::atomic::AtomicBool,
     /// `None`: every change wakes.
     wake_when: Option<WakeWhen<T>>,
+    /// Woken with the watch's own `notify`: the other controllers that read this mirror ([`Self::subscribe`]).
+    subscribers: std::sync::Mutex<Vec<Arc<Notify>>>,
 }
 
 impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
@@ -320,6 +322,7 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             map: RwLock::new(BTreeMap::new()),
             synced: false.into(),
             wake_when: None,
+            subscribers: Default::default(),
         })
     }
 
@@ -331,6 +334,7 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             map: RwLock::new(BTreeMap::new()),
             synced: false.into(),
             wake_when: Some(wake_when),
+            subscribers: Default::default(),
         })
     }
 
@@ -350,7 +354,7 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             .unwrap_or(false);
         if empty {
             self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
-            notify.notify_one();
+            self.wake(&notify);
         }
         while let Some(entry) = watch.next().await {
             let entry = match entry {
@@ -396,10 +400,31 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
                 wake = true;
             }
             if wake {
-                notify.notify_one();
+                self.wake(&notify);
             }
         }
         NatsError::new(format!("watch {}", self.bucket), "the watch ended")
+    }
+
+    /// Also wakes `notify` whenever the watch wakes its own: a second reader of one mirror, which one controller
+    /// watches (one copy of the bucket in memory, however many controllers read it).
+    pub fn subscribe(&self, notify: &Arc<Notify>) {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(notify.clone());
+    }
+
+    fn wake(&self, notify: &Notify) {
+        notify.notify_one();
+        for n in self
+            .subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            n.notify_one();
+        }
     }
 
     /// Records a value seen (or written) at `revision`; older revisions never overwrite newer ones.

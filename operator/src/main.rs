@@ -278,6 +278,8 @@ fn main() -> ExitCode {
         // One heartbeat mirror: the control loop keeps it, the dashboard and its alerts read liveness from it.
         let watch = fleet_operator::engine::HeartbeatWatch::default();
         let heartbeats = fleet_operator::engine::heartbeat_mirror(watch.clone());
+        // One device-info mirror: the control loop keeps it, the TaskRun controller reads capabilities from it.
+        let info = fleet_operator::kv::Mirror::new(fleet_wire::kv::DEVICE_INFO);
         // One watch and one cache per kind, and one NATS connection, shared by every controller and the dashboard.
         let caches = fleet_operator::cache::Caches::watch(&client, &opts.label_selector);
         let nats = fleet_operator::nats_link::NatsLink::new(opts.nats_url.clone());
@@ -296,7 +298,7 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::engine::run_with(client.clone(), opts, &caches, &nats, heartbeats, watch) => {
+            r = fleet_operator::engine::run_with(client.clone(), opts, &caches, &nats, heartbeats, info.clone(), watch) => {
                 if let Err(e) = r {
                     log::error!("{e}");
                 }
@@ -308,7 +310,13 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::tasks::controller::run_with(client, task_opts, &caches, &nats) => {
+            r = fleet_operator::tasks::controller::run_with(
+                client,
+                task_opts,
+                &caches,
+                &nats,
+                fleet_operator::tasks::controller::DeviceInfoSource::Shared(info),
+            ) => {
                 if let Err(e) = r {
                     log::error!("task runs: {e}");
                 }

@@ -81,25 +81,42 @@ struct RunStalls {
 struct Link {
     client: async_nats::Client,
     stores: BTreeMap<&'static str, Store>,
-    info_watch: tokio::task::JoinHandle<NatsError>,
+    /// The device-info watch, when this controller keeps the mirror itself ([`DeviceInfoSource::Own`]).
+    info_watch: Option<tokio::task::JoinHandle<NatsError>>,
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
-        self.info_watch.abort();
+        if let Some(w) = &self.info_watch {
+            w.abort();
+        }
     }
+}
+
+/// Where the TaskRun controller reads device info (capabilities, at planning) from.
+pub enum DeviceInfoSource {
+    /// A mirror another controller keeps current (the operator's: the deployments controller watches it); this one
+    /// is woken by its changes.
+    Shared(Arc<Mirror<DeviceInfo>>),
+    /// A mirror of its own, which it watches (the controller run alone).
+    Own,
 }
 
 impl Link {
     async fn open(
         nats: &NatsLink,
-        info: &Arc<Mirror<DeviceInfo>>,
+        own_info: Option<&Arc<Mirror<DeviceInfo>>>,
         notify: &Arc<Notify>,
     ) -> Result<Self, NatsError> {
         let (client, js) = nats.connect().await?;
         let stores = kv::ensure_buckets(&js).await?;
-        let info_store = store(&stores, layout::DEVICE_INFO)?.clone();
-        let info_watch = tokio::spawn(info.clone().run(info_store, notify.clone()));
+        let info_watch = match own_info {
+            Some(info) => {
+                let info_store = store(&stores, layout::DEVICE_INFO)?.clone();
+                Some(tokio::spawn(info.clone().run(info_store, notify.clone())))
+            }
+            None => None,
+        };
         Ok(Self {
             client,
             stores,
@@ -108,7 +125,7 @@ impl Link {
     }
 
     fn broken(&self) -> Option<String> {
-        if self.info_watch.is_finished() {
+        if self.info_watch.as_ref().is_some_and(|w| w.is_finished()) {
             return Some("the device-info watch ended".into());
         }
         match self.client.connection_state() {
@@ -135,17 +152,25 @@ pub async fn run(
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let caches = Caches::watch(&client, &opts.label_selector);
     let nats = NatsLink::new(opts.nats_url.clone());
-    run_with(client, opts, &caches, &nats).await
+    run_with(client, opts, &caches, &nats, DeviceInfoSource::Own).await
 }
 
-/// [`run`] with the operator's shared caches and NATS connection.
+/// [`run`] with the operator's shared caches, NATS connection and device-info mirror.
 pub async fn run_with(
     client: Client,
     opts: Options,
     caches: &Caches,
     nats: &NatsLink,
+    info: DeviceInfoSource,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let notify = Arc::new(Notify::new());
+    let (info, own_info) = match info {
+        DeviceInfoSource::Shared(m) => {
+            m.subscribe(&notify);
+            (m, false)
+        }
+        DeviceInfoSource::Own => (Mirror::new(layout::DEVICE_INFO), true),
+    };
     let runs = caches.runs.subscribe(&notify);
     let devices = caches.devices.subscribe(&notify);
     let groups = caches.groups.subscribe(&notify);
@@ -161,7 +186,7 @@ pub async fn run_with(
         runs,
         devices,
         groups,
-        info: Mirror::new(layout::DEVICE_INFO),
+        info,
         notify: notify.clone(),
         plans: HashMap::new(),
         views: HashMap::new(),
@@ -180,7 +205,7 @@ pub async fn run_with(
         }
         let mut nats_error = None;
         if link.is_none() {
-            match Link::open(nats, &c.info, &notify).await {
+            match Link::open(nats, own_info.then_some(&c.info), &notify).await {
                 Ok(l) => link = Some(l),
                 Err(e) => {
                     log::warn!("task runs: {e}");
