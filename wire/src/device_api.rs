@@ -230,6 +230,13 @@ pub enum PutRefusal {
     /// The device spent its write budget.
     #[error("over the write budget ({WRITE_BURST} writes, then {WRITE_RATE_PER_SEC} a second)")]
     OverBudget,
+    /// The device already has this many writes waiting to be handled (an agent sends a write only after the
+    /// previous one's answer): a flood never takes another device's places in the queue.
+    #[error("over the write budget: {limit} writes of this device wait already (an agent waits for each answer)")]
+    TooManyWaiting {
+        /// Writes a device may have waiting.
+        limit: usize,
+    },
 }
 
 impl PutRefusal {
@@ -240,7 +247,7 @@ impl PutRefusal {
             Self::BadKey { .. } => "bad-key",
             Self::TooLarge { .. } => "too-large",
             Self::UnknownRun { .. } => "unknown-run",
-            Self::OverBudget => "over-budget",
+            Self::OverBudget | Self::TooManyWaiting { .. } => "over-budget",
         }
     }
 }
@@ -350,11 +357,14 @@ mod tests {
             },
             PutRefusal::UnknownRun { run: "r".into() },
             PutRefusal::OverBudget,
+            PutRefusal::TooManyWaiting { limit: 4 },
         ];
         for r in &all {
             assert!(REFUSAL_KINDS.contains(&r.kind()), "{}", r.kind());
         }
-        assert_eq!(REFUSAL_KINDS.len(), all.len() + 1);
+        // Every kind but the flood guard's is a refusal's.
+        let kinds: std::collections::BTreeSet<_> = all.iter().map(PutRefusal::kind).collect();
+        assert_eq!(REFUSAL_KINDS.len(), kinds.len() + 1);
     }
 
     #[test]

@@ -34,9 +34,10 @@ pub const WORKERS: usize = 64;
 /// Writes waiting per worker; beyond that a write is dropped unanswered (the agent's put times out and is
 /// tried again), so a flood never grows memory.
 pub const WORKER_QUEUE: usize = 512;
-/// Writes of one device waiting at once; beyond that its writes are dropped unanswered. An agent waits for each
-/// write's answer before it sends the next, so it never has more than one waiting; a flooding device can take at
-/// most this many of its worker's [`WORKER_QUEUE`] places, never the other devices' (issue 28).
+/// Writes of one device waiting at once; beyond that its writes are refused at once
+/// ([`PutRefusal::TooManyWaiting`]). An agent waits for each write's answer before it sends the next, so it never
+/// has more than one waiting; a flooding device can take at most this many of its worker's [`WORKER_QUEUE`]
+/// places, never the other devices' (issue 28).
 pub const DEVICE_QUEUED: usize = 4;
 /// Devices whose registrations, budgets and report times are kept at most (a fleet of this many devices fits).
 pub const MAX_DEVICES: usize = 1_000_000;
@@ -179,17 +180,23 @@ pub async fn run(
         });
     }
     let mut writes = futures::stream::select_all(writes);
-    let dispatch = async move {
-        while let Some(msg) = writes.next().await {
-            let device = subject_device_name(&msg.subject).to_owned();
-            if !queued.take(&device) {
-                log::debug!("device {device:?} has {DEVICE_QUEUED} writes waiting: a write was dropped unanswered");
-                continue;
-            }
-            let shard = shard(&device);
-            if queues[shard].try_send(msg).is_err() {
-                queued.done(&device);
-                log::debug!("device API worker {shard} busy: a write was dropped unanswered");
+    let dispatch = {
+        let (fleet, registry, devices) = (fleet.clone(), registry.clone(), devices.clone());
+        async move {
+            while let Some(msg) = writes.next().await {
+                let device = subject_device_name(&msg.subject).to_owned();
+                if !queued.take(&device) {
+                    let refusal = PutRefusal::TooManyWaiting {
+                        limit: DEVICE_QUEUED,
+                    };
+                    refuse(&fleet, &registry, &devices, msg, refusal).await;
+                    continue;
+                }
+                let shard = shard(&device);
+                if queues[shard].try_send(msg).is_err() {
+                    queued.done(&device);
+                    log::debug!("device API worker {shard} busy: a write was dropped unanswered");
+                }
             }
         }
     };
@@ -321,6 +328,29 @@ async fn handle_write(
             api_error(503, &format!("device API could not write: {e}"))
         }
     };
+    answer_with(devices, msg, answer).await;
+}
+
+/// Refuses a write before it is queued: reported and answered as the worker would.
+async fn refuse(
+    fleet: &Fleet,
+    registry: &Registry,
+    devices: &async_nats::Client,
+    msg: async_nats::Message,
+    refusal: PutRefusal,
+) {
+    let device = subject_device(&msg.subject);
+    report(fleet, registry, device.as_ref(), &msg.subject, &refusal).await;
+    let answer = api_error(400, &format!("device API refused the write: {refusal}"));
+    answer_with(devices, msg, answer).await;
+}
+
+/// Sends `answer` to the write's reply subject, if it has one.
+async fn answer_with(
+    devices: &async_nats::Client,
+    msg: async_nats::Message,
+    answer: serde_json::Value,
+) {
     if let Some(reply) = msg.reply {
         let body = serde_json::to_vec(&answer).unwrap_or_default();
         if let Err(e) = devices.publish(reply, body.into()).await {
