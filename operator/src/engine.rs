@@ -59,6 +59,8 @@ pub struct Options {
 /// A live NATS connection: the buckets and the watches that keep the mirrors current.
 struct Link {
     client: async_nats::Client,
+    /// [`NatsLink::interruptions`] when the watches were opened.
+    interruptions: u64,
     stores: BTreeMap<&'static str, Store>,
     watches: Vec<tokio::task::JoinHandle<NatsError>>,
 }
@@ -90,9 +92,12 @@ impl Link {
             message: "not in the layout".into(),
         })
     }
-    fn broken(&self) -> Option<String> {
+    fn broken(&self, nats: &NatsLink) -> Option<String> {
         if self.watches.iter().any(|w| w.is_finished()) {
             return Some("a KV watch ended".into());
+        }
+        if nats.interruptions() != self.interruptions {
+            return Some("the connection was interrupted".into());
         }
         match self.client.connection_state() {
             async_nats::connection::State::Connected => None,
@@ -181,10 +186,12 @@ impl Mirrors {
 }
 
 async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link, NatsError> {
+    let interruptions = nats.interruptions();
     let (client, js) = nats.connect().await?;
     let stores = kv::ensure_buckets(&js).await?;
     let mut link = Link {
         client,
+        interruptions,
         stores,
         watches: vec![],
     };
@@ -261,7 +268,7 @@ pub async fn run_with(
     };
     let mut link: Option<Link> = None;
     loop {
-        if let Some(why) = link.as_ref().and_then(Link::broken) {
+        if let Some(why) = link.as_ref().and_then(|l| l.broken(nats)) {
             log::warn!("NATS link lost ({why}); reconnecting");
             link = None;
         }

@@ -137,11 +137,21 @@ pub fn set_tls(tls: NatsTls) -> Result<(), String> {
 /// the URL is the operator's own NATS user (an `auth_users` entry when the fleet-auth callout is on); it is sent
 /// as credentials and never appears in errors. TLS is as [`set_tls`] said (none unless set).
 pub async fn connect(url: &str) -> Result<(async_nats::Client, jetstream::Context), NatsError> {
+    connect_with(url, |opts| opts).await
+}
+
+/// [`connect`] with more options (`more` adds them: an event callback).
+pub async fn connect_with(
+    url: &str,
+    more: impl FnOnce(async_nats::ConnectOptions) -> async_nats::ConnectOptions,
+) -> Result<(async_nats::Client, jetstream::Context), NatsError> {
     let parts = fleet_wire::auth::split_nats_url(url);
-    let mut opts = async_nats::ConnectOptions::new()
-        .name("fleet-operator")
-        .connection_timeout(NATS_REQUEST_TIMEOUT)
-        .request_timeout(Some(NATS_REQUEST_TIMEOUT));
+    let mut opts = more(
+        async_nats::ConnectOptions::new()
+            .name("fleet-operator")
+            .connection_timeout(NATS_REQUEST_TIMEOUT)
+            .request_timeout(Some(NATS_REQUEST_TIMEOUT)),
+    );
     if let Some((user, password)) = parts.user_password {
         opts = opts.user_and_password(user, password);
     }

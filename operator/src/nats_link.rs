@@ -8,12 +8,15 @@
 
 use crate::kv::{self, NatsError};
 use async_nats::jetstream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The shared connection, made by `main` (or by a controller run alone, in tests) and handed to every user.
 pub struct NatsLink {
     url: String,
     client: tokio::sync::Mutex<Option<async_nats::Client>>,
+    /// Times the connection was lost or a subscription of it dropped messages ([`Self::interruptions`]).
+    interruptions: Arc<AtomicU64>,
 }
 
 impl NatsLink {
@@ -23,7 +26,16 @@ impl NatsLink {
         Arc::new(Self {
             url: url.into(),
             client: tokio::sync::Mutex::new(None),
+            interruptions: Arc::default(),
         })
+    }
+
+    /// How many times the connection was lost, or a subscription of it dropped messages (a slow consumer), so
+    /// far. A user that saw another count when it opened its watches opens them again: the server went away (a
+    /// node of a cluster lost, a leader moved) or a watch missed changes, and a watch read anew from the current
+    /// values is the one sure way back, as with a new connection.
+    pub fn interruptions(&self) -> u64 {
+        self.interruptions.load(Ordering::SeqCst)
     }
 
     /// The URL without its credentials, for logs.
@@ -39,7 +51,19 @@ impl NatsLink {
         let client = match slot.as_ref() {
             Some(c) => c.clone(),
             None => {
-                let (c, _) = kv::connect(&self.url).await?;
+                let count = self.interruptions.clone();
+                let (c, _) = kv::connect_with(&self.url, |opts| {
+                    opts.event_callback(move |event| {
+                        if matches!(
+                            event,
+                            async_nats::Event::Disconnected | async_nats::Event::SlowConsumer(_)
+                        ) {
+                            count.fetch_add(1, Ordering::SeqCst);
+                        }
+                        async {}
+                    })
+                })
+                .await?;
                 log::info!("NATS connection to {} made", self.display_url());
                 *slot = Some(c.clone());
                 c

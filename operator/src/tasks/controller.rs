@@ -80,6 +80,8 @@ struct RunStalls {
 
 struct Link {
     client: async_nats::Client,
+    /// [`NatsLink::interruptions`] when it was opened.
+    interruptions: u64,
     stores: BTreeMap<&'static str, Store>,
     /// The device-info watch, when this controller keeps the mirror itself ([`DeviceInfoSource::Own`]).
     info_watch: Option<tokio::task::JoinHandle<NatsError>>,
@@ -108,6 +110,7 @@ impl Link {
         own_info: Option<&Arc<Mirror<DeviceInfo>>>,
         notify: &Arc<Notify>,
     ) -> Result<Self, NatsError> {
+        let interruptions = nats.interruptions();
         let (client, js) = nats.connect().await?;
         let stores = kv::ensure_buckets(&js).await?;
         let info_watch = match own_info {
@@ -119,14 +122,19 @@ impl Link {
         };
         Ok(Self {
             client,
+            interruptions,
             stores,
             info_watch,
         })
     }
 
-    fn broken(&self) -> Option<String> {
+    fn broken(&self, nats: &NatsLink) -> Option<String> {
         if self.info_watch.as_ref().is_some_and(|w| w.is_finished()) {
             return Some("the device-info watch ended".into());
+        }
+        // The run views' watches live as long as the link: a lost connection reads them anew.
+        if nats.interruptions() != self.interruptions {
+            return Some("the connection was interrupted".into());
         }
         match self.client.connection_state() {
             async_nats::connection::State::Connected => None,
@@ -198,7 +206,7 @@ pub async fn run_with(
     };
     let mut link: Option<Link> = None;
     loop {
-        if let Some(why) = link.as_ref().and_then(Link::broken) {
+        if let Some(why) = link.as_ref().and_then(|l| l.broken(nats)) {
             log::warn!("task runs: NATS link lost ({why}); reconnecting");
             link = None;
             c.views.clear();
