@@ -52,7 +52,7 @@ for n in "${sizes[@]}"; do
   v=$(val agentrelease_intents_secs)
   echo "| AgentRelease → every intent (s) | ${v:-none} | $(goal "N=$n AgentRelease to all intents (s)" "$v" "<=" 60 "60 s") |"
   v=$(val taskrun_secs)
-  echo "| TaskRun of every device → ended with every device counted (s; fleet-sim answers at once, completion waits for a heartbeat) | ${v:-none} | $(goal "N=$n TaskRun to all (s)" "$v" "<=" "${FLEET_SCALE_TIMEOUT_SECS:-900}" "the phase limit, ${FLEET_SCALE_TIMEOUT_SECS:-900} s") |"
+  echo "| TaskRun of every device → every simulated device's result counted (s; fleet-sim answers at once, completion waits for a heartbeat) | ${v:-none} | $(goal "N=$n TaskRun to all (s)" "$v" "<=" "${FLEET_SCALE_TIMEOUT_SECS:-900}" "the phase limit, ${FLEET_SCALE_TIMEOUT_SECS:-900} s") |"
   v=$(val operator_nats_connections)
   echo "| the operator's NATS connections (one for the controllers and the dashboard) | ${v:-none} | $(goal "N=$n operator NATS connections" "$v" "==" 1 "1") |"
   v=$(val sim_errors)
