@@ -719,7 +719,8 @@ fn main() {
         while t.elapsed() < limit {
             if let Some(st) = runs.get("upgrade-all").await.ok().and_then(|r| r.status) {
                 let r = st.run;
-                seen = format!("{:?}: {} targets, {} succeeded, {} failed", r.phase, r.targets, r.succeeded, r.failed);
+                let phase = r.phase.map_or("no phase".to_owned(), |p| format!("{p:?}"));
+                seen = format!("{phase}: {} targets, {} succeeded, {} failed", r.targets, r.succeeded, r.failed);
                 if (r.succeeded + r.failed) as usize >= n {
                     ended = Some(t.elapsed().as_secs_f64());
                     break;
