@@ -234,45 +234,6 @@ fn no_header_on_a_devices_write_changes_another_devices_keys() {
     assert_eq!(e.operation, nats::kv::Operation::Put, "{answers:#?}");
 }
 
-/// Writes sent all at once by one device take at most a few of its worker's places in the device API: a device
-/// that shares the worker is still answered at once (before the per-device bound, 2,000 writes at once filled the
-/// worker's 512 places and the other device's writes went unanswered).
-#[test]
-fn a_write_flood_leaves_the_devices_sharing_its_worker_answered() {
-    use fleet_operator::auth::device_api::worker_of;
-    let f = Fleet::start();
-    let worker = worker_of("dev-a");
-    let victim = (0..100_000)
-        .map(|i| format!("dev-w{i}"))
-        .find(|d| worker_of(d) == worker)
-        .expect("a device on dev-a's worker");
-    let v = connect_device(&f.stack.nats.url(), &f.token(&victim)).expect("the victim connects");
-    let a = f.attacker();
-    for _ in 0..2000 {
-        let _ = a.conn.publish_request(
-            "$KV.device-heartbeat.dev-a",
-            "_INBOX.device.dev-a.flood",
-            b"{}",
-        );
-    }
-    let _ = a.conn.flush();
-    for i in 1..=5 {
-        let t = Instant::now();
-        let answer = ask_as(
-            &v,
-            &victim,
-            &format!("$KV.device-heartbeat.{victim}"),
-            None,
-            b"{}",
-        );
-        assert!(
-            answer.contains("\"seq\""),
-            "{victim}'s write {i}, on dev-a's worker during its flood of 2,000 writes: {answer:?} after {:?}",
-            t.elapsed()
-        );
-    }
-}
-
 /// The attack a device can keep up: paced just under the flood guard's budget (500 messages a second), so it is
 /// never cut off and lasts the whole 60 s (a faster flood is cut off within two polls: `auth_attacks_tls`).
 #[test]

@@ -302,12 +302,7 @@ impl Queued {
     }
 }
 
-/// The worker a device's writes go to, so that they stay in order (public for the tests that put two devices on
-/// one worker).
-pub fn worker_of(device: &str) -> usize {
-    shard(device)
-}
-
+/// The worker a device's writes go to, so that they stay in order.
 fn shard(device: &str) -> usize {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
