@@ -543,6 +543,23 @@ fn main() {
         );
         out.result("onboarding_status_secs", if drained { format!("{done:.1}") } else { "timeout".into() });
         if !drained {
+            // What was left, and what the operator and the servers were doing: the numbers that say what saturates.
+            let (with, total) = {
+                let s = seen.lock().unwrap();
+                (s.heartbeat.values().filter(|h| h.is_some()).count(), s.heartbeat.len())
+            };
+            let m = operator_metrics(&dash_addr, dash_token);
+            let waiting = m.get("fleet_operator_device_writes_waiting").copied().unwrap_or(-1.0);
+            out.row("at the time-out: Devices with a first status; Device writes waiting", format!("{with} of {total}; {waiting:.0}"));
+            operator_work(&mut out, "fleet-sim start → time-out", &metrics_start, &m, t0.elapsed().as_secs_f64());
+            let life = |p: u32| {
+                let since = std::fs::metadata(format!("/proc/{p}")).and_then(|m| m.modified()).ok();
+                let secs = since.and_then(|t| t.elapsed().ok()).map_or(1.0, |d| d.as_secs_f64().max(1.0));
+                cpu_ticks(p) as f64 / clock_ticks() / secs * 100.0
+            };
+            for (name, p) in [("fleet-operator", op_pid), ("kube-apiserver", apiserver_pid), ("etcd", etcd_pid), ("nats-server", nats_pid)] {
+                out.row(format!("{name} at the time-out: CPU since start (% of one core) / RSS"), format!("{:.0} % / {:.0} MiB", life(p), rss_mib(p)));
+            }
             return false;
         }
         tokio::time::sleep(settle).await;
