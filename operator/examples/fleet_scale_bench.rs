@@ -802,6 +802,9 @@ fn main() {
         eprintln!("  {}", l.chars().take(400).collect::<String>());
     }
     if !ok {
+        // exit skips destructors: stop the servers first (a failed run left its nats-server running).
+        drop(nats);
+        drop(api);
         std::process::exit(1);
     }
 }
