@@ -546,36 +546,47 @@ fn a_lost_device_info_is_written_again_within_a_heartbeat() {
         .contains("device info is missing from NATS: writing it again"));
 }
 
+/// A raw NATS protocol client: connects, sends CONNECT with `fields` (beside the protocol's own) and a PING, and
+/// checks the PONG; the socket.
+fn raw_connect(f: &Fleet, fields: serde_json::Value) -> std::net::TcpStream {
+    use std::io::{BufRead, BufReader, Write};
+    let addr = f.stack.nats.url().trim_start_matches("nats://").to_owned();
+    let mut s = std::net::TcpStream::connect(&addr).expect("tcp");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).expect("INFO");
+    assert!(info.starts_with("INFO "), "{info}");
+    let mut connect = serde_json::json!({
+        "verbose": false, "pedantic": false, "protocol": 1, "headers": true,
+    });
+    for (k, v) in fields.as_object().expect("CONNECT fields") {
+        connect[k] = v.clone();
+    }
+    write!(s, "CONNECT {connect}\r\nPING\r\n").unwrap();
+    let mut pong = String::new();
+    reader.read_line(&mut pong).expect("PONG");
+    assert_eq!(pong.trim(), "PONG", "CONNECT {fields}: {pong}");
+    s
+}
+
 /// A flood from a raw client that names another device in every field of CONNECT a client controls (`user`,
 /// `name`) while it authenticates with its own token: fleet-auth's flood guard cuts off the token's device and
 /// only it (the server reports the user fleet-auth named, never the client's words), the other device stays
 /// welcome, and its Device's refusals are not touched.
 #[test]
 fn a_flooding_client_that_names_another_device_in_connect_cuts_off_only_itself() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let f = Fleet::start();
     let reports = f
         .admin
         .subscribe("fleet.device-refusals.*")
         .expect("reports");
-    let addr = f.stack.nats.url().trim_start_matches("nats://").to_owned();
-    let mut s = std::net::TcpStream::connect(&addr).expect("tcp");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut info = String::new();
-    BufReader::new(s.try_clone().unwrap())
-        .read_line(&mut info)
-        .expect("INFO");
-    assert!(info.starts_with("INFO "), "{info}");
-    let connect = serde_json::json!({
-        "verbose": false, "pedantic": false, "protocol": 1, "headers": true,
-        "user": "dev-b", "name": "fleet-agent dev-b", "auth_token": f.token("dev-a"),
-    });
-    write!(s, "CONNECT {connect}\r\nPING\r\n").unwrap();
-    let mut reader = BufReader::new(s.try_clone().unwrap());
-    let mut pong = String::new();
-    reader.read_line(&mut pong).expect("PONG");
-    assert_eq!(pong.trim(), "PONG", "dev-a's token with user dev-b: {pong}");
+    let mut s = raw_connect(
+        &f,
+        serde_json::json!({"user": "dev-b", "name": "fleet-agent dev-b", "auth_token": f.token("dev-a")}),
+    );
     // 10 s of heartbeats as fast as the socket takes them (the answers go nowhere: no reply subject).
     let started = Instant::now();
     let mut sent = 0u64;
@@ -629,27 +640,13 @@ fn a_flooding_client_that_names_another_device_in_connect_cuts_off_only_itself()
 /// not, and the operator gets a report of kind flood that says why.
 #[test]
 fn a_device_holding_too_many_subscriptions_is_cut_off_alone() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let f = Fleet::start();
     let reports = f
         .admin
         .subscribe("fleet.device-refusals.*")
         .expect("reports");
-    let addr = f.stack.nats.url().trim_start_matches("nats://").to_owned();
-    let mut s = std::net::TcpStream::connect(&addr).expect("tcp");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut reader = BufReader::new(s.try_clone().unwrap());
-    let mut info = String::new();
-    reader.read_line(&mut info).expect("INFO");
-    let connect = serde_json::json!({
-        "verbose": false, "pedantic": false, "protocol": 1, "headers": true,
-        "auth_token": f.token("dev-a"),
-    });
-    write!(s, "CONNECT {connect}\r\nPING\r\n").unwrap();
-    let mut pong = String::new();
-    reader.read_line(&mut pong).expect("PONG");
-    assert_eq!(pong.trim(), "PONG", "dev-a connects: {pong}");
+    let mut s = raw_connect(&f, serde_json::json!({"auth_token": f.token("dev-a")}));
     // 600 subscriptions below its own inbox (allowed subjects), sent over 3 s: 200 messages a second, far under
     // the 500-a-second message budget.
     for chunk in 0..6 {
