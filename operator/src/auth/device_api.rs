@@ -189,7 +189,8 @@ pub async fn run(
                     let refusal = PutRefusal::TooManyWaiting {
                         limit: DEVICE_QUEUED,
                     };
-                    refuse(&fleet, &registry, &devices, msg, refusal).await;
+                    let device = subject_device(&msg.subject);
+                    refuse(&fleet, &registry, &devices, msg, device, refusal).await;
                     continue;
                 }
                 let shard = shard(&device);
@@ -320,8 +321,7 @@ async fn handle_write(
     let answer = match write(fleet, registry, &msg).await {
         Ok((stream, seq)) => serde_json::json!({ "stream": stream, "seq": seq }),
         Err(Failure::Refused(device, refusal)) => {
-            report(fleet, registry, device.as_ref(), &msg.subject, &refusal).await;
-            api_error(400, &format!("device API refused the write: {refusal}"))
+            return refuse(fleet, registry, devices, msg, device, refusal).await;
         }
         Err(Failure::Store(e)) => {
             log::warn!("write {} failed: {e}", msg.subject);
@@ -331,15 +331,15 @@ async fn handle_write(
     answer_with(devices, msg, answer).await;
 }
 
-/// Refuses a write before it is queued: reported and answered as the worker would.
+/// Refuses a write of `device` (the one its subject names): reported, and answered in JetStream's error shape.
 async fn refuse(
     fleet: &Fleet,
     registry: &Registry,
     devices: &async_nats::Client,
     msg: async_nats::Message,
+    device: Option<DeviceId>,
     refusal: PutRefusal,
 ) {
-    let device = subject_device(&msg.subject);
     report(fleet, registry, device.as_ref(), &msg.subject, &refusal).await;
     let answer = api_error(400, &format!("device API refused the write: {refusal}"));
     answer_with(devices, msg, answer).await;
