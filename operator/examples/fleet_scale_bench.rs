@@ -346,8 +346,11 @@ struct Out {
     results: Vec<(String, String)>,
 }
 impl Out {
+    /// A row of the table (printed at the end), shown on stderr as it is measured: a long run shows its progress.
     fn row(&mut self, what: impl Into<String>, value: impl Into<String>) {
-        self.rows.push((what.into(), value.into()));
+        let (what, value) = (what.into(), value.into());
+        eprintln!("  measured: {what}: {value}");
+        self.rows.push((what, value));
     }
     fn result(&mut self, key: &str, value: impl ToString) {
         self.results.push((key.to_owned(), value.to_string()));

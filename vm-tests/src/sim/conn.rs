@@ -402,12 +402,16 @@ struct Driver {
 
 impl Driver {
     fn run(mut self, heartbeat: Duration, status: Duration) {
-        // Device info once at start, as fast as the in-flight bound lets (the onboarding the bench times).
+        // At start each device writes its info, a workload status and a heartbeat, one after the other, as the
+        // agent does when it starts (fleet-agent's event loop: status and heartbeat before its first wait); all
+        // devices as fast as the in-flight bound lets (the onboarding the bench times).
         for k in 0..self.devices.len() {
             if self.sh.stop.load(Ordering::Relaxed) {
                 return;
             }
             self.send_info(k);
+            self.send_first_workload_status(k);
+            self.send_heartbeat(k);
         }
         let start = Instant::now();
         let n = self.devices.len();
@@ -601,6 +605,13 @@ impl Driver {
                     .put(Kind::System, kv::SYSTEM_UPGRADE_STATUS, &key, &*s);
             }
         }
+    }
+
+    fn send_first_workload_status(&mut self, k: usize) {
+        let d = &self.devices[k];
+        let s = reply::first_workload_status(&d.id, Timestamp::now());
+        self.sh
+            .put(Kind::Workload, kv::WORKLOAD_STATUS, d.id.as_str(), &s);
     }
 
     fn send_workload_status(&mut self, k: usize) {

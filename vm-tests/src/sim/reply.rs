@@ -59,6 +59,16 @@ pub fn heartbeat(
     }
 }
 
+/// A workload status before any desired state (generation 0, nothing running), as the agent publishes at start.
+pub fn first_workload_status(device: &DeviceId, at: Timestamp) -> DeviceWorkloadStatus {
+    DeviceWorkloadStatus {
+        device_id: device.clone(),
+        generation: 0,
+        at,
+        workloads: vec![],
+    }
+}
+
 /// `device-workload-status/<id>` for `desired`: every workload running with its spec, or (a failing device)
 /// failed with an image pull error.
 pub fn workload_status(desired: &DesiredState, fails: bool, at: Timestamp) -> DeviceWorkloadStatus {
