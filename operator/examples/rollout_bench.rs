@@ -159,9 +159,11 @@ fn snapshot(updated: impl Fn(usize) -> bool, staged: bool, now: Timestamp) -> Sn
                 failure: None,
             }],
         };
-        s.workloads.insert(id.to_string(), report);
-        s.desired
-            .insert(id.to_string(), DesiredState::new(id, 2, vec![w]).unwrap());
+        s.workloads.insert(id.to_string(), Arc::new(report));
+        s.desired.insert(
+            id.to_string(),
+            Arc::new(DesiredState::new(id, 2, vec![w]).unwrap()),
+        );
     }
     s
 }

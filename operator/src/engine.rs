@@ -456,7 +456,7 @@ pub fn current_workloads(
     mirror
         .values()
         .into_values()
-        .map(|s| (s.device_id, s.workloads))
+        .map(|s| (s.device_id.clone(), s.workloads.clone()))
         .collect()
 }
 

@@ -296,13 +296,14 @@ pub async fn ensure_buckets(
     Ok(out)
 }
 
-/// One key as last seen: its revision and its parsed value (`None`: deleted, or not a valid value).
+/// One key as last seen: its revision and its parsed value (`None`: deleted, or not a valid value). Values are
+/// shared, never copied: a pass's snapshot of 100,000 devices copies pointers.
 #[derive(Debug, Clone)]
 pub struct Seen<T> {
     /// KV revision.
     pub revision: u64,
     /// Parsed value.
-    pub value: Option<T>,
+    pub value: Option<Arc<T>>,
 }
 
 /// Whether a change of `key` from the first value to the second wakes the control loop.
@@ -397,7 +398,7 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
                     wake = self.with(&entry.key, |old| {
                         when(
                             &entry.key,
-                            old.and_then(|o| o.value.as_ref()),
+                            old.and_then(|o| o.value.as_deref()),
                             value.as_ref(),
                         )
                     });
@@ -439,6 +440,11 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
 
     /// Records a value seen (or written) at `revision`; older revisions never overwrite newer ones.
     pub fn record(&self, key: &str, revision: u64, value: Option<T>) {
+        self.record_shared(key, revision, value.map(Arc::new));
+    }
+
+    /// [`Self::record`] of a value already shared.
+    pub fn record_shared(&self, key: &str, revision: u64, value: Option<Arc<T>>) {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         match map.get_mut(key) {
             Some(old) if old.revision >= revision => {}
@@ -469,8 +475,8 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             .cloned()
     }
 
-    /// A copy of every live value.
-    pub fn values(&self) -> BTreeMap<String, T> {
+    /// Every live value (shared, not copied).
+    pub fn values(&self) -> BTreeMap<String, Arc<T>> {
         self.map
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -511,7 +517,7 @@ async fn read<T: DeserializeOwned>(
     Ok(entry.map(|e| Seen {
         revision: e.revision,
         value: match e.operation {
-            kv::Operation::Put => serde_json::from_slice(&e.value).ok(),
+            kv::Operation::Put => serde_json::from_slice(&e.value).ok().map(Arc::new),
             _ => None,
         },
     }))
@@ -551,13 +557,13 @@ async fn cas_write_inner<T: Serialize + DeserializeOwned + Clone + Send + Sync +
             mirror.with(key, |seen| {
                 (
                     seen.map(|s| s.revision),
-                    decide(seen.and_then(|s| s.value.as_ref())),
+                    decide(seen.and_then(|s| s.value.as_deref())),
                 )
             })
         } else {
             (
                 known.as_ref().map(|s| s.revision),
-                decide(known.as_ref().and_then(|s| s.value.as_ref())),
+                decide(known.as_ref().and_then(|s| s.value.as_deref())),
             )
         };
         let Some(next) = next else {
@@ -594,7 +600,7 @@ async fn cas_write_inner<T: Serialize + DeserializeOwned + Clone + Send + Sync +
                 // Lost a race: re-read and decide again.
                 known = read(store, bucket, key).await?;
                 if let Some(s) = &known {
-                    mirror.record(key, s.revision, s.value.clone());
+                    mirror.record_shared(key, s.revision, s.value.clone());
                 }
             }
         }
@@ -646,7 +652,9 @@ mod tests {
         ];
         for (i, (rev, value, want)) in cases.iter().enumerate() {
             m.record("k", *rev, value.map(str::to_owned));
-            let got = m.with("k", |s| s.map(|s| (s.revision, s.value.clone())));
+            let got = m.with("k", |s| {
+                s.map(|s| (s.revision, s.value.as_deref().cloned()))
+            });
             assert_eq!(got, Some((want.0, want.1.map(str::to_owned))), "case {i}");
         }
         assert!(m.with("other", |s| s.is_none()));

@@ -6,6 +6,7 @@
 
 use crate::crd::{DeviceStatus, Stalled};
 use fleet_wire::{AgentUpgradeStatus, DeviceInfo, DeviceWorkloadStatus, Heartbeat, Timestamp};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A heartbeat newer than the Device's `lastHeartbeat` by less than this is not written to it: 100,000 devices
@@ -16,13 +17,13 @@ pub const HEARTBEAT_REFRESH: Duration = Duration::from_secs(3600);
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Reported {
     /// From `device-info`.
-    pub info: Option<DeviceInfo>,
+    pub info: Option<Arc<DeviceInfo>>,
     /// From `device-heartbeat`.
-    pub heartbeat: Option<Heartbeat>,
+    pub heartbeat: Option<Arc<Heartbeat>>,
     /// From `agent-upgrade-status`.
-    pub upgrade: Option<AgentUpgradeStatus>,
+    pub upgrade: Option<Arc<AgentUpgradeStatus>>,
     /// From `device-workload-status`.
-    pub workloads: Option<DeviceWorkloadStatus>,
+    pub workloads: Option<Arc<DeviceWorkloadStatus>>,
     /// fleet-auth's reports of refused writes ([`crate::refusals`]).
     pub refused: Option<crate::refusals::Record>,
 }
@@ -51,8 +52,8 @@ pub fn device_status(
                 .to_owned()
         }),
         last_heartbeat: r.heartbeat.as_ref().map(|h| h.at.to_string()),
-        agent_upgrade: r.upgrade.clone(),
-        workloads: r.workloads.as_ref().map(crate::health::device),
+        agent_upgrade: r.upgrade.as_deref().cloned(),
+        workloads: r.workloads.as_deref().map(crate::health::device),
         stalled: r
             .upgrade
             .as_ref()
@@ -109,9 +110,9 @@ mod tests {
         let info = fixtures::device_info();
         let mut hb = fixtures::heartbeat();
         let base = Reported {
-            info: Some(info.clone()),
-            heartbeat: Some(hb.clone()),
-            upgrade: Some(fixtures::failed_status()),
+            info: Some(Arc::new(info.clone())),
+            heartbeat: Some(Arc::new(hb.clone())),
+            upgrade: Some(Arc::new(fixtures::failed_status())),
             workloads: None,
             refused: None,
         };
@@ -132,14 +133,14 @@ mod tests {
         for secs in [10, 59 * 60] {
             hb.at = beat.plus(Duration::from_secs(secs));
             let r = Reported {
-                heartbeat: Some(hb.clone()),
+                heartbeat: Some(Arc::new(hb.clone())),
                 ..base.clone()
             };
             assert_eq!(device_status(Some(&first), &r, now()), None, "{secs} s");
         }
         hb.at = beat.plus(HEARTBEAT_REFRESH);
         let r = Reported {
-            heartbeat: Some(hb.clone()),
+            heartbeat: Some(Arc::new(hb.clone())),
             ..base.clone()
         };
         assert_eq!(
@@ -150,7 +151,7 @@ mod tests {
         // a new version reported in the heartbeat is written at once
         hb.agent_version = Version::try_from("9.0.0").expect("v");
         let r = Reported {
-            heartbeat: Some(hb.clone()),
+            heartbeat: Some(Arc::new(hb.clone())),
             ..base.clone()
         };
         assert_eq!(
@@ -160,7 +161,7 @@ mod tests {
 
         // an upgrade status change is written
         let r = Reported {
-            upgrade: Some(fixtures::upgrade_status()),
+            upgrade: Some(Arc::new(fixtures::upgrade_status())),
             ..base.clone()
         };
         assert!(device_status(Some(&first), &r, now()).is_some());
@@ -168,14 +169,14 @@ mod tests {
         // a workload report is summarized; a new measurement time alone writes nothing
         let mut ws = fixtures::workload_status();
         let r = Reported {
-            workloads: Some(ws.clone()),
+            workloads: Some(Arc::new(ws.clone())),
             ..base.clone()
         };
         let with = device_status(Some(&first), &r, now()).expect("workloads summarized");
         assert_eq!(with.workloads.as_ref().map(|w| w.running), Some(1));
         ws.at = ws.at.plus(Duration::from_secs(10));
         let r = Reported {
-            workloads: Some(ws),
+            workloads: Some(Arc::new(ws)),
             ..base.clone()
         };
         assert_eq!(device_status(Some(&with), &r, now()), None);
@@ -185,7 +186,7 @@ mod tests {
         let preparing = fixtures::upgrade_status();
         let since = preparing.phase_changed_at;
         let r = Reported {
-            upgrade: Some(preparing),
+            upgrade: Some(Arc::new(preparing)),
             ..base.clone()
         };
         let at = |secs| since.plus(Duration::from_secs(secs));

@@ -45,17 +45,17 @@ pub struct Snapshot {
     /// AgentRelease objects.
     pub releases: Vec<Arc<AgentRelease>>,
     /// `device-info`.
-    pub info: BTreeMap<String, DeviceInfo>,
+    pub info: BTreeMap<String, Arc<DeviceInfo>>,
     /// `device-heartbeat`.
-    pub heartbeats: BTreeMap<String, Heartbeat>,
+    pub heartbeats: BTreeMap<String, Arc<Heartbeat>>,
     /// `agent-upgrade-status`.
-    pub upgrades: BTreeMap<String, AgentUpgradeStatus>,
+    pub upgrades: BTreeMap<String, Arc<AgentUpgradeStatus>>,
     /// `device-workload-status`.
-    pub workloads: BTreeMap<String, DeviceWorkloadStatus>,
+    pub workloads: BTreeMap<String, Arc<DeviceWorkloadStatus>>,
     /// `device-desired-state` (what this or another replica wrote).
-    pub desired: BTreeMap<String, DesiredState>,
+    pub desired: BTreeMap<String, Arc<DesiredState>>,
     /// `agent-upgrade-intent`.
-    pub intents: BTreeMap<String, AgentUpgradeAttempt>,
+    pub intents: BTreeMap<String, Arc<AgentUpgradeAttempt>>,
     /// Refused writes reported by fleet-auth ([`crate::refusals`]).
     pub refused: BTreeMap<String, crate::refusals::Record>,
 }
@@ -372,8 +372,12 @@ fn stage(
     let holds = !retry && rw::halt_holds(old, d.metadata.generation, token);
     let mut in_rollout = Vec::with_capacity(targets.len());
     for dev in targets {
-        let current = s.desired.get(dev.as_str());
-        let mut observed = rw::observe(workloads, current, s.workloads.get(dev.as_str()));
+        let current = s.desired.get(dev.as_str()).map(Arc::as_ref);
+        let mut observed = rw::observe(
+            workloads,
+            current,
+            s.workloads.get(dev.as_str()).map(Arc::as_ref),
+        );
         if retry && observed == rollout::Observed::Failed {
             plan.bump.insert(dev.clone());
             observed = rollout::Observed::Updating(None);
@@ -423,7 +427,7 @@ fn stage(
         .iter()
         .filter(|t| t.observed == rollout::Observed::Pending && !released.contains(&t.id))
         .map(|t| {
-            let keep = rw::previous(workloads, s.desired.get(t.id.as_str()));
+            let keep = rw::previous(workloads, s.desired.get(t.id.as_str()).map(Arc::as_ref));
             let list = match lists.iter().find(|l| l[..] == keep[..]) {
                 Some(l) => l.clone(),
                 None if lists.len() < HELD_LISTS => {
@@ -799,10 +803,10 @@ fn release(
             continue;
         }
         owner.insert(dev.clone(), name.to_owned());
-        let info = s.info.get(dev.as_str());
-        let cur = s.intents.get(dev.as_str());
+        let info = s.info.get(dev.as_str()).map(Arc::as_ref);
+        let cur = s.intents.get(dev.as_str()).map(Arc::as_ref);
         let decision = release::decide_intent(&dev, info, &builds, cur, &mut *new_id);
-        let status = s.upgrades.get(dev.as_str());
+        let status = s.upgrades.get(dev.as_str()).map(Arc::as_ref);
         let retry = token.map(|t| release::retry_id(&uid, t, &dev));
         let retried = release::retry_attempt(&decision, cur, status, retry);
         if retried.is_none()
@@ -823,7 +827,7 @@ fn release(
                 mine,
                 status,
                 info,
-                s.heartbeats.get(dev.as_str()),
+                s.heartbeats.get(dev.as_str()).map(Arc::as_ref),
             ),
         };
         let Some(observed) = observed else {
@@ -945,7 +949,7 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
             let held = d.held.get(&name);
             health::deployment(targets.iter().flat_map(|dev| {
                 let on_device = plan.desired.get(dev);
-                let report = s.workloads.get(dev.as_str());
+                let report = s.workloads.get(dev.as_str()).map(Arc::as_ref);
                 // A device the rollout holds back is judged on what it keeps.
                 let given = held.and_then(|h| h.get(dev)).map_or(mine, |l| &l[..]);
                 given
@@ -1017,6 +1021,11 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
 
 #[cfg(test)]
 mod tests {
+    /// A mirror's values, shared as the mirror shares them.
+    fn shared<T, const N: usize>(items: [(String, T); N]) -> BTreeMap<String, Arc<T>> {
+        items.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()
+    }
+
     use super::*;
     use fleet_wire::fixtures;
     use serde_json::{json, Value};
@@ -1211,7 +1220,7 @@ mod tests {
 
         let mut s = base();
         s.deployments = vec![deployment("web", "site-a", "Nginx:Bad:x")];
-        s.desired = [desired("d1", &["web"]), desired("d2", &[])].into();
+        s.desired = shared([desired("d1", &["web"]), desired("d2", &[])]);
         cases.push((
             "an invalid spec holds what runs",
             s,
@@ -1230,7 +1239,7 @@ mod tests {
         let mut s = base();
         s.groups = vec![group("empty", json!({"selector": {}}))];
         s.deployments = vec![deployment("web", "empty", "nginx:1")];
-        s.desired = [desired("d1", &["web"])].into();
+        s.desired = shared([desired("d1", &["web"])]);
         cases.push((
             "an empty selector holds, never selects all",
             s,
@@ -1247,7 +1256,7 @@ mod tests {
 
         let mut s = base();
         s.devices.push(held("d3"));
-        s.desired = [desired("d3", &["old"])].into();
+        s.desired = shared([desired("d3", &["old"])]);
         cases.push((
             "a held device keeps its state",
             s,
@@ -1275,7 +1284,7 @@ mod tests {
                 Value::Null,
             ),
         ];
-        s.info = [info("d1"), info("d2")].into();
+        s.info = shared([info("d1"), info("d2")]);
         cases.push((
             "releases: the newest owns a device, the older reports it superseded and keeps its counts",
             s,
@@ -1314,7 +1323,7 @@ mod tests {
             json!({}),
             json!({"soakSeconds": 60}),
         )];
-        s.info = [info("d1"), info("d2"), info("d3")].into();
+        s.info = shared([info("d1"), info("d2"), info("d3")]);
         cases.push((
             "a staged release gives the change to its canary only",
             s,
@@ -1365,7 +1374,7 @@ mod tests {
 
         let mut s = base();
         s.releases = vec![release("r", "site-a")];
-        s.info = [info("d1")].into();
+        s.info = shared([info("d1")]);
         let mut kept = fixtures::attempt();
         kept.device_id = DeviceId::try_from("d1").expect("id");
         kept.target_version = fleet_wire::Version::try_from("2.0.0").expect("v");
@@ -1374,8 +1383,8 @@ mod tests {
         kept.sha256 = fleet_wire::Sha256Hex::try_from("a".repeat(64).as_str()).expect("sha");
         let mut failed = fixtures::failed_status();
         failed.attempt_id = Some(kept.attempt_id);
-        s.intents = [("d1".to_owned(), kept)].into();
-        s.upgrades = [("d1".to_owned(), failed)].into();
+        s.intents = shared([("d1".to_owned(), kept)]);
+        s.upgrades = shared([("d1".to_owned(), failed)]);
         cases.push((
             "a failed attempt is kept and counted, not retried",
             s,
@@ -1399,8 +1408,8 @@ mod tests {
 
         let mut s = base();
         s.devices.push(device("Bad_Name", json!({})));
-        s.info = [info("d1"), info("d8"), info("d9")].into();
-        s.desired = [desired("d9", &["web"])].into();
+        s.info = shared([info("d1"), info("d8"), info("d9")]);
+        s.desired = shared([desired("d9", &["web"])]);
         cases.push((
             "devices that reported are created; held when they run workloads",
             s,
@@ -1435,7 +1444,7 @@ mod tests {
             .push(group("listed", json!({"devices": ["d2", "d7"]})));
         s.groups.push(group("empty", json!({})));
         s.deployments = vec![deployment("web", "empty", "nginx:1")];
-        s.desired = [desired("d1", &["web"])].into();
+        s.desired = shared([desired("d1", &["web"])]);
         let p = plan(&s, Timestamp::now(), &mut AttemptId::new_random);
         let msg = |name: &str| {
             let g = p
@@ -1549,7 +1558,7 @@ mod tests {
             device("d3", json!({})),
         ];
         s.deployments = vec![staged("nginx:2", json!({}), None)];
-        s.desired = [key("d1", 1, &old), key("d2", 1, &old), key("d3", 1, &old)].into();
+        s.desired = shared([key("d1", 1, &old), key("d2", 1, &old), key("d3", 1, &old)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
         let (r, halted) = rollout_of(&p);
@@ -1557,8 +1566,9 @@ mod tests {
         assert!(!halted.ok);
 
         // the canary took it and runs it for 30 s: soaking, nobody else
-        s.desired.insert("d1".into(), key("d1", 2, &new).1);
-        s.workloads = [report("d1", 2, WorkloadState::Running, 30)].into();
+        s.desired
+            .insert("d1".into(), Arc::new(key("d1", 2, &new).1));
+        s.workloads = shared([report("d1", 2, WorkloadState::Running, 30)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
         assert_eq!(rollout_of(&p).0.phase, RolloutPhase::Soaking);
@@ -1572,13 +1582,13 @@ mod tests {
         );
 
         // 60 s: healthy; d2 is next, d3 waits
-        s.workloads = [report("d1", 2, WorkloadState::Running, 60)].into();
+        s.workloads = shared([report("d1", 2, WorkloadState::Running, 60)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:2", "d3=nginx:1"]);
         assert_eq!(rollout_of(&p).0.healthy, 1);
 
         // the canary's workload failed: halted, the rest keep the old spec
-        s.workloads = [report("d1", 2, WorkloadState::Failed, 0)].into();
+        s.workloads = shared([report("d1", 2, WorkloadState::Failed, 0)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
         let (r, halted) = rollout_of(&p);
@@ -1591,7 +1601,7 @@ mod tests {
 
         // it recovers: the halt holds (the status says Halted for this spec)
         s.deployments = vec![staged("nginx:2", json!({}), Some(halted_status.clone()))];
-        s.workloads = [report("d1", 2, WorkloadState::Running, 600)].into();
+        s.workloads = shared([report("d1", 2, WorkloadState::Running, 600)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
         let (r, halted) = rollout_of(&p);
@@ -1606,7 +1616,7 @@ mod tests {
             retry.clone(),
             Some(halted_status.clone()),
         )];
-        s.workloads = [report("d1", 2, WorkloadState::Failed, 0)].into();
+        s.workloads = shared([report("d1", 2, WorkloadState::Failed, 0)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(
             p.bump.iter().map(DeviceId::as_str).collect::<Vec<_>>(),
@@ -1620,7 +1630,7 @@ mod tests {
         assert!(!halted.ok);
 
         // a retry after the canary recovered: the rollout goes on
-        s.workloads = [report("d1", 2, WorkloadState::Running, 600)].into();
+        s.workloads = shared([report("d1", 2, WorkloadState::Running, 600)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:2", "d3=nginx:1"]);
         assert!(p.bump.is_empty());
@@ -1645,7 +1655,7 @@ mod tests {
     fn intent_write_decides_again_only_when_the_key_changed() {
         let mut s = base();
         s.releases = vec![release("r", "site-a")];
-        s.info = [info("d1")].into();
+        s.info = shared([info("d1")]);
         let p = plan(&s, Timestamp::now(), &mut AttemptId::new_random);
         let w = &p.intents[0];
         assert_eq!(

@@ -96,7 +96,7 @@ impl RunView {
         let key = layout::run_key(device, run);
         let status = self
             .statuses
-            .with(&key, |s| s.and_then(|s| s.value.clone()));
+            .with(&key, |s| s.and_then(|s| s.value.as_deref().cloned()));
         let released = self.intents.with(&key, |s| s.is_some()) || status.is_some();
         (released, status)
     }
