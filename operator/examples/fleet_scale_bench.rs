@@ -52,9 +52,18 @@ fn clock_ticks() -> f64 {
 }
 
 fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// The highest RSS the process has had since it started (the kernel's high-water mark).
+fn peak_rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmHWM:")
+}
+
+fn status_mib(pid: u32, field: &str) -> f64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
-        .find(|l| l.starts_with("VmRSS:"))
+        .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|n| n.parse::<f64>().ok())
         .unwrap_or(0.0)
@@ -756,6 +765,11 @@ fn main() {
             },
         );
         out.result("taskrun_secs", ended.map_or("timeout".into(), |s| format!("{s:.1}")));
+        // Not a goal (the goal is the steady window's): the whole run's peak, onboarding and rollouts included.
+        out.row(
+            "fleet-operator peak RSS over the whole run (onboarding, FleetDeployment, AgentRelease, TaskRun)",
+            format!("{:.0} MiB", peak_rss_mib(op_pid)),
+        );
         drop(sim);
         std::thread::sleep(Duration::from_millis(300));
         let line = last_line.lock().unwrap().clone();
