@@ -1,9 +1,13 @@
 //! `fleet-sim` against a real nats-server with the layout's buckets: its devices publish device info and
 //! heartbeats, answer a desired state with a workload status, an agent-upgrade intent with statuses up to
 //! `complete` and device info at the new version (or `failed` on a failing device), and a system-upgrade intent
-//! with `accepted` then `succeeded` and the first heartbeat after it. Waits are bounds on failure only.
+//! with `accepted` then `succeeded` and the first heartbeat after it. With `--token-dir`, each device on a
+//! connection of its own through the real fleet-auth: its keys written through the device API, a desired state
+//! heard of through the device API's notices, and every device back by itself after nats-server restarts. Waits
+//! are bounds on failure only.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_rig::callout::{FleetNats, NatsAuth, NatsTransport};
 use fleet_rig::nats_client::buckets::create_buckets;
 use fleet_rig::NatsServer;
 use fleet_wire::{
@@ -156,4 +160,131 @@ fn simulated_devices_write_what_the_agent_writes() {
         last.contains(" errors=0 ") && last.contains(" bad=0 "),
         "{last}"
     );
+}
+
+/// The value of `name=` on a counter line.
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {name}= in {line}"))
+}
+
+#[test]
+fn simulated_devices_connect_with_their_own_tokens_through_fleet_auth() {
+    // TLS as the rig's switch says (on by default): the simulator trusts the server's CA.
+    let mut fleet = FleetNats::start_with(
+        NatsAuth::Callout,
+        NatsTransport::from_env(),
+        fleet_vm_tests::builds::fleet_auth,
+    );
+    let conn = fleet.connect();
+    let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
+    create_buckets(&conn, &names);
+    let tokens = tempfile::tempdir().unwrap();
+    let n = 3;
+    for i in 0..n {
+        let id = format!("sim-{i:06}");
+        let token = fleet
+            .device_token(&id)
+            .expect("a token with the callout on");
+        std::fs::write(tokens.path().join(&id), token.as_bytes()).unwrap();
+    }
+    // The URL carries no credentials: a device can only get in with its token.
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-sim"));
+    cmd.args(["--devices", &n.to_string(), "--connections", "2"])
+        .args(["--nats-url", &fleet.url()])
+        .arg("--token-dir")
+        .arg(tokens.path())
+        .args(["--heartbeat-secs", "1", "--status-secs", "1"]);
+    if let Some(ca) = fleet.ca_file() {
+        cmd.arg("--ca-file").arg(ca);
+    }
+    let mut sim = Sim(cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fleet-sim"));
+    let js = fleet_rig::nats_client::jetstream::new(conn.clone());
+    let kv = |b: &str| js.key_value(b).unwrap();
+    let (info, beats, statuses) = (
+        kv(fleet_wire::kv::DEVICE_INFO),
+        kv(fleet_wire::kv::DEVICE_HEARTBEAT),
+        kv(fleet_wire::kv::WORKLOAD_STATUS),
+    );
+    let heartbeat = |id: &str| -> Option<fleet_wire::Heartbeat> {
+        beats
+            .get(id)
+            .ok()?
+            .map(|v| serde_json::from_slice(&v).unwrap())
+    };
+    for i in 0..n {
+        let id = format!("sim-{i:06}");
+        let got: DeviceInfo = eventually("device info", || {
+            info.get(&id)
+                .unwrap()
+                .map(|v| serde_json::from_slice(&v).unwrap())
+        });
+        assert_eq!(got.device_id.as_str(), id);
+        eventually("a first workload status", || statuses.get(&id).unwrap());
+        let h = eventually("a heartbeat", || heartbeat(&id));
+        assert_eq!(h.device_id.as_str(), id);
+        assert!(
+            fleet.admitted(&id),
+            "fleet-auth admitted no connection as {id}:\n{}",
+            fleet.auth_logs()
+        );
+    }
+
+    // A desired state, which a device hears of only through the device API's notice to its own inbox → a
+    // workload status of its generation.
+    let dev1 = DeviceId::try_from("sim-000001").unwrap();
+    let mut desired = fixtures::desired_state();
+    desired.device_id = dev1.clone();
+    kv(fleet_wire::kv::DESIRED_STATE)
+        .put(dev1.as_str(), serde_json::to_vec(&desired).unwrap())
+        .unwrap();
+    eventually(
+        "a workload status of the desired state's generation",
+        || {
+            let v = statuses.get(dev1.as_str()).ok()??;
+            let s: DeviceWorkloadStatus = serde_json::from_slice(&v).unwrap();
+            (s.generation == desired.generation).then_some(())
+        },
+    );
+
+    // nats-server killed and started again: every device connects again by itself (through fleet-auth, which
+    // reconnects too) and its heartbeats go on.
+    let before: Vec<u64> = (0..n)
+        .map(|i| heartbeat(&format!("sim-{i:06}")).unwrap().sequence)
+        .collect();
+    let restarted = Timestamp::now();
+    fleet.restart_server();
+    for (i, seq) in before.iter().enumerate() {
+        let id = format!("sim-{i:06}");
+        eventually("a heartbeat after the restart", || {
+            heartbeat(&id).filter(|h| h.sequence > *seq && h.at.unix_ms() > restarted.unix_ms())
+        });
+    }
+
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &sim.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let text = std::io::read_to_string(sim.0.stdout.take().unwrap()).unwrap();
+    let status = sim.0.wait().unwrap();
+    assert!(status.success(), "fleet-sim exited with {status}:\n{text}");
+    let last = text
+        .lines()
+        .rfind(|l| l.starts_with("fleet-sim t="))
+        .unwrap_or("");
+    // One connection per device, each admitted again after the restart; none refused.
+    assert_eq!(field(last, "connected"), format!("{n}/{n}"), "{last}");
+    assert_eq!(field(last, "connects"), (2 * n).to_string(), "{last}");
+    assert_eq!(field(last, "reconnects"), n.to_string(), "{last}");
+    assert_eq!(field(last, "refused"), "0", "{last}");
+    assert_eq!(field(last, "back"), n.to_string(), "{last}");
+    assert_eq!(text.matches("fleet-sim back sim-").count(), n, "{text}");
+    assert_eq!(field(last, "bad"), "0", "{last}");
+    let acked: u64 = field(last, "acked").parse().unwrap();
+    assert!(acked >= 3 * n as u64, "{last}");
 }

@@ -198,6 +198,12 @@ impl FleetNats {
         &self.server
     }
 
+    /// Kills the server (SIGKILL) and starts it again on the same port with the same store: fleet-auth and every
+    /// client have to reconnect by themselves.
+    pub fn restart_server(&mut self) {
+        self.server.start_again();
+    }
+
     /// The URL a service (fleet-operator, `fleet-operator buckets`) connects with: its own user's credentials
     /// in it with the callout on. A secret: pass it by environment (`FLEET_NATS_URL`), never print it.
     pub fn service_url(&self) -> String {

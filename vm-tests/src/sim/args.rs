@@ -1,5 +1,6 @@
 //! The simulator's flags.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// What to simulate.
@@ -7,8 +8,14 @@ use std::time::Duration;
 pub struct Args {
     /// How many devices.
     pub devices: usize,
-    /// How many NATS connections they share (devices `i` with `i % connections == c` use connection `c`).
+    /// How many NATS connections they share (devices `i` with `i % connections == c` use connection `c`); with
+    /// [`Self::token_dir`], how many driver threads they share (each device then has a connection of its own).
     pub connections: usize,
+    /// Each device's token in `<dir>/<device-id>` (read at every connection, as the agent reads its token file):
+    /// one connection per device through the fleet-auth callout, writes through its device API.
+    pub token_dir: Option<PathBuf>,
+    /// The CA (PEM) that signed the server's certificate: TLS is then required.
+    pub ca_file: Option<PathBuf>,
     /// The server (a `user:password@` is passed as credentials, never printed).
     pub nats_url: String,
     /// Fraction of devices whose upgrades and workloads fail (0–1).
@@ -27,8 +34,8 @@ pub struct Args {
 
 /// Usage text.
 pub const USAGE: &str =
-    "usage: fleet-sim --devices N [--connections K] [--nats-url URL] [--fail-fraction F] \
-[--heartbeat-secs S] [--status-secs S] [--first I] [--max-in-flight M] [--duration-secs S]";
+    "usage: fleet-sim --devices N [--connections K] [--nats-url URL] [--token-dir DIR] [--ca-file PEM] \
+[--fail-fraction F] [--heartbeat-secs S] [--status-secs S] [--first I] [--max-in-flight M] [--duration-secs S]";
 
 impl Default for Args {
     fn default() -> Self {
@@ -36,6 +43,8 @@ impl Default for Args {
             devices: 0,
             connections: 8,
             nats_url: "nats://127.0.0.1:4222".into(),
+            token_dir: None,
+            ca_file: None,
             fail_fraction: 0.0,
             heartbeat: Duration::from_secs(30),
             status: Duration::from_secs(30),
@@ -64,6 +73,8 @@ pub fn parse(argv: &[String]) -> Result<Args, String> {
             "--devices" => a.devices = num(value()?)? as usize,
             "--connections" => a.connections = num(value()?)? as usize,
             "--nats-url" => a.nats_url = value()?,
+            "--token-dir" => a.token_dir = Some(PathBuf::from(value()?)),
+            "--ca-file" => a.ca_file = Some(PathBuf::from(value()?)),
             "--fail-fraction" => {
                 let v = value()?;
                 a.fail_fraction = v
@@ -113,6 +124,13 @@ mod tests {
         assert_eq!(a.fail_fraction, 0.05);
         assert_eq!(a.heartbeat, Duration::from_secs(10));
         assert_eq!(a.status, Duration::from_secs(30));
+        assert_eq!(a.token_dir, None);
+        let a = parse(&v(
+            "--devices 3 --connections 1 --token-dir /t --ca-file /ca.pem",
+        ))
+        .expect("parse");
+        assert_eq!(a.token_dir, Some(PathBuf::from("/t")));
+        assert_eq!(a.ca_file, Some(PathBuf::from("/ca.pem")));
     }
 
     #[test]

@@ -1,19 +1,23 @@
-//! One NATS connection and the devices on it. Four kinds of thread share it:
+//! One NATS connection and the devices on it (or, with `--token-dir`, a group of devices that each have a
+//! connection of their own, [`crate::sim::device_conn`]). Four kinds of thread share it:
 //!
 //! - the **driver** owns the devices' state and sends every write: device info at start, heartbeats and workload
 //!   statuses when their [`Schedule`] says, and the answers to what the watches queued (timed steps of an
 //!   upgrade included);
 //! - three **watches** subscribe to `$KV.<bucket>.>` of the buckets the operator writes for devices (every KV put
 //!   is published on its key's subject, which is what the agent's plain-NATS watch listens to), keep the messages
-//!   for this connection's devices, and queue them for the driver;
-//! - the **acks** thread matches JetStream's acknowledgements to the writes in flight.
+//!   for this connection's devices, and queue them for the driver; with a connection per device, each device's
+//!   own thread does this through fleet-auth's device API instead;
+//! - the **acks** thread matches JetStream's acknowledgements to the writes in flight (with a connection per
+//!   device, each device's thread matches its own, and this thread only times out those never answered).
 //!
-//! A write is a request on the key's subject `$KV.<bucket>.<key>` (what the agent sends: JetStream, or in callout
-//! mode fleet-auth's device API, answers it). Bounded: writes in flight ([`crate::sim::args::Args::max_in_flight`],
+//! A write is a request on the key's subject `$KV.<bucket>.<key>` (what the agent sends: JetStream, or with a
+//! device token fleet-auth's device API, answers it). Bounded: writes in flight ([`crate::sim::args::Args::max_in_flight`],
 //! the driver waits for room), each acknowledgement ([`PUT_TIMEOUT`]), the queue of timed events, every
 //! subscription's queue (the client drops and counts beyond it).
 
 use crate::sim::args::Args;
+use crate::sim::device_conn::{self, DeviceConn};
 use crate::sim::fleet::{device_id, fails, index_of};
 use crate::sim::reply;
 use crate::sim::schedule::Schedule;
@@ -33,6 +37,9 @@ use std::time::{Duration, Instant};
 
 /// How long a write waits for its acknowledgement before it counts as an error (the agent's `PUT_TIMEOUT`).
 pub const PUT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the driver waits for a device's first connection before its start-up writes (with a connection per
+/// device).
+pub const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(120);
 /// Timed events queued per connection at most (an upgrade is a handful per device); more are dropped and counted.
 pub const MAX_EVENTS_PER_DEVICE: usize = 16;
 
@@ -87,19 +94,29 @@ struct Device {
     first_beat_due: Vec<String>,
 }
 
+/// Where a connection's writes go.
+pub(crate) enum Link {
+    /// One connection for all its devices (the services' user); write `n` is answered on `<reply_base>.<n>`.
+    Shared {
+        client: fleet_nats::Client,
+        reply_base: String,
+    },
+    /// A connection per device, by local index, through the auth callout.
+    Own(Vec<Arc<DeviceConn>>),
+}
+
 /// The state every thread of a connection shares.
-struct Shared {
-    client: fleet_nats::Client,
-    stats: Arc<Stats>,
-    stop: Arc<AtomicBool>,
+pub(crate) struct Shared {
+    link: Link,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) stop: Arc<AtomicBool>,
     /// Local index of each of this connection's devices, by id.
     local: HashMap<String, usize>,
-    /// Writes in flight: reply number → (kind, sent).
-    pending: Mutex<HashMap<u64, (Kind, Instant)>>,
+    /// Writes in flight: reply number → (kind, device's local index, sent).
+    pending: Mutex<HashMap<u64, (Kind, usize, Instant)>>,
     room: Condvar,
     max_in_flight: usize,
     next_reply: AtomicU64,
-    reply_base: String,
     events: Mutex<Events>,
     wake: Condvar,
     max_events: usize,
@@ -126,39 +143,86 @@ impl Conn {
     pub fn dropped(&self) -> u64 {
         self.subs.iter().map(|s| s.dropped()).sum()
     }
-    /// Why the connection ended, if it has.
+    /// Why the connection ended, if it has (never with a connection per device: each reconnects by itself).
     pub fn closed(&self) -> Option<String> {
-        self.shared.client.closed()
+        match &self.shared.link {
+            Link::Shared { client, .. } => client.closed(),
+            Link::Own(_) => None,
+        }
+    }
+    /// How many of its devices have a connection now (all of them over a shared connection).
+    pub fn connected(&self) -> usize {
+        match &self.shared.link {
+            Link::Shared { .. } => self.shared.local.len(),
+            Link::Own(devices) => devices.iter().filter(|d| d.online()).count(),
+        }
     }
 }
 
-fn options(args: &Args, c: usize) -> fleet_nats::Options {
+fn options(args: &Args, c: usize) -> io::Result<fleet_nats::Options> {
     let url = fleet_wire::auth::split_nats_url(&args.nats_url);
     let mut o = fleet_nats::Options::new(&url.url);
     o.name = format!("fleet-sim-{c}");
     if let Some((user, password)) = url.user_password {
         o.auth = fleet_nats::Auth::UserPassword { user, password };
     }
+    o.tls = tls(args)?;
     // A watch sees every device's key (one subscription per bucket and connection): room for a write to each.
     o.sub_max_msgs = (2 * args.devices).clamp(1024, 1 << 20);
     o.sub_max_bytes = 256 << 20;
-    o
+    Ok(o)
+}
+
+/// TLS trusting `--ca-file` only, when given.
+pub(crate) fn tls(args: &Args) -> io::Result<Option<fleet_nats::TlsOptions>> {
+    let Some(ca) = &args.ca_file else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(ca)
+        .map_err(|e| io::Error::new(e.kind(), format!("--ca-file {}: {e}", ca.display())))?;
+    Ok(Some(fleet_nats::TlsOptions {
+        ca_pem: Some(pem),
+        client: None,
+    }))
 }
 
 /// Connects connection `c` of `args.connections`, serving the devices `i` in `args.first..args.first +
-/// args.devices` with `i % connections == c`, and starts its threads.
+/// args.devices` with `i % connections == c`, and starts its threads. With `--token-dir`, starts instead a thread
+/// per device that connects it with its own token (and again whenever its connection is lost).
 pub fn start(args: &Args, c: usize, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> io::Result<Conn> {
     let indices: Vec<usize> = (args.first..args.first + args.devices)
         .filter(|i| i % args.connections == c)
         .collect();
-    let client = fleet_nats::connect(&options(args, c))?;
+    let link = match &args.token_dir {
+        None => {
+            let client = fleet_nats::connect(&options(args, c)?)?;
+            let reply_base = format!("_INBOX.fleet-sim.{}.{c}", std::process::id());
+            Link::Shared { client, reply_base }
+        }
+        Some(dir) => {
+            let tls = tls(args)?;
+            Link::Own(
+                indices
+                    .iter()
+                    .map(|&i| {
+                        Arc::new(DeviceConn::new(
+                            device_id(i),
+                            &args.nats_url,
+                            dir,
+                            tls.clone(),
+                        ))
+                    })
+                    .collect(),
+            )
+        }
+    };
     let local = indices
         .iter()
         .enumerate()
         .map(|(k, &i)| (device_id(i).as_str().to_owned(), k))
         .collect();
     let shared = Arc::new(Shared {
-        client,
+        link,
         stats,
         stop,
         local,
@@ -166,34 +230,44 @@ pub fn start(args: &Args, c: usize, stats: Arc<Stats>, stop: Arc<AtomicBool>) ->
         room: Condvar::new(),
         max_in_flight: args.max_in_flight,
         next_reply: AtomicU64::new(0),
-        reply_base: format!("_INBOX.fleet-sim.{}.{c}", std::process::id()),
         events: Mutex::new(Events::default()),
         wake: Condvar::new(),
         max_events: MAX_EVENTS_PER_DEVICE * indices.len() + 1024,
     });
-    let replies = shared
-        .client
-        .subscribe(&format!("{}.*", shared.reply_base))?;
-    let mut subs = vec![replies.clone()];
+    let mut subs = vec![];
     let mut threads = vec![];
-    for bucket in [
-        kv::DESIRED_STATE,
-        kv::AGENT_UPGRADE_INTENT,
-        kv::SYSTEM_UPGRADE_INTENT,
-    ] {
-        let sub = shared.client.subscribe(&format!("$KV.{bucket}.>"))?;
-        subs.push(sub.clone());
-        let sh = shared.clone();
-        threads.push(spawn(&format!("sim-watch-{c}"), move || {
-            watch(&sh, bucket, &sub)
-        })?);
+    match &shared.link {
+        Link::Shared { client, reply_base } => {
+            let replies = client.subscribe(&format!("{reply_base}.*"))?;
+            subs.push(replies.clone());
+            for bucket in [
+                kv::DESIRED_STATE,
+                kv::AGENT_UPGRADE_INTENT,
+                kv::SYSTEM_UPGRADE_INTENT,
+            ] {
+                let sub = client.subscribe(&format!("$KV.{bucket}.>"))?;
+                subs.push(sub.clone());
+                let sh = shared.clone();
+                threads.push(spawn(&format!("sim-watch-{c}"), move || {
+                    watch(&sh, bucket, &sub)
+                })?);
+            }
+            // Subscriptions are in place before the first write, so no intent written in answer is missed.
+            client.flush(Duration::from_secs(10))?;
+            let sh = shared.clone();
+            threads.push(spawn(&format!("sim-acks-{c}"), move || {
+                acks(&sh, Some(&replies))
+            })?);
+        }
+        Link::Own(devices) => {
+            for (k, d) in devices.iter().enumerate() {
+                let (sh, d) = (shared.clone(), d.clone());
+                threads.push(device_conn::spawn(d, k, sh)?);
+            }
+            let sh = shared.clone();
+            threads.push(spawn(&format!("sim-acks-{c}"), move || acks(&sh, None))?);
+        }
     }
-    // Subscriptions are in place before the first write, so no intent written in answer is missed.
-    shared.client.flush(Duration::from_secs(10))?;
-    let sh = shared.clone();
-    threads.push(spawn(&format!("sim-acks-{c}"), move || {
-        acks(&sh, &replies)
-    })?);
     let devices: Vec<Device> = indices
         .iter()
         .map(|&i| Device {
@@ -239,9 +313,16 @@ impl Shared {
         self.wake.notify_one();
     }
 
-    /// Sends one write and returns at once (its acknowledgement is counted by the acks thread); waits for room
-    /// when [`Self::max_in_flight`] writes are unacknowledged, at most [`PUT_TIMEOUT`].
-    fn put(&self, kind: Kind, bucket: &str, key: &str, value: &impl serde::Serialize) {
+    /// Sends one write of device `k` and returns at once (its acknowledgement is counted where it arrives); waits
+    /// for room when [`Self::max_in_flight`] writes are unacknowledged, at most [`PUT_TIMEOUT`]. A device without a
+    /// connection at the moment does not send it (counted as offline).
+    fn put(&self, k: usize, kind: Kind, bucket: &str, key: &str, value: &impl serde::Serialize) {
+        if let Link::Own(devices) = &self.link {
+            if !devices[k].online() {
+                self.stats.offline.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
         let Ok(body) = serde_json::to_vec(value) else {
             self.stats.error(kind);
             return;
@@ -263,83 +344,154 @@ impl Shared {
                     Err(_) => return,
                 };
             }
-            p.insert(n, (kind, Instant::now()));
+            p.insert(n, (kind, k, Instant::now()));
         }
         self.stats.sent(kind);
-        let reply = format!("{}.{n}", self.reply_base);
-        if self
-            .client
-            .publish_request(&format!("$KV.{bucket}.{key}"), &reply, &body)
-            .is_err()
-        {
+        let subject = format!("$KV.{bucket}.{key}");
+        let sent = match &self.link {
+            Link::Shared { client, reply_base } => {
+                client.publish_request(&subject, &format!("{reply_base}.{n}"), &body)
+            }
+            Link::Own(devices) => devices[k].publish_put(&subject, n, &body),
+        };
+        if sent.is_err() {
             if let Ok(mut p) = self.pending.lock() {
                 p.remove(&n);
             }
             self.stats.error(kind);
         }
     }
+
+    /// Counts the answer `m` to write `n`: acknowledged (JetStream's ack, also as the device API relays it) or an
+    /// error (a status, or an answer in JetStream's error shape: a refused write).
+    pub(crate) fn on_ack(&self, n: u64, m: &fleet_nats::Message) {
+        let Some((kind, k, sent)) = self.pending.lock().ok().and_then(|mut p| p.remove(&n)) else {
+            return; // answered after its time-out: already counted
+        };
+        self.room.notify_one();
+        let ok = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.status.as_deref())
+            .is_none()
+            && serde_json::from_slice::<serde_json::Value>(&m.data)
+                .ok()
+                .is_some_and(|v| v.get("seq").is_some() && v.get("error").is_none());
+        if ok {
+            self.stats.acked(kind);
+            if kind == Kind::Heartbeat {
+                self.stats.heartbeat_ack.record(sent.elapsed());
+                if let Link::Own(devices) = &self.link {
+                    if let Some(after) = devices[k].heartbeat_acked() {
+                        // A line per device back after losing its connection: the reconnect-storm bench times
+                        // each device by when this line arrives.
+                        self.stats.back.fetch_add(1, Ordering::Relaxed);
+                        println!(
+                            "fleet-sim back {} after_ms={}",
+                            devices[k].id(),
+                            after.as_millis()
+                        );
+                    }
+                }
+            }
+        } else {
+            self.stats.error(kind);
+        }
+    }
+
+    /// Counts writes unanswered after [`PUT_TIMEOUT`] as errors; false once the lock is poisoned.
+    fn sweep(&self) -> bool {
+        let expired: Vec<Kind> = match self.pending.lock() {
+            Ok(mut p) => {
+                let old: Vec<u64> = p
+                    .iter()
+                    .filter(|(_, (_, _, t))| t.elapsed() >= PUT_TIMEOUT)
+                    .map(|(n, _)| *n)
+                    .collect();
+                old.iter()
+                    .filter_map(|n| p.remove(n))
+                    .map(|(kind, _, _)| kind)
+                    .collect()
+            }
+            Err(_) => return false,
+        };
+        for k in &expired {
+            self.stats.error(*k);
+        }
+        if !expired.is_empty() {
+            self.room.notify_all();
+        }
+        true
+    }
+
+    /// Queues for the driver what the operator wrote to `key` of `bucket` (one of the three it writes for
+    /// devices), when the key is one of this connection's devices'; `m` carries the value (a KV message, or a
+    /// direct get's answer) and its `KV-Operation`.
+    pub(crate) fn on_put(&self, bucket: &str, key: &str, m: &fleet_nats::Message) {
+        let device = key.split('.').next().unwrap_or(key);
+        let Some(&k) = self.local.get(device) else {
+            return;
+        };
+        if index_of(device).is_none() {
+            return;
+        }
+        // A delete or purge (the operator removing a terminal intent) asks nothing of the device.
+        let op = m.headers.as_ref().and_then(|h| h.get("KV-Operation"));
+        if matches!(op, Some("DEL") | Some("PURGE")) {
+            return;
+        }
+        self.stats.received.fetch_add(1, Ordering::Relaxed);
+        let bad = || self.stats.bad_values.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        match bucket {
+            kv::DESIRED_STATE => match serde_json::from_slice(&m.data) {
+                Ok(d) => self.push(now, Event::Desired(k, d)),
+                Err(_) => {
+                    bad();
+                }
+            },
+            kv::AGENT_UPGRADE_INTENT => match serde_json::from_slice(&m.data) {
+                Ok(a) => self.push(now, Event::AgentIntent(k, a)),
+                Err(_) => {
+                    bad();
+                }
+            },
+            kv::SYSTEM_UPGRADE_INTENT => match serde_json::from_slice(&m.data) {
+                Ok(a) => self.push(now, Event::SystemIntent(k, key.to_owned(), a)),
+                Err(_) => {
+                    bad();
+                }
+            },
+            _ => {}
+        }
+    }
 }
 
-/// Matches acknowledgements to writes; a write unanswered after [`PUT_TIMEOUT`] is an error.
-fn acks(sh: &Shared, sub: &fleet_nats::Subscription) {
+/// Matches acknowledgements on `sub` (a shared connection's replies) to writes; a write unanswered after
+/// [`PUT_TIMEOUT`] is an error. Without `sub` (a connection per device, whose threads match their own), it only
+/// times writes out.
+fn acks(sh: &Shared, sub: Option<&fleet_nats::Subscription>) {
     let mut last_sweep = Instant::now();
     while !sh.stop.load(Ordering::Relaxed) {
-        match sub.next_timeout(Duration::from_millis(500)) {
-            Ok(m) => {
-                let Some(n) = m
+        match sub.map(|s| s.next_timeout(Duration::from_millis(500))) {
+            Some(Ok(m)) => {
+                if let Some(n) = m
                     .subject
                     .rsplit('.')
                     .next()
                     .and_then(|n| n.parse::<u64>().ok())
-                else {
-                    continue;
-                };
-                let Some((kind, sent)) = sh.pending.lock().ok().and_then(|mut p| p.remove(&n))
-                else {
-                    continue; // answered after its time-out: already counted
-                };
-                sh.room.notify_one();
-                let ok = m
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.status.as_deref())
-                    .is_none()
-                    && serde_json::from_slice::<serde_json::Value>(&m.data)
-                        .ok()
-                        .is_some_and(|v| v.get("seq").is_some() && v.get("error").is_none());
-                if ok {
-                    sh.stats.acked(kind);
-                    if kind == Kind::Heartbeat {
-                        sh.stats.heartbeat_ack.record(sent.elapsed());
-                    }
-                } else {
-                    sh.stats.error(kind);
+                {
+                    sh.on_ack(n, &m);
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
-            Err(_) => return,
+            Some(Err(e)) if e.kind() == io::ErrorKind::TimedOut => {}
+            Some(Err(_)) => return,
+            None => std::thread::sleep(Duration::from_millis(500)),
         }
         if last_sweep.elapsed() >= Duration::from_secs(1) {
             last_sweep = Instant::now();
-            let expired: Vec<Kind> = match sh.pending.lock() {
-                Ok(mut p) => {
-                    let old: Vec<u64> = p
-                        .iter()
-                        .filter(|(_, (_, t))| t.elapsed() >= PUT_TIMEOUT)
-                        .map(|(n, _)| *n)
-                        .collect();
-                    old.iter()
-                        .filter_map(|n| p.remove(n))
-                        .map(|(k, _)| k)
-                        .collect()
-                }
-                Err(_) => return,
-            };
-            for k in &expired {
-                sh.stats.error(*k);
-            }
-            if !expired.is_empty() {
-                sh.room.notify_all();
+            if !sh.sweep() {
+                return;
             }
         }
     }
@@ -354,43 +506,8 @@ fn watch(sh: &Shared, bucket: &'static str, sub: &fleet_nats::Subscription) {
             Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
             Err(_) => return,
         };
-        let Some(key) = m.subject.strip_prefix(&prefix) else {
-            continue;
-        };
-        let device = key.split('.').next().unwrap_or(key);
-        let Some(&k) = sh.local.get(device) else {
-            continue;
-        };
-        if index_of(device).is_none() {
-            continue;
-        }
-        // A delete or purge (the operator removing a terminal intent) asks nothing of the device.
-        let op = m.headers.as_ref().and_then(|h| h.get("KV-Operation"));
-        if matches!(op, Some("DEL") | Some("PURGE")) {
-            continue;
-        }
-        sh.stats.received.fetch_add(1, Ordering::Relaxed);
-        let bad = || sh.stats.bad_values.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
-        match bucket {
-            kv::DESIRED_STATE => match serde_json::from_slice(&m.data) {
-                Ok(d) => sh.push(now, Event::Desired(k, d)),
-                Err(_) => {
-                    bad();
-                }
-            },
-            kv::AGENT_UPGRADE_INTENT => match serde_json::from_slice(&m.data) {
-                Ok(a) => sh.push(now, Event::AgentIntent(k, a)),
-                Err(_) => {
-                    bad();
-                }
-            },
-            _ => match serde_json::from_slice(&m.data) {
-                Ok(a) => sh.push(now, Event::SystemIntent(k, key.to_owned(), a)),
-                Err(_) => {
-                    bad();
-                }
-            },
+        if let Some(key) = m.subject.strip_prefix(&prefix) {
+            sh.on_put(bucket, key, &m);
         }
     }
 }
@@ -404,8 +521,19 @@ impl Driver {
     fn run(mut self, heartbeat: Duration, status: Duration) {
         // At start each device writes its info, a workload status and a heartbeat, one after the other, as the
         // agent does when it starts (fleet-agent's event loop: status and heartbeat before its first wait); all
-        // devices as fast as the in-flight bound lets (the onboarding the bench times).
+        // devices as fast as the in-flight bound lets (the onboarding the bench times). A device with a connection
+        // of its own starts once it has one (the agent's first writes follow its first connection), or after
+        // [`FIRST_CONNECT_WAIT`] without one (its writes then count as offline).
+        let until = Instant::now() + FIRST_CONNECT_WAIT;
         for k in 0..self.devices.len() {
+            if let Link::Own(devices) = &self.sh.link {
+                while !devices[k].online() && Instant::now() < until {
+                    if self.sh.stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
             if self.sh.stop.load(Ordering::Relaxed) {
                 return;
             }
@@ -514,8 +642,13 @@ impl Driver {
                     return; // the same attempt again (a resync, a rewrite): already answered
                 }
                 let s = reply::agent_accepted(&a, &dev.boot, Timestamp::now());
-                self.sh
-                    .put(Kind::Agent, kv::AGENT_UPGRADE_STATUS, dev.id.as_str(), &s);
+                self.sh.put(
+                    k,
+                    Kind::Agent,
+                    kv::AGENT_UPGRADE_STATUS,
+                    dev.id.as_str(),
+                    &s,
+                );
                 self.devices[k].agent = Some(s);
                 let first = reply::agent_steps(self.devices[k].fails)[0].0;
                 self.sh
@@ -533,8 +666,13 @@ impl Driver {
                 let (_, phase, reason) = steps[i];
                 let s = reply::agent_step(s, phase, reason, Timestamp::now());
                 let target = s.target_version.clone();
-                self.sh
-                    .put(Kind::Agent, kv::AGENT_UPGRADE_STATUS, dev.id.as_str(), &s);
+                self.sh.put(
+                    k,
+                    Kind::Agent,
+                    kv::AGENT_UPGRADE_STATUS,
+                    dev.id.as_str(),
+                    &s,
+                );
                 dev.agent = Some(s);
                 if phase == UpgradePhase::Complete {
                     // The new agent starts and publishes its device info, with the new version.
@@ -555,7 +693,7 @@ impl Driver {
                 }
                 let s = reply::system_accepted(&a, Timestamp::now());
                 self.sh
-                    .put(Kind::System, kv::SYSTEM_UPGRADE_STATUS, &key, &s);
+                    .put(k, Kind::System, kv::SYSTEM_UPGRADE_STATUS, &key, &s);
                 let accepted = !s.phase.is_terminal();
                 // Runs a device keeps (bounded as the bucket's share is: 16 per device).
                 if dev.runs.len() >= kv::RUNS_PER_DEVICE as usize {
@@ -576,7 +714,7 @@ impl Driver {
                 };
                 let s = reply::system_done(s, dev.fails, Timestamp::now());
                 self.sh
-                    .put(Kind::System, kv::SYSTEM_UPGRADE_STATUS, &key, &s);
+                    .put(k, Kind::System, kv::SYSTEM_UPGRADE_STATUS, &key, &s);
                 dev.runs.insert(key.clone(), s);
                 dev.first_beat_due.push(key);
             }
@@ -587,7 +725,7 @@ impl Driver {
         let d = &self.devices[k];
         let info = reply::device_info(&d.id, &d.version, &d.boot, Timestamp::now());
         self.sh
-            .put(Kind::Info, kv::DEVICE_INFO, d.id.as_str(), &info);
+            .put(k, Kind::Info, kv::DEVICE_INFO, d.id.as_str(), &info);
     }
 
     fn send_heartbeat(&mut self, k: usize) {
@@ -596,13 +734,13 @@ impl Driver {
         let at = Timestamp::now();
         let h = reply::heartbeat(&d.id, &d.version, &d.boot, d.beat, at);
         self.sh
-            .put(Kind::Heartbeat, kv::DEVICE_HEARTBEAT, d.id.as_str(), &h);
+            .put(k, Kind::Heartbeat, kv::DEVICE_HEARTBEAT, d.id.as_str(), &h);
         // A finished system upgrade records the first heartbeat after it, as the agent does.
         for key in std::mem::take(&mut d.first_beat_due) {
             if let Some(s) = d.runs.get_mut(&key) {
                 s.first_heartbeat_after_completion = Some(at);
                 self.sh
-                    .put(Kind::System, kv::SYSTEM_UPGRADE_STATUS, &key, &*s);
+                    .put(k, Kind::System, kv::SYSTEM_UPGRADE_STATUS, &key, &*s);
             }
         }
     }
@@ -611,7 +749,7 @@ impl Driver {
         let d = &self.devices[k];
         let s = reply::first_workload_status(&d.id, Timestamp::now());
         self.sh
-            .put(Kind::Workload, kv::WORKLOAD_STATUS, d.id.as_str(), &s);
+            .put(k, Kind::Workload, kv::WORKLOAD_STATUS, d.id.as_str(), &s);
     }
 
     fn send_workload_status(&mut self, k: usize) {
@@ -620,6 +758,6 @@ impl Driver {
         let Some(desired) = &d.desired else { return };
         let s = reply::workload_status(desired, d.fails, Timestamp::now());
         self.sh
-            .put(Kind::Workload, kv::WORKLOAD_STATUS, d.id.as_str(), &s);
+            .put(k, Kind::Workload, kv::WORKLOAD_STATUS, d.id.as_str(), &s);
     }
 }

@@ -1,14 +1,29 @@
 //! `fleet-sim`: N simulated devices over real NATS, for `scripts/bench fleet-scale`. Each device writes what the
 //! real agent writes, to the same buckets and keys, with the fleet-wire types: device info, a workload status and a
 //! heartbeat at start (as the agent does when it starts), then a heartbeat and a workload status on their intervals, a workload status for every desired state, and statuses
-//! for agent-upgrade and system-upgrade intents. Devices share `--connections` NATS connections.
+//! for agent-upgrade and system-upgrade intents.
+//!
+//! Two ways in:
+//! - by default devices share `--connections` NATS connections as the services' user and write straight to
+//!   JetStream (what `scripts/bench fleet-scale` runs);
+//! - with `--token-dir DIR` (and `--ca-file` for TLS) each device has a connection of its own, made with its own
+//!   token (`DIR/<device-id>`) through the fleet-auth callout, as fleet-agent does: its writes go through the
+//!   device API to its own keys, it hears of desired states and intents through the device API's notices to its
+//!   own inbox and reads them with direct gets, and when its connection is lost it connects again by itself (at
+//!   once, then every 2 s, never giving up). Counter lines then also say how many devices are connected, the
+//!   server's admissions and refusals, failed attempts, writes skipped while away, and devices back (a heartbeat
+//!   acknowledged after a lost connection, also printed per device). `operator/examples/auth_bench.rs
+//!   --storm-sim N` runs it for the reconnect storm. Each device costs two threads (its own and its client's I/O
+//!   thread) and three file descriptors: meant for thousands of devices, not the 100,000 of the shared mode.
 //!
 //! One concern per file: [`args`] (flags), [`fleet`] (device ids, which devices fail), [`schedule`] (when each
 //! device's next write is due), [`reply`] (the values a device writes), [`stats`] (counters and latencies),
-//! [`conn`] (one NATS connection and its devices), [`run`] (start, print counters, stop).
+//! [`conn`] (one NATS connection, or one group of devices, and its driver), [`device_conn`] (one device's own
+//! connection through the callout), [`run`] (start, print counters, stop).
 
 pub mod args;
 pub mod conn;
+pub mod device_conn;
 pub mod fleet;
 pub mod reply;
 pub mod run;

@@ -30,10 +30,17 @@ pub fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
+    let over = match args.token_dir {
+        None => format!("over {} connections", args.connections),
+        Some(_) => format!(
+            "each on a connection of its own through the auth callout, driven by {} threads",
+            args.connections
+        ),
+    };
     println!(
-        "fleet-sim: {} devices over {} connections, heartbeat every {:?}, workload status every {:?}, {:.1}% failing",
+        "fleet-sim: {} devices {over}{}, heartbeat every {:?}, workload status every {:?}, {:.1}% failing",
         args.devices,
-        args.connections,
+        if args.ca_file.is_some() { " over TLS" } else { "" },
         args.heartbeat,
         args.status,
         args.fail_fraction * 100.0
@@ -41,10 +48,15 @@ pub fn run(args: &Args) -> Result<(), String> {
     let line = |stats: &Stats, conns: &[conn::Conn]| {
         let in_flight = conns.iter().map(conn::Conn::in_flight).sum();
         let dropped: u64 = conns.iter().map(conn::Conn::dropped).sum();
-        format!(
+        let mut l = format!(
             "{} sub_dropped={dropped}",
             stats.line(started.elapsed(), args.devices, in_flight)
-        )
+        );
+        if args.token_dir.is_some() {
+            let connected = conns.iter().map(conn::Conn::connected).sum();
+            l.push_str(&stats.device_line(connected, args.devices));
+        }
+        l
     };
     let mut next = Instant::now() + REPORT_EVERY;
     let mut ended = None;

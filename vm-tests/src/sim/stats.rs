@@ -106,6 +106,21 @@ pub struct Stats {
     pub heartbeat_ack: Histogram,
     /// How late a heartbeat was sent after it was due (the simulator's own lag).
     pub heartbeat_late: Histogram,
+    /// With a connection per device: connections the server accepted (fleet-auth admitted them).
+    pub connects: AtomicU64,
+    /// Of [`Self::connects`], those after a device's first (it had lost its connection).
+    pub reconnects: AtomicU64,
+    /// Connection attempts the server refused (an authorization error: fleet-auth said no, or did not answer in
+    /// time).
+    pub refused: AtomicU64,
+    /// Connection attempts that failed otherwise (no server listening, a time-out, a token file unreadable).
+    pub connect_failed: AtomicU64,
+    /// Writes not sent because their device had no connection at that moment (as the agent, it does not queue
+    /// them: the next heartbeat or status is the next write).
+    pub offline: AtomicU64,
+    /// Devices back after losing their connection: connected again and a heartbeat acknowledged (counted once per
+    /// loss).
+    pub back: AtomicU64,
 }
 
 impl Stats {
@@ -155,6 +170,21 @@ impl Stats {
             q(&self.heartbeat_late, 0.99),
         ));
         out
+    }
+
+    /// The connection counters of a run with a connection per device (appended to [`Self::line`]);
+    /// `connected` devices have a connection now.
+    pub fn device_line(&self, connected: usize, devices: usize) -> String {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            " connected={connected}/{devices} connects={} reconnects={} refused={} connect_failed={} offline={} back={}",
+            n(&self.connects),
+            n(&self.reconnects),
+            n(&self.refused),
+            n(&self.connect_failed),
+            n(&self.offline),
+            n(&self.back),
+        )
     }
 }
 
