@@ -138,7 +138,7 @@ fn main() {
             .unwrap();
         let nc = async_nats::connect(nats.url()).await.unwrap();
         let js = async_nats::jetstream::new(nc);
-        let stores = fleet_operator::kv::ensure_buckets(&js).await.unwrap();
+        let stores = fleet_operator::kv::ensure_buckets(&js, &Default::default()).await.unwrap();
         let ids: Vec<DeviceId> = (0..plan_n)
             .map(|i| DeviceId::try_from(format!("device-{i:06}").as_str()).unwrap())
             .collect();

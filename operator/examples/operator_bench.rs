@@ -51,7 +51,7 @@ fn stats(v: &[f64]) -> (f64, f64, f64) {
 /// Reference: raw puts of the same pre-serialized values into a fresh bucket, same concurrency. Seconds.
 async fn raw_puts(js: &jetstream::Context, run: usize, values: &[(String, Vec<u8>)]) -> f64 {
     let spec = fleet_wire::kv::bucket(fleet_wire::kv::DESIRED_STATE).expect("spec");
-    let mut raw_cfg = kv::bucket_config(spec);
+    let mut raw_cfg = kv::bucket_config(spec, &Default::default());
     raw_cfg.bucket = format!("bench-raw-{run}");
     let raw = js.create_key_value(raw_cfg).await.expect("raw bucket");
     let t = Instant::now();
@@ -141,7 +141,9 @@ async fn operator(
 ) {
     // A fresh, empty desired-state bucket (created by the operator's own ensure_buckets).
     let _ = js.delete_key_value(fleet_wire::kv::DESIRED_STATE).await;
-    let stores = kv::ensure_buckets(js).await.expect("buckets");
+    let stores = kv::ensure_buckets(js, &Default::default())
+        .await
+        .expect("buckets");
     let desired_store = stores.get(fleet_wire::kv::DESIRED_STATE).expect("store");
     let mirror: Arc<Mirror<DesiredState>> = Mirror::new(fleet_wire::kv::DESIRED_STATE);
     let watcher = watch.then(|| {
@@ -197,7 +199,7 @@ fn main() {
         .expect("runtime");
     let rss_before = rss_kib("VmRSS:");
     rt.block_on(async move {
-        let (_client, js) = kv::connect(&nats.url()).await.expect("nats");
+        let (_client, js) = kv::connect(&nats.url(), &Default::default()).await.expect("nats");
 
         // The fleet as the operator holds it: Device objects (like its reflector cache) and their labels.
         let workload = fixtures::workload("web");
@@ -260,7 +262,7 @@ fn main() {
                         computes.push(compute_secs * 1000.0);
                         if run == 0 {
                             // A second pass with nothing changed: decided from the mirror, no writes.
-                            let stores = kv::ensure_buckets(&js).await.expect("buckets");
+                            let stores = kv::ensure_buckets(&js, &Default::default()).await.expect("buckets");
                             let t = Instant::now();
                             let (_, _, again) = place(&fleet, |inputs| current_workloads(&mirror, inputs));
                             let rewritten = write_desired(&stores[fleet_wire::kv::DESIRED_STATE], &mirror, again)

@@ -73,7 +73,8 @@ async fn operator(
 
 /// Reference: raw puts of the same intents (pre-serialized) into a fresh bucket of the same configuration.
 async fn raw(js: &async_nats::jetstream::Context, round: String, ids: &[DeviceId]) -> f64 {
-    let mut cfg = kv::bucket_config(layout::bucket(layout::SYSTEM_UPGRADE_INTENT).expect("spec"));
+    let spec = layout::bucket(layout::SYSTEM_UPGRADE_INTENT).expect("spec");
+    let mut cfg = kv::bucket_config(spec, &Default::default());
     cfg.bucket = format!("bench-raw-{round}");
     let bucket = js.create_key_value(cfg).await.expect("raw bucket");
     let run = AttemptId::new_random();
@@ -126,8 +127,8 @@ fn main() {
     println!("| devices | raw KV puts | operator plan + release | vs raw | plan / store / release (s) | operator RSS |");
     println!("|---|---|---|---|---|---|");
     rt.block_on(async {
-        let (_client, js) = kv::connect(&nats.url()).await.expect("connect");
-        let stores = kv::ensure_buckets(&js).await.expect("buckets");
+        let (_client, js) = kv::connect(&nats.url(), &Default::default()).await.expect("connect");
+        let stores = kv::ensure_buckets(&js, &Default::default()).await.expect("buckets");
         for n in sizes {
             let ids: Vec<DeviceId> = (0..n)
                 .map(|i| DeviceId::try_from(format!("device-{i:06}").as_str()).unwrap())

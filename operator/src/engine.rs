@@ -66,6 +66,8 @@ pub struct Options {
     /// Only fleet objects with these labels (a Kubernetes label selector, e.g. `fleet=eu`) are handled: lets
     /// several fleets (or parallel tests) share one cluster without seeing each other.
     pub label_selector: Option<String>,
+    /// TLS and bucket settings ([`kv::NatsSettings`]).
+    pub nats: kv::NatsSettings,
 }
 
 /// A live NATS connection: the buckets and the watches that keep the mirrors current.
@@ -200,7 +202,7 @@ impl Mirrors {
 async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link, NatsError> {
     let interruptions = nats.interruptions();
     let (client, js) = nats.connect().await?;
-    let stores = kv::ensure_buckets(&js).await?;
+    let stores = kv::ensure_buckets(&js, nats.buckets()).await?;
     let mut link = Link {
         client,
         interruptions,
@@ -223,7 +225,7 @@ pub async fn run(
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let watch = HeartbeatWatch::default();
     let caches = Caches::watch(&client, &opts.label_selector);
-    let nats = NatsLink::new(opts.nats_url.clone());
+    let nats = NatsLink::new(opts.nats_url.clone(), opts.nats.clone());
     run_with(
         client,
         opts,

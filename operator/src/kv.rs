@@ -6,7 +6,7 @@ use async_nats::jetstream::{self, kv};
 use futures::StreamExt;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -34,63 +34,71 @@ impl NatsError {
     }
 }
 
-/// The TLS of the operator's NATS connections, set once by `main` from `--nats-ca-file` and friends before any
-/// connection (the controllers connect and reconnect from several places with only the URL).
-static TLS: OnceLock<NatsTls> = OnceLock::new();
+/// How the operator reaches NATS and makes its buckets, from `main`'s flags: one value, handed to the NATS link
+/// ([`crate::nats_link::NatsLink`]) that every controller connects through, instead of process-wide settings.
+#[derive(Debug, Clone, Default)]
+pub struct NatsSettings {
+    /// `--nats-ca-file` and friends.
+    pub tls: NatsTls,
+    /// `--kv-replicas`, `--fleet-size`.
+    pub buckets: Buckets,
+}
 
-/// How many servers of a NATS cluster keep a copy of each bucket the operator creates (`--kv-replicas`), set
-/// once by `main` like [`TLS`]; 1 unless set. Buckets that exist keep their replica count, except that
-/// `fleet-operator buckets` scales them to it ([`scale_buckets`]).
-static REPLICAS: OnceLock<usize> = OnceLock::new();
+/// How the buckets are made: the replica count of those created (`--kv-replicas`; 1 unless given; buckets that
+/// exist keep theirs, except that `fleet-operator buckets` scales them to it: [`scale_buckets`]) and the fleet size
+/// every bucket's byte limit is made for (`--fleet-size`; [`fleet_wire::kv::DEFAULT_FLEET_SIZE`] unless given;
+/// unlike the replica count it applies to buckets that exist too, [`ensure_buckets`], so that a fleet that grows
+/// past its buckets is one flag away from room).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buckets {
+    replicas: Option<usize>,
+    fleet_size: u64,
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Self {
+            replicas: None,
+            fleet_size: fleet_wire::kv::DEFAULT_FLEET_SIZE,
+        }
+    }
+}
 
 /// The most replicas JetStream allows a stream.
 pub const MAX_REPLICAS: usize = 5;
 
-/// Sets the replica count of every bucket created later (1..=[`MAX_REPLICAS`]); `Err` if it is out of range or
-/// was set already.
-pub fn set_replicas(replicas: usize) -> Result<(), String> {
-    if !(1..=MAX_REPLICAS).contains(&replicas) {
-        return Err(format!(
-            "--kv-replicas {replicas}: a bucket has 1 to {MAX_REPLICAS} replicas"
-        ));
-    }
-    REPLICAS
-        .set(replicas)
-        .map_err(|_| "the KV replica count was set twice".to_string())
-}
-
-/// The replica count buckets are created with.
-pub fn replicas() -> usize {
-    REPLICAS.get().copied().unwrap_or(1)
-}
-
-/// The fleet size every bucket's byte limit is made for (`--fleet-size`), set once by `main` like [`REPLICAS`];
-/// [`fleet_wire::kv::DEFAULT_FLEET_SIZE`] unless set. Unlike the replica count it applies to buckets that exist
-/// too ([`ensure_buckets`]), so that a fleet that grows past its buckets is one flag away from room.
-static FLEET_SIZE: OnceLock<u64> = OnceLock::new();
-
 /// The largest `--fleet-size`: the byte limits of ten million devices (about 3 TB) fit no single server.
 pub const MAX_FLEET_SIZE: u64 = 10_000_000;
 
-/// Sets the fleet size the byte limits are made for (1..=[`MAX_FLEET_SIZE`]); `Err` if it is out of range or was
-/// set already.
-pub fn set_fleet_size(devices: u64) -> Result<(), String> {
-    if !(1..=MAX_FLEET_SIZE).contains(&devices) {
-        return Err(format!(
-            "--fleet-size {devices}: buckets are made for 1 to {MAX_FLEET_SIZE} devices"
-        ));
+impl Buckets {
+    /// The settings given (`None`: the default); `Err` when a value is out of range (replicas
+    /// 1..=[`MAX_REPLICAS`], fleet size 1..=[`MAX_FLEET_SIZE`]).
+    pub fn new(replicas: Option<usize>, fleet_size: Option<u64>) -> Result<Self, String> {
+        if let Some(r) = replicas.filter(|r| !(1..=MAX_REPLICAS).contains(r)) {
+            return Err(format!(
+                "--kv-replicas {r}: a bucket has 1 to {MAX_REPLICAS} replicas"
+            ));
+        }
+        if let Some(n) = fleet_size.filter(|n| !(1..=MAX_FLEET_SIZE).contains(n)) {
+            return Err(format!(
+                "--fleet-size {n}: buckets are made for 1 to {MAX_FLEET_SIZE} devices"
+            ));
+        }
+        Ok(Self {
+            replicas,
+            fleet_size: fleet_size.unwrap_or(fleet_wire::kv::DEFAULT_FLEET_SIZE),
+        })
     }
-    FLEET_SIZE
-        .set(devices)
-        .map_err(|_| "the fleet size was set twice".to_string())
-}
 
-/// The fleet size the buckets' byte limits are made for.
-pub fn fleet_size() -> u64 {
-    FLEET_SIZE
-        .get()
-        .copied()
-        .unwrap_or(fleet_wire::kv::DEFAULT_FLEET_SIZE)
+    /// The replica count buckets are created with.
+    pub fn replicas(&self) -> usize {
+        self.replicas.unwrap_or(1)
+    }
+
+    /// The fleet size the buckets' byte limits are made for.
+    pub fn fleet_size(&self) -> u64 {
+        self.fleet_size
+    }
 }
 
 /// Scales every bucket of the layout that exists to the replica count given with `--kv-replicas` (nothing when
@@ -98,8 +106,9 @@ pub fn fleet_size() -> u64 {
 /// changed with its old and new count. JetStream adds or removes the copies itself, keeping every key.
 pub async fn scale_buckets(
     js: &jetstream::Context,
+    buckets: &Buckets,
 ) -> Result<Vec<(&'static str, usize, usize)>, NatsError> {
-    let Some(want) = REPLICAS.get().copied() else {
+    let Some(want) = buckets.replicas else {
         return Ok(Vec::new());
     };
     let mut changed = Vec::new();
@@ -127,22 +136,20 @@ pub async fn scale_buckets(
     Ok(changed)
 }
 
-/// Sets the TLS of every later [`connect`]; `Err` if it was set already.
-pub fn set_tls(tls: NatsTls) -> Result<(), String> {
-    TLS.set(tls)
-        .map_err(|_| "the NATS TLS settings were set twice".to_string())
-}
-
 /// Connects (failing fast if the server does not answer) and returns a JetStream context. A `user:password@` in
 /// the URL is the operator's own NATS user (an `auth_users` entry when the fleet-auth callout is on); it is sent
-/// as credentials and never appears in errors. TLS is as [`set_tls`] said (none unless set).
-pub async fn connect(url: &str) -> Result<(async_nats::Client, jetstream::Context), NatsError> {
-    connect_with(url, |opts| opts).await
+/// as credentials and never appears in errors. TLS is `tls` (none by default).
+pub async fn connect(
+    url: &str,
+    tls: &NatsTls,
+) -> Result<(async_nats::Client, jetstream::Context), NatsError> {
+    connect_with(url, tls, |opts| opts).await
 }
 
 /// [`connect`] with more options (`more` adds them: an event callback).
 pub async fn connect_with(
     url: &str,
+    tls: &NatsTls,
     more: impl FnOnce(async_nats::ConnectOptions) -> async_nats::ConnectOptions,
 ) -> Result<(async_nats::Client, jetstream::Context), NatsError> {
     let parts = fleet_wire::auth::split_nats_url(url);
@@ -156,7 +163,6 @@ pub async fn connect_with(
         opts = opts.user_and_password(user, password);
     }
     let url = parts.url;
-    let tls = TLS.get().cloned().unwrap_or_default();
     let opts = tls
         .apply(opts)
         .map_err(|e| NatsError::new(format!("connect to {url}"), e))?;
@@ -193,7 +199,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// The KV configuration of one bucket of the layout: file storage, one value per key, [`replicas`] copies.
-pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
+pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec, buckets: &Buckets) -> kv::Config {
     kv::Config {
         bucket: spec.name.to_owned(),
         description: format!(
@@ -202,17 +208,17 @@ pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
             spec.writer
         ),
         max_value_size: spec.max_value_bytes,
-        max_bytes: fleet_wire::kv::max_bytes(spec, fleet_size()),
+        max_bytes: fleet_wire::kv::max_bytes(spec, buckets.fleet_size),
         history: 1,
         max_age: spec.max_age.unwrap_or(Duration::ZERO),
         storage: jetstream::stream::StorageType::File,
-        num_replicas: replicas(),
+        num_replicas: buckets.replicas(),
         ..Default::default()
     }
 }
 
 /// The configuration that brings a bucket that exists (created by an earlier release, or by hand) to the limits
-/// that bound what a device can do to the fleet's storage: the largest value, the byte limit for [`fleet_size`],
+/// that bound what a device can do to the fleet's storage: the largest value, the byte limit for the fleet size,
 /// and no rollup headers (docs/kv-layout.md); `None` when it has them. Other settings (replicas, age) are left
 /// alone. A byte limit below what the bucket holds now is an error: JetStream would keep the keys but refuse every
 /// new key and every write that grows the bucket (measured: `maximum bytes exceeded`), so devices could not
@@ -220,6 +226,7 @@ pub fn bucket_config(spec: &fleet_wire::kv::BucketSpec) -> kv::Config {
 async fn limits_to_set(
     js: &jetstream::Context,
     spec: &fleet_wire::kv::BucketSpec,
+    buckets: &Buckets,
 ) -> Result<Option<jetstream::stream::Config>, NatsError> {
     let name = format!("KV_{}", spec.name);
     let mut stream = js
@@ -232,7 +239,7 @@ async fn limits_to_set(
         .map_err(|e| NatsError::new(format!("stream info {name}"), e))?;
     let mut config = info.config.clone();
     config.allow_rollup = spec.allow_rollup;
-    config.max_bytes = fleet_wire::kv::max_bytes(spec, fleet_size());
+    config.max_bytes = fleet_wire::kv::max_bytes(spec, buckets.fleet_size);
     config.max_message_size = spec.max_value_bytes;
     let held = info.state.bytes;
     if config.max_bytes != info.config.max_bytes && held > config.max_bytes.unsigned_abs() {
@@ -243,7 +250,7 @@ async fn limits_to_set(
                  JetStream would refuse every new key and every write that grows it, so no bucket was changed: \
                  give a --fleet-size of at least the fleet's device count",
                 config.max_bytes,
-                fleet_size(),
+                buckets.fleet_size,
             ),
         ));
     }
@@ -258,12 +265,13 @@ async fn limits_to_set(
 /// for one bucket changes no other.
 pub async fn ensure_buckets(
     js: &jetstream::Context,
+    buckets: &Buckets,
 ) -> Result<BTreeMap<&'static str, kv::Store>, NatsError> {
     let mut out = BTreeMap::new();
     for spec in fleet_wire::kv::BUCKETS {
         let store = match js.get_key_value(spec.name).await {
             Ok(s) => s,
-            Err(_) => match js.create_key_value(bucket_config(spec)).await {
+            Err(_) => match js.create_key_value(bucket_config(spec, buckets)).await {
                 Ok(s) => s,
                 // Another replica may have created it in between.
                 Err(e) => js
@@ -276,7 +284,7 @@ pub async fn ensure_buckets(
     }
     let mut changes = Vec::new();
     for spec in fleet_wire::kv::BUCKETS {
-        if let Some(config) = limits_to_set(js, spec).await? {
+        if let Some(config) = limits_to_set(js, spec, buckets).await? {
             changes.push((spec, config));
         }
     }
@@ -289,7 +297,7 @@ pub async fn ensure_buckets(
             spec.name,
             spec.max_value_bytes,
             config.max_bytes,
-            fleet_size(),
+            buckets.fleet_size,
             if spec.allow_rollup { "allowed" } else { "refused" }
         );
     }
@@ -629,13 +637,26 @@ mod tests {
     }
 
     #[test]
-    fn replicas_out_of_range_are_refused_and_leave_the_default() {
+    fn bucket_settings_out_of_range_are_refused() {
         for n in [0, MAX_REPLICAS + 1] {
-            let e = set_replicas(n).expect_err("out of range");
+            let e = Buckets::new(Some(n), None).expect_err("out of range");
             assert!(e.contains("1 to 5"), "{e}");
         }
-        assert_eq!(replicas(), 1);
-        assert_eq!(bucket_config(&fleet_wire::kv::BUCKETS[0]).num_replicas, 1);
+        for n in [0, MAX_FLEET_SIZE + 1] {
+            let e = Buckets::new(None, Some(n)).expect_err("out of range");
+            assert!(e.contains("--fleet-size"), "{e}");
+        }
+        let default = Buckets::new(None, None).expect("default");
+        assert_eq!(default, Buckets::default());
+        assert_eq!(default.replicas(), 1);
+        let spec = &fleet_wire::kv::BUCKETS[0];
+        assert_eq!(bucket_config(spec, &default).num_replicas, 1);
+        let given = Buckets::new(Some(3), Some(100_000)).expect("in range");
+        assert_eq!(bucket_config(spec, &given).num_replicas, 3);
+        assert_eq!(
+            bucket_config(spec, &given).max_bytes,
+            fleet_wire::kv::max_bytes(spec, 100_000)
+        );
     }
 
     #[test]

@@ -179,20 +179,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    if let Err(e) = fleet_operator::nats_tls::NatsTls::new(nats_ca, nats_cert, nats_key, "--nats-")
-        .and_then(fleet_operator::kv::set_tls)
-    {
-        eprintln!("{e}; see --help");
-        return ExitCode::from(2);
-    }
-    let set = [
-        replicas.map(|n| set_number("--kv-replicas", &n, fleet_operator::kv::set_replicas)),
-        fleet_size.map(|n| set_number("--fleet-size", &n, fleet_operator::kv::set_fleet_size)),
-    ];
-    if let Some(Err(e)) = set.into_iter().flatten().find(Result::is_err) {
-        eprintln!("{e}; see --help");
-        return ExitCode::from(2);
-    }
+    // One value for every NATS user of the process (no process-wide settings).
+    let settings = (|| {
+        let tls = fleet_operator::nats_tls::NatsTls::new(nats_ca, nats_cert, nats_key, "--nats-")?;
+        let replicas = replicas.map(|n| number("--kv-replicas", &n)).transpose()?;
+        let fleet_size = fleet_size.map(|n| number("--fleet-size", &n)).transpose()?;
+        let buckets = fleet_operator::kv::Buckets::new(replicas, fleet_size)?;
+        Ok::<_, String>(fleet_operator::kv::NatsSettings { tls, buckets })
+    })();
+    let nats_settings = match settings {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}; see --help");
+            return ExitCode::from(2);
+        }
+    };
     // The buckets command prints its own result; the NATS client's connection chatter stays out of it.
     let level = if buckets { "warn" } else { "info" };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
@@ -230,7 +231,7 @@ fn main() -> ExitCode {
         }
     };
     if buckets {
-        return rt.block_on(buckets_command(&nats_url, check));
+        return rt.block_on(buckets_command(&nats_url, &nats_settings, check));
     }
     rt.block_on(async move {
         if let Some((addr, tls)) = webhook {
@@ -264,6 +265,7 @@ fn main() -> ExitCode {
             label_selector: std::env::var("FLEET_LABEL_SELECTOR")
                 .ok()
                 .filter(|s| !s.is_empty()),
+            nats: nats_settings,
         };
         let schedule_opts = fleet_operator::tasks::scheduler::Options::new(
             opts.instance.clone(),
@@ -274,6 +276,7 @@ fn main() -> ExitCode {
             instance: opts.instance.clone(),
             label_selector: opts.label_selector.clone(),
             accept_timeout,
+            nats: opts.nats.clone(),
         };
         // One heartbeat mirror: the control loop keeps it, the dashboard and its alerts read liveness from it.
         let watch = fleet_operator::engine::HeartbeatWatch::default();
@@ -282,7 +285,8 @@ fn main() -> ExitCode {
         let info = fleet_operator::kv::Mirror::new(fleet_wire::kv::DEVICE_INFO);
         // One watch and one cache per kind, and one NATS connection, shared by every controller and the dashboard.
         let caches = fleet_operator::cache::Caches::watch(&client, &opts.label_selector);
-        let nats = fleet_operator::nats_link::NatsLink::new(opts.nats_url.clone());
+        let nats =
+            fleet_operator::nats_link::NatsLink::new(opts.nats_url.clone(), opts.nats.clone());
         let dashboard_client = client.clone();
         let dashboard = fleet_operator::dashboard::run(
             dashboard_client,
@@ -424,22 +428,21 @@ impl DashboardArgs {
 }
 
 /// Parses the value `n` of the number flag `flag` and hands it to `set` (which checks its range).
-fn set_number<T: std::str::FromStr>(
-    flag: &str,
-    n: &str,
-    set: impl FnOnce(T) -> Result<(), String>,
-) -> Result<(), String> {
+fn number<T: std::str::FromStr>(flag: &str, n: &str) -> Result<T, String> {
     n.trim()
         .parse::<T>()
         .map_err(|_| format!("{flag} {n:?} is not a number"))
-        .and_then(set)
 }
 
 /// `fleet-operator buckets`: the buckets of the KV layout, each `exists`, `created` or `missing`, without
 /// Kubernetes (a device can be set up before the operator runs: docs/device-setup.md).
-async fn buckets_command(nats_url: &str, check: bool) -> ExitCode {
+async fn buckets_command(
+    nats_url: &str,
+    settings: &fleet_operator::kv::NatsSettings,
+    check: bool,
+) -> ExitCode {
     use fleet_operator::kv;
-    let (_client, js) = match kv::connect(nats_url).await {
+    let (_client, js) = match kv::connect(nats_url, &settings.tls).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fleet-operator buckets: {e}");
@@ -467,21 +470,21 @@ async fn buckets_command(nats_url: &str, check: bool) -> ExitCode {
             ExitCode::FAILURE
         };
     }
-    if let Err(e) = kv::ensure_buckets(&js).await {
+    if let Err(e) = kv::ensure_buckets(&js, &settings.buckets).await {
         eprintln!("fleet-operator buckets: {e}");
         return ExitCode::FAILURE;
     }
     for name in &missing {
         println!("{name:<28} created");
     }
-    match kv::scale_buckets(&js).await {
+    match kv::scale_buckets(&js, &settings.buckets).await {
         Ok(scaled) => {
             for (name, from, to) in scaled {
                 println!("{name:<28} scaled from {from} to {to} replicas");
             }
             println!(
                 "byte limits made for {} devices (--fleet-size; docs/kv-layout.md)",
-                kv::fleet_size()
+                settings.buckets.fleet_size()
             );
             ExitCode::SUCCESS
         }

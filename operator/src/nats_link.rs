@@ -14,17 +14,20 @@ use std::sync::Arc;
 /// The shared connection, made by `main` (or by a controller run alone, in tests) and handed to every user.
 pub struct NatsLink {
     url: String,
+    settings: kv::NatsSettings,
     client: tokio::sync::Mutex<Option<async_nats::Client>>,
     /// Times the connection was lost or a subscription of it dropped messages ([`Self::interruptions`]).
     interruptions: Arc<AtomicU64>,
 }
 
 impl NatsLink {
-    /// A link to `url` (see [`kv::connect`]: a comma-separated node list, `user:password@` credentials); nothing
-    /// connects until the first [`Self::connect`].
-    pub fn new(url: impl Into<String>) -> Arc<Self> {
+    /// A link to `url` (see [`kv::connect`]: a comma-separated node list, `user:password@` credentials) with
+    /// `settings` (its TLS, and how its users make the buckets); nothing connects until the first
+    /// [`Self::connect`].
+    pub fn new(url: impl Into<String>, settings: kv::NatsSettings) -> Arc<Self> {
         Arc::new(Self {
             url: url.into(),
+            settings,
             client: tokio::sync::Mutex::new(None),
             interruptions: Arc::default(),
         })
@@ -36,6 +39,11 @@ impl NatsLink {
     /// values is the one sure way back, as with a new connection.
     pub fn interruptions(&self) -> u64 {
         self.interruptions.load(Ordering::SeqCst)
+    }
+
+    /// How the buckets are made ([`kv::ensure_buckets`]).
+    pub fn buckets(&self) -> &kv::Buckets {
+        &self.settings.buckets
     }
 
     /// The URL without its credentials, for logs.
@@ -52,7 +60,7 @@ impl NatsLink {
             Some(c) => c.clone(),
             None => {
                 let count = self.interruptions.clone();
-                let (c, _) = kv::connect_with(&self.url, |opts| {
+                let (c, _) = kv::connect_with(&self.url, &self.settings.tls, |opts| {
                     opts.event_callback(move |event| {
                         if matches!(
                             event,

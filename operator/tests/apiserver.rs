@@ -27,6 +27,7 @@ impl Fleet {
             nats_url: self.nats.url(),
             instance: Some(format!("op-{}", self.operators.len())),
             label_selector: Some(format!("fleet-test={}", self.run)),
+            nats: Default::default(),
         };
         let client = self.client.clone();
         self.operators.push(tokio::spawn(async move {
@@ -580,6 +581,7 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
         nats_url: format!("nats://127.0.0.1:{}", fleet_rig::free_port()),
         instance: None,
         label_selector: Some(format!("fleet-test={}", f.run)),
+        nats: Default::default(),
     };
     let client = f.client.clone();
     f.operators.push(tokio::spawn(async move {

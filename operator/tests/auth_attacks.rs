@@ -41,10 +41,10 @@ impl Fleet {
         let stack = Stack::start(&ca, &jwks.url(), false);
         let rt = tokio::runtime::Runtime::new().expect("rt");
         rt.block_on(async {
-            let (_c, js) = fleet_operator::kv::connect(&stack.admin_url())
+            let (_c, js) = fleet_operator::kv::connect(&stack.admin_url(), &Default::default())
                 .await
                 .expect("admin connects");
-            fleet_operator::kv::ensure_buckets(&js)
+            fleet_operator::kv::ensure_buckets(&js, &Default::default())
                 .await
                 .expect("buckets");
         });

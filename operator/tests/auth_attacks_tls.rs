@@ -51,10 +51,11 @@ fn world() -> &'static World {
             .collect();
         fleet_rig::kill_when_gone(&pids);
         let ca = nats.ca_file().expect("TLS").to_owned();
-        fleet_operator::kv::set_tls(
-            fleet_operator::nats_tls::NatsTls::new(Some(ca), None, None, "--nats-").expect("tls"),
-        )
-        .expect("set once");
+        let settings = fleet_operator::kv::NatsSettings {
+            tls: fleet_operator::nats_tls::NatsTls::new(Some(ca), None, None, "--nats-")
+                .expect("tls"),
+            buckets: Default::default(),
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -63,16 +64,17 @@ fn world() -> &'static World {
         let run = format!("attacks-tls-{}", std::process::id());
         let (kube, js) = rt.block_on(async {
             let kube = kube_common::client().await;
-            let (_c, js) = fleet_operator::kv::connect(&nats.service_url())
+            let (_c, js) = fleet_operator::kv::connect(&nats.service_url(), &settings.tls)
                 .await
                 .expect("the services' user connects over TLS");
-            fleet_operator::kv::ensure_buckets(&js)
+            fleet_operator::kv::ensure_buckets(&js, &Default::default())
                 .await
                 .expect("buckets");
             let opts = fleet_operator::engine::Options {
                 nats_url: nats.service_url(),
                 instance: Some("op-tls".into()),
                 label_selector: Some(format!("fleet-test={run}")),
+                nats: settings.clone(),
             };
             let client = kube.clone();
             tokio::spawn(async move {

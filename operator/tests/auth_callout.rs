@@ -188,10 +188,10 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
     // The operator's own credentials (an auth_users user) create the buckets, as fleet-operator does.
     let rt = tokio::runtime::Runtime::new().expect("rt");
     rt.block_on(async {
-        let (_client, js) = fleet_operator::kv::connect(&stack.admin_url())
+        let (_client, js) = fleet_operator::kv::connect(&stack.admin_url(), &Default::default())
             .await
             .expect("operator connects with its own credentials");
-        fleet_operator::kv::ensure_buckets(&js)
+        fleet_operator::kv::ensure_buckets(&js, &Default::default())
             .await
             .expect("buckets");
         // fleetlock-server's NATS store connects with its own user too (here the same auth_users entry).
@@ -199,9 +199,12 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
             .await
             .expect("fleetlock store connects with its own credentials");
         // Without valid credentials the callout refuses it, and the error does not show the password.
-        let e = fleet_operator::kv::connect(&stack.admin_url().replace("admin:", "nobody:"))
-            .await
-            .expect_err("unknown user");
+        let e = fleet_operator::kv::connect(
+            &stack.admin_url().replace("admin:", "nobody:"),
+            &Default::default(),
+        )
+        .await
+        .expect_err("unknown user");
         assert!(!format!("{e:?}").contains(&stack.admin_password), "{e:?}");
     });
     let admin = stack.admin();

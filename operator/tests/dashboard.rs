@@ -182,7 +182,7 @@ fn operator_command(f: &Fleet, dir: &Path) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_are_events_without_the_dashboard() {
     let f = Fleet::start("alerts").await;
-    fleet_operator::kv::ensure_buckets(&f.js)
+    fleet_operator::kv::ensure_buckets(&f.js, &Default::default())
         .await
         .expect("buckets");
     let dir = tempfile::tempdir().unwrap();
@@ -280,7 +280,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     let chromium = chromium(); // fail first, and loudly, when the browser is missing
     assert!(chromium.exists());
     let f = Fleet::start("dash").await;
-    fleet_operator::kv::ensure_buckets(&f.js)
+    fleet_operator::kv::ensure_buckets(&f.js, &Default::default())
         .await
         .expect("buckets");
     Api::<Namespace>::all(f.client.clone())
@@ -658,7 +658,7 @@ async fn run_pages_read_one_chunk_of_a_large_plan() {
     let nats = fleet_rig::NatsServer::start();
     let nc = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(nc);
-    let buckets = std::sync::Arc::new(Buckets::open(&js).await.unwrap());
+    let buckets = std::sync::Arc::new(Buckets::open(&js, &Default::default()).await.unwrap());
     let uid = AttemptId::try_from("6f1c2b9e-8d0a-4c55-9a77-3f2e1d0c9b8a").unwrap();
     let ids: Vec<DeviceId> = (0..25_000)
         .map(|i| DeviceId::try_from(format!("d-{i:05}").as_str()).unwrap())

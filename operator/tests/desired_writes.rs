@@ -25,8 +25,12 @@ async fn value(store: &Store, key: &str) -> Option<(u64, DesiredState)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_desired_is_compare_and_set() {
     let nats = fleet_rig::NatsServer::start();
-    let (_client, js) = kv::connect(&nats.url()).await.expect("connect");
-    let stores = kv::ensure_buckets(&js).await.expect("buckets");
+    let (_client, js) = kv::connect(&nats.url(), &Default::default())
+        .await
+        .expect("connect");
+    let stores = kv::ensure_buckets(&js, &Default::default())
+        .await
+        .expect("buckets");
     let store = &stores[layout::DESIRED_STATE];
     let web: Arc<[WorkloadSpec]> = vec![fixtures::workload("web")].into();
     let n = 300;

@@ -72,10 +72,10 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
     })
     .await
     .unwrap();
-    let (admin, js) = fleet_operator::kv::connect(&stack.admin_url())
+    let (admin, js) = fleet_operator::kv::connect(&stack.admin_url(), &Default::default())
         .await
         .expect("admin connects");
-    fleet_operator::kv::ensure_buckets(&js)
+    fleet_operator::kv::ensure_buckets(&js, &Default::default())
         .await
         .expect("buckets");
     let devices: Api<Device> = Api::all(client.clone());
@@ -94,6 +94,7 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
         nats_url: stack.admin_url(),
         instance: Some("op-0".into()),
         label_selector: Some(format!("fleet-test={run}")),
+        nats: Default::default(),
     };
     let op = {
         let client = client.clone();

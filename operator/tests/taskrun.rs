@@ -28,7 +28,7 @@ impl Fleet {
     async fn new(id: &str) -> Self {
         let f = Fleet::start(id).await;
         // The buckets exactly as the operator creates them, so the test can write device keys first.
-        fleet_operator::kv::ensure_buckets(&f.js)
+        fleet_operator::kv::ensure_buckets(&f.js, &Default::default())
             .await
             .expect("buckets");
         Api::<Namespace>::all(f.client.clone())
@@ -47,6 +47,7 @@ impl Fleet {
             instance: Some(format!("op-{n}")),
             label_selector: Some(format!("fleet-test={}", self.run)),
             accept_timeout: fleet_operator::tasks::stall::DEFAULT_ACCEPT_TIMEOUT,
+            nats: Default::default(),
         }
     }
 
@@ -878,8 +879,12 @@ async fn plan_store_is_atomic_and_chunked() {
     use fleet_wire::taskrun::plan_chunk_key;
     use fleet_wire::{TaskOperation, TaskPlan};
     let nats = NatsServer::start();
-    let (_c, js) = fleet_operator::kv::connect(&nats.url()).await.unwrap();
-    let stores = fleet_operator::kv::ensure_buckets(&js).await.unwrap();
+    let (_c, js) = fleet_operator::kv::connect(&nats.url(), &Default::default())
+        .await
+        .unwrap();
+    let stores = fleet_operator::kv::ensure_buckets(&js, &Default::default())
+        .await
+        .unwrap();
     let plans = &stores[layout::TASK_PLANS];
     let ids = |n: usize, p: &str| -> Vec<DeviceId> {
         (0..n)

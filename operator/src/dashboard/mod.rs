@@ -115,7 +115,7 @@ pub async fn run(
 async fn connect_nats(state: Arc<State>, nats: Arc<NatsLink>) {
     loop {
         match nats.connect().await {
-            Ok((_client, js)) => match Buckets::open(&js).await {
+            Ok((_client, js)) => match Buckets::open(&js, nats.buckets()).await {
                 Ok(b) => {
                     *state.nats.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(b));
                     return;

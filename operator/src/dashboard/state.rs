@@ -21,9 +21,12 @@ pub struct Buckets {
 
 impl Buckets {
     /// Opens (creating if missing, as the operator does) every bucket of the layout.
-    pub async fn open(js: &async_nats::jetstream::Context) -> Result<Self, NatsError> {
+    pub async fn open(
+        js: &async_nats::jetstream::Context,
+        buckets: &crate::kv::Buckets,
+    ) -> Result<Self, NatsError> {
         Ok(Self {
-            stores: crate::kv::ensure_buckets(js).await?,
+            stores: crate::kv::ensure_buckets(js, buckets).await?,
         })
     }
 

@@ -63,6 +63,8 @@ pub struct Options {
     /// A released device without a status for the run for longer is *stalled* ([`stall`];
     /// `--task-accept-timeout`, default [`stall::DEFAULT_ACCEPT_TIMEOUT`]).
     pub accept_timeout: Duration,
+    /// TLS and bucket settings ([`kv::NatsSettings`]).
+    pub nats: kv::NatsSettings,
 }
 
 /// Devices patched at once when their `status.stalled` changes.
@@ -112,7 +114,7 @@ impl Link {
     ) -> Result<Self, NatsError> {
         let interruptions = nats.interruptions();
         let (client, js) = nats.connect().await?;
-        let stores = kv::ensure_buckets(&js).await?;
+        let stores = kv::ensure_buckets(&js, nats.buckets()).await?;
         let info_watch = match own_info {
             Some(info) => {
                 let info_store = store(&stores, layout::DEVICE_INFO)?.clone();
@@ -159,7 +161,7 @@ pub async fn run(
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let caches = Caches::watch(&client, &opts.label_selector);
-    let nats = NatsLink::new(opts.nats_url.clone());
+    let nats = NatsLink::new(opts.nats_url.clone(), opts.nats.clone());
     run_with(client, opts, &caches, &nats, DeviceInfoSource::Own).await
 }
 

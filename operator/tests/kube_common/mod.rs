@@ -123,6 +123,7 @@ impl Fleet {
             nats_url: self.nats.url(),
             instance: Some(format!("op-{}", self.operators.len())),
             label_selector: Some(format!("fleet-test={}", self.run)),
+            nats: Default::default(),
         };
         let client = self.client.clone();
         self.operators.push(tokio::spawn(async move {
