@@ -3,14 +3,20 @@
 //! static user/password that nats-server checks itself (an `auth_users` entry, on the same server). Prints
 //! Markdown table rows. With `--storm N`, instead: a reconnect storm — N device connections through the callout,
 //! nats-server killed and started again on the same port and store, and how long until every device is connected
-//! again through the callout, with fleet-auth's memory (one row).
+//! again through the callout, with fleet-auth's memory (one row). With `--storm-sim N`: the same storm with
+//! fleet-sim's devices (`fleet-sim --token-dir`: one connection per device with its own token, writing through the
+//! device API, reconnecting by itself), timed until every device has a heartbeat acknowledged after the restart.
 //!
 //! `FLEET_AUTH_BIN=target/release/fleet-auth cargo run --release --example auth_bench -- [--clients 100]
-//!  [--seconds 5] [--storm 2000]`
+//!  [--seconds 5] [--storm 2000] [--storm-sim 2000]` (`--storm-sim` runs `FLEET_SIM_BIN`, by default the
+//! `fleet-sim` built beside this example: `cargo build --release -p fleet-vm-tests --bin fleet-sim`)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/auth_common/mod.rs"]
 mod auth_common;
+
+#[path = "auth_bench/storm_sim.rs"]
+mod storm_sim;
 
 use auth_common::*;
 use fleet_rig::tls::TestCa;
@@ -106,10 +112,11 @@ fn rss_mib(stack: &Stack) -> (f64, f64) {
     (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
 }
 
-/// The devices fleet-auth admitted in `log` (its lines "as device storm-<i> until …").
-fn admitted(log: &str) -> std::collections::HashSet<usize> {
+/// The devices fleet-auth admitted in `log` (its lines "as device <prefix><i> until …").
+fn admitted(log: &str, prefix: &str) -> std::collections::HashSet<usize> {
+    let marker = format!("as device {prefix}");
     log.lines()
-        .filter_map(|l| l.split_once("as device storm-"))
+        .filter_map(|l| l.split_once(marker.as_str()))
         .filter_map(|(_, rest)| rest.split(' ').next()?.parse().ok())
         .collect()
 }
@@ -148,7 +155,7 @@ fn storm(rt: &tokio::runtime::Runtime, stack: &mut Stack, key: &SignKey, devices
         clients
     });
     let all_open = wait_for(LIMIT, || {
-        (admitted(&stack.auth_log_text()).len() == devices).then(|| opening.elapsed())
+        (admitted(&stack.auth_log_text(), "storm-").len() == devices).then(|| opening.elapsed())
     });
     let (rss_before, _) = rss_mib(stack);
     let offset = stack.auth_log_text().len();
@@ -158,7 +165,7 @@ fn storm(rt: &tokio::runtime::Runtime, stack: &mut Stack, key: &SignKey, devices
     let mut back: Vec<Option<Duration>> = vec![None; devices];
     let all_back = wait_for(LIMIT, || {
         let log = stack.auth_log_text();
-        for i in admitted(log.get(offset..).unwrap_or("")) {
+        for i in admitted(log.get(offset..).unwrap_or(""), "storm-") {
             if let Some(b) = back.get_mut(i) {
                 b.get_or_insert_with(|| t0.elapsed());
             }
@@ -200,6 +207,10 @@ fn main() {
     let rsa = SignKey::rsa("rsa-1", keydir.path());
     let jwks = Jwks::start(&ca, &[&ec, &rsa]);
     let mut stack = Stack::start(&ca, &jwks.url(), false);
+    if let Some(devices) = arg("--storm-sim") {
+        storm_sim::run(&mut stack, &ec, devices.parse().unwrap());
+        return;
+    }
     if let Some(devices) = arg("--storm") {
         let rt = tokio::runtime::Runtime::new().unwrap();
         storm(&rt, &mut stack, &ec, devices.parse().unwrap());

@@ -122,12 +122,14 @@ fn serve(d: &DeviceConn, sh: &Shared) {
         let client = match d.options().and_then(|o| fleet_nats::connect(&o)) {
             Ok(c) => c,
             Err(e) => {
-                let counter = if e.kind() == io::ErrorKind::PermissionDenied {
-                    &sh.stats.refused
+                if e.kind() == io::ErrorKind::PermissionDenied {
+                    sh.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    // A line per refusal, with the server's words: the reconnect-storm bench tells refusals at
+                    // the first connection from those after the restart by when they arrive.
+                    println!("fleet-sim refused {}: {e}", d.id);
                 } else {
-                    &sh.stats.connect_failed
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                    sh.stats.connect_failed.fetch_add(1, Ordering::Relaxed);
+                }
                 pause(sh, RETRY_PAUSE);
                 continue;
             }
@@ -189,10 +191,11 @@ fn session(d: &DeviceConn, sh: &Shared, client: fleet_nats::Client) -> io::Resul
             }
         }
     };
-    if let Ok(mut live) = d.live.lock() {
-        *live = None;
-    }
+    // Stopping keeps the connection counted (the last counter line shows the devices connected at the end).
     if !sh.stop.load(Ordering::Relaxed) {
+        if let Ok(mut live) = d.live.lock() {
+            *live = None;
+        }
         if let Ok(mut lost) = d.lost.lock() {
             lost.get_or_insert_with(Instant::now);
         }

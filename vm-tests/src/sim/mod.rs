@@ -12,7 +12,7 @@
 //!   own inbox and reads them with direct gets, and when its connection is lost it connects again by itself (at
 //!   once, then every 2 s, never giving up). Counter lines then also say how many devices are connected, the
 //!   server's admissions and refusals, failed attempts, writes skipped while away, and devices back (a heartbeat
-//!   acknowledged after a lost connection, also printed per device). `operator/examples/auth_bench.rs
+//!   acknowledged after a lost connection); a device back and a refused attempt are also printed, a line each. `operator/examples/auth_bench.rs
 //!   --storm-sim N` runs it for the reconnect storm. Each device costs two threads (its own and its client's I/O
 //!   thread) and three file descriptors: meant for thousands of devices, not the 100,000 of the shared mode.
 //!
