@@ -554,6 +554,10 @@ fn main() {
             if drained { format!("{done:.1} s") } else { format!("not done in {} s", limit.as_secs()) },
         );
         out.result("onboarding_status_secs", if drained { format!("{done:.1}") } else { "timeout".into() });
+        out.row(
+            "fleet-operator RSS after onboarding: now / peak so far",
+            format!("{:.0} MiB / {:.0} MiB", rss_mib(op_pid), peak_rss_mib(op_pid)),
+        );
         if !drained {
             // What was left, and what the operator and the servers were doing: the numbers that say what saturates.
             let (with, total) = {
@@ -697,6 +701,10 @@ fn main() {
             fd.map_or(format!("not done in {} s ({fd_keys} of {n})", limit.as_secs()), |s| format!("{s:.2} s ({:.0} keys/s)", n as f64 / s)),
         );
         out.result("fleetdeployment_secs", fd.map_or("timeout".into(), |s| format!("{s:.2}")));
+        out.row(
+            "fleet-operator RSS after FleetDeployment: now / peak so far",
+            format!("{:.0} MiB / {:.0} MiB", rss_mib(op_pid), peak_rss_mib(op_pid)),
+        );
 
         // An AgentRelease to every intent, then to every device up to date (or failed: the simulator's fraction).
         let rel: AgentRelease = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "AgentRelease",
@@ -733,6 +741,10 @@ fn main() {
             },
         );
         out.result("agentrelease_done_secs", done.map_or("timeout".into(), |s| format!("{s:.1}")));
+        out.row(
+            "fleet-operator RSS after AgentRelease: now / peak so far",
+            format!("{:.0} MiB / {:.0} MiB", rss_mib(op_pid), peak_rss_mib(op_pid)),
+        );
 
         // A TaskRun (apt full-upgrade) of every device: planned, every device released (no canary, so all at once),
         // until every simulated device's result is counted (fleet-sim fails its fraction). The silent device is a
