@@ -172,11 +172,14 @@ where
     })
 }
 
-/// `o` as a `K`, its unknown fields (by `K`'s fleet schema) in the marker annotation.
-fn decode<K>(o: DynamicObject) -> Result<K, serde_json::Error>
+/// `o` as a `K`, its unknown fields (by `K`'s fleet schema) in the marker annotation, without its
+/// `managedFields`: the API server's record of who set which field, which no controller reads, is most of a cached
+/// Device's memory (a JSON tree of every status field it ever had, per writer), at 100,000 devices hundreds of MiB.
+fn decode<K>(mut o: DynamicObject) -> Result<K, serde_json::Error>
 where
     K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
 {
+    o.metadata.managed_fields = None;
     let raw = serde_json::to_value(&o)?;
     let unknown = crate::schema::of(&K::kind(&()))
         .map(|root| crate::schema::unknown_fields(root, &raw))
@@ -184,4 +187,37 @@ where
     let mut k: K = serde_json::from_value(raw)?;
     crate::schema::mark_unknown(k.meta_mut(), &unknown);
     Ok(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_object_keeps_its_fields_but_not_the_servers_field_ownership() {
+        let o: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": {"name": "d1", "labels": {"site": "a"}, "resourceVersion": "7",
+                "managedFields": [{"manager": "fleet-operator", "operation": "Update", "subresource": "status",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:os": {}}}}]},
+            "spec": {}, "status": {"os": "Debian GNU/Linux 12"}
+        }))
+        .expect("object");
+        assert!(o.metadata.managed_fields.is_some());
+        let d: Device = decode(o).expect("decodes");
+        assert_eq!(d.metadata.managed_fields, None);
+        assert_eq!(d.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(
+            d.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("site"))
+                .map(String::as_str),
+            Some("a")
+        );
+        assert_eq!(
+            d.status.and_then(|s| s.os).as_deref(),
+            Some("Debian GNU/Linux 12")
+        );
+    }
 }
