@@ -6,7 +6,8 @@
 //! device API for notices of the keys the operator writes for it (again every [`WATCH_REFRESH`]), and reads a
 //! noticed key with a direct get. After every connection it reads its watched keys, as the agent's watches do.
 //!
-//! When the connection closes it connects again at once, then every [`RETRY_PAUSE`] (the agent's pause), and never
+//! When the connection closes it connects again at once, then after each failed attempt a pause of 1 to 3 s drawn
+//! at random (the agent's own, `fleet_agent::nats_kv::reconnect_pause`), and never
 //! gives up. One thread per device serves it (besides the client's I/O thread): connect, then everything that
 //! arrives on its one subscription `<inbox>.>` — `<inbox>.ack.<n>` answers write `n`, `<inbox>.get` a direct get,
 //! and `<inbox>.<bucket>.<key>` is a notice. (The agent has separate tokens for replies and notices; one inbox for
@@ -25,8 +26,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Pause between failed connection attempts (fleet-agent's reconnection pause).
-pub const RETRY_PAUSE: Duration = Duration::from_secs(2);
 /// Stack of a device's thread: it parses one message at a time (the default 2 MiB is reserved per thread, and
 /// thousands of devices run).
 const STACK_BYTES: usize = 256 * 1024;
@@ -130,7 +129,7 @@ fn serve(d: &DeviceConn, sh: &Shared) {
                 } else {
                     sh.stats.connect_failed.fetch_add(1, Ordering::Relaxed);
                 }
-                pause(sh, RETRY_PAUSE);
+                pause(sh, fleet_agent::nats_kv::reconnect_pause());
                 continue;
             }
         };
