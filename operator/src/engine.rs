@@ -572,6 +572,8 @@ impl Engine {
             .write()
             .unwrap_or_else(|p| p.into_inner()) = watch.iter().map(|d| d.to_string()).collect();
         self.apply(plan, link, nats_error).await;
+        drop(snapshot);
+        crate::memory::give_back();
         crate::metrics::pass(started.elapsed());
     }
 

@@ -13,6 +13,7 @@ pub mod device_writes;
 pub mod engine;
 pub mod health;
 pub mod kv;
+pub mod memory;
 pub mod metrics;
 pub mod mirror;
 pub mod nats_link;

@@ -225,6 +225,7 @@ pub async fn run_with(
         }
         crate::metrics::reconciled("taskruns", nats_error.is_none());
         let wake = c.pass(link.as_ref(), nats_error).await;
+        crate::memory::give_back();
         let mut wait = if link.is_none() {
             Duration::from_secs(2)
         } else {
