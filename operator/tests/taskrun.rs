@@ -574,6 +574,101 @@ async fn deleting_a_running_run_removes_its_intents() {
     );
 }
 
+/// The operator's finalizer cancels a run deleted while no operator runs: the run planned (its finalizer on), the
+/// canary succeeded and the others released, the operator is stopped and the run deleted. The object stays, with
+/// its deletionTimestamp, and so do the intents no device has taken; once an operator starts, it removes them and
+/// then its finalizer, and the object goes. A run never planned (no targets) has no finalizer: deleted with no
+/// operator, it goes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_run_with_no_operator_cancels_it_once_one_starts() {
+    const FINALIZER: &str = fleet_operator::tasks::pass::FINALIZER;
+    let mut f = Fleet::new("finalizer").await;
+    let group = f.group("prod").await;
+    let empty = f.group("nobody").await;
+    let c1 = f
+        .device("c1", json!({"member": "prod", "canary": "true"}), true)
+        .await;
+    let o1 = f.device("o1", json!({"member": "prod"}), true).await;
+    let o2 = f.device("o2", json!({"member": "prod"}), true).await;
+    f.start_operator();
+    let run = f.task_run("upgrade", spec(&group, 21600)).await;
+    eventually("the canary released", || async {
+        f.intent(&c1, &run).await
+    })
+    .await;
+    f.succeed(&c1, &run).await;
+    eventually("the others released", || async {
+        Some((f.intent(&o1, &run).await?, f.intent(&o2, &run).await?))
+    })
+    .await;
+    let finalizers = |name: &'static str| {
+        let runs = f.runs();
+        async move { runs.get(name).await.unwrap().metadata.finalizers }
+    };
+    assert_eq!(
+        finalizers("upgrade").await,
+        Some(vec![FINALIZER.to_owned()])
+    );
+    f.task_run("nothing", spec(&empty, 21600)).await;
+    let s = f.phase("nothing", TaskRunPhase::Failed).await;
+    assert_eq!(s.reason, Some(TaskRunReason::NoTargets));
+    assert_eq!(
+        finalizers("nothing").await,
+        None,
+        "never planned: no finalizer"
+    );
+
+    for o in f.operators.drain(..) {
+        o.abort();
+        let _ = o.await;
+    }
+    f.runs()
+        .delete("upgrade", &Default::default())
+        .await
+        .expect("delete the run");
+    f.runs()
+        .delete("nothing", &Default::default())
+        .await
+        .expect("delete the unplanned run");
+    assert!(
+        f.runs().get_opt("nothing").await.unwrap().is_none(),
+        "a run without the finalizer goes at once"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = f.runs().get("upgrade").await.expect("still there");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert_eq!(held.metadata.finalizers, Some(vec![FINALIZER.to_owned()]));
+    assert!(f.intent(&o1, &run).await.is_some(), "o1's intent stays");
+    assert!(f.intent(&o2, &run).await.is_some(), "o2's intent stays");
+
+    f.start_operator();
+    eventually("the unreleased intents removed", || async {
+        (f.intent(&o1, &run).await.is_none() && f.intent(&o2, &run).await.is_none()).then_some(())
+    })
+    .await;
+    eventually("the run gone", || async {
+        f.runs()
+            .get_opt("upgrade")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let status = f
+        .bucket(layout::SYSTEM_UPGRADE_STATUS)
+        .await
+        .get(layout::run_key(&c1, &run))
+        .await
+        .unwrap();
+    assert!(status.is_some(), "the canary's result stays");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        f.intent(&o1, &run).await.is_none() && f.intent(&c1, &run).await.is_none(),
+        "nothing written again"
+    );
+}
+
 /// A canary that never reports times out: the run fails with CanaryFailed at its deadline; a success reported
 /// afterwards (even one whose heartbeat precedes the deadline) leaves the run Failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
 //! The TaskRun controller: watches TaskRuns, Devices and DeviceGroups (reflector caches) and `device-info`
-//! (mirror); for each run it plans ([`super::planning`]), stores the plan ([`super::store`]) before the run enters
-//! Running, releases system-upgrade intents and accepts results ([`super::progress`]) from the run's KV view
-//! ([`super::view`]), and writes the bounded status ([`super::status`]).
+//! (mirror); for each run it gathers what [`super::pass`] decides from and carries the decision out: plans
+//! ([`super::planning`]), stores the plan ([`super::store`]) before the run enters Running, releases
+//! system-upgrade intents and accepts results ([`super::progress`]) from the run's KV view ([`super::view`]), writes
+//! the bounded status ([`super::status`]), and adds and removes the run's finalizer ([`pass::FINALIZER`]).
 //!
 //! Replicas need no leader: the plan's manifest is created once (KV create), intents are KV creates (a second
 //! writer's create fails and changes nothing), decisions are functions of the plan and the KV keys, and status
@@ -10,8 +11,9 @@
 
 use super::crd::{created_at, TaskRun};
 use super::intents;
-use super::planning::{self, Groups, PlanError};
-use super::progress::{self, Decision, DeviceState, Outcome};
+use super::pass::{self, Finalizer, PlanStep, Report, Step};
+use super::planning::{self, Groups};
+use super::progress::{self, DeviceState, Outcome};
 use super::stall;
 use super::status::{self as run_status, StallReport};
 use super::store;
@@ -26,8 +28,8 @@ use crate::report;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
-    AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskOperation, TaskPlan,
-    TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp,
+    AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskPlan, TaskRunPhase,
+    TaskRunStatus, Timestamp,
 };
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -43,10 +45,6 @@ use tokio::sync::Notify;
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// Changes arriving within this window are handled by one pass.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
-/// First retry of planning after a group source error; doubled per failure up to [`RETRY_MAX`].
-pub const RETRY_MIN: Duration = Duration::from_secs(1);
-/// Longest wait between planning retries.
-pub const RETRY_MAX: Duration = Duration::from_secs(60);
 /// Terminal runs whose leftover intents are looked for at once (each needs a KV view): after a restart with a long
 /// run history, the rest wait for later passes instead of opening hundreds of consumers together.
 pub const CLEANUPS_AT_ONCE: usize = 16;
@@ -268,26 +266,28 @@ struct Controller {
     accept_timeout: Duration,
 }
 
-/// What one pass decided for one run's status.
-struct Report {
-    status: TaskRunStatus,
-    problem: Option<String>,
-    note: Option<String>,
-}
-
 /// `namespace/name` of a run, as a Device's `status.stalled.taskRun` names it.
 fn run_ref(run: &TaskRun) -> String {
     format!("{}/{}", run.namespace().unwrap_or_default(), run.name_any())
 }
 
-fn failed(reason: TaskRunReason, error: String, now: Timestamp) -> TaskRunStatus {
-    TaskRunStatus {
-        phase: Some(TaskRunPhase::Failed),
-        completion_time: Some(now),
-        reason: Some(reason),
-        latest_error: Some(BoundedText::lossy(error)),
-        ..Default::default()
+/// Logs a failed finalizer patch: at debug level when the run changed meanwhile (a `test` operation failed, as
+/// when the cache has not caught up with this process's own write), else as a warning.
+fn changed_meanwhile(run: &TaskRun, what: &str, e: &kube::Error) {
+    match e {
+        kube::Error::Api(s) if s.code == 409 || s.code == 422 => {
+            log::debug!(
+                "TaskRun {}: {what}: changed meanwhile ({e}); next pass",
+                run.name_any()
+            )
+        }
+        _ => log::warn!("TaskRun {}: {what}: {e}", run.name_any()),
     }
+}
+
+/// The run carries [`pass::FINALIZER`].
+fn has_finalizer(run: &TaskRun) -> bool {
+    run.finalizers().iter().any(|f| f == pass::FINALIZER)
 }
 
 /// Devices and their labels, and every group resolved, from the caches.
@@ -433,7 +433,8 @@ impl Controller {
             .await;
     }
 
-    /// One run's pass; returns when it wants to run again at the latest.
+    /// One run's pass; returns when it wants to run again at the latest. Decides with [`pass::decide`], then
+    /// carries the step out.
     async fn reconcile(
         &mut self,
         link: Option<&Link>,
@@ -442,63 +443,106 @@ impl Controller {
         uid: AttemptId,
     ) -> Option<Timestamp> {
         let old = run.status.clone().unwrap_or_default();
+        let now = Timestamp::now();
+        let expires = created_at(run).plus(Duration::from_secs(run.spec.deadline_seconds));
         let phase = self
             .finished
             .get(&uid)
             .copied()
             .or(old.run.phase)
             .unwrap_or(TaskRunPhase::Planning);
-        if phase.is_terminal() {
-            self.stalls.remove(&uid);
-            // A terminal run never advances: only its remaining intents are removed. Intents live at most as long as
-            // the bucket's age limit, so a run that ended before that has none left.
-            let intent_age = layout::bucket(layout::SYSTEM_UPGRADE_INTENT)
+        let busy = self
+            .views
+            .keys()
+            .filter(|k| !self.plans.contains_key(*k))
+            .count();
+        let deleting = run.metadata.deletion_timestamp.is_some();
+        let facts = pass::Facts {
+            phase,
+            old: &old.run,
+            deleting,
+            finalizer: has_finalizer(run),
+            spec_problem: match deleting || phase.is_terminal() {
+                true => None,
+                false => run_status::spec_check(run).err(),
+            },
+            nats: link.is_some(),
+            cleaned: self.cleaned.contains(&uid),
+            cleanup_slot: busy < CLEANUPS_AT_ONCE || self.views.contains_key(&uid),
+            expires,
+            intent_age: layout::bucket(layout::SYSTEM_UPGRADE_INTENT)
                 .and_then(|b| b.max_age)
-                .unwrap_or_default();
-            let ended = old.run.completion_time.unwrap_or_else(Timestamp::now);
-            let stale = Timestamp::now().since(ended) > intent_age;
-            if stale || self.cleaned.contains(&uid) {
-                return None;
-            }
-            let busy = self
-                .views
-                .keys()
-                .filter(|k| !self.plans.contains_key(*k))
-                .count();
-            if let Some(link) =
-                link.filter(|_| busy < CLEANUPS_AT_ONCE || self.views.contains_key(&uid))
-            {
-                self.clean_up(link, uid).await;
-            }
-            return (!self.cleaned.contains(&uid))
-                .then(|| Timestamp::now().plus(Duration::from_secs(1)));
-        }
-        // Fail closed without the webhook: unknown fields, or a spec that is not the one frozen, stop the run where
-        // it is (nothing planned, nothing released) until the spec is fixed.
-        if let Err(problem) = run_status::spec_check(run) {
-            let status = TaskRunStatus {
-                phase: Some(phase),
-                reason: Some(TaskRunReason::InvalidSpec),
-                latest_error: Some(BoundedText::lossy(problem.clone())),
-                ..old.run.clone()
-            };
-            self.write(run, status, Some(problem), None, nats_error, None)
-                .await;
-            return None;
-        }
-        let Some(link) = link else {
-            let status = TaskRunStatus {
-                phase: Some(phase),
-                ..old.run.clone()
-            };
-            self.write(run, status, None, None, nats_error, None).await;
-            return None;
+                .unwrap_or_default(),
+            now,
         };
-        let now = Timestamp::now();
-        let expires = created_at(run).plus(Duration::from_secs(run.spec.deadline_seconds));
+        let step = pass::decide(&facts);
+        if !matches!(step, Step::Status(_) | Step::Advance) {
+            self.stalls.remove(&uid);
+        }
+        match step {
+            Step::Idle => None,
+            Step::Wait(at) => Some(at),
+            Step::RemoveFinalizer => {
+                if deleting && link.is_none() {
+                    log::info!(
+                        "TaskRun {}: deleted past its deadline ({expires}) with NATS unreachable: no device starts \
+                         its intents any more; removing the finalizer",
+                        run.name_any()
+                    );
+                }
+                match self.remove_finalizer(run).await {
+                    true => None,
+                    false => Some(Timestamp::now().plus(pass::CLEANUP_RETRY)),
+                }
+            }
+            Step::CleanUp(finalizer) => {
+                if deleting {
+                    log::info!("run {uid} deleted: removing the intents no device has taken");
+                }
+                if let Some(link) = link {
+                    self.clean_up(link, uid).await;
+                }
+                let clean = self.cleaned.contains(&uid);
+                let remove = match finalizer {
+                    Finalizer::Absent => false,
+                    Finalizer::RemoveWhenClean => clean,
+                    Finalizer::Remove => true,
+                };
+                let removed = !remove || self.remove_finalizer(run).await;
+                (!clean || !removed).then(|| Timestamp::now().plus(pass::CLEANUP_RETRY))
+            }
+            Step::Status(report) => {
+                self.write(
+                    run,
+                    report.status,
+                    report.problem,
+                    report.note,
+                    nats_error,
+                    None,
+                )
+                .await;
+                None
+            }
+            Step::Advance => {
+                let link = link?;
+                self.advance(link, run, uid, now, expires).await
+            }
+        }
+    }
+
+    /// A run that is neither terminal nor deleted: planned ([`Self::plan`]), then advanced ([`Self::progress`]).
+    async fn advance(
+        &mut self,
+        link: &Link,
+        run: &TaskRun,
+        uid: AttemptId,
+        now: Timestamp,
+        expires: Timestamp,
+    ) -> Option<Timestamp> {
         let plan = match self.plan(link, run, uid, now, expires).await {
             Ok(p) => p,
-            Err(report) => {
+            Err(None) => return Some(Timestamp::now().plus(pass::CLEANUP_RETRY)),
+            Err(Some(report)) => {
                 let wake = self.retries.get(&uid).map(|r| r.1);
                 self.write(run, report.status, report.problem, report.note, None, None)
                     .await;
@@ -543,7 +587,8 @@ impl Controller {
         Some(stall_wake.map_or(plan.expires_at, |w| w.min(plan.expires_at)))
     }
 
-    /// The run's plan: loaded, or planned and stored now. `Err` carries the status to write instead.
+    /// The run's plan: held, loaded, or planned and stored now ([`pass::plan_step`]). `Err(Some)` carries the status
+    /// to write instead; `Err(None)`: nothing to write (the finalizer was added, or could not be).
     async fn plan(
         &mut self,
         link: &Link,
@@ -551,128 +596,69 @@ impl Controller {
         uid: AttemptId,
         now: Timestamp,
         expires: Timestamp,
-    ) -> Result<Arc<TaskPlan>, Report> {
-        if let Some(p) = self.plans.get(&uid) {
-            return Ok(p.clone());
-        }
-        let planning = |problem: Option<String>, err: Option<String>| Report {
-            status: TaskRunStatus {
-                phase: Some(TaskRunPhase::Planning),
-                reason: problem.as_ref().map(|_| TaskRunReason::GroupSourceError),
-                latest_error: err.or(problem.clone()).map(BoundedText::lossy),
-                ..Default::default()
-            },
-            problem,
-            note: None,
-        };
-        let fail = |reason, error: String| Report {
-            status: failed(reason, error, now),
-            problem: None,
-            note: None,
-        };
+    ) -> Result<Arc<TaskPlan>, Option<Report>> {
         let plans = store(&link.stores, layout::TASK_PLANS)
-            .map_err(|e| planning(None, Some(e.to_string())))?;
-        let loaded = store::load(plans, &uid).await;
-        // A run that entered Running has a plan: it is never planned a second time, and never goes back to Planning.
+            .map_err(|e| Some(pass::planning(None, Some(e.to_string()))))?;
+        let loaded = match self.plans.get(&uid) {
+            Some(p) => Ok(Some(p.clone())),
+            None => store::load(plans, &uid)
+                .await
+                .map(|p| p.map(Arc::new))
+                .map_err(|e| e.to_string()),
+        };
         let old = run
             .status
             .as_ref()
             .map(|s| s.run.clone())
             .unwrap_or_default();
-        if old.phase == Some(TaskRunPhase::Running) {
-            let error = match loaded {
-                Ok(Some(p)) => {
-                    let p = Arc::new(p);
-                    self.plans.insert(uid, p.clone());
-                    return Ok(p);
-                }
-                Ok(None) => format!(
-                    "the plan of run {uid} is missing from {}",
-                    layout::TASK_PLANS
-                ),
-                Err(e) => e.to_string(),
+        let facts = pass::PlanFacts {
+            uid,
+            old: &old,
+            loaded,
+            info_synced: self.info.is_synced(),
+            retry: self.retries.get(&uid).copied(),
+            finalizer: has_finalizer(run),
+            expires,
+            now,
+        };
+        let targets = || {
+            let (labels, groups) = snapshot(&self.devices.state(), &self.groups.state());
+            let capable = |d: &DeviceId| {
+                self.info.with(d.as_str(), |s| {
+                    s.and_then(|s| s.value.as_ref())
+                        .is_some_and(|i| i.capabilities.contains(&Capability::AptFullUpgradeV1))
+                })
             };
-            if now >= expires {
-                return Err(fail(TaskRunReason::DeadlineExceeded, error));
-            }
-            return Err(Report {
-                status: TaskRunStatus {
-                    latest_error: Some(BoundedText::lossy(error)),
-                    ..old
-                },
-                problem: None,
-                note: None,
-            });
-        }
-        match loaded {
-            Ok(Some(p)) => {
-                let p = Arc::new(p);
+            planning::plan_targets(&run.spec, &groups, &labels, capable)
+        };
+        let plan = match pass::plan_step(facts, targets) {
+            PlanStep::Use(p) => {
                 self.plans.insert(uid, p.clone());
                 return Ok(p);
             }
-            Ok(None) => {}
-            Err(e) => return Err(planning(None, Some(e.to_string()))),
-        }
-        if !self.info.is_synced() {
-            return Err(planning(None, None));
-        }
-        if let Some((_, at)) = self.retries.get(&uid) {
-            if now < *at {
-                let last = run.status.as_ref().and_then(|s| s.run.latest_error.clone());
-                return Err(planning(
-                    Some(last.map(String::from).unwrap_or_default()),
-                    None,
-                ));
-            }
-        }
-        if now >= expires {
-            let last = run.status.as_ref().and_then(|s| s.run.latest_error.clone());
-            return Err(fail(
-                TaskRunReason::DeadlineExceeded,
-                format!(
-                    "planning did not finish before the deadline ({expires}){}",
-                    last.map(|e| format!("; latest error: {e}"))
-                        .unwrap_or_default()
-                ),
-            ));
-        }
-        let (labels, groups) = snapshot(&self.devices.state(), &self.groups.state());
-        let capable = |d: &DeviceId| {
-            self.info.with(d.as_str(), |s| {
-                s.and_then(|s| s.value.as_ref())
-                    .is_some_and(|i| i.capabilities.contains(&Capability::AptFullUpgradeV1))
-            })
-        };
-        let targets = match planning::plan_targets(&run.spec, &groups, &labels, capable) {
-            Ok(t) => t,
-            Err(PlanError::InvalidSpec(m)) => return Err(fail(TaskRunReason::InvalidSpec, m)),
-            Err(e @ PlanError::NoTargets { .. }) => {
-                return Err(fail(TaskRunReason::NoTargets, e.to_string()))
-            }
-            Err(PlanError::GroupSource(m)) => {
-                let n = self.retries.get(&uid).map_or(0, |r| r.0);
-                let delay = RETRY_MIN.saturating_mul(1 << n.min(6)).min(RETRY_MAX);
-                self.retries.insert(uid, (n + 1, now.plus(delay)));
+            PlanStep::Report(r) => return Err(Some(r)),
+            PlanStep::Retry {
+                failures,
+                at,
+                report,
+            } => {
+                self.retries.insert(uid, (failures, at));
                 log::warn!(
-                    "TaskRun {}: {m}; planning again in {delay:?}",
-                    run.name_any()
+                    "TaskRun {}: {}; planning again in {:?}",
+                    run.name_any(),
+                    report.problem.as_deref().unwrap_or_default(),
+                    Duration::from_millis(at.unix_ms().saturating_sub(now.unix_ms()))
                 );
-                return Err(planning(
-                    Some(format!("{m}; planning is retried (attempt {})", n + 1)),
-                    None,
-                ));
+                return Err(Some(report));
             }
+            PlanStep::AddFinalizer => {
+                self.retries.remove(&uid);
+                self.add_finalizer(run).await;
+                return Err(None);
+            }
+            PlanStep::Create(plan) => plan,
         };
         self.retries.remove(&uid);
-        let plan = TaskPlan::new(
-            uid,
-            TaskOperation::AptFullUpgradeV1,
-            expires,
-            targets.canaries,
-            targets.others,
-            now,
-        )
-        .map_err(|e| fail(TaskRunReason::InvalidSpec, e.to_string()))?;
         let plan = match store::create(plans, &plan).await {
             Ok(store::Created::Written(p)) => {
                 super::fault::crash_point("plan-created");
@@ -685,11 +671,74 @@ impl Controller {
                 p
             }
             Ok(store::Created::Loaded(p)) => p,
-            Err(e) => return Err(planning(None, Some(e.to_string()))),
+            Err(e) => return Err(Some(pass::planning(None, Some(e.to_string())))),
         };
         let p = Arc::new(plan);
         self.plans.insert(uid, p.clone());
         Ok(p)
+    }
+
+    /// Adds [`pass::FINALIZER`] (a JSON patch that fails, changing nothing, if the finalizers changed meanwhile:
+    /// the next pass looks again).
+    async fn add_finalizer(&self, run: &TaskRun) {
+        let mut patch = vec![
+            serde_json::json!({"op": "test", "path": "/metadata/finalizers",
+            "value": run.metadata.finalizers}),
+        ];
+        patch.push(match run.finalizers().is_empty() {
+            true => serde_json::json!({"op": "add", "path": "/metadata/finalizers", "value": [pass::FINALIZER]}),
+            false => serde_json::json!({"op": "add", "path": "/metadata/finalizers/-", "value": pass::FINALIZER}),
+        });
+        match self.patch(run, patch).await {
+            Ok(()) => log::info!(
+                "TaskRun {}: finalizer {} added",
+                run.name_any(),
+                pass::FINALIZER
+            ),
+            Err(e) => changed_meanwhile(run, "adding the finalizer", &e),
+        }
+    }
+
+    /// Removes [`pass::FINALIZER`] (tested by index, so that another finalizer is never removed instead); false
+    /// when that failed (the next pass tries again).
+    async fn remove_finalizer(&self, run: &TaskRun) -> bool {
+        let Some(i) = run.finalizers().iter().position(|f| f == pass::FINALIZER) else {
+            return true;
+        };
+        let path = format!("/metadata/finalizers/{i}");
+        let patch = vec![
+            serde_json::json!({"op": "test", "path": path, "value": pass::FINALIZER}),
+            serde_json::json!({"op": "remove", "path": path}),
+        ];
+        match self.patch(run, patch).await {
+            Ok(()) => {
+                log::info!(
+                    "TaskRun {}: finalizer {} removed",
+                    run.name_any(),
+                    pass::FINALIZER
+                );
+                true
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => true,
+            Err(e) => {
+                changed_meanwhile(run, "removing the finalizer", &e);
+                false
+            }
+        }
+    }
+
+    async fn patch(&self, run: &TaskRun, ops: Vec<serde_json::Value>) -> Result<(), kube::Error> {
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+            .map_err(kube::Error::SerdeError)?;
+        let api: kube::Api<TaskRun> =
+            kube::Api::namespaced(self.client.clone(), &run.namespace().unwrap_or_default());
+        api.patch(
+            &run.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Json::<()>(patch),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Starts the run's view unless it runs, and returns it.
@@ -713,7 +762,7 @@ impl Controller {
         })
     }
 
-    /// A running run's step: release, results, deadline, removal of terminal intents.
+    /// A running run's step: release, results, deadline, removal of terminal intents ([`pass::advance`]).
     async fn progress(
         &mut self,
         link: &Link,
@@ -722,46 +771,18 @@ impl Controller {
         plan: &TaskPlan,
         now: Timestamp,
     ) -> Report {
-        let targets = (plan.canaries.len() + plan.others.len()) as u32;
-        let mut status = TaskRunStatus {
-            phase: Some(TaskRunPhase::Running),
-            targets,
-            start_time: Some(plan.created_at),
-            ..Default::default()
-        };
-        let note = Some(format!(
-            "plan frozen: {targets} devices, {} canaries",
-            plan.canaries.len()
-        ));
         // Until the view has read the keys, the counts already reported stand.
-        let reported = run
-            .status
-            .as_ref()
-            .filter(|s| s.run.phase == Some(TaskRunPhase::Running))
-            .map(|s| s.run.clone());
+        let reported = run.status.as_ref().map(|s| &s.run);
         if let Err(e) = self.view(link, uid) {
-            status = reported.unwrap_or(status);
-            status.latest_error = Some(BoundedText::lossy(e.to_string()));
-            return Report {
-                status,
-                problem: None,
-                note,
-            };
+            let mut r = pass::unsynced(plan, reported);
+            r.status.latest_error = Some(BoundedText::lossy(e.to_string()));
+            return r;
         }
         let Some(view) = self.views.get(&uid) else {
-            return Report {
-                status,
-                problem: None,
-                note,
-            };
+            return pass::unsynced(plan, None);
         };
         if !view.is_synced() {
-            status = reported.unwrap_or(status);
-            return Report {
-                status,
-                problem: None,
-                note,
-            };
+            return pass::unsynced(plan, reported);
         }
         // Authorization is current: resolved from the caches now, right before any intent is written.
         let (_, groups) = snapshot(&self.devices.state(), &self.groups.state());
@@ -775,54 +796,25 @@ impl Controller {
                     .unwrap_or(Outcome::Pending),
             }
         };
-        let (counts, decision, latest) = progress::step(plan, state, &authorized, now);
+        let step = pass::advance(plan, state, &authorized, view.live_intents(), now);
         let stalls = stall::stalls(
             plan.targets(),
             |d| view.intent_seen(d, &uid),
             now,
             self.accept_timeout,
         );
-        // Terminal devices' intents are removed; their statuses stay.
-        let done: Vec<String> = view
-            .live_intents()
-            .into_iter()
-            .filter(|k| {
-                layout::parse_run_key(k)
-                    .ok()
-                    .is_some_and(|(d, _)| state(&d).outcome.is_terminal())
-            })
-            .collect();
-        status.succeeded = counts.succeeded;
-        status.failed = counts.failed;
-        status.latest_error = latest.map(BoundedText::lossy);
-        let mut problem = None;
+        let mut report = step.report;
         let mut errors = vec![];
-        match decision {
-            Decision::Wait => {}
-            Decision::Retry(m) => problem = Some(m),
-            Decision::Finish {
-                phase,
-                reason,
-                error,
-            } => {
-                status.phase = Some(phase);
-                status.reason = reason;
-                status.completion_time = Some(now);
-                if let Some(e) = error {
-                    status.latest_error = Some(BoundedText::lossy(e));
-                }
-            }
-            Decision::Release(devices) => {
-                if let Err(e) = self.release(link, uid, plan, &devices).await {
-                    errors.push(e.to_string());
-                }
+        if !step.release.is_empty() {
+            if let Err(e) = self.release(link, uid, plan, &step.release).await {
+                errors.push(e.to_string());
             }
         }
-        if let Err(e) = self.remove_intents(link, &done).await {
+        if let Err(e) = self.remove_intents(link, &step.remove).await {
             errors.push(e.to_string());
         }
         if let Some(e) = errors.into_iter().next() {
-            status.latest_error = Some(BoundedText::lossy(e));
+            report.status.latest_error = Some(BoundedText::lossy(e));
         }
         self.stalls.insert(
             uid,
@@ -832,11 +824,7 @@ impl Controller {
                 wake: stalls.wake,
             },
         );
-        Report {
-            status,
-            problem,
-            note,
-        }
+        report
     }
 
     /// Writes the intents of `devices` (see [`intents::release`]).

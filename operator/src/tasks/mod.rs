@@ -8,6 +8,7 @@ pub mod controller;
 pub mod crd;
 pub mod fault;
 pub mod intents;
+pub mod pass;
 pub mod planning;
 pub mod progress;
 pub mod schedule;
