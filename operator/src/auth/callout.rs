@@ -15,8 +15,19 @@ pub const XKEY_HEADER: &str = "Nats-Server-Xkey";
 #[derive(Deserialize)]
 struct RequestClaims {
     aud: Option<String>,
+    #[serde(default)]
+    iat: Option<u64>,
     exp: Option<u64>,
     nats: Request,
+}
+
+impl RequestClaims {
+    /// How long the server waits for the answer (its authorization time-out): `exp - iat`, both by the server's
+    /// clock, so no clock skew enters it.
+    fn lifetime(&self) -> Option<std::time::Duration> {
+        let (iat, exp) = (self.iat?, self.exp?);
+        Some(std::time::Duration::from_secs(exp.checked_sub(iat)?))
+    }
 }
 
 #[derive(Deserialize)]
@@ -89,8 +100,13 @@ fn rfc3339(secs: u64) -> String {
 }
 
 impl Callout {
-    /// Handles one request (`payload` as received, `server_xkey` the header's value).
-    pub async fn handle(&self, payload: &[u8], server_xkey: Option<&str>) -> Answer {
+    /// Handles one request (`payload` as received at `received`, `server_xkey` the header's value).
+    pub async fn handle(
+        &self,
+        payload: &[u8],
+        server_xkey: Option<&str>,
+        received: std::time::Instant,
+    ) -> Answer {
         let drop = |why: String| Answer {
             reply: None,
             log: format!("dropped an authorization request: {why}"),
@@ -126,6 +142,24 @@ impl Callout {
         }
         if req.exp.is_some_and(|e| e.saturating_add(5) < now()) {
             return drop("it expired".into());
+        }
+        // Under a reconnect storm requests wait here longer than the server does: one the server has already
+        // refused (its time-out passed since fleet-auth received it) is not worth a token check and two signatures,
+        // which the requests still being waited for need.
+        if let Some(lifetime) = req.lifetime() {
+            let waited = received.elapsed();
+            if waited >= lifetime {
+                return Answer {
+                    reply: None,
+                    log: format!(
+                        "skipped an authorization request the server stopped waiting for: it waited {:.1} s here, \
+                         the server's time-out is {} s (fleet-auth is behind)",
+                        waited.as_secs_f64(),
+                        lifetime.as_secs()
+                    ),
+                    allowed: false,
+                };
+            }
         }
         let r = req.nats;
         let who = format!("client {} cid {}", r.client_info.host, r.client_info.id);
@@ -204,5 +238,76 @@ impl Callout {
         let kid = token::kid(token)?;
         let key = self.jwks.key(&kid).await?;
         token::verify(token, &key, &self.policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::{Duration, Instant};
+
+    fn callout() -> Callout {
+        Callout {
+            issuer: nkeys::KeyPair::new_account(),
+            xkey: None,
+            account: "DEVICES".into(),
+            policy: Policy {
+                issuer: "https://zitadel.test".into(),
+                audience: "fleet".into(),
+                device_claim: "device_id".into(),
+                leeway: Duration::from_secs(5),
+            },
+            jwks: Jwks::new(super::super::jwks::JwksSettings {
+                url: "https://127.0.0.1:9/keys".into(),
+                extra_roots: Vec::new(),
+                timeout: Duration::from_secs(1),
+                max_bytes: 1024,
+                min_refresh: Duration::from_secs(1),
+                max_age: Duration::from_secs(60),
+            })
+            .unwrap(),
+            cooldowns: Default::default(),
+        }
+    }
+
+    /// A request as nats-server signs it, waited for `timeout` seconds (its `exp - iat`).
+    fn request(timeout: u64) -> Vec<u8> {
+        let server = nkeys::KeyPair::new_server();
+        let user = nkeys::KeyPair::new_user();
+        let claims = json!({
+            "sub": user.public_key(),
+            "aud": REQUEST_AUDIENCE,
+            "exp": now() + timeout,
+            "nats": {
+                "server_id": { "id": server.public_key() },
+                "user_nkey": user.public_key(),
+                "connect_opts": { "auth_token": "not-a-jwt" },
+            },
+        });
+        let claims = claims.as_object().unwrap().clone();
+        natsjwt::encode(claims, &server, now())
+            .unwrap()
+            .into_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_request_the_server_stopped_waiting_for_is_skipped_unanswered() {
+        let c = callout();
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_millis(3_100))
+            .unwrap();
+        let stale = c.handle(&request(3), None, long_ago).await;
+        assert!(stale.reply.is_none(), "{}", stale.log);
+        assert!(
+            stale.log.contains("the server stopped waiting for")
+                && stale.log.contains("time-out is 3 s"),
+            "{}",
+            stale.log
+        );
+        // Within the server's time-out it is decided (here: refused, with the reason, as an answer).
+        let fresh = c.handle(&request(3), None, Instant::now()).await;
+        assert!(fresh.reply.is_some() && !fresh.allowed, "{}", fresh.log);
+        assert!(fresh.log.starts_with("denied"), "{}", fresh.log);
     }
 }

@@ -201,7 +201,14 @@ impl NatsServer {
 
     /// Starts the server again on the same port with the same store.
     pub fn start_again(&mut self) {
+        self.start_again_after(Duration::ZERO);
+    }
+
+    /// Kills the server, keeps it down for `down`, and starts it again on the same port with the same store
+    /// (returning once it accepts connections).
+    pub fn start_again_after(&mut self, down: Duration) {
         self.stop();
+        std::thread::sleep(down);
         self.spawn();
     }
 
