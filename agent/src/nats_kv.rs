@@ -36,18 +36,26 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const FRESH_READS: u32 = 10;
 /// See [`FRESH_READS`].
 pub const FRESH_PAUSE: Duration = Duration::from_millis(50);
-/// The shortest pause between reconnection attempts; each pause is drawn anew up to twice this plus this
-/// ([`reconnect_pause`]).
+/// The shortest pause between reconnection attempts ([`reconnect_pause`]).
 pub const RECONNECT_PAUSE_MIN: Duration = Duration::from_secs(1);
+/// The longest pause between reconnection attempts ([`reconnect_pause`]).
+pub const RECONNECT_PAUSE_MAX: Duration = Duration::from_secs(60);
 
-/// The pause before a reconnection attempt: 1 to 3 s, drawn anew each time (mean 2 s). A server restart closes
-/// every device's connection at the same moment; with one fixed pause the whole fleet tries again at the same
-/// instants and reaches the auth callout in bursts, which answers some past the server's authorization time-out
-/// (measured with 2,000 simulated devices: 2–67 attempts refused in 6 of 15 storms with a fixed 2 s); drawn at
-/// random they arrive as a stream.
-pub fn reconnect_pause() -> Duration {
-    let spread = 2 * RECONNECT_PAUSE_MIN.as_millis() as u64;
+/// The pause before a reconnection attempt, the first included, after `failed` failed attempts in a row: drawn at
+/// random from 1 to 3 s, a range whose top doubles with each failure (1–5 s, 1–9 s, …) up to 1–60 s. A server
+/// restart closes every device's connection at the same moment; with one fixed pause the whole fleet tries again
+/// at the same instants and reaches the auth callout in bursts (measured with 2,000 simulated devices: 2–67
+/// attempts refused in 6 of 15 storms with a fixed 2 s); drawn at random they arrive as a stream, and a fleet
+/// larger than the callout admits within the server's authorization time-out spreads its retries further with
+/// each refusal instead of repeating the burst.
+pub fn reconnect_pause(failed: u32) -> Duration {
+    let spread = (reconnect_pause_top(failed) - RECONNECT_PAUSE_MIN).as_millis() as u64;
     RECONNECT_PAUSE_MIN + Duration::from_millis(random_u64() % spread.max(1))
+}
+
+/// The top of [`reconnect_pause`]'s range after `failed` failures in a row.
+pub fn reconnect_pause_top(failed: u32) -> Duration {
+    (RECONNECT_PAUSE_MIN + RECONNECT_PAUSE_MIN * 2 * (1 << failed.min(6))).min(RECONNECT_PAUSE_MAX)
 }
 
 /// Largest token file read, in bytes.
@@ -200,7 +208,7 @@ impl Nats {
                     last,
                 });
             }
-            let pause = reconnect_pause()
+            let pause = reconnect_pause(attempt - 1)
                 .min(cfg.retry_window - elapsed)
                 .max(Duration::from_millis(100));
             std::thread::sleep(pause);
@@ -513,24 +521,35 @@ impl Inner {
         if this.reconnecting.swap(true, Ordering::SeqCst) {
             return;
         }
-        log::warn!("NATS connection closed; connecting anew");
+        log::warn!("NATS connection closed; connecting anew in 1 to 3 s");
         let weak = Arc::downgrade(this);
         let spawned = std::thread::Builder::new()
             .name("nats-reconnect".into())
-            .spawn(move || loop {
-                let Some(inner) = weak.upgrade() else { return };
-                match Inner::attempt(&inner) {
-                    Ok(()) => {
-                        inner.reconnecting.store(false, Ordering::SeqCst);
-                        inner.reconnects.fetch_add(1, Ordering::SeqCst);
-                        inner.wake_watches();
-                        log::info!("reconnected to NATS (new connection)");
-                        return;
+            .spawn(move || {
+                let mut failed = 0;
+                loop {
+                    // The first attempt waits too: a server restart closes the whole fleet's connections at once,
+                    // and a device that reaches the restarted server before the auth callout has subscribed again
+                    // is refused when the server's authorization time-out passes (1 in 2 storms of 2,000 devices).
+                    std::thread::sleep(reconnect_pause(failed));
+                    let Some(inner) = weak.upgrade() else { return };
+                    match Inner::attempt(&inner) {
+                        Ok(()) => {
+                            inner.reconnecting.store(false, Ordering::SeqCst);
+                            inner.reconnects.fetch_add(1, Ordering::SeqCst);
+                            inner.wake_watches();
+                            log::info!("reconnected to NATS (new connection)");
+                            return;
+                        }
+                        Err(e) => {
+                            failed += 1;
+                            log::warn!(
+                                "NATS reconnection failed ({failed} in a row): {e}; retrying in 1 to {} s",
+                                reconnect_pause_top(failed).as_secs()
+                            );
+                        }
                     }
-                    Err(e) => log::warn!("NATS reconnection failed: {e}; retrying in 1 to 3 s"),
                 }
-                drop(inner);
-                std::thread::sleep(reconnect_pause());
             });
         if let Err(e) = spawned {
             this.reconnecting.store(false, Ordering::SeqCst);
@@ -881,8 +900,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reconnect_pauses_spread_further_with_each_failure_up_to_a_minute() {
+        let tops: Vec<u64> = (0..9).map(|f| reconnect_pause_top(f).as_secs()).collect();
+        assert_eq!(tops, [3, 5, 9, 17, 33, 60, 60, 60, 60]);
+        for failed in [1, 4, 7, u32::MAX] {
+            let top = reconnect_pause_top(failed);
+            let pauses: Vec<Duration> = (0..200).map(|_| reconnect_pause(failed)).collect();
+            assert!(
+                pauses.iter().all(|p| *p >= RECONNECT_PAUSE_MIN && *p < top),
+                "{failed}: {pauses:?}"
+            );
+            assert!(pauses.iter().any(|p| *p > top / 2), "{failed}: {pauses:?}");
+        }
+    }
+
+    #[test]
     fn reconnect_pauses_are_spread_over_one_to_three_seconds() {
-        let pauses: Vec<Duration> = (0..500).map(|_| reconnect_pause()).collect();
+        let pauses: Vec<Duration> = (0..500).map(|_| reconnect_pause(0)).collect();
         let (lo, hi) = (RECONNECT_PAUSE_MIN, RECONNECT_PAUSE_MIN * 3);
         assert!(pauses.iter().all(|p| *p >= lo && *p < hi), "{pauses:?}");
         // Spread, not one fixed pause: a fleet that lost its server at one moment does not come back in step.

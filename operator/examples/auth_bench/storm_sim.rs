@@ -1,7 +1,7 @@
 //! The reconnect storm with fleet-sim's devices (`auth_bench --storm-sim N`): N simulated devices, each on a
 //! connection of its own with its own token through fleet-auth (`fleet-sim --token-dir`: writes through the device
-//! API, notices on its own inbox, reconnecting by itself at once and then every 2 s, as fleet-agent does). Once every
-//! device has a heartbeat stored, nats-server is killed and started again on the same port and store. A device is
+//! API, notices on its own inbox, reconnecting by itself after 1 to 3 s drawn at random, as fleet-agent does). Once
+//! every device has a heartbeat stored, nats-server is killed and started again on the same port and store. A device is
 //! back when fleet-sim prints that a heartbeat of it was acknowledged on a new connection; the row also says when
 //! fleet-auth had admitted every device again (its log), how many connection attempts the server refused in the
 //! storm (must be none; those at the first connection, all devices at once too, are shown apart), and fleet-auth's

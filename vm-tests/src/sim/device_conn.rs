@@ -6,9 +6,9 @@
 //! device API for notices of the keys the operator writes for it (again every [`WATCH_REFRESH`]), and reads a
 //! noticed key with a direct get. After every connection it reads its watched keys, as the agent's watches do.
 //!
-//! When the connection closes it connects again at once, then after each failed attempt a pause of 1 to 3 s drawn
-//! at random (the agent's own, `fleet_agent::nats_kv::reconnect_pause`), and never
-//! gives up. One thread per device serves it (besides the client's I/O thread): connect, then everything that
+//! When the connection closes it connects again after a pause drawn at random from 1 to 3 s, a range that grows with
+//! each failed attempt in a row up to 1 to 60 s (the agent's own, `fleet_agent::nats_kv::reconnect_pause`), and
+//! never gives up. One thread per device serves it (besides the client's I/O thread): connect, then everything that
 //! arrives on its one subscription `<inbox>.>` — `<inbox>.ack.<n>` answers write `n`, `<inbox>.get` a direct get,
 //! and `<inbox>.<bucket>.<key>` is a notice. (The agent has separate tokens for replies and notices; one inbox for
 //! both costs a simulated device one subscription instead of several, and the server the same checks.)
@@ -117,6 +117,7 @@ pub(crate) fn spawn(d: Arc<DeviceConn>, k: usize, sh: Arc<Shared>) -> io::Result
 /// Connects, serves the connection until it closes, and connects again, until the simulator stops.
 fn serve(d: &DeviceConn, sh: &Shared) {
     let mut before = false;
+    let mut failed = 0;
     while !sh.stop.load(Ordering::Relaxed) {
         let client = match d.options().and_then(|o| fleet_nats::connect(&o)) {
             Ok(c) => c,
@@ -129,18 +130,21 @@ fn serve(d: &DeviceConn, sh: &Shared) {
                 } else {
                     sh.stats.connect_failed.fetch_add(1, Ordering::Relaxed);
                 }
-                pause(sh, fleet_agent::nats_kv::reconnect_pause());
+                failed += 1;
+                pause(sh, fleet_agent::nats_kv::reconnect_pause(failed));
                 continue;
             }
         };
+        failed = 0;
         sh.stats.connects.fetch_add(1, Ordering::Relaxed);
         if before {
             sh.stats.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         before = true;
         // Whatever ended the session (the server went away, a subscription refused), the next step is a new
-        // connection, at once: the agent's reconnection thread does the same.
+        // connection after the agent's pause, as its reconnection thread does.
         let _ = session(d, sh, client);
+        pause(sh, fleet_agent::nats_kv::reconnect_pause(0));
     }
 }
 
