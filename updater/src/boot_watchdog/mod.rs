@@ -17,7 +17,8 @@ use std::time::Duration;
 /// Time bound of each command the watchdog runs.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Sections the watchdog adds to the common diagnostics (jobs, failed units, ordering cycles, state, mounts).
+/// Sections the watchdog adds to the common diagnostics (jobs, failed units, ordering cycles, state, bootc status,
+/// mounts).
 const EXTRA_SECTIONS: &[diag::Section] = &[
     (
         "user sessions",
@@ -174,6 +175,8 @@ mod tests {
     struct Stuck {
         calls: Mutex<Vec<String>>,
         reboot_code: i32,
+        /// Whether `bootc` is installed (a bootc host).
+        bootc: bool,
     }
 
     impl System for Stuck {
@@ -190,6 +193,10 @@ mod tests {
                     (0, "JOB UNIT\n12 mnt-hang.mount start running\n")
                 }
                 "systemctl reboot" => (self.reboot_code, ""),
+                "bootc status" if self.bootc => (
+                    0,
+                    "booted: quay.io/example/os:42\nstaged: quay.io/example/os:43\n",
+                ),
                 _ => return Err(format!("{program}: not installed")),
             };
             Ok(Output {
@@ -203,7 +210,40 @@ mod tests {
         Stuck {
             calls: Mutex::new(vec![]),
             reboot_code,
+            bootc: false,
         }
+    }
+
+    #[test]
+    fn a_bootc_host_s_diagnostics_carry_its_images_and_others_say_bootc_is_not_there() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = WatchdogConfig {
+            reboot: false,
+            root: dir.path().to_path_buf(),
+            ..WatchdogConfig::default()
+        };
+        let now = Timestamp::from_unix_ms(1_800_000_000_000);
+        let sys = Stuck {
+            bootc: true,
+            ..stuck(0)
+        };
+        let Ok(Outcome::Diagnosed(file)) = run(&cfg, &sys, now) else {
+            panic!("expected diagnostics")
+        };
+        let text = std::fs::read_to_string(&file).expect("diagnostics");
+        assert!(
+            text.contains("== bootc status: bootc status\nbooted: quay.io/example/os:42\nstaged: quay.io/example/os:43"),
+            "{text}"
+        );
+
+        let Ok(Outcome::Diagnosed(file)) = run(&cfg, &stuck(0), now) else {
+            panic!("expected diagnostics")
+        };
+        let text = std::fs::read_to_string(&file).expect("diagnostics");
+        assert!(
+            text.contains("== bootc status: bootc status\n(not run: bootc: not installed)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub struct Kind {
     pub prefix: &'static str,
     /// The program named in the first line.
     pub title: &'static str,
-    /// Sections after the common ones (jobs, failed units, ordering cycles, system state).
+    /// Sections after the common ones (jobs, failed units, ordering cycles, system state, bootc status).
     pub extra: &'static [Section],
 }
 
@@ -56,6 +56,9 @@ const COMMON: &[Section] = &[
         ],
     ),
     ("system state", "systemctl", &["is-system-running"]),
+    // On a bootc host, the booted, staged and rollback images: whether the boot that failed is a new image.
+    // Elsewhere the section says the command is not there.
+    ("bootc status", "bootc", &["status"]),
 ];
 
 /// Writes one fleet-reboot snapshot and returns its path.
@@ -64,7 +67,7 @@ pub fn snapshot(sys: &dyn System, paths: &Paths, reason: &str) -> Result<PathBuf
         dir: paths.diagnostics_dir(),
         prefix: "reboot",
         title: "fleet-reboot",
-        extra: &[("bootc status", "bootc", &["status"])],
+        extra: &[],
     };
     write(sys, paths, &kind, reason)
 }
