@@ -1,8 +1,8 @@
 //! NATS JetStream KV for the operator: creating the buckets of `fleet_wire::kv::BUCKETS`, mirroring buckets into
 //! memory with a watch, and compare-and-set writes that re-read on conflict.
 
-use crate::nats_tls::NatsTls;
 use async_nats::jetstream::{self, kv};
+use fleet_kit::nats_tls::NatsTls;
 use futures::StreamExt;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::BTreeMap;
@@ -64,8 +64,7 @@ impl Default for Buckets {
     }
 }
 
-/// The most replicas JetStream allows a stream.
-pub const MAX_REPLICAS: usize = 5;
+pub use fleet_kit::nats::{error_chain, servers, MAX_REPLICAS};
 
 /// The largest `--fleet-size`: the byte limits of ten million devices (about 3 TB) fit no single server.
 pub const MAX_FLEET_SIZE: u64 = 10_000_000;
@@ -172,30 +171,6 @@ pub async fn connect_with(
         .map_err(|e| NatsError::new(format!("connect to {url}"), tls.explain(&error_chain(&e))))?;
     let js = jetstream::new(client.clone());
     Ok((client, js))
-}
-
-/// The servers of a comma-separated URL list (`nats://a:4222,nats://b:4222`: the nodes of a cluster), for the
-/// client to fail over between; async-nats takes a single string as one server.
-pub fn servers(url: &str) -> Vec<&str> {
-    url.split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .collect()
-}
-
-/// An error with its sources (async-nats keeps the TLS reason in the source).
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.contains(&s_text) {
-            text.push_str(": ");
-            text.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    text
 }
 
 /// The KV configuration of one bucket of the layout: file storage, one value per key, [`replicas`] copies.
@@ -622,19 +597,6 @@ async fn cas_write_inner<T: Serialize + DeserializeOwned + Clone + Send + Sync +
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_url_list_is_one_server_per_url() {
-        assert_eq!(
-            servers("nats://a:4222, nats://b:4222,,nats://c:4222 "),
-            ["nats://a:4222", "nats://b:4222", "nats://c:4222"]
-        );
-        assert_eq!(servers("nats://a:4222"), ["nats://a:4222"]);
-        // Each parses as one server address (async-nats took the whole list as one and failed).
-        for s in servers("nats://127.0.0.1:4222,tls://127.0.0.1:4223") {
-            s.parse::<async_nats::ServerAddr>().expect(s);
-        }
-    }
 
     #[test]
     fn bucket_settings_out_of_range_are_refused() {

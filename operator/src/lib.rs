@@ -1,9 +1,9 @@
-//! fleet-operator: CRDs and controllers for devices, groups, placement, agent releases and task runs; the
-//! FleetLock server, which runs with no Kubernetes at all; and fleet-auth, the NATS auth callout for device identity; and the read-only dashboard with alerts and `/metrics`.
+//! fleet-operator: CRDs and controllers for devices, groups, placement, agent releases and task runs, and the
+//! read-only dashboard with alerts and `/metrics`. The FleetLock server (`operator/fleetlock`) and fleet-auth, the
+//! NATS auth callout (`operator/auth`), are crates of their own that build without Kubernetes; what all three
+//! share is `fleet-kit`.
 
-pub mod auth;
 pub mod dashboard;
-pub mod fleetlock;
 // Shared by the controllers: caches, conditions, CRDs, KV, placement; then deployments and agent releases.
 pub mod cache;
 pub mod conditions;
@@ -17,8 +17,7 @@ pub mod memory;
 pub mod metrics;
 pub mod mirror;
 pub mod nats_link;
-pub mod nats_password;
-pub mod nats_tls;
+pub use fleet_kit::{nats_password, nats_tls};
 pub mod placement;
 pub mod plan;
 pub mod refusals;

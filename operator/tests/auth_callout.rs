@@ -195,7 +195,7 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
             .await
             .expect("buckets");
         // fleetlock-server's NATS store connects with its own user too (here the same auth_users entry).
-        fleet_operator::fleetlock::store::nats::NatsStore::open(&stack.admin_url(), None)
+        fleetlock_server::store::nats::NatsStore::open(&stack.admin_url(), None)
             .await
             .expect("fleetlock store connects with its own credentials");
         // Without valid credentials the callout refuses it, and the error does not show the password.
@@ -759,7 +759,7 @@ fn services_refuse_a_placeholder_password_at_start() {
         ),
     )
     .expect("fleetlock config");
-    let mut fl = std::process::Command::new(env!("CARGO_BIN_EXE_fleetlock-server"));
+    let mut fl = std::process::Command::new(fleet_vm_tests::builds::fleetlock_server());
     fl.args(["--plain-http", "--listen"])
         .arg(format!("127.0.0.1:{}", fleet_rig::free_port()))
         .arg("--config")

@@ -374,8 +374,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         ),
     )
     .unwrap();
-    let fl =
-        ServerProcess::start(Path::new(env!("CARGO_BIN_EXE_fleetlock-server")), &fl_cfg).unwrap();
+    let fl = ServerProcess::start(&fleet_vm_tests::builds::fleetlock_server(), &fl_cfg).unwrap();
     assert_eq!(
         fl.conn()
             .unwrap()

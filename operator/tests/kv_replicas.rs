@@ -42,12 +42,12 @@ fn buckets_scale_to_the_replicas_asked_for_and_keep_their_keys() {
     let urls = cluster.url_list();
 
     // fleetlock-server comes first and creates its bucket, as its config asks, with three copies.
-    let store: fleet_operator::fleetlock::config::StoreConfig =
+    let store: fleetlock_server::config::StoreConfig =
         serde_yaml_ng::from_str(&format!("{{kind: nats, url: \"{urls}\", replicas: 3}}"))
             .expect("store config");
     tokio::runtime::Runtime::new()
         .expect("runtime")
-        .block_on(fleet_operator::fleetlock::store::Store::open(&store))
+        .block_on(fleetlock_server::store::Store::open(&store))
         .expect("open the fleetlock store");
     let lock = fleet_wire::kv::FLEETLOCK;
     assert_eq!(replicas(&cluster, lock), 3);

@@ -108,11 +108,7 @@ fn fleetlock_with_nats_store(
         key: cert.key_file.clone(),
         ca: web.ca_file().to_path_buf(),
     };
-    let s = ServerProcess::start_tls(
-        Path::new(env!("CARGO_BIN_EXE_fleetlock-server")),
-        &cfg,
-        files,
-    );
+    let s = ServerProcess::start_tls(&fleet_vm_tests::builds::fleetlock_server(), &cfg, files);
     // The web CA's files are read at start; keep the CA alive for restarts by leaking nothing: start is done.
     drop(web);
     s
@@ -205,7 +201,7 @@ fn fleet_auth_over_tls() {
     };
     let run = |cfg: &Path| {
         let log = dir.path().join("fleet-auth.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_fleet-auth"))
+        let child = Command::new(fleet_vm_tests::builds::fleet_auth())
             .arg("--config")
             .arg(cfg)
             .env("RUST_LOG", "info")

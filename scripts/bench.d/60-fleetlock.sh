@@ -7,7 +7,7 @@ set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
 export FLEET_NATS_SERVER=${FLEET_NATS_SERVER:-$root/.venv/bin/nats-server}
-cargo build --release --locked -p fleet-operator --bin fleetlock-server --example fleetlock_bench >&2
+cargo build --release --locked -p fleetlock-server --bin fleetlock-server --example fleetlock_bench >&2
 target=${CARGO_TARGET_DIR:-$root/target}
 bench=$target/release/examples/fleetlock_bench
 server=$target/release/fleetlock-server

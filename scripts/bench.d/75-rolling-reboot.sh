@@ -7,5 +7,5 @@ root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
 export FLEET_CACHE=${FLEET_CACHE:-$root/.cache}
 target=${CARGO_TARGET_DIR:-$root/target}
-cargo build --quiet --locked -p fleet-vm-tests --bin reboot-bench -p fleet-operator --bin fleetlock-server
+cargo build --quiet --locked -p fleet-vm-tests --bin reboot-bench -p fleetlock-server --bin fleetlock-server
 "$target/debug/reboot-bench"

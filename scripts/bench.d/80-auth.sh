@@ -11,7 +11,7 @@ root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
 . "$root/scripts/bench.d/lib/goal.sh"
 export FLEET_NATS_SERVER=${FLEET_NATS_SERVER:-$root/.venv/bin/nats-server}
-cargo build --release --locked -p fleet-operator --bin fleet-auth --example auth_bench -p fleet-vm-tests --bin fleet-sim >&2
+cargo build --release --locked -p fleet-auth --bin fleet-auth -p fleet-operator --example auth_bench -p fleet-vm-tests --bin fleet-sim >&2
 target=${CARGO_TARGET_DIR:-$root/target}
 export FLEET_AUTH_BIN=$target/release/fleet-auth FLEET_SIM_BIN=$target/release/fleet-sim
 echo "| credentials | clients | connects/s | p50 connect (ms) | p99 connect (ms) | errors | result |"

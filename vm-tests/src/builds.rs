@@ -158,7 +158,11 @@ fn newer_than_sources(dest: &Path, package: &str) -> bool {
         return false;
     };
     let ws = workspace_root();
-    let dir = package.trim_start_matches("fleet-");
+    // The cluster-side crates live under operator/ and share operator/kit: any change there may change them.
+    let dir = match package {
+        "fleetlock-server" | "fleet-auth" => "operator",
+        p => p.trim_start_matches("fleet-"),
+    };
     let mut newest = std::time::SystemTime::UNIX_EPOCH;
     for p in [
         ws.join("Cargo.toml"),
@@ -331,12 +335,12 @@ pub fn operator() -> PathBuf {
 
 /// The real `fleetlock-server` binary.
 pub fn fleetlock_server() -> PathBuf {
-    prebuilt_or_build("fleet-operator", "fleetlock-server")
+    prebuilt_or_build("fleetlock-server", "fleetlock-server")
 }
 
 /// The real `fleet-auth` binary (the NATS auth callout).
 pub fn fleet_auth() -> PathBuf {
-    prebuilt_or_build("fleet-operator", "fleet-auth")
+    prebuilt_or_build("fleet-auth", "fleet-auth")
 }
 
 /// `kubectl`, built by `scripts/setup.d/50-kube-apiserver.sh` from the same Debian source package as the API

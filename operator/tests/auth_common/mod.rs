@@ -132,13 +132,12 @@ impl Jwks {
     }
 }
 
-/// The fleet-auth binary: `FLEET_AUTH_BIN` when set (the benchmark uses a release build), else the one cargo built
-/// for this test.
+/// The fleet-auth binary: `FLEET_AUTH_BIN` when set (the benchmark uses a release build), else a debug build of
+/// the `fleet-auth` crate, rebuilt when its sources changed (fleet-vm-tests' builds).
 pub fn fleet_auth_bin() -> PathBuf {
     std::env::var_os("FLEET_AUTH_BIN")
         .map(PathBuf::from)
-        .or_else(|| option_env!("CARGO_BIN_EXE_fleet-auth").map(PathBuf::from))
-        .expect("FLEET_AUTH_BIN is not set and this is not an integration test")
+        .unwrap_or_else(fleet_vm_tests::builds::fleet_auth)
 }
 
 /// nats-server with `auth_callout`, fleet-auth and an admin user (both in `auth_users`).

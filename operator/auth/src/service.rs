@@ -96,7 +96,7 @@ pub async fn run(mut settings: Settings) -> Result<(), String> {
 /// A connection of one of fleet-auth's users (`auth_users`: they bypass the callout), retried until it is made.
 pub(super) async fn connect_user(
     url: &str,
-    tls: &crate::nats_tls::NatsTls,
+    tls: &fleet_kit::nats_tls::NatsTls,
     user: &str,
     password: &str,
     name: &'static str,
@@ -108,12 +108,12 @@ pub(super) async fn connect_user(
         .reconnect_delay_callback(reconnect_pause)
         .retry_on_initial_connect();
     tls.apply(opts)?
-        .connect(crate::kv::servers(url))
+        .connect(fleet_kit::nats::servers(url))
         .await
         .map_err(|e| {
             format!(
                 "NATS at {url} ({name}): {}",
-                tls.explain(&crate::kv::error_chain(&e))
+                tls.explain(&fleet_kit::nats::error_chain(&e))
             )
         })
 }
@@ -140,13 +140,13 @@ async fn serve_callout(settings: Settings, cooldowns: Arc<Mutex<Cooldowns>>) -> 
         .await?;
     let opts = settings.tls.apply(options().retry_on_initial_connect())?;
     let client = opts
-        .connect(crate::kv::servers(&settings.url))
+        .connect(fleet_kit::nats::servers(&settings.url))
         .await
         .map_err(|e| {
             format!(
                 "NATS at {}: {}",
                 settings.url,
-                settings.tls.explain(&crate::kv::error_chain(&e))
+                settings.tls.explain(&fleet_kit::nats::error_chain(&e))
             )
         })?;
     let mut sub = client

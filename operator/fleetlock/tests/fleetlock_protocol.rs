@@ -512,11 +512,11 @@ mod cases {
 #[test]
 fn no_config_serves_default_group() {
     // Without --config the server needs /var/lib/fleetlock; here check the config-less defaults instead.
-    let c = fleet_operator::fleetlock::Config::parse("").unwrap();
+    let c = fleetlock_server::Config::parse("").unwrap();
     assert_eq!(c.slots("default"), Some(1));
     assert_eq!(
         c.store,
-        fleet_operator::fleetlock::config::StoreConfig::File {
+        fleetlock_server::config::StoreConfig::File {
             dir: "/var/lib/fleetlock".into()
         }
     );

@@ -75,7 +75,7 @@ pub fn admin_ok(auth: &AuthConfig, header: Option<&[u8]>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleetlock::config::BasicCredential;
+    use crate::config::BasicCredential;
 
     #[test]
     fn bearer_basic_and_admin() {

@@ -11,7 +11,7 @@
 //! leader and compare-and-set writes (docs/fleetlock.md lists them).
 
 use super::{Applied, StoreError, COMMIT_DEADLINE, MAX_BATCH};
-use crate::fleetlock::state::{self, Op, OpResult};
+use crate::state::{self, Op, OpResult};
 use async_nats::jetstream::kv;
 use fleet_wire::fleetlock::{holder_index_key, GroupHolders, Holder, HolderIndex};
 use fleet_wire::Timestamp;
@@ -51,7 +51,7 @@ impl NatsStore {
     pub async fn open_tls(
         url: &str,
         credentials: Option<&std::path::Path>,
-        tls: &crate::nats_tls::NatsTls,
+        tls: &fleet_kit::nats_tls::NatsTls,
         replicas: usize,
     ) -> Result<Self, String> {
         // `nats://user:password@host`: fleetlock-server's own user (an `auth_users` entry when the fleet-auth
@@ -83,14 +83,14 @@ impl NatsStore {
         let opts = options(true).await?;
         let client = tokio::time::timeout(
             Duration::from_secs(15),
-            opts.connect(crate::kv::servers(url)),
+            opts.connect(fleet_kit::nats::servers(url)),
         )
         .await
         .map_err(|_| format!("NATS at {url}: no connection within 15 s"))?
         .map_err(|e| {
             format!(
                 "NATS at {url}: {}",
-                tls.explain(&crate::kv::error_chain(&e))
+                tls.explain(&fleet_kit::nats::error_chain(&e))
             )
         })?;
         let js = async_nats::jetstream::new(client);

@@ -187,7 +187,7 @@ pub struct Settings {
     /// NATS password.
     pub password: String,
     /// NATS TLS.
-    pub tls: crate::nats_tls::NatsTls,
+    pub tls: fleet_kit::nats_tls::NatsTls,
     /// Issuer account key pair.
     pub issuer: nkeys::KeyPair,
     /// Callout xkey, when requests are encrypted.
@@ -258,11 +258,11 @@ impl Settings {
             );
         }
         let password = read_secret(&raw.nats.password_file, "nats.password_file")?;
-        crate::nats_password::refuse_placeholder(
+        fleet_kit::nats_password::refuse_placeholder(
             &password,
             &format!("nats.password_file {}", raw.nats.password_file.display()),
         )?;
-        let tls = crate::nats_tls::NatsTls::new(
+        let tls = fleet_kit::nats_tls::NatsTls::new(
             raw.nats.ca_file.clone(),
             raw.nats.cert_file.clone(),
             raw.nats.key_file.clone(),
@@ -323,7 +323,7 @@ impl Settings {
             Some(d) => Some(DeviceApiSettings {
                 password: {
                     let p = read_secret(&d.password_file, "device_api.password_file")?;
-                    crate::nats_password::refuse_placeholder(
+                    fleet_kit::nats_password::refuse_placeholder(
                         &p,
                         &format!("device_api.password_file {}", d.password_file.display()),
                     )?;
@@ -331,7 +331,7 @@ impl Settings {
                 },
                 fleet_password: {
                     let p = read_secret(&d.fleet_password_file, "device_api.fleet_password_file")?;
-                    crate::nats_password::refuse_placeholder(
+                    fleet_kit::nats_password::refuse_placeholder(
                         &p,
                         &format!(
                             "device_api.fleet_password_file {}",
@@ -393,7 +393,7 @@ impl Settings {
 
 fn flood_guard(g: RawFloodGuard) -> Result<super::flood_guard::GuardSettings, String> {
     let password = read_secret(&g.password_file, "flood_guard.password_file")?;
-    crate::nats_password::refuse_placeholder(
+    fleet_kit::nats_password::refuse_placeholder(
         &password,
         &format!("flood_guard.password_file {}", g.password_file.display()),
     )?;

@@ -153,7 +153,7 @@ impl Default for StoreConfig {
 
 impl StoreConfig {
     /// The TLS of the NATS store (none for the file store); `Err` for a certificate without its key.
-    pub fn nats_tls(&self) -> Result<crate::nats_tls::NatsTls, String> {
+    pub fn nats_tls(&self) -> Result<fleet_kit::nats_tls::NatsTls, String> {
         match self {
             Self::File { .. } => Ok(Default::default()),
             Self::Nats {
@@ -161,7 +161,7 @@ impl StoreConfig {
                 cert_file,
                 key_file,
                 ..
-            } => crate::nats_tls::NatsTls::new(
+            } => fleet_kit::nats_tls::NatsTls::new(
                 ca_file.clone(),
                 cert_file.clone(),
                 key_file.clone(),
@@ -322,12 +322,12 @@ impl Config {
                 return Err("store.url: empty".into());
             }
             if let Some((_, password)) = fleet_wire::auth::split_nats_url(url).user_password {
-                crate::nats_password::refuse_placeholder(&password, "store.url's password")?;
+                fleet_kit::nats_password::refuse_placeholder(&password, "store.url's password")?;
             }
-            if !(1..=crate::kv::MAX_REPLICAS).contains(replicas) {
+            if !(1..=fleet_kit::nats::MAX_REPLICAS).contains(replicas) {
                 return Err(format!(
                     "store.replicas: {replicas}: a bucket has 1 to {} replicas",
-                    crate::kv::MAX_REPLICAS
+                    fleet_kit::nats::MAX_REPLICAS
                 ));
             }
             self.store.nats_tls()?;

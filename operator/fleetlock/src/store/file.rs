@@ -6,7 +6,7 @@
 //! per request. A failed commit fails every batch built on it, and the writer starts again from the durable state.
 
 use super::{Applied, StoreError, MAX_BATCH};
-use crate::fleetlock::state::{self, Op};
+use crate::state::{self, Op};
 use fleet_wire::fleetlock::{Holder, StateFile};
 use fleet_wire::Timestamp;
 use std::collections::BTreeMap;
@@ -312,7 +312,7 @@ fn rename_synced(dir: &Path, tmp: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleetlock::state::OpResult;
+    use crate::state::OpResult;
 
     fn lock(id: &str) -> Op {
         Op::Lock {

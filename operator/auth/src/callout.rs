@@ -258,7 +258,7 @@ mod tests {
                 device_claim: "device_id".into(),
                 leeway: Duration::from_secs(5),
             },
-            jwks: Jwks::new(super::super::jwks::JwksSettings {
+            jwks: Jwks::new(crate::jwks::JwksSettings {
                 url: "https://127.0.0.1:9/keys".into(),
                 extra_roots: Vec::new(),
                 timeout: Duration::from_secs(1),

@@ -105,7 +105,7 @@ struct Fleet {
 /// Connects both users and serves until a connection's subscription ends.
 pub async fn run(
     url: &str,
-    tls: &crate::nats_tls::NatsTls,
+    tls: &fleet_kit::nats_tls::NatsTls,
     api: DeviceApiSettings,
 ) -> Result<(), String> {
     use super::service::connect_user;

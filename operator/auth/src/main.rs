@@ -38,7 +38,7 @@ fn main() {
     let Some(config) = config else {
         fail("--config PATH is required (see --help)");
     };
-    let settings = match fleet_operator::auth::config::Settings::load(&config) {
+    let settings = match fleet_auth::config::Settings::load(&config) {
         Ok(s) => s,
         Err(e) => fail(&e),
     };
@@ -49,7 +49,7 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => fail(&format!("tokio runtime: {e}")),
     };
-    if let Err(e) = rt.block_on(fleet_operator::auth::service::run(settings)) {
+    if let Err(e) = rt.block_on(fleet_auth::service::run(settings)) {
         fail(&e);
     }
 }

@@ -1,6 +1,6 @@
 //! `fleetlock-server`: the FleetLock coordinated-reboot lock server (no Kubernetes needed).
 
-use fleet_operator::fleetlock::{CertFiles, Listener};
+use fleetlock_server::{CertFiles, Listener};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -74,7 +74,7 @@ fn main() {
         Ok(rt) => rt,
         Err(e) => fail(&format!("tokio runtime: {e}")),
     };
-    if let Err(e) = rt.block_on(fleet_operator::fleetlock::run(listen, config, mode)) {
+    if let Err(e) = rt.block_on(fleetlock_server::run(listen, config, mode)) {
         fail(&e);
     }
 }

@@ -84,9 +84,9 @@ impl NatsTls {
             return Ok(());
         }
         let attempt =
-            tokio::time::timeout(PROBE_TIMEOUT, opts.connect(crate::kv::servers(url))).await;
+            tokio::time::timeout(PROBE_TIMEOUT, opts.connect(crate::nats::servers(url))).await;
         if let Ok(Err(e)) = attempt {
-            let words = self.explain(&crate::kv::error_chain(&e));
+            let words = self.explain(&crate::nats::error_chain(&e));
             if words.starts_with("TLS: ") {
                 return Err(format!("NATS at {url}: {words}"));
             }
