@@ -3,8 +3,12 @@
 # (the machine's qemu-utils 10 is from backports; bookworm's qemu-system-x86 7.2 conflicts with it), installed
 # with a PRIVATE apt configuration under $FLEET_CACHE/qemu/apt (own sources list and lists directory), so /etc/apt
 # is left alone. Then a bootable disk image, cached under $FLEET_CACHE/qemu/<recipe>/: the nspawn tree (60) plus
-# linux-image-amd64, initramfs-tools and socat, a static network setup for QEMU's user-mode network, and a
-# command channel on a virtio-serial port. Idempotent: built in a temp dir, renamed into place when complete.
+# linux-image-amd64, initramfs-tools, socat and unattended-upgrades (whose /etc/kernel/postinst.d hook is what
+# creates /run/reboot-required when a kernel package is installed: Debian's kernel postinst runs the hooks, it
+# does not touch the file itself), a persistent journal, a static network setup for QEMU's user-mode network, and
+# a command channel on a virtio-serial port; beside it, in kernel-upgrade/, Debian's linux-image-cloud-amd64 and
+# the kernel package it depends on, downloaded with the image's own apt sources, for the task scenarios' local
+# repository. Idempotent: built in a temp dir, renamed into place when complete.
 set -euo pipefail
 cache=${FLEET_CACHE:?FLEET_CACHE must be set (scripts/setup sets it)}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,7 +44,7 @@ qemu-system-x86_64 --version | head -1
 # The image starts from the nspawn tree.
 bash "$here/60-nspawn-tree.sh" >/dev/null
 base_recipe=$(cat "$cache/nspawn/bookworm-v3/etc/fleet-test-tree")
-recipe=qemu-v1-$base_recipe
+recipe=qemu-v2-$base_recipe
 out=$cache/qemu/$recipe
 if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$recipe" ]; then
   echo "qemu image present: $out"; exit 0
@@ -58,16 +62,29 @@ trap cleanup EXIT
 cp -a "$cache/nspawn/bookworm-v3" "$tree"
 for d in proc sys dev; do mount --rbind "/$d" "$tree/$d"; mounted+=("$tree/$d"); done
 cp /etc/resolv.conf "$tree/etc/resolv.conf"
-echo "installing a kernel, initramfs-tools and socat into the image tree (a few minutes)"
+echo "installing a kernel, initramfs-tools, socat and unattended-upgrades into the image tree (a few minutes)"
 chroot "$tree" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >"$work/apt.log" 2>&1 || { tail -20 "$work/apt.log" >&2; exit 1; }
 chroot "$tree" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-  linux-image-amd64 initramfs-tools socat >>"$work/apt.log" 2>&1 || { tail -20 "$work/apt.log" >&2; exit 1; }
+  linux-image-amd64 initramfs-tools socat unattended-upgrades >>"$work/apt.log" 2>&1 || { tail -20 "$work/apt.log" >&2; exit 1; }
+# The kernel the task scenarios install from their local repository: another flavour of the same Debian kernel
+# (a new package, whatever the mirror's point release), with its real maintainer scripts.
+mkdir -p "$tree/var/tmp/kernel-upgrade" "$work/out/kernel-upgrade"
+kdep=$(chroot "$tree" apt-cache show linux-image-cloud-amd64 | sed -n 's/^Depends: \(linux-image-[^ ,]*\).*/\1/p' | head -1)
+[ -n "$kdep" ] || { echo "65-qemu: no kernel package behind linux-image-cloud-amd64" >&2; exit 1; }
+chroot "$tree" sh -c "cd /var/tmp/kernel-upgrade && apt-get download -q linux-image-cloud-amd64 $kdep" \
+  >>"$work/apt.log" 2>&1 || { tail -20 "$work/apt.log" >&2; exit 1; }
+mv "$tree"/var/tmp/kernel-upgrade/*.deb "$work/out/kernel-upgrade/"
+rmdir "$tree/var/tmp/kernel-upgrade"
 chroot "$tree" apt-get clean
 rm -rf "$tree"/var/lib/apt/lists/*
 for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}"; done
 mounted=()
 : >"$tree/etc/resolv.conf"
 
+# Upgrades are the fleet's job (TaskRuns): apt's own daily timers (and with them unattended-upgrade) stay off.
+for t in apt-daily.timer apt-daily-upgrade.timer; do ln -sf /dev/null "$tree/etc/systemd/system/$t"; done
+# A persistent journal: a scenario reads the boot before a reboot or a power cut (journalctl -b -1).
+mkdir -p "$tree/var/log/journal"
 # The root file system is /dev/vda (the kernel command line mounts it read-write).
 echo '/dev/vda / ext4 rw,errors=remount-ro 0 1' >"$tree/etc/fstab"
 # QEMU user-mode network: the guest is 10.0.2.15, the host's loopback is 10.0.2.2 (net.ifnames=0: eth0).

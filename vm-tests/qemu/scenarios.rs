@@ -1,6 +1,9 @@
-//! `fleet-qemu-scenarios`: scenarios a and e of the whole-device tests on a real kernel (QEMU TCG), with real
-//! reboots. Prints PASS/FAIL per scenario with its time; exits 1 when one failed. Run it through
-//! `vm-tests/qemu/run`, which sets up QEMU, the disk image and nats-server first.
+//! `fleet-qemu-scenarios`: whole-device scenarios on a real kernel (QEMU TCG), with real reboots and power cuts:
+//! agent upgrades (a, e) and fleet tasks (taskrun, recovery, powercut; `tasks.rs`). Prints PASS/FAIL per scenario
+//! with its time; exits 1 when one failed. Run it through `vm-tests/qemu/run`, which sets up QEMU, the disk image
+//! and nats-server first.
+
+mod tasks;
 
 use fleet_rig::callout::{FleetNats, NatsAuth, NatsTransport};
 use fleet_rig::wait_for;
@@ -18,18 +21,32 @@ use std::time::{Duration, Instant};
 const LIB: &str = "/usr/lib/harmony-fleet";
 const REAL_V2: &str = "/opt/fleet-test/fleet-agent-real-v2";
 
-const HELP: &str = "fleet-qemu-scenarios [a|e]...\n\n\
-Whole-device scenarios on a real kernel under QEMU (TCG), default both:\n  \
-a  v1 -> v2 commits, the new agent is ready; the guest reboots itself and v2 comes back ready\n  \
-e  power cut (kill -9 of QEMU) during `activating`; after the next boot v1 is selected and the status says so\n\n\
+const HELP: &str = "fleet-qemu-scenarios [a|e|taskrun|recovery|powercut|watchdog]...\n\n\
+Whole-device scenarios on a real kernel under QEMU (TCG), default all:\n  \
+a         v1 -> v2 commits, the new agent is ready; the guest reboots itself and v2 comes back ready\n  \
+e         power cut (kill -9 of QEMU) during `activating`; after the next boot v1 is selected and the status says so\n  \
+taskrun   device installed from the harmony-fleet-device package; kubectl create TaskRun -> apt full-upgrade that\n            \
+installs a Debian kernel package (its hook writes /run/reboot-required) -> reboot through fleetlock-server\n  \
+recovery  duplicated intent runs apt once; expired intent never starts; updater SIGKILLed mid-dpkg recovers\n  \
+powercut  power cut mid-dpkg and at a journal write; the next boot recovers as docs/updater.md says\n  \
+watchdog  a boot held before multi-user.target: the boot watchdog writes diagnostics, reboots once, holds its cap\n\n\
+The task scenarios share one guest when run in one process (`vm-tests/qemu/run tasks`).\n\
 Needs qemu-system-x86_64, the image of scripts/setup.d/65-qemu.sh and FLEET_NATS_SERVER: use vm-tests/qemu/run.";
 
 fn main() {
     fleet_vm_tests::runner::run_scenarios(
         HELP,
         "scenario",
-        &[("a", scenario_a), ("e", scenario_e)],
+        &[
+            ("a", scenario_a),
+            ("e", scenario_e),
+            ("taskrun", tasks::scenario_taskrun),
+            ("recovery", tasks::scenario_recovery),
+            ("powercut", tasks::scenario_powercut),
+            ("watchdog", tasks::scenario_watchdog),
+        ],
     );
+    tasks::drop_shared();
 }
 
 fn step(msg: &str) {

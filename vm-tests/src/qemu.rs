@@ -26,6 +26,9 @@ pub struct Image {
     pub initrd: PathBuf,
     /// The ext4 root disk (raw), never written: each run boots an overlay.
     pub disk: PathBuf,
+    /// Debian's `linux-image-cloud-amd64` and the kernel package it depends on (`.deb` files), downloaded with the
+    /// image's apt sources when the image was built: the kernel the task scenarios' local repository offers.
+    pub kernel_upgrade: PathBuf,
 }
 
 impl Image {
@@ -48,6 +51,7 @@ impl Image {
             kernel: dir.join("vmlinuz"),
             initrd: dir.join("initrd.img"),
             disk: dir.join("disk.raw"),
+            kernel_upgrade: dir.join("kernel-upgrade"),
         }
     }
 }
@@ -263,6 +267,13 @@ impl Vm {
             Some(a) => (a.code, a.output),
             None => panic!("no answer from the guest to: {cmd}\n{}", self.diagnostics()),
         }
+    }
+
+    /// The guest's current boot id; fails when the guest does not answer.
+    pub fn boot_id(&mut self) -> String {
+        self.sh("cat /proc/sys/kernel/random/boot_id")
+            .trim()
+            .to_string()
     }
 
     /// Asks the guest to reboot itself (`systemctl reboot`); QEMU restarts the machine in the same process.

@@ -55,38 +55,7 @@ impl AptRepo {
     /// Builds package `name` at `version` (architecture `all`, one file `/usr/share/fleet-test/<name>`
     /// holding the version) with the `postinst` script given (empty: none), returns the `.deb` on the host.
     pub fn build(&self, name: &str, version: &str, postinst: &str) -> PathBuf {
-        let root = self.work.path().join(format!("{name}_{version}"));
-        let debian = root.join("DEBIAN");
-        std::fs::create_dir_all(&debian).unwrap_or_else(|e| panic!("mkdir: {e}"));
-        std::fs::create_dir_all(root.join("usr/share/fleet-test"))
-            .unwrap_or_else(|e| panic!("mkdir: {e}"));
-        std::fs::write(root.join("usr/share/fleet-test").join(name), version)
-            .unwrap_or_else(|e| panic!("write: {e}"));
-        std::fs::write(
-            debian.join("control"),
-            format!(
-                "Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: Harmony Fleet tests \
-                 <tests@example.invalid>\nDescription: test package for system upgrades\n"
-            ),
-        )
-        .unwrap_or_else(|e| panic!("write control: {e}"));
-        if !postinst.is_empty() {
-            let p = debian.join("postinst");
-            std::fs::write(&p, format!("#!/bin/sh\nset -e\n{postinst}\n"))
-                .unwrap_or_else(|e| panic!("write postinst: {e}"));
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
-                .unwrap_or_else(|e| panic!("chmod: {e}"));
-        }
-        let deb = self.work.path().join(format!("{name}_{version}_all.deb"));
-        run(
-            Command::new("dpkg-deb")
-                .args(["--root-owner-group", "-Zgzip", "--build"])
-                .arg(&root)
-                .arg(&deb),
-            "dpkg-deb --build",
-        );
-        deb
+        build_deb(self.work.path(), name, version, "", postinst)
     }
 
     /// Installs a package built with [`Self::build`] in the guest directly (`dpkg -i`): the "before" state.
@@ -109,15 +78,63 @@ impl AptRepo {
     }
 
     fn index(&self) {
-        let packages = run(
-            Command::new("dpkg-scanpackages")
-                .args(["--multiversion", "."])
-                .current_dir(&self.dir),
-            "dpkg-scanpackages",
-        );
-        std::fs::write(self.dir.join("Packages"), packages)
-            .unwrap_or_else(|e| panic!("write Packages: {e}"));
+        index_repo(&self.dir);
     }
+}
+
+/// Builds package `name` at `version` in `work` (architecture `all`, one file `/usr/share/fleet-test/<name>` holding
+/// the version), with `Depends: <depends>` when not empty and the `postinst` script given (empty: none); returns
+/// the `.deb`.
+pub fn build_deb(work: &Path, name: &str, version: &str, depends: &str, postinst: &str) -> PathBuf {
+    let root = work.join(format!("{name}_{version}"));
+    let debian = root.join("DEBIAN");
+    std::fs::create_dir_all(&debian).unwrap_or_else(|e| panic!("mkdir: {e}"));
+    std::fs::create_dir_all(root.join("usr/share/fleet-test"))
+        .unwrap_or_else(|e| panic!("mkdir: {e}"));
+    std::fs::write(root.join("usr/share/fleet-test").join(name), version)
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let depends = if depends.is_empty() {
+        String::new()
+    } else {
+        format!("Depends: {depends}\n")
+    };
+    std::fs::write(
+        debian.join("control"),
+        format!(
+            "Package: {name}\nVersion: {version}\nArchitecture: all\n{depends}Maintainer: Harmony Fleet tests \
+             <tests@example.invalid>\nDescription: test package for system upgrades\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("write control: {e}"));
+    if !postinst.is_empty() {
+        let p = debian.join("postinst");
+        std::fs::write(&p, format!("#!/bin/sh\nset -e\n{postinst}\n"))
+            .unwrap_or_else(|e| panic!("write postinst: {e}"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod: {e}"));
+    }
+    let deb = work.join(format!("{name}_{version}_all.deb"));
+    run(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zgzip", "--build"])
+            .arg(&root)
+            .arg(&deb),
+        "dpkg-deb --build",
+    );
+    deb
+}
+
+/// Writes the `Packages` index of the flat repository in `dir` (`dpkg-scanpackages --multiversion .`).
+pub fn index_repo(dir: &Path) {
+    let packages = run(
+        Command::new("dpkg-scanpackages")
+            .args(["--multiversion", "."])
+            .current_dir(dir),
+        "dpkg-scanpackages",
+    );
+    std::fs::write(dir.join("Packages"), packages)
+        .unwrap_or_else(|e| panic!("write Packages: {e}"));
 }
 
 /// The version of `package` installed in the guest (`dpkg-query`), with its status.
