@@ -16,7 +16,6 @@ pub mod podman;
 pub mod probe;
 pub mod reconcile;
 pub mod relay;
-pub mod system_relay;
 pub mod timing;
 pub mod updater;
 pub mod workload_worker;

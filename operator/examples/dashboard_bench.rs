@@ -5,8 +5,8 @@
 //! CRs with kube's client, and loading the whole plan from NATS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_operator::crd::tasks::TaskRun;
 use fleet_operator::crd::Device;
-use fleet_operator::tasks::crd::TaskRun;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     fixtures, AttemptId, DeviceId, SystemUpgradePhase, TaskOperation, TaskPlan, TaskRunPhase,

@@ -749,10 +749,10 @@ fn main() {
         // A TaskRun (apt full-upgrade) of every device: planned, every device released (no canary, so all at once),
         // until every simulated device's result is counted (fleet-sim fails its fraction). The silent device is a
         // target too and never answers: the run stays Running with it stalled, as it would in a real fleet.
-        let run: fleet_operator::tasks::crd::TaskRun = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
+        let run: fleet_operator::crd::tasks::TaskRun = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
             "kind": "TaskRun", "metadata": {"name": "upgrade-all", "namespace": "default"},
             "spec": {"allowedGroups": ["all"], "targetSelector": {}, "deadlineSeconds": 86400, "systemUpgradeV1": {}}})).unwrap();
-        let runs: Api<fleet_operator::tasks::crd::TaskRun> = Api::namespaced(client.clone(), "default");
+        let runs: Api<fleet_operator::crd::tasks::TaskRun> = Api::namespaced(client.clone(), "default");
         runs.create(&PostParams::default(), &run).await.unwrap();
         let t = Instant::now();
         let mut ended = None;

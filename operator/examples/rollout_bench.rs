@@ -3,13 +3,13 @@
 //! (the cost of staging itself). Each case is measured `FLEET_BENCH_RUNS` times (default 5); the table gives
 //! medians in milliseconds per pass. A second table does the same for a FleetDeployment through the whole pass
 //! ([`plan::plan`]): its own path reads each device's desired-state key and workload report
-//! ([`fleet_operator::rollout_workloads::observe`]) and keeps the previous spec for the devices it holds back.
+//! ([`fleet_operator::deployments::rollout_workloads::observe`]) and keeps the previous spec for the devices it holds back.
 //! Pure computation: no NATS, no Kubernetes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_operator::crd::{Device, DeviceGroup, FleetDeployment, RolloutSpec};
-use fleet_operator::plan::{self, Snapshot};
-use fleet_operator::rollout::{self, Observed, Policy, Target};
+use fleet_operator::deployments::plan::{self, Snapshot};
+use fleet_operator::deployments::rollout::{self, Observed, Policy, Target};
 use fleet_wire::{
     AttemptId, DesiredState, DeviceId, DeviceWorkloadStatus, Timestamp, WorkloadSpec,
     WorkloadState, WorkloadStatus,

@@ -5,10 +5,10 @@
 //! first, each into fresh keys; the table gives medians.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_operator::crd::tasks::TaskRunSpec;
 use fleet_operator::crd::Placement;
+use fleet_operator::deployments::placement::{self, Labels};
 use fleet_operator::kv::{self, Mirror};
-use fleet_operator::placement::{self, Labels};
-use fleet_operator::tasks::crd::TaskRunSpec;
 use fleet_operator::tasks::intents::{self, INTENT_CONCURRENCY};
 use fleet_operator::tasks::{planning, store};
 use fleet_wire::kv as layout;

@@ -7,8 +7,8 @@
 //! the operator never writes it), and every controller refuses to act on such an object even when no webhook
 //! refused it (the webhook missing, bypassed or failing open).
 
+use crate::crd::tasks::{TaskRun, TaskSchedule};
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
-use crate::tasks::crd::{TaskRun, TaskSchedule};
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};

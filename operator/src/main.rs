@@ -1,4 +1,4 @@
-//! fleet-operator: parses arguments, sets up logging and runs the control loop (`fleet_operator::engine`).
+//! fleet-operator: parses arguments, sets up logging and runs the control loop (`fleet_operator::deployments::engine`).
 
 use std::process::ExitCode;
 
@@ -259,7 +259,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let opts = fleet_operator::engine::Options {
+        let opts = fleet_operator::deployments::engine::Options {
             nats_url,
             instance: std::env::var("POD_NAME").ok(),
             label_selector: std::env::var("FLEET_LABEL_SELECTOR")
@@ -279,8 +279,8 @@ fn main() -> ExitCode {
             nats: opts.nats.clone(),
         };
         // One heartbeat mirror: the control loop keeps it, the dashboard and its alerts read liveness from it.
-        let watch = fleet_operator::engine::HeartbeatWatch::default();
-        let heartbeats = fleet_operator::engine::heartbeat_mirror(watch.clone());
+        let watch = fleet_operator::deployments::engine::HeartbeatWatch::default();
+        let heartbeats = fleet_operator::deployments::engine::heartbeat_mirror(watch.clone());
         // One device-info mirror: the control loop keeps it, the TaskRun controller reads capabilities from it.
         let info = fleet_operator::kv::Mirror::new(fleet_wire::kv::DEVICE_INFO);
         // One watch and one cache per kind, and one NATS connection, shared by every controller and the dashboard.
@@ -302,7 +302,7 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::engine::run_with(client.clone(), opts, &caches, &nats, heartbeats, info.clone(), watch) => {
+            r = fleet_operator::deployments::engine::run_with(client.clone(), opts, &caches, &nats, heartbeats, info.clone(), watch) => {
                 if let Err(e) = r {
                     log::error!("{e}");
                 }

@@ -23,7 +23,7 @@ pub struct OperatorMetrics {
     pub rollout_halts: Family<HaltLabels, Counter>,
     /// Device writes fleet-auth refused, per bucket and kind (no device label: bounded for any fleet size).
     pub writes_refused: Family<RefusalLabels, Counter>,
-    /// Device creations and status writes waiting for the API server ([`crate::device_writes`]).
+    /// Device creations and status writes waiting for the API server ([`crate::deployments::device_writes`]).
     pub device_writes_waiting: prometheus_client::metrics::gauge::Gauge,
     /// Seconds one Device creation or status write took at the API server, per kind (`create`, `status`).
     pub device_write_seconds: Family<DeviceWriteLabels, Histogram>,

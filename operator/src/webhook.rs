@@ -81,13 +81,13 @@ fn wire_problems(kind: &str, object: &Value) -> Option<String> {
     match kind {
         "FleetDeployment" => {
             let s: crate::crd::FleetDeploymentSpec = serde_json::from_value(spec.clone()).ok()?;
-            crate::validate::deployment_workloads(&s)
+            crate::deployments::validate::deployment_workloads(&s)
                 .err()
                 .map(|e| format!("spec.{e}"))
         }
         "AgentRelease" => {
             let s: crate::crd::AgentReleaseSpec = serde_json::from_value(spec.clone()).ok()?;
-            crate::validate::release_builds(&s)
+            crate::deployments::validate::release_builds(&s)
                 .err()
                 .map(|e| format!("spec.{e}"))
         }

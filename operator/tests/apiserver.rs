@@ -5,7 +5,7 @@
 
 use async_nats::jetstream::kv;
 use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
-use fleet_operator::engine::{self, Options};
+use fleet_operator::deployments::engine::{self, Options};
 use fleet_wire::{
     fixtures, AgentUpgradeAttempt, AttemptId, BoundedText, DesiredState, DeviceId, DeviceInfo,
     DeviceWorkloadStatus, UpgradePhase, Version, WorkloadState, WorkloadStatus,

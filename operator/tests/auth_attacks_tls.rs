@@ -70,7 +70,7 @@ fn world() -> &'static World {
             fleet_operator::kv::ensure_buckets(&js, &Default::default())
                 .await
                 .expect("buckets");
-            let opts = fleet_operator::engine::Options {
+            let opts = fleet_operator::deployments::engine::Options {
                 nats_url: nats.service_url(),
                 instance: Some("op-tls".into()),
                 label_selector: Some(format!("fleet-test={run}")),
@@ -78,7 +78,7 @@ fn world() -> &'static World {
             };
             let client = kube.clone();
             tokio::spawn(async move {
-                let _ = fleet_operator::engine::run(client, opts).await;
+                let _ = fleet_operator::deployments::engine::run(client, opts).await;
             });
             (kube, js)
         });

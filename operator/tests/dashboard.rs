@@ -7,8 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use async_nats::jetstream::kv;
+use fleet_operator::crd::tasks::TaskRun;
 use fleet_operator::crd::{Device, DeviceGroup, FleetDeployment};
-use fleet_operator::tasks::crd::TaskRun;
 use fleet_rig::fleetlock::ServerProcess;
 use fleet_wire::kv as layout;
 use fleet_wire::{

@@ -4,7 +4,7 @@
 //! must not do while the FleetLock file-store tests hold their lock file.)
 
 use async_nats::jetstream::kv::Store;
-use fleet_operator::engine::write_desired;
+use fleet_operator::deployments::engine::write_desired;
 use fleet_operator::kv::{self, Mirror};
 use fleet_wire::kv as layout;
 use fleet_wire::{fixtures, DesiredState, DeviceId, WorkloadSpec};

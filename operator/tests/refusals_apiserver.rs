@@ -10,7 +10,7 @@ mod kube_common;
 
 use auth_common::{claims, Jwks, SignKey, Stack};
 use fleet_operator::crd::Device;
-use fleet_operator::engine::{self, Options};
+use fleet_operator::deployments::engine::{self, Options};
 use fleet_rig::tls::TestCa;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Event;

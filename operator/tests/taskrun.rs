@@ -5,9 +5,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use async_nats::jetstream::{self, kv};
+use fleet_operator::crd::tasks::TaskRun;
 use fleet_operator::crd::{Device, DeviceGroup};
 use fleet_operator::tasks::controller::{self, Options};
-use fleet_operator::tasks::crd::TaskRun;
 use fleet_rig::NatsServer;
 use fleet_wire::kv as layout;
 use fleet_wire::taskrun::plan_manifest_key;
@@ -1147,7 +1147,7 @@ async fn operator_killed_after_plan_create_or_mid_release_resumes() {
 /// stops new runs and leaves the active one alone; two schedulers create one run per tick.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_schedule_ticks_skips_catches_up_and_suspends() {
-    use fleet_operator::tasks::crd::TaskSchedule;
+    use fleet_operator::crd::tasks::TaskSchedule;
     use fleet_operator::tasks::scheduler;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
@@ -1361,7 +1361,7 @@ async fn nats_unreachable_keeps_the_run_planning() {
 async fn create_raw(f: &Fleet, kind: &str, name: &str, spec: serde_json::Value) {
     let resource = match kind {
         "TaskRun" => kube::api::ApiResource::erase::<TaskRun>(&()),
-        _ => kube::api::ApiResource::erase::<fleet_operator::tasks::crd::TaskSchedule>(&()),
+        _ => kube::api::ApiResource::erase::<fleet_operator::crd::tasks::TaskSchedule>(&()),
     };
     let api: Api<kube::api::DynamicObject> =
         Api::namespaced_with(f.client.clone(), &f.run, &resource);
@@ -1494,7 +1494,7 @@ async fn without_the_webhook_unknown_fields_and_spec_edits_stop_the_run() {
 /// nothing, however many ticks pass, and says why (`Ready=False`, `InvalidSpec`, the field named).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_webhook_a_mistyped_schedule_creates_no_run() {
-    use fleet_operator::tasks::crd::TaskSchedule;
+    use fleet_operator::crd::tasks::TaskSchedule;
     use fleet_operator::tasks::scheduler;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;

@@ -4,9 +4,9 @@
 //! that serializes and parses again to the same value, and nothing may panic or read past its bound.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_updater::agent_upgrade::journal::Journal;
 use fleet_updater::durable::parse_validated;
 use fleet_updater::fetch_runner::partial::PartialState;
-use fleet_updater::journal::Journal;
 use fleet_updater::system::journal::SystemJournal;
 use fleet_wire::fetch::{FetchFailure, FetchRequest, ResumePoint};
 use fleet_wire::socket::{

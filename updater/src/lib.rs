@@ -5,27 +5,21 @@ pub mod fetch_helper;
 pub mod reboot;
 pub mod token;
 
-pub mod accept;
+pub mod agent_upgrade;
 pub mod boot_watchdog;
 pub mod bounded;
 pub mod child;
 pub mod cli;
 pub mod config;
 pub mod durable;
-pub mod elf;
 pub mod fault;
 pub mod fetch_runner;
-pub mod install;
-pub mod journal;
-pub mod machine;
 /// systemd notifications: the one `sd_notify` of the tree, in fleet-wire.
 pub use fleet_wire::notify;
 pub mod paths;
 pub mod peer;
-pub mod probe;
 pub mod run;
 pub mod service;
 pub mod socket;
 pub mod system;
-pub mod transaction;
 pub mod users;

@@ -1,14 +1,14 @@
 //! The daemon: configuration, journal and start-up recovery, the socket, readiness, then serving forever.
 
+use crate::agent_upgrade::probe::Prober;
+use crate::agent_upgrade::transaction::{Bounds, Deps, Updater};
 use crate::config::Config;
 use crate::fault::Faults;
 use crate::fetch_runner;
 use crate::paths::Paths;
-use crate::probe::Prober;
 use crate::service::Systemctl;
 use crate::socket::{self, ServerConfig};
 use crate::system::SystemDeps;
-use crate::transaction::{Bounds, Deps, Updater};
 use crate::{notify, users};
 use fleet_wire::limits::PROBE_TIMEOUT;
 use fleet_wire::process_lock::ProcessLock;

@@ -2,11 +2,11 @@
 //! always answered (idle or slow peers cannot hold every handler: a new connection evicts the oldest one that has
 //! not sent its request yet), mutating requests handed to the transaction.
 
+use crate::agent_upgrade::transaction::{Accepted, Refused, Updater};
 use crate::durable;
 use crate::fault::Crashed;
 use crate::paths::Paths;
 use crate::peer;
-use crate::transaction::{Accepted, Refused, Updater};
 use fleet_wire::limits::{
     SOCKET_FRAME_MAX_BYTES, SOCKET_MAX_HANDLERS, SOCKET_REQUEST_READ_TIMEOUT,
     SOCKET_STATUS_RESPONSE_TIMEOUT,

@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
+use fleet_updater::agent_upgrade::transaction::StartError;
 use fleet_updater::fault::{Crashed, Faults, POINTS};
-use fleet_updater::transaction::StartError;
 use fleet_wire::{ErrorCode, JournalPhase as J, Response, UpgradePhase as P, UpgradeReason as R};
 use std::sync::atomic::Ordering;
 

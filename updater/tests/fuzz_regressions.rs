@@ -69,7 +69,7 @@ fn fetch_lines_inputs_hold() {
 /// more than refuse garbage).
 #[test]
 fn seeds_parse() {
-    use fleet_updater::journal::Journal;
+    use fleet_updater::agent_upgrade::journal::Journal;
     use fleet_wire::fetch::{FetchFailure, FetchRequest, ResumePoint};
     for (path, b) in inputs("journal") {
         let ok = Journal::parse(&b, "seed").is_ok()

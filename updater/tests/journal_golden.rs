@@ -1,8 +1,8 @@
 //! The journal's persisted format, pinned by a golden file (`UPDATE_GOLDEN=1` rewrites it after a deliberate,
 //! versioned format change).
 
-use fleet_updater::journal::{EarlierAttempt, Journal, JOURNAL_FORMAT};
-use fleet_updater::machine::Event;
+use fleet_updater::agent_upgrade::journal::{EarlierAttempt, Journal, JOURNAL_FORMAT};
+use fleet_updater::agent_upgrade::machine::Event;
 use fleet_wire::{fixtures, AttemptId, BoundedText, JournalPhase, UpgradeReason};
 use std::path::Path;
 

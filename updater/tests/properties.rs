@@ -1,8 +1,8 @@
 //! Property targets for the two parsers that read untrusted or possibly damaged input: socket requests and the
 //! journal. Run briefly by scripts/test (PROPTEST_CASES); raise PROPTEST_CASES for a longer run.
 
-use fleet_updater::journal::Journal;
-use fleet_updater::machine::Event;
+use fleet_updater::agent_upgrade::journal::Journal;
+use fleet_updater::agent_upgrade::machine::Event;
 use fleet_wire::socket::{parse_request, RequestFrame, PROTOCOL_VERSION};
 use fleet_wire::{fixtures, Request, UpgradeReason};
 use proptest::prelude::*;

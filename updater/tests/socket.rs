@@ -4,9 +4,9 @@
 mod common;
 
 use common::*;
+use fleet_updater::agent_upgrade::transaction::Updater;
 use fleet_updater::fault::Faults;
 use fleet_updater::socket::{self, ServerConfig};
-use fleet_updater::transaction::Updater;
 use fleet_wire::limits::{SOCKET_FRAME_MAX_BYTES, SOCKET_MAX_HANDLERS};
 use fleet_wire::socket::PROTOCOL_VERSION;
 use fleet_wire::{ErrorCode, Request, RequestFrame, Response, ResponseFrame, UpgradePhase};

@@ -7,10 +7,10 @@
 mod common;
 
 use common::*;
+use fleet_updater::agent_upgrade::transaction::{Accepted, Updater};
 use fleet_updater::fault::Faults;
 use fleet_updater::reboot::Outcome as RebootOutcome;
 use fleet_updater::socket::{self, ServerConfig};
-use fleet_updater::transaction::{Accepted, Updater};
 use fleet_wire::socket::PROTOCOL_VERSION;
 use fleet_wire::{
     AttemptId, Capability, DeviceId, ErrorCode, Request, RequestFrame, Response, ResponseFrame,

@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
+use fleet_updater::agent_upgrade::probe::Prober;
 use fleet_updater::fault::Faults;
-use fleet_updater::probe::Prober;
 use fleet_wire::{ErrorCode, JournalPhase, Response, UpgradePhase, UpgradeReason, Version};
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::Ordering;
@@ -364,10 +364,10 @@ fn success_over_real_https_with_the_production_fetcher() {
     )
     .expect("fetcher");
     let services = FakeServices::new(&dev);
-    let (u, _) = fleet_updater::transaction::Updater::open(
+    let (u, _) = fleet_updater::agent_upgrade::transaction::Updater::open(
         dev.paths.clone(),
         fleet_wire::UnitName::try_from("fleet-agent.service").expect("unit"),
-        fleet_updater::transaction::Deps {
+        fleet_updater::agent_upgrade::transaction::Deps {
             fetcher: Box::new(fetcher),
             services: services.clone(),
             prober: Prober::new("fleet-agent", Duration::from_secs(60)).allow_scripts(),
@@ -375,7 +375,7 @@ fn success_over_real_https_with_the_production_fetcher() {
             system: dev.system_deps(Vec::new()),
             device_id: None,
         },
-        fleet_updater::transaction::Bounds::default(),
+        fleet_updater::agent_upgrade::transaction::Bounds::default(),
     )
     .expect("open");
     let mut a = attempt_for(&bytes, TARGET);
@@ -429,10 +429,10 @@ fn a_candidate_that_is_not_an_elf_for_this_device_is_never_run() {
     .enumerate()
     {
         let version = format!("2.0.{i}");
-        let (u, _) = fleet_updater::transaction::Updater::open(
+        let (u, _) = fleet_updater::agent_upgrade::transaction::Updater::open(
             dev.paths.clone(),
             fleet_wire::UnitName::try_from("fleet-agent.service").expect("unit"),
-            fleet_updater::transaction::Deps {
+            fleet_updater::agent_upgrade::transaction::Deps {
                 fetcher: fetcher_for(&bytes),
                 services: services.clone(),
                 prober: Prober::new("fleet-agent", Duration::from_secs(60)),
@@ -440,7 +440,7 @@ fn a_candidate_that_is_not_an_elf_for_this_device_is_never_run() {
                 system: dev.system_deps(Vec::new()),
                 device_id: None,
             },
-            fleet_updater::transaction::Bounds::default(),
+            fleet_updater::agent_upgrade::transaction::Bounds::default(),
         )
         .expect("open");
         let r = u

@@ -5,7 +5,7 @@
 
 use crate::fleet::Device;
 use crate::scene::LIB;
-use fleet_updater::journal::Journal;
+use fleet_updater::agent_upgrade::journal::Journal;
 use fleet_wire::UpdaterStatus;
 use sha2::Digest;
 use std::os::unix::fs::PermissionsExt;

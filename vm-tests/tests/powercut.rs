@@ -227,7 +227,7 @@ struct Rig {
 }
 
 /// The journal's phase, with the cutover's step for `activating` (`starting` once the candidate was started).
-fn cut_label(j: Option<&fleet_updater::journal::Journal>) -> String {
+fn cut_label(j: Option<&fleet_updater::agent_upgrade::journal::Journal>) -> String {
     let Some(j) = j else {
         return "undelivered".into();
     };
@@ -328,7 +328,7 @@ impl Rig {
         &self,
         n: u32,
         attempt: &AgentUpgradeAttempt,
-    ) -> Option<fleet_updater::journal::Journal> {
+    ) -> Option<fleet_updater::agent_upgrade::journal::Journal> {
         inspect::journal(&self.scene.device)
             .unwrap_or_else(|e| panic!("round {n}: after the cut the journal does not load: {e}"))
             .filter(|j| j.attempt.attempt_id == attempt.attempt_id)

@@ -2,7 +2,7 @@
 //! final NATS flush and `STOPPING=1`.
 
 use super::{Agent, AgentError, DRAIN_FLUSH_TIMEOUT};
-use crate::relay;
+use crate::relay::agent_upgrade;
 use fleet_wire::Timestamp;
 use std::time::Instant;
 
@@ -19,7 +19,7 @@ impl Agent {
             .and_then(|st| st.agent_upgrade)
             .filter(|s| s.device_id == self.cfg.device_id);
         let (reason, status) =
-            relay::stopping_status(current, &self.version, drain_ms, Timestamp::now());
+            agent_upgrade::stopping_status(current, &self.version, drain_ms, Timestamp::now());
         let Some(s) = status else {
             log::info!(
                 "drained in {drain_ms} ms ({reason:?}); no upgrade attempt in progress, agent-upgrade-status left as it is"

@@ -1,11 +1,12 @@
-//! Carrying out what the upgrade relays decide: the agent-upgrade relay's effects ([`crate::relay::Effect`]) and
-//! the system-upgrade relay's ([`crate::system_relay::Effect`]), as KV writes, bindings writes and requests to
-//! the updater on their own threads; and the transaction status published before readiness.
+//! Carrying out what the upgrade relays decide: the agent-upgrade relay's effects
+//! ([`crate::relay::agent_upgrade::Effect`]) and the system-upgrade relay's ([`crate::relay::system_upgrade::Effect`]),
+//! as KV writes, bindings writes and requests to the updater on their own threads; and the transaction status
+//! published before readiness.
 
 use super::{fail, put_json, retry_until, Agent, AgentError, Event, STARTUP_DEPENDENCY_WAIT};
 use crate::nats_kv::{Change, Value};
-use crate::relay;
-use crate::system_relay;
+use crate::relay::agent_upgrade;
+use crate::relay::system_upgrade;
 use fleet_wire::kv;
 use fleet_wire::{AgentUpgradeAttempt, AgentUpgradeStatus, SystemUpgradeStatus, Timestamp};
 
@@ -67,10 +68,10 @@ impl Agent {
     }
 
     /// Carries out the system relay's effects: acknowledged status writes, one request to the updater.
-    pub(super) fn apply_system(&mut self, effects: Vec<system_relay::Effect>) {
+    pub(super) fn apply_system(&mut self, effects: Vec<system_upgrade::Effect>) {
         for e in effects {
             match e {
-                system_relay::Effect::Publish(s) => {
+                system_upgrade::Effect::Publish(s) => {
                     let key = kv::run_key(&s.device_id, &s.run_uid);
                     match put_json(&self.kv, kv::SYSTEM_UPGRADE_STATUS, &key, &s) {
                         Ok(_) => self.system.published(*s),
@@ -79,7 +80,7 @@ impl Agent {
                         }
                     }
                 }
-                system_relay::Effect::Send(a) => {
+                system_upgrade::Effect::Send(a) => {
                     let id = a.run_uid;
                     log::info!("sending system upgrade run {id} to the updater");
                     let client = self.updater.clone();
@@ -133,8 +134,8 @@ impl Agent {
     }
 
     /// Carries out the upgrade relay's effects in order and reports each outcome back to it.
-    pub(super) fn apply_relay(&mut self, effects: Vec<relay::Effect>) {
-        use relay::Effect;
+    pub(super) fn apply_relay(&mut self, effects: Vec<agent_upgrade::Effect>) {
+        use agent_upgrade::Effect;
         for effect in effects {
             match effect {
                 Effect::SaveBindings { bindings, sending } => {

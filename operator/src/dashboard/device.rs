@@ -7,8 +7,8 @@ use super::alerts::Alert;
 use super::html::{esc, name, opt_name, parse_time, url_part, when, Html};
 use super::overview::{alert_list, phase_name};
 use super::state::State;
+use crate::crd::tasks::TaskRun;
 use crate::crd::Device;
-use crate::tasks::crd::TaskRun;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     AttemptId, DeviceId, DeviceWorkloadStatus, Heartbeat, SystemUpgradeStatus, Timestamp,

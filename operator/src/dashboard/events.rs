@@ -2,8 +2,8 @@
 //! about; FleetLock alerts, which concern no fleet object, regard the operator's own Pod.
 
 use super::alerts::{Alert, Subject};
+use crate::crd::tasks::TaskRun;
 use crate::crd::Device;
-use crate::tasks::crd::TaskRun;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -37,7 +37,7 @@ fn reference(
             .unwrap_or_else(|| {
                 let mut r = TaskRun::new(
                     name,
-                    crate::tasks::crd::TaskRunSpec {
+                    crate::crd::tasks::TaskRunSpec {
                         placement: Default::default(),
                         deadline_seconds: 1,
                         system_upgrade_v1: Default::default(),
@@ -84,9 +84,10 @@ pub async fn publish(
     };
     let reference = reference(a, pod, devices, runs);
     let published = match &a.subject {
-        // cluster-scoped: recorded so that `kubectl describe` finds it (see crate::report)
+        // cluster-scoped: recorded so that `kubectl describe` finds it (see crate::deployments::report)
         Subject::Device(_) => {
-            crate::report::publish_cluster_scoped(client, recorder, &ev, &reference).await
+            crate::deployments::report::publish_cluster_scoped(client, recorder, &ev, &reference)
+                .await
         }
         _ => recorder.publish(&ev, &reference).await,
     };

@@ -3,8 +3,8 @@
 
 use super::alerts::{Alert, Subject};
 use super::html::{age, esc, url_part, when, Html};
+use crate::crd::tasks::TaskRun;
 use crate::crd::{Device, DeviceGroup};
-use crate::tasks::crd::TaskRun;
 use fleet_wire::Timestamp;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -65,7 +65,7 @@ pub fn phase_name(d: &Device) -> String {
     d.status
         .as_ref()
         .and_then(|s| s.agent_upgrade.as_ref())
-        .map(|u| crate::rollout::phase_word(u.phase))
+        .map(|u| crate::deployments::rollout::phase_word(u.phase))
         .unwrap_or_else(|| "none".into())
 }
 

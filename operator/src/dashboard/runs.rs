@@ -8,8 +8,8 @@ use super::device::pager;
 use super::html::{esc, name, opt_name, url_part, when, Html};
 use super::overview::alert_list;
 use super::state::Buckets;
+use crate::crd::tasks::TaskRun;
 use crate::kv::NatsError;
-use crate::tasks::crd::TaskRun;
 use fleet_wire::kv as layout;
 use fleet_wire::taskrun::{plan_chunk_key, plan_manifest_key, PLAN_CHUNK_TARGETS};
 use fleet_wire::{

@@ -3,9 +3,9 @@
 //! current alerts.
 
 use super::alerts::{Alert, Thresholds};
+use crate::crd::tasks::TaskRun;
 use crate::crd::{Device, DeviceGroup};
 use crate::kv::{Mirror, NatsError};
-use crate::tasks::crd::TaskRun;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::fleetlock::ServerStatus;
 use fleet_wire::{Heartbeat, Timestamp};
@@ -108,7 +108,7 @@ pub struct State {
     /// TaskRun objects (every namespace).
     pub runs: reflector::Store<TaskRun>,
     /// `device-heartbeat`, mirrored by the control loop: liveness is read here, not from the Device's
-    /// `lastHeartbeat` (written only at a slow refresh: [`crate::mirror::HEARTBEAT_REFRESH`]).
+    /// `lastHeartbeat` (written only at a slow refresh: [`crate::deployments::mirror::HEARTBEAT_REFRESH`]).
     pub heartbeats: Arc<Mirror<Heartbeat>>,
     /// NATS, once connected.
     pub nats: RwLock<Option<Arc<Buckets>>>,

@@ -9,7 +9,6 @@
 //! writes are guarded by resourceVersion. A restarted operator resumes from the plan and the keys: a device whose
 //! intent was ever written (the key exists or was removed) or that reported is never released again.
 
-use super::crd::{created_at, TaskRun};
 use super::intents;
 use super::pass::{self, Finalizer, PlanStep, Report, Step};
 use super::planning::{self, Groups};
@@ -20,11 +19,12 @@ use super::store;
 use super::view::RunView;
 use crate::cache::Caches;
 use crate::conditions;
+use crate::crd::tasks::{created_at, TaskRun};
 use crate::crd::{Device, DeviceGroup, Stalled};
+use crate::deployments::placement::{self, Labels};
+use crate::deployments::report;
 use crate::kv::{self, Mirror, NatsError};
 use crate::nats_link::NatsLink;
-use crate::placement::{self, Labels};
-use crate::report;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{

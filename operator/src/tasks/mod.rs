@@ -5,7 +5,6 @@
 //! and nothing from `engine.rs` or another product folder.
 
 pub mod controller;
-pub mod crd;
 pub mod fault;
 pub mod intents;
 pub mod pass;

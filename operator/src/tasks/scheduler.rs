@@ -5,11 +5,11 @@
 //! Replicas need no leader: a tick's run name is deterministic (a second create gets 409 and changes nothing) and
 //! status writes carry the object's resourceVersion. The clock is an option, so tests can move time.
 
-use super::crd::{created_at, TaskRun, TaskSchedule, TaskScheduleStatus};
 use super::schedule::{self, Decision, Schedule};
 use crate::cache::Caches;
 use crate::conditions::{self, Want};
-use crate::report;
+use crate::crd::tasks::{created_at, TaskRun, TaskSchedule, TaskScheduleStatus};
+use crate::deployments::report;
 use fleet_wire::{TaskRunPhase, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -2,9 +2,9 @@
 //! merge patch guarded by the object's resourceVersion, so that a replica acting on a stale view never overwrites
 //! a newer phase) with Warning events for conditions that turned False and Normal events for phase changes.
 
-use super::crd::{TaskRun, TaskRunCrStatus};
 use crate::conditions::{self, Want};
-use crate::report::MANAGER;
+use crate::crd::tasks::{TaskRun, TaskRunCrStatus};
+use crate::deployments::report::MANAGER;
 use fleet_wire::{TaskRunPhase, TaskRunReason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -215,7 +215,7 @@ pub async fn write(
             "metadata": {"resourceVersion": run.resource_version()},
             // Only the differences, with `null` for what the new status lacks: nothing stale stays behind.
             // (An absent status is `null`, not a default one, so the first write carries every field.)
-            "status": crate::report::merge_diff(
+            "status": crate::deployments::report::merge_diff(
                 &serde_json::to_value(&run.status).map_err(kube::Error::SerdeError)?,
                 &serde_json::to_value(next).map_err(kube::Error::SerdeError)?,
             ),

@@ -119,7 +119,7 @@ impl Fleet {
     /// Starts one more deployments-and-releases engine in this process for this test's objects only (its own
     /// instance name, the test's label selector).
     pub fn start_engine(&mut self) {
-        let opts = fleet_operator::engine::Options {
+        let opts = fleet_operator::deployments::engine::Options {
             nats_url: self.nats.url(),
             instance: Some(format!("op-{}", self.operators.len())),
             label_selector: Some(format!("fleet-test={}", self.run)),
@@ -127,7 +127,7 @@ impl Fleet {
         };
         let client = self.client.clone();
         self.operators.push(tokio::spawn(async move {
-            let _ = fleet_operator::engine::run(client, opts).await;
+            let _ = fleet_operator::deployments::engine::run(client, opts).await;
         }));
     }
 

@@ -7,10 +7,10 @@ use super::apt::{Apt, Outcome, Step};
 use super::journal::{SystemJournal, SystemJournalError};
 use super::machine::{self, Event, Recovery};
 use super::reboot::Rebooter;
+use crate::agent_upgrade::transaction::Refused;
 use crate::fault::{Crashed, Faults};
 use crate::paths::Paths;
 use crate::reboot::Outcome as RebootOutcome;
-use crate::transaction::Refused;
 use fleet_wire::{
     BoundedText, ErrorCode, SystemJournalPhase, SystemUpgradeAttempt, SystemUpgradeReason,
     SystemUpgradeStatus, Timestamp,

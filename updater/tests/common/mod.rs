@@ -2,17 +2,19 @@
 //! service manager (fault injection only), attempts.
 #![allow(dead_code, missing_docs)]
 
+use fleet_updater::agent_upgrade::journal::Journal;
+use fleet_updater::agent_upgrade::probe::Prober;
+use fleet_updater::agent_upgrade::transaction::{
+    Bounds, Deps, PendingRecovery, StartError, Updater,
+};
 use fleet_updater::fault::Faults;
 use fleet_updater::fetch_runner::{DownloadError, Downloaded, Fetcher};
-use fleet_updater::journal::Journal;
 use fleet_updater::paths::Paths;
-use fleet_updater::probe::Prober;
 use fleet_updater::reboot::Outcome as RebootOutcome;
 use fleet_updater::service::{ServiceError, ServiceManager};
 use fleet_updater::system::apt::Apt;
 use fleet_updater::system::reboot::Rebooter;
 use fleet_updater::system::SystemDeps;
-use fleet_updater::transaction::{Bounds, Deps, PendingRecovery, StartError, Updater};
 use fleet_wire::{
     AgentUpgradeAttempt, Architecture, AttemptId, ByteLimit, DeviceId, Sha256Hex, UnitName,
     UpgradeReason, Version,

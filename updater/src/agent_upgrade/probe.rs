@@ -2,8 +2,8 @@
 //! anything runs), then `<candidate> --self-test` runs as the agent user (uid, gid, supplementary groups, clean
 //! environment), bounded and killed on time-out; its report's version must equal the target.
 
+use super::elf;
 use crate::child::{self, ChildError};
-use crate::elf;
 use crate::users::{self, UserIds};
 use fleet_wire::probe::SELF_TEST_REPORT_MAX_BYTES;
 use fleet_wire::{Architecture, SelfTestReport, UpgradeReason, Version};

@@ -1,5 +1,5 @@
 //! A FleetDeployment's side of a staged rollout, as pure functions: what *updated*, *healthy* and *failed* mean
-//! for workloads, mapped into the planner's [`Observed`] (the planner itself, [`crate::rollout::plan`], is the one
+//! for workloads, mapped into the planner's [`Observed`] (the planner itself, [`crate::deployments::rollout::plan`], is the one
 //! AgentRelease uses); what a device not given the change yet keeps; and the halt that holds until a person
 //! retries. Everything is read from NATS (the device's desired-state key and its workload status) and the CR
 //! (its status and annotations), so a restarted operator finds the same position. Table-tested.
@@ -12,8 +12,8 @@
 //!   spec;
 //! - otherwise *updating*.
 
+use super::rollout::Observed;
 use crate::crd::{PlacementStatus, RolloutPhase};
-use crate::rollout::Observed;
 use fleet_wire::{DesiredState, DeviceWorkloadStatus, Timestamp, WorkloadSpec, WorkloadState};
 use std::collections::BTreeSet;
 
@@ -116,7 +116,7 @@ pub fn halt_holds(
 mod tests {
     use super::*;
     use crate::crd::RolloutStatus;
-    use crate::rollout::{plan, Policy, Standing, Target};
+    use crate::deployments::rollout::{plan, Policy, Standing, Target};
     use fleet_wire::{fixtures, DeviceId, WorkloadStatus};
 
     const T0: u64 = 1_800_000_000_000;
@@ -269,7 +269,7 @@ mod tests {
                     &[(&new, WorkloadState::Running, Some(started))],
                 )),
             );
-            crate::rollout::standing(o, &p, t(now))
+            crate::deployments::rollout::standing(o, &p, t(now))
         };
         assert_eq!(seen(10, 50, 50), Standing::Soaking);
         assert_eq!(seen(10, 70, 70), Standing::Healthy, "60 s after its start");
@@ -280,7 +280,7 @@ mod tests {
         );
         assert_eq!(
             seen(10, 50, 50 + 91),
-            Standing::Failed(crate::rollout::Failure::Silent),
+            Standing::Failed(crate::deployments::rollout::Failure::Silent),
             "no report for longer than the heartbeat timeout"
         );
         // three devices, one canary, maxUnavailable 1: the planner releases the canary, then one at a time
@@ -308,7 +308,7 @@ mod tests {
             )
         };
         let p1 = Policy {
-            max_unavailable: crate::rollout::Amount::Count(1),
+            max_unavailable: crate::deployments::rollout::Amount::Count(1),
             ..p
         };
         let first = plan(&targets([pending(), pending(), pending()]), &p1, t(0));

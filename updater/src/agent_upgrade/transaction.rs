@@ -1,15 +1,15 @@
 //! The agent-upgrade transaction: accepting an attempt, preparing (fetch, install, probe), the cutover (stop,
 //! switch, start, commit) and the rollback path, each durable step journaled before the next begins.
 
-use crate::accept::{self, Decision};
+use super::accept::{self, Decision};
+use super::install;
+use super::journal::{Journal, JournalError};
+use super::machine::{self, Event, Recovery};
+use super::probe::Prober;
 use crate::durable;
 use crate::fault::{Crashed, Faults};
 use crate::fetch_runner::Fetcher;
-use crate::install;
-use crate::journal::{Journal, JournalError};
-use crate::machine::{self, Event, Recovery};
 use crate::paths::Paths;
-use crate::probe::Prober;
 use crate::service::ServiceManager;
 use crate::system::accept::AgentSide;
 use crate::system::upgrade::SystemOpenError;

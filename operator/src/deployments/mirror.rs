@@ -53,16 +53,21 @@ pub fn device_status(
         }),
         last_heartbeat: r.heartbeat.as_ref().map(|h| h.at.to_string()),
         agent_upgrade: r.upgrade.as_deref().cloned(),
-        workloads: r.workloads.as_deref().map(crate::health::device),
+        workloads: r
+            .workloads
+            .as_deref()
+            .map(crate::deployments::health::device),
         stalled: r
             .upgrade
             .as_ref()
             .and_then(|u| {
-                crate::rollout::is_stalled(u.phase, u.phase_changed_at, now).then(|| Stalled {
-                    phase: crate::rollout::phase_word(u.phase),
-                    since: u.phase_changed_at.to_string(),
-                    task_run: None,
-                })
+                crate::deployments::rollout::is_stalled(u.phase, u.phase_changed_at, now).then(
+                    || Stalled {
+                        phase: crate::deployments::rollout::phase_word(u.phase),
+                        since: u.phase_changed_at.to_string(),
+                        task_run: None,
+                    },
+                )
             })
             // A TaskRun's stall is the TaskRun controller's to set and clear: kept as it is (an agent upgrade's
             // stall, the more urgent, replaces it).

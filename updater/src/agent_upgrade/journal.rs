@@ -1,8 +1,8 @@
 //! The durable journal of the current (or last) agent-upgrade transaction: versioned JSON, unknown fields refused,
 //! validated on load, written with temp file + fsync + rename + directory fsync.
 
+use super::machine::{self, Event, IllegalTransition};
 use crate::durable;
-use crate::machine::{self, Event, IllegalTransition};
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, BoundedText, CutoverStep, Id128,
     JournalPhase, Sha256Hex, Timestamp, Transition, Transitions, UnitName, UpgradePhase,

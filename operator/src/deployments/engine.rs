@@ -8,15 +8,15 @@
 //! that re-reads and re-decides on conflict (see `kv::cas_write`), so two replicas that decide the same thing
 //! write it once, and Kubernetes status writes are idempotent merge patches.
 
+use super::device_writes::DeviceWrites;
+use super::placement::DeploymentInput;
+use super::plan::{self, NewDevice, Plan, Snapshot};
+use super::report;
 use crate::cache::Caches;
 use crate::conditions;
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
-use crate::device_writes::DeviceWrites;
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
 use crate::nats_link::NatsLink;
-use crate::placement::DeploymentInput;
-use crate::plan::{self, NewDevice, Plan, Snapshot};
-use crate::report;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
@@ -37,7 +37,7 @@ use tokio::sync::Notify;
 /// Concurrent NATS writes per pass.
 pub const WRITE_CONCURRENCY: usize = 1024;
 /// Concurrent Kubernetes writes per pass (group, deployment and release statuses; Device writes have their own
-/// writer: [`crate::device_writes`]).
+/// writer: [`crate::deployments::device_writes`]).
 pub const KUBE_CONCURRENCY: usize = 16;
 /// Changes arriving within this window are handled by one pass.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -142,7 +142,7 @@ pub type HeartbeatWatch = Arc<std::sync::RwLock<std::collections::HashSet<String
 
 /// The `device-heartbeat` mirror, whose watch wakes the loop for a device's first heartbeat, a new agent version
 /// in it, or a device in `watch`; any other beat is recorded quietly (liveness is read from the mirror, and a
-/// Device's `lastHeartbeat` is refreshed by the periodic pass: [`crate::mirror::HEARTBEAT_REFRESH`]).
+/// Device's `lastHeartbeat` is refreshed by the periodic pass: [`crate::deployments::mirror::HEARTBEAT_REFRESH`]).
 pub fn heartbeat_mirror(watch: HeartbeatWatch) -> Arc<Mirror<Heartbeat>> {
     Mirror::waking_when(
         layout::DEVICE_HEARTBEAT,

@@ -1,6 +1,6 @@
 //! Whether a new upgrade request may start a transaction: a pure decision over the journal.
 
-use crate::journal::Journal;
+use super::journal::Journal;
 use fleet_wire::{AgentUpgradeAttempt, JournalPhase};
 
 /// The decision for an upgrade request.
@@ -64,7 +64,7 @@ pub fn decide(journal: Option<&Journal>, attempt: &AgentUpgradeAttempt) -> Decis
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::Event;
+    use crate::agent_upgrade::machine::Event;
     use fleet_wire::{fixtures, AttemptId, UpgradeReason, Version};
 
     fn journal_in(phase_events: &[Event]) -> Journal {

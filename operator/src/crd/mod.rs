@@ -1,9 +1,12 @@
-//! The fleet CRDs in `fleet.nationtech.io/v1alpha1`: Device, DeviceGroup, FleetDeployment and AgentRelease (and,
-//! in [`all_crds`], the namespaced TaskRun and TaskSchedule of [`crate::tasks::crd`]).
+//! Every fleet CRD in `fleet.nationtech.io/v1alpha1`, the one module the product folders import them from: here
+//! Device, DeviceGroup, FleetDeployment and AgentRelease; in [`tasks`], the namespaced TaskRun and TaskSchedule;
+//! all of them in [`all_crds`].
 //!
 //! All four are cluster-scoped: device ids are fleet-wide. Fields whose shape is a fleet-wire contract (workloads,
 //! artifacts, the agent-upgrade status) are the fleet-wire types themselves, published in the CRD schema as objects
 //! with `x-kubernetes-preserve-unknown-fields`; the operator validates them with fleet-wire's own constructors.
+
+pub mod tasks;
 
 use fleet_wire::{AgentUpgradeStatus, Architecture, Capability, Version};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
@@ -100,7 +103,7 @@ pub struct DeviceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub os: Option<String>,
     /// Time of a recent heartbeat (RFC 3339, UTC): refreshed once an hour
-    /// ([`crate::mirror::HEARTBEAT_REFRESH`]) or with any other status change; the dashboard and its alerts read
+    /// ([`crate::deployments::mirror::HEARTBEAT_REFRESH`]) or with any other status change; the dashboard and its alerts read
     /// liveness from the device-heartbeat bucket, not from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<String>,
@@ -113,7 +116,7 @@ pub struct DeviceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<WorkloadHealth>,
     /// Set while the device's agent upgrade has stayed in one phase longer than that phase's bound allows
-    /// ([`crate::rollout::phase_bound`] plus [`crate::rollout::STALL_SLACK`]): the phase it is stuck in and since
+    /// ([`crate::deployments::rollout::phase_bound`] plus [`crate::deployments::rollout::STALL_SLACK`]): the phase it is stuck in and since
     /// when (the device's own `phaseChangedAt`); or, with no stalled agent upgrade, while a running TaskRun's
     /// intent for it has gone unaccepted for longer than the accept timeout (phase `not-accepted`, `taskRun`
     /// naming the run, set by the TaskRun controller: [`crate::tasks::stall`]); absent otherwise.
@@ -160,7 +163,7 @@ pub struct WritesRefused {
     pub reason: String,
 }
 
-/// Workload counts and the latest error, folded from `device-workload-status` by [`crate::health`].
+/// Workload counts and the latest error, folded from `device-workload-status` by [`crate::deployments::health`].
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadHealth {
@@ -261,7 +264,7 @@ pub struct FleetDeploymentSpec {
     #[serde(flatten)]
     pub placement: Placement,
     /// The workloads, each a fleet-wire `WorkloadSpec`, unique by name across every deployment on a device.
-    /// Kept as JSON here and validated by [`crate::validate`], so that one invalid object gets an `InvalidSpec`
+    /// Kept as JSON here and validated by [`crate::deployments::validate`], so that one invalid object gets an `InvalidSpec`
     /// condition instead of breaking the watch of every FleetDeployment.
     #[schemars(schema_with = "wire_object_list")]
     pub workloads: Vec<serde_json::Value>,
@@ -298,7 +301,7 @@ pub struct PlacementStatus {
     /// docs/crds.md, "Two releases, one device"); absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded: Option<u32>,
-    /// Where the rollout stands ([`crate::rollout`]): on an AgentRelease counted over the devices it owns, on a
+    /// Where the rollout stands ([`crate::deployments::rollout`]): on an AgentRelease counted over the devices it owns, on a
     /// FleetDeployment (only with a `rollout` section) over its targeted devices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
@@ -382,7 +385,7 @@ pub struct RolloutStatus {
 }
 
 /// The desired agent version for one architecture. Plain strings here, validated into fleet-wire types by
-/// [`crate::validate`] (an invalid build gets an `InvalidSpec` condition).
+/// [`crate::deployments::validate`] (an invalid build gets an `InvalidSpec` condition).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReleaseBuild {
@@ -439,8 +442,8 @@ pub fn all_crds(
         DeviceGroup::crd(),
         FleetDeployment::crd(),
         AgentRelease::crd(),
-        crate::tasks::crd::TaskRun::crd(),
-        crate::tasks::crd::TaskSchedule::crd(),
+        tasks::TaskRun::crd(),
+        tasks::TaskSchedule::crd(),
     ];
     // Unknown spec fields reach the admission webhook, which refuses them (crate::schema), instead of being pruned.
     crds.iter_mut().for_each(crate::schema::keep_unknown_fields);

@@ -3,17 +3,17 @@
 //! write, the statuses to write and the Devices to create — which `engine` then carries out (the only I/O).
 //! Table-tested without NATS or Kubernetes.
 
+use super::health;
+use super::mirror::{self, Reported};
+use super::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
+use super::release::{self, IntentDecision, ReleaseCounts};
+use super::rollout;
+use super::validate::{self, Build};
 use crate::conditions::{self, Want};
 use crate::crd::{
     AgentRelease, Device, DeviceGroup, DeviceGroupStatus, DeviceStatus, FleetDeployment,
     PlacementStatus, RolloutPhase, WorkloadHealth, HOLD_ANNOTATION,
 };
-use crate::health;
-use crate::mirror::{self, Reported};
-use crate::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
-use crate::release::{self, IntentDecision, ReleaseCounts};
-use crate::rollout;
-use crate::validate::{self, Build};
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,
     DeviceWorkloadStatus, Heartbeat, Timestamp, WorkloadSpec,
@@ -171,7 +171,7 @@ pub struct Plan {
     /// Each device's workloads (written compare-and-set; unchanged ones are skipped).
     pub desired: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
     /// Devices whose desired state is written again with a new generation even when unchanged: a FleetDeployment
-    /// retry gives its failed devices the spec again ([`crate::rollout_workloads::retry_requested`]).
+    /// retry gives its failed devices the spec again ([`crate::deployments::rollout_workloads::retry_requested`]).
     pub bump: BTreeSet<DeviceId>,
     /// Agent-upgrade attempts to write.
     pub intents: Vec<IntentWrite>,
@@ -365,7 +365,7 @@ fn stage(
     now: Timestamp,
     plan: &mut Plan,
 ) -> (StagedDeployment, BTreeMap<DeviceId, Arc<[WorkloadSpec]>>) {
-    use crate::rollout_workloads as rw;
+    use crate::deployments::rollout_workloads as rw;
     let old = d.status.as_ref();
     let token = rw::token(d.annotations().get(release::RETRY_ANNOTATION));
     let retry = rw::retry_requested(old, token);

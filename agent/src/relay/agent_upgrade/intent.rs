@@ -82,7 +82,7 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::rejected_status;
+    use crate::relay::agent_upgrade::rejected_status;
     use fleet_wire::{fixtures, UpgradePhase, UpgradeReason};
 
     fn json(a: &AgentUpgradeAttempt) -> Vec<u8> {

@@ -2,7 +2,7 @@
 //! targets, runs once on each device and keeps a bounded terminal result (status: fleet-wire's `TaskRunStatus` plus
 //! conditions); and `TaskSchedule`, which creates immutable TaskRuns on a UTC schedule.
 
-use crate::crd::Placement;
+use super::Placement;
 use fleet_wire::{TaskRunPhase, TaskRunReason, TaskRunStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;

@@ -287,7 +287,7 @@ pub struct DeploymentInput {
     /// Where it goes, or why that is unknown.
     pub targets: Result<BTreeSet<DeviceId>, PlacementError>,
     /// Targeted devices its rollout has not given the change yet, with what they keep instead of `workloads`
-    /// (their previous workloads of this deployment, see [`crate::rollout_workloads::previous`]).
+    /// (their previous workloads of this deployment, see [`crate::deployments::rollout_workloads::previous`]).
     pub held: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
 }
 

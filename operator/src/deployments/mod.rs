@@ -1,0 +1,16 @@
+//! The deployments-and-releases controller: the control loop ([`engine`]) over Devices, DeviceGroups,
+//! FleetDeployments and AgentReleases and the NATS buckets; its pure parts — placement, the pass's [`plan`], agent
+//! releases, staged rollouts, spec validation, workload health and the Device status mirrored from NATS — and its
+//! writes to the Kubernetes API ([`report`], [`device_writes`]).
+
+pub mod device_writes;
+pub mod engine;
+pub mod health;
+pub mod mirror;
+pub mod placement;
+pub mod plan;
+pub mod release;
+pub mod report;
+pub mod rollout;
+pub mod rollout_workloads;
+pub mod validate;
