@@ -595,21 +595,13 @@ fn random_bytes(bytes: &mut [u8]) {
 
 /// Reads the token file (bounded, trimmed, non-empty). The token is never logged.
 fn read_token(path: &std::path::Path) -> io::Result<String> {
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("token file {}: {e}", path.display())))?
-        .take(TOKEN_MAX_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| io::Error::new(e.kind(), format!("token file {}: {e}", path.display())))?;
-    if text.len() as u64 > TOKEN_MAX_BYTES {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "token file {} is larger than {TOKEN_MAX_BYTES} bytes",
-                path.display()
-            ),
-        ));
-    }
+    let text = fleet_wire::bounded::read_text(path, TOKEN_MAX_BYTES).map_err(|e| {
+        let kind = match &e {
+            fleet_wire::bounded::ReadError::Io { source, .. } => source.kind(),
+            fleet_wire::bounded::ReadError::TooLarge { .. } => io::ErrorKind::InvalidData,
+        };
+        io::Error::new(kind, format!("token file {e}"))
+    })?;
     let token = text.trim();
     if token.is_empty() {
         return Err(io::Error::new(

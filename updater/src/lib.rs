@@ -7,7 +7,8 @@ pub mod token;
 
 pub mod agent_upgrade;
 pub mod boot_watchdog;
-pub mod bounded;
+/// Bounded reads of small files: the tree's one implementation, in fleet-wire.
+pub use fleet_wire::bounded;
 pub mod child;
 pub mod cli;
 pub mod config;

@@ -219,14 +219,7 @@ pub struct DeviceApiSettings {
 }
 
 fn read_bounded(path: &Path, max: u64, what: &str) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
-    if meta.len() > max {
-        return Err(format!(
-            "{what} {} is larger than {max} bytes",
-            path.display()
-        ));
-    }
-    std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+    fleet_wire::bounded::read(path, max).map_err(|e| format!("{what} {e}"))
 }
 
 fn read_secret(path: &Path, what: &str) -> Result<String, String> {

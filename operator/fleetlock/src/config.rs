@@ -400,19 +400,7 @@ impl Config {
 
 /// Reads a text file of at most [`MAX_CONFIG_BYTES`].
 pub fn read_bounded(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut text = String::new();
-    f.take(MAX_CONFIG_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(format!(
-            "{}: larger than {MAX_CONFIG_BYTES} bytes",
-            path.display()
-        ));
-    }
-    Ok(text)
+    Ok(fleet_wire::bounded::read_text(path, MAX_CONFIG_BYTES)?)
 }
 
 #[cfg(test)]

@@ -119,18 +119,7 @@ impl NatsTls {
 }
 
 fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(TLS_FILE_MAX_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("NATS {what} {}: {e}", path.display()))?;
-    if bytes.len() as u64 > TLS_FILE_MAX_BYTES {
-        return Err(format!(
-            "NATS {what} {}: larger than {TLS_FILE_MAX_BYTES} bytes",
-            path.display()
-        ));
-    }
-    Ok(bytes)
+    fleet_wire::bounded::read(path, TLS_FILE_MAX_BYTES).map_err(|e| format!("NATS {what} {e}"))
 }
 
 fn certificates(path: &Path, what: &str) -> Result<(), String> {

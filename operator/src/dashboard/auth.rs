@@ -34,13 +34,8 @@ impl Token {
 
     /// Reads the token from `path` (at most 4 KiB). The error never contains the file's content.
     pub fn from_file(path: &Path) -> Result<Self, String> {
-        use std::io::Read;
-        let f = std::fs::File::open(path)
-            .map_err(|e| format!("dashboard token file {}: {e}", path.display()))?;
-        let mut text = String::new();
-        f.take(MAX_TOKEN_FILE_BYTES)
-            .read_to_string(&mut text)
-            .map_err(|e| format!("dashboard token file {}: {e}", path.display()))?;
+        let text = fleet_wire::bounded::read_text(path, MAX_TOKEN_FILE_BYTES)
+            .map_err(|e| format!("dashboard token file {e}"))?;
         Self::new(&text).map_err(|e| format!("dashboard token file {}: {e}", path.display()))
     }
 

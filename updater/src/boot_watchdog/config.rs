@@ -73,28 +73,13 @@ impl WatchdogConfig {
 
     /// Reads `path`; a missing file at the default path means every default.
     pub fn load(path: &Path) -> Result<Self, String> {
-        use std::io::Read;
-        let mut text = String::new();
-        match std::fs::File::open(path) {
-            Ok(f) => {
-                f.take(CONFIG_MAX_BYTES + 1)
-                    .read_to_string(&mut text)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-            }
-            Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound
-                    && path == Path::new(DEFAULT_CONFIG) =>
-            {
+        let text = match crate::bounded::read_text(path, CONFIG_MAX_BYTES) {
+            Ok(text) => text,
+            Err(e) if e.is_not_found() && path == Path::new(DEFAULT_CONFIG) => {
                 return Ok(Self::default())
             }
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        }
-        if text.len() as u64 > CONFIG_MAX_BYTES {
-            return Err(format!(
-                "{}: larger than {CONFIG_MAX_BYTES} bytes",
-                path.display()
-            ));
-        }
+            Err(e) => return Err(e.to_string()),
+        };
         Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 }

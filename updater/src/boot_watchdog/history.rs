@@ -38,19 +38,11 @@ impl History {
 
 /// Reads the record; a missing file is an empty record.
 pub fn load(path: &Path) -> Result<History, String> {
-    use std::io::Read;
-    let mut raw = Vec::new();
-    match std::fs::File::open(path) {
-        Ok(f) => f
-            .take(MAX_BYTES + 1)
-            .read_to_end(&mut raw)
-            .map_err(|e| format!("{}: {e}", path.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(History::default()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+    let raw = match crate::bounded::read(path, MAX_BYTES) {
+        Ok(raw) => raw,
+        Err(e) if e.is_not_found() => return Ok(History::default()),
+        Err(e) => return Err(e.to_string()),
     };
-    if raw.len() as u64 > MAX_BYTES {
-        return Err(format!("{}: larger than {MAX_BYTES} bytes", path.display()));
-    }
     let file: File =
         serde_json::from_slice(&raw).map_err(|e| format!("{}: {e}", path.display()))?;
     if file.version != 1 {

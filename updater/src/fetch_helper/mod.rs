@@ -23,7 +23,7 @@ use fleet_wire::limits::{HTTPS_CONNECT_TIMEOUT, HTTPS_REQUEST_TIMEOUT};
 use fleet_wire::{AgentUpgradeAttempt, Artifact, Sha256Hex};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -69,16 +69,14 @@ pub fn read_ca_bundle(path: &Path) -> Result<String, FetchError> {
         detail,
     };
     // A CA bundle is small; refuse to read something that is not.
-    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
-    let mut pem = String::new();
-    file.take(CA_BUNDLE_MAX_BYTES as u64 + 1)
-        .read_to_string(&mut pem)
-        .map_err(|e| err(e.to_string()))?;
-    if pem.len() > CA_BUNDLE_MAX_BYTES {
-        return Err(err(format!(
-            "larger than {CA_BUNDLE_MAX_BYTES} bytes: too large for a CA bundle"
-        )));
-    }
+    let pem = crate::bounded::read_text(path, CA_BUNDLE_MAX_BYTES as u64).map_err(|e| {
+        err(match e {
+            crate::bounded::ReadError::Io { source, .. } => source.to_string(),
+            crate::bounded::ReadError::TooLarge { max, .. } => {
+                format!("larger than {max} bytes: too large for a CA bundle")
+            }
+        })
+    })?;
     parse_ca_pem(&pem, &path.display().to_string())?;
     Ok(pem)
 }

@@ -39,17 +39,7 @@ const CA_FILE_MAX_BYTES: u64 = 1024 * 1024;
 
 /// The CA certificates of a PEM file; `Err` names the file and what is wrong.
 pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    use std::io::Read;
-    let mut pem = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(CA_FILE_MAX_BYTES + 1).read_to_end(&mut pem))
-        .map_err(|e| format!("ca_file {}: {e}", path.display()))?;
-    if pem.len() as u64 > CA_FILE_MAX_BYTES {
-        return Err(format!(
-            "ca_file {}: larger than {CA_FILE_MAX_BYTES} bytes",
-            path.display()
-        ));
-    }
+    let pem = crate::bounded::read(path, CA_FILE_MAX_BYTES).map_err(|e| format!("ca_file {e}"))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("ca_file {}: not PEM certificates ({e})", path.display()))?;
