@@ -789,7 +789,14 @@ pub fn scenario_powercut() {
         .sh("ls -a /var/lib/fleet-updater/ | grep -c '^\\.system-upgrade.json.tmp-' || true");
     assert_eq!(left.trim(), "0", "a temporary journal file is left behind");
     let after_boot = journal_summary(&mut rig.vm);
-    step(&format!("the journal on disk after the boot: {after_boot}"));
+    let whose = if after_boot.contains(&j.run_uid.to_string()) {
+        "this run"
+    } else {
+        "the run before: this run's journal write did not reach the disk"
+    };
+    step(&format!(
+        "the journal on disk after the boot: {after_boot} ({whose})"
+    ));
     let s = rig.wait_status(
         &j,
         Duration::from_secs(900),
