@@ -424,6 +424,14 @@ fn flood_guard(g: RawFloodGuard) -> Result<super::flood_guard::GuardSettings, St
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_endless_secret_file_is_refused_at_the_bound() {
+        // A FIFO or a device sizes as 0 bytes: the bound must hold while reading, not only by the file's size.
+        let e = read_bounded(Path::new("/dev/zero"), MAX_SECRET_BYTES, "password_file")
+            .expect_err("endless");
+        assert!(e.starts_with("password_file /dev/zero: larger than"), "{e}");
+    }
+
     /// A config with the secrets it names written to `dir`, and `extra` appended.
     fn load(dir: &Path, extra: &str) -> Result<Settings, String> {
         let seed = nkeys::KeyPair::new_account().seed().unwrap();

@@ -77,6 +77,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_token_file_longer_than_the_bound_is_refused_not_cut() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("token");
+        std::fs::write(&p, "a".repeat(MAX_TOKEN_FILE_BYTES as usize + 10)).expect("write");
+        let e = Token::from_file(&p).expect_err("too long");
+        assert!(e.contains("larger than 4096 bytes"), "{e}");
+    }
+
+    #[test]
     fn accepted_forms() {
         let t = Token::new(" 0123456789abcdef\n").expect("token");
         let basic = |s: &str| {
