@@ -11,6 +11,7 @@ use fleet_updater::agent_upgrade::transaction::{Accepted, Updater};
 use fleet_updater::fault::Faults;
 use fleet_updater::reboot::Outcome as RebootOutcome;
 use fleet_updater::socket::{self, ServerConfig};
+use fleet_updater::system::reboot::StepError;
 use fleet_wire::socket::PROTOCOL_VERSION;
 use fleet_wire::{
     AttemptId, Capability, DeviceId, ErrorCode, Request, RequestFrame, Response, ResponseFrame,
@@ -351,27 +352,36 @@ fn a_reboot_goes_through_the_coordinated_client() {
         "apt ran once across the reboot"
     );
 
-    // A device that cannot reboot fails with a typed reason (packages stay upgraded).
-    let dev = Device::new();
-    let apt = FakeApt::new(&dev, "true", full, "true");
-    let (u, _) = dev
-        .open_system(
-            &apt,
-            vec![Err("no fleet-reboot.yaml".into())],
-            Faults::none(),
-        )
-        .expect("open");
-    assert!(matches!(
-        u.accept_system(attempt()),
-        Ok(Accepted::Started(_))
-    ));
-    u.run_system().expect("no crash");
-    let s = u.status().system_upgrade.expect("status");
-    assert_eq!(
-        (s.phase, s.reason),
-        (P::Failed, Some(R::RebootRefused)),
-        "{s:#?}"
-    );
+    // A device that cannot reboot fails with a typed reason that says why (packages stay upgraded): the client
+    // refused (its configuration is missing), or the client did not run to an answer.
+    for (err, want) in [
+        (
+            StepError::Refused("no fleet-reboot.yaml".into()),
+            R::RebootRefused,
+        ),
+        (
+            StepError::ClientFailed("fleet-reboot: No such file or directory".into()),
+            R::RebootFailed,
+        ),
+    ] {
+        let dev = Device::new();
+        let apt = FakeApt::new(&dev, "true", full, "true");
+        let (u, _) = dev
+            .open_system(&apt, vec![Err(err.clone())], Faults::none())
+            .expect("open");
+        assert!(matches!(
+            u.accept_system(attempt()),
+            Ok(Accepted::Started(_))
+        ));
+        u.run_system().expect("no crash");
+        let s = u.status().system_upgrade.expect("status");
+        assert_eq!((s.phase, s.reason), (P::Failed, Some(want)), "{s:#?}");
+        assert_eq!(
+            s.error.as_ref().map(|e| e.as_str()),
+            Some(err.to_string().as_str()),
+            "{s:#?}"
+        );
+    }
 }
 
 #[cfg(feature = "fault-injection")]

@@ -6,6 +6,7 @@
 
 use crate::child::{self, ChildError};
 use crate::reboot::Outcome;
+use fleet_wire::SystemUpgradeReason;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -13,9 +14,37 @@ use std::time::Duration;
 /// One run of the coordinated-reboot chain for a device that needs a reboot.
 pub trait Rebooter: Send + Sync {
     /// `Ok(NotNow)`: try again later; `Ok(Rebooting)`: the reboot was requested; `Ok(Released)`: the reboot
-    /// happened, the host is healthy and the lock is released; `Err`: this device cannot reboot (an operator
-    /// must fix the configuration or the host).
-    fn step(&self) -> Result<Outcome, String>;
+    /// happened, the host is healthy and the lock is released; `Err`: this device cannot reboot, and why.
+    fn step(&self) -> Result<Outcome, StepError>;
+}
+
+/// Why a device cannot take the reboot its upgrade needs; the status reason says which.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepError {
+    /// The client ran and refused: its configuration is missing or wrong, or it reported an error an operator
+    /// must fix (`reboot-refused`).
+    Refused(String),
+    /// The client did not run to an answer: missing, killed, past its time bound, or no outcome printed
+    /// (`reboot-failed`).
+    ClientFailed(String),
+}
+
+impl StepError {
+    /// The status reason a person reads.
+    pub fn reason(&self) -> SystemUpgradeReason {
+        match self {
+            Self::Refused(_) => SystemUpgradeReason::RebootRefused,
+            Self::ClientFailed(_) => SystemUpgradeReason::RebootFailed,
+        }
+    }
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(m) | Self::ClientFailed(m) => f.write_str(m),
+        }
+    }
 }
 
 /// The longest one step may take: `health_wait` at its largest (1 h, after a reboot) plus 10 min for the
@@ -44,30 +73,34 @@ impl Coordinated {
 }
 
 impl Rebooter for Coordinated {
-    fn step(&self) -> Result<Outcome, String> {
+    fn step(&self) -> Result<Outcome, StepError> {
         let mut cmd = Command::new(&self.program);
         cmd.arg("--config").arg(&self.config).arg("--upgrade-step");
-        let done = child::run_bounded(&mut cmd, STEP_BOUND, MAX_OUTPUT).map_err(|e| match e {
-            ChildError::Spawn { .. } => format!(
-                "the upgrade needs a reboot, but the coordinated-reboot client cannot run: {e} (it is \
-                 installed beside fleet-updater)"
-            ),
-            e => format!("the upgrade needs a reboot, but the coordinated-reboot client failed: {e}"),
+        let done = child::run_bounded(&mut cmd, STEP_BOUND, MAX_OUTPUT).map_err(|e| {
+            StepError::ClientFailed(match e {
+                ChildError::Spawn { .. } => format!(
+                    "the upgrade needs a reboot, but the coordinated-reboot client cannot run: {e} (it is \
+                     installed beside fleet-updater)"
+                ),
+                e => format!(
+                    "the upgrade needs a reboot, but the coordinated-reboot client failed: {e}"
+                ),
+            })
         })?;
         if !done.status.success() {
-            return Err(format!(
+            return Err(StepError::Refused(format!(
                 "the upgrade needs a reboot, but {} {}: {}",
                 self.program.display(),
                 done.status,
                 done.stderr_tail()
-            ));
+            )));
         }
         parse_outcome(&done.stdout).ok_or_else(|| {
-            format!(
+            StepError::ClientFailed(format!(
                 "{} printed no outcome: {}",
                 self.program.display(),
                 child::printable_tail(&done.stdout, 400)
-            )
+            ))
         })
     }
 }

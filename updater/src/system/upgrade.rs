@@ -405,11 +405,7 @@ impl SystemUpgrades {
                     );
                 }
                 Err(e) => {
-                    self.transition(
-                        Event::RebootFailed(SystemUpgradeReason::RebootRefused),
-                        Some(e),
-                        None,
-                    )?;
+                    self.transition(Event::RebootFailed(e.reason()), Some(e.to_string()), None)?;
                     return Ok(());
                 }
             }

@@ -13,7 +13,7 @@ use fleet_updater::paths::Paths;
 use fleet_updater::reboot::Outcome as RebootOutcome;
 use fleet_updater::service::{ServiceError, ServiceManager};
 use fleet_updater::system::apt::Apt;
-use fleet_updater::system::reboot::Rebooter;
+use fleet_updater::system::reboot::{Rebooter, StepError};
 use fleet_updater::system::SystemDeps;
 use fleet_wire::{
     AgentUpgradeAttempt, Architecture, AttemptId, ByteLimit, DeviceId, Sha256Hex, UnitName,
@@ -135,7 +135,7 @@ impl Device {
     pub fn open_system(
         &self,
         apt: &FakeApt,
-        reboots: Vec<Result<RebootOutcome, String>>,
+        reboots: Vec<Result<RebootOutcome, StepError>>,
         faults: Faults,
     ) -> Result<(Updater, Option<PendingRecovery>), StartError> {
         let mut system = self.system_deps(reboots);
@@ -156,7 +156,7 @@ impl Device {
     }
 
     /// No apt (an empty binary directory) and a reboot client answering `reboots` in order.
-    pub fn system_deps(&self, reboots: Vec<Result<RebootOutcome, String>>) -> SystemDeps {
+    pub fn system_deps(&self, reboots: Vec<Result<RebootOutcome, StepError>>) -> SystemDeps {
         SystemDeps {
             apt: Apt::new(self.dir.path().join("no-apt")),
             rebooter: Box::new(ScriptedReboots(Mutex::new(reboots.into()))),
@@ -327,10 +327,10 @@ pub fn require_agent_user() {
 }
 
 /// A reboot client scripted for fault injection: answers in order, then `NotNow` forever.
-pub struct ScriptedReboots(Mutex<std::collections::VecDeque<Result<RebootOutcome, String>>>);
+pub struct ScriptedReboots(Mutex<std::collections::VecDeque<Result<RebootOutcome, StepError>>>);
 
 impl Rebooter for ScriptedReboots {
-    fn step(&self) -> Result<RebootOutcome, String> {
+    fn step(&self) -> Result<RebootOutcome, StepError> {
         self.0
             .lock()
             .expect("lock")
