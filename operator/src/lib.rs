@@ -19,5 +19,6 @@ pub mod metrics;
 pub mod nats_link;
 pub use fleet_kit::{nats_password, nats_tls};
 pub mod refusals;
+pub mod runtime;
 pub mod schema;
 pub mod webhook;

@@ -278,23 +278,15 @@ fn main() -> ExitCode {
             accept_timeout,
             nats: opts.nats.clone(),
         };
-        // One heartbeat mirror: the control loop keeps it, the dashboard and its alerts read liveness from it.
-        let watch = fleet_operator::deployments::engine::HeartbeatWatch::default();
-        let heartbeats = fleet_operator::deployments::engine::heartbeat_mirror(watch.clone());
-        // One device-info mirror: the control loop keeps it, the TaskRun controller reads capabilities from it.
-        let info = fleet_operator::kv::Mirror::new(fleet_wire::kv::DEVICE_INFO);
-        // One watch and one cache per kind, and one NATS connection, shared by every controller and the dashboard.
-        let caches = fleet_operator::cache::Caches::watch(&client, &opts.label_selector);
-        let nats =
-            fleet_operator::nats_link::NatsLink::new(opts.nats_url.clone(), opts.nats.clone());
-        let dashboard_client = client.clone();
-        let dashboard = fleet_operator::dashboard::run(
-            dashboard_client,
-            dashboard,
-            &caches,
-            nats.clone(),
-            heartbeats.clone(),
+        // One runtime: one watch and cache per kind, one NATS connection, and the heartbeat and device-info mirrors
+        // the deployments controller keeps current for the dashboard, its alerts and the TaskRun controller.
+        let rt = fleet_operator::runtime::Runtime::new(
+            client,
+            &opts.label_selector,
+            &opts.nats_url,
+            opts.nats.clone(),
         );
+        let dashboard = fleet_operator::dashboard::run(&rt, dashboard);
         tokio::select! {
             r = dashboard => {
                 if let Err(e) = r {
@@ -302,24 +294,22 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::deployments::engine::run_with(client.clone(), opts, &caches, &nats, heartbeats, info.clone(), watch) => {
+            r = fleet_operator::deployments::engine::run_with(&rt, opts) => {
                 if let Err(e) = r {
                     log::error!("{e}");
                 }
                 ExitCode::FAILURE
             }
-            r = fleet_operator::tasks::scheduler::run_with(client.clone(), schedule_opts, &caches) => {
+            r = fleet_operator::tasks::scheduler::run_with(rt.client.clone(), &rt.caches, schedule_opts) => {
                 if let Err(e) = r {
                     log::error!("task schedules: {e}");
                 }
                 ExitCode::FAILURE
             }
             r = fleet_operator::tasks::controller::run_with(
-                client,
+                &rt,
                 task_opts,
-                &caches,
-                &nats,
-                fleet_operator::tasks::controller::DeviceInfoSource::Shared(info),
+                fleet_operator::tasks::controller::DeviceInfoSource::Shared,
             ) => {
                 if let Err(e) = r {
                     log::error!("task runs: {e}");

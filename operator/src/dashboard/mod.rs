@@ -18,7 +18,6 @@ pub mod runs;
 pub mod server;
 pub mod state;
 
-use crate::cache::Caches;
 use crate::nats_link::NatsLink;
 use alerts::{DeviceFacts, RunFacts, Thresholds};
 use fleet_wire::Timestamp;
@@ -61,13 +60,9 @@ pub struct Options {
 
 /// Evaluates the alerts and publishes their events, always; binds `opts.serve`'s address when given and serves
 /// the dashboard. Returns only on a bind error (the caller exits).
-pub async fn run(
-    client: Client,
-    opts: Options,
-    caches: &Caches,
-    nats: Arc<NatsLink>,
-    heartbeats: Arc<crate::kv::Mirror<fleet_wire::Heartbeat>>,
-) -> Result<(), String> {
+pub async fn run(rt: &crate::runtime::Runtime, opts: Options) -> Result<(), String> {
+    let (client, caches, nats) = (rt.client.clone(), &rt.caches, rt.nats.clone());
+    let heartbeats = rt.heartbeats.clone();
     let listener = match &opts.serve {
         Some(s) => Some(
             tokio::net::TcpListener::bind(&s.listen)

@@ -12,11 +12,11 @@ use super::device_writes::DeviceWrites;
 use super::placement::DeploymentInput;
 use super::plan::{self, NewDevice, Plan, Snapshot};
 use super::report;
-use crate::cache::Caches;
 use crate::conditions;
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
 use crate::nats_link::NatsLink;
+use crate::runtime::Runtime;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
@@ -223,34 +223,28 @@ pub async fn run(
     client: Client,
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
-    let watch = HeartbeatWatch::default();
-    let caches = Caches::watch(&client, &opts.label_selector);
-    let nats = NatsLink::new(opts.nats_url.clone(), opts.nats.clone());
-    run_with(
+    let rt = Runtime::new(
         client,
-        opts,
-        &caches,
-        &nats,
-        heartbeat_mirror(watch.clone()),
-        Mirror::new(layout::DEVICE_INFO),
-        watch,
-    )
-    .await
+        &opts.label_selector,
+        &opts.nats_url,
+        opts.nats.clone(),
+    );
+    run_with(&rt, opts).await
 }
 
-/// [`run`] with the operator's shared caches and NATS connection, and the heartbeat and device-info mirrors made by
-/// the caller, who shares them (the dashboard reads liveness from the heartbeats, the TaskRun controller
-/// capabilities from the device info); this controller's watches keep them current. `heartbeats` is made by
-/// [`heartbeat_mirror`] from `watch`.
+/// [`run`] on the operator's [`Runtime`]: its caches and NATS connection, and the heartbeat and device-info
+/// mirrors it shares (the dashboard reads liveness from the heartbeats, the TaskRun controller capabilities from
+/// the device info); this controller's watches keep them current.
 pub async fn run_with(
-    client: Client,
+    rt: &Runtime,
     opts: Options,
-    caches: &Caches,
-    nats: &NatsLink,
-    heartbeats: Arc<Mirror<Heartbeat>>,
-    info: Arc<Mirror<DeviceInfo>>,
-    watch: HeartbeatWatch,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+    let (client, caches, nats) = (rt.client.clone(), &rt.caches, &*rt.nats);
+    let (heartbeats, info, watch) = (
+        rt.heartbeats.clone(),
+        rt.info.clone(),
+        rt.heartbeat_watch.clone(),
+    );
     // Woken by what devices change (Device objects, every NATS mirror, refusals): paced ([`paced`]).
     let notify = Arc::new(Notify::new());
     // Woken by what a person changes: the next pass starts at once.

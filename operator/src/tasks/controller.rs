@@ -17,7 +17,6 @@ use super::stall;
 use super::status::{self as run_status, StallReport};
 use super::store;
 use super::view::RunView;
-use crate::cache::Caches;
 use crate::conditions;
 use crate::crd::tasks::{created_at, TaskRun};
 use crate::crd::{Device, DeviceGroup, Stalled};
@@ -25,6 +24,7 @@ use crate::deployments::placement::{self, Labels};
 use crate::deployments::report;
 use crate::kv::{self, Mirror, NatsError};
 use crate::nats_link::NatsLink;
+use crate::runtime::Runtime;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
@@ -97,9 +97,9 @@ impl Drop for Link {
 
 /// Where the TaskRun controller reads device info (capabilities, at planning) from.
 pub enum DeviceInfoSource {
-    /// A mirror another controller keeps current (the operator's: the deployments controller watches it); this one
-    /// is woken by its changes.
-    Shared(Arc<Mirror<DeviceInfo>>),
+    /// The runtime's mirror, which another controller keeps current (the operator's: the deployments controller
+    /// watches it); this one is woken by its changes.
+    Shared,
     /// A mirror of its own, which it watches (the controller run alone).
     Own,
 }
@@ -158,24 +158,28 @@ pub async fn run(
     client: Client,
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
-    let caches = Caches::watch(&client, &opts.label_selector);
-    let nats = NatsLink::new(opts.nats_url.clone(), opts.nats.clone());
-    run_with(client, opts, &caches, &nats, DeviceInfoSource::Own).await
+    let rt = Runtime::new(
+        client,
+        &opts.label_selector,
+        &opts.nats_url,
+        opts.nats.clone(),
+    );
+    run_with(&rt, opts, DeviceInfoSource::Own).await
 }
 
-/// [`run`] with the operator's shared caches, NATS connection and device-info mirror.
+/// [`run`] on the operator's [`Runtime`]: its caches and NATS connection, and its device-info mirror when `info`
+/// says [`DeviceInfoSource::Shared`] (another controller keeps it current).
 pub async fn run_with(
-    client: Client,
+    rt: &Runtime,
     opts: Options,
-    caches: &Caches,
-    nats: &NatsLink,
     info: DeviceInfoSource,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+    let (client, caches, nats) = (rt.client.clone(), &rt.caches, &*rt.nats);
     let notify = Arc::new(Notify::new());
     let (info, own_info) = match info {
-        DeviceInfoSource::Shared(m) => {
-            m.subscribe(&notify);
-            (m, false)
+        DeviceInfoSource::Shared => {
+            rt.info.subscribe(&notify);
+            (rt.info.clone(), false)
         }
         DeviceInfoSource::Own => (Mirror::new(layout::DEVICE_INFO), true),
     };

@@ -60,14 +60,14 @@ pub async fn run(
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let caches = Caches::watch(&client, &opts.label_selector);
-    run_with(client, opts, &caches).await
+    run_with(client, &caches, opts).await
 }
 
-/// [`run`] with the operator's shared caches.
+/// [`run`] with the operator's shared caches (its runtime's).
 pub async fn run_with(
     client: Client,
-    opts: Options,
     caches: &Caches,
+    opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let notify = Arc::new(Notify::new());
     let schedules = caches.schedules.subscribe(&notify);
