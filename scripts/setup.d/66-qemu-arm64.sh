@@ -94,6 +94,12 @@ ROOTPART=PARTUUID=$disk_id-02
 CONSOLES="ttyAMA0,115200 tty1"
 CFG
 
+# The initramfs holds only what mounts the root file system on QEMU's virt machine (virtio PCI disks, ext4):
+# initramfs-tools' default MODULES=most (what Debian's Raspberry Pi images use) copies over a thousand modules, one
+# modprobe process each, which took over 15 minutes under qemu-user without finishing.
+mkdir -p "$tree/etc/initramfs-tools/conf.d"
+echo MODULES=list >"$tree/etc/initramfs-tools/conf.d/fleet-qemu-arm64"
+printf '%s\n' virtio_pci virtio_mmio virtio_blk ext4 crc32c_generic >>"$tree/etc/initramfs-tools/modules"
 for d in proc sys dev; do mount --rbind "/$d" "$tree/$d"; mounted+=("$tree/$d"); done
 cp /etc/resolv.conf "$tree/etc/resolv.conf"
 # raspi-firmware is in non-free-firmware (Raspberry Pi OS's own sources carry it too).

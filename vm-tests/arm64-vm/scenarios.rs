@@ -261,7 +261,7 @@ fn podman_times(vm: &mut ArmVm, rounds: usize) -> Vec<(&'static str, f64)> {
     let mut out = Vec::new();
     for _ in 0..rounds {
         let raw = vm.sh(&format!(
-            "systemctl --user -M fleet-agent@ stop podman.service; \
+            "systemctl --user -M fleet-agent@ stop podman.service 2>/dev/null; \
              t() {{ {AS_AGENT_CURL} -o /dev/null --max-time 120 -w \"$1 %{{http_code}} %{{time_total}}\\n\" \"http://d/v4.0.0/libpod/$2\"; }}; \
              if [ \"$(systemctl --user -M fleet-agent@ is-active podman.service)\" = active ]; then t warm _ping; \
              else t cold _ping; fi; t warm _ping; t list 'containers/json?all=true'"
