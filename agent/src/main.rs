@@ -1,5 +1,6 @@
 //! fleet-agent: parses arguments, sets up logging and calls the library.
 
+use fleet_wire::cli::{Cli, Spec};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -17,33 +18,21 @@ Logging goes to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more detail.
 Exit codes: 0 success or clean drain, 1 failure (systemd restarts the agent), 2 usage error.";
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let mut config = PathBuf::from(fleet_agent::config::DEFAULT_CONFIG_PATH);
-    let mut self_test = false;
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--version" | "-V" => {
-                println!("{}", fleet_agent::VERSION);
-                return ExitCode::SUCCESS;
-            }
-            "--help" | "-h" => {
-                println!("{HELP}");
-                return ExitCode::SUCCESS;
-            }
-            "--self-test" => self_test = true,
-            "--config" => match args.next() {
-                Some(p) => config = PathBuf::from(p),
-                None => {
-                    eprintln!("--config needs a path\n\n{HELP}");
-                    return ExitCode::from(2);
-                }
-            },
-            other => {
-                eprintln!("unknown argument {other:?}\n\n{HELP}");
-                return ExitCode::from(2);
-            }
+    let spec = Spec {
+        flags: &["--self-test"],
+        options: &["--config"],
+    };
+    let args = match Cli::from_env(HELP, fleet_agent::VERSION, &spec) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}\n\n{HELP}");
+            return ExitCode::from(2);
         }
-    }
+    };
+    let config = args
+        .path("--config")
+        .unwrap_or_else(|| PathBuf::from(fleet_agent::config::DEFAULT_CONFIG_PATH));
+    let self_test = args.flag("--self-test");
     fleet_agent::logging::init();
     if self_test {
         let report = fleet_agent::probe::self_test(&config);

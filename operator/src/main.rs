@@ -68,7 +68,6 @@ Several replicas may run at once: every NATS write is compare-and-set by revisio
 fn main() -> ExitCode {
     let mut nats_url =
         std::env::var("FLEET_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-    let (mut webhook_listen, mut webhook_cert, mut webhook_key) = (None, None, None);
     let env_path = |k: &str| std::env::var_os(k).map(std::path::PathBuf::from);
     let mut nats_ca = env_path("FLEET_NATS_CA_FILE");
     let mut nats_cert = env_path("FLEET_NATS_CERT_FILE");
@@ -77,97 +76,78 @@ fn main() -> ExitCode {
     let mut fleet_size = std::env::var("FLEET_SIZE").ok();
     let mut args = std::env::args().skip(1).peekable();
     let buckets = args.next_if(|a| a == "buckets").is_some();
-    let mut check = false;
-    let mut dash = DashboardArgs::default();
+    let spec = fleet_wire::cli::Spec {
+        flags: if buckets { &["--check"] } else { &[] },
+        options: &[
+            "--nats-url",
+            "--kv-replicas",
+            "--fleet-size",
+            "--nats-ca-file",
+            "--nats-cert-file",
+            "--nats-key-file",
+            "--webhook-listen",
+            "--webhook-cert",
+            "--webhook-key",
+            "--task-accept-timeout",
+            "--dashboard-listen",
+            "--dashboard-token-file",
+            "--dashboard-fleetlock-url",
+            "--dashboard-fleetlock-ca-file",
+            "--dashboard-fleetlock-token-file",
+            "--alert-silent-after",
+            "--alert-failed-run-for",
+            "--alert-slot-held-after",
+        ],
+    };
+    let given = match fleet_wire::cli::Cli::from_args(args, HELP, env!("CARGO_PKG_VERSION"), &spec)
+    {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let check = given.flag("--check");
+    if let Some(u) = given.value("--nats-url") {
+        nats_url = u.to_owned();
+    }
+    replicas = given.value("--kv-replicas").map(str::to_owned).or(replicas);
+    fleet_size = given
+        .value("--fleet-size")
+        .map(str::to_owned)
+        .or(fleet_size);
+    nats_ca = given.path("--nats-ca-file").or(nats_ca);
+    nats_cert = given.path("--nats-cert-file").or(nats_cert);
+    nats_key = given.path("--nats-key-file").or(nats_key);
+    let webhook_listen = given.value("--webhook-listen").map(str::to_owned);
+    let (webhook_cert, webhook_key) = (given.path("--webhook-cert"), given.path("--webhook-key"));
     let mut accept_timeout = fleet_operator::tasks::stall::DEFAULT_ACCEPT_TIMEOUT;
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--check" if buckets => check = true,
-            "--help" | "-h" => {
-                println!("{HELP}");
-                return ExitCode::SUCCESS;
-            }
-            "--version" => {
-                println!("{}", env!("CARGO_PKG_VERSION"));
-                return ExitCode::SUCCESS;
-            }
-            "--nats-url" => match args.next() {
-                Some(u) => nats_url = u,
-                None => {
-                    eprintln!("--nats-url needs a value; see --help");
-                    return ExitCode::from(2);
-                }
-            },
-            flag @ ("--kv-replicas" | "--fleet-size") => {
-                let Some(n) = args.next() else {
-                    eprintln!("{flag} needs a number; see --help");
-                    return ExitCode::from(2);
-                };
-                match flag {
-                    "--kv-replicas" => replicas = Some(n),
-                    _ => fleet_size = Some(n),
-                }
-            }
-            flag @ ("--nats-ca-file" | "--nats-cert-file" | "--nats-key-file") => {
-                let Some(v) = args.next() else {
-                    eprintln!("{flag} needs a file; see --help");
-                    return ExitCode::from(2);
-                };
-                let v = Some(std::path::PathBuf::from(v));
-                match flag {
-                    "--nats-ca-file" => nats_ca = v,
-                    "--nats-cert-file" => nats_cert = v,
-                    _ => nats_key = v,
-                }
-            }
-            flag @ ("--webhook-listen" | "--webhook-cert" | "--webhook-key") => {
-                let Some(v) = args.next() else {
-                    eprintln!("{flag} needs a value; see --help");
-                    return ExitCode::from(2);
-                };
-                match flag {
-                    "--webhook-listen" => webhook_listen = Some(v),
-                    "--webhook-cert" => webhook_cert = Some(std::path::PathBuf::from(v)),
-                    _ => webhook_key = Some(std::path::PathBuf::from(v)),
-                }
-            }
-            "--task-accept-timeout" => {
-                use fleet_operator::tasks::stall::{MAX_ACCEPT_TIMEOUT, MIN_ACCEPT_TIMEOUT};
-                let parsed = args
-                    .next()
-                    .ok_or_else(|| "--task-accept-timeout needs a duration".to_owned())
-                    .and_then(|v| {
-                        humantime::parse_duration(&v)
-                            .map_err(|e| format!("--task-accept-timeout {v:?}: {e}"))
-                    })
-                    .and_then(|d| {
-                        (MIN_ACCEPT_TIMEOUT..=MAX_ACCEPT_TIMEOUT)
-                            .contains(&d)
-                            .then_some(d)
-                            .ok_or_else(|| "--task-accept-timeout must be 1s to 24h".to_owned())
-                    });
-                match parsed {
-                    Ok(d) => accept_timeout = d,
-                    Err(e) => {
-                        eprintln!("{e}; see --help");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            flag if flag.starts_with("--dashboard-") || flag.starts_with("--alert-") => {
-                let Some(v) = args.next() else {
-                    eprintln!("{flag} needs a value; see --help");
-                    return ExitCode::from(2);
-                };
-                if let Err(e) = dash.set(flag, v) {
-                    eprintln!("{e}; see --help");
-                    return ExitCode::from(2);
-                }
-            }
-            other => {
-                eprintln!("unknown argument {other:?}; see --help");
+    if let Some(v) = given.value("--task-accept-timeout") {
+        use fleet_operator::tasks::stall::{MAX_ACCEPT_TIMEOUT, MIN_ACCEPT_TIMEOUT};
+        let parsed = humantime::parse_duration(v)
+            .map_err(|e| format!("--task-accept-timeout {v:?}: {e}"))
+            .and_then(|d| {
+                (MIN_ACCEPT_TIMEOUT..=MAX_ACCEPT_TIMEOUT)
+                    .contains(&d)
+                    .then_some(d)
+                    .ok_or_else(|| "--task-accept-timeout must be 1s to 24h".to_owned())
+            });
+        match parsed {
+            Ok(d) => accept_timeout = d,
+            Err(e) => {
+                eprintln!("{e}; see --help");
                 return ExitCode::from(2);
             }
+        }
+    }
+    let mut dash = DashboardArgs::default();
+    for (flag, v) in given
+        .options()
+        .filter(|(f, _)| f.starts_with("--dashboard-") || f.starts_with("--alert-"))
+    {
+        if let Err(e) = dash.set(flag, v.to_owned()) {
+            eprintln!("{e}; see --help");
+            return ExitCode::from(2);
         }
     }
     if let Some((_, password)) = fleet_wire::auth::split_nats_url(&nats_url).user_password {

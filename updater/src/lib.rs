@@ -10,7 +10,8 @@ pub mod boot_watchdog;
 /// Bounded reads of small files: the tree's one implementation, in fleet-wire.
 pub use fleet_wire::bounded;
 pub mod child;
-pub mod cli;
+/// The command line of every program: the tree's one parser, in fleet-wire.
+pub use fleet_wire::cli;
 pub mod config;
 pub mod durable;
 pub mod fault;

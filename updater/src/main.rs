@@ -21,25 +21,14 @@ system_reboot_retry_secs.
 Logging: RUST_LOG (default info). See docs/updater.md.";
 
 fn main() {
-    let mut config = PathBuf::from(DEFAULT_CONFIG_PATH);
-    let mut args = std::env::args_os().skip(1);
-    while let Some(a) = args.next() {
-        match a.to_str() {
-            Some("--help" | "-h") => {
-                println!("{HELP}");
-                return;
-            }
-            Some("--version" | "-V") => {
-                println!("{}", env!("CARGO_PKG_VERSION"));
-                return;
-            }
-            Some("--config") => match args.next() {
-                Some(p) => config = PathBuf::from(p),
-                None => usage("--config needs a path"),
-            },
-            _ => usage(&format!("unknown argument {}", a.to_string_lossy())),
-        }
-    }
+    let config = fleet_updater::cli::Cli::from_env(
+        HELP,
+        env!("CARGO_PKG_VERSION"),
+        &fleet_updater::cli::CONFIG_ONLY,
+    )
+    .unwrap_or_else(|e| usage(&e))
+    .path("--config")
+    .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     if let Err(e) = fleet_updater::run::run(&config) {
         log::error!("{e}");

@@ -4,12 +4,14 @@
 //! construction. Canonical digests, KV bucket and key names, the updater socket protocol and the limits table
 //! live here too. This crate does no I/O beyond reading and writing frames on a caller's reader or writer, except
 //! the OS primitives every process must share behind the `os` feature ([`durable`], [`notify`],
-//! [`process_lock`], [`bounded`] reads of small files).
+//! [`process_lock`], [`bounded`] reads of small files, the [`cli`] parser).
 
 pub mod artifact;
 pub mod auth;
 #[cfg(feature = "os")]
 pub mod bounded;
+#[cfg(feature = "os")]
+pub mod cli;
 pub mod device;
 pub mod device_api;
 pub mod digest;

@@ -1,7 +1,5 @@
 //! `fleet-auth`: the NATS auth callout for device identity (Zitadel token → device-scoped permissions).
 
-use std::path::PathBuf;
-
 const HELP: &str = "fleet-auth: NATS auth callout; verifies a device's Zitadel token via the issuer's JWKS and answers
 with a user JWT allowing only that device's subjects.
 
@@ -16,26 +14,13 @@ Logging: RUST_LOG (default info); tokens and keys are never logged. See docs/aut
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let mut config: Option<PathBuf> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--help" | "-h" => {
-                println!("{HELP}");
-                return;
-            }
-            "--version" => {
-                println!("{}", env!("CARGO_PKG_VERSION"));
-                return;
-            }
-            "--config" => match args.next() {
-                Some(p) => config = Some(PathBuf::from(p)),
-                None => fail("--config needs a path"),
-            },
-            other => fail(&format!("unknown argument {other:?} (see --help)")),
-        }
-    }
-    let Some(config) = config else {
+    let args = fleet_wire::cli::Cli::from_env(
+        HELP,
+        env!("CARGO_PKG_VERSION"),
+        &fleet_wire::cli::CONFIG_ONLY,
+    )
+    .unwrap_or_else(|e| fail(&e));
+    let Some(config) = args.path("--config") else {
         fail("--config PATH is required (see --help)");
     };
     let settings = match fleet_auth::config::Settings::load(&config) {

@@ -2,7 +2,6 @@
 
 use fleetlock_server::{CertFiles, Listener};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 const HELP: &str = "fleetlock-server: a FleetLock lock server for coordinated reboots (Zincati/airlock protocol)
 
@@ -24,40 +23,26 @@ See docs/fleetlock.md.";
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let mut listen: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 7450));
-    let mut config: Option<PathBuf> = None;
-    let (mut cert, mut key, mut plain) = (None, None, false);
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--help" | "-h" => {
-                println!("{HELP}");
-                return;
-            }
-            "--version" => {
-                println!("{}", env!("CARGO_PKG_VERSION"));
-                return;
-            }
-            "--listen" => match args.next().map(|v| v.parse()) {
-                Some(Ok(a)) => listen = a,
-                _ => fail("--listen needs ADDR:PORT, e.g. 0.0.0.0:7450"),
-            },
-            "--config" => match args.next() {
-                Some(p) => config = Some(PathBuf::from(p)),
-                None => fail("--config needs a path"),
-            },
-            "--tls-cert" => match args.next() {
-                Some(p) => cert = Some(PathBuf::from(p)),
-                None => fail("--tls-cert needs a PEM file"),
-            },
-            "--tls-key" => match args.next() {
-                Some(p) => key = Some(PathBuf::from(p)),
-                None => fail("--tls-key needs a PEM file"),
-            },
-            "--plain-http" => plain = true,
-            other => fail(&format!("unknown argument {other:?} (see --help)")),
-        }
-    }
+    let args = fleet_wire::cli::Cli::from_env(
+        HELP,
+        env!("CARGO_PKG_VERSION"),
+        &fleet_wire::cli::Spec {
+            flags: &["--plain-http"],
+            options: &["--listen", "--config", "--tls-cert", "--tls-key"],
+        },
+    )
+    .unwrap_or_else(|e| fail(&e));
+    let listen: SocketAddr = match args.value("--listen").map(str::parse) {
+        None => SocketAddr::from(([0, 0, 0, 0], 7450)),
+        Some(Ok(a)) => a,
+        Some(Err(_)) => fail("--listen needs ADDR:PORT, e.g. 0.0.0.0:7450"),
+    };
+    let config = args.path("--config");
+    let (cert, key, plain) = (
+        args.path("--tls-cert"),
+        args.path("--tls-key"),
+        args.flag("--plain-http"),
+    );
     let mode = match (cert, key, plain) {
         (Some(cert), Some(key), false) => Listener::Https(CertFiles { cert, key }),
         (None, None, true) => Listener::PlainHttp,

@@ -23,7 +23,14 @@ something failed (bad config, diagnostics not written, a failed reboot command).
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let (config, _) = Cli::from_env(HELP, DEFAULT_CONFIG, &[]).unwrap_or_else(|e| fail(&e));
+    let config = Cli::from_env(
+        HELP,
+        env!("CARGO_PKG_VERSION"),
+        &fleet_updater::cli::CONFIG_ONLY,
+    )
+    .unwrap_or_else(|e| fail(&e))
+    .path("--config")
+    .unwrap_or_else(|| DEFAULT_CONFIG.into());
     let cfg = WatchdogConfig::load(&config).unwrap_or_else(|e| fail(&e));
     match boot_watchdog::run(&cfg, &Host, fleet_wire::Timestamp::now()) {
         Ok(Outcome::CapReached(file)) => {

@@ -1,6 +1,6 @@
 //! `fleet-reboot`: one run of the coordinated-reboot client (from fleet-reboot.timer).
 
-use fleet_updater::cli::Cli;
+use fleet_updater::cli::{Cli, Spec};
 use fleet_updater::reboot::{self, Outcome, RebootConfig, RunOptions};
 
 const HELP: &str =
@@ -28,15 +28,21 @@ Exit status (--check: 0 when the config is valid and the server answers and acce
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let (config, flags) = Cli::from_env(
+    let args = Cli::from_env(
         HELP,
-        reboot::config::DEFAULT_CONFIG,
-        &["--check", "--after-boot", "--upgrade-step"],
+        env!("CARGO_PKG_VERSION"),
+        &Spec {
+            flags: &["--check", "--after-boot", "--upgrade-step"],
+            options: &["--config"],
+        },
     )
     .unwrap_or_else(|e| fail(&e));
-    let check = flags.contains(&"--check");
-    let after_boot = flags.contains(&"--after-boot");
-    let upgrade_step = flags.contains(&"--upgrade-step");
+    let config = args
+        .path("--config")
+        .unwrap_or_else(|| reboot::config::DEFAULT_CONFIG.into());
+    let check = args.flag("--check");
+    let after_boot = args.flag("--after-boot");
+    let upgrade_step = args.flag("--upgrade-step");
     if [check, after_boot, upgrade_step]
         .iter()
         .filter(|f| **f)

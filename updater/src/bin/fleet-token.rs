@@ -19,8 +19,14 @@ Exit status: 0 when a new token was written, 1 otherwise. The token and the key 
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let (config, _) =
-        Cli::from_env(HELP, token::config::DEFAULT_CONFIG, &[]).unwrap_or_else(|e| fail(&e));
+    let config = Cli::from_env(
+        HELP,
+        env!("CARGO_PKG_VERSION"),
+        &fleet_updater::cli::CONFIG_ONLY,
+    )
+    .unwrap_or_else(|e| fail(&e))
+    .path("--config")
+    .unwrap_or_else(|| token::config::DEFAULT_CONFIG.into());
     let cfg = TokenConfig::load(&config).unwrap_or_else(|e| fail(&e));
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
