@@ -44,7 +44,7 @@ qemu-system-x86_64 --version | head -1
 # The image starts from the nspawn tree.
 bash "$here/60-nspawn-tree.sh" >/dev/null
 base_recipe=$(cat "$cache/nspawn/bookworm-v3/etc/fleet-test-tree")
-recipe=qemu-v2-$base_recipe
+recipe=qemu-v3-$base_recipe
 out=$cache/qemu/$recipe
 if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$recipe" ]; then
   echo "qemu image present: $out"; exit 0
@@ -81,8 +81,12 @@ for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}"; done
 mounted=()
 : >"$tree/etc/resolv.conf"
 
-# Upgrades are the fleet's job (TaskRuns): apt's own daily timers (and with them unattended-upgrade) stay off.
-for t in apt-daily.timer apt-daily-upgrade.timer; do ln -sf /dev/null "$tree/etc/systemd/system/$t"; done
+# Upgrades are the fleet's job (TaskRuns): apt's own daily timers (and with them unattended-upgrade) stay off, and
+# so does unattended-upgrades' shutdown helper (a Python daemon that only guards its own upgrades; under TCG it
+# costs seconds at every boot and shutdown). Its kernel hook in /etc/kernel/postinst.d is what the image is for.
+for t in apt-daily.timer apt-daily-upgrade.timer unattended-upgrades.service; do
+  ln -sf /dev/null "$tree/etc/systemd/system/$t"
+done
 # A persistent journal: a scenario reads the boot before a reboot or a power cut (journalctl -b -1).
 mkdir -p "$tree/var/log/journal"
 # The root file system is /dev/vda (the kernel command line mounts it read-write).

@@ -613,8 +613,17 @@ pub fn scenario_recovery() {
     );
     step("duplicated intent: apt ran once");
 
-    // 2. An expired intent never starts.
-    let expired = Tasks::attempt(Duration::ZERO);
+    // 2. An expired intent never starts. Expired 10 minutes ago by the host's clock: the device judges expiry by
+    //    its own clock, and the guest's clock starts from the emulated RTC's whole second, so it can lag the
+    //    host's (a run with "expired now" was accepted and ran apt: by the guest's clock it had not expired).
+    let skew = guest_clock_lag_ms(&mut rig.vm);
+    step(&format!("the guest's clock lags the host's by {skew} ms"));
+    let mut expired = Tasks::attempt(Duration::ZERO);
+    expired.expires_at = fleet_wire::Timestamp::from_unix_ms(
+        fleet_wire::Timestamp::now()
+            .unix_ms()
+            .saturating_sub(600_000),
+    );
     rig.tasks.put_intent(&expired);
     let s = rig.wait_status(&expired, Duration::from_secs(120), "failed/expired", |s| {
         s.phase.is_terminal()
@@ -677,6 +686,16 @@ pub fn scenario_recovery() {
         s.phase, s.reason
     ));
     keep_rig(rig);
+}
+
+/// How far the guest's clock is behind the host's (negative: ahead), in milliseconds, measured around one
+/// command-channel round trip.
+fn guest_clock_lag_ms(vm: &mut Vm) -> i64 {
+    let host_ms = || fleet_wire::Timestamp::now().unix_ms() as i64;
+    let before = host_ms();
+    let guest: i64 = vm.sh("date +%s%3N").trim().parse().unwrap_or(0);
+    let after = host_ms();
+    (before + after) / 2 - guest
 }
 
 fn wait_guest_file(rig: &mut TaskRig, path: &str, secs: u64) {
