@@ -4,7 +4,9 @@
 //! rootless Podman as device setup configures it, its libpod API's answer times measured against the agent's bounds,
 //! and a workload started from a desired state; an agent upgrade v1 → v2 that commits while the workload's
 //! container keeps running (same id, PID and start time); a broken v3 rolled back, the container still untouched;
-//! a reboot coordinated through a real `fleetlock-server`, after which the agent brings the workload back. Prints
+//! a reboot coordinated through a real `fleetlock-server`, after which the agent brings the workload back; a
+//! system upgrade (the device's side of a TaskRun, driven through NATS as `vm-tests/tests/system_upgrade.rs` does):
+//! `apt-get full-upgrade` from a local repository and a reboot through FleetLock, the workload back again. Prints
 //! PASS/FAIL per step with its time, and the measurements; exits 1 when a step failed. Run it through
 //! `vm-tests/arm64-vm/run`, which builds the image first.
 
@@ -19,10 +21,10 @@ use fleet_vm_tests::fleetlock::FleetLockServer;
 use fleet_vm_tests::packages;
 use fleet_vm_tests::qemu::{make_stage_disk, GUEST_STAGE, HOST_FROM_GUEST};
 use fleet_vm_tests::qemu_arm64::{ArmImage, ArmVm, BOOT_WAIT};
-use fleet_vm_tests::tasks::HolderWatch;
+use fleet_vm_tests::tasks::{build_deb, index_repo, HolderWatch, Tasks, GUEST_REPO, REBOOT_PKG};
 use fleet_wire::{
-    kv, AgentUpgradeAttempt, AgentUpgradeStatus, Architecture, DeviceWorkloadStatus, Timestamp,
-    UpgradePhase, UpgradeReason, WorkloadState,
+    kv, AgentUpgradeAttempt, AgentUpgradeStatus, Architecture, Capability, DeviceWorkloadStatus,
+    SystemUpgradePhase as P, Timestamp, UpgradePhase, UpgradeReason, WorkloadState,
 };
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -34,7 +36,8 @@ install   apt install ./harmony-fleet-device_<v>_arm64.deb from the staging disk
 podman    rootless Podman's API timed against the agent's bounds; a desired state's workload runs\n  \
 commit    agent upgrade v1 -> v2 commits; the workload's container keeps running (same id, PID, start)\n  \
 rollback  a v3 that dies before readiness is rolled back; v2 ready, the container untouched\n  \
-reboot    /run/reboot-required: fleet-reboot takes the FleetLock slot, reboots, gives it back; the workload runs again\n\n\
+reboot    /run/reboot-required: fleet-reboot takes the FleetLock slot, reboots, gives it back; the workload runs again\n  \
+taskrun   a system-upgrade intent: apt-get full-upgrade from a local repository, a reboot through FleetLock, succeeded\n\n\
 Needs qemu-system-aarch64, the image of scripts/setup.d/66-qemu-arm64.sh and FLEET_NATS_SERVER: use vm-tests/arm64-vm/run.";
 
 /// Where the versioned agent binaries live on a device.
@@ -414,6 +417,24 @@ fn device() {
         relay_unit("FleetLock server", lock.port()).as_bytes(),
         0o644,
     );
+    // The system upgrade's packages (as in vm-tests/tests/system_upgrade.rs): fleet-test-reboot 1.0 installed
+    // first, 2.0 (its postinst asks for a reboot) in a flat repository the guest's apt will see alone.
+    let debs = dir.path().join("debs");
+    let old_pkg = build_deb(&debs, REBOOT_PKG, "1.0", "", "");
+    let new_pkg = build_deb(
+        &debs,
+        REBOOT_PKG,
+        "2.0",
+        "",
+        "[ \"$1\" = configure ] && touch /run/reboot-required || true",
+    );
+    std::fs::copy(&old_pkg, files.join("reboot-pkg-1.0.deb"))
+        .unwrap_or_else(|e| panic!("copy {old_pkg:?}: {e}"));
+    let repo = files.join("repo");
+    std::fs::create_dir_all(&repo).unwrap_or_else(|e| panic!("mkdir {repo:?}: {e}"));
+    std::fs::copy(&new_pkg, repo.join(new_pkg.file_name().unwrap_or_default()))
+        .unwrap_or_else(|e| panic!("copy {new_pkg:?}: {e}"));
+    index_repo(&repo);
     let disk = dir.path().join("stage.raw");
     make_stage_disk(&stage, &disk);
 
@@ -725,6 +746,95 @@ fn device() {
             for l in summary(&times) {
                 note(&mut measured, format!("Podman API after the reboot: {l}"));
             }
+        },
+    );
+
+    steps.run(
+        "taskrun (system upgrade: apt full-upgrade from a local repository, reboot through fleetlock-server)",
+        || {
+            let tasks = Tasks::new(&nats);
+            assert!(
+                tasks.capabilities().contains(&Capability::AptFullUpgradeV1),
+                "the device does not advertise AptFullUpgradeV1: {:?}",
+                tasks.capabilities()
+            );
+            // The staging disk again (the reboot unmounted it); the repository is the guest's only apt source; a
+            // denied slot is asked for again every 3 s.
+            vm.sh(&format!(
+                "{{ mountpoint -q {GUEST_STAGE} || mount -o ro /dev/vdb {GUEST_STAGE}; }} && \
+                 dpkg -i {GUEST_STAGE}/files/reboot-pkg-1.0.deb >/dev/null && mkdir -p {GUEST_REPO} && \
+                 cp {GUEST_STAGE}/files/repo/* {GUEST_REPO}/ && rm -f /etc/apt/sources.list.d/* && \
+                 echo 'deb [trusted=yes] file:{GUEST_REPO} ./' > /etc/apt/sources.list && \
+                 echo 'system_reboot_retry_secs = 3' >> /etc/harmony-fleet/updater.toml && \
+                 systemctl restart fleet-updater.service"
+            ));
+            wait_unit(&mut vm, "fleet-updater.service", "active");
+            let history = "grep -c '^Start-Date:' /var/log/apt/history.log || true";
+            let runs_before = vm.sh(history).trim().to_string();
+            let watch = HolderWatch::start(lock.port());
+            let first_boot = vm.boot_id();
+            let before = guest_now(&mut vm);
+            let t = Instant::now();
+            let r = Tasks::attempt(Duration::from_secs(3600));
+            tasks.put_intent(&r);
+            let rebooting = tasks.wait(
+                &r,
+                UPGRADE_WAIT,
+                "rebooting",
+                |s| s.phase == P::Rebooting || s.phase.is_terminal(),
+                || lock.log(),
+            );
+            assert_eq!(rebooting.phase, P::Rebooting, "{rebooting:#?}");
+            note(
+                &mut measured,
+                format!(
+                    "taskrun: intent -> rebooting (apt-get full-upgrade done, slot taken): {:.0} s",
+                    t.elapsed().as_secs_f64()
+                ),
+            );
+            let second_boot = vm.wait_boot(Some(&first_boot), BOOT_WAIT);
+            assert_ne!(second_boot, first_boot, "the device did not reboot");
+            let done = tasks.wait(
+                &r,
+                UPGRADE_WAIT,
+                "success with the first heartbeat after the reboot",
+                |s| {
+                    s.phase.is_terminal()
+                        && (s.phase != P::Succeeded || s.first_heartbeat_after_completion.is_some())
+                },
+                || lock.log(),
+            );
+            note(
+                &mut measured,
+                format!(
+                    "taskrun: intent -> succeeded after the reboot: {:.0} s",
+                    t.elapsed().as_secs_f64()
+                ),
+            );
+            assert_eq!((done.phase, done.reason), (P::Succeeded, None), "{done:#?}");
+            assert!(done.reboot_required, "{done:#?}");
+            assert_eq!(
+                done.transitions.phases(),
+                [P::Accepted, P::Upgrading, P::Rebooting, P::Succeeded]
+            );
+            assert_eq!(
+                vm.sh(&format!("dpkg-query -W -f '${{Version}}' {REBOOT_PKG}")).trim(),
+                "2.0"
+            );
+            let released = wait_for(UNIT_WAIT, || (lock.holders() == 0).then_some(()));
+            let (max, order) = watch.stop();
+            assert!(released.is_some(), "the slot was not released:\n{}", lock.log());
+            assert_eq!((max, order.len()), (1, 1), "holders seen: {order:?}");
+            vm.sh("test ! -e /var/lib/fleet-reboot/marker.json");
+            // apt ran once across the reboot (its history log is on disk).
+            let runs_after: u64 = vm.sh(history).trim().parse().unwrap_or(0);
+            assert_eq!(
+                runs_after,
+                runs_before.parse::<u64>().unwrap_or(0) + 1,
+                "apt-get runs across the system upgrade"
+            );
+            // The workload is back on the new boot.
+            wait_running_in_nats(&reports, &mut vm, before, None);
         },
     );
 
