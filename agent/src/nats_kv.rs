@@ -475,8 +475,8 @@ impl Inner {
                 }
             }
         }));
-        let conn = fleet_nats::connect(&opts)
-            .map_err(|e| crate::nats_tls::explain(&e.to_string(), &cfg.tls))?;
+        let conn =
+            fleet_nats::connect(&opts).map_err(|e| crate::nats_tls::explain(&e, &cfg.tls))?;
         let mut slot = this
             .conn
             .write()

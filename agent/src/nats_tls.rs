@@ -57,29 +57,31 @@ pub fn apply(opts: &mut fleet_nats::Options, tls: &NatsTls) -> Result<(), String
 }
 
 /// A connection error in words: for a certificate the handshake refused, what is wrong and which file to check.
-pub fn explain(error: &str, tls: &NatsTls) -> String {
-    let ca = match &tls.ca_file {
-        Some(p) => format!("the CA in nats.ca_file {}", p.display()),
-        None => "the system's CAs (set nats.ca_file to the fleet's CA)".to_string(),
-    };
-    let hint = if error.contains("UnknownIssuer") || error.contains("BadSignature") {
-        format!("the server's certificate is not signed by {ca} (unknown issuer)")
-    } else if error.contains("NotValidForName") || error.contains("not valid for name") {
-        "the server's certificate is not valid for the host name or address in nats.urls (wrong host name)".into()
-    } else if error.contains("Expired") || error.contains("certificate expired") {
-        "the server's certificate has expired".into()
-    } else if error.contains("NotValidYet") || error.contains("not valid yet") {
-        "the server's certificate is not valid yet (check the device's clock)".into()
-    } else if error.contains("CertificateRequired") || error.contains("certificate required") {
-        "the server requires a client certificate: set nats.cert_file and nats.key_file".into()
-    } else if error.contains("InvalidContentType")
-        || error.contains("CorruptMessage")
-        || error.contains("does not offer it")
-    {
-        "the server did not answer with TLS (is it a TLS-enabled nats-server?); no plain fallback"
-            .into()
-    } else {
+/// The kind comes from the error's type ([`fleet_nats::tls_problem`]), not from its text.
+pub fn explain(error: &std::io::Error, tls: &NatsTls) -> String {
+    use fleet_nats::TlsProblem as P;
+    let Some(problem) = fleet_nats::tls_problem(error) else {
         return error.to_string();
+    };
+    let hint = match problem {
+        P::UnknownIssuer => {
+            let ca = match &tls.ca_file {
+                Some(p) => format!("the CA in nats.ca_file {}", p.display()),
+                None => "the system's CAs (set nats.ca_file to the fleet's CA)".to_string(),
+            };
+            format!("the server's certificate is not signed by {ca} (unknown issuer)")
+        }
+        P::WrongName => "the server's certificate is not valid for the host name or address in nats.urls \
+                         (wrong host name)"
+            .into(),
+        P::Expired => "the server's certificate has expired".into(),
+        P::NotValidYet => "the server's certificate is not valid yet (check the device's clock)".into(),
+        P::ClientCertRequired => {
+            "the server requires a client certificate: set nats.cert_file and nats.key_file".into()
+        }
+        P::NotTls => {
+            "the server did not answer with TLS (is it a TLS-enabled nats-server?); no plain fallback".into()
+        }
     };
     format!("TLS: {hint}: {error}")
 }
@@ -92,37 +94,48 @@ mod tests {
 
     #[test]
     fn handshake_errors_are_explained() {
+        use rustls::CertificateError as C;
         let tls = NatsTls {
             ca_file: Some(PathBuf::from("/etc/harmony-fleet/nats-ca.pem")),
             client: None,
         };
+        let data = |e: rustls::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
         for (err, words) in [
             (
-                "invalid peer certificate: UnknownIssuer",
+                data(rustls::Error::InvalidCertificate(C::UnknownIssuer)),
                 "not signed by the CA in nats.ca_file /etc/harmony-fleet/nats-ca.pem",
             ),
             (
-                "invalid peer certificate: NotValidForName",
-                "wrong host name",
-            ),
-            ("invalid peer certificate: Expired", "has expired"),
-            (
-                "invalid peer certificate: certificate not valid for name \"10.0.0.9\"; certificate is only valid for 127.0.0.1",
+                data(rustls::Error::InvalidCertificate(C::NotValidForName)),
                 "wrong host name",
             ),
             (
-                "TLS is required but the server at nats://127.0.0.1:4222 does not offer it (plain server; no plain fallback)",
-                "no plain fallback",
+                data(rustls::Error::InvalidCertificate(C::Expired)),
+                "has expired",
             ),
             (
-                "received corrupt message of type InvalidContentType",
+                data(rustls::Error::InvalidCertificate(C::NotValidYet)),
+                "check the device's clock",
+            ),
+            (
+                data(rustls::Error::AlertReceived(
+                    rustls::AlertDescription::CertificateRequired,
+                )),
+                "set nats.cert_file",
+            ),
+            (
+                data(rustls::Error::InvalidMessage(
+                    rustls::InvalidMessage::InvalidContentType,
+                )),
                 "no plain fallback",
             ),
         ] {
-            let e = explain(err, &tls);
-            assert!(e.contains(words) && e.contains(err), "{e}");
+            let e = explain(&err, &tls);
+            assert!(e.contains(words) && e.contains(&err.to_string()), "{e}");
         }
-        assert_eq!(explain("connection refused", &tls), "connection refused");
+        // The words alone explain nothing: only the error's kind does.
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "UnknownIssuer");
+        assert_eq!(explain(&refused, &tls), "UnknownIssuer");
     }
 
     #[test]

@@ -64,7 +64,7 @@ impl Default for Buckets {
     }
 }
 
-pub use fleet_kit::nats::{error_chain, servers, MAX_REPLICAS};
+pub use fleet_kit::nats::{servers, MAX_REPLICAS};
 
 /// The largest `--fleet-size`: the byte limits of ten million devices (about 3 TB) fit no single server.
 pub const MAX_FLEET_SIZE: u64 = 10_000_000;
@@ -168,7 +168,7 @@ pub async fn connect_with(
     let client = opts
         .connect(servers(&url))
         .await
-        .map_err(|e| NatsError::new(format!("connect to {url}"), tls.explain(&error_chain(&e))))?;
+        .map_err(|e| NatsError::new(format!("connect to {url}"), tls.explain(&e)))?;
     let js = jetstream::new(client.clone());
     Ok((client, js))
 }

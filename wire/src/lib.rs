@@ -38,6 +38,8 @@ pub mod taskrun;
 pub mod tasks;
 pub mod text;
 pub mod time;
+#[cfg(feature = "tls")]
+pub mod tls_problem;
 pub mod upgrade;
 pub mod workload;
 

@@ -8,6 +8,7 @@
 //! [`crate::Options::write_timeout`].
 
 use crate::client::{Client, Frame, Owner, Shared};
+use crate::failure::{Attempts, PlainServer};
 use crate::proto::{self, Limits, ServerInfo, ServerOp};
 use crate::transport::{self, Transport};
 use crate::{Auth, Message, Options};
@@ -119,11 +120,14 @@ pub fn connect(opts: &Options) -> io::Result<Client> {
     let start = ROTATE.fetch_add(1, Ordering::Relaxed) % n;
     let mut errors = Vec::new();
     let mut kind = io::ErrorKind::TimedOut;
+    // The server is named only when there are several, as before.
+    let name = |s: &ServerAddr| (n > 1).then(|| s.display());
     for k in 0..n {
         let s = &servers[(start + k) % n];
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            errors.push(format!("{}: not tried (time-out)", s.display()));
+            let e = io::Error::new(io::ErrorKind::TimedOut, "not tried (time-out)");
+            errors.push((Some(s.display()), e));
             continue;
         }
         let share = left / (n - k) as u32;
@@ -131,15 +135,11 @@ pub fn connect(opts: &Options) -> io::Result<Client> {
             Ok(c) => return Ok(c),
             Err(e) => {
                 kind = e.kind();
-                errors.push(if n == 1 {
-                    e.to_string()
-                } else {
-                    format!("{}: {e}", s.display())
-                });
+                errors.push((name(s), e));
             }
         }
     }
-    Err(io::Error::new(kind, errors.join("; ")))
+    Err(io::Error::new(kind, Attempts(errors)))
 }
 
 fn remaining(deadline: Instant) -> io::Result<Duration> {
@@ -250,10 +250,7 @@ fn connect_one(server: &ServerAddr, opts: &Options, deadline: Instant) -> io::Re
         if !info.offers_tls() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!(
-                    "TLS is required but the server at {} does not offer it (plain server; no plain fallback)",
-                    server.display()
-                ),
+                PlainServer(server.display()),
             ));
         }
         if !buf.is_empty() {

@@ -13,11 +13,13 @@
 
 mod client;
 mod conn;
+mod failure;
 pub mod proto;
 mod transport;
 
 pub use client::{Client, Message, Subscription};
 pub use conn::{connect, ServerAddr};
+pub use failure::{tls_problem, TlsProblem};
 pub use proto::Headers;
 pub use transport::{client_config, TlsOptions};
 

@@ -4,6 +4,7 @@
 //! rustls' decrypted plaintext before the socket is read again and report "nothing more" only when both are
 //! empty, so no decrypted frame can wait inside the TLS session while the thread sleeps in poll(2).
 
+use crate::failure::tls_error;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::io::{self, Read, Write};
@@ -116,10 +117,6 @@ pub(crate) enum Transport {
     Plain(TcpStream),
     /// TLS over TCP.
     Tls(TcpStream, Box<rustls::ClientConnection>),
-}
-
-fn tls_error(e: rustls::Error) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
 }
 
 impl Transport {

@@ -110,12 +110,7 @@ pub(super) async fn connect_user(
     tls.apply(opts)?
         .connect(fleet_kit::nats::servers(url))
         .await
-        .map_err(|e| {
-            format!(
-                "NATS at {url} ({name}): {}",
-                tls.explain(&fleet_kit::nats::error_chain(&e))
-            )
-        })
+        .map_err(|e| format!("NATS at {url} ({name}): {}", tls.explain(&e)))
 }
 
 /// The callout: a queue subscription on [`AUTH_SUBJECT`] and one task per request under a concurrency bound.
@@ -142,13 +137,7 @@ async fn serve_callout(settings: Settings, cooldowns: Arc<Mutex<Cooldowns>>) -> 
     let client = opts
         .connect(fleet_kit::nats::servers(&settings.url))
         .await
-        .map_err(|e| {
-            format!(
-                "NATS at {}: {}",
-                settings.url,
-                settings.tls.explain(&fleet_kit::nats::error_chain(&e))
-            )
-        })?;
+        .map_err(|e| format!("NATS at {}: {}", settings.url, settings.tls.explain(&e)))?;
     let mut sub = client
         .queue_subscribe(AUTH_SUBJECT, QUEUE_GROUP.into())
         .await

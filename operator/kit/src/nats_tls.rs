@@ -86,7 +86,7 @@ impl NatsTls {
         let attempt =
             tokio::time::timeout(PROBE_TIMEOUT, opts.connect(crate::nats::servers(url))).await;
         if let Ok(Err(e)) = attempt {
-            let words = self.explain(&crate::nats::error_chain(&e));
+            let words = self.explain(&e);
             if words.starts_with("TLS: ") {
                 return Err(format!("NATS at {url}: {words}"));
             }
@@ -94,27 +94,37 @@ impl NatsTls {
         Ok(())
     }
 
-    /// A connection error in words: for a certificate the handshake refused, what is wrong and which file.
-    pub fn explain(&self, error: &str) -> String {
-        let ca = match &self.ca_file {
-            Some(p) => format!("the CA in {}", p.display()),
-            None => "the system's CAs (configure the fleet's CA file)".to_string(),
+    /// A connection error in words (its whole source chain): for a certificate the handshake refused, what is
+    /// wrong and which file. The kind comes from the error's type ([`fleet_wire::tls_problem`]), not its text.
+    pub fn explain(&self, error: &(dyn std::error::Error + 'static)) -> String {
+        use fleet_wire::tls_problem::TlsProblem as P;
+        let text = crate::nats::error_chain(error);
+        let Some(problem) = fleet_wire::tls_problem::find(error) else {
+            return text;
         };
-        let hint = if error.contains("UnknownIssuer") || error.contains("BadSignature") {
-            format!("the server's certificate is not signed by {ca} (unknown issuer)")
-        } else if error.contains("NotValidForName") {
-            "the server's certificate is not valid for the host name or address of the URL (wrong host name)"
-                .into()
-        } else if error.contains("Expired") {
-            "the server's certificate has expired".into()
-        } else if error.contains("CertificateRequired") {
-            "the server requires a client certificate (cert_file and key_file)".into()
-        } else if error.contains("InvalidContentType") || error.contains("CorruptMessage") {
-            "the server did not answer with TLS; no plain fallback".into()
-        } else {
-            return error.to_string();
+        let hint = match problem {
+            P::UnknownIssuer => {
+                let ca = match &self.ca_file {
+                    Some(p) => format!("the CA in {}", p.display()),
+                    None => "the system's CAs (configure the fleet's CA file)".to_string(),
+                };
+                format!("the server's certificate is not signed by {ca} (unknown issuer)")
+            }
+            P::WrongName => {
+                "the server's certificate is not valid for the host name or address of the URL \
+                             (wrong host name)"
+                    .into()
+            }
+            P::Expired => "the server's certificate has expired".into(),
+            P::NotValidYet => {
+                "the server's certificate is not valid yet (check this host's clock)".into()
+            }
+            P::ClientCertRequired => {
+                "the server requires a client certificate (cert_file and key_file)".into()
+            }
+            P::NotTls => "the server did not answer with TLS; no plain fallback".into(),
         };
-        format!("TLS: {hint}: {error}")
+        format!("TLS: {hint}: {text}")
     }
 }
 
@@ -157,11 +167,16 @@ mod tests {
             .apply(async_nats::ConnectOptions::new())
             .expect_err("missing CA");
         assert!(e.contains("nope.pem"), "{e}");
-        let e = t.explain("invalid peer certificate: UnknownIssuer");
+        let unknown = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = t.explain(&unknown);
         assert!(
             e.contains("not signed by the CA in") && e.contains("nope.pem"),
             "{e}"
         );
-        assert_eq!(t.explain("connection refused"), "connection refused");
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "UnknownIssuer");
+        assert_eq!(t.explain(&refused), "UnknownIssuer");
     }
 }

@@ -52,19 +52,26 @@ pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String>
     Ok(certs)
 }
 
-/// Says why a request did not reach the server, with a hint when the server's certificate did not verify.
+/// Says why a request did not reach the server, with a hint when the server's certificate did not verify (chosen
+/// by the error's type, [`fleet_wire::tls_problem`], not by its text).
 fn unreachable(base: &str, e: ureq::Error) -> String {
-    let text = e.to_string();
-    let hint = if text.contains("UnknownIssuer") {
-        " (the server's certificate is not signed by a CA this host trusts: set ca_file to the CA that issued it)"
-    } else if text.contains("NotValidForName") {
-        " (the server's certificate is not valid for the host name or address in `server`)"
-    } else if text.contains("Expired") {
-        " (the server's certificate has expired)"
-    } else {
-        ""
+    use fleet_wire::tls_problem::{classify, find, TlsProblem as P};
+    let problem = match &e {
+        ureq::Error::Rustls(r) => classify(r),
+        ureq::Error::Io(io) => find(io),
+        _ => None,
     };
-    format!("FleetLock server {base} unreachable: {text}{hint}")
+    let hint = match problem {
+        Some(P::UnknownIssuer) => {
+            " (the server's certificate is not signed by a CA this host trusts: set ca_file to the CA that issued it)"
+        }
+        Some(P::WrongName) => " (the server's certificate is not valid for the host name or address in `server`)",
+        Some(P::Expired) => " (the server's certificate has expired)",
+        Some(P::NotValidYet) => " (the server's certificate is not valid yet: is this host's clock behind?)",
+        Some(P::NotTls) => " (the server does not speak HTTPS: is `server` an http:// URL?)",
+        Some(P::ClientCertRequired) | None => "",
+    };
+    format!("FleetLock server {base} unreachable: {e}{hint}")
 }
 
 impl LockClient {

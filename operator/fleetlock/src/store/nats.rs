@@ -87,12 +87,7 @@ impl NatsStore {
         )
         .await
         .map_err(|_| format!("NATS at {url}: no connection within 15 s"))?
-        .map_err(|e| {
-            format!(
-                "NATS at {url}: {}",
-                tls.explain(&fleet_kit::nats::error_chain(&e))
-            )
-        })?;
+        .map_err(|e| format!("NATS at {url}: {}", tls.explain(&e)))?;
         let js = async_nats::jetstream::new(client);
         let bucket = fleet_wire::kv::FLEETLOCK;
         let spec =
