@@ -791,3 +791,125 @@ fn fleetlock_status_over_https_with_a_private_ca() {
         .with_ca_pem(b"no pem")
         .is_err());
 }
+
+/// A value written by a device, a person or the FleetLock server that looks like markup comes out as text on every
+/// page that shows it: the templates escape it (issue 34). Each page is rendered from objects carrying the hostile
+/// value in every field it shows: workload and upgrade errors, a device's description and labels, a run's error,
+/// condition and per-device error, a FleetLock holder's id and host and the config error, an alert's detail.
+#[test]
+fn hostile_values_are_escaped_on_every_page() {
+    use fleet_operator::dashboard::alerts::{Alert, AlertKind, Subject};
+    use fleet_operator::dashboard::runs::{DeviceResult, PlanPage};
+    use fleet_operator::dashboard::state::FleetLockView;
+    use fleet_operator::dashboard::{device, overview, reboots, runs};
+    use std::sync::Arc;
+    const HOSTILE: &str = "<script>alert(\"x&y\")</script>'";
+    const ESCAPED: &str = "&lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script&gt;'";
+    let check = |page: &str, html: &str, at_least: usize| {
+        assert!(!html.contains("<script"), "{page}: raw markup:\n{html}");
+        assert!(
+            html.matches(ESCAPED).count() >= at_least,
+            "{page}: the hostile value escaped at least {at_least} times:\n{html}"
+        );
+    };
+    let now = Timestamp::now();
+    let dev: Device = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+        "metadata": {"name": "pi-1", "labels": {"site": "a"}},
+        "spec": {"description": HOSTILE},
+        "status": {"workloads": {"running": 0, "failed": 1, "pending": 0, "latestError": HOSTILE}}
+    }))
+    .unwrap();
+    let mut upgrade = fixtures::failed_status();
+    upgrade.error = Some(BoundedText::lossy(HOSTILE));
+    let mut dev_with_upgrade = dev.clone();
+    dev_with_upgrade.status.as_mut().unwrap().agent_upgrade = Some(upgrade);
+    let mut ws = fixtures::workload_status();
+    ws.workloads[0].error = Some(BoundedText::lossy(HOSTILE));
+    let mut sys = fixtures::system_status();
+    sys.error = Some(BoundedText::lossy(HOSTILE));
+    let kv = device::DeviceKv {
+        heartbeat: None,
+        workloads: Some(ws),
+        runs: vec![("ns".into(), "run-1".into(), Some(sys.clone()))],
+        errors: vec![HOSTILE.into()],
+    };
+    let alerts = vec![
+        Alert {
+            kind: AlertKind::DeviceSilent,
+            subject: Subject::Device("pi-1".into()),
+            since: Some(now),
+            detail: HOSTILE.into(),
+        },
+        Alert {
+            kind: AlertKind::SlotHeldTooLong,
+            subject: Subject::Holder {
+                group: "default".into(),
+                id: HOSTILE.into(),
+            },
+            since: Some(now),
+            detail: HOSTILE.into(),
+        },
+    ];
+    // Device page: the description, the workload error, the upgrade error, the run result's error, the read
+    // error and the device's alert.
+    check(
+        "device",
+        &device::render(&dev_with_upgrade, &kv, &alerts, now),
+        6,
+    );
+    // Overview and alerts list: each alert's detail, the holder's id in its subject.
+    let devices = vec![Arc::new(dev.clone())];
+    check(
+        "overview",
+        &overview::render(&devices, &[], &[], &alerts, &|_| None, now),
+        3,
+    );
+    // Task run: its latest error, a condition's message, a device's error.
+    let run: TaskRun = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
+        "metadata": {"name": "run-1", "namespace": "ns"},
+        "spec": {"allowedGroups": ["g"], "targetSelector": {}, "deadlineSeconds": 3600, "systemUpgradeV1": {}},
+        "status": {"phase": "Failed", "targets": 1, "succeeded": 0, "failed": 1, "latestError": HOSTILE,
+                   "conditions": [{"type": "Complete", "status": "False", "reason": "Failed", "message": HOSTILE,
+                                   "lastTransitionTime": "2026-12-01T10:00:00Z"}]}
+    }))
+    .unwrap();
+    let plan = PlanPage {
+        total: 1,
+        canaries: 1,
+        rows: vec![DeviceResult {
+            device: DeviceId::try_from("pi-1").unwrap(),
+            canary: true,
+            released: true,
+            status: Some(sys),
+        }],
+    };
+    check("run", &runs::render(&run, Ok(Some(plan)), 0, &[], now), 3);
+    check(
+        "run without a plan",
+        &runs::render(&run, Err(HOSTILE.into()), 0, &[], now),
+        3,
+    );
+    // Reboots: holder id and host, the config error, the holder's alert.
+    let status: fleet_wire::fleetlock::ServerStatus = serde_json::from_value(json!({
+        "store": "file", "config_valid": false, "config_error": HOSTILE,
+        "groups": [{"name": "default", "slots": 1, "holders": [
+            {"id": HOSTILE, "hostname": HOSTILE, "ip": "10.0.0.1", "taken_at": "2026-12-01T10:00:00Z"}]}]
+    }))
+    .unwrap();
+    let view = FleetLockView {
+        fetched_at: now,
+        status: Ok(status),
+    };
+    check("reboots", &reboots::render(Some(&view), &alerts, now), 5);
+    let failed = FleetLockView {
+        fetched_at: now,
+        status: Err(HOSTILE.into()),
+    };
+    check(
+        "reboots, unreadable",
+        &reboots::render(Some(&failed), &[], now),
+        1,
+    );
+}

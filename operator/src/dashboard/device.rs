@@ -4,8 +4,8 @@
 //! what the device reports about each workload.
 
 use super::alerts::Alert;
-use super::html::{esc, name, opt_name, parse_time, url_part, when, Html};
-use super::overview::{alert_list, phase_name};
+use super::html::{name, opt_name, page, pairs, parse_time, table, text, url_part, when};
+use super::overview::{phase_name, some_alerts};
 use super::state::State;
 use crate::crd::tasks::TaskRun;
 use crate::crd::Device;
@@ -14,6 +14,7 @@ use fleet_wire::{
     AttemptId, DeviceId, DeviceWorkloadStatus, Heartbeat, SystemUpgradeStatus, Timestamp,
 };
 use futures::StreamExt;
+use maud::{html, Markup};
 use std::sync::Arc;
 
 /// Devices per page of the device list.
@@ -21,27 +22,23 @@ pub const DEVICES_PER_PAGE: usize = 200;
 /// Task runs whose result the device page reads (the newest).
 pub const RUNS_ON_DEVICE_PAGE: usize = 20;
 
-/// Page links `prev`/`next` for page `page` (0-based) of `total` items, `per` per page; `base` ends in `?` or `&`.
-pub fn pager(base: &str, page: usize, per: usize, total: usize) -> String {
+/// Page links `prev`/`next` for page `page` (0-based) of `total` items, `per` per page; `base` is the path and
+/// query before `page=` (ending in `?` or `&`).
+pub fn pager(base: &str, page: usize, per: usize, total: usize) -> Markup {
     let pages = total.div_ceil(per).max(1);
-    let mut o = format!(
-        "<nav class=\"pages\">page {} of {pages} ({total} in all) ",
-        page + 1
-    );
-    if page > 0 {
-        o.push_str(&format!("<a href=\"{base}page={}\">previous</a>", page - 1));
+    html! {
+        nav.pages {
+            "page " (page + 1) " of " (pages) " (" (total) " in all) "
+            @if page > 0 { a href={ (base) "page=" (page - 1) } { "previous" } }
+            @if page + 1 < pages { a href={ (base) "page=" (page + 1) } { "next" } }
+        }
     }
-    if page + 1 < pages {
-        o.push_str(&format!("<a href=\"{base}page={}\">next</a>", page + 1));
-    }
-    o.push_str("</nav>");
-    o
 }
 
 /// The device list: page `page`, only devices in upgrade phase `phase` when given.
 pub fn list(
     devices: &[Arc<Device>],
-    page: usize,
+    page_no: usize,
     phase: Option<&str>,
     last_heartbeat: &dyn Fn(&Device) -> Option<Timestamp>,
     now: Timestamp,
@@ -51,36 +48,26 @@ pub fn list(
         .filter(|d| phase.is_none_or(|p| phase_name(d) == p))
         .collect();
     ds.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut h = Html::page("Devices");
     let base = match phase {
-        Some(p) => format!("/devices?phase={}&amp;", url_part(p)),
+        Some(p) => format!("/devices?phase={}&", url_part(p)),
         None => "/devices?".into(),
     };
-    h.raw(&pager(&base, page, DEVICES_PER_PAGE, ds.len()));
-    h.table(
-        &[
-            "device",
-            "agent",
-            "arch",
-            "upgrade",
-            "reason",
-            "last heartbeat",
-            "workloads",
-        ],
-        ds.iter()
-            .skip(page.saturating_mul(DEVICES_PER_PAGE))
-            .take(DEVICES_PER_PAGE)
-            .map(|d| {
-                let n = d.metadata.name.as_deref().unwrap_or("");
-                let s = d.status.clone().unwrap_or_default();
-                let u = s.agent_upgrade.as_ref();
-                vec![
-                    format!("<a href=\"/devices/{}\">{}</a>", url_part(n), esc(n)),
-                    opt_name(s.agent_version.as_ref()),
-                    opt_name(s.architecture.as_ref()),
-                    esc(&phase_name(d)),
-                    opt_name(u.and_then(|u| u.reason.as_ref())),
-                    when(last_heartbeat(d), now),
+    let rows = ds
+        .iter()
+        .skip(page_no.saturating_mul(DEVICES_PER_PAGE))
+        .take(DEVICES_PER_PAGE)
+        .map(|d| {
+            let n = d.metadata.name.as_deref().unwrap_or("");
+            let s = d.status.clone().unwrap_or_default();
+            let u = s.agent_upgrade.as_ref();
+            vec![
+                html! { a href={ "/devices/" (url_part(n)) } { (n) } },
+                text(opt_name(s.agent_version.as_ref())),
+                text(opt_name(s.architecture.as_ref())),
+                text(phase_name(d)),
+                text(opt_name(u.and_then(|u| u.reason.as_ref()))),
+                when(last_heartbeat(d), now),
+                text(
                     s.workloads
                         .as_ref()
                         .map(|w| {
@@ -90,10 +77,19 @@ pub fn list(
                             )
                         })
                         .unwrap_or_else(|| "—".into()),
-                ]
-            }),
-    );
-    h.finish()
+                ),
+            ]
+        });
+    page(
+        "Devices",
+        html! {
+            (pager(&base, page_no, DEVICES_PER_PAGE, ds.len()))
+            (table(
+                &["device", "agent", "arch", "upgrade", "reason", "last heartbeat", "workloads"],
+                rows,
+            ))
+        },
+    )
 }
 
 /// What the device page reads from NATS.
@@ -181,168 +177,136 @@ pub async fn read(state: &State, device: &DeviceId, runs: &[Arc<TaskRun>]) -> De
 pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> String {
     let n = d.metadata.name.as_deref().unwrap_or("");
     let s = d.status.clone().unwrap_or_default();
-    let mut h = Html::page(&format!("Device {n}"));
-    let mine: Vec<Alert> = alerts
-        .iter()
-        .filter(|a| matches!(&a.subject, super::alerts::Subject::Device(x) if x == n))
-        .cloned()
-        .collect();
-    if !mine.is_empty() {
-        alert_list(&mut h, &mine, now);
-    }
-    for e in &kv.errors {
-        h.raw(&format!("<p class=\"bad\">Could not read: {}</p>", esc(e)));
-    }
-    let labels: Vec<String> = d
-        .metadata
-        .labels
-        .iter()
-        .flatten()
-        .map(|(k, v)| format!("<code>{}={}</code>", esc(k), esc(v)))
-        .collect();
     let heartbeat = match &kv.heartbeat {
-        Some(hb) => format!(
-            "{} (sequence {}, agent {})",
-            when(Some(hb.at), now),
-            hb.sequence,
-            name(&hb.agent_version)
-        ),
+        Some(hb) => html! {
+            (when(Some(hb.at), now)) " (sequence " (hb.sequence) ", agent " (name(&hb.agent_version)) ")"
+        },
         None => when(s.last_heartbeat.as_deref().and_then(parse_time), now),
     };
-    h.pairs([
-        ("labels", labels.join(" ")),
+    let facts = pairs([
+        (
+            "labels",
+            html! {
+                @for (i, (k, v)) in d.metadata.labels.iter().flatten().enumerate() {
+                    @if i > 0 { " " }
+                    code { (k) "=" (v) }
+                }
+            },
+        ),
         (
             "description",
-            esc(d.spec.description.as_deref().unwrap_or("—")),
+            text(d.spec.description.as_deref().unwrap_or("—")),
         ),
-        ("agent version", opt_name(s.agent_version.as_ref())),
-        ("architecture", opt_name(s.architecture.as_ref())),
-        ("OS", esc(s.os.as_deref().unwrap_or("—"))),
+        ("agent version", text(opt_name(s.agent_version.as_ref()))),
+        ("architecture", text(opt_name(s.architecture.as_ref()))),
+        ("OS", text(s.os.as_deref().unwrap_or("—"))),
         (
             "capabilities",
-            s.capabilities
-                .iter()
-                .map(name)
-                .collect::<Vec<_>>()
-                .join(", "),
+            text(
+                s.capabilities
+                    .iter()
+                    .map(name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
         ),
         ("last heartbeat", heartbeat),
     ]);
-
-    h.raw("<h2>Workloads</h2>");
-    match &kv.workloads {
-        None => {
-            h.raw("<p class=\"muted\">The device has not reported workloads.</p>");
-        }
-        Some(w) => {
-            h.raw(&format!(
-                "<p>Reported {} for generation {}.</p>",
-                when(Some(w.at), now),
-                w.generation
-            ));
-            h.table(
+    let workloads = match &kv.workloads {
+        None => html! { p.muted { "The device has not reported workloads." } },
+        Some(w) => html! {
+            p { "Reported " (when(Some(w.at), now)) " for generation " (w.generation) "." }
+            (table(
                 &["workload", "state", "container", "error"],
                 w.workloads.iter().map(|x| {
                     vec![
-                        name(&x.name),
-                        name(&x.state),
-                        esc(x
-                            .container_id
-                            .as_deref()
-                            .map(|c| &c[..c.len().min(12)])
-                            .unwrap_or("—")),
-                        x.error
-                            .as_ref()
-                            .map(|e| esc(&e.to_string()))
-                            .unwrap_or_default(),
+                        text(name(&x.name)),
+                        text(name(&x.state)),
+                        text(
+                            x.container_id
+                                .as_deref()
+                                .map(|c| &c[..c.len().min(12)])
+                                .unwrap_or("—"),
+                        ),
+                        text(x.error.as_ref().map(|e| e.to_string()).unwrap_or_default()),
                     ]
                 }),
-            );
-        }
-    }
-
-    h.raw("<h2>Agent upgrade</h2>");
-    match &s.agent_upgrade {
-        None => {
-            h.raw("<p class=\"muted\">No agent upgrade attempted.</p>");
-        }
+            ))
+        },
+    };
+    let upgrade = match &s.agent_upgrade {
+        None => html! { p.muted { "No agent upgrade attempted." } },
         Some(u) => {
             let bad = matches!(
                 u.phase,
                 fleet_wire::UpgradePhase::Failed | fleet_wire::UpgradePhase::RollbackFailed
             );
-            h.raw(&format!(
-                "<p>Phase <b class=\"{}\" id=\"upgrade-phase\">{}</b>{} — target {}, attempt <code>{}</code> started {}.</p>",
-                if bad { "bad" } else { "ok" },
-                name(&u.phase),
-                u.reason.as_ref().map(|r| format!(", reason <b>{}</b>", name(r))).unwrap_or_default(),
-                opt_name(u.target_version.as_ref()),
-                opt_name(u.attempt_id.as_ref()),
-                when(Some(u.attempt_started_at), now)
-            ));
-            if let Some(e) = &u.error {
-                h.raw(&format!(
-                    "<p>Latest error: <span class=\"bad\" id=\"upgrade-error\">{}</span></p>",
-                    esc(&e.to_string())
-                ));
+            html! {
+                p {
+                    "Phase " b.bad[bad].ok[!bad] #upgrade-phase { (name(&u.phase)) }
+                    @if let Some(r) = &u.reason { ", reason " b { (name(r)) } }
+                    " — target " (opt_name(u.target_version.as_ref()))
+                    ", attempt " code { (opt_name(u.attempt_id.as_ref())) }
+                    " started " (when(Some(u.attempt_started_at), now)) "."
+                }
+                @if let Some(e) = &u.error {
+                    p { "Latest error: " span.bad #upgrade-error { (e.to_string()) } }
+                }
+                @if let Some(dt) = &u.detail {
+                    p.muted { (dt.to_string()) }
+                }
+                @if let Some(unit) = &u.journal_unit {
+                    p.muted { "Its log: " code { "journalctl -u " (name(unit)) } }
+                }
+                table #upgrade-timeline {
+                    thead { tr { th { "#" } th { "phase" } th { "at" } th { "reason" } } }
+                    tbody {
+                        @for (i, t) in u.transitions.as_slice().iter().enumerate() {
+                            tr {
+                                td { (i + 1) }
+                                td { (name(&t.phase)) }
+                                td { (when(Some(t.at), now)) }
+                                td { (opt_name(t.reason.as_ref())) }
+                            }
+                        }
+                    }
+                }
             }
-            if let Some(dt) = &u.detail {
-                h.raw(&format!("<p class=\"muted\">{}</p>", esc(&dt.to_string())));
-            }
-            if let Some(unit) = &u.journal_unit {
-                h.raw(&format!(
-                    "<p class=\"muted\">Its log: <code>journalctl -u {}</code></p>",
-                    name(unit)
-                ));
-            }
-            h.raw("<table id=\"upgrade-timeline\"><thead><tr><th>#</th><th>phase</th><th>at</th><th>reason</th></tr></thead><tbody>");
-            for (i, t) in u.transitions.as_slice().iter().enumerate() {
-                h.raw(&format!(
-                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                    i + 1,
-                    name(&t.phase),
-                    when(Some(t.at), now),
-                    opt_name(t.reason.as_ref())
-                ));
-            }
-            h.raw("</tbody></table>");
         }
-    }
-
-    h.raw("<h2>Task results</h2>");
-    let rows: Vec<Vec<String>> = kv
+    };
+    let results: Vec<Vec<Markup>> = kv
         .runs
         .iter()
         .filter_map(|(ns, run, st)| {
             let st = st.as_ref()?;
             Some(vec![
-                format!(
-                    "<a href=\"/runs/{}/{}\">{}/{}</a>",
-                    url_part(ns),
-                    url_part(run),
-                    esc(ns),
-                    esc(run)
-                ),
-                name(&st.phase),
-                opt_name(st.reason.as_ref()),
+                html! { a href={ "/runs/" (url_part(ns)) "/" (url_part(run)) } { (ns) "/" (run) } },
+                text(name(&st.phase)),
+                text(opt_name(st.reason.as_ref())),
                 when(Some(st.accepted_at), now),
                 when(st.completed_at, now),
-                st.error
-                    .as_ref()
-                    .map(|e| esc(&e.to_string()))
-                    .unwrap_or_default(),
+                text(st.error.as_ref().map(|e| e.to_string()).unwrap_or_default()),
             ])
         })
         .collect();
-    if rows.is_empty() {
-        h.raw(&format!(
-            "<p class=\"muted\">No result in the newest {RUNS_ON_DEVICE_PAGE} task runs.</p>"
-        ));
-    } else {
-        h.table(
-            &["run", "phase", "reason", "accepted", "completed", "error"],
-            rows,
-        );
-    }
-    h.finish()
+    page(
+        &format!("Device {n}"),
+        html! {
+            (some_alerts(alerts, |a| matches!(&a.subject, super::alerts::Subject::Device(x) if x == n), now))
+            @for e in &kv.errors {
+                p.bad { "Could not read: " (e) }
+            }
+            (facts)
+            h2 { "Workloads" }
+            (workloads)
+            h2 { "Agent upgrade" }
+            (upgrade)
+            h2 { "Task results" }
+            @if results.is_empty() {
+                p.muted { "No result in the newest " (RUNS_ON_DEVICE_PAGE) " task runs." }
+            } @else {
+                (table(&["run", "phase", "reason", "accepted", "completed", "error"], results))
+            }
+        },
+    )
 }

@@ -1,26 +1,12 @@
-//! HTML building blocks for the dashboard's server-rendered pages: escaping, the page frame (a little CSS, no
-//! JavaScript), tables, times and ages. Every value that comes from a CR, NATS or the FleetLock server passes
-//! through [`esc`] (or [`Html::text`]) before it reaches a page.
+//! HTML building blocks for the dashboard's server-rendered pages, on `maud` (compile-time templates that escape
+//! every inserted value): the page frame (a little CSS, no JavaScript), tables, times and ages. Values from a CR,
+//! NATS or the FleetLock server go into templates as text (`(value)`), never as markup: `PreEscaped` appears only
+//! for constant strings and markup maud built itself.
 
 use fleet_wire::Timestamp;
+use maud::{html, Markup, PreEscaped, DOCTYPE};
 use std::fmt::Write;
 use std::time::Duration;
-
-/// Escapes `s` for HTML text and double-quoted attribute values.
-pub fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c => o.push(c),
-        }
-    }
-    o
-}
 
 /// Percent-encodes one URL path segment or query value (names are DNS labels, but nothing is assumed).
 pub fn url_part(s: &str) -> String {
@@ -75,21 +61,20 @@ pub fn age(d: Duration) -> String {
 }
 
 /// `time (age ago)`, or `—` when absent.
-pub fn when(t: Option<Timestamp>, now: Timestamp) -> String {
+pub fn when(t: Option<Timestamp>, now: Timestamp) -> Markup {
     match t {
-        Some(t) => format!(
-            "<time datetime=\"{t}\">{t}</time> <span class=\"age\">({} ago)</span>",
-            age(now.since(t))
-        ),
-        None => "—".into(),
+        Some(t) => html! {
+            time datetime=(t) { (t) } " " span.age { "(" (age(now.since(t))) " ago)" }
+        },
+        None => html! { "—" },
     }
 }
 
-/// The serialized name of a value that serializes as a string (a phase, a reason, a version), escaped; `—`
-/// for anything else.
+/// The serialized name of a value that serializes as a string (a phase, a reason, a version) as plain text (the
+/// template escapes it); `—` for anything else.
 pub fn name<T: serde::Serialize>(v: &T) -> String {
     match serde_json::to_value(v) {
-        Ok(serde_json::Value::String(s)) => esc(&s),
+        Ok(serde_json::Value::String(s)) => s,
         _ => "—".into(),
     }
 }
@@ -97,6 +82,11 @@ pub fn name<T: serde::Serialize>(v: &T) -> String {
 /// [`name`] of an optional value.
 pub fn opt_name<T: serde::Serialize>(v: Option<&T>) -> String {
     v.map(name).unwrap_or_else(|| "—".into())
+}
+
+/// Plain text as a table cell (escaped).
+pub fn text(s: impl AsRef<str>) -> Markup {
+    html! { (s.as_ref()) }
 }
 
 /// Parses an RFC 3339 UTC time as the CRs carry it.
@@ -112,76 +102,57 @@ text-align:left;vertical-align:top}th{background:#eef}.age{color:#777}.bad{color
 .ok{color:#070}.alert{border-left:4px solid #b00;background:#fff3f3;padding:.4em .8em;margin:.4em 0}\
 .alert h3{margin:0;font-size:1em}.muted{color:#777}nav.pages a{margin-right:1em}code{font-size:.95em}";
 
-/// A page under construction: the frame's head is written by [`Html::page`], the body by the caller.
-pub struct Html {
-    out: String,
+/// A whole page titled `title`: the frame with the navigation bar around `body`.
+pub fn page(title: &str, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Harmony Fleet" }
+                // A constant string: no value reaches the style sheet.
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                header {
+                    b { "Harmony Fleet" }
+                    nav {
+                        a href="/" { "Overview" }
+                        a href="/devices" { "Devices" }
+                        a href="/runs" { "Task runs" }
+                        a href="/reboots" { "Reboots" }
+                        a href="/alerts" { "Alerts" }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    }
+    .into_string()
 }
 
-impl Html {
-    /// Starts a page titled `title` with the navigation bar.
-    pub fn page(title: &str) -> Self {
-        let mut out = String::with_capacity(16 * 1024);
-        let _ = write!(
-            out,
-            "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-             <meta name=\"viewport\" content=\"width=device-width\"><title>{} · Harmony Fleet</title>\
-             <style>{CSS}</style></head><body><header><b>Harmony Fleet</b>\
-             <a href=\"/\">Overview</a><a href=\"/devices\">Devices</a><a href=\"/runs\">Task runs</a>\
-             <a href=\"/reboots\">Reboots</a><a href=\"/alerts\">Alerts</a></header><main><h1>{}</h1>",
-            esc(title),
-            esc(title)
-        );
-        Self { out }
-    }
-
-    /// Appends trusted markup (built by this module's callers from escaped parts).
-    pub fn raw(&mut self, s: &str) -> &mut Self {
-        self.out.push_str(s);
-        self
-    }
-
-    /// Appends escaped text.
-    pub fn text(&mut self, s: &str) -> &mut Self {
-        self.out.push_str(&esc(s));
-        self
-    }
-
-    /// Appends a table whose cells are trusted markup: `head` names the columns.
-    pub fn table(
-        &mut self,
-        head: &[&str],
-        rows: impl IntoIterator<Item = Vec<String>>,
-    ) -> &mut Self {
-        self.out.push_str("<table><thead><tr>");
-        for h in head {
-            let _ = write!(self.out, "<th>{}</th>", esc(h));
-        }
-        self.out.push_str("</tr></thead><tbody>");
-        for row in rows {
-            self.out.push_str("<tr>");
-            for cell in row {
-                let _ = write!(self.out, "<td>{cell}</td>");
+/// A table whose header row names the columns and whose cells are markup (built by maud, values escaped).
+pub fn table(head: &[&str], rows: impl IntoIterator<Item = Vec<Markup>>) -> Markup {
+    html! {
+        table {
+            thead { tr { @for h in head { th { (h) } } } }
+            tbody {
+                @for row in rows {
+                    tr { @for cell in row { td { (cell) } } }
+                }
             }
-            self.out.push_str("</tr>");
         }
-        self.out.push_str("</tbody></table>");
-        self
     }
+}
 
-    /// Appends a two-column table of names and values (trusted markup), without a header row.
-    pub fn pairs(&mut self, rows: impl IntoIterator<Item = (&'static str, String)>) -> &mut Self {
-        self.out.push_str("<table><tbody>");
-        for (k, v) in rows {
-            let _ = write!(self.out, "<tr><th>{}</th><td>{v}</td></tr>", esc(k));
-        }
-        self.out.push_str("</tbody></table>");
-        self
-    }
-
-    /// Closes the page.
-    pub fn finish(mut self) -> String {
-        self.out.push_str("</main></body></html>");
-        self.out
+/// A two-column table of names and values, without a header row.
+pub fn pairs(rows: impl IntoIterator<Item = (&'static str, Markup)>) -> Markup {
+    html! {
+        table { tbody { @for (k, v) in rows { tr { th { (k) } td { (v) } } } } }
     }
 }
 
@@ -191,15 +162,13 @@ mod tests {
 
     #[test]
     fn escaping() {
-        assert_eq!(
-            esc("<script>alert('x')</script> & \"q\""),
-            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
+        let hostile = "<script>alert('x')</script> & \"q\"";
+        let page = page(hostile, html! { p title=(hostile) { (hostile) } });
+        assert!(!page.contains("<script"), "{page}");
+        assert!(page.contains("&lt;script&gt;alert('x')&lt;/script&gt; &amp; &quot;q&quot;"));
+        assert!(
+            page.contains("title=\"&lt;script&gt;alert('x')&lt;/script&gt; &amp; &quot;q&quot;\"")
         );
-        let mut p = Html::page("<b>");
-        p.text("<i>");
-        let page = p.finish();
-        assert!(!page.contains("<b>&") && !page.contains("<i>"));
-        assert!(page.contains("&lt;i&gt;"));
     }
 
     #[test]

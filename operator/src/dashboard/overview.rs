@@ -2,10 +2,11 @@
 //! and the alert list it shares with the alerts page.
 
 use super::alerts::{Alert, Subject};
-use super::html::{age, esc, url_part, when, Html};
+use super::html::{age, page, table, text, url_part, when};
 use crate::crd::tasks::TaskRun;
 use crate::crd::{Device, DeviceGroup};
 use fleet_wire::Timestamp;
+use maud::{html, Markup};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,44 +20,45 @@ const AGE_BUCKETS: [(u64, &str); 4] = [
 ];
 
 /// A link to the page of what `s` names.
-pub fn subject_link(s: &Subject) -> String {
+pub fn subject_link(s: &Subject) -> Markup {
     match s {
-        Subject::Device(d) => format!("device <a href=\"/devices/{}\">{}</a>", url_part(d), esc(d)),
-        Subject::Run { namespace, name } => format!(
-            "task run <a href=\"/runs/{}/{}\">{}/{}</a>",
-            url_part(namespace),
-            url_part(name),
-            esc(namespace),
-            esc(name)
-        ),
+        Subject::Device(d) => html! { "device " a href={ "/devices/" (url_part(d)) } { (d) } },
+        Subject::Run { namespace, name } => html! {
+            "task run " a href={ "/runs/" (url_part(namespace)) "/" (url_part(name)) } { (namespace) "/" (name) }
+        },
         Subject::Holder { .. } | Subject::FleetLock => {
-            format!("<a href=\"/reboots\">{}</a>", esc(&s.to_string()))
+            html! { a href="/reboots" { (s.to_string()) } }
         }
     }
 }
 
-/// Appends `alerts` as a list of boxes: title, subject, since when, detail and what to do.
-pub fn alert_list(h: &mut Html, alerts: &[Alert], now: Timestamp) {
-    if alerts.is_empty() {
-        h.raw("<p class=\"ok\">No alerts.</p>");
-        return;
-    }
-    for a in alerts {
-        h.raw(&format!(
-            "<div class=\"alert\" data-alert=\"{}\"><h3>{}: {}</h3><p>Since {}. {}</p><p class=\"muted\">{}</p></div>",
-            a.kind.as_str(),
-            esc(a.kind.title()),
-            subject_link(&a.subject),
-            when(a.since, now),
-            esc(&a.detail),
-            esc(a.kind.action())
-        ));
+/// `alerts` as a list of boxes: title, subject, since when, detail and what to do.
+pub fn alert_list(alerts: &[Alert], now: Timestamp) -> Markup {
+    html! {
+        @if alerts.is_empty() {
+            p.ok { "No alerts." }
+        }
+        @for a in alerts {
+            div.alert data-alert=(a.kind.as_str()) {
+                h3 { (a.kind.title()) ": " (subject_link(&a.subject)) }
+                p { "Since " (when(a.since, now)) ". " (a.detail) }
+                p.muted { (a.kind.action()) }
+            }
+        }
     }
 }
 
-fn count_rows(m: BTreeMap<String, usize>) -> Vec<Vec<String>> {
+/// [`alert_list`] of the alerts `keep` selects, nothing when none.
+pub fn some_alerts(alerts: &[Alert], keep: impl Fn(&Alert) -> bool, now: Timestamp) -> Markup {
+    let mine: Vec<Alert> = alerts.iter().filter(|a| keep(a)).cloned().collect();
+    html! {
+        @if !mine.is_empty() { (alert_list(&mine, now)) }
+    }
+}
+
+fn count_rows(m: BTreeMap<String, usize>) -> Vec<Vec<Markup>> {
     m.into_iter()
-        .map(|(k, n)| vec![esc(&k), n.to_string()])
+        .map(|(k, n)| vec![text(k), text(n.to_string())])
         .collect()
 }
 
@@ -88,17 +90,6 @@ pub fn render(
     last_heartbeat: &dyn Fn(&Device) -> Option<Timestamp>,
     now: Timestamp,
 ) -> String {
-    let mut h = Html::page("Fleet overview");
-    h.raw(&format!(
-        "<p>{} devices, {} groups, {} task runs, <a href=\"/alerts\">{} alerts</a>.</p>",
-        devices.len(),
-        groups.len(),
-        runs.len(),
-        alerts.len()
-    ));
-    h.raw("<h2>Alerts</h2>");
-    alert_list(&mut h, alerts, now);
-
     let (mut versions, mut phases, mut ages) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     for d in devices {
         let s = d.status.as_ref();
@@ -122,34 +113,9 @@ pub fn render(
         };
         *ages.entry(bucket).or_insert(0usize) += 1;
     }
-    h.raw("<h2>Devices by agent version</h2>");
-    h.table(&["version", "devices"], count_rows(versions));
-    h.raw("<h2>Devices by agent-upgrade phase</h2>");
-    h.table(
-        &["phase", "devices"],
-        phases.into_iter().map(|(p, n)| {
-            let cls = match p.as_str() {
-                "rollback-failed" | "failed" => " class=\"bad\"",
-                _ => "",
-            };
-            vec![format!("<span{cls}>{}</span>", esc(&p)), n.to_string()]
-        }),
-    );
-    h.raw("<h2>Devices by heartbeat age</h2>");
-    h.table(
-        &["last heartbeat", "devices"],
-        ages.into_iter()
-            .map(|((_, l), n)| vec![esc(&l), n.to_string()]),
-    );
-    h.raw(&format!(
-        "<p><a href=\"/devices\">All {} devices</a></p>",
-        devices.len()
-    ));
-
-    h.raw("<h2>Groups</h2>");
     let mut gs: Vec<_> = groups.iter().collect();
     gs.sort_by_key(|g| g.metadata.name.clone());
-    h.table(
+    let groups_table = table(
         &["group", "members", "ready"],
         gs.iter().map(|g| {
             let s = g.status.as_ref();
@@ -158,26 +124,54 @@ pub fn render(
                 .map(|c| format!("{} ({})", c.status, c.reason))
                 .unwrap_or_else(|| "—".into());
             vec![
-                esc(g.metadata.name.as_deref().unwrap_or("")),
-                s.and_then(|s| s.member_count)
-                    .map(|n| n.to_string())
-                    .unwrap_or_else(|| "—".into()),
-                esc(&ready),
+                text(g.metadata.name.as_deref().unwrap_or("")),
+                text(
+                    s.and_then(|s| s.member_count)
+                        .map(|n| n.to_string())
+                        .unwrap_or_else(|| "—".into()),
+                ),
+                text(ready),
             ]
         }),
     );
-
-    h.raw("<h2>Task runs by phase</h2>");
     let mut by_phase = BTreeMap::new();
     for r in runs {
         *by_phase.entry(run_phase_name(r)).or_insert(0usize) += 1;
     }
-    h.table(&["phase", "runs"], count_rows(by_phase));
-    h.raw("<p><a href=\"/runs\">Task run history</a></p>");
-    h.raw(&format!(
-        "<p class=\"muted\">Rendered at {now}; heartbeat ages come from the Device objects (written at most every \
-         {}).</p>",
-        age(Duration::from_secs(30))
-    ));
-    h.finish()
+    page(
+        "Fleet overview",
+        html! {
+            p {
+                (devices.len()) " devices, " (groups.len()) " groups, " (runs.len()) " task runs, "
+                a href="/alerts" { (alerts.len()) " alerts" } "."
+            }
+            h2 { "Alerts" }
+            (alert_list(alerts, now))
+            h2 { "Devices by agent version" }
+            (table(&["version", "devices"], count_rows(versions)))
+            h2 { "Devices by agent-upgrade phase" }
+            (table(
+                &["phase", "devices"],
+                phases.into_iter().map(|(p, n)| {
+                    let bad = matches!(p.as_str(), "rollback-failed" | "failed");
+                    vec![html! { span.bad[bad] { (p) } }, text(n.to_string())]
+                }),
+            ))
+            h2 { "Devices by heartbeat age" }
+            (table(
+                &["last heartbeat", "devices"],
+                ages.into_iter().map(|((_, l), n)| vec![text(l), text(n.to_string())]),
+            ))
+            p { a href="/devices" { "All " (devices.len()) " devices" } }
+            h2 { "Groups" }
+            (groups_table)
+            h2 { "Task runs by phase" }
+            (table(&["phase", "runs"], count_rows(by_phase)))
+            p { a href="/runs" { "Task run history" } }
+            p.muted {
+                "Rendered at " (now) "; heartbeat ages come from the Device objects (written at most every "
+                (age(Duration::from_secs(30))) ")."
+            }
+        },
+    )
 }

@@ -2,11 +2,12 @@
 //! `/v1/status` (with a client or admin token: the status names hosts).
 
 use super::alerts::{Alert, Subject};
-use super::html::{age, esc, when, Html};
-use super::overview::alert_list;
+use super::html::{age, page, table, text, when};
+use super::overview::some_alerts;
 use super::state::FleetLockView;
 use fleet_wire::fleetlock::{ServerStatus, STATUS_PATH};
 use fleet_wire::Timestamp;
+use maud::{html, Markup};
 use std::time::Duration;
 
 /// Largest status document read.
@@ -95,88 +96,70 @@ pub fn fetch(src: &FleetLockSource) -> Result<ServerStatus, String> {
 
 /// The reboots page.
 pub fn render(view: Option<&FleetLockView>, alerts: &[Alert], now: Timestamp) -> String {
-    let mut h = Html::page("Reboots");
-    let mine: Vec<Alert> = alerts
-        .iter()
-        .filter(|a| matches!(a.subject, Subject::Holder { .. } | Subject::FleetLock))
-        .cloned()
-        .collect();
-    if !mine.is_empty() {
-        alert_list(&mut h, &mine, now);
-    }
+    page(
+        "Reboots",
+        html! {
+            (some_alerts(alerts, |a| matches!(a.subject, Subject::Holder { .. } | Subject::FleetLock), now))
+            (holders(view, now))
+        },
+    )
+}
+
+/// The FleetLock server's settings and its holders per group.
+fn holders(view: Option<&FleetLockView>, now: Timestamp) -> Markup {
     let Some(v) = view else {
-        h.raw("<p class=\"muted\">No FleetLock server configured (<code>--dashboard-fleetlock-url</code>), or not \
-               read yet.</p>");
-        return h.finish();
+        return html! {
+            p.muted {
+                "No FleetLock server configured (" code { "--dashboard-fleetlock-url" } "), or not read yet."
+            }
+        };
     };
     let s = match &v.status {
         Ok(s) => s,
         Err(e) => {
-            h.raw(&format!(
-                "<p class=\"bad\">Could not read the FleetLock status ({}): {}</p>",
-                when(Some(v.fetched_at), now),
-                esc(e)
-            ));
-            return h.finish();
+            return html! {
+                p.bad { "Could not read the FleetLock status (" (when(Some(v.fetched_at), now)) "): " (e) }
+            }
         }
     };
-    h.raw(&format!(
-        "<p>Store <b>{}</b>, config {}{}, read {}.</p>",
-        esc(&s.store),
-        if s.config_valid {
-            "<span class=\"ok\">valid</span>".to_string()
-        } else {
-            format!(
-                "<span class=\"bad\">invalid: {}</span>",
-                esc(s.config_error.as_deref().unwrap_or(""))
-            )
-        },
-        s.ttl_secs
-            .map(|t| format!(", lock TTL {}", age(Duration::from_secs(t))))
-            .unwrap_or_default(),
-        when(Some(v.fetched_at), now)
-    ));
-    h.table(
-        &[
-            "group",
-            "slots",
-            "holder",
-            "host",
-            "address",
-            "held since",
-            "held for",
-        ],
-        s.groups.iter().flat_map(|g| {
-            let head = vec![
-                esc(&g.name),
-                format!("{} of {} used", g.holders.len(), g.slots),
-            ];
-            if g.holders.is_empty() {
-                let mut row = head;
+    let rows = s.groups.iter().flat_map(|g| {
+        let head = || {
+            vec![
+                text(&g.name),
+                text(format!("{} of {} used", g.holders.len(), g.slots)),
+            ]
+        };
+        if g.holders.is_empty() {
+            let mut row = head();
+            row.extend([text("—"), text(""), text(""), text(""), text("")]);
+            return vec![row];
+        }
+        g.holders
+            .iter()
+            .map(|x| {
+                let mut row = head();
                 row.extend([
-                    "—".into(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
+                    text(&x.id),
+                    text(x.hostname.as_deref().unwrap_or("—")),
+                    text(&x.ip),
+                    when(Some(x.taken_at), now),
+                    text(age(now.since(x.taken_at))),
                 ]);
-                return vec![row];
+                row
+            })
+            .collect()
+    });
+    html! {
+        p {
+            "Store " b { (s.store) } ", config "
+            @if s.config_valid {
+                span.ok { "valid" }
+            } @else {
+                span.bad { "invalid: " (s.config_error.as_deref().unwrap_or("")) }
             }
-            g.holders
-                .iter()
-                .map(|x| {
-                    let mut row = head.clone();
-                    row.extend([
-                        esc(&x.id),
-                        esc(x.hostname.as_deref().unwrap_or("—")),
-                        esc(&x.ip),
-                        when(Some(x.taken_at), now),
-                        age(now.since(x.taken_at)),
-                    ]);
-                    row
-                })
-                .collect()
-        }),
-    );
-    h.finish()
+            @if let Some(t) = s.ttl_secs { ", lock TTL " (age(Duration::from_secs(t))) }
+            ", read " (when(Some(v.fetched_at), now)) "."
+        }
+        (table(&["group", "slots", "holder", "host", "address", "held since", "held for"], rows))
+    }
 }

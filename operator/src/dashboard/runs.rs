@@ -5,8 +5,8 @@
 
 use super::alerts::{Alert, Subject};
 use super::device::pager;
-use super::html::{esc, name, opt_name, url_part, when, Html};
-use super::overview::alert_list;
+use super::html::{name, opt_name, page, pairs, table, text, url_part, when};
+use super::overview::some_alerts;
 use super::state::Buckets;
 use crate::crd::tasks::TaskRun;
 use crate::kv::NatsError;
@@ -17,6 +17,7 @@ use fleet_wire::{
     TaskRunPhase, TaskRunReason, Timestamp,
 };
 use futures::StreamExt;
+use maud::{html, Markup};
 use sha2::Digest;
 use std::sync::Arc;
 
@@ -48,8 +49,18 @@ pub fn canary_outcome(r: &TaskRun) -> &'static str {
     }
 }
 
+/// A link to a run's page.
+fn run_link(ns: &str, n: &str) -> Markup {
+    html! { a href={ "/runs/" (url_part(ns)) "/" (url_part(n)) } { (ns) "/" (n) } }
+}
+
+/// A link to a device's page.
+pub fn device_link(d: &str) -> Markup {
+    html! { a href={ "/devices/" (url_part(d)) } { (d) } }
+}
+
 /// The history page.
-pub fn list(runs: &[Arc<TaskRun>], page: usize, alerts: &[Alert], now: Timestamp) -> String {
+pub fn list(runs: &[Arc<TaskRun>], page_no: usize, alerts: &[Alert], now: Timestamp) -> String {
     let mut rs: Vec<&Arc<TaskRun>> = runs.iter().collect();
     rs.sort_by(|a, b| {
         b.metadata
@@ -57,60 +68,38 @@ pub fn list(runs: &[Arc<TaskRun>], page: usize, alerts: &[Alert], now: Timestamp
             .cmp(&a.metadata.creation_timestamp)
             .then_with(|| a.metadata.name.cmp(&b.metadata.name))
     });
-    let mut h = Html::page("Task runs");
-    let failing: Vec<Alert> = alerts
+    let rows = rs
         .iter()
-        .filter(|a| matches!(a.subject, Subject::Run { .. }))
-        .cloned()
-        .collect();
-    if !failing.is_empty() {
-        alert_list(&mut h, &failing, now);
-    }
-    h.raw(&pager("/runs?", page, RUNS_PER_PAGE, rs.len()));
-    h.table(
-        &[
-            "run",
-            "phase",
-            "reason",
-            "targets",
-            "succeeded",
-            "failed",
-            "canaries",
-            "started",
-            "ended",
-        ],
-        rs.iter()
-            .skip(page.saturating_mul(RUNS_PER_PAGE))
-            .take(RUNS_PER_PAGE)
-            .map(|r| {
-                let ns = r.metadata.namespace.as_deref().unwrap_or("");
-                let n = r.metadata.name.as_deref().unwrap_or("");
-                let s = r.status.clone().unwrap_or_default().run;
-                let bad = s.phase == Some(TaskRunPhase::Failed);
-                vec![
-                    format!(
-                        "<a href=\"/runs/{}/{}\">{}/{}</a>",
-                        url_part(ns),
-                        url_part(n),
-                        esc(ns),
-                        esc(n)
-                    ),
-                    format!(
-                        "<span class=\"{}\">{}</span>",
-                        if bad { "bad" } else { "" },
-                        opt_name(s.phase.as_ref())
-                    ),
-                    opt_name(s.reason.as_ref()),
-                    s.targets.to_string(),
-                    s.succeeded.to_string(),
-                    s.failed.to_string(),
-                    canary_outcome(r).into(),
-                    when(s.start_time.or(ts(&r.metadata.creation_timestamp)), now),
-                    when(s.completion_time, now),
-                ]
-            }),
-    );
-    h.finish()
+        .skip(page_no.saturating_mul(RUNS_PER_PAGE))
+        .take(RUNS_PER_PAGE)
+        .map(|r| {
+            let ns = r.metadata.namespace.as_deref().unwrap_or("");
+            let n = r.metadata.name.as_deref().unwrap_or("");
+            let s = r.status.clone().unwrap_or_default().run;
+            let bad = s.phase == Some(TaskRunPhase::Failed);
+            vec![
+                run_link(ns, n),
+                html! { span.bad[bad] { (opt_name(s.phase.as_ref())) } },
+                text(opt_name(s.reason.as_ref())),
+                text(s.targets.to_string()),
+                text(s.succeeded.to_string()),
+                text(s.failed.to_string()),
+                text(canary_outcome(r)),
+                when(s.start_time.or(ts(&r.metadata.creation_timestamp)), now),
+                when(s.completion_time, now),
+            ]
+        });
+    page(
+        "Task runs",
+        html! {
+            (some_alerts(alerts, |a| matches!(a.subject, Subject::Run { .. }), now))
+            (pager("/runs?", page_no, RUNS_PER_PAGE, rs.len()))
+            (table(
+                &["run", "phase", "reason", "targets", "succeeded", "failed", "canaries", "started", "ended"],
+                rows,
+            ))
+        },
+    )
 }
 
 /// One device's row of a run page.
@@ -224,136 +213,108 @@ pub async fn read_plan_page(
 pub fn render(
     r: &TaskRun,
     plan: Result<Option<PlanPage>, String>,
-    page: usize,
+    page_no: usize,
     alerts: &[Alert],
     now: Timestamp,
 ) -> String {
     let ns = r.metadata.namespace.as_deref().unwrap_or("");
     let n = r.metadata.name.as_deref().unwrap_or("");
     let s = r.status.clone().unwrap_or_default();
-    let mut h = Html::page(&format!("Task run {ns}/{n}"));
-    let mine: Vec<Alert> = alerts
-        .iter()
-        .filter(|a| matches!(&a.subject, Subject::Run { namespace, name } if namespace == ns && name == n))
-        .cloned()
-        .collect();
-    if !mine.is_empty() {
-        alert_list(&mut h, &mine, now);
-    }
     let run = &s.run;
-    h.pairs([
-        ("uid", esc(r.metadata.uid.as_deref().unwrap_or("—"))),
+    let facts = pairs([
+        ("uid", text(r.metadata.uid.as_deref().unwrap_or("—"))),
         (
             "phase",
-            format!("<b id=\"run-phase\">{}</b>", opt_name(run.phase.as_ref())),
+            html! { b #run-phase { (opt_name(run.phase.as_ref())) } },
         ),
         (
             "reason",
-            format!(
-                "<span id=\"run-reason\">{}</span>",
-                opt_name(run.reason.as_ref())
-            ),
+            html! { span #run-reason { (opt_name(run.reason.as_ref())) } },
         ),
         (
             "devices",
-            format!(
+            text(format!(
                 "{} targets, {} succeeded, {} failed",
                 run.targets, run.succeeded, run.failed
-            ),
+            )),
         ),
-        ("canaries", canary_outcome(r).into()),
-        ("groups", esc(&r.spec.placement.allowed_groups.join(", "))),
+        ("canaries", text(canary_outcome(r))),
+        ("groups", text(r.spec.placement.allowed_groups.join(", "))),
         (
             "deadline",
-            format!("{} s after creation", r.spec.deadline_seconds),
+            text(format!("{} s after creation", r.spec.deadline_seconds)),
         ),
         ("created", when(ts(&r.metadata.creation_timestamp), now)),
         ("started", when(run.start_time, now)),
         ("ended", when(run.completion_time, now)),
         (
             "latest error",
-            run.latest_error
-                .as_ref()
-                .map(|e| format!("<span class=\"bad\">{}</span>", esc(&e.to_string())))
-                .unwrap_or_else(|| "—".into()),
+            match &run.latest_error {
+                Some(e) => html! { span.bad { (e.to_string()) } },
+                None => text("—"),
+            },
         ),
         (
             "conditions",
-            s.conditions
-                .iter()
-                .map(|c| {
-                    format!(
-                        "{}={} ({}): {}",
-                        esc(&c.type_),
-                        esc(&c.status),
-                        esc(&c.reason),
-                        esc(&c.message)
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("<br>"),
+            html! {
+                @for (i, c) in s.conditions.iter().enumerate() {
+                    @if i > 0 { br; }
+                    (c.type_) "=" (c.status) " (" (c.reason) "): " (c.message)
+                }
+            },
         ),
     ]);
-    h.raw("<h2>Devices</h2>");
-    match plan {
-        Err(e) => {
-            h.raw(&format!(
-                "<p class=\"bad\">Could not read the plan: {}</p>",
-                esc(&e)
-            ));
-        }
+    let devices = match plan {
+        Err(e) => html! { p.bad { "Could not read the plan: " (e) } },
         Ok(None) => {
-            h.raw("<p class=\"muted\">No plan yet (the run is planning, or found no targets).</p>");
+            html! { p.muted { "No plan yet (the run is planning, or found no targets)." } }
         }
         Ok(Some(p)) => {
-            h.raw(&format!(
-                "<p>{} devices in the frozen plan, {} of them canaries.</p>",
-                p.total, p.canaries
-            ));
             let base = format!("/runs/{}/{}?", url_part(ns), url_part(n));
-            h.raw(&pager(&base, page, DEVICES_PER_RUN_PAGE, p.total));
-            h.table(
-                &[
-                    "device",
-                    "role",
-                    "phase",
-                    "reason",
-                    "accepted",
-                    "completed",
-                    "first heartbeat after",
-                    "error",
-                ],
-                p.rows.iter().map(|d| {
-                    let st = d.status.as_ref();
-                    let phase = match (st, d.released) {
-                        (Some(st), _) => name(&st.phase),
-                        (None, true) => "released, no report yet".into(),
-                        (None, false) => "not released".into(),
-                    };
-                    let failed =
-                        st.is_some_and(|s| s.phase == fleet_wire::SystemUpgradePhase::Failed);
-                    vec![
-                        format!(
-                            "<a href=\"/devices/{}\">{}</a>",
-                            url_part(d.device.as_str()),
-                            esc(d.device.as_str())
-                        ),
-                        if d.canary { "canary".into() } else { "".into() },
-                        format!(
-                            "<span class=\"{}\">{phase}</span>",
-                            if failed { "bad" } else { "" }
-                        ),
-                        opt_name(st.and_then(|s| s.reason.as_ref())),
-                        when(st.map(|s| s.accepted_at), now),
-                        when(st.and_then(|s| s.completed_at), now),
-                        when(st.and_then(|s| s.first_heartbeat_after_completion), now),
+            let rows = p.rows.iter().map(|d| {
+                let st = d.status.as_ref();
+                let phase = match (st, d.released) {
+                    (Some(st), _) => name(&st.phase),
+                    (None, true) => "released, no report yet".into(),
+                    (None, false) => "not released".into(),
+                };
+                let failed = st.is_some_and(|s| s.phase == fleet_wire::SystemUpgradePhase::Failed);
+                vec![
+                    device_link(d.device.as_str()),
+                    text(if d.canary { "canary" } else { "" }),
+                    html! { span.bad[failed] { (phase) } },
+                    text(opt_name(st.and_then(|s| s.reason.as_ref()))),
+                    when(st.map(|s| s.accepted_at), now),
+                    when(st.and_then(|s| s.completed_at), now),
+                    when(st.and_then(|s| s.first_heartbeat_after_completion), now),
+                    text(
                         st.and_then(|s| s.error.as_ref())
-                            .map(|e| esc(&e.to_string()))
+                            .map(|e| e.to_string())
                             .unwrap_or_default(),
-                    ]
-                }),
-            );
+                    ),
+                ]
+            });
+            html! {
+                p { (p.total) " devices in the frozen plan, " (p.canaries) " of them canaries." }
+                (pager(&base, page_no, DEVICES_PER_RUN_PAGE, p.total))
+                (table(
+                    &["device", "role", "phase", "reason", "accepted", "completed", "first heartbeat after", "error"],
+                    rows,
+                ))
+            }
         }
-    }
-    h.finish()
+    };
+    page(
+        &format!("Task run {ns}/{n}"),
+        html! {
+            (some_alerts(
+                alerts,
+                |a| matches!(&a.subject, Subject::Run { namespace, name } if namespace == ns && name == n),
+                now,
+            ))
+            (facts)
+            h2 { "Devices" }
+            (devices)
+        },
+    )
 }

@@ -2,7 +2,7 @@
 //! shared [`State`]. Pages carry a Content-Security-Policy that allows no script at all.
 
 use super::auth::Token;
-use super::html::{esc, url_decode, Html};
+use super::html::{page, url_decode};
 use super::state::State;
 use super::{device, metrics, overview, reboots, runs};
 use bytes::Bytes;
@@ -53,9 +53,10 @@ fn html(code: StatusCode, body: String) -> Resp {
 }
 
 fn not_found(what: &str) -> Resp {
-    let mut h = Html::page("Not found");
-    h.raw(&format!("<p>{}</p>", esc(what)));
-    html(StatusCode::NOT_FOUND, h.finish())
+    html(
+        StatusCode::NOT_FOUND,
+        page("Not found", maud::html! { p { (what) } }),
+    )
 }
 
 /// The value of query parameter `key`.
@@ -127,9 +128,8 @@ pub async fn handle(
             ),
         ),
         ["alerts"] => {
-            let mut h = Html::page("Alerts");
-            overview::alert_list(&mut h, &state.alerts(), now);
-            html(StatusCode::OK, h.finish())
+            let body = overview::alert_list(&state.alerts(), now);
+            html(StatusCode::OK, page("Alerts", body))
         }
         ["devices"] => html(
             StatusCode::OK,
