@@ -8,6 +8,7 @@
 
 pub mod alerts;
 pub mod auth;
+pub mod bars;
 pub mod device;
 pub mod events;
 pub mod html;
