@@ -4,6 +4,7 @@
 //! A 100,000-device plan is never loaded whole.
 
 use super::alerts::{Alert, Subject};
+use super::bars::{bar, Part};
 use super::device::pager;
 use super::html::{name, opt_name, page, pairs, table, text, url_part, when};
 use super::overview::some_alerts;
@@ -209,6 +210,23 @@ pub async fn read_plan_page(
     }))
 }
 
+/// The run's progress bar: succeeded, failed and not finished yet (the plan's targets less both; saturating, so
+/// a status whose counts disagree draws no negative part), all exactly the status's counts.
+pub fn progress(run: &fleet_wire::taskrun::TaskRunStatus) -> Markup {
+    let open = run
+        .targets
+        .saturating_sub(run.succeeded)
+        .saturating_sub(run.failed);
+    bar(
+        "devices",
+        &[
+            Part::new("succeeded", run.succeeded.into(), "#070"),
+            Part::new("failed", run.failed.into(), "#b00"),
+            Part::new("not finished", open.into(), "#bbb"),
+        ],
+    )
+}
+
 /// A run's page; `plan`: page `page` of its plan, `None` while it has none, or why it could not be read.
 pub fn render(
     r: &TaskRun,
@@ -238,6 +256,7 @@ pub fn render(
                 run.targets, run.succeeded, run.failed
             )),
         ),
+        ("progress", progress(run)),
         ("canaries", text(canary_outcome(r))),
         ("groups", text(r.spec.placement.allowed_groups.join(", "))),
         (
@@ -317,4 +336,35 @@ pub fn render(
             (devices)
         },
     )
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+    use fleet_wire::taskrun::TaskRunStatus;
+
+    #[test]
+    fn bar_counts_are_the_status_counts() {
+        let run = TaskRunStatus {
+            targets: 10,
+            succeeded: 6,
+            failed: 1,
+            ..Default::default()
+        };
+        let s = progress(&run).into_string();
+        for (part, n) in [("succeeded", 6), ("failed", 1), ("not finished", 3)] {
+            let want = format!("data-part=\"{part}\" data-count=\"{n}\"");
+            assert!(s.contains(&want), "{want} in {s}");
+        }
+        // Counts that disagree (more finished than targets) draw no negative part.
+        let odd = TaskRunStatus {
+            targets: 2,
+            succeeded: 3,
+            failed: 1,
+            ..Default::default()
+        };
+        assert!(progress(&odd)
+            .into_string()
+            .contains("data-part=\"not finished\" data-count=\"0\""));
+    }
 }
