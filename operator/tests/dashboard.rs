@@ -534,6 +534,9 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
                 "&lt;linux-image&gt;".into(),
                 "not released".into(),
                 "data-alert=\"TaskRunCanaryFailed\"".into(),
+                // The progress bar: the one canary failed, nothing succeeded (the status's counts).
+                "data-part=\"failed\" data-count=\"1\"".into(),
+                "data-part=\"succeeded\" data-count=\"0\"".into(),
             ],
         ),
         (
