@@ -57,6 +57,19 @@ pub struct Failed {
     pub error: String,
     /// The new container did not start and the previous one was started again.
     pub rolled_back: bool,
+    /// The digest of the spec that failed; `None` when the failure is not one spec's (a container that could
+    /// not be removed). A status shows it only while that spec is still the desired one: a failure of the spec
+    /// the device had before must not be read as the new spec's between a desired-state change and the pass.
+    pub spec: Option<Sha256Hex>,
+}
+
+impl Failed {
+    fn of(self, spec: &WorkloadSpec) -> Failed {
+        Failed {
+            spec: Some(spec.digest()),
+            ..self
+        }
+    }
 }
 
 /// Per-workload failures of a pass.
@@ -444,7 +457,7 @@ pub fn reconcile(
                 let now = Instant::now();
                 if let Some(f) = backoff.holds(spec, now) {
                     log::debug!("{}: the failed spec waits for its retry", name.as_str());
-                    out.errors.insert(name.clone(), f.clone());
+                    out.errors.insert(name.clone(), f.clone().of(spec));
                     continue;
                 }
                 out.mutations += 1;
@@ -466,6 +479,7 @@ pub fn reconcile(
                     Applied::Done => backoff.succeeded(&spec.name),
                     Applied::Failed(f) => {
                         log::warn!("{}: {}", name.as_str(), f.error);
+                        let f = f.of(spec);
                         backoff.failed(spec, f.clone(), now);
                         out.errors.insert(name.clone(), f);
                     }
@@ -480,8 +494,9 @@ pub fn reconcile(
                 log::info!("starting container {id} ({})", name.as_str());
                 if let Err(e) = podman.start(&id) {
                     log::warn!("start {}: {e}", name.as_str());
-                    out.errors
-                        .insert(name, failed(FailureReason::StartFailed, &e));
+                    let mut f = failed(FailureReason::StartFailed, &e);
+                    f.spec = by_name.get(name.as_str()).map(|s| s.digest());
+                    out.errors.insert(name, f);
                 }
             }
         }
@@ -494,6 +509,7 @@ fn failed(reason: FailureReason, e: &PodmanError) -> Failed {
         reason,
         error: e.to_string(),
         rolled_back: false,
+        spec: None,
     }
 }
 
@@ -613,6 +629,7 @@ fn replace(
         reason: FailureReason::Other,
         error: "the replacement did not finish".into(),
         rolled_back: false,
+        spec: None,
     })
 }
 
@@ -653,6 +670,7 @@ fn ended(end: Replaced, errors: &[String], was_running: bool) -> Applied {
         reason,
         error: format!("{first}; {what}"),
         rolled_back,
+        spec: None,
     })
 }
 
@@ -673,7 +691,9 @@ pub fn statuses(
             let o = observed.iter().filter(of_workload).find(|o| {
                 o.labels.get(LABEL_SPEC_DIGEST).map(String::as_str) == Some(digest.as_str())
             });
-            let f = errors.get(&w.name);
+            let f = errors
+                .get(&w.name)
+                .filter(|f| f.spec.as_ref().is_none_or(|d| *d == digest));
             let error = f.map(|f| BoundedText::lossy(&f.error));
             let state = match (o, f) {
                 (_, Some(_)) => WorkloadState::Failed,
@@ -865,6 +885,7 @@ mod tests {
                 reason: FailureReason::CreateFailed,
                 error: "boom".into(),
                 rolled_back: false,
+                spec: Some(db.digest()),
             },
         )]);
         let s = statuses(
@@ -1049,6 +1070,7 @@ mod tests {
             reason: FailureReason::ImagePullFailed,
             error: "no".into(),
             rolled_back: false,
+            spec: Some(web.digest()),
         };
         let t0 = Instant::now();
         let mut b = Backoff::default();
@@ -1085,6 +1107,7 @@ mod tests {
                 reason: FailureReason::ImagePullFailed,
                 error: "image localhost/web:nope could not be pulled: x".into(),
                 rolled_back: false,
+                spec: Some(next.digest()),
             },
         )]);
         let s = statuses(
@@ -1117,5 +1140,39 @@ mod tests {
             (s[0].state, s[0].error.as_ref(), s[0].failure.as_ref()),
             (WorkloadState::Running, None, None)
         );
+    }
+
+    /// Between a desired-state change and the pass that applies it, the last pass's failure is of the spec the
+    /// device had before: the new spec is not failed, and its status carries no old error (the operator halted a
+    /// fixed rollout on it).
+    #[test]
+    fn a_failure_of_the_previous_spec_is_not_the_new_specs() {
+        let web = fixtures::workload("web");
+        let mut bad = web.clone();
+        bad.image = "localhost/web:nope".into();
+        let mut fix = web.clone();
+        fix.command = vec!["sleep".into(), "2".into()];
+        let errors = Errors::from([(
+            web.name.clone(),
+            Failed {
+                reason: FailureReason::ImagePullFailed,
+                error: "image localhost/web:nope could not be pulled: x".into(),
+                rolled_back: false,
+                spec: Some(bad.digest()),
+            },
+        )]);
+        let running = [observed("1", &web, "device-1", "running")];
+        let s = statuses(std::slice::from_ref(&fix), &running, &errors);
+        assert_eq!(
+            (s[0].state, s[0].error.as_ref(), s[0].failure.as_ref()),
+            (WorkloadState::Missing, None, None)
+        );
+        // Still the failed spec: still failed. A failure of no one spec (a container not removed) always shows.
+        let s = statuses(std::slice::from_ref(&bad), &running, &errors);
+        assert_eq!(s[0].state, WorkloadState::Failed);
+        let mut anyspec = errors.clone();
+        anyspec.get_mut(&web.name).expect("web").spec = None;
+        let s = statuses(std::slice::from_ref(&fix), &running, &anyspec);
+        assert_eq!(s[0].state, WorkloadState::Failed);
     }
 }
