@@ -10,21 +10,25 @@
 //! PASS/FAIL per step with its time, and the measurements; exits 1 when a step failed. Run it through
 //! `vm-tests/arm64-vm/run`, which builds the image first.
 
+use fleet_rig::callout::NatsAuth;
 use fleet_rig::nats_client as nats;
 use fleet_rig::wait_for;
 use fleet_vm_tests::builds::{self, Arch, V1, V2, V3};
+use fleet_vm_tests::cluster::Cluster;
 use fleet_vm_tests::fleet::{
     agent_config, desired_one_workload, start_nats, Artifacts, Operator, DEVICE, GUEST_CA_FILE,
     GUEST_NATS_CA_FILE, GUEST_TOKEN_FILE, TEST_IMAGE,
 };
 use fleet_vm_tests::fleetlock::FleetLockServer;
+use fleet_vm_tests::local_fleet::{deployment_yaml, group_yaml};
 use fleet_vm_tests::packages;
-use fleet_vm_tests::qemu::{make_stage_disk, GUEST_STAGE, HOST_FROM_GUEST};
-use fleet_vm_tests::qemu_arm64::{ArmImage, ArmVm, BOOT_WAIT};
+use fleet_vm_tests::qemu::{make_stage_disk, relay_unit, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST};
+use fleet_vm_tests::qemu_tasks;
+use fleet_vm_tests::runner::Steps;
 use fleet_vm_tests::tasks::{build_deb, index_repo, HolderWatch, Tasks, GUEST_REPO, REBOOT_PKG};
 use fleet_wire::{
-    kv, AgentUpgradeAttempt, AgentUpgradeStatus, Architecture, Capability, DeviceWorkloadStatus,
-    SystemUpgradePhase as P, Timestamp, UpgradePhase, UpgradeReason, WorkloadState,
+    kv, AgentUpgradeStatus, Architecture, Capability, DeviceWorkloadStatus, Timestamp,
+    UpgradePhase, UpgradeReason, WorkloadState,
 };
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -46,6 +50,8 @@ const LIB: &str = "/usr/lib/harmony-fleet";
 const REAL_V3: &str = "/opt/fleet-test/fleet-agent-real-v3";
 /// The workload of the desired state, and the container the agent names after it.
 const WORKLOAD: &str = "web";
+/// The Device's `site` label and the DeviceGroup the TaskRun and the FleetDeployment name.
+const SITE: &str = "arm64";
 const CONTAINER: &str = "fleet-web";
 /// Generous bounds: every guest instruction is emulated.
 const UNIT_WAIT: Duration = Duration::from_secs(600);
@@ -59,33 +65,6 @@ fn main() {
     fleet_vm_tests::runner::run_scenarios(HELP, "arm64-vm", &[("device", device)]);
 }
 
-/// Times the steps: one PASS line per step that finished, a FAIL line for the one that panicked.
-struct Steps {
-    at: Instant,
-}
-
-struct FailLine<'a>(&'a str, Instant);
-
-impl Drop for FailLine<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            println!("FAIL {} ({:.0} s)", self.0, self.1.elapsed().as_secs_f64());
-        }
-    }
-}
-
-impl Steps {
-    fn run<T>(&mut self, name: &str, f: impl FnOnce() -> T) -> T {
-        eprintln!("== {name}");
-        self.at = Instant::now();
-        let guard = FailLine(name, self.at);
-        let v = f();
-        drop(guard);
-        println!("PASS {name} ({:.0} s)", self.at.elapsed().as_secs_f64());
-        v
-    }
-}
-
 fn write(p: &Path, s: &[u8], mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     if let Some(d) = p.parent() {
@@ -96,71 +75,13 @@ fn write(p: &Path, s: &[u8], mode: u32) {
         .unwrap_or_else(|e| panic!("chmod {p:?}: {e}"));
 }
 
-/// A guest service relaying its 127.0.0.1:`port` to the host's (the test CA's certificate and the FleetLock
-/// configuration name 127.0.0.1, as on the nspawn devices).
-fn relay_unit(what: &str, port: u16) -> String {
-    format!(
-        "[Unit]\nDescription=Relay of the test {what} (guest 127.0.0.1:{port} -> host)\nAfter=fleet-qemu-net.service\n\n\
-         [Service]\nExecStart=/usr/bin/socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr TCP:{HOST_FROM_GUEST}:{port}\n\
-         Restart=always\n\n[Install]\nWantedBy=multi-user.target\n"
-    )
-}
-
-fn logs(vm: &mut ArmVm) -> String {
-    vm.sh_code(
-        "journalctl -b --no-pager -n 60 -u fleet-updater.service; echo ---; \
-         journalctl -b --no-pager -n 60 -u fleet-agent.service; echo ---; \
-         journalctl -b --no-pager -n 30 _UID=$(id -u fleet-agent 2>/dev/null || echo 0)",
-    )
-    .1
-}
-
-fn wait_unit(vm: &mut ArmVm, unit: &str, state: &str) {
-    let deadline = Instant::now() + UNIT_WAIT;
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        last = vm.sh_code(&format!("systemctl is-active {unit}")).1;
-        if last.trim() == state {
-            return;
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    panic!(
-        "{unit} did not become {state} within {UNIT_WAIT:?} (it is {}).\n{}",
-        last.trim(),
-        logs(vm)
-    );
-}
-
-fn agent_pid(vm: &mut ArmVm) -> String {
-    vm.sh("systemctl show -P MainPID fleet-agent.service")
-        .trim()
-        .to_string()
-}
-
-fn active_version(vm: &mut ArmVm) -> String {
-    vm.sh("/usr/local/bin/fleet-agent --version")
-        .trim()
-        .to_string()
-}
-
-fn journal_phase(vm: &mut ArmVm) -> String {
-    let (code, raw) = vm.sh_code("cat /var/lib/fleet-updater/journal.json");
-    if code != 0 {
-        return "none".into();
-    }
-    let v: serde_json::Value =
-        serde_json::from_str(&raw).unwrap_or_else(|e| panic!("journal is not JSON: {e}: {raw}"));
-    v["phase"].as_str().unwrap_or("unknown").to_string()
-}
-
 /// The fleet-agent user's libpod socket, and a `curl` on it as that user.
 const AS_AGENT_CURL: &str = "runuser -u fleet-agent -- curl -s --unix-socket \
      /run/user/$(id -u fleet-agent)/podman/podman.sock";
 
 /// The libpod inspect document of the workload's container (through the agent user's API socket, as the agent
 /// reads it), if it exists.
-fn container(vm: &mut ArmVm) -> Option<serde_json::Value> {
+fn container(vm: &mut Vm) -> Option<serde_json::Value> {
     let (code, out) = vm.sh_code(&format!(
         "{AS_AGENT_CURL} -f --max-time 120 http://d/v4.0.0/libpod/containers/{CONTAINER}/json"
     ));
@@ -183,7 +104,7 @@ fn run_of(c: &serde_json::Value) -> (String, u64, String) {
 }
 
 /// The guest's clock now (the clock the device's statuses carry).
-fn guest_now(vm: &mut ArmVm) -> Timestamp {
+fn guest_now(vm: &mut Vm) -> Timestamp {
     let ms = vm.sh("date +%s%3N");
     Timestamp::from_unix_ms(
         ms.trim()
@@ -196,7 +117,7 @@ fn guest_now(vm: &mut ArmVm) -> Timestamp {
 /// workload runs in container `id` (any container when `None`); returns the container id.
 fn wait_running_in_nats(
     reports: &nats::kv::Store,
-    vm: &mut ArmVm,
+    vm: &mut Vm,
     after: Timestamp,
     id: Option<&str>,
 ) -> String {
@@ -218,28 +139,7 @@ fn wait_running_in_nats(
         panic!(
             "NATS never said {WORKLOAD} runs{} in a status measured after {after:?}; last: {last:#?}\n{}",
             id.map(|i| format!(" in {i}")).unwrap_or_default(),
-            logs(vm)
-        )
-    })
-}
-
-fn wait_status(
-    operator: &Operator,
-    vm: &mut ArmVm,
-    attempt: &AgentUpgradeAttempt,
-) -> AgentUpgradeStatus {
-    let mut last = None;
-    let done = wait_for(UPGRADE_WAIT, || {
-        let s = operator.status()?;
-        let hit = s.attempt_id.as_ref() == Some(&attempt.attempt_id) && s.phase.is_terminal();
-        last = Some(s.clone());
-        hit.then_some(s)
-    });
-    done.unwrap_or_else(|| {
-        panic!(
-            "attempt {} did not finish within {UPGRADE_WAIT:?}; last status: {last:#?}\n{}",
-            attempt.attempt_id,
-            logs(vm)
+            vm.unit_logs()
         )
     })
 }
@@ -260,7 +160,7 @@ fn phase_secs(s: &AgentUpgradeStatus, from: UpgradePhase, to: UpgradePhase) -> O
 /// stopped (socket activation starts `podman system service`, as after its 5-s idle exit on a device), `warm` =
 /// `_ping` again, `list` = the container list the agent reads each pass (a ping counts as warm when the agent's own
 /// call had started the service again before it). Fails on an HTTP status other than 200.
-fn podman_times(vm: &mut ArmVm, rounds: usize) -> Vec<(&'static str, f64)> {
+fn podman_times(vm: &mut Vm, rounds: usize) -> Vec<(&'static str, f64)> {
     let mut out = Vec::new();
     for _ in 0..rounds {
         let raw = vm.sh(&format!(
@@ -324,25 +224,15 @@ fn summary(times: &[(&'static str, f64)]) -> Vec<String> {
 }
 
 fn device() {
-    let mut steps = Steps { at: Instant::now() };
+    let mut steps = Steps;
     let mut measured: Vec<String> = Vec::new();
     let (deb, v2, broken_v3) = steps.run(
         "build (agent v1, v2, v3 and the device binaries for aarch64; package)",
         || {
             let dir = packages::arm64(V1);
-            let broken =
-                tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("temp file: {e}"));
             // A v3 whose probe is the real v3's (it passes and reports 3.0.0) but whose service exits before it
             // tells systemd it is ready: the updater must roll it back.
-            let body = format!(
-                "case \"$1\" in --self-test|--version) exec {REAL_V3} \"$@\" ;; esac\n\
-                 echo 'fleet-agent {V3}: exiting before readiness' >&2\nexit 1"
-            );
-            std::fs::write(
-                broken.path(),
-                builds::script_candidate_for(Arch::Arm64, &body),
-            )
-            .unwrap_or_else(|e| panic!("write the broken v3: {e}"));
+            let broken = builds::broken_candidate_file(Arch::Arm64, V3, REAL_V3);
             (
                 dir.join(packages::file_name_for("harmony-fleet-device", "arm64")),
                 builds::agent_for(Arch::Arm64, V2),
@@ -438,7 +328,7 @@ fn device() {
     let disk = dir.path().join("stage.raw");
     make_stage_disk(&stage, &disk);
 
-    let mut vm = ArmVm::new(dir.path(), ArmImage::cached(), &disk);
+    let mut vm = Vm::new(dir.path(), Image::arm64(), &disk);
     let boot_started = Instant::now();
     steps.run(
         "boot (qemu-system-aarch64 TCG, Debian's arm64 kernel, Raspberry Pi OS layout)",
@@ -502,7 +392,7 @@ fn device() {
             let (code, out) = vm.sh_code(&format!(
                 "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {s}/files/{deb_name} 2>&1"
             ));
-            assert_eq!(code, 0, "apt install failed:\n{out}\n{}", logs(&mut vm));
+            assert_eq!(code, 0, "apt install failed:\n{out}\n{}", vm.unit_logs());
             note(&mut measured, format!(
                 "apt install of the package (postinst runs device setup, starts the agent): {:.0} s",
                 t.elapsed().as_secs_f64()
@@ -513,12 +403,12 @@ fn device() {
                 "fleet-reboot.timer",
                 "fleet-boot-watchdog.timer",
             ] {
-                wait_unit(&mut vm, unit, "active");
+                vm.wait_unit(unit, "active", UNIT_WAIT);
             }
             let info = wait_for(Duration::from_secs(300), || {
                 operator.device_info()
             });
-            let info = info.unwrap_or_else(|| panic!("no device info in NATS.\n{}", logs(&mut vm)));
+            let info = info.unwrap_or_else(|| panic!("no device info in NATS.\n{}", vm.unit_logs()));
             assert_eq!(info.architecture, Architecture::Arm64, "{info:?}");
             // Every binary the package installed is an aarch64 ELF (e_machine 0xb7).
             let machines = vm.sh(
@@ -526,7 +416,7 @@ fn device() {
                    $(readlink -f /usr/local/bin/fleet-agent); do od -An -tx1 -j18 -N2 $f | tr -d ' '; done",
             );
             assert_eq!(machines.lines().collect::<Vec<_>>(), ["b700"; 4], "{machines}");
-            assert_eq!(active_version(&mut vm), V1);
+            assert_eq!(vm.active_version(), V1);
             // Device setup gave the agent user subordinate ids after the first user's (Raspberry Pi OS's useradd
             // gives pi 100000:65536): rootless Podman needs a range of its own.
             let subuid = vm.sh("cat /etc/subuid");
@@ -565,7 +455,7 @@ fn device() {
                 "desired state put -> NATS says {WORKLOAD} runs: {secs:.1} s"
             ));
             let c = container(&mut vm)
-                .unwrap_or_else(|| panic!("no container {CONTAINER}.\n{}", logs(&mut vm)));
+                .unwrap_or_else(|| panic!("no container {CONTAINER}.\n{}", vm.unit_logs()));
             assert_eq!(c["State"]["Running"], true, "{c:#}");
             let run = run_of(&c);
             assert_eq!(run.0, id, "NATS and Podman disagree on the container");
@@ -587,16 +477,16 @@ fn device() {
     steps.run(
         "commit (agent upgrade v1 -> v2; the workload keeps running)",
         || {
-            let v1_pid = agent_pid(&mut vm);
+            let v1_pid = vm.agent_pid();
             let attempt =
                 artifacts.attempt_for_arch(DEVICE, Architecture::Arm64, &v2, "fleet-agent-v2", V2);
             operator.put_intent(&attempt);
-            let status = wait_status(&operator, &mut vm, &attempt);
+            let status = operator.wait_terminal(&attempt, UPGRADE_WAIT, || vm.unit_logs());
             assert_eq!(
                 status.phase,
                 UpgradePhase::Complete,
                 "{status:#?}\n{}",
-                logs(&mut vm)
+                vm.unit_logs()
             );
             assert_eq!(
                 status.transitions.phases(),
@@ -638,9 +528,9 @@ fn device() {
                 vm.sh("systemctl is-active fleet-agent.service").trim(),
                 "active"
             );
-            assert_ne!(agent_pid(&mut vm), v1_pid, "v1 still runs");
-            assert_eq!(active_version(&mut vm), V2);
-            assert_eq!(journal_phase(&mut vm), "committed");
+            assert_ne!(vm.agent_pid(), v1_pid, "v1 still runs");
+            assert_eq!(vm.active_version(), V2);
+            assert_eq!(vm.journal_phase("journal.json"), "committed");
             // The same container, never restarted: id, PID and start time unchanged, still running; and the new
             // agent reports it running.
             let c = container(&mut vm)
@@ -659,7 +549,7 @@ fn device() {
     steps.run(
         "rollback (a v3 that dies before readiness; the workload untouched)",
         || {
-            let v2_pid = agent_pid(&mut vm);
+            let v2_pid = vm.agent_pid();
             let attempt = artifacts.attempt_for_arch(
                 DEVICE,
                 Architecture::Arm64,
@@ -668,25 +558,25 @@ fn device() {
                 V3,
             );
             operator.put_intent(&attempt);
-            let status = wait_status(&operator, &mut vm, &attempt);
+            let status = operator.wait_terminal(&attempt, UPGRADE_WAIT, || vm.unit_logs());
             assert_eq!(
                 (status.phase, status.reason),
                 (UpgradePhase::Failed, Some(UpgradeReason::StartFailed)),
                 "{status:#?}\n{}",
-                logs(&mut vm)
+                vm.unit_logs()
             );
             let phases = status.transitions.phases();
             for want in [UpgradePhase::Stopping, UpgradePhase::RollingBack] {
                 assert!(phases.contains(&want), "{want:?} missing: {status:#?}");
             }
-            wait_unit(&mut vm, "fleet-agent.service", "active");
+            vm.wait_unit("fleet-agent.service", "active", UNIT_WAIT);
             assert_eq!(
                 vm.sh("readlink /usr/local/bin/fleet-agent").trim(),
                 format!("{LIB}/fleet-agent-v{V2}")
             );
-            assert_eq!(active_version(&mut vm), V2);
-            assert_ne!(agent_pid(&mut vm), v2_pid, "v2 was not restarted");
-            assert_eq!(journal_phase(&mut vm), "failed");
+            assert_eq!(vm.active_version(), V2);
+            assert_ne!(vm.agent_pid(), v2_pid, "v2 was not restarted");
+            assert_eq!(vm.journal_phase("journal.json"), "failed");
             let c = container(&mut vm)
                 .unwrap_or_else(|| panic!("{CONTAINER} is gone after the rollback"));
             assert_eq!(c["State"]["Running"], true, "{c:#}");
@@ -710,7 +600,7 @@ fn device() {
             let first_boot = vm.boot_id();
             let (t, before) = (Instant::now(), guest_now(&mut vm));
             vm.sh("systemctl start --no-block fleet-reboot.service");
-            let second_boot = vm.wait_boot(Some(&first_boot), BOOT_WAIT);
+            let second_boot = vm.wait_boot(Some(&first_boot), vm.boot_wait());
             assert_ne!(second_boot, first_boot);
             note(&mut measured, format!(
                 "reboot: fleet-reboot started -> new boot answering: {:.0} s",
@@ -728,9 +618,9 @@ fn device() {
             assert_eq!((max, order.len()), (1, 1), "holders seen: {order:?}");
             vm.sh("test ! -e /var/lib/fleet-reboot/marker.json");
             for unit in ["fleet-updater.service", "fleet-agent.service"] {
-                wait_unit(&mut vm, unit, "active");
+                vm.wait_unit(unit, "active", UNIT_WAIT);
             }
-            assert_eq!(active_version(&mut vm), V2);
+            assert_eq!(vm.active_version(), V2);
             // The agent brings the workload back on the new boot: running, in NATS and in Podman.
             let id = wait_running_in_nats(&reports, &mut vm, before, None);
             note(&mut measured, format!(
@@ -738,7 +628,7 @@ fn device() {
                 t.elapsed().as_secs_f64()
             ));
             let c = container(&mut vm)
-                .unwrap_or_else(|| panic!("no {CONTAINER} after the reboot.\n{}", logs(&mut vm)));
+                .unwrap_or_else(|| panic!("no {CONTAINER} after the reboot.\n{}", vm.unit_logs()));
             assert_eq!(c["State"]["Running"], true, "{c:#}");
             assert_eq!(run_of(&c).0, id);
             assert_ne!(run_of(&c), run0, "the container did not start again on the new boot");
@@ -750,8 +640,41 @@ fn device() {
     );
 
     steps.run(
-        "taskrun (system upgrade: apt full-upgrade from a local repository, reboot through fleetlock-server)",
+        "taskrun (kubectl create TaskRun through the real operator: apt full-upgrade from a local repository, \
+         reboot through fleetlock-server, Complete)",
         || {
+            // From here the real operator runs on the host: kube-apiserver + etcd and fleet-operator on the same
+            // NATS (TLS, the auth callout). The steps above wrote the desired state and the agent-upgrade intents
+            // straight into NATS as the operator would (fleet::Operator); the operator now owns the desired state,
+            // so the workload is declared to it as a FleetDeployment with the same spec, for every Device at once
+            // (the group selects all until the TaskRun flow labels the device).
+            let t = Instant::now();
+            let cluster = Cluster::start_with_nats_ca(&nats.service_url(), nats.ca_file());
+            cluster.apply(&group_yaml(SITE, &[]));
+            cluster.apply(&deployment_yaml("web", SITE, WORKLOAD));
+            let registered = wait_for(UNIT_WAIT, || {
+                cluster
+                    .get_json(&["fdev", DEVICE])
+                    .filter(|v| v["status"]["agentVersion"].is_string())
+            });
+            assert!(
+                registered.is_some(),
+                "the operator shows no Device {DEVICE}.\n{}\n--- fleet-operator ---\n{}",
+                vm.unit_logs(),
+                cluster.operator_log(40)
+            );
+            assert!(
+                nats.mode() == NatsAuth::Off || nats.admitted(DEVICE),
+                "{DEVICE} registered without fleet-auth admitting it:\n{}",
+                nats.auth_logs()
+            );
+            note(
+                &mut measured,
+                format!(
+                    "taskrun: cluster started, the operator shows the Device: {:.0} s",
+                    t.elapsed().as_secs_f64()
+                ),
+            );
             let tasks = Tasks::new(&nats);
             assert!(
                 tasks.capabilities().contains(&Capability::AptFullUpgradeV1),
@@ -768,72 +691,23 @@ fn device() {
                  echo 'system_reboot_retry_secs = 3' >> /etc/harmony-fleet/updater.toml && \
                  systemctl restart fleet-updater.service"
             ));
-            wait_unit(&mut vm, "fleet-updater.service", "active");
-            let history = "grep -c '^Start-Date:' /var/log/apt/history.log || true";
-            let runs_before = vm.sh(history).trim().to_string();
-            let watch = HolderWatch::start(lock.port());
-            let first_boot = vm.boot_id();
+            vm.wait_unit("fleet-updater.service", "active", UNIT_WAIT);
             let before = guest_now(&mut vm);
-            let t = Instant::now();
-            let r = Tasks::attempt(Duration::from_secs(3600));
-            tasks.put_intent(&r);
-            let rebooting = tasks.wait(
-                &r,
-                UPGRADE_WAIT,
-                "rebooting",
-                |s| s.phase == P::Rebooting || s.phase.is_terminal(),
-                || lock.log(),
-            );
-            assert_eq!(rebooting.phase, P::Rebooting, "{rebooting:#?}");
+            // The same flow and assertions as the amd64 guest's taskrun scenario (vm-tests/qemu/tasks.rs).
+            let run =
+                qemu_tasks::taskrun_with_reboot(&mut vm, &cluster, &lock, &tasks, "arm64-upgrade", SITE);
             note(
                 &mut measured,
                 format!(
-                    "taskrun: intent -> rebooting (apt-get full-upgrade done, slot taken): {:.0} s",
-                    t.elapsed().as_secs_f64()
+                    "taskrun: kubectl create -> TaskRun Complete (apt, reboot, first heartbeat): {:.0} s",
+                    run.secs
                 ),
             );
-            let second_boot = vm.wait_boot(Some(&first_boot), BOOT_WAIT);
-            assert_ne!(second_boot, first_boot, "the device did not reboot");
-            let done = tasks.wait(
-                &r,
-                UPGRADE_WAIT,
-                "success with the first heartbeat after the reboot",
-                |s| {
-                    s.phase.is_terminal()
-                        && (s.phase != P::Succeeded || s.first_heartbeat_after_completion.is_some())
-                },
-                || lock.log(),
-            );
-            note(
-                &mut measured,
-                format!(
-                    "taskrun: intent -> succeeded after the reboot: {:.0} s",
-                    t.elapsed().as_secs_f64()
-                ),
-            );
-            assert_eq!((done.phase, done.reason), (P::Succeeded, None), "{done:#?}");
-            assert!(done.reboot_required, "{done:#?}");
             assert_eq!(
-                done.transitions.phases(),
-                [P::Accepted, P::Upgrading, P::Rebooting, P::Succeeded]
+                qemu_tasks::installed(&mut vm, REBOOT_PKG),
+                "2.0|install ok installed"
             );
-            assert_eq!(
-                vm.sh(&format!("dpkg-query -W -f '${{Version}}' {REBOOT_PKG}")).trim(),
-                "2.0"
-            );
-            let released = wait_for(UNIT_WAIT, || (lock.holders() == 0).then_some(()));
-            let (max, order) = watch.stop();
-            assert!(released.is_some(), "the slot was not released:\n{}", lock.log());
-            assert_eq!((max, order.len()), (1, 1), "holders seen: {order:?}");
-            vm.sh("test ! -e /var/lib/fleet-reboot/marker.json");
-            // apt ran once across the reboot (its history log is on disk).
-            let runs_after: u64 = vm.sh(history).trim().parse().unwrap_or(0);
-            assert_eq!(
-                runs_after,
-                runs_before.parse::<u64>().unwrap_or(0) + 1,
-                "apt-get runs across the system upgrade"
-            );
-            // The workload is back on the new boot.
+            // The workload is back on the new boot, now placed by the operator's FleetDeployment.
             wait_running_in_nats(&reports, &mut vm, before, None);
         },
     );

@@ -21,10 +21,11 @@ use fleet_vm_tests::fleet::{
 };
 use fleet_vm_tests::fleetlock::FleetLockServer;
 use fleet_vm_tests::packages::{self, apt};
+use fleet_vm_tests::runner::Steps;
 use fleet_vm_tests::tasks::HolderWatch;
-use fleet_wire::{AgentUpgradeAttempt, Architecture, UpgradePhase, UpgradeReason};
+use fleet_wire::{Architecture, UpgradePhase, UpgradeReason};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const HELP: &str = "fleet-arm64-scenarios [device|image]...   (default: both)\n\n\
 device: an arm64 device under systemd-nspawn + binfmt qemu-aarch64, set up with the arm64 package, then in order:\n  \
@@ -48,21 +49,6 @@ const UPGRADE_WAIT: Duration = Duration::from_secs(480);
 
 fn main() {
     fleet_vm_tests::runner::run_scenarios(HELP, "arm64", &[("device", device), ("image", image)]);
-}
-
-/// Times the steps and prints one PASS line per step that finished.
-struct Steps {
-    at: Instant,
-}
-
-impl Steps {
-    fn run<T>(&mut self, name: &str, f: impl FnOnce() -> T) -> T {
-        eprintln!("== {name}");
-        self.at = Instant::now();
-        let v = f();
-        println!("PASS {name} ({:.0} s)", self.at.elapsed().as_secs_f64());
-        v
-    }
 }
 
 /// Fails, saying how to fix it, unless qemu-aarch64 is registered with binfmt_misc (flag F: the interpreter is
@@ -115,47 +101,15 @@ fn logs(guest: &Guest) -> String {
     )
 }
 
-fn wait_status(
-    operator: &Operator,
-    guest: &Guest,
-    attempt: &AgentUpgradeAttempt,
-) -> fleet_wire::AgentUpgradeStatus {
-    let mut last = None;
-    let done = wait_for(UPGRADE_WAIT, || {
-        let s = operator.status()?;
-        let hit = s.attempt_id.as_ref() == Some(&attempt.attempt_id) && s.phase.is_terminal();
-        last = Some(s.clone());
-        hit.then_some(s)
-    });
-    done.unwrap_or_else(|| {
-        panic!(
-            "attempt {} did not finish within {UPGRADE_WAIT:?}; last status: {last:#?}\n{}",
-            attempt.attempt_id,
-            logs(guest)
-        )
-    })
-}
-
 fn device() {
     let tree = arm64_tree();
-    let mut steps = Steps { at: Instant::now() };
+    let mut steps = Steps;
     let (deb, v2, v3, broken_v3) = steps.run(
         "build (agent v1, v2, v3 and the device binaries for aarch64; package)",
         || {
             let dir = packages::arm64(V1);
-            let broken =
-                tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("temp file: {e}"));
-            // A v3 whose probe is the real v3's (it passes and reports 3.0.0) but whose service exits before it tells
-            // systemd it is ready: the updater must roll it back.
-            let body = format!(
-                "case \"$1\" in --self-test|--version) exec {REAL_V3} \"$@\" ;; esac\n\
-             echo 'fleet-agent {V3}: exiting before readiness' >&2\nexit 1"
-            );
-            std::fs::write(
-                broken.path(),
-                builds::script_candidate_for(Arch::Arm64, &body),
-            )
-            .unwrap_or_else(|e| panic!("write the broken v3: {e}"));
+            // A v3 whose probe is the real v3's but whose service exits before readiness: rolled back.
+            let broken = builds::broken_candidate_file(Arch::Arm64, V3, REAL_V3);
             (
                 dir.join(packages::file_name_for("harmony-fleet-device", "arm64")),
                 builds::agent_for(Arch::Arm64, V2),
@@ -225,7 +179,7 @@ fn device() {
         let attempt =
             artifacts.attempt_for_arch(DEVICE, Architecture::Arm64, &v2, "fleet-agent-v2", V2);
         operator.put_intent(&attempt);
-        let status = wait_status(&operator, &guest, &attempt);
+        let status = operator.wait_terminal(&attempt, UPGRADE_WAIT, || logs(&guest));
         assert_eq!(
             status.phase,
             UpgradePhase::Complete,
@@ -264,7 +218,7 @@ fn device() {
             V3,
         );
         operator.put_intent(&attempt);
-        let status = wait_status(&operator, &guest, &attempt);
+        let status = operator.wait_terminal(&attempt, UPGRADE_WAIT, || logs(&guest));
         assert_eq!(
             (status.phase, status.reason),
             (UpgradePhase::Failed, Some(UpgradeReason::StartFailed)),
@@ -346,7 +300,7 @@ const IMAGE: &str = "localhost/fleet-operator:arm64-check";
 /// vm-tests/tests/operator_image.rs, and would take minutes under emulation).
 fn image() {
     require_binfmt();
-    let mut steps = Steps { at: Instant::now() };
+    let mut steps = Steps;
     let podman = fleet_rig::podman::PodmanService::start();
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
     steps.run("image build (amd64 + arm64, manifest list)", || {

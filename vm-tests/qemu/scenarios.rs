@@ -12,8 +12,9 @@ use fleet_vm_tests::fleet::{
     agent_config, Artifacts, Operator, DEVICE, GUEST_CA_FILE, GUEST_NATS_CA_FILE, GUEST_TOKEN_FILE,
 };
 use fleet_vm_tests::qemu::{
-    make_stage_disk, stripped_copy, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST,
+    make_stage_disk, relay_unit, stripped_copy, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST,
 };
+use fleet_vm_tests::runner::step;
 use fleet_wire::{AgentUpgradeAttempt, AgentUpgradeStatus, UpgradePhase, UpgradeReason};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -47,23 +48,6 @@ fn main() {
         ],
     );
     tasks::drop_shared();
-}
-
-fn step(msg: &str) {
-    eprintln!("[{}] {msg}", chrono_now());
-}
-
-fn chrono_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!(
-        "{:02}:{:02}:{:02}",
-        secs / 3600 % 24,
-        secs / 60 % 60,
-        secs % 60
-    )
 }
 
 /// Host-side services and a booted v1 device.
@@ -152,19 +136,13 @@ fn install_v1() -> Rig {
     // The artifact URL and the test certificate name 127.0.0.1: inside the guest, socat relays it to the host.
     write(
         &files.join("fleet-artifact-relay.service"),
-        &format!(
-            "[Unit]\nDescription=Relay of the test artifact server (guest 127.0.0.1:{p} -> host)\n\
-             After=fleet-qemu-net.service\n\n[Service]\nExecStart=/usr/bin/socat \
-             TCP-LISTEN:{p},bind=127.0.0.1,fork,reuseaddr TCP:{HOST_FROM_GUEST}:{p}\nRestart=always\n\n\
-             [Install]\nWantedBy=multi-user.target\n",
-            p = artifacts.port()
-        ),
+        &relay_unit("artifact server", artifacts.port()),
     );
     let disk = dir.path().join("stage.raw");
     make_stage_disk(&stage, &disk);
 
     step("booting the guest (QEMU TCG)");
-    let mut vm = Vm::new(dir.path(), Image::cached(), &disk);
+    let mut vm = Vm::new(dir.path(), Image::amd64(), &disk);
     let boot = vm.power_on();
     step(&format!("guest up, boot id {boot}"));
     let s = GUEST_STAGE;
@@ -189,15 +167,20 @@ fn install_v1() -> Rig {
         vm,
         dir,
     };
-    wait_unit(&mut rig.vm, "fleet-updater.service", "active", 120);
-    wait_unit(&mut rig.vm, "fleet-agent.service", "active", 240);
+    rig.vm
+        .wait_unit("fleet-updater.service", "active", Duration::from_secs(120));
+    rig.vm
+        .wait_unit("fleet-agent.service", "active", Duration::from_secs(240));
     let info = wait_for(Duration::from_secs(120), || {
         rig.operator.has_device_info().then_some(())
     });
     if info.is_none() {
-        panic!("the agent published no device info.\n{}", logs(&mut rig.vm));
+        panic!(
+            "the agent published no device info.\n{}",
+            rig.vm.unit_logs()
+        );
     }
-    assert_eq!(active_link(&mut rig.vm), format!("{LIB}/fleet-agent-v{V1}"));
+    assert_eq!(rig.vm.active_link(), format!("{LIB}/fleet-agent-v{V1}"));
     step("v1 installed, active and talking to NATS");
     rig
 }
@@ -210,60 +193,6 @@ fn run_dir() -> std::path::PathBuf {
 
 fn write(p: &Path, s: &str) {
     std::fs::write(p, s).unwrap_or_else(|e| panic!("write {p:?}: {e}"));
-}
-
-fn wait_unit(vm: &mut Vm, unit: &str, state: &str, secs: u64) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        last = vm.sh_code(&format!("systemctl is-active {unit}")).1;
-        if last.trim() == state {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    panic!(
-        "{unit} did not become {state} within {secs} s (it is {}).\n{}",
-        last.trim(),
-        logs(vm)
-    );
-}
-
-fn active_link(vm: &mut Vm) -> String {
-    vm.sh("readlink /usr/local/bin/fleet-agent")
-        .trim()
-        .to_string()
-}
-
-fn active_version(vm: &mut Vm) -> String {
-    vm.sh("/usr/local/bin/fleet-agent --version")
-        .trim()
-        .to_string()
-}
-
-fn journal_phase(vm: &mut Vm) -> String {
-    let (code, raw) = vm.sh_code("cat /var/lib/fleet-updater/journal.json");
-    if code != 0 {
-        return "none".into();
-    }
-    let v: serde_json::Value =
-        serde_json::from_str(&raw).unwrap_or_else(|e| panic!("journal is not JSON: {e}: {raw}"));
-    v["phase"].as_str().unwrap_or("unknown").to_string()
-}
-
-fn agent_pid(vm: &mut Vm) -> u32 {
-    vm.sh("systemctl show -p MainPID --value fleet-agent.service")
-        .trim()
-        .parse()
-        .unwrap_or(0)
-}
-
-fn logs(vm: &mut Vm) -> String {
-    let (_, out) = vm.sh_code(
-        "journalctl -b --no-pager -n 80 -u fleet-updater.service; echo ---; \
-         journalctl -b --no-pager -n 80 -u fleet-agent.service",
-    );
-    out
 }
 
 fn wait_complete(
@@ -281,7 +210,7 @@ fn wait_complete(
     found.unwrap_or_else(|| {
         panic!(
             "the status did not reach {phase:?}; last: {last:#?}\n{}",
-            logs(&mut rig.vm)
+            rig.vm.unit_logs()
         )
     })
 }
@@ -291,7 +220,7 @@ fn wait_complete(
 /// and, on the new boot, v2 is still selected, started by systemd and ready, and the journal still `committed`.
 fn scenario_a() {
     let mut rig = install_v1();
-    let old_pid = agent_pid(&mut rig.vm);
+    let old_pid = rig.vm.agent_pid();
     let v2 = rig.dir.path().join("fleet-agent-v2");
     stripped_copy(&builds::agent(V2), &v2);
     let attempt = rig.artifacts.attempt(&v2, "fleet-agent-v2", V2);
@@ -299,16 +228,16 @@ fn scenario_a() {
     step("intent v2 written; waiting for complete");
     let status = wait_complete(&mut rig, &attempt, UpgradePhase::Complete);
     let vm = &mut rig.vm;
-    assert_eq!(active_link(vm), format!("{LIB}/fleet-agent-v{V2}"));
+    assert_eq!(vm.active_link(), format!("{LIB}/fleet-agent-v{V2}"));
     assert_eq!(
         vm.sh_code("systemctl is-active fleet-agent.service")
             .1
             .trim(),
         "active"
     );
-    assert_ne!(agent_pid(vm), old_pid, "the old agent process still runs");
-    assert_eq!(active_version(vm), V2);
-    assert_eq!(journal_phase(vm), "committed");
+    assert_ne!(vm.agent_pid(), old_pid, "the old agent process still runs");
+    assert_eq!(vm.active_version(), V2);
+    assert_eq!(vm.journal_phase("journal.json"), "committed");
     assert_eq!(status.target_version.as_ref().map(|v| v.as_str()), Some(V2));
     assert_eq!(status.attempt_digest.as_ref(), Some(&attempt.digest()));
     assert_eq!(rig.artifacts.requests_for("fleet-agent-v2"), 1);
@@ -322,11 +251,11 @@ fn scenario_a() {
     let boot_after = vm.wait_boot(Some(&boot_before), Duration::from_secs(300));
     assert_ne!(boot_after, boot_before);
     step(&format!("rebooted: boot id {boot_before} -> {boot_after}"));
-    wait_unit(vm, "fleet-updater.service", "active", 120);
-    wait_unit(vm, "fleet-agent.service", "active", 240);
-    assert_eq!(active_link(vm), format!("{LIB}/fleet-agent-v{V2}"));
-    assert_eq!(active_version(vm), V2);
-    assert_eq!(journal_phase(vm), "committed");
+    vm.wait_unit("fleet-updater.service", "active", Duration::from_secs(120));
+    vm.wait_unit("fleet-agent.service", "active", Duration::from_secs(240));
+    assert_eq!(vm.active_link(), format!("{LIB}/fleet-agent-v{V2}"));
+    assert_eq!(vm.active_version(), V2);
+    assert_eq!(vm.journal_phase("journal.json"), "committed");
     // The unit is Type=notify: `active` means this boot's v2 process sent READY.
     let since =
         vm.sh("systemctl show -p ActiveEnterTimestampMonotonic --value fleet-agent.service");
@@ -369,14 +298,14 @@ fn scenario_e() {
     step("intent (slow v2) written; waiting for the journal to say activating");
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let phase = journal_phase(&mut rig.vm);
+        let phase = rig.vm.journal_phase("journal.json");
         if phase == "activating" {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "the journal did not reach activating (it is {phase}).\n{}",
-            logs(&mut rig.vm)
+            rig.vm.unit_logs()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -395,11 +324,16 @@ fn scenario_e() {
 
     let status = wait_complete(&mut rig, &attempt, UpgradePhase::Failed);
     let vm = &mut rig.vm;
-    assert_eq!(active_link(vm), format!("{LIB}/fleet-agent-v{V1}"));
-    assert_eq!(journal_phase(vm), "failed", "{}", logs(vm));
-    wait_unit(vm, "fleet-agent.service", "active", 240);
-    wait_unit(vm, "fleet-updater.service", "active", 120);
-    assert_eq!(active_version(vm), V1);
+    assert_eq!(vm.active_link(), format!("{LIB}/fleet-agent-v{V1}"));
+    assert_eq!(
+        vm.journal_phase("journal.json"),
+        "failed",
+        "{}",
+        vm.unit_logs()
+    );
+    vm.wait_unit("fleet-agent.service", "active", Duration::from_secs(240));
+    vm.wait_unit("fleet-updater.service", "active", Duration::from_secs(120));
+    assert_eq!(vm.active_version(), V1);
     assert_eq!(
         status.reason,
         Some(UpgradeReason::Interrupted),

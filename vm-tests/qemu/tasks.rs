@@ -12,19 +12,19 @@ use fleet_vm_tests::fleet::{
     agent_config, start_nats, DEVICE, GUEST_NATS_CA_FILE, GUEST_TOKEN_FILE,
 };
 use fleet_vm_tests::fleetlock::FleetLockServer;
-use fleet_vm_tests::local_fleet::{group_yaml, taskrun_yaml, TaskRunView};
 use fleet_vm_tests::packages;
 use fleet_vm_tests::qemu::{make_stage_disk, Image, Vm, GUEST_STAGE, HOST_FROM_GUEST};
-use fleet_vm_tests::tasks::{build_deb, index_repo, HolderWatch, Tasks, GUEST_REPO};
+use fleet_vm_tests::qemu_tasks::{self, RebootedRun};
+use fleet_vm_tests::runner::step;
+use fleet_vm_tests::tasks::{build_deb, index_repo, Tasks, GUEST_REPO};
 use fleet_wire::{
     SystemUpgradeAttempt, SystemUpgradePhase as P, SystemUpgradeReason as R, SystemUpgradeStatus,
-    TaskRunPhase,
 };
 use std::cell::RefCell;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::{run_dir, step, wait_unit};
+use crate::run_dir;
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// The test package whose 2.0 pulls in Debian's cloud kernel (a new kernel package with its real maintainer
@@ -193,7 +193,7 @@ fn reboot_flag_observer(files: &Path) {
 /// operator shows the Device.
 fn install() -> TaskRig {
     let t0 = Instant::now();
-    let image = Image::cached();
+    let image = Image::amd64();
     let nats = start_nats();
     let cluster = Cluster::start_with_nats_ca(&nats.service_url(), nats.ca_file());
     let lock = FleetLockServer::start();
@@ -269,8 +269,8 @@ fn install() -> TaskRig {
         code == 0,
         "apt install of the package failed ({code}):\n{out}"
     );
-    wait_unit(&mut vm, "fleet-updater.service", "active", 120);
-    wait_unit(&mut vm, "fleet-agent.service", "active", 240);
+    vm.wait_unit("fleet-updater.service", "active", Duration::from_secs(120));
+    vm.wait_unit("fleet-agent.service", "active", Duration::from_secs(240));
     let registered = wait_for(Duration::from_secs(300), || {
         cluster
             .get_json(&["fdev", DEVICE])
@@ -279,7 +279,7 @@ fn install() -> TaskRig {
     assert!(
         registered.is_some(),
         "the operator shows no Device {DEVICE}.\n{}\n--- fleet-operator ---\n{}",
-        unit_logs(&mut vm),
+        vm.unit_logs(),
         cluster.operator_log(40)
     );
     assert!(
@@ -303,16 +303,6 @@ fn install() -> TaskRig {
     }
 }
 
-fn unit_logs(vm: &mut Vm) -> String {
-    vm.try_run(
-        "journalctl -b --no-pager -n 60 -u fleet-updater.service; echo ---; \
-         journalctl -b --no-pager -n 40 -u fleet-agent.service",
-        Duration::from_secs(60),
-    )
-    .map(|a| a.output)
-    .unwrap_or_else(|| "(the guest does not answer)".into())
-}
-
 impl TaskRig {
     /// Makes the step's repository the guest's only apt source (`deb [trusted=yes] file:/srv/fleet-test-repo ./`).
     fn use_repo(&mut self, step: &str) {
@@ -325,45 +315,19 @@ impl TaskRig {
     }
 
     fn logs(&mut self) -> String {
-        format!(
-            "{}\n--- fleetlock-server ---\n{}",
-            unit_logs(&mut self.vm),
-            self.lock.log()
-        )
+        qemu_tasks::logs(&mut self.vm, &self.lock)
     }
 
-    /// `<version>|<status>` of `package` in the guest.
     fn installed(&mut self, package: &str) -> String {
-        self.vm
-            .sh(&format!(
-                "dpkg-query -W -f '${{Version}}|${{Status}}' {package}"
-            ))
-            .trim()
-            .to_string()
+        qemu_tasks::installed(&mut self.vm, package)
     }
 
-    /// apt runs recorded in the guest's `/var/log/apt/history.log`.
     fn apt_runs(&mut self) -> usize {
-        self.vm
-            .sh("cat /var/log/apt/history.log 2>/dev/null || true")
-            .lines()
-            .filter(|l| l.starts_with("Start-Date:"))
-            .count()
+        qemu_tasks::apt_runs(&mut self.vm)
     }
 
-    /// Lines of the updater's journal (this boot only with `this_boot`, else every boot the persistent journal
-    /// kept) that start `apt-get full-upgrade` for `run`.
     fn full_upgrades(&mut self, run: &str, this_boot: bool) -> usize {
-        let boot = if this_boot { "-b" } else { "" };
-        self.vm
-            .sh(&format!(
-                "journalctl {boot} --no-pager -o cat -u fleet-updater.service"
-            ))
-            .lines()
-            .filter(|l| {
-                l.contains(&format!("run {run}: running apt-get")) && l.ends_with("full-upgrade")
-            })
-            .count()
+        qemu_tasks::full_upgrades(&mut self.vm, run, this_boot)
     }
 
     /// Waits for the run's status in NATS to satisfy `done`, printing each new phase.
@@ -384,41 +348,15 @@ impl TaskRig {
         what: &str,
         done: impl Fn(&SystemUpgradeStatus) -> bool,
     ) -> SystemUpgradeStatus {
-        let deadline = Instant::now() + timeout;
-        let mut last: Option<SystemUpgradeStatus> = None;
-        loop {
-            if let Some(s) = self.tasks.status_of(DEVICE, run) {
-                if last.as_ref().map(|l| (l.phase, &l.detail)) != Some((s.phase, &s.detail)) {
-                    step(&format!(
-                        "  status {:?}{}",
-                        s.phase,
-                        s.detail
-                            .as_ref()
-                            .map(|d| format!(": {d}"))
-                            .unwrap_or_default()
-                    ));
-                }
-                let hit = done(&s);
-                last = Some(s.clone());
-                if hit {
-                    return s;
-                }
-            }
-            if Instant::now() >= deadline {
-                let logs = self.logs();
-                panic!("run {run}: no {what} within {timeout:?}; last status: {last:#?}\n{logs}");
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    }
-
-    /// The TaskRun `name` as `kubectl get ftr -o json` shows it.
-    fn taskrun(&self, name: &str) -> Option<TaskRunView> {
-        let v = self.cluster.get_json(&["ftr", name])?;
-        Some(TaskRunView {
-            uid: v["metadata"]["uid"].as_str()?.to_string(),
-            status: serde_json::from_value(v["status"].clone()).unwrap_or_default(),
-        })
+        qemu_tasks::wait_run(
+            &mut self.vm,
+            &self.tasks,
+            &self.lock,
+            run,
+            timeout,
+            what,
+            done,
+        )
     }
 }
 
@@ -434,87 +372,26 @@ pub fn scenario_taskrun() {
     rig.use_repo("kernel");
     let kpkg = rig.kernel_package.clone();
     let kver = kpkg.trim_start_matches("linux-image-").to_string();
-    let boot0 = rig.vm.boot_id();
     let uname0 = rig.vm.sh("uname -r").trim().to_string();
-    let runs0 = rig.apt_runs();
-    assert!(
-        rig.vm.sh_code("test -e /run/reboot-required").0 != 0,
-        "/run/reboot-required exists before the upgrade"
-    );
-    rig.cluster
-        .kubectl(&["label", "fdev", DEVICE, "site=qemu", "--overwrite"]);
-    rig.cluster.apply(&group_yaml("qemu", &[("site", "qemu")]));
-    let holders = HolderWatch::start(rig.lock.port());
-    step("kubectl create TaskRun kernel-upgrade (systemUpgradeV1)");
-    let t0 = Instant::now();
-    rig.cluster
-        .create(&taskrun_yaml("kernel-upgrade", "qemu", 3600));
-    let uid = rig.cluster.wait(
-        "TaskRun kernel-upgrade has a uid",
-        Duration::from_secs(60),
-        || rig.taskrun("kernel-upgrade").map(|r| r.uid),
-    );
-    let status = rig.wait_run(
-        &uid,
-        Duration::from_secs(1800),
-        "success with the first heartbeat after the reboot",
-        |s| {
-            s.phase.is_terminal()
-                && (s.phase != P::Succeeded || s.first_heartbeat_after_completion.is_some())
-        },
-    );
-    let run = rig.cluster.wait(
-        "TaskRun kernel-upgrade terminal",
-        Duration::from_secs(300),
-        || rig.taskrun("kernel-upgrade").filter(|r| r.terminal()),
-    );
+    // The TaskRun through the operator, the reboot through FleetLock and what both architectures assert
+    // (fleet_vm_tests::qemu_tasks); then what is particular to the kernel package.
+    let TaskRig {
+        vm,
+        cluster,
+        lock,
+        tasks,
+        ..
+    } = &mut rig;
+    let RebootedRun { boots, .. } =
+        qemu_tasks::taskrun_with_reboot(vm, cluster, lock, tasks, "kernel-upgrade", "qemu");
     step(&format!(
-        "TaskRun terminal {:.0} s after kubectl create",
-        t0.elapsed().as_secs_f64()
+        "rebooted through FleetLock: boot id {} -> {}",
+        boots.0, boots.1
     ));
-    let (max, order) = holders.stop();
-    let logs = rig.logs();
-    assert_eq!(
-        (status.phase, status.reason),
-        (P::Succeeded, None),
-        "{status:#?}\n{logs}"
-    );
-    let st = &run.status;
-    assert_eq!(
-        (st.phase, st.targets, st.succeeded, st.failed),
-        (Some(TaskRunPhase::Complete), 1, 1, 0),
-        "{run:?}"
-    );
-    let table = rig.cluster.kubectl(&["get", "ftr", "kernel-upgrade"]);
-    step(&format!("$ kubectl get ftr\n{table}"));
-    let row: Vec<&str> = table
-        .lines()
-        .nth(1)
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        row.get(..5),
-        Some(&["kernel-upgrade", "Complete", "1", "1", "0"][..]),
-        "kubectl get ftr:\n{table}"
-    );
-    assert!(status.reboot_required, "{status:#?}");
-    assert_eq!(
-        status.transitions.phases(),
-        [P::Accepted, P::Upgrading, P::Rebooting, P::Succeeded],
-        "{status:#?}"
-    );
-    assert!(
-        status.first_heartbeat_after_completion >= status.completed_at,
-        "{status:#?}"
-    );
 
-    // The device: a real reboot, the kernel package installed by its own maintainer scripts, Debian's flag
-    // written by the kernel's hook, the slot taken once and released.
+    // The device: the kernel package installed by its own maintainer scripts, Debian's flag written by the
+    // kernel's hook, the reboot's diagnostics.
     let vm = &mut rig.vm;
-    let boot1 = vm.wait_boot(Some(&boot0), Duration::from_secs(300));
-    step(&format!("boot id {boot0} -> {boot1}"));
-    wait_unit(vm, "fleet-agent.service", "active", 240);
     let facts = vm.sh(&format!(
         "dpkg-query -W -f '${{Version}}|${{Status}}\\n' {kpkg}; dpkg-query -W -f '${{Version}}|${{Status}}\\n' \
          {KERNEL_PKG}; ls /boot; \
@@ -554,21 +431,6 @@ pub fn scenario_taskrun() {
         "kernel running before and after: {uname0} -> {uname1} (QEMU boots the image's cached kernel with -kernel; \
          {kver} is installed in /boot but no bootloader boots it)"
     ));
-    assert_eq!(max, 1, "holders at once: {order:?}");
-    assert_eq!(order.len(), 1, "one reboot through FleetLock: {order:?}");
-    assert_eq!(
-        rig.lock.holders(),
-        0,
-        "the slot was not released:\n{}",
-        rig.lock.log()
-    );
-    assert_eq!(rig.apt_runs(), runs0 + 1, "apt ran once across the reboot");
-    assert_eq!(rig.full_upgrades(&uid, false), 1, "{}", rig.logs());
-    assert_eq!(
-        rig.tasks.status_of(DEVICE, &uid).as_ref(),
-        Some(&status),
-        "the status changed after it was terminal"
-    );
     keep_rig(rig);
 }
 
@@ -599,8 +461,10 @@ pub fn scenario_recovery() {
     rig.tasks.put_intent(&a);
     rig.vm
         .sh("systemctl restart fleet-agent.service fleet-updater.service");
-    wait_unit(&mut rig.vm, "fleet-updater.service", "active", 120);
-    wait_unit(&mut rig.vm, "fleet-agent.service", "active", 240);
+    rig.vm
+        .wait_unit("fleet-updater.service", "active", Duration::from_secs(120));
+    rig.vm
+        .wait_unit("fleet-agent.service", "active", Duration::from_secs(240));
     rig.tasks.put_intent(&a);
     std::thread::sleep(Duration::from_secs(15));
     let run = a.run_uid.to_string();
@@ -765,7 +629,7 @@ pub fn scenario_powercut() {
         0,
         "apt ran again after the boot"
     );
-    let phase = journal_phase(&mut rig.vm);
+    let phase = rig.vm.journal_phase("system-upgrade.json");
     assert_eq!(phase, "failed", "system-upgrade journal");
     step(&format!(
         "power cut mid-dpkg: {:?}/{:?}: {error}",
@@ -802,7 +666,8 @@ pub fn scenario_powercut() {
     step(&format!("{seen} appeared: power cut (kill -9 of QEMU)"));
     let boot2 = rig.vm.power_on();
     assert_ne!(boot1, boot2);
-    wait_unit(&mut rig.vm, "fleet-updater.service", "active", 240);
+    rig.vm
+        .wait_unit("fleet-updater.service", "active", Duration::from_secs(240));
     let left = rig
         .vm
         .sh("ls -a /var/lib/fleet-updater/ | grep -c '^\\.system-upgrade.json.tmp-' || true");
@@ -836,7 +701,7 @@ pub fn scenario_powercut() {
         other => panic!("unexpected outcome {other:?}: {s:#?}"),
     }
     assert_eq!(rig.vm.sh("dpkg --audit").trim(), "", "dpkg is consistent");
-    let phase = journal_phase(&mut rig.vm);
+    let phase = rig.vm.journal_phase("system-upgrade.json");
     assert_eq!(
         phase,
         if s.phase == P::Succeeded {
@@ -851,17 +716,6 @@ pub fn scenario_powercut() {
         s.phase, s.reason
     ));
     keep_rig(rig);
-}
-
-/// The durable phase of the system-upgrade journal (`none` without one).
-fn journal_phase(vm: &mut Vm) -> String {
-    let (code, raw) = vm.sh_code("cat /var/lib/fleet-updater/system-upgrade.json");
-    if code != 0 {
-        return "none".into();
-    }
-    let v: serde_json::Value = serde_json::from_str(&raw)
-        .unwrap_or_else(|e| panic!("system-upgrade.json is not JSON: {e}: {raw}"));
-    v["phase"].as_str().unwrap_or("unknown").to_string()
 }
 
 /// The run id and phase of the system-upgrade journal, for the record.
@@ -987,7 +841,7 @@ pub fn scenario_watchdog() {
     );
     vm.reboot();
     let fixed = vm.wait_boot(Some(&second), Duration::from_secs(300));
-    wait_unit(vm, "fleet-agent.service", "active", 240);
+    vm.wait_unit("fleet-agent.service", "active", Duration::from_secs(240));
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let state = vm.sh_code("systemctl is-system-running").1;

@@ -373,3 +373,26 @@ pub fn kube_controller_manager() -> PathBuf {
          a kube-controller-manager binary.",
     )
 }
+
+/// The shell body of a broken agent `version` (for [`script_candidate_for`]): its probe is the real binary's at
+/// `real` (`--self-test` passes, `--version` reports `version`), but its service exits before telling systemd it is
+/// ready, so the updater must roll it back.
+pub fn broken_candidate_body(version: &str, real: &str) -> String {
+    format!(
+        "# a {version} whose probe passes but whose service dies before readiness\n\
+         case \"$1\" in --self-test|--version) exec {real} \"$@\" ;; esac\n\
+         echo 'fleet-agent {version}: exiting before readiness' >&2\nexit 1"
+    )
+}
+
+/// A temporary file holding the broken agent `version` of [`broken_candidate_body`] for `arch`, its probe
+/// `exec`ing the real binary at `real` on the device.
+pub fn broken_candidate_file(arch: Arch, version: &str, real: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("temp file: {e}"));
+    std::fs::write(
+        file.path(),
+        script_candidate_for(arch, &broken_candidate_body(version, real)),
+    )
+    .unwrap_or_else(|e| panic!("write the broken {version}: {e}"));
+    file
+}

@@ -149,6 +149,31 @@ impl Operator {
     }
 }
 
+impl Operator {
+    /// Waits until the status of `attempt` is terminal; fails after `timeout` with the last status and `logs()`.
+    pub fn wait_terminal(
+        &self,
+        attempt: &AgentUpgradeAttempt,
+        timeout: Duration,
+        logs: impl FnOnce() -> String,
+    ) -> AgentUpgradeStatus {
+        let mut last = None;
+        let done = wait_for(timeout, || {
+            let s = self.status()?;
+            let hit = s.attempt_id.as_ref() == Some(&attempt.attempt_id) && s.phase.is_terminal();
+            last = Some(s.clone());
+            hit.then_some(s)
+        });
+        done.unwrap_or_else(|| {
+            panic!(
+                "attempt {} did not finish within {timeout:?}; last status: {last:#?}\n{}",
+                attempt.attempt_id,
+                logs()
+            )
+        })
+    }
+}
+
 /// A device: the guest, its NATS relay, and the versions installed.
 pub struct Device {
     /// The device id (its agent's `device_id`).

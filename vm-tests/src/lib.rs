@@ -15,7 +15,7 @@ pub mod lanes;
 pub mod local_fleet;
 pub mod packages;
 pub mod qemu;
-pub mod qemu_arm64;
+pub mod qemu_tasks;
 pub mod runner;
 pub mod scene;
 pub mod sim;

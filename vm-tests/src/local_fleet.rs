@@ -254,11 +254,7 @@ impl LocalFleet {
     pub fn publish_broken_v3(&self) -> (String, String) {
         self.publish_script(
             "fleet-agent-v3",
-            &format!(
-                "# a {V3} whose probe passes but whose service dies before readiness\n\
-                 case \"$1\" in --self-test|--version) exec {REAL_V3} \"$@\" ;; esac\n\
-                 echo 'fleet-agent {V3}: exiting before readiness' >&2\nexit 1"
-            ),
+            &builds::broken_candidate_body(V3, REAL_V3),
         )
     }
 
@@ -355,10 +351,15 @@ impl TaskRunView {
 impl LocalFleet {
     /// The TaskRun `name` in namespace `default` as the cluster shows it.
     pub fn taskrun(&self, name: &str) -> Option<TaskRunView> {
-        let v = self.cluster.get_json(&["ftr", name])?;
-        Some(TaskRunView {
-            uid: v["metadata"]["uid"].as_str()?.to_string(),
-            status: serde_json::from_value(v["status"].clone()).unwrap_or_default(),
-        })
+        taskrun_view(&self.cluster, name)
     }
+}
+
+/// The TaskRun `name` (namespace `default`) as `kubectl get ftr -o json` shows it in `cluster`.
+pub fn taskrun_view(cluster: &Cluster, name: &str) -> Option<TaskRunView> {
+    let v = cluster.get_json(&["ftr", name])?;
+    Some(TaskRunView {
+        uid: v["metadata"]["uid"].as_str()?.to_string(),
+        status: serde_json::from_value(v["status"].clone()).unwrap_or_default(),
+    })
 }

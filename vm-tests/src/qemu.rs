@@ -1,9 +1,12 @@
-//! A whole device on a real kernel: a Debian guest booted by QEMU (TCG) from the cached disk image of
-//! `scripts/setup.d/65-qemu.sh`, driven over a virtio-serial command channel, on QEMU's user-mode network (the
-//! host's 127.0.0.1 is the guest's 10.0.2.2). Used by `vm-tests/qemu/run`.
+//! A whole device on a real kernel: a Debian guest booted by QEMU (TCG) from a cached disk image, driven over a
+//! virtio-serial command channel, on QEMU's user-mode network (the host's 127.0.0.1 is the guest's 10.0.2.2). Two
+//! machines ([`Machine`]): amd64 (`qemu-system-x86_64`, image of `scripts/setup.d/65-qemu.sh`, used by
+//! `vm-tests/qemu/run`) and arm64 (`qemu-system-aarch64 -M virt -cpu cortex-a72`, the Raspberry Pi 4's core; the
+//! Raspberry Pi OS-style image of `scripts/setup.d/66-qemu-arm64.sh`, used by `vm-tests/arm64-vm/run`).
 //!
 //! Each boot runs on a qcow2 overlay of the cached image, so a power cut (`kill -9` of QEMU) and the next boot
 //! see the same disk. The binaries and configuration reach the guest on a second, read-only disk (`/dev/vdb`).
+//! Neither machine boots through firmware: QEMU loads the image's kernel and initrd itself (`-kernel/-initrd`).
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -18,26 +21,134 @@ pub const GUEST_STAGE: &str = "/mnt/stage";
 /// Longest answer accepted on the command channel.
 const MAX_ANSWER: usize = 16 << 20;
 
-/// The cached image: kernel, initrd and root disk.
+/// What differs between the two guests: the QEMU binary and its machine flags, how the disks are attached, the
+/// devices beyond disks, network and command channel, and how long things take under that emulation.
+pub struct Machine {
+    /// `qemu-system-x86_64` or `qemu-system-aarch64`.
+    pub binary: &'static str,
+    /// Machine, accelerator, CPU, vCPUs, memory and display flags.
+    pub flags: &'static [&'static str],
+    /// Extra `-device` arguments.
+    pub devices: &'static [&'static str],
+    /// Where `scripts/setup` builds the image under `$FLEET_CACHE`, and the command that builds it (for the error
+    /// message when it is missing).
+    pub cache_dir: &'static str,
+    /// The command that builds the image, named when it is missing.
+    pub setup_hint: &'static str,
+    /// How long the first answer of a boot may take.
+    pub boot_wait: Duration,
+    /// How long one probe of the command channel for the boot id may take.
+    pub probe_wait: Duration,
+    /// How long a guest command may run before [`Vm::sh`] gives up: just over the guest shell's own `timeout`
+    /// (300 s in 65-qemu.sh's channel, 600 s in 66-qemu-arm64.sh's).
+    pub command_wait: Duration,
+}
+
+impl Machine {
+    /// The amd64 guest: q35, the host's CPU model as far as TCG has it, 2 vCPUs, 2 GiB.
+    pub const AMD64: Machine = Machine {
+        binary: "qemu-system-x86_64",
+        flags: &[
+            "-machine",
+            "q35,accel=tcg",
+            "-cpu",
+            "max",
+            "-smp",
+            "2",
+            "-m",
+            "2048",
+            "-display",
+            "none",
+            "-vga",
+            "none",
+            "-monitor",
+            "none",
+        ],
+        devices: &[],
+        cache_dir: "qemu",
+        setup_hint: "run `scripts/setup qemu` (vm-tests/qemu/run does)",
+        boot_wait: Duration::from_secs(300),
+        probe_wait: Duration::from_secs(5),
+        command_wait: Duration::from_secs(310),
+    };
+
+    /// The arm64 guest: QEMU's virt machine with a Cortex-A72 (the Raspberry Pi 4's core) on multi-threaded TCG (the
+    /// host has two cores), 2 vCPUs, 2 GiB as a mid-size Raspberry Pi 4; an RNG (the Raspberry Pi has a hardware
+    /// one; without one, early boot waits for entropy under TCG). A Debian boot under aarch64 TCG on two shared
+    /// cores takes minutes, hence the longer waits.
+    pub const ARM64: Machine = Machine {
+        binary: "qemu-system-aarch64",
+        flags: &[
+            "-machine", "virt", "-accel", "tcg,thread=multi", "-cpu", "cortex-a72", "-smp", "2", "-m", "2048",
+            "-display", "none", "-monitor", "none",
+        ],
+        devices: &["-device", "virtio-rng-pci"],
+        cache_dir: "qemu-arm64",
+        setup_hint: "run vm-tests/arm64-vm/run (it builds it with FLEET_SETUP_QEMU_ARM64=1 scripts/setup qemu-arm64)",
+        boot_wait: Duration::from_secs(900),
+        probe_wait: Duration::from_secs(10),
+        command_wait: Duration::from_secs(620),
+    };
+}
+
+/// The cached image: kernel, initrd, root disk and kernel command line, and the machine it is for.
 pub struct Image {
+    /// The machine that boots it.
+    pub machine: &'static Machine,
     /// `vmlinuz` from the image tree.
     pub kernel: PathBuf,
     /// `initrd.img` from the image tree.
     pub initrd: PathBuf,
-    /// The ext4 root disk (raw), never written: each run boots an overlay.
+    /// The root disk (raw), never written: each run boots an overlay. amd64: one ext4 file system; arm64: an MBR
+    /// disk, p1 FAT32 `/boot/firmware`, p2 ext4 `/`.
     pub disk: PathBuf,
-    /// Debian's `linux-image-cloud-amd64` and the kernel package it depends on (`.deb` files), downloaded with the
-    /// image's apt sources when the image was built: the kernel the task scenarios' local repository offers.
+    /// The kernel command line (arm64: `root=PARTUUID=…-02`, as Raspberry Pi OS's `cmdline.txt`).
+    pub cmdline: String,
+    /// amd64: Debian's `linux-image-cloud-amd64` and the kernel package it depends on (`.deb` files), downloaded
+    /// with the image's apt sources when the image was built: the kernel the task scenarios' local repository
+    /// offers. The arm64 image has none (the directory does not exist).
     pub kernel_upgrade: PathBuf,
 }
 
 impl Image {
-    /// The image 65-qemu.sh built under `$FLEET_CACHE/qemu/`; fails with a hint when it is missing.
-    pub fn cached() -> Self {
+    /// The amd64 image 65-qemu.sh built under `$FLEET_CACHE/qemu/`; fails with a hint when it is missing.
+    pub fn amd64() -> Self {
+        let dir = Self::find(&Machine::AMD64);
+        Self {
+            machine: &Machine::AMD64,
+            kernel: dir.join("vmlinuz"),
+            initrd: dir.join("initrd.img"),
+            disk: dir.join("disk.raw"),
+            cmdline: "root=/dev/vda rw console=ttyS0 net.ifnames=0 panic=5".into(),
+            kernel_upgrade: dir.join("kernel-upgrade"),
+        }
+    }
+
+    /// The arm64 image 66-qemu-arm64.sh built under `$FLEET_CACHE/qemu-arm64/`, with its command line; fails with a
+    /// hint when it is missing.
+    pub fn arm64() -> Self {
+        let dir = Self::find(&Machine::ARM64);
+        let cmdline = std::fs::read_to_string(dir.join("cmdline"))
+            .unwrap_or_else(|e| panic!("{dir:?}/cmdline: {e}"))
+            .trim()
+            .to_string();
+        Self {
+            machine: &Machine::ARM64,
+            kernel: dir.join("vmlinuz"),
+            initrd: dir.join("initrd.img"),
+            disk: dir.join("disk.raw"),
+            cmdline,
+            kernel_upgrade: dir.join("kernel-upgrade"),
+        }
+    }
+
+    /// The image directory (the one with a `stamp`) under `$FLEET_CACHE/<machine's cache dir>`.
+    fn find(machine: &Machine) -> PathBuf {
         let cache = std::env::var_os("FLEET_CACHE")
             .map(PathBuf::from)
             .unwrap_or_else(|| fleet_rig::workspace_root().join(".cache"));
-        let dir = std::fs::read_dir(cache.join("qemu"))
+        let sub = machine.cache_dir;
+        std::fs::read_dir(cache.join(sub))
             .ok()
             .and_then(|d| {
                 d.flatten()
@@ -45,14 +156,11 @@ impl Image {
                     .find(|p| p.join("stamp").is_file())
             })
             .unwrap_or_else(|| {
-                panic!("no QEMU image under {cache:?}/qemu: run `scripts/setup qemu` (vm-tests/qemu/run does)")
-            });
-        Self {
-            kernel: dir.join("vmlinuz"),
-            initrd: dir.join("initrd.img"),
-            disk: dir.join("disk.raw"),
-            kernel_upgrade: dir.join("kernel-upgrade"),
-        }
+                panic!(
+                    "no QEMU image under {cache:?}/{sub}: {}",
+                    machine.setup_hint
+                )
+            })
     }
 }
 
@@ -103,68 +211,68 @@ impl Vm {
         }
     }
 
+    /// How long a boot of this machine may take to answer.
+    pub fn boot_wait(&self) -> Duration {
+        self.image.machine.boot_wait
+    }
+
     /// Starts QEMU and waits until the guest answers on the command channel; returns the boot id.
     pub fn power_on(&mut self) -> String {
         assert!(self.child.is_none(), "power_on: QEMU is running");
         self.boots += 1;
+        let machine = self.image.machine;
         let sock = self.dir.join("shell.sock");
         let _ = std::fs::remove_file(&sock);
         let console = self.dir.join(format!("console-{}.log", self.boots));
-        let pidfile = self.dir.join("qemu.pid");
-        let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args([
-            "-machine",
-            "q35,accel=tcg",
-            "-cpu",
-            "max",
-            "-smp",
-            "2",
-            "-m",
-            "2048",
-        ])
-        .args(["-display", "none", "-vga", "none", "-monitor", "none"])
-        .arg("-serial")
-        .arg(format!("file:{}", console.display()))
-        .arg("-pidfile")
-        .arg(&pidfile)
-        .arg("-kernel")
-        .arg(&self.image.kernel)
-        .arg("-initrd")
-        .arg(&self.image.initrd)
-        .args([
-            "-append",
-            "root=/dev/vda rw console=ttyS0 net.ifnames=0 panic=5",
-        ])
-        .arg("-drive")
-        .arg(format!(
-            "file={},format=qcow2,if=virtio,cache=writeback",
-            self.dir.join("root.qcow2").display()
-        ))
-        .arg("-drive")
-        .arg(format!(
-            "file={},format=raw,if=virtio,readonly=on",
-            self.stage.display()
-        ))
-        .args([
-            "-netdev",
-            "user,id=n0",
-            "-device",
-            "virtio-net-pci,netdev=n0",
-        ])
-        .args(["-device", "virtio-serial-pci", "-chardev"])
-        .arg(format!(
-            "socket,id=sh,path={},server=on,wait=off",
-            sock.display()
-        ))
-        .args(["-device", "virtserialport,chardev=sh,name=fleet.shell"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(
-            std::fs::File::create(self.dir.join(format!("qemu-{}.err", self.boots)))
-                .unwrap_or_else(|e| panic!("qemu stderr file: {e}")),
-        ));
+        let mut cmd = Command::new(machine.binary);
+        // The disk order fixes the names: vda is the root disk, vdb the staging disk.
+        cmd.args(machine.flags)
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .arg("-pidfile")
+            .arg(self.dir.join("qemu.pid"))
+            .arg("-kernel")
+            .arg(&self.image.kernel)
+            .arg("-initrd")
+            .arg(&self.image.initrd)
+            .arg("-append")
+            .arg(&self.image.cmdline)
+            .arg("-drive")
+            .arg(format!(
+                "file={},format=qcow2,if=none,id=root,cache=writeback",
+                self.dir.join("root.qcow2").display()
+            ))
+            .args(["-device", "virtio-blk-pci,drive=root"])
+            .arg("-drive")
+            .arg(format!(
+                "file={},format=raw,if=none,id=stage,readonly=on",
+                self.stage.display()
+            ))
+            .args(["-device", "virtio-blk-pci,drive=stage"])
+            .args([
+                "-netdev",
+                "user,id=n0",
+                "-device",
+                "virtio-net-pci,netdev=n0",
+            ])
+            .args(machine.devices)
+            .args(["-device", "virtio-serial-pci", "-chardev"])
+            .arg(format!(
+                "socket,id=sh,path={},server=on,wait=off",
+                sock.display()
+            ))
+            .args(["-device", "virtserialport,chardev=sh,name=fleet.shell"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(self.dir.join(format!("qemu-{}.err", self.boots)))
+                    .unwrap_or_else(|e| panic!("qemu stderr file: {e}")),
+            ));
         let child = cmd.spawn().unwrap_or_else(|e| {
-            panic!("cannot start qemu-system-x86_64 (run `scripts/setup qemu`): {e}")
+            panic!(
+                "cannot start {} ({}): {e}",
+                machine.binary, machine.setup_hint
+            )
         });
         self.child = Some(child);
         let stream =
@@ -172,7 +280,7 @@ impl Vm {
                 .unwrap_or_else(|| panic!("QEMU did not open {sock:?}.\n{}", self.diagnostics()));
         self.shell = Some(stream);
         self.buf.clear();
-        self.wait_boot(None, Duration::from_secs(300))
+        self.wait_boot(None, machine.boot_wait)
     }
 
     /// Waits until the guest answers with a boot id other than `not` (a reboot finished); returns it.
@@ -181,7 +289,7 @@ impl Vm {
         while Instant::now() < deadline {
             if let Some(a) = self.try_run(
                 "cat /proc/sys/kernel/random/boot_id",
-                Duration::from_secs(5),
+                self.image.machine.probe_wait,
             ) {
                 let id = a.output.trim().to_string();
                 if a.code == 0 && !id.is_empty() && Some(id.as_str()) != not {
@@ -254,16 +362,17 @@ impl Vm {
         }
     }
 
-    /// Runs `cmd` and returns its output; fails on a non-zero exit or no answer within 5 minutes.
+    /// Runs `cmd` and returns its output; fails on a non-zero exit or no answer within the machine's command wait.
     pub fn sh(&mut self, cmd: &str) -> String {
         let (code, out) = self.sh_code(cmd);
         assert!(code == 0, "guest command failed ({code}): {cmd}\n{out}");
         out
     }
 
-    /// Runs `cmd` and returns its exit code and output; fails when no answer comes within 5 minutes.
+    /// Runs `cmd` and returns its exit code and output; fails when no answer comes within the machine's command
+    /// wait.
     pub fn sh_code(&mut self, cmd: &str) -> (i32, String) {
-        match self.try_run(cmd, Duration::from_secs(310)) {
+        match self.try_run(cmd, self.image.machine.command_wait) {
             Some(a) => (a.code, a.output),
             None => panic!("no answer from the guest to: {cmd}\n{}", self.diagnostics()),
         }
@@ -318,10 +427,88 @@ impl Vm {
     }
 }
 
+/// What a person checks on a device, through the command channel.
+impl Vm {
+    /// The updater's and the agent's journal of this boot, and the agent user's (Podman); what the guest answers,
+    /// or a line saying it does not answer.
+    pub fn unit_logs(&mut self) -> String {
+        self.try_run(
+            "journalctl -b --no-pager -n 80 -u fleet-updater.service; echo ---; \
+             journalctl -b --no-pager -n 80 -u fleet-agent.service; echo ---; \
+             journalctl -b --no-pager -n 30 _UID=$(id -u fleet-agent 2>/dev/null || echo 0)",
+            Duration::from_secs(60),
+        )
+        .map(|a| a.output)
+        .unwrap_or_else(|| "(the guest does not answer)".into())
+    }
+
+    /// Waits until `systemctl is-active unit` says `state`; fails after `wait` with the units' logs.
+    pub fn wait_unit(&mut self, unit: &str, state: &str, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            last = self.sh_code(&format!("systemctl is-active {unit}")).1;
+            if last.trim() == state {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        panic!(
+            "{unit} did not become {state} within {wait:?} (it is {}).\n{}",
+            last.trim(),
+            self.unit_logs()
+        );
+    }
+
+    /// Where `/usr/local/bin/fleet-agent` points (the selected agent version's binary).
+    pub fn active_link(&mut self) -> String {
+        self.sh("readlink /usr/local/bin/fleet-agent")
+            .trim()
+            .to_string()
+    }
+
+    /// What the selected agent says to `--version`.
+    pub fn active_version(&mut self) -> String {
+        self.sh("/usr/local/bin/fleet-agent --version")
+            .trim()
+            .to_string()
+    }
+
+    /// The agent service's main PID (0 when it has none).
+    pub fn agent_pid(&mut self) -> u32 {
+        self.sh("systemctl show -p MainPID --value fleet-agent.service")
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    }
+
+    /// The `phase` of the updater's journal `/var/lib/fleet-updater/<file>` (`journal.json`: the agent upgrade's,
+    /// `system-upgrade.json`: the system upgrade's); `none` without one.
+    pub fn journal_phase(&mut self, file: &str) -> String {
+        let (code, raw) = self.sh_code(&format!("cat /var/lib/fleet-updater/{file}"));
+        if code != 0 {
+            return "none".into();
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&raw).unwrap_or_else(|e| panic!("{file} is not JSON: {e}: {raw}"));
+        v["phase"].as_str().unwrap_or("unknown").to_string()
+    }
+}
+
 impl Drop for Vm {
     fn drop(&mut self) {
         self.power_cut();
     }
+}
+
+/// A guest service relaying the guest's 127.0.0.1:`port` to the host's (through [`HOST_FROM_GUEST`]): the test
+/// CA's certificates and the artifact URLs name 127.0.0.1, as on the nspawn devices. `what` names the server.
+pub fn relay_unit(what: &str, port: u16) -> String {
+    format!(
+        "[Unit]\nDescription=Relay of the test {what} (guest 127.0.0.1:{port} -> host)\nAfter=fleet-qemu-net.service\n\n\
+         [Service]\nExecStart=/usr/bin/socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr TCP:{HOST_FROM_GUEST}:{port}\n\
+         Restart=always\n\n[Install]\nWantedBy=multi-user.target\n"
+    )
 }
 
 /// Builds a read-only ext4 disk holding the contents of `dir` (the guest mounts it at [`GUEST_STAGE`]).

@@ -35,3 +35,45 @@ pub fn run_scenarios(help: &str, label: &str, table: &[(&str, fn())]) {
         std::process::exit(1);
     }
 }
+
+/// Prints `msg` on stderr after the time of day (UTC), for the long scenarios' progress lines.
+pub fn step(msg: &str) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    eprintln!(
+        "[{:02}:{:02}:{:02}] {msg}",
+        secs / 3600 % 24,
+        secs / 60 % 60,
+        secs % 60
+    );
+}
+
+/// Times the steps of one long scenario: `== name` on stderr when a step starts, `PASS name (N s)` on stdout when
+/// it finished, `FAIL name (N s)` when it panicked (the panic then goes on).
+pub struct Steps;
+
+/// Prints the FAIL line of a step that is unwinding.
+struct FailLine<'a>(&'a str, Instant);
+
+impl Drop for FailLine<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            println!("FAIL {} ({:.0} s)", self.0, self.1.elapsed().as_secs_f64());
+        }
+    }
+}
+
+impl Steps {
+    /// Runs step `name`.
+    pub fn run<T>(&mut self, name: &str, f: impl FnOnce() -> T) -> T {
+        eprintln!("== {name}");
+        let at = Instant::now();
+        let guard = FailLine(name, at);
+        let v = f();
+        drop(guard);
+        println!("PASS {name} ({:.0} s)", at.elapsed().as_secs_f64());
+        v
+    }
+}
