@@ -6,10 +6,14 @@
 //! operator keeps the server's client count at one per replica, and a 100,000-device fleet's watches and writes on
 //! one socket's buffers (issue 32, point 3).
 
-use crate::kv::{self, NatsError};
+use crate::kv::{self, Mirror, NatsError};
 use async_nats::jetstream;
+use async_nats::jetstream::kv::Store;
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tokio::sync::Notify;
 
 /// The shared connection, made by `main` (or by a controller run alone, in tests) and handed to every user.
 pub struct NatsLink {
@@ -79,5 +83,78 @@ impl NatsLink {
         };
         let js = jetstream::new(client.clone());
         Ok((client, js))
+    }
+}
+
+/// One controller's use of the connection: its buckets and the tasks (watches, listeners) that live as long as
+/// it. [`Self::broken`] says when to drop it and open another; dropping it stops its tasks.
+pub struct Link {
+    /// The connection.
+    pub client: async_nats::Client,
+    /// [`NatsLink::interruptions`] when it was opened.
+    interruptions: u64,
+    stores: BTreeMap<&'static str, Store>,
+    tasks: Vec<tokio::task::JoinHandle<NatsError>>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Link {
+    /// Connects (or takes the shared connection) and opens every bucket of the layout.
+    pub async fn open(nats: &NatsLink) -> Result<Self, NatsError> {
+        let interruptions = nats.interruptions();
+        let (client, js) = nats.connect().await?;
+        let stores = kv::ensure_buckets(&js, nats.buckets()).await?;
+        Ok(Self {
+            client,
+            interruptions,
+            stores,
+            tasks: vec![],
+        })
+    }
+
+    /// Feeds `mirror` from a watch of its own bucket, waking `notify` on every change.
+    pub fn watch<T: DeserializeOwned + Clone + Send + Sync + 'static>(
+        &mut self,
+        mirror: &Arc<Mirror<T>>,
+        notify: &Arc<Notify>,
+    ) -> Result<(), NatsError> {
+        let store = self.store(mirror.bucket())?.clone();
+        self.spawn(mirror.clone().run(store, notify.clone()));
+        Ok(())
+    }
+
+    /// Runs `task` as long as the link; its end (its error) breaks the link.
+    pub fn spawn(&mut self, task: impl std::future::Future<Output = NatsError> + Send + 'static) {
+        self.tasks.push(tokio::spawn(task));
+    }
+
+    /// A bucket of the layout.
+    pub fn store(&self, bucket: &str) -> Result<&Store, NatsError> {
+        self.stores.get(bucket).ok_or_else(|| NatsError {
+            op: format!("open bucket {bucket}"),
+            message: "not in the layout".into(),
+        })
+    }
+
+    /// Why the link is no good any more, if it is not: a task ended, or the connection was lost since it was
+    /// opened (watches read anew from the current values are the sure way back).
+    pub fn broken(&self, nats: &NatsLink) -> Option<String> {
+        if self.tasks.iter().any(|t| t.is_finished()) {
+            return Some("a KV watch ended".into());
+        }
+        if nats.interruptions() != self.interruptions {
+            return Some("the connection was interrupted".into());
+        }
+        match self.client.connection_state() {
+            async_nats::connection::State::Connected => None,
+            s => Some(format!("connection {s}")),
+        }
     }
 }

@@ -15,7 +15,7 @@ use super::report;
 use crate::conditions;
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
-use crate::nats_link::NatsLink;
+use crate::nats_link::{Link, NatsLink};
 use crate::runtime::Runtime;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
@@ -68,56 +68,6 @@ pub struct Options {
     pub label_selector: Option<String>,
     /// TLS and bucket settings ([`kv::NatsSettings`]).
     pub nats: kv::NatsSettings,
-}
-
-/// A live NATS connection: the buckets and the watches that keep the mirrors current.
-struct Link {
-    client: async_nats::Client,
-    /// [`NatsLink::interruptions`] when the watches were opened.
-    interruptions: u64,
-    stores: BTreeMap<&'static str, Store>,
-    watches: Vec<tokio::task::JoinHandle<NatsError>>,
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        for w in &self.watches {
-            w.abort();
-        }
-    }
-}
-
-impl Link {
-    /// Feeds `mirror` from a watch of its own bucket, waking `notify` on every change.
-    fn watch<T: DeserializeOwned + Clone + Send + Sync + 'static>(
-        &mut self,
-        mirror: &Arc<Mirror<T>>,
-        notify: &Arc<Notify>,
-    ) -> Result<(), NatsError> {
-        let store = self.store(mirror.bucket())?.clone();
-        self.watches
-            .push(tokio::spawn(mirror.clone().run(store, notify.clone())));
-        Ok(())
-    }
-
-    fn store(&self, bucket: &str) -> Result<&Store, NatsError> {
-        self.stores.get(bucket).ok_or_else(|| NatsError {
-            op: format!("open bucket {bucket}"),
-            message: "not in the layout".into(),
-        })
-    }
-    fn broken(&self, nats: &NatsLink) -> Option<String> {
-        if self.watches.iter().any(|w| w.is_finished()) {
-            return Some("a KV watch ended".into());
-        }
-        if nats.interruptions() != self.interruptions {
-            return Some("the connection was interrupted".into());
-        }
-        match self.client.connection_state() {
-            async_nats::connection::State::Connected => None,
-            s => Some(format!("connection {s}")),
-        }
-    }
 }
 
 /// The NATS mirrors the operator keeps.
@@ -200,15 +150,7 @@ impl Mirrors {
 }
 
 async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result<Link, NatsError> {
-    let interruptions = nats.interruptions();
-    let (client, js) = nats.connect().await?;
-    let stores = kv::ensure_buckets(&js, nats.buckets()).await?;
-    let mut link = Link {
-        client,
-        interruptions,
-        stores,
-        watches: vec![],
-    };
+    let mut link = Link::open(nats).await?;
     link.watch(&m.info, notify)?;
     link.watch(&m.heartbeat, notify)?;
     link.watch(&m.upgrade, notify)?;
@@ -288,7 +230,7 @@ pub async fn run_with(
             match open_link(nats, &engine.mirrors, &notify).await {
                 Ok(mut l) => {
                     // fleet-auth's reports of refused device writes, on the same connection.
-                    l.watches.push(tokio::spawn(crate::refusals::listen(
+                    l.spawn(crate::refusals::listen(
                         l.client.clone(),
                         crate::refusals::Reporting {
                             refusals: engine.refusals.clone(),
@@ -297,7 +239,7 @@ pub async fn run_with(
                             recorder: engine.recorder.clone(),
                             notify: notify.clone(),
                         },
-                    )));
+                    ));
                     link = Some(l);
                 }
                 Err(e) => {

@@ -23,9 +23,8 @@ use crate::crd::{Device, DeviceGroup, Stalled};
 use crate::deployments::placement::{self, Labels};
 use crate::deployments::report;
 use crate::kv::{self, Mirror, NatsError};
-use crate::nats_link::NatsLink;
+use crate::nats_link::Link;
 use crate::runtime::Runtime;
-use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskPlan, TaskRunPhase,
@@ -78,23 +77,6 @@ struct RunStalls {
     wake: Option<Timestamp>,
 }
 
-struct Link {
-    client: async_nats::Client,
-    /// [`NatsLink::interruptions`] when it was opened.
-    interruptions: u64,
-    stores: BTreeMap<&'static str, Store>,
-    /// The device-info watch, when this controller keeps the mirror itself ([`DeviceInfoSource::Own`]).
-    info_watch: Option<tokio::task::JoinHandle<NatsError>>,
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        if let Some(w) = &self.info_watch {
-            w.abort();
-        }
-    }
-}
-
 /// Where the TaskRun controller reads device info (capabilities, at planning) from.
 pub enum DeviceInfoSource {
     /// The runtime's mirror, which another controller keeps current (the operator's: the deployments controller
@@ -102,55 +84,6 @@ pub enum DeviceInfoSource {
     Shared,
     /// A mirror of its own, which it watches (the controller run alone).
     Own,
-}
-
-impl Link {
-    async fn open(
-        nats: &NatsLink,
-        own_info: Option<&Arc<Mirror<DeviceInfo>>>,
-        notify: &Arc<Notify>,
-    ) -> Result<Self, NatsError> {
-        let interruptions = nats.interruptions();
-        let (client, js) = nats.connect().await?;
-        let stores = kv::ensure_buckets(&js, nats.buckets()).await?;
-        let info_watch = match own_info {
-            Some(info) => {
-                let info_store = store(&stores, layout::DEVICE_INFO)?.clone();
-                Some(tokio::spawn(info.clone().run(info_store, notify.clone())))
-            }
-            None => None,
-        };
-        Ok(Self {
-            client,
-            interruptions,
-            stores,
-            info_watch,
-        })
-    }
-
-    fn broken(&self, nats: &NatsLink) -> Option<String> {
-        if self.info_watch.as_ref().is_some_and(|w| w.is_finished()) {
-            return Some("the device-info watch ended".into());
-        }
-        // The run views' watches live as long as the link: a lost connection reads them anew.
-        if nats.interruptions() != self.interruptions {
-            return Some("the connection was interrupted".into());
-        }
-        match self.client.connection_state() {
-            async_nats::connection::State::Connected => None,
-            s => Some(format!("connection {s}")),
-        }
-    }
-}
-
-fn store<'a>(
-    stores: &'a BTreeMap<&'static str, Store>,
-    bucket: &str,
-) -> Result<&'a Store, NatsError> {
-    stores.get(bucket).ok_or_else(|| NatsError {
-        op: format!("open bucket {bucket}"),
-        message: "not in the layout".into(),
-    })
 }
 
 /// Runs the TaskRun controller until the task is dropped or aborted.
@@ -217,7 +150,14 @@ pub async fn run_with(
         }
         let mut nats_error = None;
         if link.is_none() {
-            match Link::open(nats, own_info.then_some(&c.info), &notify).await {
+            let opened = Link::open(nats).await.and_then(|mut l| {
+                // The device-info mirror, when this controller keeps it itself ([`DeviceInfoSource::Own`]).
+                if own_info {
+                    l.watch(&c.info, &notify)?;
+                }
+                Ok(l)
+            });
+            match opened {
                 Ok(l) => link = Some(l),
                 Err(e) => {
                     log::warn!("task runs: {e}");
@@ -601,7 +541,8 @@ impl Controller {
         now: Timestamp,
         expires: Timestamp,
     ) -> Result<Arc<TaskPlan>, Option<Report>> {
-        let plans = store(&link.stores, layout::TASK_PLANS)
+        let plans = link
+            .store(layout::TASK_PLANS)
             .map_err(|e| Some(pass::planning(None, Some(e.to_string()))))?;
         let loaded = match self.plans.get(&uid) {
             Some(p) => Ok(Some(p.clone())),
@@ -753,8 +694,8 @@ impl Controller {
         if !self.views.contains_key(&uid) {
             let v = RunView::start(
                 &link.client,
-                store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?,
-                store(&link.stores, layout::SYSTEM_UPGRADE_STATUS)?,
+                link.store(layout::SYSTEM_UPGRADE_INTENT)?,
+                link.store(layout::SYSTEM_UPGRADE_STATUS)?,
                 &uid,
                 &self.notify,
             );
@@ -839,7 +780,7 @@ impl Controller {
         plan: &TaskPlan,
         devices: &[DeviceId],
     ) -> Result<(), NatsError> {
-        let store = store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?;
+        let store = link.store(layout::SYSTEM_UPGRADE_INTENT)?;
         let mirror = self.views.get(&uid).map(|v| v.intents.clone());
         log::info!("run {uid}: releasing {} devices", devices.len());
         intents::release(store, mirror, plan, devices)
@@ -851,7 +792,7 @@ impl Controller {
         if keys.is_empty() {
             return Ok(());
         }
-        intents::remove(store(&link.stores, layout::SYSTEM_UPGRADE_INTENT)?, keys).await
+        intents::remove(link.store(layout::SYSTEM_UPGRADE_INTENT)?, keys).await
     }
 
     /// Removes every intent a terminal run still has (an updater that already accepted its attempt finishes it;
