@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 . "$root/scripts/bench.d/lib/goal.sh"
 rounds=${FLEET_BENCH_ROUNDS:-3}
-cargo build --release --locked -q -p fleet-updater --example fetch_bench --bin fleet-fetch
+cargo build --release --locked -q -p fleet-updater --example fetch_bench --bin fleet-tools
 bin=${CARGO_TARGET_DIR:-$root/target}/release/examples/fetch_bench
 getent passwd fleet-agent >/dev/null || bash "$root/scripts/setup.d/30-users.sh" >/dev/null
 for tool in curl sha256sum /usr/bin/time; do
@@ -17,7 +17,8 @@ done
 
 work=$(mktemp -d /tmp/fleet-bench-download.XXXXXX)
 chmod 755 "$work" # the helper runs as fleet-agent and must reach its copy here
-cp "${CARGO_TARGET_DIR:-$root/target}/release/fleet-fetch" "$work/fleet-fetch"
+# fleet-fetch is a name of the multicall fleet-tools.
+cp "${CARGO_TARGET_DIR:-$root/target}/release/fleet-tools" "$work/fleet-fetch"
 server_pid=
 cleanup() {
   exec 9>&- 2>/dev/null || true

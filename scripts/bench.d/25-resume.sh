@@ -12,14 +12,15 @@ cd "$root"
 drops=${FLEET_BENCH_DROPS:-5}
 seed=${FLEET_BENCH_SEED:-$(date +%s)}
 mib=100
-cargo build --release --locked -q -p fleet-updater --example fetch_bench --bin fleet-fetch
+cargo build --release --locked -q -p fleet-updater --example fetch_bench --bin fleet-tools
 bin=${CARGO_TARGET_DIR:-$root/target}/release/examples/fetch_bench
 getent passwd fleet-agent >/dev/null || bash "$root/scripts/setup.d/30-users.sh" >/dev/null
 
 work=$(mktemp -d /tmp/fleet-bench-resume.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 chmod 755 "$work" # the helper runs as fleet-agent and must reach its copy here
-cp "${CARGO_TARGET_DIR:-$root/target}/release/fleet-fetch" "$work/fleet-fetch"
+# fleet-fetch is a name of the multicall fleet-tools.
+cp "${CARGO_TARGET_DIR:-$root/target}/release/fleet-tools" "$work/fleet-fetch"
 mkdir -m 700 "$work/partial"
 
 out=$("$bin" resume "$mib" "$drops" "$seed" "$work/partial" "$work/fleet-fetch")

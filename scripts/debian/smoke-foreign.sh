@@ -18,10 +18,13 @@ cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 dpkg-deb -x "$deb" "$dir/pkg"
 bin=$dir/pkg/usr/libexec/harmony-fleet/bin
-for b in fleet-agent fleet-updater fleet-fetch fleet-reboot fleet-boot-watchdog fleet-token; do
+# fleet-fetch, fleet-reboot, fleet-boot-watchdog and fleet-token are links to the multicall fleet-tools.
+for b in fleet-agent fleet-updater fleet-tools fleet-fetch fleet-reboot fleet-boot-watchdog fleet-token; do
   got=$("${run[@]}" "$bin/$b" --version)
   [ "$got" = "$version" ] || { echo "smoke-foreign: $b --version says '$got', the package is $version" >&2; exit 1; }
-  "${run[@]}" "$bin/$b" --help >/dev/null
+  # Each names itself first: a link that ran fleet-tools' own help instead would say "fleet-tools:".
+  help=$("${run[@]}" "$bin/$b" --help)
+  [ "${help%%:*}" = "$b" ] || { echo "smoke-foreign: $b --help does not describe $b: ${help%%$'\n'*}" >&2; exit 1; }
   printf '%-14s %s --version: %s, --help: ok\n' "$b" "$arch" "$got"
 done
 # The updater on a temporary root, as root's own group (no fleet-agent user on a build machine).

@@ -24,4 +24,5 @@ pub mod run;
 pub mod service;
 pub mod socket;
 pub mod system;
+pub mod tools;
 pub mod users;

@@ -17,7 +17,8 @@ fn reboot_cycle_in_an_nspawn_device() {
     let _relay = guest.forward(srv.addr.port());
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     guest.install_file(
-        Path::new(env!("CARGO_BIN_EXE_fleet-reboot")),
+        // The multicall binary installed under the tool's name runs that tool.
+        Path::new(env!("CARGO_BIN_EXE_fleet-tools")),
         "/usr/local/sbin/fleet-reboot",
         0o755,
     );

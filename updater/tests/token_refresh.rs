@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-const BIN: &str = env!("CARGO_BIN_EXE_fleet-token");
+/// fleet-token is a name of the multicall `fleet-tools`; here it is named by the first argument.
+const BIN: &str = env!("CARGO_BIN_EXE_fleet-tools");
 const KEY_ID: &str = "293857230985723";
 const USER_ID: &str = "293857230985001";
 const PROJECT: &str = "284651234567890123";
@@ -145,6 +146,7 @@ impl Endpoint {
 
 fn run(config: &Path) -> (bool, String) {
     let out = Command::new(BIN)
+        .arg("fleet-token")
         .arg("--config")
         .arg(config)
         .env("RUST_LOG", "debug")

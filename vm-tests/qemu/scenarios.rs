@@ -98,8 +98,8 @@ fn install_v1() -> Rig {
     );
     stripped_copy(&builds::agent(V2), &files.join("fleet-agent-real-v2"));
     stripped_copy(&builds::updater(), &files.join("fleet-updater"));
-    stripped_copy(&builds::fetch_helper(), &files.join("fleet-fetch"));
-    stripped_copy(&builds::reboot_client(), &files.join("fleet-reboot"));
+    stripped_copy(&builds::tools(), &files.join("fleet-fetch"));
+    stripped_copy(&builds::tools(), &files.join("fleet-reboot"));
     let nats_url = match nats.ca_file() {
         Some(ca) => {
             std::fs::copy(ca, files.join("nats-ca.pem"))

@@ -216,19 +216,13 @@ pub fn agent_for(arch: Arch, version: &str) -> PathBuf {
     build_for(arch, "fleet-agent", "fleet-agent", Some(version))
 }
 
-/// The device binaries a package carries besides the agent, built for `arch`: (binary, name) of the updater, its
-/// download helper, the reboot client, the boot watchdog and the token refresher.
+/// The device binaries a package carries besides the agent, built for `arch`: (binary, name) of the updater and
+/// the multicall `fleet-tools` (fleet-fetch, fleet-reboot, fleet-token, fleet-boot-watchdog).
 pub fn device_bins_for(arch: Arch) -> Vec<(PathBuf, &'static str)> {
-    [
-        "fleet-updater",
-        "fleet-fetch",
-        "fleet-reboot",
-        "fleet-boot-watchdog",
-        "fleet-token",
-    ]
-    .into_iter()
-    .map(|b| (build_for(arch, "fleet-updater", b, None), b))
-    .collect()
+    ["fleet-updater", "fleet-tools"]
+        .into_iter()
+        .map(|b| (build_for(arch, "fleet-updater", b, None), b))
+        .collect()
 }
 
 /// The updater.
@@ -236,24 +230,10 @@ pub fn updater() -> PathBuf {
     build("fleet-updater", "fleet-updater", None)
 }
 
-/// The updater's download helper, installed beside it.
-pub fn fetch_helper() -> PathBuf {
-    build("fleet-updater", "fleet-fetch", None)
-}
-
-/// The device token refresher, installed beside the updater when given.
-pub fn token_refresher() -> PathBuf {
-    build("fleet-updater", "fleet-token", None)
-}
-
-/// The coordinated-reboot client, installed beside the updater.
-pub fn reboot_client() -> PathBuf {
-    build("fleet-updater", "fleet-reboot", None)
-}
-
-/// The boot watchdog, installed beside the updater.
-pub fn boot_watchdog() -> PathBuf {
-    build("fleet-updater", "fleet-boot-watchdog", None)
+/// The multicall binary of the device's root tools: installed (or copied) under a tool's name, it runs that tool
+/// (fleet-fetch, the updater's download helper; fleet-reboot; fleet-token; fleet-boot-watchdog).
+pub fn tools() -> PathBuf {
+    build("fleet-updater", "fleet-tools", None)
 }
 
 /// A binary of the workspace's own target directory when it is newer than its sources (`cargo test --workspace`

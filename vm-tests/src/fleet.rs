@@ -290,8 +290,8 @@ impl Device {
         );
         let updater = stage_file(&guest, &builds::updater(), "fleet-updater", 0o755);
         // device-setup installs the download helper from beside the updater.
-        stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
-        stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
+        stage_file(&guest, &builds::tools(), "fleet-fetch", 0o755);
+        stage_file(&guest, &builds::tools(), "fleet-reboot", 0o755);
         // The token as an administrator would bring it: a root-only file that device setup installs for the agent.
         let token = token.map(|t| stage_bytes(&guest, t.as_bytes(), "nats-token", 0o600));
         let acfg = stage_bytes(

@@ -290,8 +290,8 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         0o755,
     );
     let updater = stage_file(&guest, &builds::updater(), "fleet-updater", 0o755);
-    stage_file(&guest, &builds::fetch_helper(), "fleet-fetch", 0o755);
-    stage_file(&guest, &builds::reboot_client(), "fleet-reboot", 0o755);
+    stage_file(&guest, &builds::tools(), "fleet-fetch", 0o755);
+    stage_file(&guest, &builds::tools(), "fleet-reboot", 0o755);
     let url = guest_nats_url(&guest, &nats, &nats_link);
     // With the callout: the machine key, fleet-token's config naming the Zitadel stand-in (relayed into the
     // guest at the same URL) and the CA its certificate is from, and fleet-token beside the updater.
@@ -300,7 +300,7 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
         guest.forward(port);
         let ca = nats.zitadel_ca_pem().expect("ca");
         guest.write_file("/etc/harmony-fleet-ca/zitadel-ca.pem", &ca, 0o644);
-        stage_file(&guest, &builds::token_refresher(), "fleet-token", 0o755);
+        stage_file(&guest, &builds::tools(), "fleet-token", 0o755);
         let config = format!(
             "issuer: \"{issuer}\"\nproject_id: \"{}\"\nca_file: /etc/harmony-fleet-ca/zitadel-ca.pem\n",
             fleet_rig::callout::AUDIENCE

@@ -108,17 +108,22 @@ fn packages_install_a_working_device_and_purge_clean() {
     );
     let facts = guest.sh(
         "stat -c '%n %U:%G %a' /etc/harmony-fleet /etc/harmony-fleet/agent.toml /etc/harmony-fleet/updater.toml \
-           /usr/local/sbin/fleet-updater /usr/local/sbin/fleet-fetch /usr/local/sbin/fleet-reboot \
+           /usr/local/sbin/fleet-updater /usr/local/sbin/fleet-tools \
            /var/lib/fleet-updater /var/lib/fleet-agent; readlink /usr/local/bin/fleet-agent; \
-         /usr/local/bin/fleet-agent --version; systemctl is-enabled fleet-reboot-release.service",
+         /usr/local/bin/fleet-agent --version; systemctl is-enabled fleet-reboot-release.service; \
+         for t in fetch reboot token boot-watchdog; do echo \"fleet-$t -> $(readlink /usr/local/sbin/fleet-$t)\"; done",
     );
     for want in [
         "/etc/harmony-fleet root:fleet-agent 750",
         "/etc/harmony-fleet/agent.toml root:fleet-agent 640",
         "/etc/harmony-fleet/updater.toml root:root 644",
         "/usr/local/sbin/fleet-updater root:root 755",
-        "/usr/local/sbin/fleet-fetch root:root 755",
-        "/usr/local/sbin/fleet-reboot root:root 755",
+        // One multicall binary; the tools are links to it (one HTTPS stack on the device, not four).
+        "/usr/local/sbin/fleet-tools root:root 755",
+        "fleet-fetch -> fleet-tools\n",
+        "fleet-reboot -> fleet-tools\n",
+        "fleet-token -> fleet-tools\n",
+        "fleet-boot-watchdog -> fleet-tools\n",
         "/var/lib/fleet-updater root:root 700",
         "/var/lib/fleet-agent fleet-agent:fleet-agent 750",
         &format!("/usr/lib/harmony-fleet/fleet-agent-v{V1}\n{V1}\n"),

@@ -2,6 +2,7 @@
 //! boot, if the host is not up, write diagnostics first, then reboot — at most `max_reboots` watchdog reboots in
 //! `window_hours`, counted across boots. Past that cap the host stays up for a person and says so.
 
+pub mod cli;
 pub mod config;
 pub mod decide;
 pub mod history;

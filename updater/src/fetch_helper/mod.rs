@@ -4,6 +4,7 @@
 //! ([`serve`]); the root side (`crate::fetch_runner`) runs the helper, reads its bytes from a pipe, checks them
 //! again and writes the file.
 
+pub mod cli;
 mod client;
 mod download;
 mod error;

@@ -5,6 +5,7 @@
 
 pub mod check;
 pub mod checks;
+pub mod cli;
 pub mod config;
 pub mod deps;
 pub mod diag;

@@ -4,6 +4,7 @@
 //! (docs/auth.md). A failure leaves the old token in place.
 
 pub mod assertion;
+pub mod cli;
 pub mod config;
 pub mod grant;
 pub mod store;

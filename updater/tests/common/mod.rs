@@ -165,10 +165,11 @@ impl Device {
     }
 }
 
-/// The real `fleet-fetch` helper, copied into `dir` (mode 0755) where the agent user, which runs it, can reach it.
+/// The real `fleet-fetch` helper (the multicall `fleet-tools` under that name), copied into `dir` (mode 0755)
+/// where the agent user, which runs it, can reach it.
 pub fn fetch_helper_in(dir: &Path) -> PathBuf {
     let helper = dir.join("fleet-fetch");
-    fleet_rig::util::install_executable(Path::new(env!("CARGO_BIN_EXE_fleet-fetch")), &helper);
+    fleet_rig::util::install_executable(Path::new(env!("CARGO_BIN_EXE_fleet-tools")), &helper);
     helper
 }
 

@@ -37,11 +37,7 @@ fn run(with_release_unit: bool, timer_secs: Option<u64>) -> f64 {
         let mut g = Guest::boot();
         g.wait_up(Duration::from_secs(120));
         g.forward(server.port());
-        g.install_file(
-            &builds::reboot_client(),
-            "/usr/local/sbin/fleet-reboot",
-            0o755,
-        );
+        g.install_file(&builds::tools(), "/usr/local/sbin/fleet-reboot", 0o755);
         let mut units = vec!["fleet-reboot.service", "fleet-reboot.timer"];
         if with_release_unit {
             units.push("fleet-reboot-release.service");

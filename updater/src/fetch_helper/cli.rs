@@ -1,4 +1,5 @@
 //! `fleet-fetch`: the download helper the updater runs as the agent user for each agent upgrade.
+//! One of the names of the `fleet-tools` multicall binary ([`crate::tools`]).
 
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -16,8 +17,9 @@ resume offset the request named when the server continued those bytes with an HT
 Exit status: 0 when every byte was written (and, from zero, verified); 1 after printing one JSON failure line
 ({\"reason\":…,\"message\":…}) on stderr. See docs/artifacts.md.";
 
-fn main() {
-    if let Some(a) = std::env::args().nth(1) {
+/// The tool, given its arguments after its name.
+pub fn main(args: Vec<String>) {
+    if let Some(a) = args.into_iter().next() {
         match a.as_str() {
             "--help" | "-h" => println!("{HELP}"),
             "--version" | "-V" => println!("{}", env!("CARGO_PKG_VERSION")),
@@ -34,7 +36,7 @@ fn main() {
         .try_clone_to_owned()
         .map(std::fs::File::from);
     let result = match out {
-        Ok(mut out) => fleet_updater::fetch_helper::serve(std::io::stdin().lock(), &mut out),
+        Ok(mut out) => crate::fetch_helper::serve(std::io::stdin().lock(), &mut out),
         Err(e) => Err(fleet_wire::FetchFailure {
             reason: fleet_wire::UpgradeReason::DownloadFailed,
             message: fleet_wire::BoundedText::lossy(format!("stdout: {e}")),

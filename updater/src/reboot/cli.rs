@@ -1,7 +1,8 @@
 //! `fleet-reboot`: one run of the coordinated-reboot client (from fleet-reboot.timer).
+//! One of the names of the `fleet-tools` multicall binary ([`crate::tools`]).
 
-use fleet_updater::cli::{Cli, Spec};
-use fleet_updater::reboot::{self, Outcome, RebootConfig, RunOptions};
+use crate::cli::{Cli, Spec};
+use crate::reboot::{self, Outcome, RebootConfig, RunOptions};
 
 const HELP: &str =
     "fleet-reboot: reboot this host into a staged update when the time, its health, its
@@ -26,9 +27,11 @@ Exit status (--check: 0 when the config is valid and the server answers and acce
 0 when the run finished (rebooting, released, or \"not now\" with a logged reason);
 1 when something needs an operator (bad config or files, a failed reboot command).";
 
-fn main() {
+/// The tool, given its arguments after its name.
+pub fn main(args: Vec<String>) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let args = Cli::from_env(
+    let args = Cli::from_args(
+        args,
         HELP,
         env!("CARGO_PKG_VERSION"),
         &Spec {

@@ -1,8 +1,9 @@
 //! `fleet-boot-watchdog`: one run of the boot watchdog (from fleet-boot-watchdog.timer).
+//! One of the names of the `fleet-tools` multicall binary ([`crate::tools`]).
 
-use fleet_updater::boot_watchdog::{self, config::DEFAULT_CONFIG, Outcome, WatchdogConfig};
-use fleet_updater::cli::Cli;
-use fleet_updater::reboot::system::Host;
+use crate::boot_watchdog::{self, config::DEFAULT_CONFIG, Outcome, WatchdogConfig};
+use crate::cli::Cli;
+use crate::reboot::system::Host;
 
 const HELP: &str = "fleet-boot-watchdog: when this host has not finished booting (is-system-running not running
 or degraded, systemd-user-sessions.service not active, /run/nologin present), write diagnostics to
@@ -21,12 +22,14 @@ Usage: fleet-boot-watchdog [--config PATH]
 Exit status: 0 when the host is up, left alone, diagnosed or rebooting; 1 when the cap holds or
 something failed (bad config, diagnostics not written, a failed reboot command).";
 
-fn main() {
+/// The tool, given its arguments after its name.
+pub fn main(args: Vec<String>) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let config = Cli::from_env(
+    let config = Cli::from_args(
+        args,
         HELP,
         env!("CARGO_PKG_VERSION"),
-        &fleet_updater::cli::CONFIG_ONLY,
+        &crate::cli::CONFIG_ONLY,
     )
     .unwrap_or_else(|e| fail(&e))
     .path("--config")

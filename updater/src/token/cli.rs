@@ -1,7 +1,8 @@
 //! `fleet-token`: one refresh of the device's NATS token (from fleet-token.timer).
+//! One of the names of the `fleet-tools` multicall binary ([`crate::tools`]).
 
-use fleet_updater::cli::Cli;
-use fleet_updater::token::{self, TokenConfig};
+use crate::cli::Cli;
+use crate::token::{self, TokenConfig};
 
 const HELP: &str = "fleet-token: get a fresh NATS token for this device as its Zitadel machine user (JWT-profile
 grant, RFC 7523) and replace /etc/harmony-fleet/nats-token with it (mode 0600, owned by fleet-agent); the agent
@@ -17,12 +18,14 @@ Usage: fleet-token [--config PATH]
 
 Exit status: 0 when a new token was written, 1 otherwise. The token and the key are never printed.";
 
-fn main() {
+/// The tool, given its arguments after its name.
+pub fn main(args: Vec<String>) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let config = Cli::from_env(
+    let config = Cli::from_args(
+        args,
         HELP,
         env!("CARGO_PKG_VERSION"),
-        &fleet_updater::cli::CONFIG_ONLY,
+        &crate::cli::CONFIG_ONLY,
     )
     .unwrap_or_else(|e| fail(&e))
     .path("--config")
