@@ -1,7 +1,6 @@
 //! fleet-updater: the root updater daemon (thin main: arguments, logging, then the library).
 
 use fleet_updater::config::DEFAULT_CONFIG_PATH;
-use std::path::PathBuf;
 
 const HELP: &str = "\
 fleet-updater: the root updater of Harmony Fleet devices. Owns the agent-upgrade transaction (download, verify,
@@ -21,14 +20,13 @@ system_reboot_retry_secs.
 Logging: RUST_LOG (default info). See docs/updater.md.";
 
 fn main() {
-    let config = fleet_updater::cli::Cli::from_env(
+    let config = fleet_updater::cli::Cli::config_only(
+        std::env::args().skip(1),
         HELP,
         env!("CARGO_PKG_VERSION"),
-        &fleet_updater::cli::CONFIG_ONLY,
+        DEFAULT_CONFIG_PATH,
     )
-    .unwrap_or_else(|e| usage(&e))
-    .path("--config")
-    .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
+    .unwrap_or_else(|e| usage(&e));
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     if let Err(e) = fleet_updater::run::run(&config) {
         log::error!("{e}");

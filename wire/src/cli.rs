@@ -106,6 +106,19 @@ impl Cli {
         Self::from_args(std::env::args().skip(1), help, version, spec)
     }
 
+    /// For a program whose only option is `--config PATH` ([`CONFIG_ONLY`]): that path, else `default`; `--help`
+    /// and `--version` as [`Self::from_args`].
+    pub fn config_only(
+        args: impl IntoIterator<Item = String>,
+        help: &str,
+        version: &str,
+        default: &str,
+    ) -> Result<PathBuf, String> {
+        Ok(Self::from_args(args, help, version, &CONFIG_ONLY)?
+            .path("--config")
+            .unwrap_or_else(|| default.into()))
+    }
+
     /// [`Self::from_env`] for arguments already taken (after a subcommand).
     pub fn from_args(
         args: impl IntoIterator<Item = String>,

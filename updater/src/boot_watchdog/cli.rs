@@ -25,15 +25,8 @@ something failed (bad config, diagnostics not written, a failed reboot command).
 /// The tool, given its arguments after its name.
 pub fn main(args: Vec<String>) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let config = Cli::from_args(
-        args,
-        HELP,
-        env!("CARGO_PKG_VERSION"),
-        &crate::cli::CONFIG_ONLY,
-    )
-    .unwrap_or_else(|e| fail(&e))
-    .path("--config")
-    .unwrap_or_else(|| DEFAULT_CONFIG.into());
+    let config = Cli::config_only(args, HELP, env!("CARGO_PKG_VERSION"), DEFAULT_CONFIG)
+        .unwrap_or_else(|e| fail(&e));
     let cfg = WatchdogConfig::load(&config).unwrap_or_else(|e| fail(&e));
     match boot_watchdog::run(&cfg, &Host, fleet_wire::Timestamp::now()) {
         Ok(Outcome::CapReached(file)) => {

@@ -21,15 +21,13 @@ Exit status: 0 when a new token was written, 1 otherwise. The token and the key 
 /// The tool, given its arguments after its name.
 pub fn main(args: Vec<String>) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let config = Cli::from_args(
+    let config = Cli::config_only(
         args,
         HELP,
         env!("CARGO_PKG_VERSION"),
-        &crate::cli::CONFIG_ONLY,
+        token::config::DEFAULT_CONFIG,
     )
-    .unwrap_or_else(|e| fail(&e))
-    .path("--config")
-    .unwrap_or_else(|| token::config::DEFAULT_CONFIG.into());
+    .unwrap_or_else(|e| fail(&e));
     let cfg = TokenConfig::load(&config).unwrap_or_else(|e| fail(&e));
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
