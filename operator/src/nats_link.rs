@@ -105,7 +105,44 @@ impl Drop for Link {
     }
 }
 
+/// What [`Link::keep`] found.
+pub enum Kept {
+    /// The link was good.
+    Same,
+    /// A new link was opened (the first, or after a loss): views read from the old one are stale.
+    Opened,
+    /// There is no link: NATS could not be reached (the error, for the status).
+    Failed(String),
+}
+
 impl Link {
+    /// A controller's reconnect step, at the top of each pass: drops `slot`'s link when it is broken and opens
+    /// one with `open` when there is none. `who` prefixes the log lines.
+    pub async fn keep<F: std::future::Future<Output = Result<Link, NatsError>>>(
+        slot: &mut Option<Link>,
+        nats: &NatsLink,
+        who: &str,
+        open: impl FnOnce() -> F,
+    ) -> Kept {
+        if let Some(why) = slot.as_ref().and_then(|l| l.broken(nats)) {
+            log::warn!("{who}: NATS link lost ({why}); reconnecting");
+            *slot = None;
+        }
+        if slot.is_some() {
+            return Kept::Same;
+        }
+        match open().await {
+            Ok(l) => {
+                *slot = Some(l);
+                Kept::Opened
+            }
+            Err(e) => {
+                log::warn!("{who}: {e}");
+                Kept::Failed(e.to_string())
+            }
+        }
+    }
+
     /// Connects (or takes the shared connection) and opens every bucket of the layout.
     pub async fn open(nats: &NatsLink) -> Result<Self, NatsError> {
         let interruptions = nats.interruptions();

@@ -15,7 +15,7 @@ use super::report;
 use crate::conditions;
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
-use crate::nats_link::{Link, NatsLink};
+use crate::nats_link::{Kept, Link, NatsLink};
 use crate::runtime::Runtime;
 use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
@@ -221,33 +221,26 @@ pub async fn run_with(
     };
     let mut link: Option<Link> = None;
     loop {
-        if let Some(why) = link.as_ref().and_then(|l| l.broken(nats)) {
-            log::warn!("NATS link lost ({why}); reconnecting");
-            link = None;
-        }
-        let mut nats_error = None;
-        if link.is_none() {
-            match open_link(nats, &engine.mirrors, &notify).await {
-                Ok(mut l) => {
-                    // fleet-auth's reports of refused device writes, on the same connection.
-                    l.spawn(crate::refusals::listen(
-                        l.client.clone(),
-                        crate::refusals::Reporting {
-                            refusals: engine.refusals.clone(),
-                            devices: engine.devices.clone(),
-                            client: engine.client.clone(),
-                            recorder: engine.recorder.clone(),
-                            notify: notify.clone(),
-                        },
-                    ));
-                    link = Some(l);
-                }
-                Err(e) => {
-                    log::warn!("{e}");
-                    nats_error = Some(e.to_string());
-                }
-            }
-        }
+        let kept = Link::keep(&mut link, nats, "deployments", || async {
+            let mut l = open_link(nats, &engine.mirrors, &notify).await?;
+            // fleet-auth's reports of refused device writes, on the same connection.
+            l.spawn(crate::refusals::listen(
+                l.client.clone(),
+                crate::refusals::Reporting {
+                    refusals: engine.refusals.clone(),
+                    devices: engine.devices.clone(),
+                    client: engine.client.clone(),
+                    recorder: engine.recorder.clone(),
+                    notify: notify.clone(),
+                },
+            ));
+            Ok(l)
+        })
+        .await;
+        let nats_error = match kept {
+            Kept::Failed(e) => Some(e),
+            Kept::Same | Kept::Opened => None,
+        };
         // Wait for the desired-state and intent mirrors before the first writes (CAS would be safe anyway,
         // but every write would first lose a race).
         let ready = link.is_some() && engine.mirrors.synced();

@@ -23,7 +23,7 @@ use crate::crd::{Device, DeviceGroup, Stalled};
 use crate::deployments::placement::{self, Labels};
 use crate::deployments::report;
 use crate::kv::{self, Mirror, NatsError};
-use crate::nats_link::Link;
+use crate::nats_link::{Kept, Link};
 use crate::runtime::Runtime;
 use fleet_wire::kv as layout;
 use fleet_wire::{
@@ -143,28 +143,25 @@ pub async fn run_with(
     };
     let mut link: Option<Link> = None;
     loop {
-        if let Some(why) = link.as_ref().and_then(|l| l.broken(nats)) {
-            log::warn!("task runs: NATS link lost ({why}); reconnecting");
-            link = None;
-            c.views.clear();
-        }
-        let mut nats_error = None;
-        if link.is_none() {
-            let opened = Link::open(nats).await.and_then(|mut l| {
-                // The device-info mirror, when this controller keeps it itself ([`DeviceInfoSource::Own`]).
-                if own_info {
-                    l.watch(&c.info, &notify)?;
-                }
-                Ok(l)
-            });
-            match opened {
-                Ok(l) => link = Some(l),
-                Err(e) => {
-                    log::warn!("task runs: {e}");
-                    nats_error = Some(e.to_string());
-                }
+        let info = &c.info;
+        let kept = Link::keep(&mut link, nats, "task runs", || async {
+            let mut l = Link::open(nats).await?;
+            // The device-info mirror, when this controller keeps it itself ([`DeviceInfoSource::Own`]).
+            if own_info {
+                l.watch(info, &notify)?;
             }
-        }
+            Ok(l)
+        })
+        .await;
+        let nats_error = match kept {
+            // The run views' watches were on the old link: a new one reads them anew.
+            Kept::Opened => {
+                c.views.clear();
+                None
+            }
+            Kept::Same => None,
+            Kept::Failed(e) => Some(e),
+        };
         crate::metrics::reconciled("taskruns", nats_error.is_none());
         let wake = c.pass(link.as_ref(), nats_error).await;
         crate::memory::give_back();
