@@ -8,12 +8,15 @@
 
 use async_nats::jetstream::kv;
 use fleet_operator::crd::tasks::TaskRun;
-use fleet_operator::crd::{Device, DeviceGroup, FleetDeployment};
+use fleet_operator::crd::{
+    AgentRelease, Device, DeviceGroup, FleetDeployment, PlacementStatus, RolloutPhase,
+};
 use fleet_rig::fleetlock::ServerProcess;
 use fleet_wire::kv as layout;
 use fleet_wire::{
-    fixtures, AttemptId, BoundedText, DeviceId, SystemUpgradePhase, SystemUpgradeStatus,
-    TaskRunPhase, TaskRunReason, Timestamp, UpgradePhase, UpgradeReason, WorkloadState,
+    fixtures, AgentUpgradeAttempt, AttemptId, BoundedText, DeviceId, SystemUpgradePhase,
+    SystemUpgradeStatus, TaskRunPhase, TaskRunReason, Timestamp, UpgradePhase, UpgradeReason,
+    Version, WorkloadState,
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
@@ -273,6 +276,56 @@ fn screenshot(base_with_auth: &str, path: &str, name: &str, height: u32, dir: &P
     }
 }
 
+/// The `data-part`/`data-count` pairs a rollout page's bars must show: each part exactly its count in `s`
+/// (`workloads`: also the deployment's workloads bar; a list page shows only one bar per object, the rollout's
+/// when there is one).
+fn bar_counts(s: &PlacementStatus, workloads: bool) -> Vec<String> {
+    let part = |p: &str, n: u32| format!("data-part=\"{p}\" data-count=\"{n}\"");
+    let mut v = Vec::new();
+    if let Some(r) = &s.rollout {
+        v.extend([
+            part("healthy", r.healthy),
+            part("soaking", r.soaking),
+            part("updating", r.updating),
+            part("failed", r.failed),
+            part("pending", r.pending),
+        ]);
+    }
+    if let (Some(w), true) = (&s.workloads, workloads || s.rollout.is_none()) {
+        v.extend([
+            part("workloads running", w.running),
+            part("workloads failed", w.failed),
+            part("workloads pending", w.pending),
+        ]);
+    }
+    v
+}
+
+/// Loads `path` in Chromium until `status` (read through the API server) is the same before and after the load,
+/// so the DOM and the returned status describe one moment even while the operator writes it.
+async fn page_with_status<T, F, Fut>(authed: &str, path: &str, status: F) -> (String, T)
+where
+    T: PartialEq + std::fmt::Debug,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let mut last = None;
+    for _ in 0..10 {
+        let before = status().await;
+        let url = format!("{authed}{path}");
+        let dom = tokio::task::spawn_blocking(move || browse(&url, &["--dump-dom"]))
+            .await
+            .unwrap();
+        let after = status().await;
+        if before == after {
+            return (dom, after);
+        }
+        last = Some((before, after));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("{path}: the status changed during every load: {last:#?}")
+}
+
 /// What a person does: start the operator with the dashboard on, open it in a browser, and find out why a device
 /// is not upgraded and why a task run stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -417,6 +470,97 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         let s = runs.get(run_name).await.ok()?.status?.run;
         (s.phase == Some(TaskRunPhase::Failed) && s.reason == Some(TaskRunReason::CanaryFailed))
             .then_some(())
+    })
+    .await;
+
+    // An AgentRelease with a staged rollout: its canary commits, then its agent restarts during the 600 s soak,
+    // which halts the rollout (CanaryFailed) and names the canary. And a FleetDeployment with a rollout section.
+    let release_name = f.name("agent-2");
+    let art = fixtures::attempt();
+    let release: AgentRelease = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "AgentRelease",
+        "metadata": {"name": release_name, "labels": f.labels(json!({}))},
+        "spec": {"allowedGroups": [group], "rollout": {"soakSeconds": 600, "maxUnavailable": 1},
+            "builds": [{"architecture": "arm64", "version": "2.0.0", "artifact": art.artifact.to_string(),
+                "sha256": art.sha256.as_str(), "byteLimit": 20_000_000}]}
+    }))
+    .unwrap();
+    let releases = Api::<AgentRelease>::all(f.client.clone());
+    releases
+        .create(&PostParams::default(), &release)
+        .await
+        .unwrap();
+    let staged_name = f.name("api");
+    let staged: FleetDeployment = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": {"name": staged_name, "labels": f.labels(json!({}))},
+        "spec": {"allowedGroups": [group], "targetSelector": {}, "workloads": [fixtures::workload("api")],
+            "rollout": {}}
+    }))
+    .unwrap();
+    let deployments = Api::<FleetDeployment>::all(f.client.clone());
+    deployments
+        .create(&PostParams::default(), &staged)
+        .await
+        .unwrap();
+    let upgrade_intents: kv::Store =
+        f.js.get_key_value(layout::AGENT_UPGRADE_INTENT)
+            .await
+            .unwrap();
+    let a: AgentUpgradeAttempt = eventually("the release's canary intent", || async {
+        let v = upgrade_intents.get(canary.as_str()).await.ok()??;
+        serde_json::from_slice(&v).ok()
+    })
+    .await;
+    let agent_started = |at: Timestamp| {
+        let mut info = fixtures::device_info();
+        info.device_id = canary.clone();
+        info.agent_version = Version::try_from("2.0.0").unwrap();
+        info.published_at = at;
+        info
+    };
+    let t1 = Timestamp::now();
+    f.put(layout::DEVICE_INFO, canary.as_str(), &agent_started(t1))
+        .await;
+    let mut committed = fixtures::upgrade_status();
+    committed.device_id = canary.clone();
+    committed.attempt_id = Some(a.attempt_id);
+    committed.target_version = Some(a.target_version.clone());
+    committed.attempt_digest = Some(a.digest());
+    committed.phase = UpgradePhase::Complete;
+    committed.phase_changed_at = t1.plus(Duration::from_millis(500));
+    f.put(layout::AGENT_UPGRADE_STATUS, canary.as_str(), &committed)
+        .await;
+    let mut hb = fixtures::heartbeat();
+    hb.device_id = canary.clone();
+    hb.agent_version = Version::try_from("2.0.0").unwrap();
+    hb.at = t1.plus(Duration::from_secs(1));
+    f.put(layout::DEVICE_HEARTBEAT, canary.as_str(), &hb).await;
+    let phase = || async {
+        releases
+            .get(&release_name)
+            .await
+            .ok()?
+            .status?
+            .rollout
+            .map(|r| r.phase)
+    };
+    eventually("the canary soaking", || async {
+        matches!(
+            phase().await,
+            Some(RolloutPhase::Soaking | RolloutPhase::Halted)
+        )
+        .then_some(())
+    })
+    .await;
+    f.put(
+        layout::DEVICE_INFO,
+        canary.as_str(),
+        &agent_started(t1.plus(Duration::from_secs(30))),
+    )
+    .await;
+    eventually("the release halted", || async {
+        (phase().await == Some(RolloutPhase::Halted)).then_some(())
     })
     .await;
 
@@ -566,6 +710,115 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         pages.iter().any(|(p, _)| p.starts_with("/devices/")),
         "device pages checked"
     );
+
+    // The rollout pages: every bar part is the count the API server holds in the object's status at that moment
+    // (whatever the operator wrote), and each device the status names as failing links to its page.
+    let release_status = || async {
+        releases
+            .get(&release_name)
+            .await
+            .ok()
+            .and_then(|r| r.status)
+    };
+    let deployment_status = |n: String| {
+        let deployments = deployments.clone();
+        async move { deployments.get(&n).await.ok().and_then(|d| d.status) }
+    };
+    let dep_name = f.name("web");
+    let (dom, st) = page_with_status(&authed, "/releases", release_status).await;
+    let st = st.expect("the release has a status");
+    let mut wants = bar_counts(&st, false);
+    wants.extend([release_name.clone(), "Halted: CanaryFailed".into()]);
+    let (page, st) = page_with_status(
+        &authed,
+        &format!("/releases/{release_name}"),
+        release_status,
+    )
+    .await;
+    let st = st.expect("the release has a status");
+    let named = fleet_operator::dashboard::named_devices::named(&st.conditions);
+    assert!(
+        named.iter().any(|n| n.device == canary),
+        "the halt names the canary: {:#?}",
+        st.conditions
+    );
+    let mut page_wants = bar_counts(&st, true);
+    page_wants.push("<b id=\"rollout-phase\">Halted</b>".into());
+    page_wants.push("a canary failed: the rollout is halted".into());
+    page_wants.push("agent restarted during its soak".into());
+    for n in &named {
+        page_wants.push(format!(
+            "<span data-failing-device=\"{0}\"><a href=\"/devices/{0}\">{0}</a></span>",
+            n.device
+        ));
+    }
+    let both = || async {
+        (
+            deployment_status(dep_name.clone()).await,
+            deployment_status(staged_name.clone()).await,
+        )
+    };
+    let (deps_dom, (web_st, staged_st)) = page_with_status(&authed, "/deployments", both).await;
+    let (web_st, staged_st) = (web_st.expect("web status"), staged_st.expect("api status"));
+    let mut deps_wants = bar_counts(&web_st, false);
+    deps_wants.extend(bar_counts(&staged_st, false));
+    deps_wants.extend([dep_name.clone(), staged_name.clone()]);
+    let (web_dom, web_st) = page_with_status(&authed, &format!("/deployments/{dep_name}"), || {
+        deployment_status(dep_name.clone())
+    })
+    .await;
+    let web_st = web_st.expect("web status");
+    assert!(
+        web_st.workloads.is_some(),
+        "the deployment counts its workloads"
+    );
+    let (staged_dom, staged_st) =
+        page_with_status(&authed, &format!("/deployments/{staged_name}"), || {
+            deployment_status(staged_name.clone())
+        })
+        .await;
+    let staged_st = staged_st.expect("api status");
+    assert!(
+        staged_st.rollout.is_some(),
+        "a staged deployment's rollout status"
+    );
+    for (path, dom, wants) in [
+        ("/releases".to_owned(), &dom, wants),
+        (format!("/releases/{release_name}"), &page, page_wants),
+        ("/deployments".to_owned(), &deps_dom, deps_wants),
+        (
+            format!("/deployments/{dep_name}"),
+            &web_dom,
+            bar_counts(&web_st, true),
+        ),
+        (
+            format!("/deployments/{staged_name}"),
+            &staged_dom,
+            bar_counts(&staged_st, true),
+        ),
+    ] {
+        assert!(!wants.is_empty());
+        for want in wants {
+            assert!(
+                dom.contains(want.as_str()),
+                "{path}: {want:?} missing from the DOM:\n{dom}"
+            );
+        }
+        assert!(!dom.contains(SECRET), "{path} shows a workload's env");
+        assert!(!dom.contains("<script"), "{path} has a script");
+    }
+    // The overview and every page's navigation link to the list pages.
+    let url = format!("{authed}/");
+    let overview = tokio::task::spawn_blocking(move || browse(&url, &["--dump-dom"]))
+        .await
+        .unwrap();
+    for link in ["href=\"/releases\"", "href=\"/deployments\""] {
+        assert_eq!(
+            overview.matches(link).count(),
+            2,
+            "{link}: nav and overview"
+        );
+    }
 
     // Screenshots for docs/dashboard.md.
     let shots = dir.path().to_path_buf();
@@ -804,7 +1057,7 @@ fn hostile_values_are_escaped_on_every_page() {
     use fleet_operator::dashboard::alerts::{Alert, AlertKind, Subject};
     use fleet_operator::dashboard::runs::{DeviceResult, PlanPage};
     use fleet_operator::dashboard::state::FleetLockView;
-    use fleet_operator::dashboard::{device, overview, reboots, runs};
+    use fleet_operator::dashboard::{device, overview, reboots, rollouts, runs};
     use std::sync::Arc;
     const HOSTILE: &str = "<script>alert(\"x&y\")</script>'";
     const ESCAPED: &str = "&lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script&gt;'";
@@ -915,4 +1168,58 @@ fn hostile_values_are_escaped_on_every_page() {
         &reboots::render(Some(&failed), &[], now),
         1,
     );
+    // Rollout pages: the object's name, its groups, a build's architecture and version, a failing device's
+    // reason as the halt names it, a condition's reason and message, the latest workload error.
+    let halted = json!([
+        {"type": "Halted", "status": "True", "reason": HOSTILE, "lastTransitionTime": "2026-12-01T10:00:00Z",
+         "message": format!("a canary failed: pi-1 ({HOSTILE}); no further device gets the change")}
+    ]);
+    let rel: AgentRelease = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "AgentRelease",
+        "metadata": {"name": HOSTILE},
+        "spec": {"allowedGroups": [HOSTILE], "rollout": {},
+            "builds": [{"architecture": HOSTILE, "version": HOSTILE, "artifact": HOSTILE, "sha256": "00",
+                "byteLimit": 1}]},
+        "status": {"rollout": {"phase": "Halted", "updated": 0, "healthy": 0, "soaking": 0, "updating": 0,
+            "pending": 2, "failed": 1}, "conditions": halted}
+    }))
+    .unwrap();
+    // Title and heading, groups, architecture, version, the device's reason, the condition's reason and message.
+    check(
+        "release",
+        &rollouts::release(&rel, &|_| Some(HOSTILE.into()), now),
+        9,
+    );
+    // The link's text, the problem's reason and its message (as the tooltip).
+    check("releases", &rollouts::releases(&[Arc::new(rel)]), 3);
+    let dep: FleetDeployment = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": {"name": HOSTILE},
+        "spec": {"allowedGroups": [HOSTILE], "workloads": []},
+        "status": {"workloads": {"running": 0, "failed": 1, "pending": 0, "latestError": format!("pi-1: {HOSTILE}")},
+            "conditions": [{"type": "Degraded", "status": "True", "reason": HOSTILE,
+                "lastTransitionTime": "2026-12-01T10:00:00Z", "message": HOSTILE}]}
+    }))
+    .unwrap();
+    // Title and heading, groups, the latest workload error, the condition's reason and message.
+    check("deployment", &rollouts::deployment(&dep, now), 6);
+    check("deployments", &rollouts::deployments(&[Arc::new(dep)]), 3);
+    // A status that does not exist yet: the name still shows, escaped.
+    let mut bare = rel_without_status();
+    bare.metadata.name = Some(HOSTILE.into());
+    check(
+        "release without a status",
+        &rollouts::release(&bare, &|_| None, now),
+        2,
+    );
+}
+
+/// An AgentRelease as created, before the operator wrote its status.
+fn rel_without_status() -> AgentRelease {
+    serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "AgentRelease",
+        "metadata": {"name": "agent-2"},
+        "spec": {"allowedGroups": ["pilot"], "builds": []}
+    }))
+    .unwrap()
 }

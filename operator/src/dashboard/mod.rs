@@ -1,7 +1,8 @@
 //! Alerts, always evaluated and published as Kubernetes events, and the read-only dashboard served by the
 //! operator (its own listen address, off by default): fleet overview, device pages, task run history with
-//! per-device results, reboots (FleetLock holders) and alerts, as server-rendered HTML that needs no JavaScript;
-//! `/metrics` for Prometheus. Access to the pages needs the dashboard's token.
+//! per-device results, agent releases and deployments with their rollouts, reboots (FleetLock holders) and
+//! alerts, as server-rendered HTML that needs no JavaScript; `/metrics` for Prometheus. Access to the pages
+//! needs the dashboard's token.
 //!
 //! A product folder: it takes CRD types, caches, KV helpers and the event recorder from the operator's shared
 //! modules and nothing from `engine.rs` or another product folder.
@@ -13,8 +14,10 @@ pub mod device;
 pub mod events;
 pub mod html;
 pub mod metrics;
+pub mod named_devices;
 pub mod overview;
 pub mod reboots;
+pub mod rollouts;
 pub mod runs;
 pub mod server;
 pub mod state;
@@ -73,10 +76,14 @@ pub async fn run(rt: &crate::runtime::Runtime, opts: Options) -> Result<(), Stri
         None => None,
     };
     let notify = Arc::new(Notify::new());
+    // Only pages read deployments and releases (no alert depends on them): their changes wake nothing.
+    let unheard = Arc::new(Notify::new());
     let state = Arc::new(State {
         devices: caches.devices.subscribe(&notify),
         groups: caches.groups.subscribe(&notify),
         runs: caches.runs.subscribe(&notify),
+        deployments: caches.deployments.subscribe(&unheard),
+        releases: caches.releases.subscribe(&unheard),
         heartbeats,
         nats: RwLock::new(None),
         fleetlock: RwLock::new(None),

@@ -168,6 +168,8 @@ pub fn render(
             h2 { "Task runs by phase" }
             (table(&["phase", "runs"], count_rows(by_phase)))
             p { a href="/runs" { "Task run history" } }
+            h2 { "Rollouts" }
+            p { a href="/releases" { "Agent releases" } " · " a href="/deployments" { "Deployments" } }
             p.muted {
                 "Rendered at " (now) "; heartbeat ages come from the Device objects (written at most every "
                 (age(Duration::from_secs(30))) ")."

@@ -4,7 +4,7 @@
 use super::auth::Token;
 use super::html::{page, url_decode};
 use super::state::State;
-use super::{device, metrics, overview, reboots, runs};
+use super::{device, metrics, overview, reboots, rollouts, runs};
 use bytes::Bytes;
 use fleet_wire::{AttemptId, DeviceId, Timestamp};
 use http_body_util::Full;
@@ -179,6 +179,33 @@ pub async fn handle(
                 StatusCode::OK,
                 runs::render(&r, plan, page, &state.alerts(), now),
             )
+        }
+        ["releases"] => html(StatusCode::OK, rollouts::releases(&state.releases.state())),
+        // AgentRelease and FleetDeployment are cluster-scoped: a name is the whole key.
+        ["releases", name] => {
+            let Some(r) = state.releases.get(&ObjectRef::new(name)) else {
+                return Ok(not_found(&format!("no AgentRelease {name}")));
+            };
+            let upgrade_of = |id: &DeviceId| {
+                let d = state.devices.get(&ObjectRef::new(id.as_str()))?;
+                let u = d.status.as_ref()?.agent_upgrade.as_ref()?;
+                let phase = crate::deployments::rollout::phase_word(u.phase);
+                Some(match u.reason {
+                    Some(reason) => format!("{phase}: {}", super::html::name(&reason)),
+                    None => phase,
+                })
+            };
+            html(StatusCode::OK, rollouts::release(&r, &upgrade_of, now))
+        }
+        ["deployments"] => html(
+            StatusCode::OK,
+            rollouts::deployments(&state.deployments.state()),
+        ),
+        ["deployments", name] => {
+            let Some(d) = state.deployments.get(&ObjectRef::new(name)) else {
+                return Ok(not_found(&format!("no FleetDeployment {name}")));
+            };
+            html(StatusCode::OK, rollouts::deployment(&d, now))
         }
         ["reboots"] => html(
             StatusCode::OK,

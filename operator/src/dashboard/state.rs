@@ -1,10 +1,10 @@
-//! What the dashboard reads: caches of Device, DeviceGroup and TaskRun objects (watched, like the controllers'),
-//! the NATS buckets it reads single keys from (never whole buckets), the FleetLock server's last status and the
-//! current alerts.
+//! What the dashboard reads: the operator's caches of Device, DeviceGroup, TaskRun, FleetDeployment and
+//! AgentRelease objects (the controllers' watches), the NATS buckets it reads single keys from (never whole
+//! buckets), the FleetLock server's last status and the current alerts.
 
 use super::alerts::{Alert, Thresholds};
 use crate::crd::tasks::TaskRun;
-use crate::crd::{Device, DeviceGroup};
+use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use crate::kv::{Mirror, NatsError};
 use async_nats::jetstream::kv::Store;
 use fleet_wire::fleetlock::ServerStatus;
@@ -107,6 +107,10 @@ pub struct State {
     pub groups: reflector::Store<DeviceGroup>,
     /// TaskRun objects (every namespace).
     pub runs: reflector::Store<TaskRun>,
+    /// FleetDeployment objects (cluster-scoped).
+    pub deployments: reflector::Store<FleetDeployment>,
+    /// AgentRelease objects (cluster-scoped).
+    pub releases: reflector::Store<AgentRelease>,
     /// `device-heartbeat`, mirrored by the control loop: liveness is read here, not from the Device's
     /// `lastHeartbeat` (written only at a slow refresh: [`crate::deployments::mirror::HEARTBEAT_REFRESH`]).
     pub heartbeats: Arc<Mirror<Heartbeat>>,
