@@ -5,8 +5,8 @@
 //! and a workload started from a desired state; an agent upgrade v1 → v2 that commits while the workload's
 //! container keeps running (same id, PID and start time); a broken v3 rolled back, the container still untouched;
 //! a reboot coordinated through a real `fleetlock-server`, after which the agent brings the workload back; a
-//! system upgrade (the device's side of a TaskRun, driven through NATS as `vm-tests/tests/system_upgrade.rs` does):
-//! `apt-get full-upgrade` from a local repository and a reboot through FleetLock, the workload back again. Prints
+//! TaskRun created with kubectl through the real operator (kube-apiserver, the `fleet-operator` binary): `apt-get
+//! full-upgrade` from a local repository and a reboot through FleetLock, the run Complete. Prints
 //! PASS/FAIL per step with its time, and the measurements; exits 1 when a step failed. Run it through
 //! `vm-tests/arm64-vm/run`, which builds the image first.
 
@@ -41,7 +41,7 @@ podman    rootless Podman's API timed against the agent's bounds; a desired stat
 commit    agent upgrade v1 -> v2 commits; the workload's container keeps running (same id, PID, start)\n  \
 rollback  a v3 that dies before readiness is rolled back; v2 ready, the container untouched\n  \
 reboot    /run/reboot-required: fleet-reboot takes the FleetLock slot, reboots, gives it back; the workload runs again\n  \
-taskrun   a system-upgrade intent: apt-get full-upgrade from a local repository, a reboot through FleetLock, succeeded\n\n\
+taskrun   kubectl create a TaskRun through the real operator: apt-get full-upgrade from a local repository, a reboot through FleetLock, Complete\n\n\
 Needs qemu-system-aarch64, the image of scripts/setup.d/66-qemu-arm64.sh and FLEET_NATS_SERVER: use vm-tests/arm64-vm/run.";
 
 /// Where the versioned agent binaries live on a device.
