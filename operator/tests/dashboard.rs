@@ -1118,7 +1118,18 @@ fn hostile_values_are_escaped_on_every_page() {
     let devices = vec![Arc::new(dev.clone())];
     check(
         "overview",
-        &overview::render(&devices, &[], &[], &alerts, &|_| None, now),
+        &overview::render(
+            &overview::Objects {
+                devices: &devices,
+                groups: &[],
+                runs: &[],
+                releases: &[],
+                deployments: &[],
+            },
+            &alerts,
+            &|_| None,
+            now,
+        ),
         3,
     );
     // Task run: its latest error, a condition's message, a device's error.

@@ -87,6 +87,27 @@ pub fn bar(title: &str, parts: &[Part]) -> Markup {
     }
 }
 
+/// The legend's `(part, count)` pairs of the bar inside the element marked `data-bar="<id>"` in a page's HTML
+/// (as served, or as a browser's DOM dump), in order; `None` when the page has no such bar. Labels come back as
+/// the page wrote them (escaped).
+pub fn legend(page: &str, id: &str) -> Option<Vec<(String, u64)>> {
+    let start = page.find(&format!("data-bar=\"{id}\""))?;
+    let rest = &page[start..];
+    let figure = &rest[..rest.find("</figure>")?];
+    let mut out = Vec::new();
+    for span in figure.split("<span class=\"part\" ").skip(1) {
+        let attr = |a: &str| {
+            let v = span.split(&format!("{a}=\"")).nth(1)?;
+            v.split('"').next()
+        };
+        out.push((
+            attr("data-part")?.to_owned(),
+            attr("data-count")?.parse().ok()?,
+        ));
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +152,20 @@ mod tests {
         assert!(s.contains("<title>updated: 7</title>"), "{s}");
         assert!(s.contains("<title>r: 10 in all</title>"), "{s}");
         assert!(s.contains("<b>3</b>"), "{s}");
+    }
+
+    #[test]
+    fn legend_reads_back_the_counts_of_the_marked_bar() {
+        let one = bar("a", &[Part::new("x", 2, "#070"), Part::new("y", 0, "#999")]);
+        let two = bar("b", &[Part::new("x", 5, "#070")]);
+        let page =
+            maud::html! { div data-bar="one" { (one) } div data-bar="two" { (two) } }.into_string();
+        assert_eq!(
+            legend(&page, "one"),
+            Some(vec![("x".into(), 2), ("y".into(), 0)])
+        );
+        assert_eq!(legend(&page, "two"), Some(vec![("x".into(), 5)]));
+        assert_eq!(legend(&page, "three"), None);
     }
 
     #[test]

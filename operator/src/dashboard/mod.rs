@@ -12,6 +12,7 @@ pub mod auth;
 pub mod bars;
 pub mod device;
 pub mod events;
+pub mod fleet_counts;
 pub mod html;
 pub mod metrics;
 pub mod named_devices;

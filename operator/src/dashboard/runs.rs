@@ -51,7 +51,7 @@ pub fn canary_outcome(r: &TaskRun) -> &'static str {
 }
 
 /// A link to a run's page.
-fn run_link(ns: &str, n: &str) -> Markup {
+pub fn run_link(ns: &str, n: &str) -> Markup {
     html! { a href={ "/runs/" (url_part(ns)) "/" (url_part(n)) } { (ns) "/" (n) } }
 }
 

@@ -119,9 +119,13 @@ pub async fn handle(
         [] => html(
             StatusCode::OK,
             overview::render(
-                &state.devices.state(),
-                &state.groups.state(),
-                &state.runs.state(),
+                &overview::Objects {
+                    devices: &state.devices.state(),
+                    groups: &state.groups.state(),
+                    runs: &state.runs.state(),
+                    releases: &state.releases.state(),
+                    deployments: &state.deployments.state(),
+                },
                 &state.alerts(),
                 &|d| state.last_heartbeat(d),
                 now,
