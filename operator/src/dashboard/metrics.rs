@@ -1,8 +1,10 @@
 //! `/metrics`: the operator's counters ([`crate::metrics`]) and gauges computed at scrape time from the
-//! dashboard's caches (devices by agent-upgrade phase, task runs by phase, alerts by kind, FleetLock reachability),
-//! in the OpenMetrics text format that Prometheus scrapes.
+//! dashboard's caches (devices by agent-upgrade phase and by agent version, workloads by state, rollouts by kind
+//! and phase, task runs by phase, alerts by kind, FleetLock reachability), in the OpenMetrics text format that
+//! Prometheus scrapes. The fleet's counts are [`fleet_counts`]', the same the overview's bars show.
 
 use super::alerts::AlertKind;
+use super::fleet_counts as counts;
 use super::overview::{phase_name, run_phase_name};
 use super::state::State;
 use prometheus_client::encoding::text::encode;
@@ -15,6 +17,14 @@ use std::collections::BTreeMap;
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 type Labels = Vec<(&'static str, String)>;
+
+/// Agent versions exported one by one; the devices of any further version are summed as `other`, so the series
+/// stay bounded whatever versions devices report.
+pub const VERSION_SERIES: usize = 32;
+
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
 
 fn gauge_family(registry: &mut Registry, name: &str, help: &str, values: BTreeMap<Labels, i64>) {
     let f = Family::<Labels, Gauge>::default();
@@ -94,9 +104,10 @@ pub fn render(state: &State) -> String {
         BTreeMap::from([(vec![], i64::try_from(refusing).unwrap_or(i64::MAX))]),
     );
 
+    let devices = state.devices.state();
     let mut phases = BTreeMap::new();
-    for d in state.devices.state() {
-        *phases.entry(vec![("phase", phase_name(&d))]).or_insert(0) += 1;
+    for d in &devices {
+        *phases.entry(vec![("phase", phase_name(d))]).or_insert(0) += 1;
     }
     gauge_family(
         &mut registry,
@@ -104,13 +115,40 @@ pub fn render(state: &State) -> String {
         "Devices by agent-upgrade phase (`none`: never upgraded)",
         phases,
     );
+    gauge_family(
+        &mut registry,
+        "fleet_devices_by_agent_version",
+        "Devices by the agent version they report (`unknown`: none reported yet); the 32 versions with the most \
+         devices each, the rest summed as `other`",
+        counts::top(&counts::versions(&devices), VERSION_SERIES)
+            .into_iter()
+            .map(|(v, n)| (vec![("agent_version", v)], gauge(n)))
+            .collect(),
+    );
+    let w = counts::workloads(&devices);
+    gauge_family(
+        &mut registry,
+        "fleet_workloads",
+        "Workloads on the fleet by state (running, failed, pending), summed over the Devices' status.workloads",
+        [("running", w.running), ("failed", w.failed), ("pending", w.pending)]
+            .into_iter()
+            .map(|(s, n)| (vec![("state", s.to_owned())], gauge(n)))
+            .collect(),
+    );
+    gauge_family(
+        &mut registry,
+        "fleet_rollouts",
+        "AgentReleases and FleetDeployments by kind and rollout phase (`none`: no rollout status)",
+        counts::rollout_phases(&state.releases.state(), &state.deployments.state())
+            .into_iter()
+            .map(|((k, p), n)| (vec![("kind", k.to_owned()), ("phase", p)], gauge(n)))
+            .collect(),
+    );
 
     // Liveness as the dashboard and the silence alert see it (the heartbeat mirror): the age of each device's
     // latest heartbeat, by quantile; devices that never beat are left out.
     let now = fleet_wire::Timestamp::now();
-    let mut ages: Vec<i64> = state
-        .devices
-        .state()
+    let mut ages: Vec<i64> = devices
         .iter()
         .filter_map(|d| state.last_heartbeat(d))
         .map(|t| i64::try_from(now.since(t).as_secs()).unwrap_or(i64::MAX))
@@ -160,7 +198,7 @@ pub fn render(state: &State) -> String {
     gauge_family(
         &mut registry,
         "fleet_fleetlock_status_up",
-        "1 when the FleetLock server's /v1/status was read at the last try, 0 when not (absent: none configured)",
+        "Whether the FleetLock server's /v1/status was read at the last try: 1 yes, 0 no (absent: none configured)",
         fl,
     );
 
@@ -173,7 +211,9 @@ pub fn render(state: &State) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::AlertKind;
+    use super::{render, AlertKind, State, VERSION_SERIES};
+    use serde_json::{json, Value};
+    use std::sync::RwLock;
 
     /// Every counter is exported from the start (errors at 0 per controller, so a rate or an alert on it has a
     /// series before the first error), and no HELP text ends with two periods.
@@ -191,6 +231,189 @@ mod tests {
         assert!(help.len() >= 3, "{out}");
         for l in help {
             assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
+        }
+    }
+
+    /// A State holding `objs` in its caches, as the watches would fill them.
+    fn store<K>(objs: Vec<serde_json::Value>) -> kube::runtime::reflector::Store<K>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned,
+    {
+        let (reader, mut writer) = kube::runtime::reflector::store::<K>();
+        for o in objs {
+            let k: K = serde_json::from_value(o).expect("object");
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(k));
+        }
+        reader
+    }
+
+    fn obj(kind: &str, name: &str, spec: Value, status: Value) -> Value {
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": kind, "metadata": {"name": name},
+               "spec": spec, "status": status})
+    }
+
+    fn rollout(phase: &str) -> Value {
+        json!({"rollout": {"phase": phase, "updated": 0, "healthy": 0, "soaking": 0, "updating": 1,
+                           "stalled": 0, "failed": 0, "pending": 0}})
+    }
+
+    /// The fleet's gauges from hand-built caches: devices by agent version (capped, the rest as `other`),
+    /// workloads by state, rollouts by kind and phase (every phase present); and every HELP line of the whole
+    /// exposition is one sentence ending in one period.
+    #[test]
+    fn fleet_gauges_count_the_caches_and_help_lines_are_sentences() {
+        let mut devices = vec![
+            obj(
+                "Device",
+                "a",
+                json!({}),
+                json!({"agentVersion": "2.0.0",
+                "workloads": {"running": 3, "failed": 1, "pending": 0}}),
+            ),
+            obj(
+                "Device",
+                "b",
+                json!({}),
+                json!({"agentVersion": "2.0.0",
+                "workloads": {"running": 4, "failed": 0, "pending": 2}}),
+            ),
+            obj(
+                "Device",
+                "c",
+                json!({}),
+                json!({"agentVersion": "1.0.0", "lastHeartbeat": "2026-12-01T10:00:00Z"}),
+            ),
+            obj("Device", "c2", json!({}), json!({"agentVersion": "1.0.0"})),
+            obj("Device", "d", json!({}), Value::Null),
+            obj("Device", "d2", json!({}), Value::Null),
+        ];
+        // 40 more versions on one device each: past the cap, they are `other`.
+        for v in 0..40 {
+            devices.push(obj(
+                "Device",
+                &format!("x{v}"),
+                json!({}),
+                json!({"agentVersion": format!("0.{v}.0")}),
+            ));
+        }
+        let release_spec = json!({"allowedGroups": ["g"], "builds": []});
+        let deployment_spec = json!({"allowedGroups": ["g"], "workloads": []});
+        let state = State {
+            devices: store(devices),
+            groups: store(vec![]),
+            runs: store(vec![json!({
+                "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
+                "metadata": {"name": "nightly", "namespace": "ops"},
+                "spec": {"allowedGroups": ["g"], "deadlineSeconds": 600, "systemUpgradeV1": {}},
+                "status": {"phase": "Running", "targets": 2, "succeeded": 0, "failed": 0}
+            })]),
+            releases: store(vec![
+                obj(
+                    "AgentRelease",
+                    "r1",
+                    release_spec.clone(),
+                    rollout("Halted"),
+                ),
+                obj(
+                    "AgentRelease",
+                    "r2",
+                    release_spec.clone(),
+                    rollout("Complete"),
+                ),
+                obj("AgentRelease", "r3", release_spec, rollout("Complete")),
+            ]),
+            deployments: store(vec![
+                obj(
+                    "FleetDeployment",
+                    "d1",
+                    deployment_spec.clone(),
+                    rollout("Soaking"),
+                ),
+                obj("FleetDeployment", "d2", deployment_spec, json!({})),
+            ]),
+            heartbeats: crate::kv::Mirror::new(fleet_wire::kv::DEVICE_HEARTBEAT),
+            nats: RwLock::new(None),
+            fleetlock: RwLock::new(Some(crate::dashboard::state::FleetLockView {
+                fetched_at: fleet_wire::Timestamp::now(),
+                status: Err("unreachable".into()),
+            })),
+            alerts: RwLock::new(vec![]),
+            thresholds: Default::default(),
+        };
+        // Counter families without a series print no HELP: give each one (process-wide counters; no other test
+        // reads these).
+        crate::metrics::rollout_halted("AgentRelease", "CanaryFailed");
+        crate::metrics::writes_refused("device-info", "too-large", 1);
+        crate::metrics::device_write("status", std::time::Duration::from_millis(3));
+        let out = render(&state);
+        let value = |series: &str| -> i64 {
+            out.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {series} in:\n{out}"))
+        };
+        assert_eq!(
+            value("fleet_devices_by_agent_version{agent_version=\"2.0.0\"}"),
+            2
+        );
+        assert_eq!(
+            value("fleet_devices_by_agent_version{agent_version=\"1.0.0\"}"),
+            2
+        );
+        assert_eq!(
+            value("fleet_devices_by_agent_version{agent_version=\"unknown\"}"),
+            2
+        );
+        // 43 versions: the 32 largest (the three with two devices, then 29 one-device versions by name), the other
+        // 11 summed.
+        assert_eq!(
+            value("fleet_devices_by_agent_version{agent_version=\"other\"}"),
+            11
+        );
+        let series = out
+            .lines()
+            .filter(|l| l.starts_with("fleet_devices_by_agent_version{"))
+            .count();
+        assert_eq!(series, VERSION_SERIES + 1, "{out}");
+        let sum: i64 = out
+            .lines()
+            .filter(|l| l.starts_with("fleet_devices_by_agent_version{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+            .sum();
+        assert_eq!(sum, 46, "every device counted once");
+        for (s, n) in [("running", 7), ("failed", 1), ("pending", 2)] {
+            assert_eq!(
+                value(&format!("fleet_workloads{{state=\"{s}\"}}")),
+                n,
+                "{s}"
+            );
+        }
+        for (kind, phase, n) in [
+            ("AgentRelease", "Halted", 1),
+            ("AgentRelease", "Complete", 2),
+            ("AgentRelease", "Progressing", 0),
+            ("AgentRelease", "none", 0),
+            ("FleetDeployment", "Soaking", 1),
+            ("FleetDeployment", "none", 1),
+            ("FleetDeployment", "Failed", 0),
+        ] {
+            let s = format!("fleet_rollouts{{kind=\"{kind}\",phase=\"{phase}\"}}");
+            assert_eq!(value(&s), n, "{s}");
+        }
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with("fleet_rollouts{"))
+                .count(),
+            12
+        );
+        assert_eq!(value("fleet_fleetlock_status_up"), 0);
+        let help: Vec<&str> = out.lines().filter(|l| l.starts_with("# HELP")).collect();
+        let families = out.lines().filter(|l| l.starts_with("# TYPE")).count();
+        assert_eq!(help.len(), families, "every family has a HELP line: {out}");
+        assert_eq!(families, 17, "every family shows: {out}");
+        for l in help {
+            assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
+            let text = l.splitn(4, ' ').nth(3).unwrap_or_default();
+            assert!(text.starts_with(char::is_uppercase), "a sentence: {l}");
         }
     }
 
