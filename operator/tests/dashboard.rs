@@ -19,8 +19,9 @@ use fleet_wire::{
     Version, WorkloadState,
 };
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -324,6 +325,315 @@ where
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("{path}: the status changed during every load: {last:#?}")
+}
+
+/// The fleet as the test reads it back itself (the API server for the objects, NATS for the heartbeats), in the
+/// terms the overview's bars and the fleet's metrics count.
+#[derive(Debug, PartialEq)]
+struct FleetView {
+    /// Devices per agent version (`unknown` without one).
+    versions: BTreeMap<String, u64>,
+    /// Devices per heartbeat-age bucket, youngest first.
+    ages: Vec<(&'static str, u64)>,
+    /// Workloads running, failed, pending over the Devices' `status.workloads`.
+    workloads: [u64; 3],
+    /// Every AgentRelease / FleetDeployment of the test: kind, name, rollout status.
+    rollouts: Vec<(
+        &'static str,
+        String,
+        Option<fleet_operator::crd::RolloutStatus>,
+    )>,
+    /// Every TaskRun of the test: namespace, name, status.
+    runs: Vec<(String, String, fleet_wire::taskrun::TaskRunStatus)>,
+}
+
+/// The overview's heartbeat-age bucket of a heartbeat `secs` old, written out here (not the operator's function)
+/// so that a wrong bucket in the operator shows.
+fn age_bucket(secs: Option<u64>) -> &'static str {
+    match secs {
+        None => "never",
+        Some(0..60) => "under 1 minute",
+        Some(60..300) => "1–5 minutes",
+        Some(300..3600) => "5–60 minutes",
+        Some(3600..86400) => "1–24 hours",
+        Some(_) => "over 24 hours",
+    }
+}
+
+impl Fleet {
+    /// [`FleetView`] now.
+    async fn view(&self) -> FleetView {
+        let lp = ListParams::default().labels(&format!("fleet-test={}", self.run));
+        let devices = Api::<Device>::all(self.client.clone())
+            .list(&lp)
+            .await
+            .expect("devices")
+            .items;
+        let heartbeats: kv::Store = self
+            .js
+            .get_key_value(layout::DEVICE_HEARTBEAT)
+            .await
+            .unwrap();
+        let now = Timestamp::now();
+        let mut v = FleetView {
+            versions: BTreeMap::new(),
+            ages: [
+                "under 1 minute",
+                "1–5 minutes",
+                "5–60 minutes",
+                "1–24 hours",
+                "over 24 hours",
+                "never",
+            ]
+            .map(|b| (b, 0))
+            .to_vec(),
+            workloads: [0; 3],
+            rollouts: Vec::new(),
+            runs: Vec::new(),
+        };
+        for d in &devices {
+            let s = d.status.clone().unwrap_or_default();
+            let version = s.agent_version.map(|v| v.to_string());
+            *v.versions
+                .entry(version.unwrap_or_else(|| "unknown".into()))
+                .or_default() += 1;
+            if let Some(w) = s.workloads {
+                v.workloads[0] += u64::from(w.running);
+                v.workloads[1] += u64::from(w.failed);
+                v.workloads[2] += u64::from(w.pending);
+            }
+            let name = d.metadata.name.as_deref().unwrap();
+            let hb: Option<fleet_wire::Heartbeat> = heartbeats
+                .get(name)
+                .await
+                .unwrap()
+                .map(|b| serde_json::from_slice(&b).unwrap());
+            let bucket = age_bucket(hb.map(|h| now.since(h.at).as_secs()));
+            v.ages.iter_mut().find(|(b, _)| *b == bucket).unwrap().1 += 1;
+        }
+        for r in Api::<AgentRelease>::all(self.client.clone())
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+        {
+            let st = r.status.and_then(|s| s.rollout);
+            v.rollouts
+                .push(("AgentRelease", r.metadata.name.unwrap(), st));
+        }
+        for d in Api::<FleetDeployment>::all(self.client.clone())
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+        {
+            let st = d.status.and_then(|s| s.rollout);
+            v.rollouts
+                .push(("FleetDeployment", d.metadata.name.unwrap(), st));
+        }
+        for r in Api::<TaskRun>::namespaced(self.client.clone(), &self.run)
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+        {
+            let st = r.status.map(|s| s.run).unwrap_or_default();
+            v.runs
+                .push((self.run.clone(), r.metadata.name.unwrap(), st));
+        }
+        v
+    }
+}
+
+/// Loads `path` (Chromium's DOM, or `/metrics` as a scraper gets it: `browser` false) until the fleet the test
+/// reads back is the same before and after, so that both describe one moment.
+async fn load_with_view(
+    f: &Fleet,
+    authed: &str,
+    base: &str,
+    path: &str,
+    browser: bool,
+) -> (String, FleetView) {
+    let mut last = None;
+    for _ in 0..10 {
+        let before = f.view().await;
+        let (url, b, p) = (format!("{authed}{path}"), base.to_owned(), path.to_owned());
+        let body = tokio::task::spawn_blocking(move || {
+            if browser {
+                browse(&url, &["--dump-dom"])
+            } else {
+                get(&b, &p, Some(TOKEN)).1
+            }
+        })
+        .await
+        .unwrap();
+        let after = f.view().await;
+        if before == after {
+            return (body, after);
+        }
+        last = Some((before, after));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("{path}: the fleet changed during every load: {last:#?}")
+}
+
+/// The overview's bars are the fleet `v` the test read back: every version's devices, every heartbeat-age bucket,
+/// the workloads, and each rollout that is not complete and each running run with its status's counts (and no bar
+/// for the others).
+fn assert_overview_bars(dom: &str, v: &FleetView) {
+    use fleet_operator::dashboard::bars::legend;
+    let bar =
+        |id: &str| legend(dom, id).unwrap_or_else(|| panic!("no bar {id} in the overview:\n{dom}"));
+    let versions: BTreeMap<String, u64> = bar("agent-versions").into_iter().collect();
+    assert_eq!(versions, v.versions, "agent versions");
+    assert_eq!(
+        versions.values().sum::<u64>(),
+        4,
+        "the agent-versions bar counts each of the four Devices once"
+    );
+    let ages: Vec<(String, u64)> = v.ages.iter().map(|(b, n)| (b.to_string(), *n)).collect();
+    assert_eq!(bar("heartbeat-ages"), ages, "heartbeat ages");
+    let w = v.workloads;
+    assert_eq!(
+        bar("workloads"),
+        vec![
+            ("workloads running".to_owned(), w[0]),
+            ("workloads failed".to_owned(), w[1]),
+            ("workloads pending".to_owned(), w[2]),
+        ],
+        "workloads"
+    );
+    let mut open = 0;
+    for (kind, name, st) in &v.rollouts {
+        let id = format!("{kind}/{name}");
+        match st.as_ref().filter(|s| s.phase != RolloutPhase::Complete) {
+            Some(s) => {
+                open += 1;
+                let want: Vec<(String, u64)> = [
+                    ("healthy", s.healthy),
+                    ("soaking", s.soaking),
+                    ("updating", s.updating),
+                    ("failed", s.failed),
+                    ("pending", s.pending),
+                ]
+                .map(|(p, n)| (p.to_owned(), u64::from(n)))
+                .to_vec();
+                assert_eq!(bar(&id), want, "{id}");
+                let path = if *kind == "AgentRelease" {
+                    "releases"
+                } else {
+                    "deployments"
+                };
+                assert!(
+                    dom.contains(&format!("href=\"/{path}/{name}\"")),
+                    "{id} linked:\n{dom}"
+                );
+            }
+            None => assert_eq!(legend(dom, &id), None, "{id} is complete or has no rollout"),
+        }
+    }
+    assert!(
+        open >= 1,
+        "the halted release is not complete: {:#?}",
+        v.rollouts
+    );
+    let mut running = 0;
+    for (ns, name, st) in &v.runs {
+        let id = format!("TaskRun/{ns}/{name}");
+        if st.phase == Some(TaskRunPhase::Running) {
+            running += 1;
+            let open = st
+                .targets
+                .saturating_sub(st.succeeded)
+                .saturating_sub(st.failed);
+            assert_eq!(
+                bar(&id),
+                vec![
+                    ("succeeded".to_owned(), u64::from(st.succeeded)),
+                    ("failed".to_owned(), u64::from(st.failed)),
+                    ("not finished".to_owned(), u64::from(open)),
+                ],
+                "{id}"
+            );
+            assert!(
+                dom.contains(&format!("href=\"/runs/{ns}/{name}\"")),
+                "{id} linked"
+            );
+        } else {
+            assert_eq!(legend(dom, &id), None, "{id} is not running");
+        }
+    }
+    assert_eq!(running, 1, "one run is running: {:#?}", v.runs);
+}
+
+/// `/metrics`' fleet families are the fleet `v` the test read back.
+fn assert_fleet_metrics(m: &str, v: &FleetView) {
+    let value = |series: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in /metrics:\n{m}"))
+    };
+    for (version, n) in &v.versions {
+        assert_eq!(
+            value(&format!(
+                "fleet_devices_by_agent_version{{agent_version=\"{version}\"}}"
+            )),
+            *n
+        );
+    }
+    assert_eq!(
+        m.lines()
+            .filter(|l| l.starts_with("fleet_devices_by_agent_version{"))
+            .count(),
+        v.versions.len(),
+        "one series per version:\n{m}"
+    );
+    for (state, n) in ["running", "failed", "pending"]
+        .into_iter()
+        .zip(v.workloads)
+    {
+        assert_eq!(
+            value(&format!("fleet_workloads{{state=\"{state}\"}}")),
+            n,
+            "{state}"
+        );
+    }
+    let mut by_phase: BTreeMap<(&str, String), u64> = BTreeMap::new();
+    for (kind, _, st) in &v.rollouts {
+        let phase = st
+            .as_ref()
+            .map(|s| {
+                serde_json::to_value(s.phase)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .unwrap_or_else(|| "none".into());
+        *by_phase.entry((*kind, phase)).or_default() += 1;
+    }
+    for kind in ["AgentRelease", "FleetDeployment"] {
+        for phase in [
+            "Progressing",
+            "Soaking",
+            "Halted",
+            "Complete",
+            "Failed",
+            "none",
+        ] {
+            let n = by_phase
+                .get(&(kind, phase.to_owned()))
+                .copied()
+                .unwrap_or(0);
+            assert_eq!(
+                value(&format!(
+                    "fleet_rollouts{{kind=\"{kind}\",phase=\"{phase}\"}}"
+                )),
+                n,
+                "{kind} {phase}"
+            );
+        }
+    }
 }
 
 /// What a person does: start the operator with the dashboard on, open it in a browser, and find out why a device
@@ -807,6 +1117,26 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         assert!(!dom.contains(SECRET), "{path} shows a workload's env");
         assert!(!dom.contains("<script"), "{path} has a script");
     }
+    // A second TaskRun whose canary never answers: it stays Running (its deadline is an hour away).
+    let second: TaskRun = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
+        "metadata": {"name": "weekly-upgrade", "labels": f.labels(json!({}))},
+        "spec": {"allowedGroups": [group], "targetSelector": {}, "deadlineSeconds": 3600, "systemUpgradeV1": {}}
+    }))
+    .unwrap();
+    runs.create(&PostParams::default(), &second).await.unwrap();
+    eventually("the second run running", || async {
+        let s = runs.get("weekly-upgrade").await.ok()?.status?.run;
+        (s.phase == Some(TaskRunPhase::Running)).then_some(())
+    })
+    .await;
+
+    // The overview's pictures and the fleet's metrics: each count is what the test reads back itself.
+    let (dom, view) = load_with_view(&f, &authed, &base, "/", true).await;
+    assert_overview_bars(&dom, &view);
+    let (m, view) = load_with_view(&f, &authed, &base, "/metrics", false).await;
+    assert_fleet_metrics(&m, &view);
+
     // The overview and every page's navigation link to the list pages.
     let url = format!("{authed}/");
     let overview = tokio::task::spawn_blocking(move || browse(&url, &["--dump-dom"]))
