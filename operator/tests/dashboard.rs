@@ -1153,15 +1153,18 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     // Screenshots for docs/dashboard.md.
     let shots = dir.path().to_path_buf();
     let a = authed.clone();
-    let (stuck_path, run_path) = (
+    let (stuck_path, run_path, release_path) = (
         format!("/devices/{stuck}"),
         format!("/runs/{}/{run_name}", f.run),
+        format!("/releases/{release_name}"),
     );
     tokio::task::spawn_blocking(move || {
-        screenshot(&a, "/", "overview", 1500, &shots);
+        screenshot(&a, "/", "overview", 1900, &shots);
         screenshot(&a, &stuck_path, "device", 1300, &shots);
         screenshot(&a, &run_path, "run", 1000, &shots);
         screenshot(&a, "/reboots", "reboots", 700, &shots);
+        screenshot(&a, &release_path, "release", 1100, &shots);
+        screenshot(&a, "/deployments", "deployments", 600, &shots);
     })
     .await
     .unwrap();
