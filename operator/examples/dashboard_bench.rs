@@ -2,11 +2,14 @@
 //! dashboard on, against a real kube-apiserver holding 10,000 Devices (with statuses) and a TaskRun whose frozen plan
 //! in a real nats-server holds 100,000 devices (10,000 with a status). Measures each page's time and size as a
 //! client on the same host sees them, and the operator's RSS; references measured in the same run: listing the same
-//! CRs with kube's client, and loading the whole plan from NATS.
+//! CRs with kube's client, and loading the whole plan from NATS. An AgentRelease and a FleetDeployment, each with a
+//! staged rollout, target every Device (a `selectAll` group; 1 in 1,000 devices is a canary): the operator
+//! writes their rollout statuses, so the rollout pages and the overview's rollout bars show them mid-rollout (no
+//! agent answers, so the canaries stay updating).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_operator::crd::tasks::TaskRun;
-use fleet_operator::crd::Device;
+use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use fleet_wire::kv as layout;
 use fleet_wire::{
     fixtures, AttemptId, DeviceId, SystemUpgradePhase, TaskOperation, TaskPlan, TaskRunPhase,
@@ -19,6 +22,14 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "dashboard-bench-token-0123456789";
+/// The AgentRelease and the FleetDeployment the bench creates.
+const RELEASE: &str = "bench-agent";
+const DEPLOYMENT: &str = "bench-web";
+
+/// `bytes` in KB (1,024 bytes).
+fn kb(bytes: usize) -> f64 {
+    bytes as f64 / 1024.0
+}
 
 fn proc_mib(pid: u32, field: &str) -> f64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -92,8 +103,12 @@ fn main() {
                 let devices = devices.clone();
                 async move {
                     let name = format!("device-{i:06}");
+                    let mut labels = json!({"site": format!("site-{}", i % 50)});
+                    if i % 1000 == 0 {
+                        labels["canary"] = json!("true");
+                    }
                     let d: Device = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
-                        "kind": "Device", "metadata": {"name": name, "labels": {"site": format!("site-{}", i % 50)}},
+                        "kind": "Device", "metadata": {"name": name, "labels": labels},
                         "spec": {}})).unwrap();
                     devices.create(&PostParams::default(), &d).await?;
                     let mut up = fixtures::failed_status();
@@ -163,6 +178,47 @@ fn main() {
             .collect()
             .await;
         assert!(written.iter().all(|r| r.is_ok()), "writing statuses failed");
+        // What each device's agent publishes (info, a heartbeat): the operator targets only devices it knows.
+        let (infos, beats) = (stores[layout::DEVICE_INFO].clone(), stores[layout::DEVICE_HEARTBEAT].clone());
+        let written: Vec<_> = futures::stream::iter(ids.iter().take(n).cloned())
+            .map(|d| {
+                let (infos, beats) = (infos.clone(), beats.clone());
+                async move {
+                    let mut info = fixtures::device_info();
+                    info.device_id = d.clone();
+                    info.agent_version = fleet_wire::Version::try_from("1.2.0").unwrap();
+                    info.published_at = now;
+                    infos.put(d.as_str(), serde_json::to_vec(&info).unwrap().into()).await?;
+                    let mut hb = fixtures::heartbeat();
+                    hb.device_id = d.clone();
+                    hb.agent_version = info.agent_version;
+                    hb.at = now;
+                    beats.put(d.as_str(), serde_json::to_vec(&hb).unwrap().into()).await
+                }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
+        assert!(written.iter().all(|r| r.is_ok()), "writing device info failed");
+
+        // An AgentRelease and a FleetDeployment over every Device, each with a staged rollout (canaries first).
+        let group: DeviceGroup = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
+            "kind": "DeviceGroup", "metadata": {"name": "all"}, "spec": {"selectAll": true}})).unwrap();
+        Api::<DeviceGroup>::all(client.clone()).create(&PostParams::default(), &group).await.unwrap();
+        let art = fixtures::attempt();
+        let release: AgentRelease = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
+            "kind": "AgentRelease", "metadata": {"name": RELEASE},
+            "spec": {"allowedGroups": ["all"], "rollout": {"soakSeconds": 600, "maxUnavailable": "1%"},
+                "builds": [{"architecture": "arm64", "version": "2.0.0", "artifact": art.artifact.to_string(),
+                    "sha256": art.sha256.as_str(), "byteLimit": 20_000_000}]}})).unwrap();
+        let releases: Api<AgentRelease> = Api::all(client.clone());
+        releases.create(&PostParams::default(), &release).await.unwrap();
+        let deployment: FleetDeployment = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
+            "kind": "FleetDeployment", "metadata": {"name": DEPLOYMENT},
+            "spec": {"allowedGroups": ["all"], "targetSelector": {}, "workloads": [fixtures::workload("web")],
+                "rollout": {"maxUnavailable": "1%"}}})).unwrap();
+        let deployments: Api<FleetDeployment> = Api::all(client.clone());
+        deployments.create(&PostParams::default(), &deployment).await.unwrap();
 
         // References: kube's client listing the same CRs; loading the whole plan from NATS.
         let mut list_devices = vec![];
@@ -173,6 +229,16 @@ fn main() {
             list_devices.push(t.elapsed().as_secs_f64() * 1000.0);
             assert_eq!(l.items.len(), n);
             list_bytes = serde_json::to_vec(&l).unwrap().len();
+        }
+        let mut list_releases = vec![];
+        let mut list_deployments = vec![];
+        for _ in 0..rounds {
+            let t = Instant::now();
+            assert_eq!(releases.list(&ListParams::default()).await.unwrap().items.len(), 1);
+            list_releases.push(t.elapsed().as_secs_f64() * 1000.0);
+            let t = Instant::now();
+            assert_eq!(deployments.list(&ListParams::default()).await.unwrap().items.len(), 1);
+            list_deployments.push(t.elapsed().as_secs_f64() * 1000.0);
         }
         let mut get_run = vec![];
         for _ in 0..rounds {
@@ -219,13 +285,27 @@ fn main() {
         };
         let t = Instant::now();
         let want = format!("{n} devices");
+        // The overview with its bars, and a rollout bar for each rollout (the operator wrote both statuses).
+        let marks = [
+            "data-bar=\"agent-versions\"".to_string(),
+            "data-bar=\"heartbeat-ages\"".into(),
+            "data-bar=\"workloads\"".into(),
+            format!("data-bar=\"AgentRelease/{RELEASE}\""),
+            format!("data-bar=\"FleetDeployment/{DEPLOYMENT}\""),
+        ];
         loop {
             let g = get.clone();
             let (code, _, _, body) = tokio::task::spawn_blocking(move || g("/")).await.unwrap();
-            if code == 200 && body.contains(&want) && body.contains("1 task runs") {
+            let missing: Vec<&String> = marks.iter().filter(|m| !body.contains(m.as_str())).collect();
+            if code == 200 && body.contains(&want) && body.contains("1 task runs") && missing.is_empty() {
                 break;
             }
-            assert!(t.elapsed() < Duration::from_secs(300), "the dashboard did not show {n} devices");
+            assert!(
+                t.elapsed() < Duration::from_secs(300),
+                "the overview did not show {n} devices and every bar (missing: {missing:?}; {} devices: {}):\n{body}",
+                want,
+                body.contains(&want)
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let ready_secs = t.elapsed().as_secs_f64();
@@ -238,6 +318,10 @@ fn main() {
             ("run history `/runs`".into(), "/runs".into()),
             ("run page 1 (canaries, 200 devices with status)".into(), format!("/runs/{ns}/big-run")),
             (format!("run page {} (last chunk, no status)", last_page + 1), format!("/runs/{ns}/big-run?page={last_page}")),
+            ("release list `/releases`".into(), "/releases".into()),
+            (format!("release page `/releases/{RELEASE}`"), format!("/releases/{RELEASE}")),
+            ("deployment list `/deployments`".into(), "/deployments".into()),
+            (format!("deployment page `/deployments/{DEPLOYMENT}`"), format!("/deployments/{DEPLOYMENT}")),
             ("`/metrics`".into(), "/metrics".into()),
         ];
         let mut rows = vec![];
@@ -247,8 +331,12 @@ fn main() {
             for _ in 0..rounds {
                 let g = get.clone();
                 let p = path.clone();
-                let (code, len, ms, _) = tokio::task::spawn_blocking(move || g(&p)).await.unwrap();
+                let (code, len, ms, body) = tokio::task::spawn_blocking(move || g(&p)).await.unwrap();
                 assert_eq!(code, 200, "{path}");
+                // A rollout page that lost its bar would be timed doing less than it should.
+                if path.starts_with("/releases") || path.starts_with("/deployments") {
+                    assert!(body.contains("<svg"), "{path} has no bar");
+                }
                 times.push(ms);
                 bytes = len;
             }
@@ -256,13 +344,15 @@ fn main() {
         }
         let rss = proc_mib(pid, "VmRSS:");
         let hwm = proc_mib(pid, "VmHWM:");
-        println!("| dashboard: real fleet-operator, {n} Devices, a {plan_n}-device plan | time (median of {rounds}, range) | bytes |");
+        println!("| dashboard: real fleet-operator, {n} Devices, a {plan_n}-device plan | time (median of {rounds}, range) | size |");
         println!("|---|---|---|");
-        println!("| reference: kube client lists the {n} Devices | {} | {list_bytes} (JSON) |", stats(list_devices));
+        println!("| reference: kube client lists the {n} Devices | {} | {:.1} KB (JSON) |", stats(list_devices), kb(list_bytes));
         println!("| reference: kube client gets the TaskRun | {} | |", stats(get_run));
+        println!("| reference: kube client lists the AgentReleases (1) | {} | |", stats(list_releases));
+        println!("| reference: kube client lists the FleetDeployments (1) | {} | |", stats(list_deployments));
         println!("| reference: load the whole {plan_n}-device plan from NATS (tasks::store::load) | {} | |", stats(load_plan));
         for (label, t, bytes) in rows {
-            println!("| {label} | {t} | {bytes} |");
+            println!("| {label} | {t} | {:.1} KB |", kb(bytes));
         }
         println!();
         println!("| setup and memory | value |");
