@@ -1021,6 +1021,49 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         "device pages checked"
     );
 
+    // The device pages' timelines: one mark per transition of the Device's status as the API server holds it
+    // (the same before and after the page is loaded), with its phase, in order.
+    let devices = Api::<Device>::all(f.client.clone());
+    for dev in [&stuck, &rolled] {
+        let transitions = || async {
+            let d = devices.get(dev.as_str()).await.unwrap();
+            let u = d.status.and_then(|s| s.agent_upgrade);
+            u.map(|u| {
+                u.transitions
+                    .as_slice()
+                    .iter()
+                    .map(|t| {
+                        serde_json::to_value(t.phase)
+                            .unwrap()
+                            .as_str()
+                            .unwrap()
+                            .to_owned()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+        };
+        let (dom, want) = loop {
+            let before = transitions().await;
+            let url = format!("{authed}/devices/{dev}");
+            let dom = tokio::task::spawn_blocking(move || browse(&url, &["--dump-dom"]))
+                .await
+                .unwrap();
+            if transitions().await == before {
+                break (dom, before);
+            }
+        };
+        assert!(
+            want.len() >= 2,
+            "{dev}: the test's upgrade has transitions: {want:?}"
+        );
+        assert_eq!(
+            fleet_operator::dashboard::timeline::phases(&dom),
+            Some(want),
+            "{dev}: the timeline's marks are the status's transitions:\n{dom}"
+        );
+    }
+
     // The rollout pages: every bar part is the count the API server holds in the object's status at that moment
     // (whatever the operator wrote), and each device the status names as failing links to its page.
     let release_status = || async {

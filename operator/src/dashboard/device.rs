@@ -1,5 +1,6 @@
 //! The device list (paged) and the device page: labels, versions, OS, workloads and their status, the agent-upgrade
-//! timeline (the up to 16 transitions the Device carries, with times and typed reasons, and the latest error), task
+//! timeline (the up to 16 transitions the Device carries, drawn by time as an SVG timeline above their table of
+//! times and typed reasons, and the latest error), task
 //! results and the last heartbeat. Workload specs (and so their environment) are never read: the page shows only
 //! what the device reports about each workload.
 
@@ -7,11 +8,13 @@ use super::alerts::Alert;
 use super::html::{name, opt_name, page, pairs, parse_time, table, text, url_part, when};
 use super::overview::{phase_name, some_alerts};
 use super::state::State;
+use super::timeline;
 use crate::crd::tasks::TaskRun;
 use crate::crd::Device;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     AttemptId, DeviceId, DeviceWorkloadStatus, Heartbeat, SystemUpgradeStatus, Timestamp,
+    Transition, UpgradePhase,
 };
 use futures::StreamExt;
 use maud::{html, Markup};
@@ -173,6 +176,21 @@ pub async fn read(state: &State, device: &DeviceId, runs: &[Arc<TaskRun>]) -> De
     out
 }
 
+/// The agent-upgrade transitions as timeline marks; failed and rolled-back phases are the bad ones.
+pub fn upgrade_marks(transitions: &[Transition<UpgradePhase>]) -> Vec<timeline::Mark> {
+    transitions
+        .iter()
+        .map(|t| timeline::Mark {
+            at: t.at,
+            phase: name(&t.phase),
+            bad: matches!(
+                t.phase,
+                UpgradePhase::Failed | UpgradePhase::RollingBack | UpgradePhase::RollbackFailed
+            ),
+        })
+        .collect()
+}
+
 /// The device page.
 pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> String {
     let n = d.metadata.name.as_deref().unwrap_or("");
@@ -258,6 +276,7 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
                 @if let Some(unit) = &u.journal_unit {
                     p.muted { "Its log: " code { "journalctl -u " (name(unit)) } }
                 }
+                (timeline::timeline("agent-upgrade transitions", &upgrade_marks(u.transitions.as_slice())))
                 table #upgrade-timeline {
                     thead { tr { th { "#" } th { "phase" } th { "at" } th { "reason" } } }
                     tbody {

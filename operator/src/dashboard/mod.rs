@@ -22,6 +22,7 @@ pub mod rollouts;
 pub mod runs;
 pub mod server;
 pub mod state;
+pub mod timeline;
 
 use crate::nats_link::NatsLink;
 use alerts::{DeviceFacts, RunFacts, Thresholds};
