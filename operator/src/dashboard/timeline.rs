@@ -7,12 +7,12 @@ use maud::{html, Markup};
 
 /// Width of the timeline in SVG user units; the SVG scales to its container (`width="100%"`).
 const WIDTH: u64 = 1000;
-/// Height in user units: a label row above the axis, the axis, a label row below it.
-const HEIGHT: u64 = 60;
+/// Height in user units: two label rows above the axis, the axis, two label rows below it.
+const HEIGHT: u64 = 90;
 /// Room kept free at each end, so that a mark's label centred on the first or last mark stays inside.
 const MARGIN: u64 = 60;
 /// Where the axis runs.
-const AXIS_Y: u64 = 30;
+const AXIS_Y: u64 = 45;
 /// Mark colours: a bad phase (failed, rolling back) and any other.
 const BAD: &str = "#b00";
 const OK: &str = "#070";
@@ -62,8 +62,9 @@ pub fn timeline(title: &str, marks: &[Mark]) -> Markup {
                 line x1=(MARGIN) y1=(AXIS_Y) x2=(WIDTH - MARGIN) y2=(AXIS_Y) stroke="#999" stroke-width="2" {}
                 @for (i, (m, x)) in marks.iter().zip(&xs).enumerate() {
                     @let colour = if m.bad { BAD } else { OK };
-                    // Labels alternate above and below the axis, so neighbours close in time overlap less.
-                    @let y = if i % 2 == 0 { AXIS_Y - 12 } else { AXIS_Y + 22 };
+                    // Labels take four rows in turn (two above the axis, two below), so that up to four
+                    // neighbours close in time do not overlap (a rollback's three phases come within seconds).
+                    @let y = [AXIS_Y - 12, AXIS_Y + 22, AXIS_Y - 28, AXIS_Y + 38][i % 4];
                     g data-mark=(i + 1) data-phase=(m.phase) data-at=(m.at) {
                         title { (i + 1) ". " (m.phase) " at " (m.at) }
                         circle cx=(x) cy=(AXIS_Y) r="6" fill=(colour) {}
@@ -147,7 +148,7 @@ mod tests {
         );
         assert!(
             s.contains(&format!(
-                "<circle cx=\"{}\" cy=\"30\" r=\"6\" fill=\"{BAD}\"",
+                "<circle cx=\"{}\" cy=\"{AXIS_Y}\" r=\"6\" fill=\"{BAD}\"",
                 WIDTH - MARGIN
             )),
             "{s}"
