@@ -25,6 +25,10 @@ pub struct NatsError {
     pub message: String,
 }
 
+/// How often a mirror's watch is checked against its stream ([`Mirror::run`]'s stall guard): a stalled watch is
+/// found within two of these.
+pub const STALL_CHECK: std::time::Duration = std::time::Duration::from_secs(15);
+
 impl NatsError {
     fn new(op: impl Into<String>, e: impl std::fmt::Display) -> Self {
         Self {
@@ -350,11 +354,49 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
             self.wake(&notify);
         }
-        while let Some(entry) = watch.next().await {
+        // The stall guard: a watch whose stream's leader moved while this client's own server stayed up can go
+        // silent without an error or a disconnect (nats_node_loss saw a device-info watch do so). Every
+        // STALL_CHECK the stream's last sequence is noted; a watch that delivered nothing since and is still
+        // short of it at the next check is stalled, and ends so that the caller opens a new one. A watch that
+        // lags but delivers (a busy operator) is never cut off.
+        let mut check = tokio::time::interval(STALL_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen = 0u64;
+        let mut delivered = false;
+        let mut owed: Option<u64> = None;
+        loop {
+            let entry = tokio::select! {
+                e = watch.next() => e,
+                _ = check.tick() => {
+                    if let Some(target) = owed.filter(|t| !delivered && seen < *t) {
+                        log::warn!(
+                            "watch {}: stalled at sequence {seen} of {target}; opening it anew",
+                            self.bucket
+                        );
+                        return NatsError::new(
+                            format!("watch {}", self.bucket),
+                            format!("stalled: the stream holds sequence {target}, the watch delivered up to {seen} and nothing for {} s", STALL_CHECK.as_secs()),
+                        );
+                    }
+                    delivered = false;
+                    // Only a last message the stream still holds can be owed (an expired one is never delivered).
+                    owed = store
+                        .status()
+                        .await
+                        .ok()
+                        .map(|s| (s.info.state.messages, s.info.state.last_sequence))
+                        .filter(|(messages, last)| *messages > 0 && *last > seen)
+                        .map(|(_, last)| last);
+                    continue;
+                }
+            };
+            let Some(entry) = entry else { break };
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => return NatsError::new(format!("watch {}", self.bucket), e),
             };
+            seen = seen.max(entry.revision);
+            delivered = true;
             // The operator's own writes come back through the watch, already recorded: an entry the mirror holds
             // at this revision or a newer one would not be recorded, so it is not parsed either.
             let held = self.with(&entry.key, |s| {

@@ -235,8 +235,10 @@ impl Fleet {
                 Duration::from_secs(300),
                 || self.view(&d.id).filter(|v| v.finished(version)),
             );
-            // The Device shows the version the device reports (device-info, mirrored like the status).
-            let committed = wait_for(Duration::from_secs(30), || {
+            // The Device shows the version the device reports (device-info, mirrored like the status). A watch left
+            // silent by the lost leader is found by the operator's stall guard (fleet_operator::kv::STALL_CHECK,
+            // 15 s) within two checks and opened anew: 30 s plus three checks.
+            let committed = wait_for(Duration::from_secs(30 + 3 * 15), || {
                 self.view(&d.id).filter(|v| v.committed(version))
             });
             assert!(
