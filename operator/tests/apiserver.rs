@@ -31,7 +31,13 @@ impl Fleet {
         };
         let client = self.client.clone();
         self.operators.push(tokio::spawn(async move {
-            let _ = engine::run(client, opts).await;
+            let rt = fleet_operator::runtime::Runtime::new(
+                client,
+                &opts.label_selector,
+                &opts.nats_url,
+                opts.nats.clone(),
+            );
+            let _ = engine::run_with(&rt, opts).await;
         }));
     }
 
@@ -585,7 +591,13 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
     };
     let client = f.client.clone();
     f.operators.push(tokio::spawn(async move {
-        let _ = engine::run(client, opts).await;
+        let rt = fleet_operator::runtime::Runtime::new(
+            client,
+            &opts.label_selector,
+            &opts.nats_url,
+            opts.nats.clone(),
+        );
+        let _ = engine::run_with(&rt, opts).await;
     }));
     let deployments: Api<FleetDeployment> = Api::all(f.client.clone());
     let cond = eventually("NatsReachable=False", || async {

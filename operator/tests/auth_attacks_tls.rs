@@ -78,7 +78,13 @@ fn world() -> &'static World {
             };
             let client = kube.clone();
             tokio::spawn(async move {
-                let _ = fleet_operator::deployments::engine::run(client, opts).await;
+                let rt = fleet_operator::runtime::Runtime::new(
+                    client,
+                    &opts.label_selector,
+                    &opts.nats_url,
+                    opts.nats.clone(),
+                );
+                let _ = fleet_operator::deployments::engine::run_with(&rt, opts).await;
             });
             (kube, js)
         });

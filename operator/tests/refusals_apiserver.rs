@@ -99,7 +99,13 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
     let op = {
         let client = client.clone();
         tokio::spawn(async move {
-            let _ = engine::run(client, opts).await;
+            let rt = fleet_operator::runtime::Runtime::new(
+                client,
+                &opts.label_selector,
+                &opts.nats_url,
+                opts.nats.clone(),
+            );
+            let _ = engine::run_with(&rt, opts).await;
         })
     };
     // The operator listens once its NATS link is up: its first pass writes the victim's heartbeat status below.

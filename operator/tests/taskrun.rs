@@ -54,7 +54,13 @@ impl Fleet {
     fn start_operator(&mut self) {
         let (client, opts) = (self.client.clone(), self.options(self.operators.len()));
         self.operators.push(tokio::spawn(async move {
-            let _ = controller::run(client, opts).await;
+            let rt = fleet_operator::runtime::Runtime::new(
+                client,
+                &opts.label_selector,
+                &opts.nats_url,
+                opts.nats.clone(),
+            );
+            let _ = controller::run_with(&rt, opts, controller::DeviceInfoSource::Own).await;
         }));
     }
 
@@ -63,7 +69,13 @@ impl Fleet {
         let (client, mut opts) = (self.client.clone(), self.options(self.operators.len()));
         opts.accept_timeout = timeout;
         self.operators.push(tokio::spawn(async move {
-            let _ = controller::run(client, opts).await;
+            let rt = fleet_operator::runtime::Runtime::new(
+                client,
+                &opts.label_selector,
+                &opts.nats_url,
+                opts.nats.clone(),
+            );
+            let _ = controller::run_with(&rt, opts, controller::DeviceInfoSource::Own).await;
         }));
     }
 
@@ -1333,7 +1345,13 @@ async fn nats_unreachable_keeps_the_run_planning() {
     opts.nats_url = format!("nats://127.0.0.1:{}", fleet_rig::free_port());
     let client = f.client.clone();
     f.operators.push(tokio::spawn(async move {
-        let _ = controller::run(client, opts).await;
+        let rt = fleet_operator::runtime::Runtime::new(
+            client,
+            &opts.label_selector,
+            &opts.nats_url,
+            opts.nats.clone(),
+        );
+        let _ = controller::run_with(&rt, opts, controller::DeviceInfoSource::Own).await;
     }));
     f.task_run("upgrade", spec(&group, 600)).await;
     let st = eventually("NatsReachable=False", || async {

@@ -160,23 +160,10 @@ async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result
     Ok(link)
 }
 
-/// Runs the operator until the task is dropped or aborted.
-pub async fn run(
-    client: Client,
-    opts: Options,
-) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
-    let rt = Runtime::new(
-        client,
-        &opts.label_selector,
-        &opts.nats_url,
-        opts.nats.clone(),
-    );
-    run_with(&rt, opts).await
-}
-
-/// [`run`] on the operator's [`Runtime`]: its caches and NATS connection, and the heartbeat and device-info
-/// mirrors it shares (the dashboard reads liveness from the heartbeats, the TaskRun controller capabilities from
-/// the device info); this controller's watches keep them current.
+/// Runs the deployments controller on the operator's [`Runtime`] until the task is dropped or aborted: its caches
+/// and NATS connection, and the heartbeat and device-info mirrors it shares (the dashboard reads liveness from the
+/// heartbeats, the TaskRun controller capabilities from the device info); this controller's watches keep them
+/// current. Run alone (tests), it takes a runtime of its own.
 pub async fn run_with(
     rt: &Runtime,
     opts: Options,

@@ -86,22 +86,9 @@ pub enum DeviceInfoSource {
     Own,
 }
 
-/// Runs the TaskRun controller until the task is dropped or aborted.
-pub async fn run(
-    client: Client,
-    opts: Options,
-) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
-    let rt = Runtime::new(
-        client,
-        &opts.label_selector,
-        &opts.nats_url,
-        opts.nats.clone(),
-    );
-    run_with(&rt, opts, DeviceInfoSource::Own).await
-}
-
-/// [`run`] on the operator's [`Runtime`]: its caches and NATS connection, and its device-info mirror when `info`
-/// says [`DeviceInfoSource::Shared`] (another controller keeps it current).
+/// Runs the TaskRun controller on the operator's [`Runtime`] until the task is dropped or aborted: its caches and
+/// NATS connection, and its device-info mirror when `info` says [`DeviceInfoSource::Shared`] (another controller
+/// keeps it current); run alone (tests), [`DeviceInfoSource::Own`] with a runtime of its own.
 pub async fn run_with(
     rt: &Runtime,
     opts: Options,
