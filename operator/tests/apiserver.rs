@@ -5,7 +5,7 @@
 
 use async_nats::jetstream::kv;
 use fleet_operator::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
-use fleet_operator::deployments::engine::{self, Options};
+use fleet_operator::deployments::engine::Options;
 use fleet_wire::{
     fixtures, AgentUpgradeAttempt, AttemptId, BoundedText, DesiredState, DeviceId, DeviceInfo,
     DeviceWorkloadStatus, UpgradePhase, Version, WorkloadState, WorkloadStatus,
@@ -29,16 +29,8 @@ impl Fleet {
             label_selector: Some(format!("fleet-test={}", self.run)),
             nats: Default::default(),
         };
-        let client = self.client.clone();
-        self.operators.push(tokio::spawn(async move {
-            let rt = fleet_operator::runtime::Runtime::new(
-                client,
-                &opts.label_selector,
-                &opts.nats_url,
-                opts.nats.clone(),
-            );
-            let _ = engine::run_with(&rt, opts).await;
-        }));
+        self.operators
+            .push(kube_common::spawn_engine(self.client.clone(), opts));
     }
 
     fn meta(&self, name: &str, extra: serde_json::Value) -> serde_json::Value {
@@ -589,16 +581,8 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
         label_selector: Some(format!("fleet-test={}", f.run)),
         nats: Default::default(),
     };
-    let client = f.client.clone();
-    f.operators.push(tokio::spawn(async move {
-        let rt = fleet_operator::runtime::Runtime::new(
-            client,
-            &opts.label_selector,
-            &opts.nats_url,
-            opts.nats.clone(),
-        );
-        let _ = engine::run_with(&rt, opts).await;
-    }));
+    f.operators
+        .push(kube_common::spawn_engine(f.client.clone(), opts));
     let deployments: Api<FleetDeployment> = Api::all(f.client.clone());
     let cond = eventually("NatsReachable=False", || async {
         let s = deployments.get(&dep).await.ok()?.status?;

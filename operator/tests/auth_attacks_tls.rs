@@ -76,16 +76,7 @@ fn world() -> &'static World {
                 label_selector: Some(format!("fleet-test={run}")),
                 nats: settings.clone(),
             };
-            let client = kube.clone();
-            tokio::spawn(async move {
-                let rt = fleet_operator::runtime::Runtime::new(
-                    client,
-                    &opts.label_selector,
-                    &opts.nats_url,
-                    opts.nats.clone(),
-                );
-                let _ = fleet_operator::deployments::engine::run_with(&rt, opts).await;
-            });
+            kube_common::spawn_engine(kube.clone(), opts);
             (kube, js)
         });
         World {

@@ -10,7 +10,7 @@ mod kube_common;
 
 use auth_common::{claims, Jwks, SignKey, Stack};
 use fleet_operator::crd::Device;
-use fleet_operator::deployments::engine::{self, Options};
+use fleet_operator::deployments::engine::Options;
 use fleet_rig::tls::TestCa;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Event;
@@ -96,18 +96,7 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
         label_selector: Some(format!("fleet-test={run}")),
         nats: Default::default(),
     };
-    let op = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let rt = fleet_operator::runtime::Runtime::new(
-                client,
-                &opts.label_selector,
-                &opts.nats_url,
-                opts.nats.clone(),
-            );
-            let _ = engine::run_with(&rt, opts).await;
-        })
-    };
+    let op = kube_common::spawn_engine(client.clone(), opts);
     // The operator listens once its NATS link is up: its first pass writes the victim's heartbeat status below.
     let mut reports = admin.subscribe("fleet.device-refusals.>").await.unwrap();
 

@@ -23,6 +23,23 @@ use std::time::Duration;
 mod kube_common;
 use kube_common::{eventually, Fleet, API};
 
+/// The TaskRun controller run alone, on a runtime of its own with its own device-info mirror (main runs it on the
+/// operator's shared runtime).
+fn spawn_controller(
+    client: kube::Client,
+    opts: controller::Options,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let rt = fleet_operator::runtime::Runtime::new(
+            client,
+            &opts.label_selector,
+            &opts.nats_url,
+            opts.nats.clone(),
+        );
+        let _ = controller::run_with(&rt, opts, controller::DeviceInfoSource::Own).await;
+    })
+}
+
 impl Fleet {
     /// [`Fleet::start`], the buckets and a namespace of this test's own (named `run`).
     async fn new(id: &str) -> Self {
@@ -53,30 +70,14 @@ impl Fleet {
 
     fn start_operator(&mut self) {
         let (client, opts) = (self.client.clone(), self.options(self.operators.len()));
-        self.operators.push(tokio::spawn(async move {
-            let rt = fleet_operator::runtime::Runtime::new(
-                client,
-                &opts.label_selector,
-                &opts.nats_url,
-                opts.nats.clone(),
-            );
-            let _ = controller::run_with(&rt, opts, controller::DeviceInfoSource::Own).await;
-        }));
+        self.operators.push(spawn_controller(client, opts));
     }
 
     /// [`Self::start_operator`] with `--task-accept-timeout` set to `timeout`.
     fn start_operator_accepting_within(&mut self, timeout: Duration) {
         let (client, mut opts) = (self.client.clone(), self.options(self.operators.len()));
         opts.accept_timeout = timeout;
-        self.operators.push(tokio::spawn(async move {
-            let rt = fleet_operator::runtime::Runtime::new(
-                client,
-                &opts.label_selector,
-                &opts.nats_url,
-                opts.nats.clone(),
-            );
-            let _ = controller::run_with(&rt, opts, controller::DeviceInfoSource::Own).await;
-        }));
+        self.operators.push(spawn_controller(client, opts));
     }
 
     /// A Device object with `labels`, and its `device-info` (with `AptFullUpgradeV1` when `capable`).
@@ -1343,16 +1344,7 @@ async fn nats_unreachable_keeps_the_run_planning() {
     f.device("d1", json!({"member": "prod"}), true).await;
     let mut opts = f.options(0);
     opts.nats_url = format!("nats://127.0.0.1:{}", fleet_rig::free_port());
-    let client = f.client.clone();
-    f.operators.push(tokio::spawn(async move {
-        let rt = fleet_operator::runtime::Runtime::new(
-            client,
-            &opts.label_selector,
-            &opts.nats_url,
-            opts.nats.clone(),
-        );
-        let _ = controller::run_with(&rt, opts, controller::DeviceInfoSource::Own).await;
-    }));
+    f.operators.push(spawn_controller(f.client.clone(), opts));
     f.task_run("upgrade", spec(&group, 600)).await;
     let st = eventually("NatsReachable=False", || async {
         let st = f.runs().get("upgrade").await.ok()?.status?;

@@ -125,16 +125,7 @@ impl Fleet {
             label_selector: Some(format!("fleet-test={}", self.run)),
             nats: Default::default(),
         };
-        let client = self.client.clone();
-        self.operators.push(tokio::spawn(async move {
-            let rt = fleet_operator::runtime::Runtime::new(
-                client,
-                &opts.label_selector,
-                &opts.nats_url,
-                opts.nats.clone(),
-            );
-            let _ = fleet_operator::deployments::engine::run_with(&rt, opts).await;
-        }));
+        self.operators.push(spawn_engine(self.client.clone(), opts));
     }
 
     /// Stops every operator of this test at once (as a SIGKILL would: the task is dropped mid-pass).
@@ -271,4 +262,20 @@ pub fn kubectl(args: &[&str], stdin: &str) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// The deployments controller run alone, on a runtime of its own (main runs it on the operator's shared one).
+pub fn spawn_engine(
+    client: Client,
+    opts: fleet_operator::deployments::engine::Options,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let rt = fleet_operator::runtime::Runtime::new(
+            client,
+            &opts.label_selector,
+            &opts.nats_url,
+            opts.nats.clone(),
+        );
+        let _ = fleet_operator::deployments::engine::run_with(&rt, opts).await;
+    })
 }
