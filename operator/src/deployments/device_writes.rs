@@ -77,8 +77,19 @@ impl DeviceWrites {
 
     /// `devices` as a pass decides from them: each status this writer wrote that the cached object predates (its
     /// resourceVersion is older than the write's) in place of the cached one. Writes the cache shows, and those of
-    /// devices no longer cached, are forgotten.
+    /// devices no longer cached, are forgotten; so are creations the cache shows (the guard against creating twice
+    /// is needed only until the watch's echo: a Device deleted after that is created again at once).
     pub fn overlay(&self, devices: Vec<Arc<Device>>) -> Vec<Arc<Device>> {
+        {
+            let mut created = lock(&self.created);
+            if !created.is_empty() {
+                let cached: std::collections::HashSet<&str> = devices
+                    .iter()
+                    .filter_map(|d| d.metadata.name.as_deref())
+                    .collect();
+                created.retain(|id, _| !cached.contains(id.as_str()));
+            }
+        }
         let mut written = lock(&self.written);
         if written.is_empty() {
             return devices;
@@ -293,6 +304,12 @@ mod tests {
         lock(&q.created).remove("a");
         q.create("a".into(), false);
         assert_eq!(q.take().creates, vec![("a".to_owned(), false)]);
+        // Once the cache shows it, a Device deleted after that is created again at once (not CREATE_ECHO later).
+        let mut shown = Device::new("a", Default::default());
+        shown.metadata.resource_version = Some("7".into());
+        let _ = q.overlay(vec![Arc::new(shown)]);
+        q.create("a".into(), true);
+        assert_eq!(q.take().creates, vec![("a".to_owned(), true)]);
     }
 
     #[test]
