@@ -312,6 +312,45 @@ pub struct ServerStatus {
     pub ttl_secs: Option<u64>,
     /// Every configured group (and any group that still has holders).
     pub groups: Vec<GroupStatus>,
+    /// When this server process started: `recent` covers what it made durable since then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    /// The latest grants, releases, expiries and admin releases this server made durable, newest first, at most
+    /// [`MAX_RECENT_EVENTS`]. Kept in the server's memory: a restart empties it, and each replica of an HA server
+    /// reports only its own.
+    #[serde(default)]
+    pub recent: Vec<LockEvent>,
+}
+
+/// Most events [`ServerStatus::recent`] holds.
+pub const MAX_RECENT_EVENTS: usize = 200;
+
+/// What happened to a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockEventKind {
+    /// The holder was given the slot (`POST /v1/pre-reboot`).
+    Granted,
+    /// The holder gave it back (`POST /v1/steady-state`).
+    Released,
+    /// Its time-to-live ran out.
+    Expired,
+    /// An administrator released it (`POST /v1/admin/release`).
+    AdminReleased,
+}
+
+/// One change to one group's holders.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockEvent {
+    /// When the change was made durable.
+    pub at: Timestamp,
+    /// What happened.
+    pub kind: LockEventKind,
+    /// The group.
+    pub group: String,
+    /// The holder it concerns (for a release: as it was when it held the slot; `taken_at` tells how long).
+    pub holder: Holder,
 }
 
 /// `POST /v1/admin/release`: frees one holder's slot by hand.

@@ -102,8 +102,41 @@ fn server_shapes() {
                 slots: 1,
                 holders: vec![holder()],
             }],
+            started_at: Some(Timestamp::from_unix_ms(1_794_990_000_000)),
+            recent: vec![
+                LockEvent {
+                    at: Timestamp::from_unix_ms(1_795_000_000_456),
+                    kind: LockEventKind::Granted,
+                    group: "db".into(),
+                    holder: holder(),
+                },
+                LockEvent {
+                    at: Timestamp::from_unix_ms(1_794_999_000_000),
+                    kind: LockEventKind::AdminReleased,
+                    group: "db".into(),
+                    holder: Holder {
+                        id: "3c1d0e5f7a9b4c2d8e6f1a3b5c7d9e0f".into(),
+                        hostname: None,
+                        ip: "10.0.0.24".into(),
+                        taken_at: Timestamp::from_unix_ms(1_794_998_000_000),
+                    },
+                },
+            ],
         },
     );
+    // A status from a server without the history (older versions) still parses: both fields are optional.
+    let old = r#"{"store":"nats","config_valid":true,"groups":[]}"#;
+    let s: ServerStatus = serde_json::from_str(old).unwrap();
+    assert_eq!((s.started_at, s.recent.len()), (None, 0));
+    // Every kind as the dashboard reads it.
+    for (k, s) in [
+        (LockEventKind::Granted, "\"granted\""),
+        (LockEventKind::Released, "\"released\""),
+        (LockEventKind::Expired, "\"expired\""),
+        (LockEventKind::AdminReleased, "\"admin-released\""),
+    ] {
+        assert_eq!(serde_json::to_string(&k).unwrap(), s);
+    }
     check(
         "admin-release",
         &AdminRelease {

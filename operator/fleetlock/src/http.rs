@@ -1,7 +1,7 @@
 //! Request routing and the FleetLock protocol endpoints, status, metrics, health and admin release.
 
 use super::server::App;
-use super::state::{Op, OpResult};
+use super::state::{Op, OpResult, Releaser};
 use super::store::Applied;
 use super::{audit, auth};
 use bytes::Bytes;
@@ -194,6 +194,7 @@ async fn protocol(app: &App, req: Request<Incoming>, ip: &str, lock: bool) -> Re
         Op::Unlock {
             groups: Vec::new(),
             id: p.id.clone(),
+            by: Releaser::Holder,
         }
     };
     // Grants and releases are logged by the store once durable, in commit order.
@@ -272,6 +273,7 @@ async fn admin_release(app: &App, req: Request<Incoming>, ip: &str) -> Result<Re
     let op = Op::Unlock {
         groups: vec![r.group.clone()],
         id: r.id.clone(),
+        by: Releaser::Admin,
     };
     let applied = app.store.apply(op, config.ttl).await.map_err(unavailable)?;
     record_expired(app, &applied, config.ttl, &config.audit_path()).await;
@@ -296,7 +298,7 @@ async fn admin_release(app: &App, req: Request<Incoming>, ip: &str) -> Result<Re
     Ok(json(200, &rec))
 }
 
-/// The status document (holders per group).
+/// The status document (holders per group, the server's start and its recent history).
 async fn status_doc(app: &App) -> Result<ServerStatus, Fail> {
     let config = app.config();
     let names = config.group_names();
@@ -322,6 +324,8 @@ async fn status_doc(app: &App) -> Result<ServerStatus, Fail> {
         config_error,
         ttl_secs: config.ttl.map(|t| t.as_secs()),
         groups,
+        started_at: Some(app.started_at),
+        recent: app.store.recent(),
     })
 }
 

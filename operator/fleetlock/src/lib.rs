@@ -1,6 +1,6 @@
 //! The FleetLock coordinated-reboot lock server: the protocol of Zincati and airlock over HTTPS (plain HTTP only
 //! when asked for), groups with slots, durable holders (file store with group commit, or NATS JetStream KV with
-//! compare-and-set for HA), config reload, certificate reload, status, metrics, optional auth, TTL and admin
+//! compare-and-set for HA), config reload, certificate reload, status with recent lock history, metrics, optional auth, TTL and admin
 //! release. Runs with no Kubernetes at all: `fleetlock-server --listen <addr:port> --config <path> --tls-cert <pem>
 //! --tls-key <pem>`. See `docs/fleetlock.md`.
 
@@ -9,6 +9,7 @@ pub mod auth;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod recent;
 pub mod server;
 pub mod state;
 pub mod store;

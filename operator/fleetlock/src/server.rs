@@ -5,6 +5,7 @@ use super::http;
 use super::metrics::Metrics;
 use super::store::Store;
 use super::tls::{CertReloader, Listener};
+use fleet_wire::Timestamp;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -29,16 +30,20 @@ pub struct App {
     pub store: Store,
     /// Counters.
     pub metrics: Metrics,
+    /// When the server started (`/v1/status`: its history covers the time since).
+    pub started_at: Timestamp,
 }
 
 impl App {
-    /// A new app with a valid config and an opened store.
+    /// A new app with a valid config and an opened store. Its start time is now: every request, hence every
+    /// change in the store's history, comes after.
     pub fn new(config: Config, store: Store) -> Self {
         Self {
             config: RwLock::new(Arc::new(config)),
             config_error: RwLock::new(None),
             store,
             metrics: Metrics::default(),
+            started_at: Timestamp::now(),
         }
     }
 

@@ -670,8 +670,19 @@ fn fleet_reboot_client_trusts_its_ca_file() {
     let e = wrong.pre_reboot(&who).unwrap_err();
     assert!(e.contains("UnknownIssuer"), "{e}");
     let mut c = s.conn().unwrap();
-    let a = c.request("GET", "/v1/status", &[], b"").unwrap();
-    assert!(!a.text().contains("host-1"), "refused clients took no slot");
+    assert!(
+        holders(&mut c, "default").is_empty(),
+        "refused clients took no slot"
+    );
+    // The history shows host-1's own grant and release only: the refused requests changed nothing.
+    let st = status(&mut c);
+    let kinds: Vec<&str> = st["recent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["released", "granted"], "{st}");
 
     let missing = dir.path().join("missing-ca.pem");
     let e = LockClient::new(&base, "default", None, t, Some(&missing))
@@ -860,5 +871,90 @@ fn grants_and_releases_are_logged_in_commit_order() {
             (CLIENTS * ROUNDS, CLIENTS * ROUNDS),
             "store {i}:\n{log}"
         );
+    }
+}
+
+/// `GET /v1/status` reports the server's start and its recent grants, releases, admin releases and expiries,
+/// newest first, each with its group and holder; a release carries the holder as granted (`taken_at` is the
+/// grant's), so the Reboots page can show how long the slot was held. File store, then the NATS store.
+#[test]
+fn status_reports_recent_lock_history() {
+    const TTL: Duration = Duration::from_secs(3);
+    let nats = fleet_rig::NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let stores = both_stores(dir.path(), &nats);
+    let admin = [("authorization", "Bearer admin-secret")];
+    for (i, store) in stores.iter().enumerate() {
+        let cfg = dir.path().join(format!("recent-{i}.yaml"));
+        // The TTL covers every group: the steps before the expiry take far less than it.
+        std::fs::write(
+            &cfg,
+            format!(
+                "{store}\nttl: {}s\nauth: {{admin_tokens: [admin-secret]}}\n\
+                 groups: [{{name: one, slots: 1}}, {{name: two, slots: 1}}, {{name: three, slots: 1}}]\n",
+                TTL.as_secs()
+            ),
+        )
+        .unwrap();
+        let s = ServerProcess::start(Path::new(BIN), &cfg).unwrap();
+        let mut c = s.conn().unwrap();
+        assert_eq!(c.fleetlock(true, "a", "one").unwrap().status, 200);
+        assert_eq!(c.fleetlock(true, "b", "two").unwrap().status, 200);
+        assert_eq!(c.fleetlock(false, "a", "one").unwrap().status, 200);
+        let rel = br#"{"group":"two","id":"b","reason":"host b was reinstalled"}"#;
+        let a = c.request("POST", "/v1/admin/release", &admin, rel).unwrap();
+        assert_eq!(a.status, 200, "store {i}: {}", a.text());
+        // c's slot runs out; d's grant in the same group expires it first.
+        assert_eq!(c.fleetlock(true, "c", "three").unwrap().status, 200);
+        std::thread::sleep(TTL + Duration::from_millis(200));
+        assert_eq!(c.fleetlock(true, "d", "three").unwrap().status, 200);
+
+        let st = status(&mut c);
+        let recent = st["recent"].as_array().unwrap();
+        let seen: Vec<(&str, &str, &str)> = recent
+            .iter()
+            .map(|e| {
+                (
+                    e["kind"].as_str().unwrap(),
+                    e["group"].as_str().unwrap(),
+                    e["holder"]["id"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("granted", "three", "d"),
+                ("expired", "three", "c"),
+                ("granted", "three", "c"),
+                ("admin-released", "two", "b"),
+                ("released", "one", "a"),
+                ("granted", "two", "b"),
+                ("granted", "one", "a"),
+            ],
+            "store {i}: {st}"
+        );
+        let ts = |v: &serde_json::Value| {
+            v.as_str()
+                .unwrap()
+                .parse::<fleet_wire::Timestamp>()
+                .unwrap()
+        };
+        // Each release or expiry carries the holder as it was granted: its taken_at is the grant's.
+        for (gone, granted) in [(4, 6), (3, 5), (1, 2)] {
+            assert_eq!(
+                recent[gone]["holder"], recent[granted]["holder"],
+                "store {i}: {st}"
+            );
+            assert!(ts(&recent[gone]["at"]) >= ts(&recent[granted]["holder"]["taken_at"]));
+        }
+        assert_eq!(recent[0]["holder"]["ip"], "127.0.0.1");
+        let held = ts(&recent[1]["at"]).since(ts(&recent[1]["holder"]["taken_at"]));
+        assert!(held >= TTL, "store {i}: c held its slot {held:?}");
+        // Newest first; the server started before all of it.
+        let ats: Vec<_> = recent.iter().map(|e| ts(&e["at"])).collect();
+        assert!(ats.windows(2).all(|w| w[0] >= w[1]), "store {i}: {st}");
+        let started = ts(&st["started_at"]);
+        assert!(started <= ats[ats.len() - 1], "store {i}: {st}");
     }
 }

@@ -6,7 +6,8 @@
 //! per request. A failed commit fails every batch built on it, and the writer starts again from the durable state.
 
 use super::{Applied, StoreError, MAX_BATCH};
-use crate::state::{self, Op};
+use crate::recent::Recent;
+use crate::state::{self, Change, Op};
 use fleet_wire::fleetlock::{Holder, StateFile};
 use fleet_wire::Timestamp;
 use std::collections::BTreeMap;
@@ -35,6 +36,7 @@ pub struct FileStore {
     tx: mpsc::Sender<Job>,
     view: Arc<RwLock<Holders>>,
     commits: Arc<AtomicU64>,
+    recent: Arc<Recent>,
     _lock: File,
 }
 
@@ -81,15 +83,22 @@ impl FileStore {
             .name("fleetlock-writer".into())
             .spawn(move || writer(rx, held, d, sh, to_commit))
             .map_err(|e| format!("writer thread: {e}"))?;
-        let (d, v, c) = (dir.to_path_buf(), view.clone(), commits.clone());
+        let recent = Arc::new(Recent::default());
+        let (d, v, c, r) = (
+            dir.to_path_buf(),
+            view.clone(),
+            commits.clone(),
+            recent.clone(),
+        );
         std::thread::Builder::new()
             .name("fleetlock-commit".into())
-            .spawn(move || committer(commit_rx, d, shared, v, c))
+            .spawn(move || committer(commit_rx, d, shared, v, c, r))
             .map_err(|e| format!("commit thread: {e}"))?;
         Ok(Self {
             tx,
             view,
             commits,
+            recent,
             _lock: lock,
         })
     }
@@ -108,6 +117,11 @@ impl FileStore {
     /// The durable holders.
     pub fn holders(&self) -> Holders {
         self.view.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// The history of changes made durable.
+    pub fn recent(&self) -> &Recent {
+        &self.recent
     }
 
     /// Commits so far.
@@ -153,6 +167,8 @@ struct Staged {
     replies: Vec<(oneshot::Sender<Result<Applied, StoreError>>, Applied)>,
     /// Grants and releases of the batch, in order: logged once it is durable.
     lines: Vec<String>,
+    /// Every change of the batch (expiries included), in order: recorded once it is durable.
+    changes: Vec<Change>,
 }
 
 fn writer(
@@ -180,32 +196,36 @@ fn writer(
             working = shared.durable.lock().map(|d| d.clone()).unwrap_or_default();
         }
         let now = Timestamp::now();
-        let mut changed = false;
         let mut replies = Vec::with_capacity(batch.len());
         let mut lines = Vec::new();
+        let mut changes = Vec::new();
         for job in batch.drain(..) {
-            let mut expired = Vec::new();
-            if job.ttl.is_some() {
-                for (group, holders) in working.iter_mut() {
-                    for h in state::expire(holders, job.ttl, now) {
-                        expired.push((group.clone(), h));
-                    }
-                }
-                working.retain(|_, v| !v.is_empty());
-                changed |= !expired.is_empty();
-            }
+            let gone = state::expire_all(&mut working, job.ttl, now);
+            let expired = gone
+                .iter()
+                .map(|c| (c.group.clone(), c.holder.clone()))
+                .collect();
+            changes.extend(gone);
             let op = match job.op {
-                Op::Unlock { groups, id } if groups.is_empty() => Op::Unlock {
+                Op::Unlock { groups, id, by } if groups.is_empty() => Op::Unlock {
                     groups: working.keys().cloned().collect(),
                     id,
+                    by,
                 },
                 op => op,
             };
-            let (result, c, line) = state::apply_logged(&mut working, &op);
-            changed |= c;
-            lines.extend(line);
-            replies.push((job.reply, Applied { result, expired }));
+            let outcome = state::apply(&mut working, &op);
+            lines.extend(outcome.line);
+            changes.extend(outcome.changes);
+            replies.push((
+                job.reply,
+                Applied {
+                    result: outcome.result,
+                    expired,
+                },
+            ));
         }
+        let changed = !changes.is_empty();
         let tmp = changed.then(|| {
             seq += 1;
             let file = StateFile {
@@ -221,6 +241,7 @@ fn writer(
             state: working.clone(),
             replies,
             lines,
+            changes,
         };
         if to_commit.send(staged).is_err() {
             return;
@@ -234,6 +255,7 @@ fn committer(
     shared: Arc<Shared>,
     view: Arc<RwLock<Holders>>,
     commits: Arc<AtomicU64>,
+    recent: Arc<Recent>,
 ) {
     while let Ok(staged) = rx.recv() {
         let current = shared.epoch.load(Ordering::Acquire);
@@ -262,6 +284,8 @@ fn committer(
                 for line in &staged.lines {
                     log::info!("{line}");
                 }
+                // Stamped with the time the rename made the batch durable.
+                recent.push(staged.changes, Timestamp::now());
                 for (reply, applied) in staged.replies {
                     let _ = reply.send(Ok(applied));
                 }
@@ -342,6 +366,14 @@ mod tests {
             assert!(s.apply(lock("c"), None).await.is_ok());
             let ids: Vec<String> = s.holders()["g"].iter().map(|h| h.id.clone()).collect();
             assert_eq!(ids, ["a", "c"], "b's failed commit left no trace");
+            // Nor in the history, which holds only what was made durable, newest first.
+            let recent: Vec<String> = s
+                .recent()
+                .newest_first()
+                .into_iter()
+                .map(|e| e.holder.id)
+                .collect();
+            assert_eq!(recent, ["c", "a"]);
         }
         // Reopened from disk: the same holders; no temporary files left.
         let s = FileStore::open(dir.path()).expect("reopen");

@@ -6,8 +6,9 @@ pub mod file;
 pub mod nats;
 
 use super::config::StoreConfig;
+use super::recent::Recent;
 use super::state::{Op, OpResult};
-use fleet_wire::fleetlock::Holder;
+use fleet_wire::fleetlock::{Holder, LockEvent};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -80,6 +81,18 @@ impl Store {
         match self {
             Self::File(s) => Ok(s.holders()),
             Self::Nats(s) => s.holders(groups).await,
+        }
+    }
+
+    /// The grants, releases, expiries and admin releases this store made durable, newest first (bounded).
+    pub fn recent(&self) -> Vec<LockEvent> {
+        self.history().newest_first()
+    }
+
+    fn history(&self) -> &Recent {
+        match self {
+            Self::File(s) => s.recent(),
+            Self::Nats(s) => s.recent(),
         }
     }
 

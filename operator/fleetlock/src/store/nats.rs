@@ -11,7 +11,8 @@
 //! leader and compare-and-set writes (docs/fleetlock.md lists them).
 
 use super::{Applied, StoreError, COMMIT_DEADLINE, MAX_BATCH};
-use crate::state::{self, Op, OpResult};
+use crate::recent::Recent;
+use crate::state::{self, Op, OpResult, Releaser};
 use async_nats::jetstream::kv;
 use fleet_wire::fleetlock::{holder_index_key, GroupHolders, Holder, HolderIndex};
 use fleet_wire::Timestamp;
@@ -39,6 +40,7 @@ pub struct NatsStore {
     workers: Mutex<HashMap<String, mpsc::Sender<Job>>>,
     commits: Arc<AtomicU64>,
     conflicts: Arc<AtomicU64>,
+    recent: Arc<Recent>,
 }
 
 impl NatsStore {
@@ -118,6 +120,7 @@ impl NatsStore {
             workers: Mutex::new(HashMap::new()),
             commits: Arc::new(AtomicU64::new(0)),
             conflicts: Arc::new(AtomicU64::new(0)),
+            recent: Arc::new(Recent::default()),
         };
         store
             .index_existing_holders()
@@ -213,6 +216,7 @@ impl NatsStore {
             rx,
             self.commits.clone(),
             self.conflicts.clone(),
+            self.recent.clone(),
         ));
         w.insert(group.to_string(), tx.clone());
         Ok(tx)
@@ -272,7 +276,7 @@ impl NatsStore {
                     expired,
                 })
             }
-            Op::Unlock { groups, id } => {
+            Op::Unlock { groups, id, by } => {
                 // No groups: every group the id's index lists, configured or not (a release never depends on
                 // the current config).
                 let groups = match groups.is_empty() {
@@ -285,6 +289,7 @@ impl NatsStore {
                     let single = Op::Unlock {
                         groups: vec![g.clone()],
                         id: id.clone(),
+                        by,
                     };
                     let (applied, _) = self.one(&g, single, ttl).await?;
                     expired.extend(applied.expired);
@@ -332,9 +337,11 @@ impl NatsStore {
 
     async fn undo(&self, taken: &[String], id: &str) {
         for g in taken {
+            // The holder's own request gives back what it took: the history shows a grant and a release.
             let op = Op::Unlock {
                 groups: vec![g.clone()],
                 id: id.to_string(),
+                by: Releaser::Holder,
             };
             if let Err(e) = self.one(g, op, None).await {
                 // Safe direction: the host keeps a slot it does not use until it asks again or an admin frees it.
@@ -358,6 +365,11 @@ impl NatsStore {
             }
         }
         Ok(out)
+    }
+
+    /// The history of changes this replica made durable (not the other replicas').
+    pub fn recent(&self) -> &Recent {
+        &self.recent
     }
 
     /// Commits so far.
@@ -488,6 +500,7 @@ async fn group_writer(
     mut rx: mpsc::Receiver<Job>,
     commits: Arc<AtomicU64>,
     conflicts: Arc<AtomicU64>,
+    recent: Arc<Recent>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut attempt: u32 = 0;
@@ -500,23 +513,29 @@ async fn group_writer(
             };
             let mut map = BTreeMap::from([(group.clone(), holders)]);
             let now = Timestamp::now();
-            let mut changed = false;
             let mut results = Vec::with_capacity(batch.len());
             let mut lines = Vec::new();
+            let mut changes = Vec::new();
             for job in &batch {
-                let mut expired = Vec::new();
-                if let Some(hs) = map.get_mut(&group) {
-                    for h in state::expire(hs, job.ttl, now) {
-                        expired.push((group.clone(), h));
-                    }
-                }
-                changed |= !expired.is_empty();
-                let (result, c, line) = state::apply_logged(&mut map, &job.op);
-                changed |= c;
-                lines.extend(line);
-                results.push((Applied { result, expired }, c));
+                let gone = state::expire_all(&mut map, job.ttl, now);
+                let expired = gone
+                    .iter()
+                    .map(|c| (c.group.clone(), c.holder.clone()))
+                    .collect();
+                changes.extend(gone);
+                let outcome = state::apply(&mut map, &job.op);
+                let c = outcome.changed();
+                lines.extend(outcome.line);
+                changes.extend(outcome.changes);
+                results.push((
+                    Applied {
+                        result: outcome.result,
+                        expired,
+                    },
+                    c,
+                ));
             }
-            if !changed {
+            if changes.is_empty() {
                 break Ok(results);
             }
             let holders = map.remove(&group).unwrap_or_default();
@@ -532,10 +551,11 @@ async fn group_writer(
                 Ok(()) => {
                     commits.fetch_add(1, Ordering::Relaxed);
                     attempt = 0;
-                    // Grants and releases in commit order, once durable.
+                    // Grants and releases in commit order, once durable; the history stamped with that moment.
                     for line in &lines {
                         log::info!("{line}");
                     }
+                    recent.push(changes, Timestamp::now());
                     break Ok(results);
                 }
                 Err(WriteError::Conflict) if Instant::now() < deadline => {
