@@ -1,6 +1,7 @@
 //! Status conditions, as pure functions: one desired condition per type; the transition time is kept while the
 //! status stays the same, so an unchanged condition compares equal and causes no write.
 
+use crate::crd::ConditionChange;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// A fleet object's status, which carries conditions.
@@ -75,6 +76,11 @@ pub const REASON_NEWER_RELEASE: &str = "NewerRelease";
 /// Most characters of a condition message (the API server's own limit is 32 KiB; people read these).
 pub const MAX_MESSAGE_CHARS: usize = 1024;
 
+/// Most entries of a status's condition history.
+pub const MAX_HISTORY: usize = 32;
+/// Most characters of a message kept in the history (the current condition has the whole message).
+pub const MAX_HISTORY_MESSAGE_CHARS: usize = 256;
+
 /// A condition the operator wants to be true now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Want {
@@ -108,14 +114,40 @@ pub fn nats_reachable(error: Option<&str>) -> Want {
     }
 }
 
-fn bounded(s: &str) -> String {
-    if s.chars().count() <= MAX_MESSAGE_CHARS {
+fn bounded(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
         s.to_owned()
     } else {
-        let mut t: String = s.chars().take(MAX_MESSAGE_CHARS - 1).collect();
+        let mut t: String = s.chars().take(max - 1).collect();
         t.push('…');
         t
     }
+}
+
+/// `history` followed by one entry for each condition of `next` that is new or whose status or reason differs
+/// from `existing` (a message alone, which carries counts, is no change), keeping the newest [`MAX_HISTORY`].
+pub fn record(
+    history: &[ConditionChange],
+    existing: &[Condition],
+    next: &[Condition],
+    now: &Time,
+) -> Vec<ConditionChange> {
+    let changed = next.iter().filter(|c| {
+        !existing
+            .iter()
+            .any(|o| o.type_ == c.type_ && o.status == c.status && o.reason == c.reason)
+    });
+    let mut out: Vec<ConditionChange> = history.to_vec();
+    out.extend(changed.map(|c| ConditionChange {
+        time: now.clone(),
+        type_: c.type_.clone(),
+        status: c.status.clone(),
+        reason: c.reason.clone(),
+        message: bounded(&c.message, MAX_HISTORY_MESSAGE_CHARS),
+    }));
+    let excess = out.len().saturating_sub(MAX_HISTORY);
+    out.drain(..excess);
+    out
 }
 
 /// Builds the condition list from `wants`, keeping `lastTransitionTime` of `existing` conditions whose status did
@@ -139,7 +171,7 @@ pub fn merge(
                 type_: w.type_.to_owned(),
                 status: status.to_owned(),
                 reason: w.reason.to_owned(),
-                message: bounded(&w.message),
+                message: bounded(&w.message, MAX_MESSAGE_CHARS),
                 observed_generation: generation,
                 last_transition_time,
             }
@@ -151,11 +183,20 @@ pub fn merge(
 /// `Progressing` only when False for `Stalled` (a finished rollout is no problem, a halt says so in `Halted`);
 /// `Superseded` never.
 pub fn is_bad(c: &Condition) -> bool {
-    match c.type_.as_str() {
-        DEGRADED | HALTED => c.status == "True",
-        PROGRESSING => c.status == "False" && c.reason == REASON_STALLED,
+    bad(&c.type_, &c.status, &c.reason)
+}
+
+/// [`is_bad`] for an entry of the condition history.
+pub fn was_bad(c: &ConditionChange) -> bool {
+    bad(&c.type_, &c.status, &c.reason)
+}
+
+fn bad(type_: &str, status: &str, reason: &str) -> bool {
+    match type_ {
+        DEGRADED | HALTED => status == "True",
+        PROGRESSING => status == "False" && reason == REASON_STALLED,
         SUPERSEDED => false,
-        _ => c.status == "False",
+        _ => status == "False",
     }
 }
 
@@ -229,5 +270,59 @@ mod tests {
             merge(&[], &[long], None, &t0)[0].message.chars().count(),
             MAX_MESSAGE_CHARS
         );
+    }
+
+    /// Which passes add to the history: a new condition, a status change, a reason change; not a message change.
+    #[test]
+    fn history_records_changes_only_and_stays_bounded() {
+        let (t0, t1) = (t("2026-11-30T01:00:00Z"), t("2026-11-30T02:00:00Z"));
+        let first = merge(&[], &[want(true, REASON_PLACED)], Some(1), &t0);
+        let h = record(&[], &[], &first, &t0);
+        assert_eq!(h.len(), 1);
+        assert_eq!(
+            (h[0].status.as_str(), h[0].reason.as_str()),
+            ("True", "Placed")
+        );
+        assert_eq!(h[0].time, t0);
+        // Same status and reason, another message: nothing recorded.
+        let msg = merge(
+            &first,
+            &[Want {
+                message: "other".into(),
+                ..want(true, REASON_PLACED)
+            }],
+            Some(1),
+            &t1,
+        );
+        assert_eq!(record(&h, &first, &msg, &t1), h);
+        // A status change, then a reason change with the same status: one entry each, oldest first.
+        let bad = merge(&msg, &[want(false, REASON_INVALID_SPEC)], Some(2), &t1);
+        let h2 = record(&h, &msg, &bad, &t1);
+        assert_eq!(h2.len(), 2);
+        assert_eq!(
+            (h2[1].status.as_str(), h2[1].reason.as_str(), &h2[1].time),
+            ("False", "InvalidSpec", &t1)
+        );
+        let other = merge(&bad, &[want(false, REASON_GROUP_SOURCE)], Some(2), &t1);
+        assert_eq!(record(&h2, &bad, &other, &t1)[2].reason, "GroupSourceError");
+        // Bounded: the newest MAX_HISTORY stay, and long messages are cut.
+        let mut h = Vec::new();
+        let mut cur: Vec<Condition> = Vec::new();
+        for i in 0..(MAX_HISTORY + 5) {
+            let w = Want {
+                message: "y".repeat(1000),
+                ..want(i % 2 == 0, REASON_PLACED)
+            };
+            let next = merge(&cur, &[w], None, &t0);
+            h = record(&h, &cur, &next, &t0);
+            cur = next;
+        }
+        assert_eq!(h.len(), MAX_HISTORY);
+        assert_eq!(
+            h.last().map(|c| c.status.as_str()),
+            Some("True"),
+            "the newest is kept"
+        );
+        assert_eq!(h[0].message.chars().count(), MAX_HISTORY_MESSAGE_CHARS);
     }
 }

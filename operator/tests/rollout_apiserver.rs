@@ -359,6 +359,32 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
         halted.message
     );
     assert_eq!(condition(&st, "Progressing").status, "False");
+    // The condition history tells the rollout's story in order: it progressed, then the canary halted it (the
+    // halt's entry is the condition as written, at its transition time).
+    let story: Vec<(&str, &str, &str)> = st
+        .condition_history
+        .iter()
+        .filter(|h| h.type_ == "Progressing" || h.type_ == "Halted")
+        .map(|h| (h.type_.as_str(), h.status.as_str(), h.reason.as_str()))
+        .collect();
+    let at = |want: (&str, &str, &str)| story.iter().position(|x| *x == want);
+    let (soaking, halt) = (
+        at(("Progressing", "True", "Soaking")),
+        at(("Halted", "True", "CanaryFailed")),
+    );
+    assert!(
+        soaking.is_some() && halt.is_some() && soaking < halt,
+        "history: {story:?}"
+    );
+    let entry = st
+        .condition_history
+        .iter()
+        .rfind(|h| h.type_ == "Halted" && h.status == "True")
+        .expect("the halt in the history");
+    assert_eq!(
+        (&entry.time, entry.message.as_str()),
+        (&halted.last_transition_time, halted.message.as_str())
+    );
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(r.f.client.clone(), "default");
     let ev = eventually("CanaryFailed Warning event", || async {

@@ -311,6 +311,27 @@ pub struct PlacementStatus {
     /// `Progressing`, `Halted` and (when some of its devices are taken by a newer release) `Superseded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The latest changes of the conditions (a condition appearing, or changing its status or reason), oldest
+    /// first, at most 32 (`conditions::MAX_HISTORY`); written with the change itself, so it costs no write.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub condition_history: Vec<ConditionChange>,
+}
+
+/// One change of a condition, as `status.conditionHistory` keeps it.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConditionChange {
+    /// When the operator wrote the change.
+    pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// The condition's type.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Its new status: `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Its new reason.
+    pub reason: String,
+    /// Its message then (at most 256 characters, `conditions::MAX_HISTORY_MESSAGE_CHARS`).
+    pub message: String,
 }
 
 /// How a change reaches its devices: `canary=true` devices first, the rest after every canary stayed healthy for

@@ -506,6 +506,8 @@ mod tests {
                 slots: 2,
                 holders: vec![holder("stuck", 100_000 - 3601), holder("fresh", 99_999)],
             }],
+            started_at: None,
+            recent: Vec::new(),
         };
         let alerts = evaluate(
             devices

@@ -1,6 +1,6 @@
 //! Rollout pages: every AgentRelease (`/releases`) and FleetDeployment (`/deployments`) with its rollout phase, a
 //! small progress bar and its counts; and one object's page with the bar, the canary and soak state, the devices
-//! its status names as failing (each linked to its device page) and its conditions. Both kinds are cluster-scoped,
+//! its status names as failing (each linked to its device page), its conditions and their history. Both kinds are cluster-scoped,
 //! so an object's page is keyed by its name alone. Everything shown is the object's spec and status from the
 //! operator's cache: every number is one the status carries, none is computed from the fleet.
 
@@ -8,10 +8,10 @@ use super::bars::{bar, Part};
 use super::html::{name, page, pairs, table, text, url_part, when};
 use super::named_devices::{named, Named};
 use super::runs::device_link;
-use crate::conditions::{is_bad, HALTED};
+use crate::conditions::{is_bad, was_bad, HALTED};
 use crate::crd::{
-    AgentRelease, FleetDeployment, Placement, PlacementStatus, RolloutSpec, RolloutStatus,
-    WorkloadHealth,
+    AgentRelease, ConditionChange, FleetDeployment, Placement, PlacementStatus, RolloutSpec,
+    RolloutStatus, WorkloadHealth,
 };
 use fleet_wire::{DeviceId, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
@@ -312,6 +312,25 @@ fn conditions_table(conditions: &[Condition], now: Timestamp) -> Markup {
     )
 }
 
+/// The condition history, newest first; rows that reported a problem are marked.
+fn history_table(history: &[ConditionChange], now: Timestamp) -> Markup {
+    if history.is_empty() {
+        return html! { p.muted { "No condition changes recorded yet." } };
+    }
+    table(
+        &["when", "type", "status", "reason", "message"],
+        history.iter().rev().map(|c| {
+            vec![
+                when(time(Some(&c.time)), now),
+                html! { span.bad[was_bad(c)] data-history=(c.type_) { (c.type_) } },
+                text(&c.status),
+                text(&c.reason),
+                text(&c.message),
+            ]
+        }),
+    )
+}
+
 /// The facts and sections both kinds' pages share, with `extra` rows of the kind's own.
 fn render(
     v: &View,
@@ -382,6 +401,8 @@ fn render(
             (failing_table(&named(&s.conditions), upgrade_of))
             h2 { "Conditions" }
             (conditions_table(&s.conditions, now))
+            h2 { "Condition history" }
+            (history_table(&s.condition_history, now))
         },
     )
 }
@@ -531,6 +552,41 @@ mod tests {
         assert!(has_count(&list, "failed", st.failed) && has_count(&list, "pending", st.pending));
         assert!(list.contains("Halted: CanaryFailed") && list.contains("Degraded: DevicesFailed"));
         assert!(list.contains("href=\"/releases/agent-2\""), "{list}");
+    }
+
+    #[test]
+    fn the_condition_history_is_shown_newest_first_with_problems_marked() {
+        let r = release_with(json!({
+            "conditions": [],
+            "conditionHistory": [
+                {"time": "2026-12-01T09:00:00Z", "type": "Progressing", "status": "True", "reason": "Progressing",
+                 "message": "giving 2 canaries the change"},
+                {"time": "2026-12-01T10:00:00Z", "type": "Halted", "status": "True", "reason": "CanaryFailed",
+                 "message": "a canary failed: pi-1"}
+            ]
+        }));
+        let html = release(&r, &|_| None, Timestamp::now());
+        let halted = html
+            .find("a canary failed: pi-1")
+            .expect("the halt is listed");
+        let progressing = html.find("giving 2 canaries").expect("the start is listed");
+        assert!(halted < progressing, "newest first: {html}");
+        assert!(
+            html.contains(r#"<span class="bad" data-history="Halted">"#),
+            "a halt is a problem: {html}"
+        );
+        assert!(
+            html.contains(r#"data-history="Progressing">"#)
+                && !html.contains(r#"class="bad" data-history="Progressing""#),
+            "progress is none: {html}"
+        );
+        assert!(html.contains("2026-12-01T10:00:00"), "{html}");
+        let none = release(
+            &release_with(json!({"conditions": []})),
+            &|_| None,
+            Timestamp::now(),
+        );
+        assert!(none.contains("No condition changes recorded yet"), "{none}");
     }
 
     #[test]

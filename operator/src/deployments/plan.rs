@@ -18,7 +18,7 @@ use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,
     DeviceWorkloadStatus, Heartbeat, Timestamp, WorkloadSpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -114,27 +114,21 @@ pub struct StatusPlan<K, S> {
 
 /// A status whose conditions a plan replaces.
 pub trait SetConditions: conditions::WithConditions {
-    /// Replaces the conditions.
-    fn set_conditions(
-        &mut self,
-        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    );
+    /// Replaces the conditions; `old` is the status being replaced (a status with a condition history carries
+    /// it on with the changes from `old`'s conditions to these).
+    fn set_conditions(&mut self, conditions: Vec<Condition>, old: &Self, now: &Time);
 }
 
 impl SetConditions for DeviceGroupStatus {
-    fn set_conditions(
-        &mut self,
-        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    ) {
+    fn set_conditions(&mut self, conditions: Vec<Condition>, _old: &Self, _now: &Time) {
         self.conditions = conditions;
     }
 }
 
 impl SetConditions for PlacementStatus {
-    fn set_conditions(
-        &mut self,
-        conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    ) {
+    fn set_conditions(&mut self, conditions: Vec<Condition>, old: &Self, now: &Time) {
+        self.condition_history =
+            conditions::record(&old.condition_history, &old.conditions, &conditions, now);
         self.conditions = conditions;
     }
 }
@@ -151,7 +145,7 @@ impl<K: kube::Resource, S: SetConditions + PartialEq> StatusPlan<K, S> {
             self.obj.meta().generation,
             now,
         );
-        self.next.set_conditions(merged);
+        self.next.set_conditions(merged, &self.old, now);
         (self.next != self.old).then_some((self.obj, self.old, self.next))
     }
 }
