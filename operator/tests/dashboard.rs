@@ -12,6 +12,7 @@ use fleet_operator::crd::{
     AgentRelease, Device, DeviceGroup, FleetDeployment, PlacementStatus, RolloutPhase,
 };
 use fleet_rig::fleetlock::ServerProcess;
+use fleet_wire::fleetlock::LockEventKind;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     fixtures, AgentUpgradeAttempt, AttemptId, BoundedText, DeviceId, SystemUpgradePhase,
@@ -256,13 +257,15 @@ impl Drop for Kill {
 
 /// Saves a screenshot of `path` as `<name>.png` (in the test's temporary directory; also in docs/dashboard/ with
 /// `FLEET_UPDATE_SCREENSHOTS=1`) and checks it is a PNG.
-fn screenshot(base_with_auth: &str, path: &str, name: &str, height: u32, dir: &Path) {
+/// Takes a screenshot of `path` in a window of `size` (width, height) as `<dir>/<name>.png`; copied to
+/// docs/dashboard/ when `FLEET_UPDATE_SCREENSHOTS=1`.
+fn screenshot(base_with_auth: &str, path: &str, name: &str, size: (u32, u32), dir: &Path) {
     let file = dir.join(format!("{name}.png"));
     browse(
         &format!("{base_with_auth}{path}"),
         &[
             &format!("--screenshot={}", file.display()),
-            &format!("--window-size=1280,{height}"),
+            &format!("--window-size={},{}", size.0, size.1),
         ],
     );
     let png = std::fs::read(&file).expect("screenshot written");
@@ -738,6 +741,15 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     )
     .unwrap();
     let fl = ServerProcess::start(&fleet_vm_tests::builds::fleetlock_server(), &fl_cfg).unwrap();
+    // A reboot history: pi-done took the slot and gave it back a second later; then pi-silent took it.
+    let mut c = fl.conn().unwrap();
+    assert_eq!(c.fleetlock(true, "pi-done", "default").unwrap().status, 200);
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut c = fl.conn().unwrap();
+    assert_eq!(
+        c.fleetlock(false, "pi-done", "default").unwrap().status,
+        200
+    );
     assert_eq!(
         fl.conn()
             .unwrap()
@@ -805,7 +817,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
         "metadata": {"name": staged_name, "labels": f.labels(json!({}))},
         "spec": {"allowedGroups": [group], "targetSelector": {}, "workloads": [fixtures::workload("api")],
-            "rollout": {}}
+            "rollout": {"soakSeconds": 600, "maxUnavailable": 1}}
     }))
     .unwrap();
     let deployments = Api::<FleetDeployment>::all(f.client.clone());
@@ -873,6 +885,48 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         (phase().await == Some(RolloutPhase::Halted)).then_some(())
     })
     .await;
+
+    // The staged deployment half done: its canary was given `api` first and runs it (every workload of its
+    // desired state running, as its agent would report), so it soaks for 600 s while the others wait.
+    let desired: kv::Store = f.js.get_key_value(layout::DESIRED_STATE).await.unwrap();
+    let given: fleet_wire::DesiredState = eventually("the canary given api", || async {
+        let v = desired.get(canary.as_str()).await.ok()??;
+        let d: fleet_wire::DesiredState = serde_json::from_slice(&v).ok()?;
+        d.workloads
+            .iter()
+            .any(|w| w.name.as_str() == "api")
+            .then_some(d)
+    })
+    .await;
+    let mut ws = fixtures::workload_status();
+    ws.device_id = canary.clone();
+    ws.generation = given.generation;
+    ws.at = Timestamp::now();
+    ws.workloads = given
+        .workloads
+        .iter()
+        .map(|w| fleet_wire::WorkloadStatus {
+            name: w.name.clone(),
+            state: WorkloadState::Running,
+            container_id: Some("c".repeat(64)),
+            spec_digest: Some(w.digest()),
+            started_at: Some(Timestamp::now()),
+            error: None,
+            failure: None,
+        })
+        .collect();
+    f.put(layout::WORKLOAD_STATUS, canary.as_str(), &ws).await;
+    let half = eventually("the staged deployment soaking on its canary", || async {
+        let r = deployments.get(&staged_name).await.ok()?.status?.rollout?;
+        (r.phase == RolloutPhase::Soaking).then_some(r)
+    })
+    .await;
+    assert_eq!(
+        (half.soaking, half.healthy, half.updating, half.failed),
+        (1, 0, 0, 0),
+        "the canary soaks: {half:?}"
+    );
+    assert!(half.pending >= 1, "the others wait: {half:?}");
 
     // fleet-auth reports refused writes of the canary (as its device API does on a flood): the operator puts
     // them on the Device, the dashboard raises an alert.
@@ -999,6 +1053,10 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
                 silent.to_string(),
                 "1 of 1 used".into(),
                 "data-alert=\"FleetLockSlotHeldTooLong\"".into(),
+                // The history: pi-done's grant and release, pi-silent's grant, its hold still running.
+                format!("data-hold=\"default/{silent}\" data-end=\"held\""),
+                "data-hold=\"default/pi-done\" data-end=\"released\"".into(),
+                "data-event=\"released\"".into(),
             ],
         ),
     ];
@@ -1020,6 +1078,57 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         pages.iter().any(|(p, _)| p.starts_with("/devices/")),
         "device pages checked"
     );
+
+    // The Reboots page's history is the FleetLock server's, as the test reads it itself: one row per recent event,
+    // newest first, and one bar per hold with how it ended and how long it lasted.
+    use fleet_operator::dashboard::{holds, reboots};
+    let src = reboots::FleetLockSource {
+        url: format!("http://{}", fl.addr),
+        token: None,
+        ca: Vec::new(),
+    };
+    let server = tokio::task::spawn_blocking(move || reboots::fetch(&src))
+        .await
+        .unwrap()
+        .expect("the FleetLock status");
+    let kinds: Vec<&str> = server
+        .recent
+        .iter()
+        .map(|e| match e.kind {
+            LockEventKind::Granted => "granted",
+            LockEventKind::Released => "released",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["granted", "released", "granted"], "newest first");
+    let url = format!("{authed}/reboots");
+    let dom = tokio::task::spawn_blocking(move || browse(&url, &["--dump-dom"]))
+        .await
+        .unwrap();
+    let rows: Vec<&str> = dom
+        .split("data-event=\"")
+        .skip(1)
+        .filter_map(|r| r.split('"').next())
+        .collect();
+    assert_eq!(
+        rows, kinds,
+        "the table's rows are the server's events:\n{dom}"
+    );
+    let drawn = holds::holds(&server);
+    assert_eq!(drawn.len(), 2, "{drawn:?}");
+    assert!(dom.contains("data-holds=\"2\""), "{dom}");
+    for h in &drawn {
+        let want = match h.to {
+            Some(to) => format!(
+                "data-hold=\"{}/{}\" data-end=\"released\" data-held-secs=\"{}\"",
+                h.group,
+                h.id,
+                to.since(h.from).as_secs()
+            ),
+            None => format!("data-hold=\"{}/{}\" data-end=\"held\"", h.group, h.id),
+        };
+        assert!(dom.contains(&want), "{want:?} missing:\n{dom}");
+    }
 
     // The device pages' timelines: one mark per transition of the Device's status as the API server holds it
     // (the same before and after the page is loaded), with its phase, in order.
@@ -1095,6 +1204,26 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         "the halt names the canary: {:#?}",
         st.conditions
     );
+    // The condition history: one row per entry of the status's, newest first, the halt among them.
+    let history: Vec<&str> = page
+        .split("data-history=\"")
+        .skip(1)
+        .filter_map(|r| r.split('"').next())
+        .collect();
+    let want: Vec<&str> = st
+        .condition_history
+        .iter()
+        .rev()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(history, want, "the history rows are the status's:\n{page}");
+    assert!(
+        st.condition_history
+            .iter()
+            .any(|c| c.type_ == "Halted" && c.status == "True" && c.reason == "CanaryFailed"),
+        "the halt is in the history: {:#?}",
+        st.condition_history
+    );
     let mut page_wants = bar_counts(&st, true);
     page_wants.push("<b id=\"rollout-phase\">Halted</b>".into());
     page_wants.push("a canary failed: the rollout is halted".into());
@@ -1144,11 +1273,11 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
             &web_dom,
             bar_counts(&web_st, true),
         ),
-        (
-            format!("/deployments/{staged_name}"),
-            &staged_dom,
-            bar_counts(&staged_st, true),
-        ),
+        (format!("/deployments/{staged_name}"), &staged_dom, {
+            let mut w = bar_counts(&staged_st, true);
+            w.push("<b id=\"rollout-phase\">Soaking</b>".into());
+            w
+        }),
     ] {
         assert!(!wants.is_empty());
         for want in wants {
@@ -1202,12 +1331,15 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         format!("/releases/{release_name}"),
     );
     tokio::task::spawn_blocking(move || {
-        screenshot(&a, "/", "overview", 1900, &shots);
-        screenshot(&a, &stuck_path, "device", 1300, &shots);
-        screenshot(&a, &run_path, "run", 1000, &shots);
-        screenshot(&a, "/reboots", "reboots", 700, &shots);
-        screenshot(&a, &release_path, "release", 1100, &shots);
-        screenshot(&a, "/deployments", "deployments", 600, &shots);
+        screenshot(&a, "/", "overview", (1280, 1900), &shots);
+        screenshot(&a, &stuck_path, "device", (1280, 1300), &shots);
+        screenshot(&a, &run_path, "run", (1280, 1000), &shots);
+        screenshot(&a, "/reboots", "reboots", (1280, 1000), &shots);
+        screenshot(&a, &release_path, "release", (1280, 1500), &shots);
+        screenshot(&a, "/deployments", "deployments", (1280, 600), &shots);
+        // A phone's width: a person checks a rollout from their phone.
+        screenshot(&a, &release_path, "phone-release", (390, 2400), &shots);
+        screenshot(&a, "/", "phone-overview", (390, 2400), &shots);
     })
     .await
     .unwrap();

@@ -100,7 +100,8 @@ header b{margin-right:2em}main{padding:1em}h1{font-size:1.4em}h2{font-size:1.15e
 table{border-collapse:collapse;background:#fff;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;\
 text-align:left;vertical-align:top}th{background:#eef}.age{color:#777}.bad{color:#b00;font-weight:600}\
 .ok{color:#070}.alert{border-left:4px solid #b00;background:#fff3f3;padding:.4em .8em;margin:.4em 0}\
-.alert h3{margin:0;font-size:1em}.muted{color:#777}nav.pages a{margin-right:1em}code{font-size:.95em}figure.bar{margin:.2em 0}.minibar{width:16em}";
+.alert h3{margin:0;font-size:1em}.muted{color:#777}nav.pages a{margin-right:1em}code{font-size:.95em}figure.bar{margin:.2em 0}.minibar{width:16em}\
+@media(max-width:700px){main{padding:.5em}table{display:block;overflow-x:auto;max-width:100%}header a{display:inline-block}}";
 
 /// A whole page titled `title`: the frame with the navigation bar around `body`.
 pub fn page(title: &str, body: Markup) -> String {

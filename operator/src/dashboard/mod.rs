@@ -13,6 +13,7 @@ pub mod bars;
 pub mod device;
 pub mod events;
 pub mod fleet_counts;
+pub mod holds;
 pub mod html;
 pub mod metrics;
 pub mod named_devices;

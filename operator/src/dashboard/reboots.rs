@@ -1,11 +1,13 @@
-//! Reboots: the FleetLock server's holders per group and how long each has held its slot, read from its
-//! `/v1/status` (with a client or admin token: the status names hosts).
+//! Reboots: the FleetLock server's holders per group and how long each has held its slot, and its recent grants
+//! and releases as a chart of holds and a table, read from its `/v1/status` (with a client or admin token: the
+//! status names hosts).
 
 use super::alerts::{Alert, Subject};
-use super::html::{age, page, table, text, when};
+use super::holds::{chart, holds};
+use super::html::{age, name, page, table, text, when};
 use super::overview::some_alerts;
 use super::state::FleetLockView;
-use fleet_wire::fleetlock::{ServerStatus, STATUS_PATH};
+use fleet_wire::fleetlock::{LockEventKind, ServerStatus, STATUS_PATH};
 use fleet_wire::Timestamp;
 use maud::{html, Markup};
 use std::time::Duration;
@@ -101,8 +103,46 @@ pub fn render(view: Option<&FleetLockView>, alerts: &[Alert], now: Timestamp) ->
         html! {
             (some_alerts(alerts, |a| matches!(a.subject, Subject::Holder { .. } | Subject::FleetLock), now))
             (holders(view, now))
+            @if let Some(Ok(s)) = view.map(|v| &v.status) {
+                h2 { "Recent holds" }
+                (chart(&holds(s), now))
+                h2 { "Recent grants and releases" }
+                (recent(s, now))
+            }
         },
     )
+}
+
+/// The server's recent events, newest first, with how long each ended hold lasted.
+fn recent(s: &ServerStatus, now: Timestamp) -> Markup {
+    let since = html! {
+        "What this server made durable since it started (" (when(s.started_at, now)) "), newest first, at most "
+        (fleet_wire::fleetlock::MAX_RECENT_EVENTS) ". It keeps them in memory: a restart empties the list, and "
+        "each replica of an HA server shows only its own."
+    };
+    if s.recent.is_empty() {
+        return html! { p.muted { (since) " None yet." } };
+    }
+    let rows = s.recent.iter().map(|e| {
+        let held = match e.kind {
+            LockEventKind::Granted => text("—"),
+            _ => text(age(e.at.since(e.holder.taken_at))),
+        };
+        let what = name(&e.kind);
+        vec![
+            when(Some(e.at), now),
+            html! { span.bad[e.kind != LockEventKind::Granted && e.kind != LockEventKind::Released] data-event=(what) { (what) } },
+            text(&e.group),
+            text(&e.holder.id),
+            text(e.holder.hostname.as_deref().unwrap_or("—")),
+            text(&e.holder.ip),
+            held,
+        ]
+    });
+    html! {
+        p.muted { (since) }
+        (table(&["when", "what", "group", "holder", "host", "address", "held for"], rows))
+    }
 }
 
 /// The FleetLock server's settings and its holders per group.
