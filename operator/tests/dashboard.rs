@@ -1306,6 +1306,20 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     // The overview's pictures and the fleet's metrics: each count is what the test reads back itself.
     let (dom, view) = load_with_view(&f, &authed, &base, "/", true).await;
     assert_overview_bars(&dom, &view);
+    // The versions over time: sampled since the operator started (one a minute), the newest sample's series
+    // summing to the fleet (no device came or went since).
+    let chart = dom
+        .split("data-chart=\"version-history\"")
+        .nth(1)
+        .expect("the version history chart");
+    let chart = &chart[..chart.find("</figure>").expect("its end")];
+    assert!(chart.contains("data-samples=\""), "{chart}");
+    let newest: u64 = chart
+        .split("data-last-count=\"")
+        .skip(1)
+        .map(|r| r.split('"').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(newest, view.versions.values().sum::<u64>(), "{chart}");
     let (m, view) = load_with_view(&f, &authed, &base, "/metrics", false).await;
     assert_fleet_metrics(&m, &view);
 
@@ -1633,12 +1647,17 @@ fn hostile_values_are_escaped_on_every_page() {
                 runs: &[],
                 releases: &[],
                 deployments: &[],
+                version_history: &[fleet_operator::dashboard::version_history::Sample {
+                    at: now,
+                    counts: vec![(HOSTILE.into(), 1)],
+                }],
             },
             &alerts,
             &|_| None,
             now,
         ),
-        3,
+        // Each alert's detail and the holder's id; the version history's version, in its series and legend.
+        5,
     );
     // Task run: its latest error, a condition's message, a device's error.
     let run: TaskRun = serde_json::from_value(json!({

@@ -339,6 +339,7 @@ mod tests {
             })),
             alerts: RwLock::new(vec![]),
             thresholds: Default::default(),
+            version_history: Default::default(),
         };
         // Counter families without a series print no HELP: give each one (process-wide counters; no other test
         // reads these).

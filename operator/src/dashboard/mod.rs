@@ -24,6 +24,7 @@ pub mod runs;
 pub mod server;
 pub mod state;
 pub mod timeline;
+pub mod version_history;
 
 use crate::nats_link::NatsLink;
 use alerts::{DeviceFacts, RunFacts, Thresholds};
@@ -92,6 +93,7 @@ pub async fn run(rt: &crate::runtime::Runtime, opts: Options) -> Result<(), Stri
         fleetlock: RwLock::new(None),
         alerts: RwLock::new(Vec::new()),
         thresholds: opts.thresholds,
+        version_history: Default::default(),
     });
     let (devices, runs) = (caches.devices.clone(), caches.runs.clone());
     let ready = async move { devices.ready().await.is_ok() && runs.ready().await.is_ok() };
@@ -172,6 +174,11 @@ async fn watch_alerts(
         let now = Timestamp::now();
         let devices = state.devices.state();
         let runs = state.runs.state();
+        state
+            .version_history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(now, &fleet_counts::versions(&devices));
         let fl = state.fleetlock();
         let next = alerts::evaluate(
             devices.iter().map(|d| {

@@ -99,6 +99,8 @@ pub struct Objects<'a> {
     pub releases: &'a [Arc<AgentRelease>],
     /// FleetDeployments.
     pub deployments: &'a [Arc<FleetDeployment>],
+    /// The agent-version samples of the last day, oldest first.
+    pub version_history: &'a [super::version_history::Sample],
 }
 
 /// A bar the browser test and the unit tests find by `data-bar`.
@@ -235,6 +237,8 @@ pub fn render(
                 &["version", "devices"],
                 versions.iter().map(|(v, n)| vec![text(v), text(n.to_string())]),
             ))
+            h3 { "Over the last day" }
+            div data-chart="version-history" { (super::version_history::chart(o.version_history)) }
             h2 { "Devices by heartbeat age" }
             (marked("heartbeat-ages", ages_bar(&ages)))
             h2 { "Workloads" }
@@ -391,6 +395,7 @@ mod tests {
             runs: &runs,
             releases: &releases,
             deployments: &deployments,
+            version_history: &[],
         };
         let html = render(&o, &[], &last, now);
         let bar = |id: &str| legend(&html, id).unwrap_or_else(|| panic!("no bar {id}: {html}"));
@@ -491,6 +496,7 @@ mod tests {
             runs: &[],
             releases: &[],
             deployments: &[],
+            version_history: &[],
         };
         let html = render(&o, &[], &|_| None, Timestamp::now());
         let parts = legend(&html, "agent-versions").unwrap();

@@ -125,6 +125,7 @@ pub async fn handle(
                     runs: &state.runs.state(),
                     releases: &state.releases.state(),
                     deployments: &state.deployments.state(),
+                    version_history: &state.version_samples(),
                 },
                 &state.alerts(),
                 &|d| state.last_heartbeat(d),

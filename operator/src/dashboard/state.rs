@@ -122,9 +122,19 @@ pub struct State {
     pub alerts: RwLock<Vec<Alert>>,
     /// Alert thresholds.
     pub thresholds: Thresholds,
+    /// The fleet's agent versions over the last day (one sample a minute).
+    pub version_history: std::sync::Mutex<super::version_history::VersionHistory>,
 }
 
 impl State {
+    /// The agent-version samples, oldest first.
+    pub fn version_samples(&self) -> Vec<super::version_history::Sample> {
+        self.version_history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .samples()
+    }
+
     /// When `device` last beat (its own clock): the mirrored heartbeat, else (the mirror not read yet) the
     /// Device's `lastHeartbeat`.
     pub fn last_heartbeat(&self, device: &Device) -> Option<Timestamp> {
