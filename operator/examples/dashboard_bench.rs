@@ -200,6 +200,14 @@ fn main() {
             .collect()
             .await;
         assert!(written.iter().all(|r| r.is_ok()), "writing device info failed");
+        // The timed device page's agent upgrade, as its agent would publish it: a failed attempt with its
+        // transitions, so the page draws its timeline (the operator mirrors this key into the Device's status).
+        let mut failed = fixtures::failed_status();
+        failed.device_id = DeviceId::try_from("device-000100").unwrap();
+        stores[layout::AGENT_UPGRADE_STATUS]
+            .put("device-000100", serde_json::to_vec(&failed).unwrap().into())
+            .await
+            .unwrap();
 
         // An AgentRelease and a FleetDeployment over every Device, each with a staged rollout (canaries first).
         let group: DeviceGroup = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
@@ -254,10 +262,36 @@ fn main() {
             assert_eq!(p.targets().count(), plan_n);
         }
 
+        // A FleetLock server with a full history: 150 grants and 100 releases (the newest 200 events kept), 50
+        // devices holding a slot.
+        let fl_bin = std::env::var("FLEETLOCK_SERVER_BIN")
+            .expect("FLEETLOCK_SERVER_BIN: path of the fleetlock-server binary");
+        let fl_cfg = dir.path().join("fleetlock.yaml");
+        let fl_dir = dir.path().join("fleetlock");
+        std::fs::write(&fl_cfg, format!("store: {{kind: file, dir: {}}}\ndefault_slots: 200\n", fl_dir.display()))
+            .unwrap();
+        let fl = fleet_rig::fleetlock::ServerProcess::start(std::path::Path::new(&fl_bin), &fl_cfg).unwrap();
+        for (lock, ids) in [(true, 0..150), (false, 0..100)] {
+            for i in ids {
+                let a = fl.conn().unwrap().fleetlock(lock, &format!("device-{i:06}"), "default").unwrap();
+                assert_eq!(a.status, 200, "fleetlock {lock} {i}");
+            }
+        }
+        let fl_url = format!("http://{}", fl.addr);
+        let mut fl_status = vec![];
+        let mut fl_bytes = 0;
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let body = ureq::get(format!("{fl_url}/v1/status")).call().unwrap().body_mut().read_to_vec().unwrap();
+            fl_status.push(t.elapsed().as_secs_f64() * 1000.0);
+            fl_bytes = body.len();
+        }
+
         // The operator with the dashboard on.
         let addr = fleet_rig::fleetlock::free_addr().unwrap();
         let child = std::process::Command::new(&bin)
             .args(["--nats-url", &nats.url(), "--dashboard-listen", &addr.to_string()])
+            .args(["--dashboard-fleetlock-url", &fl_url])
             .arg("--dashboard-token-file")
             .arg(&token_file)
             .env("KUBECONFIG", &kubeconfig)
@@ -309,6 +343,22 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let ready_secs = t.elapsed().as_secs_f64();
+        // The Reboots page once the dashboard has read the FleetLock status (every 15 s), and the device page once
+        // the operator has mirrored the device's upgrade status.
+        loop {
+            let g = get.clone();
+            let (code, _, _, body) = tokio::task::spawn_blocking(move || g("/reboots")).await.unwrap();
+            let g = get.clone();
+            let (_, _, _, device) = tokio::task::spawn_blocking(move || g("/devices/device-000100")).await.unwrap();
+            if code == 200 && body.contains("data-holds=") && body.contains("data-event=") && device.contains("data-timeline=") {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(360),
+                "the Reboots page shows no history or the device page no timeline:\n{body}\n{device}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let rss_idle = proc_mib(pid, "VmRSS:");
         let last_page = plan_n.div_ceil(fleet_operator::dashboard::runs::DEVICES_PER_RUN_PAGE) - 1;
         let pages: Vec<(String, String)> = vec![
@@ -322,6 +372,7 @@ fn main() {
             (format!("release page `/releases/{RELEASE}`"), format!("/releases/{RELEASE}")),
             ("deployment list `/deployments`".into(), "/deployments".into()),
             (format!("deployment page `/deployments/{DEPLOYMENT}`"), format!("/deployments/{DEPLOYMENT}")),
+            ("reboots `/reboots` (50 holders, 200 recent events)".into(), "/reboots".into()),
             ("`/metrics`".into(), "/metrics".into()),
         ];
         let mut rows = vec![];
@@ -337,6 +388,12 @@ fn main() {
                 if path.starts_with("/releases") || path.starts_with("/deployments") {
                     assert!(body.contains("<svg"), "{path} has no bar");
                 }
+                if path.starts_with("/devices/") {
+                    assert!(body.contains("data-timeline="), "{path} has no timeline");
+                }
+                if path == "/" {
+                    assert!(body.contains("data-samples="), "the overview has no version history");
+                }
                 times.push(ms);
                 bytes = len;
             }
@@ -351,6 +408,7 @@ fn main() {
         println!("| reference: kube client lists the AgentReleases (1) | {} | |", stats(list_releases));
         println!("| reference: kube client lists the FleetDeployments (1) | {} | |", stats(list_deployments));
         println!("| reference: load the whole {plan_n}-device plan from NATS (tasks::store::load) | {} | |", stats(load_plan));
+        println!("| reference: fleetlock-server `GET /v1/status` (50 holders, 200 recent events) | {} | {:.1} KB (JSON) |", stats(fl_status), kb(fl_bytes));
         for (label, t, bytes) in rows {
             println!("| {label} | {t} | {:.1} KB |", kb(bytes));
         }

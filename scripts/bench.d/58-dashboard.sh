@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The operator's dashboard at scale: overview, device, run history, run, release and deployment pages with 10,000
+# The operator's dashboard at scale: overview, device, run history, run, release, deployment and reboots pages with 10,000
 # Devices, a 100,000-device TaskRun plan and an AgentRelease and a FleetDeployment rolling out over every device
 # (time and size per page as a client on the host sees them, operator RSS), next to listing the same CRs with
 # kube's client and loading the whole plan from NATS, in the same run. Prints Markdown tables
@@ -11,10 +11,12 @@ cd "$root"
 . "$root/scripts/bench.d/lib/goal.sh"
 export FLEET_NATS_SERVER=${FLEET_NATS_SERVER:-$root/.venv/bin/nats-server}
 cargo build --release --locked -q -p fleet-operator --bin fleet-operator --example dashboard_bench
+cargo build --release --locked -q -p fleetlock-server --bin fleetlock-server
 target=${CARGO_TARGET_DIR:-$root/target}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-FLEET_OPERATOR_BIN=$target/release/fleet-operator "$target/release/examples/dashboard_bench" | tee "$out"
+FLEET_OPERATOR_BIN=$target/release/fleet-operator FLEETLOCK_SERVER_BIN=$target/release/fleetlock-server \
+  "$target/release/examples/dashboard_bench" | tee "$out"
 # The pages: the first table's rows that are not references (a page's row starts with what it is, then its path).
 pages=$(awk -F'|' '/^$/ { exit } /^\| / && !/^\| dashboard:/ && !/reference:/ { c = $2; gsub(/^ +| +$/, "", c); print c }' "$out")
 echo

@@ -81,7 +81,7 @@ pub fn run_phase_name(r: &TaskRun) -> String {
 /// Parts of the agent-versions bar besides [`OTHER`].
 pub const VERSION_PARTS: usize = 8;
 /// Colours of the version parts, most devices first; [`OTHER`] is grey.
-const VERSION_COLOURS: [&str; VERSION_PARTS] = [
+pub const VERSION_COLOURS: [&str; VERSION_PARTS] = [
     "#23395d", "#48c", "#7b7", "#c80", "#a5a", "#0aa", "#b55", "#070",
 ];
 /// Colours of the heartbeat-age parts, youngest first, then over a day and never.

@@ -3,6 +3,7 @@
 //! share, as inline SVG written with maud (labels escaped).
 
 use super::fleet_counts::{top, OTHER};
+use super::overview::{VERSION_COLOURS, VERSION_PARTS};
 use fleet_wire::Timestamp;
 use maud::{html, Markup};
 use std::collections::{BTreeMap, VecDeque};
@@ -12,15 +13,12 @@ use std::time::Duration;
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(60);
 /// Most samples kept: a day at one a minute.
 pub const MAX_SAMPLES: usize = 1440;
-/// Versions a sample keeps by name (the most devices first); the rest are summed as [`OTHER`].
-pub const VERSIONS_PER_SAMPLE: usize = 8;
+/// Versions a sample keeps by name (the most devices first; as many as the overview's bar); the rest are summed
+/// as [`OTHER`].
+pub const VERSIONS_PER_SAMPLE: usize = VERSION_PARTS;
 /// Width and height of the chart in SVG user units; it scales to its container.
 const WIDTH: u64 = 1000;
 const HEIGHT: u64 = 120;
-/// Series colours, the most devices over the window first; [`OTHER`] is grey.
-const COLOURS: [&str; VERSIONS_PER_SAMPLE] = [
-    "#23395d", "#48c", "#7b7", "#c80", "#a5a", "#0aa", "#b55", "#070",
-];
 
 /// Devices per agent version at one time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +101,15 @@ fn counts(sample: &Sample, names: &[String]) -> Vec<u64> {
         .collect()
 }
 
+/// Series `k`'s colour: the overview bar's, [`OTHER`] grey.
+fn colour(k: usize, name: &str) -> &'static str {
+    if name == OTHER {
+        "#bbb"
+    } else {
+        VERSION_COLOURS[k % VERSION_COLOURS.len()]
+    }
+}
+
 /// "1 sample", "3 samples".
 fn n_samples(n: usize) -> String {
     if n == 1 {
@@ -167,7 +174,7 @@ pub fn chart(samples: &[Sample]) -> Markup {
                 viewBox={ "0 0 " (WIDTH) " " (HEIGHT) } data-samples=(samples.len()) {
                 title { "Devices by agent version, " (n_samples(samples.len())) " from " (samples[0].at) " to " (last.at) }
                 @for (k, name) in names.iter().enumerate() {
-                    @let colour = if name == OTHER { "#bbb" } else { COLOURS[k % COLOURS.len()] };
+                    @let colour = colour(k, name);
                     g data-version=(name) data-last-count=(newest[k]) {
                         title { (name) ": " (newest[k]) " at the newest sample" }
                         polygon points=(polygon(k)) fill=(colour) {}
@@ -176,7 +183,7 @@ pub fn chart(samples: &[Sample]) -> Markup {
             }
             figcaption.muted {
                 @for (k, name) in names.iter().enumerate() {
-                    @let colour = if name == OTHER { "#bbb" } else { COLOURS[k % COLOURS.len()] };
+                    @let colour = colour(k, name);
                     span style={ "color:" (colour) } { "■" } " " (name) " " b { (newest[k]) } " · "
                 }
                 (n_samples(samples.len())) ", one a minute, from " (samples[0].at) " to " (last.at)
