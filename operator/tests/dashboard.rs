@@ -1276,6 +1276,15 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         (format!("/deployments/{staged_name}"), &staged_dom, {
             let mut w = bar_counts(&staged_st, true);
             w.push("<b id=\"rollout-phase\">Soaking</b>".into());
+            // When the canary's soak ends and who waits next, as the status says.
+            let r = staged_st.rollout.as_ref().expect("its rollout");
+            let end = r
+                .soak_ends_at
+                .as_deref()
+                .expect("a soak end while the canary soaks");
+            w.push(format!("<span id=\"soak-ends\" data-at=\"{end}\">"));
+            assert!(!r.next.is_empty(), "the others are next: {r:?}");
+            w.extend(r.next.iter().map(|d| format!("data-next=\"{d}\"")));
             w
         }),
     ] {

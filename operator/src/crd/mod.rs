@@ -399,6 +399,14 @@ pub struct RolloutStatus {
     pub pending: u32,
     /// Failed the attempt, or restarted / fell silent during the soak.
     pub failed: u32,
+    /// When the first soak of a soaking device ends: its commit (a deployment: its workload's start) plus
+    /// `soakSeconds`, by that device's clock; absent while no device soaks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak_ends_at: Option<String>,
+    /// The devices that get the change next, in order (canaries first, then the rest by name), at most 5; empty
+    /// when the rollout is halted or nobody waits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub next: Vec<String>,
     /// FleetDeployment only: the `fleet.nationtech.io/retry` annotation's value this status was decided under. A
     /// halt holds (even after the failed devices recover) until the annotation changes or the spec does.
     #[serde(default, skip_serializing_if = "Option::is_none")]

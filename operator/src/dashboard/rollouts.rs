@@ -5,13 +5,13 @@
 //! operator's cache: every number is one the status carries, none is computed from the fleet.
 
 use super::bars::{bar, Part};
-use super::html::{name, page, pairs, table, text, url_part, when};
+use super::html::{age, name, page, pairs, parse_time, table, text, url_part, when};
 use super::named_devices::{named, Named};
 use super::runs::device_link;
 use crate::conditions::{is_bad, was_bad, HALTED};
 use crate::crd::{
-    AgentRelease, ConditionChange, FleetDeployment, Placement, PlacementStatus, RolloutSpec,
-    RolloutStatus, WorkloadHealth,
+    AgentRelease, ConditionChange, FleetDeployment, Placement, PlacementStatus, RolloutPhase,
+    RolloutSpec, RolloutStatus, WorkloadHealth,
 };
 use fleet_wire::{DeviceId, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
@@ -312,6 +312,39 @@ fn conditions_table(conditions: &[Condition], now: Timestamp) -> Markup {
     )
 }
 
+/// The soak: how many devices soak, and when the first soak ends (`soakEndsAt`, by that device's clock).
+fn soak(r: &RolloutStatus, seconds: u32, now: Timestamp) -> Markup {
+    let end = r.soak_ends_at.as_deref().and_then(parse_time);
+    html! {
+        (r.soaking) " devices in their soak of " (seconds) " s"
+        @if let Some(end) = end {
+            "; the first ends " span #soak-ends data-at=(end) {
+                @if end > now { "in " (age(end.since(now))) } @else { "now" }
+            }
+            " (" (end) ", by the device's clock; it counts as healthy at its first heartbeat after that)"
+        }
+    }
+}
+
+/// The devices the status names as next, linked, and how many more wait.
+fn next(r: &RolloutStatus) -> Markup {
+    if r.next.is_empty() {
+        return text(if r.phase == RolloutPhase::Halted {
+            "nobody: the rollout is halted"
+        } else {
+            "—"
+        });
+    }
+    let more = (r.pending as usize).saturating_sub(r.next.len());
+    html! {
+        @for (i, d) in r.next.iter().enumerate() {
+            @if i > 0 { ", " }
+            span data-next=(d) { (device_link(d)) }
+        }
+        @if more > 0 { " and " (more) " more" }
+    }
+}
+
 /// The condition history, newest first; rows that reported a problem are marked.
 fn history_table(history: &[ConditionChange], now: Timestamp) -> Markup {
     if history.is_empty() {
@@ -365,15 +398,12 @@ fn render(
         ("canaries", text(canaries(&s.conditions))),
         (
             "soak",
-            text(match r {
-                Some(r) => format!(
-                    "{} devices in their soak of {} s",
-                    r.soaking,
-                    v.rollout.and_then(|x| x.soak_seconds).unwrap_or(0)
-                ),
-                None => "—".into(),
-            }),
+            match r {
+                Some(r) => soak(r, v.rollout.and_then(|x| x.soak_seconds).unwrap_or(0), now),
+                None => text("—"),
+            },
         ),
+        ("next", r.map(next).unwrap_or_else(|| text("—"))),
         ("rollout spec", text(rollout_spec(v.rollout))),
         ("targeted devices", text(opt_count(s.targeted_devices))),
     ];
@@ -552,6 +582,40 @@ mod tests {
         assert!(has_count(&list, "failed", st.failed) && has_count(&list, "pending", st.pending));
         assert!(list.contains("Halted: CanaryFailed") && list.contains("Degraded: DevicesFailed"));
         assert!(list.contains("href=\"/releases/agent-2\""), "{list}");
+    }
+
+    #[test]
+    fn the_page_says_when_the_soak_ends_and_who_is_next() {
+        let now = Timestamp::now();
+        let end = now.plus(std::time::Duration::from_secs(8 * 60 + 30));
+        let d = deployment_with(json!({
+            "rollout": {"phase": "Soaking", "updated": 1, "healthy": 0, "soaking": 1, "updating": 0,
+                "pending": 7, "failed": 0, "soakEndsAt": end.to_string(), "next": ["pi-2", "pi-3"]},
+            "conditions": []
+        }));
+        let html = deployment(&d, now);
+        assert!(
+            html.contains(&format!(
+                r#"<span id="soak-ends" data-at="{end}">in 8m</span>"#
+            )),
+            "{html}"
+        );
+        for dev in ["pi-2", "pi-3"] {
+            assert!(
+                html.contains(&format!(
+                    r#"<span data-next="{dev}"><a href="/devices/{dev}">{dev}</a></span>"#
+                )),
+                "{dev}: {html}"
+            );
+        }
+        assert!(html.contains("and 5 more"), "7 pending, 2 named: {html}");
+        let halted = deployment_with(
+            json!({"rollout": {"phase": "Halted", "updated": 0, "healthy": 0,
+            "soaking": 0, "updating": 0, "pending": 3, "failed": 1}, "conditions": []}),
+        );
+        let html = deployment(&halted, now);
+        assert!(html.contains("nobody: the rollout is halted"), "{html}");
+        assert!(!html.contains("soak-ends"), "{html}");
     }
 
     #[test]

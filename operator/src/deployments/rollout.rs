@@ -315,6 +315,9 @@ fn describe(id: &DeviceId, s: Standing) -> String {
     }
 }
 
+/// Most devices a status names as next.
+pub const NEXT_SHOWN: usize = 5;
+
 /// Decides one pass of a rollout over `targets` (sorted by device id: the rest are released in that order).
 pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
     let standings: Vec<(&Target, Standing)> = targets
@@ -395,6 +398,26 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
             .take(budget.saturating_sub(busy))
             .collect()
     };
+    // Who waits next: not released by this pass, in release order; nobody while halted.
+    status.next = if halt.is_some() {
+        Vec::new()
+    } else {
+        pending_of(true)
+            .chain(pending_of(false))
+            .filter(|id| !release.contains(id))
+            .take(NEXT_SHOWN)
+            .map(|id| id.to_string())
+            .collect()
+    };
+    status.soak_ends_at = standings
+        .iter()
+        .filter(|(_, s)| *s == Standing::Soaking)
+        .filter_map(|(t, _)| match t.observed {
+            Observed::Committed { at, .. } => Some(at.plus(policy.soak)),
+            _ => None,
+        })
+        .min()
+        .map(|t| t.to_string());
     let mut in_flight: Vec<DeviceId> = release.clone();
     in_flight.extend(
         in_flight_of(true)
@@ -828,6 +851,29 @@ mod tests {
             );
             assert_eq!(out.halt.as_ref().map(|h| h.reason), halt, "{name}");
         }
+    }
+
+    /// The status says who is next and when the first soak ends.
+    #[test]
+    fn next_and_soak_end() {
+        let staged = policy(300, n(1), n(0));
+        // A canary soaking since 100: its soak ends at 400; the rest wait, in order, at most NEXT_SHOWN.
+        let mut devices = vec![("a", true, committed(100, Some(90), Some(130)))];
+        let names = ["b", "c", "d", "e", "f", "g", "h"];
+        devices.extend(names.iter().map(|id| (*id, false, Observed::Pending)));
+        let out = plan(&targets(&devices), &staged, t(140));
+        assert_eq!(out.status.next, names[..NEXT_SHOWN]);
+        assert_eq!(out.status.soak_ends_at, Some(t(400).to_string()));
+        // Soaked: b is released now, so c is next; no soak left.
+        devices[0].2 = committed(100, Some(90), Some(410));
+        let out = plan(&targets(&devices), &staged, t(410));
+        assert_eq!(out.release, [DeviceId::try_from("b").unwrap()]);
+        assert_eq!(out.status.next.first().map(String::as_str), Some("c"));
+        assert_eq!(out.status.soak_ends_at, None);
+        // Halted: nobody is next.
+        devices[0].2 = Observed::Failed;
+        let out = plan(&targets(&devices), &staged, t(410));
+        assert!(out.halt.is_some() && out.status.next.is_empty());
     }
 
     #[test]
