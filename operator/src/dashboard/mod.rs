@@ -174,11 +174,15 @@ async fn watch_alerts(
         let now = Timestamp::now();
         let devices = state.devices.state();
         let runs = state.runs.state();
-        state
-            .version_history
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .record(now, &fleet_counts::versions(&devices));
+        {
+            let mut history = state
+                .version_history
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if history.due(now) {
+                history.record(now, &fleet_counts::versions(&devices));
+            }
+        }
         let fl = state.fleetlock();
         let next = alerts::evaluate(
             devices.iter().map(|d| {

@@ -39,11 +39,7 @@ impl VersionHistory {
     /// Records `versions` at `at` when the last sample is at least [`SAMPLE_EVERY`] old (or there is none);
     /// returns whether it did. The oldest sample goes beyond [`MAX_SAMPLES`].
     pub fn record(&mut self, at: Timestamp, versions: &BTreeMap<String, u64>) -> bool {
-        if self
-            .samples
-            .back()
-            .is_some_and(|last| at.since(last.at) < SAMPLE_EVERY)
-        {
+        if !self.due(at) {
             return false;
         }
         if self.samples.len() == MAX_SAMPLES {
@@ -54,6 +50,14 @@ impl VersionHistory {
             counts: top(versions, VERSIONS_PER_SAMPLE),
         });
         true
+    }
+
+    /// Whether a sample taken at `at` would be kept: the caller counts the fleet only then (not on every alert
+    /// evaluation, which can come once a second).
+    pub fn due(&self, at: Timestamp) -> bool {
+        self.samples
+            .back()
+            .is_none_or(|last| at.since(last.at) >= SAMPLE_EVERY)
     }
 
     /// The samples, oldest first.
@@ -212,6 +216,7 @@ mod tests {
             !h.record(at(59), &fleet(&[("1.0", 2), ("2.0", 1)])),
             "too soon"
         );
+        assert!(!h.due(at(59)) && h.due(at(60)));
         assert!(h.record(at(60), &fleet(&[("1.0", 2), ("2.0", 1)])));
         for i in 2..(MAX_SAMPLES as u64 + 10) {
             h.record(at(i * 60), &fleet(&[("2.0", 3)]));
