@@ -1,7 +1,14 @@
-//! What the agent reports about the device: OS from `<root>/etc/os-release`, the boot id, capabilities.
+//! What the agent reports about the device: OS from `<root>/etc/os-release`, the boot id, capabilities, and
+//! how often systemd restarted the agent.
 
 use fleet_wire::{BoundedText, Capability, Id128, OsInfo};
+use std::io::Read;
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest wait for `systemctl show` (it asks the system manager over D-Bus).
+const SYSTEMCTL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Parses os-release text (`KEY=value`, optionally quoted).
 pub fn parse_os_release(text: &str) -> OsInfo {
@@ -41,6 +48,63 @@ pub fn boot_id() -> Option<Id128> {
     Id128::parse_lenient(s.trim()).ok()
 }
 
+/// The systemd unit this process runs in, from `/proc/self/cgroup` (`…/fleet-agent.service`), when it runs
+/// under systemd at all (`INVOCATION_ID` is set for a unit's processes).
+fn own_unit() -> Option<String> {
+    std::env::var_os("INVOCATION_ID")?;
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    unit_of_cgroup(&text)
+}
+
+/// The `.service` unit named by the last component of a `/proc/self/cgroup` line.
+fn unit_of_cgroup(text: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|l| l.rsplit('/').next())
+        .find(|u| {
+            u.ends_with(".service")
+                && u.len() <= 256
+                && u.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.@:\\".contains(&b))
+        })
+        .map(str::to_owned)
+}
+
+/// systemd's `NRestarts` of the agent's own unit: how often systemd restarted it after a failure since it was
+/// last started by a person, a boot or a cutover. `None` outside systemd or when `systemctl` does not answer
+/// within [`SYSTEMCTL_TIMEOUT`]. Asked once per agent process, at start.
+pub fn restarts() -> Option<u32> {
+    let unit = own_unit()?;
+    let mut child = Command::new("systemctl")
+        .args(["show", "--property=NRestarts", "--value", "--", &unit])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| log::warn!("systemctl show {unit}: {e}"))
+        .ok()?;
+    let deadline = Instant::now() + SYSTEMCTL_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                log::warn!("systemctl show {unit}: no answer within {SYSTEMCTL_TIMEOUT:?}");
+                return None;
+            }
+        }
+    }
+    let mut out = String::new();
+    child
+        .stdout
+        .take()?
+        .take(64)
+        .read_to_string(&mut out)
+        .ok()?;
+    out.trim().parse().ok()
+}
+
 /// What this device can do: agent self-upgrade from HTTPS always (every updater has it), and OCI artifacts and
 /// the apt system upgrade only when the local updater says it supports them (an older updater lacks them, so
 /// the operator never plans such work for this device).
@@ -56,6 +120,23 @@ pub fn capabilities(updater: &[Capability]) -> Vec<Capability> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_unit_comes_from_the_cgroup() {
+        let v2 = "0::/system.slice/fleet-agent.service\n";
+        assert_eq!(
+            super::unit_of_cgroup(v2).as_deref(),
+            Some("fleet-agent.service")
+        );
+        let v1 =
+            "12:pids:/system.slice/x.service\n1:name=systemd:/system.slice/fleet-agent.service\n";
+        assert_eq!(super::unit_of_cgroup(v1).as_deref(), Some("x.service"));
+        assert_eq!(
+            super::unit_of_cgroup("0::/user.slice/session-1.scope\n"),
+            None
+        );
+        assert_eq!(super::unit_of_cgroup("0::/a;rm -rf.service\n"), None);
+    }
+
     use fleet_wire::Capability::*;
 
     #[test]

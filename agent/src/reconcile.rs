@@ -11,8 +11,8 @@
 use crate::podman::{Observed, Podman, PodmanError};
 use fleet_wire::workload::{LABEL_DEVICE, LABEL_SPEC_DIGEST, LABEL_WORKLOAD};
 use fleet_wire::{
-    BoundedText, DeviceId, FailureReason, RestartPolicy, Sha256Hex, Timestamp, WorkloadFailure,
-    WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
+    BoundedText, DeviceId, FailureReason, RestartPolicy, Restarts, Sha256Hex, Timestamp,
+    WorkloadFailure, WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -674,12 +674,14 @@ fn ended(end: Replaced, errors: &[String], was_running: bool) -> Applied {
     })
 }
 
-/// Per-workload status from the desired state, the observed containers and the last pass's failures. A failed
-/// workload names the container of an older spec that still runs, if one does.
+/// Per-workload status from the desired state, the observed containers and the last pass's failures, at `now`.
+/// A failed workload names the container of an older spec that still runs, if one does; a container of the
+/// desired spec that Podman keeps restarting is `crash-looping` ([`fleet_wire::workload::is_crash_looping`]).
 pub fn statuses(
     desired: &[WorkloadSpec],
     observed: &[Observed],
     errors: &Errors,
+    now: Timestamp,
 ) -> Vec<WorkloadStatus> {
     desired
         .iter()
@@ -695,9 +697,19 @@ pub fn statuses(
                 .get(&w.name)
                 .filter(|f| f.spec.as_ref().is_none_or(|d| *d == digest));
             let error = f.map(|f| BoundedText::lossy(&f.error));
+            // Podman's StartedAt in Unix seconds (0: never started).
+            let started = o
+                .and_then(|o| u64::try_from(o.started_at).ok())
+                .filter(|s| *s > 0)
+                .map(|s| Timestamp::from_unix_ms(s * 1000));
             let state = match (o, f) {
                 (_, Some(_)) => WorkloadState::Failed,
                 (None, None) => WorkloadState::Missing,
+                (Some(o), None)
+                    if fleet_wire::workload::is_crash_looping(o.restarts, started, now) =>
+                {
+                    WorkloadState::CrashLooping
+                }
                 (Some(o), None) => match o.state.as_str() {
                     "running" => WorkloadState::Running,
                     "exited" | "stopped" => WorkloadState::Exited,
@@ -724,14 +736,19 @@ pub fn statuses(
                 state,
                 container_id: o.map(|o| o.id.clone()),
                 spec_digest: o.map(|_| digest.clone()),
-                // Podman's StartedAt in Unix seconds (0: never started); only while running, as the soak reads it.
-                started_at: o
-                    .filter(|_| state == WorkloadState::Running)
-                    .and_then(|o| u64::try_from(o.started_at).ok())
-                    .filter(|s| *s > 0)
-                    .map(|s| Timestamp::from_unix_ms(s * 1000)),
+                // Only while running, as the soak reads it.
+                started_at: started.filter(|_| state == WorkloadState::Running),
                 error,
                 failure,
+                // A failed workload's failure says what failed; restart counts are for a container that runs
+                // (or keeps trying to), and leaving them out keeps the largest status within its bucket's limit.
+                restarts: o
+                    .filter(|_| state != WorkloadState::Failed)
+                    .map(|o| Restarts {
+                        count: o.restarts,
+                        last_exit_code: (o.exited || state == WorkloadState::Exited)
+                            .then_some(o.exit_code),
+                    }),
             }
         })
         .collect()
@@ -742,6 +759,9 @@ mod tests {
     use super::*;
     use fleet_wire::fixtures;
     use fleet_wire::workload::LABEL_MANAGED;
+
+    /// A moment well after every test container's start (Unix second 1).
+    const NOW: Timestamp = Timestamp::from_unix_ms(2_000_000_000_000);
 
     fn observed(id: &str, w: &WorkloadSpec, device: &str, state: &str) -> Observed {
         let labels = BTreeMap::from([
@@ -756,6 +776,11 @@ mod tests {
             labels,
             state: state.into(),
             started_at: 1,
+            restarts: 0,
+            exit_code: 0,
+            exited: false,
+            created: 1,
+            restarts_unknown: false,
         }
     }
 
@@ -892,6 +917,7 @@ mod tests {
             &[web.clone(), db],
             &[observed("1", &web, "device-1", "running")],
             &errors,
+            NOW,
         );
         assert_eq!(s[0].state, WorkloadState::Running);
         assert_eq!(s[0].container_id.as_deref(), Some("1"));
@@ -1114,6 +1140,7 @@ mod tests {
             &[next],
             &[observed("1", &web, "device-1", "running")],
             &errors,
+            NOW,
         );
         assert_eq!(s[0].state, WorkloadState::Failed);
         // The desired spec has no container: the operator counts it failed, not running the old spec.
@@ -1135,6 +1162,7 @@ mod tests {
             std::slice::from_ref(&web),
             &[observed("1", &web, "device-1", "running")],
             &Errors::new(),
+            NOW,
         );
         assert_eq!(
             (s[0].state, s[0].error.as_ref(), s[0].failure.as_ref()),
@@ -1162,17 +1190,75 @@ mod tests {
             },
         )]);
         let running = [observed("1", &web, "device-1", "running")];
-        let s = statuses(std::slice::from_ref(&fix), &running, &errors);
+        let s = statuses(std::slice::from_ref(&fix), &running, &errors, NOW);
         assert_eq!(
             (s[0].state, s[0].error.as_ref(), s[0].failure.as_ref()),
             (WorkloadState::Missing, None, None)
         );
         // Still the failed spec: still failed. A failure of no one spec (a container not removed) always shows.
-        let s = statuses(std::slice::from_ref(&bad), &running, &errors);
+        let s = statuses(std::slice::from_ref(&bad), &running, &errors, NOW);
         assert_eq!(s[0].state, WorkloadState::Failed);
         let mut anyspec = errors.clone();
         anyspec.get_mut(&web.name).expect("web").spec = None;
-        let s = statuses(std::slice::from_ref(&fix), &running, &anyspec);
+        let s = statuses(std::slice::from_ref(&fix), &running, &anyspec, NOW);
         assert_eq!(s[0].state, WorkloadState::Failed);
+    }
+
+    /// Podman's restart count and last exit code reach the status; a container it keeps restarting, the latest
+    /// start recent, is crash-looping whatever its state at the moment of the list; one that then stayed up for
+    /// the window is running again.
+    #[test]
+    fn restarts_and_crash_loops_are_reported() {
+        let web = fixtures::workload("web");
+        let at = |secs: u64| Timestamp::from_unix_ms(secs * 1000);
+        let mut o = observed("1", &web, "device-1", "running");
+        o.started_at = 1_000;
+        let status = |o: &Observed, now| {
+            statuses(
+                std::slice::from_ref(&web),
+                std::slice::from_ref(o),
+                &Errors::new(),
+                now,
+            )
+            .remove(0)
+        };
+        let s = status(&o, at(1_005));
+        assert_eq!(
+            (s.state, s.restarts),
+            (
+                WorkloadState::Running,
+                Some(Restarts {
+                    count: 0,
+                    last_exit_code: None
+                })
+            )
+        );
+        o.restarts = 2;
+        o.exit_code = 3;
+        o.exited = true;
+        let s = status(&o, at(1_005));
+        assert_eq!(
+            (s.state, s.restarts),
+            (
+                WorkloadState::Running,
+                Some(Restarts {
+                    count: 2,
+                    last_exit_code: Some(3)
+                })
+            )
+        );
+        o.restarts = 3;
+        for state in ["running", "exited", "stopping"] {
+            o.state = state.into();
+            let s = status(&o, at(1_005));
+            assert_eq!(s.state, WorkloadState::CrashLooping, "{state}");
+            assert_eq!(s.started_at, None, "a crash loop has no start to soak from");
+        }
+        o.state = "running".into();
+        let calm = 1_000 + fleet_wire::workload::CRASH_LOOP_WINDOW.as_secs() + 1;
+        assert_eq!(status(&o, at(calm)).state, WorkloadState::Running);
+        // No container of the desired spec: nothing to count.
+        let s = statuses(std::slice::from_ref(&web), &[], &Errors::new(), at(1_005));
+        assert_eq!((s[0].state, s[0].restarts), (WorkloadState::Missing, None));
     }
 }

@@ -46,6 +46,7 @@ fn main() {
         at: Timestamp::from_unix_ms(now.unix_ms() - 600_000),
         agent_started: Some(Timestamp::from_unix_ms(now.unix_ms() - 601_000)),
         heartbeat: Some(now),
+        restarts: Some(0),
     };
     let staged = Policy::from_spec(Some(&RolloutSpec {
         soak_seconds: Some(300),
@@ -157,6 +158,7 @@ fn snapshot(updated: impl Fn(usize) -> bool, staged: bool, now: Timestamp) -> Sn
                 started_at: Some(Timestamp::from_unix_ms(now.unix_ms() - 600_000)),
                 error: None,
                 failure: None,
+                restarts: None,
             }],
         };
         s.workloads.insert(id.to_string(), Arc::new(report));

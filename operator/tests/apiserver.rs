@@ -749,6 +749,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     started_at: None,
                     error: None,
                     failure: None,
+                    restarts: None,
                 },
                 WorkloadStatus {
                     name: dbs.name.clone(),
@@ -758,6 +759,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     started_at: None,
                     error: error.map(BoundedText::lossy),
                     failure: None,
+                    restarts: None,
                 },
             ],
         }

@@ -913,6 +913,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
             started_at: Some(Timestamp::now()),
             error: None,
             failure: None,
+            restarts: None,
         })
         .collect();
     f.put(layout::WORKLOAD_STATUS, canary.as_str(), &ws).await;

@@ -123,6 +123,7 @@ impl Rig {
                     ))
                 }),
                 failure: None,
+                restarts: None,
             }],
         };
         let store = self

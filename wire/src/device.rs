@@ -51,6 +51,12 @@ pub struct DeviceInfo {
     pub boot_id: Option<Id128>,
     /// When this was published.
     pub published_at: Timestamp,
+    /// systemd's `NRestarts` of `fleet-agent.service` when this agent process started: its automatic restarts
+    /// after a failure since the unit was last started by a person, a boot or a cutover — so, after a cutover,
+    /// the new version's crashes. Device info is published once per agent process, so `publishedAt` is the
+    /// latest start. Absent from agents before it was added, and where systemd did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<u32>,
 }
 
 /// A liveness beat, published at a fixed interval.

@@ -128,6 +128,7 @@ pub fn workload_status() -> DeviceWorkloadStatus {
             started_at: Some(t(30)),
             error: None,
             failure: None,
+            restarts: None,
         }],
     }
 }
@@ -151,6 +152,27 @@ pub fn workload_status_failed() -> DeviceWorkloadStatus {
             running_spec_digest: Some(w.digest()),
             rolled_back: false,
         }),
+        restarts: None,
+    }];
+    s
+}
+
+/// A workload whose container Podman keeps restarting: seven restarts, the last exit seen with code 3.
+pub fn workload_status_crash_looping() -> DeviceWorkloadStatus {
+    let w = workload("web");
+    let mut s = workload_status();
+    s.workloads = vec![WorkloadStatus {
+        name: w.name.clone(),
+        state: WorkloadState::CrashLooping,
+        container_id: Some("3f2a".repeat(16)),
+        spec_digest: Some(w.digest()),
+        started_at: None,
+        error: None,
+        failure: None,
+        restarts: Some(crate::Restarts {
+            count: 7,
+            last_exit_code: Some(3),
+        }),
     }];
     s
 }
@@ -172,6 +194,7 @@ pub fn device_info() -> DeviceInfo {
         ],
         boot_id: Some(Id128::try_from(BOOT).unwrap()),
         published_at: t(1),
+        restarts: Some(0),
     }
 }
 

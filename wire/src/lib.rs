@@ -64,5 +64,6 @@ pub use time::Timestamp;
 pub use upgrade::{AgentUpgradeAttempt, ByteLimit};
 pub use workload::{
     DesiredState, DeviceWorkloadStatus, FailureReason, PortMapping, Protocol, RestartPolicy,
-    VolumeMount, WorkloadFailure, WorkloadName, WorkloadSpec, WorkloadState, WorkloadStatus,
+    Restarts, VolumeMount, WorkloadFailure, WorkloadName, WorkloadSpec, WorkloadState,
+    WorkloadStatus,
 };

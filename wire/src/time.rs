@@ -18,7 +18,7 @@ impl Timestamp {
     }
 
     /// Milliseconds since the Unix epoch.
-    pub fn from_unix_ms(unix_ms: u64) -> Self {
+    pub const fn from_unix_ms(unix_ms: u64) -> Self {
         Self { unix_ms }
     }
 

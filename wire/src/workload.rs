@@ -491,6 +491,40 @@ pub enum WorkloadState {
     Missing,
     /// The last reconcile of this workload failed; see `error`.
     Failed,
+    /// The container of the desired spec keeps exiting and being restarted by Podman: at least
+    /// [`CRASH_LOOP_RESTARTS`] restarts, the latest start within [`CRASH_LOOP_WINDOW`] ([`is_crash_looping`]).
+    /// Its `restarts` say how often and how it last exited. Readers before it was added fail to read the status
+    /// whole, so the operator is upgraded before the devices (docs/crds.md).
+    CrashLooping,
+}
+
+/// Restarts of a container (or of the agent) at which a recent restart makes it *crash-looping*: one restart is
+/// an incident, three are a pattern.
+pub const CRASH_LOOP_RESTARTS: u32 = 3;
+/// How recent the latest (re)start must be for a restarted container or agent to count as crash-looping: one
+/// that then stayed up this long has stopped looping.
+pub const CRASH_LOOP_WINDOW: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// True when something restarted `restarts` times since its current spec or version started, most recently at
+/// `last_start`, is crash-looping at `now`: at least [`CRASH_LOOP_RESTARTS`] restarts and the latest start
+/// within [`CRASH_LOOP_WINDOW`] (a clock that went backwards counts as recent). Pure; the agent judges its
+/// containers with it, the operator the agent itself.
+pub fn is_crash_looping(restarts: u32, last_start: Option<Timestamp>, now: Timestamp) -> bool {
+    restarts >= CRASH_LOOP_RESTARTS
+        && last_start.is_some_and(|s| s >= now || now.since(s) <= CRASH_LOOP_WINDOW)
+}
+
+/// How often the container of a workload's current spec restarted (health over time: a rollout's soak needs zero
+/// restarts, a crash loop is a state of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Restarts {
+    /// Podman's restart count of the container: restarts since it was created, and a changed spec is a new
+    /// container, so these are the current spec's restarts.
+    pub count: u32,
+    /// The exit code of its latest exit, once it exited at least once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit_code: Option<i32>,
 }
 
 /// Status of one workload.
@@ -519,6 +553,10 @@ pub struct WorkloadStatus {
     /// absent from agents before it was added, and ignored by readers before it was added).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<WorkloadFailure>,
+    /// How often the container of the desired spec restarted and how it last exited (absent before it was
+    /// added, and while no container of the desired spec exists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<Restarts>,
 }
 
 /// Why a workload's desired spec is not running, for an event (reason) and a person (with the status's error).
@@ -573,6 +611,42 @@ pub struct DeviceWorkloadStatus {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn crash_loop_rule() {
+        let at = |s: u64| Timestamp::from_unix_ms(1_800_000_000_000 + s * 1000);
+        let w = CRASH_LOOP_WINDOW.as_secs();
+        let rows = [
+            ("no restarts", 0, Some(at(0)), at(1), false),
+            ("two restarts: an incident", 2, Some(at(0)), at(1), false),
+            (
+                "three, the latest start just now",
+                3,
+                Some(at(0)),
+                at(1),
+                true,
+            ),
+            (
+                "three, the latest start at the window's end",
+                3,
+                Some(at(0)),
+                at(w),
+                true,
+            ),
+            (
+                "three, then up for longer than the window",
+                3,
+                Some(at(0)),
+                at(w + 1),
+                false,
+            ),
+            ("three, no start known", 3, None, at(1), false),
+            ("a clock that went backwards", 5, Some(at(100)), at(1), true),
+        ];
+        for (name, restarts, start, now, want) in rows {
+            assert_eq!(is_crash_looping(restarts, start, now), want, "{name}");
+        }
+    }
+
     use super::*;
     use crate::fixtures;
 

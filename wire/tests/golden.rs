@@ -201,6 +201,27 @@ fn device_and_workload_shapes() {
         "workload-status-failed",
         &fixtures::workload_status_failed(),
     );
+    check(
+        "workload-status-crash-looping",
+        &fixtures::workload_status_crash_looping(),
+    );
+}
+
+/// Restart counts are additive: a device info and a workload status from agents before them read as "not
+/// known" (`None`), never as zero restarts.
+#[test]
+fn restart_counts_are_additive() {
+    let mut v = serde_json::to_value(fixtures::device_info()).unwrap();
+    v.as_object_mut().unwrap().remove("restarts");
+    let info: DeviceInfo = serde_json::from_value(v).unwrap();
+    assert_eq!(info.restarts, None);
+    let old: DeviceWorkloadStatus =
+        serde_json::from_str(include_str!("golden/workload-status.json")).unwrap();
+    assert_eq!(old.workloads[0].restarts, None);
+    let looping = fixtures::workload_status_crash_looping();
+    let w = &looping.workloads[0];
+    assert_eq!(w.state, fleet_wire::WorkloadState::CrashLooping);
+    assert_eq!(w.restarts.map(|r| r.count), Some(7));
 }
 
 /// The failure details are additive: an agent before them writes a status this reader takes (no failure), and a

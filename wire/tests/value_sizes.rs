@@ -47,6 +47,7 @@ fn the_largest_values_fit_their_buckets() {
     info.os.id = longest().unwrap();
     info.os.version_id = longest();
     info.os.pretty_name = longest();
+    info.restarts = Some(u32::MAX);
     fits(kv::DEVICE_INFO, &info);
 
     fits(kv::DEVICE_HEARTBEAT, &fixtures::heartbeat());
@@ -65,6 +66,9 @@ fn the_largest_values_fit_their_buckets() {
             failure: fixtures::workload_status_failed().workloads[0]
                 .failure
                 .clone(),
+            // A failed workload carries its failure, not restart counts (the agent reports those only for a
+            // container of the desired spec that did not fail: see the crash-looping shape below).
+            restarts: None,
             ..one.clone()
         })
         .collect();
@@ -72,6 +76,18 @@ fn the_largest_values_fit_their_buckets() {
     // to spare (75,684 of 98,304 bytes: a quarter would need a limit that, times the documented fleet, no longer
     // fits a modest server's store; see the next test).
     let n = fits_with(kv::WORKLOAD_STATUS, &status, true);
+    // Every workload crash-looping, restart counts at their widest, no error: smaller than the failed shape.
+    let mut looping = status.clone();
+    for w in &mut looping.workloads {
+        w.state = WorkloadState::CrashLooping;
+        w.error = None;
+        w.failure = None;
+        w.restarts = Some(fleet_wire::Restarts {
+            count: u32::MAX,
+            last_exit_code: Some(i32::MIN),
+        });
+    }
+    assert!(fits_with(kv::WORKLOAD_STATUS, &looping, true) < n);
     status.workloads.truncate(50);
     let fifty = serde_json::to_vec(&status).expect("json").len();
     println!("{}: 50 workloads {fifty} bytes", kv::WORKLOAD_STATUS);

@@ -102,18 +102,20 @@ impl Agent {
 
     pub(super) fn publish_status(&mut self) {
         let Some(p) = &self.podman else { return };
-        let observed = match p.list_managed() {
+        let mut observed = match p.list_managed() {
             Ok(o) => o,
             Err(e) => {
                 log::warn!("workload status: {e}");
                 return;
             }
         };
+        p.count_restarts(&mut observed);
+        let now = Timestamp::now();
         let s = DeviceWorkloadStatus {
             device_id: self.cfg.device_id.clone(),
             generation: self.generation,
-            at: Timestamp::now(),
-            workloads: reconcile::statuses(&self.desired, &observed, &self.errors),
+            at: now,
+            workloads: reconcile::statuses(&self.desired, &observed, &self.errors, now),
         };
         match put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {
             Ok(_) => self.status_stale = false,

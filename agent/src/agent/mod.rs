@@ -154,6 +154,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         capabilities: crate::device::capabilities(&status.capabilities),
         boot_id: crate::device::boot_id(),
         published_at: Timestamp::now(),
+        restarts: crate::device::restarts(),
     };
     // Retried like the other dependencies: on a NATS cluster a bucket whose stream leader was just lost answers
     // "no responders" for a few seconds, and failing readiness then would roll a good upgrade back.

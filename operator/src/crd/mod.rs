@@ -15,6 +15,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// For `skip_serializing_if`: a zero count is left out.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// The API group of every fleet CRD.
 pub const GROUP: &str = "fleet.nationtech.io";
 
@@ -173,6 +178,10 @@ pub struct WorkloadHealth {
     pub failed: u32,
     /// Not reported yet, starting, or being replaced.
     pub pending: u32,
+    /// Of the failed, those whose container Podman keeps restarting (`crash-looping`: at least 3 restarts, the
+    /// latest within 10 minutes); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub crash_looping: u32,
     /// The last error reported for the first failing workload: `device: workload: error` on a FleetDeployment
     /// (devices by name), `workload: error` on a Device; at most 1,024 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]

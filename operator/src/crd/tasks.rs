@@ -2,7 +2,7 @@
 //! targets, runs once on each device and keeps a bounded terminal result (status: fleet-wire's `TaskRunStatus` plus
 //! conditions); and `TaskSchedule`, which creates immutable TaskRuns on a UTC schedule.
 
-use super::Placement;
+use super::{is_zero, Placement};
 use fleet_wire::{TaskRunPhase, TaskRunReason, TaskRunStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -96,10 +96,6 @@ pub struct TaskRunCrStatus {
     /// ([`super::status::spec_check`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frozen_spec: Option<serde_json::Value>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 impl crate::conditions::WithConditions for TaskRunCrStatus {

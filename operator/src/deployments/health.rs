@@ -9,6 +9,8 @@ use fleet_wire::{BoundedText, DeviceWorkloadStatus, WorkloadSpec, WorkloadState,
 enum Standing {
     Running,
     Failed,
+    /// Failed, and counted as crash-looping too.
+    CrashLooping,
     Pending,
 }
 
@@ -25,15 +27,34 @@ fn standing(w: &WorkloadSpec, reported: Option<&WorkloadStatus>) -> Standing {
     }
     match r.state {
         WorkloadState::Running => Standing::Running,
+        WorkloadState::CrashLooping => Standing::CrashLooping,
         WorkloadState::Failed | WorkloadState::Exited => Standing::Failed,
         WorkloadState::Starting | WorkloadState::Missing => Standing::Pending,
     }
 }
 
 fn error_of(r: &WorkloadStatus) -> String {
+    let exit = |code: Option<i32>| {
+        code.map(|c| format!(", last exit code {c}"))
+            .unwrap_or_default()
+    };
     match (&r.error, r.state) {
         (Some(e), _) => e.as_str().to_owned(),
-        (None, WorkloadState::Exited) => "the container exited".into(),
+        (None, WorkloadState::CrashLooping) => {
+            let r = r.restarts.unwrap_or(fleet_wire::Restarts {
+                count: 0,
+                last_exit_code: None,
+            });
+            format!(
+                "crash-looping: restarted {} times{}",
+                r.count,
+                exit(r.last_exit_code)
+            )
+        }
+        (None, WorkloadState::Exited) => format!(
+            "the container exited{}",
+            exit(r.restarts.and_then(|r| r.last_exit_code))
+        ),
         (None, _) => "failed".into(),
     }
 }
@@ -50,8 +71,11 @@ pub fn deployment<'a>(
         match standing(w, reported) {
             Standing::Running => h.running += 1,
             Standing::Pending => h.pending += 1,
-            Standing::Failed => {
+            Standing::Failed | Standing::CrashLooping => {
                 h.failed += 1;
+                if standing(w, reported) == Standing::CrashLooping {
+                    h.crash_looping += 1;
+                }
                 if let (None, Some(r)) = (&h.latest_error, reported) {
                     let text = format!("{device}: {}: {}", w.name.as_str(), error_of(r));
                     h.latest_error = Some(BoundedText::lossy(text).as_str().to_owned());
@@ -68,8 +92,11 @@ pub fn device(status: &DeviceWorkloadStatus) -> WorkloadHealth {
     for r in &status.workloads {
         match r.state {
             WorkloadState::Running => h.running += 1,
-            WorkloadState::Failed | WorkloadState::Exited => {
+            WorkloadState::Failed | WorkloadState::Exited | WorkloadState::CrashLooping => {
                 h.failed += 1;
+                if r.state == WorkloadState::CrashLooping {
+                    h.crash_looping += 1;
+                }
                 if h.latest_error.is_none() {
                     let text = format!("{}: {}", r.name.as_str(), error_of(r));
                     h.latest_error = Some(BoundedText::lossy(text).as_str().to_owned());
@@ -96,6 +123,7 @@ mod tests {
             started_at: None,
             error: error.map(BoundedText::lossy),
             failure: None,
+            restarts: None,
         }
     }
 
@@ -166,6 +194,7 @@ mod tests {
             started_at: None,
             error: Some(BoundedText::lossy(&long)),
             failure: None,
+            restarts: None,
         });
         s.workloads.push(WorkloadStatus {
             name: WorkloadName::try_from("job").expect("name"),
@@ -175,6 +204,7 @@ mod tests {
             started_at: None,
             error: None,
             failure: None,
+            restarts: None,
         });
         let h = device(&s);
         assert_eq!((h.running, h.failed, h.pending), (1, 1, 1));

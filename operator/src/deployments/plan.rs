@@ -165,7 +165,7 @@ pub struct Plan {
     /// Each device's workloads (written compare-and-set; unchanged ones are skipped).
     pub desired: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
     /// Devices whose desired state is written again with a new generation even when unchanged: a FleetDeployment
-    /// retry gives its failed devices the spec again ([`crate::deployments::rollout_workloads::retry_requested`]).
+    /// retry gives its failed devices the spec again ([`crate::deployments::rollout::retry_requested`]).
     pub bump: BTreeSet<DeviceId>,
     /// Agent-upgrade attempts to write.
     pub intents: Vec<IntentWrite>,
@@ -361,9 +361,9 @@ fn stage(
 ) -> (StagedDeployment, BTreeMap<DeviceId, Arc<[WorkloadSpec]>>) {
     use crate::deployments::rollout_workloads as rw;
     let old = d.status.as_ref();
-    let token = rw::token(d.annotations().get(release::RETRY_ANNOTATION));
-    let retry = rw::retry_requested(old, token);
-    let holds = !retry && rw::halt_holds(old, d.metadata.generation, token);
+    let token = rollout::token(d.annotations().get(release::RETRY_ANNOTATION));
+    let retry = rollout::retry_requested(old, token);
+    let holds = !retry && rollout::halt_holds(old, d.metadata.generation, token);
     let mut in_rollout = Vec::with_capacity(targets.len());
     for dev in targets {
         let current = s.desired.get(dev.as_str()).map(Arc::as_ref);
@@ -395,23 +395,7 @@ fn stage(
             plan.heartbeat_watch.insert(t.id.clone());
         }
     }
-    let mut kept_halt = None;
-    if holds && outcome.halt.is_none() {
-        outcome.release.clear();
-        outcome.status.phase = RolloutPhase::Halted;
-        kept_halt = old
-            .and_then(|o| o.conditions.iter().find(|c| c.type_ == conditions::HALTED))
-            .map(|c| Want {
-                type_: conditions::HALTED,
-                ok: true,
-                reason: if c.reason == rollout::HaltReason::FailureThreshold.as_str() {
-                    rollout::HaltReason::FailureThreshold.as_str()
-                } else {
-                    rollout::HaltReason::CanaryFailed.as_str()
-                },
-                message: c.message.clone(),
-            });
-    }
+    let kept_halt = held_halt(&mut outcome, holds, old);
     outcome.status.retry = token.map(str::to_owned);
     let released: BTreeSet<&DeviceId> = outcome.release.iter().collect();
     // Devices held back mostly keep one and the same previous spec: one shared list each, so that placement
@@ -434,6 +418,29 @@ fn stage(
         })
         .collect();
     (StagedDeployment { outcome, kept_halt }, held)
+}
+
+/// Applies the halt rule ([`rollout::hold`]) to a pass's outcome: while the previous halt `holds` and nothing fails
+/// now, the rollout stays halted and its previous `Halted` condition is kept as it was (returned).
+fn held_halt(
+    outcome: &mut rollout::Outcome,
+    holds: bool,
+    old: Option<&PlacementStatus>,
+) -> Option<Want> {
+    if !rollout::hold(outcome, holds) {
+        return None;
+    }
+    old.and_then(|o| o.conditions.iter().find(|c| c.type_ == conditions::HALTED))
+        .map(|c| Want {
+            type_: conditions::HALTED,
+            ok: true,
+            reason: if c.reason == rollout::HaltReason::FailureThreshold.as_str() {
+                rollout::HaltReason::FailureThreshold.as_str()
+            } else {
+                rollout::HaltReason::CanaryFailed.as_str()
+            },
+            message: c.message.clone(),
+        })
 }
 
 fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> Deployed {
@@ -594,7 +601,9 @@ fn releases(
                     c.failed
                 ))));
                 wants.push(degraded_want(&c, &d.failed));
-                wants.extend(rollout_wants(&d.rollout));
+                let [progressing, halted] = rollout_wants(&d.rollout);
+                wants.push(progressing);
+                wants.push(d.kept_halt.clone().unwrap_or(halted));
                 if !d.superseded.is_empty() {
                     wants.push(superseded_want(&d.superseded, d.superseded_total));
                 }
@@ -704,14 +713,28 @@ fn rollout_wants(o: &rollout::Outcome) -> [Want; 2] {
                     h.failed, h.tolerated
                 ),
             };
+            // Propose only what can work: a retry re-runs failed attempts, but a device that runs the change and
+            // failed its soak is not made healthy by one.
+            let action = if h.retryable {
+                format!(
+                    "To retry the failed attempts set the annotation {}=<new value>",
+                    release::RETRY_ANNOTATION
+                )
+            } else {
+                format!(
+                    "They run the change but did not stay healthy through their soak, which a retry does not undo: \
+                     publish a fixed spec (a new generation lifts the halt), or once they are healthy again set the \
+                     annotation {}=<new value> to resume",
+                    release::RETRY_ANNOTATION
+                )
+            };
             Want {
                 type_: conditions::HALTED,
                 ok: true,
                 reason: h.reason.as_str(),
                 message: format!(
-                    "{what}: {}{tail}; no further device gets the change, updated devices keep it. To retry failed attempts set the annotation {}=<new value>",
+                    "{what}: {}{tail}; no further device gets the change until a person acts, updated devices keep it. {action}",
                     h.devices.join(", "),
-                    release::RETRY_ANNOTATION
                 ),
             }
         }
@@ -744,6 +767,8 @@ struct Released {
     counts: ReleaseCounts,
     failed: Vec<String>,
     rollout: rollout::Outcome,
+    /// The previous `Halted` condition, kept while the halt holds and nothing fails now.
+    kept_halt: Option<Want>,
     superseded: Vec<String>,
     superseded_total: u32,
 }
@@ -778,10 +803,10 @@ fn release(
     )
     .map_err(|e| (e.reason(), e.to_string()))?;
     let uid = r.metadata.uid.clone().unwrap_or_else(|| name.to_owned());
-    let token = r
-        .annotations()
-        .get(release::RETRY_ANNOTATION)
-        .filter(|t| !t.is_empty());
+    let token = rollout::token(r.annotations().get(release::RETRY_ANNOTATION));
+    let old = r.status.as_ref();
+    let holds = !rollout::retry_requested(old, token)
+        && rollout::halt_holds(old, r.metadata.generation, token);
     let mut superseded = Vec::new();
     let mut superseded_total = 0u32;
     let mut counts = ReleaseCounts::default();
@@ -854,7 +879,9 @@ fn release(
             observed,
         });
     }
-    let outcome = rollout::plan(&in_rollout, &policy, now);
+    let mut outcome = rollout::plan(&in_rollout, &policy, now);
+    let kept_halt = held_halt(&mut outcome, holds, old);
+    outcome.status.retry = token.map(str::to_owned);
     for t in &in_rollout {
         if rollout::standing(t.observed, &policy, now) == rollout::Standing::Soaking {
             plan.heartbeat_watch.insert(t.id.clone());
@@ -872,6 +899,7 @@ fn release(
         counts,
         failed,
         rollout: outcome,
+        kept_halt,
         superseded,
         superseded_total,
     })
@@ -1521,6 +1549,7 @@ mod tests {
                 started_at: Some(Timestamp::from_unix_ms(now.unix_ms() - started * 1000)),
                 error: None,
                 failure: None,
+                restarts: None,
             }];
             (id.to_owned(), r)
         };

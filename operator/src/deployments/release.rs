@@ -84,6 +84,10 @@ pub fn observe(
                     heartbeat: heartbeat
                         .filter(|h| Some(&h.agent_version) == version)
                         .map(|h| h.at),
+                    // Restarts of the new version only: the old agent's info says nothing about it.
+                    restarts: info
+                        .filter(|i| Some(&i.agent_version) == version)
+                        .and_then(|i| i.restarts),
                 }
             }
             (_, Some(UpgradePhase::Failed | UpgradePhase::RollbackFailed)) => Observed::Failed,

@@ -6,11 +6,12 @@
 //!
 //! The rule (docs/crds.md, "Rollouts"): devices labelled `canary=true` first (all of them at once); the rest only
 //! after every canary is healthy, i.e. committed and past its soak; then at most `maxUnavailable` of the rest
-//! updating or soaking at once. A failed canary, a canary that restarted or fell silent during its soak, or more
-//! than `maxFailures` failed devices among the rest halt the rollout: no further device gets the change. Devices
-//! already updated keep what they have.
+//! updating or soaking at once. A failed canary, a canary that restarted or fell silent during its soak or is
+//! crash-looping, or more than `maxFailures` failed devices among the rest halt the rollout: no further device
+//! gets the change. Devices already updated keep what they have. A halt holds ([`hold`]) until a person changes
+//! the spec or sets the retry annotation to a new value, whatever the failed devices do meanwhile.
 
-use crate::crd::{RolloutPhase, RolloutSpec, RolloutStatus};
+use crate::crd::{PlacementStatus, RolloutPhase, RolloutSpec, RolloutStatus};
 use fleet_wire::{DeviceId, Timestamp, UpgradePhase};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::time::Duration;
@@ -150,6 +151,9 @@ pub enum Observed {
         agent_started: Option<Timestamp>,
         /// The latest heartbeat of the new version (the device's clock).
         heartbeat: Option<Timestamp>,
+        /// How often systemd restarted the agent before the process that started at `agent_started`
+        /// (`device-info`'s `restarts`), when known; `None` for workloads.
+        restarts: Option<u32>,
     },
     /// Runs the change without an attempt of this object (it had it before): healthy.
     Current,
@@ -166,6 +170,16 @@ pub enum Failure {
     Restarted,
     /// No heartbeat for longer than the timeout during the soak.
     Silent,
+    /// The updated agent keeps restarting ([`fleet_wire::workload::is_crash_looping`]), during its soak or after.
+    CrashLooping,
+}
+
+impl Failure {
+    /// True for a failure of the attempt itself, which the retry annotation retries; the others are soak
+    /// failures of a device that runs the change.
+    pub fn is_attempt(self) -> bool {
+        self == Failure::Attempt
+    }
 }
 
 /// Where one device stands, from [`Observed`], the policy and now.
@@ -225,6 +239,9 @@ pub struct Halt {
     pub failed: usize,
     /// The tolerated number (0 for canaries).
     pub tolerated: usize,
+    /// True when some of the failures are of an attempt (a retry re-runs those); false when every one is a soak
+    /// failure (the devices run the change and a retry does not make them healthy).
+    pub retryable: bool,
 }
 
 /// What one pass of a rollout decides.
@@ -280,8 +297,17 @@ pub fn standing(observed: Observed, policy: &Policy, now: Timestamp) -> Standing
             at,
             agent_started,
             heartbeat,
+            restarts,
         } => {
             let soak_end = at.plus(policy.soak);
+            // A crash loop of the updated agent fails it whenever it is seen, during its soak or after.
+            let new_agent = agent_started.filter(|s| *s > at);
+            if new_agent.is_some()
+                && restarts
+                    .is_some_and(|n| fleet_wire::workload::is_crash_looping(n, new_agent, now))
+            {
+                return Standing::Failed(Failure::CrashLooping);
+            }
             // device-info is published once per agent process, before it commits: a later one is a restart.
             // Both times are the device's own clock, so no skew enters here.
             if agent_started.is_some_and(|s| s > at && s < soak_end) {
@@ -311,6 +337,7 @@ fn describe(id: &DeviceId, s: Standing) -> String {
         Standing::Failed(Failure::Attempt) => format!("{id} (attempt failed)"),
         Standing::Failed(Failure::Restarted) => format!("{id} (agent restarted during its soak)"),
         Standing::Failed(Failure::Silent) => format!("{id} (no heartbeat during its soak)"),
+        Standing::Failed(Failure::CrashLooping) => format!("{id} (agent crash-looping)"),
         _ => id.to_string(),
     }
 }
@@ -337,16 +364,21 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
     status.updated = status.soaking + status.healthy;
     let total = targets.len();
     let is_canary = |t: &Target| policy.staged && t.canary;
-    let failed_of = |canary: bool| -> Vec<String> {
-        standings
+    let failed_of = |canary: bool| -> (Vec<String>, bool) {
+        let failed: Vec<(&Target, Standing)> = standings
             .iter()
             .filter(|(t, s)| is_canary(t) == canary && matches!(s, Standing::Failed(_)))
-            .map(|(t, s)| describe(&t.id, *s))
-            .collect()
+            .map(|(t, s)| (*t, *s))
+            .collect();
+        let retryable = failed
+            .iter()
+            .any(|(_, s)| matches!(s, Standing::Failed(f) if f.is_attempt()));
+        let named = failed.iter().map(|(t, s)| describe(&t.id, *s)).collect();
+        (named, retryable)
     };
     let halt = if policy.staged {
-        let canaries = failed_of(true);
-        let rest = failed_of(false);
+        let (canaries, canaries_retryable) = failed_of(true);
+        let (rest, rest_retryable) = failed_of(false);
         let tolerated = policy.max_failures.of(total);
         if !canaries.is_empty() {
             Some(Halt {
@@ -354,6 +386,7 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
                 failed: canaries.len(),
                 devices: canaries.into_iter().take(HALT_EXAMPLES).collect(),
                 tolerated: 0,
+                retryable: canaries_retryable,
             })
         } else if rest.len() > tolerated {
             Some(Halt {
@@ -361,6 +394,7 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
                 failed: rest.len(),
                 devices: rest.into_iter().take(HALT_EXAMPLES).collect(),
                 tolerated,
+                retryable: rest_retryable,
             })
         } else {
             None
@@ -458,6 +492,51 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
     }
 }
 
+/// The retry annotation's value, when set and not empty.
+pub fn token(value: Option<&String>) -> Option<&str> {
+    value.map(String::as_str).filter(|t| !t.is_empty())
+}
+
+/// True when the retry annotation holds a value the object's status was not decided under: a person asked for a
+/// retry, which lifts a held halt (and retries what the object's kind retries).
+pub fn retry_requested(old: Option<&PlacementStatus>, token: Option<&str>) -> bool {
+    token.is_some()
+        && old
+            .and_then(|s| s.rollout.as_ref())
+            .and_then(|r| r.retry.as_deref())
+            != token
+}
+
+/// True when the previous status halted this same spec (`generation`) under the same retry value: the halt
+/// holds, even if the devices that caused it recovered, passed their soak window or left, and across operator
+/// restarts (it is read from the status), until a person changes the spec or the annotation.
+pub fn halt_holds(
+    old: Option<&PlacementStatus>,
+    generation: Option<i64>,
+    token: Option<&str>,
+) -> bool {
+    old.is_some_and(|s| {
+        s.observed_generation == generation
+            && s.rollout
+                .as_ref()
+                .is_some_and(|r| r.phase == RolloutPhase::Halted && r.retry.as_deref() == token)
+    })
+}
+
+/// The halt rule applied to a pass: while the halt `holds` ([`halt_holds`], and no retry was asked for), a pass
+/// that found nothing failing now still releases no device and stays `Halted`, with nobody next. Returns true
+/// when the previous halt was kept this way (its condition is then kept as it was); a pass that finds failures
+/// now halts afresh and returns false.
+pub fn hold(outcome: &mut Outcome, holds: bool) -> bool {
+    if !holds || outcome.halt.is_some() {
+        return false;
+    }
+    outcome.release.clear();
+    outcome.status.next.clear();
+    outcome.status.phase = RolloutPhase::Halted;
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,6 +550,7 @@ mod tests {
             at: t(at),
             agent_started: started.map(t),
             heartbeat: beat.map(t),
+            restarts: None,
         }
     }
     fn targets(spec: &[(&str, bool, Observed)]) -> Vec<Target> {
@@ -949,6 +1029,7 @@ mod tests {
                         at,
                         agent_started,
                         heartbeat: Some(t(now - now % 10)),
+                        restarts: Some(0),
                     };
                 }
             }
@@ -970,5 +1051,284 @@ mod tests {
         assert_eq!(released[2].0, 140);
         let last = plan(&devices, &p, t(400));
         assert_eq!(last.status.phase, RolloutPhase::Complete);
+    }
+
+    fn agent(at: u64, started: u64, beat: u64, restarts: u32) -> Observed {
+        Observed::Committed {
+            at: t(at),
+            agent_started: Some(t(started)),
+            heartbeat: Some(t(beat)),
+            restarts: Some(restarts),
+        }
+    }
+
+    /// Health over time for an agent: a restart inside the soak fails it, a crash loop fails it during the soak
+    /// or after, one restart after a clean soak does not, and the old agent's restarts say nothing.
+    #[test]
+    fn agent_restarts_table() {
+        let p = policy(60, n(1), n(0));
+        let window = fleet_wire::workload::CRASH_LOOP_WINDOW.as_secs();
+        let rows: Vec<(&str, Observed, u64, Standing)> = vec![
+            (
+                "no restart, soaking",
+                agent(100, 100, 150, 0),
+                150,
+                Standing::Soaking,
+            ),
+            (
+                "no restart, soaked",
+                agent(100, 100, 170, 0),
+                170,
+                Standing::Healthy,
+            ),
+            (
+                "restarted once inside the soak",
+                agent(100, 130, 150, 1),
+                150,
+                Standing::Failed(Failure::Restarted),
+            ),
+            (
+                "restarted once after a clean soak: an incident, not a loop",
+                agent(100, 300, 310, 1),
+                310,
+                Standing::Healthy,
+            ),
+            (
+                "crash-looping after the soak window (the path that lifted the halt)",
+                agent(100, 300, 310, 3),
+                310,
+                Standing::Failed(Failure::CrashLooping),
+            ),
+            (
+                "three restarts long ago, up since for longer than the window",
+                agent(100, 300, 300 + window + 5, 3),
+                300 + window + 5,
+                Standing::Healthy,
+            ),
+            (
+                "the old agent's restarts (its info is older than the commit)",
+                agent(100, 90, 170, 7),
+                170,
+                Standing::Healthy,
+            ),
+        ];
+        for (name, observed, now, want) in rows {
+            assert_eq!(standing(observed, &p, t(now)), want, "{name}");
+        }
+    }
+
+    fn halted_status(generation: i64, retry: Option<&str>) -> PlacementStatus {
+        PlacementStatus {
+            observed_generation: Some(generation),
+            rollout: Some(RolloutStatus {
+                phase: RolloutPhase::Halted,
+                retry: retry.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The halt rule: every path that lifted a halt by itself keeps it; only a new spec or a new retry value
+    /// lifts it; a pass that finds failures now halts afresh.
+    #[test]
+    fn halt_rule_table() {
+        let p = policy(60, n(1), n(0));
+        // The canary a restarted inside its soak (100..160) and again at 170; by now its latest start and beats
+        // are past the soak's end, so a pass that remembered nothing would call it healthy and release b.
+        let recovered = || {
+            targets(&[
+                ("a", true, agent(100, 170, 400, 2)),
+                ("b", false, Observed::Pending),
+            ])
+        };
+        let left = || targets(&[("b", false, Observed::Pending)]);
+        let failing = || {
+            targets(&[
+                ("a", true, agent(100, 130, 150, 1)),
+                ("b", false, Observed::Pending),
+            ])
+        };
+        let progressing = PlacementStatus {
+            observed_generation: Some(1),
+            rollout: Some(RolloutStatus::default()),
+            ..Default::default()
+        };
+        type HaltRow = (
+            &'static str,
+            Option<PlacementStatus>,
+            i64,
+            Option<&'static str>,
+            Vec<Target>,
+            u64,
+            RolloutPhase,
+            Vec<&'static str>,
+            bool,
+        );
+        let rows: Vec<HaltRow> = vec![
+            (
+                "the soak window passed: the restart is no longer inside it",
+                Some(halted_status(1, None)),
+                1,
+                None,
+                recovered(),
+                400,
+                RolloutPhase::Halted,
+                vec![],
+                true,
+            ),
+            (
+                "the failed device left the targets",
+                Some(halted_status(1, None)),
+                1,
+                None,
+                left(),
+                400,
+                RolloutPhase::Halted,
+                vec![],
+                true,
+            ),
+            (
+                "the same retry value as the halt was decided under",
+                Some(halted_status(1, Some("1"))),
+                1,
+                Some("1"),
+                recovered(),
+                400,
+                RolloutPhase::Halted,
+                vec![],
+                true,
+            ),
+            (
+                "still failing: a fresh halt, not a kept one",
+                Some(halted_status(1, None)),
+                1,
+                None,
+                failing(),
+                150,
+                RolloutPhase::Halted,
+                vec![],
+                false,
+            ),
+            (
+                "a new spec (generation 2) lifts it",
+                Some(halted_status(1, None)),
+                2,
+                None,
+                recovered(),
+                400,
+                RolloutPhase::Progressing,
+                vec!["b"],
+                false,
+            ),
+            (
+                "a new retry value lifts it",
+                Some(halted_status(1, None)),
+                1,
+                Some("1"),
+                recovered(),
+                400,
+                RolloutPhase::Progressing,
+                vec!["b"],
+                false,
+            ),
+            (
+                "not halted before: nothing to hold",
+                Some(progressing),
+                1,
+                None,
+                recovered(),
+                400,
+                RolloutPhase::Progressing,
+                vec!["b"],
+                false,
+            ),
+            (
+                "no status yet",
+                None,
+                1,
+                None,
+                recovered(),
+                400,
+                RolloutPhase::Progressing,
+                vec!["b"],
+                false,
+            ),
+        ];
+        for (name, old, generation, token, devices, now, phase, release, kept) in rows {
+            let holds = !retry_requested(old.as_ref(), token)
+                && halt_holds(old.as_ref(), Some(generation), token);
+            let mut out = plan(&devices, &p, t(now));
+            assert_eq!(hold(&mut out, holds), kept, "{name}");
+            let released: Vec<&str> = out.release.iter().map(DeviceId::as_str).collect();
+            assert_eq!((out.status.phase, released), (phase, release), "{name}");
+            if phase == RolloutPhase::Halted {
+                assert!(
+                    out.status.next.is_empty(),
+                    "{name}: nobody is next while halted"
+                );
+            }
+        }
+    }
+
+    /// The field's crash loop, replayed pass by pass: an agent that commits, becomes ready and exits 20 s after
+    /// every start (systemd restarts it 2 s later), soak 60 s, one canary among three. The canary halts the
+    /// rollout and the halt holds for ten minutes of passes, the status carried from pass to pass as the
+    /// operator reads it back. The hold and the agent's restart count each keep it on their own; without both
+    /// (an agent that reports no restarts, no hold: the code before them) the same passes release the next
+    /// device, as in the field.
+    #[test]
+    fn a_crash_looping_canary_halts_for_good() {
+        let p = policy(60, n(1), n(0));
+        let observed_at = |now: u64, reports: bool| {
+            // Commit at 5; starts at 5, 27, 49, …; a beat every 10 s while up.
+            let started = 5 + (now.saturating_sub(5) / 22) * 22;
+            let restarts = ((started - 5) / 22) as u32;
+            let beat = now.max(started).min(started + 20);
+            let mut o = agent(5, started, beat - (beat - started) % 10, restarts);
+            if let (Observed::Committed { restarts, .. }, false) = (&mut o, reports) {
+                *restarts = None;
+            }
+            o
+        };
+        for (with_hold, reports) in [(true, true), (true, false), (false, true), (false, false)] {
+            let mut old: Option<PlacementStatus> = None;
+            let mut first_halt = None;
+            let mut released = Vec::new();
+            for now in (5..=605).step_by(5) {
+                let devices = targets(&[
+                    ("a", true, observed_at(now, reports)),
+                    ("b", false, Observed::Pending),
+                    ("c", false, Observed::Pending),
+                ]);
+                let holds = with_hold && halt_holds(old.as_ref(), Some(1), None);
+                let mut out = plan(&devices, &p, t(now));
+                hold(&mut out, holds);
+                released.extend(out.release.iter().map(|d| d.to_string()));
+                if out.status.phase == RolloutPhase::Halted {
+                    first_halt.get_or_insert(now);
+                }
+                if with_hold && first_halt.is_some() {
+                    assert_eq!(out.status.phase, RolloutPhase::Halted, "at {now} s");
+                }
+                old = Some(PlacementStatus {
+                    observed_generation: Some(1),
+                    rollout: Some(out.status),
+                    ..Default::default()
+                });
+            }
+            assert!(first_halt.is_some_and(|h| h <= 30), "{first_halt:?}");
+            if with_hold || reports {
+                assert!(
+                    released.is_empty(),
+                    "hold {with_hold}, restarts reported {reports}: released {released:?}"
+                );
+            } else {
+                assert!(
+                    !released.is_empty(),
+                    "without both the loop should have lifted the halt"
+                );
+            }
+        }
     }
 }

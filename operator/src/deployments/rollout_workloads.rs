@@ -1,19 +1,17 @@
 //! A FleetDeployment's side of a staged rollout, as pure functions: what *updated*, *healthy* and *failed* mean
 //! for workloads, mapped into the planner's [`Observed`] (the planner itself, [`crate::deployments::rollout::plan`], is the one
-//! AgentRelease uses); what a device not given the change yet keeps; and the halt that holds until a person
-//! retries. Everything is read from NATS (the device's desired-state key and its workload status) and the CR
+//! AgentRelease uses) and what a device not given the change yet keeps. Everything is read from NATS (the device's desired-state key and its workload status) and the CR
 //! (its status and annotations), so a restarted operator finds the same position. Table-tested.
 //!
 //! - *updated*: the device's desired-state key holds every workload of the deployment's spec as it is now;
 //! - *healthy*: the device reports every one of them running that spec (its digest), at a generation at least
 //!   the key's, each container started (its `startedAt`) at least `soakSeconds` before the report; a restart moves
 //!   `startedAt`, so the soak starts again. A report older than `heartbeatTimeoutSeconds` during the soak fails;
-//! - *failed*: one of them reports `failed` (the agent could not pull, create or start it) or `exited` for that
-//!   spec;
+//! - *failed*: one of them reports `failed` (the agent could not pull, create or start it), `crash-looping`
+//!   (Podman keeps restarting it) or `exited` for that spec;
 //! - otherwise *updating*.
 
 use super::rollout::Observed;
-use crate::crd::{PlacementStatus, RolloutPhase};
 use fleet_wire::{DesiredState, DeviceWorkloadStatus, Timestamp, WorkloadSpec, WorkloadState};
 use std::collections::BTreeSet;
 
@@ -57,7 +55,8 @@ pub fn observe(
         let entry = report.workloads.iter().find(|r| r.name == w.name);
         let of_spec = entry.is_some_and(|r| r.spec_digest.as_ref().is_none_or(|d| *d == digest));
         match entry.map(|r| r.state) {
-            Some(WorkloadState::Failed) => return Observed::Failed,
+            // A crash loop fails the device whenever it is seen: a restart alone only restarts the soak.
+            Some(WorkloadState::Failed | WorkloadState::CrashLooping) => return Observed::Failed,
             Some(WorkloadState::Exited) if of_spec => return Observed::Failed,
             Some(WorkloadState::Running)
                 if entry.is_some_and(|r| r.spec_digest.as_ref() == Some(&digest)) =>
@@ -75,6 +74,7 @@ pub fn observe(
             at,
             agent_started: None,
             heartbeat: Some(report.at),
+            restarts: None,
         },
         // A deployment with no workloads has nothing to wait for.
         (true, None) => Observed::Current,
@@ -82,41 +82,13 @@ pub fn observe(
     }
 }
 
-/// The retry annotation's value, when set and not empty.
-pub fn token(value: Option<&String>) -> Option<&str> {
-    value.map(String::as_str).filter(|t| !t.is_empty())
-}
-
-/// True when the retry annotation holds a value this deployment's status was not decided under: its failed
-/// devices are given the spec again (a new desired-state generation) and a held halt is lifted.
-pub fn retry_requested(old: Option<&PlacementStatus>, token: Option<&str>) -> bool {
-    token.is_some()
-        && old
-            .and_then(|s| s.rollout.as_ref())
-            .and_then(|r| r.retry.as_deref())
-            != token
-}
-
-/// True when the previous status halted this same spec (`generation`) under the same retry value: the halt holds,
-/// even if the devices that caused it recovered, until a person changes the spec or the annotation.
-pub fn halt_holds(
-    old: Option<&PlacementStatus>,
-    generation: Option<i64>,
-    token: Option<&str>,
-) -> bool {
-    old.is_some_and(|s| {
-        s.observed_generation == generation
-            && s.rollout
-                .as_ref()
-                .is_some_and(|r| r.phase == RolloutPhase::Halted && r.retry.as_deref() == token)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::RolloutStatus;
-    use crate::deployments::rollout::{plan, Policy, Standing, Target};
+    use crate::crd::{PlacementStatus, RolloutPhase, RolloutStatus};
+    use crate::deployments::rollout::{
+        halt_holds, plan, retry_requested, token, Policy, Standing, Target,
+    };
     use fleet_wire::{fixtures, DeviceId, WorkloadStatus};
 
     const T0: u64 = 1_800_000_000_000;
@@ -150,6 +122,7 @@ mod tests {
                 started_at: started.map(t),
                 error: None,
                 failure: None,
+                restarts: None,
             })
             .collect();
         s
@@ -165,6 +138,7 @@ mod tests {
             at: t(at),
             agent_started: None,
             heartbeat: Some(t(beat)),
+            restarts: None,
         };
         let cases: Vec<(
             &str,
@@ -201,6 +175,12 @@ mod tests {
                 "the new image could not be pulled",
                 Some(key(4, &news)),
                 Some(report(4, 50, &[(&new, Failed, None)])),
+                Observed::Failed,
+            ),
+            (
+                "the new container is crash-looping",
+                Some(key(4, &news)),
+                Some(report(4, 50, &[(&new, CrashLooping, None)])),
                 Observed::Failed,
             ),
             (

@@ -39,6 +39,7 @@ pub fn device_info(id: &DeviceId, version: &Version, boot: &Id128, at: Timestamp
         ],
         boot_id: Some(boot.clone()),
         published_at: at,
+        restarts: Some(0),
     }
 }
 
@@ -95,6 +96,7 @@ pub fn workload_status(desired: &DesiredState, fails: bool, at: Timestamp) -> De
                         running_spec_digest: None,
                         rolled_back: false,
                     }),
+                    restarts: None,
                 }
             } else {
                 WorkloadStatus {
@@ -106,6 +108,7 @@ pub fn workload_status(desired: &DesiredState, fails: bool, at: Timestamp) -> De
                     started_at: Some(started),
                     error: None,
                     failure: None,
+                    restarts: None,
                 }
             }
         })
