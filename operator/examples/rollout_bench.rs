@@ -32,6 +32,7 @@ fn targets(state: impl Fn(usize) -> Observed) -> Vec<Target> {
             id: DeviceId::try_from(format!("dev-{i:06}")).unwrap(),
             canary: i % 1000 == 0,
             observed: state(i),
+            last_heartbeat: Some(Timestamp::now()),
         })
         .collect()
 }

@@ -382,6 +382,7 @@ fn stage(
             .and_then(|l| l.get(rollout::CANARY_LABEL))
             .is_some_and(|v| v == "true");
         in_rollout.push(rollout::Target {
+            last_heartbeat: s.heartbeats.get(dev.as_str()).map(|h| h.at),
             id: dev.clone(),
             canary,
             observed,
@@ -874,6 +875,7 @@ fn release(
             .and_then(|l| l.get(rollout::CANARY_LABEL))
             .is_some_and(|v| v == "true");
         in_rollout.push(rollout::Target {
+            last_heartbeat: s.heartbeats.get(dev.as_str()).map(|h| h.at),
             id: dev,
             canary,
             observed,

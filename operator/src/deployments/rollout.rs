@@ -206,6 +206,10 @@ pub struct Target {
     pub canary: bool,
     /// What NATS says.
     pub observed: Observed,
+    /// Its latest heartbeat (the device's clock), when one is known: a staged rollout gives the change to no
+    /// device silent for longer than `heartbeatTimeoutSeconds`, and names an updating one silent that long plus
+    /// [`STALL_SLACK`] as stalled.
+    pub last_heartbeat: Option<Timestamp>,
 }
 
 /// Why a rollout halted.
@@ -274,16 +278,29 @@ pub fn is_stalled(phase: UpgradePhase, since: Timestamp, now: Timestamp) -> bool
     phase_bound(phase).is_some_and(|bound| now.since(since) > bound + STALL_SLACK)
 }
 
-/// `dev (preparing for 12m)` when the device's phase outlasted its bound.
-fn stall(id: &DeviceId, observed: Observed, now: Timestamp) -> Option<String> {
-    let Observed::Updating(Some((phase, since))) = observed else {
+/// True when the device's latest heartbeat is older than the policy's heartbeat timeout (never without one).
+fn is_silent(t: &Target, policy: &Policy, now: Timestamp) -> bool {
+    t.last_heartbeat
+        .is_some_and(|h| now.since(h) > policy.heartbeat_timeout)
+}
+
+/// `dev (preparing for 12m)` when the device's phase outlasted its bound, or `dev (silent for 4m)` when an
+/// updating device has sent no heartbeat for longer than the heartbeat timeout plus [`STALL_SLACK`].
+fn stall(t: &Target, policy: &Policy, now: Timestamp) -> Option<String> {
+    let Observed::Updating(phase) = t.observed else {
         return None;
     };
-    let stuck = now.since(since);
-    is_stalled(phase, since, now).then(|| {
+    let id = &t.id;
+    if let Some((phase, since)) = phase.filter(|(p, since)| is_stalled(*p, *since, now)) {
         let word = phase_word(phase);
-        format!("{id} ({word} for {}m)", stuck.as_secs() / 60)
-    })
+        return Some(format!(
+            "{id} ({word} for {}m)",
+            now.since(since).as_secs() / 60
+        ));
+    }
+    let heard = t.last_heartbeat?;
+    (now.since(heard) > policy.heartbeat_timeout + STALL_SLACK)
+        .then(|| format!("{id} (silent for {}m)", now.since(heard).as_secs() / 60))
 }
 
 /// Where a device stands now.
@@ -407,10 +424,17 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
             is_canary(t) == canary && matches!(s, Standing::Updating | Standing::Soaking)
         })
     };
+    // A staged rollout gives the change only to devices that are heard from: a silent one may be mid-way
+    // through anything, and would hold a maxUnavailable slot it cannot use. It waits, pending, and is given the
+    // change on a pass after it is heard from again.
     let pending_of = |canary: bool| {
         standings
             .iter()
-            .filter(move |(t, s)| is_canary(t) == canary && *s == Standing::Pending)
+            .filter(move |(t, s)| {
+                is_canary(t) == canary
+                    && *s == Standing::Pending
+                    && !(policy.staged && is_silent(t, policy, now))
+            })
             .map(|(t, _)| t.id.clone())
     };
     let canaries_healthy = standings
@@ -461,7 +485,7 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
     in_flight.truncate(HALT_EXAMPLES);
     let mut stalled = (Vec::new(), 0u32);
     for t in targets {
-        if let Some(s) = stall(&t.id, t.observed, now) {
+        if let Some(s) = stall(t, policy, now) {
             stalled.1 += 1;
             if stalled.0.len() < HALT_EXAMPLES {
                 stalled.0.push(s);
@@ -559,6 +583,7 @@ mod tests {
                 id: DeviceId::try_from(*id).expect("id"),
                 canary: *canary,
                 observed: *observed,
+                last_heartbeat: None,
             })
             .collect()
     }
@@ -1330,5 +1355,54 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Silence in a staged rollout: a silent pending device is passed over (it gets the change once heard from
+    /// again), an updating one silent for longer than the timeout plus the slack is named stalled and keeps its
+    /// maxUnavailable slot (it may be mid-update); without a rollout section silence changes nothing.
+    #[test]
+    fn silent_devices_wait_and_updating_ones_stall() {
+        let p = policy(300, n(1), n(0));
+        let with_beat = |id: &str, canary, observed, beat: u64| Target {
+            last_heartbeat: Some(t(beat)),
+            ..targets(&[(id, canary, observed)]).remove(0)
+        };
+        let soaked = committed(100, Some(90), Some(400));
+        let devices = vec![
+            with_beat("a", true, soaked, 400),
+            with_beat("b", false, Observed::Pending, 300),
+            with_beat("c", false, Observed::Pending, 400),
+        ];
+        let out = plan(&devices, &p, t(410));
+        let released: Vec<&str> = out.release.iter().map(DeviceId::as_str).collect();
+        assert_eq!(released, ["c"], "b has been silent for 110 s");
+        assert_eq!((out.status.pending, out.stalled.1), (2, 0));
+        assert!(
+            !out.status.next.contains(&"b".to_owned()),
+            "{:?}",
+            out.status.next
+        );
+        // Heard from again: b is next in line.
+        let mut back = devices.clone();
+        back[1].last_heartbeat = Some(t(405));
+        let out = plan(&back, &p, t(410));
+        let released: Vec<&str> = out.release.iter().map(DeviceId::as_str).collect();
+        assert_eq!(released, ["b"]);
+        // b went silent while updating: stalled after 90 s + 60 s of silence, and it keeps its slot.
+        let mut updating = devices.clone();
+        updating[1].observed = Observed::Updating(None);
+        updating[1].last_heartbeat = Some(t(400));
+        let out = plan(&updating, &p, t(400 + 150));
+        assert_eq!((out.stalled.1, out.release.len()), (0, 0), "150 s: not yet");
+        let out = plan(&updating, &p, t(400 + 151));
+        assert_eq!(out.stalled, (vec!["b (silent for 2m)".to_owned()], 1));
+        assert!(
+            out.release.is_empty(),
+            "the stalled device keeps the only slot"
+        );
+        assert_eq!(out.status.stalled, 1);
+        // No rollout section: everyone is given the change at once, silent or not.
+        let out = plan(&devices, &Policy::ALL_AT_ONCE, t(410));
+        assert_eq!(out.release.len(), 2);
     }
 }

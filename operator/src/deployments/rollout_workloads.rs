@@ -272,6 +272,7 @@ mod tests {
                     id: DeviceId::try_from(*id).expect("id"),
                     canary: *id == "a",
                     observed,
+                    last_heartbeat: None,
                 })
                 .collect()
         };
