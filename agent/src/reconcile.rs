@@ -674,6 +674,31 @@ fn ended(end: Replaced, errors: &[String], was_running: bool) -> Applied {
     })
 }
 
+/// How soon the workload status is published again while a workload is unsettled ([`unsettled`]).
+pub const UNSETTLED_STATUS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Each workload's published restart count.
+pub type RestartCounts = BTreeMap<WorkloadName, u32>;
+
+/// The restart counts of a status, to compare the next one with.
+pub fn restart_counts(statuses: &[WorkloadStatus]) -> RestartCounts {
+    statuses
+        .iter()
+        .filter_map(|s| Some((s.name.clone(), s.restarts?.count)))
+        .collect()
+}
+
+/// True when some workload restarted since `published` and is not reported crash-looping yet: its next
+/// restarts decide whether it is, so the status is published again soon rather than a whole interval later.
+/// Bounded: once crash-looping (or quiet), the normal interval returns.
+pub fn unsettled(published: &RestartCounts, statuses: &[WorkloadStatus]) -> bool {
+    statuses.iter().any(|s| {
+        s.state != WorkloadState::CrashLooping
+            && s.restarts
+                .is_some_and(|r| r.count > published.get(&s.name).copied().unwrap_or(0))
+    })
+}
+
 /// Per-workload status from the desired state, the observed containers and the last pass's failures, at `now`.
 /// A failed workload names the container of an older spec that still runs, if one does; a container of the
 /// desired spec that Podman keeps restarting is `crash-looping` ([`fleet_wire::workload::is_crash_looping`]).
@@ -1260,5 +1285,38 @@ mod tests {
         // No container of the desired spec: nothing to count.
         let s = statuses(std::slice::from_ref(&web), &[], &Errors::new(), at(1_005));
         assert_eq!((s[0].state, s[0].restarts), (WorkloadState::Missing, None));
+    }
+
+    /// A workload that restarted since the last status is published again soon, until it is reported
+    /// crash-looping or stops restarting.
+    #[test]
+    fn restarts_since_the_last_status_hurry_the_next() {
+        let web = fixtures::workload("web");
+        let status = |state, count| WorkloadStatus {
+            name: web.name.clone(),
+            state,
+            container_id: None,
+            spec_digest: None,
+            started_at: None,
+            error: None,
+            failure: None,
+            restarts: Some(Restarts {
+                count,
+                last_exit_code: None,
+            }),
+        };
+        let none = RestartCounts::new();
+        assert!(!unsettled(&none, &[status(WorkloadState::Running, 0)]));
+        assert!(unsettled(&none, &[status(WorkloadState::Running, 1)]));
+        let one = restart_counts(&[status(WorkloadState::Running, 1)]);
+        assert!(
+            !unsettled(&one, &[status(WorkloadState::Running, 1)]),
+            "quiet since"
+        );
+        assert!(unsettled(&one, &[status(WorkloadState::Running, 2)]));
+        assert!(
+            !unsettled(&one, &[status(WorkloadState::CrashLooping, 5)]),
+            "reported"
+        );
     }
 }

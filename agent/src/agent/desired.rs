@@ -100,13 +100,15 @@ impl Agent {
         }
     }
 
-    pub(super) fn publish_status(&mut self) {
-        let Some(p) = &self.podman else { return };
+    /// Publishes the workload status; true when a workload is unsettled (restarted since the last one and not
+    /// reported crash-looping yet), so the caller publishes again after [`reconcile::UNSETTLED_STATUS_INTERVAL`].
+    pub(super) fn publish_status(&mut self) -> bool {
+        let Some(p) = &self.podman else { return false };
         let mut observed = match p.list_managed() {
             Ok(o) => o,
             Err(e) => {
                 log::warn!("workload status: {e}");
-                return;
+                return false;
             }
         };
         p.count_restarts(&mut observed);
@@ -117,9 +119,14 @@ impl Agent {
             at: now,
             workloads: reconcile::statuses(&self.desired, &observed, &self.errors, now),
         };
+        let unsettled = reconcile::unsettled(&self.published_restarts, &s.workloads);
         match put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {
-            Ok(_) => self.status_stale = false,
+            Ok(_) => {
+                self.status_stale = false;
+                self.published_restarts = reconcile::restart_counts(&s.workloads);
+            }
             Err(e) => log::warn!("publishing workload status: {e}"),
         }
+        unsettled
     }
 }

@@ -96,8 +96,8 @@ impl Agent {
                 Ok(Event::Reconciled(r)) => {
                     // A pass that changed nothing (the resync's, mostly) leaves the published status true.
                     if self.on_reconciled(*r) || self.status_stale {
-                        self.publish_status();
-                        next_status = Instant::now() + self.cfg.status_interval;
+                        let unsettled = self.publish_status();
+                        next_status = Instant::now() + self.status_interval(unsettled);
                     }
                 }
                 Ok(Event::Intent(c)) => self.on_intent(&c),
@@ -151,8 +151,8 @@ impl Agent {
                 self.poll_updater();
             }
             if now >= next_status && !self.stopping() {
-                next_status = now + self.cfg.status_interval;
-                self.publish_status();
+                let unsettled = self.publish_status();
+                next_status = now + self.status_interval(unsettled);
             }
             if now >= next_beat && !self.stopping() {
                 next_beat = now + self.cfg.heartbeat_interval;
@@ -161,6 +161,17 @@ impl Agent {
                     self.republish_if_lost();
                 }
             }
+        }
+    }
+
+    /// The wait before the next workload status: shorter while a workload is unsettled.
+    fn status_interval(&self, unsettled: bool) -> std::time::Duration {
+        if unsettled {
+            self.cfg
+                .status_interval
+                .min(crate::reconcile::UNSETTLED_STATUS_INTERVAL)
+        } else {
+            self.cfg.status_interval
         }
     }
 

@@ -79,6 +79,9 @@ struct Agent {
     errors: crate::reconcile::Errors,
     /// The desired state changed since the workload status was last published.
     status_stale: bool,
+    /// Each workload's restart count as last published: a workload that restarted since is published again
+    /// sooner ([`crate::reconcile::unsettled`]), so a crash loop is seen within seconds, not a status interval.
+    published_restarts: crate::reconcile::RestartCounts,
     /// The agent-upgrade relay: its effects are carried out by [`Agent::apply_relay`].
     relay: Relay,
     system: SystemRelay,
@@ -205,6 +208,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         desired_rev: None,
         errors: crate::reconcile::Errors::new(),
         status_stale: true,
+        published_restarts: Default::default(),
         relay,
         system,
         system_unread: Vec::new(),
