@@ -774,6 +774,7 @@ pub fn statuses(
                         last_exit_code: (o.exited || state == WorkloadState::Exited)
                             .then_some(o.exit_code),
                     }),
+                health: None,
             }
         })
         .collect()
@@ -1304,6 +1305,7 @@ mod tests {
                 count,
                 last_exit_code: None,
             }),
+            health: None,
         };
         let none = RestartCounts::new();
         assert!(!unsettled(&none, &[status(WorkloadState::Running, 0)]));

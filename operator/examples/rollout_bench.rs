@@ -160,6 +160,7 @@ fn snapshot(updated: impl Fn(usize) -> bool, staged: bool, now: Timestamp) -> Sn
                 error: None,
                 failure: None,
                 restarts: None,
+                health: None,
             }],
         };
         s.workloads.insert(id.to_string(), Arc::new(report));

@@ -750,6 +750,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     error: None,
                     failure: None,
                     restarts: None,
+                    health: None,
                 },
                 WorkloadStatus {
                     name: dbs.name.clone(),
@@ -760,6 +761,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     error: error.map(BoundedText::lossy),
                     failure: None,
                     restarts: None,
+                    health: None,
                 },
             ],
         }

@@ -914,6 +914,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
             error: None,
             failure: None,
             restarts: None,
+            health: None,
         })
         .collect();
     f.put(layout::WORKLOAD_STATUS, canary.as_str(), &ws).await;

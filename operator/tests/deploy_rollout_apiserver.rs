@@ -124,6 +124,7 @@ impl Rig {
                 }),
                 failure: None,
                 restarts: None,
+                health: None,
             }],
         };
         let store = self

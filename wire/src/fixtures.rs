@@ -110,6 +110,34 @@ pub fn workload(name: &str) -> WorkloadSpec {
     w
 }
 
+/// `workload(name)` with a health check of `kind` (`command`, `http` or `tcp`): the HTTP and TCP probes target
+/// its published container port 8080; non-default timing.
+pub fn workload_with_health(name: &str, kind: &str) -> WorkloadSpec {
+    let mut w = workload(name);
+    let probe = match kind {
+        "command" => HealthProbe::Command(vec![
+            "wget".into(),
+            "-q".into(),
+            "-O-".into(),
+            "http://127.0.0.1:8080/healthz".into(),
+        ]),
+        "http" => HealthProbe::Http(HttpProbe {
+            port: 8080,
+            path: "/healthz".into(),
+        }),
+        _ => HealthProbe::Tcp(TcpProbe { port: 8080 }),
+    };
+    w.health_check = Some(HealthCheck {
+        probe,
+        interval_seconds: 10,
+        timeout_seconds: 2,
+        retries: 3,
+        start_period_seconds: 15,
+    });
+    w.validate().unwrap();
+    w
+}
+
 pub fn desired_state() -> DesiredState {
     DesiredState::new(device(), 7, vec![workload("web")]).unwrap()
 }
@@ -129,6 +157,7 @@ pub fn workload_status() -> DeviceWorkloadStatus {
             error: None,
             failure: None,
             restarts: None,
+            health: None,
         }],
     }
 }
@@ -153,6 +182,7 @@ pub fn workload_status_failed() -> DeviceWorkloadStatus {
             rolled_back: false,
         }),
         restarts: None,
+        health: None,
     }];
     s
 }
@@ -173,6 +203,30 @@ pub fn workload_status_crash_looping() -> DeviceWorkloadStatus {
             count: 7,
             last_exit_code: Some(3),
         }),
+        health: None,
+    }];
+    s
+}
+
+/// A workload with an HTTP health check whose container runs but failed its last three checks.
+pub fn workload_status_unhealthy() -> DeviceWorkloadStatus {
+    let w = workload_with_health("web", "http");
+    let mut s = workload_status();
+    s.workloads = vec![WorkloadStatus {
+        name: w.name.clone(),
+        state: WorkloadState::Running,
+        container_id: Some("3f2a".repeat(16)),
+        spec_digest: Some(w.digest()),
+        started_at: Some(t(30)),
+        error: Some(BoundedText::lossy(
+            "health check: GET /healthz on port 8080 answered HTTP 503",
+        )),
+        failure: None,
+        restarts: Some(crate::Restarts {
+            count: 0,
+            last_exit_code: None,
+        }),
+        health: Some(HealthState::Unhealthy),
     }];
     s
 }

@@ -23,6 +23,7 @@ pub mod fetch;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod fleetlock;
+pub mod health;
 pub mod ids;
 pub mod journal;
 pub mod kv;
@@ -47,6 +48,7 @@ pub use artifact::{Artifact, HttpsUrl, OciReference};
 pub use device::{Capability, DeviceInfo, Heartbeat, OsInfo};
 pub use error::ValidationError;
 pub use fetch::{FetchFailure, FetchRequest};
+pub use health::{HealthCheck, HealthProbe, HealthState, HttpProbe, TcpProbe};
 pub use ids::{Architecture, AttemptId, DeviceId, Id128, Sha256Hex, UnitName, Version};
 pub use journal::{CutoverStep, JournalPhase, SystemJournalPhase};
 pub use probe::{SelfTestCheck, SelfTestReport};

@@ -3,6 +3,7 @@
 
 use crate::digest::canonical_digest;
 use crate::error::shown;
+use crate::health::{HealthCheck, HealthState, RawHealthCheck};
 use crate::{BoundedText, DeviceId, Sha256Hex, Timestamp, ValidationError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -210,6 +211,11 @@ pub struct WorkloadSpec {
     pub restart_policy: RestartPolicy,
     /// Extra container labels (not under [`RESERVED_LABEL_PREFIX`]).
     pub labels: BTreeMap<String, String>,
+    /// How the workload's health is checked ([`HealthCheck`]); absent: only its container state counts. Left out
+    /// of the JSON when absent, so every spec without one keeps the digest it had before the field existed; an
+    /// agent before it refuses a desired state that has one (`deny_unknown_fields`) rather than dropping it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
 }
 
 #[derive(Deserialize)]
@@ -229,11 +235,23 @@ struct RawWorkloadSpec {
     restart_policy: RestartPolicy,
     #[serde(default)]
     labels: BTreeMap<String, String>,
+    #[serde(default)]
+    health_check: Option<RawHealthCheck>,
 }
 
 impl TryFrom<RawWorkloadSpec> for WorkloadSpec {
     type Error = ValidationError;
     fn try_from(r: RawWorkloadSpec) -> Result<Self, ValidationError> {
+        let health_check = r
+            .health_check
+            .map(HealthCheck::try_from)
+            .transpose()
+            .map_err(|why| {
+                ValidationError::new(
+                    "workload",
+                    format!("{}: healthCheck: {why}", r.name.as_str()),
+                )
+            })?;
         let spec = WorkloadSpec {
             name: r.name,
             image: r.image,
@@ -243,6 +261,7 @@ impl TryFrom<RawWorkloadSpec> for WorkloadSpec {
             volumes: r.volumes,
             restart_policy: r.restart_policy,
             labels: r.labels,
+            health_check,
         };
         spec.validate()?;
         Ok(spec)
@@ -374,6 +393,7 @@ impl WorkloadSpec {
             volumes: vec![],
             restart_policy: RestartPolicy::default(),
             labels: BTreeMap::new(),
+            health_check: None,
         };
         spec.validate()?;
         Ok(spec)
@@ -468,6 +488,11 @@ impl WorkloadSpec {
                 return err(format!("label {} is invalid or reserved", shown(k)));
             }
         }
+        if let Some(h) = &self.health_check {
+            if let Err(why) = h.check(&self.ports) {
+                return err(format!("healthCheck.{why}"));
+            }
+        }
         Ok(())
     }
 
@@ -557,6 +582,13 @@ pub struct WorkloadStatus {
     /// added, and while no container of the desired spec exists).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarts: Option<Restarts>,
+    /// With a `healthCheck` and a container of the desired spec that runs: `starting` (within the start period,
+    /// or before a check decided), `healthy` or `unhealthy` (`retries` consecutive failures). Podman's own state
+    /// for a command check, the agent's for an HTTP or TCP probe. Absent without a health check, while no
+    /// container of the desired spec runs, and from agents before it was added; a value a newer agent writes
+    /// reads as `unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthState>,
 }
 
 /// Why a workload's desired spec is not running, for an event (reason) and a person (with the status's error).
@@ -726,6 +758,48 @@ mod tests {
         assert_eq!(s.workloads[0].restart_policy, RestartPolicy::Always);
         let bad = r#"{"deviceId":"device-1","generation":3,"workloads":[{"name":"a","image":"x","labels":{"io.nationtech.fleet.managed":"no"}}]}"#;
         assert!(serde_json::from_str::<DesiredState>(bad).is_err());
+    }
+
+    #[test]
+    fn health_check_errors_name_the_field() {
+        let spec = |hc: &str| {
+            format!(
+                r#"{{"name":"web","image":"nginx","ports":[{{"hostPort":18080,"containerPort":80}}],"healthCheck":{hc}}}"#
+            )
+        };
+        let ok: WorkloadSpec =
+            serde_json::from_str(&spec(r#"{"http":{"port":80,"path":"/ready"}}"#)).expect("valid");
+        assert_eq!(ok.health_check.as_ref().and_then(|h| h.port()), Some(80));
+        let cases = [
+            (
+                r#"{"http":{"port":80},"intervalSeconds":1}"#,
+                "invalid workload: web: healthCheck.intervalSeconds: 1 is outside 5–3600",
+            ),
+            (
+                r#"{"tcp":{"port":81}}"#,
+                "invalid workload: web: healthCheck.tcp.port: container port 81 is not published",
+            ),
+            (
+                r#"{}"#,
+                "invalid workload: web: healthCheck: needs exactly one of command, http or tcp",
+            ),
+            (r#"{"command":["true"],"bogus":1}"#, "unknown field `bogus`"),
+            (
+                r#"{"command":["true"],"retries":11}"#,
+                "web: healthCheck.retries: 11 is outside 1–10",
+            ),
+        ];
+        for (hc, want) in cases {
+            let e = serde_json::from_str::<WorkloadSpec>(&spec(hc)).expect_err(hc);
+            assert!(e.to_string().contains(want), "{hc}: {e}");
+        }
+        // A spec built in code is checked the same way.
+        let mut w = fixtures::workload("web");
+        w.health_check = Some(HealthCheck::new(crate::HealthProbe::Tcp(crate::TcpProbe {
+            port: 9999,
+        })));
+        let e = w.validate().expect_err("unpublished").to_string();
+        assert!(e.contains("healthCheck.tcp.port"), "{e}");
     }
 
     #[test]

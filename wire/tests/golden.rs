@@ -205,6 +205,113 @@ fn device_and_workload_shapes() {
         "workload-status-crash-looping",
         &fixtures::workload_status_crash_looping(),
     );
+    check(
+        "workload-status-unhealthy",
+        &fixtures::workload_status_unhealthy(),
+    );
+}
+
+#[test]
+fn health_check_shapes() {
+    for kind in ["command", "http", "tcp"] {
+        check(
+            &format!("workload-spec-health-{kind}"),
+            &fixtures::workload_with_health("web", kind),
+        );
+    }
+}
+
+/// A spec without a health check serializes without the field, so its digest is the one pinned before the field
+/// existed (`golden/workload-spec.digest`, unchanged): adding the field replaces no running container. A spec
+/// with one has another digest.
+#[test]
+fn a_spec_without_a_health_check_keeps_its_digest() {
+    let plain = fixtures::workload("web");
+    let json = serde_json::to_value(&plain).unwrap();
+    assert!(json.get("healthCheck").is_none(), "{json}");
+    // The value pinned since the first commit (09f5308), spelled out so that a regenerated golden file cannot
+    // hide a change.
+    assert_eq!(
+        plain.digest().as_str(),
+        "ede767cba3b43074dcb19e20b2a16fa63324454d39e59e16228c5ebf6d8b34da"
+    );
+    for kind in ["command", "http", "tcp"] {
+        assert_ne!(
+            fixtures::workload_with_health("web", kind).digest(),
+            plain.digest(),
+            "{kind}"
+        );
+    }
+}
+
+/// The workload spec as fleet-wire read it before `healthCheck` existed (`deny_unknown_fields`, every other
+/// field as it was): what an older agent runs.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(dead_code)]
+struct OldWorkloadSpec {
+    name: String,
+    image: String,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    ports: Vec<serde_json::Value>,
+    #[serde(default)]
+    volumes: Vec<serde_json::Value>,
+    #[serde(default)]
+    restart_policy: Option<String>,
+    #[serde(default)]
+    labels: std::collections::BTreeMap<String, String>,
+}
+
+/// The desired state as an older agent reads it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(dead_code)]
+struct OldDesiredState {
+    device_id: String,
+    generation: u64,
+    workloads: Vec<OldWorkloadSpec>,
+}
+
+/// An agent before `healthCheck` refuses a desired state that has one (the whole value: it keeps running its
+/// last valid desired state and logs why) instead of silently running the workload without its check; one
+/// without a health check it reads as before.
+#[test]
+fn an_older_agent_refuses_a_health_check_rather_than_dropping_it() {
+    let golden = include_str!("golden/desired-state.json");
+    let old: OldDesiredState =
+        serde_json::from_str(golden).expect("an older agent reads today's plain spec");
+    assert_eq!(old.workloads.len(), 1);
+    let with = DesiredState::new(
+        fixtures::device(),
+        8,
+        vec![fixtures::workload_with_health("web", "http")],
+    )
+    .unwrap();
+    let json = serde_json::to_string(&with).unwrap();
+    let e = serde_json::from_str::<OldDesiredState>(&json)
+        .err()
+        .expect("an older agent must refuse a health check");
+    assert!(e.to_string().contains("unknown field `healthCheck`"), "{e}");
+    // Today's reader takes it whole.
+    let back: DesiredState = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, with);
+}
+
+/// Health is additive: a status from an agent before it reads as "no health reported", and a health value from
+/// a newer agent reads as `unknown` rather than failing the whole status.
+#[test]
+fn workload_health_is_additive() {
+    let old: DeviceWorkloadStatus =
+        serde_json::from_str(include_str!("golden/workload-status.json")).unwrap();
+    assert_eq!(old.workloads[0].health, None);
+    let mut v = serde_json::to_value(fixtures::workload_status_unhealthy()).unwrap();
+    v["workloads"][0]["health"] = serde_json::json!("degraded");
+    let s: DeviceWorkloadStatus = serde_json::from_value(v).unwrap();
+    assert_eq!(s.workloads[0].health, Some(HealthState::Unknown));
 }
 
 /// Restart counts are additive: a device info and a workload status from agents before them read as "not

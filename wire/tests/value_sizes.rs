@@ -88,6 +88,20 @@ fn the_largest_values_fit_their_buckets() {
         });
     }
     assert!(fits_with(kv::WORKLOAD_STATUS, &looping, true) < n);
+    // Every workload running but unhealthy, with the longest error (what its check last saw) and restart counts:
+    // smaller than the failed shape too.
+    let mut unhealthy = status.clone();
+    for w in &mut unhealthy.workloads {
+        w.state = WorkloadState::Running;
+        w.failure = None;
+        w.started_at = Some(fixtures::t(30));
+        w.restarts = Some(fleet_wire::Restarts {
+            count: u32::MAX,
+            last_exit_code: Some(i32::MIN),
+        });
+        w.health = Some(fleet_wire::HealthState::Unhealthy);
+    }
+    assert!(fits_with(kv::WORKLOAD_STATUS, &unhealthy, true) < n);
     status.workloads.truncate(50);
     let fifty = serde_json::to_vec(&status).expect("json").len();
     println!("{}: 50 workloads {fifty} bytes", kv::WORKLOAD_STATUS);

@@ -124,6 +124,7 @@ mod tests {
             error: error.map(BoundedText::lossy),
             failure: None,
             restarts: None,
+            health: None,
         }
     }
 
@@ -195,6 +196,7 @@ mod tests {
             error: Some(BoundedText::lossy(&long)),
             failure: None,
             restarts: None,
+            health: None,
         });
         s.workloads.push(WorkloadStatus {
             name: WorkloadName::try_from("job").expect("name"),
@@ -205,6 +207,7 @@ mod tests {
             error: None,
             failure: None,
             restarts: None,
+            health: None,
         });
         let h = device(&s);
         assert_eq!((h.running, h.failed, h.pending), (1, 1, 1));

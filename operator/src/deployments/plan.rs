@@ -1552,6 +1552,7 @@ mod tests {
                 error: None,
                 failure: None,
                 restarts: None,
+                health: None,
             }];
             (id.to_owned(), r)
         };

@@ -123,6 +123,7 @@ mod tests {
                 error: None,
                 failure: None,
                 restarts: None,
+                health: None,
             })
             .collect();
         s

@@ -97,6 +97,7 @@ pub fn workload_status(desired: &DesiredState, fails: bool, at: Timestamp) -> De
                         rolled_back: false,
                     }),
                     restarts: None,
+                    health: None,
                 }
             } else {
                 WorkloadStatus {
@@ -109,6 +110,7 @@ pub fn workload_status(desired: &DesiredState, fails: bool, at: Timestamp) -> De
                     error: None,
                     failure: None,
                     restarts: None,
+                    health: None,
                 }
             }
         })
