@@ -3,9 +3,11 @@
 
 use async_nats::jetstream::{self, kv};
 use fleet_kit::nats_tls::NatsTls;
+use fleet_wire::Timestamp;
 use futures::StreamExt;
 use serde::{de::DeserializeOwned, Serialize};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -291,6 +293,31 @@ pub struct Seen<T> {
     pub revision: u64,
     /// Parsed value.
     pub value: Option<Arc<T>>,
+    /// When NATS stored the value (milliseconds since the epoch by the NATS server's clock) shifted left by one,
+    /// the low bit set when the watch delivered it as a new write after its initial values ([`Self::arrived`]);
+    /// 0 when unknown (a value this operator wrote, or read with a single get). One word: every mirror holds one
+    /// per device.
+    stored: u64,
+}
+
+impl<T> Seen<T> {
+    /// When NATS stored this value, by the NATS server's clock (not the writer's), when the watch said so.
+    pub fn stored_at(&self) -> Option<Timestamp> {
+        (self.stored >> 1 != 0).then(|| Timestamp::from_unix_ms(self.stored >> 1))
+    }
+
+    /// True when the mirror's watch delivered this value as a new write while it watched (this operator saw it
+    /// arrive), false for a value that was already in the bucket when the watch started.
+    pub fn arrived(&self) -> bool {
+        self.stored & 1 == 1
+    }
+}
+
+/// [`Seen`]'s packed store time.
+fn pack_stored(stored: Option<Timestamp>, arrived: bool) -> u64 {
+    stored.map_or(0, |t| {
+        t.unix_ms().min(u64::MAX >> 1) << 1 | u64::from(arrived)
+    })
 }
 
 /// Whether a change of `key` from the first value to the second wakes the control loop.
@@ -301,6 +328,9 @@ pub struct Mirror<T> {
     bucket: &'static str,
     map: RwLock<BTreeMap<String, Seen<T>>>,
     synced: std::sync::atomic::AtomicBool,
+    /// When the running watch had read the bucket's initial values (milliseconds since the epoch, the operator's
+    /// clock); 0 while no watch runs or it has not read them yet ([`Self::watched_since`]).
+    watched_since: AtomicU64,
     /// `None`: every change wakes.
     wake_when: Option<WakeWhen<T>>,
     /// Woken with the watch's own `notify`: the other controllers that read this mirror ([`Self::subscribe`]).
@@ -319,6 +349,7 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             bucket,
             map: RwLock::new(BTreeMap::new()),
             synced: false.into(),
+            watched_since: AtomicU64::new(0),
             wake_when: None,
             subscribers: Default::default(),
         })
@@ -331,6 +362,7 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             bucket,
             map: RwLock::new(BTreeMap::new()),
             synced: false.into(),
+            watched_since: AtomicU64::new(0),
             wake_when: Some(wake_when),
             subscribers: Default::default(),
         })
@@ -340,6 +372,15 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
     /// that `wake_when` picks, when set).
     /// Returns when the watch ends (NATS went away); the caller starts it again.
     pub async fn run(self: Arc<Self>, store: kv::Store, notify: Arc<Notify>) -> NatsError {
+        // Whatever ends this watch (an error, its end, the task dropped), the mirror is no longer watched.
+        struct Unwatched<'a>(&'a AtomicU64);
+        impl Drop for Unwatched<'_> {
+            fn drop(&mut self) {
+                self.0.store(0, Ordering::SeqCst);
+            }
+        }
+        self.watched_since.store(0, Ordering::SeqCst);
+        let _unwatched = Unwatched(&self.watched_since);
         let mut watch = match store.watch_with_history(">").await {
             Ok(w) => w,
             Err(e) => return NatsError::new(format!("watch {}", self.bucket), e),
@@ -350,7 +391,12 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             .await
             .map(|s| s.values() == 0)
             .unwrap_or(false);
+        // This watch's initial values are read (a watch opened again reads them again).
+        let mut read = false;
         if empty {
+            read = true;
+            self.watched_since
+                .store(Timestamp::now().unix_ms().max(1), Ordering::SeqCst);
             self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
             self.wake(&notify);
         }
@@ -428,10 +474,21 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
                         )
                     });
                 }
-                self.record(&entry.key, entry.revision, value);
+                let stored = u64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000)
+                    .ok()
+                    .map(Timestamp::from_unix_ms);
+                self.record_seen(
+                    &entry.key,
+                    entry.revision,
+                    value.map(Arc::new),
+                    pack_stored(stored, read),
+                );
             }
             // The end of the initial values always wakes: the loop waits for it.
-            if entry.delta == 0 && !self.is_synced() {
+            if entry.delta == 0 && !read {
+                read = true;
+                self.watched_since
+                    .store(Timestamp::now().unix_ms().max(1), Ordering::SeqCst);
                 self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
                 wake = true;
             }
@@ -470,13 +527,33 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
 
     /// [`Self::record`] of a value already shared.
     pub fn record_shared(&self, key: &str, revision: u64, value: Option<Arc<T>>) {
+        self.record_seen(key, revision, value, 0);
+    }
+
+    fn record_seen(&self, key: &str, revision: u64, value: Option<Arc<T>>, stored: u64) {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let seen = Seen {
+            revision,
+            value,
+            stored,
+        };
         match map.get_mut(key) {
             Some(old) if old.revision >= revision => {}
-            Some(old) => *old = Seen { revision, value },
+            Some(old) => *old = seen,
             None => {
-                map.insert(key.to_owned(), Seen { revision, value });
+                map.insert(key.to_owned(), seen);
             }
+        }
+    }
+
+    /// When the running watch had read every value the bucket held when it started (the operator's clock):
+    /// from then on the mirror is what NATS holds. `None` while no watch runs (NATS unreachable, a watch being
+    /// opened anew) or it is still reading: what the mirror holds then may be stale, and liveness is not judged
+    /// from it ([`crate::liveness`]).
+    pub fn watched_since(&self) -> Option<Timestamp> {
+        match self.watched_since.load(Ordering::SeqCst) {
+            0 => None,
+            ms => Some(Timestamp::from_unix_ms(ms)),
         }
     }
 
@@ -540,6 +617,7 @@ async fn read<T: DeserializeOwned>(
         .await
         .map_err(|e| NatsError::new(format!("read {bucket}/{key}"), e))?;
     Ok(entry.map(|e| Seen {
+        stored: 0,
         revision: e.revision,
         value: match e.operation {
             kv::Operation::Put => serde_json::from_slice(&e.value).ok().map(Arc::new),
@@ -661,6 +739,23 @@ mod tests {
             bucket_config(spec, &given).max_bytes,
             fleet_wire::kv::max_bytes(spec, 100_000)
         );
+    }
+
+    #[test]
+    fn seen_keeps_when_nats_stored_it_and_whether_it_arrived() {
+        let m = Mirror::<String>::new("b");
+        let t = Timestamp::from_unix_ms(1_800_000_000_123);
+        let cases = [
+            ("found", Some(t), false, Some(t), false),
+            ("arrived", Some(t), true, Some(t), true),
+            ("written by the operator", None, false, None, false),
+        ];
+        for (rev, (case, stored, arrived, want_at, want_arrived)) in (1..).zip(cases) {
+            m.record_seen("k", rev, None, pack_stored(stored, arrived));
+            let got = m.with("k", |s| s.map(|s| (s.stored_at(), s.arrived())));
+            assert_eq!(got, Some((want_at, want_arrived)), "{case}");
+        }
+        assert_eq!(m.watched_since(), None, "no watch ran");
     }
 
     #[test]

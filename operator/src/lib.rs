@@ -14,6 +14,7 @@ pub mod conditions;
 pub mod crd;
 pub mod deploy;
 pub mod kv;
+pub mod liveness;
 pub mod memory;
 pub mod metrics;
 pub mod nats_link;

@@ -204,8 +204,13 @@ pub struct DeviceFacts<'a> {
     pub name: &'a str,
     /// The mirrored agent-upgrade status.
     pub upgrade: Option<&'a AgentUpgradeStatus>,
-    /// Its last heartbeat (never: no silence alert, it has not started yet).
-    pub last_heartbeat: Option<Timestamp>,
+    /// What the operator knows of its heartbeats, judged by [`crate::liveness::judge`] (never heard from, or
+    /// not judged yet: no silence alert).
+    pub heartbeat: crate::liveness::Facts,
+    /// Since when the device was silent by the last evaluation's `DeviceSilent` alert, if it had one: kept as it
+    /// is while liveness is not judged (a watch of the heartbeats being opened anew), so that the alert neither
+    /// goes nor comes back as a second event.
+    pub silent_before: Option<Timestamp>,
     /// Its refused writes as the Device shows them, with the latest report's time.
     pub writes_refused: Option<(&'a crate::crd::WritesRefused, Timestamp)>,
     /// Its `status.stalled` (only a TaskRun's stall is read from it: an agent upgrade's is judged from
@@ -302,20 +307,22 @@ pub fn evaluate<'a>(
                 ),
             });
         }
-        if let Some(hb) = d.last_heartbeat {
-            let quiet = now.since(hb);
-            if quiet > t.silent_after {
-                out.push(Alert {
-                    kind: AlertKind::DeviceSilent,
-                    subject: Subject::Device(d.name.to_owned()),
-                    since: Some(hb),
-                    // No running duration here: the alert is kept while it holds, "since" tells how long.
-                    detail: format!(
-                        "no heartbeat for longer than {}",
-                        super::html::age(t.silent_after)
-                    ),
-                });
-            }
+        let silent = match crate::liveness::judge(&d.heartbeat, t.silent_after, now) {
+            crate::liveness::Verdict::Silent(last) => Some(last),
+            crate::liveness::Verdict::Heard(_) => None,
+            crate::liveness::Verdict::Unknown => d.silent_before,
+        };
+        if let Some(last) = silent {
+            out.push(Alert {
+                kind: AlertKind::DeviceSilent,
+                subject: Subject::Device(d.name.to_owned()),
+                since: Some(last),
+                // No running duration here: the alert is kept while it holds, "since" tells how long.
+                detail: format!(
+                    "no heartbeat for longer than {}",
+                    super::html::age(t.silent_after)
+                ),
+            });
         }
     }
     for r in runs {
@@ -450,6 +457,22 @@ mod tests {
             ("just-quiet", None, Some(at(100_000 - 600))),
             ("never", None, None),
         ];
+        // Heartbeats watched since long before, each seen arriving when its device sent it.
+        let beat = |hb: Option<Timestamp>| crate::liveness::Facts {
+            watched_since: Some(at(0)),
+            beat: hb.map(|at| crate::liveness::Beat {
+                at,
+                stored: Some(at),
+                arrived: true,
+            }),
+            recorded: None,
+        };
+        // Heartbeats not watched (an operator starting, a watch opened anew): no new silence, however old the
+        // heartbeat; one the last evaluation alerted stays (no second event when judged again).
+        let unjudged = [
+            ("starting", None),
+            ("still-silent", Some(at(100_000 - 700))),
+        ];
         // Refused an hour ago exactly: still shown; an hour and a second ago: history.
         let refusals = [
             ("flooder", at(100_000 - 3600)),
@@ -515,24 +538,38 @@ mod tests {
                 .map(|(n, u, hb)| DeviceFacts {
                     name: n,
                     upgrade: *u,
-                    last_heartbeat: *hb,
+                    heartbeat: beat(*hb),
+                    silent_before: None,
                     writes_refused: None,
                     stalled: None,
                 })
                 .chain(refusals.iter().map(|(n, last)| DeviceFacts {
                     name: n,
                     upgrade: None,
-                    last_heartbeat: None,
+                    heartbeat: beat(None),
+                    silent_before: None,
                     writes_refused: Some((&refused, *last)),
                     stalled: None,
                 }))
                 .chain([DeviceFacts {
                     name: "untaken",
                     upgrade: None,
-                    last_heartbeat: Some(at(99_990)),
+                    heartbeat: beat(Some(at(99_990))),
+                    silent_before: None,
                     writes_refused: None,
                     stalled: Some(&task_stall),
-                }]),
+                }])
+                .chain(unjudged.iter().map(|(n, before)| DeviceFacts {
+                    name: n,
+                    upgrade: None,
+                    heartbeat: crate::liveness::Facts {
+                        watched_since: None,
+                        ..beat(Some(at(0)))
+                    },
+                    silent_before: *before,
+                    writes_refused: None,
+                    stalled: None,
+                })),
             runs.iter().map(|(n, s)| RunFacts {
                 namespace: "ops",
                 name: n,
@@ -551,6 +588,7 @@ mod tests {
             [
                 (AlertKind::RollbackFailed, "device q".into()),
                 (AlertKind::DeviceSilent, "device silent".into()),
+                (AlertKind::DeviceSilent, "device still-silent".into()),
                 (AlertKind::DeviceStalled, "device stuck".into()),
                 (AlertKind::DeviceStalled, "device untaken".into()),
                 (AlertKind::WritesRefused, "device flooder".into()),
@@ -567,27 +605,28 @@ mod tests {
             ]
         );
         assert_eq!(
-            alerts[2].detail,
+            alerts[3].detail,
             "upgrade to 1.2.0 in phase preparing for longer than its bound of 9m"
         );
         assert_eq!(
-            alerts[3].detail,
+            alerts[4].detail,
             "has not accepted the system-upgrade intent of TaskRun ops/upgrade (written 2026-12-01T10:00:00Z)"
         );
         assert_eq!(
-            alerts[3].since,
+            alerts[4].since,
             super::super::html::parse_time("2026-12-01T10:00:00Z")
         );
         assert_eq!(
-            alerts[4].detail,
+            alerts[5].detail,
             "300 refused since 2026-12-01T10:00:00Z (latest: over-budget in device-heartbeat: over the \
              device's write budget)"
         );
-        assert!(alerts[5]
+        assert!(alerts[6]
             .detail
             .starts_with("CanaryFailed: 0 of 3 succeeded, 1 failed"));
         // the same alerts again: nothing new; one gone and one back: only that one is new
         assert!(appeared(&alerts, &alerts).is_empty());
+        assert_eq!(alerts[2].since, Some(at(100_000 - 700)), "kept as it was");
         let fewer: Vec<Alert> = alerts[1..].to_vec();
         assert_eq!(appeared(&fewer, &alerts), vec![&alerts[0]]);
     }

@@ -80,6 +80,9 @@ pub async fn run(rt: &crate::runtime::Runtime, opts: Options) -> Result<(), Stri
         None => None,
     };
     let notify = Arc::new(Notify::new());
+    // The heartbeat mirror wakes the alerts when it has read the bucket (liveness is judged from then on) and for
+    // the heartbeats that wake the control loop (a first one, a new agent version).
+    heartbeats.subscribe(&notify);
     // Only pages read deployments and releases (no alert depends on them): their changes wake nothing.
     let unheard = Arc::new(Notify::new());
     let state = Arc::new(State {
@@ -184,13 +187,28 @@ async fn watch_alerts(
             }
         }
         let fl = state.fleetlock();
+        let before = state.alerts();
+        let silent_before: std::collections::HashMap<&str, Option<Timestamp>> = before
+            .iter()
+            .filter_map(|a| match (&a.kind, &a.subject) {
+                (alerts::AlertKind::DeviceSilent, alerts::Subject::Device(d)) => {
+                    Some((d.as_str(), a.since))
+                }
+                _ => None,
+            })
+            .collect();
         let next = alerts::evaluate(
             devices.iter().map(|d| {
                 let s = d.status.as_ref();
                 DeviceFacts {
                     name: d.metadata.name.as_deref().unwrap_or(""),
                     upgrade: s.and_then(|s| s.agent_upgrade.as_ref()),
-                    last_heartbeat: state.last_heartbeat(d),
+                    heartbeat: state.heartbeat_facts(d),
+                    silent_before: d
+                        .metadata
+                        .name
+                        .as_deref()
+                        .and_then(|n| silent_before.get(n).copied().flatten()),
                     writes_refused: s
                         .and_then(|s| s.writes_refused.as_ref())
                         .and_then(|w| Some((w, html::parse_time(&w.last_at)?))),
@@ -208,7 +226,6 @@ async fn watch_alerts(
             &state.thresholds,
             now,
         );
-        let before = state.alerts();
         for a in alerts::appeared(&before, &next) {
             if !a.kind.publishes_event() {
                 log::warn!("alert: {}: {}: {}", a.kind.title(), a.subject, a.detail);

@@ -150,6 +150,25 @@ impl State {
             })
     }
 
+    /// What the operator knows of `device`'s heartbeats, for [`crate::liveness::judge`]: whether (and since when)
+    /// the heartbeat mirror is watched, the mirrored heartbeat with when NATS stored it, and the Device's
+    /// `lastHeartbeat`.
+    pub fn heartbeat_facts(&self, device: &Device) -> crate::liveness::Facts {
+        let name = device.metadata.name.as_deref().unwrap_or_default();
+        crate::liveness::Facts {
+            watched_since: self.heartbeats.watched_since(),
+            beat: self.heartbeats.with(name, |s| {
+                let s = s?;
+                Some(crate::liveness::Beat::of(s.value.as_deref()?, s))
+            }),
+            recorded: device
+                .status
+                .as_ref()
+                .and_then(|s| s.last_heartbeat.as_deref())
+                .and_then(super::html::parse_time),
+        }
+    }
+
     /// The NATS buckets, or why there are none yet.
     pub fn buckets(&self) -> Result<Arc<Buckets>, NatsError> {
         self.nats

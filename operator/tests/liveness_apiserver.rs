@@ -1,0 +1,190 @@
+//! Liveness across operator restarts (issue 48, point 5): the real `fleet-operator` binary against the real
+//! kube-apiserver and a real nats-server, with a live fleet whose agents beat into `device-heartbeat` as the agent
+//! does while their Devices carry an older `lastHeartbeat` (the operator refreshes it only hourly). Restarted three
+//! times, the operator raises no `DeviceSilent` event for a device that beats; a device silenced before the
+//! restarts is still alerted within the silence threshold plus 30 s.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use async_nats::jetstream::kv;
+use fleet_operator::crd::Device;
+use fleet_wire::kv as layout;
+use fleet_wire::{fixtures, DeviceId, Timestamp};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod kube_common;
+use kube_common::{Fleet, API};
+
+/// The alert threshold the operators run with (`--alert-silent-after`).
+const SILENT_AFTER: Duration = Duration::from_secs(20);
+/// How often the live devices beat (the agent's default is 30 s; beats must come well within [`SILENT_AFTER`]).
+const BEAT: Duration = Duration::from_secs(2);
+/// How long each of the first two operators runs before it is killed.
+const RUN: Duration = Duration::from_secs(12);
+
+/// The operator binary for this test's objects, logging to `log`.
+fn operator(f: &Fleet, dir: &Path, log: &str) -> Kill {
+    let api = API.get().expect("apiserver");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig(api.token())).unwrap();
+    let log = std::fs::File::create(dir.join(log)).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_fleet-operator"))
+        .args([
+            "--alert-silent-after",
+            &format!("{}s", SILENT_AFTER.as_secs()),
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("FLEET_NATS_URL", f.nats.url())
+        .env("FLEET_LABEL_SELECTOR", format!("fleet-test={}", f.run))
+        .env("POD_NAME", "fleet-operator-liveness")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start fleet-operator");
+    Kill(child)
+}
+
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One heartbeat of `id` as the agent writes it: now by its clock, the next sequence.
+async fn beat(store: &kv::Store, id: &DeviceId, sequence: u64) {
+    let mut hb = fixtures::heartbeat();
+    hb.device_id = id.clone();
+    hb.at = Timestamp::now();
+    hb.sequence = sequence;
+    store
+        .put(id.as_str(), serde_json::to_vec(&hb).unwrap().into())
+        .await
+        .expect("put heartbeat");
+}
+
+/// The `DeviceSilent` events about `name`.
+async fn silent_events(client: &kube::Client, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("DeviceSilent"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted() {
+    let f = Fleet::start("liveness").await;
+    fleet_operator::kv::ensure_buckets(&f.js, &Default::default())
+        .await
+        .expect("buckets");
+    let heartbeats = f.js.get_key_value(layout::DEVICE_HEARTBEAT).await.unwrap();
+    let infos = f.js.get_key_value(layout::DEVICE_INFO).await.unwrap();
+    let devices: Api<Device> = Api::all(f.client.clone());
+    let live: Vec<DeviceId> = ["pi-a", "pi-b", "pi-c"]
+        .iter()
+        .map(|b| DeviceId::try_from(f.name(b).as_str()).unwrap())
+        .collect();
+    let quiet = DeviceId::try_from(f.name("pi-quiet").as_str()).unwrap();
+    // Every Device as an operator left it: a `lastHeartbeat` half an hour old (within the hourly refresh, so the
+    // operator keeps it), its agent's info in NATS.
+    let older = Timestamp::from_unix_ms(Timestamp::now().unix_ms() - 30 * 60 * 1000);
+    for id in live.iter().chain([&quiet]) {
+        let d: Device = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": {"name": id.as_str(), "labels": f.labels(json!({}))}, "spec": {}
+        }))
+        .unwrap();
+        devices.create(&PostParams::default(), &d).await.unwrap();
+        devices
+            .patch_status(
+                id.as_str(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"lastHeartbeat": older.to_string()}})),
+            )
+            .await
+            .unwrap();
+        let mut info = fixtures::device_info();
+        info.device_id = id.clone();
+        infos
+            .put(id.as_str(), serde_json::to_vec(&info).unwrap().into())
+            .await
+            .unwrap();
+    }
+    // The live fleet beats for the whole test; the quiet device beats once and falls silent before any operator.
+    let beating = {
+        let (store, live) = (heartbeats.clone(), live.clone());
+        tokio::spawn(async move {
+            for sequence in 1.. {
+                for id in &live {
+                    beat(&store, id, sequence).await;
+                }
+                tokio::time::sleep(BEAT).await;
+            }
+        })
+    };
+    beat(&heartbeats, &quiet, 1).await;
+    let silenced = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+
+    // Three restarts: two operators killed after a while each, then the third keeps running.
+    for n in 1..=2 {
+        let op = operator(&f, dir.path(), &format!("operator-{n}.log"));
+        tokio::time::sleep(RUN).await;
+        drop(op);
+    }
+    let _op = operator(&f, dir.path(), "operator-3.log");
+
+    // The silenced device is alerted within the threshold plus 30 s of its last heartbeat.
+    let deadline = silenced + SILENT_AFTER + Duration::from_secs(30);
+    loop {
+        if !silent_events(&f.client, quiet.as_str()).await.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no DeviceSilent event for {quiet} within {} s of its last heartbeat",
+            (SILENT_AFTER + Duration::from_secs(30)).as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let alerted_after = silenced.elapsed();
+    // The third operator keeps judging a while longer: still no alarm for a device that beats.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut false_alarms = Vec::new();
+    for id in &live {
+        for e in silent_events(&f.client, id.as_str()).await {
+            false_alarms.push(format!("{id}: {}", e.message.unwrap_or_default()));
+        }
+    }
+    beating.abort();
+    let logs: String = (1..=3)
+        .map(|n| {
+            std::fs::read_to_string(dir.path().join(format!("operator-{n}.log")))
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    assert!(
+        false_alarms.is_empty(),
+        "{} DeviceSilent events for devices that beat every {} s, over 3 operator starts:\n{}\n\nlogs:\n{logs}",
+        false_alarms.len(),
+        BEAT.as_secs(),
+        false_alarms.join("\n")
+    );
+    eprintln!(
+        "quiet device alerted {:.1} s after its last heartbeat (threshold {} s)",
+        alerted_after.as_secs_f64(),
+        SILENT_AFTER.as_secs()
+    );
+}
