@@ -228,6 +228,7 @@ fn main() {
                     task_run: None,
                 }),
                 writes_refused: None,
+                ..Default::default()
             });
             devices_objs.push(d);
             labels.insert(info.device_id, l);

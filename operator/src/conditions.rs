@@ -39,6 +39,9 @@ pub const HALTED: &str = "Halted";
 /// informational (the newer release is what a person asked for last).
 pub const SUPERSEDED: &str = "Superseded";
 
+/// Condition type (Device): the device is heard from ([`crate::liveness`]).
+pub const ONLINE: &str = "Online";
+
 /// Reason: placed (or resolved) successfully.
 pub const REASON_PLACED: &str = "Placed";
 /// Reason: the spec is invalid.
@@ -73,6 +76,10 @@ pub const REASON_HALTED: &str = "Halted";
 pub const REASON_NOT_HALTED: &str = "NotHalted";
 /// Reason (Superseded): a newer AgentRelease targets some of the same devices / none does.
 pub const REASON_NEWER_RELEASE: &str = "NewerRelease";
+/// Reason (Device, Online=True): its heartbeats arrive.
+pub const REASON_HEARTBEATING: &str = "Heartbeating";
+/// Reason (Device, Online=False): no heartbeat for longer than [`crate::liveness::OFFLINE_AFTER`].
+pub const REASON_SILENT: &str = "Silent";
 /// Most characters of a condition message (the API server's own limit is 32 KiB; people read these).
 pub const MAX_MESSAGE_CHARS: usize = 1024;
 

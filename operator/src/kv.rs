@@ -587,6 +587,16 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
             .collect()
     }
 
+    /// `f` of every live value with what the mirror knows of it.
+    pub fn collect<R>(&self, f: impl Fn(&T, &Seen<T>) -> R) -> BTreeMap<String, R> {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|(k, s)| Some((k.clone(), f(s.value.as_deref()?, s))))
+            .collect()
+    }
+
     /// Number of keys seen (including deleted ones).
     pub fn len(&self) -> usize {
         self.map.read().unwrap_or_else(|p| p.into_inner()).len()

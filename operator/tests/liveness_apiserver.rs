@@ -2,7 +2,9 @@
 //! kube-apiserver and a real nats-server, with a live fleet whose agents beat into `device-heartbeat` as the agent
 //! does while their Devices carry an older `lastHeartbeat` (the operator refreshes it only hourly). Restarted three
 //! times, the operator raises no `DeviceSilent` event for a device that beats; a device silenced before the
-//! restarts is still alerted within the silence threshold plus 30 s.
+//! restarts is still alerted within the silence threshold plus 30 s. The Devices' `Online` condition (kubectl's
+//! Online column) is written once for the live devices and never again across the restarts; the silenced device
+//! turns `Online=False` 90 s after its last heartbeat without any new report, the latest heartbeat written with it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use async_nats::jetstream::kv;
@@ -17,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod kube_common;
-use kube_common::{Fleet, API};
+use kube_common::{kubectl, Fleet, API};
 
 /// The alert threshold the operators run with (`--alert-silent-after`).
 const SILENT_AFTER: Duration = Duration::from_secs(20);
@@ -58,8 +60,8 @@ impl Drop for Kill {
     }
 }
 
-/// One heartbeat of `id` as the agent writes it: now by its clock, the next sequence.
-async fn beat(store: &kv::Store, id: &DeviceId, sequence: u64) {
+/// One heartbeat of `id` as the agent writes it: now by its clock, the next sequence. Returns its time.
+async fn beat(store: &kv::Store, id: &DeviceId, sequence: u64) -> Timestamp {
     let mut hb = fixtures::heartbeat();
     hb.device_id = id.clone();
     hb.at = Timestamp::now();
@@ -68,6 +70,7 @@ async fn beat(store: &kv::Store, id: &DeviceId, sequence: u64) {
         .put(id.as_str(), serde_json::to_vec(&hb).unwrap().into())
         .await
         .expect("put heartbeat");
+    hb.at
 }
 
 /// The `DeviceSilent` events about `name`.
@@ -133,16 +136,19 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
             }
         })
     };
-    beat(&heartbeats, &quiet, 1).await;
+    let quiet_beat = beat(&heartbeats, &quiet, 1).await;
     let silenced = Instant::now();
     let dir = tempfile::tempdir().unwrap();
 
     // Three restarts: two operators killed after a while each, then the third keeps running.
+    let mut second_started = None;
     for n in 1..=2 {
         let op = operator(&f, dir.path(), &format!("operator-{n}.log"));
         tokio::time::sleep(RUN).await;
         drop(op);
+        second_started.get_or_insert_with(Timestamp::now);
     }
+    let second_started = second_started.unwrap();
     let _op = operator(&f, dir.path(), "operator-3.log");
 
     // The silenced device is alerted within the threshold plus 30 s of its last heartbeat.
@@ -187,4 +193,80 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
         alerted_after.as_secs_f64(),
         SILENT_AFTER.as_secs()
     );
+
+    // Online: True on every live device since the first operator judged it, written once (its transition time
+    // before the second operator started: no restart wrote it again); kubectl shows it.
+    for id in &live {
+        let d = devices.get(id.as_str()).await.unwrap();
+        let (status, reason, since) =
+            online(&d).unwrap_or_else(|| panic!("{id}: no Online: {d:?}"));
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "Heartbeating"),
+            "{id}"
+        );
+        assert!(
+            since < second_started,
+            "{id}: Online written again at {since} (second operator started at {second_started})"
+        );
+        assert_eq!(kubectl_cell(id.as_str(), "ONLINE"), "True", "{id}");
+    }
+    // The silenced device turns Online=False 90 s after its last heartbeat, noticed without any new report.
+    let deadline = silenced + fleet_operator::liveness::OFFLINE_AFTER + Duration::from_secs(15);
+    let off = loop {
+        let d = devices.get(quiet.as_str()).await.unwrap();
+        if let Some(("False", since)) = online(&d).as_ref().map(|(s, _, t)| (s.as_str(), *t)) {
+            break (d, since);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{quiet} not Online=False within 105 s of its last heartbeat: {:?}",
+            d.status
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let offline_after = silenced.elapsed();
+    let (d, _) = off;
+    assert_eq!(online(&d).map(|(_, r, _)| r).as_deref(), Some("Silent"));
+    let status = d.status.unwrap_or_default();
+    assert_eq!(
+        status.last_heartbeat.as_deref(),
+        Some(quiet_beat.to_string().as_str()),
+        "the write that turns Online False carries the latest heartbeat"
+    );
+    assert_eq!(kubectl_cell(quiet.as_str(), "ONLINE"), "False");
+    eprintln!(
+        "quiet device Online=False {:.1} s after its last heartbeat (after {} s)",
+        offline_after.as_secs_f64(),
+        fleet_operator::liveness::OFFLINE_AFTER.as_secs()
+    );
+}
+
+/// The `Online` condition of `d`: status, reason, last transition.
+fn online(d: &Device) -> Option<(String, String, Timestamp)> {
+    let c = d
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Online")?;
+    let since: Timestamp = c.last_transition_time.0.to_string().parse().ok()?;
+    Some((c.status.clone(), c.reason.clone(), since))
+}
+
+/// The cell under `column` in `kubectl get fdev <name> -o wide`.
+fn kubectl_cell(name: &str, column: &str) -> String {
+    let (ok, table, stderr) = kubectl(&["get", "fdev", name, "-o", "wide"], "");
+    assert!(ok, "kubectl get fdev {name}: {stderr}");
+    let mut lines = table.lines();
+    let header = lines.next().expect("header");
+    let row = lines.next().expect("a row");
+    let start = header
+        .find(column)
+        .unwrap_or_else(|| panic!("{column} in {table}"));
+    row.get(start..)
+        .filter(|rest| !rest.starts_with(' '))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default()
+        .to_owned()
 }

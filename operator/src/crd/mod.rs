@@ -71,6 +71,8 @@ pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
     shortname = "fdev",
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.agentVersion"}"#,
     printcolumn = r#"{"name":"Arch","type":"string","jsonPath":".status.architecture"}"#,
+    printcolumn = r#"{"name":"Online","type":"string","jsonPath":".status.conditions[?(@.type==\"Online\")].status"}"#,
+    printcolumn = r#"{"name":"OnlineChanged","type":"date","priority":1,"jsonPath":".status.conditions[?(@.type==\"Online\")].lastTransitionTime"}"#,
     printcolumn = r#"{"name":"Heartbeat","type":"string","jsonPath":".status.lastHeartbeat"}"#,
     printcolumn = r#"{"name":"Upgrade","type":"string","jsonPath":".status.agentUpgrade.phase"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.agentUpgrade.reason"}"#,
@@ -131,6 +133,13 @@ pub struct DeviceStatus {
     /// when none was refused for an hour ([`crate::refusals`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writes_refused: Option<WritesRefused>,
+    /// `Online`: True (reason `Heartbeating`) while the device is heard from, False (reason `Silent`) after 90 s
+    /// (three missed 30-s heartbeats) without one; judged only once the operator watches the heartbeat bucket, by
+    /// when NATS stored each heartbeat rather than by the device's clock (docs/crds.md). Written when it changes,
+    /// never per heartbeat; `lastTransitionTime` is when the operator noticed the change (a silence within a
+    /// minute, by its periodic pass). Absent until first judged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 /// Where a device's agent upgrade is stuck.

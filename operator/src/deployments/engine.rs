@@ -232,14 +232,17 @@ pub async fn run_with(
         // but every write would first lose a race).
         let ready = link.is_some() && engine.mirrors.synced();
         let started = tokio::time::Instant::now();
+        let mut offline_in = None;
         if link.is_none() || ready {
-            engine.pass(link.as_ref(), nats_error).await;
+            offline_in = engine.pass(link.as_ref(), nats_error).await;
         }
         let pace_until = tokio::time::Instant::now() + paced(started.elapsed());
+        // The next pass comes when the next device goes silent for OFFLINE_AFTER (a heartbeat that changes nothing
+        // wakes no pass), within RESYNC at the latest.
         let wait = if link.is_none() {
             Duration::from_secs(2)
         } else {
-            RESYNC
+            offline_in.map_or(RESYNC, |d: Duration| d.min(RESYNC))
         };
         tokio::select! {
             _ = urgent.notified() => {}
@@ -470,18 +473,35 @@ impl Engine {
             desired: self.mirrors.desired.values(),
             intents: self.mirrors.intent.values(),
             refused: self.refusals.snapshot(),
+            liveness: plan::Liveness {
+                watched_since: self.mirrors.heartbeat.watched_since(),
+                beats: self.mirrors.heartbeat.collect(crate::liveness::Beat::of),
+            },
         }
     }
 
     /// One level-triggered pass: decide ([`plan::plan`], pure), then carry the plan out.
-    async fn pass(&self, link: Option<&Link>, nats_error: Option<String>) {
+    /// Returns how long until the next device heard from now goes silent for [`crate::liveness::OFFLINE_AFTER`]
+    /// (its `Online` condition turns False), if any is heard from.
+    async fn pass(&self, link: Option<&Link>, nats_error: Option<String>) -> Option<Duration> {
         let started = std::time::Instant::now();
         let snapshot = self.snapshot();
-        let mut plan = plan::plan(
-            &snapshot,
-            fleet_wire::Timestamp::now(),
-            &mut AttemptId::new_random,
-        );
+        let now = fleet_wire::Timestamp::now();
+        let offline_in = snapshot
+            .liveness
+            .watched_since
+            .and(
+                snapshot
+                    .liveness
+                    .beats
+                    .values()
+                    .map(|b| b.heard().plus(crate::liveness::OFFLINE_AFTER))
+                    .filter(|t| *t >= now)
+                    .min(),
+            )
+            // just past it: the device is silent for longer than OFFLINE_AFTER by then
+            .map(|t| t.since(now) + Duration::from_millis(10));
+        let mut plan = plan::plan(&snapshot, now, &mut AttemptId::new_random);
         let watch = std::mem::take(&mut plan.heartbeat_watch);
         *self
             .heartbeat_watch
@@ -491,6 +511,7 @@ impl Engine {
         drop(snapshot);
         crate::memory::give_back();
         crate::metrics::pass(started.elapsed());
+        offline_in
     }
 
     /// Carries out a plan: the NATS writes (compare-and-set), then statuses, events and Devices, whose

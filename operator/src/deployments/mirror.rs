@@ -4,8 +4,10 @@
 //! server carries writes that follow change, not N devices / 30 s for ever (Kubernetes moved node heartbeats out
 //! of NodeStatus for the same reason, KEP-589).
 
+use crate::conditions::{self, Want};
 use crate::crd::{DeviceStatus, Stalled};
 use fleet_wire::{AgentUpgradeStatus, DeviceInfo, DeviceWorkloadStatus, Heartbeat, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,14 +28,65 @@ pub struct Reported {
     pub workloads: Option<Arc<DeviceWorkloadStatus>>,
     /// fleet-auth's reports of refused writes ([`crate::refusals`]).
     pub refused: Option<crate::refusals::Record>,
+    /// The heartbeat with when NATS stored it (set with `heartbeat`), for [`crate::liveness`].
+    pub beat: Option<crate::liveness::Beat>,
 }
 
-/// The Device status to write at `now` (the operator's clock), given what is currently mirrored; `None` when
-/// nothing needs writing. `stalled` is set once the upgrade's phase outlasted its bound (the operator's periodic
-/// pass notices it without a new report).
+/// The `Online` condition wanted at `now`, or `None` when liveness is not judged (the current one stays).
+fn online(
+    current: Option<&DeviceStatus>,
+    r: &Reported,
+    watched_since: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Want> {
+    let facts = crate::liveness::Facts {
+        watched_since,
+        beat: r.beat,
+        recorded: current
+            .and_then(|c| c.last_heartbeat.as_deref())
+            .and_then(|t| t.parse().ok()),
+    };
+    let after = humantime::format_duration(crate::liveness::OFFLINE_AFTER);
+    // Messages without times or counts: the condition is written when it changes, never per heartbeat.
+    match crate::liveness::judge(&facts, crate::liveness::OFFLINE_AFTER, now) {
+        crate::liveness::Verdict::Unknown => None,
+        crate::liveness::Verdict::Heard(_) => Some(Want {
+            type_: conditions::ONLINE,
+            ok: true,
+            reason: conditions::REASON_HEARTBEATING,
+            message: format!("its heartbeats arrive (offline after {after} without one)"),
+        }),
+        crate::liveness::Verdict::Silent(_) => Some(Want {
+            type_: conditions::ONLINE,
+            ok: false,
+            reason: conditions::REASON_SILENT,
+            message: format!(
+                "no heartbeat for longer than {after}: check its power and network, then `systemctl status \
+                 fleet-agent` on it"
+            ),
+        }),
+    }
+}
+
+/// `t` as a Kubernetes time.
+fn kube_time(t: Timestamp) -> Time {
+    Time(
+        k8s_openapi::jiff::Timestamp::from_millisecond(
+            i64::try_from(t.unix_ms()).unwrap_or(i64::MAX),
+        )
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+/// The Device status to write at `now` (the operator's clock), given what is currently mirrored and since when
+/// the heartbeats are watched (`watched_since`: [`crate::kv::Mirror::watched_since`]); `None` when nothing needs
+/// writing. `stalled` is set once the upgrade's phase outlasted its bound and the `Online` condition turns False
+/// once the device is silent for [`crate::liveness::OFFLINE_AFTER`] (the operator's periodic pass notices both
+/// without a new report).
 pub fn device_status(
     current: Option<&DeviceStatus>,
     r: &Reported,
+    watched_since: Option<Timestamp>,
     now: Timestamp,
 ) -> Option<DeviceStatus> {
     let mut next = DeviceStatus {
@@ -81,7 +134,24 @@ pub fn device_status(
             r.refused.as_ref(),
             now,
         ),
+        conditions: Vec::new(),
     };
+    // Online: replaced when judged, kept as it is otherwise; other conditions are not this function's.
+    let old_conditions = current.map(|c| c.conditions.as_slice()).unwrap_or_default();
+    let old_online = old_conditions
+        .iter()
+        .find(|c| c.type_ == conditions::ONLINE);
+    let next_online = match online(current, r, watched_since, now) {
+        Some(want) => conditions::merge(old_conditions, &[want], None, &kube_time(now)).pop(),
+        None => old_online.cloned(),
+    };
+    let online_changed = next_online.as_ref().map(|c| &c.status) != old_online.map(|c| &c.status);
+    next.conditions = old_conditions
+        .iter()
+        .filter(|c| c.type_ != conditions::ONLINE)
+        .cloned()
+        .chain(next_online)
+        .collect();
     // A heartbeat's own agent version is fresher than the info's after a cutover.
     if let Some(h) = &r.heartbeat {
         if next.agent_version.is_some() {
@@ -89,8 +159,13 @@ pub fn device_status(
         }
     }
     let current = current.cloned().unwrap_or_default();
-    // Keep the written heartbeat while the new one is within the refresh.
-    if let (Some(old), Some(new)) = (&current.last_heartbeat, &next.last_heartbeat) {
+    // Keep the written heartbeat while the new one is within the refresh (unless the device just went online or
+    // offline: that write carries the latest heartbeat at no cost).
+    if let (Some(old), Some(new), false) = (
+        &current.last_heartbeat,
+        &next.last_heartbeat,
+        online_changed,
+    ) {
         let parse = |s: &str| s.parse::<Timestamp>().ok();
         if let (Some(o), Some(n)) = (parse(old), parse(new)) {
             if n.unix_ms() >= o.unix_ms() && n.since(o) < HEARTBEAT_REFRESH {
@@ -120,8 +195,9 @@ mod tests {
             upgrade: Some(Arc::new(fixtures::failed_status())),
             workloads: None,
             refused: None,
+            beat: None,
         };
-        let first = device_status(None, &base, now()).expect("first write");
+        let first = device_status(None, &base, None, now()).expect("first write");
         assert_eq!(first.agent_version, Some(hb.agent_version.clone()));
         assert_eq!(first.architecture, Some(info.architecture));
         assert_eq!(
@@ -131,7 +207,7 @@ mod tests {
         assert_eq!(first.last_heartbeat, Some(hb.at.to_string()));
 
         // unchanged: nothing to write
-        assert_eq!(device_status(Some(&first), &base, now()), None);
+        assert_eq!(device_status(Some(&first), &base, None, now()), None);
 
         // beats 10 s and 59 min later are not written; one an hour later is
         let beat = hb.at;
@@ -141,7 +217,11 @@ mod tests {
                 heartbeat: Some(Arc::new(hb.clone())),
                 ..base.clone()
             };
-            assert_eq!(device_status(Some(&first), &r, now()), None, "{secs} s");
+            assert_eq!(
+                device_status(Some(&first), &r, None, now()),
+                None,
+                "{secs} s"
+            );
         }
         hb.at = beat.plus(HEARTBEAT_REFRESH);
         let r = Reported {
@@ -149,7 +229,7 @@ mod tests {
             ..base.clone()
         };
         assert_eq!(
-            device_status(Some(&first), &r, now()).and_then(|s| s.last_heartbeat),
+            device_status(Some(&first), &r, None, now()).and_then(|s| s.last_heartbeat),
             Some(hb.at.to_string())
         );
 
@@ -160,7 +240,7 @@ mod tests {
             ..base.clone()
         };
         assert_eq!(
-            device_status(Some(&first), &r, now()).and_then(|s| s.agent_version),
+            device_status(Some(&first), &r, None, now()).and_then(|s| s.agent_version),
             Some(hb.agent_version.clone())
         );
 
@@ -169,7 +249,7 @@ mod tests {
             upgrade: Some(Arc::new(fixtures::upgrade_status())),
             ..base.clone()
         };
-        assert!(device_status(Some(&first), &r, now()).is_some());
+        assert!(device_status(Some(&first), &r, None, now()).is_some());
 
         // a workload report is summarized; a new measurement time alone writes nothing
         let mut ws = fixtures::workload_status();
@@ -177,14 +257,14 @@ mod tests {
             workloads: Some(Arc::new(ws.clone())),
             ..base.clone()
         };
-        let with = device_status(Some(&first), &r, now()).expect("workloads summarized");
+        let with = device_status(Some(&first), &r, None, now()).expect("workloads summarized");
         assert_eq!(with.workloads.as_ref().map(|w| w.running), Some(1));
         ws.at = ws.at.plus(Duration::from_secs(10));
         let r = Reported {
             workloads: Some(Arc::new(ws)),
             ..base.clone()
         };
-        assert_eq!(device_status(Some(&with), &r, now()), None);
+        assert_eq!(device_status(Some(&with), &r, None, now()), None);
 
         // an upgrade preparing since t(0): not stalled within 9 min + 1 min slack; stalled after, with its phase
         // and since when, and that stays put (no write per pass) while it lasts
@@ -195,9 +275,9 @@ mod tests {
             ..base.clone()
         };
         let at = |secs| since.plus(Duration::from_secs(secs));
-        let calm = device_status(Some(&first), &r, at(600)).expect("upgrade written");
+        let calm = device_status(Some(&first), &r, None, at(600)).expect("upgrade written");
         assert_eq!(calm.stalled, None);
-        let stuck = device_status(Some(&calm), &r, at(601)).expect("stalled written");
+        let stuck = device_status(Some(&calm), &r, None, at(601)).expect("stalled written");
         assert_eq!(
             stuck.stalled,
             Some(Stalled {
@@ -206,7 +286,7 @@ mod tests {
                 task_run: None,
             })
         );
-        assert_eq!(device_status(Some(&stuck), &r, at(3600)), None);
+        assert_eq!(device_status(Some(&stuck), &r, None, at(3600)), None);
 
         // a TaskRun's stall (the TaskRun controller's) is kept as it is; an agent upgrade's stall replaces it
         let task = Stalled {
@@ -216,8 +296,8 @@ mod tests {
         };
         let mut marked = calm.clone();
         marked.stalled = Some(task.clone());
-        assert_eq!(device_status(Some(&marked), &r, at(600)), None);
-        let over = device_status(Some(&marked), &r, at(601)).expect("agent stall wins");
+        assert_eq!(device_status(Some(&marked), &r, None, at(600)), None);
+        let over = device_status(Some(&marked), &r, None, at(601)).expect("agent stall wins");
         assert_eq!(over.stalled, stuck.stalled);
 
         // refused writes are shown, and gone an hour after the last
@@ -236,17 +316,102 @@ mod tests {
             refused: Some(rec),
             ..base.clone()
         };
-        let refused = device_status(Some(&first), &r, now()).expect("refusals shown");
+        let refused = device_status(Some(&first), &r, None, now()).expect("refusals shown");
         let shown = refused.writes_refused.clone().expect("writesRefused");
         assert_eq!((shown.count, shown.kind.as_str()), (4, "too-large"));
         let later = now().plus(crate::refusals::QUIET);
         assert_eq!(
-            device_status(Some(&refused), &r, later).map(|s| s.writes_refused),
+            device_status(Some(&refused), &r, None, later).map(|s| s.writes_refused),
             Some(None)
         );
 
-        // nothing reported at all: an empty status, written once
-        let empty = device_status(None, &Reported::default(), now());
+        // nothing reported at all: nothing written
+        let empty = device_status(None, &Reported::default(), None, now());
         assert_eq!(empty, None);
+    }
+
+    #[test]
+    fn online_is_written_when_liveness_changes() {
+        let info = fixtures::device_info();
+        let t0 = now();
+        let at = |secs: u64| t0.plus(Duration::from_secs(secs));
+        // The device beats at `secs`, by its clock and NATS's, seen arriving.
+        let beating = |secs: u64| {
+            let mut hb = fixtures::heartbeat();
+            hb.at = at(secs);
+            Reported {
+                info: Some(Arc::new(info.clone())),
+                heartbeat: Some(Arc::new(hb)),
+                beat: Some(crate::liveness::Beat {
+                    at: at(secs),
+                    stored: Some(at(secs)),
+                    arrived: true,
+                }),
+                ..Default::default()
+            }
+        };
+        let online = |s: &DeviceStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == conditions::ONLINE)
+                .map(|c| {
+                    (
+                        c.status.clone(),
+                        c.reason.clone(),
+                        c.last_transition_time.clone(),
+                    )
+                })
+        };
+        let watched = Some(t0);
+        // Heartbeats not watched yet (an operator starting): no Online at all.
+        let first = device_status(None, &beating(0), None, at(1)).expect("first write");
+        assert_eq!(online(&first), None);
+        // Watched: Online=True from that pass on.
+        let on = device_status(Some(&first), &beating(0), watched, at(2)).expect("online");
+        assert_eq!(
+            online(&on),
+            Some(("True".into(), "Heartbeating".into(), kube_time(at(2))))
+        );
+        // Heartbeats every 30 s: no write, whatever their times.
+        for secs in [30, 60, 90, 120] {
+            assert_eq!(
+                device_status(Some(&on), &beating(secs), watched, at(secs + 1)),
+                None,
+                "beat at {secs} s"
+            );
+        }
+        // The last beat at 120 s: online 90 s after it, offline a second later, with the latest heartbeat written
+        // with it (the hourly refresh aside).
+        assert_eq!(
+            device_status(Some(&on), &beating(120), watched, at(210)),
+            None
+        );
+        let off = device_status(Some(&on), &beating(120), watched, at(211)).expect("offline");
+        assert_eq!(
+            online(&off),
+            Some(("False".into(), "Silent".into(), kube_time(at(211))))
+        );
+        assert_eq!(off.last_heartbeat, Some(at(120).to_string()));
+        // Each later pass: nothing to write; nor while the heartbeats are not watched (a watch opened anew).
+        assert_eq!(
+            device_status(Some(&off), &beating(120), watched, at(300)),
+            None
+        );
+        assert_eq!(
+            device_status(Some(&off), &beating(120), None, at(900)),
+            None
+        );
+        // Heard again: online, a new transition time.
+        let back = device_status(Some(&off), &beating(1000), watched, at(1001)).expect("back");
+        assert_eq!(
+            online(&back),
+            Some(("True".into(), "Heartbeating".into(), kube_time(at(1001))))
+        );
+        // A device clock two hours behind, its beats seen arriving: online by NATS's time.
+        let mut behind = beating(1030);
+        if let Some(b) = behind.beat.as_mut() {
+            b.at = t0;
+        }
+        assert_eq!(device_status(Some(&back), &behind, watched, at(1100)), None);
     }
 }

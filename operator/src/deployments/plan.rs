@@ -58,6 +58,18 @@ pub struct Snapshot {
     pub intents: BTreeMap<String, Arc<AgentUpgradeAttempt>>,
     /// Refused writes reported by fleet-auth ([`crate::refusals`]).
     pub refused: BTreeMap<String, crate::refusals::Record>,
+    /// Liveness ([`crate::liveness`]): since when the heartbeat mirror is watched (`None`: not judged) and each
+    /// heartbeat with when NATS stored it.
+    pub liveness: Liveness,
+}
+
+/// What a pass judges liveness from (a Device's `Online` condition).
+#[derive(Debug, Clone, Default)]
+pub struct Liveness {
+    /// [`crate::kv::Mirror::watched_since`] of the heartbeat mirror.
+    pub watched_since: Option<Timestamp>,
+    /// Each device's heartbeat as [`crate::liveness::Beat`].
+    pub beats: BTreeMap<String, crate::liveness::Beat>,
 }
 
 /// One agent-upgrade attempt to write, with what was decided from (so that a lost compare-and-set decides again
@@ -1032,12 +1044,15 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
             upgrade: s.upgrades.get(&id).cloned(),
             workloads: s.workloads.get(&id).cloned(),
             refused: s.refused.get(&id).cloned(),
+            beat: s.liveness.beats.get(&id).copied(),
         };
         // Nothing reported (yet, or by another fleet's NATS): leave the status alone.
         if reported == Reported::default() {
             continue;
         }
-        if let Some(next) = mirror::device_status(d.status.as_ref(), &reported, now) {
+        if let Some(next) =
+            mirror::device_status(d.status.as_ref(), &reported, s.liveness.watched_since, now)
+        {
             plan.device_statuses.push((id, next));
         }
     }
