@@ -384,7 +384,12 @@ fn stage(
             current,
             s.workloads.get(dev.as_str()).map(Arc::as_ref),
         );
-        if retry && observed == rollout::Observed::Failed {
+        if retry
+            && matches!(
+                observed,
+                rollout::Observed::Failed | rollout::Observed::CrashLooping
+            )
+        {
             plan.bump.insert(dev.clone());
             observed = rollout::Observed::Updating(None);
         }

@@ -159,6 +159,9 @@ pub enum Observed {
     Current,
     /// The attempt failed (or its rollback failed).
     Failed,
+    /// Runs the change and keeps restarting (a deployment's container, [`fleet_wire::WorkloadState::CrashLooping`]):
+    /// a soak failure, not a failed attempt.
+    CrashLooping,
 }
 
 /// Why a device counts as failed.
@@ -310,6 +313,7 @@ pub fn standing(observed: Observed, policy: &Policy, now: Timestamp) -> Standing
         Observed::Updating(_) => Standing::Updating,
         Observed::Current => Standing::Healthy,
         Observed::Failed => Standing::Failed(Failure::Attempt),
+        Observed::CrashLooping => Standing::Failed(Failure::CrashLooping),
         Observed::Committed {
             at,
             agent_started,
@@ -354,7 +358,7 @@ fn describe(id: &DeviceId, s: Standing) -> String {
         Standing::Failed(Failure::Attempt) => format!("{id} (attempt failed)"),
         Standing::Failed(Failure::Restarted) => format!("{id} (agent restarted during its soak)"),
         Standing::Failed(Failure::Silent) => format!("{id} (no heartbeat during its soak)"),
-        Standing::Failed(Failure::CrashLooping) => format!("{id} (agent crash-looping)"),
+        Standing::Failed(Failure::CrashLooping) => format!("{id} (crash-looping)"),
         _ => id.to_string(),
     }
 }
@@ -1404,5 +1408,29 @@ mod tests {
         // No rollout section: everyone is given the change at once, silent or not.
         let out = plan(&devices, &Policy::ALL_AT_ONCE, t(410));
         assert_eq!(out.release.len(), 2);
+    }
+
+    /// A halt is retryable only when an attempt failed: a soak failure (a crash loop, a restart, silence) is not
+    /// made healthy by a retry, and the halt's message must not propose one.
+    #[test]
+    fn only_failed_attempts_are_retryable() {
+        let p = policy(60, n(1), n(0));
+        let halt_of = |canary: Observed| {
+            plan(
+                &targets(&[("a", true, canary), ("b", false, Observed::Pending)]),
+                &p,
+                t(150),
+            )
+            .halt
+            .expect("halted")
+        };
+        assert!(halt_of(Observed::Failed).retryable);
+        let looping = halt_of(Observed::CrashLooping);
+        assert!(!looping.retryable);
+        assert_eq!(looping.devices, ["a (crash-looping)"]);
+        assert!(
+            !halt_of(agent(100, 130, 150, 1)).retryable,
+            "restarted in its soak"
+        );
     }
 }

@@ -56,7 +56,8 @@ pub fn observe(
         let of_spec = entry.is_some_and(|r| r.spec_digest.as_ref().is_none_or(|d| *d == digest));
         match entry.map(|r| r.state) {
             // A crash loop fails the device whenever it is seen: a restart alone only restarts the soak.
-            Some(WorkloadState::Failed | WorkloadState::CrashLooping) => return Observed::Failed,
+            Some(WorkloadState::Failed) => return Observed::Failed,
+            Some(WorkloadState::CrashLooping) => return Observed::CrashLooping,
             Some(WorkloadState::Exited) if of_spec => return Observed::Failed,
             Some(WorkloadState::Running)
                 if entry.is_some_and(|r| r.spec_digest.as_ref() == Some(&digest)) =>
@@ -182,7 +183,7 @@ mod tests {
                 "the new container is crash-looping",
                 Some(key(4, &news)),
                 Some(report(4, 50, &[(&new, CrashLooping, None)])),
-                Observed::Failed,
+                Observed::CrashLooping,
             ),
             (
                 "the new container exited",
