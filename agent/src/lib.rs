@@ -5,6 +5,9 @@
 pub mod agent;
 pub mod config;
 pub mod device;
+pub mod health;
+pub mod health_probe;
+pub mod health_worker;
 pub mod lock;
 pub mod logging;
 pub mod nats_kv;

@@ -702,10 +702,14 @@ pub fn unsettled(published: &RestartCounts, statuses: &[WorkloadStatus]) -> bool
 /// Per-workload status from the desired state, the observed containers and the last pass's failures, at `now`.
 /// A failed workload names the container of an older spec that still runs, if one does; a container of the
 /// desired spec that Podman keeps restarting is `crash-looping` ([`fleet_wire::workload::is_crash_looping`]).
+/// A running container of a workload with a health check reports its health ([`crate::health::reported`]:
+/// Podman's for a command check, the agent's `health` findings for an HTTP or TCP probe), and while unhealthy
+/// its error says why (`unhealthy: …`).
 pub fn statuses(
     desired: &[WorkloadSpec],
     observed: &[Observed],
     errors: &Errors,
+    health: &crate::health::Findings,
     now: Timestamp,
 ) -> Vec<WorkloadStatus> {
     desired
@@ -756,6 +760,17 @@ pub fn statuses(
                     rolled_back: f.rolled_back,
                 }
             });
+            // Only while the container of the desired spec runs: a failed, exited or crash-looping one says so itself.
+            let checked = o
+                .filter(|_| state == WorkloadState::Running)
+                .and_then(|o| crate::health::reported(w, o, health));
+            let error = error.or_else(|| match &checked {
+                Some((fleet_wire::HealthState::Unhealthy, why)) => Some(BoundedText::lossy(
+                    why.as_deref()
+                        .map_or_else(|| "unhealthy".to_owned(), |why| format!("unhealthy: {why}")),
+                )),
+                _ => None,
+            });
             WorkloadStatus {
                 name: w.name.clone(),
                 state,
@@ -774,7 +789,7 @@ pub fn statuses(
                         last_exit_code: (o.exited || state == WorkloadState::Exited)
                             .then_some(o.exit_code),
                     }),
-                health: None,
+                health: checked.map(|(h, _)| h),
             }
         })
         .collect()
@@ -783,6 +798,7 @@ pub fn statuses(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::Findings;
     use fleet_wire::fixtures;
     use fleet_wire::workload::LABEL_MANAGED;
 
@@ -807,6 +823,7 @@ mod tests {
             exited: false,
             created: 1,
             restarts_unknown: false,
+            health: None,
         }
     }
 
@@ -943,6 +960,7 @@ mod tests {
             &[web.clone(), db],
             &[observed("1", &web, "device-1", "running")],
             &errors,
+            &Findings::new(),
             NOW,
         );
         assert_eq!(s[0].state, WorkloadState::Running);
@@ -1166,6 +1184,7 @@ mod tests {
             &[next],
             &[observed("1", &web, "device-1", "running")],
             &errors,
+            &Findings::new(),
             NOW,
         );
         assert_eq!(s[0].state, WorkloadState::Failed);
@@ -1188,6 +1207,7 @@ mod tests {
             std::slice::from_ref(&web),
             &[observed("1", &web, "device-1", "running")],
             &Errors::new(),
+            &Findings::new(),
             NOW,
         );
         assert_eq!(
@@ -1216,17 +1236,35 @@ mod tests {
             },
         )]);
         let running = [observed("1", &web, "device-1", "running")];
-        let s = statuses(std::slice::from_ref(&fix), &running, &errors, NOW);
+        let s = statuses(
+            std::slice::from_ref(&fix),
+            &running,
+            &errors,
+            &Findings::new(),
+            NOW,
+        );
         assert_eq!(
             (s[0].state, s[0].error.as_ref(), s[0].failure.as_ref()),
             (WorkloadState::Missing, None, None)
         );
         // Still the failed spec: still failed. A failure of no one spec (a container not removed) always shows.
-        let s = statuses(std::slice::from_ref(&bad), &running, &errors, NOW);
+        let s = statuses(
+            std::slice::from_ref(&bad),
+            &running,
+            &errors,
+            &Findings::new(),
+            NOW,
+        );
         assert_eq!(s[0].state, WorkloadState::Failed);
         let mut anyspec = errors.clone();
         anyspec.get_mut(&web.name).expect("web").spec = None;
-        let s = statuses(std::slice::from_ref(&fix), &running, &anyspec, NOW);
+        let s = statuses(
+            std::slice::from_ref(&fix),
+            &running,
+            &anyspec,
+            &Findings::new(),
+            NOW,
+        );
         assert_eq!(s[0].state, WorkloadState::Failed);
     }
 
@@ -1244,6 +1282,7 @@ mod tests {
                 std::slice::from_ref(&web),
                 std::slice::from_ref(o),
                 &Errors::new(),
+                &Findings::new(),
                 now,
             )
             .remove(0)
@@ -1284,7 +1323,13 @@ mod tests {
         let calm = 1_000 + fleet_wire::workload::CRASH_LOOP_WINDOW.as_secs() + 1;
         assert_eq!(status(&o, at(calm)).state, WorkloadState::Running);
         // No container of the desired spec: nothing to count.
-        let s = statuses(std::slice::from_ref(&web), &[], &Errors::new(), at(1_005));
+        let s = statuses(
+            std::slice::from_ref(&web),
+            &[],
+            &Errors::new(),
+            &Findings::new(),
+            at(1_005),
+        );
         assert_eq!((s[0].state, s[0].restarts), (WorkloadState::Missing, None));
     }
 
@@ -1320,5 +1365,82 @@ mod tests {
             !unsettled(&one, &[status(WorkloadState::CrashLooping, 5)]),
             "reported"
         );
+    }
+
+    /// Health reaches the status only for a running container of the desired spec: the agent's finding for an
+    /// HTTP probe, Podman's state for a command check (with the failed check the agent read from Podman's log),
+    /// `starting` until a check decided; an unhealthy workload's error says so.
+    #[test]
+    fn health_is_reported_for_a_running_container_of_the_desired_spec() {
+        use crate::health::Probed;
+        use fleet_wire::HealthState::{Starting, Unhealthy};
+        let http = fixtures::workload_with_health("web", "http");
+        let cmd = fixtures::workload_with_health("job", "command");
+        let plain = fixtures::workload("plain");
+        let desired = [http.clone(), cmd.clone(), plain.clone()];
+        let mut web = observed("w", &http, "device-1", "running");
+        let mut job = observed("j", &cmd, "device-1", "running");
+        job.health = Some(Unhealthy);
+        let other = observed("p", &plain, "device-1", "running");
+        let found = Findings::from([
+            (
+                "w".to_string(),
+                Probed {
+                    state: Some(Unhealthy),
+                    error: Some("GET /healthz on port 8080 answered HTTP 503".into()),
+                },
+            ),
+            (
+                "j".to_string(),
+                Probed {
+                    state: None,
+                    error: Some("the check command failed: down".into()),
+                },
+            ),
+        ]);
+        let all = |web: &Observed, found: &Findings| {
+            statuses(
+                &desired,
+                &[web.clone(), job.clone(), other.clone()],
+                &Errors::new(),
+                found,
+                NOW,
+            )
+        };
+        let s = all(&web, &found);
+        let seen: Vec<_> = s
+            .iter()
+            .map(|s| {
+                (
+                    s.state,
+                    s.health,
+                    s.error.as_ref().map(|e| e.as_str().to_owned()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (
+                    WorkloadState::Running,
+                    Some(Unhealthy),
+                    Some("unhealthy: GET /healthz on port 8080 answered HTTP 503".into())
+                ),
+                (
+                    WorkloadState::Running,
+                    Some(Unhealthy),
+                    Some("unhealthy: the check command failed: down".into())
+                ),
+                (WorkloadState::Running, None, None),
+            ]
+        );
+        // Nothing decided yet: starting; Podman's unhealthy without its log read is still unhealthy.
+        let s = all(&web, &Findings::new());
+        assert_eq!((s[0].health, s[0].error.as_ref()), (Some(Starting), None));
+        assert_eq!(s[1].error.as_ref().map(|e| e.as_str()), Some("unhealthy"));
+        // Not running: no health.
+        web.state = "exited".into();
+        let s = all(&web, &found);
+        assert_eq!((s[0].state, s[0].health), (WorkloadState::Exited, None));
     }
 }

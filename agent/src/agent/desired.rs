@@ -103,7 +103,9 @@ impl Agent {
     /// Publishes the workload status; true when a workload is unsettled (restarted since the last one and not
     /// reported crash-looping yet), so the caller publishes again after [`reconcile::UNSETTLED_STATUS_INTERVAL`].
     pub(super) fn publish_status(&mut self) -> bool {
-        let Some(p) = &self.podman else { return false };
+        let Some(p) = self.podman.clone() else {
+            return false;
+        };
         let mut observed = match p.list_managed() {
             Ok(o) => o,
             Err(e) => {
@@ -112,12 +114,13 @@ impl Agent {
             }
         };
         p.count_restarts(&mut observed);
+        let health = self.observe_health(&p, &observed);
         let now = Timestamp::now();
         let s = DeviceWorkloadStatus {
             device_id: self.cfg.device_id.clone(),
             generation: self.generation,
             at: now,
-            workloads: reconcile::statuses(&self.desired, &observed, &self.errors, now),
+            workloads: reconcile::statuses(&self.desired, &observed, &self.errors, &health, now),
         };
         let unsettled = reconcile::unsettled(&self.published_restarts, &s.workloads);
         match put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {

@@ -86,6 +86,9 @@ impl Agent {
                     if let Some(w) = &mut self.worker {
                         w.finish();
                     }
+                    if let Some(h) = &mut self.health.worker {
+                        h.finish();
+                    }
                     return self.drain(at);
                 }
                 Ok(Event::Desired(c)) => {
@@ -96,6 +99,14 @@ impl Agent {
                 Ok(Event::Reconciled(r)) => {
                     // A pass that changed nothing (the resync's, mostly) leaves the published status true.
                     if self.on_reconciled(*r) || self.status_stale {
+                        let unsettled = self.publish_status();
+                        next_status = Instant::now() + self.status_interval(unsettled);
+                    }
+                }
+                Ok(Event::Health(f)) => {
+                    // Sent only when a container's health changed: published at once, not a status interval later.
+                    self.health.found = f;
+                    if !self.stopping() {
                         let unsettled = self.publish_status();
                         next_status = Instant::now() + self.status_interval(unsettled);
                     }

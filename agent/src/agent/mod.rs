@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 mod desired;
 mod drain;
 mod event_loop;
+mod health;
 mod upgrades;
 
 /// How long start-up waits for Podman, for the updater socket, and for each of its NATS reads and writes (a
@@ -58,6 +59,8 @@ enum Event {
     SystemIntent(String, Change),
     SystemAnswer(AttemptId, Box<Result<Response, String>>),
     Reconciled(Box<PassResult>),
+    /// The health worker's findings changed.
+    Health(crate::health::Findings),
 }
 
 struct Agent {
@@ -67,6 +70,8 @@ struct Agent {
     podman: Option<Podman>,
     /// Runs reconcile passes off the event thread; started by the main loop when Podman is enabled.
     worker: Option<Worker>,
+    /// Workload health checks: the health worker and what the status reports of them.
+    health: health::Health,
     nats: Nats,
     kv: Buckets,
     updater: UpdaterClient,
@@ -198,6 +203,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         paths,
         podman,
         worker: None,
+        health: Default::default(),
         nats,
         kv,
         updater,

@@ -1,12 +1,13 @@
 //! libpod REST API calls the agent needs: ping, list its labelled containers, make sure an image is present
-//! (pulling it only when it is missing), create, start, rename, stop, remove.
+//! (pulling it only when it is missing), create, start, rename, stop, remove, and Podman's health checks (the
+//! state of one, and running one where Podman's own timer does not).
 
 use super::http::{self, HttpError};
 use fleet_wire::workload::{
     LABEL_DEVICE, LABEL_MANAGED, LABEL_SCHEMA, LABEL_SCHEMA_VERSION, LABEL_SPEC_DIGEST,
     LABEL_WORKLOAD,
 };
-use fleet_wire::{DeviceId, WorkloadName, WorkloadSpec};
+use fleet_wire::{DeviceId, HealthProbe, HealthState, WorkloadName, WorkloadSpec};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -107,6 +108,8 @@ pub struct Observed {
     pub created: i64,
     /// The list carried no restart count (Podman before 4.4): [`Podman::count_restarts`] asks for it.
     pub restarts_unknown: bool,
+    /// Podman's health of a container with a healthcheck (libpod's list says it in `Status`); `None` without one.
+    pub health: Option<HealthState>,
 }
 
 #[derive(Deserialize)]
@@ -127,9 +130,51 @@ struct ListEntry {
     exit_code: i32,
     #[serde(default)]
     exited: bool,
+    /// Unix seconds in some versions, RFC 3339 text in Podman 4.3's libpod API.
     #[serde(default)]
-    created: i64,
+    created: serde_json::Value,
+    /// libpod's list puts the health here: `healthy`, `unhealthy`, `starting`, or empty without a healthcheck.
+    #[serde(default)]
+    status: String,
 }
+
+/// A list entry's creation time in Unix seconds; 0 when it cannot be read (the restart count is then asked for,
+/// which costs an inspect but never misses a restart).
+fn created_secs(v: &serde_json::Value) -> i64 {
+    match v {
+        serde_json::Value::Number(n) => n.as_i64().unwrap_or(0),
+        serde_json::Value::String(s) => s
+            .parse::<fleet_wire::Timestamp>()
+            .map(|t| i64::try_from(t.unix_ms() / 1000).unwrap_or(0))
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Podman's health name (libpod's list `Status`, inspect's `State.Health.Status`) as a health state; `None` for
+/// no healthcheck (empty) or a text this agent does not know.
+pub fn podman_health(s: &str) -> Option<HealthState> {
+    match s {
+        "healthy" => Some(HealthState::Healthy),
+        "unhealthy" => Some(HealthState::Unhealthy),
+        "starting" => Some(HealthState::Starting),
+        _ => None,
+    }
+}
+
+/// A container's healthcheck record as `inspect` shows it (`State.Health`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthLog {
+    /// Podman's health.
+    pub state: Option<HealthState>,
+    /// How many checks Podman recorded (it keeps the latest five): 0 means no check ever ran.
+    pub runs: usize,
+    /// The latest check's exit code and the start of its output.
+    pub last: Option<(i32, String)>,
+}
+
+/// Most characters of a check's output kept for an error text.
+const HEALTH_OUTPUT_CHARS: usize = 200;
 
 /// A libpod API client bound to one socket.
 #[derive(Debug, Clone)]
@@ -254,8 +299,9 @@ impl Podman {
                 restarts: e.restarts.unwrap_or(0),
                 exit_code: e.exit_code,
                 exited: e.exited,
-                created: e.created,
+                created: created_secs(&e.created),
                 restarts_unknown: e.restarts.is_none(),
+                health: podman_health(&e.status),
             })
             // Defence in depth: never act on a container without the label, whatever the filter did.
             .filter(|o| o.labels.get(LABEL_MANAGED).map(String::as_str) == Some("true"))
@@ -359,6 +405,81 @@ impl Podman {
             })
     }
 
+    /// The healthcheck record of container `id` (`State.Health` of its inspect).
+    pub fn health_log(&self, id: &str) -> Result<HealthLog, PodmanError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Run {
+            #[serde(default)]
+            exit_code: i32,
+            #[serde(default)]
+            output: String,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Health {
+            #[serde(default)]
+            status: String,
+            #[serde(default)]
+            log: Option<Vec<Run>>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct State {
+            #[serde(default)]
+            health: Option<Health>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Inspect {
+            state: State,
+        }
+        let body = self.call(
+            "GET",
+            &format!("/containers/{}/json", enc(id)),
+            None,
+            QUICK,
+            &[200],
+        )?;
+        let i: Inspect = serde_json::from_slice(&body).map_err(|e| PodmanError::Decode {
+            call: "inspect container".into(),
+            message: e.to_string(),
+        })?;
+        let h = i.state.health.unwrap_or(Health {
+            status: String::new(),
+            log: None,
+        });
+        let log = h.log.unwrap_or_default();
+        Ok(HealthLog {
+            state: podman_health(&h.status),
+            runs: log.len(),
+            last: log.last().map(|r| {
+                let out = r.output.trim();
+                let out: String = out.chars().take(HEALTH_OUTPUT_CHARS).collect();
+                (r.exit_code, out)
+            }),
+        })
+    }
+
+    /// Runs container `id`'s healthcheck once, now (`GET /containers/{id}/healthcheck`): Podman executes it and
+    /// records the result in the container's health, as its own timer would. True when this run passed. Bounded by
+    /// `timeout` (the check's own timeout, which Podman enforces, plus slack).
+    pub fn run_healthcheck(&self, id: &str, timeout: Duration) -> Result<bool, PodmanError> {
+        let body = self.call(
+            "GET",
+            &format!("/containers/{}/healthcheck", enc(id)),
+            None,
+            timeout,
+            &[200],
+        )?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| PodmanError::Decode {
+                call: "run healthcheck".into(),
+                message: e.to_string(),
+            })?;
+        Ok(v.get("Status").and_then(|s| s.as_str()) == Some("healthy"))
+    }
+
     /// Starts a container (already running is fine).
     pub fn start(&self, id: &str) -> Result<(), PodmanError> {
         self.call(
@@ -456,6 +577,22 @@ pub fn create_body(device: &DeviceId, spec: &WorkloadSpec) -> serde_json::Value 
     if !spec.command.is_empty() {
         body["command"] = json!(spec.command);
     }
+    if let Some(h) = spec.health_check.as_ref() {
+        if let HealthProbe::Command(argv) = &h.probe {
+            // Podman's native healthcheck: `podman ps` shows it, and Podman runs it from a systemd timer of its own
+            // (the agent runs it through the API where that timer does not exist: crate::health).
+            let ns = |secs: u32| u64::from(secs) * 1_000_000_000;
+            let mut test = vec!["CMD".to_owned()];
+            test.extend(argv.iter().cloned());
+            body["healthconfig"] = json!({
+                "Test": test,
+                "Interval": ns(h.interval_seconds),
+                "Timeout": ns(h.timeout_seconds),
+                "Retries": h.retries,
+                "StartPeriod": ns(h.start_period_seconds),
+            });
+        }
+    }
     body
 }
 
@@ -463,6 +600,33 @@ pub fn create_body(device: &DeviceId, spec: &WorkloadSpec) -> serde_json::Value 
 mod tests {
     use super::*;
     use fleet_wire::fixtures;
+
+    /// A list entry as Podman 4.3's libpod API writes it (captured from `GET /libpod/containers/json`): `Created`
+    /// is RFC 3339 text and there is no `Restarts`; a newer Podman writes Unix seconds. Either decodes.
+    #[test]
+    fn list_entries_of_podman_4_3_and_later_decode() {
+        let v43 = r#"{"Id":"ab","Names":["fleet-web"],"Labels":{},"State":"running","StartedAt":1796605634,
+            "ExitCode":0,"Exited":false,"Created":"2026-12-07T01:07:05.772509649Z","Status":""}"#;
+        let e: ListEntry = serde_json::from_str(v43).expect("4.3 entry");
+        assert_eq!(
+            (e.restarts, created_secs(&e.created)),
+            (None, 1_796_605_625)
+        );
+        let later =
+            r#"{"Id":"ab","State":"running","StartedAt":5,"Created":1796605625,"Restarts":2}"#;
+        let e: ListEntry = serde_json::from_str(later).expect("later entry");
+        assert_eq!(
+            (e.restarts, created_secs(&e.created)),
+            (Some(2), 1_796_605_625)
+        );
+        let odd = r#"{"Id":"ab","Created":"yesterday"}"#;
+        let e: ListEntry = serde_json::from_str(odd).expect("odd entry");
+        assert_eq!(
+            created_secs(&e.created),
+            0,
+            "unknown: the count is asked for"
+        );
+    }
 
     #[test]
     fn errors_are_worded_for_people() {
@@ -503,5 +667,35 @@ mod tests {
         assert_eq!(b["portmappings"][0]["host_port"], 8080);
         assert_eq!(b["restart_policy"], "always");
         assert_eq!(enc("a b/c"), "a%20b%2Fc");
+        assert!(b.get("healthconfig").is_none(), "no health check");
+    }
+
+    /// A command check becomes Podman's native healthcheck (argv form, nanoseconds); an HTTP or TCP probe is the
+    /// agent's and gives Podman none.
+    #[test]
+    fn create_body_carries_a_command_check_as_podmans_healthcheck() {
+        let w = fixtures::workload_with_health("web", "command");
+        let b = create_body(&fixtures::device(), &w);
+        assert_eq!(
+            b["healthconfig"],
+            json!({
+                "Test": ["CMD", "wget", "-q", "-O-", "http://127.0.0.1:8080/healthz"],
+                "Interval": 10_000_000_000u64,
+                "Timeout": 2_000_000_000u64,
+                "Retries": 3,
+                "StartPeriod": 15_000_000_000u64,
+            })
+        );
+        for kind in ["http", "tcp"] {
+            let b = create_body(
+                &fixtures::device(),
+                &fixtures::workload_with_health("web", kind),
+            );
+            assert!(b.get("healthconfig").is_none(), "{kind}");
+        }
+        assert_eq!(podman_health("unhealthy"), Some(HealthState::Unhealthy));
+        assert_eq!(podman_health("starting"), Some(HealthState::Starting));
+        assert_eq!(podman_health(""), None);
+        assert_eq!(podman_health("Up 3 seconds"), None);
     }
 }
