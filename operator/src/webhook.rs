@@ -246,6 +246,32 @@ mod tests {
                 ),
                 Some("FleetDeployment \"d\": spec.workloads[0]: "),
             ),
+            // a health check: accepted when valid, refused with the field's path otherwise
+            (
+                req(
+                    "FleetDeployment",
+                    json!({"metadata": {"name": "d"}, "spec": {"allowedGroups": ["g"], "workloads": [{"name": "w", "image": "nginx:1",
+                           "ports": [{"hostPort": 8080, "containerPort": 80}],
+                           "healthCheck": {"http": {"port": 80, "path": "/healthz"}, "intervalSeconds": 10}}]}}),
+                ),
+                None,
+            ),
+            (
+                req(
+                    "FleetDeployment",
+                    json!({"metadata": {"name": "d"}, "spec": {"allowedGroups": ["g"], "workloads": [{"name": "w", "image": "nginx:1",
+                           "healthCheck": {"tcp": {"port": 5432}, "intervalSeconds": 1}}]}}),
+                ),
+                Some("FleetDeployment \"d\": spec.workloads[0]: invalid workload: w: healthCheck.intervalSeconds: 1 is outside 5–3600"),
+            ),
+            (
+                req(
+                    "FleetDeployment",
+                    json!({"metadata": {"name": "d"}, "spec": {"allowedGroups": ["g"], "workloads": [{"name": "w", "image": "nginx:1",
+                           "healthCheck": {"command": ["pg_isready"], "retrys": 3}}]}}),
+                ),
+                Some("FleetDeployment \"d\": spec.workloads[0]: unknown field `retrys`"),
+            ),
             (
                 req(
                     "TaskSchedule",

@@ -1,8 +1,12 @@
 //! Workload health: the per-device `device-workload-status` records folded into bounded counts (running, failed,
-//! pending) and one latest error, for a FleetDeployment (over its targeted devices) and for a Device. Pure.
+//! pending) and one latest error, for a FleetDeployment (over its targeted devices) and for a Device. A workload
+//! whose health check fails (`unhealthy`) counts as failed, its error saying so; one whose check has not passed
+//! yet (`starting`) as pending. Pure.
 
 use crate::crd::WorkloadHealth;
-use fleet_wire::{BoundedText, DeviceWorkloadStatus, WorkloadSpec, WorkloadState, WorkloadStatus};
+use fleet_wire::{
+    BoundedText, DeviceWorkloadStatus, HealthState, WorkloadSpec, WorkloadState, WorkloadStatus,
+};
 
 /// Where one desired workload stands on one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,10 +30,20 @@ fn standing(w: &WorkloadSpec, reported: Option<&WorkloadStatus>) -> Standing {
         return Standing::Pending;
     }
     match r.state {
-        WorkloadState::Running => Standing::Running,
+        WorkloadState::Running => running(r),
         WorkloadState::CrashLooping => Standing::CrashLooping,
         WorkloadState::Failed | WorkloadState::Exited => Standing::Failed,
         WorkloadState::Starting | WorkloadState::Missing => Standing::Pending,
+    }
+}
+
+/// A running workload by its health: failed when its check fails, pending while it has not passed yet, running
+/// otherwise (no check, healthy, or a health a newer agent names that this operator does not know).
+fn running(r: &WorkloadStatus) -> Standing {
+    match r.health {
+        Some(HealthState::Unhealthy) => Standing::Failed,
+        Some(HealthState::Starting) => Standing::Pending,
+        _ => Standing::Running,
     }
 }
 
@@ -39,6 +53,17 @@ fn error_of(r: &WorkloadStatus) -> String {
             .unwrap_or_default()
     };
     match (&r.error, r.state) {
+        // The agent's text starts with `unhealthy: ` (what the failed check saw); said here whatever wrote it.
+        (Some(e), WorkloadState::Running) if r.health == Some(HealthState::Unhealthy) => {
+            if e.as_str().starts_with("unhealthy") {
+                e.as_str().to_owned()
+            } else {
+                format!("unhealthy: {}", e.as_str())
+            }
+        }
+        (None, WorkloadState::Running) if r.health == Some(HealthState::Unhealthy) => {
+            "unhealthy".into()
+        }
         (Some(e), _) => e.as_str().to_owned(),
         (None, WorkloadState::CrashLooping) => {
             let r = r.restarts.unwrap_or(fleet_wire::Restarts {
@@ -90,9 +115,16 @@ pub fn deployment<'a>(
 pub fn device(status: &DeviceWorkloadStatus) -> WorkloadHealth {
     let mut h = WorkloadHealth::default();
     for r in &status.workloads {
-        match r.state {
-            WorkloadState::Running => h.running += 1,
+        let standing = match r.state {
+            WorkloadState::Running => running(r),
             WorkloadState::Failed | WorkloadState::Exited | WorkloadState::CrashLooping => {
+                Standing::Failed
+            }
+            WorkloadState::Starting | WorkloadState::Missing => Standing::Pending,
+        };
+        match standing {
+            Standing::Running => h.running += 1,
+            Standing::Failed | Standing::CrashLooping => {
                 h.failed += 1;
                 if r.state == WorkloadState::CrashLooping {
                     h.crash_looping += 1;
@@ -102,7 +134,7 @@ pub fn device(status: &DeviceWorkloadStatus) -> WorkloadHealth {
                     h.latest_error = Some(BoundedText::lossy(text).as_str().to_owned());
                 }
             }
-            WorkloadState::Starting | WorkloadState::Missing => h.pending += 1,
+            Standing::Pending => h.pending += 1,
         }
     }
     h
@@ -213,5 +245,56 @@ mod tests {
         assert_eq!((h.running, h.failed, h.pending), (1, 1, 1));
         let e = h.latest_error.expect("error");
         assert!(e.starts_with("db: xxx") && e.chars().count() <= 1024, "{e}");
+    }
+
+    /// Health counts: an unhealthy workload is failed with its error saying `unhealthy` (the agent's text, or the
+    /// word alone), a `starting` one pending, a healthy one (or one a newer agent names otherwise) running; on a
+    /// FleetDeployment and on a Device alike.
+    #[test]
+    fn unhealthy_workloads_count_as_failed() {
+        use fleet_wire::HealthState::*;
+        let web = fixtures::workload_with_health("web", "http");
+        let with = |h: Option<HealthState>, error: Option<&str>| {
+            let mut r = st(&web, WorkloadState::Running, error);
+            r.health = h;
+            let mut s = fixtures::workload_status();
+            s.workloads = vec![r];
+            s
+        };
+        let rows = [
+            ("healthy", with(Some(Healthy), None), (1, 0, 0), None),
+            ("starting", with(Some(Starting), None), (0, 0, 1), None),
+            ("newer agent", with(Some(Unknown), None), (1, 0, 0), None),
+            (
+                "unhealthy, the agent's text",
+                with(
+                    Some(Unhealthy),
+                    Some("unhealthy: GET /healthz on port 8080 answered HTTP 503"),
+                ),
+                (0, 1, 0),
+                Some("web: unhealthy: GET /healthz on port 8080 answered HTTP 503"),
+            ),
+            (
+                "unhealthy, other text",
+                with(Some(Unhealthy), Some("HTTP 503")),
+                (0, 1, 0),
+                Some("web: unhealthy: HTTP 503"),
+            ),
+            (
+                "unhealthy, no text",
+                with(Some(Unhealthy), None),
+                (0, 1, 0),
+                Some("web: unhealthy"),
+            ),
+        ];
+        for (name, status, (r, f, p), err) in rows {
+            let h = device(&status);
+            assert_eq!((h.running, h.failed, h.pending), (r, f, p), "{name}");
+            assert_eq!(h.latest_error.as_deref(), err, "{name}");
+            assert_eq!(h.crash_looping, 0, "{name}");
+            let d = deployment([("d1", &web, Some(&status))]);
+            assert_eq!((d.running, d.failed, d.pending), (r, f, p), "{name}");
+            assert_eq!(d.latest_error, err.map(|e| format!("d1: {e}")), "{name}");
+        }
     }
 }

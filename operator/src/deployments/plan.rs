@@ -387,7 +387,9 @@ fn stage(
         if retry
             && matches!(
                 observed,
-                rollout::Observed::Failed | rollout::Observed::CrashLooping
+                rollout::Observed::Failed
+                    | rollout::Observed::CrashLooping
+                    | rollout::Observed::Unhealthy
             )
         {
             plan.bump.insert(dev.clone());

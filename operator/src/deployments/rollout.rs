@@ -162,6 +162,9 @@ pub enum Observed {
     /// Runs the change and keeps restarting (a deployment's container, [`fleet_wire::WorkloadState::CrashLooping`]):
     /// a soak failure, not a failed attempt.
     CrashLooping,
+    /// Runs the change and its health check fails (a deployment's workload reported `unhealthy`): a soak failure,
+    /// not a failed attempt.
+    Unhealthy,
 }
 
 /// Why a device counts as failed.
@@ -175,6 +178,8 @@ pub enum Failure {
     Silent,
     /// The updated agent keeps restarting ([`fleet_wire::workload::is_crash_looping`]), during its soak or after.
     CrashLooping,
+    /// A deployment's workload fails its health check on the device, during its soak or after.
+    Unhealthy,
 }
 
 impl Failure {
@@ -314,6 +319,7 @@ pub fn standing(observed: Observed, policy: &Policy, now: Timestamp) -> Standing
         Observed::Current => Standing::Healthy,
         Observed::Failed => Standing::Failed(Failure::Attempt),
         Observed::CrashLooping => Standing::Failed(Failure::CrashLooping),
+        Observed::Unhealthy => Standing::Failed(Failure::Unhealthy),
         Observed::Committed {
             at,
             agent_started,
@@ -359,6 +365,7 @@ fn describe(id: &DeviceId, s: Standing) -> String {
         Standing::Failed(Failure::Restarted) => format!("{id} (agent restarted during its soak)"),
         Standing::Failed(Failure::Silent) => format!("{id} (no heartbeat during its soak)"),
         Standing::Failed(Failure::CrashLooping) => format!("{id} (crash-looping)"),
+        Standing::Failed(Failure::Unhealthy) => format!("{id} (unhealthy)"),
         _ => id.to_string(),
     }
 }

@@ -6,13 +6,18 @@
 //! - *updated*: the device's desired-state key holds every workload of the deployment's spec as it is now;
 //! - *healthy*: the device reports every one of them running that spec (its digest), at a generation at least
 //!   the key's, each container started (its `startedAt`) at least `soakSeconds` before the report; a restart moves
-//!   `startedAt`, so the soak starts again. A report older than `heartbeatTimeoutSeconds` during the soak fails;
+//!   `startedAt`, so the soak starts again. A workload with a `healthCheck` counts as running only once it reports
+//!   `healthy` (`starting` keeps the device updating). A report older than `heartbeatTimeoutSeconds` during the
+//!   soak fails;
 //! - *failed*: one of them reports `failed` (the agent could not pull, create or start it), `crash-looping`
-//!   (Podman keeps restarting it) or `exited` for that spec;
+//!   (Podman keeps restarting it), `exited` for that spec, or runs it `unhealthy` (its health check failed
+//!   `retries` times in a row; during the soak or after, like a crash loop);
 //! - otherwise *updating*.
 
 use super::rollout::Observed;
-use fleet_wire::{DesiredState, DeviceWorkloadStatus, Timestamp, WorkloadSpec, WorkloadState};
+use fleet_wire::{
+    DesiredState, DeviceWorkloadStatus, HealthState, Timestamp, WorkloadSpec, WorkloadState,
+};
 use std::collections::BTreeSet;
 
 /// True when `current` (the device's desired-state key) holds every workload of `new`, exactly.
@@ -62,6 +67,16 @@ pub fn observe(
             Some(WorkloadState::Running)
                 if entry.is_some_and(|r| r.spec_digest.as_ref() == Some(&digest)) =>
             {
+                // With a health check, running the change means passing it: still `starting` is updating, and a
+                // failing check fails the device whenever it is seen, like a crash loop.
+                let health = entry.and_then(|r| r.health);
+                if w.health_check.is_some() && health != Some(HealthState::Healthy) {
+                    if health == Some(HealthState::Unhealthy) {
+                        return Observed::Unhealthy;
+                    }
+                    all_running = false;
+                    continue;
+                }
                 // The soak counts from the latest start; without one (an older agent) from the report itself,
                 // which only a zero soak passes.
                 let at = entry.and_then(|r| r.started_at).unwrap_or(report.at);
@@ -227,6 +242,121 @@ mod tests {
             [old]
         );
         assert!(previous(&[new], None).is_empty());
+    }
+
+    /// A workload with a health check: updating while its check is `starting` (or not reported), committed from
+    /// its start once `healthy`, failed whenever it reports `unhealthy`, during the soak or after; a workload
+    /// without a check is as before whatever `health` says.
+    #[test]
+    fn observe_health_table() {
+        use fleet_wire::HealthState::*;
+        let checked = fixtures::workload_with_health("web", "http");
+        let plain = fixtures::workload("db");
+        let two = [checked.clone(), plain.clone()];
+        let cur = key(4, &two);
+        let with = |h: Option<fleet_wire::HealthState>| {
+            let mut r = report(
+                4,
+                90,
+                &[
+                    (&checked, WorkloadState::Running, Some(40)),
+                    (&plain, WorkloadState::Running, Some(30)),
+                ],
+            );
+            r.workloads[0].health = h;
+            r
+        };
+        let committed = Observed::Committed {
+            at: t(40),
+            agent_started: None,
+            heartbeat: Some(t(90)),
+            restarts: None,
+        };
+        let rows = [
+            ("no health reported yet", None, Observed::Updating(None)),
+            ("starting", Some(Starting), Observed::Updating(None)),
+            (
+                "a value from a newer agent",
+                Some(Unknown),
+                Observed::Updating(None),
+            ),
+            (
+                "healthy: the soak counts from the start",
+                Some(Healthy),
+                committed,
+            ),
+            ("unhealthy", Some(Unhealthy), Observed::Unhealthy),
+        ];
+        for (name, h, want) in rows {
+            assert_eq!(observe(&two, Some(&cur), Some(&with(h))), want, "{name}");
+        }
+        // Health on a workload without a check changes nothing.
+        let mut r = with(Some(Healthy));
+        r.workloads[1].health = Some(Unhealthy);
+        r.workloads[0].health = Some(Healthy);
+        let only_plain = [plain.clone()];
+        assert!(matches!(
+            observe(&only_plain, Some(&key(4, &only_plain)), Some(&r)),
+            Observed::Committed { .. }
+        ));
+    }
+
+    /// An HTTP health check that starts failing after the update: the canary, soaking, reports `unhealthy`; the
+    /// rollout halts with it named `(unhealthy)`, proposes no retry (a soak failure, not a failed attempt), and
+    /// the others are not given the change. The canary keeps the new spec (its desired-state key is not
+    /// rewritten: the halt stops the rest; see docs/crds.md).
+    #[test]
+    fn an_unhealthy_canary_halts_the_rollout() {
+        let new = fixtures::workload_with_health("web", "http");
+        let news = [new.clone()];
+        let cur = key(4, &news);
+        let p = Policy::from_spec(Some(&crate::crd::RolloutSpec {
+            soak_seconds: Some(300),
+            max_unavailable: Some(
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1),
+            ),
+            ..Default::default()
+        }))
+        .expect("policy");
+        let mut healthy = report(4, 100, &[(&new, WorkloadState::Running, Some(40))]);
+        healthy.workloads[0].health = Some(fleet_wire::HealthState::Healthy);
+        let mut sick = healthy.clone();
+        sick.at = t(130);
+        sick.workloads[0].health = Some(fleet_wire::HealthState::Unhealthy);
+        let targets = |canary: Observed| -> Vec<Target> {
+            vec![
+                Target {
+                    id: DeviceId::try_from("a").expect("id"),
+                    canary: true,
+                    observed: canary,
+                    last_heartbeat: Some(t(100)),
+                },
+                Target {
+                    id: DeviceId::try_from("b").expect("id"),
+                    canary: false,
+                    observed: observe(&news, None, None),
+                    last_heartbeat: Some(t(100)),
+                },
+            ]
+        };
+        let soaking = plan(
+            &targets(observe(&news, Some(&cur), Some(&healthy))),
+            &p,
+            t(100),
+        );
+        assert_eq!(soaking.status.phase, RolloutPhase::Soaking);
+        assert!(soaking.release.is_empty() && soaking.halt.is_none());
+        let halted = plan(
+            &targets(observe(&news, Some(&cur), Some(&sick))),
+            &p,
+            t(130),
+        );
+        assert_eq!(halted.status.phase, RolloutPhase::Halted);
+        assert_eq!(halted.status.failed, 1);
+        assert!(halted.release.is_empty(), "the others keep the old spec");
+        let halt = halted.halt.expect("halt");
+        assert_eq!(halt.devices, ["a (unhealthy)"]);
+        assert!(!halt.retryable);
     }
 
     /// What the shared planner makes of a deployment's observations: a restart restarts the soak, a stale report

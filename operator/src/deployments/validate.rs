@@ -175,6 +175,23 @@ mod tests {
                 vec![json!({"name": "web", "image": "nginx latest"})],
                 Err("whitespace"),
             ),
+            (
+                vec![json!({"name": "web", "image": "nginx", "ports": [{"hostPort": 8080, "containerPort": 80}],
+                            "healthCheck": {"http": {"port": 80}}})],
+                Ok(1),
+            ),
+            (
+                vec![json!({"name": "db", "image": "postgres:16", "healthCheck": {"command": ["pg_isready"], "retries": 0}})],
+                Err("workloads[0]: invalid workload: db: healthCheck.retries: 0 is outside 1–10"),
+            ),
+            (
+                vec![json!({"name": "web", "image": "nginx", "healthCheck": {"http": {"port": 80}}})],
+                Err("workloads[0]: invalid workload: web: healthCheck.http.port: container port 80 is not published"),
+            ),
+            (
+                vec![json!({"name": "web", "image": "nginx", "healthCheck": {"tcp": {"port": 80}, "http": {"port": 80}}})],
+                Err("workloads[0]: invalid workload: web: healthCheck: needs exactly one of command, http or tcp"),
+            ),
             // every error, not only the first
             (
                 vec![
