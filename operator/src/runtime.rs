@@ -1,14 +1,14 @@
 //! The operator's one runtime, built once by `main` and taken by every controller and the dashboard: the
 //! Kubernetes client, one watch and cache per fleet kind, the one NATS connection with its settings, and the NATS
-//! mirrors that more than one of them reads (heartbeats for liveness, device info for capabilities). Nothing of
-//! it is a process global.
+//! mirrors that more than one of them reads (heartbeats for liveness, device info for capabilities, workload status
+//! for crash loops). Nothing of it is a process global.
 
 use crate::cache::Caches;
-use crate::deployments::engine::{heartbeat_mirror, HeartbeatWatch};
+use crate::deployments::engine::{heartbeat_mirror, workload_mirror, HeartbeatWatch};
 use crate::kv::{Mirror, NatsSettings};
 use crate::nats_link::NatsLink;
 use fleet_wire::kv as layout;
-use fleet_wire::{DeviceInfo, Heartbeat};
+use fleet_wire::{DeviceInfo, DeviceWorkloadStatus, Heartbeat};
 use kube::Client;
 use std::sync::Arc;
 
@@ -28,6 +28,9 @@ pub struct Runtime {
     /// The device-info mirror: the deployments controller keeps it current, the TaskRun controller reads
     /// capabilities from it.
     pub info: Arc<Mirror<DeviceInfo>>,
+    /// The workload-status mirror: the deployments controller keeps it current, the alerts read crash-looping
+    /// workloads from it.
+    pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
 }
 
 impl Runtime {
@@ -45,6 +48,7 @@ impl Runtime {
             client,
             nats: NatsLink::new(nats_url, nats),
             heartbeats: heartbeat_mirror(heartbeat_watch.clone()),
+            workloads: workload_mirror(heartbeat_watch.clone()),
             heartbeat_watch,
             info: Mirror::new(layout::DEVICE_INFO),
         }

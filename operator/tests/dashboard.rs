@@ -338,8 +338,9 @@ struct FleetView {
     versions: BTreeMap<String, u64>,
     /// Devices per heartbeat-age bucket, youngest first.
     ages: Vec<(&'static str, u64)>,
-    /// Workloads running, failed, pending over the Devices' `status.workloads`.
-    workloads: [u64; 3],
+    /// Workloads running, failed (not crash-looping), crash-looping, pending over the Devices'
+    /// `status.workloads`.
+    workloads: [u64; 4],
     /// Every AgentRelease / FleetDeployment of the test: kind, name, rollout status.
     rollouts: Vec<(
         &'static str,
@@ -390,7 +391,7 @@ impl Fleet {
             ]
             .map(|b| (b, 0))
             .to_vec(),
-            workloads: [0; 3],
+            workloads: [0; 4],
             rollouts: Vec::new(),
             runs: Vec::new(),
         };
@@ -402,8 +403,9 @@ impl Fleet {
                 .or_default() += 1;
             if let Some(w) = s.workloads {
                 v.workloads[0] += u64::from(w.running);
-                v.workloads[1] += u64::from(w.failed);
-                v.workloads[2] += u64::from(w.pending);
+                v.workloads[1] += u64::from(w.failed - w.crash_looping);
+                v.workloads[2] += u64::from(w.crash_looping);
+                v.workloads[3] += u64::from(w.pending);
             }
             let name = d.metadata.name.as_deref().unwrap();
             let hb: Option<fleet_wire::Heartbeat> = heartbeats
@@ -502,7 +504,8 @@ fn assert_overview_bars(dom: &str, v: &FleetView) {
         vec![
             ("workloads running".to_owned(), w[0]),
             ("workloads failed".to_owned(), w[1]),
-            ("workloads pending".to_owned(), w[2]),
+            ("workloads crash-looping".to_owned(), w[2]),
+            ("workloads pending".to_owned(), w[3]),
         ],
         "workloads"
     );
@@ -591,7 +594,7 @@ fn assert_fleet_metrics(m: &str, v: &FleetView) {
         v.versions.len(),
         "one series per version:\n{m}"
     );
-    for (state, n) in ["running", "failed", "pending"]
+    for (state, n) in ["running", "failed", "crash_looping", "pending"]
         .into_iter()
         .zip(v.workloads)
     {

@@ -1,14 +1,18 @@
-//! Liveness across operator restarts (issue 48, point 5): the real `fleet-operator` binary against the real
-//! kube-apiserver and a real nats-server, with a live fleet whose agents beat into `device-heartbeat` as the agent
-//! does while their Devices carry an older `lastHeartbeat` (the operator refreshes it only hourly). Restarted three
-//! times, the operator raises no `DeviceSilent` event for a device that beats; a device silenced before the
-//! restarts is still alerted within the silence threshold plus 30 s. The Devices' `Online` condition (kubectl's
-//! Online column) is written once for the live devices and never again across the restarts; the silenced device
-//! turns `Online=False` 90 s after its last heartbeat without any new report, the latest heartbeat written with it.
+//! Device health a person sees, through the real `fleet-operator` binary against the real kube-apiserver and a real
+//! nats-server (issue 48).
+//!
+//! Liveness across restarts: a live fleet whose agents beat into `device-heartbeat` as the agent does while their
+//! Devices carry an older `lastHeartbeat` (the operator refreshes it only hourly). Restarted three times, the
+//! operator raises no `DeviceSilent` event for a device that beats; a device silenced before the restarts is still
+//! alerted within the silence threshold plus 30 s. The Devices' `Online` condition (kubectl's Online column) is
+//! written once for the live devices and never again across the restarts; the silenced device turns
+//! `Online=False` 90 s after its last heartbeat without any new report, the latest heartbeat written with it.
+//!
+//! Crash loops: an agent and a workload that keep restarting show on their Devices and raise one event each.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use async_nats::jetstream::kv;
-use fleet_operator::crd::Device;
+use fleet_operator::crd::{CrashLooping, Device};
 use fleet_wire::kv as layout;
 use fleet_wire::{fixtures, DeviceId, Timestamp};
 use k8s_openapi::api::core::v1::Event;
@@ -75,13 +79,18 @@ async fn beat(store: &kv::Store, id: &DeviceId, sequence: u64) -> Timestamp {
 
 /// The `DeviceSilent` events about `name`.
 async fn silent_events(client: &kube::Client, name: &str) -> Vec<Event> {
+    events(client, name, "DeviceSilent").await
+}
+
+/// The events with `reason` about `name`.
+async fn events(client: &kube::Client, name: &str, reason: &str) -> Vec<Event> {
     Api::<Event>::namespaced(client.clone(), "default")
         .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
         .await
         .map(|l| l.items)
         .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("DeviceSilent"))
+        .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
 }
 
@@ -269,4 +278,138 @@ fn kubectl_cell(name: &str, column: &str) -> String {
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_default()
         .to_owned()
+}
+
+/// Crash loops are visible with no rollout running: a device whose agent restarted 4 times just now and one whose
+/// workload Podman keeps restarting. Each Device shows it (`status.agentRestarts`, `status.crashLooping`,
+/// kubectl's CrashLoop column) and each raises exactly one Warning event (`AgentCrashLooping`,
+/// `WorkloadCrashLooping`), however often the devices report the same again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_loops_show_on_the_device_and_raise_one_event_each() {
+    let f = Fleet::start("crashloop").await;
+    fleet_operator::kv::ensure_buckets(&f.js, &Default::default())
+        .await
+        .expect("buckets");
+    let store = |b: &'static str| {
+        let js = f.js.clone();
+        async move { js.get_key_value(b).await.unwrap() }
+    };
+    let (infos, heartbeats, statuses) = (
+        store(layout::DEVICE_INFO).await,
+        store(layout::DEVICE_HEARTBEAT).await,
+        store(layout::WORKLOAD_STATUS).await,
+    );
+    let devices: Api<Device> = Api::all(f.client.clone());
+    let agent = DeviceId::try_from(f.name("pi-agent").as_str()).unwrap();
+    let host = DeviceId::try_from(f.name("pi-host").as_str()).unwrap();
+    let started = Timestamp::now();
+    for (id, restarts) in [(&agent, 4), (&host, 0)] {
+        let d: Device = serde_json::from_value(json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": {"name": id.as_str(), "labels": f.labels(json!({}))}, "spec": {}
+        }))
+        .unwrap();
+        devices.create(&PostParams::default(), &d).await.unwrap();
+        let mut info = fixtures::device_info();
+        info.device_id = id.clone();
+        info.published_at = started;
+        info.restarts = Some(restarts);
+        infos
+            .put(id.as_str(), serde_json::to_vec(&info).unwrap().into())
+            .await
+            .unwrap();
+        beat(&heartbeats, id, 1).await;
+    }
+    let report = || {
+        let mut ws = fixtures::workload_status_crash_looping();
+        ws.device_id = host.clone();
+        ws.at = Timestamp::now();
+        serde_json::to_vec(&ws).unwrap()
+    };
+    statuses.put(host.as_str(), report().into()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let _op = operator(&f, dir.path(), "operator.log");
+
+    // The Devices show it.
+    let shown = kube_common::eventually("both Devices crash-looping", || async {
+        let a = devices.get(agent.as_str()).await.ok()?.status?;
+        let h = devices.get(host.as_str()).await.ok()?.status?;
+        (a.crash_looping.is_some() && h.crash_looping.is_some()).then_some((a, h))
+    })
+    .await;
+    let (a, h) = shown;
+    assert_eq!(
+        a.crash_looping,
+        Some(CrashLooping::Agent),
+        "the agent's device: {a:?}"
+    );
+    let restarts = a.agent_restarts.expect("agentRestarts");
+    assert_eq!(
+        (
+            restarts.count,
+            restarts.since.as_str(),
+            restarts.crash_looping
+        ),
+        (4, started.to_string().as_str(), true)
+    );
+    assert_eq!(h.crash_looping, Some(CrashLooping::Workloads), "{h:?}");
+    assert_eq!(h.workloads.as_ref().map(|w| w.crash_looping), Some(1));
+    assert_eq!(kubectl_cell(agent.as_str(), "CRASHLOOP"), "agent");
+    assert_eq!(kubectl_cell(host.as_str(), "CRASHLOOP"), "workloads");
+    assert_eq!(kubectl_cell(agent.as_str(), "AGENTRESTARTS"), "4");
+
+    // One event each, about the Device.
+    let agent_event = kube_common::eventually("AgentCrashLooping event", || async {
+        events(&f.client, agent.as_str(), "AgentCrashLooping")
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    let note = agent_event.message.unwrap_or_default();
+    assert!(
+        note.starts_with(&format!(
+            "Agent crash-looping: device {agent}. the agent restarted 4 times"
+        )),
+        "{note}"
+    );
+    let workload_event = kube_common::eventually("WorkloadCrashLooping event", || async {
+        events(&f.client, host.as_str(), "WorkloadCrashLooping")
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(
+        workload_event.involved_object.kind.as_deref(),
+        Some("Device")
+    );
+    assert_eq!(
+        workload_event.message.as_deref(),
+        Some(
+            format!(
+                "Workload crash-looping: workload web on device {host}. restarted 7 times, last exit code 3"
+            )
+            .as_str()
+        )
+    );
+    // The devices go on reporting the same (the agent republishes its workload status on a timer): no second
+    // event.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        statuses.put(host.as_str(), report().into()).await.unwrap();
+        beat(&heartbeats, &agent, 2).await;
+    }
+    assert_eq!(
+        events(&f.client, agent.as_str(), "AgentCrashLooping")
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(
+        events(&f.client, host.as_str(), "WorkloadCrashLooping")
+            .await
+            .len(),
+        1
+    );
 }

@@ -80,6 +80,8 @@ pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
     printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.workloads.running"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.workloads.failed"}"#,
     printcolumn = r#"{"name":"Error","type":"string","priority":1,"jsonPath":".status.workloads.latestError"}"#,
+    printcolumn = r#"{"name":"CrashLoop","type":"string","jsonPath":".status.crashLooping"}"#,
+    printcolumn = r#"{"name":"AgentRestarts","type":"integer","priority":1,"jsonPath":".status.agentRestarts.count"}"#,
     printcolumn = r#"{"name":"Refused","type":"integer","jsonPath":".status.writesRefused.count"}"#,
     printcolumn = r#"{"name":"Hold","type":"string","jsonPath":".metadata.annotations.fleet\\.nationtech\\.io/hold-workloads"}"#
 )]
@@ -140,6 +142,52 @@ pub struct DeviceStatus {
     /// minute, by its periodic pass). Absent until first judged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The agent's automatic restarts (`device-info`'s `restarts`: systemd's `NRestarts` of its unit when the
+    /// running agent started); absent from agents that do not report them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_restarts: Option<AgentRestarts>,
+    /// What on the device is crash-looping now: `agent` (its `agentRestarts.crashLooping`), `workloads` (some of its
+    /// `workloads.crashLooping`), or `agent-and-workloads`; absent when nothing is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash_looping: Option<CrashLooping>,
+}
+
+/// A device agent's restarts.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRestarts {
+    /// Automatic restarts after a failure since the unit was last started by a person, a boot or a cutover.
+    pub count: u32,
+    /// When the running agent started (`device-info`'s `publishedAt`, the device's clock; RFC 3339, UTC).
+    pub since: String,
+    /// True while the agent counts as crash-looping by fleet-wire's rule, judged on the operator's pass: at least 3
+    /// restarts, the latest start (`since`) within 10 minutes.
+    #[serde(default)]
+    pub crash_looping: bool,
+}
+
+/// What on a device is crash-looping.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CrashLooping {
+    /// The agent keeps restarting.
+    Agent,
+    /// Some workloads' containers keep restarting.
+    Workloads,
+    /// Both.
+    AgentAndWorkloads,
+}
+
+impl CrashLooping {
+    /// What is crash-looping given whether the agent is and whether some workloads are (`None`: nothing).
+    pub fn of(agent: bool, workloads: bool) -> Option<Self> {
+        match (agent, workloads) {
+            (true, true) => Some(Self::AgentAndWorkloads),
+            (true, false) => Some(Self::Agent),
+            (false, true) => Some(Self::Workloads),
+            (false, false) => None,
+        }
+    }
 }
 
 /// Where a device's agent upgrade is stuck.

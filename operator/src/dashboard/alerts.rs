@@ -18,6 +18,10 @@ pub enum AlertKind {
     /// A device's agent upgrade has stayed in one phase longer than that phase's bound allows, or it has not
     /// accepted a running TaskRun's intent within the accept timeout.
     DeviceStalled,
+    /// A device's agent keeps restarting (fleet-wire's crash-loop rule on `status.agentRestarts`).
+    AgentCrashLooping,
+    /// A workload's container keeps restarting on a device (reported `crash-looping` by the agent).
+    WorkloadCrashLooping,
     /// fleet-auth refused writes of a device recently (over its share, too large, not its key): a broken or
     /// compromised device.
     WritesRefused,
@@ -33,10 +37,12 @@ pub enum AlertKind {
 
 impl AlertKind {
     /// Every kind, in display order.
-    pub const ALL: [AlertKind; 8] = [
+    pub const ALL: [AlertKind; 10] = [
         Self::RollbackFailed,
         Self::DeviceSilent,
         Self::DeviceStalled,
+        Self::AgentCrashLooping,
+        Self::WorkloadCrashLooping,
         Self::WritesRefused,
         Self::CanaryFailed,
         Self::RunFailed,
@@ -56,6 +62,8 @@ impl AlertKind {
             Self::RollbackFailed => "DeviceRollbackFailed",
             Self::DeviceSilent => "DeviceSilent",
             Self::DeviceStalled => "DeviceStalled",
+            Self::AgentCrashLooping => "AgentCrashLooping",
+            Self::WorkloadCrashLooping => "WorkloadCrashLooping",
             Self::WritesRefused => "DeviceWritesRefused",
             Self::CanaryFailed => "TaskRunCanaryFailed",
             Self::RunFailed => "TaskRunFailed",
@@ -70,6 +78,8 @@ impl AlertKind {
             Self::RollbackFailed => "Agent rollback failed: device quarantined",
             Self::DeviceSilent => "Device silent",
             Self::DeviceStalled => "Device stalled",
+            Self::AgentCrashLooping => "Agent crash-looping",
+            Self::WorkloadCrashLooping => "Workload crash-looping",
             Self::WritesRefused => "Device writes refused",
             Self::CanaryFailed => "Task run stopped: a canary failed",
             Self::RunFailed => "Task run failed",
@@ -94,6 +104,14 @@ impl AlertKind {
                 "The updater bounds every phase and answers a new intent at once, so a stall means the \
                  updater or the agent is stopped or cannot report: run `systemctl status fleet-updater \
                  fleet-agent` and `journalctl -u fleet-updater` on the device (docs/updater.md)."
+            }
+            Self::AgentCrashLooping => {
+                "systemd keeps restarting the agent: read `journalctl -u fleet-agent` on the device for why \
+                 it exits; after an upgrade, the release's rollout halts on it (docs/crds.md)."
+            }
+            Self::WorkloadCrashLooping => {
+                "Podman keeps restarting the container: read `podman logs` of it on the device (the device page \
+                 shows its restarts and last exit code), then fix the image or the FleetDeployment's spec."
             }
             Self::WritesRefused => {
                 "The agent never writes this much or outside its own keys: read `journalctl -u fleet-agent` \
@@ -125,6 +143,13 @@ impl AlertKind {
 pub enum Subject {
     /// A Device (its name).
     Device(String),
+    /// One workload on a Device.
+    Workload {
+        /// The device (its name).
+        device: String,
+        /// The workload's name.
+        workload: String,
+    },
     /// A TaskRun.
     Run {
         /// Its namespace.
@@ -147,6 +172,9 @@ impl std::fmt::Display for Subject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Device(d) => write!(f, "device {d}"),
+            Self::Workload { device, workload } => {
+                write!(f, "workload {workload} on device {device}")
+            }
             Self::Run { namespace, name } => write!(f, "task run {namespace}/{name}"),
             Self::Holder { group, id } => write!(f, "{id} in FleetLock group {group}"),
             Self::FleetLock => f.write_str("the FleetLock server"),
@@ -216,6 +244,24 @@ pub struct DeviceFacts<'a> {
     /// Its `status.stalled` (only a TaskRun's stall is read from it: an agent upgrade's is judged from
     /// `upgrade` at the evaluation's own time).
     pub stalled: Option<&'a crate::crd::Stalled>,
+    /// Its `status.agentRestarts` (crash-looping judged at the evaluation's own time).
+    pub agent_restarts: Option<&'a crate::crd::AgentRestarts>,
+    /// Its workloads reported `crash-looping` (from the workload-status mirror), with their restarts.
+    pub looping_workloads: Vec<(String, Option<fleet_wire::Restarts>)>,
+}
+
+/// `restarted N times, last exit code C`.
+pub fn restarts_text(r: Option<&fleet_wire::Restarts>) -> String {
+    match r {
+        None => "restarted, count not reported".into(),
+        Some(r) => format!(
+            "restarted {} times{}",
+            r.count,
+            r.last_exit_code
+                .map(|c| format!(", last exit code {c}"))
+                .unwrap_or_default()
+        ),
+    }
 }
 
 /// One TaskRun as the alerts see it.
@@ -284,6 +330,31 @@ pub fn evaluate<'a>(
                     "has not accepted the system-upgrade intent of TaskRun {run} (written {})",
                     s.since
                 ),
+            });
+        }
+        if let Some(a) = d.agent_restarts {
+            let since = super::html::parse_time(&a.since);
+            if fleet_wire::workload::is_crash_looping(a.count, since, now) {
+                out.push(Alert {
+                    kind: AlertKind::AgentCrashLooping,
+                    subject: Subject::Device(d.name.to_owned()),
+                    since,
+                    detail: format!(
+                        "the agent restarted {} times, the latest at {} (3 or more, the latest within 10 min)",
+                        a.count, a.since
+                    ),
+                });
+            }
+        }
+        for (w, r) in &d.looping_workloads {
+            out.push(Alert {
+                kind: AlertKind::WorkloadCrashLooping,
+                subject: Subject::Workload {
+                    device: d.name.to_owned(),
+                    workload: w.clone(),
+                },
+                since: None,
+                detail: restarts_text(r.as_ref()),
             });
         }
         if let Some((w, last)) = d
@@ -473,6 +544,26 @@ mod tests {
             ("starting", None),
             ("still-silent", Some(at(100_000 - 700))),
         ];
+        // Agent restarts: 3, the latest start 10 min ago: crash-looping; 10 min and 1 s ago: no longer; 2 just
+        // now: an incident. A workload reported crash-looping alerts on its own, whatever the agent does.
+        let agent = |count: u32, ago: u64| crate::crd::AgentRestarts {
+            count,
+            since: at(100_000 - ago).to_string(),
+            crash_looping: true, // as an earlier pass wrote it: judged again at the evaluation's time
+        };
+        let looping = vec![(
+            "web".to_owned(),
+            Some(fleet_wire::Restarts {
+                count: 7,
+                last_exit_code: Some(3),
+            }),
+        )];
+        let restarted = [
+            ("looper", agent(3, 600), Vec::new()),
+            ("calmed", agent(3, 601), Vec::new()),
+            ("incident", agent(2, 0), Vec::new()),
+            ("web-host", agent(0, 5000), looping),
+        ];
         // Refused an hour ago exactly: still shown; an hour and a second ago: history.
         let refusals = [
             ("flooder", at(100_000 - 3600)),
@@ -542,6 +633,8 @@ mod tests {
                     silent_before: None,
                     writes_refused: None,
                     stalled: None,
+                    agent_restarts: None,
+                    looping_workloads: Vec::new(),
                 })
                 .chain(refusals.iter().map(|(n, last)| DeviceFacts {
                     name: n,
@@ -550,6 +643,8 @@ mod tests {
                     silent_before: None,
                     writes_refused: Some((&refused, *last)),
                     stalled: None,
+                    agent_restarts: None,
+                    looping_workloads: Vec::new(),
                 }))
                 .chain([DeviceFacts {
                     name: "untaken",
@@ -558,7 +653,19 @@ mod tests {
                     silent_before: None,
                     writes_refused: None,
                     stalled: Some(&task_stall),
+                    agent_restarts: None,
+                    looping_workloads: Vec::new(),
                 }])
+                .chain(restarted.iter().map(|(n, a, w)| DeviceFacts {
+                    name: n,
+                    upgrade: None,
+                    heartbeat: beat(Some(at(99_990))),
+                    silent_before: None,
+                    writes_refused: None,
+                    stalled: None,
+                    agent_restarts: Some(a),
+                    looping_workloads: w.clone(),
+                }))
                 .chain(unjudged.iter().map(|(n, before)| DeviceFacts {
                     name: n,
                     upgrade: None,
@@ -569,6 +676,8 @@ mod tests {
                     silent_before: *before,
                     writes_refused: None,
                     stalled: None,
+                    agent_restarts: None,
+                    looping_workloads: Vec::new(),
                 })),
             runs.iter().map(|(n, s)| RunFacts {
                 namespace: "ops",
@@ -591,6 +700,11 @@ mod tests {
                 (AlertKind::DeviceSilent, "device still-silent".into()),
                 (AlertKind::DeviceStalled, "device stuck".into()),
                 (AlertKind::DeviceStalled, "device untaken".into()),
+                (AlertKind::AgentCrashLooping, "device looper".into()),
+                (
+                    AlertKind::WorkloadCrashLooping,
+                    "workload web on device web-host".into()
+                ),
                 (AlertKind::WritesRefused, "device flooder".into()),
                 (AlertKind::CanaryFailed, "task run ops/canary".into()),
                 (AlertKind::RunFailed, "task run ops/target".into()),
@@ -617,13 +731,22 @@ mod tests {
             super::super::html::parse_time("2026-12-01T10:00:00Z")
         );
         assert_eq!(
-            alerts[5].detail,
+            alerts[7].detail,
             "300 refused since 2026-12-01T10:00:00Z (latest: over-budget in device-heartbeat: over the \
              device's write budget)"
         );
-        assert!(alerts[6]
+        assert!(alerts[8]
             .detail
             .starts_with("CanaryFailed: 0 of 3 succeeded, 1 failed"));
+        assert_eq!(alerts[5].since, Some(at(100_000 - 600)));
+        assert_eq!(
+            alerts[5].detail,
+            format!(
+                "the agent restarted 3 times, the latest at {} (3 or more, the latest within 10 min)",
+                at(100_000 - 600)
+            )
+        );
+        assert_eq!(alerts[6].detail, "restarted 7 times, last exit code 3");
         // the same alerts again: nothing new; one gone and one back: only that one is new
         assert!(appeared(&alerts, &alerts).is_empty());
         assert_eq!(alerts[2].since, Some(at(100_000 - 700)), "kept as it was");

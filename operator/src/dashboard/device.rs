@@ -176,6 +176,24 @@ pub async fn read(state: &State, device: &DeviceId, runs: &[Arc<TaskRun>]) -> De
     out
 }
 
+/// The agent's restarts (`status.agentRestarts`): the count since its latest start, in red with `crash-looping`
+/// while fleet-wire's rule holds at `now`.
+pub fn agent_restarts(a: Option<&crate::crd::AgentRestarts>, now: Timestamp) -> Markup {
+    let Some(a) = a else {
+        return text("—");
+    };
+    let looping = fleet_wire::workload::is_crash_looping(a.count, parse_time(&a.since), now);
+    html! {
+        @if looping {
+            b.bad #agent-crash-looping { "crash-looping" } ": " span.bad { (a.count) }
+        } @else {
+            (a.count)
+        }
+        " automatic restarts; the running agent started "
+        (when(parse_time(&a.since), now))
+    }
+}
+
 /// The agent-upgrade transitions as timeline marks; failed and rolled-back phases are the bad ones.
 pub fn upgrade_marks(transitions: &[Transition<UpgradePhase>]) -> Vec<timeline::Mark> {
     transitions
@@ -229,17 +247,40 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
             ),
         ),
         ("last heartbeat", heartbeat),
+        (
+            "agent restarts",
+            agent_restarts(s.agent_restarts.as_ref(), now),
+        ),
     ]);
     let workloads = match &kv.workloads {
         None => html! { p.muted { "The device has not reported workloads." } },
         Some(w) => html! {
             p { "Reported " (when(Some(w.at), now)) " for generation " (w.generation) "." }
             (table(
-                &["workload", "state", "container", "error"],
+                &["workload", "state", "restarts", "container", "error"],
                 w.workloads.iter().map(|x| {
+                    let looping = x.state == fleet_wire::WorkloadState::CrashLooping;
                     vec![
                         text(name(&x.name)),
-                        text(name(&x.state)),
+                        html! {
+                            @if looping {
+                                b.bad data-crash-looping=(name(&x.name)) { (name(&x.state)) }
+                            } @else {
+                                (name(&x.state))
+                            }
+                        },
+                        html! {
+                            @match x.restarts {
+                                None => "—",
+                                Some(r) => {
+                                    @let shown = match r.last_exit_code {
+                                        Some(c) => format!("{} (last exit code {c})", r.count),
+                                        None => r.count.to_string(),
+                                    };
+                                    @if looping { span.bad { (shown) } } @else { (shown) }
+                                },
+                            }
+                        },
                         text(
                             x.container_id
                                 .as_deref()
@@ -311,7 +352,7 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
     page(
         &format!("Device {n}"),
         html! {
-            (some_alerts(alerts, |a| matches!(&a.subject, super::alerts::Subject::Device(x) if x == n), now))
+            (some_alerts(alerts, |a| matches!(&a.subject, super::alerts::Subject::Device(x) | super::alerts::Subject::Workload { device: x, .. } if x == n), now))
             @for e in &kv.errors {
                 p.bad { "Could not read: " (e) }
             }
@@ -328,4 +369,51 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_wire::fixtures;
+
+    /// A crash-looping agent and workload show in red with their restarts and the workload's last exit code; a
+    /// calm agent shows its count without either.
+    #[test]
+    fn crash_loops_show_in_red() {
+        let now = Timestamp::now();
+        let device = |since: Timestamp| -> Device {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+                "metadata": {"name": "pi-7"}, "spec": {},
+                "status": {"agentRestarts": {"count": 5, "since": since.to_string(), "crashLooping": true}}
+            }))
+            .expect("device")
+        };
+        let kv = DeviceKv {
+            workloads: Some(fixtures::workload_status_crash_looping()),
+            ..Default::default()
+        };
+        let page = render(&device(now), &kv, &[], now);
+        assert!(
+            page.contains(r#"<b class="bad" id="agent-crash-looping">crash-looping</b>: <span class="bad">5</span>"#),
+            "{page}"
+        );
+        assert!(
+            page.contains(r#"<b class="bad" data-crash-looping="web">crash-looping</b>"#),
+            "{page}"
+        );
+        assert!(
+            page.contains(r#"<span class="bad">7 (last exit code 3)</span>"#),
+            "{page}"
+        );
+        // The agent's latest start 11 minutes ago: no longer crash-looping (judged now, whatever was written).
+        let calm = render(
+            &device(Timestamp::from_unix_ms(now.unix_ms() - 11 * 60 * 1000)),
+            &DeviceKv::default(),
+            &[],
+            now,
+        );
+        assert!(!calm.contains("agent-crash-looping"), "{calm}");
+        assert!(calm.contains("<td>5 automatic restarts"), "{calm}");
+    }
 }

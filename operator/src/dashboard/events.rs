@@ -27,7 +27,7 @@ fn reference(
     runs: &Store<TaskRun>,
 ) -> ObjectReference {
     match &a.subject {
-        Subject::Device(name) => devices
+        Subject::Device(name) | Subject::Workload { device: name, .. } => devices
             .get(&ObjectRef::new(name))
             .map(|d| d.object_ref(&()))
             .unwrap_or_else(|| Device::new(name, Default::default()).object_ref(&())),
@@ -85,7 +85,7 @@ pub async fn publish(
     let reference = reference(a, pod, devices, runs);
     let published = match &a.subject {
         // cluster-scoped: recorded so that `kubectl describe` finds it (see crate::deployments::report)
-        Subject::Device(_) => {
+        Subject::Device(_) | Subject::Workload { .. } => {
             crate::deployments::report::publish_cluster_scoped(client, recorder, &ev, &reference)
                 .await
         }

@@ -104,8 +104,10 @@ pub fn heartbeat_ages(
 pub struct Workloads {
     /// Running with the desired spec.
     pub running: u64,
-    /// Failed on their device.
+    /// Failed on their device (crash-looping ones included).
     pub failed: u64,
+    /// Of the failed, those whose container keeps restarting (`crash-looping`).
+    pub crash_looping: u64,
     /// Not reported yet, starting, or being replaced.
     pub pending: u64,
     /// Devices whose status counts workloads (the rest have not reported any).
@@ -121,10 +123,37 @@ pub fn workloads(devices: &[Arc<Device>]) -> Workloads {
     {
         w.running += u64::from(h.running);
         w.failed += u64::from(h.failed);
+        w.crash_looping += u64::from(h.crash_looping);
         w.pending += u64::from(h.pending);
         w.devices += 1;
     }
     w
+}
+
+impl Workloads {
+    /// The workloads by state, each counted once: running, failed (not crash-looping), crash-looping, pending
+    /// (the overview's bar and `fleet_workloads`).
+    pub fn by_state(&self) -> [(&'static str, u64); 4] {
+        [
+            ("running", self.running),
+            ("failed", self.failed.saturating_sub(self.crash_looping)),
+            ("crash-looping", self.crash_looping),
+            ("pending", self.pending),
+        ]
+    }
+}
+
+/// Devices whose agent is crash-looping at `now` (fleet-wire's rule on `status.agentRestarts`, as the
+/// `AgentCrashLooping` alert judges it).
+pub fn agents_crash_looping(devices: &[Arc<Device>], now: Timestamp) -> u64 {
+    let looping = devices
+        .iter()
+        .filter_map(|d| d.status.as_ref()?.agent_restarts.as_ref())
+        .filter(|a| {
+            fleet_wire::workload::is_crash_looping(a.count, super::html::parse_time(&a.since), now)
+        })
+        .count();
+    u64::try_from(looping).unwrap_or(u64::MAX)
 }
 
 /// The kind label of a rollout.

@@ -129,11 +129,24 @@ pub fn render(state: &State) -> String {
     gauge_family(
         &mut registry,
         "fleet_workloads",
-        "Workloads on the fleet by state (running, failed, pending), summed over the Devices' status.workloads",
-        [("running", w.running), ("failed", w.failed), ("pending", w.pending)]
+        "Workloads on the fleet by state (running, failed, crash_looping, pending; each counted once: failed \
+         leaves the crash-looping out), summed over the Devices' status.workloads",
+        w.by_state()
             .into_iter()
-            .map(|(s, n)| (vec![("state", s.to_owned())], gauge(n)))
+            .map(|(s, n)| (vec![("state", s.replace('-', "_"))], gauge(n)))
             .collect(),
+    );
+    gauge_family(
+        &mut registry,
+        "fleet_agents_crash_looping",
+        "Devices whose agent is crash-looping now (3 or more automatic restarts, the latest within 10 minutes)",
+        BTreeMap::from([(
+            vec![],
+            gauge(counts::agents_crash_looping(
+                &devices,
+                fleet_wire::Timestamp::now(),
+            )),
+        )]),
     );
     gauge_family(
         &mut registry,
@@ -268,14 +281,16 @@ mod tests {
                 "a",
                 json!({}),
                 json!({"agentVersion": "2.0.0",
-                "workloads": {"running": 3, "failed": 1, "pending": 0}}),
+                "workloads": {"running": 3, "failed": 2, "pending": 0, "crashLooping": 1},
+                "agentRestarts": {"count": 4, "since": fleet_wire::Timestamp::now().to_string()}}),
             ),
             obj(
                 "Device",
                 "b",
                 json!({}),
                 json!({"agentVersion": "2.0.0",
-                "workloads": {"running": 4, "failed": 0, "pending": 2}}),
+                "workloads": {"running": 4, "failed": 0, "pending": 2},
+                "agentRestarts": {"count": 4, "since": "2026-12-01T10:00:00Z"}}),
             ),
             obj(
                 "Device",
@@ -332,6 +347,7 @@ mod tests {
                 obj("FleetDeployment", "d2", deployment_spec, json!({})),
             ]),
             heartbeats: crate::kv::Mirror::new(fleet_wire::kv::DEVICE_HEARTBEAT),
+            workloads: crate::kv::Mirror::new(fleet_wire::kv::WORKLOAD_STATUS),
             nats: RwLock::new(None),
             fleetlock: RwLock::new(Some(crate::dashboard::state::FleetLockView {
                 fetched_at: fleet_wire::Timestamp::now(),
@@ -381,7 +397,12 @@ mod tests {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
             .sum();
         assert_eq!(sum, 46, "every device counted once");
-        for (s, n) in [("running", 7), ("failed", 1), ("pending", 2)] {
+        for (s, n) in [
+            ("running", 7),
+            ("failed", 1),
+            ("crash_looping", 1),
+            ("pending", 2),
+        ] {
             assert_eq!(
                 value(&format!("fleet_workloads{{state=\"{s}\"}}")),
                 n,
@@ -407,10 +428,12 @@ mod tests {
             12
         );
         assert_eq!(value("fleet_fleetlock_status_up"), 0);
+        // one agent restarted 4 times just now; the other's restarts are long past
+        assert_eq!(value("fleet_agents_crash_looping"), 1);
         let help: Vec<&str> = out.lines().filter(|l| l.starts_with("# HELP")).collect();
         let families = out.lines().filter(|l| l.starts_with("# TYPE")).count();
         assert_eq!(help.len(), families, "every family has a HELP line: {out}");
-        assert_eq!(families, 17, "every family shows: {out}");
+        assert_eq!(families, 18, "every family shows: {out}");
         for l in help {
             assert!(l.ends_with('.') && !l.ends_with(".."), "{l}");
             let text = l.splitn(4, ' ').nth(3).unwrap_or_default();

@@ -92,6 +92,7 @@ pub async fn run(rt: &crate::runtime::Runtime, opts: Options) -> Result<(), Stri
         deployments: caches.deployments.subscribe(&unheard),
         releases: caches.releases.subscribe(&unheard),
         heartbeats,
+        workloads: rt.workloads.clone(),
         nats: RwLock::new(None),
         fleetlock: RwLock::new(None),
         alerts: RwLock::new(Vec::new()),
@@ -213,6 +214,8 @@ async fn watch_alerts(
                         .and_then(|s| s.writes_refused.as_ref())
                         .and_then(|w| Some((w, html::parse_time(&w.last_at)?))),
                     stalled: s.and_then(|s| s.stalled.as_ref()),
+                    agent_restarts: s.and_then(|s| s.agent_restarts.as_ref()),
+                    looping_workloads: state.looping_workloads(d),
                 }
             }),
             runs.iter().filter_map(|r| {

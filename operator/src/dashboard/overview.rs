@@ -20,6 +20,9 @@ use std::sync::Arc;
 pub fn subject_link(s: &Subject) -> Markup {
     match s {
         Subject::Device(d) => html! { "device " a href={ "/devices/" (url_part(d)) } { (d) } },
+        Subject::Workload { device, workload } => html! {
+            "workload " (workload) " on device " a href={ "/devices/" (url_part(device)) } { (device) }
+        },
         Subject::Run { namespace, name } => html! {
             "task run " a href={ "/runs/" (url_part(namespace)) "/" (url_part(name)) } { (namespace) "/" (name) }
         },
@@ -136,16 +139,21 @@ pub fn ages_bar(ages: &[(&'static str, u64)]) -> Markup {
     bar("devices by heartbeat age", &parts)
 }
 
-/// The fleet's workloads bar: running, failed and pending, summed over the Devices.
+/// The fleet's workloads bar: running, failed (not crash-looping), crash-looping and pending, summed over the
+/// Devices ([`Workloads::by_state`]).
 pub fn fleet_workloads_bar(w: &Workloads) -> Markup {
-    bar(
-        "workloads on the fleet",
-        &[
-            Part::new("workloads running", w.running, "#070"),
-            Part::new("workloads failed", w.failed, "#b00"),
-            Part::new("workloads pending", w.pending, "#bbb"),
-        ],
-    )
+    let colour = |state| match state {
+        "running" => "#070",
+        "failed" => "#b00",
+        "crash-looping" => "#600",
+        _ => "#bbb",
+    };
+    let parts: Vec<Part> = w
+        .by_state()
+        .into_iter()
+        .map(|(state, n)| Part::new(format!("workloads {state}"), n, colour(state)))
+        .collect();
+    bar("workloads on the fleet", &parts)
 }
 
 /// The path of a rollout's page.
@@ -344,6 +352,7 @@ mod tests {
     fn bars_show_the_fleets_counts() {
         let now = Timestamp::from_unix_ms(2_000_000_000_000);
         let w = |r: u32, f: u32, p: u32| json!({"running": r, "failed": f, "pending": p});
+        let looping = json!({"running": 0, "failed": 6, "pending": 0, "crashLooping": 4});
         let devices = vec![
             device(
                 "a",
@@ -358,7 +367,7 @@ mod tests {
                 "d",
                 json!({"agentVersion": "1.0.0", "workloads": w(5, 2, 1)}),
             ),
-            device("e", json!({"agentVersion": "1.0.0"})),
+            device("e", json!({"agentVersion": "1.0.0", "workloads": looping})),
             device("f", json!(null)),
         ];
         let beats: BTreeMap<&str, u64> =
@@ -433,11 +442,12 @@ mod tests {
             bar("workloads"),
             pairs(&[
                 ("workloads running", 10),
-                ("workloads failed", 3),
+                ("workloads failed", 5),
+                ("workloads crash-looping", 4),
                 ("workloads pending", 5),
             ])
         );
-        assert!(html.contains("Summed over the 3 devices"), "{html}");
+        assert!(html.contains("Summed over the 4 devices"), "{html}");
 
         // Rollouts not complete: the halted release and the soaking deployment, each linked, with its counts.
         assert_eq!(

@@ -8,7 +8,7 @@ use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use crate::kv::{Mirror, NatsError};
 use async_nats::jetstream::kv::Store;
 use fleet_wire::fleetlock::ServerStatus;
-use fleet_wire::{Heartbeat, Timestamp};
+use fleet_wire::{DeviceWorkloadStatus, Heartbeat, Timestamp, WorkloadState};
 use kube::runtime::reflector;
 use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
@@ -114,6 +114,9 @@ pub struct State {
     /// `device-heartbeat`, mirrored by the control loop: liveness is read here, not from the Device's
     /// `lastHeartbeat` (written only at a slow refresh: [`crate::deployments::mirror::HEARTBEAT_REFRESH`]).
     pub heartbeats: Arc<Mirror<Heartbeat>>,
+    /// `device-workload-status`, mirrored by the control loop: the workloads of a device whose Device counts some
+    /// crash-looping are read here (the alerts).
+    pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
     /// NATS, once connected.
     pub nats: RwLock<Option<Arc<Buckets>>>,
     /// `None` when no FleetLock server is configured or it was not read yet.
@@ -167,6 +170,34 @@ impl State {
                 .and_then(|s| s.last_heartbeat.as_deref())
                 .and_then(super::html::parse_time),
         }
+    }
+
+    /// The workloads `device` reports crash-looping, with their restarts, read from the workload-status mirror
+    /// only when its Device counts some (`status.workloads.crashLooping`).
+    pub fn looping_workloads(
+        &self,
+        device: &Device,
+    ) -> Vec<(String, Option<fleet_wire::Restarts>)> {
+        let counted = device
+            .status
+            .as_ref()
+            .and_then(|s| s.workloads.as_ref())
+            .is_some_and(|w| w.crash_looping > 0);
+        if !counted {
+            return Vec::new();
+        }
+        let name = device.metadata.name.as_deref().unwrap_or_default();
+        self.workloads.with(name, |s| {
+            s.and_then(|s| s.value.as_deref())
+                .map(|st| {
+                    st.workloads
+                        .iter()
+                        .filter(|w| w.state == WorkloadState::CrashLooping)
+                        .map(|w| (w.name.as_str().to_owned(), w.restarts))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
     }
 
     /// The NATS buckets, or why there are none yet.

@@ -106,14 +106,35 @@ pub fn heartbeat_mirror(watch: HeartbeatWatch) -> Arc<Mirror<Heartbeat>> {
     )
 }
 
+/// The `device-workload-status` mirror, whose watch wakes the loop for a changed report or any report of a device
+/// in `watch` (it can end a deployment's soak): the agent republishes its workload status on a timer, and a report
+/// that differs only in when it was measured is recorded quietly.
+pub fn workload_mirror(watch: HeartbeatWatch) -> Arc<Mirror<DeviceWorkloadStatus>> {
+    Mirror::waking_when(
+        layout::WORKLOAD_STATUS,
+        Box::new(
+            move |key, old: Option<&DeviceWorkloadStatus>, new| match (old, new) {
+                (Some(o), Some(n)) => {
+                    o.generation != n.generation
+                        || o.workloads != n.workloads
+                        || watch
+                            .read()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .contains(key)
+                }
+                _ => true,
+            },
+        ),
+    )
+}
+
 impl Mirrors {
-    /// The mirrors, `heartbeat` shared with the dashboard (made by [`heartbeat_mirror`]) and `info` with the TaskRun
-    /// controller (both kept current by this controller's watches); a workload report of a device in `watch` always
-    /// wakes the loop (it can end a deployment's soak).
+    /// The mirrors, `heartbeat` (made by [`heartbeat_mirror`]) and `workloads` (made by [`workload_mirror`]) shared
+    /// with the dashboard and `info` with the TaskRun controller (all kept current by this controller's watches).
     pub fn new(
         heartbeat: Arc<Mirror<Heartbeat>>,
         info: Arc<Mirror<DeviceInfo>>,
-        watch: HeartbeatWatch,
+        workloads: Arc<Mirror<DeviceWorkloadStatus>>,
     ) -> Self {
         Self {
             info,
@@ -121,24 +142,7 @@ impl Mirrors {
             upgrade: Mirror::new(layout::AGENT_UPGRADE_STATUS),
             desired: Mirror::new(layout::DESIRED_STATE),
             intent: Mirror::new(layout::AGENT_UPGRADE_INTENT),
-            // The agent republishes its workload status on a timer: a report that differs only in when it was
-            // measured is recorded quietly, unless its device is soaking.
-            workloads: Mirror::waking_when(
-                layout::WORKLOAD_STATUS,
-                Box::new(
-                    move |key, old: Option<&DeviceWorkloadStatus>, new| match (old, new) {
-                        (Some(o), Some(n)) => {
-                            o.generation != n.generation
-                                || o.workloads != n.workloads
-                                || watch
-                                    .read()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .contains(key)
-                        }
-                        _ => true,
-                    },
-                ),
-            ),
+            workloads,
         }
     }
 }
@@ -169,9 +173,10 @@ pub async fn run_with(
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
     let (client, caches, nats) = (rt.client.clone(), &rt.caches, &*rt.nats);
-    let (heartbeats, info, watch) = (
+    let (heartbeats, info, workloads, watch) = (
         rt.heartbeats.clone(),
         rt.info.clone(),
+        rt.workloads.clone(),
         rt.heartbeat_watch.clone(),
     );
     // Woken by what devices change (Device objects, every NATS mirror, refusals): paced ([`paced`]).
@@ -201,7 +206,7 @@ pub async fn run_with(
         groups,
         deployments,
         releases,
-        mirrors: Mirrors::new(heartbeats, info, watch.clone()),
+        mirrors: Mirrors::new(heartbeats, info, workloads),
         heartbeat_watch: watch,
         device_writes,
         refusals: Arc::default(),

@@ -5,7 +5,7 @@
 //! of NodeStatus for the same reason, KEP-589).
 
 use crate::conditions::{self, Want};
-use crate::crd::{DeviceStatus, Stalled};
+use crate::crd::{AgentRestarts, CrashLooping, DeviceStatus, Stalled};
 use fleet_wire::{AgentUpgradeStatus, DeviceInfo, DeviceWorkloadStatus, Heartbeat, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::sync::Arc;
@@ -135,7 +135,26 @@ pub fn device_status(
             now,
         ),
         conditions: Vec::new(),
+        agent_restarts: r.info.as_ref().and_then(|i| {
+            let count = i.restarts?;
+            Some(AgentRestarts {
+                count,
+                since: i.published_at.to_string(),
+                crash_looping: fleet_wire::workload::is_crash_looping(
+                    count,
+                    Some(i.published_at),
+                    now,
+                ),
+            })
+        }),
+        crash_looping: None,
     };
+    next.crash_looping = CrashLooping::of(
+        next.agent_restarts
+            .as_ref()
+            .is_some_and(|a| a.crash_looping),
+        next.workloads.as_ref().is_some_and(|w| w.crash_looping > 0),
+    );
     // Online: replaced when judged, kept as it is otherwise; other conditions are not this function's.
     let old_conditions = current.map(|c| c.conditions.as_slice()).unwrap_or_default();
     let old_online = old_conditions
@@ -180,6 +199,7 @@ pub fn device_status(
 mod tests {
     use super::*;
     use fleet_wire::{fixtures, Version};
+    use std::time::Duration;
 
     fn now() -> Timestamp {
         Timestamp::from_unix_ms(1_796_013_600_000)
@@ -328,6 +348,71 @@ mod tests {
         // nothing reported at all: nothing written
         let empty = device_status(None, &Reported::default(), None, now());
         assert_eq!(empty, None);
+    }
+
+    #[test]
+    fn crash_loops_show_with_the_agent_restarts() {
+        let mut info = fixtures::device_info();
+        let started = info.published_at;
+        let at = |secs: u64| started.plus(Duration::from_secs(secs));
+        let reported = |info: &DeviceInfo, workloads: Option<DeviceWorkloadStatus>| Reported {
+            info: Some(Arc::new(info.clone())),
+            workloads: workloads.map(Arc::new),
+            ..Default::default()
+        };
+        let shown = |s: &DeviceStatus| {
+            (
+                s.agent_restarts
+                    .as_ref()
+                    .map(|a| (a.count, a.crash_looping)),
+                s.crash_looping,
+            )
+        };
+        // (case, restarts, workloads crash-looping, seconds after the agent's start, shown)
+        type Row = (
+            &'static str,
+            Option<u32>,
+            bool,
+            u64,
+            (Option<(u32, bool)>, Option<CrashLooping>),
+        );
+        #[rustfmt::skip]
+        let rows: [Row; 7] = [
+            ("not reported", None, false, 1, (None, None)),
+            ("no restarts", Some(0), false, 1, (Some((0, false)), None)),
+            ("two restarts: an incident", Some(2), false, 1, (Some((2, false)), None)),
+            ("three, just started", Some(3), false, 1, (Some((3, true)), Some(CrashLooping::Agent))),
+            ("three, up 10 min", Some(3), false, 600, (Some((3, true)), Some(CrashLooping::Agent))),
+            ("three, up 10 min 1 s: stopped looping", Some(3), false, 601, (Some((3, false)), None)),
+            ("agent and a workload", Some(5), true, 1, (Some((5, true)), Some(CrashLooping::AgentAndWorkloads))),
+        ];
+        for (case, restarts, looping, secs, want) in rows {
+            info.restarts = restarts;
+            let ws = looping.then(fixtures::workload_status_crash_looping);
+            let s = device_status(None, &reported(&info, ws), None, at(secs)).expect(case);
+            assert_eq!(shown(&s), want, "{case}");
+            if let Some(a) = &s.agent_restarts {
+                assert_eq!(
+                    a.since,
+                    started.to_string(),
+                    "{case}: since the agent's start"
+                );
+            }
+        }
+        // Only workloads: the Device's count and its state say so.
+        info.restarts = Some(0);
+        let r = reported(&info, Some(fixtures::workload_status_crash_looping()));
+        let s = device_status(None, &r, None, at(1)).expect("workloads");
+        assert_eq!(s.crash_looping, Some(CrashLooping::Workloads));
+        assert_eq!(s.workloads.as_ref().map(|w| w.crash_looping), Some(1));
+        // The periodic pass ends an agent's loop without a new report: one write, then none.
+        info.restarts = Some(4);
+        let r = reported(&info, None);
+        let looping = device_status(None, &r, None, at(60)).expect("looping");
+        assert_eq!(device_status(Some(&looping), &r, None, at(300)), None);
+        let calm = device_status(Some(&looping), &r, None, at(601)).expect("loop over");
+        assert_eq!(calm.crash_looping, None);
+        assert_eq!(device_status(Some(&calm), &r, None, at(3600)), None);
     }
 
     #[test]
