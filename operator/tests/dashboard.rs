@@ -697,6 +697,13 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     ws.workloads[0].state = WorkloadState::Failed;
     ws.workloads[0].error = Some(BoundedText::lossy("pull localhost/web:2: image not known"));
     f.put(layout::WORKLOAD_STATUS, rolled.as_str(), &ws).await;
+    // The quarantined device also runs a workload that Podman keeps restarting: crash-looping.
+    let mut looping = fixtures::workload_status_crash_looping();
+    looping.device_id = stuck.clone();
+    looping.at = now;
+    looping.workloads[0].name = fleet_wire::WorkloadName::try_from("cache").unwrap();
+    f.put(layout::WORKLOAD_STATUS, stuck.as_str(), &looping)
+        .await;
 
     // Groups, a deployment whose workload carries a secret env value, and a TaskRun.
     let group = f.name("site-a");
@@ -966,7 +973,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
 
     // Every alert shows (the alert loop runs on every change, at most once a second).
     let b = base.clone();
-    let alerts_page = eventually("all five alerts", || {
+    let alerts_page = eventually("all six alerts", || {
         let b = b.clone();
         async move {
             let (code, body) = tokio::task::spawn_blocking(move || get(&b, "/alerts", Some(TOKEN)))
@@ -979,6 +986,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
                     "TaskRunCanaryFailed",
                     "FleetLockSlotHeldTooLong",
                     "DeviceWritesRefused",
+                    "WorkloadCrashLooping",
                 ]
                 .iter()
                 .all(|k| body.contains(&format!("data-alert=\"{k}\""))))
@@ -1017,6 +1025,10 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
                 "restore-failed".into(),
                 "&lt;Input/output error&gt;".into(),
                 "data-alert=\"DeviceRollbackFailed\"".into(),
+                // its crash-looping workload: in red, with its restarts and last exit code, and its alert
+                "<b class=\"bad\" data-crash-looping=\"cache\">crash-looping</b>".into(),
+                "<span class=\"bad\">7 (last exit code 3)</span>".into(),
+                "data-alert=\"WorkloadCrashLooping\"".into(),
             ],
         ),
         (
@@ -1384,6 +1396,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
             })
         };
         (has(stuck.as_str(), "DeviceRollbackFailed")
+            && has(stuck.as_str(), "WorkloadCrashLooping")
             && has(silent.as_str(), "DeviceSilent")
             && has(run_name, "TaskRunCanaryFailed")
             && has("fleet-operator-test", "FleetLockSlotHeldTooLong"))
@@ -1400,6 +1413,9 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     for want in [
         "fleet_alerts{alert=\"DeviceRollbackFailed\"} 1",
         "fleet_alerts{alert=\"TaskRunCanaryFailed\"} 1",
+        "fleet_alerts{alert=\"WorkloadCrashLooping\"} 1",
+        "fleet_alerts{alert=\"AgentCrashLooping\"} 0",
+        "fleet_agents_crash_looping 0",
         "fleet_alerts{alert=\"FleetLockConfigInvalid\"} 0",
         "fleet_devices{phase=\"rollback-failed\"} 1",
         "fleet_devices{phase=\"failed\"} 1",
