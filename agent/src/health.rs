@@ -211,8 +211,8 @@ pub struct Schedule {
 
 impl Schedule {
     /// Replaces the targets. A container already scheduled with the same start keeps its state and its next
-    /// check; a new one (or a restarted one) is `starting` with its first check one interval after its start
-    /// (now, if that is past: an agent that restarted checks at once).
+    /// check; a new one (or a restarted one) is `starting` with its first check on its interval's grid, one to two
+    /// intervals after its start ([`first_check`]; now, if that is past: an agent that restarted checks at once).
     pub fn set(&mut self, targets: Vec<Target>, now: Instant, wall: Timestamp) {
         let mut old = std::mem::take(&mut self.entries);
         for t in targets {
@@ -220,17 +220,11 @@ impl Schedule {
                 Some(e) if e.target.started_at == t.started_at && e.target.check == t.check => {
                     Entry { target: t, ..e }
                 }
-                _ => {
-                    let up = unix_secs(wall).saturating_sub(t.started_at).max(0);
-                    let first = Duration::from_secs(
-                        u64::from(t.check.interval_seconds).saturating_sub(up.unsigned_abs()),
-                    );
-                    Entry {
-                        next: now + first,
-                        tracker: Tracker::NEW,
-                        target: t,
-                    }
-                }
+                _ => Entry {
+                    next: now + first_check(&t, wall),
+                    tracker: Tracker::NEW,
+                    target: t,
+                },
             };
             self.entries.insert(entry.target.container.clone(), entry);
         }
@@ -302,6 +296,18 @@ impl Schedule {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+}
+
+/// How long from `wall` until the first check of `t`: at the first whole multiple of its interval (in Unix
+/// seconds) at least one interval after the container's start, so that checks of one interval fall on one grid
+/// and run in one wake-up, whatever their containers' start times (Podman's own timer starts one interval after
+/// the start: this is that, or up to one interval later). Zero when that is past (an agent that restarted checks at
+/// once).
+fn first_check(t: &Target, wall: Timestamp) -> Duration {
+    let interval = u64::from(t.check.interval_seconds.max(1));
+    let earliest = u64::try_from(t.started_at).unwrap_or(0) + interval;
+    let aligned_ms = earliest.div_ceil(interval) * interval * 1000;
+    Duration::from_millis(aligned_ms.saturating_sub(wall.unix_ms()))
 }
 
 fn unix_secs(t: Timestamp) -> i64 {
@@ -525,6 +531,26 @@ mod tests {
         // A container that is gone is forgotten.
         s.set(vec![], now, wall(70));
         assert!(s.is_empty() && s.next_due().is_none());
+    }
+
+    /// Containers started at different moments with one interval are checked in one wake-up: the first check of
+    /// each falls on the interval's grid of Unix seconds, one to two intervals after its start.
+    #[test]
+    fn checks_of_one_interval_share_a_grid() {
+        let a = fixtures::workload_with_health("web", "http"); // interval 10
+        let mut b = fixtures::workload_with_health("db", "tcp");
+        b.ports[0].host_port = 9090;
+        let mut oa = running(&a, "c-a");
+        let mut ob = running(&b, "c-b");
+        oa.started_at = START + 3;
+        ob.started_at = START + 8;
+        let t0 = Instant::now();
+        let mut s = Schedule::default();
+        s.set(targets(&[a, b], &[oa, ob], &BTreeSet::new()), t0, wall(9));
+        // Both at Unix second START + 20: 11 s from now; one wake-up runs both.
+        assert_eq!(s.next_due(), Some(t0 + Duration::from_secs(11)));
+        assert_eq!(s.due(t0 + Duration::from_secs(11)).len(), 2);
+        assert_eq!(s.next_due(), Some(t0 + Duration::from_secs(21)));
     }
 
     /// A check Podman keeps the state of: the schedule mirrors Podman's rules only to know when to publish;
