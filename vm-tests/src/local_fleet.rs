@@ -258,6 +258,21 @@ impl LocalFleet {
         )
     }
 
+    /// Publishes a crash-looping v3: it probes and starts as the real v3 (so it passes its self-test, becomes ready
+    /// and commits), then is SIGKILLed `after_secs` after every start; systemd (`Restart=on-failure`) starts it
+    /// again, and again. Its URL and SHA-256.
+    pub fn publish_crash_looping_v3(&self, after_secs: u64) -> (String, String) {
+        self.publish_script(
+            "fleet-agent-v3-crash-loop",
+            &format!(
+                "# a {V3} that commits, then dies {after_secs} s after each start\n\
+                 case \"$1\" in --self-test|--version|--help) exec {REAL_V3} \"$@\" ;; esac\n\
+                 ( sleep {after_secs}; kill -KILL $$ ) &\n\
+                 exec {REAL_V3} \"$@\""
+            ),
+        )
+    }
+
     /// Publishes a candidate "binary" `name` that runs the shell `body` (an ELF, see
     /// [`crate::builds::script_candidate`]; fault injection through the artifact itself, delivered by the real
     /// operator): its URL and SHA-256.
@@ -298,6 +313,17 @@ pub fn deployment_yaml(name: &str, group: &str, workload: &str) -> String {
         "apiVersion: {API_VERSION}\nkind: FleetDeployment\nmetadata:\n  name: {name}\nspec:\n  allowedGroups: [{group}]\n  \
          targetSelector: {{}}\n  workloads:\n    - name: {workload}\n      image: {image}\n      \
          command: [sleep, \"100000\"]\n",
+        image = crate::fleet::TEST_IMAGE
+    )
+}
+
+/// A FleetDeployment `name` whose one workload `name` exits with code 3 every 5 s under `restartPolicy: always`:
+/// Podman restarts it, and the agent reports it `crash-looping` from its third restart.
+pub fn crash_looping_deployment_yaml(name: &str, group: &str) -> String {
+    format!(
+        "apiVersion: {API_VERSION}\nkind: FleetDeployment\nmetadata:\n  name: {name}\nspec:\n  allowedGroups: [{group}]\n  \
+         targetSelector: {{}}\n  workloads:\n    - name: {name}\n      image: {image}\n      \
+         command: [sh, -c, \"sleep 5; exit 3\"]\n      restartPolicy: always\n",
         image = crate::fleet::TEST_IMAGE
     )
 }
@@ -362,4 +388,27 @@ pub fn taskrun_view(cluster: &Cluster, name: &str) -> Option<TaskRunView> {
         uid: v["metadata"]["uid"].as_str()?.to_string(),
         status: serde_json::from_value(v["status"].clone()).unwrap_or_default(),
     })
+}
+
+/// A KV bucket read as the services' own NATS user: the value at `key` and when NATS stored it.
+pub fn kv_entry<T: serde::de::DeserializeOwned>(
+    store: &fleet_rig::nats_client::kv::Store,
+    key: &str,
+) -> Option<(T, fleet_wire::Timestamp)> {
+    let e = store.entry(key).ok()??;
+    let v = serde_json::from_slice(&e.value).ok()?;
+    Some((v, fleet_wire::Timestamp::from_unix_ms(e.created_unix_ms)))
+}
+
+/// `device`'s report of its workload `name` in the `device-workload-status` bucket, when it is in `state`, and
+/// when NATS stored the report.
+pub fn reported_workload(
+    reports: &fleet_rig::nats_client::kv::Store,
+    device: &str,
+    name: &str,
+    state: fleet_wire::WorkloadState,
+) -> Option<(fleet_wire::WorkloadStatus, fleet_wire::Timestamp)> {
+    let (r, at): (fleet_wire::DeviceWorkloadStatus, _) = kv_entry(reports, device)?;
+    let w = r.workloads.into_iter().find(|w| w.name.as_str() == name)?;
+    (w.state == state).then_some((w, at))
 }

@@ -22,7 +22,9 @@
 
 use fleet_rig::nats_client as nats;
 use fleet_vm_tests::builds::{self, V2, V3};
-use fleet_vm_tests::local_fleet::{group_yaml, release_yaml, LocalFleet, REAL_V3};
+use fleet_vm_tests::local_fleet::{
+    group_yaml, kv_entry, release_yaml, reported_workload, LocalFleet, REAL_V3,
+};
 use fleet_wire::{kv, AgentUpgradeAttempt, AgentUpgradeStatus, Timestamp, UpgradePhase};
 use std::time::{Duration, Instant};
 
@@ -355,16 +357,6 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
     fleet.assert_no_secrets_in_logs();
 }
 
-/// A KV bucket read as the services' own NATS user: the value at `key` and when NATS stored it.
-fn entry<T: serde::de::DeserializeOwned>(
-    store: &nats::kv::Store,
-    key: &str,
-) -> Option<(T, Timestamp)> {
-    let e = store.entry(key).ok()??;
-    let v = serde_json::from_slice(&e.value).ok()?;
-    Some((v, Timestamp::from_unix_ms(e.created_unix_ms)))
-}
-
 /// The deployment `web` on the group `lab`: one workload `web` of `image` running `command`, staged with soak 0 and
 /// `maxUnavailable: 1`.
 fn web(image: &str, command: &str) -> String {
@@ -400,7 +392,7 @@ fn container(fleet: &LocalFleet, device: &str) -> Option<(u64, String, bool)> {
 /// given it; fixed (a good spec), the change rolls out from the canary and the error is gone.
 fn bad_image_never_takes_a_workload_down(fleet: &LocalFleet) {
     use fleet_vm_tests::fleet::TEST_IMAGE;
-    use fleet_wire::{DesiredState, DeviceWorkloadStatus, FailureReason, WorkloadState};
+    use fleet_wire::{DesiredState, FailureReason, WorkloadState};
     let cluster = &fleet.cluster;
     let js = nats::jetstream::new(fleet.nats.connect());
     let desired = js
@@ -411,7 +403,7 @@ fn bad_image_never_takes_a_workload_down(fleet: &LocalFleet) {
         .expect("workload-status bucket");
     let ids: Vec<&str> = std::iter::once(CANARY).chain(OTHERS).collect();
     let image_given = |d: &str| -> Option<(String, Timestamp)> {
-        let (s, at): (DesiredState, _) = entry(&desired, d)?;
+        let (s, at): (DesiredState, _) = kv_entry(&desired, d)?;
         let w = s.workloads.iter().find(|w| w.name.as_str() == "web")?;
         Some((w.image.clone(), at))
     };
@@ -441,15 +433,7 @@ fn bad_image_never_takes_a_workload_down(fleet: &LocalFleet) {
     let (report, reported_at) = cluster.wait(
         "the canary reports web failed",
         Duration::from_secs(60),
-        || {
-            let (r, at): (DeviceWorkloadStatus, _) = entry(&reports, CANARY)?;
-            let w = r
-                .workloads
-                .iter()
-                .find(|w| w.name.as_str() == "web")?
-                .clone();
-            (w.state == WorkloadState::Failed).then_some((w, at))
-        },
+        || reported_workload(&reports, CANARY, "web", WorkloadState::Failed),
     );
     let took = reported_at.since(given_at);
     eprintln!(

@@ -1,0 +1,380 @@
+//! Health over time on three whole devices, every part real: kube-apiserver + etcd, the `fleet-operator` binary
+//! (dashboard and alerts on), nats-server over TLS with the auth callout, and three nspawn Debian devices installed
+//! with device setup, one labelled `canary=true`. What a person does is `kubectl apply`; what is checked is what
+//! that person then reads (`kubectl get`, conditions, events, the dashboard) and what the devices hold (NATS keys,
+//! Podman). The scenarios run in order on the same devices:
+//!
+//! 1. A crash-looping container: a workload whose process exits every 5 s under `restartPolicy: always` is
+//!    reported `crash-looping` (with Podman's restart count) in NATS within 30 s of its third restart, then in the
+//!    Device's and the deployment's counts, a Warning event and the dashboard; a staged update that still
+//!    crash-loops halts at the canary and the other two keep the previous spec.
+//! 2. A silent device in a staged deployment: its agent frozen (SIGSTOP) after it was heard from, it is given the
+//!    change and never reports it; it is named `stalled` in `Progressing` and `status.rollout.stalled` within its
+//!    bound (heartbeat timeout plus the slack), keeps its `maxUnavailable` slot (the last device waits), and once
+//!    thawed the rollout completes.
+//! 3. A crash-looping agent release (ready, then killed 20 s after every start; `soakSeconds: 60`, one canary,
+//!    `maxUnavailable: 1`): the release halts on the canary and **stays halted for 5 minutes after the soak
+//!    window**, the other two never receive an intent, the halt proposes no retry of a soak failure, and the
+//!    Device reports the agent's restarts.
+
+use fleet_rig::nats_client as nats;
+use fleet_vm_tests::builds::{self, V3};
+use fleet_vm_tests::fleet::TEST_IMAGE;
+use fleet_vm_tests::local_fleet::{
+    group_yaml, kv_entry, release_yaml, reported_workload, LocalFleet,
+};
+use fleet_wire::{kv, DesiredState, Timestamp, UpgradePhase, WorkloadState};
+use std::time::{Duration, Instant};
+
+const CANARY: &str = "hlth-1";
+const OTHERS: [&str; 2] = ["hlth-2", "hlth-3"];
+/// One upgrade or rollout step on a loaded 2-core machine, well within this.
+const STEP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A FleetDeployment `name` on the group `lab` with one workload `name` running `sh -c <script>` under
+/// `restartPolicy: always`, with `rollout` (already indented YAML) when given.
+fn deployment(name: &str, script: &str, rollout: &str) -> String {
+    format!(
+        "apiVersion: fleet.nationtech.io/v1alpha1\nkind: FleetDeployment\nmetadata:\n  name: {name}\nspec:\n  \
+         allowedGroups: [lab]\n  targetSelector: {{}}\n  workloads:\n    - name: {name}\n      image: {TEST_IMAGE}\n      \
+         command: [sh, -c, \"{script}\"]\n      restartPolicy: always\n{rollout}"
+    )
+}
+
+fn logs(fleet: &LocalFleet) -> String {
+    fleet.device_logs()
+        + &format!(
+            "\n--- fleet-operator ---\n{}",
+            fleet.cluster.operator_log(80)
+        )
+}
+
+/// A dashboard page as a person's browser gets it (the bearer token the operator was started with).
+fn page(fleet: &LocalFleet, path: &str) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-sf", "--max-time", "10", "-H"])
+        .arg(format!(
+            "Authorization: Bearer {}",
+            fleet.cluster.dashboard_token()
+        ))
+        .arg(format!("{}{path}", fleet.cluster.dashboard_url()))
+        .output()
+        .unwrap_or_else(|e| panic!("curl: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn crash_loops_halt_and_stay_halted_silent_devices_stall() {
+    let started = Instant::now();
+    let ids: Vec<&str> = std::iter::once(CANARY).chain(OTHERS).collect();
+    let fleet = LocalFleet::start(&ids);
+    eprintln!("three devices set up in {:?}", started.elapsed());
+    let cluster = &fleet.cluster;
+    cluster.kubectl(&["label", "fdev", CANARY, "canary=true"]);
+    cluster.kubectl(&["label", "fdev", "--all", "site=lab"]);
+    cluster.apply(&group_yaml("lab", &[("site", "lab")]));
+
+    crash_looping_container(&fleet);
+    eprintln!(
+        "scenario 1 (a crash-looping container) done at {:?}",
+        started.elapsed()
+    );
+    silent_device_stalls(&fleet);
+    eprintln!(
+        "scenario 2 (a silent device stalls) done at {:?}",
+        started.elapsed()
+    );
+    crash_looping_agent_stays_halted(&fleet);
+    eprintln!(
+        "scenario 3 (a crash-looping agent stays halted) done at {:?}",
+        started.elapsed()
+    );
+    fleet.assert_no_secrets_in_logs();
+}
+
+/// Scenario 1.
+fn crash_looping_container(fleet: &LocalFleet) {
+    let cluster = &fleet.cluster;
+    let js = nats::jetstream::new(fleet.nats.connect());
+    let reports = js
+        .key_value(kv::WORKLOAD_STATUS)
+        .expect("workload-status bucket");
+    let desired = js
+        .key_value(kv::DESIRED_STATE)
+        .expect("desired-state bucket");
+    cluster.apply(&deployment("loop", "sleep 5; exit 3", ""));
+    // Podman's own count on the canary: the loop is established at the third restart.
+    let third = cluster.wait(
+        "Podman restarted the canary's container three times",
+        STEP_TIMEOUT,
+        || {
+            let c = fleet.device(CANARY).container("fleet-loop")?;
+            (c["RestartCount"].as_u64()? >= 3).then(Timestamp::now)
+        },
+    );
+    let (report, at) = cluster.wait(
+        "the canary reports loop crash-looping",
+        Duration::from_secs(60),
+        || reported_workload(&reports, CANARY, "loop", WorkloadState::CrashLooping),
+    );
+    let took = Duration::from_millis(at.unix_ms().saturating_sub(third.unix_ms()));
+    eprintln!("crash-looping in NATS {took:?} after Podman's third restart: {report:?}");
+    assert!(
+        took <= Duration::from_secs(30),
+        "crash-looping reached NATS {took:?} after the third restart: {report:?}"
+    );
+    assert!(
+        report.restarts.is_some_and(|r| r.count >= 3),
+        "the restart count: {report:?}"
+    );
+    // What a person reads: the Device, the deployment's counts, an event, the dashboard.
+    let seen = Instant::now();
+    cluster.wait(
+        "every Device counts its crash-looping workload",
+        Duration::from_secs(30),
+        || {
+            ids_all()
+                .iter()
+                .all(|d| {
+                    cluster
+                        .get_json(&["fdev", d])
+                        .is_some_and(|v| v["status"]["workloads"]["crashLooping"] == 1)
+                })
+                .then_some(())
+        },
+    );
+    let counts = cluster.wait(
+        "the deployment counts three crash-looping workloads",
+        Duration::from_secs(30),
+        || {
+            let d = cluster.get_json(&["fdep", "loop"])?;
+            let w = d["status"]["workloads"].clone();
+            (w["crashLooping"] == 3 && w["failed"] == 3).then_some(w)
+        },
+    );
+    let latest = counts["latestError"].as_str().unwrap_or_default();
+    assert!(latest.contains("crash-looping: restarted"), "{counts:#}");
+    let warnings = cluster.wait(
+        "a Warning event about the crash loop",
+        Duration::from_secs(30),
+        || {
+            Some(cluster.warnings("FleetDeployment", "loop"))
+                .filter(|w| w.iter().any(|m| m.contains("crash-looping")))
+        },
+    );
+    eprintln!(
+        "Device, deployment and event {:?} after NATS: {warnings:?}",
+        seen.elapsed()
+    );
+    let device_page = page(fleet, &format!("/devices/{CANARY}"));
+    assert!(
+        device_page.contains("crash-looping"),
+        "the device page does not say crash-looping:\n{device_page}"
+    );
+
+    // A staged update that still crash-loops halts at the canary; the others keep the previous spec.
+    let staged = "  rollout:\n    soakSeconds: 30\n    maxUnavailable: 1\n";
+    cluster.apply(&deployment("loop", "sleep 4; exit 4", staged));
+    let halted = cluster.wait("the update halted", STEP_TIMEOUT, || {
+        cluster
+            .condition(&["fdep", "loop"], "Halted")
+            .filter(|c| c.status == "True")
+    });
+    assert_eq!(halted.reason, "CanaryFailed", "{halted:?}\n{}", logs(fleet));
+    assert!(halted.message.contains(CANARY), "{halted:?}");
+    // A soak failure is not "retried": the message says what works.
+    assert!(
+        !halted.message.contains("To retry the failed attempts"),
+        "{halted:?}"
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    for d in OTHERS {
+        let (s, _): (DesiredState, _) = kv_entry(&desired, d).expect("desired state");
+        let w = s
+            .workloads
+            .iter()
+            .find(|w| w.name.as_str() == "loop")
+            .expect("loop");
+        assert!(
+            w.command.iter().any(|a| a.contains("exit 3")),
+            "{d} was given the update past a halted canary: {w:?}"
+        );
+    }
+    cluster.kubectl(&["delete", "fdep", "loop"]);
+}
+
+fn ids_all() -> Vec<&'static str> {
+    std::iter::once(CANARY).chain(OTHERS).collect()
+}
+
+/// Scenario 2.
+fn silent_device_stalls(fleet: &LocalFleet) {
+    let cluster = &fleet.cluster;
+    let silent = OTHERS[0];
+    let last = OTHERS[1];
+    let js = nats::jetstream::new(fleet.nats.connect());
+    let desired = js
+        .key_value(kv::DESIRED_STATE)
+        .expect("desired-state bucket");
+    let heartbeats = js
+        .key_value(kv::DEVICE_HEARTBEAT)
+        .expect("heartbeat bucket");
+    let has_web = |d: &str| {
+        kv_entry::<DesiredState>(&desired, d)
+            .is_some_and(|(s, _)| s.workloads.iter().any(|w| w.name.as_str() == "web"))
+    };
+    let staged = "  rollout:\n    soakSeconds: 30\n    maxUnavailable: 1\n";
+    cluster.apply(&deployment("web", "sleep 100000", staged));
+    cluster.wait("the canary given web", STEP_TIMEOUT, || {
+        has_web(CANARY).then_some(())
+    });
+    // Frozen during the canary's soak, heard from moments before: it is released next, and never answers.
+    fleet
+        .device(silent)
+        .guest
+        .systemctl(&["kill", "-s", "SIGSTOP", "fleet-agent"]);
+    let (beat, _): (fleet_wire::Heartbeat, _) =
+        kv_entry(&heartbeats, silent).expect("a heartbeat before the freeze");
+    cluster.wait("the frozen device given web", STEP_TIMEOUT, || {
+        has_web(silent).then_some(())
+    });
+    let stalled = cluster.wait(
+        "the frozen device named stalled",
+        Duration::from_secs(90 + 60 + 90),
+        || {
+            let d = cluster.get_json(&["fdep", "web"])?;
+            let c = d["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Progressing")?
+                .clone();
+            (c["status"] == "False" && c["reason"] == "Stalled").then_some((d, c))
+        },
+    );
+    let quiet = Timestamp::now().since(beat.at);
+    eprintln!(
+        "named stalled {quiet:?} after its last heartbeat: {:#}",
+        stalled.1
+    );
+    assert!(
+        stalled.1["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!("{silent} (silent for")),
+        "{:#}",
+        stalled.1
+    );
+    assert_eq!(
+        stalled.0["status"]["rollout"]["stalled"], 1,
+        "{:#}",
+        stalled.0["status"]
+    );
+    // Its bound: the heartbeat timeout (90 s) plus the slack (60 s), and a pass.
+    assert!(
+        quiet <= Duration::from_secs(90 + 60 + 45),
+        "stalled only {quiet:?} after its last heartbeat"
+    );
+    let page = page(fleet, "/deployments/web");
+    assert!(
+        page.contains(silent) && page.contains("silent for"),
+        "the deployment's page does not name the stalled device:\n{page}"
+    );
+    assert!(
+        !has_web(last),
+        "{last} was given web while the stalled device held the only slot"
+    );
+    // Thawed: it reports, and the rollout completes.
+    fleet
+        .device(silent)
+        .guest
+        .systemctl(&["kill", "-s", "SIGCONT", "fleet-agent"]);
+    cluster.wait("the rollout completed", STEP_TIMEOUT, || {
+        let d = cluster.get_json(&["fdep", "web"])?;
+        (d["status"]["rollout"]["phase"] == "Complete" && d["status"]["workloads"]["running"] == 3)
+            .then_some(())
+    });
+    cluster.kubectl(&["delete", "fdep", "web"]);
+}
+
+/// Scenario 3: the agent build dies 20 s after every start, after it became ready and committed.
+fn crash_looping_agent_stays_halted(fleet: &LocalFleet) {
+    let cluster = &fleet.cluster;
+    let js = nats::jetstream::new(fleet.nats.connect());
+    let intents = js
+        .key_value(kv::AGENT_UPGRADE_INTENT)
+        .expect("intent bucket");
+    let (url, sha) = fleet.publish_crash_looping_v3(20);
+    let soak = 60;
+    cluster.apply(&format!(
+        "{}  rollout:\n    soakSeconds: {soak}\n    maxUnavailable: 1\n",
+        release_yaml("looping", "lab", V3, &url, &sha)
+    ));
+    let committed = cluster.wait("the canary committed", STEP_TIMEOUT, || {
+        fleet.view(CANARY)?.upgrade.filter(|u| {
+            u.phase == UpgradePhase::Complete
+                && u.target_version.as_ref().map(|v| v.as_str()) == Some(V3)
+        })
+    });
+    let halted = cluster.wait("the release halted", Duration::from_secs(120), || {
+        cluster
+            .condition(&["frel", "looping"], "Halted")
+            .filter(|c| c.status == "True")
+    });
+    assert_eq!(halted.reason, "CanaryFailed", "{halted:?}\n{}", logs(fleet));
+    assert!(halted.message.contains(CANARY), "{halted:?}");
+    assert!(
+        !halted.message.contains("To retry the failed attempts")
+            && halted.message.contains("did not stay healthy"),
+        "the halt proposes an action that cannot work: {halted:?}"
+    );
+    // Watched for 5 minutes past the soak window: still halted, nobody else given the build.
+    let until = committed
+        .phase_changed_at
+        .plus(Duration::from_secs(soak + 300));
+    let mut passes = 0;
+    while Timestamp::now() < until {
+        let r = cluster.get_json(&["frel", "looping"]).expect("release");
+        assert_eq!(
+            r["status"]["rollout"]["phase"],
+            "Halted",
+            "the halt lifted {:?} after the commit: {:#}",
+            Timestamp::now().since(committed.phase_changed_at),
+            r["status"]
+        );
+        for d in OTHERS {
+            assert!(
+                intents.entry(d).ok().flatten().is_none(),
+                "{d} received an intent from a halted release"
+            );
+        }
+        passes += 1;
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    eprintln!("halted through {passes} checks over the soak window plus 5 minutes");
+    for d in OTHERS {
+        assert_eq!(
+            fleet.view(d).and_then(|v| v.agent_version).as_deref(),
+            Some(builds::V1),
+            "{d} left v1"
+        );
+    }
+    // The canary's agent has been restarting all along: systemd's count, as its device info reports it.
+    let info = fleet.device(CANARY).guest.systemctl(&[
+        "show",
+        "--property=NRestarts",
+        "--value",
+        "fleet-agent",
+    ]);
+    let nrestarts: u32 = info.trim().parse().unwrap_or(0);
+    assert!(nrestarts >= 3, "NRestarts {info:?}");
+    let reported = js
+        .key_value(kv::DEVICE_INFO)
+        .ok()
+        .and_then(|s| kv_entry::<fleet_wire::DeviceInfo>(&s, CANARY))
+        .and_then(|(i, _)| i.restarts);
+    assert!(
+        reported.is_some_and(|n| n >= 2),
+        "device-info restarts {reported:?} (systemd says {nrestarts})"
+    );
+    cluster.kubectl(&["delete", "frel", "looping"]);
+}
