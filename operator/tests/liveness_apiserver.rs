@@ -66,9 +66,19 @@ impl Drop for Kill {
 
 /// One heartbeat of `id` as the agent writes it: now by its clock, the next sequence. Returns its time.
 async fn beat(store: &kv::Store, id: &DeviceId, sequence: u64) -> Timestamp {
+    beat_behind(store, id, sequence, Duration::ZERO).await
+}
+
+/// [`beat`] from a device whose clock runs `behind`.
+async fn beat_behind(
+    store: &kv::Store,
+    id: &DeviceId,
+    sequence: u64,
+    behind: Duration,
+) -> Timestamp {
     let mut hb = fixtures::heartbeat();
     hb.device_id = id.clone();
-    hb.at = Timestamp::now();
+    hb.at = Timestamp::from_unix_ms(Timestamp::now().unix_ms() - behind.as_millis() as u64);
     hb.sequence = sequence;
     store
         .put(id.as_str(), serde_json::to_vec(&hb).unwrap().into())
@@ -108,10 +118,13 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
         .map(|b| DeviceId::try_from(f.name(b).as_str()).unwrap())
         .collect();
     let quiet = DeviceId::try_from(f.name("pi-quiet").as_str()).unwrap();
+    // A live device whose clock runs two hours behind (a Raspberry Pi without a real-time clock and without NTP).
+    let skewed = DeviceId::try_from(f.name("pi-skewed").as_str()).unwrap();
+    const SKEW: Duration = Duration::from_secs(2 * 3600);
     // Every Device as an operator left it: a `lastHeartbeat` half an hour old (within the hourly refresh, so the
     // operator keeps it), its agent's info in NATS.
     let older = Timestamp::from_unix_ms(Timestamp::now().unix_ms() - 30 * 60 * 1000);
-    for id in live.iter().chain([&quiet]) {
+    for id in live.iter().chain([&quiet, &skewed]) {
         let d: Device = serde_json::from_value(json!({
             "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
             "metadata": {"name": id.as_str(), "labels": f.labels(json!({}))}, "spec": {}
@@ -135,12 +148,13 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
     }
     // The live fleet beats for the whole test; the quiet device beats once and falls silent before any operator.
     let beating = {
-        let (store, live) = (heartbeats.clone(), live.clone());
+        let (store, live, skewed) = (heartbeats.clone(), live.clone(), skewed.clone());
         tokio::spawn(async move {
             for sequence in 1.. {
                 for id in &live {
                     beat(&store, id, sequence).await;
                 }
+                beat_behind(&store, &skewed, sequence, SKEW).await;
                 tokio::time::sleep(BEAT).await;
             }
         })
@@ -182,6 +196,20 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
             false_alarms.push(format!("{id}: {}", e.message.unwrap_or_default()));
         }
     }
+    // The skewed device: an operator that never measured its clock judges the heartbeat it finds at its start by
+    // the device's clock (the first operator may alert it once); every later start knows the offset from the
+    // Device and raises nothing.
+    let skew_alarms: Vec<Event> = silent_events(&f.client, skewed.as_str()).await;
+    let after_first: Vec<String> = skew_alarms
+        .iter()
+        .filter(|e| {
+            e.first_timestamp
+                .as_ref()
+                .and_then(|t| t.0.to_string().parse::<Timestamp>().ok())
+                .is_some_and(|t| t >= second_started)
+        })
+        .map(|e| e.message.clone().unwrap_or_default())
+        .collect();
     beating.abort();
     let logs: String = (1..=3)
         .map(|n| {
@@ -197,6 +225,24 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
         BEAT.as_secs(),
         false_alarms.join("\n")
     );
+    assert!(
+        after_first.is_empty(),
+        "DeviceSilent for {skewed}, whose clock offset the Device records, after a restart: {after_first:?}\n\nlogs:\n{logs}"
+    );
+    let offset = devices
+        .get(skewed.as_str())
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.clock_offset_seconds);
+    assert!(
+        offset.is_some_and(|o| (o + 7200).abs() <= 5),
+        "{skewed}: clockOffsetSeconds {offset:?}, its clock runs 7200 s behind"
+    );
+    eprintln!(
+        "skewed device (2 h behind): {} DeviceSilent event(s) from the first operator, none after; clockOffsetSeconds {offset:?}",
+        skew_alarms.len()
+    );
     eprintln!(
         "quiet device alerted {:.1} s after its last heartbeat (threshold {} s)",
         alerted_after.as_secs_f64(),
@@ -205,7 +251,7 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
 
     // Online: True on every live device since the first operator judged it, written once (its transition time
     // before the second operator started: no restart wrote it again); kubectl shows it.
-    for id in &live {
+    for id in live.iter().chain([&skewed]) {
         let d = devices.get(id.as_str()).await.unwrap();
         let (status, reason, since) =
             online(&d).unwrap_or_else(|| panic!("{id}: no Online: {d:?}"));

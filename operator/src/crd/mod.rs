@@ -142,6 +142,12 @@ pub struct DeviceStatus {
     /// minute, by its periodic pass). Absent until first judged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// How far the device's clock runs ahead of NATS's, in seconds (negative: behind), measured from the latest
+    /// heartbeat the operator saw arrive (its own time minus when NATS stored it); absent within 5 s. Rewritten
+    /// only when it moves by more than 5 s. The operator corrects a heartbeat it finds in the bucket at a start by
+    /// it, so a device known to run behind is not taken for silent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_offset_seconds: Option<i64>,
     /// The agent's automatic restarts (`device-info`'s `restarts`: systemd's `NRestarts` of its unit when the
     /// running agent started); absent from agents that do not report them.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -537,6 +537,7 @@ mod tests {
                 arrived: true,
             }),
             recorded: None,
+            offset_secs: None,
         };
         // Heartbeats not watched (an operator starting, a watch opened anew): no new silence, however old the
         // heartbeat; one the last evaluation alerted stays (no second event when judged again).

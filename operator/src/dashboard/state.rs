@@ -169,6 +169,7 @@ impl State {
                 .as_ref()
                 .and_then(|s| s.last_heartbeat.as_deref())
                 .and_then(super::html::parse_time),
+            offset_secs: device.status.as_ref().and_then(|s| s.clock_offset_seconds),
         }
     }
 

@@ -500,7 +500,8 @@ impl Engine {
                     .liveness
                     .beats
                     .values()
-                    .map(|b| b.heard().plus(crate::liveness::OFFLINE_AFTER))
+                    // without the Devices' clock offsets: at worst a pass too early
+                    .map(|b| b.heard(None).plus(crate::liveness::OFFLINE_AFTER))
                     .filter(|t| *t >= now)
                     .min(),
             )
@@ -508,10 +509,24 @@ impl Engine {
             .map(|t| t.since(now) + Duration::from_millis(10));
         let mut plan = plan::plan(&snapshot, now, &mut AttemptId::new_random);
         let watch = std::mem::take(&mut plan.heartbeat_watch);
+        // Also the devices whose next heartbeat changes what their Device shows (a silent one coming back, a
+        // clock offset to measure): [`crate::liveness::wake_on_next_beat`].
+        let waking = snapshot.devices.iter().filter_map(|d| {
+            let name = d.metadata.name.as_deref()?;
+            let facts = crate::liveness::Facts {
+                watched_since: snapshot.liveness.watched_since,
+                beat: snapshot.liveness.beats.get(name).copied(),
+                recorded: None,
+                offset_secs: d.status.as_ref().and_then(|s| s.clock_offset_seconds),
+            };
+            let verdict = crate::liveness::judge(&facts, crate::liveness::OFFLINE_AFTER, now);
+            crate::liveness::wake_on_next_beat(&facts, verdict).then(|| name.to_owned())
+        });
         *self
             .heartbeat_watch
             .write()
-            .unwrap_or_else(|p| p.into_inner()) = watch.iter().map(|d| d.to_string()).collect();
+            .unwrap_or_else(|p| p.into_inner()) =
+            watch.iter().map(|d| d.to_string()).chain(waking).collect();
         self.apply(plan, link, nats_error).await;
         drop(snapshot);
         crate::memory::give_back();

@@ -45,6 +45,10 @@ fn online(
         recorded: current
             .and_then(|c| c.last_heartbeat.as_deref())
             .and_then(|t| t.parse().ok()),
+        offset_secs: crate::liveness::clock_offset(
+            current.and_then(|c| c.clock_offset_seconds),
+            r.beat.as_ref(),
+        ),
     };
     let after = humantime::format_duration(crate::liveness::OFFLINE_AFTER);
     // Messages without times or counts: the condition is written when it changes, never per heartbeat.
@@ -135,6 +139,10 @@ pub fn device_status(
             now,
         ),
         conditions: Vec::new(),
+        clock_offset_seconds: crate::liveness::clock_offset(
+            current.and_then(|c| c.clock_offset_seconds),
+            r.beat.as_ref(),
+        ),
         agent_restarts: r.info.as_ref().and_then(|i| {
             let count = i.restarts?;
             Some(AgentRestarts {
@@ -492,11 +500,50 @@ mod tests {
             online(&back),
             Some(("True".into(), "Heartbeating".into(), kube_time(at(1001))))
         );
-        // A device clock two hours behind, its beats seen arriving: online by NATS's time.
-        let mut behind = beating(1030);
-        if let Some(b) = behind.beat.as_mut() {
-            b.at = t0;
-        }
-        assert_eq!(device_status(Some(&back), &behind, watched, at(1100)), None);
+        // A device clock two hours behind, its beats seen arriving: online by NATS's time; its offset is written
+        // once, then not again while it stays within 5 s.
+        let behind = |secs: u64, arrived: bool| {
+            let mut r = beating(secs);
+            if let Some(b) = r.beat.as_mut() {
+                b.at = Timestamp::from_unix_ms(at(secs).unix_ms() - 7_200_000);
+                b.arrived = arrived;
+            }
+            r
+        };
+        let skewed = device_status(Some(&back), &behind(1030, true), watched, at(1031))
+            .expect("the offset written");
+        assert_eq!(skewed.clock_offset_seconds, Some(-7200));
+        assert_eq!(
+            online(&skewed),
+            online(&back),
+            "still online, since the same time"
+        );
+        assert_eq!(
+            device_status(Some(&skewed), &behind(1060, true), watched, at(1061)),
+            None
+        );
+        // An operator restarted finds that beat in the bucket: corrected by the recorded offset, not silent.
+        assert_eq!(
+            device_status(
+                Some(&skewed),
+                &behind(1060, false),
+                Some(at(1070)),
+                at(1071)
+            ),
+            None
+        );
+        // Without the recorded offset it would have been judged by the device's clock: silent.
+        let unknown = DeviceStatus {
+            clock_offset_seconds: None,
+            ..skewed.clone()
+        };
+        let misjudged = device_status(
+            Some(&unknown),
+            &behind(1060, false),
+            Some(at(1070)),
+            at(1071),
+        )
+        .expect("offline");
+        assert_eq!(online(&misjudged).map(|o| o.0), Some("False".into()));
     }
 }
