@@ -6,8 +6,8 @@ use crate::builds::{V1, V2, V3};
 use crate::demo_state::{self, Record};
 use crate::fleetlock::FleetLockServer;
 use crate::local_fleet::{
-    deployment_yaml, group_yaml, kebab, release_yaml, taskrun_yaml, DeviceView, LocalFleet,
-    TaskRunView,
+    crash_looping_deployment_yaml, deployment_yaml, group_yaml, kebab, release_yaml, taskrun_yaml,
+    DeviceView, LocalFleet, TaskRunView,
 };
 use crate::tasks::{
     installed, ready_for_reboot_upgrade, HolderWatch, RebootUpgradeReady, Tasks, REBOOT_PKG,
@@ -497,29 +497,102 @@ impl<'a> Demo<'a> {
         Ok(())
     }
 
-    /// A broken v3 → every device rolls back to v2; `kubectl get fdev` shows phase and typed reason.
+    /// A crash-looping v3, staged: the canary catches it and the release holds; the fix (2.0.0 again, a new
+    /// spec) lifts the halt. Then a crash-looping container, shown as such.
     pub fn broken(&self) -> Result<(), Stop> {
-        step(5, &format!("a broken {V3} (its probe passes, its service dies before readiness): every device rolls back"));
-        let (url, sha) = self.fleet.publish_broken_v3();
-        let start = fleet_wire::Timestamp::now();
+        step(
+            5,
+            &format!(
+                "a crash-looping {V3} (ready and committed, then killed 20 s after every start), staged: the canary catches it and the release holds"
+            ),
+        );
+        let (url, sha) = self.fleet.publish_crash_looping_v3(20);
+        let t = Instant::now();
+        let staged = |yaml: String| {
+            format!("{yaml}  rollout:\n    soakSeconds: 30\n    maxUnavailable: 1\n")
+        };
         self.apply(
             "release",
-            &release_yaml("fleet-agent", "demo", V3, &url, &sha),
+            &staged(release_yaml("fleet-agent", "demo", V3, &url, &sha)),
         )?;
-        println!("\n   Timeline:");
-        self.timeline(V3, start)?;
-        self.wait(
-            "every Device reports v2 again",
-            Duration::from_secs(60),
+        let halted = self.wait("the release halted", UPGRADE_TIMEOUT, || {
+            self.fleet
+                .cluster
+                .condition(&["frel", "fleet-agent"], "Halted")
+                .filter(|c| c.status == "True")
+        })?;
+        println!(
+            "\n   {:.1} s after `kubectl apply`: Halted ({}): {}",
+            t.elapsed().as_secs_f64(),
+            halted.reason,
+            halted.message
+        );
+        self.kubectl(&["get", "frel"])?;
+        self.kubectl(&["get", "fdev"])?;
+        // Past the canary's soak window the halt still holds: only a person lifts it.
+        std::thread::sleep(Duration::from_secs(30));
+        self.check()?;
+        let phase = self
+            .fleet
+            .cluster
+            .get_json(&["frel", "fleet-agent"])
+            .and_then(|r| r["status"]["rollout"]["phase"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let others: Vec<String> = self
+            .fleet
+            .views()
+            .into_iter()
+            .filter(|v| v.id != DEVICES[0])
+            .map(|v| format!("{} {}", v.id, v.agent_version.unwrap_or_default()))
+            .collect();
+        println!(
+            "   {:.1} s after `kubectl apply`, past the soak window: phase {phase}; the others kept theirs: {}",
+            t.elapsed().as_secs_f64(),
+            others.join(", ")
+        );
+        if phase != "Halted" {
+            return Err(Stop::Failed(format!(
+                "the halt lifted by itself: phase {phase}"
+            )));
+        }
+        println!("\n   The fix: the release back to {V2} (a changed spec lifts the halt); the canary leaves the loop.");
+        let (url, sha) = self.fleet.publish_agent(V2);
+        self.apply(
+            "release",
+            &staged(release_yaml("fleet-agent", "demo", V2, &url, &sha)),
+        )?;
+        self.wait("every Device reports v2 again", UPGRADE_TIMEOUT, || {
+            let v = self.fleet.views();
+            v.iter()
+                .all(|v| v.agent_version.as_deref() == Some(V2))
+                .then_some(())
+        })?;
+        self.kubectl(&["get", "frel"])?;
+
+        println!("\n   A container that exits every 5 s under restartPolicy: always:");
+        self.apply(
+            "deployment-flaky",
+            &crash_looping_deployment_yaml("flaky", "demo"),
+        )?;
+        let t = Instant::now();
+        let w = self.wait(
+            "the deployment counts its crash-looping containers",
+            Duration::from_secs(180),
             || {
-                let v = self.fleet.views();
-                v.iter()
-                    .all(|v| v.agent_version.as_deref() == Some(V2))
-                    .then_some(())
+                let d = self.fleet.cluster.get_json(&["fdep", "flaky"])?;
+                let w = d["status"]["workloads"].clone();
+                (w["crashLooping"].as_u64() == Some(DEVICES.len() as u64)).then_some(w)
             },
         )?;
+        println!(
+            "   {:.1} s after `kubectl apply`: {} of {} crash-looping ({})",
+            t.elapsed().as_secs_f64(),
+            w["crashLooping"],
+            DEVICES.len(),
+            w["latestError"].as_str().unwrap_or_default()
+        );
         self.kubectl(&["get", "fdev"])?;
-        self.kubectl(&["get", "frel"])?;
+        self.kubectl(&["delete", "fdep", "flaky"])?;
         Ok(())
     }
 
