@@ -4,9 +4,11 @@
 //!
 //! Who runs which check: a `command` check is Podman's native healthcheck (created with the container,
 //! `podman ps` shows it, Podman's systemd timer runs it); an `http` or `tcp` probe is run by the agent against the
-//! host port that publishes the container port. Where Podman's timer never ran a command check (Podman without
-//! a systemd connection: [`timer_suspect`], then confirmed by the container's empty health log), the agent runs
-//! Podman's check through the API on the same schedule, and Podman still keeps the state.
+//! host port that publishes the container port. Where Podman's timer does not run a command check (Podman
+//! without a systemd connection), the agent runs Podman's check through the API on the same schedule, and Podman
+//! still keeps the state: it looks at the container's health log twice, one [`timer_window`] apart, and a log
+//! with no new run in between ([`podman_runs_it`]) means no timer runs it. Two looks, not one, because runs the
+//! agent itself made before it restarted are in that log too.
 //!
 //! The rules are Podman's: the first check one interval after the container's start; a pass is `healthy` and
 //! clears the failures; a failure within the start period does not count; after it, the `retries`-th
@@ -24,8 +26,8 @@ use std::time::{Duration, Instant};
 /// for health checks, whatever their number.
 pub const BATCH_SLACK: Duration = Duration::from_secs(1);
 
-/// Seconds past a command-checked container's start period, first interval and timeout after which a health
-/// still `starting` makes the agent ask whether Podman ever ran the check ([`timer_suspect`]).
+/// Seconds on top of a command check's interval and timeout that the agent waits between its two looks at the
+/// container's health log ([`timer_window`]).
 pub const TIMER_SLACK_SECS: i64 = 10;
 
 /// How the agent checks one container.
@@ -129,20 +131,17 @@ pub fn running_of<'a>(w: &WorkloadSpec, observed: &'a [Observed]) -> Option<&'a 
     })
 }
 
-/// True when `o`, running with the command check `check`, is still `starting` by Podman's list longer after
-/// its start (`now`, Unix seconds) than its start period, one interval, one timeout and [`TIMER_SLACK_SECS`]:
-/// either every check so far failed fewer than `retries` times in a row, or Podman never ran one (no systemd
-/// timer). The caller tells them apart by the health log. Pure.
-pub fn timer_suspect(check: &HealthCheck, o: &Observed, now: i64) -> bool {
-    let waited = i64::from(check.start_period_seconds)
-        + i64::from(check.interval_seconds)
-        + i64::from(check.timeout_seconds)
-        + TIMER_SLACK_SECS;
-    check.runs_in_podman()
-        && o.state == "running"
-        && o.health == Some(HealthState::Starting)
-        && o.started_at > 0
-        && now - o.started_at > waited
+/// Seconds between the agent's two looks at a command-checked container's health log: Podman's timer runs the
+/// check every interval (the first one interval after the start), so a timer that runs leaves a new run within one
+/// interval, one timeout and [`TIMER_SLACK_SECS`].
+pub fn timer_window(check: &HealthCheck) -> i64 {
+    i64::from(check.interval_seconds) + i64::from(check.timeout_seconds) + TIMER_SLACK_SECS
+}
+
+/// True when Podman's timer runs the check: the health log's latest run (its start time as Podman wrote it) at the
+/// second look, `latest`, is not the one of the first look, `first`. Pure.
+pub fn podman_runs_it(first: Option<&str>, latest: Option<&str>) -> bool {
+    latest.is_some() && latest != first
 }
 
 /// Where one checked container stands (Podman's rules, see the module's text).
@@ -442,22 +441,17 @@ mod tests {
     }
 
     #[test]
-    fn a_check_podman_never_ran_is_suspected_after_its_first_interval() {
+    fn podmans_timer_is_judged_by_a_new_run_between_two_looks() {
         let cmd = fixtures::workload_with_health("job", "command");
-        let check = cmd.health_check.clone().expect("check");
-        // start period 15, interval 10, timeout 2, slack 10: 37 s.
-        let mut o = running(&cmd, "c");
-        o.health = Some(HealthState::Starting);
-        assert!(!timer_suspect(&check, &o, START + 37));
-        assert!(timer_suspect(&check, &o, START + 38));
-        o.health = Some(HealthState::Healthy);
-        assert!(!timer_suspect(&check, &o, START + 100));
-        let http = fixtures::workload_with_health("web", "http");
-        let mut o = running(&http, "c");
-        o.health = Some(HealthState::Starting);
+        // interval 10, timeout 2, slack 10
+        assert_eq!(timer_window(cmd.health_check.as_ref().expect("check")), 22);
+        let (a, b) = ("2026-12-07T00:57:25.9Z", "2026-12-07T00:57:35.9Z");
+        assert!(podman_runs_it(None, Some(a)), "a first run");
+        assert!(podman_runs_it(Some(a), Some(b)), "a new run");
+        assert!(!podman_runs_it(None, None), "never ran");
         assert!(
-            !timer_suspect(http.health_check.as_ref().expect("check"), &o, START + 100),
-            "the agent runs an HTTP probe itself"
+            !podman_runs_it(Some(a), Some(a)),
+            "only runs made before (by an agent before its restart)"
         );
     }
 

@@ -1,10 +1,12 @@
 //! The HTTP and TCP health probes the agent runs against a workload's published host port on `127.0.0.1`: one
 //! deadline (the check's timeout) bounds the connection, the request and the answer together, and at most
-//! [`STATUS_LINE_MAX_BYTES`] of the answer are read (only its status line counts). Blocking, no retries: the
-//! check's `retries` are the schedule's ([`crate::health`]).
+//! [`STATUS_LINE_MAX_BYTES`] of the answer are read (only its status line counts). The probes due together run
+//! as one [`batch`]: every answer is waited for with one `poll`, so a batch wakes the thread about as often as one
+//! probe does. No retries: the check's `retries` are the schedule's ([`crate::health`]).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// Most bytes of an HTTP answer read to find its status line.
@@ -43,48 +45,173 @@ pub fn tcp(host_port: u16, timeout: Duration) -> Result<(), String> {
 /// `GET path` on `127.0.0.1:host_port` answers 2xx or 3xx within `timeout` (HTTP/1.0, `Connection: close`; a
 /// redirect is not followed: answering one is healthy, as Podman's and Kubernetes' probes count it).
 pub fn http(host_port: u16, path: &str, timeout: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + timeout;
-    let what = format!("GET {path} on port {host_port}");
-    let mut s = connect(host_port, deadline, timeout)?;
-    let request = format!(
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{host_port}\r\nUser-Agent: fleet-agent-health\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-    );
-    let io = |e: std::io::Error| {
-        if matches!(
-            e.kind(),
-            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-        ) {
-            format!("{what}: no answer within {}", secs(timeout))
-        } else {
-            format!("{what}: {e}")
-        }
-    };
-    s.set_write_timeout(Some(remaining(deadline, &what, timeout)?))
-        .map_err(io)?;
-    s.write_all(request.as_bytes()).map_err(io)?;
-    let mut buf = [0u8; STATUS_LINE_MAX_BYTES];
-    let mut have = 0;
-    let line_end = loop {
-        if let Some(i) = buf[..have].windows(2).position(|w| w == b"\r\n") {
-            break i;
-        }
-        if have == buf.len() {
-            return Err(format!(
-                "{what}: no HTTP status line in the first {STATUS_LINE_MAX_BYTES} bytes"
-            ));
-        }
-        s.set_read_timeout(Some(remaining(deadline, &what, timeout)?))
-            .map_err(io)?;
-        match s.read(&mut buf[have..]).map_err(io)? {
-            0 if have == 0 => {
-                return Err(format!("{what}: the connection closed without an answer"))
+    batch(&[Probe {
+        host_port,
+        path: Some(path.to_owned()),
+        timeout,
+    }])
+    .pop()
+    .unwrap_or_else(|| Err("no result".into()))
+}
+
+/// One probe of a [`batch`]: `GET path` (HTTP) or, without a path, a TCP connection, to `127.0.0.1:host_port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The published host port.
+    pub host_port: u16,
+    /// The HTTP path; `None` for a TCP probe.
+    pub path: Option<String>,
+    /// The bound of this probe.
+    pub timeout: Duration,
+}
+
+/// An HTTP probe waiting for its answer.
+struct Waiting {
+    at: usize,
+    stream: TcpStream,
+    request: Vec<u8>,
+    sent: usize,
+    answer: Vec<u8>,
+    deadline: Instant,
+    what: String,
+    timeout: Duration,
+}
+
+/// Runs `probes` at once in this thread, each bounded by its own timeout: the connections are made one after
+/// another (on the loopback a connection is accepted or refused at once), then every request is sent and every
+/// answer read without blocking, with one `poll` over all the sockets. A batch therefore costs about the wake-ups
+/// of one probe, not one per probe. The results are in `probes`' order.
+pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
+    let mut out: Vec<Option<Result<(), String>>> = vec![None; probes.len()];
+    let mut waiting = Vec::new();
+    for (at, p) in probes.iter().enumerate() {
+        let deadline = Instant::now() + p.timeout;
+        let stream = match connect(p.host_port, deadline, p.timeout) {
+            Ok(s) => s,
+            Err(e) => {
+                out[at] = Some(Err(e));
+                continue;
             }
-            // An answer without CRLF that ends: take what came as the line.
-            0 => break have,
-            n => have += n,
+        };
+        let Some(path) = &p.path else {
+            out[at] = Some(Ok(()));
+            continue;
+        };
+        let what = format!("GET {path} on port {}", p.host_port);
+        if let Err(e) = stream.set_nonblocking(true) {
+            out[at] = Some(Err(format!("{what}: {e}")));
+            continue;
         }
-    };
-    let line = String::from_utf8_lossy(&buf[..line_end]);
+        waiting.push(Waiting {
+            at,
+            stream,
+            request: format!(
+                "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nUser-Agent: fleet-agent-health\r\nAccept: */*\r\nConnection: close\r\n\r\n",
+                p.host_port
+            )
+            .into_bytes(),
+            sent: 0,
+            answer: Vec::with_capacity(256),
+            deadline,
+            what,
+            timeout: p.timeout,
+        });
+    }
+    while !waiting.is_empty() {
+        let now = Instant::now();
+        waiting.retain_mut(|w| {
+            let done = progress(w).or_else(|| {
+                (now >= w.deadline)
+                    .then(|| Err(format!("{}: no answer within {}", w.what, secs(w.timeout))))
+            });
+            match done {
+                Some(r) => {
+                    out[w.at] = Some(r);
+                    false
+                }
+                None => true,
+            }
+        });
+        let Some(first) = waiting.iter().map(|w| w.deadline).min() else {
+            break;
+        };
+        let mut fds: Vec<libc::pollfd> = waiting
+            .iter()
+            .map(|w| libc::pollfd {
+                fd: w.stream.as_raw_fd(),
+                events: if w.sent < w.request.len() {
+                    libc::POLLOUT
+                } else {
+                    libc::POLLIN
+                },
+                revents: 0,
+            })
+            .collect();
+        // Rounded up, so that a deadline less than a millisecond away is waited for, not spun on.
+        let wait = first.saturating_duration_since(Instant::now());
+        let ms = libc::c_int::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX);
+        let n = libc::nfds_t::try_from(fds.len()).unwrap_or(libc::nfds_t::MAX);
+        // SAFETY: `fds` is a live, exclusively borrowed array of `n` pollfd for the whole call.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                for w in waiting.drain(..) {
+                    out[w.at] = Some(Err(format!("{}: {e}", w.what)));
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err("no result".into())))
+        .collect()
+}
+
+/// Sends what is left of the request and reads what has come of the answer, without blocking; the result once
+/// the status line is in (or the connection failed or ended).
+fn progress(w: &mut Waiting) -> Option<Result<(), String>> {
+    use std::io::ErrorKind::{Interrupted, WouldBlock};
+    while w.sent < w.request.len() {
+        match w.stream.write(&w.request[w.sent..]) {
+            Ok(0) => return Some(Err(format!("{}: the connection closed", w.what))),
+            Ok(n) => w.sent += n,
+            Err(e) if e.kind() == WouldBlock => return None,
+            Err(e) if e.kind() == Interrupted => {}
+            Err(e) => return Some(Err(format!("{}: {e}", w.what))),
+        }
+    }
+    let mut chunk = [0u8; STATUS_LINE_MAX_BYTES];
+    loop {
+        if let Some(i) = w.answer.windows(2).position(|x| x == b"\r\n") {
+            return Some(judge(&w.what, &w.answer[..i]));
+        }
+        if w.answer.len() >= STATUS_LINE_MAX_BYTES {
+            return Some(Err(format!(
+                "{}: no HTTP status line in the first {STATUS_LINE_MAX_BYTES} bytes",
+                w.what
+            )));
+        }
+        let room = STATUS_LINE_MAX_BYTES - w.answer.len();
+        match w.stream.read(&mut chunk[..room]) {
+            Ok(0) if w.answer.is_empty() => {
+                return Some(Err(format!(
+                    "{}: the connection closed without an answer",
+                    w.what
+                )))
+            }
+            // An answer without CRLF that ends: what came is the line.
+            Ok(0) => return Some(judge(&w.what, &w.answer)),
+            Ok(n) => w.answer.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == WouldBlock => return None,
+            Err(e) if e.kind() == Interrupted => {}
+            Err(e) => return Some(Err(format!("{}: {e}", w.what))),
+        }
+    }
+}
+
+/// A status line's verdict: 2xx and 3xx are healthy.
+fn judge(what: &str, line: &[u8]) -> Result<(), String> {
+    let line = String::from_utf8_lossy(line);
     let code = status_code(&line)
         .ok_or_else(|| format!("{what}: not an HTTP answer ({:?})", trimmed(&line)))?;
     if (200..400).contains(&code) {
@@ -185,6 +312,46 @@ mod tests {
         let up = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = up.local_addr().expect("addr").port();
         assert_eq!(tcp(port, Duration::from_secs(1)), Ok(()));
+    }
+
+    /// A batch waits for every answer at once: a slow server costs its own timeout, not the others' time, and the
+    /// results keep the probes' order.
+    #[test]
+    fn a_batch_runs_its_probes_together() {
+        let ok = serve(b"HTTP/1.1 200 OK\r\n\r\n", Duration::from_millis(200));
+        let bad = serve(b"HTTP/1.1 500 Oops\r\n\r\n", Duration::from_millis(200));
+        let slow = serve(b"HTTP/1.1 200 OK\r\n\r\n", Duration::from_secs(3));
+        let up = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let tcp_port = up.local_addr().expect("addr").port();
+        let nobody = free_port();
+        let probe = |host_port, path: Option<&str>, ms| Probe {
+            host_port,
+            path: path.map(str::to_owned),
+            timeout: Duration::from_millis(ms),
+        };
+        let started = Instant::now();
+        let r = batch(&[
+            probe(ok, Some("/a"), 2000),
+            probe(bad, Some("/b"), 2000),
+            probe(slow, Some("/c"), 600),
+            probe(tcp_port, None, 1000),
+            probe(nobody, Some("/d"), 1000),
+        ]);
+        let took = started.elapsed();
+        assert_eq!(r[0], Ok(()));
+        assert_eq!(r[1], Err(format!("GET /b on port {bad} answered HTTP 500")));
+        assert_eq!(
+            r[2],
+            Err(format!("GET /c on port {slow}: no answer within 0.6 s"))
+        );
+        assert_eq!(r[3], Ok(()));
+        assert!(r[4]
+            .as_ref()
+            .expect_err("refused")
+            .starts_with("connecting to"));
+        // Together: the 200-ms servers and the 600-ms timeout overlap.
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+        assert!(batch(&[]).is_empty());
     }
 
     #[test]

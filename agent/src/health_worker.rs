@@ -1,11 +1,13 @@
 //! The health worker: one thread for every health check the agent runs (HTTP and TCP probes, and Podman's own
 //! check where Podman's timer does not run it), whatever the number of workloads. It sleeps until the earliest
-//! check is due ([`Schedule`]: checks due within a second run in the same wake-up), runs the due ones one after
-//! another, each bounded by its timeout, and reports to the event loop only when what it found changed. A slow
+//! check is due ([`Schedule`]: checks due within a second run in the same wake-up), runs the due HTTP and TCP
+//! probes as one batch (one `poll` for every answer) and then Podman's checks one after another, each bounded by
+//! its timeout, and reports to the event loop only when what it found changed. A slow
 //! probe never delays the event loop (upgrade relay, heartbeats, the drain), and no check adds a wake-up to the
 //! event loop unless a container's health changed.
 
 use crate::health::{Findings, How, Schedule, Target};
+use crate::health_probe::Probe;
 use crate::podman::Podman;
 use fleet_wire::Timestamp;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -88,13 +90,25 @@ fn run(podman: &Podman, rx: &mpsc::Receiver<Msg>, changed: &dyn Fn(Findings)) {
             }
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {
-                for t in schedule.due(Instant::now()) {
-                    let result = check(podman, &t);
+                let due = schedule.due(Instant::now());
+                // The agent's probes of this wake-up run as one batch (one poll for every answer); Podman's checks
+                // after it, one at a time.
+                let probes: Vec<(String, Probe)> = due.iter().filter_map(probe).collect();
+                let results = crate::health_probe::batch(
+                    &probes.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>(),
+                );
+                for ((container, _), result) in probes.iter().zip(results) {
+                    if let Err(e) = &result {
+                        log::debug!("health check of container {container}: {e}");
+                    }
+                    schedule.record(container, result, Timestamp::now());
+                }
+                for t in due.iter().filter(|t| t.how == How::Podman) {
+                    let result = podman_check(podman, t);
                     if let Err(e) = &result {
                         log::debug!("health check of {}: {e}", t.name.as_str());
                     }
-                    podman_changed |= schedule.record(&t.container, result, Timestamp::now())
-                        && t.how == How::Podman;
+                    podman_changed |= schedule.record(&t.container, result, Timestamp::now());
                     // A new list or a stop between two checks is taken at once.
                     while let Ok(m) = rx.try_recv() {
                         if !apply(&mut schedule, m) {
@@ -112,16 +126,28 @@ fn run(podman: &Podman, rx: &mpsc::Receiver<Msg>, changed: &dyn Fn(Findings)) {
     }
 }
 
-/// Runs one check: the agent's probe, or Podman's check through the API.
-fn check(podman: &Podman, t: &Target) -> Result<(), String> {
-    let timeout = t.check.timeout();
-    match &t.how {
-        How::Http { host_port, path } => crate::health_probe::http(*host_port, path, timeout),
-        How::Tcp { host_port } => crate::health_probe::tcp(*host_port, timeout),
-        How::Podman => match podman.run_healthcheck(&t.container, timeout + PODMAN_CHECK_SLACK) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err("the check command failed".into()),
-            Err(e) => Err(e.to_string()),
+/// The agent's probe of `t` (for the batch), with its container; `None` for a check Podman runs.
+fn probe(t: &Target) -> Option<(String, Probe)> {
+    let (host_port, path) = match &t.how {
+        How::Http { host_port, path } => (*host_port, Some(path.clone())),
+        How::Tcp { host_port } => (*host_port, None),
+        How::Podman => return None,
+    };
+    Some((
+        t.container.clone(),
+        Probe {
+            host_port,
+            path,
+            timeout: t.check.timeout(),
         },
+    ))
+}
+
+/// Runs Podman's own check of `t` through the API.
+fn podman_check(podman: &Podman, t: &Target) -> Result<(), String> {
+    match podman.run_healthcheck(&t.container, t.check.timeout() + PODMAN_CHECK_SLACK) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("the check command failed".into()),
+        Err(e) => Err(e.to_string()),
     }
 }

@@ -165,7 +165,7 @@ fn health_checks_are_run_and_reported() {
     assert!(
         agent
             .log_text()
-            .contains("Podman never ran the health check of sick"),
+            .contains("Podman did not run the health check of sick by itself"),
         "the agent says why it runs Podman's check: {}",
         agent.log_text()
     );

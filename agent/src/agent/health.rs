@@ -1,6 +1,7 @@
 //! The event loop's side of workload health checks: with each workload status it hands the health worker the
-//! containers the agent checks, finds command checks Podman's timer never ran (and has the worker run them from
-//! then on), and reads Podman's last check of an unhealthy command-checked container for the status's error.
+//! containers the agent checks, finds command checks Podman's timer does not run (two looks at the health log one
+//! [`health::timer_window`] apart; the worker runs them from then on), and reads Podman's last check of an
+//! unhealthy command-checked container for the status's error.
 
 use super::{Agent, Event};
 use crate::health::{self, Findings, Probed, Target};
@@ -18,9 +19,12 @@ pub(super) struct Health {
     pub(super) found: Findings,
     /// The targets the worker was last given.
     sent: Vec<Target>,
-    /// Containers whose command check Podman's timer never ran: the worker runs it through Podman's API.
+    /// Containers whose command check Podman's timer does not run: the worker runs it through Podman's API.
     driven: BTreeSet<String>,
-    /// Containers whose health log showed that Podman runs their check: not asked again.
+    /// Command-checked containers whose health log the agent looked at once: when (Unix seconds) and the latest
+    /// run it held then. Looked at again one window later.
+    looked: BTreeMap<String, (i64, Option<String>)>,
+    /// Containers whose health log showed a run Podman's timer made: not asked again.
     timer_seen: BTreeSet<String>,
     /// Unhealthy command-checked containers: Podman's latest failed check, in words.
     podman_errors: BTreeMap<String, String>,
@@ -31,11 +35,11 @@ impl Agent {
     /// findings the status reports (the worker's, and Podman's failed checks).
     pub(super) fn observe_health(&mut self, p: &Podman, observed: &[Observed]) -> Findings {
         let h = &mut self.health;
-        let now = fleet_wire::Timestamp::now().unix_ms() / 1000;
-        let now = i64::try_from(now).unwrap_or(i64::MAX);
+        let now = i64::try_from(fleet_wire::Timestamp::now().unix_ms() / 1000).unwrap_or(i64::MAX);
         let ids: BTreeSet<&str> = observed.iter().map(|o| o.id.as_str()).collect();
         h.driven.retain(|id| ids.contains(id.as_str()));
         h.timer_seen.retain(|id| ids.contains(id.as_str()));
+        h.looked.retain(|id, _| ids.contains(id.as_str()));
         let mut errors = BTreeMap::new();
         for w in &self.desired {
             let Some(check) = &w.health_check else {
@@ -47,22 +51,34 @@ impl Agent {
             if !check.runs_in_podman() {
                 continue;
             }
-            let asked = h.driven.contains(&o.id) || h.timer_seen.contains(&o.id);
-            if !asked && health::timer_suspect(check, o, now) {
+            let decided = h.driven.contains(&o.id) || h.timer_seen.contains(&o.id);
+            let first = h.looked.get(&o.id).cloned();
+            let due = first
+                .as_ref()
+                .is_none_or(|(at, _)| now - at > health::timer_window(check));
+            if !decided && due {
                 match p.health_log(&o.id) {
-                    Ok(log) if log.runs == 0 => {
-                        log::warn!(
-                            "Podman never ran the health check of {} (its systemd timer did not start: no systemd \
-                             for Podman?); the agent runs it through Podman's API every {} s",
-                            w.name.as_str(),
-                            check.interval_seconds
-                        );
-                        h.driven.insert(o.id.clone());
-                    }
-                    Ok(_) => {
-                        h.timer_seen.insert(o.id.clone());
-                    }
                     Err(e) => log::debug!("health log of {}: {e}", w.name.as_str()),
+                    Ok(log) => match first {
+                        None => {
+                            h.looked.insert(o.id.clone(), (now, log.last_start));
+                        }
+                        Some((_, before)) => {
+                            h.looked.remove(&o.id);
+                            if health::podman_runs_it(before.as_deref(), log.last_start.as_deref())
+                            {
+                                h.timer_seen.insert(o.id.clone());
+                            } else {
+                                log::warn!(
+                                    "Podman did not run the health check of {} by itself (no systemd timer: no \
+                                     systemd for Podman?); the agent runs it through Podman's API every {} s",
+                                    w.name.as_str(),
+                                    check.interval_seconds
+                                );
+                                h.driven.insert(o.id.clone());
+                            }
+                        }
+                    },
                 }
             }
             if o.health == Some(HealthState::Unhealthy) {

@@ -171,6 +171,8 @@ pub struct HealthLog {
     pub runs: usize,
     /// The latest check's exit code and the start of its output.
     pub last: Option<(i32, String)>,
+    /// When the latest check started, as Podman wrote it (RFC 3339): a new run has another.
+    pub last_start: Option<String>,
 }
 
 /// Most characters of a check's output kept for an error text.
@@ -411,6 +413,8 @@ impl Podman {
         #[serde(rename_all = "PascalCase")]
         struct Run {
             #[serde(default)]
+            start: String,
+            #[serde(default)]
             exit_code: i32,
             #[serde(default)]
             output: String,
@@ -458,6 +462,7 @@ impl Podman {
                 let out: String = out.chars().take(HEALTH_OUTPUT_CHARS).collect();
                 (r.exit_code, out)
             }),
+            last_start: log.last().map(|r| r.start.clone()),
         })
     }
 
