@@ -324,6 +324,7 @@ pub struct Placement {
     printcolumn = r#"{"name":"Healthy","type":"integer","jsonPath":".status.rollout.healthy"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.rollout.pending"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.rollout.failed"}"#,
+    printcolumn = r#"{"name":"CrashLooping","type":"integer","priority":1,"jsonPath":".status.rollout.crashLooping"}"#,
     printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.workloads.running"}"#,
     printcolumn = r#"{"name":"WorkloadsFailed","type":"integer","jsonPath":".status.workloads.failed"}"#,
     printcolumn = r#"{"name":"WorkloadsPending","type":"integer","priority":1,"jsonPath":".status.workloads.pending"}"#,
@@ -469,8 +470,12 @@ pub struct RolloutStatus {
     pub stalled: u32,
     /// Not given the change yet.
     pub pending: u32,
-    /// Failed the attempt, or restarted / fell silent during the soak.
+    /// Failed the attempt, or restarted / fell silent during the soak, or crash-looping.
     pub failed: u32,
+    /// Of `failed`: crash-looping (an updated agent, or a deployment's container, that keeps restarting: at least
+    /// 3 restarts, the latest within 10 minutes); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub crash_looping: u32,
     /// When the first soak of a soaking device ends: its commit (a deployment: its workload's start) plus
     /// `soakSeconds`, by that device's clock; absent while no device soaks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -516,6 +521,7 @@ pub struct ReleaseBuild {
     printcolumn = r#"{"name":"Healthy","type":"integer","jsonPath":".status.rollout.healthy"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.rollout.pending"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.rollout.failed"}"#,
+    printcolumn = r#"{"name":"CrashLooping","type":"integer","priority":1,"jsonPath":".status.rollout.crashLooping"}"#,
     printcolumn = r#"{"name":"UpToDate","type":"integer","priority":1,"jsonPath":".status.upToDate"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#,

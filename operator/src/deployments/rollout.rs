@@ -386,7 +386,12 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
             Standing::Updating => status.updating += 1,
             Standing::Soaking => status.soaking += 1,
             Standing::Healthy => status.healthy += 1,
-            Standing::Failed(_) => status.failed += 1,
+            Standing::Failed(f) => {
+                status.failed += 1;
+                if *f == Failure::CrashLooping {
+                    status.crash_looping += 1;
+                }
+            }
         }
     }
     status.updated = status.soaking + status.healthy;
@@ -1434,6 +1439,18 @@ mod tests {
         assert!(halt_of(Observed::Failed).retryable);
         let looping = halt_of(Observed::CrashLooping);
         assert!(!looping.retryable);
+        let counted = plan(
+            &targets(&[
+                ("a", true, Observed::CrashLooping),
+                ("b", false, Observed::Failed),
+            ]),
+            &p,
+            t(150),
+        );
+        assert_eq!(
+            (counted.status.failed, counted.status.crash_looping),
+            (2, 1)
+        );
         assert_eq!(looping.devices, ["a (crash-looping)"]);
         assert!(
             !halt_of(agent(100, 130, 150, 1)).retryable,
