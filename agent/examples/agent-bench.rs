@@ -1,6 +1,11 @@
 //! Benchmark driver for `scripts/bench.d/40-agent.sh`. With the production intervals, a real nats-server, real
 //! rootful Podman and the real `fleet-updater` beside the agent, it prints Markdown tables of:
-//! idle RSS, CPU time and wake-ups per idle minute with 10 workloads (agent, updater, nats-server side by side);
+//! idle RSS, CPU time and wake-ups per idle minute with 10 workloads (agent, updater, nats-server side by side),
+//! and again once 5 of the 10 have health checks the agent runs (3 HTTP and 2 TCP probes against the published
+//! host ports, where the bench's own server stands in for the containers', which have no network in this rig),
+//! and, for information, with 2 of the 5 command checks instead, which the agent runs through Podman's API as
+//! this Podman has no systemd for its own timer (every check at the default 30-s interval, or
+//! `FLEET_BENCH_HEALTH_INTERVAL` seconds);
 //! desired-state put → container running with the step breakdown from the agent's timing marks
 //! (`fleet_agent::timing`), with 10 and with 50 unchanged workloads present, against `podman run -d` of the same
 //! image and command in the same run (median of 5); and 50 workloads placed at once against fifty sequential
@@ -13,7 +18,10 @@ use fleet_rig::nats_client as nats;
 mod common;
 use common::*;
 use fleet_agent::podman::Podman;
-use fleet_wire::{kv, DesiredState, DeviceId, WorkloadName, WorkloadSpec};
+use fleet_wire::{
+    kv, DesiredState, DeviceId, DeviceWorkloadStatus, HealthCheck, HealthProbe, HealthState,
+    HttpProbe, PortMapping, Protocol, TcpProbe, WorkloadName, WorkloadSpec,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,6 +32,110 @@ fn workload(name: &str) -> WorkloadSpec {
     let mut w = WorkloadSpec::new(WorkloadName::try_from(name).unwrap(), IMAGE).unwrap();
     w.command = vec!["sleep".into(), "100000".into()];
     w
+}
+
+/// `workload(name)` with a health check of `kind` (`http`, `tcp` or `command`) every `interval` seconds (timeout
+/// 2 s); an HTTP or TCP probe targets container port 80, published as `host_port`.
+fn checked(name: &str, kind: &str, host_port: u16, interval: u32) -> WorkloadSpec {
+    let mut w = workload(name);
+    let probe = match kind {
+        "http" => HealthProbe::Http(HttpProbe {
+            port: 80,
+            path: "/healthz".into(),
+        }),
+        "tcp" => HealthProbe::Tcp(TcpProbe { port: 80 }),
+        _ => HealthProbe::Command(vec!["true".into()]),
+    };
+    if kind != "command" {
+        w.ports = vec![PortMapping {
+            host_port,
+            container_port: 80,
+            protocol: Protocol::Tcp,
+        }];
+    }
+    w.health_check = Some(HealthCheck {
+        interval_seconds: interval,
+        timeout_seconds: 2,
+        ..HealthCheck::new(probe)
+    });
+    w.validate().unwrap();
+    w
+}
+
+/// An HTTP server on a free port of 127.0.0.1 answering `200 OK` to everything: what a checked container would
+/// serve at its published port (this rig's containers have no network).
+fn stand_in_server() -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut req = [0u8; 1024];
+            let _ = c.read(&mut req);
+            let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    port
+}
+
+/// What one idle window measured.
+struct Idle {
+    rss_kib: u64,
+    window: f64,
+    before: Vec<Sample>,
+    after: Vec<Sample>,
+    threads_before: std::collections::BTreeMap<String, u64>,
+    threads_after: std::collections::BTreeMap<String, u64>,
+}
+
+/// Lets the agent settle 5 s, takes its RSS, then samples `pids` over `secs` of idling.
+fn idle(agent_pid: u32, pids: &[(&str, u32)], secs: u64) -> Idle {
+    std::thread::sleep(Duration::from_secs(5));
+    let rss_kib = rss_kib(agent_pid);
+    let before: Vec<Sample> = pids.iter().map(|(_, pid)| sample(*pid)).collect();
+    let threads_before = per_thread(agent_pid);
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(secs));
+    let window = t.elapsed().as_secs_f64();
+    Idle {
+        rss_kib,
+        window,
+        after: pids.iter().map(|(_, pid)| sample(*pid)).collect(),
+        before,
+        threads_before,
+        threads_after: per_thread(agent_pid),
+    }
+}
+
+/// The idle table (daemon rows named with `suffix`) and the agent's per-thread table.
+fn print_idle(title: &str, names: &[&str], suffix: &str, i: &Idle) {
+    println!();
+    println!("{title}, production intervals, over {:.0} s (wake-ups = voluntary + involuntary context switches of every thread; CPU from schedstat)", i.window);
+    println!();
+    println!("| daemon | threads | CPU time per idle minute | wake-ups per minute (of which preempted) | wake-ups per second (goal ≤ 1) |");
+    println!("|---|---|---|---|---|");
+    let per_min = 60.0 / i.window;
+    for ((name, a), z) in names.iter().zip(&i.before).zip(&i.after) {
+        let cpu = (z.cpu_ns - a.cpu_ns) as f64 / 1e6 * per_min;
+        let wakes = (z.switches - a.switches) as f64 * per_min;
+        let preempted = (z.preempted - a.preempted) as f64 * per_min;
+        println!(
+            "| {name}{suffix} | {} | {cpu:.1} ms | {wakes:.0} ({preempted:.0}) | {:.2} |",
+            z.threads,
+            wakes / 60.0
+        );
+    }
+    println!();
+    println!("fleet-agent's idle wake-ups per minute by thread{suffix}");
+    println!();
+    println!("| thread | wake-ups per minute |");
+    println!("|---|---|");
+    for (name, n) in &i.threads_after {
+        let was = i.threads_before.get(name).copied().unwrap_or(0);
+        println!("| {name} | {:.0} |", n.saturating_sub(was) as f64 * per_min);
+    }
 }
 
 fn names(prefix: &str, n: usize) -> Vec<WorkloadSpec> {
@@ -421,8 +533,6 @@ fn main() {
     let mut agent = Agent::spawn_logging(&config_path, &root, "info,fleet_agent::timing=debug");
     agent.wait_ready();
     b.wait_running(&agent, &ws);
-    std::thread::sleep(Duration::from_secs(5));
-    let agent_rss = rss_kib(agent.child.id());
     let idle_secs: u64 = std::env::var("FLEET_BENCH_IDLE_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -432,13 +542,46 @@ fn main() {
         ("fleet-updater", updater.0.id()),
         ("nats-server (reference)", b.rig.nats.pid().unwrap()),
     ];
-    let before: Vec<Sample> = pids.iter().map(|(_, pid)| sample(*pid)).collect();
-    let threads_before = per_thread(agent.child.id());
-    let t = Instant::now();
-    std::thread::sleep(Duration::from_secs(idle_secs));
-    let window = t.elapsed().as_secs_f64();
-    let after: Vec<Sample> = pids.iter().map(|(_, pid)| sample(*pid)).collect();
-    let threads_after = per_thread(agent.child.id());
+    let plain_idle = idle(agent.child.id(), &pids, idle_secs);
+
+    // Five of them get health checks (a new spec each: replaced), all healthy, then idle again: first every check
+    // one the agent runs on a device (HTTP, TCP), then with two command checks, which this Podman (no systemd)
+    // leaves to the agent, through its API; on a device Podman's own timer runs those.
+    let interval: u32 = std::env::var("FLEET_BENCH_HEALTH_INTERVAL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(fleet_wire::health::HEALTH_INTERVAL_DEFAULT_SECS);
+    let mut checked_idle = Vec::new();
+    for kinds in [
+        ["http", "http", "http", "tcp", "tcp"],
+        ["http", "http", "tcp", "command", "command"],
+    ] {
+        for (i, kind) in kinds.into_iter().enumerate() {
+            let port = if kind == "command" {
+                0
+            } else {
+                stand_in_server()
+            };
+            ws[i] = checked(&format!("w{i}"), kind, port, interval);
+        }
+        b.put(&ws);
+        let statuses = common::store(&b.rig.nc(), kv::WORKLOAD_STATUS);
+        eventually(
+            &agent,
+            Duration::from_secs(180),
+            "five health-checked workloads healthy",
+            || {
+                let s: DeviceWorkloadStatus = get_json(&statuses, DEVICE)?;
+                let healthy = s
+                    .workloads
+                    .iter()
+                    .filter(|w| w.health == Some(HealthState::Healthy))
+                    .count();
+                (s.generation == b.generation && healthy == 5).then_some(())
+            },
+        );
+        checked_idle.push(idle(agent.child.id(), &pids, idle_secs));
+    }
 
     // One change at a time with 10 unchanged workloads present.
     let ten = b.changes(&agent, &mut ws, "a");
@@ -491,7 +634,12 @@ fn main() {
     println!("|---|---|---|---|");
     println!(
         "| idle RSS with 10 workloads | {} | — | ≤ 6 MiB |",
-        mib(agent_rss * 1024)
+        mib(plain_idle.rss_kib * 1024)
+    );
+    println!(
+        "| idle RSS with 10 workloads, 5 with health checks | {} | with 2 of the 5 command checks run through Podman's API: {} | ≤ 6 MiB |",
+        mib(checked_idle[0].rss_kib * 1024),
+        mib(checked_idle[1].rss_kib * 1024)
     );
     println!(
         "| stripped release binary ({}) | {} | — | ≤ 6 MiB (amd64) |",
@@ -504,36 +652,20 @@ fn main() {
         ms(fifty_podman),
         fifty_agent as f64 / fifty_podman as f64
     );
-    println!();
-    println!(
-        "Idle with 10 workloads, production intervals, over {window:.0} s (wake-ups = voluntary + involuntary context switches of every thread; CPU from schedstat)"
+    let names: Vec<&str> = pids.iter().map(|(n, _)| *n).collect();
+    print_idle("Idle with 10 workloads", &names, "", &plain_idle);
+    print_idle(
+        &format!("Idle with 10 workloads of which 5 have health checks the agent runs (3 HTTP, 2 TCP probes, every {interval} s)"),
+        &names,
+        ", 5 health checks",
+        &checked_idle[0],
     );
-    println!();
-    println!("| daemon | threads | CPU time per idle minute | wake-ups per minute (of which preempted) | wake-ups per second (goal ≤ 1) |");
-    println!("|---|---|---|---|---|");
-    for (((name, _), a), z) in pids.iter().zip(&before).zip(&after) {
-        let per_min = 60.0 / window;
-        let cpu = (z.cpu_ns - a.cpu_ns) as f64 / 1e6 * per_min;
-        let wakes = (z.switches - a.switches) as f64 * per_min;
-        let preempted = (z.preempted - a.preempted) as f64 * per_min;
-        println!(
-            "| {name} | {} | {cpu:.1} ms | {wakes:.0} ({preempted:.0}) | {:.2} |",
-            z.threads,
-            wakes / 60.0
-        );
-    }
-    println!();
-    println!("fleet-agent's idle wake-ups per minute by thread");
-    println!();
-    println!("| thread | wake-ups per minute |");
-    println!("|---|---|");
-    for (name, n) in &threads_after {
-        let was = threads_before.get(name).copied().unwrap_or(0);
-        println!(
-            "| {name} | {:.0} |",
-            n.saturating_sub(was) as f64 * 60.0 / window
-        );
-    }
+    print_idle(
+        &format!("For information (no goal): idle with 10 workloads of which 5 have health checks, 2 of them command checks that the agent runs through Podman's API because this Podman has no systemd for its own timer (on a device the timer runs them), 2 HTTP and 1 TCP probe; every {interval} s"),
+        &names,
+        ", 5 health checks, 2 through Podman's API",
+        &checked_idle[1],
+    );
     print_breakdown(
         "Desired-state put → container running with 10 unchanged workloads present",
         &ten,

@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 /// Most bytes of an HTTP answer read to find its status line.
 pub const STATUS_LINE_MAX_BYTES: usize = 1024;
 
+/// How long a batch sleeps once, after sending its requests, before it reads the answers: the answers that came
+/// meanwhile (a local server answers a health request within milliseconds) are read in one wake-up, where waiting
+/// for each as it comes would wake the thread once per answer.
+pub const BATCH_SETTLE: Duration = Duration::from_millis(50);
+
 fn remaining(deadline: Instant, what: &str, timeout: Duration) -> Result<Duration, String> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
@@ -78,9 +83,10 @@ struct Waiting {
 }
 
 /// Runs `probes` at once in this thread, each bounded by its own timeout: the connections are made one after
-/// another (on the loopback a connection is accepted or refused at once), then every request is sent and every
-/// answer read without blocking, with one `poll` over all the sockets. A batch therefore costs about the wake-ups
-/// of one probe, not one per probe. The results are in `probes`' order.
+/// another (on the loopback a connection is accepted or refused at once), then every request is sent, the thread
+/// sleeps [`BATCH_SETTLE`] once, and every answer is read without blocking, with one `poll` over all the sockets
+/// for those still missing. A batch therefore costs about the wake-ups of one probe, not one per probe. The results
+/// are in `probes`' order.
 pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
     let mut out: Vec<Option<Result<(), String>>> = vec![None; probes.len()];
     let mut waiting = Vec::new();
@@ -117,6 +123,7 @@ pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
             timeout: p.timeout,
         });
     }
+    let mut settled = false;
     while !waiting.is_empty() {
         let now = Instant::now();
         waiting.retain_mut(|w| {
@@ -135,6 +142,11 @@ pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
         let Some(first) = waiting.iter().map(|w| w.deadline).min() else {
             break;
         };
+        if !settled && waiting.iter().all(|w| w.sent == w.request.len()) {
+            settled = true;
+            std::thread::sleep(BATCH_SETTLE.min(first.saturating_duration_since(Instant::now())));
+            continue;
+        }
         let mut fds: Vec<libc::pollfd> = waiting
             .iter()
             .map(|w| libc::pollfd {
