@@ -22,6 +22,8 @@ pub enum AlertKind {
     AgentCrashLooping,
     /// A workload's container keeps restarting on a device (reported `crash-looping` by the agent).
     WorkloadCrashLooping,
+    /// A workload's health check keeps failing on a device (reported `unhealthy` by the agent).
+    WorkloadUnhealthy,
     /// fleet-auth refused writes of a device recently (over its share, too large, not its key): a broken or
     /// compromised device.
     WritesRefused,
@@ -37,12 +39,13 @@ pub enum AlertKind {
 
 impl AlertKind {
     /// Every kind, in display order.
-    pub const ALL: [AlertKind; 10] = [
+    pub const ALL: [AlertKind; 11] = [
         Self::RollbackFailed,
         Self::DeviceSilent,
         Self::DeviceStalled,
         Self::AgentCrashLooping,
         Self::WorkloadCrashLooping,
+        Self::WorkloadUnhealthy,
         Self::WritesRefused,
         Self::CanaryFailed,
         Self::RunFailed,
@@ -64,6 +67,7 @@ impl AlertKind {
             Self::DeviceStalled => "DeviceStalled",
             Self::AgentCrashLooping => "AgentCrashLooping",
             Self::WorkloadCrashLooping => "WorkloadCrashLooping",
+            Self::WorkloadUnhealthy => "WorkloadUnhealthy",
             Self::WritesRefused => "DeviceWritesRefused",
             Self::CanaryFailed => "TaskRunCanaryFailed",
             Self::RunFailed => "TaskRunFailed",
@@ -80,6 +84,7 @@ impl AlertKind {
             Self::DeviceStalled => "Device stalled",
             Self::AgentCrashLooping => "Agent crash-looping",
             Self::WorkloadCrashLooping => "Workload crash-looping",
+            Self::WorkloadUnhealthy => "Workload unhealthy",
             Self::WritesRefused => "Device writes refused",
             Self::CanaryFailed => "Task run stopped: a canary failed",
             Self::RunFailed => "Task run failed",
@@ -112,6 +117,11 @@ impl AlertKind {
             Self::WorkloadCrashLooping => {
                 "Podman keeps restarting the container: read `podman logs` of it on the device (the device page \
                  shows its restarts and last exit code), then fix the image or the FleetDeployment's spec."
+            }
+            Self::WorkloadUnhealthy => {
+                "Its health check keeps failing while the container runs: the detail says how (the answer of an \
+                 HTTP check, Podman's output of a command check); `podman healthcheck run` or `podman logs` of it on \
+                 the device, then fix the image or the FleetDeployment's spec (docs/crds.md, Workload health checks)."
             }
             Self::WritesRefused => {
                 "The agent never writes this much or outside its own keys: read `journalctl -u fleet-agent` \
@@ -248,6 +258,8 @@ pub struct DeviceFacts<'a> {
     pub agent_restarts: Option<&'a crate::crd::AgentRestarts>,
     /// Its workloads reported `crash-looping` (from the workload-status mirror), with their restarts.
     pub looping_workloads: Vec<(String, Option<fleet_wire::Restarts>)>,
+    /// Its workloads reported running but `unhealthy` (from the workload-status mirror), with their error.
+    pub unhealthy_workloads: Vec<(String, String)>,
 }
 
 /// `restarted N times, last exit code C`.
@@ -355,6 +367,17 @@ pub fn evaluate<'a>(
                 },
                 since: None,
                 detail: restarts_text(r.as_ref()),
+            });
+        }
+        for (w, error) in &d.unhealthy_workloads {
+            out.push(Alert {
+                kind: AlertKind::WorkloadUnhealthy,
+                subject: Subject::Workload {
+                    device: d.name.to_owned(),
+                    workload: w.clone(),
+                },
+                since: None,
+                detail: error.clone(),
             });
         }
         if let Some((w, last)) = d
@@ -636,6 +659,7 @@ mod tests {
                     stalled: None,
                     agent_restarts: None,
                     looping_workloads: Vec::new(),
+                    unhealthy_workloads: Vec::new(),
                 })
                 .chain(refusals.iter().map(|(n, last)| DeviceFacts {
                     name: n,
@@ -646,6 +670,7 @@ mod tests {
                     stalled: None,
                     agent_restarts: None,
                     looping_workloads: Vec::new(),
+                    unhealthy_workloads: Vec::new(),
                 }))
                 .chain([DeviceFacts {
                     name: "untaken",
@@ -656,6 +681,7 @@ mod tests {
                     stalled: Some(&task_stall),
                     agent_restarts: None,
                     looping_workloads: Vec::new(),
+                    unhealthy_workloads: Vec::new(),
                 }])
                 .chain(restarted.iter().map(|(n, a, w)| DeviceFacts {
                     name: n,
@@ -666,6 +692,14 @@ mod tests {
                     stalled: None,
                     agent_restarts: Some(a),
                     looping_workloads: w.clone(),
+                    unhealthy_workloads: if *n == "web-host" {
+                        vec![(
+                            "api".to_owned(),
+                            "unhealthy: GET /healthz on port 8080 answered HTTP 503".to_owned(),
+                        )]
+                    } else {
+                        Vec::new()
+                    },
                 }))
                 .chain(unjudged.iter().map(|(n, before)| DeviceFacts {
                     name: n,
@@ -679,6 +713,7 @@ mod tests {
                     stalled: None,
                     agent_restarts: None,
                     looping_workloads: Vec::new(),
+                    unhealthy_workloads: Vec::new(),
                 })),
             runs.iter().map(|(n, s)| RunFacts {
                 namespace: "ops",
@@ -705,6 +740,10 @@ mod tests {
                 (
                     AlertKind::WorkloadCrashLooping,
                     "workload web on device web-host".into()
+                ),
+                (
+                    AlertKind::WorkloadUnhealthy,
+                    "workload api on device web-host".into()
                 ),
                 (AlertKind::WritesRefused, "device flooder".into()),
                 (AlertKind::CanaryFailed, "task run ops/canary".into()),
@@ -733,10 +772,14 @@ mod tests {
         );
         assert_eq!(
             alerts[7].detail,
+            "unhealthy: GET /healthz on port 8080 answered HTTP 503"
+        );
+        assert_eq!(
+            alerts[8].detail,
             "300 refused since 2026-12-01T10:00:00Z (latest: over-budget in device-heartbeat: over the \
              device's write budget)"
         );
-        assert!(alerts[8]
+        assert!(alerts[9]
             .detail
             .starts_with("CanaryFailed: 0 of 3 succeeded, 1 failed"));
         assert_eq!(alerts[5].since, Some(at(100_000 - 600)));

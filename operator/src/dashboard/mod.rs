@@ -216,6 +216,7 @@ async fn watch_alerts(
                     stalled: s.and_then(|s| s.stalled.as_ref()),
                     agent_restarts: s.and_then(|s| s.agent_restarts.as_ref()),
                     looping_workloads: state.looping_workloads(d),
+                    unhealthy_workloads: state.unhealthy_workloads(d),
                 }
             }),
             runs.iter().filter_map(|r| {

@@ -201,6 +201,34 @@ impl State {
         })
     }
 
+    /// The workloads `device` reports running but `unhealthy`, with their error, read from the workload-status
+    /// mirror only when its Device counts failed workloads (an unhealthy one is counted failed).
+    pub fn unhealthy_workloads(&self, device: &Device) -> Vec<(String, String)> {
+        let counted = device
+            .status
+            .as_ref()
+            .and_then(|s| s.workloads.as_ref())
+            .is_some_and(|w| w.failed > 0);
+        if !counted {
+            return Vec::new();
+        }
+        let name = device.metadata.name.as_deref().unwrap_or_default();
+        self.workloads.with(name, |s| {
+            s.and_then(|s| s.value.as_deref())
+                .map(|st| {
+                    st.workloads
+                        .iter()
+                        .filter(|w| w.health == Some(fleet_wire::HealthState::Unhealthy))
+                        .map(|w| {
+                            let error = w.error.as_ref().map(|e| e.as_str()).unwrap_or("unhealthy");
+                            (w.name.as_str().to_owned(), error.to_owned())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
+
     /// The NATS buckets, or why there are none yet.
     pub fn buckets(&self) -> Result<Arc<Buckets>, NatsError> {
         self.nats
