@@ -152,7 +152,7 @@ impl Cluster {
                 ("RUST_LOG", "info".into()),
             ],
         };
-        let child = c.spawn_operator();
+        let child = c.spawn_operator(&[]);
         // Also for a cluster kept in a `static` (never dropped): its directory (kubeconfigs, keys) goes too.
         fleet_rig::util::kill_and_remove_when_gone(&[child.id()], c.dir.path());
         *c.operator.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
@@ -160,8 +160,9 @@ impl Cluster {
         c
     }
 
-    /// Starts the operator as [`Launch`] says, its output appended to `fleet-operator.log`.
-    fn spawn_operator(&self) -> Child {
+    /// Starts the operator as [`Launch`] says, with `extra` arguments after its own, its output appended to
+    /// `fleet-operator.log`.
+    fn spawn_operator(&self, extra: &[&str]) -> Child {
         let log = self.dir.path().join("fleet-operator.log");
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -172,7 +173,7 @@ impl Cluster {
             .try_clone()
             .unwrap_or_else(|e| panic!("operator log: {e}"));
         let mut cmd = Command::new(&self.launch.bin);
-        cmd.args(&self.launch.args);
+        cmd.args(&self.launch.args).args(extra);
         for (k, v) in &self.launch.env {
             cmd.env(k, v);
         }
@@ -186,6 +187,12 @@ impl Cluster {
     /// SIGKILLs the operator (no shutdown of any kind, as a node lost or an OOM kill would) and starts it again
     /// the same way; returns the new process's PID. The log keeps both runs, with a line between them.
     pub fn kill_operator_and_restart(&self) -> u32 {
+        self.kill_operator_and_restart_with(&[])
+    }
+
+    /// [`Self::kill_operator_and_restart`], the new operator started with `extra` arguments as well (e.g. a short
+    /// `--alert-silent-after`).
+    pub fn kill_operator_and_restart_with(&self, extra: &[&str]) -> u32 {
         let mut slot = self.operator.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(mut old) = slot.take() {
             let _ = old.kill();
@@ -195,7 +202,7 @@ impl Cluster {
         if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&log) {
             let _ = writeln!(f, "--- fleet-operator SIGKILLed and started again ---");
         }
-        let child = self.spawn_operator();
+        let child = self.spawn_operator(extra);
         let pid = child.id();
         fleet_rig::util::kill_when_gone(&[pid]);
         *slot = Some(child);

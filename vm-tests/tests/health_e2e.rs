@@ -12,10 +12,17 @@
 //!    change and never reports it; it is named `stalled` in `Progressing` and `status.rollout.stalled` within its
 //!    bound (heartbeat timeout plus the slack), keeps its `maxUnavailable` slot (the last device waits), and once
 //!    thawed the rollout completes.
-//! 3. A crash-looping agent release (ready, then killed 20 s after every start; `soakSeconds: 60`, one canary,
+//! 3. No false alarms: the operator SIGKILLed and started three times with a live fleet and a 60-s silence
+//!    threshold (shorter than the age of every Device's hourly `lastHeartbeat`) raises no `DeviceSilent` for a live
+//!    device; one frozen beforehand is alerted within the threshold plus 30 s and shown `Online False`.
+//! 4. An HTTP health check that starts failing after an update: a workload served by busybox's httpd on a
+//!    published port, checked at `/healthz` by the agent; the staged update no longer serves it, so the canary
+//!    reports `unhealthy`, fails its soak and the rollout halts; the others keep the previous spec and the canary
+//!    keeps the new one (the old spec is not restored: docs/crds.md says why).
+//! 5. A crash-looping agent release (ready, then killed 20 s after every start; `soakSeconds: 60`, one canary,
 //!    `maxUnavailable: 1`): the release halts on the canary and **stays halted for 5 minutes after the soak
 //!    window**, the other two never receive an intent, the halt proposes no retry of a soak failure, and the
-//!    Device reports the agent's restarts.
+//!    Device says `crash-looping` with the agent's restarts, with an `AgentCrashLooping` event.
 
 use fleet_rig::nats_client as nats;
 use fleet_vm_tests::builds::{self, V3};
@@ -64,7 +71,7 @@ fn page(fleet: &LocalFleet, path: &str) -> String {
 }
 
 #[test]
-fn crash_loops_halt_and_stay_halted_silent_devices_stall() {
+fn crash_loops_halt_and_stay_halted_silent_devices_stall_no_false_alarms() {
     let started = Instant::now();
     let ids: Vec<&str> = std::iter::once(CANARY).chain(OTHERS).collect();
     let fleet = LocalFleet::start(&ids);
@@ -84,9 +91,19 @@ fn crash_loops_halt_and_stay_halted_silent_devices_stall() {
         "scenario 2 (a silent device stalls) done at {:?}",
         started.elapsed()
     );
+    operator_restarts_raise_no_false_alarms(&fleet);
+    eprintln!(
+        "scenario 3 (three operator restarts, no false DeviceSilent) done at {:?}",
+        started.elapsed()
+    );
+    http_check_fails_after_the_update(&fleet);
+    eprintln!(
+        "scenario 4 (an HTTP health check failing after the update halts) done at {:?}",
+        started.elapsed()
+    );
     crash_looping_agent_stays_halted(&fleet);
     eprintln!(
-        "scenario 3 (a crash-looping agent stays halted) done at {:?}",
+        "scenario 5 (a crash-looping agent stays halted) done at {:?}",
         started.elapsed()
     );
     fleet.assert_no_secrets_in_logs();
@@ -170,6 +187,17 @@ fn crash_looping_container(fleet: &LocalFleet) {
     assert!(
         device_page.contains("crash-looping"),
         "the device page does not say crash-looping:\n{device_page}"
+    );
+    // The Device's typed state and its column, and the alert's event on the Device.
+    let row = cluster.kubectl(&["get", "fdev", CANARY]);
+    assert!(row.contains("workloads"), "kubectl get fdev:\n{row}");
+    cluster.wait(
+        "a WorkloadCrashLooping event on the canary's Device",
+        Duration::from_secs(30),
+        || {
+            Some(cluster.warnings("Device", CANARY))
+                .filter(|w| w.iter().any(|m| m.starts_with("WorkloadCrashLooping")))
+        },
     );
 
     // A staged update that still crash-loops halts at the canary; the others keep the previous spec.
@@ -296,7 +324,173 @@ fn silent_device_stalls(fleet: &LocalFleet) {
     cluster.kubectl(&["delete", "fdep", "web"]);
 }
 
-/// Scenario 3: the agent build dies 20 s after every start, after it became ready and committed.
+/// DeviceSilent events on `device`'s Device.
+fn silent_events(fleet: &LocalFleet, device: &str) -> usize {
+    fleet
+        .cluster
+        .warnings("Device", device)
+        .iter()
+        .filter(|m| m.starts_with("DeviceSilent"))
+        .count()
+}
+
+/// Scenario 3: the operator restarted three times (SIGKILL, as a node loss would) with a live fleet and a silence
+/// threshold of 60 s, shorter than the age of every Device's `lastHeartbeat` (refreshed hourly): no DeviceSilent
+/// event for a live device; a device frozen beforehand is alerted within the threshold plus 30 s of its last
+/// heartbeat.
+fn operator_restarts_raise_no_false_alarms(fleet: &LocalFleet) {
+    let cluster = &fleet.cluster;
+    let frozen = OTHERS[1];
+    let js = nats::jetstream::new(fleet.nats.connect());
+    let heartbeats = js
+        .key_value(kv::DEVICE_HEARTBEAT)
+        .expect("heartbeat bucket");
+    let live = [CANARY, OTHERS[0]];
+    let before: Vec<usize> = live.iter().map(|d| silent_events(fleet, d)).collect();
+    fleet
+        .device(frozen)
+        .guest
+        .systemctl(&["kill", "-s", "SIGSTOP", "fleet-agent"]);
+    let (beat, _): (fleet_wire::Heartbeat, _) =
+        kv_entry(&heartbeats, frozen).expect("a heartbeat before the freeze");
+    for _ in 0..3 {
+        cluster.kill_operator_and_restart_with(&["--alert-silent-after", "60s"]);
+        std::thread::sleep(Duration::from_secs(20));
+    }
+    let alerted = cluster.wait(
+        "the frozen device alerted as silent",
+        Duration::from_secs(120),
+        || (silent_events(fleet, frozen) > 0).then(Timestamp::now),
+    );
+    let after = alerted.since(beat.at);
+    eprintln!("the frozen device alerted {after:?} after its last heartbeat");
+    assert!(
+        after <= Duration::from_secs(60 + 30 + 5),
+        "alerted {after:?} after its last heartbeat (threshold 60 s)"
+    );
+    // Every live device was watched past the threshold by the last operator: not one false alarm.
+    std::thread::sleep(Duration::from_secs(20));
+    for (d, n) in live.iter().zip(before) {
+        assert_eq!(
+            silent_events(fleet, d),
+            n,
+            "{d} alerted as silent across operator restarts: {:?}",
+            cluster.warnings("Device", d)
+        );
+    }
+    let row = cluster.kubectl(&["get", "fdev", frozen]);
+    assert!(
+        row.contains("False"),
+        "kubectl get fdev shows it offline:\n{row}"
+    );
+    fleet
+        .device(frozen)
+        .guest
+        .systemctl(&["kill", "-s", "SIGCONT", "fleet-agent"]);
+    cluster.wait("the thawed device online again", STEP_TIMEOUT, || {
+        cluster
+            .condition(&["fdev", frozen], "Online")
+            .filter(|c| c.status == "True")
+    });
+}
+
+/// The deployment `site`: one workload serving `/www` with busybox's httpd on container port 8080, published on
+/// host port 18080 of each device, with an HTTP check of `/healthz` every 5 s (two failures make it unhealthy).
+fn site(script: &str, rollout: &str) -> String {
+    format!(
+        "apiVersion: fleet.nationtech.io/v1alpha1\nkind: FleetDeployment\nmetadata:\n  name: site\nspec:\n  \
+         allowedGroups: [lab]\n  targetSelector: {{}}\n  workloads:\n    - name: site\n      image: {TEST_IMAGE}\n      \
+         command: [sh, -c, \"{script}\"]\n      ports: [{{hostPort: 18080, containerPort: 8080}}]\n      \
+         healthCheck:\n        http: {{port: 8080, path: /healthz}}\n        intervalSeconds: 5\n        retries: 2\n\
+         {rollout}"
+    )
+}
+
+/// Scenario 4.
+fn http_check_fails_after_the_update(fleet: &LocalFleet) {
+    use fleet_wire::health::HealthState;
+    let cluster = &fleet.cluster;
+    let js = nats::jetstream::new(fleet.nats.connect());
+    let reports = js
+        .key_value(kv::WORKLOAD_STATUS)
+        .expect("workload-status bucket");
+    let desired = js
+        .key_value(kv::DESIRED_STATE)
+        .expect("desired-state bucket");
+    let serving =
+        "busybox mkdir -p /www && echo ok > /www/healthz && exec busybox httpd -f -p 8080 -h /www";
+    let broken = "busybox mkdir -p /www && exec busybox httpd -f -p 8080 -h /www";
+    cluster.apply(&site(
+        serving,
+        "  rollout:\n    soakSeconds: 0\n    maxUnavailable: 3\n",
+    ));
+    cluster.wait("site healthy on all three", STEP_TIMEOUT, || {
+        ids_all()
+            .iter()
+            .all(|d| {
+                reported_workload(&reports, d, "site", WorkloadState::Running)
+                    .is_some_and(|(w, _)| w.health == Some(HealthState::Healthy))
+            })
+            .then_some(())
+    });
+    cluster.apply(&site(
+        broken,
+        "  rollout:\n    soakSeconds: 60\n    maxUnavailable: 1\n",
+    ));
+    let (report, _) = cluster.wait("the canary reports site unhealthy", STEP_TIMEOUT, || {
+        reported_workload(&reports, CANARY, "site", WorkloadState::Running)
+            .filter(|(w, _)| w.health == Some(HealthState::Unhealthy))
+    });
+    eprintln!("the canary's report: {report:?}");
+    let halted = cluster.wait("the update halted", Duration::from_secs(120), || {
+        cluster
+            .condition(&["fdep", "site"], "Halted")
+            .filter(|c| c.status == "True")
+    });
+    assert_eq!(halted.reason, "CanaryFailed", "{halted:?}\n{}", logs(fleet));
+    assert!(
+        halted.message.contains(&format!("{CANARY} (unhealthy)")),
+        "{halted:?}"
+    );
+    cluster.wait(
+        "a WorkloadUnhealthy event on the canary's Device",
+        Duration::from_secs(60),
+        || {
+            Some(cluster.warnings("Device", CANARY)).filter(|w| {
+                w.iter()
+                    .any(|m| m.starts_with("WorkloadUnhealthy") && m.contains("site"))
+            })
+        },
+    );
+    std::thread::sleep(Duration::from_secs(10));
+    for d in OTHERS {
+        let (s, _): (DesiredState, _) = kv_entry(&desired, d).expect("desired state");
+        let w = s
+            .workloads
+            .iter()
+            .find(|w| w.name.as_str() == "site")
+            .expect("site");
+        assert!(
+            w.command.iter().any(|a| a.contains("healthz")),
+            "{d} was given the update past a halted canary: {w:?}"
+        );
+    }
+    // The canary keeps the change: its container runs the new spec (not restored to the old one).
+    let cmd = fleet
+        .device(CANARY)
+        .container("fleet-site")
+        .expect("fleet-site")["Config"]["Cmd"]
+        .clone();
+    assert!(
+        cmd.to_string()
+            .contains(broken.split(" && ").next().unwrap_or_default())
+            && !cmd.to_string().contains("healthz"),
+        "the canary's container: {cmd}"
+    );
+    cluster.kubectl(&["delete", "fdep", "site"]);
+}
+
+/// Scenario 5: the agent build dies 20 s after every start, after it became ready and committed.
 fn crash_looping_agent_stays_halted(fleet: &LocalFleet) {
     let cluster = &fleet.cluster;
     let js = nats::jetstream::new(fleet.nats.connect());
@@ -376,5 +570,26 @@ fn crash_looping_agent_stays_halted(fleet: &LocalFleet) {
         reported.is_some_and(|n| n >= 2),
         "device-info restarts {reported:?} (systemd says {nrestarts})"
     );
+    // What a person reads: the Device says crash-looping with the restart count, and the alert's event.
+    let device = cluster.get_json(&["fdev", CANARY]).expect("Device");
+    let status = &device["status"];
+    assert!(
+        status["crashLooping"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("agent"))
+            && status["agentRestarts"]["count"]
+                .as_u64()
+                .is_some_and(|n| n >= 2),
+        "the Device: {status:#}"
+    );
+    let warnings = cluster.wait(
+        "an AgentCrashLooping event on the canary's Device",
+        Duration::from_secs(30),
+        || {
+            Some(cluster.warnings("Device", CANARY))
+                .filter(|w| w.iter().any(|m| m.starts_with("AgentCrashLooping")))
+        },
+    );
+    eprintln!("the canary's Device events: {warnings:?}");
     cluster.kubectl(&["delete", "frel", "looping"]);
 }
