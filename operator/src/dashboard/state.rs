@@ -179,36 +179,42 @@ impl State {
         &self,
         device: &Device,
     ) -> Vec<(String, Option<fleet_wire::Restarts>)> {
-        let counted = device
-            .status
-            .as_ref()
-            .and_then(|s| s.workloads.as_ref())
-            .is_some_and(|w| w.crash_looping > 0);
-        if !counted {
-            return Vec::new();
-        }
-        let name = device.metadata.name.as_deref().unwrap_or_default();
-        self.workloads.with(name, |s| {
-            s.and_then(|s| s.value.as_deref())
-                .map(|st| {
-                    st.workloads
-                        .iter()
-                        .filter(|w| w.state == WorkloadState::CrashLooping)
-                        .map(|w| (w.name.as_str().to_owned(), w.restarts))
-                        .collect()
-                })
-                .unwrap_or_default()
-        })
+        self.reported_workloads(
+            device,
+            |h| h.crash_looping > 0,
+            |w| (w.state == WorkloadState::CrashLooping).then_some(w.restarts),
+        )
     }
 
     /// The workloads `device` reports running but `unhealthy`, with their error, read from the workload-status
     /// mirror only when its Device counts failed workloads (an unhealthy one is counted failed).
     pub fn unhealthy_workloads(&self, device: &Device) -> Vec<(String, String)> {
+        self.reported_workloads(
+            device,
+            |h| h.failed > 0,
+            |w| {
+                (w.health == Some(fleet_wire::HealthState::Unhealthy)).then(|| {
+                    let error = w.error.as_ref().map(|e| e.as_str()).unwrap_or("unhealthy");
+                    error.to_owned()
+                })
+            },
+        )
+    }
+
+    /// Each workload of `device`'s report that `pick` picks, by name, read from the workload-status mirror only
+    /// when the Device's own counts say there is something to find (`counted`): a pass over the alerts reads
+    /// no report of a healthy device.
+    fn reported_workloads<T>(
+        &self,
+        device: &Device,
+        counted: impl Fn(&crate::crd::WorkloadHealth) -> bool,
+        pick: impl Fn(&fleet_wire::WorkloadStatus) -> Option<T>,
+    ) -> Vec<(String, T)> {
         let counted = device
             .status
             .as_ref()
             .and_then(|s| s.workloads.as_ref())
-            .is_some_and(|w| w.failed > 0);
+            .is_some_and(counted);
         if !counted {
             return Vec::new();
         }
@@ -218,11 +224,7 @@ impl State {
                 .map(|st| {
                     st.workloads
                         .iter()
-                        .filter(|w| w.health == Some(fleet_wire::HealthState::Unhealthy))
-                        .map(|w| {
-                            let error = w.error.as_ref().map(|e| e.as_str()).unwrap_or("unhealthy");
-                            (w.name.as_str().to_owned(), error.to_owned())
-                        })
+                        .filter_map(|w| Some((w.name.as_str().to_owned(), pick(w)?)))
                         .collect()
                 })
                 .unwrap_or_default()
