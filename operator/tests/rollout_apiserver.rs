@@ -381,9 +381,21 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
         .iter()
         .rfind(|h| h.type_ == "Halted" && h.status == "True")
         .expect("the halt in the history");
+    // History entries keep a message of at most MAX_HISTORY_MESSAGE_CHARS (cut with an ellipsis).
+    let bound = fleet_operator::conditions::MAX_HISTORY_MESSAGE_CHARS;
+    let kept: String = if halted.message.chars().count() <= bound {
+        halted.message.clone()
+    } else {
+        halted
+            .message
+            .chars()
+            .take(bound - 1)
+            .chain(['…'])
+            .collect()
+    };
     assert_eq!(
         (&entry.time, entry.message.as_str()),
-        (&halted.last_transition_time, halted.message.as_str())
+        (&halted.last_transition_time, kept.as_str())
     );
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(r.f.client.clone(), "default");

@@ -518,7 +518,7 @@ fn crash_looping_agent_stays_halted(fleet: &LocalFleet) {
     assert!(halted.message.contains(CANARY), "{halted:?}");
     assert!(
         !halted.message.contains("To retry the failed attempts")
-            && halted.message.contains("did not stay healthy"),
+            && halted.message.contains("does not undo a failed soak"),
         "the halt proposes an action that cannot work: {halted:?}"
     );
     // Watched for 5 minutes past the soak window: still halted, nobody else given the build.

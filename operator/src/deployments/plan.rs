@@ -742,9 +742,8 @@ fn rollout_wants(o: &rollout::Outcome) -> [Want; 2] {
                 )
             } else {
                 format!(
-                    "They run the change but did not stay healthy through their soak, which a retry does not undo: \
-                     publish a fixed spec (a new generation lifts the halt), or once they are healthy again set the \
-                     annotation {}=<new value> to resume",
+                    "A retry does not undo a failed soak: publish a fixed spec (a new generation lifts the \
+                     halt), or set {}=<new value> to resume once they are healthy",
                     release::RETRY_ANNOTATION
                 )
             };
