@@ -378,6 +378,21 @@ fn operator_restarts_raise_no_false_alarms(fleet: &LocalFleet) {
             cluster.warnings("Device", d)
         );
     }
+    // Online turns False after 90 s of silence (three missed heartbeats), later than the 60-s alert here.
+    cluster.wait(
+        "the frozen device shown offline",
+        Duration::from_secs(90),
+        || {
+            cluster
+                .condition(&["fdev", frozen], "Online")
+                .filter(|c| c.status == "False")
+        },
+    );
+    let offline = Timestamp::now().since(beat.at);
+    assert!(
+        offline <= Duration::from_secs(90 + 30),
+        "Online=False only {offline:?} after its last heartbeat"
+    );
     let row = cluster.kubectl(&["get", "fdev", frozen]);
     assert!(
         row.contains("False"),
