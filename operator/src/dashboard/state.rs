@@ -194,8 +194,10 @@ impl State {
             |h| h.failed > 0,
             |w| {
                 (w.health == Some(fleet_wire::HealthState::Unhealthy)).then(|| {
+                    // The device's own words: logged and put in an Event, so no control character of it
+                    // (a newline forging a log line) passes as it is.
                     let error = w.error.as_ref().map(|e| e.as_str()).unwrap_or("unhealthy");
-                    error.to_owned()
+                    error.escape_debug().to_string()
                 })
             },
         )
