@@ -203,12 +203,7 @@ fn crash_looping_container(fleet: &LocalFleet) {
     // A staged update that still crash-loops halts at the canary; the others keep the previous spec.
     let staged = "  rollout:\n    soakSeconds: 30\n    maxUnavailable: 1\n";
     cluster.apply(&deployment("loop", "sleep 4; exit 4", staged));
-    let halted = cluster.wait("the update halted", STEP_TIMEOUT, || {
-        cluster
-            .condition(&["fdep", "loop"], "Halted")
-            .filter(|c| c.status == "True")
-    });
-    assert_eq!(halted.reason, "CanaryFailed", "{halted:?}\n{}", logs(fleet));
+    let halted = halted_by_the_canary(fleet, ["fdep", "loop"], STEP_TIMEOUT);
     assert!(halted.message.contains(CANARY), "{halted:?}");
     // A soak failure is not "retried": the message says what works.
     assert!(
@@ -216,19 +211,45 @@ fn crash_looping_container(fleet: &LocalFleet) {
         "{halted:?}"
     );
     std::thread::sleep(Duration::from_secs(5));
+    others_keep_the_previous_spec(&desired, "loop", "exit 3");
+    cluster.kubectl(&["delete", "fdep", "loop"]);
+}
+
+/// Waits until `object` (`[kind, name]`) reports `Halted=True`, and asserts a canary halted it.
+fn halted_by_the_canary(
+    fleet: &LocalFleet,
+    object: [&str; 2],
+    timeout: Duration,
+) -> fleet_vm_tests::cluster::Condition {
+    let halted = fleet.cluster.wait(
+        &format!("{} {} halted", object[0], object[1]),
+        timeout,
+        || {
+            fleet
+                .cluster
+                .condition(&object, "Halted")
+                .filter(|c| c.status == "True")
+        },
+    );
+    assert_eq!(halted.reason, "CanaryFailed", "{halted:?}\n{}", logs(fleet));
+    halted
+}
+
+/// Asserts that neither of the other devices was given the update of `workload`: each one's desired-state key
+/// still holds the previous spec, whose command has `marker` in it.
+fn others_keep_the_previous_spec(desired: &nats::kv::Store, workload: &str, marker: &str) {
     for d in OTHERS {
-        let (s, _): (DesiredState, _) = kv_entry(&desired, d).expect("desired state");
+        let (s, _): (DesiredState, _) = kv_entry(desired, d).expect("desired state");
         let w = s
             .workloads
             .iter()
-            .find(|w| w.name.as_str() == "loop")
-            .expect("loop");
+            .find(|w| w.name.as_str() == workload)
+            .expect("the workload");
         assert!(
-            w.command.iter().any(|a| a.contains("exit 3")),
+            w.command.iter().any(|a| a.contains(marker)),
             "{d} was given the update past a halted canary: {w:?}"
         );
     }
-    cluster.kubectl(&["delete", "fdep", "loop"]);
 }
 
 fn ids_all() -> Vec<&'static str> {
@@ -457,12 +478,7 @@ fn http_check_fails_after_the_update(fleet: &LocalFleet) {
             .filter(|(w, _)| w.health == Some(HealthState::Unhealthy))
     });
     eprintln!("the canary's report: {report:?}");
-    let halted = cluster.wait("the update halted", Duration::from_secs(120), || {
-        cluster
-            .condition(&["fdep", "site"], "Halted")
-            .filter(|c| c.status == "True")
-    });
-    assert_eq!(halted.reason, "CanaryFailed", "{halted:?}\n{}", logs(fleet));
+    let halted = halted_by_the_canary(fleet, ["fdep", "site"], Duration::from_secs(120));
     assert!(
         halted.message.contains(&format!("{CANARY} (unhealthy)")),
         "{halted:?}"
@@ -478,18 +494,7 @@ fn http_check_fails_after_the_update(fleet: &LocalFleet) {
         },
     );
     std::thread::sleep(Duration::from_secs(10));
-    for d in OTHERS {
-        let (s, _): (DesiredState, _) = kv_entry(&desired, d).expect("desired state");
-        let w = s
-            .workloads
-            .iter()
-            .find(|w| w.name.as_str() == "site")
-            .expect("site");
-        assert!(
-            w.command.iter().any(|a| a.contains("healthz")),
-            "{d} was given the update past a halted canary: {w:?}"
-        );
-    }
+    others_keep_the_previous_spec(&desired, "site", "healthz");
     // The canary keeps the change: its container runs the new spec (not restored to the old one).
     let cmd = fleet
         .device(CANARY)
@@ -524,12 +529,7 @@ fn crash_looping_agent_stays_halted(fleet: &LocalFleet) {
                 && u.target_version.as_ref().map(|v| v.as_str()) == Some(V3)
         })
     });
-    let halted = cluster.wait("the release halted", Duration::from_secs(120), || {
-        cluster
-            .condition(&["frel", "looping"], "Halted")
-            .filter(|c| c.status == "True")
-    });
-    assert_eq!(halted.reason, "CanaryFailed", "{halted:?}\n{}", logs(fleet));
+    let halted = halted_by_the_canary(fleet, ["frel", "looping"], Duration::from_secs(120));
     assert!(halted.message.contains(CANARY), "{halted:?}");
     assert!(
         !halted.message.contains("To retry the failed attempts")
