@@ -392,6 +392,11 @@ impl Podman {
             #[serde(rename = "RestartCount", default)]
             restart_count: u32,
         }
+        self.inspect::<Inspect>(id).map(|i| i.restart_count)
+    }
+
+    /// `GET /containers/{id}/json`, decoded into the part of the inspect document the caller names.
+    fn inspect<T: serde::de::DeserializeOwned>(&self, id: &str) -> Result<T, PodmanError> {
         let body = self.call(
             "GET",
             &format!("/containers/{}/json", enc(id)),
@@ -399,12 +404,10 @@ impl Podman {
             QUICK,
             &[200],
         )?;
-        serde_json::from_slice::<Inspect>(&body)
-            .map(|i| i.restart_count)
-            .map_err(|e| PodmanError::Decode {
-                call: "inspect container".into(),
-                message: e.to_string(),
-            })
+        serde_json::from_slice(&body).map_err(|e| PodmanError::Decode {
+            call: "inspect container".into(),
+            message: e.to_string(),
+        })
     }
 
     /// The healthcheck record of container `id` (`State.Health` of its inspect).
@@ -438,17 +441,7 @@ impl Podman {
         struct Inspect {
             state: State,
         }
-        let body = self.call(
-            "GET",
-            &format!("/containers/{}/json", enc(id)),
-            None,
-            QUICK,
-            &[200],
-        )?;
-        let i: Inspect = serde_json::from_slice(&body).map_err(|e| PodmanError::Decode {
-            call: "inspect container".into(),
-            message: e.to_string(),
-        })?;
+        let i: Inspect = self.inspect(id)?;
         let h = i.state.health.unwrap_or(Health {
             status: String::new(),
             log: None,
