@@ -314,6 +314,18 @@ impl<T> Seen<T> {
 }
 
 /// [`Seen`]'s packed store time.
+/// The log line for a value of `bucket`'s `key` that does not parse: the key and the parser's text (which quotes
+/// the value, written by a device: an unknown `architecture`, say) shown escaped, so a device cannot write forged
+/// lines into the operator's log (issue 49, point 4).
+pub fn invalid_value_line(bucket: &str, key: &str, e: &serde_json::Error) -> String {
+    use fleet_wire::text::for_log;
+    format!(
+        "{bucket}/{}: ignoring invalid value: {}",
+        for_log(key),
+        for_log(&e.to_string())
+    )
+}
+
 fn pack_stored(stored: Option<Timestamp>, arrived: bool) -> u64 {
     stored.map_or(0, |t| {
         t.unix_ms().min(u64::MAX >> 1) << 1 | u64::from(arrived)
@@ -455,11 +467,7 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
                     kv::Operation::Put => match serde_json::from_slice::<T>(&entry.value) {
                         Ok(v) => Some(v),
                         Err(e) => {
-                            log::warn!(
-                                "{}/{}: ignoring invalid value: {e}",
-                                self.bucket,
-                                entry.key
-                            );
+                            log::warn!("{}", invalid_value_line(self.bucket, &entry.key, &e));
                             None
                         }
                     },
@@ -727,6 +735,28 @@ async fn cas_write_inner<T: Serialize + DeserializeOwned + Clone + Send + Sync +
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_invalid_value_from_a_device_is_logged_on_one_line() {
+        let forged = "arm64\n[2026-12-07T04:00:00Z WARN  fleet_operator] forged";
+        let info = serde_json::json!({"architecture": forged});
+        let e = serde_json::from_value::<fleet_wire::Architecture>(info["architecture"].clone())
+            .expect_err("not an architecture");
+        assert!(
+            e.to_string().contains('\n'),
+            "serde quotes the value raw: {e}"
+        );
+        let line = invalid_value_line("device-info", "dev-a\u{1b}[2K", &e);
+        assert!(!line.chars().any(char::is_control), "{line}");
+        assert!(
+            line.contains("arm64\\n[2026-12-07T04:00:00Z WARN"),
+            "{line}"
+        );
+        assert!(
+            line.starts_with("device-info/dev-a\\u{1b}[2K: ignoring invalid value: "),
+            "{line}"
+        );
+    }
 
     #[test]
     fn bucket_settings_out_of_range_are_refused() {

@@ -390,7 +390,10 @@ async fn handle(r: &Reporting, limiter: &mut EventLimiter, subject: &str, payloa
     let report: WriteRefused = match serde_json::from_slice(payload) {
         Ok(v) => v,
         Err(e) => {
-            log::warn!("refusal report on {subject} ignored: {e}");
+            log::warn!(
+                "refusal report on {subject} ignored: {}",
+                fleet_wire::text::for_log(&e.to_string())
+            );
             return;
         }
     };
@@ -452,7 +455,11 @@ async fn publish(
         );
         return;
     }
-    log::warn!("Device {}: {REASON}: {text}", obj.name_any());
+    log::warn!(
+        "Device {}: {REASON}: {}",
+        obj.name_any(),
+        fleet_wire::text::for_log(&text)
+    );
     let ev = Event {
         type_: EventType::Warning,
         reason: REASON.into(),

@@ -1,4 +1,5 @@
-//! Bounded values: detail and error text of at most 1,024 characters, and at most 16 retained transitions.
+//! Bounded values: detail and error text of at most 1,024 characters, and at most 16 retained transitions; and
+//! [`for_log`], how a text that came from a device or a client is shown in a log line.
 
 use crate::limits::{MAX_TEXT_CHARS, MAX_TRANSITIONS};
 use crate::ValidationError;
@@ -63,6 +64,38 @@ impl std::fmt::Display for BoundedText {
     }
 }
 
+/// Characters of a foreign text [`for_log`] shows at most; the rest is cut (ending in `…`).
+pub const LOG_TEXT_MAX_CHARS: usize = 512;
+
+/// `text` (which came from a device, a client or another peer) made safe for one log line: at most
+/// [`LOG_TEXT_MAX_CHARS`] characters, every control character escaped as Rust does (a newline shows as `\n`, a
+/// carriage return as `\r`, others as `\u{..}`), and so are the characters that move or hide text (Unicode line
+/// and paragraph separators, bidirectional overrides and isolates) and the backslash itself (`\\`), so a sender
+/// can neither start a forged line nor pass its own `\n` off as an escape. Quotes and other printable characters
+/// are kept as they are.
+pub fn for_log(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(LOG_TEXT_MAX_CHARS * 4));
+    let mut chars = text.chars();
+    for c in chars.by_ref().take(LOG_TEXT_MAX_CHARS) {
+        let hides = matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}')
+            || ('\u{202a}'..='\u{202e}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c);
+        if c == '\\' {
+            out.push_str("\\\\");
+        } else if c.is_control() {
+            out.extend(c.escape_debug());
+        } else if hides {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// The most recent transitions, at most [`MAX_TRANSITIONS`]; pushing beyond drops the oldest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
@@ -116,6 +149,35 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Transitions<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn foreign_text_in_a_log_line_is_one_line_bounded_and_unambiguous() {
+        assert_eq!(for_log("plain \"quoted\" text"), "plain \"quoted\" text");
+        assert_eq!(
+            for_log("x`\nflood guard: device dev-b\r\u{1b}[2J\t"),
+            "x`\\nflood guard: device dev-b\\r\\u{1b}[2J\\t"
+        );
+        assert_eq!(
+            for_log("a\\nb"),
+            "a\\\\nb",
+            "a typed backslash-n is not a newline's escape"
+        );
+        assert_eq!(for_log("a\u{2028}b\u{202e}c"), "a\\u{2028}b\\u{202e}c");
+        let long = for_log(&"y".repeat(10 * LOG_TEXT_MAX_CHARS));
+        assert_eq!(long.chars().count(), LOG_TEXT_MAX_CHARS + 1);
+        assert!(long.ends_with('…'));
+        assert_eq!(
+            for_log(&"y".repeat(LOG_TEXT_MAX_CHARS)).chars().count(),
+            LOG_TEXT_MAX_CHARS
+        );
+        for c in (0u32..0x3000).filter_map(char::from_u32) {
+            let shown = for_log(&c.to_string());
+            assert!(
+                !shown.chars().any(char::is_control),
+                "{c:?} shown as {shown:?}"
+            );
+        }
+    }
 
     #[test]
     fn text_is_bounded_and_clean() {

@@ -3,6 +3,7 @@
 //! dashboard, exported as `fleet_alerts` metrics and published as Kubernetes Warning events when an alert appears.
 
 use fleet_wire::fleetlock::ServerStatus;
+use fleet_wire::text::for_log;
 use fleet_wire::{
     AgentUpgradeStatus, TaskRunPhase, TaskRunReason, TaskRunStatus, Timestamp, UpgradePhase,
 };
@@ -304,9 +305,10 @@ pub fn evaluate<'a>(
                 kind: AlertKind::RollbackFailed,
                 subject: Subject::Device(d.name.to_owned()),
                 since: Some(u.phase_changed_at),
+                // The device's own words: logged and put in an Event, so shown escaped (a newline as `\n`).
                 detail: match (&u.target_version, &u.error) {
-                    (Some(v), Some(e)) => format!("upgrade to {v}: {e}"),
-                    (None, Some(e)) => e.to_string(),
+                    (Some(v), Some(e)) => format!("upgrade to {v}: {}", for_log(e.as_str())),
+                    (None, Some(e)) => for_log(e.as_str()),
                     (Some(v), None) => format!("upgrade to {v}"),
                     (None, None) => String::new(),
                 },
@@ -397,7 +399,7 @@ pub fn evaluate<'a>(
                         .as_deref()
                         .map(|b| format!(" in {b}"))
                         .unwrap_or_default(),
-                    w.reason
+                    for_log(&w.reason)
                 ),
             });
         }
@@ -452,7 +454,7 @@ pub fn evaluate<'a>(
                 s.failed,
                 s.latest_error
                     .as_ref()
-                    .map(|e| format!("; latest error: {e}"))
+                    .map(|e| format!("; latest error: {}", for_log(e.as_str())))
                     .unwrap_or_default()
             ),
         });
@@ -529,6 +531,9 @@ mod tests {
         };
         let mut quarantined = fixtures::upgrade_status();
         quarantined.phase = UpgradePhase::RollbackFailed;
+        quarantined.error = Some(fleet_wire::BoundedText::lossy(
+            "rollback failed\n[2026-12-07T04:00:00Z WARN  fleet_operator] forged",
+        ));
         let mut failed = fixtures::upgrade_status();
         failed.phase = UpgradePhase::Failed;
         // preparing for 9 min + 1 min slack + 1 s: stalled; for exactly 10 min: not yet
@@ -639,6 +644,8 @@ mod tests {
             config_valid: false,
             config_error: Some("groups: slots must be at least 1".into()),
             ttl_secs: None,
+            client_auth: None,
+            warnings: Vec::new(),
             groups: vec![GroupStatus {
                 name: "default".into(),
                 slots: 2,
@@ -757,6 +764,13 @@ mod tests {
                     "the FleetLock server".into()
                 ),
             ]
+        );
+        assert!(
+            alerts[0]
+                .detail
+                .ends_with("rollback failed\\n[2026-12-07T04:00:00Z WARN  fleet_operator] forged"),
+            "the device's error, escaped: {}",
+            alerts[0].detail
         );
         assert_eq!(
             alerts[3].detail,

@@ -50,7 +50,10 @@ impl Buckets {
             None => Ok(None),
             Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| NatsError {
                 op: format!("read {bucket}/{key}"),
-                message: format!("invalid value: {e}"),
+                message: format!(
+                    "invalid value: {}",
+                    fleet_wire::text::for_log(&e.to_string())
+                ),
             }),
         }
     }

@@ -191,7 +191,7 @@ async fn follow<T: DeserializeOwned + Clone + Send + Sync + 'static>(
             false => match serde_json::from_slice::<T>(&m.payload) {
                 Ok(v) => Some(v),
                 Err(e) => {
-                    log::warn!("{bucket}/{key}: ignoring invalid value: {e}");
+                    log::warn!("{}", crate::kv::invalid_value_line(bucket, key, &e));
                     None
                 }
             },
