@@ -37,6 +37,13 @@ pub fn staged(sys: &dyn System, paths: &Paths) -> Result<String, String> {
     }
 }
 
+/// The host is going down: `systemctl is-system-running` says `stopping` (a shutdown or reboot job is queued,
+/// which `systemctl reboot` does before it returns).
+pub fn shutting_down(sys: &dyn System) -> bool {
+    sys.run("systemctl", &["is-system-running"], COMMAND_TIMEOUT)
+        .is_ok_and(|out| out.text() == "stopping")
+}
+
 /// The host is healthy: `systemctl is-system-running` says `running` (or `degraded` when allowed) and
 /// `/run/nologin` does not exist.
 pub fn healthy(sys: &dyn System, paths: &Paths, allow_degraded: bool) -> Result<(), String> {

@@ -17,11 +17,16 @@ Usage: fleet-reboot [--config PATH] [--check | --after-boot | --upgrade-step]
   --upgrade-step one run for fleet-updater's system upgrade, which knows a reboot is needed (no \"something
                  staged\" check); prints the outcome as one line of JSON: {\"outcome\":\"not-now\",\"reason\":…},
                  {\"outcome\":\"rebooting\"} or {\"outcome\":\"released\"}
+                 (when the system-upgrade journal shows its reboot happened, never reboots again: waits until
+                 healthy and gives back a slot of an earlier boot)
   --config PATH  YAML config (default /etc/harmony-fleet/fleet-reboot.yaml): server, group,
                  window{timezone,days,start,end}, timeout, require_hosts, range{cidr,port,min_up},
                  allow_degraded, token, health_wait, root
   --help         this text
   --version      the version
+
+Every run but --check holds one lock (/run/fleet-reboot/run.lock) for its whole run; when another run holds
+it the timer's run and --after-boot say \"not now\" after 1 s, --upgrade-step after waiting up to 60 s.
 
 Exit status (--check: 0 when the config is valid and the server answers and accepts the token, else 1):
 0 when the run finished (rebooting, released, or \"not now\" with a logged reason);

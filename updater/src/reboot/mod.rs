@@ -2,6 +2,11 @@
 //! timer. One run walks the chain window → staged → healthy → dependencies → lock → marker → diagnostics →
 //! reboot, and every step can say "not now" with a logged reason. After the reboot the next run sees the marker
 //! with another boot id, waits until the host is healthy, releases the lock and removes the marker.
+//!
+//! Every entry point (the timer's run, `--after-boot`, `--upgrade-step`) holds one process lock for its whole run
+//! (`fleet_wire::process_lock`, on [`system::Paths::run_lock`]), so no run reads the marker while another one
+//! writes it, gives the slot back or reboots. A system upgrade decides whether its reboot happened from its own
+//! journal (the boot id recorded when it entered `rebooting`), never from the marker another run may consume.
 
 pub mod check;
 pub mod checks;
@@ -14,7 +19,10 @@ pub mod marker;
 pub mod system;
 pub mod window;
 
+use crate::system::journal::SystemJournal;
 pub use config::RebootConfig;
+use fleet_wire::process_lock::{LockError, ProcessLock};
+use fleet_wire::SystemJournalPhase;
 use lock::{Identity, LockClient};
 use marker::Marker;
 use sha2::{Digest, Sha256};
@@ -23,6 +31,23 @@ use system::{Paths, System};
 
 /// How often health is polled while waiting after a reboot.
 pub const HEALTH_POLL: Duration = Duration::from_secs(5);
+
+/// How long the timer's run waits for the run lock: a moment only (a run that is ending, or a child it forked and
+/// that has not yet exec'd and closed the inherited descriptor), then "not now". Whoever holds it is doing this
+/// run's work (asking for the slot, rebooting, or giving the slot back after a reboot); the timer comes back in 15
+/// minutes, and a holder waiting for health after a reboot (up to `health_wait`, 1 h) would outlast the unit's
+/// start time-out.
+pub const TIMER_LOCK_WAIT: Duration = Duration::from_secs(1);
+/// How long `--after-boot` waits for the run lock: a moment only, as the timer. In the boot after a coordinated
+/// reboot any other run (the upgrade step, the timer) finds the same marker from the earlier boot and gives the
+/// slot back itself.
+pub const AFTER_BOOT_LOCK_WAIT: Duration = Duration::from_secs(1);
+/// How long `--upgrade-step` waits for the run lock: fleet-updater blocks on the step anyway, and
+/// after a short wait (a timer run's checks) the step can still reboot now instead of after the updater's retry
+/// interval (60 s); a longer holder (a health wait after a reboot) means "not now" and the updater's next try.
+pub const UPGRADE_STEP_LOCK_WAIT: Duration = Duration::from_secs(60);
+/// How often a waiting run tries the lock again.
+const LOCK_POLL: Duration = Duration::from_millis(100);
 
 /// What one run did. `fleet-reboot --upgrade-step` prints it as one line of JSON for `fleet-updater`
 /// (`{"outcome":"not-now","reason":"…"}`, `{"outcome":"rebooting"}`, `{"outcome":"released"}`).
@@ -40,7 +65,9 @@ pub enum Outcome {
 /// Options of one run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RunOptions {
-    /// Skip the "something staged" check (a caller such as the system upgrade knows a reboot is needed).
+    /// The run is the system upgrade's step (`--upgrade-step`): it knows a reboot is needed (no "something
+    /// staged" check), waits up to [`UPGRADE_STEP_LOCK_WAIT`] for the run lock, and reads whether its reboot
+    /// already happened from the system-upgrade journal's boot id. Otherwise the timer's run.
     pub reboot_needed: bool,
     /// The current time for the window check (`None`: the clock).
     pub now: Option<jiff::Timestamp>,
@@ -66,18 +93,69 @@ fn not_now(reason: String) -> Result<Outcome, String> {
     Ok(Outcome::NotNow(reason))
 }
 
+/// Takes the run lock, waiting up to `wait`. `Ok(Err(reason))`: another run holds it ("not now").
+fn run_lock(paths: &Paths, wait: Duration) -> Result<Result<ProcessLock, String>, String> {
+    let path = paths.run_lock();
+    let deadline = Instant::now() + wait;
+    loop {
+        match ProcessLock::acquire(&path, "fleet-reboot") {
+            Ok(l) => return Ok(Ok(l)),
+            Err(LockError::Held { .. }) if Instant::now() < deadline => std::thread::sleep(
+                LOCK_POLL.min(deadline.saturating_duration_since(Instant::now())),
+            ),
+            Err(LockError::Held { .. }) => {
+                let who = "another fleet-reboot run (the timer's, --after-boot or --upgrade-step)";
+                return Ok(Err(format!(
+                    "{who} holds {} (waited {wait:?}); it is doing this work",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Whether the system upgrade's reboot happened, from its journal: `Some(true)` when the journal is in
+/// `rebooting` with a boot id other than this boot's, `Some(false)` with this boot's, `None` when there is no
+/// such journal or it predates the boot id (the marker decides then, as before).
+fn upgrade_rebooted(paths: &Paths, boot_id: &str) -> Result<Option<bool>, String> {
+    let journal = SystemJournal::load(&paths.system_journal()).map_err(|e| e.to_string())?;
+    Ok(journal
+        .filter(|j| j.phase == SystemJournalPhase::Rebooting)
+        .and_then(|j| j.rebooted_since(boot_id)))
+}
+
 /// One run of the chain. `Err` is for things an operator must fix (bad files, a reboot command that failed).
 pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Result<Outcome, String> {
     let paths = Paths::new(&cfg.root);
+    let wait = if opts.reboot_needed {
+        UPGRADE_STEP_LOCK_WAIT
+    } else {
+        TIMER_LOCK_WAIT
+    };
+    let _lock = match run_lock(&paths, wait)? {
+        Ok(l) => l,
+        Err(reason) => return not_now(reason),
+    };
     let timeout = cfg.timeout()?;
     let who = identity(&paths)?;
     let client = LockClient::from_config(cfg, timeout)?;
     let boot_id = system::read_small(&paths.boot_id())?;
     let existing = marker::read(&paths.marker())?;
 
+    if opts.reboot_needed && upgrade_rebooted(&paths, &boot_id)? == Some(true) {
+        return finish_upgrade_reboot(cfg, sys, &paths, &client, &who, existing.as_ref(), &boot_id);
+    }
     if let Some(m) = &existing {
         if m.boot_id != boot_id {
             return after_reboot(cfg, sys, &paths, &client, &who);
+        }
+        if checks::shutting_down(sys) {
+            // The reboot asked for in this boot is under way: the slot is this host's until it is back.
+            return not_now(format!(
+                "the reboot requested at {} is under way (the system is stopping); the slot stays held",
+                m.taken_at
+            ));
         }
         log::warn!(
             "a reboot was requested in this boot ({}) but did not happen; checking again",
@@ -134,6 +212,10 @@ pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Resul
 /// timer's next run would minutes later; an unhealthy host keeps its slot. Without such a marker, nothing.
 pub fn release_after_boot(cfg: &RebootConfig, sys: &dyn System) -> Result<Outcome, String> {
     let paths = Paths::new(&cfg.root);
+    let _lock = match run_lock(&paths, AFTER_BOOT_LOCK_WAIT)? {
+        Ok(l) => l,
+        Err(reason) => return not_now(reason),
+    };
     let boot_id = system::read_small(&paths.boot_id())?;
     match marker::read(&paths.marker())? {
         Some(m) if m.boot_id != boot_id => {
@@ -169,6 +251,54 @@ fn checks_before_lock(
     Ok(())
 }
 
+/// Waits up to `health_wait` until the host is healthy; `Err` says why it is not.
+fn wait_healthy(cfg: &RebootConfig, sys: &dyn System, paths: &Paths) -> Result<(), String> {
+    let deadline = Instant::now() + cfg.health_wait()?;
+    loop {
+        match checks::healthy(sys, paths, cfg.allow_degraded) {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(
+                HEALTH_POLL.min(deadline.saturating_duration_since(Instant::now())),
+            ),
+        }
+    }
+}
+
+/// The upgrade step in the boot after its reboot (the journal's boot id is another): never asks for a slot or
+/// reboots. Once healthy it gives back the slot a marker from an earlier boot names; when another run already
+/// consumed that marker there is nothing to give back, and the reboot is still done.
+fn finish_upgrade_reboot(
+    cfg: &RebootConfig,
+    sys: &dyn System,
+    paths: &Paths,
+    client: &LockClient,
+    who: &Identity,
+    existing: Option<&Marker>,
+    boot_id: &str,
+) -> Result<Outcome, String> {
+    log::info!("the system upgrade's reboot happened (its journal names another boot)");
+    match existing {
+        Some(m) if m.boot_id != boot_id => after_reboot(cfg, sys, paths, client, who),
+        _ => {
+            if let Err(e) = wait_healthy(cfg, sys, paths) {
+                return not_now(format!("after the reboot: {e}"));
+            }
+            let _ = std::fs::remove_file(paths.system_upgrade_done());
+            // A marker of this boot belongs to a later reboot another run asked for: left alone.
+            log::info!(
+                "healthy after the upgrade's reboot; no slot of an earlier boot to give back{}",
+                if existing.is_some() {
+                    " (the slot this boot holds is for another reboot)"
+                } else {
+                    " (another run gave it back)"
+                }
+            );
+            Ok(Outcome::Released)
+        }
+    }
+}
+
 fn after_reboot(
     cfg: &RebootConfig,
     sys: &dyn System,
@@ -177,17 +307,8 @@ fn after_reboot(
     who: &Identity,
 ) -> Result<Outcome, String> {
     log::info!("the reboot happened (new boot id); waiting until healthy to release the lock");
-    let deadline = Instant::now() + cfg.health_wait()?;
-    loop {
-        match checks::healthy(sys, paths, cfg.allow_degraded) {
-            Ok(()) => break,
-            Err(e) if Instant::now() >= deadline => {
-                return not_now(format!("after the reboot: {e}; the lock stays held"))
-            }
-            Err(_) => std::thread::sleep(
-                HEALTH_POLL.min(deadline.saturating_duration_since(Instant::now())),
-            ),
-        }
+    if let Err(e) = wait_healthy(cfg, sys, paths) {
+        return not_now(format!("after the reboot: {e}; the lock stays held"));
     }
     if let Err(e) = client.steady_state(who) {
         return not_now(format!("after the reboot: could not release the lock: {e}"));

@@ -119,6 +119,14 @@ impl Paths {
     pub fn marker(&self) -> PathBuf {
         self.p("var/lib/fleet-reboot/marker.json")
     }
+    /// The lock every run holds for its whole run (timer, `--after-boot`, `--upgrade-step`).
+    pub fn run_lock(&self) -> PathBuf {
+        self.p("run/fleet-reboot/run.lock")
+    }
+    /// The system-upgrade journal fleet-updater writes (read here by `--upgrade-step` only).
+    pub fn system_journal(&self) -> PathBuf {
+        crate::paths::Paths::new(&self.root).system_journal()
+    }
     /// Diagnostics snapshots.
     pub fn diagnostics_dir(&self) -> PathBuf {
         self.p("var/log/fleet-reboot")

@@ -17,6 +17,8 @@ pub const FORMAT: u32 = 1;
 pub const MAX_BYTES: u64 = 256 * 1024;
 /// Earlier runs remembered, so a repeated run id is recognised and never runs apt again.
 pub const MAX_EARLIER: usize = 64;
+/// Longest boot id kept, in bytes (the kernel's is a 36-character UUID).
+pub const MAX_BOOT_ID_BYTES: usize = 64;
 
 /// One timed phase change of the journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +67,11 @@ pub struct SystemJournal {
     pub reboot_required: bool,
     /// When the attempt was accepted.
     pub accepted_at: Timestamp,
+    /// The kernel's boot id of the boot that entered `rebooting`: a different boot id now means the reboot
+    /// happened. Absent in journals written before it was recorded (and when the boot id could not be read):
+    /// the coordinated-reboot client's marker decides then, as it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboot_boot_id: Option<String>,
     /// The newest transitions (at most 16), oldest first; the last one is the current phase.
     pub transitions: Transitions<Step>,
     /// Runs finished before this one (at most 64), oldest first.
@@ -101,6 +108,7 @@ impl SystemJournal {
             output_tail: None,
             reboot_required: false,
             accepted_at: now,
+            reboot_boot_id: None,
             transitions,
             earlier,
         }
@@ -120,9 +128,25 @@ impl SystemJournal {
 
     /// Applies `event` at `now` (pure: the caller persists).
     pub fn apply(&mut self, event: Event, now: Timestamp) -> Result<(), IllegalTransition> {
+        self.apply_in_boot(event, now, None)
+    }
+
+    /// Applies `event` at `now` in the boot `boot_id` (the kernel's, `None` if it could not be read), which is
+    /// recorded when the event enters `rebooting` (pure: the caller persists).
+    pub fn apply_in_boot(
+        &mut self,
+        event: Event,
+        now: Timestamp,
+        boot_id: Option<&str>,
+    ) -> Result<(), IllegalTransition> {
         let (phase, reason) = machine::next(self.phase, event)?;
         if let Event::Upgraded { reboot } = event {
             self.reboot_required = reboot;
+        }
+        if phase == SystemJournalPhase::Rebooting && self.phase != phase {
+            self.reboot_boot_id = boot_id
+                .filter(|b| !b.is_empty() && b.len() <= MAX_BOOT_ID_BYTES)
+                .map(str::to_owned);
         }
         self.phase = phase;
         self.reason = reason;
@@ -132,6 +156,12 @@ impl SystemJournal {
             reason,
         });
         Ok(())
+    }
+
+    /// Whether the reboot happened, seen from the boot `boot_id`: `Some(true)` when `rebooting` was entered in
+    /// another boot, `Some(false)` in this one, `None` when no boot id was recorded.
+    pub fn rebooted_since(&self, boot_id: &str) -> Option<bool> {
+        self.reboot_boot_id.as_deref().map(|b| b != boot_id)
     }
 
     /// Checks what deserialization cannot: format, transition history.
@@ -151,6 +181,15 @@ impl SystemJournal {
         )?;
         if self.earlier.len() > MAX_EARLIER {
             return Err(format!("more than {MAX_EARLIER} earlier runs"));
+        }
+        if self
+            .reboot_boot_id
+            .as_ref()
+            .is_some_and(|b| b.is_empty() || b.len() > MAX_BOOT_ID_BYTES)
+        {
+            return Err(format!(
+                "has an empty boot id or one longer than {MAX_BOOT_ID_BYTES} bytes"
+            ));
         }
         Ok(())
     }
@@ -269,5 +308,44 @@ mod tests {
             .expect_err("unknown field")
             .to_string();
         assert!(e.contains("/j") && e.contains("inspect"), "{e}");
+    }
+
+    #[test]
+    fn the_boot_that_entered_rebooting_is_recorded_and_old_journals_load_without_it() {
+        let mut j = SystemJournal::begin(fixtures::system_attempt(), vec![], fixtures::t(10));
+        j.apply_in_boot(Event::Start, fixtures::t(11), Some("boot-a"))
+            .expect("legal");
+        assert_eq!(
+            j.reboot_boot_id, None,
+            "recorded only on entering rebooting"
+        );
+        j.apply_in_boot(
+            Event::Upgraded { reboot: true },
+            fixtures::t(12),
+            Some("boot-a"),
+        )
+        .expect("legal");
+        assert_eq!(j.reboot_boot_id.as_deref(), Some("boot-a"));
+        assert_eq!(j.rebooted_since("boot-a"), Some(false));
+        assert_eq!(j.rebooted_since("boot-b"), Some(true));
+        let bytes = serde_json::to_vec(&j).expect("json");
+        assert_eq!(SystemJournal::parse(&bytes, "t").expect("valid"), j);
+        // A journal written before the boot id was recorded loads; nothing is decided from it.
+        let mut old = serde_json::to_value(&j).expect("json");
+        old.as_object_mut().expect("object").remove("rebootBootId");
+        let old = SystemJournal::parse(&serde_json::to_vec(&old).expect("json"), "t")
+            .expect("an old journal loads");
+        assert_eq!(
+            (old.phase, old.rebooted_since("boot-b")),
+            (SystemJournalPhase::Rebooting, None)
+        );
+        // An unreadable boot id records none; a too long one is refused on load.
+        let mut k = SystemJournal::begin(fixtures::system_attempt(), vec![], fixtures::t(10));
+        k.apply(Event::Start, fixtures::t(11)).expect("legal");
+        k.apply(Event::Upgraded { reboot: true }, fixtures::t(12))
+            .expect("legal");
+        assert_eq!(k.rebooted_since("boot-b"), None);
+        k.reboot_boot_id = Some("x".repeat(MAX_BOOT_ID_BYTES + 1));
+        assert!(SystemJournal::parse(&serde_json::to_vec(&k).expect("json"), "t").is_err());
     }
 }

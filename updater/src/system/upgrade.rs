@@ -44,6 +44,8 @@ struct State {
 pub struct SystemUpgrades {
     journal_path: PathBuf,
     reboot_flag: PathBuf,
+    /// The kernel's boot id, recorded in the journal on entering `rebooting`.
+    boot_id: PathBuf,
     deps: SystemDeps,
     faults: Faults,
     state: Mutex<State>,
@@ -90,6 +92,7 @@ impl SystemUpgrades {
         let this = Self {
             journal_path,
             reboot_flag: paths.reboot_required(),
+            boot_id: crate::reboot::system::Paths::new(paths.root()).boot_id(),
             deps,
             faults,
             state: Mutex::new(State {
@@ -217,7 +220,11 @@ impl SystemUpgrades {
             return Err(Stopped);
         };
         let from = j.phase;
-        if let Err(e) = j.apply(event, Timestamp::now()) {
+        let boot_id = match event {
+            Event::Upgraded { reboot: true } => self.boot_id(),
+            _ => None,
+        };
+        if let Err(e) = j.apply_in_boot(event, Timestamp::now(), boot_id.as_deref()) {
             log::error!("run {}: {e}", j.attempt.run_uid);
             return Err(Stopped);
         }
@@ -247,6 +254,21 @@ impl SystemUpgrades {
         st.detail = None;
         st.journal = Some(j);
         Ok(())
+    }
+
+    /// This boot's id, `None` (logged) when it cannot be read: the reboot client's marker decides then.
+    fn boot_id(&self) -> Option<String> {
+        match crate::reboot::system::read_small(&self.boot_id) {
+            Ok(b) if !b.is_empty() => Some(b),
+            Ok(_) | Err(_) => {
+                log::warn!(
+                    "cannot read the boot id from {}: the journal records none, so the reboot client's marker \
+                     decides whether the reboot happened",
+                    self.boot_id.display()
+                );
+                None
+            }
+        }
     }
 
     fn set_detail(&self, d: impl Into<String>) {
