@@ -3,8 +3,14 @@
 //! changing the boot id between two runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use fleet_updater::fault::Faults;
 use fleet_updater::reboot::system::{Output, System};
 use fleet_updater::reboot::{release_after_boot, run_once, Outcome, RebootConfig, RunOptions};
+use fleet_updater::system::accept::AgentSide;
+use fleet_updater::system::apt::Apt;
+use fleet_updater::system::reboot::{Rebooter, StepError};
+use fleet_updater::system::{SystemDeps, SystemUpgrades};
+use fleet_wire::{AttemptId, DeviceId, SystemUpgradeAttempt, TaskOperation, Timestamp};
 mod fleetlock_responder;
 
 use fleetlock_responder::responder;
@@ -15,11 +21,16 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// A hook run in place of `systemctl reboot`'s answer, given the script (the host) it runs on.
+type RebootHook = Box<dyn Fn(&Script) + Send + Sync>;
+
 /// Scripted host commands: `program args` → stdout (exit 0), `Err` when absent; every call is recorded.
 #[derive(Default)]
 struct Script {
     answers: Mutex<HashMap<String, Result<Output, String>>>,
     calls: Mutex<Vec<String>>,
+    /// Runs when `systemctl reboot` is called, before it answers (what else happens while the host goes down).
+    on_reboot: Mutex<Option<RebootHook>>,
 }
 
 impl Script {
@@ -33,7 +44,15 @@ impl Script {
         );
     }
     fn called(&self, cmd: &str) -> bool {
-        self.calls.lock().unwrap().iter().any(|c| c == cmd)
+        self.times_called(cmd) > 0
+    }
+    fn times_called(&self, cmd: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| *c == cmd)
+            .count()
     }
 }
 
@@ -41,6 +60,11 @@ impl System for Script {
     fn run(&self, program: &str, args: &[&str], _t: Duration) -> Result<Output, String> {
         let cmd = format!("{program} {}", args.join(" "));
         self.calls.lock().unwrap().push(cmd.clone());
+        if cmd == "systemctl reboot" {
+            if let Some(hook) = self.on_reboot.lock().unwrap().take() {
+                hook(self);
+            }
+        }
         self.answers
             .lock()
             .unwrap()
@@ -74,6 +98,14 @@ struct Host {
 }
 
 fn host() -> Host {
+    Host {
+        root: device_root(),
+        script: running_host(),
+    }
+}
+
+/// A device root: machine id, boot id `boot-a`, hostname, and `/run/reboot-required`.
+fn device_root() -> tempfile::TempDir {
     let root = tempfile::tempdir().unwrap();
     let w = |rel: &str, text: &str| {
         let p = root.path().join(rel);
@@ -84,10 +116,15 @@ fn host() -> Host {
     w("proc/sys/kernel/random/boot_id", "boot-a\n");
     w("proc/sys/kernel/hostname", "node-1\n");
     w("run/reboot-required", "");
+    root
+}
+
+/// A healthy host whose reboot command succeeds.
+fn running_host() -> Script {
     let script = Script::default();
     script.set("systemctl is-system-running", "running\n", 0);
     script.set("systemctl reboot", "", 0);
-    Host { root, script }
+    script
 }
 
 fn config(root: &Path, server: SocketAddr, extra: &str) -> RebootConfig {
@@ -394,4 +431,226 @@ fn the_documented_id_command_prints_the_id_the_client_sends() {
         .unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), sent);
+}
+
+/// Issue 49, point 9, in one process: the upgrade step takes the slot and asks for the reboot; while the host goes
+/// down (`systemctl is-system-running` says `stopping`) the timer's run comes, during the reboot command and
+/// after it. Neither timer run may give the slot back or remove the marker: the host is rebooting.
+#[test]
+fn a_timer_run_during_an_upgrade_steps_reboot_never_gives_the_slot_back() {
+    let h = host();
+    let srv = responder();
+    let cfg = config(h.root.path(), srv.addr, "");
+    let marker = h.root.path().join("var/lib/fleet-reboot/marker.json");
+    let during = std::sync::Arc::new(Mutex::new(None));
+    {
+        let (cfg, during) = (cfg.clone(), during.clone());
+        *h.script.on_reboot.lock().unwrap() = Some(Box::new(move |host: &Script| {
+            host.set("systemctl is-system-running", "stopping\n", 1);
+            *during.lock().unwrap() = Some(run_once(&cfg, host, RunOptions::default()));
+        }));
+    }
+    let step = RunOptions {
+        reboot_needed: true,
+        now: None,
+    };
+    assert_eq!(run_once(&cfg, &h.script, step).unwrap(), Outcome::Rebooting);
+    let timer_during = during.lock().unwrap().take().expect("the timer ran");
+    let me = srv.holder.lock().unwrap().clone();
+    assert!(
+        me.is_some() && marker.exists(),
+        "a timer run during the upgrade step's reboot gave the slot back under the rebooting host \
+         (timer: {timer_during:?}; holder {me:?}; marker kept: {})",
+        marker.exists()
+    );
+    not_now(timer_during.unwrap(), "another fleet-reboot run");
+    // After the step's run ended, the host still going down: the timer again.
+    let timer_after = run_once(&cfg, &h.script, RunOptions::default());
+    assert!(
+        srv.holder.lock().unwrap().is_some() && marker.exists(),
+        "a timer run after the reboot was requested gave the slot back (timer: {timer_after:?})"
+    );
+    not_now(timer_after.unwrap(), "is under way");
+    // Another host of the one-slot group still gets no slot while this one reboots.
+    assert_eq!(srv.holder.lock().unwrap().clone(), me);
+    assert_eq!(h.script.times_called("systemctl reboot"), 1);
+}
+
+/// The system upgrade's reboot, the reboot client run in this process with a scripted reboot command.
+struct InProcess {
+    cfg: RebootConfig,
+    script: std::sync::Arc<Script>,
+}
+
+impl Rebooter for InProcess {
+    fn step(&self) -> Result<Outcome, StepError> {
+        let opts = RunOptions {
+            reboot_needed: true,
+            now: None,
+        };
+        run_once(&self.cfg, &*self.script, opts).map_err(StepError::Refused)
+    }
+}
+
+/// apt-get and dpkg stand-ins in `<root>/fake-apt`: the full upgrade sets `/run/reboot-required`.
+fn fake_apt(root: &Path) -> Apt {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = root.join("fake-apt");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, body) in [
+        (
+            "apt-get",
+            format!(
+                "case \"$*\" in *full-upgrade) touch {}/run/reboot-required ;; esac",
+                root.display()
+            ),
+        ),
+        ("dpkg", String::new()),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\nexit 0\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    Apt::new(dir)
+}
+
+/// The system upgrade over `root` with the reboot client in this process on `script`.
+fn system_upgrades(
+    root: &Path,
+    cfg: &RebootConfig,
+    script: &std::sync::Arc<Script>,
+    retry: Duration,
+) -> std::sync::Arc<SystemUpgrades> {
+    let deps = SystemDeps {
+        apt: fake_apt(root),
+        rebooter: Box::new(InProcess {
+            cfg: cfg.clone(),
+            script: script.clone(),
+        }),
+        reboot_retry: retry,
+    };
+    std::sync::Arc::new(
+        SystemUpgrades::open(
+            &fleet_updater::paths::Paths::new(root),
+            deps,
+            Faults::none(),
+        )
+        .unwrap(),
+    )
+}
+
+/// Issue 49, point 9: the post-boot release consumes the marker before the updater's upgrade step runs in the new
+/// boot. The upgrade must end `succeeded` from its journal, without taking the slot or rebooting a second time.
+#[test]
+fn a_consumed_marker_never_causes_a_second_reboot() {
+    let root = device_root();
+    std::fs::remove_file(root.path().join("run/reboot-required")).unwrap();
+    let srv = responder();
+    let cfg = config(root.path(), srv.addr, "");
+    let before = std::sync::Arc::new(running_host());
+    // The daemon waits an hour between client runs: it is "killed by the reboot" after the first.
+    let upgrades = system_upgrades(root.path(), &cfg, &before, Duration::from_secs(3600));
+    let attempt = SystemUpgradeAttempt {
+        run_uid: AttemptId::new_random(),
+        device_id: DeviceId::try_from("device-1").unwrap(),
+        operation: TaskOperation::AptFullUpgradeV1,
+        expires_at: Timestamp::now().plus(Duration::from_secs(3600)),
+    };
+    assert!(upgrades
+        .accept(attempt, AgentSide::default(), Timestamp::now())
+        .unwrap());
+    let u = upgrades.clone();
+    std::thread::spawn(move || u.run());
+    let asked = fleet_rig::wait_for(Duration::from_secs(20), || {
+        before.called("systemctl reboot").then_some(())
+    });
+    assert!(asked.is_some(), "{:#?}", upgrades.public());
+    assert_eq!(
+        upgrades.public().unwrap().phase,
+        fleet_wire::SystemUpgradePhase::Rebooting
+    );
+    assert!(srv.holder.lock().unwrap().is_some());
+
+    // The reboot: a new boot id; the post-boot release gives the slot back and consumes the marker.
+    std::fs::write(
+        root.path().join("proc/sys/kernel/random/boot_id"),
+        "boot-b\n",
+    )
+    .unwrap();
+    std::fs::remove_file(root.path().join("run/reboot-required")).unwrap();
+    let after = std::sync::Arc::new(running_host());
+    assert_eq!(
+        release_after_boot(&cfg, &*after).unwrap(),
+        Outcome::Released
+    );
+    assert!(srv.holder.lock().unwrap().is_none());
+
+    // The updater starts in the new boot and resumes `rebooting`.
+    let resumed = system_upgrades(root.path(), &cfg, &after, Duration::from_millis(50));
+    let r = resumed.clone();
+    std::thread::spawn(move || r.run());
+    let end = fleet_rig::wait_for(Duration::from_secs(20), || {
+        let phase = resumed.public().map(|s| s.phase);
+        (after.called("systemctl reboot")
+            || phase != Some(fleet_wire::SystemUpgradePhase::Rebooting))
+        .then_some(phase)
+    });
+    assert!(
+        !after.called("systemctl reboot"),
+        "a second reboot: the resumed upgrade took the slot and rebooted again ({:?}; slot holder {:?})",
+        resumed.public().map(|s| s.phase),
+        srv.holder.lock().unwrap()
+    );
+    assert_eq!(
+        end,
+        Some(Some(fleet_wire::SystemUpgradePhase::Succeeded)),
+        "{:#?}",
+        resumed.public()
+    );
+    assert!(srv.holder.lock().unwrap().is_none(), "no slot taken again");
+    let locks = srv
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.starts_with("/v1/pre-reboot"))
+        .count();
+    assert_eq!(locks, 1, "one slot taken for one reboot");
+}
+
+/// A system-upgrade journal written before the boot id was recorded still loads, and the upgrade step then goes
+/// by the marker as before: the slot taken before the reboot is given back after it, with no second reboot.
+#[test]
+fn an_old_journal_without_a_boot_id_leaves_the_decision_to_the_marker() {
+    use fleet_updater::system::journal::SystemJournal;
+    use fleet_updater::system::machine::Event;
+    let h = host();
+    let srv = responder();
+    let cfg = config(h.root.path(), srv.addr, "");
+    let mut j = SystemJournal::begin(
+        fleet_wire::fixtures::system_attempt(),
+        vec![],
+        Timestamp::now(),
+    );
+    j.apply(Event::Start, Timestamp::now()).unwrap();
+    j.apply(Event::Upgraded { reboot: true }, Timestamp::now())
+        .unwrap();
+    let mut old = serde_json::to_value(&j).unwrap();
+    old.as_object_mut().unwrap().remove("rebootBootId");
+    let path = fleet_updater::paths::Paths::new(h.root.path()).system_journal();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, serde_json::to_vec(&old).unwrap()).unwrap();
+    let step = RunOptions {
+        reboot_needed: true,
+        now: None,
+    };
+    assert_eq!(run_once(&cfg, &h.script, step).unwrap(), Outcome::Rebooting);
+    std::fs::write(
+        h.root.path().join("proc/sys/kernel/random/boot_id"),
+        "boot-b\n",
+    )
+    .unwrap();
+    assert_eq!(run_once(&cfg, &h.script, step).unwrap(), Outcome::Released);
+    assert!(srv.holder.lock().unwrap().is_none());
+    assert_eq!(h.script.times_called("systemctl reboot"), 1);
 }
