@@ -18,14 +18,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[test]
-fn reboot_cycle_in_an_nspawn_device() {
-    let srv = responder();
-    let mut guest = Guest::boot();
-    let _relay = guest.forward(srv.addr.port());
+/// Installs `fleet-reboot` (the multicall binary under the tool's name runs that tool) and its service, with a
+/// config naming the FleetLock server at the guest's `127.0.0.1:lock_port`, group `default`, plus `extra` lines.
+fn install_fleet_reboot(guest: &Guest, lock_port: u16, extra: &str) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     guest.install_file(
-        // The multicall binary installed under the tool's name runs that tool.
         Path::new(env!("CARGO_BIN_EXE_fleet-tools")),
         "/usr/local/sbin/fleet-reboot",
         0o755,
@@ -35,18 +32,25 @@ fn reboot_cycle_in_an_nspawn_device() {
         "/etc/systemd/system/fleet-reboot.service",
         0o644,
     );
-    guest.install_file(
-        &repo.join("systemd/fleet-reboot.timer"),
-        "/etc/systemd/system/fleet-reboot.timer",
-        0o644,
-    );
     let cfg = format!(
-        "server: http://127.0.0.1:{}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 60\n",
-        srv.addr.port()
+        "server: http://127.0.0.1:{lock_port}\ngroup: default\nallow_degraded: true\nhealth_wait: 60\n{extra}"
     );
     guest.write_file(
         "/etc/harmony-fleet/fleet-reboot.yaml",
         cfg.as_bytes(),
+        0o644,
+    );
+}
+
+#[test]
+fn reboot_cycle_in_an_nspawn_device() {
+    let srv = responder();
+    let mut guest = Guest::boot();
+    let _relay = guest.forward(srv.addr.port());
+    install_fleet_reboot(&guest, srv.addr.port(), "timeout: 2\n");
+    guest.install_file(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/fleet-reboot.timer"),
+        "/etc/systemd/system/fleet-reboot.timer",
         0o644,
     );
     guest.sh("systemctl daemon-reload && touch /run/reboot-required");
@@ -246,26 +250,10 @@ fn timer_and_upgrade_step_racing_never_release_a_slot_under_a_rebooting_device()
     let mut guest = Guest::boot();
     let _relay = guest.forward(lock_port);
     let _dep = guest.forward(dep_port);
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    guest.install_file(
-        Path::new(env!("CARGO_BIN_EXE_fleet-tools")),
-        "/usr/local/sbin/fleet-reboot",
-        0o755,
-    );
-    guest.install_file(
-        &repo.join("systemd/fleet-reboot.service"),
-        "/etc/systemd/system/fleet-reboot.service",
-        0o644,
-    );
-    let cfg = format!(
-        "server: http://127.0.0.1:{}\ngroup: default\ntimeout: 20\nallow_degraded: true\nhealth_wait: 60\n\
-         require_hosts: ['http://127.0.0.1:{dep_port}/ready']\n",
-        lock_port
-    );
-    guest.write_file(
-        "/etc/harmony-fleet/fleet-reboot.yaml",
-        cfg.as_bytes(),
-        0o644,
+    install_fleet_reboot(
+        &guest,
+        lock_port,
+        &format!("timeout: 20\nrequire_hosts: ['http://127.0.0.1:{dep_port}/ready']\n"),
     );
     guest.sh("systemctl daemon-reload && touch /run/reboot-required");
     let first = guest.boot_id();
