@@ -704,3 +704,59 @@ fn a_device_holding_too_many_subscriptions_is_cut_off_alone() {
     assert!((257..=600).contains(&held), "{}", flood.1.reason);
     println!("{}", flood.1.reason);
 }
+
+/// Issue 49, point 6: a token whose claims name `device_id` twice (signed by the issuer, so a claim mapping that
+/// appends one would do it) is refused with a clear reason, not admitted as the last one; a token naming each claim
+/// once still is.
+#[test]
+fn a_token_naming_device_id_twice_is_refused() {
+    use base64::Engine;
+    let f = Fleet::start();
+    let b = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let raw = |payload: String| {
+        let header = serde_json::json!({"alg": "ES256", "typ": "JWT", "kid": f.ec.kid});
+        let message = format!("{}.{}", b.encode(header.to_string()), b.encode(payload));
+        let sig =
+            jsonwebtoken::crypto::sign(message.as_bytes(), &f.ec.enc, f.ec.alg).expect("sign");
+        format!("{message}.{sig}")
+    };
+    let claims = |device_ids: &str| {
+        let c = claims("dev-x", 3600);
+        format!(
+            r#"{{"iss":{},"aud":{},"exp":{},"nbf":{},{device_ids}}}"#,
+            c["iss"], c["aud"], c["exp"], c["nbf"]
+        )
+    };
+    let url = f.stack.nats.url();
+    connect_device(&url, &raw(claims(r#""device_id":"dev-a""#))).expect("one device_id: admitted");
+    let twice = connect_device(
+        &url,
+        &raw(claims(r#""device_id":"dev-b","device_id":"dev-a""#)),
+    );
+    let logs = f.stack.auth_log_text();
+    let admitted_twice = logs.matches("as device dev-a").count();
+    println!(
+        "two device_ids: {}; fleet-auth: {:?}",
+        match &twice {
+            Ok(_) => "admitted".to_owned(),
+            Err(e) => format!("refused ({e})"),
+        },
+        logs.lines()
+            .filter(|l| l.contains("device_id"))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        twice.is_err(),
+        "a token naming dev-b and dev-a was admitted ({admitted_twice} admissions as dev-a):\n{logs}"
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || f
+            .stack
+            .auth_log_text()
+            .contains(r#"token names claim "device_id" more than once"#)
+            .then_some(()))
+        .is_some(),
+        "{}",
+        f.stack.auth_log_text()
+    );
+}

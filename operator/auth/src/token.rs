@@ -1,8 +1,9 @@
 //! Verifying a device's Zitadel token against one signing key: signature (RS256 or ES256, chosen by the key, never
 //! by the token), `iss`, `aud`, `exp` and `nbf` with a small leeway, and the device id claim as a
-//! `fleet_wire::DeviceId`; and how long the session it opens lasts ([`session_end`]), so that the user JWT the
+//! `fleet_wire::DeviceId`, in a payload that names each claim once ([`duplicate_claim`]); and how long the session it opens lasts ([`session_end`]), so that the user JWT the
 //! callout issues is one nats-server accepts. Pure: the key comes from the JWKS cache.
 
+use fleet_wire::text::for_log;
 use fleet_wire::DeviceId;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -89,6 +90,10 @@ pub enum Denied {
     /// The device id is not a valid `DeviceId`.
     #[error("token device id rejected: {0}")]
     BadDeviceId(String),
+    /// The payload names a claim more than once (RFC 7519 4: claim names are unique); a JSON parser keeps one of
+    /// them, so which device the token names would depend on the parser. The name is shown escaped.
+    #[error("token names claim \"{0}\" more than once")]
+    DuplicateClaim(String),
 }
 
 /// The verified identity.
@@ -126,8 +131,9 @@ pub fn kid(token: &str) -> Result<String, Denied> {
             "larger than {MAX_TOKEN_BYTES} bytes"
         )));
     }
+    // The JSON error may quote the header's text (an unknown `alg`): shown escaped, as one line.
     let h = jsonwebtoken::decode_header(token)
-        .map_err(|e| Denied::Malformed(format!("header: {e}")))?;
+        .map_err(|e| Denied::Malformed(format!("header: {}", for_log(&e.to_string()))))?;
     h.kid
         .filter(|k| !k.is_empty() && k.len() <= 256)
         .ok_or_else(|| Denied::Malformed("no kid in the header".into()))
@@ -146,6 +152,9 @@ pub fn verify_at(
     policy: &Policy,
     now: u64,
 ) -> Result<Identity, Denied> {
+    if let Some(name) = duplicate_claim(token)? {
+        return Err(Denied::DuplicateClaim(for_log(&name)));
+    }
     let mut v = Validation::new(key.alg);
     v.algorithms = vec![key.alg];
     v.leeway = policy.leeway.as_secs();
@@ -162,7 +171,7 @@ pub fn verify_at(
             ErrorKind::InvalidAudience => Denied::WrongAudience,
             ErrorKind::MissingRequiredClaim(c) => Denied::MissingClaim(c),
             ErrorKind::InvalidAlgorithm => Denied::Algorithm(format!("{:?}", key.alg)),
-            other => Denied::Malformed(format!("{other:?}")),
+            other => Denied::Malformed(for_log(&format!("{other:?}"))),
         })?;
     let claims = data.claims;
     // A NumericDate may have a fraction (RFC 7519); jsonwebtoken accepted it, so it is a non-negative number.
@@ -187,6 +196,47 @@ pub fn verify_at(
         expires,
         session_until,
     })
+}
+
+/// The first claim `token`'s payload names more than once, if any. serde_json (and so jsonwebtoken's claims map)
+/// keeps the last of two `device_id`s, so a token naming two devices would be admitted as the last one (issue 49,
+/// point 6); names are compared as JSON reads them (`"device\u005fid"` is `device_id`).
+pub fn duplicate_claim(token: &str) -> Result<Option<String>, Denied> {
+    use base64::Engine;
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    struct FirstDuplicate;
+    impl<'de> Visitor<'de> for FirstDuplicate {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object of claims")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut first = None;
+            while let Some(name) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if first.is_none() && seen.contains(&name) {
+                    first = Some(name);
+                } else {
+                    seen.insert(name);
+                }
+            }
+            Ok(first)
+        }
+    }
+
+    let mut parts = token.split('.');
+    let payload = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some(p), Some(_), None) => p,
+        _ => return Err(Denied::Malformed("not three dot-separated parts".into())),
+    };
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .map_err(|e| Denied::Malformed(format!("payload: {e}")))?;
+    serde_json::Deserializer::from_slice(&bytes)
+        .deserialize_map(FirstDuplicate)
+        .map_err(|e| Denied::Malformed(format!("payload: {}", for_log(&e.to_string()))))
 }
 
 #[cfg(test)]
@@ -245,6 +295,77 @@ mod tests {
     fn good() -> Value {
         json!({"iss": "https://zitadel.test", "aud": ["fleet", "other"], "exp": now() + 600,
                "nbf": now() - 10, "device_id": "dev-a"})
+    }
+
+    /// A token of `payload` exactly as written (a JSON map cannot hold two keys of one name), signed by `k`.
+    fn sign_raw(k: &Ec, payload: &str) -> String {
+        use base64::Engine;
+        let b = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let message = format!(
+            "{}.{}",
+            b.encode(br#"{"alg":"ES256","typ":"JWT","kid":"k1"}"#),
+            b.encode(payload)
+        );
+        let sig =
+            jsonwebtoken::crypto::sign(message.as_bytes(), &k.enc, Algorithm::ES256).expect("sign");
+        format!("{message}.{sig}")
+    }
+
+    #[test]
+    fn a_token_naming_a_claim_twice_is_refused() {
+        let k = ec_key();
+        let p = policy();
+        let (exp, nbf) = (now() + 600, now() - 10);
+        let base =
+            format!(r#""iss":"https://zitadel.test","aud":["fleet"],"exp":{exp},"nbf":{nbf}"#);
+        let once = sign_raw(&k, &format!(r#"{{{base},"device_id":"dev-a"}}"#));
+        assert_eq!(
+            verify(&once, &k.key, &p).expect("valid").device.as_str(),
+            "dev-a"
+        );
+        let table = [
+            (
+                r#""device_id":"dev-b","device_id":"dev-a""#.to_owned(),
+                "device_id",
+            ),
+            (
+                r#""device_id":"dev-b","device\u005fid":"dev-a""#.to_owned(),
+                "device_id",
+            ),
+            (
+                r#""device_id":"dev-a","iss":"https://evil.test""#.to_owned(),
+                "iss",
+            ),
+            (r#""device_id":"dev-a","aud":"other""#.to_owned(), "aud"),
+            (
+                format!(r#""device_id":"dev-a","exp":{}"#, exp + 999_999),
+                "exp",
+            ),
+            (
+                r#""device_id":"dev-a","x\ny":1,"x\ny":2"#.to_owned(),
+                "x\\ny",
+            ),
+        ];
+        for (claims, name) in table {
+            let t = sign_raw(&k, &format!(r#"{{{base},{claims}}}"#));
+            let got = verify(&t, &k.key, &p);
+            assert_eq!(got, Err(Denied::DuplicateClaim(name.into())), "{claims}");
+            let text = got.expect_err("refused").to_string();
+            assert!(!text.contains('\n'), "{text}");
+        }
+        // Nested objects may repeat a name of the claims set; only the claims set's own names must be unique.
+        let nested = sign_raw(
+            &k,
+            &format!(r#"{{{base},"device_id":"dev-a","extra":{{"device_id":"dev-b"}}}}"#),
+        );
+        assert_eq!(
+            verify(&nested, &k.key, &p).expect("valid").device.as_str(),
+            "dev-a"
+        );
+        assert_eq!(
+            duplicate_claim("a.b"),
+            Err(Denied::Malformed("not three dot-separated parts".into()))
+        );
     }
 
     #[test]
