@@ -772,3 +772,150 @@ fn over_tls_floods_are_refused_past_the_devices_share_and_shown() {
         "{shown:?}: at least the 50 run keys and 50 suffixes"
     );
 }
+
+/// fleet-auth's own log (the rig's `auth_logs` holds nats-server's after it).
+fn fleet_auth_log(w: &World) -> String {
+    let all = w.nats.auth_logs();
+    let own = all.split("--- nats-server ---").next().unwrap_or("");
+    own.to_owned()
+}
+
+/// Issue 49, point 4: a device that floods refused watch registrations whose text carries newlines costs
+/// fleet-auth's log one line per device per interval (10 s), with the count, and writes no line of its own.
+#[test]
+fn over_tls_a_flood_of_refused_registrations_costs_the_log_a_line_per_interval_and_forges_none() {
+    let w = world();
+    let attacker = w.device("tlslog");
+    let victim = format!("tlslogv-{}", std::process::id());
+    let marker = format!("FORGED-{}", std::process::id());
+    let forged = format!(
+        "[2026-12-07T04:00:00Z WARN  fleet_auth::flood_guard] flood guard: device {victim} (cid 1 on server X) \
+         sent 9999 messages in 1 s {marker}"
+    );
+    let body = serde_json::to_vec(&serde_json::json!({ format!("x\n{forged}\n"): 1 })).unwrap();
+    let before = fleet_auth_log(w).lines().count();
+    let a = w.connect(&attacker);
+    let subject = format!("fleet.device-watch.{attacker}");
+    let started = Instant::now();
+    // 4 s of registrations as fast as the client takes them (once the flood guard cuts the connection off, the
+    // client holds them until it is let back in).
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    w.rt.block_on(async {
+        let flood = async {
+            loop {
+                for _ in 0..500 {
+                    if a.publish(subject.clone(), body.clone().into())
+                        .await
+                        .is_ok()
+                    {
+                        sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(200), a.flush()).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(4), flood).await;
+    });
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+    // The summary of the flood comes within an interval of its first line.
+    let summary = fleet_rig::wait_for(Duration::from_secs(25), || {
+        fleet_auth_log(w)
+            .lines()
+            .skip(before)
+            .find(|l| l.contains(&attacker) && l.contains(" more in the last "))
+            .map(str::to_owned)
+    });
+    let elapsed = started.elapsed();
+    let log = fleet_auth_log(w);
+    let new: Vec<&str> = log.lines().skip(before).collect();
+    let registrations: Vec<&&str> = new
+        .iter()
+        .filter(|l| l.contains("watch registration") && l.contains(&attacker))
+        .collect();
+    let naming: Vec<&&str> = new.iter().filter(|l| l.contains(&attacker)).collect();
+    println!(
+        "{sent} refused registrations sent in 4 s; fleet-auth wrote {} lines in {:.1} s, {} naming {attacker}, {} \
+         about its registrations, {} bytes; summary: {summary:?}",
+        new.len(),
+        elapsed.as_secs_f64(),
+        naming.len(),
+        registrations.len(),
+        new.iter().map(|l| l.len() + 1).sum::<usize>()
+    );
+    // env_logger indents a message's further lines by four spaces; a reader of the journal sees them as lines.
+    let forgeries: Vec<&&str> = new
+        .iter()
+        .filter(|l| l.trim_start().starts_with(&forged[..40]))
+        .collect();
+    assert!(
+        forgeries.is_empty(),
+        "{} forged lines in fleet-auth's log, e.g. {:?}",
+        forgeries.len(),
+        forgeries.first()
+    );
+    let raw = new
+        .iter()
+        .find(|l| l.contains(&marker) && !l.contains("\\n[2026-12-07T04:00:00Z"));
+    assert_eq!(raw, None, "the device's text is not shown escaped");
+    // At most one line per interval (10 s) from the first, plus the first.
+    let bound = 2 + elapsed.as_secs() as usize / 10;
+    assert!(
+        registrations.len() <= bound,
+        "{} lines about {attacker}'s registrations in {:.1} s (at most {bound}): {:?}",
+        registrations.len(),
+        elapsed.as_secs_f64(),
+        &registrations[..registrations.len().min(5)]
+    );
+    let summary = summary.unwrap_or_else(|| panic!("no summary of the flood: {registrations:?}"));
+    assert!(sent > 1_000, "the flood: {sent} messages");
+    assert!(summary.contains("watch registration refused"), "{summary}");
+}
+
+/// Issue 49, point 5: a write's acknowledgement tells a device nothing of other devices' writes (JetStream's
+/// stream sequence counts every device's), and keeps the shape the agent (this release's and the previous one's:
+/// both require a numeric `seq` and only log it) reads.
+#[test]
+fn over_tls_a_devices_acknowledgements_tell_nothing_of_another_devices_writes() {
+    let w = world();
+    let (a_id, b_id) = (w.device("tlsacka"), w.device("tlsackb"));
+    let (a, b) = (w.connect(&a_id), w.connect(&b_id));
+    let ack = |c: &async_nats::Client, device: &str| -> serde_json::Value {
+        let text = ask(
+            w,
+            c,
+            format!("$KV.device-heartbeat.{device}"),
+            None,
+            b"{}".to_vec(),
+        );
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("ack {text:?}: {e}"))
+    };
+    let seq = |v: &serde_json::Value| {
+        v["seq"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("the agent needs a numeric seq: {v}"))
+    };
+    let first = ack(&a, &a_id);
+    for _ in 0..5 {
+        ack(&b, &b_id);
+    }
+    let second = ack(&a, &a_id);
+    let revision =
+        w.rt.block_on(w.store(kv::DEVICE_HEARTBEAT).entry(a_id.clone()))
+            .expect("read")
+            .expect("a's heartbeat")
+            .revision;
+    println!("{a_id}'s acks around five writes of {b_id}: {first} then {second} (its key's revision {revision})");
+    assert!(
+        first.get("error").is_none() && second.get("error").is_none(),
+        "{first} {second}"
+    );
+    assert!(
+        seq(&second).abs_diff(seq(&first)) <= 1,
+        "the gap between two of {a_id}'s acks counts {b_id}'s writes: {first} then {second}"
+    );
+    assert_ne!(
+        seq(&second),
+        revision,
+        "the ack carries the stream's sequence (every device's writes)"
+    );
+}

@@ -4,7 +4,9 @@
 //! - Writes: every KV subject devices write is a service of the device API's account. A write is checked (its
 //!   bucket, its key, its size; a run key only for a run the device was given), counted against the device's
 //!   write budget, and written to JetStream with its value alone — no header of the device's reaches JetStream.
-//!   The answer is JetStream's acknowledgement (or an error in JetStream's shape), as a direct write would get.
+//!   The answer has JetStream's acknowledgement's shape (or its error's), as a direct write would get, but its
+//!   `seq` is always [`ACK_SEQ`]: the stream's sequence counts every device's writes, so it would tell a device how
+//!   often the others write (issue 49, point 5). The agent requires a numeric `seq` and only logs it.
 //!   Writes of one device are handled in order (each device's writes go to the same worker).
 //! - Watches: devices register their inbox (every replica keeps every registration); each write to a key of an
 //!   operator-written bucket is noticed by one replica (a queue group), which publishes an empty notice below that
@@ -12,8 +14,12 @@
 //! - Refused writes are logged and reported to the operator (`fleet.device-refusals.<device>`), at most one
 //!   report per device per [`REFUSAL_REPORT_INTERVAL`]; refusals that came after a report are reported with the
 //!   next refusal or, when none comes, within the next interval.
+//! - Everything else a device can make fleet-auth log (refused watch registrations, writes JetStream did not take)
+//!   is logged at most once per device per [`SUMMARY_INTERVAL`] with a count ([`Summaries`]); every text from a
+//!   device is shown escaped (`fleet_wire::text::for_log`).
 
 use super::config::DeviceApiSettings;
+use super::log_summary::{Summaries, SUMMARY_INTERVAL};
 use async_nats::jetstream;
 use fleet_wire::device_api::{
     check_put, key_device, notice_subject, noticed_buckets, refusals_subject, written_buckets,
@@ -41,6 +47,8 @@ pub const WORKER_QUEUE: usize = 512;
 pub const DEVICE_QUEUED: usize = 4;
 /// Devices whose registrations, budgets and report times are kept at most (a fleet of this many devices fits).
 pub const MAX_DEVICES: usize = 1_000_000;
+/// The `seq` of every acknowledgement a device gets: not the stream's (which counts every device's writes).
+pub const ACK_SEQ: u64 = 0;
 /// Time-out of one JetStream write or read made for a device.
 pub const JS_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -63,12 +71,57 @@ struct Registry {
     devices: Mutex<HashMap<DeviceId, DeviceState>>,
     /// Devices with refusals not reported yet.
     unreported: Mutex<std::collections::HashSet<DeviceId>>,
+    /// What devices make fleet-auth log, besides the write refusal reports.
+    logs: Mutex<Logs>,
     started: Instant,
+}
+
+/// Per-device summaries of what fleet-auth logs about a device's messages.
+struct Logs {
+    /// Watch registrations refused (not the device's own inbox, not JSON, too large).
+    registrations: Summaries,
+    /// Watch registrations dropped because [`MAX_DEVICES`] devices are registered.
+    dropped: Summaries,
+    /// Writes JetStream did not take.
+    failed: Summaries,
+    /// Writes refused on a subject that names no valid device.
+    unnamed: Summaries,
+}
+
+impl Logs {
+    fn new() -> Self {
+        Self {
+            registrations: Summaries::new("watch registration refused for", SUMMARY_INTERVAL),
+            dropped: Summaries::new("watch registration dropped for", SUMMARY_INTERVAL),
+            failed: Summaries::new("write failed for", SUMMARY_INTERVAL),
+            unnamed: Summaries::new("write refused for", SUMMARY_INTERVAL),
+        }
+    }
+
+    /// The summaries due at `now`.
+    fn due(&mut self, now: Instant) -> Vec<String> {
+        let mut lines = self.registrations.due(now);
+        lines.extend(self.dropped.due(now));
+        lines.extend(self.failed.due(now));
+        lines.extend(self.unnamed.due(now));
+        lines
+    }
 }
 
 impl Registry {
     fn now_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Records one event of `device` in the summary `pick` chooses; logs it when a line is due.
+    fn log(&self, pick: impl FnOnce(&mut Logs) -> &mut Summaries, device: &str, reason: &str) {
+        let line = match self.logs.lock() {
+            Ok(mut logs) => pick(&mut logs).record(device, reason, Instant::now()),
+            Err(_) => None,
+        };
+        if let Some(line) = line {
+            log::warn!("{line}");
+        }
     }
 
     /// Runs `f` on `device`'s state, making room when the map is full (dropping what expired, then refusing).
@@ -125,6 +178,7 @@ pub async fn run(
     let registry = Arc::new(Registry {
         devices: Mutex::new(HashMap::new()),
         unreported: Mutex::new(Default::default()),
+        logs: Mutex::new(Logs::new()),
         started: Instant::now(),
     });
 
@@ -205,16 +259,25 @@ pub async fn run(
         let registry = registry.clone();
         async move {
             while let Some(msg) = registrations.next().await {
+                // One line per device per interval at most, whatever a device sends (issue 49, point 4).
                 match WatchRegistration::parse(&msg.subject, &msg.payload) {
                     Ok((device, r)) => {
                         if registry
                             .with(&device, |s| s.inbox = Some((r.inbox, Instant::now())))
                             .is_none()
                         {
-                            log::warn!("watch registration of {device} dropped: {MAX_DEVICES} devices registered");
+                            registry.log(
+                                |l| &mut l.dropped,
+                                device.as_str(),
+                                &format!("{MAX_DEVICES} devices registered"),
+                            );
                         }
                     }
-                    Err(e) => log::warn!("watch registration on {} refused: {e}", msg.subject),
+                    Err(e) => registry.log(
+                        |l| &mut l.registrations,
+                        registration_device_name(&msg.subject),
+                        &e.to_string(),
+                    ),
                 }
             }
         }
@@ -253,6 +316,13 @@ pub async fn run(
             loop {
                 tick.tick().await;
                 flush(&fleet, &registry).await;
+                let lines = match registry.logs.lock() {
+                    Ok(mut logs) => logs.due(Instant::now()),
+                    Err(_) => Vec::new(),
+                };
+                for line in lines {
+                    log::warn!("{line}");
+                }
             }
         }
     };
@@ -273,6 +343,14 @@ pub async fn run(
 /// The device part of a write's subject (`$KV.<bucket>.<device>…`) as sent, valid or not (checked later).
 fn subject_device_name(subject: &str) -> &str {
     subject.split('.').nth(2).unwrap_or("")
+}
+
+/// The device part of a watch registration's subject (`fleet.device-watch.<device>`) as sent, valid or not.
+fn registration_device_name(subject: &str) -> &str {
+    subject
+        .strip_prefix(WATCH_ROOT)
+        .and_then(|s| s.strip_prefix('.'))
+        .unwrap_or(subject)
 }
 
 /// Writes waiting per device (only devices with some waiting are kept: at most the workers' places).
@@ -319,12 +397,13 @@ async fn handle_write(
     msg: async_nats::Message,
 ) {
     let answer = match write(fleet, registry, &msg).await {
-        Ok((stream, seq)) => serde_json::json!({ "stream": stream, "seq": seq }),
+        Ok(stream) => serde_json::json!({ "stream": stream, "seq": ACK_SEQ }),
         Err(Failure::Refused(device, refusal)) => {
             return refuse(fleet, registry, devices, msg, device, refusal).await;
         }
         Err(Failure::Store(e)) => {
-            log::warn!("write {} failed: {e}", msg.subject);
+            let why = format!("{}: {e}", msg.subject);
+            registry.log(|l| &mut l.failed, subject_device_name(&msg.subject), &why);
             api_error(503, &format!("device API could not write: {e}"))
         }
     };
@@ -375,7 +454,7 @@ async fn write(
     fleet: &Fleet,
     registry: &Registry,
     msg: &async_nats::Message,
-) -> Result<(String, u64), Failure> {
+) -> Result<String, Failure> {
     let put: DevicePut = check_put(&msg.subject, msg.payload.len())
         .map_err(|r| Failure::Refused(subject_device(&msg.subject), r))?;
     let now = registry.now_ms();
@@ -413,7 +492,7 @@ async fn write(
     .await
     .map_err(|_| Failure::Store(format!("no acknowledgement within {JS_TIMEOUT:?}")))?
     .map_err(Failure::Store)?;
-    Ok((ack.stream, ack.sequence))
+    Ok(ack.stream)
 }
 
 /// Whether run key `key` (`<device>.<run>`) may be written: the device was given the run (its intent exists) or
@@ -466,7 +545,11 @@ async fn report(
     refusal: &PutRefusal,
 ) {
     let Some(device) = device else {
-        log::warn!("write refused: {refusal}");
+        registry.log(
+            |l| &mut l.unnamed,
+            subject_device_name(subject),
+            &refusal.to_string(),
+        );
         return;
     };
     let latest = WriteRefused {
@@ -533,7 +616,7 @@ async fn publish_report(fleet: &Fleet, body: &WriteRefused) {
         "write of device {} refused ({} since the last report): {}",
         body.device_id,
         body.count,
-        body.reason
+        fleet_wire::text::for_log(&body.reason)
     );
     if let Ok(bytes) = serde_json::to_vec(body) {
         let _ = fleet
