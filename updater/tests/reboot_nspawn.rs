@@ -362,3 +362,97 @@ fn timer_and_upgrade_step_racing_never_release_a_slot_under_a_rebooting_device()
         guest.journal("fleet-reboot.service", 40)
     );
 }
+
+/// Issue 49, point 9, the second half, with the real programs and a real reboot: the system upgrade's step
+/// reboots the device; in the new boot `--after-boot` gives the slot back and removes the marker before the
+/// updater's next step runs. That step must answer `released` from the journal's boot id, without taking the slot
+/// or rebooting a second time.
+#[test]
+fn a_consumed_marker_never_reboots_the_device_a_second_time() {
+    use fleet_updater::system::journal::SystemJournal;
+    use fleet_updater::system::machine::Event;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("fleetlock.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\n",
+            dir.path().join("store").display()
+        ),
+    )
+    .unwrap();
+    let srv = ServerProcess::start(&fleetlock_server_bin(), &config).expect("fleetlock-server");
+    let mut guest = Guest::boot();
+    let _relay = guest.forward(srv.addr.port());
+    install_fleet_reboot(&guest, srv.addr.port(), "timeout: 2\n");
+    guest.sh("systemctl daemon-reload");
+    let first = guest.boot_id();
+    // The journal fleet-updater wrote when its upgrade entered `rebooting` in this boot.
+    let mut j = SystemJournal::begin(
+        fleet_wire::fixtures::system_attempt(),
+        vec![],
+        fleet_wire::Timestamp::now(),
+    );
+    j.apply(Event::Start, fleet_wire::Timestamp::now()).unwrap();
+    j.apply(
+        Event::Upgraded { reboot: true },
+        fleet_wire::Timestamp::now(),
+    )
+    .unwrap();
+    let mut journal = serde_json::to_value(&j).unwrap();
+    journal["rebootBootId"] = serde_json::json!(first);
+    guest.write_file(
+        "/var/lib/fleet-updater/system-upgrade.json",
+        &serde_json::to_vec_pretty(&journal).unwrap(),
+        0o600,
+    );
+    let step = "systemd-run --wait --pipe --quiet /usr/local/sbin/fleet-reboot \
+                --config /etc/harmony-fleet/fleet-reboot.yaml --upgrade-step";
+
+    let old_pid1 = guest.pid1();
+    guest.sh(&format!("{step} >/run/step.out 2>&1 &"));
+    let rebooted = fleet_rig::wait_for(Duration::from_secs(60), || {
+        (guest.pid1() != old_pid1).then_some(())
+    });
+    assert!(
+        rebooted.is_some(),
+        "no reboot. Console:\n{}",
+        guest.console()
+    );
+    guest.wait_up(Duration::from_secs(60));
+    let second = guest.boot_id();
+    assert_ne!(first, second);
+    let held = holders(&srv);
+    assert_eq!(
+        held.len(),
+        1,
+        "the slot is held across the reboot: {held:?}"
+    );
+
+    // The post-boot release runs first and consumes the marker.
+    guest.sh(
+        "systemd-run --wait --quiet /usr/local/sbin/fleet-reboot --after-boot \
+         --config /etc/harmony-fleet/fleet-reboot.yaml",
+    );
+    assert!(
+        holders(&srv).is_empty(),
+        "after-boot did not give the slot back"
+    );
+    assert!(!guest.path("/var/lib/fleet-reboot/marker.json").exists());
+
+    // The updater's next step in the new boot.
+    let pid1 = guest.pid1();
+    let (_, out) = guest.try_sh(&format!("{step} 2>&1"));
+    let again = fleet_rig::wait_for(Duration::from_secs(3), || {
+        (guest.pid1() != pid1).then_some(())
+    });
+    assert!(
+        again.is_none() && holders(&srv).is_empty(),
+        "a second reboot: the step took the slot ({:?}) and rebooted the device again ({}). Step:\n{out}",
+        holders(&srv),
+        again.is_some()
+    );
+    assert!(out.contains(r#"{"outcome":"released"}"#), "{out}");
+    guest.wait_up(Duration::from_secs(60));
+    assert_eq!(guest.boot_id(), second, "no second reboot");
+}
