@@ -3,6 +3,7 @@
 
 use async_nats::jetstream::{self, kv};
 use fleet_kit::nats_tls::NatsTls;
+use fleet_wire::log_summary::{Summaries, SUMMARY_INTERVAL};
 use fleet_wire::Timestamp;
 use futures::StreamExt;
 use serde::{de::DeserializeOwned, Serialize};
@@ -314,15 +315,14 @@ impl<T> Seen<T> {
 }
 
 /// [`Seen`]'s packed store time.
-/// The log line for a value of `bucket`'s `key` that does not parse: the key and the parser's text (which quotes
-/// the value, written by a device: an unknown `architecture`, say) shown escaped, so a device cannot write forged
-/// lines into the operator's log (issue 49, point 4).
-pub fn invalid_value_line(bucket: &str, key: &str, e: &serde_json::Error) -> String {
-    use fleet_wire::text::for_log;
-    format!(
-        "{bucket}/{}: ignoring invalid value: {}",
-        for_log(key),
-        for_log(&e.to_string())
+/// How values of `bucket` that do not parse are logged: per key, the first at once and then one line per
+/// [`SUMMARY_INTERVAL`] with the count, the key and the parser's text (which quotes the value, written by a device:
+/// an unknown `architecture`, say) shown escaped, so a device can neither write forged lines into the operator's
+/// log nor fill it (issue 49, point 4).
+pub fn invalid_values(bucket: &str) -> Summaries {
+    Summaries::new(
+        format!("{bucket}: ignoring invalid value of"),
+        SUMMARY_INTERVAL,
     )
 }
 
@@ -422,10 +422,14 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
         let mut seen = 0u64;
         let mut delivered = false;
         let mut owed: Option<u64> = None;
+        let mut invalid = invalid_values(self.bucket);
         loop {
             let entry = tokio::select! {
                 e = watch.next() => e,
                 _ = check.tick() => {
+                    for line in invalid.due(std::time::Instant::now()) {
+                        log::warn!("{line}");
+                    }
                     if let Some(target) = owed.filter(|t| !delivered && seen < *t) {
                         log::warn!(
                             "watch {}: stalled at sequence {seen} of {target}; opening it anew",
@@ -467,7 +471,10 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> Mirror<T> {
                     kv::Operation::Put => match serde_json::from_slice::<T>(&entry.value) {
                         Ok(v) => Some(v),
                         Err(e) => {
-                            log::warn!("{}", invalid_value_line(self.bucket, &entry.key, &e));
+                            let now = std::time::Instant::now();
+                            if let Some(line) = invalid.record(&entry.key, &e.to_string(), now) {
+                                log::warn!("{line}");
+                            }
                             None
                         }
                     },
@@ -746,15 +753,31 @@ mod tests {
             e.to_string().contains('\n'),
             "serde quotes the value raw: {e}"
         );
-        let line = invalid_value_line("device-info", "dev-a\u{1b}[2K", &e);
+        let t0 = std::time::Instant::now();
+        let mut invalid = invalid_values("device-info");
+        let line = invalid
+            .record("dev-a\u{1b}[2K", &e.to_string(), t0)
+            .expect("the first is logged");
         assert!(!line.chars().any(char::is_control), "{line}");
         assert!(
             line.contains("arm64\\n[2026-12-07T04:00:00Z WARN"),
             "{line}"
         );
         assert!(
-            line.starts_with("device-info/dev-a\\u{1b}[2K: ignoring invalid value: "),
+            line.starts_with("device-info: ignoring invalid value of dev-a\\u{1b}[2K: "),
             "{line}"
+        );
+        // A device writing nothing but bad values (5 a second, its write budget): one line per interval.
+        for i in 1..50 {
+            let at = t0 + Duration::from_millis(200 * i);
+            assert_eq!(invalid.record("dev-a\u{1b}[2K", &e.to_string(), at), None);
+        }
+        let due = invalid.due(t0 + SUMMARY_INTERVAL);
+        assert_eq!(due.len(), 1);
+        assert!(
+            due[0].contains(": 49 more in the last 10 s, the latest: "),
+            "{}",
+            due[0]
         );
     }
 

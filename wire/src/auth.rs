@@ -13,6 +13,32 @@ pub const DEVICE_INBOX_ROOT: &str = "_INBOX.device";
 /// refresher (`fleet-token`) writes.
 pub const NATS_TOKEN_MAX_BYTES: usize = 16 * 1024;
 
+/// Subscriptions one device connection may hold: the devices' account `limits { max_subscriptions }` in
+/// nats-server's configuration (docs/auth.md), which the server applies to every connection fleet-auth places
+/// there. An agent holds a few (its watch inbox and one per request in flight). Each subscription on one subject
+/// is another delivery of every message to it, so this also bounds how many copies of one answer a device can
+/// make the server hold for it.
+pub const DEVICE_MAX_SUBSCRIPTIONS: u32 = 32;
+
+/// The largest message one device connection may publish, bytes (the devices' account `limits { max_payload }`):
+/// the largest value a device writes ([`device_max_write_bytes`], workload status) with room for the headers.
+pub const DEVICE_MAX_PAYLOAD: u32 = 128 * 1024;
+
+/// The largest value a device may write to any bucket, bytes.
+pub fn device_max_write_bytes() -> u32 {
+    BUCKETS
+        .iter()
+        .filter(|b| {
+            matches!(
+                device_access(b),
+                DeviceAccess::ReadWrite | DeviceAccess::Write
+            )
+        })
+        .map(|b| u32::try_from(b.max_value_bytes).unwrap_or(0))
+        .max()
+        .unwrap_or(0)
+}
+
 /// What a device may do with its own keys in one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceAccess {
@@ -393,6 +419,12 @@ mod tests {
         let u = split_nats_url("tls://a:b@h1:4222,tls://h2:4222");
         assert_eq!(u.url, "tls://h1:4222,tls://h2:4222");
         assert_eq!(split_nats_url("127.0.0.1").url, "127.0.0.1");
+    }
+
+    #[test]
+    fn a_devices_largest_write_fits_its_payload_limit() {
+        assert_eq!(device_max_write_bytes(), 96 * 1024);
+        assert!(DEVICE_MAX_PAYLOAD >= device_max_write_bytes() + 4 * 1024);
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod ids;
 pub mod journal;
 pub mod kv;
 pub mod limits;
+pub mod log_summary;
 #[cfg(feature = "os")]
 pub mod notify;
 pub mod probe;

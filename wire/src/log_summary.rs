@@ -1,9 +1,10 @@
-//! How often fleet-auth logs what one device (or client) keeps doing wrong: the first time at once, then at most
+//! How often a service logs what one device (or client) keeps doing wrong: the first time at once, then at most
 //! one line per key per interval with the count since and the latest reason, so a device sending a million bad
-//! messages costs the log a line every [`SUMMARY_INTERVAL`], not a million (issue 49, point 4). Pure: the caller
-//! passes the time and logs the lines returned; every text it is given is shown through `fleet_wire::text::for_log`.
+//! messages costs the log a line every [`SUMMARY_INTERVAL`], not a million (issue 49, point 4). Used by fleet-auth
+//! and the operator. Pure: the caller passes the time and logs the lines returned; every text it is given is shown
+//! through [`for_log`].
 
-use fleet_wire::text::{for_log, LOG_TEXT_MAX_CHARS};
+use crate::text::{for_log, LOG_TEXT_MAX_CHARS};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -25,18 +26,18 @@ struct Entry {
     latest: String,
 }
 
-/// Summaries of one kind of event (`what`, e.g. `watch registration refused`), per key (a device id).
+/// Summaries of one kind of event (`what`, e.g. `watch registration refused for`), per key (a device id).
 pub struct Summaries {
-    what: &'static str,
+    what: String,
     interval: Duration,
     keys: HashMap<String, Entry>,
 }
 
 impl Summaries {
     /// Summaries of `what` with one line per key per `interval` at most.
-    pub fn new(what: &'static str, interval: Duration) -> Self {
+    pub fn new(what: impl Into<String>, interval: Duration) -> Self {
         Self {
-            what,
+            what: what.into(),
             interval,
             keys: HashMap::new(),
         }
@@ -74,7 +75,7 @@ impl Summaries {
                 if now.duration_since(e.since) < self.interval {
                     return None;
                 }
-                let line = summary(self.what, key, e, now);
+                let line = summary(&self.what, key, e, now);
                 e.since = now;
                 e.unlogged = 0;
                 Some(line)
@@ -86,7 +87,7 @@ impl Summaries {
     /// interval are forgotten, so their next event is logged at once.
     pub fn due(&mut self, now: Instant) -> Vec<String> {
         let mut lines = Vec::new();
-        let (what, interval) = (self.what, self.interval);
+        let (what, interval) = (&self.what, self.interval);
         self.keys.retain(|key, e| {
             if now.duration_since(e.since) < interval {
                 return true;

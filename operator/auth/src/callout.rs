@@ -74,6 +74,14 @@ pub struct Callout {
     pub jwks: Arc<Jwks>,
     /// Devices refused for a cool-down after a flood (the flood guard's).
     pub cooldowns: Arc<std::sync::Mutex<super::flood::Cooldowns>>,
+    /// The connection cap and reconnect budget per device, with the devices' open connections (the flood guard
+    /// keeps them from the server's events); none without the guard.
+    pub admissions: Option<(
+        super::flood::Budget,
+        Arc<std::sync::Mutex<super::flood::Admissions>>,
+    )>,
+    /// The admissions' monotonic clock starts here.
+    pub started: std::time::Instant,
 }
 
 /// The result of handling one request.
@@ -220,6 +228,17 @@ impl Callout {
                 rfc3339(c.until)
             ));
         }
+        // Counted last: a refused attempt (cooling, bad token) takes nothing from the device's reconnect budget.
+        if let Some((budget, admissions)) = &self.admissions {
+            let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let admitted = admissions
+                .lock()
+                .map_err(|_| "admissions unavailable".to_owned())?
+                .admit(&identity.device, now_ms, budget);
+            if let Err(why) = admitted {
+                return Err(format!("device {} refused: {why}", identity.device));
+            }
+        }
         let perms = fleet_wire::auth::device_permissions(&identity.device);
         let allow = Allow {
             publish: perms.publish,
@@ -268,6 +287,8 @@ mod tests {
             })
             .unwrap(),
             cooldowns: Default::default(),
+            admissions: None,
+            started: Instant::now(),
         }
     }
 

@@ -49,18 +49,36 @@ pub struct RawFloodGuard {
     pub user: String,
     /// File holding that user's password.
     pub password_file: PathBuf,
-    /// Messages a second one device connection may send, averaged over one poll.
+    /// Messages a second one device may send, summed over its connections.
     #[serde(default = "default_max_msgs")]
     pub max_msgs_per_sec: u64,
+    /// The margin: how many seconds of its budgets a device may run ahead (a burst).
+    #[serde(default = "default_burst")]
+    pub burst_secs: u64,
+    /// Bytes a second the server may deliver to one device.
+    #[serde(default = "default_max_bytes_out")]
+    pub max_bytes_out_per_sec: u64,
+    /// Bytes the server may hold undelivered for one device's connections.
+    #[serde(default = "default_max_pending")]
+    pub max_pending_bytes: u64,
     /// The first cool-down after a flood, seconds (doubled on each repeat).
     #[serde(default = "default_cooldown")]
     pub cooldown_secs: u64,
     /// The longest cool-down, seconds.
     #[serde(default = "default_max_cooldown")]
     pub max_cooldown_secs: u64,
-    /// Subscriptions one device connection may hold.
+    /// Subscriptions one device may hold over all of its connections.
     #[serde(default = "default_max_subscriptions")]
     pub max_subscriptions: u64,
+    /// Connections one device may have open at once (the callout refuses more).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u64,
+    /// Admissions of one device in a row...
+    #[serde(default = "default_connects_burst")]
+    pub connects_burst: u64,
+    /// ...then one every this many seconds (the callout refuses the others: a reconnect flood).
+    #[serde(default = "default_connect_every")]
+    pub connect_every_secs: u64,
     /// Time between polls, milliseconds.
     #[serde(default = "default_poll")]
     pub interval_ms: u64,
@@ -76,10 +94,29 @@ fn default_max_cooldown() -> u64 {
     3600
 }
 fn default_max_subscriptions() -> u64 {
-    256
+    64
+}
+fn default_burst() -> u64 {
+    2
+}
+fn default_max_bytes_out() -> u64 {
+    8 * 1024 * 1024
+}
+fn default_max_pending() -> u64 {
+    8 * 1024 * 1024
+}
+fn default_max_connections() -> u64 {
+    4
+}
+fn default_connects_burst() -> u64 {
+    5
+}
+fn default_connect_every() -> u64 {
+    10
 }
 fn default_poll() -> u64 {
-    2000
+    // A flood is cut off within about one poll; each poll asks each server for two sorted lists of connections.
+    500
 }
 
 /// The device API's two NATS users (docs/auth.md): one in the account whose services the devices import, one
@@ -396,6 +433,24 @@ fn flood_guard(g: RawFloodGuard) -> Result<super::flood_guard::GuardSettings, St
     if !(16..=1_000_000).contains(&g.max_subscriptions) {
         return Err("flood_guard.max_subscriptions must be within 16..=1000000".into());
     }
+    if !(1..=60).contains(&g.burst_secs) {
+        return Err("flood_guard.burst_secs must be within 1..=60".into());
+    }
+    if !(64 * 1024..=1 << 40).contains(&g.max_bytes_out_per_sec)
+        || !(64 * 1024..=1 << 40).contains(&g.max_pending_bytes)
+    {
+        return Err(
+            "flood_guard.max_bytes_out_per_sec and max_pending_bytes must be within 65536..=1099511627776".into(),
+        );
+    }
+    if !(1..=1_000).contains(&g.max_connections) {
+        return Err("flood_guard.max_connections must be within 1..=1000".into());
+    }
+    if !(1..=1_000).contains(&g.connects_burst) || !(1..=3_600).contains(&g.connect_every_secs) {
+        return Err(
+            "flood_guard.connects_burst must be within 1..=1000 and connect_every_secs within 1..=3600".into(),
+        );
+    }
     if !(1..=86_400).contains(&g.cooldown_secs)
         || !(g.cooldown_secs..=7 * 86_400).contains(&g.max_cooldown_secs)
     {
@@ -412,9 +467,15 @@ fn flood_guard(g: RawFloodGuard) -> Result<super::flood_guard::GuardSettings, St
         password,
         budget: super::flood::Budget {
             max_msgs_per_sec: g.max_msgs_per_sec,
+            burst_secs: g.burst_secs,
+            max_bytes_out_per_sec: g.max_bytes_out_per_sec,
+            max_pending_bytes: g.max_pending_bytes,
+            max_subscriptions: g.max_subscriptions,
+            max_connections: g.max_connections,
+            connects_burst: g.connects_burst,
+            connect_every_secs: g.connect_every_secs,
             cooldown_secs: g.cooldown_secs,
             max_cooldown_secs: g.max_cooldown_secs,
-            max_subscriptions: g.max_subscriptions,
         },
         interval: Duration::from_millis(g.interval_ms),
     })
@@ -467,17 +528,23 @@ mod tests {
         let s = load(dir.path(), &guard("")).expect("defaults");
         let g = s.flood_guard.expect("on");
         assert_eq!(
-            (
-                g.budget.max_msgs_per_sec,
-                g.budget.cooldown_secs,
-                g.budget.max_cooldown_secs,
-                g.budget.max_subscriptions
-            ),
-            (500, 60, 3600, 256)
+            g.budget,
+            crate::flood::Budget {
+                max_msgs_per_sec: 500,
+                burst_secs: 2,
+                max_bytes_out_per_sec: 8 << 20,
+                max_pending_bytes: 8 << 20,
+                max_subscriptions: 64,
+                max_connections: 4,
+                connects_burst: 5,
+                connect_every_secs: 10,
+                cooldown_secs: 60,
+                max_cooldown_secs: 3600,
+            }
         );
         assert_eq!(
             (g.interval, g.user.as_str(), g.password.as_str()),
-            (Duration::from_secs(2), "sys", "guardPw2")
+            (Duration::from_millis(500), "sys", "guardPw2")
         );
         assert!(
             load(dir.path(), &api).unwrap().flood_guard.is_none(),
@@ -492,6 +559,10 @@ mod tests {
             ),
             (", interval_ms: 10", "interval_ms"),
             (", max_subscriptions: 2", "max_subscriptions"),
+            (", burst_secs: 0", "burst_secs"),
+            (", max_pending_bytes: 10", "max_pending_bytes"),
+            (", max_connections: 0", "max_connections"),
+            (", connect_every_secs: 0", "connect_every_secs"),
         ] {
             let e = load(dir.path(), &guard(more)).err().unwrap_or_default();
             assert!(e.contains(why), "{more}: {e}");

@@ -19,13 +19,13 @@
 //!   device is shown escaped (`fleet_wire::text::for_log`).
 
 use super::config::DeviceApiSettings;
-use super::log_summary::{Summaries, SUMMARY_INTERVAL};
 use async_nats::jetstream;
 use fleet_wire::device_api::{
     check_put, key_device, notice_subject, noticed_buckets, refusals_subject, written_buckets,
     DevicePut, PutRefusal, WatchRegistration, WriteBudget, WriteRefused, REFUSAL_REPORT_INTERVAL,
     WATCH_ROOT, WATCH_TTL,
 };
+use fleet_wire::log_summary::{Summaries, SUMMARY_INTERVAL};
 use fleet_wire::DeviceId;
 use futures::StreamExt;
 use std::collections::HashMap;

@@ -1,28 +1,39 @@
-//! The flood guard: every poll it asks each nats-server for the busiest connections of the devices' account
-//! (`$SYS.REQ.SERVER.PING.CONNZ`, as a system-account user), measures their message rates
-//! ([`super::flood::Tracker`]), disconnects a device's connection that goes over its budget
-//! (`$SYS.REQ.SERVER.<id>.KICK`), refuses that device's sessions for a cool-down (the callout reads the same
-//! [`super::flood::Cooldowns`]; other replicas learn it on [`COOLDOWN_SUBJECT`]) and reports it to the operator
-//! like a refused write (`fleet.device-refusals.<device>`, kind `flood`), so its Device, events and alerts show it.
+//! The flood guard: what each device costs the servers, summed over all of its connections
+//! ([`super::flood::Tracker`]), from two sources read as the system account's user: every poll, each server's
+//! busiest connections of the devices' account (`$SYS.REQ.SERVER.PING.CONNZ`, sorted by messages received and bytes
+//! delivered, and every few polls by subscriptions and undelivered bytes); and, as they happen, the account's
+//! CONNECT and DISCONNECT events (`$SYS.ACCOUNT.<account>.CONNECT`/`.DISCONNECT`), so a connection is counted from
+//! its start, a short-lived one by its final counters and a slow-consumer disconnect as a flood. A device over its
+//! budget has every connection disconnected (`$SYS.REQ.SERVER.<id>.KICK`), its sessions refused for a cool-down
+//! (the callout reads the same [`super::flood::Cooldowns`]; other replicas learn it on [`COOLDOWN_SUBJECT`]), and is
+//! reported to the operator like a refused write (`fleet.device-refusals.<device>`, kind `flood`). The events also
+//! keep each device's open connections for the callout's cap ([`super::flood::Admissions`]).
 
-use super::flood::{Budget, Conn, Cooldowns, Cooling, Tracker};
+use super::flood::{Admissions, Budget, Closed, Conn, Cooldowns, Cooling, Flood, Tracker};
 use fleet_wire::device_api::{refusals_subject, WriteRefused, FLOOD_KIND};
 use fleet_wire::DeviceId;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Where replicas tell each other of a cool-down (system account).
 pub const COOLDOWN_SUBJECT: &str = "fleet-auth.cooldowns";
-/// Connections asked for per server and poll: the busiest by messages received.
+/// Connections asked for per server, poll and sort order: the busiest.
 pub const TOP_CONNECTIONS: usize = 512;
 /// Servers' answers taken per poll at most.
 pub const MAX_SERVERS: usize = 64;
+/// Subscriptions and undelivered bytes are read every this many polls (two more sorted lists per server).
+const COUNTS_EVERY_POLLS: u64 = 4;
 /// How long a poll waits for the servers' answers.
 const ANSWER_WINDOW: Duration = Duration::from_millis(750);
 /// Time-out of one KICK.
 const KICK_TIMEOUT: Duration = Duration::from_secs(2);
+/// Every this many CONNZ requests, the answers are awaited for the whole window (servers that joined are found).
+const DISCOVER_EVERY: u64 = 20;
+/// Connections of one device listed for a kick at most, per server.
+const MAX_KICKED: usize = 1024;
 
 /// The guard's settings, loaded.
 #[derive(Clone)]
@@ -62,13 +73,54 @@ struct ConnInfo {
     cid: u64,
     #[serde(default)]
     in_msgs: u64,
+    #[serde(default)]
+    out_bytes: u64,
+    #[serde(default)]
+    pending_bytes: u64,
     /// Subscriptions held now (CONNZ `subscriptions`).
     #[serde(default)]
     subscriptions: u64,
+    #[serde(default)]
+    uptime: String,
     /// For a user fleet-auth admitted: the `name` of the user JWT it issued, the device id (the client cannot
     /// set it; its CONNECT `name` is a different field).
     #[serde(default)]
     authorized_user: String,
+}
+
+/// A CONNECT or DISCONNECT event of the devices' account (`client.user` is the device, as CONNZ's
+/// `authorized_user`; `sent` is what the client sent, `received` what it was delivered).
+#[derive(Deserialize)]
+struct Event {
+    #[serde(default)]
+    server: ServerInfo,
+    client: EventClient,
+    #[serde(default)]
+    sent: Stats,
+    #[serde(default)]
+    received: Stats,
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Deserialize)]
+struct EventClient {
+    #[serde(default)]
+    id: u64,
+    #[serde(default)]
+    user: String,
+    #[serde(default)]
+    start: Option<String>,
+    #[serde(default)]
+    stop: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Stats {
+    #[serde(default)]
+    msgs: u64,
+    #[serde(default)]
+    bytes: u64,
 }
 
 /// A cool-down as replicas share it.
@@ -91,124 +143,250 @@ pub fn device_of(authorized_user: &str) -> Option<DeviceId> {
     DeviceId::try_from(authorized_user).ok()
 }
 
+/// A time as nats-server writes it (RFC 3339 with fractions, `Z` or a `±hh:mm` offset: a client's `start` is in
+/// the server's local zone).
+fn parse_time(s: &str) -> Option<std::time::SystemTime> {
+    if s.ends_with('Z') {
+        return humantime::parse_rfc3339(s).ok();
+    }
+    let (base, offset) = s.split_at(s.len().checked_sub(6)?);
+    let sign = match offset.as_bytes().first()? {
+        b'+' => 1i64,
+        b'-' => -1,
+        _ => return None,
+    };
+    let (h, m) = offset[1..].split_once(':')?;
+    let secs = sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60);
+    let local = humantime::parse_rfc3339_weak(base).ok()?;
+    let shift = Duration::from_secs(secs.unsigned_abs());
+    if secs >= 0 {
+        local.checked_sub(shift)
+    } else {
+        local.checked_add(shift)
+    }
+}
+
+/// How long a connection lived, from its event's `start` and `stop`.
+fn lifetime_ms(start: Option<&str>, stop: Option<&str>) -> Option<u64> {
+    let d = parse_time(stop?)?
+        .duration_since(parse_time(start?)?)
+        .ok()?;
+    u64::try_from(d.as_millis()).ok()
+}
+
+/// What the guard's tasks share.
+struct Shared {
+    system: async_nats::Client,
+    fleet: async_nats::Client,
+    account: String,
+    budget: Budget,
+    cooldowns: Arc<Mutex<Cooldowns>>,
+    admissions: Arc<Mutex<Admissions>>,
+    tracker: Mutex<Tracker>,
+    started: Instant,
+    /// The most servers that answered one CONNZ request.
+    servers: AtomicUsize,
+    /// CONNZ requests made.
+    asked: AtomicU64,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
 /// Runs the guard until its connection ends. `system` is the system user's connection, `fleet` the buckets'
-/// account connection the reports go on.
+/// account connection the reports go on; `admissions` is the callout's view of each device's open connections.
 pub async fn run(
     system: async_nats::Client,
     fleet: async_nats::Client,
     account: String,
     settings: GuardSettings,
     cooldowns: Arc<Mutex<Cooldowns>>,
+    admissions: Arc<Mutex<Admissions>>,
 ) -> Result<(), String> {
     let budget = settings.budget;
-    let mut notices = system
-        .subscribe(COOLDOWN_SUBJECT)
-        .await
-        .map_err(|e| format!("subscribe {COOLDOWN_SUBJECT}: {e}"))?;
+    let subscribe = |subject: String| {
+        let system = system.clone();
+        async move {
+            system
+                .subscribe(subject.clone())
+                .await
+                .map_err(|e| format!("subscribe {subject}: {e}"))
+        }
+    };
+    let mut notices = subscribe(COOLDOWN_SUBJECT.to_owned()).await?;
+    let mut connects = subscribe(format!("$SYS.ACCOUNT.{account}.CONNECT")).await?;
+    let mut disconnects = subscribe(format!("$SYS.ACCOUNT.{account}.DISCONNECT")).await?;
+    let shared = Arc::new(Shared {
+        system,
+        fleet,
+        account,
+        budget,
+        cooldowns,
+        admissions,
+        tracker: Mutex::new(Tracker::default()),
+        started: Instant::now(),
+        servers: AtomicUsize::new(0),
+        asked: AtomicU64::new(0),
+    });
     let learned = {
-        let cooldowns = cooldowns.clone();
+        let shared = shared.clone();
         async move {
             while let Some(m) = notices.next().await {
                 if let Ok(n) = serde_json::from_slice::<CooldownNotice>(&m.payload) {
-                    if let Ok(mut c) = cooldowns.lock() {
+                    if let Ok(mut c) = shared.cooldowns.lock() {
                         let cooling = Cooling {
                             until: n.until,
                             strikes: n.strikes,
                         };
-                        c.learn(&n.device, cooling, unix_now(), &budget);
+                        c.learn(&n.device, cooling, unix_now(), &shared.budget);
                     }
                 }
             }
         }
     };
-    let started = Instant::now();
+    let opened = {
+        let shared = shared.clone();
+        async move {
+            while let Some(m) = connects.next().await {
+                if let Ok(e) = serde_json::from_slice::<Event>(&m.payload) {
+                    connected(&shared, e).await;
+                }
+            }
+        }
+    };
+    let ended = {
+        let shared = shared.clone();
+        async move {
+            while let Some(m) = disconnects.next().await {
+                if let Ok(e) = serde_json::from_slice::<Event>(&m.payload) {
+                    disconnected(&shared, e).await;
+                }
+            }
+        }
+    };
     let polls = async move {
-        let mut tracker = Tracker::default();
         let mut ticker = tokio::time::interval(settings.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut poll = 0u64;
         loop {
             ticker.tick().await;
-            let conns = match connz(&system, &account, "msgs_from").await {
-                Ok(c) => c,
-                Err(e) => {
-                    log::warn!("flood guard: {e}");
-                    continue;
-                }
+            poll += 1;
+            let counts = poll % COUNTS_EVERY_POLLS == 1;
+            let sorts: &[&str] = if counts {
+                &["msgs_from", "bytes_to", "subs", "pending"]
+            } else {
+                &["msgs_from", "bytes_to"]
             };
-            let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            for f in tracker.observe(&conns, now_ms, &budget) {
-                let what = format!(
-                    "{} messages a second over {:.1} s, over its budget of {}",
-                    f.msgs_per_sec,
-                    f.over_ms as f64 / 1000.0,
-                    budget.max_msgs_per_sec
-                );
-                act(
-                    &system,
-                    &fleet,
-                    &cooldowns,
-                    &budget,
-                    (f.server, f.cid, f.device),
-                    what,
-                )
-                .await;
+            let asks = sorts.iter().map(|sort| {
+                let ask = serde_json::json!({
+                    "acc": shared.account, "sort": sort, "limit": TOP_CONNECTIONS, "auth": true,
+                });
+                connz(&shared, ask)
+            });
+            let mut conns = Vec::new();
+            for answer in futures::future::join_all(asks).await {
+                match answer {
+                    Ok(c) => conns.extend(c),
+                    Err(e) => log::warn!("flood guard: {e}"),
+                }
             }
-            // The connections holding the most subscriptions, judged at once (a count, not a rate).
-            let held = match connz(&system, &account, "subs").await {
-                Ok(c) => c,
-                Err(e) => {
-                    log::warn!("flood guard: {e}");
-                    continue;
-                }
+            let floods = match shared.tracker.lock() {
+                Ok(mut t) => t.observe(&conns, shared.now_ms(), &shared.budget, counts),
+                Err(_) => return,
             };
-            for o in super::flood::over_subscribed(&held, &budget) {
-                let what = format!(
-                    "{} subscriptions, over its limit of {}",
-                    o.subscriptions, budget.max_subscriptions
-                );
-                act(
-                    &system,
-                    &fleet,
-                    &cooldowns,
-                    &budget,
-                    (o.server, o.cid, o.device),
-                    what,
-                )
-                .await;
+            for f in floods {
+                act(&shared, f).await;
             }
         }
     };
     tokio::select! {
         () = learned => Err(format!("the {COOLDOWN_SUBJECT} subscription ended (NATS connection closed)")),
+        () = opened => Err("the CONNECT events' subscription ended (NATS connection closed)".into()),
+        () = ended => Err("the DISCONNECT events' subscription ended (NATS connection closed)".into()),
         () = polls => Ok(()),
     }
 }
 
-/// One poll: every server's top connections of `account` by `sort` (`msgs_from`: messages received; `subs`:
-/// subscriptions held).
-async fn connz(
-    system: &async_nats::Client,
-    account: &str,
-    sort: &str,
-) -> Result<Vec<Conn>, String> {
+/// A device's connection opened: counted from zero, and one over the device's connection cap (admitted at the
+/// same moment as others) is disconnected at once.
+async fn connected(shared: &Shared, e: Event) {
+    let Some(device) = device_of(&e.client.user) else {
+        return;
+    };
+    let (server, cid) = (e.server.id, e.client.id);
+    if let Ok(mut t) = shared.tracker.lock() {
+        t.connected(&server, cid, &device);
+    }
+    let open = shared
+        .admissions
+        .lock()
+        .map_or(0, |mut a| a.opened(&device, &server, cid));
+    if open > shared.budget.max_connections {
+        let kicked = kick(&shared.system, &server, cid).await;
+        log::warn!(
+            "flood guard: device {device} (cid {cid} on server {server}) {kicked}: {open} connections open, over \
+             its limit of {}",
+            shared.budget.max_connections
+        );
+    }
+}
+
+/// A device's connection ended: what it did since it was last seen is charged; a slow consumer is a flood.
+async fn disconnected(shared: &Shared, e: Event) {
+    let device = device_of(&e.client.user);
+    if let (Some(d), Ok(mut a)) = (&device, shared.admissions.lock()) {
+        a.ended(d, &e.server.id, e.client.id);
+    }
+    let closed = Closed {
+        server: e.server.id,
+        cid: e.client.id,
+        device,
+        in_msgs: e.sent.msgs,
+        out_bytes: e.received.bytes,
+        age_ms: lifetime_ms(e.client.start.as_deref(), e.client.stop.as_deref()),
+        reason: e.reason,
+    };
+    let flood = match shared.tracker.lock() {
+        Ok(mut t) => t.closed(&closed, shared.now_ms(), &shared.budget),
+        Err(_) => None,
+    };
+    if let Some(f) = flood {
+        act(shared, f).await;
+    }
+}
+
+/// Every server's connections of the devices' account that `ask` (a CONNZ request) selects. The answers are
+/// awaited until as many servers as ever answered have (then a flood is acted on at once), or [`ANSWER_WINDOW`]
+/// passes (every [`DISCOVER_EVERY`]th request waits the whole window, so servers that join are found).
+async fn connz(shared: &Shared, ask: serde_json::Value) -> Result<Vec<Conn>, String> {
+    let asked = shared.asked.fetch_add(1, Ordering::Relaxed);
+    let known = shared.servers.load(Ordering::Relaxed);
+    let expected = if asked.is_multiple_of(DISCOVER_EVERY) {
+        MAX_SERVERS
+    } else {
+        known.clamp(1, MAX_SERVERS)
+    };
+    let system = &shared.system;
     let inbox = system.new_inbox();
     let mut answers = system
         .subscribe(inbox.clone())
         .await
         .map_err(|e| format!("subscribe {inbox}: {e}"))?;
-    let ask = serde_json::json!({
-        "acc": account, "sort": sort, "limit": TOP_CONNECTIONS, "auth": true,
-    });
     system
         .publish_with_reply("$SYS.REQ.SERVER.PING.CONNZ", inbox, ask.to_string().into())
         .await
         .map_err(|e| format!("ask CONNZ: {e}"))?;
     let mut conns = Vec::new();
     let deadline = tokio::time::Instant::now() + ANSWER_WINDOW;
-    for _ in 0..MAX_SERVERS {
+    let mut answered = 0;
+    while answered < expected {
         let Ok(Some(m)) = tokio::time::timeout_at(deadline, answers.next()).await else {
             break;
         };
+        answered += 1;
         let a: ServerAnswer = match serde_json::from_slice(&m.payload) {
             Ok(a) => a,
             Err(e) => {
@@ -222,56 +400,89 @@ async fn connz(
             cid: c.cid,
             device: device_of(&c.authorized_user),
             in_msgs: c.in_msgs,
+            out_bytes: c.out_bytes,
+            pending_bytes: c.pending_bytes,
             subscriptions: c.subscriptions,
+            age_secs: super::flood::uptime_secs(&c.uptime),
         }));
     }
+    shared.servers.fetch_max(answered, Ordering::Relaxed);
     Ok(conns)
 }
 
-/// Disconnects a connection (server, cid, device) over its budget (`what` says how), starts its device's
-/// cool-down, tells the other replicas and the operator.
-async fn act(
-    system: &async_nats::Client,
-    fleet: &async_nats::Client,
-    cooldowns: &Mutex<Cooldowns>,
-    budget: &Budget,
-    (server, cid, device): (String, u64, DeviceId),
-    what: String,
-) {
-    let now = unix_now();
-    let Some(cooling) = cooldowns
-        .lock()
-        .ok()
-        .map(|mut c| c.strike(&device, now, budget))
-    else {
-        return;
-    };
-    let kick = format!("$SYS.REQ.SERVER.{server}.KICK");
+/// Disconnects connection `cid` of server `server`; says how it went.
+async fn kick(system: &async_nats::Client, server: &str, cid: u64) -> String {
+    let subject = format!("$SYS.REQ.SERVER.{server}.KICK");
     let body = serde_json::json!({ "cid": cid }).to_string();
-    let kicked = match tokio::time::timeout(KICK_TIMEOUT, system.request(kick, body.into())).await {
+    match tokio::time::timeout(KICK_TIMEOUT, system.request(subject, body.into())).await {
         Ok(Ok(m)) if !m.payload.windows(7).any(|w| w == b"\"error\"") => "disconnected".to_owned(),
         Ok(Ok(m)) => format!(
-            "could not disconnect ({})",
+            "could not be disconnected ({})",
             String::from_utf8_lossy(&m.payload[..m.payload.len().min(200)])
         ),
-        Ok(Err(e)) => format!("could not disconnect ({e})"),
-        Err(_) => "could not disconnect (no answer)".to_owned(),
+        Ok(Err(e)) => format!("could not be disconnected ({e})"),
+        Err(_) => "could not be disconnected (no answer)".to_owned(),
+    }
+}
+
+/// A device over its budget: its cool-down starts (the callout refuses it from now on), every connection of it is
+/// disconnected, the other replicas and the operator are told.
+async fn act(shared: &Shared, flood: Flood) {
+    let Flood { device, over } = flood;
+    let budget = &shared.budget;
+    let now = unix_now();
+    // Already cooling (the counters of the connections just kicked, another replica's verdict): its connections
+    // are disconnected again, but it is neither struck nor reported twice.
+    let Some((cooling, already)) = shared.cooldowns.lock().ok().map(|mut c| {
+        let already = c.cooling(&device, now).is_some();
+        (c.strike(&device, now, budget), already)
+    }) else {
+        return;
+    };
+    // Its connections: those the events told of, and those the servers list under its name now.
+    let mut targets = shared
+        .admissions
+        .lock()
+        .map(|a| a.open_of(&device))
+        .unwrap_or_default();
+    let ask = serde_json::json!({
+        "acc": shared.account, "user": device.as_str(), "limit": MAX_KICKED, "auth": true,
+    });
+    match connz(shared, ask).await {
+        Ok(conns) => targets.extend(conns.into_iter().map(|c| (c.server, c.cid))),
+        Err(e) => log::warn!("flood guard: listing device {device}'s connections: {e}"),
+    }
+    targets.sort();
+    targets.dedup();
+    let results =
+        futures::future::join_all(targets.iter().map(|(s, cid)| kick(&shared.system, s, *cid)))
+            .await;
+    let cut = results.iter().filter(|r| *r == "disconnected").count();
+    let failed: Vec<&String> = results.iter().filter(|r| *r != "disconnected").collect();
+    let kicked = match failed.first() {
+        None => format!("{cut} connections disconnected"),
+        Some(why) => format!("{cut} connections disconnected, {} {why}", failed.len()),
     };
     let until = humantime::format_rfc3339_seconds(
         std::time::UNIX_EPOCH + Duration::from_secs(cooling.until),
     );
     let reason = format!(
-        "{kicked}: {what}; its connections are refused until {until} (flood {} in a row)",
+        "{kicked}: {}; its connections are refused until {until} (flood {} in a row)",
+        over.describe(budget),
         cooling.strikes,
     );
-    log::warn!("flood guard: device {device} (cid {cid} on server {server}) {reason}");
+    if already {
+        log::debug!("flood guard: device {device}, cooling already: {reason}");
+        return;
+    }
+    log::warn!("flood guard: device {device} {reason}");
     let notice = CooldownNotice {
         device: device.clone(),
         until: cooling.until,
         strikes: cooling.strikes,
     };
     if let Ok(b) = serde_json::to_vec(&notice) {
-        let _ = system.publish(COOLDOWN_SUBJECT, b.into()).await;
+        let _ = shared.system.publish(COOLDOWN_SUBJECT, b.into()).await;
     }
     let report = WriteRefused {
         device_id: device.clone(),
@@ -281,7 +492,10 @@ async fn act(
         count: 1,
     };
     if let Ok(b) = serde_json::to_vec(&report) {
-        let _ = fleet.publish(refusals_subject(&device), b.into()).await;
+        let _ = shared
+            .fleet
+            .publish(refusals_subject(&device), b.into())
+            .await;
     }
 }
 
@@ -297,6 +511,30 @@ mod tests {
         );
         assert_eq!(device_of("../x"), None);
         assert_eq!(device_of(""), None);
+    }
+
+    #[test]
+    fn events_are_read_and_times_in_any_zone() {
+        let e: Event = serde_json::from_str(
+            r#"{"type":"io.nats.server.advisory.v1.client_disconnect","server":{"name":"n","id":"NABC"},
+               "client":{"start":"2026-12-07T05:00:00.5+02:00","stop":"2026-12-07T03:00:01.75Z","id":9,
+               "acc":"DEVICES","user":"dev-a"},"sent":{"msgs":30000,"bytes":1},"received":{"msgs":2,"bytes":16384},
+               "reason":"Slow Consumer (Pending Bytes)"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (e.server.id.as_str(), e.client.id, e.client.user.as_str()),
+            ("NABC", 9, "dev-a")
+        );
+        assert_eq!((e.sent.msgs, e.received.bytes), (30_000, 16_384));
+        assert_eq!(
+            lifetime_ms(e.client.start.as_deref(), e.client.stop.as_deref()),
+            Some(1_250)
+        );
+        assert_eq!(e.reason, "Slow Consumer (Pending Bytes)");
+        assert!(parse_time("2026-12-07T03:00:00-01:30").is_some());
+        assert_eq!(parse_time("yesterday"), None);
+        assert_eq!(lifetime_ms(None, Some("2026-12-07T03:00:01Z")), None);
     }
 
     #[test]

@@ -8,7 +8,6 @@ pub mod device_api;
 pub mod flood;
 pub mod flood_guard;
 pub mod jwks;
-pub mod log_summary;
 pub mod natsjwt;
 pub mod service;
 pub mod token;

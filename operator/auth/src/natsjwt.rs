@@ -135,9 +135,12 @@ pub fn user_claims(
         "nats": {
             "pub": { "allow": allow.publish },
             "sub": { "allow": allow.subscribe },
-            "subs": -1,
+            // The same limits as the devices' account (docs/auth.md): nats-server 2.15 does not apply a user JWT's
+            // limits to users the auth callout admits (it drops the JWT before it registers the user), so the
+            // account's `limits` enforce them; these say the same for a server that does.
+            "subs": fleet_wire::auth::DEVICE_MAX_SUBSCRIPTIONS,
             "data": -1,
-            "payload": -1,
+            "payload": fleet_wire::auth::DEVICE_MAX_PAYLOAD,
             "type": "user",
             "version": 2,
         },

@@ -3,7 +3,7 @@
 
 use super::callout::{Callout, XKEY_HEADER};
 use super::config::Settings;
-use super::flood::Cooldowns;
+use super::flood::{Admissions, Cooldowns};
 use super::jwks::Jwks;
 use futures::StreamExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,6 +41,7 @@ pub const MAX_WAITING: usize = 65_536;
 /// subscription ends.
 pub async fn run(mut settings: Settings) -> Result<(), String> {
     let cooldowns = Arc::new(Mutex::new(Cooldowns::default()));
+    let admissions = Arc::new(Mutex::new(Admissions::default()));
     let (url, tls) = (settings.url.clone(), settings.tls.clone());
     let guard = match (settings.flood_guard.take(), &settings.device_api) {
         (Some(g), Some(api)) => {
@@ -54,28 +55,42 @@ pub async fn run(mut settings: Settings) -> Result<(), String> {
                 "fleet-auth flood guard (reports)",
             )
             .await?;
+            let b = &g.budget;
             log::info!(
-                "flood guard on: {} messages a second and {} subscriptions per device connection, polled every {} \
-                 ms; cool-down {} s doubling up to {} s",
-                g.budget.max_msgs_per_sec,
-                g.budget.max_subscriptions,
+                "flood guard on, per device over all its connections: {} messages a second, {} bytes a second \
+                 delivered ({} s burst), {} bytes undelivered, {} subscriptions, {} connections, admitted {} times \
+                 in a row then once every {} s; polled every {} ms; cool-down {} s doubling up to {} s",
+                b.max_msgs_per_sec,
+                b.max_bytes_out_per_sec,
+                b.burst_secs,
+                b.max_pending_bytes,
+                b.max_subscriptions,
+                b.max_connections,
+                b.connects_burst,
+                b.connect_every_secs,
                 g.interval.as_millis(),
-                g.budget.cooldown_secs,
-                g.budget.max_cooldown_secs
+                b.cooldown_secs,
+                b.max_cooldown_secs
             );
-            Some(super::flood_guard::run(
-                system,
-                fleet,
-                settings.account.clone(),
-                g,
-                cooldowns.clone(),
+            Some((
+                g.budget,
+                super::flood_guard::run(
+                    system,
+                    fleet,
+                    settings.account.clone(),
+                    g,
+                    cooldowns.clone(),
+                    admissions.clone(),
+                ),
             ))
         }
         _ => None,
     };
+    // The callout applies the guard's connection cap and reconnect budget (none without the guard).
+    let admit = guard.as_ref().map(|(b, _)| (*b, admissions));
     let guard = async move {
         match guard {
-            Some(g) => g.await,
+            Some((_, g)) => g.await,
             None => std::future::pending().await,
         }
     };
@@ -87,7 +102,7 @@ pub async fn run(mut settings: Settings) -> Result<(), String> {
         }
     };
     tokio::select! {
-        r = serve_callout(settings, cooldowns) => r,
+        r = serve_callout(settings, cooldowns, admit) => r,
         r = api => r,
         r = guard => r,
     }
@@ -114,7 +129,11 @@ pub(super) async fn connect_user(
 }
 
 /// The callout: a queue subscription on [`AUTH_SUBJECT`] and one task per request under a concurrency bound.
-async fn serve_callout(settings: Settings, cooldowns: Arc<Mutex<Cooldowns>>) -> Result<(), String> {
+async fn serve_callout(
+    settings: Settings,
+    cooldowns: Arc<Mutex<Cooldowns>>,
+    admissions: Option<(super::flood::Budget, Arc<Mutex<Admissions>>)>,
+) -> Result<(), String> {
     let jwks = Jwks::new(settings.jwks.clone())?;
     // Warm the cache; a failure is not fatal (every decision fetches again and fails closed meanwhile).
     match jwks.prefetch().await {
@@ -164,6 +183,8 @@ async fn serve_callout(settings: Settings, cooldowns: Arc<Mutex<Cooldowns>>) -> 
         policy: settings.policy,
         jwks,
         cooldowns,
+        admissions,
+        started: Instant::now(),
     });
     let permits = Arc::new(Semaphore::new(settings.max_concurrent));
     let waiting = Arc::new(AtomicUsize::new(0));

@@ -163,11 +163,21 @@ async fn follow<T: DeserializeOwned + Clone + Send + Sync + 'static>(
         Ok(m) => m,
         Err(e) => return err(&e),
     };
+    // Values that do not parse: one line per key per interval; the counts of the last interval come with any
+    // later message.
+    let mut invalid = crate::kv::invalid_values(bucket);
+    let mut summarised = std::time::Instant::now();
     while let Some(m) = messages.next().await {
         let m = match m {
             Ok(m) => m,
             Err(e) => return err(&e),
         };
+        if summarised.elapsed() >= fleet_wire::log_summary::SUMMARY_INTERVAL {
+            summarised = std::time::Instant::now();
+            for line in invalid.due(summarised) {
+                log::warn!("{line}");
+            }
+        }
         let info = match m.info() {
             Ok(i) => (
                 i.stream_sequence,
@@ -191,7 +201,10 @@ async fn follow<T: DeserializeOwned + Clone + Send + Sync + 'static>(
             false => match serde_json::from_slice::<T>(&m.payload) {
                 Ok(v) => Some(v),
                 Err(e) => {
-                    log::warn!("{}", crate::kv::invalid_value_line(bucket, key, &e));
+                    let now = std::time::Instant::now();
+                    if let Some(line) = invalid.record(key, &e.to_string(), now) {
+                        log::warn!("{line}");
+                    }
                     None
                 }
             },

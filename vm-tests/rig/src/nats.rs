@@ -281,6 +281,9 @@ pub fn callout_config(
         r#"log_file: "{log}"
 # Device tokens up to fleet_wire::auth::NATS_TOKEN_MAX_BYTES travel in CONNECT (docs/auth.md).
 max_control_line: 20KB
+# What the server holds for one connection that does not read before it closes it as a slow consumer: with the
+# devices' connection cap this bounds the memory one device can take (docs/auth.md).
+max_pending: 16MB
 system_account: SYS
 accounts {{
   SYS {{ users: [ {{ user: "{FLOOD_GUARD_USER}", password: "{system}" }} ] }}
@@ -297,6 +300,9 @@ accounts {{
 {api_exports}    ]
   }}
   DEVICES {{
+    # Per device connection, applied by nats-server itself (docs/auth.md: a user JWT's limits are not applied
+    # to users the auth callout admits).
+    limits {{ max_subscriptions: {max_subs}, max_payload: {max_payload} }}
     imports: [
 {device_imports}    ]
   }}
@@ -317,6 +323,8 @@ authorization {{
         api = passwords.device_api,
         system = passwords.system,
         fleet_exports = exports(FLEET_ACCOUNT),
+        max_subs = fleet_wire::auth::DEVICE_MAX_SUBSCRIPTIONS,
+        max_payload = fleet_wire::auth::DEVICE_MAX_PAYLOAD,
         api_exports = exports(DEVICE_API_ACCOUNT),
     )
 }
