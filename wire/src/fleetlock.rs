@@ -245,36 +245,26 @@ pub struct GroupHolders {
     pub holders: Vec<Holder>,
 }
 
-/// Where the NATS store finds the groups one client id may hold a slot in: the value of key
-/// [`holder_index_key`]`(id)` in the `fleetlock` bucket. A release reads it instead of listing the bucket's keys
-/// (which needs a JetStream consumer per request). It only grows (a grant adds its groups before it is written), so
-/// it always covers every slot the id holds.
+/// Every group that may have holders in the NATS store: the value of key [`GROUP_DIRECTORY_KEY`] in the `fleetlock`
+/// bucket. A release (`steady-state`) reads it and then each listed group, instead of listing the bucket's keys
+/// (which needs a JetStream consumer per request). A grant adds its group before it writes the group's first holder,
+/// and nothing removes a group while servers run, so it always covers every slot held. It grows with the groups ever
+/// configured, never with requests: a refused request writes nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HolderIndex {
+pub struct GroupDirectory {
     /// Format version (1).
     pub version: u32,
-    /// The client id (the key holds only its digest).
-    pub id: String,
-    /// Groups the id was granted a slot in, sorted, without duplicates.
+    /// Group names, sorted, without duplicates.
     pub groups: Vec<String>,
 }
 
-/// Prefix of the holder index keys. `_` cannot start a group name (`^[a-zA-Z0-9.-]+$`), so no group key collides.
-pub const HOLDER_INDEX_PREFIX: &str = "_holder.";
+/// Key of the [`GroupDirectory`]. `_` cannot start a group name (`^[a-zA-Z0-9.-]+$`), so no group key collides.
+pub const GROUP_DIRECTORY_KEY: &str = "_groups";
 
-/// Key of `id`'s [`HolderIndex`] in the `fleetlock` bucket: `_holder.<first 16 bytes of SHA-256(id), hex>` (an id
-/// may hold bytes a KV key cannot).
-pub fn holder_index_key(id: &str) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(id.as_bytes());
-    let mut key = String::with_capacity(HOLDER_INDEX_PREFIX.len() + 32);
-    key.push_str(HOLDER_INDEX_PREFIX);
-    for b in &digest[..16] {
-        key.push_str(&format!("{b:02x}"));
-    }
-    key
-}
+/// Prefix of the per-id holder index keys of the layout before the [`GroupDirectory`] (`_holder.<digest>`, one per
+/// id that ever asked, refused or not). The first start of a server with the directory removes them.
+pub const HOLDER_INDEX_PREFIX: &str = "_holder.";
 
 /// The file store's state file: every group's holders.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -310,6 +300,13 @@ pub struct ServerStatus {
     /// Lock time-to-live in seconds, if one is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
+    /// Whether `pre-reboot` and `steady-state` need client credentials (`auth.tokens` or `auth.basic`); `false`:
+    /// anyone who reaches the port can take and give back slots. Absent from servers before this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<bool>,
+    /// What the server warns about at start and for as long as it holds (e.g. client authentication off).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Every configured group (and any group that still has holders).
     pub groups: Vec<GroupStatus>,
     /// When this server process started: `recent` covers what it made durable since then.

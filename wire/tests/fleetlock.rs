@@ -70,23 +70,21 @@ fn server_shapes() {
         },
     );
     check(
-        "holder-index",
-        &HolderIndex {
+        "group-directory",
+        &GroupDirectory {
             version: 1,
-            id: "e0f3745b108f471cbd4883c6fbed8cdd".into(),
             groups: vec!["db".into(), "default".into()],
         },
     );
-    assert_eq!(
-        holder_index_key("e0f3745b108f471cbd4883c6fbed8cdd"),
-        holder_index_key("e0f3745b108f471cbd4883c6fbed8cdd")
-    );
-    let key = holder_index_key("any id: spaces, / and ü");
-    assert!(key.starts_with("_holder.") && key.len() == 8 + 32, "{key}");
-    assert!(
-        fleet_wire::fleetlock::validate_group(&key).is_err(),
-        "no group is named like an index key"
-    );
+    for key in [
+        GROUP_DIRECTORY_KEY,
+        "_holder.0123456789abcdef0123456789abcdef",
+    ] {
+        assert!(
+            fleet_wire::fleetlock::validate_group(key).is_err(),
+            "no group is named like {key}"
+        );
+    }
     let mut groups = std::collections::BTreeMap::new();
     groups.insert("db".to_string(), vec![holder()]);
     check("state-file", &StateFile { version: 1, groups });
@@ -97,6 +95,8 @@ fn server_shapes() {
             config_valid: false,
             config_error: Some("groups[0].slots: invalid type".into()),
             ttl_secs: None,
+            client_auth: Some(false),
+            warnings: vec!["client authentication is off: anyone who reaches this port can take and give back reboot slots".into()],
             groups: vec![GroupStatus {
                 name: "db".into(),
                 slots: 1,

@@ -89,6 +89,7 @@ mod tests {
                 password: "pw".into(),
             }],
             admin_tokens: vec!["adm".into()],
+            token_files: Vec::new(),
         };
         assert!(client_ok(&a, Some(b"Bearer t1")));
         assert!(!client_ok(&a, Some(b"Bearer t2")));

@@ -14,6 +14,8 @@ pub const MAX_SLOTS: u32 = 100_000;
 pub const MAX_GROUPS: usize = 1024;
 /// Default store directory.
 pub const DEFAULT_DIR: &str = "/var/lib/fleetlock";
+/// Default for `max_connections_per_client`: a host needs one or two; a proxy in front needs it raised.
+pub const DEFAULT_CONNECTIONS_PER_CLIENT: usize = 64;
 
 /// The whole config file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -44,6 +46,14 @@ pub struct Config {
     /// `https://host/fleetlock/`, e.g. behind a proxy); normalized without a trailing `/`, `None` for the root.
     #[serde(default)]
     pub path_prefix: Option<String>,
+    /// Most connections one client (one IPv4 address, one IPv6 /64) may hold open at once; more are closed at
+    /// once (default [`DEFAULT_CONNECTIONS_PER_CLIENT`]; behind a proxy every client is the proxy: raise it).
+    #[serde(default = "connections_per_client")]
+    pub max_connections_per_client: usize,
+}
+
+fn connections_per_client() -> usize {
+    DEFAULT_CONNECTIONS_PER_CLIENT
 }
 
 /// Longest `path_prefix`.
@@ -186,6 +196,10 @@ pub struct AuthConfig {
     /// Bearer tokens any client may use.
     #[serde(default)]
     pub tokens: Vec<String>,
+    /// Files holding one bearer token each (the package generates `/etc/fleetlock/client-token`); read with the
+    /// config, their tokens join `tokens`. A missing, unreadable or empty file makes the config invalid.
+    #[serde(default)]
+    pub token_files: Vec<PathBuf>,
     /// Basic-auth pairs (Zincati sends them from `http://user:password@host/` in its base URL).
     #[serde(default)]
     pub basic: Vec<BasicCredential>,
@@ -198,8 +212,9 @@ impl std::fmt::Debug for AuthConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "AuthConfig {{ tokens: {}, basic: {}, admin_tokens: {} }}",
+            "AuthConfig {{ tokens: {}, token_files: {:?}, basic: {}, admin_tokens: {} }}",
             self.tokens.len(),
+            self.token_files,
             self.basic.len(),
             self.admin_tokens.len()
         )
@@ -214,6 +229,21 @@ pub struct BasicCredential {
     pub username: String,
     /// Password.
     pub password: String,
+}
+
+impl Config {
+    /// What the server warns about while this config is in force: logged at start, shown in `/v1/status`.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if !self.auth.clients_need_auth() {
+            w.push(
+                "client authentication is off (no auth.tokens or auth.basic): anyone who reaches this server can \
+                 take and give back reboot slots"
+                    .to_string(),
+            );
+        }
+        w
+    }
 }
 
 impl AuthConfig {
@@ -255,6 +285,7 @@ impl Default for Config {
             audit_log: None,
             client_timeout: ten_seconds(),
             path_prefix: None,
+            max_connections_per_client: DEFAULT_CONNECTIONS_PER_CLIENT,
         }
     }
 }
@@ -266,8 +297,30 @@ pub struct Membership {
     pub groups: Vec<(String, u32)>,
 }
 
+/// Largest token file read, in bytes.
+pub const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
+/// The token in `path`: its text without surrounding white space; an error names the file (never the token).
+fn read_token_file(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let what = format!("auth.token_files: {}", path.display());
+    let f = std::fs::File::open(path).map_err(|e| format!("{what}: {e}"))?;
+    let mut text = String::new();
+    f.take(MAX_TOKEN_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{what}: {e}"))?;
+    if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
+        return Err(format!("{what}: longer than {MAX_TOKEN_FILE_BYTES} bytes"));
+    }
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("{what}: empty"));
+    }
+    Ok(token.to_owned())
+}
+
 impl Config {
-    /// Parses and validates YAML text.
+    /// Parses and validates YAML text (reading the files of `auth.token_files`).
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut c: Config = if text.trim().is_empty() {
             Config::default()
@@ -275,6 +328,10 @@ impl Config {
             serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?
         };
         c.path_prefix = path_prefix(c.path_prefix.as_deref())?;
+        for f in &c.auth.token_files {
+            let token = read_token_file(f)?;
+            c.auth.tokens.push(token);
+        }
         c.validate()?;
         Ok(c)
     }
@@ -316,6 +373,13 @@ impl Config {
             || self.client_timeout > Duration::from_secs(300)
         {
             return Err("client_timeout: must be between 100ms and 5min".into());
+        }
+        let total = crate::server::MAX_CONNECTIONS;
+        if !(1..=total).contains(&self.max_connections_per_client) {
+            return Err(format!(
+                "max_connections_per_client: {}: must be between 1 and {total}",
+                self.max_connections_per_client
+            ));
         }
         if let StoreConfig::Nats { url, replicas, .. } = &self.store {
             if url.trim().is_empty() {
@@ -419,6 +483,28 @@ groups:
     slots: 2
     members: [db2, m-1]
 ";
+
+    #[test]
+    fn token_files_add_their_tokens_and_a_bad_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("fleetlock-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        let good = dir.join("good");
+        std::fs::write(&good, "  0123456789abcdef\n").unwrap_or_default();
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap_or_default();
+        let yaml = |f: &Path| format!("auth: {{token_files: [{}]}}\n", f.display());
+        let c = Config::parse(&yaml(&good)).unwrap_or_default();
+        assert_eq!(c.auth.tokens, vec!["0123456789abcdef"]);
+        assert!(c.auth.clients_need_auth() && c.warnings().is_empty());
+        let e = Config::parse(&yaml(&empty)).err().unwrap_or_default();
+        assert!(e.contains("empty") && e.contains("token_files"), "{e}");
+        let e = Config::parse(&yaml(&dir.join("missing")))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("missing"), "{e}");
+        assert_eq!(Config::default().warnings().len(), 1, "no auth: a warning");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn path_prefix_table() {

@@ -323,6 +323,8 @@ async fn status_doc(app: &App) -> Result<ServerStatus, Fail> {
         config_valid: config_error.is_none(),
         config_error,
         ttl_secs: config.ttl.map(|t| t.as_secs()),
+        client_auth: Some(config.auth.clients_need_auth()),
+        warnings: config.warnings(),
         groups,
         started_at: Some(app.started_at),
         recent: app.store.recent(),
@@ -350,6 +352,8 @@ async fn metrics(app: &App) -> Result<Resp, Fail> {
         &s.store,
         app.store.commits(),
         app.store.conflicts(),
-    );
+    ) + &app
+        .metrics
+        .render_guards(s.client_auth == Some(true), app.conns.refusals());
     Ok(respond(200, "text/plain; version=0.0.4", text.into_bytes()))
 }

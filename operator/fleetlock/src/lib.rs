@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod auth;
 pub mod config;
+pub mod conns;
 pub mod http;
 pub mod metrics;
 pub mod recent;

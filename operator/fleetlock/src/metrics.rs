@@ -138,4 +138,17 @@ impl Metrics {
         }
         o
     }
+
+    /// `fleetlock_client_auth` and `fleetlock_connections_refused_total{reason}` (per-client cap, server-wide cap).
+    pub fn render_guards(&self, client_auth: bool, (per_client, total): (u64, u64)) -> String {
+        format!(
+            "# HELP fleetlock_client_auth 1 if pre-reboot and steady-state need client credentials; 0: anyone who \
+             reaches the server can take slots.\n# TYPE fleetlock_client_auth gauge\nfleetlock_client_auth {}\n\
+             # HELP fleetlock_connections_refused_total Connections closed at accept: per-client or server-wide cap.\n\
+             # TYPE fleetlock_connections_refused_total counter\n\
+             fleetlock_connections_refused_total{{reason=\"per-client\"}} {per_client}\n\
+             fleetlock_connections_refused_total{{reason=\"total\"}} {total}\n",
+            u8::from(client_auth)
+        )
+    }
 }

@@ -1,6 +1,7 @@
 //! The server: shared state, the accept loop with bounded connections and time-outs, and config reloading.
 
 use super::config::Config;
+use super::conns::{ClientConns, Refusal};
 use super::http;
 use super::metrics::Metrics;
 use super::store::Store;
@@ -15,7 +16,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// Most connections served at once; more are closed right away.
+/// Most connections served at once; more are closed right away (and at most `max_connections_per_client` of
+/// them from one client).
 pub const MAX_CONNECTIONS: usize = 4096;
 /// Largest buffered request head (request line + headers), in bytes.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -32,6 +34,8 @@ pub struct App {
     pub metrics: Metrics,
     /// When the server started (`/v1/status`: its history covers the time since).
     pub started_at: Timestamp,
+    /// Open connections per client and refusals.
+    pub conns: Arc<ClientConns>,
 }
 
 impl App {
@@ -44,6 +48,7 @@ impl App {
             store,
             metrics: Metrics::default(),
             started_at: Timestamp::now(),
+            conns: Arc::new(ClientConns::default()),
         }
     }
 
@@ -101,11 +106,14 @@ pub async fn run(listen: SocketAddr, path: Option<PathBuf>, mode: Listener) -> R
              readable. Serve HTTPS with --tls-cert and --tls-key (docs/fleetlock.md)"
         );
     }
-    if listen.ip().is_unspecified() && !config.auth.clients_need_auth() {
+    for w in config.warnings() {
+        let anyone = match listen.ip().is_unspecified() {
+            true => format!(" (listening on all addresses, {listen})"),
+            false => String::new(),
+        };
         log::warn!(
-            "listening on all addresses ({listen}) with client authentication off: anyone who reaches this port \
-             can take and give back reboot slots. Set auth.tokens in the config or --listen on a private address \
-             (docs/fleetlock.md)"
+            "{w}{anyone}. Set auth.tokens (or auth.basic) in the config, or --listen on an address only the fleet \
+             reaches (docs/fleetlock.md)"
         );
     }
     let app = Arc::new(App::new(config, store));
@@ -150,8 +158,16 @@ pub async fn serve(
                 continue;
             }
         };
+        // A refused connection is dropped here: closed at once, before a byte is read.
+        let cap = app.config().max_connections_per_client;
+        let Some(client) = app.conns.try_open(peer.ip(), cap) else {
+            app.conns
+                .refused(Refusal::PerClient, peer.ip(), cap, MAX_CONNECTIONS);
+            continue;
+        };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
-            log::warn!("more than {MAX_CONNECTIONS} connections: closing one from {peer}");
+            app.conns
+                .refused(Refusal::Total, peer.ip(), cap, MAX_CONNECTIONS);
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -188,6 +204,7 @@ pub async fn serve(
                 log::debug!("connection from {peer}: {e}");
             }
             drop(permit);
+            drop(client);
         });
     }
 }

@@ -89,7 +89,10 @@ fn run_rounds(servers: &[&ServerProcess], slot_counts: &[usize]) {
 fn write_config(path: &Path, store: &str, slots: usize) {
     std::fs::write(
         path,
-        format!("{store}\ngroups: [{{name: race, slots: {slots}}}]\n"),
+        // All 200 clients come from 127.0.0.1: one client as far as the per-client connection cap goes.
+        format!(
+            "{store}\ngroups: [{{name: race, slots: {slots}}}]\nmax_connections_per_client: {CLIENTS}\n"
+        ),
     )
     .unwrap();
 }

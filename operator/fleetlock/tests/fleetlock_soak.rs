@@ -157,12 +157,14 @@ fn zincati_protocol_points_on_a_nats_cluster() {
     );
 }
 
-/// A slot written by a server from before the holder index (only the group key, no `_holder.` key) is found by
-/// the start-up scan and given back by the holder's steady-state.
+/// A bucket of the layout before the group directory: a slot in its group key, a per-id `_holder.` index key for
+/// every id that ever asked (refused or not), no `_groups`. The first start removes the index keys and lists the
+/// group, and the holder's steady-state gives the slot back.
 #[test]
-fn slots_granted_before_the_index_are_released() {
+fn slots_granted_before_the_group_directory_are_released() {
     let dir = tempfile::tempdir().unwrap();
     let (cluster, mut servers) = setup(dir.path(), "default_slots: 1\n", 1);
+    servers[0].kill();
     let held = fleet_wire::fleetlock::GroupHolders {
         version: 1,
         holders: vec![fleet_wire::fleetlock::Holder {
@@ -174,9 +176,19 @@ fn slots_granted_before_the_index_are_released() {
     };
     let js = nats::jetstream::new(cluster.connect());
     let kv = js.key_value(fleet_wire::kv::FLEETLOCK).unwrap();
+    kv.delete(fleet_wire::fleetlock::GROUP_DIRECTORY_KEY)
+        .unwrap();
     kv.put("default", serde_json::to_vec(&held).unwrap())
         .unwrap();
+    for i in 0..500 {
+        let key = format!("{}{i:032x}", fleet_wire::fleetlock::HOLDER_INDEX_PREFIX);
+        kv.put(&key, br#"{"version":1,"id":"x","groups":["default"]}"#)
+            .unwrap();
+    }
     servers[0].restart().unwrap();
+    let mut left: Vec<String> = kv.keys().unwrap().collect();
+    left.sort();
+    assert_eq!(left, vec!["_groups", "default"], "old index keys left");
     let mut c = servers[0].conn().unwrap();
     assert_eq!(holders(&mut c, "default"), vec!["old-host"]);
     let full = c.fleetlock(true, "new-host", "default").unwrap();

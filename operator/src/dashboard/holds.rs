@@ -172,6 +172,8 @@ mod tests {
             config_valid: true,
             config_error: None,
             ttl_secs: None,
+            client_auth: None,
+            warnings: Vec::new(),
             groups: vec![GroupStatus {
                 name: "db".into(),
                 slots: 1,
@@ -240,6 +242,8 @@ mod tests {
             config_valid: true,
             config_error: None,
             ttl_secs: None,
+            client_auth: None,
+            warnings: Vec::new(),
             groups: vec![],
             started_at: None,
             recent: many,

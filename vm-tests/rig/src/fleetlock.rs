@@ -128,6 +128,18 @@ impl Conn {
         })
     }
 
+    /// Plain HTTP over a stream the caller connected to `addr` (e.g. from a chosen source address), with the
+    /// same time-outs as [`Conn::connect`].
+    pub fn from_stream(addr: SocketAddr, s: TcpStream) -> std::io::Result<Self> {
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.set_write_timeout(Some(Duration::from_secs(30)))?;
+        s.set_nodelay(true)?;
+        Ok(Self {
+            addr,
+            reader: BufReader::new(Stream::Plain(s)),
+        })
+    }
+
     /// Connects over TLS, verifying the server's certificate for `addr`'s IP address with `tls`; the handshake
     /// completes (or fails, e.g. with an unknown issuer) before this returns.
     pub fn connect_tls(addr: SocketAddr, tls: Arc<rustls::ClientConfig>) -> std::io::Result<Self> {

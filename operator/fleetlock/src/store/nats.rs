@@ -5,16 +5,19 @@
 //! name order and gives back what it took if a later group is full: all or nothing, and the transient state only
 //! ever holds more slots than needed (safe: others wait, nobody reboots without a slot).
 //!
-//! A release learns which groups to look at from the id's holder index (key `_holder.<digest>`,
-//! [`fleet_wire::fleetlock::HolderIndex`]), which every grant extends before it writes the group: no request lists
-//! the bucket, so none creates a JetStream consumer; every request is a bounded number of reads from the stream's
-//! leader and compare-and-set writes (docs/fleetlock.md lists them).
+//! A release learns which groups to look at from the group directory (key `_groups`,
+//! [`fleet_wire::fleetlock::GroupDirectory`]), which a grant extends before it writes a group's first holder and
+//! nothing shrinks: no request lists the bucket, so none creates a JetStream consumer. A refused request writes
+//! nothing, so the bucket holds one key per group that ever had a holder plus the directory, whatever the
+//! traffic, and a start reads one key (docs/fleetlock.md lists the cost of each request).
 
 use super::{Applied, StoreError, COMMIT_DEADLINE, MAX_BATCH};
 use crate::recent::Recent;
 use crate::state::{self, Op, OpResult, Releaser};
 use async_nats::jetstream::kv;
-use fleet_wire::fleetlock::{holder_index_key, GroupHolders, Holder, HolderIndex};
+use fleet_wire::fleetlock::{
+    GroupDirectory, GroupHolders, Holder, GROUP_DIRECTORY_KEY, HOLDER_INDEX_PREFIX,
+};
 use fleet_wire::Timestamp;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,10 +26,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-/// Most group keys the start-up scan looks through.
+/// Most group keys the one-time migration from the per-id index layout looks through.
 pub const MAX_GROUP_KEYS: usize = 10_000;
-/// Most groups one holder index lists; past it, a grant drops the groups the id holds nothing in.
-pub const MAX_INDEX_GROUPS: usize = 256;
+/// How long the one-time migration may take to remove the per-id index keys of the old layout.
+pub const MIGRATION_PURGE_TIMEOUT: Duration = Duration::from_secs(120);
 
 struct Job {
     op: Op,
@@ -123,80 +126,51 @@ impl NatsStore {
             recent: Arc::new(Recent::default()),
         };
         store
-            .index_existing_holders()
+            .load_directory()
             .await
             .map_err(|e| format!("KV bucket {bucket}: {e}"))?;
         Ok(store)
     }
 
-    /// Once at start: every holder in the bucket gets its groups into its index, so slots granted by a server
-    /// from before the index existed are released too. The only listing of keys, never per request.
-    async fn index_existing_holders(&self) -> Result<(), StoreError> {
-        let mut by_id: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for g in self.group_keys().await? {
-            for h in load(&self.kv, &g).await?.0 {
-                by_id.entry(h.id).or_default().push(g.clone());
-            }
+    /// At start: one read of the group directory. Only when there is none (a new bucket, or the first start after
+    /// the per-id index layout) does it migrate: remove the old `_holder.*` keys (one purge, no listing of them),
+    /// then list the group keys left (at most [`MAX_GROUP_KEYS`]) into a new directory. A start never depends on
+    /// how many requests the bucket has seen.
+    async fn load_directory(&self) -> Result<(), StoreError> {
+        if read_last::<GroupDirectory>(&self.kv, GROUP_DIRECTORY_KEY)
+            .await?
+            .is_some()
+        {
+            return Ok(());
         }
-        for (id, groups) in by_id {
-            self.index_add(&id, &groups).await?;
+        let filter = format!("{}{HOLDER_INDEX_PREFIX}>", self.kv.prefix);
+        let purged = tokio::time::timeout(
+            MIGRATION_PURGE_TIMEOUT,
+            self.kv.stream.purge().filter(filter),
+        )
+        .await
+        .map_err(|_| {
+            StoreError(format!(
+                "removing the old holder index: no answer from NATS within {MIGRATION_PURGE_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| StoreError(format!("removing the old holder index: {e}")))?;
+        let groups = self.group_keys().await?;
+        if purged.purged > 0 || !groups.is_empty() {
+            log::info!(
+                "fleetlock NATS store: no group directory yet: removed {} old holder index key(s), listing {} group(s)",
+                purged.purged,
+                groups.len()
+            );
         }
-        Ok(())
+        self.list_groups(&groups).await
     }
 
-    /// Makes `id`'s index list `groups` (durable before it returns; no write when it already does). Cost: one
-    /// read, and one compare-and-set when something is new (repeated on a conflict, within the commit deadline).
-    async fn index_add(&self, id: &str, groups: &[String]) -> Result<(), StoreError> {
-        let key = holder_index_key(id);
-        let deadline = Instant::now() + COMMIT_DEADLINE;
-        let mut attempt = 0u32;
-        loop {
-            let (mut index, revision) = load_index(&self.kv, &key).await?;
-            let before = index.len();
-            for g in groups {
-                if let Err(at) = index.binary_search(g) {
-                    index.insert(at, g.clone());
-                }
-            }
-            if index.len() == before {
-                return Ok(());
-            }
-            if index.len() > MAX_INDEX_GROUPS {
-                // Groups the id no longer holds a slot in (config changes over the years) make room; a group it
-                // holds stays, whatever the count.
-                let mut keep = Vec::with_capacity(index.len());
-                for g in index {
-                    let held = groups.contains(&g)
-                        || load(&self.kv, &g).await?.0.iter().any(|h| h.id == id);
-                    if held {
-                        keep.push(g);
-                    }
-                }
-                index = keep;
-            }
-            let value = serde_json::to_vec(&HolderIndex {
-                version: 1,
-                id: id.to_string(),
-                groups: index,
-            })
-            .map_err(|e| StoreError(e.to_string()))?;
-            match write(&self.kv, &key, value, revision).await {
-                Ok(()) => return Ok(()),
-                Err(WriteError::Conflict) if Instant::now() < deadline => {
-                    self.conflicts.fetch_add(1, Ordering::Relaxed);
-                    attempt = attempt.saturating_add(1);
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(WriteError::Conflict) => {
-                    return Err(StoreError(format!(
-                        "holder index of {id}: compare-and-set kept conflicting for {COMMIT_DEADLINE:?}"
-                    )))
-                }
-                Err(WriteError::Other(e)) => {
-                    return Err(StoreError(format!("writing the holder index of {id}: {e}")))
-                }
-            }
-        }
+    /// Makes the group directory list `groups` (durable before it returns; no write when it already does). Cost:
+    /// one read, and one compare-and-set when something is new (repeated on a conflict, within the commit
+    /// deadline).
+    async fn list_groups(&self, groups: &[String]) -> Result<(), StoreError> {
+        list_groups(&self.kv, groups, &self.conflicts).await
     }
 
     fn worker(&self, group: &str) -> Result<mpsc::Sender<Job>, StoreError> {
@@ -241,9 +215,8 @@ impl NatsStore {
     pub async fn apply(&self, op: Op, ttl: Option<Duration>) -> Result<Applied, StoreError> {
         match op {
             Op::Lock { groups, holder } => {
-                // The index first: a slot written is always one a release will find.
-                let names: Vec<String> = groups.iter().map(|(g, _)| g.clone()).collect();
-                self.index_add(&holder.id, &names).await?;
+                // Each group's writer lists its group in the directory before it writes a grant: a refused
+                // request writes nothing, and a slot written is always one a release will find.
                 let mut taken = Vec::new();
                 let mut expired = Vec::new();
                 for (g, slots) in groups {
@@ -277,21 +250,24 @@ impl NatsStore {
                 })
             }
             Op::Unlock { groups, id, by } => {
-                // No groups: every group the id's index lists, configured or not (a release never depends on
-                // the current config).
+                // No groups: every group of the directory, configured or not (a release never depends on the
+                // current config). The groups are independent writers: asked at once.
                 let groups = match groups.is_empty() {
-                    true => load_index(&self.kv, &holder_index_key(&id)).await?.0,
+                    true => load_directory(&self.kv).await?.0,
                     false => groups,
                 };
-                let mut removed = 0;
-                let mut expired = Vec::new();
-                for g in groups {
+                let asks = groups.into_iter().map(|g| {
                     let single = Op::Unlock {
                         groups: vec![g.clone()],
                         id: id.clone(),
                         by,
                     };
-                    let (applied, _) = self.one(&g, single, ttl).await?;
+                    async move { self.one(&g, single, ttl).await }
+                });
+                let mut removed = 0;
+                let mut expired = Vec::new();
+                for res in futures::future::join_all(asks).await {
+                    let (applied, _) = res?;
                     expired.extend(applied.expired);
                     if let OpResult::Unlocked { removed: r } = applied.result {
                         removed += r;
@@ -305,8 +281,9 @@ impl NatsStore {
         }
     }
 
-    /// Every group with a key in the bucket (at most [`MAX_GROUP_KEYS`]; index keys left out), from the stream's
-    /// subject list (`STREAM.INFO` with a subject filter, paged): no consumer. Start-up only.
+    /// Every group with a key in the bucket (at most [`MAX_GROUP_KEYS`]; the directory and old index keys left out),
+    /// from the stream's subject list (`STREAM.INFO` with a subject filter, paged): no consumer. Only for the
+    /// one-time migration, after the old index keys are gone.
     async fn group_keys(&self) -> Result<Vec<String>, StoreError> {
         use futures::{StreamExt, TryStreamExt};
         let prefix = self.kv.prefix.clone();
@@ -321,9 +298,9 @@ impl NatsStore {
                 .map_err(|e| e.to_string())
                 .try_filter_map(|(subject, _)| {
                     let key = subject.strip_prefix(prefix.as_str()).map(str::to_string);
-                    std::future::ready(Ok(
-                        key.filter(|k| !k.starts_with(fleet_wire::fleetlock::HOLDER_INDEX_PREFIX))
-                    ))
+                    std::future::ready(Ok(key.filter(|k| {
+                        !k.starts_with(HOLDER_INDEX_PREFIX) && k != GROUP_DIRECTORY_KEY
+                    })))
                 })
                 .take(MAX_GROUP_KEYS)
                 .try_collect::<Vec<String>>()
@@ -394,13 +371,59 @@ async fn load(kv: &kv::Store, group: &str) -> Result<(Vec<Holder>, Option<u64>),
     })
 }
 
-/// The groups `id`'s index (key `key`) lists and the key's revision; read from the leader like [`load`]: a
-/// release right after a grant through another replica must see the groups that grant added.
-async fn load_index(kv: &kv::Store, key: &str) -> Result<(Vec<String>, Option<u64>), StoreError> {
-    Ok(match read_last::<HolderIndex>(kv, key).await? {
-        Some((v, revision)) => (v.groups, Some(revision)),
-        None => (Vec::new(), None),
-    })
+/// The groups the directory lists and the key's revision; read from the leader like [`load`]: a release right
+/// after a grant through another replica must see the group that grant added.
+async fn load_directory(kv: &kv::Store) -> Result<(Vec<String>, Option<u64>), StoreError> {
+    Ok(
+        match read_last::<GroupDirectory>(kv, GROUP_DIRECTORY_KEY).await? {
+            Some((v, revision)) => (v.groups, Some(revision)),
+            None => (Vec::new(), None),
+        },
+    )
+}
+
+/// Makes the directory list `groups`: one read, and a compare-and-set when something is new (repeated on a
+/// conflict within the commit deadline). The directory only grows, so a group once listed stays listed.
+async fn list_groups(
+    kv: &kv::Store,
+    groups: &[String],
+    conflicts: &AtomicU64,
+) -> Result<(), StoreError> {
+    let deadline = Instant::now() + COMMIT_DEADLINE;
+    let mut attempt = 0u32;
+    loop {
+        let (mut listed, revision) = load_directory(kv).await?;
+        let before = listed.len();
+        for g in groups {
+            if let Err(at) = listed.binary_search(g) {
+                listed.insert(at, g.clone());
+            }
+        }
+        if listed.len() == before && revision.is_some() {
+            return Ok(());
+        }
+        let value = serde_json::to_vec(&GroupDirectory {
+            version: 1,
+            groups: listed,
+        })
+        .map_err(|e| StoreError(e.to_string()))?;
+        match write(kv, GROUP_DIRECTORY_KEY, value, revision).await {
+            Ok(()) => return Ok(()),
+            Err(WriteError::Conflict) if Instant::now() < deadline => {
+                conflicts.fetch_add(1, Ordering::Relaxed);
+                attempt = attempt.saturating_add(1);
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            Err(WriteError::Conflict) => {
+                return Err(StoreError(format!(
+                    "group directory: compare-and-set kept conflicting for {COMMIT_DEADLINE:?}"
+                )))
+            }
+            Err(WriteError::Other(e)) => {
+                return Err(StoreError(format!("writing the group directory: {e}")))
+            }
+        }
+    }
 }
 
 /// The value of `key` and its revision (one `STREAM.MSG.GET` request to the stream's leader, no consumer); `None`
@@ -504,6 +527,8 @@ async fn group_writer(
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut attempt: u32 = 0;
+    // Whether the directory lists this group; it never shrinks, so once true it stays true.
+    let mut listed = false;
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let deadline = Instant::now() + COMMIT_DEADLINE;
         let outcome: Result<Vec<(Applied, bool)>, StoreError> = loop {
@@ -537,6 +562,17 @@ async fn group_writer(
             }
             if changes.is_empty() {
                 break Ok(results);
+            }
+            let grants = changes
+                .iter()
+                .any(|c| c.kind == fleet_wire::fleetlock::LockEventKind::Granted);
+            if grants && !listed {
+                // Before the first holder is written: a crash in between leaves a listed group without holders
+                // (a release reads it for nothing), never a holder no release finds.
+                if let Err(e) = list_groups(&kv, std::slice::from_ref(&group), &conflicts).await {
+                    break Err(e);
+                }
+                listed = true;
             }
             let holders = map.remove(&group).unwrap_or_default();
             let value = serde_json::to_vec(&GroupHolders {
