@@ -237,8 +237,8 @@ impl Config {
         let mut w = Vec::new();
         if !self.auth.clients_need_auth() {
             w.push(
-                "client authentication is off (no auth.tokens or auth.basic): anyone who reaches this server can \
-                 take and give back reboot slots"
+                "client authentication is off (no auth.tokens, auth.token_files or auth.basic): anyone who reaches \
+                 this server can take and give back reboot slots"
                     .to_string(),
             );
         }
