@@ -835,11 +835,12 @@ fn over_tls_a_flood_of_refused_registrations_costs_the_log_a_line_per_interval_a
     let naming: Vec<&&str> = new.iter().filter(|l| l.contains(&attacker)).collect();
     println!(
         "{sent} refused registrations sent in 4 s; fleet-auth wrote {} lines in {:.1} s, {} naming {attacker}, {} \
-         about its registrations, {} bytes; summary: {summary:?}",
+         about its registrations, {} about its refused connections, {} bytes; summary: {summary:?}",
         new.len(),
         elapsed.as_secs_f64(),
         naming.len(),
         registrations.len(),
+        naming.iter().filter(|l| l.contains("denied client")).count(),
         new.iter().map(|l| l.len() + 1).sum::<usize>()
     );
     // env_logger indents a message's further lines by four spaces; a reader of the journal sees them as lines.
@@ -865,6 +866,16 @@ fn over_tls_a_flood_of_refused_registrations_costs_the_log_a_line_per_interval_a
         registrations.len(),
         elapsed.as_secs_f64(),
         &registrations[..registrations.len().min(5)]
+    );
+    // Its client reconnecting while it cools down: refused each time, one line per interval too.
+    let denied = naming
+        .iter()
+        .filter(|l| l.contains("denied client"))
+        .count();
+    assert!(
+        denied <= bound,
+        "{denied} lines about {attacker}'s refused connections in {:.1} s (at most {bound})",
+        elapsed.as_secs_f64()
     );
     let summary = summary.unwrap_or_else(|| panic!("no summary of the flood: {registrations:?}"));
     assert!(sent > 1_000, "the flood: {sent} messages");

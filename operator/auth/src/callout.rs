@@ -92,6 +92,10 @@ pub struct Answer {
     pub log: String,
     /// Whether the client was admitted.
     pub allowed: bool,
+    /// The device a refusal is logged under when its token was verified (cooling down, over its reconnect
+    /// budget), so that the log holds one line per device per interval however often it is refused; `None`:
+    /// logged as it is (a bad token names no device one could trust).
+    pub refused: Option<String>,
 }
 
 fn now() -> u64 {
@@ -119,6 +123,7 @@ impl Callout {
             reply: None,
             log: format!("dropped an authorization request: {why}"),
             allowed: false,
+            refused: None,
         };
         let (jwt, seal_to) = match (&self.xkey, server_xkey) {
             (Some(ours), Some(theirs)) => {
@@ -166,22 +171,25 @@ impl Callout {
                         lifetime.as_secs()
                     ),
                     allowed: false,
+                    refused: None,
                 };
             }
         }
         let r = req.nats;
         let who = format!("client {} cid {}", r.client_info.host, r.client_info.id);
         let decision = self.decide(&r.connect_opts, &r.user_nkey).await;
-        let (outcome, log, allowed) = match &decision {
+        let (outcome, log, allowed, refused) = match &decision {
             Ok((device, until, jwt)) => (
                 Ok(jwt.as_str()),
                 format!("allowed {who} as device {device} until {}", rfc3339(*until)),
                 true,
+                None,
             ),
-            Err(reason) => (
+            Err((device, reason)) => (
                 Err(reason.as_str()),
                 format!("denied {who}: {reason}"),
                 false,
+                device.as_ref().map(|d| format!("device {d}")),
             ),
         };
         let claims = natsjwt::response_claims(&r.user_nkey, &r.server_id.id, outcome);
@@ -200,43 +208,51 @@ impl Callout {
             reply: Some(reply),
             log,
             allowed,
+            refused,
         }
     }
 
     /// Verifies the token; on success the device, the session's end (Unix seconds) and the user JWT for
-    /// `user_nkey` with its permissions.
+    /// `user_nkey` with its permissions; on refusal the device when the token named one, and why.
     async fn decide(
         &self,
         opts: &ConnectOpts,
         user_nkey: &str,
-    ) -> Result<(String, u64, String), String> {
+    ) -> Result<(String, u64, String), (Option<String>, String)> {
         // In server-config mode nats-server drops a client's `jwt` option, so the token travels as `auth_token`.
         let Some(token) = opts.auth_token.as_deref().filter(|s| !s.is_empty()) else {
-            return Err(Denied::NoToken.to_string());
+            return Err((None, Denied::NoToken.to_string()));
         };
-        let identity = self.verify(token).await.map_err(|d| d.to_string())?;
+        let identity = self
+            .verify(token)
+            .await
+            .map_err(|d| (None, d.to_string()))?;
+        let refused = |why: String| (Some(identity.device.to_string()), why);
         let cooling = self
             .cooldowns
             .lock()
             .ok()
             .and_then(|c| c.cooling(&identity.device, now()));
         if let Some(c) = cooling {
-            return Err(format!(
+            return Err(refused(format!(
                 "device {} is cooling down after a message flood (flood {} in a row): refused until {}",
                 identity.device,
                 c.strikes,
                 rfc3339(c.until)
-            ));
+            )));
         }
         // Counted last: a refused attempt (cooling, bad token) takes nothing from the device's reconnect budget.
         if let Some((budget, admissions)) = &self.admissions {
             let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
             let admitted = admissions
                 .lock()
-                .map_err(|_| "admissions unavailable".to_owned())?
+                .map_err(|_| refused("admissions unavailable".to_owned()))?
                 .admit(&identity.device, now_ms, budget);
             if let Err(why) = admitted {
-                return Err(format!("device {} refused: {why}", identity.device));
+                return Err(refused(format!(
+                    "device {} refused: {why}",
+                    identity.device
+                )));
             }
         }
         let perms = fleet_wire::auth::device_permissions(&identity.device);
@@ -249,7 +265,8 @@ impl Callout {
         // reconnects with the token on disk.
         let until = identity.session_until;
         let claims = natsjwt::user_claims(user_nkey, &self.account, &device, &allow, until);
-        let jwt = natsjwt::encode(claims, &self.issuer, now()).map_err(|e| e.to_string())?;
+        let jwt =
+            natsjwt::encode(claims, &self.issuer, now()).map_err(|e| refused(e.to_string()))?;
         Ok((device, until, jwt))
     }
 

@@ -5,6 +5,7 @@ use super::callout::{Callout, XKEY_HEADER};
 use super::config::Settings;
 use super::flood::{Admissions, Cooldowns};
 use super::jwks::Jwks;
+use fleet_wire::log_summary::{Summaries, SUMMARY_INTERVAL};
 use futures::StreamExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -188,6 +189,28 @@ async fn serve_callout(
     });
     let permits = Arc::new(Semaphore::new(settings.max_concurrent));
     let waiting = Arc::new(AtomicUsize::new(0));
+    // Refusals of a verified device are logged per device: the first at once, then one line per interval with the
+    // count (issue 49, point 4: a device reconnecting in a loop while it cools down or over its reconnect budget).
+    let denials = Arc::new(std::sync::Mutex::new(Summaries::new(
+        "connections refused for",
+        SUMMARY_INTERVAL,
+    )));
+    tokio::spawn({
+        let denials = denials.clone();
+        async move {
+            let mut tick = tokio::time::interval(SUMMARY_INTERVAL / 2);
+            loop {
+                tick.tick().await;
+                let lines = match denials.lock() {
+                    Ok(mut d) => d.due(Instant::now()),
+                    Err(_) => Vec::new(),
+                };
+                for line in lines {
+                    log::warn!("{line}");
+                }
+            }
+        }
+    });
     while let Some(msg) = sub.next().await {
         // Received now: a request's wait is measured from here, so each is taken off the subscription at once and
         // waits for a permit in its own task (up to MAX_WAITING of them), not unseen in the subscription's buffer.
@@ -202,6 +225,7 @@ async fn serve_callout(
             continue;
         }
         let (permits, waiting) = (permits.clone(), waiting.clone());
+        let denials = denials.clone();
         let callout = callout.clone();
         let client = client.clone();
         tokio::spawn(async move {
@@ -220,10 +244,19 @@ async fn serve_callout(
             let took = started.elapsed().as_secs_f64() * 1000.0;
             // The wait for a permit says whether fleet-auth is behind (a storm); the time taken, what one costs.
             let waited = (started - received).as_secs_f64() * 1000.0;
-            if answer.allowed {
-                log::info!("{} ({took:.1} ms, {waited:.0} ms waiting)", answer.log);
-            } else {
-                log::warn!("{} ({took:.1} ms, {waited:.0} ms waiting)", answer.log);
+            let line = format!("{} ({took:.1} ms, {waited:.0} ms waiting)", answer.log);
+            match (&answer.refused, answer.allowed) {
+                (_, true) => log::info!("{line}"),
+                (Some(whom), false) => {
+                    let due = match denials.lock() {
+                        Ok(mut d) => d.record(whom, &line, Instant::now()),
+                        Err(_) => Some(line),
+                    };
+                    if let Some(line) = due {
+                        log::warn!("{line}");
+                    }
+                }
+                (None, false) => log::warn!("{line}"),
             }
             if let Some(bytes) = answer.reply {
                 if let Err(e) = client.publish(reply, bytes.into()).await {
