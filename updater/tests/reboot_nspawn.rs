@@ -114,6 +114,23 @@ fn fleetlock_server_bin() -> PathBuf {
     )
 }
 
+/// The real fleetlock-server with one slot per group and a file store in a temporary directory (kept while the
+/// server runs).
+fn one_slot_server() -> (tempfile::TempDir, ServerProcess) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("fleetlock.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\n",
+            dir.path().join("store").display()
+        ),
+    )
+    .unwrap();
+    let srv = ServerProcess::start(&fleetlock_server_bin(), &config).expect("fleetlock-server");
+    (dir, srv)
+}
+
 /// The ids holding a slot of group `default`.
 fn holders(srv: &ServerProcess) -> Vec<String> {
     let a = srv
@@ -234,17 +251,7 @@ fn held_dependency() -> (u16, mpsc::Sender<u16>, mpsc::Receiver<usize>) {
 /// all the time: it must never get it, and the device must still hold it when it is back up.
 #[test]
 fn timer_and_upgrade_step_racing_never_release_a_slot_under_a_rebooting_device() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("fleetlock.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\n",
-            dir.path().join("store").display()
-        ),
-    )
-    .unwrap();
-    let srv = ServerProcess::start(&fleetlock_server_bin(), &config).expect("fleetlock-server");
+    let (_dir, srv) = one_slot_server();
     let (dep_port, answer_timer, seen) = held_dependency();
     let (lock_port, lock_requests) = lock_relay(srv.addr);
     let mut guest = Guest::boot();
@@ -371,17 +378,7 @@ fn timer_and_upgrade_step_racing_never_release_a_slot_under_a_rebooting_device()
 fn a_consumed_marker_never_reboots_the_device_a_second_time() {
     use fleet_updater::system::journal::SystemJournal;
     use fleet_updater::system::machine::Event;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("fleetlock.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\n",
-            dir.path().join("store").display()
-        ),
-    )
-    .unwrap();
-    let srv = ServerProcess::start(&fleetlock_server_bin(), &config).expect("fleetlock-server");
+    let (_dir, srv) = one_slot_server();
     let mut guest = Guest::boot();
     let _relay = guest.forward(srv.addr.port());
     install_fleet_reboot(&guest, srv.addr.port(), "timeout: 2\n");
