@@ -634,47 +634,65 @@ fn a_flooding_client_that_names_another_device_in_connect_cuts_off_only_itself()
     println!("{sent} messages sent; {}", flood.1.reason);
 }
 
-/// A device that holds many subscriptions (each costs every server memory; nats-server does not apply the user
-/// JWT's `subs` limit to users the auth callout admits) is cut off by the flood guard like a message flood, well
-/// within its message budget, and only it: its sessions are refused for the cool-down, the other device's are
-/// not, and the operator gets a report of kind flood that says why.
+/// A device that holds many subscriptions (each costs every server memory): nats-server itself refuses a
+/// connection's subscriptions past the devices' account limit (`fleet_wire::auth::DEVICE_MAX_SUBSCRIPTIONS`; it
+/// does not apply the user JWT's `subs` to users the auth callout admits), and the flood guard sums them over the
+/// device's connections: three connections at the limit are over the device's 64 and are cut off together, well
+/// within its message budget, and only that device: its sessions are refused for the cool-down, the other
+/// device's are not, and the operator gets a report of kind flood that says why.
 #[test]
 fn a_device_holding_too_many_subscriptions_is_cut_off_alone() {
-    use std::io::Write;
+    use std::io::{BufRead, BufReader, Write};
     let f = Fleet::start();
     let reports = f
         .admin
         .subscribe("fleet.device-refusals.*")
         .expect("reports");
-    let mut s = raw_connect(&f, serde_json::json!({"auth_token": f.token("dev-a")}));
-    // 600 subscriptions below its own inbox (allowed subjects), sent over 3 s: 200 messages a second, far under
-    // the 500-a-second message budget.
-    for chunk in 0..6 {
+    let limit = fleet_wire::auth::DEVICE_MAX_SUBSCRIPTIONS as usize;
+    let mut conns = Vec::new();
+    for c in 0..3 {
+        let mut s = raw_connect(&f, serde_json::json!({"auth_token": f.token("dev-a")}));
+        // 100 subscriptions below its own inbox (allowed subjects), 200 messages a second, far under the
+        // 500-a-second message budget: the server takes `limit` and refuses the rest.
         let subs: String = (0..100)
-            .map(|i| {
-                format!(
-                    "SUB _INBOX.device.dev-a.x.{chunk}.{i} {}\r\n",
-                    chunk * 100 + i + 1
-                )
-            })
+            .map(|i| format!("SUB _INBOX.device.dev-a.x.{c}.{i} {}\r\n", i + 1))
             .collect();
         s.write_all(subs.as_bytes()).expect("SUB");
+        s.write_all(b"PING\r\n").expect("PING");
+        let mut reader = BufReader::new(s.try_clone().expect("clone"));
+        let mut refused = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("the server answers");
+            if line
+                .to_ascii_lowercase()
+                .contains("maximum subscriptions exceeded")
+            {
+                refused += 1;
+            }
+            if line.starts_with("PONG") {
+                break;
+            }
+        }
+        assert_eq!(
+            refused,
+            100 - limit,
+            "connection {c}: the server refuses past {limit}"
+        );
+        conns.push(s);
         std::thread::sleep(Duration::from_millis(500));
     }
-    s.write_all(b"PING\r\n").expect("PING");
     let logs = || f.stack.auth_log_text();
+    let want = "subscriptions, over its limit of 64 summed over its connections";
     let cut = wait_for(Duration::from_secs(15), || {
         logs()
             .lines()
-            .find(|l| {
-                l.contains("flood guard: device dev-a (cid ")
-                    && l.contains("subscriptions, over its limit of 256")
-            })
+            .find(|l| l.contains("flood guard: device dev-a (cid ") && l.contains(want))
             .map(str::to_owned)
     });
     assert!(
         cut.is_some(),
-        "dev-a was not cut off holding 600 subscriptions:\n{}",
+        "dev-a was not cut off holding 3 x {limit} subscriptions:\n{}",
         logs()
     );
     assert!(
@@ -692,16 +710,16 @@ fn a_device_holding_too_many_subscriptions_is_cut_off_alone() {
     })
     .expect("a report");
     assert_eq!(flood.0, "fleet.device-refusals.dev-a");
-    // The guard counts what the server held at its poll: over the limit, at most the 600 sent (a poll during the
-    // sending sees fewer).
+    // The guard counts what the server held at its poll: over the device's limit, at most what three connections
+    // may hold.
     let held: usize = flood
         .1
         .reason
         .strip_prefix("disconnected: ")
-        .and_then(|r| r.split_once(" subscriptions, over its limit of 256"))
+        .and_then(|r| r.split_once(" subscriptions, over its limit of 64"))
         .and_then(|(n, _)| n.parse().ok())
         .unwrap_or_else(|| panic!("the report says how many it held: {}", flood.1.reason));
-    assert!((257..=600).contains(&held), "{}", flood.1.reason);
+    assert!((65..=3 * limit).contains(&held), "{}", flood.1.reason);
     println!("{}", flood.1.reason);
 }
 

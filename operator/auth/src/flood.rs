@@ -116,25 +116,26 @@ pub enum Over {
 impl Over {
     /// The log's and report's text (`budget` names the limits).
     pub fn describe(&self, budget: &Budget) -> String {
-        // A device first counted now has no interval: what its connections did since they connected.
-        let over = |n: u64, ms: u64| match ms {
-            0 => "since its connections were last counted".to_owned(),
+        // "<rate> a second over <time>", or for a device first counted now (no interval) what its connections
+        // did since they were last counted.
+        let over = |n: u64, ms: u64, what: &str| match ms {
+            0 => format!("{n} {what} at once"),
             ms => format!(
-                "in {:.1} s ({} a second)",
-                ms as f64 / 1000.0,
-                n.saturating_mul(1000) / ms
+                "{} {what} a second over {:.1} s ({n} {what})",
+                n.saturating_mul(1000) / ms,
+                ms as f64 / 1000.0
             ),
         };
         match self {
             Over::Messages { msgs, over_ms } => format!(
-                "{msgs} messages {}, over its budget of {} a second with a {} s burst",
-                over(*msgs, *over_ms),
+                "{}, over its budget of {} messages a second with a {} s burst",
+                over(*msgs, *over_ms, "messages"),
                 budget.max_msgs_per_sec,
                 budget.burst_secs
             ),
             Over::BytesOut { bytes, over_ms } => format!(
-                "{bytes} bytes delivered {}, over its budget of {} a second with a {} s burst",
-                over(*bytes, *over_ms),
+                "{} delivered, over its budget of {} bytes a second with a {} s burst",
+                over(*bytes, *over_ms, "bytes"),
                 budget.max_bytes_out_per_sec,
                 budget.burst_secs
             ),
@@ -143,7 +144,7 @@ impl Over {
                 budget.max_pending_bytes
             ),
             Over::Subscriptions(n) => format!(
-                "{n} subscriptions over its connections, over its limit of {}",
+                "{n} subscriptions, over its limit of {} summed over its connections",
                 budget.max_subscriptions
             ),
             Over::SlowConsumer(reason) => {
@@ -592,6 +593,37 @@ impl Admissions {
         }
     }
 
+    /// Forgets the connections of servers not in `live` (a server restarted or gone: its connections ended without
+    /// DISCONNECT events).
+    pub fn keep_servers(&mut self, live: &HashSet<String>) {
+        self.open.retain(|_, s| {
+            s.retain(|(server, _)| live.contains(server));
+            !s.is_empty()
+        });
+    }
+
+    /// The devices with their cap of connections open (whose list is worth checking against the servers').
+    pub fn full(&self, budget: &Budget) -> Vec<DeviceId> {
+        let mut v: Vec<DeviceId> = self
+            .open
+            .iter()
+            .filter(|(_, s)| s.len() as u64 >= budget.max_connections)
+            .map(|(d, _)| d.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Replaces what is known of `device`'s open connections with the servers' own list (a DISCONNECT event may
+    /// have been missed while fleet-auth's connection was down).
+    pub fn replace(&mut self, device: &DeviceId, open: Vec<(String, u64)>) {
+        if open.is_empty() {
+            self.open.remove(device);
+        } else {
+            self.open.insert(device.clone(), open.into_iter().collect());
+        }
+    }
+
     /// The connections of `device` known to be open (server, cid).
     pub fn open_of(&self, device: &DeviceId) -> Vec<(String, u64)> {
         let mut v: Vec<_> = self
@@ -795,6 +827,30 @@ mod tests {
     }
 
     #[test]
+    fn the_reasons_say_what_and_the_budget() {
+        let say = |o: Over| o.describe(&BUDGET);
+        assert_eq!(
+            say(Over::Messages { msgs: 3_000, over_ms: 1_500 }),
+            "2000 messages a second over 1.5 s (3000 messages), over its budget of 100 messages a second with a 2 s burst"
+        );
+        assert_eq!(
+            say(Over::Messages {
+                msgs: 30_000,
+                over_ms: 0
+            }),
+            "30000 messages at once, over its budget of 100 messages a second with a 2 s burst"
+        );
+        assert_eq!(
+            say(Over::Subscriptions(96)),
+            "96 subscriptions, over its limit of 64 summed over its connections"
+        );
+        assert!(
+            say(Over::SlowConsumer("Slow Consumer (Pending Bytes)".into()))
+                .contains("slow consumer")
+        );
+    }
+
+    #[test]
     fn memory_is_bounded() {
         let mut t = Tracker::default();
         let many: Vec<Conn> = (0..(MAX_TRACKED as u64 + 10))
@@ -860,6 +916,13 @@ mod tests {
         a.ended(&d, "S1", 2);
         assert_eq!(a.open_of(&d).len(), 3);
         assert_eq!(a.admit(&d, 100_000, &BUDGET), Ok(()));
+        // A restarted server's connections are forgotten; a missed DISCONNECT is corrected by the servers' list.
+        a.opened(&d, "S2", 9);
+        assert_eq!(a.full(&BUDGET), std::slice::from_ref(&d));
+        a.keep_servers(&HashSet::from(["S2".to_owned()]));
+        assert_eq!(a.open_of(&d), [("S2".to_owned(), 9)]);
+        a.replace(&d, Vec::new());
+        assert!(a.open_of(&d).is_empty() && a.full(&BUDGET).is_empty());
     }
 
     #[test]

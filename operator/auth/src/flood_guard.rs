@@ -14,6 +14,7 @@ use fleet_wire::device_api::{refusals_subject, WriteRefused, FLOOD_KIND};
 use fleet_wire::DeviceId;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,6 +33,12 @@ const ANSWER_WINDOW: Duration = Duration::from_millis(750);
 const KICK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Every this many CONNZ requests, the answers are awaited for the whole window (servers that joined are found).
 const DISCOVER_EVERY: u64 = 20;
+/// Every this many polls the devices' open connections are checked against the servers' ([`reconcile`]).
+const RECONCILE_EVERY_POLLS: u64 = 20;
+/// A server that has not answered a CONNZ request for this long is gone (restarted: a new id).
+const SERVER_GONE: Duration = Duration::from_secs(30);
+/// Devices at their cap checked against the servers' lists per reconciliation at most.
+const MAX_RECONCILED: usize = 100;
 /// Connections of one device listed for a kick at most, per server.
 const MAX_KICKED: usize = 1024;
 
@@ -188,6 +195,8 @@ struct Shared {
     servers: AtomicUsize,
     /// CONNZ requests made.
     asked: AtomicU64,
+    /// Servers by when they last answered.
+    live: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 impl Shared {
@@ -230,6 +239,7 @@ pub async fn run(
         started: Instant::now(),
         servers: AtomicUsize::new(0),
         asked: AtomicU64::new(0),
+        live: Mutex::new(Default::default()),
     });
     let learned = {
         let shared = shared.clone();
@@ -300,6 +310,9 @@ pub async fn run(
             for f in floods {
                 act(&shared, f).await;
             }
+            if poll.is_multiple_of(RECONCILE_EVERY_POLLS) {
+                reconcile(&shared).await;
+            }
         }
     };
     tokio::select! {
@@ -307,6 +320,41 @@ pub async fn run(
         () = opened => Err("the CONNECT events' subscription ended (NATS connection closed)".into()),
         () = ended => Err("the DISCONNECT events' subscription ended (NATS connection closed)".into()),
         () = polls => Ok(()),
+    }
+}
+
+/// Keeps the callout's view of each device's open connections true when events were lost: the connections of a
+/// server that has not answered for [`SERVER_GONE`] are forgotten (a restarted server has a new id and its old
+/// connections sent no DISCONNECT), and each device at its cap is checked against the servers' own list.
+async fn reconcile(shared: &Shared) {
+    let live: HashSet<String> = match shared.live.lock() {
+        Ok(mut l) => {
+            l.retain(|_, at| at.elapsed() < SERVER_GONE);
+            l.keys().cloned().collect()
+        }
+        Err(_) => return,
+    };
+    // No server answered (fleet-auth's own connection is down): nothing is known, nothing is forgotten.
+    if live.is_empty() {
+        return;
+    }
+    let full = match shared.admissions.lock() {
+        Ok(mut a) => {
+            a.keep_servers(&live);
+            a.full(&shared.budget)
+        }
+        Err(_) => return,
+    };
+    for device in full.into_iter().take(MAX_RECONCILED) {
+        let ask = serde_json::json!({
+            "acc": shared.account, "user": device.as_str(), "limit": MAX_KICKED, "auth": true,
+        });
+        if let Ok(conns) = connz(shared, ask).await {
+            let open = conns.into_iter().map(|c| (c.server, c.cid)).collect();
+            if let Ok(mut a) = shared.admissions.lock() {
+                a.replace(&device, open);
+            }
+        }
     }
 }
 
@@ -394,6 +442,9 @@ async fn connz(shared: &Shared, ask: serde_json::Value) -> Result<Vec<Conn>, Str
                 continue;
             }
         };
+        if let Ok(mut live) = shared.live.lock() {
+            live.insert(a.server.id.clone(), Instant::now());
+        }
         let Some(data) = a.data else { continue };
         conns.extend(data.connections.into_iter().map(|c| Conn {
             server: a.server.id.clone(),
@@ -459,23 +510,36 @@ async fn act(shared: &Shared, flood: Flood) {
             .await;
     let cut = results.iter().filter(|r| *r == "disconnected").count();
     let failed: Vec<&String> = results.iter().filter(|r| *r != "disconnected").collect();
-    let kicked = match failed.first() {
-        None => format!("{cut} connections disconnected"),
-        Some(why) => format!("{cut} connections disconnected, {} {why}", failed.len()),
+    // The report's and the log's shape stays `disconnected: <why>; …` (the operator shows it as it comes).
+    let kicked = match (cut, failed.first()) {
+        (0, None) => "disconnected (no connection open any more)".to_owned(),
+        (_, None) => "disconnected".to_owned(),
+        (_, Some(why)) => format!("disconnected {cut}, {} {why}", failed.len()),
     };
     let until = humantime::format_rfc3339_seconds(
         std::time::UNIX_EPOCH + Duration::from_secs(cooling.until),
     );
     let reason = format!(
-        "{kicked}: {}; its connections are refused until {until} (flood {} in a row)",
+        "{kicked}: {}; all {} of its connections cut, and refused until {until} (flood {} in a row)",
         over.describe(budget),
+        targets.len(),
         cooling.strikes,
     );
+    // Which connections: the first (its cid and server), and how many more.
+    let which = match targets.split_first() {
+        Some(((server, cid), [])) => {
+            format!(" (cid {cid} on server {server})")
+        }
+        Some(((server, cid), more)) => {
+            format!(" (cid {cid} on server {server} and {} more)", more.len())
+        }
+        None => String::new(),
+    };
     if already {
         log::debug!("flood guard: device {device}, cooling already: {reason}");
         return;
     }
-    log::warn!("flood guard: device {device} {reason}");
+    log::warn!("flood guard: device {device}{which} {reason}");
     let notice = CooldownNotice {
         device: device.clone(),
         until: cooling.until,
