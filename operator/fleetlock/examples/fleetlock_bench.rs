@@ -7,6 +7,10 @@
 //!
 //! `cargo run --release --example fleetlock_bench -- --bin target/release/fleetlock-server --store file
 //!  --dir <dir on a real disk> [--clients 50] [--seconds 5] [--replicas 3] [--https]`
+//!
+//! `--store refusals --count N`: the NATS store on a 3-node cluster (bucket with 3 copies), one slot held, N
+//! `pre-reboot`s from N distinct ids all refused, from the clients at once; the row gives refusals per second, the
+//! bucket's keys afterwards and the time a restarted server takes to answer `/healthz`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_rig::fleetlock::{trust_only, Conn, ServerProcess, TlsFiles};
@@ -40,6 +44,10 @@ fn main() {
         return fsync_reference(&dir, seconds);
     }
     let bin = PathBuf::from(arg("--bin").expect("--bin <fleetlock-server>"));
+    if store == "refusals" {
+        let count = arg("--count").map_or(100_000, |v| v.parse().unwrap());
+        return refusals(&bin, &dir, clients, count);
+    }
     let _nats;
     let (store_yaml, replicas) = if store == "nats" {
         let n = fleet_rig::NatsServer::start();
@@ -123,18 +131,8 @@ fn main() {
     requests.sort();
     let mut commits = 0u64;
     for s in &servers {
-        let m = s
-            .conn()
-            .unwrap()
-            .request("GET", "/metrics", &[], b"")
-            .unwrap()
-            .text();
-        commits += m
-            .lines()
-            .find(|l| l.starts_with("fleetlock_store_commits_total"))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
+        let m = s.metrics().unwrap();
+        commits += fleet_rig::fleetlock::metric(&m, "fleetlock_store_commits_total").unwrap_or(0);
     }
     let wire = if https { "HTTPS" } else { "HTTP" };
     let label = if store == "nats" {
@@ -179,4 +177,55 @@ fn fsync_reference(dir: &std::path::Path, seconds: u64) {
         pct(&lat, 0.99) * 2.0,
         pct(&lat, 0.99)
     );
+}
+
+/// N refused `pre-reboot`s from distinct ids against one server on a 3-node cluster, then a restart.
+fn refusals(bin: &std::path::Path, dir: &std::path::Path, clients: usize, count: usize) {
+    let yaml = format!(
+        "default_slots: 1\nmax_connections_per_client: {}\n",
+        clients.max(1)
+    );
+    let (cluster, cfg) = fleet_rig::fleetlock::nats_cluster_config(dir, &yaml).unwrap();
+    let mut server = ServerProcess::start(bin, &cfg).unwrap();
+    cluster.wait_stream_current("KV_fleetlock", Duration::from_secs(30));
+    let held = server
+        .conn()
+        .unwrap()
+        .fleetlock(true, "holder", "default")
+        .unwrap();
+    assert_eq!(held.status, 200, "{}", held.text());
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|_| {
+            let (addr, next) = (server.addr, next.clone());
+            std::thread::spawn(move || {
+                let mut c = Conn::connect(addr).unwrap();
+                let mut errors = 0u64;
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= count {
+                        return errors;
+                    }
+                    let a = c
+                        .fleetlock(true, &format!("refused-{i}"), "default")
+                        .unwrap();
+                    errors += u64::from(a.status != 409);
+                }
+            })
+        })
+        .collect();
+    let errors: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let per_s = count as f64 / started.elapsed().as_secs_f64();
+    let keys = cluster.stream_info("KV_fleetlock").unwrap()["state"]["num_subjects"]
+        .as_u64()
+        .unwrap_or(0);
+    server.kill();
+    let t = Instant::now();
+    server.restart().unwrap();
+    let restart_ms = t.elapsed().as_secs_f64() * 1000.0;
+    println!(
+        "| NATS store, 3 copies, 1 slot held: {count} refused ids | {clients} | {per_s:.0} | {keys} | {restart_ms:.0} | {errors} |"
+    );
+    let _ = std::io::stdout().flush();
 }

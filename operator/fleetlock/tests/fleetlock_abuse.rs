@@ -32,20 +32,8 @@ const PER_CLIENT: usize = 64;
 /// Keys the bucket may hold besides one per holder: the group key and the group directory.
 const KEYS_BESIDES_HOLDERS: u64 = 2;
 
-/// A 3-node cluster and a config file with the NATS store (3 copies) and `yaml`.
 fn cluster_and_config(dir: &Path, yaml: &str) -> (NatsCluster, std::path::PathBuf) {
-    let cluster = NatsCluster::start(3);
-    cluster.wait_meta_leader(Duration::from_secs(30));
-    let cfg = dir.join("config.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "store: {{kind: nats, url: \"{}\", replicas: 3}}\n{yaml}",
-            cluster.url_list()
-        ),
-    )
-    .unwrap();
-    (cluster, cfg)
+    fleet_rig::fleetlock::nats_cluster_config(dir, yaml).unwrap()
 }
 
 /// (keys, bytes) of the `fleetlock` bucket, from its stream's state.
@@ -92,20 +80,7 @@ fn refuse(addrs: &[SocketAddr], from: usize, count: usize) {
 }
 
 fn holders(s: &ServerProcess) -> Vec<String> {
-    let a = s
-        .conn()
-        .unwrap()
-        .request("GET", "/v1/status", &[], b"")
-        .unwrap();
-    assert_eq!(a.status, 200, "{}", a.text());
-    let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
-    v["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["holders"].as_array().unwrap().clone())
-        .map(|h| h["id"].as_str().unwrap().to_string())
-        .collect()
+    s.holder_ids().unwrap()
 }
 
 #[test]
@@ -305,14 +280,8 @@ fn one_host_cannot_take_the_connections_of_others() {
     );
     drop(fresh);
     pair("127.0.0.2", s.addr, "attacker").unwrap();
-    let m = s
-        .conn()
-        .unwrap()
-        .request("GET", "/metrics", &[], b"")
-        .unwrap()
-        .text();
-    assert!(
-        m.contains("fleetlock_connections_refused_total{reason=\"per-client\"}"),
-        "{m}"
-    );
+    let m = s.metrics().unwrap();
+    let series = "fleetlock_connections_refused_total{reason=\"per-client\"}";
+    let refused = fleet_rig::fleetlock::metric(&m, series);
+    assert!(refused >= Some(200 - PER_CLIENT as u64), "{m}");
 }

@@ -126,12 +126,7 @@ fn nats_store_race_three_replicas() {
         let refs: Vec<&ServerProcess> = servers.iter().collect();
         run_rounds(&refs, &[slots; 3]);
         for s in &servers {
-            let m = s
-                .conn()
-                .unwrap()
-                .request("GET", "/metrics", &[], b"")
-                .unwrap()
-                .text();
+            let m = s.metrics().unwrap();
             assert!(
                 m.contains("fleetlock_errors_total{kind=\"store-unavailable\"} 0"),
                 "{m}"

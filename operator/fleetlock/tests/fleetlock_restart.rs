@@ -7,21 +7,7 @@ use std::path::Path;
 const BIN: &str = env!("CARGO_BIN_EXE_fleetlock-server");
 
 fn holders(s: &ServerProcess) -> Vec<String> {
-    let a = s
-        .conn()
-        .unwrap()
-        .request("GET", "/v1/status", &[], b"")
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
-    let mut ids: Vec<String> = v["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["holders"].as_array().unwrap().clone())
-        .map(|h| h["id"].as_str().unwrap().to_string())
-        .collect();
-    ids.sort();
-    ids
+    s.holder_ids().unwrap()
 }
 
 #[test]

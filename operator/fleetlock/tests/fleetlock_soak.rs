@@ -21,17 +21,7 @@ const CLIENTS: usize = 50;
 
 /// A 3-node cluster, a config file with `yaml` after the NATS store line, and `replicas` servers on it.
 fn setup(dir: &Path, yaml: &str, replicas: usize) -> (NatsCluster, Vec<ServerProcess>) {
-    let cluster = NatsCluster::start(3);
-    cluster.wait_meta_leader(Duration::from_secs(30));
-    let cfg = dir.join("config.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "store: {{kind: nats, url: \"{}\", replicas: 3}}\n{yaml}",
-            cluster.url_list()
-        ),
-    )
-    .unwrap();
+    let (cluster, cfg) = fleet_rig::fleetlock::nats_cluster_config(dir, yaml).unwrap();
     let servers = (0..replicas)
         .map(|_| ServerProcess::start(Path::new(BIN), &cfg).unwrap())
         .collect();

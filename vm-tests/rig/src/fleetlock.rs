@@ -276,6 +276,31 @@ pub struct ServerProcess {
     pub addr: SocketAddr,
 }
 
+/// A 3-node NATS cluster (its meta leader elected) and `<dir>/config.yaml`: the NATS store on it with a bucket of 3
+/// copies, then `yaml`.
+pub fn nats_cluster_config(
+    dir: &Path,
+    yaml: &str,
+) -> Result<(crate::NatsCluster, PathBuf), String> {
+    let cluster = crate::NatsCluster::start(3);
+    cluster.wait_meta_leader(Duration::from_secs(30));
+    let cfg = dir.join("config.yaml");
+    let store = format!(
+        "store: {{kind: nats, url: \"{}\", replicas: 3}}\n",
+        cluster.url_list()
+    );
+    std::fs::write(&cfg, store + yaml).map_err(|e| format!("{}: {e}", cfg.display()))?;
+    Ok((cluster, cfg))
+}
+
+/// The value of the first line of a Prometheus text that starts with `series` (a name, or a name with its labels
+/// such as `fleetlock_connections_refused_total{reason="per-client"}`), if it is a whole number.
+pub fn metric(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .filter(|l| l.starts_with(series))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 /// A free loopback port (bind to port 0, read it, release it).
 pub fn free_addr() -> std::io::Result<SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
@@ -403,6 +428,32 @@ impl ServerProcess {
             Some((_, client)) => Conn::connect_tls(self.addr, client.clone()),
             None => Conn::connect(self.addr),
         }
+    }
+
+    /// `GET /metrics` on a new connection: the Prometheus text.
+    pub fn metrics(&self) -> std::io::Result<String> {
+        Ok(self.conn()?.request("GET", "/metrics", &[], b"")?.text())
+    }
+
+    /// The ids holding a slot in any group (`GET /v1/status` on a new connection), sorted.
+    pub fn holder_ids(&self) -> Result<Vec<String>, String> {
+        let a = self
+            .conn()
+            .and_then(|mut c| c.request("GET", "/v1/status", &[], b""))
+            .map_err(|e| e.to_string())?;
+        if a.status != 200 {
+            return Err(format!("status {}: {}", a.status, a.text()));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&a.body).map_err(|e| e.to_string())?;
+        let mut ids: Vec<String> = v["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["holders"].as_array().cloned().unwrap_or_default())
+            .filter_map(|h| h["id"].as_str().map(str::to_string))
+            .collect();
+        ids.sort();
+        Ok(ids)
     }
 
     /// The server's log so far.

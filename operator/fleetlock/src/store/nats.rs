@@ -409,20 +409,33 @@ async fn list_groups(
         .map_err(|e| StoreError(e.to_string()))?;
         match write(kv, GROUP_DIRECTORY_KEY, value, revision).await {
             Ok(()) => return Ok(()),
-            Err(WriteError::Conflict) if Instant::now() < deadline => {
-                conflicts.fetch_add(1, Ordering::Relaxed);
-                attempt = attempt.saturating_add(1);
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-            Err(WriteError::Conflict) => {
-                return Err(StoreError(format!(
-                    "group directory: compare-and-set kept conflicting for {COMMIT_DEADLINE:?}"
-                )))
-            }
-            Err(WriteError::Other(e)) => {
-                return Err(StoreError(format!("writing the group directory: {e}")))
+            Err(e) => {
+                retry_after(e, deadline, &mut attempt, conflicts, "the group directory").await?
             }
         }
+    }
+}
+
+/// After a failed compare-and-set write of `what`: a conflict before `deadline` is counted and waited out (the
+/// caller reads and tries again); a conflict past it, or any other error, is the caller's error.
+async fn retry_after(
+    e: WriteError,
+    deadline: Instant,
+    attempt: &mut u32,
+    conflicts: &AtomicU64,
+    what: &str,
+) -> Result<(), StoreError> {
+    match e {
+        WriteError::Conflict if Instant::now() < deadline => {
+            conflicts.fetch_add(1, Ordering::Relaxed);
+            *attempt = attempt.saturating_add(1);
+            tokio::time::sleep(backoff(*attempt)).await;
+            Ok(())
+        }
+        WriteError::Conflict => Err(StoreError(format!(
+            "{what}: compare-and-set kept conflicting for {COMMIT_DEADLINE:?}"
+        ))),
+        WriteError::Other(e) => Err(StoreError(format!("writing {what}: {e}"))),
     }
 }
 
@@ -594,18 +607,12 @@ async fn group_writer(
                     recent.push(changes, Timestamp::now());
                     break Ok(results);
                 }
-                Err(WriteError::Conflict) if Instant::now() < deadline => {
-                    conflicts.fetch_add(1, Ordering::Relaxed);
-                    attempt = attempt.saturating_add(1);
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(WriteError::Conflict) => {
-                    break Err(StoreError(format!(
-                        "group {group}: compare-and-set kept conflicting for {COMMIT_DEADLINE:?}"
-                    )))
-                }
-                Err(WriteError::Other(e)) => {
-                    break Err(StoreError(format!("writing {group}: {e}")))
+                Err(e) => {
+                    let what = format!("group {group}");
+                    if let Err(e) = retry_after(e, deadline, &mut attempt, &conflicts, &what).await
+                    {
+                        break Err(e);
+                    }
                 }
             }
         };
