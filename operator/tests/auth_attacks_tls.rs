@@ -822,7 +822,10 @@ fn over_tls_a_flood_of_refused_registrations_costs_the_log_a_line_per_interval_a
         fleet_auth_log(w)
             .lines()
             .skip(before)
-            .find(|l| l.contains(&attacker) && l.contains(" more in the last "))
+            .find(|l| {
+                l.contains(&format!("watch registration refused for {attacker}: "))
+                    && l.contains(" more in the last ")
+            })
             .map(str::to_owned)
     });
     let elapsed = started.elapsed();
