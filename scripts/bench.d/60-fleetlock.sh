@@ -3,6 +3,9 @@
 # file store (real fsync, group commit) over HTTP and over HTTPS (private CA, verified) and the NATS KV store with 3
 # replicas; reference: one fsync per request.
 # Goals: file store >= 5,000 pairs/s with p99 <= 20 ms; NATS store >= 1,000 pairs/s; zero errors.
+# Then refused requests (issue 49): N pre-reboots from N distinct ids against a held slot on the NATS store (3-node
+# cluster, bucket with 3 copies), and a restart after them. Goals: the bucket holds at most the holder + 2 keys,
+# restart to healthy <= 1,000 ms, >= 5,000 refusals/s, zero errors. N: FLEET_BENCH_REFUSALS (default 200,000).
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
@@ -34,4 +37,17 @@ row "NATS store, 3 replicas" 1000 - --store nats --bin "$server" --dir "$dir" --
 echo
 echo "Goals: file store >= 5000 pairs/s with p99 pair <= 20 ms (HTTP and HTTPS); NATS store (3 replicas) >= 1000 pairs/s;"
 echo "0 errors."
+echo
+echo "| refused pre-reboots | clients | refused/s | bucket keys after | restart to healthy (ms) | errors | result |"
+echo "|---|---|---|---|---|---|---|"
+label="refusals"
+line=$("$bench" --store refusals --bin "$server" --dir "$dir" --clients 16 --count "${FLEET_BENCH_REFUSALS:-200000}")
+IFS='|' read -ra cells <<<"$line"
+v="refused/s $(goal "$label: refused/s" "$(number "${cells[3]}")" ">=" 5000)"
+v+="; keys $(goal "$label: bucket keys" "$(number "${cells[4]}")" "<=" 3 "3 (the holder + 2)")"
+v+="; restart $(goal "$label: restart (ms)" "$(number "${cells[5]}")" "<=" 1000 "1000 ms")"
+echo "$line $v; $(errors "$label" "$(number "${cells[6]}")") |"
+echo
+echo "Goals: refused requests store nothing (at most the holder + 2 keys: its group and the group directory), a restart"
+echo "after them is healthy within 1 s, >= 5000 refusals/s; 0 errors."
 rm -rf "$dir"
