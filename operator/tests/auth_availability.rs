@@ -1,8 +1,9 @@
 //! What one device's valid token can cost the shared server (issue 49, docs/auth.md "What one device can cost"):
 //! nats-server over TLS with the real fleet-auth (flood guard at its defaults; the rig's `FleetNats`), an attacker
-//! holding one device's token and a victim device writing its heartbeat through the device API every 250 ms. Each
-//! test measures the victim's heartbeat round trip while quiet, then during the attack: its p99 stays within twice
-//! the quiet p99 and it is never disconnected; and the attacker's cost stays within the documented per-device bound.
+//! holding one device's token and victim devices writing their heartbeats through the device API every 250 ms. Each
+//! test measures the victims' heartbeat round trips while quiet (before and after the attack), then during the
+//! attack: the p99 stays within twice the quiet p99 (taken as at least 5 ms) and no victim is ever disconnected;
+//! and the attacker's cost stays within the documented per-device bound.
 //!
 //! The tests run one at a time (`SERIAL`): each attack takes the CPU, which would hide another test's victim.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,8 +21,11 @@ mod auth_common;
 
 /// The victim's heartbeat period (its write budget is 5 a second after a burst).
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
-/// How long the victims are measured before the attack.
-const QUIET: Duration = Duration::from_secs(8);
+/// How long the victims are measured before the attack, and again after it.
+const QUIET: Duration = Duration::from_secs(6);
+/// The quiet p99 is taken as at least this, ms: on this project's 2 shared cores a write's round trip is about
+/// 2 ms and a scheduling delay of a few ms is noise, not the attack (measured quiet p99s: 2.3 to 9.0 ms).
+const QUIET_FLOOR_MS: f64 = 5.0;
 /// Victim devices: their round trips together make enough samples for a p99 that one slow write does not decide.
 const VICTIMS: usize = 4;
 /// How long each attack goes on: the attacker keeps trying after it is cut off.
@@ -122,8 +126,8 @@ async fn connect(
         .map_err(|e| e.to_string())
 }
 
-/// One victim write: whether the attack was on, and its round trip (none: unanswered).
-type Sample = (bool, Option<Duration>);
+/// One victim write: whether the attack was on, its round trip (none: unanswered), when it was sent.
+type Sample = (bool, Option<Duration>, Instant);
 
 /// An attacker's connection: the client, its disconnections, the subscriptions it holds.
 type Held = (
@@ -162,6 +166,13 @@ impl Victim {
                 let (attack, stop, samples) = (attack.clone(), stop.clone(), samples.clone());
                 w.rt.spawn(async move {
                     let subject = format!("$KV.device-heartbeat.{id}");
+                    // Not measured: a device's first write (the world's first ones take seconds while the server
+                    // and fleet-auth warm up).
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(10),
+                        c.request(subject.clone(), r#"{"heartbeat":0}"#.into()),
+                    )
+                    .await;
                     let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
                     while !stop.load(Ordering::SeqCst) {
                         tick.tick().await;
@@ -173,7 +184,7 @@ impl Victim {
                         )
                         .await;
                         let ok = matches!(&r, Ok(Ok(m)) if m.payload.windows(5).any(|x| x == b"\"seq\""));
-                        samples.lock().unwrap().push((on, ok.then(|| t.elapsed())));
+                        samples.lock().unwrap().push((on, ok.then(|| t.elapsed()), t));
                     }
                 })
             })
@@ -194,22 +205,58 @@ impl Victim {
     /// asserts it was never disconnected, every write was answered and the p99 under attack is within twice the
     /// quiet one.
     fn finish(mut self, w: &World, what: &str) -> (f64, f64) {
+        // Quiet again after the attack: the quiet value is measured on both sides of it, so that what the
+        // machine's other work does to the round trips weighs on both values alike.
+        self.attack.store(false, Ordering::SeqCst);
+        std::thread::sleep(QUIET);
         self.stop.store(true, Ordering::SeqCst);
         for t in std::mem::take(&mut self.tasks) {
             let _ = w.rt.block_on(t);
         }
         let s = self.samples.lock().unwrap().clone();
-        let p99 = |on: bool| {
+        let sorted = |on: bool| {
             let mut v: Vec<f64> = s
                 .iter()
                 .filter(|x| x.0 == on)
                 .map(|x| x.1.map_or(f64::INFINITY, |d| d.as_secs_f64() * 1000.0))
                 .collect();
             v.sort_by(|a, b| a.total_cmp(b));
-            let i = ((v.len() as f64 * 0.99).ceil() as usize).saturating_sub(1);
-            (v.get(i).copied().unwrap_or(f64::NAN), v.len())
+            v
         };
-        let ((quiet, nq), (under, na)) = (p99(false), p99(true));
+        let pct = |v: &[f64], p: f64| {
+            let i = ((v.len() as f64 * p).ceil() as usize).saturating_sub(1);
+            v.get(i).copied().unwrap_or(f64::NAN)
+        };
+        let (q, a) = (sorted(false), sorted(true));
+        if let Some(start) = s.iter().find(|x| x.0).map(|x| x.2) {
+            let slow: Vec<String> = s
+                .iter()
+                .filter(|x| {
+                    x.0 && x
+                        .1
+                        .is_none_or(|d| d.as_secs_f64() * 1000.0 > 2.0 * pct(&q, 0.99))
+                })
+                .map(|x| {
+                    format!(
+                        "{:.2}s:{:.0}ms",
+                        (x.2 - start).as_secs_f64(),
+                        x.1.map_or(f64::INFINITY, |d| d.as_secs_f64() * 1000.0)
+                    )
+                })
+                .collect();
+            eprintln!("{what}: slow victim writes (since the attack began): {slow:?}");
+        }
+        let ((quiet, nq), (under, na)) = ((pct(&q, 0.99), q.len()), (pct(&a, 0.99), a.len()));
+        eprintln!(
+            "{what}: victim round trips (ms) quiet p50 {:.1} p90 {:.1} max {:.1}; under attack p50 {:.1} p90 {:.1} \
+             max {:.1}",
+            pct(&q, 0.5),
+            pct(&q, 0.9),
+            pct(&q, 1.0),
+            pct(&a, 0.5),
+            pct(&a, 0.9),
+            pct(&a, 1.0)
+        );
         for l in w.nats.auth_logs().lines() {
             if l.contains("flood guard: device") {
                 eprintln!("{what}: fleet-auth: {l}");
@@ -228,8 +275,9 @@ impl Victim {
         );
         assert_eq!(failed, 0, "{what}: victim writes went unanswered");
         assert!(
-            under <= 2.0 * quiet,
-            "{what}: the victim's heartbeat p99 went from {quiet:.1} ms to {under:.1} ms (over twice)"
+            under <= 2.0 * quiet.max(QUIET_FLOOR_MS),
+            "{what}: the victim's heartbeat p99 went from {quiet:.1} ms to {under:.1} ms (over twice, the quiet \
+             value taken as at least {QUIET_FLOOR_MS} ms)"
         );
         (quiet, under)
     }

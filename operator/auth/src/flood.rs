@@ -121,9 +121,8 @@ impl Over {
         let over = |n: u64, ms: u64, what: &str| match ms {
             0 => format!("{n} {what} at once"),
             ms => format!(
-                "{} {what} a second over {:.1} s ({n} {what})",
+                "{} {what} a second over {ms} ms ({n} {what})",
                 n.saturating_mul(1000) / ms,
-                ms as f64 / 1000.0
             ),
         };
         match self {
@@ -296,6 +295,16 @@ impl Tracker {
         counts: bool,
     ) -> Vec<Flood> {
         self.polls += 1;
+        self.judge(conns, now_ms, budget, counts)
+    }
+
+    /// Takes connections seen outside the polls (a new connection looked at again shortly after it connected), as
+    /// [`Tracker::observe`] does, without counting a poll.
+    pub fn sighting(&mut self, conns: &[Conn], now_ms: u64, budget: &Budget) -> Vec<Flood> {
+        self.judge(conns, now_ms, budget, false)
+    }
+
+    fn judge(&mut self, conns: &[Conn], now_ms: u64, budget: &Budget, counts: bool) -> Vec<Flood> {
         let poll = self.polls;
         let window = budget.burst_secs;
         let mut charges: HashMap<DeviceId, (u64, u64)> = HashMap::new();
@@ -784,6 +793,17 @@ mod tests {
     }
 
     #[test]
+    fn a_new_connection_looked_at_between_polls_is_judged_at_once() {
+        let mut t = Tracker::default();
+        t.connected("S1", 4, &dev("dev-a"));
+        assert!(t
+            .sighting(&[conn(4, Some("dev-a"), 150)], 100, &BUDGET)
+            .is_empty());
+        let f = t.sighting(&[conn(4, Some("dev-a"), 20_000)], 200, &BUDGET);
+        assert_eq!(msgs(&f), [("dev-a".to_owned(), 19_850)]);
+    }
+
+    #[test]
     fn a_closed_connection_is_charged_and_a_slow_consumer_is_a_flood() {
         let mut t = Tracker::default();
         let closed = |cid, in_msgs, reason: &str| Closed {
@@ -831,7 +851,7 @@ mod tests {
         let say = |o: Over| o.describe(&BUDGET);
         assert_eq!(
             say(Over::Messages { msgs: 3_000, over_ms: 1_500 }),
-            "2000 messages a second over 1.5 s (3000 messages), over its budget of 100 messages a second with a 2 s burst"
+            "2000 messages a second over 1500 ms (3000 messages), over its budget of 100 messages a second with a 2 s burst"
         );
         assert_eq!(
             say(Over::Messages {

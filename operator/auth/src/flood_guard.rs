@@ -33,6 +33,15 @@ const ANSWER_WINDOW: Duration = Duration::from_millis(750);
 const KICK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Every this many CONNZ requests, the answers are awaited for the whole window (servers that joined are found).
 const DISCOVER_EVERY: u64 = 20;
+/// When a new connection is looked at again after it connected (each pause after the previous look).
+const WATCH_NEW_AT: [Duration; 4] = [
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+];
+/// New connections watched at once at most.
+const MAX_WATCHED: usize = 64;
 /// Every this many polls the devices' open connections are checked against the servers' ([`reconcile`]).
 const RECONCILE_EVERY_POLLS: u64 = 20;
 /// A server that has not answered a CONNZ request for this long is gone (restarted: a new id).
@@ -197,6 +206,10 @@ struct Shared {
     asked: AtomicU64,
     /// Servers by when they last answered.
     live: Mutex<std::collections::HashMap<String, Instant>>,
+    /// New connections being looked at again ([`WATCH_NEW_AT`]).
+    watching: Arc<tokio::sync::Semaphore>,
+    /// Itself, for the tasks that watch new connections.
+    me: std::sync::Weak<Shared>,
 }
 
 impl Shared {
@@ -228,7 +241,7 @@ pub async fn run(
     let mut notices = subscribe(COOLDOWN_SUBJECT.to_owned()).await?;
     let mut connects = subscribe(format!("$SYS.ACCOUNT.{account}.CONNECT")).await?;
     let mut disconnects = subscribe(format!("$SYS.ACCOUNT.{account}.DISCONNECT")).await?;
-    let shared = Arc::new(Shared {
+    let shared = Arc::new_cyclic(|me| Shared {
         system,
         fleet,
         account,
@@ -240,6 +253,8 @@ pub async fn run(
         servers: AtomicUsize::new(0),
         asked: AtomicU64::new(0),
         live: Mutex::new(Default::default()),
+        watching: Arc::new(tokio::sync::Semaphore::new(MAX_WATCHED)),
+        me: me.clone(),
     });
     let learned = {
         let shared = shared.clone();
@@ -372,6 +387,35 @@ async fn connected(shared: &Shared, e: Event) {
         .admissions
         .lock()
         .map_or(0, |mut a| a.opened(&device, &server, cid));
+    // A new connection is looked at again shortly after it connected (a reconnect flood floods at once and is
+    // gone before the next poll), while few are being watched; in a reconnect storm the polls judge the rest.
+    if let Ok(permit) = shared.watching.clone().try_acquire_owned() {
+        if let Some(me) = shared.me.upgrade() {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                let ask = serde_json::json!({ "cid": cid, "auth": true });
+                let subject = format!("$SYS.REQ.SERVER.{server}.CONNZ");
+                for pause in WATCH_NEW_AT {
+                    tokio::time::sleep(pause).await;
+                    let Ok(conns) = connz_of(&me, &subject, ask.clone(), 1).await else {
+                        return;
+                    };
+                    let Some(c) = conns.into_iter().find(|c| c.cid == cid) else {
+                        return;
+                    };
+                    let floods = match me.tracker.lock() {
+                        Ok(mut t) => t.sighting(&[c], me.now_ms(), &me.budget),
+                        Err(_) => return,
+                    };
+                    if let Some(f) = floods.into_iter().next() {
+                        act(&me, f).await;
+                        return;
+                    }
+                }
+            });
+        }
+    }
     if open > shared.budget.max_connections {
         let kicked = kick(&shared.system, &server, cid).await;
         log::warn!(
@@ -417,6 +461,16 @@ async fn connz(shared: &Shared, ask: serde_json::Value) -> Result<Vec<Conn>, Str
     } else {
         known.clamp(1, MAX_SERVERS)
     };
+    connz_of(shared, "$SYS.REQ.SERVER.PING.CONNZ", ask, expected).await
+}
+
+/// [`connz`] asked on `subject` (every server, or one: `$SYS.REQ.SERVER.<id>.CONNZ`), awaiting `expected` answers.
+async fn connz_of(
+    shared: &Shared,
+    subject: &str,
+    ask: serde_json::Value,
+    expected: usize,
+) -> Result<Vec<Conn>, String> {
     let system = &shared.system;
     let inbox = system.new_inbox();
     let mut answers = system
@@ -424,7 +478,7 @@ async fn connz(shared: &Shared, ask: serde_json::Value) -> Result<Vec<Conn>, Str
         .await
         .map_err(|e| format!("subscribe {inbox}: {e}"))?;
     system
-        .publish_with_reply("$SYS.REQ.SERVER.PING.CONNZ", inbox, ask.to_string().into())
+        .publish_with_reply(subject.to_owned(), inbox, ask.to_string().into())
         .await
         .map_err(|e| format!("ask CONNZ: {e}"))?;
     let mut conns = Vec::new();
@@ -467,6 +521,14 @@ async fn kick(system: &async_nats::Client, server: &str, cid: u64) -> String {
     let body = serde_json::json!({ "cid": cid }).to_string();
     match tokio::time::timeout(KICK_TIMEOUT, system.request(subject, body.into())).await {
         Ok(Ok(m)) if !m.payload.windows(7).any(|w| w == b"\"error\"") => "disconnected".to_owned(),
+        // Gone already (it closed, or another replica kicked it).
+        Ok(Ok(m))
+            if m.payload
+                .windows(9)
+                .any(|w| w.eq_ignore_ascii_case(b"not found")) =>
+        {
+            "disconnected".to_owned()
+        }
         Ok(Ok(m)) => format!(
             "could not be disconnected ({})",
             String::from_utf8_lossy(&m.payload[..m.payload.len().min(200)])
