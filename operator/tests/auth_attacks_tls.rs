@@ -16,7 +16,7 @@ mod kube_common;
 
 use async_nats::jetstream;
 use fleet_operator::crd::Device;
-use fleet_rig::callout::{FleetNats, NatsAuth, NatsTransport};
+use fleet_rig::callout::FleetNats;
 use fleet_wire::kv;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
@@ -39,17 +39,7 @@ struct World {
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
-        let nats = FleetNats::start_with(
-            NatsAuth::Callout,
-            NatsTransport::Tls,
-            auth_common::fleet_auth_bin,
-        );
-        // Kept in a static, never dropped: the server and fleet-auth end when this test process does.
-        let pids: Vec<u32> = [nats.pid(), nats.auth_pid()]
-            .into_iter()
-            .flatten()
-            .collect();
-        fleet_rig::kill_when_gone(&pids);
+        let nats = auth_common::fleet_nats_tls();
         let ca = nats.ca_file().expect("TLS").to_owned();
         let settings = fleet_operator::kv::NatsSettings {
             tls: fleet_operator::nats_tls::NatsTls::new(Some(ca), None, None, "--nats-")

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use async_nats::rustls;
-use fleet_rig::callout::{FleetNats, NatsAuth, NatsTransport};
+use fleet_rig::callout::FleetNats;
 use futures::StreamExt;
 use rustls::pki_types::pem::PemObject;
 use std::io::{BufRead, Read, Write};
@@ -47,16 +47,7 @@ struct World {
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
-        let nats = FleetNats::start_with(
-            NatsAuth::Callout,
-            NatsTransport::Tls,
-            auth_common::fleet_auth_bin,
-        );
-        let pids: Vec<u32> = [nats.pid(), nats.auth_pid()]
-            .into_iter()
-            .flatten()
-            .collect();
-        fleet_rig::kill_when_gone(&pids);
+        let nats = auth_common::fleet_nats_tls();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -268,6 +259,24 @@ impl Victim {
              {failed} unanswered, {} disconnects",
             self.disconnects.load(Ordering::SeqCst)
         );
+        let limit = 2.0 * quiet.max(QUIET_FLOOR_MS);
+        row(
+            what,
+            &format!("victims' heartbeat p99 under attack, ms (quiet {quiet:.1})"),
+            under,
+            "<=",
+            limit,
+            &format!("{limit:.1} ms: 2 x the quiet p99, at least 5 ms"),
+        );
+        let lost = (self.disconnects.load(Ordering::SeqCst) + failed) as f64;
+        row(
+            what,
+            "victims' disconnects and unanswered writes",
+            lost,
+            "==",
+            0.0,
+            "0",
+        );
         assert_eq!(
             self.disconnects.load(Ordering::SeqCst),
             0,
@@ -281,6 +290,12 @@ impl Victim {
         );
         (quiet, under)
     }
+}
+
+/// One measurement against its goal, as a line `scripts/bench auth` turns into a table row (with `--nocapture`):
+/// `bench-row|<attack>|<what>|<value>|<op>|<limit>|<the goal as a person reads it>`.
+fn row(attack: &str, what: &str, value: f64, op: &str, limit: f64, shown: &str) {
+    println!("bench-row|{attack}|{what}|{value:.1}|{op}|{limit:.1}|{shown}");
 }
 
 /// nats-server's resident memory, MiB.
@@ -372,6 +387,22 @@ fn a_device_reconnecting_every_300_ms_to_flood_is_cut_off() {
     eprintln!(
         "reconnect flood: {admitted} connections admitted, {refused} refused, {sent} messages sent in {secs} s \
          ({rate:.0}/s)"
+    );
+    row(
+        "reconnect flood",
+        "connections admitted",
+        admitted as f64,
+        "<=",
+        6.0,
+        "6",
+    );
+    row(
+        "reconnect flood",
+        &format!("messages sent in {secs} s (before: 2,471,800 in 30 s)"),
+        sent as f64,
+        "<=",
+        150_000.0,
+        "150,000",
     );
     victim.finish(w, "reconnect flood");
     assert!(
@@ -524,6 +555,16 @@ fn answers_multiplied_by_subscriptions_a_device_never_reads_stay_within_the_memo
          {before:.0} MiB before, {peak:.0} MiB at the peak, {after:.0} MiB after",
         requests.load(Ordering::SeqCst)
     );
+    row(
+        "amplification",
+        &format!(
+            "nats-server RSS growth, MiB ({before:.0} before, {after:.0} after; before: +2,406)"
+        ),
+        peak - before,
+        "<=",
+        RSS_BOUND_MIB,
+        &format!("{RSS_BOUND_MIB} MiB"),
+    );
     victim.finish(w, "amplification");
     assert!(
         peak - before <= RSS_BOUND_MIB,
@@ -629,6 +670,22 @@ fn twenty_connections_of_one_device_are_summed_and_cut_off_together() {
          closed: {all_closed} after {took:.1} s ({open_now} still open)",
         sent.load(Ordering::SeqCst)
     );
+    row(
+        "20 connections",
+        "connections open (before: 20)",
+        held_open as f64,
+        "<=",
+        4.0,
+        "4",
+    );
+    row(
+        "20 connections",
+        "connections still open after the cut",
+        open_now as f64,
+        "==",
+        0.0,
+        "0",
+    );
     victim.finish(w, "20 connections");
     assert!(
         held_open <= 4,
@@ -678,6 +735,22 @@ fn a_cool_down_disconnects_every_connection_of_the_device() {
          {took:.1} s; a new connection: {again:?}; then {readmitted} admitted, {refused_later} refused, \
          {sent_later} messages sent"
     );
+    row(
+        "cool-down",
+        "connections of the device still open (before: 2 of 3)",
+        closed.iter().filter(|c| **c == 0).count() as f64,
+        "==",
+        0.0,
+        "0",
+    );
+    row(
+        "cool-down",
+        "connections admitted while cooling",
+        (u64::from(again.is_ok()) + readmitted) as f64,
+        "==",
+        0.0,
+        "0",
+    );
     victim.finish(w, "cool-down");
     assert!(
         all_closed,
@@ -726,6 +799,14 @@ fn a_device_steadily_just_under_its_budget_is_never_cut_off() {
     eprintln!(
         "steady: {sent} messages in 20 s, disconnected {} times",
         closed.load(Ordering::SeqCst)
+    );
+    row(
+        "steady 480 messages a second",
+        "disconnects",
+        closed.load(Ordering::SeqCst) as f64,
+        "==",
+        0.0,
+        "0",
     );
     assert_eq!(
         closed.load(Ordering::SeqCst),

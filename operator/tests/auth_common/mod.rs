@@ -501,3 +501,17 @@ pub fn largest_readable_own_bucket() -> &'static fleet_wire::kv::BucketSpec {
         .max_by_key(|b| b.max_value_bytes)
         .expect("a bucket a device writes and reads")
 }
+
+/// The fleet's NATS as it runs (the rig's `FleetNats`: TLS with a private CA, the real fleet-auth, the Zitadel
+/// stand-in), for a test binary kept in a static: never dropped, so the server and fleet-auth are killed when the
+/// test process ends.
+pub fn fleet_nats_tls() -> fleet_rig::callout::FleetNats {
+    use fleet_rig::callout::{FleetNats, NatsAuth, NatsTransport};
+    let nats = FleetNats::start_with(NatsAuth::Callout, NatsTransport::Tls, fleet_auth_bin);
+    let pids: Vec<u32> = [nats.pid(), nats.auth_pid()]
+        .into_iter()
+        .flatten()
+        .collect();
+    fleet_rig::kill_when_gone(&pids);
+    nats
+}
