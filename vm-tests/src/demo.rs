@@ -106,9 +106,10 @@ impl<'a> Demo<'a> {
         if let Some(pid) = fleetlock.pid() {
             record.add(pid, "fleetlock-server");
         }
-        // Each guest's PID 1, for `scripts/demo --shell <device>` (and so that --keep can tell when one died).
+        // Each guest's wrapper, which outlives the guest's reboots (its PID 1 does not): `scripts/demo --shell
+        // <device>` enters the init below it, and --keep tells when a guest stopped for good.
         for d in &fleet.devices {
-            if let Some(pid) = d.guest.pid1() {
+            if let Some(pid) = d.guest.wrapper_pid() {
                 record.add(pid, &demo_state::guest_name(&d.id));
             }
         }

@@ -139,14 +139,20 @@ pub fn dead(dir: &Path) -> Vec<(String, u32)> {
 }
 
 /// The command that opens a login shell in `device`'s guest of the demo recorded in `dir` (`nsenter` into every
-/// namespace of its PID 1, as root); an error naming the devices there are when it has none.
+/// namespace of its current PID 1, found below the recorded wrapper, so it follows the guest's reboots, as root);
+/// an error naming the devices there are when it has none, or saying it is rebooting.
 pub fn shell(dir: &Path, device: &str) -> Result<Command, String> {
     let entries = read(dir);
     let want = guest_name(device);
     match entries.iter().find(|e| e.name == want && alive(e)) {
         Some(e) => {
+            // Right after a reboot the next init takes a moment to start.
+            let init = fleet_rig::wait_for(Duration::from_secs(10), || {
+                fleet_rig::nspawn::guest_init_below(e.pid)
+            })
+            .ok_or_else(|| format!("demo device {device} is rebooting: try again in a moment"))?;
             let mut cmd = Command::new("nsenter");
-            cmd.args(["-t", &e.pid.to_string(), "-a", "--", "/bin/bash", "-l"])
+            cmd.args(["-t", &init.to_string(), "-a", "--", "/bin/bash", "-l"])
                 // The host's temporary directory (the demo sets its own) does not exist in the guest.
                 .env_remove("TMPDIR");
             Ok(cmd)
@@ -211,25 +217,36 @@ mod tests {
     }
 
     #[test]
-    fn shell_finds_a_recorded_running_guest_and_names_the_others() {
+    fn shell_enters_the_current_init_below_a_recorded_guest_and_names_the_others() {
         let dir = tempfile::tempdir().unwrap();
+        // A guest's shape: a wrapper loop that starts an init in a PID namespace of its own again and again (a
+        // guest that reboots every 2 s).
+        let wrapper = fleet_rig::nspawn::guest_like_wrapper(2);
+        let w = wrapper.0.id();
         let me = std::process::id();
-        let start = start_time(me).expect("own start time");
+        let (ws, ms) = (start_time(w).unwrap(), start_time(me).unwrap());
         fs::write(
             dir.path().join("pids"),
-            format!(
-                "{me} {start} guest-pi-1\n{me} {} guest-pi-gone\n",
-                start + 1
-            ),
+            format!("{w} {ws} guest-pi-1\n{me} {} guest-pi-gone\n", ms + 1),
         )
         .unwrap();
-        let cmd = shell(dir.path(), "pi-1").expect("a shell");
-        let args: Vec<String> = cmd
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(cmd.get_program(), "nsenter");
-        assert_eq!(args, ["-t", &me.to_string(), "-a", "--", "/bin/bash", "-l"]);
+        let target = |cmd: &Command| -> u32 {
+            assert_eq!(cmd.get_program(), "nsenter");
+            let args: Vec<String> = cmd
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(args[2..], ["-a", "--", "/bin/bash", "-l"]);
+            args[1].parse().unwrap()
+        };
+        let first = target(&shell(dir.path(), "pi-1").expect("a shell"));
+        assert_ne!(first, w, "the wrapper itself is not the guest");
+        // After the guest's "reboot" the shell enters the new init, and the guest still counts as running.
+        let next = fleet_rig::wait_for(Duration::from_secs(10), || {
+            let p = target(&shell(dir.path(), "pi-1").ok()?);
+            (p != first).then_some(p)
+        });
+        assert!(next.is_some(), "the shell did not follow the reboot");
         assert_eq!(
             shell(dir.path(), "pi-gone").err().as_deref(),
             Some("no running demo device pi-gone; running: pi-1")

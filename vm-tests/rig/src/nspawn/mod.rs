@@ -265,6 +265,12 @@ done
         None
     }
 
+    /// The PID of the guest's wrapper, the loop that starts nspawn again after each reboot: unlike the guest's
+    /// PID 1 it lives as long as the guest runs, across its reboots (see [`guest_init_below`]).
+    pub fn wrapper_pid(&self) -> Option<u32> {
+        self.wrapper.as_ref().map(Child::id)
+    }
+
     fn require_pid1(&self) -> u32 {
         self.pid1().unwrap_or_else(|| {
             panic!(
@@ -528,6 +534,73 @@ impl Drop for Guest {
 }
 
 /// The `NSpid:` line of `/proc/<pid>/status`: the process's id in each PID namespace, outermost first.
+/// The current PID 1 of the guest whose wrapper is `wrapper` ([`Guest::wrapper_pid`]): the guest init among the
+/// wrapper's descendants, or `None` while it reboots or after it stopped. For tools that know only the recorded
+/// wrapper (`scripts/demo --shell`), so that they follow the guest across reboots.
+pub fn guest_init_below(wrapper: u32) -> Option<u32> {
+    let own_depth = ns_pids("self").map_or(1, |ids| ids.len());
+    let parents: std::collections::HashMap<u32, u32> = fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            Some((pid, parent_pid(pid)?))
+        })
+        .collect();
+    let below_wrapper = |mut pid: u32| {
+        // A bounded walk up the tree: the guest's init is a grandchild of the wrapper (wrapper → nspawn → init).
+        for _ in 0..16 {
+            match parents.get(&pid) {
+                Some(&p) if p == wrapper => return true,
+                Some(&p) if p > 1 => pid = p,
+                _ => return false,
+            }
+        }
+        false
+    };
+    parents.keys().copied().find(|&pid| {
+        below_wrapper(pid)
+            && ns_pids(&pid.to_string()).is_some_and(|ids| is_guest_init(&ids, own_depth))
+    })
+}
+
+/// A process killed when dropped (a test that panics leaves nothing running).
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// For tests of what follows a guest by its wrapper ([`guest_init_below`]): a guest's shape with real namespaces: a wrapper loop that starts an init of a PID namespace of its own
+/// again and again (`period` seconds each: a guest that reboots).
+pub fn guest_like_wrapper(period: u32) -> Killed {
+    let script =
+        format!("while :; do unshare --pid --fork --mount-proc sleep {period} || exit 1; done");
+    Killed(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("sh"),
+    )
+}
+
+/// A process's parent (`PPid` of its status), while it runs.
+fn parent_pid(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 fn ns_pids(pid: &str) -> Option<Vec<String>> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
@@ -573,7 +646,9 @@ fn shell_quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::is_guest_init;
+    use super::{guest_init_below, guest_like_wrapper, is_guest_init, Killed};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
 
     #[test]
     fn only_the_init_one_namespace_down_is_the_guests() {
@@ -595,5 +670,31 @@ mod tests {
                 "{nspid} at depth {depth}"
             );
         }
+    }
+
+    /// The init is found below the wrapper, again after it is replaced (a reboot), and nothing below an
+    /// unrelated process. Needs root, as every guest does.
+    #[test]
+    fn the_guest_init_is_found_below_its_wrapper_across_restarts() {
+        let wrapper = guest_like_wrapper(2);
+        let pid = wrapper.0.id();
+        let found = |other_than: Option<u32>| {
+            crate::wait_for(Duration::from_secs(10), || {
+                guest_init_below(pid).filter(|p| Some(*p) != other_than)
+            })
+        };
+        let first = found(None).expect("the init below the wrapper");
+        assert_ne!(first, pid);
+        // After the init exits, the wrapper starts another: the new one is found.
+        let second = found(Some(first)).expect("the next init below the wrapper");
+        assert_ne!(first, second);
+        let unrelated = Killed(
+            Command::new("sleep")
+                .arg("5")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("sleep"),
+        );
+        assert_eq!(guest_init_below(unrelated.0.id()), None);
     }
 }
