@@ -27,9 +27,8 @@ impl Agent {
             return self.finish_drain();
         };
         match self.put_upgrade_status(&s) {
-            Ok(rev) => log::info!(
-                "stopping status ({reason:?}, drain {drain_ms} ms) acknowledged at revision {rev}"
-            ),
+            // No revision: behind fleet-auth's device API an acknowledgement carries none (docs/auth.md).
+            Ok(_) => log::info!("stopping status ({reason:?}, drain {drain_ms} ms) acknowledged"),
             Err(e) => log::warn!("stopping status not acknowledged: {e}"),
         }
         self.finish_drain()
