@@ -596,7 +596,7 @@ fn device() {
                 "install -m 0600 {GUEST_STAGE}/files/fleet-reboot.yaml /etc/harmony-fleet/fleet-reboot.yaml && \
                  touch /run/reboot-required"
             ));
-            let watch = HolderWatch::start(lock.port());
+            let watch = HolderWatch::start(&lock);
             let first_boot = vm.boot_id();
             let (t, before) = (Instant::now(), guest_now(&mut vm));
             vm.sh("systemctl start --no-block fleet-reboot.service");

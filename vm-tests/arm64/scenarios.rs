@@ -245,7 +245,7 @@ fn device() {
             lock.client_config().as_bytes(),
             0o600,
         );
-        let watch = HolderWatch::start(lock.port());
+        let watch = HolderWatch::start(&lock);
         guest.sh("touch /run/reboot-required");
         let (first_boot, old_pid1) = (guest.boot_id(), guest.pid1());
         let _ = guest.exec(&["systemctl", "start", "--no-block", "fleet-reboot.service"]);

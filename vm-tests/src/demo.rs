@@ -115,12 +115,12 @@ impl<'a> Demo<'a> {
         }
         // For step 6: fleetlock-server relayed into each guest for its reboots, and an apt repository whose upgrade
         // wants a reboot.
-        let port = fleetlock.port();
+        let lock = &fleetlock;
         let ready: Vec<RebootUpgradeReady> = std::thread::scope(|s| {
             let handles: Vec<_> = fleet
                 .devices
                 .iter_mut()
-                .map(|d| s.spawn(move || ready_for_reboot_upgrade(d, port)))
+                .map(|d| s.spawn(move || ready_for_reboot_upgrade(d, lock)))
                 .collect();
             handles
                 .into_iter()
@@ -190,7 +190,7 @@ impl<'a> Demo<'a> {
                     pid(fleet.nats.auth_pid()),
                 ],
                 vec![
-                    "fleetlock-server (file store)".into(),
+                    "fleetlock-server (file store, clients send a bearer token)".into(),
                     format!("http://127.0.0.1:{}", fleetlock.port()),
                     pid(fleetlock.pid()),
                 ],
@@ -606,7 +606,7 @@ impl<'a> Demo<'a> {
         println!(
             "   Each device has {REBOOT_PKG} 1.0 installed and 2.0 in its apt repository; 2.0 asks for a reboot."
         );
-        let watch = HolderWatch::start(self.fleetlock.port());
+        let watch = HolderWatch::start(&self.fleetlock);
         let start = fleet_wire::Timestamp::now();
         let t = Instant::now();
         let path = self.manifests.join(format!("taskrun-{TASK}.yaml"));

@@ -11,16 +11,18 @@ pub struct FleetLockServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    token: String,
 }
 
 impl FleetLockServer {
-    /// Starts the server and waits until `/healthz` answers.
+    /// Starts the server, requiring a fresh random bearer token from clients (as the package does), and waits
+    /// until `/healthz` answers.
     pub fn start() -> Self {
-        Self::start_with_token(None)
+        Self::start_with_token(&fleet_rig::random_hex())
     }
 
-    /// Starts the server, requiring the bearer `token` from clients when one is given.
-    pub fn start_with_token(token: Option<&str>) -> Self {
+    /// Starts the server, requiring the bearer `token` from clients.
+    pub fn start_with_token(token: &str) -> Self {
         let bin = builds::fleetlock_server();
         let dir = tempfile::Builder::new()
             .prefix("fleetlock-")
@@ -31,11 +33,8 @@ impl FleetLockServer {
         std::fs::write(
             &config,
             format!(
-                "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\n{}",
+                "default_slots: 1\nstore: {{kind: file, dir: \"{}\"}}\nauth: {{tokens: [\"{token}\"]}}\n",
                 store.display(),
-                token
-                    .map(|t| format!("auth: {{tokens: [\"{t}\"]}}\n"))
-                    .unwrap_or_default()
             ),
         )
         .unwrap_or_else(|e| panic!("fleetlock config: {e}"));
@@ -62,6 +61,7 @@ impl FleetLockServer {
             child: Some(child),
             port,
             dir,
+            token: token.to_owned(),
         };
         let up = wait_for(Duration::from_secs(30), || {
             (s.get("/healthz").as_deref() == Some("ok")).then_some(())
@@ -94,9 +94,14 @@ impl FleetLockServer {
 }
 
 impl FleetLockServer {
+    /// The bearer token its clients send.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     /// The ids holding a slot of group `default` now.
     pub fn holder_ids(&self) -> Vec<String> {
-        crate::tasks::holder_ids_at(self.port)
+        crate::tasks::holder_ids_at(self.port, &self.token)
     }
 
     /// How many ids hold a slot of group `default` now.
@@ -106,7 +111,7 @@ impl FleetLockServer {
 
     /// The guest configuration for `fleet-reboot` and the updater's reboots: this server, group `default`.
     pub fn client_config(&self) -> String {
-        crate::tasks::fleetlock_client_config(self.port)
+        crate::tasks::fleetlock_client_config(self.port, &self.token)
     }
 
     /// The server's log.

@@ -133,7 +133,7 @@ pub fn taskrun_with_reboot(
         "--overwrite",
     ]);
     cluster.apply(&group_yaml(site, &[("site", site)]));
-    let holders = HolderWatch::start(lock.port());
+    let holders = HolderWatch::start(lock);
     step(&format!("kubectl create TaskRun {name} (systemUpgradeV1)"));
     let t0 = Instant::now();
     cluster.create(&taskrun_yaml(name, site, 3600));

@@ -246,14 +246,14 @@ impl Tasks {
     }
 }
 
-/// `GET <path>` from a server on 127.0.0.1:`port`; the body of a 200 answer.
-fn get(port: u16, path: &str) -> Option<String> {
+/// `GET <path>` from a server on 127.0.0.1:`port` with a bearer `token`; the body of a 200 answer.
+fn get(port: u16, path: &str, token: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         c,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut out = String::new();
@@ -262,9 +262,10 @@ fn get(port: u16, path: &str) -> Option<String> {
     head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
 
-/// The ids holding a slot of group `default` of the FleetLock server on 127.0.0.1:`port` (`/v1/status`).
-pub fn holder_ids_at(port: u16) -> Vec<String> {
-    let body = get(port, "/v1/status").unwrap_or_default();
+/// The ids holding a slot of group `default` of the FleetLock server on 127.0.0.1:`port` (`/v1/status`, which
+/// needs the clients' `token`).
+pub fn holder_ids_at(port: u16, token: &str) -> Vec<String> {
+    let body = get(port, "/v1/status", token).unwrap_or_default();
     default_holders(&serde_json::from_str(&body).unwrap_or_default())
 }
 
@@ -283,10 +284,10 @@ pub fn default_holders(status: &serde_json::Value) -> Vec<String> {
 }
 
 /// The guest configuration for `fleet-reboot` and the updater's reboots: the FleetLock server relayed to the
-/// guest's 127.0.0.1:`port`, group `default`.
-pub fn fleetlock_client_config(port: u16) -> String {
+/// guest's 127.0.0.1:`port`, group `default`, with the clients' bearer `token`.
+pub fn fleetlock_client_config(port: u16, token: &str) -> String {
     format!(
-        "server: http://127.0.0.1:{port}\ngroup: default\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n"
+        "server: http://127.0.0.1:{port}\ngroup: default\ntoken: {token}\ntimeout: 2\nallow_degraded: true\nhealth_wait: 120\n"
     )
 }
 
@@ -302,15 +303,18 @@ pub struct RebootUpgradeReady {
     pub lock_link: ForwardHandle,
 }
 
-/// Readies `device` for a system upgrade that reboots: the FleetLock server on the host's `lock_port` relayed into
-/// its guest and configured for reboots (a device waiting for the slot asks again every 3 s instead of every
+/// Readies `device` for a system upgrade that reboots: the FleetLock server `lock` relayed into its guest and
+/// configured for reboots (a device waiting for the slot asks again every 3 s instead of every
 /// minute), and a local apt repository with [`REBOOT_PKG`] 1.0 installed and 2.0 published.
-pub fn ready_for_reboot_upgrade(device: &mut Device, lock_port: u16) -> RebootUpgradeReady {
-    let lock_link = device.guest.forward(lock_port);
+pub fn ready_for_reboot_upgrade(
+    device: &mut Device,
+    lock: &crate::fleetlock::FleetLockServer,
+) -> RebootUpgradeReady {
+    let lock_link = device.guest.forward(lock.port());
     let guest = &device.guest;
     guest.write_file(
         "/etc/harmony-fleet/fleet-reboot.yaml",
-        fleetlock_client_config(lock_port).as_bytes(),
+        lock.client_config().as_bytes(),
         0o644,
     );
     guest.sh(
@@ -328,22 +332,23 @@ pub fn ready_for_reboot_upgrade(device: &mut Device, lock_port: u16) -> RebootUp
     RebootUpgradeReady { repo, lock_link }
 }
 
-/// Watches the holders of group `default` of the FleetLock server on 127.0.0.1:`port` (every 50 ms, on a thread)
-/// until [`HolderWatch::stop`].
+/// Watches the holders of group `default` of a FleetLock server (every 50 ms, on a thread) until
+/// [`HolderWatch::stop`].
 pub struct HolderWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<(usize, Vec<String>)>,
 }
 
 impl HolderWatch {
-    /// Starts watching.
-    pub fn start(port: u16) -> Self {
+    /// Starts watching `lock`.
+    pub fn start(lock: &crate::fleetlock::FleetLockServer) -> Self {
+        let (port, token) = (lock.port(), lock.token().to_owned());
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             let (mut max, mut order) = (0usize, Vec::<String>::new());
             while !flag.load(std::sync::atomic::Ordering::SeqCst) {
-                let ids = holder_ids_at(port);
+                let ids = holder_ids_at(port, &token);
                 max = max.max(ids.len());
                 for id in ids {
                     if order.last() != Some(&id) {

@@ -278,7 +278,7 @@ fn root_repair_leaves_quarantine_only_when_the_selected_agent_starts() {
 fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     let nats = start_nats();
     let token = "fleet-reboot-test-token";
-    let lock_server = FleetLockServer::start_with_token(Some(token));
+    let lock_server = FleetLockServer::start_with_token(token);
     let mut guest = Guest::boot();
     let nats_link = guest.forward(nats.port());
     guest.forward(lock_server.port());

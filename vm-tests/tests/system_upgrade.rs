@@ -263,7 +263,7 @@ fn two_devices_in_a_one_slot_group_never_reboot_together() {
             let nats = start_nats();
             let operator = Operator::new(&nats);
             let mut device = Device::install(&nats, &operator, V1, None);
-            let ready = ready_for_reboot_upgrade(&mut device, lock.port());
+            let ready = ready_for_reboot_upgrade(&mut device, &lock);
             Member {
                 tasks: Tasks::new(&nats),
                 device,
@@ -285,7 +285,7 @@ fn two_devices_in_a_one_slot_group_never_reboot_together() {
     assert_ne!(ids[0], ids[1], "both guests have the same identity");
 
     // Watch the group's holders while both run: never more than one, and the order they held it in.
-    let watcher = HolderWatch::start(lock.port());
+    let watcher = HolderWatch::start(&lock);
     let attempts: Vec<_> = members
         .iter()
         .map(|m| {

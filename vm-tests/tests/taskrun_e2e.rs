@@ -23,7 +23,7 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
     let _ready: Vec<_> = fleet
         .devices
         .iter_mut()
-        .map(|d| ready_for_reboot_upgrade(d, lock.port()))
+        .map(|d| ready_for_reboot_upgrade(d, &lock))
         .collect();
     let boots: Vec<String> = fleet.devices.iter().map(|d| d.guest.boot_id()).collect();
     let cluster = &fleet.cluster;
@@ -31,7 +31,7 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
     cluster.kubectl(&["label", "fdev", "--all", "site=lab"]);
     cluster.apply(&group_yaml("lab", &[("site", "lab")]));
 
-    let holders = HolderWatch::start(lock.port());
+    let holders = HolderWatch::start(&lock);
     cluster.create(&taskrun_yaml("upgrade", "lab", 3600));
     let run = cluster.wait("TaskRun upgrade terminal", RUN_TIMEOUT, || {
         fleet.taskrun("upgrade").filter(|r| r.terminal())

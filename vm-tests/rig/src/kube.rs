@@ -68,8 +68,8 @@ impl KubeApiServer {
             .unwrap_or_else(|e| panic!("temp dir for kube-apiserver: {e}"));
         let d = dir.path().to_path_buf();
         let d = d.as_path();
-        let token = format!("fleet-test-{}", random_hex());
-        let operator_token = format!("fleet-operator-{}", random_hex());
+        let token = format!("fleet-test-{}", crate::util::random_hex());
+        let operator_token = format!("fleet-operator-{}", crate::util::random_hex());
         fs::write(
             d.join("tokens.csv"),
             format!(
@@ -245,16 +245,6 @@ impl KubeApiServer {
     pub fn log_dir(&self) -> &Path {
         self.dir.path()
     }
-}
-
-/// 128 random bits as hex, from the kernel (tokens must not be guessable from a PID).
-fn random_hex() -> String {
-    use std::io::Read;
-    let mut b = [0u8; 16];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .unwrap_or_else(|e| panic!("read /dev/urandom: {e}"));
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 impl Drop for KubeApiServer {

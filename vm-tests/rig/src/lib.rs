@@ -19,4 +19,4 @@ pub mod zitadel;
 
 pub use nats::NatsServer;
 pub use nats_cluster::NatsCluster;
-pub use util::{free_port, kill_when_gone, require_binary, wait_for, workspace_root};
+pub use util::{free_port, kill_when_gone, random_hex, require_binary, wait_for, workspace_root};

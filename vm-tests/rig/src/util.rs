@@ -253,6 +253,16 @@ pub fn tcp_connections_to(pid: u32, port: u16) -> usize {
         .sum()
 }
 
+/// 128 random bits as hex, from the kernel (tokens must not be guessable from a PID).
+pub fn random_hex() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .unwrap_or_else(|e| panic!("read /dev/urandom: {e}"));
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,3 +324,4 @@ mod tests {
         }
     }
 }
+
