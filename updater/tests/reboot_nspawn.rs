@@ -138,16 +138,7 @@ fn holders(srv: &ServerProcess) -> Vec<String> {
         .and_then(|mut c| c.request("GET", "/v1/status", &[], b""))
         .expect("GET /v1/status");
     let v: serde_json::Value = serde_json::from_slice(&a.body).expect("status JSON");
-    v["groups"]
-        .as_array()
-        .and_then(|g| g.iter().find(|g| g["name"] == "default"))
-        .and_then(|g| g["holders"].as_array())
-        .map(|h| {
-            h.iter()
-                .filter_map(|x| x["id"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
+    fleet_rig::fleetlock::default_holders(&v)
 }
 
 /// A relay in front of the FleetLock server that holds every `pre-reboot` answer until a `steady-state` has gone

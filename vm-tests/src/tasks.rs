@@ -266,21 +266,7 @@ fn get(port: u16, path: &str, token: &str) -> Option<String> {
 /// needs the clients' `token`).
 pub fn holder_ids_at(port: u16, token: &str) -> Vec<String> {
     let body = get(port, "/v1/status", token).unwrap_or_default();
-    default_holders(&serde_json::from_str(&body).unwrap_or_default())
-}
-
-/// The ids holding a slot of group `default` in a FleetLock `/v1/status` answer (none for anything else).
-pub fn default_holders(status: &serde_json::Value) -> Vec<String> {
-    status["groups"]
-        .as_array()
-        .and_then(|g| g.iter().find(|g| g["name"] == "default"))
-        .and_then(|g| g["holders"].as_array())
-        .map(|h| {
-            h.iter()
-                .filter_map(|x| x["id"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
+    fleet_rig::fleetlock::default_holders(&serde_json::from_str(&body).unwrap_or_default())
 }
 
 /// The guest configuration for `fleet-reboot` and the updater's reboots: the FleetLock server relayed to the

@@ -429,7 +429,7 @@ impl Fleet {
         let mut c = self.fleetlock.conn().expect("fleetlock connection");
         let a = c.request("GET", "/v1/status", &[], b"").expect("status");
         let v: serde_json::Value = serde_json::from_slice(&a.body).expect("status JSON");
-        fleet_vm_tests::tasks::default_holders(&v)
+        fleet_rig::fleetlock::default_holders(&v)
     }
 }
 

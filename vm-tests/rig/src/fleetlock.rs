@@ -53,6 +53,20 @@ impl Answer {
     }
 }
 
+/// The ids holding a slot of group `default` in a FleetLock `/v1/status` answer (none for anything else).
+pub fn default_holders(status: &serde_json::Value) -> Vec<String> {
+    status["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|g| g["name"] == "default"))
+        .and_then(|g| g["holders"].as_array())
+        .map(|h| {
+            h.iter()
+                .filter_map(|x| x["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The connection's bytes: plain TCP or TLS over it.
 enum Stream {
     Plain(TcpStream),
