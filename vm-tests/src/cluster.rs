@@ -222,6 +222,11 @@ impl Cluster {
             None,
         );
         self.apply(&config.to_string());
+        self.wait_webhooks_ready();
+    }
+
+    /// Waits until the admission webhook refuses a typo (after a start or a restart of the operator).
+    pub fn wait_webhooks_ready(&self) {
         let typo = "apiVersion: fleet.nationtech.io/v1alpha1\nkind: DeviceGroup\nmetadata: {name: webhook-probe}\nspec: {selectAll: true, selectAl: true}\n";
         self.wait(
             "the admission webhook refusing a typo",

@@ -93,6 +93,22 @@ impl<'a> Demo<'a> {
         if let Some(pid) = fleet.cluster.controller_manager_pid() {
             record.add(pid, "kube-controller-manager");
         }
+        // fleetlock-server first: the operator's dashboard (its Reboots page) reads its status with a client token,
+        // so the operator is started again with them.
+        let fleetlock = FleetLockServer::start();
+        if let Some(pid) = fleetlock.pid() {
+            record.add(pid, "fleetlock-server");
+        }
+        let lock_token = dir.join("fleetlock-token");
+        std::fs::write(&lock_token, fleetlock.token())
+            .map_err(|e| Stop::Failed(format!("write {}: {e}", lock_token.display())))?;
+        fleet.cluster.kill_operator_and_restart_with(&[
+            "--dashboard-fleetlock-url",
+            &format!("http://127.0.0.1:{}", fleetlock.port()),
+            "--dashboard-fleetlock-token-file",
+            &lock_token.to_string_lossy(),
+        ]);
+        fleet.cluster.wait_webhooks_ready();
         if let Some(pid) = fleet.cluster.operator_pid() {
             record.add(pid, "fleet-operator");
         }
@@ -101,10 +117,6 @@ impl<'a> Demo<'a> {
         }
         if let Some(pid) = fleet.nats.auth_pid() {
             record.add(pid, "fleet-auth");
-        }
-        let fleetlock = FleetLockServer::start();
-        if let Some(pid) = fleetlock.pid() {
-            record.add(pid, "fleetlock-server");
         }
         // Each guest's wrapper, which outlives the guest's reboots (its PID 1 does not): `scripts/demo --shell
         // <device>` enters the init below it, and --keep tells when a guest stopped for good.
