@@ -6,6 +6,8 @@
 //! again through the callout, with fleet-auth's memory (one row). With `--storm-sim N`: the same storm with
 //! fleet-sim's devices (`fleet-sim --token-dir`: one connection per device with its own token, writing through the
 //! device API, reconnecting by itself), timed until every device has a heartbeat acknowledged after the restart.
+//! With `--guard-cost N`: fleet-auth's and nats-server's CPU with N such devices connected, with the flood guard
+//! and without it.
 //!
 //! `FLEET_AUTH_BIN=target/release/fleet-auth cargo run --release --example auth_bench -- [--clients 100]
 //!  [--seconds 5] [--storm 2000] [--storm-sim 2000]` (`--storm-sim` runs `FLEET_SIM_BIN`, by default the
@@ -18,11 +20,18 @@ mod auth_common;
 #[path = "auth_bench/storm_sim.rs"]
 mod storm_sim;
 
+#[path = "auth_bench/guard_cost.rs"]
+mod guard_cost;
+
 use auth_common::*;
 use fleet_rig::tls::TestCa;
 use fleet_rig::wait_for;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Devices each client of the connect rows connects as, in turn (at 3,000 connects a second, 100 clients connect
+/// about 150 times each in 5 s: about one admission per device).
+const DEVICES_PER_CLIENT: usize = 128;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -47,7 +56,7 @@ fn run(
     clients: usize,
     seconds: u64,
     url: &str,
-    opts: Arc<dyn Fn(usize) -> async_nats::ConnectOptions + Send + Sync>,
+    opts: Arc<dyn Fn(usize, usize) -> async_nats::ConnectOptions + Send + Sync>,
 ) {
     let started = Instant::now();
     let (mut all, errors) = rt.block_on(async {
@@ -60,9 +69,11 @@ fn run(
                     let mut errors = 0u64;
                     barrier.wait().await;
                     let end = Instant::now() + Duration::from_secs(seconds);
+                    let mut attempt = 0;
                     while Instant::now() < end {
                         let t0 = Instant::now();
-                        match opts(i)
+                        attempt += 1;
+                        match opts(i, attempt)
                             .connection_timeout(Duration::from_secs(10))
                             .connect(url.as_str())
                             .await
@@ -207,6 +218,10 @@ fn main() {
     let rsa = SignKey::rsa("rsa-1", keydir.path());
     let jwks = Jwks::start(&ca, &[&ec, &rsa]);
     let mut stack = Stack::start(&ca, &jwks.url(), false);
+    if let Some(devices) = arg("--guard-cost") {
+        guard_cost::run(&mut stack, &ec, devices.parse().unwrap());
+        return;
+    }
     if let Some(devices) = arg("--storm-sim") {
         storm_sim::run(&mut stack, &ec, devices.parse().unwrap());
         return;
@@ -225,14 +240,22 @@ fn main() {
         clients,
         seconds,
         &url,
-        Arc::new(move |_| {
+        Arc::new(move |_, _| {
             async_nats::ConnectOptions::with_user_and_password("admin".into(), password.clone())
         }),
     );
     for key in [&ec, &rsa] {
-        let tokens: Arc<Vec<String>> = Arc::new(
+        // Each client connects as DEVICES_PER_CLIENT devices in turn, of this row only: the callout admits one
+        // device 5 times in a row, then once every 10 s (a reconnect flood), and these rows measure decisions, not
+        // that budget.
+        let tag = format!("{:?}", key.alg).to_ascii_lowercase();
+        let tokens: Arc<Vec<Vec<String>>> = Arc::new(
             (0..clients)
-                .map(|i| key.sign(&claims(&format!("bench-{i}"), 3600)))
+                .map(|i| {
+                    (0..DEVICES_PER_CLIENT)
+                        .map(|k| key.sign(&claims(&format!("bench-{tag}-{i}-{k}"), 3600)))
+                        .collect()
+                })
                 .collect(),
         );
         let label = format!("Zitadel token via fleet-auth ({:?})", key.alg);
@@ -242,7 +265,9 @@ fn main() {
             clients,
             seconds,
             &url,
-            Arc::new(move |i| async_nats::ConnectOptions::with_token(tokens[i].clone())),
+            Arc::new(move |i, n| {
+                async_nats::ConnectOptions::with_token(tokens[i][n % DEVICES_PER_CLIENT].clone())
+            }),
         );
     }
 }

@@ -815,3 +815,59 @@ fn a_device_steadily_just_under_its_budget_is_never_cut_off() {
         w.nats.auth_logs()
     );
 }
+
+/// nats-server itself bounds one device message (the devices' account `limits { max_payload }`, as
+/// `fleet_wire::auth::DEVICE_MAX_PAYLOAD`): the largest write a device makes passes, one over the limit closes the
+/// connection (`maximum payload exceeded: 131073 vs 131072` in the server's log), whatever the server's own
+/// `max_payload` is.
+#[test]
+fn a_device_message_over_its_payload_limit_is_refused_by_the_server() {
+    let _s = serial();
+    let w = world();
+    let id = device("payload");
+    let limit = fleet_wire::auth::DEVICE_MAX_PAYLOAD as usize;
+    let closed = Arc::new(AtomicUsize::new(0));
+    let rt = attacker_rt();
+    let (largest, over) = rt.block_on(async {
+        let c = connect(w, &id, closed.clone()).await.expect("connects");
+        let subject = format!("$KV.device-workload-status.{id}");
+        let largest = fleet_wire::auth::device_max_write_bytes() as usize;
+        let answer = c
+            .request(subject.clone(), vec![b' '; largest].into())
+            .await
+            .map(|m| String::from_utf8_lossy(&m.payload).into_owned());
+        let before = closed.load(Ordering::SeqCst);
+        let _ = c.publish(subject, vec![b' '; limit + 1].into()).await;
+        let _ = c.flush().await;
+        (
+            (answer, before),
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while closed.load(Ordering::SeqCst) == 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .is_ok(),
+        )
+    });
+    let log = w.nats.auth_logs();
+    eprintln!("payload: the largest write answered {:?}; one over the limit closed the connection: {over}", largest.0);
+    assert_eq!(largest.1, 0, "the largest write kept the connection");
+    assert!(
+        largest.0.is_ok(),
+        "the largest write is answered: {:?}",
+        largest.0
+    );
+    assert!(
+        over,
+        "a message of {} bytes did not close the connection",
+        limit + 1
+    );
+    assert!(
+        log.contains(&format!(
+            "maximum payload exceeded: {} vs {limit}",
+            limit + 1
+        )),
+        "the server's log says why:\n{log}"
+    );
+}

@@ -5,7 +5,8 @@
 # 2,000 device connections through the callout, nats-server killed and started again (same port and store), the
 # time until fleet-auth has admitted every device again, and fleet-auth's memory. Goals: every device back within
 # 60 s (a device's own retry reaches the server again within seconds; the callout must not be the bottleneck) and
-# fleet-auth's peak RSS at most 256 MiB.
+# fleet-auth's peak RSS at most 256 MiB. Then what the flood guard costs with 2,000 devices on their own connections,
+# and the attacks of issue 49 (one device's token against the shared server) with the bounds docs/auth.md states.
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
@@ -57,3 +58,36 @@ $(goal "reconnect storm (fleet-sim): fleet-auth peak RSS (MiB)" "$peak" "<=" 256
     *) echo "$line" ;;
   esac
 done
+echo
+# What the flood guard costs: 2,000 devices on their own connections (fleet-sim), fleet-auth's and nats-server's CPU
+# over 30 s with the guard and again with fleet-auth started without it. Goals: the guard costs fleet-auth at most
+# 10 % of a core, and nats-server (its CONNZ polls) at most 10 %.
+echo "| flood guard's cost | all connected (s) | fleet-auth CPU with the guard (% of a core) | without (%) | the guard's cost in fleet-auth (%) | nats-server CPU with / without (%) | the guard's cost in nats-server (%) | fleet-auth RSS (MiB) | result |"
+echo "|---|---|---|---|---|---|---|---|---|"
+"$target/release/examples/auth_bench" --guard-cost 2000 | while IFS= read -r line; do
+  case $line in
+    "|"*)
+      IFS='|' read -ra c <<<"$line"
+      echo "$line $(goal "flood guard: its cost in fleet-auth (% of a core)" "$(number "${c[5]}")" "<=" 10 "10 %"), \
+$(goal "flood guard: its cost in nats-server (% of a core)" "$(number "${c[7]}")" "<=" 10 "10 %") |"
+      ;;
+    *) echo "$line" ;;
+  esac
+done
+echo
+# The attacks of issue 49 (operator/tests/auth_availability.rs, release build, the guard at its defaults): what one
+# device's token costs the server and the victims, each row against the bound its test asserts.
+echo "| attack (one device's token) | measured | value | result |"
+echo "|---|---|---|---|"
+cargo test --release --locked -p fleet-operator --test auth_availability --no-run >&2
+rows=$(FLEET_AUTH_BIN=$target/release/fleet-auth cargo test --release --locked -p fleet-operator \
+  --test auth_availability -- --test-threads=1 --nocapture 2>/dev/null | grep -o 'bench-row|.*' || true)
+n=0
+while IFS='|' read -r _ attack what value op limit shown; do
+  [ -n "$attack" ] || continue
+  n=$((n + 1))
+  echo "| $attack | $what | $value | $(goal "$attack: $what" "$value" "$op" "$limit" "$shown") |"
+done <<<"$rows"
+# Every test prints its rows (after the test harness's `test … ... ` on the same line); fewer means a test stopped
+# before it measured (its failure is the miss).
+[ "$n" -ge 16 ] || goal_missed "auth_availability printed $n of 16 rows"

@@ -417,12 +417,19 @@ async fn connected(shared: &Shared, e: Event) {
         }
     }
     if open > shared.budget.max_connections {
-        let kicked = kick(&shared.system, &server, cid).await;
-        log::warn!(
-            "flood guard: device {device} (cid {cid} on server {server}) {kicked}: {open} connections open, over \
-             its limit of {}",
-            shared.budget.max_connections
+        let (system, server, max) = (
+            shared.system.clone(),
+            server.clone(),
+            shared.budget.max_connections,
         );
+        let device = device.clone();
+        tokio::spawn(async move {
+            let kicked = kick(&system, &server, cid).await;
+            log::warn!(
+                "flood guard: device {device} (cid {cid} on server {server}) {kicked}: {open} connections open, \
+                 over its limit of {max}"
+            );
+        });
     }
 }
 
@@ -445,8 +452,9 @@ async fn disconnected(shared: &Shared, e: Event) {
         Ok(mut t) => t.closed(&closed, shared.now_ms(), &shared.budget),
         Err(_) => None,
     };
-    if let Some(f) = flood {
-        act(shared, f).await;
+    // Acted on in a task of its own: the events keep flowing while the device's connections are listed and kicked.
+    if let (Some(f), Some(me)) = (flood, shared.me.upgrade()) {
+        tokio::spawn(async move { act(&me, f).await });
     }
 }
 

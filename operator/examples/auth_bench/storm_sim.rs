@@ -72,58 +72,95 @@ fn poll<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
     }
 }
 
+/// fleet-sim running `devices` devices against `stack`, each on a connection of its own with its own token.
+pub struct Sim {
+    child: std::process::Child,
+    out: Arc<Mutex<Output>>,
+    reader: std::thread::JoinHandle<()>,
+    _tokens: tempfile::TempDir,
+    /// How long until every device had a heartbeat stored (none: not within [`LIMIT`]).
+    pub first: Option<Duration>,
+}
+
+impl Sim {
+    /// Starts fleet-sim and waits until every device has a heartbeat stored.
+    pub fn start(stack: &Stack, key: &SignKey, devices: usize) -> Self {
+        let admin = stack.admin();
+        let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
+        fleet_rig::nats_client::create_buckets(&admin, &names);
+        let tokens = tempfile::tempdir().unwrap();
+        for i in 0..devices {
+            let id = format!("sim-{i:06}");
+            std::fs::write(tokens.path().join(&id), key.sign(&claims(&id, 3600))).unwrap();
+        }
+        let opening = Instant::now();
+        let mut child = Command::new(sim_bin())
+            .args(["--devices", &devices.to_string()])
+            .args(["--connections", &DRIVERS.to_string()])
+            .args(["--nats-url", &stack.nats.url()])
+            .arg("--token-dir")
+            .arg(tokens.path())
+            .args(["--heartbeat-secs", &HEARTBEAT_SECS.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start fleet-sim");
+        let out = Arc::new(Mutex::new(Output::default()));
+        let reader = {
+            let (out, stdout) = (out.clone(), child.stdout.take().unwrap());
+            // Read without pause: a full pipe would stall fleet-sim's threads.
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    let mut o = out.lock().unwrap();
+                    if let Some(rest) = line.strip_prefix("fleet-sim back sim-") {
+                        if let Some(i) = rest.split(' ').next().and_then(|i| i.parse().ok()) {
+                            o.back.entry(i).or_insert_with(Instant::now);
+                        }
+                    } else if line.starts_with("fleet-sim refused ") {
+                        o.refused.push(Instant::now());
+                    } else if line.starts_with("fleet-sim t=") {
+                        o.last = line;
+                    }
+                }
+            })
+        };
+        // Every device connected and its first heartbeat stored.
+        let beats = fleet_rig::nats_client::jetstream::new(admin.clone())
+            .key_value(fleet_wire::kv::DEVICE_HEARTBEAT)
+            .unwrap();
+        let mut seen = vec![false; devices];
+        let first = poll(|| {
+            for (i, s) in seen.iter_mut().enumerate().filter(|(_, s)| !**s) {
+                *s = matches!(beats.get(&format!("sim-{i:06}")), Ok(Some(_)));
+            }
+            seen.iter().all(|s| *s).then(|| opening.elapsed())
+        });
+        Self {
+            child,
+            out,
+            reader,
+            _tokens: tokens,
+            first,
+        }
+    }
+
+    /// Stops fleet-sim; its latest counter line.
+    pub fn stop(self) -> String {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let mut child = self.child;
+        let _ = child.wait();
+        let _ = self.reader.join();
+        let last = self.out.lock().unwrap().last.clone();
+        last
+    }
+}
+
 /// Runs the storm and prints its row.
 pub fn run(stack: &mut Stack, key: &SignKey, devices: usize) {
-    let admin = stack.admin();
-    let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
-    fleet_rig::nats_client::create_buckets(&admin, &names);
-    let tokens = tempfile::tempdir().unwrap();
-    for i in 0..devices {
-        let id = format!("sim-{i:06}");
-        std::fs::write(tokens.path().join(&id), key.sign(&claims(&id, 3600))).unwrap();
-    }
-    let opening = Instant::now();
-    let mut sim = Command::new(sim_bin())
-        .args(["--devices", &devices.to_string()])
-        .args(["--connections", &DRIVERS.to_string()])
-        .args(["--nats-url", &stack.nats.url()])
-        .arg("--token-dir")
-        .arg(tokens.path())
-        .args(["--heartbeat-secs", &HEARTBEAT_SECS.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start fleet-sim");
-    let out = Arc::new(Mutex::new(Output::default()));
-    let reader = {
-        let (out, stdout) = (out.clone(), sim.stdout.take().unwrap());
-        // Read without pause: a full pipe would stall fleet-sim's threads.
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let mut o = out.lock().unwrap();
-                if let Some(rest) = line.strip_prefix("fleet-sim back sim-") {
-                    if let Some(i) = rest.split(' ').next().and_then(|i| i.parse().ok()) {
-                        o.back.entry(i).or_insert_with(Instant::now);
-                    }
-                } else if line.starts_with("fleet-sim refused ") {
-                    o.refused.push(Instant::now());
-                } else if line.starts_with("fleet-sim t=") {
-                    o.last = line;
-                }
-            }
-        })
-    };
-    // Every device connected and its first heartbeat stored.
-    let beats = fleet_rig::nats_client::jetstream::new(admin.clone())
-        .key_value(fleet_wire::kv::DEVICE_HEARTBEAT)
-        .unwrap();
-    let mut seen = vec![false; devices];
-    let first = poll(|| {
-        for (i, s) in seen.iter_mut().enumerate().filter(|(_, s)| !**s) {
-            *s = matches!(beats.get(&format!("sim-{i:06}")), Ok(Some(_)));
-        }
-        seen.iter().all(|s| *s).then(|| opening.elapsed())
-    });
+    let sim = Sim::start(stack, key, devices);
+    let (first, out) = (sim.first, sim.out.clone());
     let (rss_before, _) = rss_mib(stack);
     let offset = stack.auth_log_text().len();
     out.lock().unwrap().back.clear();
@@ -160,11 +197,7 @@ pub fn run(stack: &mut Stack, key: &SignKey, devices: usize) {
         .unwrap_or("")
         .matches("] allowed client")
         .count();
-    let _ = Command::new("kill")
-        .args(["-TERM", &sim.id().to_string()])
-        .status();
-    let _ = sim.wait();
-    let _ = reader.join();
+    sim.stop();
     let o = out.lock().unwrap();
     let mut times: Vec<Duration> = o.back.values().map(|t| *t - t0).collect();
     times.sort();
