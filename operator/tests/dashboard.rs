@@ -1070,6 +1070,9 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
                 silent.to_string(),
                 "1 of 1 used".into(),
                 "data-alert=\"FleetLockSlotHeldTooLong\"".into(),
+                // This server runs without client authentication, and says so.
+                "client authentication <span class=\"bad\">off</span>".into(),
+                "fleetlock-server warns: client authentication is off".into(),
                 // The history: pi-done's grant and release, pi-silent's grant, its hold still running.
                 format!("data-hold=\"default/{silent}\" data-end=\"held\""),
                 "data-hold=\"default/pi-done\" data-end=\"released\"".into(),

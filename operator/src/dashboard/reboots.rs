@@ -198,7 +198,16 @@ fn holders(view: Option<&FleetLockView>, now: Timestamp) -> Markup {
                 span.bad { "invalid: " (s.config_error.as_deref().unwrap_or("")) }
             }
             @if let Some(t) = s.ttl_secs { ", lock TTL " (age(Duration::from_secs(t))) }
+            @match s.client_auth {
+                Some(true) => { ", client authentication " span.ok { "required" } }
+                Some(false) => { ", client authentication " span.bad { "off" } }
+                None => {}
+            }
             ", read " (when(Some(v.fetched_at), now)) "."
+        }
+        // What the server itself warns about (e.g. anyone on the network may take and give back slots).
+        @for w in &s.warnings {
+            p.bad { "fleetlock-server warns: " (w) }
         }
         (table(&["group", "slots", "holder", "host", "address", "held since", "held for"], rows))
     }
