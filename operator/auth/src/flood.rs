@@ -512,8 +512,6 @@ impl Cooldowns {
 /// Why the callout refuses a device's new connection before its cool-down is even considered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdmitRefusal {
-    /// It has its connections' cap open already.
-    TooManyConnections(u64),
     /// It was admitted too often lately (a reconnect flood); the next admission is possible in this many seconds.
     TooOften(u64),
 }
@@ -521,9 +519,6 @@ pub enum AdmitRefusal {
 impl std::fmt::Display for AdmitRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            AdmitRefusal::TooManyConnections(n) => {
-                write!(f, "it has {n} connections open, its limit")
-            }
             AdmitRefusal::TooOften(secs) => write!(
                 f,
                 "it connected too often lately (a reconnect flood): admitted again in {secs} s"
@@ -532,11 +527,16 @@ impl std::fmt::Display for AdmitRefusal {
     }
 }
 
-/// The callout's view of each device's connections: those open (from the server's CONNECT and DISCONNECT events,
-/// which the flood guard reads) and the admissions budget.
+/// The callout's view of each device's connections: those open, oldest first (from the server's CONNECT and
+/// DISCONNECT events, which the flood guard reads), and the admissions budget.
+///
+/// The connection cap is kept by displacing, not refusing: a device over its cap loses its oldest connections.
+/// A device on a link that drops without closing (LTE) leaves dead connections that the server keeps for minutes
+/// (its keep-alive); refusing its new connection would lock it out until then, while the newest connection is
+/// the one a real device is using. Only the device's own connections are displaced, at its reconnect budget's pace.
 #[derive(Debug, Default)]
 pub struct Admissions {
-    open: HashMap<DeviceId, HashSet<(String, u64)>>,
+    open: HashMap<DeviceId, Vec<(String, u64)>>,
     admitted: HashMap<DeviceId, Bucket>,
 }
 
@@ -548,10 +548,6 @@ impl Admissions {
         now_ms: u64,
         budget: &Budget,
     ) -> Result<(), AdmitRefusal> {
-        let open = self.open.get(device).map_or(0, |s| s.len() as u64);
-        if open >= budget.max_connections {
-            return Err(AdmitRefusal::TooManyConnections(open));
-        }
         if !self.admitted.contains_key(device) && self.admitted.len() >= MAX_DEVICES {
             // Forget the devices whose budget is full again (they have not connected for a long time).
             let full = budget.connect_every_secs * budget.connects_burst * 1000;
@@ -585,20 +581,32 @@ impl Admissions {
         Ok(())
     }
 
-    /// A connection of `device` opened (CONNECT event); returns how many it has open now.
-    pub fn opened(&mut self, device: &DeviceId, server: &str, cid: u64) -> u64 {
+    /// A connection of `device` opened (CONNECT event); returns the device's oldest connections that put it over
+    /// its cap, to be disconnected (they are forgotten here; their DISCONNECT events find nothing).
+    pub fn opened(
+        &mut self,
+        device: &DeviceId,
+        server: &str,
+        cid: u64,
+        budget: &Budget,
+    ) -> Vec<(String, u64)> {
         if !self.open.contains_key(device) && self.open.len() >= MAX_DEVICES {
-            return 0;
+            return Vec::new();
         }
         let s = self.open.entry(device.clone()).or_default();
-        s.insert((server.to_owned(), cid));
-        s.len() as u64
+        let c = (server.to_owned(), cid);
+        if !s.contains(&c) {
+            s.push(c);
+        }
+        let cap = usize::try_from(budget.max_connections.max(1)).unwrap_or(usize::MAX);
+        let over = s.len().saturating_sub(cap);
+        s.drain(..over).collect()
     }
 
     /// A connection ended (DISCONNECT event).
     pub fn ended(&mut self, device: &DeviceId, server: &str, cid: u64) {
         if let Some(s) = self.open.get_mut(device) {
-            s.remove(&(server.to_owned(), cid));
+            s.retain(|c| *c != (server.to_owned(), cid));
             if s.is_empty() {
                 self.open.remove(device);
             }
@@ -627,12 +635,22 @@ impl Admissions {
     }
 
     /// Replaces what is known of `device`'s open connections with the servers' own list (a DISCONNECT event may
-    /// have been missed while fleet-auth's connection was down).
+    /// have been missed while fleet-auth's connection was down), keeping the known ones in their order.
     pub fn replace(&mut self, device: &DeviceId, open: Vec<(String, u64)>) {
-        if open.is_empty() {
-            self.open.remove(device);
-        } else {
-            self.open.insert(device.clone(), open.into_iter().collect());
+        let mut kept: Vec<(String, u64)> = self
+            .open
+            .remove(device)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| open.contains(c))
+            .collect();
+        for c in open {
+            if !kept.contains(&c) {
+                kept.push(c);
+            }
+        }
+        if !kept.is_empty() {
+            self.open.insert(device.clone(), kept);
         }
     }
 
@@ -641,7 +659,7 @@ impl Admissions {
         let mut v: Vec<_> = self
             .open
             .get(device)
-            .map(|s| s.iter().cloned().collect())
+            .map(|s| s.to_vec())
             .unwrap_or_default();
         v.sort();
         v
@@ -928,19 +946,20 @@ mod tests {
         assert!(a.admit(&d, 10_300, &BUDGET).is_err());
         // Another device is not affected.
         assert_eq!(a.admit(&dev("dev-b"), 10_300, &BUDGET), Ok(()));
-        // At most four open.
+        // At most four open: a fifth is admitted and displaces the oldest (a device whose link dropped without
+        // closing is never locked out by its own dead connections), two more the next two.
         for cid in 0..4 {
-            a.opened(&d, "S1", cid);
+            assert!(a.opened(&d, "S1", cid, &BUDGET).is_empty());
         }
-        assert_eq!(
-            a.admit(&d, 100_000, &BUDGET),
-            Err(AdmitRefusal::TooManyConnections(4))
-        );
+        assert_eq!(a.admit(&d, 100_000, &BUDGET), Ok(()));
+        assert_eq!(a.opened(&d, "S1", 4, &BUDGET), [("S1".to_owned(), 0)]);
+        assert_eq!(a.opened(&d, "S1", 5, &BUDGET), [("S1".to_owned(), 1)]);
+        // An event seen twice changes nothing.
+        assert!(a.opened(&d, "S1", 5, &BUDGET).is_empty());
         a.ended(&d, "S1", 2);
         assert_eq!(a.open_of(&d).len(), 3);
-        assert_eq!(a.admit(&d, 100_000, &BUDGET), Ok(()));
         // A restarted server's connections are forgotten; a missed DISCONNECT is corrected by the servers' list.
-        a.opened(&d, "S2", 9);
+        a.opened(&d, "S2", 9, &BUDGET);
         assert_eq!(a.full(&BUDGET), std::slice::from_ref(&d));
         a.keep_servers(&HashSet::from(["S2".to_owned()]));
         assert_eq!(a.open_of(&d), [("S2".to_owned(), 9)]);

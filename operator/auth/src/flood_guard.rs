@@ -373,8 +373,8 @@ async fn reconcile(shared: &Shared) {
     }
 }
 
-/// A device's connection opened: counted from zero, and one over the device's connection cap (admitted at the
-/// same moment as others) is disconnected at once.
+/// A device's connection opened: counted from zero, and the device's oldest connections over its cap are
+/// disconnected (the newest is the one a device uses; see [`Admissions`]).
 async fn connected(shared: &Shared, e: Event) {
     let Some(device) = device_of(&e.client.user) else {
         return;
@@ -383,10 +383,10 @@ async fn connected(shared: &Shared, e: Event) {
     if let Ok(mut t) = shared.tracker.lock() {
         t.connected(&server, cid, &device);
     }
-    let open = shared
-        .admissions
-        .lock()
-        .map_or(0, |mut a| a.opened(&device, &server, cid));
+    let displaced = shared.admissions.lock().map_or_else(
+        |_| Vec::new(),
+        |mut a| a.opened(&device, &server, cid, &shared.budget),
+    );
     // A new connection is looked at again shortly after it connected (a reconnect flood floods at once and is
     // gone before the next poll), while few are being watched; in a reconnect storm the polls judge the rest.
     if let Ok(permit) = shared.watching.clone().try_acquire_owned() {
@@ -416,19 +416,16 @@ async fn connected(shared: &Shared, e: Event) {
             });
         }
     }
-    if open > shared.budget.max_connections {
-        let (system, server, max) = (
-            shared.system.clone(),
-            server.clone(),
-            shared.budget.max_connections,
-        );
-        let device = device.clone();
+    if !displaced.is_empty() {
+        let (system, max) = (shared.system.clone(), shared.budget.max_connections);
         tokio::spawn(async move {
-            let kicked = kick(&system, &server, cid).await;
-            log::warn!(
-                "flood guard: device {device} (cid {cid} on server {server}) {kicked}: {open} connections open, \
-                 over its limit of {max}"
-            );
+            for (old_server, old_cid) in displaced {
+                let kicked = kick(&system, &old_server, old_cid).await;
+                log::info!(
+                    "flood guard: device {device} (cid {old_cid} on server {old_server}) {kicked}: displaced by its \
+                     newer connection cid {cid} on server {server}, over its limit of {max} connections"
+                );
+            }
         });
     }
 }
