@@ -627,7 +627,7 @@ fn main() {
             watchers.iter().map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join(", "),
         );
         out.result("device_watchers", watchers.get("Device").map_or("none".into(), |v| format!("{v:.0}")));
-        // One NATS link for the whole operator (issue 32, point 3): the controllers and the dashboard share it.
+        // One NATS link for the whole operator : the controllers and the dashboard share it.
         let links = fleet_rig::util::tcp_connections_to(op_pid, nats.port());
         out.row("the operator's NATS connections", links.to_string());
         out.result("operator_nats_connections", links.to_string());

@@ -318,7 +318,7 @@ impl<T> Seen<T> {
 /// How values of `bucket` that do not parse are logged: per key, the first at once and then one line per
 /// [`SUMMARY_INTERVAL`] with the count, the key and the parser's text (which quotes the value, written by a device:
 /// an unknown `architecture`, say) shown escaped, so a device can neither write forged lines into the operator's
-/// log nor fill it (issue 49, point 4).
+/// log nor fill it.
 pub fn invalid_values(bucket: &str) -> Summaries {
     Summaries::new(
         format!("{bucket}: ignoring invalid value of"),

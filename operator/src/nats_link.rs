@@ -4,7 +4,7 @@
 //! async-nats reconnects a connection by itself, without limit (and fails over between a cluster's nodes), so a
 //! lost server costs each user only its watches, which it opens again on this same connection. One connection per
 //! operator keeps the server's client count at one per replica, and a 100,000-device fleet's watches and writes on
-//! one socket's buffers (issue 32, point 3).
+//! one socket's buffers, not one connection per controller.
 
 use crate::kv::{self, Mirror, NatsError};
 use async_nats::jetstream;

@@ -1068,8 +1068,8 @@ async fn invalid_specs_report_every_error_and_hold_what_runs() {
     );
 }
 
-/// Issue 22 item 8 with the admission webhook registered from `deploy/webhook.yaml`: a mistyped field is refused
-/// by `kubectl apply` naming it (never pruned into "select everything"); the issue's own object
+/// The admission webhook registered from `deploy/webhook.yaml`: a mistyped field is refused by
+/// `kubectl apply` naming it (never pruned into "select everything"); the object a person once applied
 /// (`devices: [dev-2], selector: {}`) places on dev-2 only; an empty selector selects nothing and says so
 /// (condition, event, `kubectl get fdg`); `selectAll: true` selects every device; an existing group that selected
 /// everything by an empty selector turns visibly into `EmptySelector` and its deployment holds what runs.

@@ -723,7 +723,7 @@ fn a_device_holding_too_many_subscriptions_is_cut_off_alone() {
     println!("{}", flood.1.reason);
 }
 
-/// Issue 49, point 6: a token whose claims name `device_id` twice (signed by the issuer, so a claim mapping that
+/// A token whose claims name `device_id` twice (signed by the issuer, so a claim mapping that
 /// appends one would do it) is refused with a clear reason, not admitted as the last one; a token naming each claim
 /// once still is.
 #[test]

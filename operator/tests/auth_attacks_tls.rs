@@ -770,7 +770,7 @@ fn fleet_auth_log(w: &World) -> String {
     own.to_owned()
 }
 
-/// Issue 49, point 4: a device that floods refused watch registrations whose text carries newlines costs
+/// A device that floods refused watch registrations whose text carries newlines costs
 /// fleet-auth's log one line per device per interval (10 s), with the count, and writes no line of its own.
 #[test]
 fn over_tls_a_flood_of_refused_registrations_costs_the_log_a_line_per_interval_and_forges_none() {
@@ -875,7 +875,7 @@ fn over_tls_a_flood_of_refused_registrations_costs_the_log_a_line_per_interval_a
     assert!(summary.contains("watch registration refused"), "{summary}");
 }
 
-/// Issue 49, point 5: a write's acknowledgement tells a device nothing of other devices' writes (JetStream's
+/// A write's acknowledgement tells a device nothing of other devices' writes (JetStream's
 /// stream sequence counts every device's), and keeps the shape the agent (this release's and the previous one's:
 /// both require a numeric `seq` and only log it) reads.
 #[test]

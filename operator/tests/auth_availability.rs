@@ -1,4 +1,4 @@
-//! What one device's valid token can cost the shared server (issue 49, docs/auth.md "What one device can cost"):
+//! What one device's valid token can cost the shared server (docs/auth.md "What one device can cost"):
 //! nats-server over TLS with the real fleet-auth (flood guard at its defaults; the rig's `FleetNats`), an attacker
 //! holding one device's token and victim devices writing their heartbeats through the device API every 250 ms. Each
 //! test measures the victims' heartbeat round trips while quiet (before and after the attack), then during the
@@ -382,7 +382,7 @@ fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-/// Issue 49, point 1: a device reconnecting every 0.3 s and flooding on each connection. Every connection is
+/// A device reconnecting every 0.3 s and flooding on each connection. Every connection is
 /// judged from its first sighting (and on its disconnect), and the callout admits a device only so often.
 #[test]
 fn a_device_reconnecting_every_300_ms_to_flood_is_cut_off() {
@@ -491,7 +491,7 @@ impl Deaf {
     }
 }
 
-/// Issue 49, point 2: a device puts 250 subscriptions on its own reply subject on each of 30 connections and never
+/// A device puts 250 subscriptions on its own reply subject on each of 30 connections and never
 /// reads, then asks for its 8 KiB device-info value as fast as it can: every answer is delivered once per
 /// subscription into buffers the device never drains. nats-server's memory must stay within the per-device bound.
 #[test]
@@ -615,7 +615,7 @@ fn open(
     })
 }
 
-/// Issue 49, point 3: twenty connections of one device, each under the per-connection budget (150 messages a
+/// Twenty connections of one device, each under the per-connection budget (150 messages a
 /// second, 256 subscriptions), are one device: what they hold and send is summed, so the device is cut off and
 /// all its connections closed; and at most 4 are open at once (the reconnect budget admits a few, each over the cap
 /// displacing the device's oldest).
@@ -743,7 +743,7 @@ fn a_new_connection_at_the_cap_displaces_the_oldest() {
     );
 }
 
-/// Issue 49, point 3: when a device is cooled down, every connection of it is closed, not only the one that
+/// When a device is cooled down, every connection of it is closed, not only the one that
 /// flooded, and a new one is refused.
 #[test]
 fn a_cool_down_disconnects_every_connection_of_the_device() {
@@ -806,7 +806,7 @@ fn a_cool_down_disconnects_every_connection_of_the_device() {
     assert!(refused.contains("uthorization"), "{refused}");
 }
 
-/// Issue 49, point 6: a device steadily just under its budget (480 messages a second) is never cut off.
+/// A device steadily just under its budget (480 messages a second) is never cut off.
 #[test]
 fn a_device_steadily_just_under_its_budget_is_never_cut_off() {
     let _s = serial();

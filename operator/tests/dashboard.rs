@@ -1604,7 +1604,7 @@ fn fleetlock_status_over_https_with_a_private_ca() {
 }
 
 /// A value written by a device, a person or the FleetLock server that looks like markup comes out as text on every
-/// page that shows it: the templates escape it (issue 34). Each page is rendered from objects carrying the hostile
+/// page that shows it: the templates escape it. Each page is rendered from objects carrying the hostile
 /// value in every field it shows: workload and upgrade errors, a device's description and labels, a run's error,
 /// condition and per-device error, a FleetLock holder's id and host and the config error, an alert's detail.
 #[test]

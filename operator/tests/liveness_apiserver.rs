@@ -1,5 +1,5 @@
 //! Device health a person sees, through the real `fleet-operator` binary against the real kube-apiserver and a real
-//! nats-server (issue 48).
+//! nats-server.
 //!
 //! Liveness across restarts: a live fleet whose agents beat into `device-heartbeat` as the agent does while their
 //! Devices carry an older `lastHeartbeat` (the operator refreshes it only hourly). Restarted three times, the

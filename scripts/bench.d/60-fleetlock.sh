@@ -3,7 +3,7 @@
 # file store (real fsync, group commit) over HTTP and over HTTPS (private CA, verified) and the NATS KV store with 3
 # replicas; reference: one fsync per request.
 # Goals: file store >= 5,000 pairs/s with p99 <= 20 ms; NATS store >= 1,000 pairs/s; zero errors.
-# Then refused requests (issue 49): N pre-reboots from N distinct ids against a held slot on the NATS store (3-node
+# Then refused requests (a host flooding the server with ids it does not hold): N pre-reboots from N distinct ids against a held slot on the NATS store (3-node
 # cluster, bucket with 3 copies), and a restart after them. Goals: the bucket holds at most the holder + 2 keys,
 # restart to healthy <= 1,000 ms, >= 5,000 refusals/s, zero errors. N: FLEET_BENCH_REFUSALS (default 200,000).
 set -euo pipefail

@@ -6,7 +6,7 @@
 # time until fleet-auth has admitted every device again, and fleet-auth's memory. Goals: every device back within
 # 60 s (a device's own retry reaches the server again within seconds; the callout must not be the bottleneck) and
 # fleet-auth's peak RSS at most 256 MiB. Then what the flood guard costs with 2,000 devices on their own connections,
-# and the attacks of issue 49 (one device's token against the shared server) with the bounds docs/auth.md states.
+# and the attacks one device's token can make against the shared server, with the bounds docs/auth.md states.
 set -euo pipefail
 root=${FLEET_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$root"
@@ -75,7 +75,7 @@ $(goal "flood guard: its cost in nats-server (% of a core)" "$(number "${c[7]}")
   esac
 done
 echo
-# The attacks of issue 49 (operator/tests/auth_availability.rs, release build, the guard at its defaults): what one
+# The attacks of one device's token (operator/tests/auth_availability.rs, release build, the guard at its defaults): what one
 # device's token costs the server and the victims, each row against the bound its test asserts.
 echo "| attack (one device's token) | measured | value | result |"
 echo "|---|---|---|---|"

@@ -433,7 +433,7 @@ fn the_documented_id_command_prints_the_id_the_client_sends() {
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), sent);
 }
 
-/// Issue 49, point 9, in one process: the upgrade step takes the slot and asks for the reboot; while the host goes
+/// The timer's run racing the upgrade step, in one process: the upgrade step takes the slot and asks for the reboot; while the host goes
 /// down (`systemctl is-system-running` says `stopping`) the timer's run comes, during the reboot command and
 /// after it. Neither timer run may give the slot back or remove the marker: the host is rebooting.
 #[test]
@@ -539,7 +539,7 @@ fn system_upgrades(
     )
 }
 
-/// Issue 49, point 9: the post-boot release consumes the marker before the updater's upgrade step runs in the new
+/// The post-boot release consumes the marker before the updater's upgrade step runs in the new
 /// boot. The upgrade must end `succeeded` from its journal, without taking the slot or rebooting a second time.
 #[test]
 fn a_consumed_marker_never_causes_a_second_reboot() {

@@ -1,7 +1,7 @@
 //! The marker / boot-id cycle through a real reboot of an nspawn device: `fleet-reboot.service` (the shipped
 //! unit) takes the lock from a FleetLock responder on the host, writes its marker and diagnostics and reboots the
 //! guest; after the boot the next run finds the marker with another boot id and gives the lock back. And the
-//! race of issue 49 (point 9): the timer's run and the updater's `--upgrade-step` in one boot of one device,
+//! race: the timer's run and the updater's `--upgrade-step` in one boot of one device,
 //! against the real one-slot `fleetlock-server`: the slot is never given back under the rebooting device.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -235,7 +235,7 @@ fn held_dependency() -> (u16, mpsc::Sender<u16>, mpsc::Receiver<usize>) {
     (port, code_tx, seen_rx)
 }
 
-/// Issue 49, point 9, on one nspawn device against the real one-slot fleetlock-server. Earlier in this boot an
+/// The timer's run racing the upgrade step, on one nspawn device against the real one-slot fleetlock-server. Earlier in this boot an
 /// upgrade step took the slot and its reboot did not happen (its marker names this boot). The timer's run starts
 /// and waits on a slow dependency; the updater's `--upgrade-step` starts beside it and reboots the device; then
 /// the dependency answers "down" to the timer's run. While the device reboots, another host asks for the slot
@@ -361,7 +361,7 @@ fn timer_and_upgrade_step_racing_never_release_a_slot_under_a_rebooting_device()
     );
 }
 
-/// Issue 49, point 9, the second half, with the real programs and a real reboot: the system upgrade's step
+/// The same race, the second half, with the real programs and a real reboot: the system upgrade's step
 /// reboots the device; in the new boot `--after-boot` gives the slot back and removes the marker before the
 /// updater's next step runs. That step must answer `released` from the journal's boot id, without taking the slot
 /// or rebooting a second time.

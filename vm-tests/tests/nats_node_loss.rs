@@ -1,4 +1,4 @@
-//! A NATS node lost mid-rollout (issue 19): a 3-node nats-server cluster whose buckets a person created with
+//! A NATS node lost mid-rollout: a 3-node nats-server cluster whose buckets a person created with
 //! three replicas (`fleet-operator buckets --kv-replicas 3`), the real operator and a fleetlock-server with the
 //! NATS store each given all three nodes, and two nspawn devices whose agents are given all three. An agent rollout
 //! in two waves (one device each) runs twice: the first wave starts, a node is killed (SIGKILL), the second wave is

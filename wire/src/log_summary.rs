@@ -1,6 +1,6 @@
 //! How often a service logs what one device (or client) keeps doing wrong: the first time at once, then at most
 //! one line per key per interval with the count since and the latest reason, so a device sending a million bad
-//! messages costs the log a line every [`SUMMARY_INTERVAL`], not a million (issue 49, point 4). Used by fleet-auth
+//! messages costs the log a line every [`SUMMARY_INTERVAL`], not a million. Used by fleet-auth
 //! and the operator. Pure: the caller passes the time and logs the lines returned; every text it is given is shown
 //! through [`for_log`].
 

@@ -6,7 +6,7 @@
 //!   write budget, and written to JetStream with its value alone — no header of the device's reaches JetStream.
 //!   The answer has JetStream's acknowledgement's shape (or its error's), as a direct write would get, but its
 //!   `seq` is always [`ACK_SEQ`]: the stream's sequence counts every device's writes, so it would tell a device how
-//!   often the others write (issue 49, point 5). The agent requires a numeric `seq` and only logs it.
+//!   often the others write. The agent requires a numeric `seq` and only logs it.
 //!   Writes of one device are handled in order (each device's writes go to the same worker).
 //! - Watches: devices register their inbox (every replica keeps every registration); each write to a key of an
 //!   operator-written bucket is noticed by one replica (a queue group), which publishes an empty notice below that
@@ -43,7 +43,7 @@ pub const WORKER_QUEUE: usize = 512;
 /// Writes of one device waiting at once; beyond that its writes are refused at once
 /// ([`PutRefusal::TooManyWaiting`]). An agent waits for each write's answer before it sends the next, so it never
 /// has more than one waiting; a flooding device can take at most this many of its worker's [`WORKER_QUEUE`]
-/// places, never the other devices' (issue 28).
+/// places, never the other devices'.
 pub const DEVICE_QUEUED: usize = 4;
 /// Devices whose registrations, budgets and report times are kept at most (a fleet of this many devices fits).
 pub const MAX_DEVICES: usize = 1_000_000;
@@ -259,7 +259,7 @@ pub async fn run(
         let registry = registry.clone();
         async move {
             while let Some(msg) = registrations.next().await {
-                // One line per device per interval at most, whatever a device sends (issue 49, point 4).
+                // One line per device per interval at most, whatever a device sends, so a device cannot fill the log.
                 match WatchRegistration::parse(&msg.subject, &msg.payload) {
                     Ok((device, r)) => {
                         if registry

@@ -190,7 +190,7 @@ async fn serve_callout(
     let permits = Arc::new(Semaphore::new(settings.max_concurrent));
     let waiting = Arc::new(AtomicUsize::new(0));
     // Refusals of a verified device are logged per device: the first at once, then one line per interval with the
-    // count (issue 49, point 4: a device reconnecting in a loop while it cools down or over its reconnect budget).
+    // count (a device reconnecting in a loop while it cools down or over its reconnect budget would otherwise fill the log).
     let denials = Arc::new(std::sync::Mutex::new(Summaries::new(
         "connections refused for",
         SUMMARY_INTERVAL,

@@ -199,8 +199,8 @@ pub fn verify_at(
 }
 
 /// The first claim `token`'s payload names more than once, if any. serde_json (and so jsonwebtoken's claims map)
-/// keeps the last of two `device_id`s, so a token naming two devices would be admitted as the last one (issue 49,
-/// point 6); names are compared as JSON reads them (`"device\u005fid"` is `device_id`).
+/// keeps the last of two `device_id`s, so a token naming two devices would be admitted as the last one;
+/// names are compared as JSON reads them (`"device\u005fid"` is `device_id`).
 pub fn duplicate_claim(token: &str) -> Result<Option<String>, Denied> {
     use base64::Engine;
     use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};

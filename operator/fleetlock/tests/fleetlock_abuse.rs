@@ -2,7 +2,7 @@
 //! copies): a million refused `pre-reboot`s from distinct ids leave nothing in the bucket (they used to leave one
 //! `_holder.<digest>` key each, and a restart then failed listing them), and a restart stays under a second; one
 //! host opening more connections than the server serves fills only its own share (4,200 idle connections from one
-//! host used to make most other hosts' requests fail). Issue 49, points 7 and 8.
+//! host used to make most other hosts' requests fail).
 //!
 //! `FLEET_REFUSALS` sets how many refused ids (default 1,000,000), sent by [`THREADS`] clients at once;
 //! `FLEETLOCK_SERVER_BIN` runs the tests against another build of the server (e.g. the code before the fix).
