@@ -478,5 +478,40 @@ mod tests {
                 "{k:?} has no rule"
             );
         }
+        // A command an annotation tells a person to run is one the product has, with an option it has: the
+        // rollback-failed repair is the one the dashboard's own text names, and a program followed by an option
+        // (`fleet-x --y`) is one of these.
+        let repair = AlertKind::RollbackFailed
+            .action()
+            .split('`')
+            .find(|s| s.contains("--repair-rollback-failed"))
+            .expect("the dashboard names the repair command");
+        let commands = [repair];
+        assert!(
+            text.contains(repair),
+            "the rules name the dashboard's repair `{repair}`"
+        );
+        assert!(!text.contains("fleet-updater --repair-rollback-failed"));
+        for r in rules {
+            for (_, v) in r["annotations"].as_object().into_iter().flatten() {
+                let v = v.as_str().expect("an annotation is text");
+                for (i, _) in v.match_indices(" --") {
+                    let Some(start) = v[..i].rfind("fleet-") else {
+                        continue;
+                    };
+                    if v[start..i].contains(' ') {
+                        continue;
+                    }
+                    let end = v[i + 1..]
+                        .find([' ', '.', ',', ';', ')'])
+                        .map_or(v.len(), |e| i + 1 + e);
+                    let command = &v[start..end];
+                    assert!(
+                        commands.contains(&command),
+                        "{command} in {v} is no command the product has"
+                    );
+                }
+            }
+        }
     }
 }
