@@ -6,8 +6,8 @@ use std::time::Duration;
 /// Time-out of local commands.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Something waits for a reboot: `bootc status --json` has a staged image, `/run/reboot-required` exists, or a
-/// finished system upgrade left its flag. `Err` says why not.
+/// Something waits for a reboot: `bootc status --json` has a staged image, `/run/reboot-required` exists, or
+/// `/var/lib/fleet-updater/reboot-required` does (nothing in the product writes it). `Err` says why not.
 pub fn staged(sys: &dyn System, paths: &Paths) -> Result<String, String> {
     if paths.reboot_required().exists() {
         return Ok("/run/reboot-required exists".into());

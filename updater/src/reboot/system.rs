@@ -107,7 +107,8 @@ impl Paths {
     pub fn reboot_required(&self) -> PathBuf {
         self.p("run/reboot-required")
     }
-    /// Written by fleet-updater when a system upgrade finished and wants a reboot.
+    /// A flag asking for a reboot that nothing in the product writes (a person or another tool may); deleted once
+    /// the host is healthy after the reboot.
     pub fn system_upgrade_done(&self) -> PathBuf {
         self.p("var/lib/fleet-updater/reboot-required")
     }
