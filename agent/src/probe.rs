@@ -1,6 +1,7 @@
 //! `fleet-agent --self-test`: the candidate probe of the seed. It parses the real configuration, reaches Podman
-//! when enabled, authenticates to NATS, opens the required buckets, reads the per-device keys, creates a filtered
-//! desired-state consumer, checks the updater socket and consumes a complete snapshot. No loops, no normal status
+//! when enabled, authenticates to NATS, opens the required buckets, reads the per-device keys, subscribes to its
+//! desired-state key's subject as the live watch does and reads the key (a plain subscription and a direct get: no
+//! JetStream consumer), checks the updater socket and reads and checks the desired state. No loops, no normal status
 //! or heartbeat, no workload mutation, no process lock (the live agent holds it). Bounded to 4 minutes.
 
 use crate::config::Config;
