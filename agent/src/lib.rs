@@ -9,7 +9,6 @@ pub mod health;
 pub mod health_probe;
 pub mod health_worker;
 pub mod lock;
-pub mod logging;
 pub mod nats_kv;
 pub mod nats_tls;
 /// systemd notifications: the one `sd_notify` of the tree, in fleet-wire.

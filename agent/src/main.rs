@@ -33,7 +33,7 @@ fn main() -> ExitCode {
         .path("--config")
         .unwrap_or_else(|| PathBuf::from(fleet_agent::config::DEFAULT_CONFIG_PATH));
     let self_test = args.flag("--self-test");
-    fleet_agent::logging::init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     if self_test {
         let report = fleet_agent::probe::self_test(&config);
         match serde_json::to_string(&report) {

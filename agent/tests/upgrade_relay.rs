@@ -304,7 +304,7 @@ fn an_unreachable_updater_keeps_the_attempt_pending_and_gets_it_later() {
 }
 
 /// A healthy agent on a new device (no upgrade intent, no desired state yet) under `RUST_LOG=info`, as the unit
-/// runs it, logs no ERROR: the nats crate's "no message found" for an absent key is at most one INFO line.
+/// runs it, logs no ERROR: an absent key is a normal answer.
 #[test]
 fn a_healthy_start_logs_no_error() {
     let rig = Rig::new(false, "");
