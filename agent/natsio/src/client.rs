@@ -217,17 +217,11 @@ impl Drop for Owner {
 #[derive(Clone)]
 pub struct Client {
     pub(crate) owner: Arc<Owner>,
-    pub(crate) info: Arc<proto::ServerInfo>,
 }
 
 impl Client {
     fn shared(&self) -> &Shared {
         &self.owner.0
-    }
-
-    /// The server's `INFO` at connect time.
-    pub fn server_info(&self) -> &proto::ServerInfo {
-        &self.info
     }
 
     /// Why the connection ended, once it has.

@@ -317,7 +317,6 @@ fn connect_one(server: &ServerAddr, opts: &Options, deadline: Instant) -> io::Re
         .spawn(move || io_thread.run())?;
     Ok(Client {
         owner: Arc::new(Owner(shared)),
-        info: Arc::new(info),
     })
 }
 

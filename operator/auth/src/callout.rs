@@ -287,7 +287,7 @@ mod tests {
         Callout {
             issuer: nkeys::KeyPair::new_account(),
             xkey: None,
-            account: "DEVICES".into(),
+            account: fleet_wire::auth::DEVICES_ACCOUNT.into(),
             policy: Policy {
                 issuer: "https://zitadel.test".into(),
                 audience: "fleet".into(),

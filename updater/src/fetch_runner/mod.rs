@@ -80,10 +80,6 @@ pub struct HelperFetcher {
 /// Time a helper has, past the fetch's deadline, to report and exit before it is killed.
 pub const HELPER_MARGIN: Duration = Duration::from_secs(30);
 
-/// The bound on a whole fetch (every try and pause): the network deadline plus the helper's margin.
-pub const HELPER_BOUND: Duration =
-    Duration::from_secs(HTTPS_REQUEST_TIMEOUT.as_secs() + HELPER_MARGIN.as_secs());
-
 /// How often and how soon a failed try is followed by another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retry {
