@@ -2,7 +2,7 @@
 //! status (`system-upgrade-status/<device>.<run-uid>`).
 
 use crate::status::Transition;
-use crate::{AttemptId, BoundedText, DeviceId, Timestamp, Transitions, ValidationError};
+use crate::{AttemptId, BoundedText, DeviceId, Timestamp, Transitions};
 use serde::{Deserialize, Serialize};
 
 /// A built-in task operation. The API carries no package names, repositories, commands or reboot arguments:
@@ -28,25 +28,9 @@ pub struct SystemUpgradeAttempt {
 }
 
 impl SystemUpgradeAttempt {
-    /// Rejects an attempt for another device or one that has expired at `now`.
-    pub fn check_startable(
-        &self,
-        device: &DeviceId,
-        now: Timestamp,
-    ) -> Result<(), ValidationError> {
-        if &self.device_id != device {
-            return Err(ValidationError::new(
-                "device id",
-                format!("attempt is for device {:?}", self.device_id.as_str()),
-            ));
-        }
-        if now >= self.expires_at {
-            return Err(ValidationError::new(
-                "expiresAt",
-                format!("the attempt expired at {}", self.expires_at),
-            ));
-        }
-        Ok(())
+    /// True once the attempt's deadline has passed at `now`: an attempt not accepted by then never starts.
+    pub fn has_expired(&self, now: Timestamp) -> bool {
+        now >= self.expires_at
     }
 }
 

@@ -201,7 +201,7 @@ impl SystemRelay {
         else {
             return Vec::new();
         };
-        if now >= attempt.expires_at {
+        if attempt.has_expired(now) {
             return self.fail(
                 run,
                 SystemUpgradeReason::Expired,

@@ -58,7 +58,7 @@ pub fn decide(
     if agent.quarantined {
         return Decision::Quarantined;
     }
-    if now >= attempt.expires_at {
+    if attempt.has_expired(now) {
         return Decision::Expired;
     }
     if journal.is_some_and(|j| !j.phase.is_terminal()) {
