@@ -788,6 +788,7 @@ pub fn statuses(
                         count: o.restarts,
                         last_exit_code: (o.exited || state == WorkloadState::Exited)
                             .then_some(o.exit_code),
+                        oom_killed: false,
                     }),
                 health: checked.map(|(h, _)| h),
             }
@@ -1294,7 +1295,8 @@ mod tests {
                 WorkloadState::Running,
                 Some(Restarts {
                     count: 0,
-                    last_exit_code: None
+                    last_exit_code: None,
+                    oom_killed: false,
                 })
             )
         );
@@ -1308,7 +1310,8 @@ mod tests {
                 WorkloadState::Running,
                 Some(Restarts {
                     count: 2,
-                    last_exit_code: Some(3)
+                    last_exit_code: Some(3),
+                    oom_killed: false,
                 })
             )
         );
@@ -1349,6 +1352,7 @@ mod tests {
             restarts: Some(Restarts {
                 count,
                 last_exit_code: None,
+                oom_killed: false,
             }),
             health: None,
         };

@@ -162,6 +162,7 @@ fn snapshot(updated: impl Fn(usize) -> bool, staged: bool, now: Timestamp) -> Sn
                 restarts: None,
                 health: None,
             }],
+            desired_error: None,
         };
         s.workloads.insert(id.to_string(), Arc::new(report));
         s.desired.insert(

@@ -764,6 +764,7 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
                     health: None,
                 },
             ],
+            desired_error: None,
         }
     };
     let store = f.bucket(fleet_wire::kv::WORKLOAD_STATUS).await;

@@ -126,6 +126,7 @@ impl Rig {
                 restarts: None,
                 health: None,
             }],
+            desired_error: None,
         };
         let store = self
             .f

@@ -270,6 +270,7 @@ mod tests {
             (kv::DEVICE_INFO, DeviceAccess::ReadWrite),
             (kv::DEVICE_HEARTBEAT, DeviceAccess::Write),
             (kv::DESIRED_STATE, DeviceAccess::Read),
+            (kv::DEVICE_SECRETS, DeviceAccess::Read),
             (kv::WORKLOAD_STATUS, DeviceAccess::Write),
             (kv::AGENT_UPGRADE_INTENT, DeviceAccess::Read),
             (kv::AGENT_UPGRADE_STATUS, DeviceAccess::ReadWrite),

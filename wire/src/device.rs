@@ -13,6 +13,9 @@ pub enum Capability {
     OciArtifactsV1,
     /// The built-in `apt full-upgrade` system upgrade task.
     AptFullUpgradeV1,
+    /// Workload specs with `resources`, `secrets`, `devices`, `groups`, `capabilities` and `privileged`, and
+    /// registry credentials from `device-secrets` for its pulls.
+    WorkloadSpecV2,
     /// A capability this reader does not know (reported by a newer device).
     #[serde(other)]
     Unknown,

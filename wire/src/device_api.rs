@@ -484,6 +484,7 @@ mod tests {
             noticed,
             [
                 kv::DESIRED_STATE,
+                kv::DEVICE_SECRETS,
                 kv::AGENT_UPGRADE_INTENT,
                 kv::SYSTEM_UPGRADE_INTENT
             ]

@@ -159,6 +159,7 @@ pub fn workload_status() -> DeviceWorkloadStatus {
             restarts: None,
             health: None,
         }],
+        desired_error: None,
     }
 }
 
@@ -202,6 +203,7 @@ pub fn workload_status_crash_looping() -> DeviceWorkloadStatus {
         restarts: Some(crate::Restarts {
             count: 7,
             last_exit_code: Some(3),
+            oom_killed: false,
         }),
         health: None,
     }];
@@ -225,6 +227,7 @@ pub fn workload_status_unhealthy() -> DeviceWorkloadStatus {
         restarts: Some(crate::Restarts {
             count: 0,
             last_exit_code: None,
+            oom_killed: false,
         }),
         health: Some(HealthState::Unhealthy),
     }];

@@ -10,6 +10,8 @@ pub const DEVICE_INFO: &str = "device-info";
 pub const DEVICE_HEARTBEAT: &str = "device-heartbeat";
 /// Desired Podman workloads, key `<device-id>`; written by the operator.
 pub const DESIRED_STATE: &str = "device-desired-state";
+/// Registry credentials and secret values per device ([`crate::DeviceSecrets`]), written by the operator.
+pub const DEVICE_SECRETS: &str = "device-secrets";
 /// Workload status, key `<device-id>`; written by the agent.
 pub const WORKLOAD_STATUS: &str = "device-workload-status";
 /// Agent-upgrade intent (`AgentUpgradeAttempt`), key `<device-id>`; CAS-written by the operator.
@@ -128,6 +130,15 @@ pub const BUCKETS: &[BucketSpec] = &[
         key: KeyShape::Device,
         writer: "operator",
         max_value_bytes: MIB,
+        max_age: None,
+        bytes_per_device: 16 * 1024,
+        allow_rollup: false,
+    },
+    BucketSpec {
+        name: DEVICE_SECRETS,
+        key: KeyShape::Device,
+        writer: "operator",
+        max_value_bytes: crate::secrets::MAX_DEVICE_SECRETS_BYTES as i32,
         max_age: None,
         bytes_per_device: 16 * 1024,
         allow_rollup: false,

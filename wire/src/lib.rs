@@ -34,6 +34,8 @@ pub mod notify;
 pub mod probe;
 #[cfg(feature = "os")]
 pub mod process_lock;
+pub mod resources;
+pub mod secrets;
 pub mod socket;
 pub mod status;
 pub mod taskrun;
@@ -53,6 +55,8 @@ pub use health::{HealthCheck, HealthProbe, HealthState, HttpProbe, TcpProbe};
 pub use ids::{Architecture, AttemptId, DeviceId, Id128, Sha256Hex, UnitName, Version};
 pub use journal::{CutoverStep, JournalPhase, SystemJournalPhase};
 pub use probe::{SelfTestCheck, SelfTestReport};
+pub use resources::Resources;
+pub use secrets::{DeviceSecrets, Hidden, RegistryAuth, SecretUse, SecretValue};
 pub use socket::{ErrorCode, Request, RequestFrame, Response, ResponseFrame, UpdaterStatus};
 pub use status::{AgentUpgradeStatus, Transition, UpgradePhase, UpgradeReason};
 pub use taskrun::{

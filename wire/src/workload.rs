@@ -4,6 +4,10 @@
 use crate::digest::canonical_digest;
 use crate::error::shown;
 use crate::health::{HealthCheck, HealthState, RawHealthCheck};
+use crate::resources::{
+    check_capability, check_device, check_group, Resources, MAX_HARDWARE_ITEMS,
+};
+use crate::secrets::{SecretUse, MAX_SECRET_USES};
 use crate::{BoundedText, DeviceId, Sha256Hex, Timestamp, ValidationError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -216,6 +220,27 @@ pub struct WorkloadSpec {
     /// agent before it refuses a desired state that has one (`deny_unknown_fields`) rather than dropping it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheck>,
+    /// Resource limits ([`Resources`]). This and every field below is left out of the JSON when empty, so a spec
+    /// without them keeps its digest, and an agent before them refuses a desired state that has one
+    /// (`deny_unknown_fields`); the operator gives such specs only to agents advertising
+    /// [`crate::Capability::WorkloadSpecV2`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// Keys of Kubernetes Secrets as environment variables or read-only files ([`SecretUse`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretUse>,
+    /// Host device nodes given to the container at the same path (policy: `WorkloadPolicy`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// Supplementary groups of the container's process (policy: `WorkloadPolicy`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// Linux capabilities added to the default set, e.g. `NET_ADMIN` (policy: `WorkloadPolicy`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// Privileged mode (policy: `WorkloadPolicy` with `privileged: true`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub privileged: bool,
 }
 
 #[derive(Deserialize)]
@@ -237,6 +262,18 @@ struct RawWorkloadSpec {
     labels: BTreeMap<String, String>,
     #[serde(default)]
     health_check: Option<RawHealthCheck>,
+    #[serde(default)]
+    resources: Option<Resources>,
+    #[serde(default)]
+    secrets: Vec<SecretUse>,
+    #[serde(default)]
+    devices: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+    #[serde(default)]
+    capabilities: Vec<String>,
+    #[serde(default)]
+    privileged: bool,
 }
 
 impl TryFrom<RawWorkloadSpec> for WorkloadSpec {
@@ -262,6 +299,12 @@ impl TryFrom<RawWorkloadSpec> for WorkloadSpec {
             restart_policy: r.restart_policy,
             labels: r.labels,
             health_check,
+            resources: r.resources,
+            secrets: r.secrets,
+            devices: r.devices,
+            groups: r.groups,
+            capabilities: r.capabilities,
+            privileged: r.privileged,
         };
         spec.validate()?;
         Ok(spec)
@@ -374,7 +417,16 @@ fn path_component(c: &str) -> bool {
     true
 }
 
-fn clean_path(p: &str) -> bool {
+/// An environment variable name: `[A-Za-z_][A-Za-z0-9_]*`, at most 256.
+pub(crate) fn env_name(k: &str) -> bool {
+    k.bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && k.len() <= 256
+        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+pub(crate) fn clean_path(p: &str) -> bool {
     p.starts_with('/')
         && p.len() <= 4096
         && !p.split('/').any(|c| c == "..")
@@ -394,6 +446,12 @@ impl WorkloadSpec {
             restart_policy: RestartPolicy::default(),
             labels: BTreeMap::new(),
             health_check: None,
+            resources: None,
+            secrets: vec![],
+            devices: vec![],
+            groups: vec![],
+            capabilities: vec![],
+            privileged: false,
         };
         spec.validate()?;
         Ok(spec)
@@ -440,13 +498,7 @@ impl WorkloadSpec {
             return err("more than 128 environment variables".into());
         }
         for (k, v) in &self.env {
-            let name_ok = k
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-                && k.len() <= 256
-                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !name_ok || v.len() > 32 * 1024 || v.contains('\0') {
+            if !env_name(k) || v.len() > 32 * 1024 || v.contains('\0') {
                 return err(format!("environment variable {} is invalid", shown(k)));
             }
         }
@@ -493,7 +545,74 @@ impl WorkloadSpec {
                 return err(format!("healthCheck.{why}"));
             }
         }
+        if let Some(r) = &self.resources {
+            if let Err(why) = r.check() {
+                return err(format!("resources.{why}"));
+            }
+        }
+        if self.secrets.len() > MAX_SECRET_USES {
+            return err(format!("more than {MAX_SECRET_USES} secrets"));
+        }
+        let mut targets = std::collections::BTreeSet::new();
+        for (i, s) in self.secrets.iter().enumerate() {
+            if let Err(why) = s.check() {
+                return err(format!("secrets[{i}]: {why}"));
+            }
+            let target = s.env.as_ref().or(s.file.as_ref()).map(String::as_str);
+            let clash = s.env.as_ref().is_some_and(|e| self.env.contains_key(e));
+            if clash || !targets.insert(target) {
+                return err(format!(
+                    "secrets[{i}]: {} is given twice",
+                    shown(target.unwrap_or_default())
+                ));
+            }
+        }
+        for (what, items, check) in [
+            (
+                "devices",
+                &self.devices,
+                check_device as fn(&str) -> Result<(), String>,
+            ),
+            ("groups", &self.groups, check_group),
+            ("capabilities", &self.capabilities, check_capability),
+        ] {
+            if items.len() > MAX_HARDWARE_ITEMS {
+                return err(format!("{what}: more than {MAX_HARDWARE_ITEMS} entries"));
+            }
+            for (i, item) in items.iter().enumerate() {
+                if let Err(why) = check(item) {
+                    return err(format!("{what}[{i}]: {why}"));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The host paths among its volumes (absolute sources; the rest are named volumes).
+    pub fn host_paths(&self) -> impl Iterator<Item = &str> {
+        self.volumes
+            .iter()
+            .map(|v| v.source.as_str())
+            .filter(|s| s.starts_with('/'))
+    }
+
+    /// The fields of this spec an agent must advertise [`crate::Capability::WorkloadSpecV2`] for (empty: any
+    /// agent runs it).
+    pub fn v2_fields(&self) -> Vec<&'static str> {
+        let mut f = Vec::new();
+        for (name, used) in [
+            ("resources", self.resources.is_some()),
+            ("secrets", !self.secrets.is_empty()),
+            ("devices", !self.devices.is_empty()),
+            ("groups", !self.groups.is_empty()),
+            ("capabilities", !self.capabilities.is_empty()),
+            ("privileged", self.privileged),
+        ] {
+            if used {
+                f.push(name);
+            }
+        }
+        f
     }
 
     /// Canonical digest of the spec; stored on the container as [`LABEL_SPEC_DIGEST`].
@@ -521,6 +640,11 @@ pub enum WorkloadState {
     /// Its `restarts` say how often and how it last exited. Readers before it was added fail to read the status
     /// whole, so the operator is upgraded before the devices (docs/crds.md).
     CrashLooping,
+    /// The container of the desired spec was killed by the kernel's OOM killer at its memory limit
+    /// (`resources.memoryMiB`) and is not running; `restarts.oomKilled` stays true after Podman restarts it, and a
+    /// repeated kill is `crash-looping`. Readers before it was added fail to read the status whole (as with
+    /// `crash-looping`).
+    OomKilled,
 }
 
 /// Restarts of a container (or of the agent) at which a recent restart makes it *crash-looping*: one restart is
@@ -550,6 +674,9 @@ pub struct Restarts {
     /// The exit code of its latest exit, once it exited at least once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_exit_code: Option<i32>,
+    /// True when its latest exit was the kernel's OOM killer at its memory limit (absent: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
 }
 
 /// Status of one workload.
@@ -605,6 +732,9 @@ pub enum FailureReason {
     StartFailed,
     /// A container could not be removed.
     RemoveFailed,
+    /// A Secret value the spec names has not been delivered to the device (`device-secrets`) at the version the
+    /// spec names; nothing was touched.
+    SecretMissing,
     /// A reason this reader does not know (written by a newer agent).
     #[serde(other)]
     Other,
@@ -639,6 +769,10 @@ pub struct DeviceWorkloadStatus {
     pub at: Timestamp,
     /// One entry per desired or owned workload.
     pub workloads: Vec<WorkloadStatus>,
+    /// Why the latest desired state could not be taken (e.g. a field this agent does not know), while the agent
+    /// keeps running generation `generation`; absent when it took it, and from agents before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_error: Option<BoundedText>,
 }
 
 #[cfg(test)]

@@ -85,6 +85,7 @@ fn the_largest_values_fit_their_buckets() {
         w.restarts = Some(fleet_wire::Restarts {
             count: u32::MAX,
             last_exit_code: Some(i32::MIN),
+            oom_killed: false,
         });
     }
     assert!(fits_with(kv::WORKLOAD_STATUS, &looping, true) < n);
@@ -98,6 +99,7 @@ fn the_largest_values_fit_their_buckets() {
         w.restarts = Some(fleet_wire::Restarts {
             count: u32::MAX,
             last_exit_code: Some(i32::MIN),
+            oom_killed: false,
         });
         w.health = Some(fleet_wire::HealthState::Unhealthy);
     }

@@ -121,6 +121,7 @@ impl Agent {
             generation: self.generation,
             at: now,
             workloads: reconcile::statuses(&self.desired, &observed, &self.errors, &health, now),
+            desired_error: None,
         };
         let unsettled = reconcile::unsettled(&self.published_restarts, &s.workloads);
         match put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {

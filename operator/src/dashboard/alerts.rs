@@ -585,6 +585,7 @@ mod tests {
             Some(fleet_wire::Restarts {
                 count: 7,
                 last_exit_code: Some(3),
+                oom_killed: false,
             }),
         )];
         let restarted = [

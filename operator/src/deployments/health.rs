@@ -32,7 +32,9 @@ fn standing(w: &WorkloadSpec, reported: Option<&WorkloadStatus>) -> Standing {
     match r.state {
         WorkloadState::Running => running(r),
         WorkloadState::CrashLooping => Standing::CrashLooping,
-        WorkloadState::Failed | WorkloadState::Exited => Standing::Failed,
+        WorkloadState::Failed | WorkloadState::Exited | WorkloadState::OomKilled => {
+            Standing::Failed
+        }
         WorkloadState::Starting | WorkloadState::Missing => Standing::Pending,
     }
 }
@@ -69,6 +71,7 @@ fn error_of(r: &WorkloadStatus) -> String {
             let r = r.restarts.unwrap_or(fleet_wire::Restarts {
                 count: 0,
                 last_exit_code: None,
+                oom_killed: false,
             });
             format!(
                 "crash-looping: restarted {} times{}",
@@ -117,9 +120,10 @@ pub fn device(status: &DeviceWorkloadStatus) -> WorkloadHealth {
     for r in &status.workloads {
         let standing = match r.state {
             WorkloadState::Running => running(r),
-            WorkloadState::Failed | WorkloadState::Exited | WorkloadState::CrashLooping => {
-                Standing::Failed
-            }
+            WorkloadState::Failed
+            | WorkloadState::Exited
+            | WorkloadState::CrashLooping
+            | WorkloadState::OomKilled => Standing::Failed,
             WorkloadState::Starting | WorkloadState::Missing => Standing::Pending,
         };
         match standing {

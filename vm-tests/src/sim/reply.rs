@@ -67,6 +67,7 @@ pub fn first_workload_status(device: &DeviceId, at: Timestamp) -> DeviceWorkload
         generation: 0,
         at,
         workloads: vec![],
+        desired_error: None,
     }
 }
 
@@ -120,6 +121,7 @@ pub fn workload_status(desired: &DesiredState, fails: bool, at: Timestamp) -> De
         generation: desired.generation,
         at,
         workloads,
+        desired_error: None,
     }
 }
 
