@@ -110,6 +110,54 @@ pub fn workload(name: &str) -> WorkloadSpec {
     w
 }
 
+/// `workload(name)` as a real application: limits, a Secret key as env and as a file, a serial device, a group
+/// and an added capability (issue 50's fields, `version` as the operator sets it).
+pub fn workload_app(name: &str) -> WorkloadSpec {
+    let mut w = workload(name);
+    w.resources = Some(crate::Resources {
+        memory_mib: Some(64),
+        cpu_millis: Some(500),
+        pids: Some(128),
+    });
+    let use_ = |env: Option<&str>, file: Option<&str>| crate::SecretUse {
+        secret: "api".into(),
+        key: "token".into(),
+        env: env.map(Into::into),
+        file: file.map(Into::into),
+        uid: file.map(|_| 1000),
+        version: Some("4711".into()),
+    };
+    w.secrets = vec![
+        use_(Some("API_TOKEN"), None),
+        use_(None, Some("/run/secrets/token")),
+    ];
+    w.devices = vec!["/dev/ttyS0".into()];
+    w.groups = vec!["dialout".into()];
+    w.capabilities = vec!["NET_ADMIN".into()];
+    w.validate().unwrap();
+    w
+}
+
+/// The `device-secrets` value of a device running [`workload_app`] from a private registry.
+pub fn device_secrets() -> crate::DeviceSecrets {
+    crate::DeviceSecrets {
+        device_id: device(),
+        registries: BTreeMap::from([(
+            "registry.example.com:5000".into(),
+            crate::RegistryAuth {
+                username: "fleet-pull".into(),
+                password: crate::Hidden("pull-password".into()),
+            },
+        )]),
+        values: vec![crate::SecretValue {
+            secret: "api".into(),
+            key: "token".into(),
+            version: "4711".into(),
+            value: crate::Hidden("czNjcjN0".into()),
+        }],
+    }
+}
+
 /// `workload(name)` with a health check of `kind` (`command`, `http` or `tcp`): the HTTP and TCP probes target
 /// its published container port 8080; non-default timing.
 pub fn workload_with_health(name: &str, kind: &str) -> WorkloadSpec {

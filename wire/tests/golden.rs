@@ -212,6 +212,71 @@ fn device_and_workload_shapes() {
 }
 
 #[test]
+fn real_application_shapes() {
+    check("workload-spec-app", &fixtures::workload_app("web"));
+    check("device-secrets", &fixtures::device_secrets());
+    let mut oom = fixtures::workload_status_crash_looping();
+    oom.workloads[0].state = WorkloadState::OomKilled;
+    oom.workloads[0].restarts.as_mut().unwrap().oom_killed = true;
+    oom.desired_error = Some(BoundedText::lossy(
+        "desired state revision 9 cannot be honoured: unknown field `futureField`; keeping generation 7",
+    ));
+    check("workload-status-oom-killed", &oom);
+}
+
+/// The new fields are additive: a spec that uses none of them serializes without them (the digest pinned since
+/// the first commit holds, see below), and an agent before them refuses a desired state that uses any of them
+/// (the whole value) rather than running the workload without its limits, secrets or devices.
+#[test]
+fn an_older_agent_refuses_real_application_fields_rather_than_dropping_them() {
+    let plain = serde_json::to_value(fixtures::workload("web")).unwrap();
+    for f in [
+        "resources",
+        "secrets",
+        "devices",
+        "groups",
+        "capabilities",
+        "privileged",
+    ] {
+        assert!(plain.get(f).is_none(), "{f} in {plain}");
+    }
+    let app = fixtures::workload_app("web");
+    assert_eq!(
+        app.v2_fields(),
+        ["resources", "secrets", "devices", "groups", "capabilities"]
+    );
+    assert_ne!(app.digest(), fixtures::workload("web").digest());
+    let full = serde_json::to_value(&app).unwrap();
+    for field in ["resources", "secrets", "devices", "groups", "capabilities"] {
+        let mut one = plain.clone();
+        one[field] = full[field].clone();
+        let state = serde_json::json!({"deviceId": "device-1", "generation": 8, "workloads": [one]});
+        let e = serde_json::from_value::<OldDesiredState>(state.clone())
+            .err()
+            .expect("an older agent must refuse it");
+        assert!(
+            e.to_string().contains(&format!("unknown field `{field}`")),
+            "{e}"
+        );
+        let back: DesiredState = serde_json::from_value(state).expect("today's reader takes it");
+        assert_eq!(back.workloads.len(), 1);
+    }
+    // No value of a Secret is in the spec: only which key, as what, at which version.
+    assert!(!full.to_string().contains("czNjcjN0"));
+}
+
+/// Statuses stay readable across versions: an `oomKilled` from a newer agent is ignored by nothing that reads
+/// `Restarts`, and a status without `desiredError` reads as taken.
+#[test]
+fn oom_and_desired_error_are_additive() {
+    let old: DeviceWorkloadStatus =
+        serde_json::from_str(include_str!("golden/workload-status.json")).unwrap();
+    assert_eq!(old.desired_error, None);
+    let v = serde_json::to_value(fixtures::workload_status_crash_looping()).unwrap();
+    assert!(v["workloads"][0]["restarts"].get("oomKilled").is_none(), "{v}");
+}
+
+#[test]
 fn health_check_shapes() {
     for kind in ["command", "http", "tcp"] {
         check(
