@@ -256,10 +256,16 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
         None => html! { p.muted { "The device has not reported workloads." } },
         Some(w) => html! {
             p { "Reported " (when(Some(w.at), now)) " for generation " (w.generation) "." }
+            @if let Some(e) = &w.desired_error {
+                p.bad data-desired-error="" { "The agent cannot honour its latest desired state: " (e.as_str()) }
+            }
             (table(
                 &["workload", "state", "restarts", "container", "error"],
                 w.workloads.iter().map(|x| {
-                    let looping = x.state == fleet_wire::WorkloadState::CrashLooping;
+                    let looping = matches!(
+                        x.state,
+                        fleet_wire::WorkloadState::CrashLooping | fleet_wire::WorkloadState::OomKilled
+                    );
                     vec![
                         text(name(&x.name)),
                         html! {
@@ -273,9 +279,10 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
                             @match x.restarts {
                                 None => "—",
                                 Some(r) => {
-                                    @let shown = match r.last_exit_code {
-                                        Some(c) => format!("{} (last exit code {c})", r.count),
-                                        None => r.count.to_string(),
+                                    @let shown = match (r.last_exit_code, r.oom_killed) {
+                                        (_, true) => format!("{} (last killed: out of memory)", r.count),
+                                        (Some(c), false) => format!("{} (last exit code {c})", r.count),
+                                        (None, false) => r.count.to_string(),
                                     };
                                     @if looping { span.bad { (shown) } } @else { (shown) }
                                 },
@@ -415,5 +422,43 @@ mod tests {
         );
         assert!(!calm.contains("agent-crash-looping"), "{calm}");
         assert!(calm.contains("<td>5 automatic restarts"), "{calm}");
+    }
+
+    /// An OOM kill shows in red as `oom-killed` with "out of memory" in the restarts, and a desired state the agent
+    /// cannot honour is said above the table.
+    #[test]
+    fn oom_kills_and_unreadable_desired_states_show() {
+        let now = Timestamp::now();
+        let d: Device = serde_json::from_value(serde_json::json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": {"name": "pi-7"}, "spec": {}, "status": {}
+        }))
+        .expect("device");
+        let mut w = fixtures::workload_status_crash_looping();
+        w.workloads[0].state = fleet_wire::WorkloadState::OomKilled;
+        w.workloads[0]
+            .restarts
+            .as_mut()
+            .expect("restarts")
+            .oom_killed = true;
+        w.desired_error = Some(fleet_wire::BoundedText::lossy(
+            "unknown field `futureField` <b>",
+        ));
+        let kv = DeviceKv {
+            workloads: Some(w),
+            ..Default::default()
+        };
+        let page = render(&d, &kv, &[], now);
+        assert!(
+            page.contains(r#"<b class="bad" data-crash-looping="web">oom-killed</b>"#),
+            "{page}"
+        );
+        assert!(page.contains("7 (last killed: out of memory)"), "{page}");
+        assert!(
+            page.contains(
+                "cannot honour its latest desired state: unknown field `futureField` &lt;b&gt;"
+            ),
+            "{page}"
+        );
     }
 }
