@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod config;
 pub mod device;
+pub mod device_secrets;
 pub mod health;
 pub mod health_probe;
 pub mod health_worker;

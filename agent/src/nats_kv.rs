@@ -690,6 +690,23 @@ impl Buckets {
     /// the newest matching key's value, and its `Nats-Subject` header says which key that is.
     pub fn get_keyed(&self, bucket: &str, key: &str) -> io::Result<(String, Change)> {
         self.check(bucket)?;
+        self.read_keyed(bucket, key)
+    }
+
+    /// Like [`Self::get`] for a bucket that was not opened at start-up because it may not exist (an optional
+    /// one such as `device-secrets`): a missing bucket (no responders) reads as an absent key.
+    pub fn get_optional(&self, bucket: &str, key: &str) -> io::Result<Change> {
+        match self.read_keyed(bucket, key) {
+            Ok((_, c)) => Ok(c),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Change {
+                revision: 0,
+                value: Value::Absent,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn read_keyed(&self, bucket: &str, key: &str) -> io::Result<(String, Change)> {
         let subject = format!("$KV.{bucket}.{key}");
         let msg = self
             .nats

@@ -8,6 +8,7 @@
 //! that does not start gives way to the old one again. A spec that failed is not tried again before its
 //! [`Backoff`] is over, unless the desired spec changes (a fix is tried at once).
 
+use crate::device_secrets::PassSecrets;
 use crate::podman::{Observed, Podman, PodmanError};
 use fleet_wire::workload::{LABEL_DEVICE, LABEL_SPEC_DIGEST, LABEL_WORKLOAD};
 use fleet_wire::{
@@ -64,6 +65,14 @@ pub struct Failed {
 }
 
 impl Failed {
+    /// True when delivered secrets can mend this failure: a Secret value not delivered yet, or a pull the
+    /// registry refused (`image-pull-failed: unauthorized`).
+    pub fn waits_for_secrets(&self) -> bool {
+        self.reason == FailureReason::SecretMissing
+            || (self.reason == FailureReason::ImagePullFailed
+                && self.error.starts_with("image-pull-failed: unauthorized"))
+    }
+
     fn of(self, spec: &WorkloadSpec) -> Failed {
         Failed {
             spec: Some(spec.digest()),
@@ -318,6 +327,9 @@ struct Held {
     failed: Failed,
     failures: u32,
     until: Instant,
+    /// For a failure that new secrets can mend ([`Failed::waits_for_secrets`]): the `device-secrets` revision
+    /// it failed with; another revision ends the wait at once.
+    secrets_revision: Option<u64>,
 }
 
 impl Backoff {
@@ -346,8 +358,22 @@ impl Backoff {
                 failed,
                 failures,
                 until: now + wait,
+                secrets_revision: None,
             },
         );
+    }
+
+    /// Notes that the held failure of `name` waits for the device's secrets, read at `revision`: a pass that
+    /// reads another revision tries the spec again without waiting (a rotated credential, a delivered value).
+    pub fn waits_for_secrets(&mut self, name: &WorkloadName, revision: u64) {
+        if let Some(h) = self.held.get_mut(name) {
+            h.secrets_revision = Some(revision);
+        }
+    }
+
+    /// The `device-secrets` revision the held failure of `name` waits on, if it waits on one.
+    pub fn secrets_revision(&self, name: &WorkloadName) -> Option<u64> {
+        self.held.get(name)?.secrets_revision
     }
 
     /// Forgets a workload whose desired spec now runs.
@@ -387,7 +413,9 @@ enum Applied {
 /// Runs one reconcile pass over `scope`. Before each mutation it checks `draining`: once set, no new mutation
 /// starts, and the one in progress finishes (the caller waits for this function to return). `cancel` is asked
 /// while an image is being pulled; when it says so, the pull is abandoned and the pass ends (the agent is
-/// draining, or a newer desired state is waiting).
+/// draining, or a newer desired state is waiting). `secrets` reads the device's delivered secrets; the pass calls
+/// it at most once, and only when it needs them ([`PassSecrets`]).
+#[allow(clippy::too_many_arguments)]
 pub fn reconcile(
     podman: &Podman,
     device: &DeviceId,
@@ -395,9 +423,11 @@ pub fn reconcile(
     scope: &Scope,
     draining: &AtomicBool,
     backoff: &mut Backoff,
+    secrets: &crate::device_secrets::Read,
     cancel: &dyn Fn() -> bool,
 ) -> Result<Outcome, PodmanError> {
     backoff.retain(desired);
+    let mut pass = PassSecrets::new(secrets);
     let (observed, actions) = match scope {
         Scope::All => {
             let observed = podman.list_managed()?;
@@ -456,9 +486,19 @@ pub fn reconcile(
                 };
                 let now = Instant::now();
                 if let Some(f) = backoff.holds(spec, now) {
-                    log::debug!("{}: the failed spec waits for its retry", name.as_str());
-                    out.errors.insert(name.clone(), f.clone().of(spec));
-                    continue;
+                    // A failure that waits for secrets is tried again as soon as other secrets are delivered.
+                    let delivered = backoff
+                        .secrets_revision(&spec.name)
+                        .is_some_and(|seen| pass.get().is_ok_and(|d| d.revision != seen));
+                    if !delivered {
+                        log::debug!("{}: the failed spec waits for its retry", name.as_str());
+                        out.errors.insert(name.clone(), f.clone().of(spec));
+                        continue;
+                    }
+                    log::info!(
+                        "{}: new secrets were delivered; trying the failed spec again",
+                        name.as_str()
+                    );
                 }
                 out.mutations += 1;
                 let applied = match &a {
@@ -471,9 +511,9 @@ pub fn reconcile(
                             name: old_name,
                             was_running,
                         };
-                        replace(podman, device, spec, &old, draining, cancel)
+                        replace(podman, device, spec, &old, &mut pass, draining, cancel)
                     }
-                    _ => create(podman, device, spec, draining, cancel),
+                    _ => create(podman, device, spec, &mut pass, draining, cancel),
                 };
                 match applied {
                     Applied::Done => backoff.succeeded(&spec.name),
@@ -481,6 +521,9 @@ pub fn reconcile(
                         log::warn!("{}: {}", name.as_str(), f.error);
                         let f = f.of(spec);
                         backoff.failed(spec, f.clone(), now);
+                        if let Some(rev) = pass.revision_read().filter(|_| f.waits_for_secrets()) {
+                            backoff.waits_for_secrets(&spec.name, rev);
+                        }
                         out.errors.insert(name.clone(), f);
                     }
                     Applied::Abandoned => {
@@ -501,7 +544,49 @@ pub fn reconcile(
             }
         }
     }
+    if !out.interrupted && (out.mutations > 0 || *scope == Scope::All) {
+        collect_secrets(podman, device, desired);
+    }
     Ok(out)
+}
+
+/// Removes the agent's Podman secrets that no container uses any more (after a replacement or a removal); a
+/// failure only waits for the next pass.
+fn collect_secrets(podman: &Podman, device: &DeviceId, desired: &[WorkloadSpec]) {
+    let list = || {
+        podman.list_managed().map(|l| {
+            l.into_iter()
+                .filter(|o| o.labels.get(LABEL_DEVICE).map(String::as_str) == Some(device.as_str()))
+                .map(|o| (o.id, o.labels.get(LABEL_SPEC_DIGEST).cloned()))
+                .collect()
+        })
+    };
+    if let Err(e) = podman.collect_secrets(desired, &list) {
+        log::warn!("cleaning up Podman secrets: {e}");
+    }
+}
+
+/// The secret values `spec` uses, from the pass's delivered secrets; `Err` is the failure to report
+/// (`secret-missing`), before anything was touched.
+fn prepare_secrets(
+    spec: &WorkloadSpec,
+    pass: &mut PassSecrets<'_>,
+) -> Result<Vec<crate::podman::secrets::Prepared>, Failed> {
+    if spec.secrets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let missing = |error: String| Failed {
+        reason: FailureReason::SecretMissing,
+        error,
+        rolled_back: false,
+        spec: None,
+    };
+    let delivered = pass.get().map_err(|e| {
+        missing(format!(
+            "secret-missing: the device's secrets could not be read: {e}"
+        ))
+    })?;
+    crate::podman::secrets::prepare(spec, delivered.secrets.as_ref()).map_err(missing)
 }
 
 fn failed(reason: FailureReason, e: &PodmanError) -> Failed {
@@ -518,11 +603,16 @@ fn create(
     podman: &Podman,
     device: &DeviceId,
     spec: &WorkloadSpec,
+    pass: &mut PassSecrets<'_>,
     draining: &AtomicBool,
     cancel: &dyn Fn() -> bool,
 ) -> Applied {
     let name = spec.name.as_str();
-    match podman.ensure_image(&spec.image, cancel) {
+    let values = match prepare_secrets(spec, pass) {
+        Ok(v) => v,
+        Err(f) => return Applied::Failed(f),
+    };
+    match podman.ensure_image(&spec.image, &mut |host| pass.registry(host), cancel) {
         Err(e) if e.is_cancelled() => return Applied::Abandoned,
         Err(e) => return Applied::Failed(failed(FailureReason::ImagePullFailed, &e)),
         Ok(_) => {}
@@ -535,7 +625,10 @@ fn create(
         spec.name.container_name(),
         spec.image
     );
-    let id = match podman.create(device, spec) {
+    let id = match podman
+        .ensure_secrets(&values)
+        .and_then(|()| podman.create(device, spec))
+    {
         Ok(id) => id,
         Err(e) => return Applied::Failed(failed(FailureReason::CreateFailed, &e)),
     };
@@ -566,9 +659,15 @@ fn replace(
     device: &DeviceId,
     spec: &WorkloadSpec,
     old: &Old<'_>,
+    pass: &mut PassSecrets<'_>,
     draining: &AtomicBool,
     cancel: &dyn Fn() -> bool,
 ) -> Applied {
+    // A value not delivered yet fails the replacement before anything is touched.
+    let values = match prepare_secrets(spec, pass) {
+        Ok(v) => v,
+        Err(f) => return Applied::Failed(f),
+    };
     let (old_name, was_running) = (old.name, old.was_running);
     let old = old.id;
     let name = spec.name.container_name();
@@ -579,7 +678,8 @@ fn replace(
     // Bounded: every path through `Swap::after` ends within nine steps.
     for _ in 0..16 {
         let r: Result<(), PodmanError> = match swap.step {
-            Step::Pull => match podman.ensure_image(&spec.image, cancel) {
+            Step::Pull => match podman.ensure_image(&spec.image, &mut |h| pass.registry(h), cancel)
+            {
                 Err(e) if e.is_cancelled() => return Applied::Abandoned,
                 r => r.map(|_| ()),
             },
@@ -599,7 +699,10 @@ fn replace(
                     podman.rename(old, &parked)
                 }
             }
-            Step::Create => podman.create(device, spec).map(|id| new_id = Some(id)),
+            Step::Create => podman
+                .ensure_secrets(&values)
+                .and_then(|()| podman.create(device, spec))
+                .map(|id| new_id = Some(id)),
             Step::StopOld => podman.stop(old),
             Step::Start => match &new_id {
                 Some(id) => podman.start(id).map(|()| {

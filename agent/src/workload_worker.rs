@@ -73,10 +73,12 @@ pub struct Worker {
 
 impl Worker {
     /// Starts the worker; `done` receives each pass's result (on the worker thread).
+    /// `secrets` reads the device's delivered secrets (`device-secrets/<device>`) for a pass that needs them.
     pub fn spawn(
         podman: Podman,
         device: DeviceId,
         draining: Arc<AtomicBool>,
+        secrets: Box<crate::device_secrets::Read>,
         done: impl Fn(PassResult) + Send + 'static,
     ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared::default());
@@ -102,6 +104,7 @@ impl Worker {
                         &scope,
                         &draining,
                         &mut backoff,
+                        &*secrets,
                         &cancel,
                     )
                     .map_err(|e| e.to_string());

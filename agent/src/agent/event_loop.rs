@@ -18,6 +18,7 @@ impl Agent {
                 p.clone(),
                 self.cfg.device_id.clone(),
                 self.draining.clone(),
+                crate::device_secrets::from_kv(self.kv.clone(), self.cfg.device_id.clone()),
                 move |r| {
                     let _ = tx.send(Event::Reconciled(Box::new(r)));
                 },

@@ -3,6 +3,8 @@
 //! state of one, and running one where Podman's own timer does not).
 
 use super::http::{self, HttpError};
+use super::registry_auth;
+use fleet_wire::secrets::RegistryAuth;
 use fleet_wire::workload::{
     LABEL_DEVICE, LABEL_MANAGED, LABEL_SCHEMA, LABEL_SCHEMA_VERSION, LABEL_SPEC_DIGEST,
     LABEL_WORKLOAD,
@@ -47,6 +49,26 @@ pub enum PodmanError {
         /// Podman's reason (e.g. `manifest unknown`, a DNS or TLS error).
         message: String,
     },
+    /// The registry refused the pull: wrong, expired or missing credentials (`image-pull-failed: unauthorized`).
+    #[error("image-pull-failed: unauthorized: registry {registry} refused image {image} {}: {message}", if *with_credentials { "with the credentials delivered to this device" } else { "without credentials (none delivered to this device for it)" })]
+    Unauthorized {
+        /// The image reference.
+        image: String,
+        /// Its registry (`host[:port]`).
+        registry: String,
+        /// Whether credentials were sent.
+        with_credentials: bool,
+        /// Podman's reason (the registry's answer; the credentials are not in it).
+        message: String,
+    },
+    /// The device's registry credentials could not be read (NATS) before a pull that may need them.
+    #[error("image-pull-failed: the credentials for registry {registry} could not be read: {why}")]
+    Credentials {
+        /// The registry.
+        registry: String,
+        /// Why (a NATS error).
+        why: String,
+    },
     /// The answer did not have the expected shape.
     #[error("Podman gave an unexpected answer to {call}: {message}")]
     Decode {
@@ -70,6 +92,13 @@ impl PodmanError {
 fn what(call: &str) -> String {
     let (method, path) = call.split_once(' ').unwrap_or(("", call));
     let last = path.rsplit('/').next().unwrap_or_default();
+    if path.starts_with("/secrets") {
+        return match method {
+            "POST" => "creating a Podman secret".into(),
+            "DELETE" => "removing a Podman secret".into(),
+            _ => "listing Podman secrets".into(),
+        };
+    }
     match (method, last) {
         ("POST", "create") => "creating the container".into(),
         ("POST", "start") => "starting the container".into(),
@@ -185,7 +214,7 @@ pub struct Podman {
     stop_timeout: Duration,
 }
 
-fn enc(s: &str) -> String {
+pub(super) fn enc(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
@@ -232,11 +261,29 @@ impl Podman {
         cancel: &dyn Fn() -> bool,
     ) -> Result<Vec<u8>, PodmanError> {
         let bytes = body.map(|b| b.to_string().into_bytes());
-        let r = http::request_until(
+        let body = bytes.as_deref().map(|b| ("application/json", b));
+        self.call_with(method, path, body, &[], timeout, ok, cancel)
+    }
+
+    /// A call with a body of any content type (`(type, bytes)`) and extra headers (e.g. `X-Registry-Auth`: a
+    /// header value appears in no error).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, &[u8])>,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+        ok: &[u16],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Vec<u8>, PodmanError> {
+        let r = http::request_with(
             &self.socket,
             method,
             &format!("{API}{path}"),
-            bytes.as_deref(),
+            body,
+            headers,
             timeout,
             cancel,
         )?;
@@ -313,9 +360,14 @@ impl Podman {
     /// Makes sure Podman has `image`, pulling it only when it is missing; true when it pulled. While the pull runs
     /// it asks `cancel` every [`http::CANCEL_POLL`] and gives up when it says so (the pull is abandoned, not
     /// failed). Touches no container.
+    ///
+    /// `auth` is asked for the credentials of the image's registry only when a pull is needed (the caller reads
+    /// them fresh then, so a rotated credential is used by the next pull); they go to Podman in the
+    /// `X-Registry-Auth` header, never to a file. A pull the registry refused is [`PodmanError::Unauthorized`].
     pub fn ensure_image(
         &self,
         image: &str,
+        auth: &mut dyn FnMut(&str) -> Result<Option<RegistryAuth>, String>,
         cancel: &dyn Fn() -> bool,
     ) -> Result<bool, PodmanError> {
         let exists = self.call(
@@ -331,10 +383,22 @@ impl Podman {
                 return Ok(false);
             }
         }
-        let body = self.call_until(
+        let host = fleet_wire::secrets::registry_of(image);
+        let creds = auth(host).map_err(|why| PodmanError::Credentials {
+            registry: host.to_owned(),
+            why,
+        })?;
+        let header = creds.as_ref().map(|a| registry_auth::header_value(host, a));
+        let headers: Vec<(&str, &str)> = header
+            .as_deref()
+            .map(|h| (registry_auth::HEADER, h))
+            .into_iter()
+            .collect();
+        let body = self.call_with(
             "POST",
             &format!("/images/pull?reference={}&quiet=true", enc(image)),
             None,
+            &headers,
             PULL,
             &[200],
             cancel,
@@ -343,6 +407,14 @@ impl Podman {
         for line in body.split(|b| *b == b'\n') {
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
                 if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+                    if !e.is_empty() && registry_auth::is_unauthorized(e) {
+                        return Err(PodmanError::Unauthorized {
+                            image: image.to_owned(),
+                            registry: host.to_owned(),
+                            with_credentials: creds.is_some(),
+                            message: e.trim().chars().take(512).collect(),
+                        });
+                    }
                     if !e.is_empty() {
                         return Err(PodmanError::Pull {
                             image: image.to_owned(),
@@ -396,7 +468,10 @@ impl Podman {
     }
 
     /// `GET /containers/{id}/json`, decoded into the part of the inspect document the caller names.
-    fn inspect<T: serde::de::DeserializeOwned>(&self, id: &str) -> Result<T, PodmanError> {
+    pub(super) fn inspect<T: serde::de::DeserializeOwned>(
+        &self,
+        id: &str,
+    ) -> Result<T, PodmanError> {
         let body = self.call(
             "GET",
             &format!("/containers/{}/json", enc(id)),
@@ -575,6 +650,7 @@ pub fn create_body(device: &DeviceId, spec: &WorkloadSpec) -> serde_json::Value 
     if !spec.command.is_empty() {
         body["command"] = json!(spec.command);
     }
+    super::secrets::apply(&mut body, spec);
     if let Some(h) = spec.health_check.as_ref() {
         if let HealthProbe::Command(argv) = &h.probe {
             // Podman's native healthcheck: `podman ps` shows it, and Podman runs it from a systemd timer of its own

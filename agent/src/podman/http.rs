@@ -62,18 +62,37 @@ pub fn request_until(
     timeout: Duration,
     cancel: &dyn Fn() -> bool,
 ) -> Result<Response, HttpError> {
+    let body = body.map(|b| ("application/json", b));
+    request_with(socket, method, path_and_query, body, &[], timeout, cancel)
+}
+
+/// Like [`request_until`], with the body's content type (`body` is `(type, bytes)`) and extra request headers.
+/// A header's value appears in no error (it may be a credential: `X-Registry-Auth`).
+pub fn request_with(
+    socket: &Path,
+    method: &str,
+    path_and_query: &str,
+    body: Option<(&str, &[u8])>,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+    cancel: &dyn Fn() -> bool,
+) -> Result<Response, HttpError> {
     let deadline = Instant::now() + timeout;
     let mut stream = UnixStream::connect(socket)?;
     stream.set_write_timeout(Some(timeout.min(Duration::from_secs(10))))?;
     let mut head = format!(
         "{method} {path_and_query} HTTP/1.1\r\nHost: d\r\nConnection: close\r\nUser-Agent: fleet-agent\r\n"
     );
-    if let Some(b) = body {
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    let body = body.map(|(kind, b)| {
         head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            "Content-Type: {kind}\r\nContent-Length: {}\r\n",
             b.len()
         ));
-    }
+        b
+    });
     head.push_str("\r\n");
     stream.write_all(head.as_bytes())?;
     if let Some(b) = body {

@@ -2,5 +2,7 @@
 
 pub mod api;
 pub mod http;
+pub mod registry_auth;
+pub mod secrets;
 
 pub use api::{Observed, Podman, PodmanError};

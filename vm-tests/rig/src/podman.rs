@@ -45,6 +45,8 @@ impl PodmanService {
             .unwrap_or_else(|e| panic!("temp dir for podman: {e}"));
         std::fs::write(dir.path().join("containers.conf"), CONTAINERS_CONF)
             .unwrap_or_else(|e| panic!("write containers.conf: {e}"));
+        std::fs::create_dir_all(dir.path().join("home"))
+            .unwrap_or_else(|e| panic!("HOME for podman: {e}"));
         let mut s = Self {
             dir,
             binary,
@@ -98,10 +100,27 @@ impl PodmanService {
         self.dir.path()
     }
 
+    /// Makes this Podman (service and [`Self::command`]) trust `ca_file` (PEM) for the registry at `host`
+    /// (`host:port`): `$HOME/.config/containers/certs.d/<host>/ca.crt`, which containers/image reads before
+    /// `/etc/containers/certs.d` for root too; HOME is the service's own directory, so the host's /etc and /root
+    /// are not touched.
+    pub fn trust_registry(&self, host: &str, ca_file: &Path) {
+        let dir = self.home().join(".config/containers/certs.d").join(host);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        std::fs::copy(ca_file, dir.join("ca.crt"))
+            .unwrap_or_else(|e| panic!("copy {} to certs.d: {e}", ca_file.display()));
+    }
+
+    /// The HOME of the service and its commands (registry certificates, no credentials).
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
     /// A `podman` command bound to this service's storage and configuration.
     pub fn command(&self) -> Command {
         let mut c = Command::new(&self.binary);
         c.env("CONTAINERS_CONF", self.dir.path().join("containers.conf"))
+            .env("HOME", self.home())
             .arg("--root")
             .arg(self.dir.path().join("root"))
             .arg("--runroot")
