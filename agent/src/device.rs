@@ -105,11 +105,12 @@ pub fn restarts() -> Option<u32> {
     out.trim().parse().ok()
 }
 
-/// What this device can do: agent self-upgrade from HTTPS always (every updater has it), and OCI artifacts and
+/// What this device can do: agent self-upgrade from HTTPS and the workload spec's second version (limits,
+/// hardware, privileges, secrets: the agent's own) always (every updater has the first), and OCI artifacts and
 /// the apt system upgrade only when the local updater says it supports them (an older updater lacks them, so
 /// the operator never plans such work for this device).
 pub fn capabilities(updater: &[Capability]) -> Vec<Capability> {
-    let mut c = vec![Capability::AgentUpgradeV1];
+    let mut c = vec![Capability::AgentUpgradeV1, Capability::WorkloadSpecV2];
     for needs_updater in [Capability::OciArtifactsV1, Capability::AptFullUpgradeV1] {
         if updater.contains(&needs_updater) {
             c.push(needs_updater);
@@ -141,14 +142,19 @@ mod tests {
 
     #[test]
     fn capabilities_follow_the_updater() {
-        assert_eq!(super::capabilities(&[]), [AgentUpgradeV1]);
+        assert_eq!(super::capabilities(&[]), [AgentUpgradeV1, WorkloadSpecV2]);
         assert_eq!(
             super::capabilities(&[OciArtifactsV1]),
-            [AgentUpgradeV1, OciArtifactsV1]
+            [AgentUpgradeV1, WorkloadSpecV2, OciArtifactsV1]
         );
         assert_eq!(
             super::capabilities(&[AptFullUpgradeV1, Unknown, AgentUpgradeV1, OciArtifactsV1]),
-            [AgentUpgradeV1, OciArtifactsV1, AptFullUpgradeV1]
+            [
+                AgentUpgradeV1,
+                WorkloadSpecV2,
+                OciArtifactsV1,
+                AptFullUpgradeV1
+            ]
         );
     }
 

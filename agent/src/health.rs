@@ -366,6 +366,7 @@ mod tests {
             created: START,
             restarts_unknown: false,
             health: None,
+            oom_killed: false,
         }
     }
 

@@ -802,9 +802,37 @@ pub fn unsettled(published: &RestartCounts, statuses: &[WorkloadStatus]) -> bool
     })
 }
 
+/// The error of a workload whose container the kernel's OOM killer ended: at its own limit, or (without one) when
+/// the device ran out of memory.
+pub fn oom_error(w: &WorkloadSpec) -> String {
+    match w.resources.and_then(|r| r.memory_mib) {
+        Some(mib) => format!("oom-killed: the container exceeded its memory limit of {mib} MiB"),
+        None => "oom-killed: the device ran out of memory and the kernel ended the container (it has no memory limit)".into(),
+    }
+}
+
+/// Ids of containers whose OOM kill the agent saw.
+pub type OomSeen = BTreeSet<String>;
+
+/// Marks each observed container whose OOM kill was seen earlier as OOM-killed, and returns what to remember
+/// next: the OOM-killed ones among `observed` (so the set never outgrows the containers). Podman may clear
+/// `State.OOMKilled` when it restarts a container, as it does the exit code; a container running again after an
+/// OOM kill still reports `restarts.oomKilled` (until it is replaced, as its restart count does). Pure.
+pub fn remember_oom(seen: &OomSeen, observed: &mut [Observed]) -> OomSeen {
+    observed
+        .iter_mut()
+        .filter_map(|o| {
+            o.oom_killed |= seen.contains(&o.id);
+            o.oom_killed.then(|| o.id.clone())
+        })
+        .collect()
+}
+
 /// Per-workload status from the desired state, the observed containers and the last pass's failures, at `now`.
 /// A failed workload names the container of an older spec that still runs, if one does; a container of the
 /// desired spec that Podman keeps restarting is `crash-looping` ([`fleet_wire::workload::is_crash_looping`]).
+/// An exited container whose latest exit was the OOM killer's is `oom-killed` (its error names the memory
+/// limit); one that restarts reports `restarts.oomKilled`, and its error too while it is crash-looping.
 /// A running container of a workload with a health check reports its health ([`crate::health::reported`]:
 /// Podman's for a command check, the agent's `health` findings for an HTTP or TCP probe), and while unhealthy
 /// its error says why (`unhealthy: …`).
@@ -844,6 +872,7 @@ pub fn statuses(
                 }
                 (Some(o), None) => match o.state.as_str() {
                     "running" => WorkloadState::Running,
+                    "exited" | "stopped" if o.oom_killed => WorkloadState::OomKilled,
                     "exited" | "stopped" => WorkloadState::Exited,
                     _ => WorkloadState::Starting,
                 },
@@ -867,6 +896,16 @@ pub fn statuses(
             let checked = o
                 .filter(|_| state == WorkloadState::Running)
                 .and_then(|o| crate::health::reported(w, o, health));
+            let error = error.or_else(|| {
+                o.filter(|o| {
+                    o.oom_killed
+                        && matches!(
+                            state,
+                            WorkloadState::OomKilled | WorkloadState::CrashLooping
+                        )
+                })
+                .map(|_| BoundedText::lossy(oom_error(w)))
+            });
             let error = error.or_else(|| match &checked {
                 Some((fleet_wire::HealthState::Unhealthy, why)) => Some(BoundedText::lossy(
                     why.as_deref()
@@ -889,9 +928,10 @@ pub fn statuses(
                     .filter(|_| state != WorkloadState::Failed)
                     .map(|o| Restarts {
                         count: o.restarts,
-                        last_exit_code: (o.exited || state == WorkloadState::Exited)
-                            .then_some(o.exit_code),
-                        oom_killed: false,
+                        last_exit_code: (o.exited
+                            || matches!(state, WorkloadState::Exited | WorkloadState::OomKilled))
+                        .then_some(o.exit_code),
+                        oom_killed: o.oom_killed,
                     }),
                 health: checked.map(|(h, _)| h),
             }
@@ -928,6 +968,7 @@ mod tests {
             created: 1,
             restarts_unknown: false,
             health: None,
+            oom_killed: false,
         }
     }
 
@@ -1437,6 +1478,105 @@ mod tests {
             at(1_005),
         );
         assert_eq!((s[0].state, s[0].restarts), (WorkloadState::Missing, None));
+    }
+
+    /// The OOM rule: the latest exit OOM-killed and not running → `oom-killed` with the limit in the error; running
+    /// again after one → `restarts.oomKilled`; repeated → `crash-looping`, still `oomKilled`.
+    #[test]
+    fn oom_kills_are_reported() {
+        let mut limited = fixtures::workload("web");
+        limited.resources = Some(fleet_wire::Resources {
+            memory_mib: Some(32),
+            ..Default::default()
+        });
+        let unlimited = fixtures::workload("web");
+        let at = |secs: u64| Timestamp::from_unix_ms(secs * 1000);
+        const LIMIT: &str = "oom-killed: the container exceeded its memory limit of 32 MiB";
+        const NO_LIMIT: &str = "oom-killed: the device ran out of memory";
+        use WorkloadState::{CrashLooping, Exited, OomKilled, Running};
+        // (spec, Podman state, OOMKilled, restarts, exit code) → (state, restarts.oomKilled, error starts with)
+        type Given<'a> = (&'a WorkloadSpec, &'a str, bool, u32, i32);
+        type Want<'a> = (WorkloadState, bool, Option<&'a str>);
+        let rows: Vec<(Given, Want)> = vec![
+            (
+                (&limited, "exited", true, 0, 137),
+                (OomKilled, true, Some(LIMIT)),
+            ),
+            (
+                (&limited, "stopped", true, 1, 137),
+                (OomKilled, true, Some(LIMIT)),
+            ),
+            (
+                (&unlimited, "exited", true, 0, 137),
+                (OomKilled, true, Some(NO_LIMIT)),
+            ),
+            // Killed by someone else: an exit like any other.
+            ((&limited, "exited", false, 0, 137), (Exited, false, None)),
+            // Running again after an OOM kill.
+            ((&limited, "running", true, 1, 0), (Running, true, None)),
+            // Repeated: a crash loop, running or between its restarts.
+            (
+                (&limited, "running", true, 3, 0),
+                (CrashLooping, true, Some(LIMIT)),
+            ),
+            (
+                (&limited, "exited", true, 3, 137),
+                (CrashLooping, true, Some(LIMIT)),
+            ),
+            (
+                (&limited, "exited", false, 3, 1),
+                (CrashLooping, false, None),
+            ),
+        ];
+        for (i, ((w, state, oom, restarts, code), (want, want_oom, error))) in
+            rows.into_iter().enumerate()
+        {
+            let mut o = observed("1", w, "device-1", state);
+            o.started_at = 1_000;
+            (o.oom_killed, o.restarts, o.exit_code) = (oom, restarts, code);
+            o.exited = state != "running";
+            let s = statuses(
+                std::slice::from_ref(w),
+                std::slice::from_ref(&o),
+                &Errors::new(),
+                &Findings::new(),
+                at(1_005),
+            )
+            .remove(0);
+            assert_eq!(s.state, want, "row {i}");
+            let r = s.restarts.expect("restarts");
+            assert_eq!(r.oom_killed, want_oom, "row {i}");
+            match error {
+                Some(e) => assert!(
+                    s.error.as_ref().is_some_and(|t| t.as_str().starts_with(e)),
+                    "row {i}: {:?}",
+                    s.error
+                ),
+                None => assert_eq!(s.error, None, "row {i}"),
+            }
+            if want == OomKilled {
+                assert_eq!(r.last_exit_code, Some(137), "row {i}");
+            }
+        }
+    }
+
+    /// An OOM kill once seen stays reported for that container (Podman may forget it when it restarts it), and
+    /// only containers still observed are remembered.
+    #[test]
+    fn a_seen_oom_kill_is_remembered_per_container() {
+        let web = fixtures::workload("web");
+        let mut now = vec![
+            observed("1", &web, "device-1", "exited"),
+            observed("2", &web, "device-1", "running"),
+        ];
+        now[0].oom_killed = true;
+        let seen = remember_oom(&OomSeen::new(), &mut now);
+        assert_eq!(seen, OomSeen::from(["1".to_string()]));
+        // Restarted: Podman says false now; a container that is gone is forgotten.
+        let mut later = vec![observed("1", &web, "device-1", "running")];
+        let seen = remember_oom(&OomSeen::from(["1".into(), "9".into()]), &mut later);
+        assert!(later[0].oom_killed);
+        assert_eq!(seen, OomSeen::from(["1".to_string()]));
     }
 
     /// A workload that restarted since the last status is published again soon, until it is reported

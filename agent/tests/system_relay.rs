@@ -54,11 +54,14 @@ fn capabilities_follow_the_updater_and_a_run_is_relayed_once() {
     let intents = store(&nc, kv::SYSTEM_UPGRADE_INTENT);
     let statuses = store(&nc, kv::SYSTEM_UPGRADE_STATUS);
 
-    // An updater that reports no capabilities (an older one): only AgentUpgradeV1 is advertised.
+    // An updater that reports no capabilities (an older one): only the agent's own are advertised.
     let mut agent = rig.spawn_agent();
     agent.wait_ready();
     let i: DeviceInfo = get_json(&info, DEVICE).expect("device info");
-    assert_eq!(i.capabilities, [Capability::AgentUpgradeV1]);
+    assert_eq!(
+        i.capabilities,
+        [Capability::AgentUpgradeV1, Capability::WorkloadSpecV2]
+    );
 
     // An expired intent is failed/expired and never sent.
     let old = attempt(Duration::ZERO);
@@ -94,6 +97,7 @@ fn capabilities_follow_the_updater_and_a_run_is_relayed_once() {
         i.capabilities,
         [
             Capability::AgentUpgradeV1,
+            Capability::WorkloadSpecV2,
             Capability::OciArtifactsV1,
             Capability::AptFullUpgradeV1
         ]

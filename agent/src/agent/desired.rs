@@ -1,12 +1,34 @@
-//! The desired state as the agent takes it (newer revisions only; a bad write never removes workloads), the
-//! workload worker's passes toward it, and the workload status published from what Podman reports.
+//! The desired state as the agent takes it (newer revisions only; a bad write never removes workloads, and one
+//! this agent cannot honour is reported in the status's `desiredError`), the workload worker's passes toward it,
+//! and the workload status published from what Podman reports.
 
 use super::{put_json, Agent};
 use crate::nats_kv::{Change, Value};
 use crate::reconcile;
 use crate::workload_worker::PassResult;
 use fleet_wire::kv;
-use fleet_wire::{DesiredState, DeviceWorkloadStatus, Timestamp};
+use fleet_wire::{BoundedText, DesiredState, DeviceWorkloadStatus, Timestamp, Version};
+
+/// Most characters of the decoder's own words in a `desiredError` (the whole text stays within its bound, so the
+/// generation kept is never cut off).
+const DECODE_ERROR_CHARS: usize = 640;
+
+/// The status's `desiredError` for a desired state (revision `revision`) that `version` could not take, while it
+/// keeps running `generation`: names the field (serde's error says `unknown field `x``) or the invalid value.
+pub(crate) fn cannot_honour(
+    revision: u64,
+    version: &Version,
+    error: &str,
+    generation: u64,
+) -> BoundedText {
+    let mut why: String = error.chars().take(DECODE_ERROR_CHARS).collect();
+    if error.chars().count() > DECODE_ERROR_CHARS {
+        why.push('…');
+    }
+    BoundedText::lossy(format!(
+        "desired state revision {revision} cannot be honoured by agent {version}: {why}; keeping generation {generation}"
+    ))
+}
 
 impl Agent {
     /// Takes a desired-state value; returns true when it changed what the agent wants.
@@ -16,9 +38,11 @@ impl Agent {
 
     /// `reread`: the value comes from a full read, so any other revision counts (a re-created bucket restarts
     /// its revisions); watch events only count when newer.
+    /// A desired state it could not take marks the status stale too (its `desiredError` changed), without a pass.
     pub(super) fn apply_desired_from(&mut self, c: Change, reread: bool) -> bool {
+        let error_before = self.desired_error.clone();
         let changed = self.take_desired(c, reread);
-        self.status_stale |= changed;
+        self.status_stale |= changed || self.desired_error != error_before;
         changed
     }
 
@@ -36,6 +60,7 @@ impl Agent {
             Value::Absent => {
                 log::info!("no desired state for this device (revision {})", c.revision);
                 self.desired.clear();
+                self.desired_error = None;
                 true
             }
             Value::Put(bytes) => match serde_json::from_slice::<DesiredState>(&bytes) {
@@ -49,6 +74,7 @@ impl Agent {
                     );
                     self.generation = d.generation;
                     self.desired = d.workloads;
+                    self.desired_error = None;
                     true
                 }
                 Ok(d) => {
@@ -59,11 +85,12 @@ impl Agent {
                     false
                 }
                 Err(e) => {
-                    // Keep running what we have: a bad write must not remove workloads.
-                    log::error!(
-                        "desired state revision {} is invalid; keeping the last valid one: {e}",
-                        c.revision
-                    );
+                    // Keep running what we have: a bad write (or one from a newer operator, with a field this
+                    // agent does not know) must not remove workloads, and is reported so a person sees it.
+                    let why =
+                        cannot_honour(c.revision, &self.version, &e.to_string(), self.generation);
+                    log::error!("{}", why.as_str());
+                    self.desired_error = Some(why);
                     false
                 }
             },
@@ -114,6 +141,7 @@ impl Agent {
             }
         };
         p.count_restarts(&mut observed);
+        self.oom_seen = reconcile::remember_oom(&self.oom_seen, &mut observed);
         let health = self.observe_health(&p, &observed);
         let now = Timestamp::now();
         let s = DeviceWorkloadStatus {
@@ -121,7 +149,7 @@ impl Agent {
             generation: self.generation,
             at: now,
             workloads: reconcile::statuses(&self.desired, &observed, &self.errors, &health, now),
-            desired_error: None,
+            desired_error: self.desired_error.clone(),
         };
         let unsettled = reconcile::unsettled(&self.published_restarts, &s.workloads);
         match put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {
@@ -132,5 +160,30 @@ impl Agent {
             Err(e) => log::warn!("publishing workload status: {e}"),
         }
         unsettled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_desired_state_it_cannot_honour_is_worded_within_bounds() {
+        let v = Version::try_from("1.4.0").expect("version");
+        let e = serde_json::from_str::<DesiredState>(
+            r#"{"deviceId":"device-1","generation":3,"workloads":[{"name":"web","image":"x:1","futureField":1}]}"#,
+        )
+        .expect_err("unknown field");
+        let t = cannot_honour(8, &v, &e.to_string(), 2);
+        assert!(
+            t.as_str().starts_with(
+                "desired state revision 8 cannot be honoured by agent 1.4.0: unknown field `futureField`"
+            ),
+            "{}",
+            t.as_str()
+        );
+        assert!(t.as_str().ends_with("; keeping generation 2"));
+        let long = cannot_honour(8, &v, &"x".repeat(5000), 2);
+        assert!(long.as_str().ends_with("…; keeping generation 2"));
     }
 }

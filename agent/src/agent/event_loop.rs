@@ -95,6 +95,11 @@ impl Agent {
                 Ok(Event::Desired(c)) => {
                     if self.apply_desired(c) {
                         self.reconcile_now(false);
+                    } else if self.status_stale && !self.stopping() {
+                        // Not taken (e.g. a field this agent does not know): no pass to wait for, and the
+                        // operator should hear of it now.
+                        let unsettled = self.publish_status();
+                        next_status = Instant::now() + self.status_interval(unsettled);
                     }
                 }
                 Ok(Event::Reconciled(r)) => {

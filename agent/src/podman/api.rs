@@ -139,6 +139,9 @@ pub struct Observed {
     pub restarts_unknown: bool,
     /// Podman's health of a container with a healthcheck (libpod's list says it in `Status`); `None` without one.
     pub health: Option<HealthState>,
+    /// The kernel's OOM killer ended it at its latest exit (inspect's `State.OOMKilled`); false until
+    /// [`Podman::count_restarts`] asked, which it does only for a container that restarted or exited non-zero.
+    pub oom_killed: bool,
 }
 
 #[derive(Deserialize)]
@@ -351,6 +354,7 @@ impl Podman {
                 created: created_secs(&e.created),
                 restarts_unknown: e.restarts.is_none(),
                 health: podman_health(&e.status),
+                oom_killed: false,
             })
             // Defence in depth: never act on a container without the label, whatever the filter did.
             .filter(|o| o.labels.get(LABEL_MANAGED).map(String::as_str) == Some("true"))
@@ -444,27 +448,39 @@ impl Podman {
     }
 
     /// Fills in the restart count of each container whose list entry had none (Podman 4.3's list does not carry
-    /// it) and that started later than [`RESTART_SLACK_SECS`] after its creation — one never restarted needs no
-    /// question, so a quiet device asks nothing. One `inspect` per such container; a failed one leaves 0.
+    /// it) and whether its latest exit was an OOM kill, from one `inspect` per container that may have either to
+    /// tell ([`exits_unknown`]) — one that never restarted nor failed needs no question, so a quiet device asks
+    /// nothing. A failed inspect leaves 0 and false.
     pub fn count_restarts(&self, observed: &mut [Observed]) {
-        for o in observed
-            .iter_mut()
-            .filter(|o| o.restarts_unknown && o.started_at > o.created + RESTART_SLACK_SECS)
-        {
-            match self.inspect_restarts(&o.id) {
-                Ok(n) => o.restarts = n,
+        for o in observed.iter_mut().filter(|o| exits_unknown(o)) {
+            match self.inspect_exits(&o.id) {
+                Ok((n, oom)) => {
+                    if o.restarts_unknown {
+                        o.restarts = n;
+                    }
+                    o.oom_killed = oom;
+                }
                 Err(e) => log::debug!("restart count of {}: {e}", o.name),
             }
         }
     }
 
-    fn inspect_restarts(&self, id: &str) -> Result<u32, PodmanError> {
+    /// The restart count and `State.OOMKilled` of one container.
+    fn inspect_exits(&self, id: &str) -> Result<(u32, bool), PodmanError> {
+        #[derive(Deserialize, Default)]
+        struct State {
+            #[serde(rename = "OOMKilled", default)]
+            oom_killed: bool,
+        }
         #[derive(Deserialize)]
         struct Inspect {
             #[serde(rename = "RestartCount", default)]
             restart_count: u32,
+            #[serde(rename = "State", default)]
+            state: State,
         }
-        self.inspect::<Inspect>(id).map(|i| i.restart_count)
+        self.inspect::<Inspect>(id)
+            .map(|i| (i.restart_count, i.state.oom_killed))
     }
 
     /// `GET /containers/{id}/json`, decoded into the part of the inspect document the caller names.
@@ -605,6 +621,16 @@ impl Podman {
     }
 }
 
+/// True when the list does not tell all of a container's restarts and latest exit: it started later than
+/// [`RESTART_SLACK_SECS`] after its creation and the list carries no restart count (Podman 4.3), or it restarted,
+/// or it is exited non-zero (an OOM kill ends the main process with 137, and a shell whose child the killer took
+/// with what the shell makes of it).
+fn exits_unknown(o: &Observed) -> bool {
+    (o.restarts_unknown && o.started_at > o.created + RESTART_SLACK_SECS)
+        || o.restarts > 0
+        || (o.state != "running" && o.exit_code != 0)
+}
+
 /// The libpod `SpecGenerator` for a workload.
 pub fn create_body(device: &DeviceId, spec: &WorkloadSpec) -> serde_json::Value {
     let mut labels = spec.labels.clone();
@@ -667,6 +693,7 @@ pub fn create_body(device: &DeviceId, spec: &WorkloadSpec) -> serde_json::Value 
             });
         }
     }
+    super::limits::apply(&mut body, spec, &super::limits::read_group_file());
     body
 }
 

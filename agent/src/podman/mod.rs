@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod http;
+pub mod limits;
 pub mod registry_auth;
 pub mod secrets;
 

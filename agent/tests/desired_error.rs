@@ -1,0 +1,92 @@
+//! A desired state the agent cannot honour (a workload field it does not know, as a newer operator would write)
+//! against a real nats-server and real Podman: the workload status says so at once (`desiredError` names the
+//! field, the revision, this agent's version and the generation it keeps), the running workload is untouched,
+//! and the next valid desired state clears it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+use fleet_wire::kv;
+use fleet_wire::{
+    DesiredState, DeviceId, DeviceWorkloadStatus, WorkloadName, WorkloadSpec, WorkloadState,
+};
+use std::time::{Duration, Instant};
+
+fn desired(generation: u64, marker: &str) -> serde_json::Value {
+    let mut w = WorkloadSpec::new(WorkloadName::try_from("web").unwrap(), IMAGE).unwrap();
+    w.command = vec!["sleep".into(), "1000".into()];
+    w.env.insert("MARKER".into(), marker.into());
+    let d = DesiredState::new(DeviceId::try_from(DEVICE).unwrap(), generation, vec![w]).unwrap();
+    serde_json::to_value(&d).unwrap()
+}
+
+#[test]
+fn a_desired_state_with_an_unknown_field_is_reported_and_the_workload_kept() {
+    // A long status interval: the prompt publish is the agent reacting to the value, not its timer.
+    let mut rig = Rig::new(true, "");
+    rig.write_config_intervals(
+        "",
+        "heartbeat_secs = 1\nstatus_secs = 60\nresync_secs = 60\nupdater_poll_ms = 200\n",
+    );
+    let nc = rig.nc();
+    let ds = store(&nc, kv::DESIRED_STATE);
+    ds.put(DEVICE, serde_json::to_vec(&desired(1, "1")).unwrap())
+        .unwrap();
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let wl = store(&nc, kv::WORKLOAD_STATUS);
+    let running = eventually(&agent, Duration::from_secs(60), "web running", || {
+        let s: DeviceWorkloadStatus = get_json(&wl, DEVICE)?;
+        let w = s.workloads.first()?;
+        (s.generation == 1 && w.state == WorkloadState::Running).then(|| w.clone())
+    });
+
+    let mut newer = desired(2, "2");
+    newer["workloads"][0]["futureField"] = serde_json::json!({ "x": 1 });
+    let put_at = Instant::now();
+    let rev = ds.put(DEVICE, serde_json::to_vec(&newer).unwrap()).unwrap();
+    let s = eventually(&agent, Duration::from_secs(20), "desiredError", || {
+        let s: DeviceWorkloadStatus = get_json(&wl, DEVICE)?;
+        s.desired_error.is_some().then_some(s)
+    });
+    let took = put_at.elapsed();
+    let e = s.desired_error.as_ref().unwrap().as_str().to_owned();
+    let version = fleet_agent::VERSION;
+    assert!(
+        e.starts_with(&format!(
+            "desired state revision {rev} cannot be honoured by agent {version}"
+        )),
+        "{e}"
+    );
+    assert!(e.contains("unknown field `futureField`"), "{e}");
+    assert!(e.ends_with("; keeping generation 1"), "{e}");
+    assert!(
+        took < Duration::from_secs(10),
+        "published {took:?} after the put, not a status interval later"
+    );
+    assert_eq!(s.generation, 1);
+    let w = &s.workloads[0];
+    assert_eq!(
+        (w.state, &w.container_id),
+        (WorkloadState::Running, &running.container_id),
+        "the workload of generation 1 runs on, untouched"
+    );
+
+    // The operator writes what this agent can take: the error is gone and generation 3 applies.
+    ds.put(DEVICE, serde_json::to_vec(&desired(3, "3")).unwrap())
+        .unwrap();
+    eventually(
+        &agent,
+        Duration::from_secs(60),
+        "generation 3 taken",
+        || {
+            let s: DeviceWorkloadStatus = get_json(&wl, DEVICE)?;
+            let w = s.workloads.first()?;
+            (s.generation == 3
+                && s.desired_error.is_none()
+                && w.state == WorkloadState::Running
+                && w.container_id != running.container_id)
+                .then_some(())
+        },
+    );
+}
