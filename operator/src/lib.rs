@@ -22,4 +22,5 @@ pub use fleet_kit::{nats_password, nats_tls};
 pub mod refusals;
 pub mod runtime;
 pub mod schema;
+pub mod secrets_source;
 pub mod webhook;

@@ -28,6 +28,7 @@ impl Fleet {
             instance: Some(format!("op-{}", self.operators.len())),
             label_selector: Some(format!("fleet-test={}", self.run)),
             nats: Default::default(),
+            secrets_namespace: None,
         };
         self.operators
             .push(kube_common::spawn_engine(self.client.clone(), opts));
@@ -580,6 +581,7 @@ async fn nats_unreachable_is_a_condition_and_an_event() {
         instance: None,
         label_selector: Some(format!("fleet-test={}", f.run)),
         nats: Default::default(),
+        secrets_namespace: None,
     };
     f.operators
         .push(kube_common::spawn_engine(f.client.clone(), opts));

@@ -65,6 +65,7 @@ fn world() -> &'static World {
                 instance: Some("op-tls".into()),
                 label_selector: Some(format!("fleet-test={run}")),
                 nats: settings.clone(),
+                secrets_namespace: None,
             };
             kube_common::spawn_engine(kube.clone(), opts);
             (kube, js)

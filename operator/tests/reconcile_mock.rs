@@ -65,6 +65,7 @@ fn deployment() -> FleetDeployment {
             },
             workloads: vec![],
             rollout: None,
+            image_pull_secrets: vec![],
         },
     );
     d.metadata.generation = Some(3);

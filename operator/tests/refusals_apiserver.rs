@@ -95,6 +95,7 @@ async fn a_flood_from_one_device_shows_on_its_device_only() {
         instance: Some("op-0".into()),
         label_selector: Some(format!("fleet-test={run}")),
         nats: Default::default(),
+        secrets_namespace: None,
     };
     let op = kube_common::spawn_engine(client.clone(), opts);
     // The operator listens once its NATS link is up: its first pass writes the victim's heartbeat status below.

@@ -345,6 +345,19 @@ pub struct FleetDeploymentSpec {
     /// an AgentRelease's ([`RolloutSpec`]); devices not given the change yet keep the previous workloads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutSpec>,
+    /// Secrets of type `kubernetes.io/dockerconfigjson` (Kubernetes' shape: `[{name}]`) in the operator's secrets
+    /// namespace (`--secrets-namespace`, docs/secrets.md) whose registry credentials the targeted devices pull this
+    /// deployment's images with: only the entries of the registries its images name reach a device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<SecretReference>,
+}
+
+/// A Secret named by a FleetDeployment (in the operator's secrets namespace).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretReference {
+    /// The Secret's name.
+    pub name: String,
 }
 
 /// Status of a placed object (FleetDeployment or AgentRelease).

@@ -21,7 +21,7 @@ use async_nats::jetstream::kv::Store;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,
-    DeviceWorkloadStatus, Heartbeat, WorkloadSpec,
+    DeviceSecrets, DeviceWorkloadStatus, Heartbeat, WorkloadSpec,
 };
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -68,6 +68,9 @@ pub struct Options {
     pub label_selector: Option<String>,
     /// TLS and bucket settings ([`kv::NatsSettings`]).
     pub nats: kv::NatsSettings,
+    /// The namespace whose Secrets FleetDeployments name (`--secrets-namespace`; `None`:
+    /// [`crate::secrets_source::DEFAULT_NAMESPACE`]).
+    pub secrets_namespace: Option<String>,
 }
 
 /// The NATS mirrors the operator keeps.
@@ -84,6 +87,9 @@ pub struct Mirrors {
     pub intent: Arc<Mirror<AgentUpgradeAttempt>>,
     /// `device-workload-status`.
     pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
+    /// `device-secrets` (what this or another replica wrote): a device held back by a staged rollout keeps the
+    /// value it has ([`super::secrets::deliveries`]).
+    pub secrets: Arc<Mirror<DeviceSecrets>>,
 }
 
 /// The devices whose heartbeats and workload reports always wake the control loop (the plan's
@@ -143,13 +149,14 @@ impl Mirrors {
             desired: Mirror::new(layout::DESIRED_STATE),
             intent: Mirror::new(layout::AGENT_UPGRADE_INTENT),
             workloads,
+            secrets: Mirror::new(layout::DEVICE_SECRETS),
         }
     }
 }
 
 impl Mirrors {
     fn synced(&self) -> bool {
-        self.desired.is_synced() && self.intent.is_synced()
+        self.desired.is_synced() && self.intent.is_synced() && self.secrets.is_synced()
     }
 }
 
@@ -161,6 +168,7 @@ async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result
     link.watch(&m.desired, notify)?;
     link.watch(&m.intent, notify)?;
     link.watch(&m.workloads, notify)?;
+    link.watch(&m.secrets, notify)?;
     Ok(link)
 }
 
@@ -201,7 +209,7 @@ pub async fn run_with(
     ));
     let engine = Engine {
         client: client.clone(),
-        recorder: report::recorder(client, opts.instance.clone()),
+        recorder: report::recorder(client.clone(), opts.instance.clone()),
         devices,
         groups,
         deployments,
@@ -210,6 +218,13 @@ pub async fn run_with(
         heartbeat_watch: watch,
         device_writes,
         refusals: Arc::default(),
+        secrets: crate::secrets_source::SecretSource::new(
+            client.clone(),
+            opts.secrets_namespace
+                .clone()
+                .unwrap_or_else(|| crate::secrets_source::DEFAULT_NAMESPACE.into()),
+        ),
+        urgent: urgent.clone(),
     };
     let mut link: Option<Link> = None;
     loop {
@@ -369,6 +384,80 @@ async fn write_desired_shard(
         .await
 }
 
+/// Writes each device's `device-secrets` key (compare-and-set; one equal to what the key holds is skipped).
+/// A document over the bucket's limits is not written and is logged by device, Secret and key (never a value):
+/// its device keeps the key it has. Returns how many were written.
+pub async fn write_device_secrets(
+    store: &Store,
+    mirror: &Arc<Mirror<DeviceSecrets>>,
+    items: Vec<(DeviceId, DeviceSecrets)>,
+) -> Result<usize, NatsError> {
+    let results: Vec<Result<CasOutcome, NatsError>> = futures::stream::iter(items)
+        .filter(|(dev, want)| {
+            let size = serde_json::to_vec(want)
+                .map(|v| v.len())
+                .unwrap_or(usize::MAX);
+            let ok = match want.check() {
+                Err(e) => Err(e.to_string()),
+                Ok(()) if size > fleet_wire::secrets::MAX_DEVICE_SECRETS_BYTES => Err(format!(
+                    "{size} bytes, over the bucket's limit of {}",
+                    fleet_wire::secrets::MAX_DEVICE_SECRETS_BYTES
+                )),
+                Ok(()) => Ok(()),
+            };
+            if let Err(e) = &ok {
+                log::warn!("device-secrets of {dev} not written: {e}");
+            }
+            futures::future::ready(ok.is_ok())
+        })
+        .map(|(dev, want)| async move {
+            kv::cas_write(store, mirror, &layout::device_key(&dev), |cur| {
+                (cur != Some(&want)).then(|| want.clone())
+            })
+            .await
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    let mut written = 0;
+    for r in results {
+        written += usize::from(matches!(r?, CasOutcome::Written(_)));
+    }
+    Ok(written)
+}
+
+/// Removes the `device-secrets` key of each device in `devices` (a delete marker replaces the value: the bucket
+/// keeps one entry per key, and refuses the rollup header a purge would need), if it still is the value the mirror
+/// saw (another replica's newer write is left for the next pass). Returns how
+/// many were removed.
+pub async fn delete_device_secrets(
+    store: &Store,
+    mirror: &Arc<Mirror<DeviceSecrets>>,
+    devices: Vec<DeviceId>,
+) -> Result<usize, NatsError> {
+    let mut removed = 0;
+    for dev in devices {
+        let key = layout::device_key(&dev);
+        let Some(seen) = mirror.get(&key).filter(|s| s.value.is_some()) else {
+            continue;
+        };
+        match store
+            .delete_expect_revision(&key, Some(seen.revision))
+            .await
+        {
+            Ok(()) => {
+                // The delete's own revision comes back through the watch; until then the key reads as gone.
+                mirror.record(&key, seen.revision + 1, None);
+                removed += 1;
+            }
+            Err(e) => {
+                log::warn!("device-secrets of {dev} not removed: {e}; retried on the next pass")
+            }
+        }
+    }
+    Ok(removed)
+}
+
 /// Each device's current workloads from the desired-state mirror, as [`placement::desired_workloads`] reads
 /// them. Only a deployment whose placement failed reads them (to hold what runs), so without one the copy is
 /// skipped.
@@ -397,6 +486,9 @@ struct Engine {
     heartbeat_watch: HeartbeatWatch,
     device_writes: Arc<DeviceWrites>,
     refusals: Arc<crate::refusals::Refusals>,
+    /// The Secrets the deployments name, and what wakes the loop when one changes (a person's change).
+    secrets: Arc<crate::secrets_source::SecretSource>,
+    urgent: Arc<Notify>,
 }
 
 /// Labels for Device objects the operator creates: the `key=value` terms of the label selector, so that the
@@ -477,6 +569,10 @@ impl Engine {
             workloads: self.mirrors.workloads.values(),
             desired: self.mirrors.desired.values(),
             intents: self.mirrors.intent.values(),
+            device_secrets: self.mirrors.secrets.values(),
+            // Read by the pass itself (an API read: not in this in-memory snapshot).
+            secrets: BTreeMap::new(),
+            secrets_namespace: String::new(),
             refused: self.refusals.snapshot(),
             liveness: plan::Liveness {
                 watched_since: self.mirrors.heartbeat.watched_since(),
@@ -490,7 +586,15 @@ impl Engine {
     /// (its `Online` condition turns False), if any is heard from.
     async fn pass(&self, link: Option<&Link>, nats_error: Option<String>) -> Option<Duration> {
         let started = std::time::Instant::now();
-        let snapshot = self.snapshot();
+        let mut snapshot = self.snapshot();
+        // The Secrets the deployments name, read now (the data of only those: secrets_source.rs).
+        let names = snapshot
+            .deployments
+            .iter()
+            .flat_map(|d| super::secrets::referenced(&d.spec))
+            .collect();
+        snapshot.secrets = self.secrets.read(&names, &self.urgent).await;
+        snapshot.secrets_namespace = self.secrets.namespace().to_owned();
         let now = fleet_wire::Timestamp::now();
         let offline_in = snapshot
             .liveness
@@ -543,7 +647,13 @@ impl Engine {
         }
         if let (Some(link), None) = (link, &nats_error) {
             if let Err(e) = self
-                .write_nats(link, plan.desired, plan.bump, plan.intents)
+                .write_nats(
+                    link,
+                    plan.desired,
+                    plan.bump,
+                    plan.intents,
+                    plan.device_secrets,
+                )
                 .await
             {
                 nats_error = Some(e.to_string());
@@ -597,7 +707,20 @@ impl Engine {
         desired: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
         bump: std::collections::BTreeSet<DeviceId>,
         intents: Vec<plan::IntentWrite>,
+        device_secrets: BTreeMap<DeviceId, Option<DeviceSecrets>>,
     ) -> Result<(), NatsError> {
+        // A device's secrets before the desired state that names them (awaited); removed ones after it.
+        let secrets_store = link.store(layout::DEVICE_SECRETS)?;
+        let (puts, deletes): (Vec<_>, Vec<_>) =
+            device_secrets.into_iter().partition(|(_, s)| s.is_some());
+        let puts = puts
+            .into_iter()
+            .filter_map(|(d, s)| Some((d, s?)))
+            .collect();
+        match write_device_secrets(secrets_store, &self.mirrors.secrets, puts).await? {
+            0 => {}
+            n => log::info!("wrote the registry credentials and secret values of {n} devices"),
+        }
         let store = link.store(layout::DESIRED_STATE)?;
         if !bump.is_empty() {
             log::info!("retry: desired state given again to {} devices", bump.len());
@@ -605,6 +728,13 @@ impl Engine {
         match write_desired_bumped(store, &self.mirrors.desired, desired, Arc::new(bump)).await? {
             0 => {}
             n => log::info!("wrote {n} desired states"),
+        }
+        let deletes: Vec<DeviceId> = deletes.into_iter().map(|(d, _)| d).collect();
+        match delete_device_secrets(secrets_store, &self.mirrors.secrets, deletes).await? {
+            0 => {}
+            n => {
+                log::info!("removed the device-secrets keys of {n} devices that need none any more")
+            }
         }
         if intents.is_empty() {
             return Ok(());

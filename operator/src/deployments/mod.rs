@@ -3,6 +3,7 @@
 //! releases, staged rollouts, spec validation, workload health and the Device status mirrored from NATS — and its
 //! writes to the Kubernetes API ([`report`], [`device_writes`]).
 
+pub mod capability;
 pub mod device_writes;
 pub mod engine;
 pub mod health;
@@ -13,4 +14,5 @@ pub mod release;
 pub mod report;
 pub mod rollout;
 pub mod rollout_workloads;
+pub mod secrets;
 pub mod validate;

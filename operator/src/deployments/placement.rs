@@ -213,6 +213,10 @@ pub enum PlacementError {
     /// A group it relies on could not be resolved (condition reason `GroupSourceError`).
     #[error("{0}")]
     GroupSource(GroupError),
+    /// A Secret it names cannot be used (condition reason `SecretMissing`, `SecretInvalid` or `SecretUnreadable`:
+    /// [`crate::deployments::secrets`]); the message names the Secret and key, never a value.
+    #[error("{1}")]
+    Secret(&'static str, String),
 }
 
 impl PlacementError {
@@ -221,6 +225,7 @@ impl PlacementError {
         match self {
             Self::InvalidSpec(_) => "InvalidSpec",
             Self::GroupSource(_) => "GroupSourceError",
+            Self::Secret(reason, _) => reason,
         }
     }
 }

@@ -9,14 +9,16 @@ use super::placement::{self, DeploymentInput, GroupError, Labels, PlacementError
 use super::release::{self, IntentDecision, ReleaseCounts};
 use super::rollout;
 use super::validate::{self, Build};
+use super::{capability, secrets};
 use crate::conditions::{self, Want};
 use crate::crd::{
     AgentRelease, Device, DeviceGroup, DeviceGroupStatus, DeviceStatus, FleetDeployment,
     PlacementStatus, RolloutPhase, WorkloadHealth, HOLD_ANNOTATION,
 };
+use fleet_wire::secrets::RegistryAuth;
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,
-    DeviceWorkloadStatus, Heartbeat, Timestamp, WorkloadSpec,
+    DeviceSecrets, DeviceWorkloadStatus, Heartbeat, Timestamp, WorkloadSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
@@ -61,6 +63,12 @@ pub struct Snapshot {
     /// Liveness ([`crate::liveness`]): since when the heartbeat mirror is watched (`None`: not judged) and each
     /// heartbeat with when NATS stored it.
     pub liveness: Liveness,
+    /// The Secrets the deployments name, by name, read from [`Self::secrets_namespace`] ([`super::secrets`]).
+    pub secrets: BTreeMap<String, super::secrets::SecretState>,
+    /// The namespace the deployments' Secrets are read from (named in messages).
+    pub secrets_namespace: String,
+    /// `device-secrets` (what this or another replica wrote).
+    pub device_secrets: BTreeMap<String, Arc<DeviceSecrets>>,
 }
 
 /// What a pass judges liveness from (a Device's `Online` condition).
@@ -196,6 +204,9 @@ pub struct Plan {
     /// Devices whose next heartbeat or workload report can change a decision (an agent release or a deployment
     /// soaking on them): of the reports that change nothing else, only theirs wake the control loop.
     pub heartbeat_watch: BTreeSet<DeviceId>,
+    /// Each device's `device-secrets` key where it changes (`None`: delete it), written before the desired states
+    /// that need it ([`super::secrets::deliveries`]).
+    pub device_secrets: BTreeMap<DeviceId, Option<DeviceSecrets>>,
 }
 
 /// "1 device", "3 devices".
@@ -349,6 +360,9 @@ struct Deployed {
     rollouts: BTreeMap<String, StagedDeployment>,
     /// Per deployment, the devices its rollout holds back and what they keep.
     held: BTreeMap<String, BTreeMap<DeviceId, Arc<[WorkloadSpec]>>>,
+    /// Per deployment, what its `Ready` message says of the targeted devices whose agent cannot honour its spec
+    /// ([`capability`]).
+    incapable: BTreeMap<String, String>,
 }
 
 /// One staged deployment's rollout in this pass.
@@ -367,6 +381,7 @@ fn stage(
     d: &FleetDeployment,
     workloads: &[WorkloadSpec],
     targets: &BTreeSet<DeviceId>,
+    incapable: &BTreeMap<DeviceId, Option<String>>,
     policy: &rollout::Policy,
     now: Timestamp,
     plan: &mut Plan,
@@ -384,7 +399,11 @@ fn stage(
             current,
             s.workloads.get(dev.as_str()).map(Arc::as_ref),
         );
-        if retry
+        // An agent that cannot honour the spec is never given it: a failed device, so that a canary halts the
+        // rollout and the rest count against maxFailures (capability.rs); a retry does not change its agent.
+        if incapable.contains_key(dev) {
+            observed = rollout::Observed::Failed;
+        } else if retry
             && matches!(
                 observed,
                 rollout::Observed::Failed
@@ -464,6 +483,14 @@ fn held_halt(
 }
 
 fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> Deployed {
+    let mut incapable_of = BTreeMap::new();
+    // Per placed deployment: the devices given its spec, its workload names, its pull credentials.
+    type Credentials = (
+        BTreeSet<DeviceId>,
+        BTreeSet<String>,
+        BTreeMap<String, RegistryAuth>,
+    );
+    let mut credentials: BTreeMap<String, Credentials> = BTreeMap::new();
     let mut inputs = Vec::new();
     let mut results = BTreeMap::new();
     let mut targets_of = BTreeMap::new();
@@ -489,6 +516,21 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> 
                 &fleet.labels,
             ),
         };
+        // Each secret use pinned to its Secret's version, the pull Secrets' credentials read (secrets.rs); a
+        // Secret that cannot be used fails the deployment closed, like an invalid spec.
+        let resolved = workloads.as_ref().ok().map(|w| {
+            let pull: Vec<String> = d
+                .spec
+                .image_pull_secrets
+                .iter()
+                .map(|r| r.name.clone())
+                .collect();
+            secrets::resolve(&s.secrets_namespace, w, &pull, &s.secrets)
+        });
+        let targets = match (targets, &resolved) {
+            (Ok(_), Some(Err(e))) => Err(PlacementError::Secret(e.reason, e.message.clone())),
+            (t, _) => t,
+        };
         results.insert(
             d.name_any(),
             targets.as_ref().map(|t| t.len()).map_err(Clone::clone),
@@ -496,8 +538,15 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> 
         if let Ok(t) = &targets {
             targets_of.insert(d.name_any(), t.clone());
         }
+        let mut registries = None;
         let workloads = match workloads {
-            Ok(w) => w,
+            Ok(w) => match resolved {
+                Some(Ok(r)) => {
+                    registries = Some(r.registries);
+                    r.workloads
+                }
+                _ => w,
+            },
             // Invalid workloads: what is placed under the names the spec gives is held (the placed specs
             // themselves, read back), so a typo never takes running workloads off devices.
             Err(_) => {
@@ -511,11 +560,37 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> 
                 held.into_values().collect()
             }
         };
+        let incapable = match &targets {
+            Ok(t) => capability::incapable(&workloads, t, &s.info),
+            Err(_) => BTreeMap::new(),
+        };
         let mut held = BTreeMap::new();
         if let (Ok(t), Ok(policy), Some(_)) = (&targets, &policy, &d.spec.rollout) {
-            let (staged, h) = stage(s, fleet, d, &workloads, t, policy, now, plan);
+            let (staged, h) = stage(s, fleet, d, &workloads, t, &incapable, policy, now, plan);
             rollouts.insert(d.name_any(), staged);
             held = h;
+        }
+        // A device whose agent cannot honour the spec keeps what it has (capability.rs).
+        for dev in incapable.keys() {
+            held.entry(dev.clone()).or_insert_with(|| {
+                let current = s.desired.get(dev.as_str()).map(Arc::as_ref);
+                super::rollout_workloads::previous(&workloads, current).into()
+            });
+        }
+        if let Some(m) = capability::message(&workloads, &incapable, FAILED_EXAMPLES) {
+            incapable_of.insert(d.name_any(), m);
+        }
+        if let Ok(t) = &targets {
+            let given = t.iter().filter(|d| !incapable.contains_key(*d)).cloned();
+            let names = workloads.iter().map(|w| w.name.as_str().to_owned());
+            credentials.insert(
+                d.name_any(),
+                (
+                    given.collect(),
+                    names.collect(),
+                    registries.unwrap_or_default(),
+                ),
+            );
         }
         inputs.push(DeploymentInput {
             name: d.name_any(),
@@ -562,6 +637,17 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> 
         }
     }
     plan.desired = desired.per_device;
+    // What each device's device-secrets key holds for the desired states just decided (secrets.rs).
+    let placed: Vec<secrets::Placed> = credentials
+        .values()
+        .map(|(targets, names, registries)| secrets::Placed {
+            targets,
+            names: names.iter().map(String::as_str).collect(),
+            registries,
+        })
+        .collect();
+    plan.device_secrets =
+        secrets::deliveries(&plan.desired, &placed, &s.secrets, &s.device_secrets);
     let mut workloads = BTreeMap::new();
     let mut held = BTreeMap::new();
     for i in inputs {
@@ -578,6 +664,7 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> 
         conflicts: desired.conflicts,
         rollouts,
         held,
+        incapable: incapable_of,
     }
 }
 
@@ -963,7 +1050,10 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
                         c.len(), c[0].1, c[0].0, c[0].2
                     ),
                 )),
-                None => Ok(format!("placed on {}", devices(*n as u32))),
+                None => Ok(match d.incapable.get(&name) {
+                    Some(m) => format!("placed on {}; {m}", devices(*n as u32)),
+                    None => format!("placed on {}", devices(*n as u32)),
+                }),
             },
             Some(Err(e)) if d.holding.contains(&name) => Err((
                 e.reason(),

@@ -32,9 +32,36 @@ pub fn deployment_workloads(spec: &FleetDeploymentSpec) -> Result<Vec<WorkloadSp
             "workloads: more than {MAX_DEPLOYMENT_WORKLOADS} entries"
         ));
     }
+    for (i, r) in spec.image_pull_secrets.iter().enumerate() {
+        if !fleet_wire::secrets::dns_subdomain(&r.name) {
+            errors.push(format!(
+                "imagePullSecrets[{i}].name: {:?} is not a Secret name (lowercase DNS subdomain)",
+                r.name
+            ));
+        }
+    }
     let mut names = BTreeSet::new();
     let mut out = Vec::with_capacity(spec.workloads.len());
     for (i, raw) in spec.workloads.iter().enumerate() {
+        // The version of a Secret is the operator's to set (the Secret's resourceVersion when it plans the spec):
+        // one written in the CR would pin a value the operator never read.
+        let versioned: Vec<usize> = raw
+            .get("secrets")
+            .and_then(|s| s.as_array())
+            .map(|uses| {
+                (0..uses.len())
+                    .filter(|j| uses[*j].get("version").is_some())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !versioned.is_empty() {
+            for j in versioned {
+                errors.push(format!(
+                    "workloads[{i}].secrets[{j}].version: set by the operator (the Secret's resourceVersion), not in a FleetDeployment; remove it"
+                ));
+            }
+            continue;
+        }
         match serde_json::from_value::<WorkloadSpec>(raw.clone()) {
             Ok(w) if !names.insert(w.name.as_str().to_owned()) => errors.push(format!(
                 "workloads[{i}]: name {:?} appears twice",
@@ -203,11 +230,33 @@ mod tests {
                 Err("workloads[0]: invalid workload: a: image \"Bad\" is not a valid image reference: name component \"Bad\" must be lowercase letters and digits, joined by '.', '_', '__' or '-'; workloads[2]: invalid workload: c: image \"x y\" contains whitespace; an image reference has none (e.g. nginx:1.27); workloads[3]: name \"b\" appears twice"),
             ),
         ];
-        for (i, (workloads, want)) in cases.into_iter().enumerate() {
+        let cases = cases.into_iter().chain([
+            // a secret as env and as a file, without a version: valid
+            (
+                vec![json!({"name": "a", "image": "nginx:1", "secrets": [
+                    {"secret": "api", "key": "token", "env": "API_TOKEN"},
+                    {"secret": "tls", "key": "tls.key", "file": "/run/secrets/tls.key", "uid": 101}]})],
+                Ok(1),
+            ),
+            // the version is the operator's
+            (
+                vec![json!({"name": "a", "image": "nginx:1", "secrets": [
+                    {"secret": "api", "key": "token", "env": "A"},
+                    {"secret": "api", "key": "token", "env": "B", "version": "4711"}]})],
+                Err("workloads[0].secrets[1].version: set by the operator (the Secret's resourceVersion), not in a FleetDeployment; remove it"),
+            ),
+            (
+                vec![json!({"name": "a", "image": "nginx:1", "secrets": [
+                    {"secret": "api", "key": "token"}]})],
+                Err("workloads[0]: invalid workload: a: secrets[0]: needs exactly one of env or file"),
+            ),
+        ]);
+        for (i, (workloads, want)) in cases.enumerate() {
             let spec = FleetDeploymentSpec {
                 placement: Placement::default(),
                 workloads,
                 rollout: None,
+                image_pull_secrets: vec![],
             };
             match (deployment_workloads(&spec), want) {
                 (Ok(v), Ok(n)) => assert_eq!(v.len(), n, "case {i}"),

@@ -56,6 +56,8 @@ fn placement_error(e: PlacementError) -> PlanError {
     match e {
         PlacementError::InvalidSpec(m) => PlanError::InvalidSpec(m),
         PlacementError::GroupSource(g) => PlanError::GroupSource(g.to_string()),
+        // place() never gives it (only a deployment's Secrets do).
+        PlacementError::Secret(_, m) => PlanError::InvalidSpec(m),
     }
 }
 

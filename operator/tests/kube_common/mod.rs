@@ -124,6 +124,7 @@ impl Fleet {
             instance: Some(format!("op-{}", self.operators.len())),
             label_selector: Some(format!("fleet-test={}", self.run)),
             nats: Default::default(),
+            secrets_namespace: None,
         };
         self.operators.push(spawn_engine(self.client.clone(), opts));
     }
