@@ -168,7 +168,13 @@ impl LocalFleet {
     /// device's token (as installed on it) or the services' NATS password, in the operator's log, fleet-auth's
     /// or nats-server's log, or any journal of any device.
     pub fn assert_no_secrets_in_logs(&self) {
-        let mut secrets: Vec<(String, String)> = vec![];
+        self.assert_no_secrets_in_logs_with(&[]);
+    }
+
+    /// [`Self::assert_no_secrets_in_logs`], also for the test's own `(what, value)` secrets: registry passwords,
+    /// values of Kubernetes Secrets (docs/secrets.md: never logged either).
+    pub fn assert_no_secrets_in_logs_with(&self, extra: &[(String, String)]) {
+        let mut secrets: Vec<(String, String)> = extra.to_vec();
         if let Some(p) = self.nats.service_password() {
             secrets.push(("the services' NATS password".into(), p.to_string()));
         }
@@ -203,6 +209,21 @@ impl LocalFleet {
                 // Only where it appeared: the secret itself never goes into the failure message.
                 assert!(!text.contains(secret.as_str()), "{what} appears in {log}");
             }
+        }
+    }
+
+    /// Makes the private registry `host` (`127.0.0.1:<port>` on the host, TLS with a certificate of the CA
+    /// `ca_pem`) reachable from every device at the same address, and trusted there the way docs/device-setup.md
+    /// ("Private registries") tells a person: the CA at `/etc/containers/certs.d/<host>/ca.crt`, which Podman
+    /// (rootless too) reads for that registry only.
+    pub fn trust_registry(&mut self, host: &str, port: u16, ca_pem: &[u8]) {
+        for d in &mut self.devices {
+            d.guest.forward(port);
+            d.guest.write_file(
+                &format!("/etc/containers/certs.d/{host}/ca.crt"),
+                ca_pem,
+                0o644,
+            );
         }
     }
 
