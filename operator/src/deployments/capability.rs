@@ -129,4 +129,117 @@ mod tests {
         );
         assert_eq!(message(&v2, &BTreeMap::new(), 5), None);
     }
+
+    /// Through a whole pass, without a rollout section: the capable device gets the spec (and its Secret's value),
+    /// the older agent keeps what it runs and is named in `Ready`; a deployment whose Secret is gone fails closed.
+    #[test]
+    fn a_pass_gives_v2_specs_to_capable_agents_only() {
+        use crate::deployments::plan::{plan, Snapshot};
+        use crate::deployments::secrets::{SecretData, SecretState};
+        use fleet_wire::secrets::Hidden;
+        let obj = |kind: &str, name: &str, labels: serde_json::Value, spec: serde_json::Value| {
+            serde_json::json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": kind,
+                "metadata": {"name": name, "generation": 1, "labels": labels}, "spec": spec})
+        };
+        let mut s = Snapshot {
+            secrets_namespace: "harmony-fleet".into(),
+            ..Default::default()
+        };
+        for d in ["new", "old"] {
+            s.devices.push(Arc::new(
+                serde_json::from_value(obj(
+                    "Device",
+                    d,
+                    serde_json::json!({}),
+                    serde_json::json!({}),
+                ))
+                .expect("device"),
+            ));
+        }
+        s.groups.push(Arc::new(
+            serde_json::from_value(obj(
+                "DeviceGroup",
+                "all",
+                serde_json::json!({}),
+                serde_json::json!({"selectAll": true}),
+            ))
+            .expect("group"),
+        ));
+        s.deployments.push(Arc::new(
+            serde_json::from_value(obj(
+                "FleetDeployment",
+                "app",
+                serde_json::json!({}),
+                serde_json::json!({
+                "allowedGroups": ["all"],
+                "workloads": [{"name": "app", "image": "localhost/app:1",
+                    "secrets": [{"secret": "api", "key": "token", "env": "TOKEN"}]}]}),
+            ))
+            .expect("deployment"),
+        ));
+        s.info = BTreeMap::from([
+            info("new", "2.0.0", &[Capability::WorkloadSpecV2]),
+            info("old", "1.0.0", &[]),
+        ]);
+        s.secrets = BTreeMap::from([(
+            "api".to_owned(),
+            SecretState::Found(Arc::new(SecretData {
+                version: "7".into(),
+                type_: "Opaque".into(),
+                data: BTreeMap::from([("token".to_owned(), Hidden("dDBrZW4=".into()))]),
+            })),
+        )]);
+        let p = plan(
+            &s,
+            fleet_wire::Timestamp::now(),
+            &mut fleet_wire::AttemptId::new_random,
+        );
+        let given = |d: &str| p.desired[&DeviceId::try_from(d).expect("id")].len();
+        assert_eq!((given("new"), given("old")), (1, 0));
+        let ready = &p.deployments[0].wants[0];
+        assert!(
+            ready.ok && ready.message == "placed on 2 devices; device old's agent 1.0.0 cannot honour secrets (upgrade its agent; it keeps what it runs)",
+            "{ready:?}"
+        );
+        assert_eq!(
+            p.device_secrets
+                .keys()
+                .map(DeviceId::as_str)
+                .collect::<Vec<_>>(),
+            ["new"]
+        );
+        // The Secret gone: SecretMissing, and what the devices have is kept (no device-secrets change either).
+        s.secrets.insert("api".into(), SecretState::Missing);
+        let placed = Arc::new(
+            fleet_wire::DesiredState::new(
+                DeviceId::try_from("new").expect("id"),
+                1,
+                p.desired[&DeviceId::try_from("new").expect("id")].to_vec(),
+            )
+            .expect("state"),
+        );
+        s.desired = BTreeMap::from([("new".to_owned(), placed.clone())]);
+        let p2 = plan(
+            &s,
+            fleet_wire::Timestamp::now(),
+            &mut fleet_wire::AttemptId::new_random,
+        );
+        let ready = &p2.deployments[0].wants[0];
+        assert_eq!(ready.reason, "SecretMissing");
+        assert!(
+            ready
+                .message
+                .contains("Secret harmony-fleet/api (workload app secrets[0]) does not exist"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(
+            p2.desired[&DeviceId::try_from("new").expect("id")][..],
+            placed.workloads[..]
+        );
+        assert!(
+            p2.device_secrets.is_empty(),
+            "nothing was delivered before, nothing is now"
+        );
+    }
 }

@@ -284,8 +284,13 @@ pub fn deliveries(
     current: &BTreeMap<String, Arc<DeviceSecrets>>,
 ) -> BTreeMap<DeviceId, Option<DeviceSecrets>> {
     let mut out = BTreeMap::new();
+    // A fleet without credentials or secrets costs a scan of its desired states, nothing more.
+    let any_credentials = placed.iter().any(|p| !p.registries.is_empty());
     for (dev, workloads) in desired {
         let have = current.get(dev.as_str()).map(Arc::as_ref);
+        if have.is_none() && !any_credentials && workloads.iter().all(|w| w.secrets.is_empty()) {
+            continue;
+        }
         let mut registries = BTreeMap::new();
         let mut values: Vec<SecretValue> = Vec::new();
         for w in workloads.iter() {
