@@ -53,8 +53,8 @@ Options:
   --alert-slot-held-after DURATION  a FleetLock slot held for longer alerts (default 1h)
   --alert-failed-run-for DURATION   a failed TaskRun alerts for this long after it ended (default 24h)
   --secrets-namespace NS  the namespace of the Secrets FleetDeployments name (imagePullSecrets, workload
-                          secrets; default $FLEET_SECRETS_NAMESPACE, else $POD_NAMESPACE, else harmony-fleet;
-                          the operator needs get, list and watch on its Secrets: docs/secrets.md)
+                          secrets; default $FLEET_SECRETS_NAMESPACE, else harmony-fleet-secrets; never the
+                          operator's own: the operator needs get, list and watch on its Secrets: docs/secrets.md)
   --task-accept-timeout DURATION    a TaskRun device whose intent has no status for longer is stalled:
                                     Progressing=False on the run, status.stalled on the Device, an alert
                                     (default 2m: three 30 s agent heartbeats and one resync; 1s to 24h; raise
@@ -254,7 +254,6 @@ fn main() -> ExitCode {
                 .value("--secrets-namespace")
                 .map(str::to_owned)
                 .or_else(|| std::env::var("FLEET_SECRETS_NAMESPACE").ok())
-                .or_else(|| std::env::var("POD_NAMESPACE").ok())
                 .filter(|s| !s.is_empty()),
         };
         let schedule_opts = fleet_operator::tasks::scheduler::Options::new(

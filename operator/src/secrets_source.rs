@@ -17,8 +17,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Notify;
 
-/// The namespace Secrets are read from when none is given (the one operator/deploy/rbac.yaml creates and grants).
-pub const DEFAULT_NAMESPACE: &str = "harmony-fleet";
+/// The namespace Secrets are read from when none is given (operator/deploy/rbac.yaml creates it and grants the
+/// operator its Secrets). Never the operator's own namespace: that one holds the operator's NATS password and its
+/// webhook's key, which whoever may write a FleetDeployment could otherwise have delivered to a device.
+pub const DEFAULT_NAMESPACE: &str = "harmony-fleet-secrets";
 
 /// The Secrets of one namespace as the control loop needs them.
 pub struct SecretSource {
