@@ -7,6 +7,7 @@
 //! the operator never writes it), and every controller refuses to act on such an object even when no webhook
 //! refused it (the webhook missing, bypassed or failing open).
 
+use crate::crd::policy::WorkloadPolicy;
 use crate::crd::tasks::{TaskRun, TaskSchedule};
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use futures::StreamExt;
@@ -111,6 +112,16 @@ where
         self.store.wait_until_ready().await
     }
 
+    /// True once the first list is in the cache; never false again (a watch that restarts keeps what it had).
+    pub fn synced(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// What the cache holds now, without subscribing (the admission webhook reads it per request).
+    pub fn state(&self) -> Vec<Arc<K>> {
+        self.store.state()
+    }
+
     /// The cache, with `notify` woken on every event from now on.
     pub fn subscribe(&self, notify: &Arc<Notify>) -> Store<K> {
         self.wakers
@@ -138,6 +149,8 @@ pub struct Caches {
     pub runs: Shared<TaskRun>,
     /// TaskSchedules.
     pub schedules: Shared<TaskSchedule>,
+    /// WorkloadPolicies (the deployments controller and the admission webhook).
+    pub policies: Shared<WorkloadPolicy>,
 }
 
 impl Caches {
@@ -150,6 +163,7 @@ impl Caches {
             releases: Shared::watch(client, selector),
             runs: Shared::watch(client, selector),
             schedules: Shared::watch(client, selector),
+            policies: Shared::watch(client, selector),
         }
     }
 }

@@ -46,6 +46,8 @@ pub const ONLINE: &str = "Online";
 pub const REASON_PLACED: &str = "Placed";
 /// Reason: the spec is invalid.
 pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+/// Reason (FleetDeployment): its workloads ask for hardware or privileges no WorkloadPolicy allows.
+pub const REASON_NOT_ALLOWED: &str = "NotAllowed";
 /// Reason: a group's source errored (never treated as an empty group).
 pub const REASON_GROUP_SOURCE: &str = "GroupSourceError";
 /// Reason: a workload name or a device is claimed by another object.

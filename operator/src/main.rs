@@ -37,8 +37,9 @@ Options:
                           default $FLEET_NATS_CERT_FILE); goes with --nats-key-file
   --nats-key-file FILE    its PEM private key (default $FLEET_NATS_KEY_FILE)
   --webhook-listen ADDR   also serve the admission webhook over HTTPS on ADDR (e.g. 0.0.0.0:8443):
-                          /validate-fields refuses unknown fields in every fleet object, /validate-taskrun
-                          refuses TaskRun spec changes (operator/deploy/webhook.yaml)
+                          /validate-fields refuses unknown fields in every fleet object and FleetDeployments
+                          whose hardware and privileges no WorkloadPolicy allows, /validate-taskrun refuses
+                          TaskRun spec changes (operator/deploy/webhook.yaml)
   --webhook-cert FILE     its PEM certificate chain
   --webhook-key FILE      its PEM private key
   --dashboard-listen ADDR         also serve the read-only dashboard and /metrics over HTTP on ADDR
@@ -218,22 +219,18 @@ fn main() -> ExitCode {
         return rt.block_on(buckets_command(&nats_url, &nats_settings, check));
     }
     rt.block_on(async move {
-        if let Some((addr, tls)) = webhook {
-            match tokio::net::TcpListener::bind(&addr).await {
-                Ok(l) => {
-                    log::info!(
-                        "admission webhook on https://{addr} ({} and {})",
-                        fleet_operator::webhook::FIELDS_PATH,
-                        fleet_operator::tasks::webhook::PATH
-                    );
-                    tokio::spawn(fleet_operator::webhook::serve(l, tls));
-                }
+        // Bound first, so that a port in use stops the operator before anything else; served once the caches
+        // exist (the webhook reads the WorkloadPolicies from the operator's own cache).
+        let webhook = match webhook {
+            None => None,
+            Some((addr, tls)) => match tokio::net::TcpListener::bind(&addr).await {
+                Ok(l) => Some((addr, l, tls)),
                 Err(e) => {
                     log::error!("webhook: listen on {addr}: {e}");
                     return ExitCode::FAILURE;
                 }
-            }
-        }
+            },
+        };
         let client = match kube::Client::try_default().await {
             Ok(c) => c,
             Err(e) => {
@@ -275,6 +272,18 @@ fn main() -> ExitCode {
             &opts.nats_url,
             opts.nats.clone(),
         );
+        if let Some((addr, l, tls)) = webhook {
+            log::info!(
+                "admission webhook on https://{addr} ({} and {})",
+                fleet_operator::webhook::FIELDS_PATH,
+                fleet_operator::tasks::webhook::PATH
+            );
+            tokio::spawn(fleet_operator::webhook::serve(
+                l,
+                tls,
+                rt.caches.policies.clone(),
+            ));
+        }
         let dashboard = fleet_operator::dashboard::run(&rt, dashboard);
         tokio::select! {
             r = dashboard => {

@@ -1,10 +1,15 @@
 //! The operator's validating admission webhook, served over HTTPS (rustls), `operator/deploy/webhook.yaml`
 //! registers it (in a cluster, in the demo and in the tests alike). Two checks, one path each: [`FIELDS_PATH`]
-//! refuses unknown fields in every fleet object ([`crate::schema`]) and invalid fleet-wire parts (workloads, release
-//! builds, a schedule: open in the CRD schema), [`crate::tasks::webhook::PATH`] refuses changes to a TaskRun's spec.
-//! The operator does not rely on it: it refuses to act on such objects by itself (`crate::cache`,
-//! [`crate::tasks::status::spec_check`]).
+//! refuses unknown fields in every fleet object ([`crate::schema`]), invalid fleet-wire parts (workloads, release
+//! builds, a schedule: open in the CRD schema), invalid WorkloadPolicies, and FleetDeployments whose hardware and
+//! privileges no WorkloadPolicy allows ([`crate::deployments::policy`], read from the operator's own policy cache);
+//! [`crate::tasks::webhook::PATH`] refuses changes to a TaskRun's spec. The operator does not rely on it: it
+//! refuses to act on such objects by itself (`crate::cache`, [`crate::tasks::status::spec_check`], the planner's
+//! `NotAllowed`).
 
+use crate::cache::Shared;
+use crate::crd::policy::WorkloadPolicy;
+use crate::deployments::policy;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -45,8 +50,10 @@ pub fn answer(uid: Option<&Value>, denial: Option<&str>) -> Value {
 }
 
 /// The unknown-field check of one `AdmissionReview` (pure): refused when the new object has a field its kind's
-/// schema does not know, naming every such field; objects of other kinds, and deletes, are allowed.
-pub fn fields_review(request: &Value) -> Value {
+/// schema does not know, naming every such field, or an invalid fleet-wire part, or (a FleetDeployment) hardware
+/// or privileges that `policies` do not allow (`None`: the policy cache has not synced, and a deployment that needs
+/// a policy is refused, fail closed); objects of other kinds, and deletes, are allowed.
+pub fn fields_review(request: &Value, policies: Option<&[Arc<WorkloadPolicy>]>) -> Value {
     let uid = request.pointer("/request/uid");
     let kind = request
         .pointer("/request/kind/kind")
@@ -65,6 +72,8 @@ pub fn fields_review(request: &Value) -> Value {
     let message = if !unknown.is_empty() {
         crate::schema::denial(kind, name, root, &unknown)
     } else if let Some(problem) = wire_problems(kind, object) {
+        format!("{kind} {name:?}: {problem}")
+    } else if let Some(problem) = policy_problems(kind, request, object, policies) {
         format!("{kind} {name:?}: {problem}")
     } else {
         return answer(uid, None);
@@ -94,8 +103,53 @@ fn wire_problems(kind: &str, object: &Value) -> Option<String> {
         "TaskSchedule" => crate::tasks::schedule::Schedule::parse(spec.get("schedule")?)
             .err()
             .map(|e| format!("spec.{e}")),
+        "WorkloadPolicy" => {
+            let s: crate::crd::policy::WorkloadPolicySpec =
+                serde_json::from_value(spec.clone()).ok()?;
+            policy::validate(&s).err()
+        }
         _ => None,
     }
+}
+
+/// Why the WorkloadPolicies do not allow a FleetDeployment's hardware and privileges (its spec already valid);
+/// `None`: allowed, nothing needs a policy, or not a FleetDeployment. An update that leaves the spec as it was is
+/// not checked again, so that a deployment a narrowed policy no longer allows can still be labelled, annotated
+/// (a retry) or have its finalizers removed; the operator holds it either way (`NotAllowed`).
+fn policy_problems(
+    kind: &str,
+    request: &Value,
+    object: &Value,
+    policies: Option<&[Arc<WorkloadPolicy>]>,
+) -> Option<String> {
+    if kind != "FleetDeployment" {
+        return None;
+    }
+    let spec = object.get("spec")?;
+    if request.pointer("/request/oldObject/spec") == Some(spec) {
+        return None;
+    }
+    let s: crate::crd::FleetDeploymentSpec = serde_json::from_value(spec.clone()).ok()?;
+    let workloads = crate::deployments::validate::deployment_workloads(&s).ok()?;
+    if !policy::needs_policy(&workloads) {
+        return None;
+    }
+    let Some(policies) = policies else {
+        return Some(
+            "its workloads ask for hardware or privileges that need a WorkloadPolicy, and the operator has not \
+             read the WorkloadPolicies yet (its cache has not synced); try again shortly"
+                .into(),
+        );
+    };
+    let views: Vec<policy::Policy> = policies.iter().map(|p| policy::Policy::of(p)).collect();
+    let d = policy::Deployment {
+        namespace: object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str),
+        allowed_groups: &s.placement.allowed_groups,
+        workloads: &workloads,
+    };
+    policy::check(&d, &views).err().map(|e| format!("spec.{e}"))
 }
 
 /// The server's TLS configuration from PEM files (certificate chain, private key).
@@ -128,10 +182,20 @@ fn not_found() -> Response<Full<Bytes>> {
     )
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    let check: fn(&Value) -> Value = match req.uri().path() {
-        FIELDS_PATH => fields_review,
-        crate::tasks::webhook::PATH => crate::tasks::webhook::review,
+/// Which check a path asks for.
+#[derive(Clone, Copy)]
+enum Check {
+    Fields,
+    TaskRun,
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    policies: Shared<WorkloadPolicy>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let check = match req.uri().path() {
+        FIELDS_PATH => Check::Fields,
+        crate::tasks::webhook::PATH => Check::TaskRun,
         _ => return Ok(not_found()),
     };
     if req.method() != Method::POST {
@@ -154,7 +218,16 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::co
         }
     };
     match serde_json::from_slice::<Value>(&bytes) {
-        Ok(v) if v.pointer("/request/uid").is_some() => Ok(respond(StatusCode::OK, check(&v))),
+        Ok(v) if v.pointer("/request/uid").is_some() => {
+            let answer = match check {
+                Check::Fields => {
+                    let current = policies.synced().then(|| policies.state());
+                    fields_review(&v, current.as_deref())
+                }
+                Check::TaskRun => crate::tasks::webhook::review(&v),
+            };
+            Ok(respond(StatusCode::OK, answer))
+        }
         Ok(_) => Ok(respond(
             StatusCode::BAD_REQUEST,
             json!({"error": "not an AdmissionReview request"}),
@@ -166,8 +239,13 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::co
     }
 }
 
-/// Serves the webhook on `listener` over TLS until the task is dropped.
-pub async fn serve(listener: TcpListener, tls: rustls::ServerConfig) {
+/// Serves the webhook on `listener` over TLS until the task is dropped, reading the WorkloadPolicies from
+/// `policies` (the operator's cache of them: `crate::cache::Caches::policies`).
+pub async fn serve(
+    listener: TcpListener,
+    tls: rustls::ServerConfig,
+    policies: Shared<WorkloadPolicy>,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -183,6 +261,7 @@ pub async fn serve(listener: TcpListener, tls: rustls::ServerConfig) {
             continue;
         };
         let acceptor = acceptor.clone();
+        let policies = policies.clone();
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(READ_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(s)) => s,
@@ -196,7 +275,10 @@ pub async fn serve(listener: TcpListener, tls: rustls::ServerConfig) {
                 .timer(TokioTimer::new())
                 .header_read_timeout(READ_TIMEOUT)
                 .max_buf_size(16 * 1024)
-                .serve_connection(TokioIo::new(tls), service_fn(handle));
+                .serve_connection(
+                    TokioIo::new(tls),
+                    service_fn(move |req| handle(req, policies.clone())),
+                );
             if let Err(e) = conn.await {
                 log::debug!("webhook connection from {peer}: {e}");
             }
@@ -299,7 +381,7 @@ mod tests {
             ),
         ];
         for (i, (r, denied)) in cases.iter().enumerate() {
-            let out = fields_review(r);
+            let out = fields_review(r, Some(&[]));
             assert_eq!(out["response"]["uid"], "u-1", "case {i}");
             assert_eq!(out["kind"], "AdmissionReview", "case {i}");
             assert_eq!(out["response"]["allowed"], denied.is_none(), "case {i}");
@@ -309,6 +391,110 @@ mod tests {
                     .unwrap_or_default();
                 assert!(m.starts_with(frag), "case {i}: {m}");
                 assert_eq!(out["response"]["status"]["code"], 403);
+            }
+        }
+    }
+
+    fn deployment(spec: Value) -> Value {
+        req(
+            "FleetDeployment",
+            json!({"metadata": {"name": "d"}, "spec": spec}),
+        )
+    }
+
+    fn policy(name: &str, spec: Value) -> Arc<WorkloadPolicy> {
+        Arc::new(WorkloadPolicy::new(
+            name,
+            serde_json::from_value(spec).expect("policy spec"),
+        ))
+    }
+
+    fn verdict(out: &Value) -> Result<(), String> {
+        match out["response"]["allowed"].as_bool() {
+            Some(true) => Ok(()),
+            _ => Err(out["response"]["status"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()),
+        }
+    }
+
+    #[test]
+    fn policy_review_table() {
+        let serial = json!({"allowedGroups": ["field"], "workloads": [{"name": "reader", "image": "busybox:1",
+            "devices": ["/dev/ttyS0"], "capabilities": ["NET_ADMIN"]}]});
+        let plain = json!({"allowedGroups": ["field"], "workloads": [{"name": "web", "image": "nginx:1",
+            "volumes": [{"source": "html", "target": "/usr/share/nginx/html"}]}]});
+        let host = json!({"allowedGroups": ["field"], "workloads": [{"name": "web", "image": "nginx:1",
+            "volumes": [{"source": "/srv/html", "target": "/usr/share/nginx/html", "readOnly": true}]}]});
+        let allows = policy(
+            "serial",
+            json!({"groups": ["field", "lab"], "devices": ["/dev/ttyS*"], "capabilities": ["NET_ADMIN"]}),
+        );
+        let narrow = policy(
+            "narrow",
+            json!({"groups": ["field"], "devices": ["/dev/ttyUSB*"]}),
+        );
+        let typo: Arc<WorkloadPolicy> = {
+            // as the cache marks a policy with unknown fields
+            let mut p = (*policy(
+                "typo",
+                json!({"groups": ["field"], "capabilities": ["NET_ADMIN"]}),
+            ))
+            .clone();
+            crate::schema::mark_unknown(&mut p.metadata, &["spec.devicez".to_string()]);
+            Arc::new(p)
+        };
+        // (what, request, the policies (`None`: cache not synced), verdict)
+        type Case<'a> = (
+            &'a str,
+            Value,
+            Option<Vec<Arc<WorkloadPolicy>>>,
+            Result<(), &'a str>,
+        );
+        let cases: Vec<Case> = vec![
+            ("no policy", deployment(serial.clone()), Some(vec![]),
+                Err("FleetDeployment \"d\": spec.workloads[0] (reader): device /dev/ttyS0 and capability NET_ADMIN are not allowed for groups [field]: no WorkloadPolicy applies")),
+            ("allowed", deployment(serial.clone()), Some(vec![narrow.clone(), allows.clone()]), Ok(())),
+            ("a narrower policy names what it allows", deployment(serial.clone()), Some(vec![narrow.clone()]),
+                Err("WorkloadPolicy \"narrow\" allows devices [/dev/ttyUSB*] and capabilities [] only")),
+            ("a policy with unknown fields allows nothing", deployment(serial.clone()), Some(vec![typo]),
+                Err("no WorkloadPolicy applies, WorkloadPolicy \"typo\" is ignored: unknown field spec.devicez")),
+            ("the cache not synced: refused, fail closed", deployment(serial.clone()), None,
+                Err("the operator has not read the WorkloadPolicies yet")),
+            ("nothing asked: no policy, even before the cache synced", deployment(plain.clone()), None, Ok(())),
+            ("a host path needs a policy", deployment(host.clone()), Some(vec![allows.clone()]),
+                Err("host path /srv/html (read-only) is not allowed for groups [field]: WorkloadPolicy \"serial\" allows hostPaths [] only")),
+            ("an update that keeps the spec is not checked again",
+                json!({"request": {"uid": "u-1", "kind": {"kind": "FleetDeployment"}, "operation": "UPDATE",
+                    "object": {"metadata": {"name": "d", "labels": {"x": "y"}}, "spec": serial.clone()},
+                    "oldObject": {"metadata": {"name": "d"}, "spec": serial.clone()}}}),
+                Some(vec![]), Ok(())),
+            ("an update that changes it is",
+                json!({"request": {"uid": "u-1", "kind": {"kind": "FleetDeployment"}, "operation": "UPDATE",
+                    "object": {"metadata": {"name": "d"}, "spec": serial.clone()},
+                    "oldObject": {"metadata": {"name": "d"}, "spec": plain.clone()}}}),
+                Some(vec![]), Err("no WorkloadPolicy applies")),
+            // the policies themselves
+            ("a valid policy", req("WorkloadPolicy", json!({"metadata": {"name": "p"},
+                "spec": {"groups": ["field"], "devices": ["/dev/ttyUSB*"], "hostPaths": [{"path": "/srv", "readOnly": true}]}})),
+                None, Ok(())),
+            ("an unknown field in a policy", req("WorkloadPolicy", json!({"metadata": {"name": "p"},
+                "spec": {"groups": ["field"], "device": ["/dev/ttyUSB0"]}})),
+                None, Err("WorkloadPolicy \"p\": unknown field spec.device ")),
+            ("an unknown field in a host path", req("WorkloadPolicy", json!({"metadata": {"name": "p"},
+                "spec": {"groups": ["field"], "hostPaths": [{"path": "/srv", "readOnly": true, "recursive": true}]}})),
+                None, Err("WorkloadPolicy \"p\": unknown field spec.hostPaths[0].recursive")),
+            ("an invalid entry in a policy", req("WorkloadPolicy", json!({"metadata": {"name": "p"},
+                "spec": {"groups": ["field"], "capabilities": ["CAP_SYS_ADMIN"]}})),
+                None, Err("WorkloadPolicy \"p\": spec.capabilities[0]: capability \"CAP_SYS_ADMIN\" is written without CAP_")),
+        ];
+        for (what, r, policies, want) in cases {
+            let out = fields_review(&r, policies.as_deref());
+            match (verdict(&out), want) {
+                (Ok(()), Ok(())) => {}
+                (Err(m), Err(frag)) => assert!(m.contains(frag), "{what}: {m}"),
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
             }
         }
     }

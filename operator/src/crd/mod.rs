@@ -1,11 +1,12 @@
 //! Every fleet CRD in `fleet.nationtech.io/v1alpha1`, the one module the product folders import them from: here
-//! Device, DeviceGroup, FleetDeployment and AgentRelease; in [`tasks`], the namespaced TaskRun and TaskSchedule;
-//! all of them in [`all_crds`].
+//! Device, DeviceGroup, FleetDeployment and AgentRelease; in [`tasks`], the namespaced TaskRun and TaskSchedule; in
+//! [`policy`], the cluster-scoped WorkloadPolicy; all of them in [`all_crds`].
 //!
 //! All four are cluster-scoped: device ids are fleet-wide. Fields whose shape is a fleet-wire contract (workloads,
 //! artifacts, the agent-upgrade status) are the fleet-wire types themselves, published in the CRD schema as objects
 //! with `x-kubernetes-preserve-unknown-fields`; the operator validates them with fleet-wire's own constructors.
 
+pub mod policy;
 pub mod tasks;
 
 use fleet_wire::{AgentUpgradeStatus, Architecture, Capability, Version};
@@ -564,6 +565,7 @@ pub fn all_crds(
         AgentRelease::crd(),
         tasks::TaskRun::crd(),
         tasks::TaskSchedule::crd(),
+        policy::WorkloadPolicy::crd(),
     ];
     // Unknown spec fields reach the admission webhook, which refuses them (crate::schema), instead of being pruned.
     crds.iter_mut().for_each(crate::schema::keep_unknown_fields);

@@ -195,11 +195,14 @@ pub async fn run_with(
     let groups = caches.groups.subscribe(&urgent);
     let deployments = caches.deployments.subscribe(&urgent);
     let releases = caches.releases.subscribe(&urgent);
+    // A policy added, changed or removed re-checks every deployment at once.
+    let policies = caches.policies.subscribe(&urgent);
     // Never place from a partial view: a missing deployment would look like "remove its workloads".
     caches.devices.ready().await?;
     caches.groups.ready().await?;
     caches.deployments.ready().await?;
     caches.releases.ready().await?;
+    caches.policies.ready().await?;
     // The URL may carry the operator's own NATS password: log it without.
     log::info!("caches synced; NATS at {}", nats.display_url());
     let device_writes = Arc::new(DeviceWrites::default());
@@ -214,6 +217,7 @@ pub async fn run_with(
         groups,
         deployments,
         releases,
+        policies,
         mirrors: Mirrors::new(heartbeats, info, workloads),
         heartbeat_watch: watch,
         device_writes,
@@ -482,6 +486,7 @@ struct Engine {
     groups: Cache<DeviceGroup>,
     deployments: Cache<FleetDeployment>,
     releases: Cache<AgentRelease>,
+    policies: Cache<crate::crd::policy::WorkloadPolicy>,
     mirrors: Mirrors,
     heartbeat_watch: HeartbeatWatch,
     device_writes: Arc<DeviceWrites>,
@@ -563,6 +568,7 @@ impl Engine {
             groups: self.groups.state(),
             deployments: self.deployments.state(),
             releases: self.releases.state(),
+            policies: self.policies.state(),
             info: self.mirrors.info.values(),
             heartbeats: self.mirrors.heartbeat.values(),
             upgrades: self.mirrors.upgrade.values(),

@@ -1,7 +1,7 @@
 //! The deployments-and-releases controller: the control loop ([`engine`]) over Devices, DeviceGroups,
 //! FleetDeployments and AgentReleases and the NATS buckets; its pure parts — placement, the pass's [`plan`], agent
-//! releases, staged rollouts, spec validation, workload health and the Device status mirrored from NATS — and its
-//! writes to the Kubernetes API ([`report`], [`device_writes`]).
+//! releases, staged rollouts, spec validation, the WorkloadPolicy check ([`policy`]), workload health and the
+//! Device status mirrored from NATS — and its writes to the Kubernetes API ([`report`], [`device_writes`]).
 
 pub mod capability;
 pub mod device_writes;
@@ -10,6 +10,7 @@ pub mod health;
 pub mod mirror;
 pub mod placement;
 pub mod plan;
+pub mod policy;
 pub mod release;
 pub mod report;
 pub mod rollout;

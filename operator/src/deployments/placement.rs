@@ -217,6 +217,10 @@ pub enum PlacementError {
     /// [`crate::deployments::secrets`]); the message names the Secret and key, never a value.
     #[error("{1}")]
     Secret(&'static str, String),
+    /// Its workloads ask for hardware or privileges no WorkloadPolicy allows (condition reason `NotAllowed`:
+    /// [`crate::deployments::policy`]).
+    #[error("{0}")]
+    NotAllowed(String),
 }
 
 impl PlacementError {
@@ -226,6 +230,7 @@ impl PlacementError {
             Self::InvalidSpec(_) => "InvalidSpec",
             Self::GroupSource(_) => "GroupSourceError",
             Self::Secret(reason, _) => reason,
+            Self::NotAllowed(_) => crate::conditions::REASON_NOT_ALLOWED,
         }
     }
 }

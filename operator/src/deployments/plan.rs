@@ -60,6 +60,8 @@ pub struct Snapshot {
     pub intents: BTreeMap<String, Arc<AgentUpgradeAttempt>>,
     /// Refused writes reported by fleet-auth ([`crate::refusals`]).
     pub refused: BTreeMap<String, crate::refusals::Record>,
+    /// WorkloadPolicy objects ([`super::policy`]).
+    pub policies: Vec<Arc<crate::crd::policy::WorkloadPolicy>>,
     /// Liveness ([`crate::liveness`]): since when the heartbeat mirror is watched (`None`: not judged) and each
     /// heartbeat with when NATS stored it.
     pub liveness: Liveness,
@@ -495,6 +497,11 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> 
     let mut results = BTreeMap::new();
     let mut targets_of = BTreeMap::new();
     let mut rollouts = BTreeMap::new();
+    let policies: Vec<super::policy::Policy> = s
+        .policies
+        .iter()
+        .map(|p| super::policy::Policy::of(p))
+        .collect();
     for d in &s.deployments {
         // Unknown fields (kept by the CRD, dropped by the typed spec) make the spec invalid, as the webhook says.
         let workloads = match crate::schema::refusal(d.as_ref()) {
@@ -509,12 +516,23 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> 
         };
         let targets = match &workloads {
             Err(e) => Err(PlacementError::InvalidSpec(e.clone())),
-            Ok(_) => placement::place(
-                &d.spec.placement.allowed_groups,
-                &d.spec.placement.target_selector,
-                &fleet.groups,
-                &fleet.labels,
-            ),
+            // Fail closed whatever the webhook did: placed nowhere new, what runs is held (`NotAllowed`).
+            Ok(w) => match super::policy::check(
+                &super::policy::Deployment {
+                    namespace: d.metadata.namespace.as_deref(),
+                    allowed_groups: &d.spec.placement.allowed_groups,
+                    workloads: w,
+                },
+                &policies,
+            ) {
+                Err(e) => Err(PlacementError::NotAllowed(e)),
+                Ok(()) => placement::place(
+                    &d.spec.placement.allowed_groups,
+                    &d.spec.placement.target_selector,
+                    &fleet.groups,
+                    &fleet.labels,
+                ),
+            },
         };
         // Each secret use pinned to its Secret's version, the pull Secrets' credentials read (secrets.rs); a
         // Secret that cannot be used fails the deployment closed, like an invalid spec.
@@ -1810,5 +1828,54 @@ mod tests {
         let again = w.decide(Some(&other)).expect("a new attempt");
         assert_ne!(again.attempt_id, w.attempt.attempt_id);
         assert_eq!(again.target_version.as_str(), "2.0.0");
+    }
+
+    /// A deployment asking for a device and a capability that no WorkloadPolicy allows is `NotAllowed`: nothing
+    /// new is placed, what runs under its workload names is held; a policy for its group lets it proceed.
+    #[test]
+    fn what_no_policy_allows_is_held_until_one_does() {
+        let mut s = base();
+        let mut i = fixtures::device_info();
+        i.device_id = DeviceId::try_from("d1").expect("id");
+        i.capabilities.push(fleet_wire::Capability::WorkloadSpecV2);
+        s.info = shared([("d1".to_owned(), i)]);
+        s.desired = shared([desired("d1", &["serial"])]);
+        let before = s.desired["d1"].workloads.clone();
+        s.deployments = vec![obj(
+            "FleetDeployment",
+            "serial",
+            json!({}),
+            json!({"allowedGroups": ["site-a"], "workloads": [{"name": "serial", "image": "localhost/serial:2",
+                "devices": ["/dev/ttyS0"], "capabilities": ["NET_ADMIN"]}]}),
+        )];
+        let p = plan(&s, Timestamp::now(), &mut AttemptId::new_random);
+        let ready = &p.deployments[0].wants[0];
+        assert_eq!(ready.reason, conditions::REASON_NOT_ALLOWED);
+        assert!(
+            ready.message.starts_with("workloads[0] (serial): device /dev/ttyS0 and capability NET_ADMIN are not allowed for groups [site-a]: no WorkloadPolicy applies")
+                && ready.message.ends_with("workloads already placed are kept unchanged"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(
+            p.desired[&DeviceId::try_from("d1").expect("id")][..],
+            before[..]
+        );
+
+        s.policies = vec![obj(
+            "WorkloadPolicy",
+            "serial",
+            json!({}),
+            json!({"groups": ["site-a", "all"], "devices": ["/dev/ttyS*"], "capabilities": ["NET_ADMIN"]}),
+        )];
+        let p = plan(&s, Timestamp::now(), &mut AttemptId::new_random);
+        assert!(
+            p.deployments[0].wants[0].ok,
+            "{:?}",
+            p.deployments[0].wants[0]
+        );
+        let placed = &p.desired[&DeviceId::try_from("d1").expect("id")];
+        assert_eq!(placed[0].devices, ["/dev/ttyS0"]);
+        assert_eq!(placed[0].capabilities, ["NET_ADMIN"]);
     }
 }

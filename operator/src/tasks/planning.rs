@@ -58,6 +58,8 @@ fn placement_error(e: PlacementError) -> PlanError {
         PlacementError::GroupSource(g) => PlanError::GroupSource(g.to_string()),
         // place() never gives it (only a deployment's Secrets do).
         PlacementError::Secret(_, m) => PlanError::InvalidSpec(m),
+        // place() never gives it: only a deployment's workloads are checked against WorkloadPolicies.
+        PlacementError::NotAllowed(m) => PlanError::InvalidSpec(m),
     }
 }
 

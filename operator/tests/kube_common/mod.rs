@@ -200,7 +200,12 @@ impl Fleet {
             fleet_operator::webhook::tls_config(&cert.cert_file, &cert.key_file).expect("tls");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let server = tokio::spawn(fleet_operator::webhook::serve(listener, tls));
+        // The webhook reads the WorkloadPolicies from a cache of its own here (main gives it the operator's).
+        let policies = fleet_operator::cache::Shared::watch(
+            &self.client,
+            &Some(format!("fleet-test={}", self.run)),
+        );
+        let server = tokio::spawn(fleet_operator::webhook::serve(listener, tls, policies));
         let name = self.name("webhooks");
         let ca_pem = std::fs::read(ca.ca_file()).unwrap();
         let config: ValidatingWebhookConfiguration =
