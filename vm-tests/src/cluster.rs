@@ -112,6 +112,7 @@ impl Cluster {
             "crd/agentreleases.fleet.nationtech.io",
             "crd/taskruns.fleet.nationtech.io",
             "crd/taskschedules.fleet.nationtech.io",
+            "crd/workloadpolicies.fleet.nationtech.io",
         ]);
         // After the CRDs are served, so that its garbage collector watches the fleet kinds from its first sync.
         c.controller_manager = Some(ControllerManager::start(
