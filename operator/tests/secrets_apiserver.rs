@@ -422,11 +422,40 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
     assert_eq!(r.desired(&can).await.unwrap(), before.0);
     assert_eq!(r.device_secrets(&can).await.unwrap(), before.1);
 
+    // A version written in the CR is refused: it is the operator's to set (the webhook calls the same check).
+    let bad = r.f.name("pinned");
+    let meta = json!({"name": bad, "labels": r.f.labels(json!({}))});
+    create::<FleetDeployment>(
+        &r.f,
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group],
+            "workloads": [{"name": "pinned", "image": IMAGE, "secrets": [
+                {"secret": "api", "key": "token", "env": "API_TOKEN", "version": "1"}]}]}}),
+    )
+    .await;
+    eventually("the pinned version refused", || async {
+        let s = Api::<FleetDeployment>::all(r.f.client.clone())
+            .get(&bad)
+            .await
+            .ok()?
+            .status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Ready")?;
+        (c.reason == "InvalidSpec"
+            && c.message
+                .contains("secrets[0].version: set by the operator"))
+        .then_some(())
+    })
+    .await;
+
     // No value in the CR, its events, or any log line of the run.
     let (ok, yaml, err) = kubectl(&["get", "fdep", &r.dep, "-o", "yaml"], "");
     assert!(ok, "{err}");
     let (ok, events, err) = kubectl(&["get", "events", "-A", "-o", "yaml"], "");
     assert!(ok, "{err}");
+    assert!(
+        events.contains("SecretMissing"),
+        "the removed Secret's Warning event is there to grep"
+    );
     let logs = LOG.lock().unwrap().join("\n");
     assert!(
         logs.contains("device-secrets") || logs.contains("registry credentials"),
