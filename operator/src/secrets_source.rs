@@ -82,12 +82,12 @@ impl SecretSource {
                 .get(name)
                 .cloned();
             let state = match (listed, cached) {
-                // The watch has the namespace and not this name.
-                (Some(None), _) => SecretState::Missing,
                 (Some(Some(v)), Some(SecretState::Found(d))) if d.version == *v => {
                     SecretState::Found(d)
                 }
-                // Unknown to the watch (not listed yet, or no RBAC for it), new, or changed: read it.
+                // Unknown to the watch (not listed yet, no RBAC for it, or created a moment ago: a Secret made
+                // just before the deployment that names it is no reason for a SecretMissing warning), new, or
+                // changed: read it. A Secret that stays missing costs one GET per pass.
                 _ => match api.get_opt(name).await {
                     Ok(Some(s)) => SecretState::Found(Arc::new(data_of(s))),
                     Ok(None) => SecretState::Missing,
