@@ -338,6 +338,7 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
         r.desired(&can).await.unwrap().generation,
         r.desired(&d1).await.unwrap().generation,
     );
+    let rotated_at = std::time::Instant::now();
     r.put_secret(
         "regcred",
         "kubernetes.io/dockerconfigjson",
@@ -351,6 +352,12 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
         })
         .await;
     }
+    // Woken by the Secret's watch, not found by the periodic pass (a minute: engine::RESYNC).
+    assert!(
+        rotated_at.elapsed() < fleet_operator::deployments::engine::RESYNC / 4,
+        "the rotation took {:?}",
+        rotated_at.elapsed()
+    );
     assert_eq!(
         (
             r.desired(&can).await.unwrap().generation,
