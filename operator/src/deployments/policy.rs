@@ -123,8 +123,8 @@ pub fn check(d: &Deployment, policies: &[Policy]) -> Result<(), String> {
         if refused.is_empty() {
             continue;
         }
-        let items: Vec<String> = refused.iter().map(Ask::to_string).collect();
-        let verb = if items.len() == 1 { "is" } else { "are" };
+        let verb = if refused.len() == 1 { "is" } else { "are" };
+        let items = shown(refused.iter().map(Ask::to_string).collect(), MAX_NAMED);
         refusals.push(format!(
             "workloads[{i}] ({}): {} {verb} not allowed for {}: {}",
             w.name.as_str(),
@@ -140,13 +140,44 @@ pub fn check(d: &Deployment, policies: &[Policy]) -> Result<(), String> {
         ));
     }
     if refusals.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} (see docs/crds.md, WorkloadPolicy)",
-            refusals.join("; ")
-        ))
+        return Ok(());
     }
+    // Whole workloads, the first always, the next while the message stays within MAX_MESSAGE_CHARS.
+    let total = refusals.len();
+    let mut named: Vec<String> = Vec::new();
+    let mut len = 0;
+    for r in refusals {
+        if !named.is_empty() && len + r.chars().count() > MAX_MESSAGE_CHARS {
+            break;
+        }
+        len += r.chars().count() + 2;
+        named.push(r);
+    }
+    if named.len() < total {
+        named.push(format!("and {} more workloads", total - named.len()));
+    }
+    Err(format!(
+        "{} (see docs/crds.md, WorkloadPolicy)",
+        named.join("; ")
+    ))
+}
+
+/// Length a refusal aims to stay within, in characters: a condition's message holds 1,024
+/// ([`crate::conditions::MAX_MESSAGE_CHARS`]) with the planner's tail (`; workloads already placed are kept
+/// unchanged`) after it.
+pub const MAX_MESSAGE_CHARS: usize = 800;
+/// Most refused items of one workload, and entries of one policy list, a message names (the count carries the
+/// rest).
+pub const MAX_NAMED: usize = 4;
+
+/// `items` bounded to `max`, the rest counted (`… and 4 more`).
+fn shown(mut items: Vec<String>, max: usize) -> Vec<String> {
+    let more = items.len().saturating_sub(max);
+    items.truncate(max);
+    if more > 0 {
+        items.push(format!("{more} more"));
+    }
+    items
 }
 
 /// One thing a workload asks of its device that needs a policy.
@@ -353,7 +384,9 @@ fn why(
 }
 
 fn allowed_of(p: &WorkloadPolicySpec, k: Kind) -> String {
-    let list = |name: &str, items: &[String]| format!("{name} [{}]", items.join(", "));
+    let list = |name: &str, items: &[String]| {
+        format!("{name} [{}]", shown(items.to_vec(), MAX_NAMED).join(", "))
+    };
     match k {
         Kind::Devices => list("devices", &p.devices),
         Kind::SupplementalGroups => list("supplementalGroups", &p.supplemental_groups),
@@ -613,5 +646,45 @@ mod tests {
         assert!(within("/srv/data", "/srv/data") && within("/srv/data/x/y", "/srv/data"));
         assert!(!within("/srv/database", "/srv/data") && !within("/srv", "/srv/data"));
         assert!(within("/etc/shadow", "/"));
+    }
+
+    #[test]
+    fn long_refusals_are_bounded() {
+        let devices: Vec<String> = (0..20).map(|i| format!("/dev/ttyS{i}")).collect();
+        let ws: Vec<WorkloadSpec> = (0..10)
+            .map(|i| {
+                serde_json::from_value(
+                    json!({"name": format!("w{i}"), "image": "x:1", "devices": devices}),
+                )
+                .unwrap()
+            })
+            .collect();
+        let wide = spec(
+            json!({"groups": ["field"], "devices": (0..20).map(|i| format!("/dev/video{i}")).collect::<Vec<_>>()}),
+        );
+        let g = groups(&["field"]);
+        let d = Deployment {
+            namespace: None,
+            allowed_groups: &g,
+            workloads: &ws,
+        };
+        let m = check(
+            &d,
+            &[Policy {
+                name: "video",
+                spec: &wide,
+                ignored: None,
+            }],
+        )
+        .unwrap_err();
+        assert!(
+            m.contains("device /dev/ttyS3 and 16 more are not allowed")
+                && m.contains("/dev/video3, 16 more]")
+                && m.contains("workloads[1] (w1)")
+                && m.contains("; and 7 more workloads (see docs/crds.md"),
+            "{m}"
+        );
+        // room for the condition's tail (`; workloads already placed are kept unchanged`) within 1,024
+        assert!(m.chars().count() < 960, "{} chars: {m}", m.chars().count());
     }
 }
