@@ -12,6 +12,7 @@ pub mod health_worker;
 pub mod lock;
 pub mod nats_kv;
 pub mod nats_tls;
+pub mod oom;
 /// systemd notifications: the one `sd_notify` of the tree, in fleet-wire.
 pub use fleet_wire::notify;
 pub mod paths;

@@ -811,23 +811,6 @@ pub fn oom_error(w: &WorkloadSpec) -> String {
     }
 }
 
-/// Ids of containers whose OOM kill the agent saw.
-pub type OomSeen = BTreeSet<String>;
-
-/// Marks each observed container whose OOM kill was seen earlier as OOM-killed, and returns what to remember
-/// next: the OOM-killed ones among `observed` (so the set never outgrows the containers). Podman may clear
-/// `State.OOMKilled` when it restarts a container, as it does the exit code; a container running again after an
-/// OOM kill still reports `restarts.oomKilled` (until it is replaced, as its restart count does). Pure.
-pub fn remember_oom(seen: &OomSeen, observed: &mut [Observed]) -> OomSeen {
-    observed
-        .iter_mut()
-        .filter_map(|o| {
-            o.oom_killed |= seen.contains(&o.id);
-            o.oom_killed.then(|| o.id.clone())
-        })
-        .collect()
-}
-
 /// Per-workload status from the desired state, the observed containers and the last pass's failures, at `now`.
 /// A failed workload names the container of an older spec that still runs, if one does; a container of the
 /// desired spec that Podman keeps restarting is `crash-looping` ([`fleet_wire::workload::is_crash_looping`]).
@@ -1558,25 +1541,6 @@ mod tests {
                 assert_eq!(r.last_exit_code, Some(137), "row {i}");
             }
         }
-    }
-
-    /// An OOM kill once seen stays reported for that container (Podman may forget it when it restarts it), and
-    /// only containers still observed are remembered.
-    #[test]
-    fn a_seen_oom_kill_is_remembered_per_container() {
-        let web = fixtures::workload("web");
-        let mut now = vec![
-            observed("1", &web, "device-1", "exited"),
-            observed("2", &web, "device-1", "running"),
-        ];
-        now[0].oom_killed = true;
-        let seen = remember_oom(&OomSeen::new(), &mut now);
-        assert_eq!(seen, OomSeen::from(["1".to_string()]));
-        // Restarted: Podman says false now; a container that is gone is forgotten.
-        let mut later = vec![observed("1", &web, "device-1", "running")];
-        let seen = remember_oom(&OomSeen::from(["1".into(), "9".into()]), &mut later);
-        assert!(later[0].oom_killed);
-        assert_eq!(seen, OomSeen::from(["1".to_string()]));
     }
 
     /// A workload that restarted since the last status is published again soon, until it is reported

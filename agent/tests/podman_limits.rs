@@ -1,7 +1,8 @@
 //! Resource limits, hardware and privileges through the whole device path against the host's real (rootful)
 //! Podman and a real nats-server: the agent creates a workload's container with its memory, CPU and PID limits,
 //! device node, supplementary group, added capability and OOM score as Podman's own inspect shows them, and a
-//! workload that allocates twice its memory limit is killed by the kernel and reported, the agent unharmed.
+//! workload that allocates twice its memory limit is killed by the kernel and reported `oom-killed`, the agent
+//! unharmed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -156,7 +157,7 @@ fn a_container_over_its_memory_limit_is_killed_and_reported() {
     agent.wait_ready();
     let pid = agent.child.id();
     let wl = store(&rig.nc(), kv::WORKLOAD_STATUS);
-    let s = eventually(&agent, Duration::from_secs(60), "the hog ended", || {
+    let s = eventually(&agent, Duration::from_secs(60), "the hog reported", || {
         let s: DeviceWorkloadStatus = get_json(&wl, DEVICE)?;
         let h = s.workloads.first()?.clone();
         matches!(h.state, WorkloadState::Exited | WorkloadState::OomKilled).then_some(h)
@@ -165,21 +166,15 @@ fn a_container_over_its_memory_limit_is_killed_and_reported() {
     assert_eq!(i["State"]["ExitCode"], 137, "killed: {}", i["State"]);
     let logs = rig.podman.as_ref().unwrap().podman(&["logs", "fleet-hog"]);
     assert!(!logs.contains("survived"), "{logs}");
+    // Podman 4.3 says OOMKilled false here (its conmon's marker goes astray); the agent judges from the kernel's
+    // OOM kill count (agent/src/oom.rs).
+    assert_eq!(s.state, WorkloadState::OomKilled, "{s:?}");
+    assert_eq!(
+        s.error.as_ref().map(|e| e.as_str()),
+        Some("oom-killed: the container exceeded its memory limit of 32 MiB")
+    );
     let r = s.restarts.expect("restarts");
-    assert_eq!(r.last_exit_code, Some(137));
-    // Podman says OOMKilled only where conmon can read the cgroup's OOM events (cgroup v2, as on a device); this
-    // machine's hybrid cgroup v1 shows a plain SIGKILL. Either way the status follows what Podman says.
-    if i["State"]["OOMKilled"] == true {
-        assert_eq!(s.state, WorkloadState::OomKilled);
-        assert!(r.oom_killed);
-        assert_eq!(
-            s.error.map(|e| e.as_str().to_owned()).as_deref(),
-            Some("oom-killed: the container exceeded its memory limit of 32 MiB")
-        );
-    } else {
-        eprintln!("Podman reports no OOM kill on this machine's cgroups: status {s:?}");
-        assert_eq!(s.state, WorkloadState::Exited);
-    }
+    assert!(r.oom_killed && r.last_exit_code == Some(137), "{r:?}");
     assert!(
         agent.child.try_wait().unwrap().is_none(),
         "the agent still runs"

@@ -141,7 +141,7 @@ impl Agent {
             }
         };
         p.count_restarts(&mut observed);
-        self.oom_seen = reconcile::remember_oom(&self.oom_seen, &mut observed);
+        self.oom.observe(crate::oom::read_kills(), &mut observed);
         let health = self.observe_health(&p, &observed);
         let now = Timestamp::now();
         let s = DeviceWorkloadStatus {

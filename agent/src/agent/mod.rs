@@ -83,8 +83,8 @@ struct Agent {
     desired_rev: Option<u64>,
     /// Why the latest desired state could not be taken (the status's `desiredError`); `None` once one is.
     desired_error: Option<fleet_wire::BoundedText>,
-    /// Containers whose OOM kill was seen ([`crate::reconcile::remember_oom`]).
-    oom_seen: crate::reconcile::OomSeen,
+    /// Which containers the OOM killer ended ([`crate::oom::OomWatch`]).
+    oom: crate::oom::OomWatch,
     errors: crate::reconcile::Errors,
     /// The desired state changed since the workload status was last published.
     status_stale: bool,
@@ -217,7 +217,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         generation: 0,
         desired_rev: None,
         desired_error: None,
-        oom_seen: Default::default(),
+        oom: Default::default(),
         errors: crate::reconcile::Errors::new(),
         status_stale: true,
         published_restarts: Default::default(),

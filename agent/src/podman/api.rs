@@ -139,8 +139,9 @@ pub struct Observed {
     pub restarts_unknown: bool,
     /// Podman's health of a container with a healthcheck (libpod's list says it in `Status`); `None` without one.
     pub health: Option<HealthState>,
-    /// The kernel's OOM killer ended it at its latest exit (inspect's `State.OOMKilled`); false until
-    /// [`Podman::count_restarts`] asked, which it does only for a container that restarted or exited non-zero.
+    /// The kernel's OOM killer ended it at its latest exit: inspect's `State.OOMKilled` ([`Podman::count_restarts`]
+    /// asks only for a container that restarted or exited non-zero) or the agent's own judgement
+    /// ([`crate::oom::OomWatch`]); false until either said so.
     pub oom_killed: bool,
 }
 
