@@ -48,6 +48,15 @@ impl log::Log for Capture {
     fn flush(&self) {}
 }
 
+/// Every test of this binary starts with it, before anything logs (the shared client would set env_logger).
+fn capture_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&Capture).expect("the first logger");
+        log::set_max_level(log::LevelFilter::Debug);
+    });
+}
+
 fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
@@ -191,8 +200,7 @@ fn value_of<'a>(s: &'a DeviceSecrets, version: &str) -> Option<&'a str> {
 /// value appears in the CR, events or any log line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_reach_only_targeted_devices_rotate_and_go() {
-    log::set_logger(&Capture).expect("the first logger");
-    log::set_max_level(log::LevelFilter::Debug);
+    capture_logs();
     let f = Fleet::start("sec").await;
     let ns = f.name("sec");
     Api::<Namespace>::all(f.client.clone())
@@ -495,5 +503,110 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
             !logs.contains(v) && !logs.contains(&b64(v)),
             "a log line shows a value"
         );
+    }
+}
+
+/// A client of the shared API server as the operator's service account (`fleet_rig::kube::OPERATOR_USER`), whose
+/// rights are exactly what `operator/deploy/rbac.yaml` grants.
+async fn operator_client() -> kube::Client {
+    let api = kube_common::API.get().expect("apiserver started");
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.operator_token()))
+        .expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("client config");
+    kube::Client::try_from(cfg).expect("client")
+}
+
+/// With `operator/deploy/rbac.yaml` as deployed and no `--secrets-namespace`: the operator, as its own service
+/// account, reads the Secrets of `harmony-fleet-secrets` and delivers them, and may read no Secret of its own
+/// namespace `harmony-fleet` (its NATS password lives there) nor of any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deployed_rbac_reads_the_secrets_namespace_only() {
+    capture_logs();
+    let f = Fleet::start("secrbac").await;
+    let rbac = fleet_rig::workspace_root().join("operator/deploy/rbac.yaml");
+    let (ok, _, err) = kubectl(&["apply", "-f", &rbac.display().to_string()], "");
+    assert!(ok, "kubectl apply rbac.yaml: {err}");
+    let secret = f.name("api");
+    for ns in ["harmony-fleet-secrets", "harmony-fleet"] {
+        let s: Secret = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": secret, "namespace": ns}, "stringData": {"token": TOKEN1}}))
+        .unwrap();
+        Api::<Secret>::namespaced(f.client.clone(), ns)
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("create Secret");
+    }
+    let op = operator_client().await;
+    for ns in ["harmony-fleet", "default"] {
+        let e = Api::<Secret>::namespaced(op.clone(), ns)
+            .get(&secret)
+            .await
+            .expect_err("the operator may not read it");
+        assert!(
+            matches!(&e, kube::Error::Api(s) if s.code == 403),
+            "{ns}: {e}"
+        );
+    }
+    fleet_operator::kv::ensure_buckets(&f.js, &Default::default())
+        .await
+        .expect("buckets");
+    let dev = f.name("dev");
+    let meta = json!({"name": dev, "labels": f.labels(json!({}))});
+    create::<Device>(
+        &f,
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+        "metadata": meta, "spec": {}}),
+    )
+    .await;
+    let mut i = fleet_wire::fixtures::device_info();
+    i.device_id = DeviceId::try_from(dev.as_str()).unwrap();
+    i.capabilities.push(Capability::WorkloadSpecV2);
+    f.bucket_when_made(fleet_wire::kv::DEVICE_INFO)
+        .await
+        .put(&dev, serde_json::to_vec(&i).unwrap().into())
+        .await
+        .expect("device info");
+    let group = f.name("fleet");
+    let meta = json!({"name": group, "labels": f.labels(json!({}))});
+    create::<DeviceGroup>(
+        &f,
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
+        "metadata": meta, "spec": {"devices": [dev]}}),
+    )
+    .await;
+    let dep = f.name("app");
+    let meta = json!({"name": dep, "labels": f.labels(json!({}))});
+    create::<FleetDeployment>(
+        &f,
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
+        "metadata": meta, "spec": {"allowedGroups": [group],
+            "workloads": [{"name": "app", "image": IMAGE, "secrets": [
+                {"secret": secret, "key": "token", "env": "API_TOKEN"}]}]}}),
+    )
+    .await;
+    let opts = fleet_operator::deployments::engine::Options {
+        nats_url: f.nats.url(),
+        instance: Some("op-rbac".into()),
+        label_selector: Some(format!("fleet-test={}", f.run)),
+        nats: Default::default(),
+        secrets_namespace: None,
+    };
+    let mut f = f;
+    f.operators.push(kube_common::spawn_engine(op, opts));
+    let store = f.bucket_when_made(fleet_wire::kv::DEVICE_SECRETS).await;
+    let delivered: DeviceSecrets = eventually("the value delivered", || async {
+        let v = store.get(&dev).await.ok()??;
+        serde_json::from_slice(&v).ok()
+    })
+    .await;
+    assert_eq!(delivered.values.len(), 1);
+    assert_eq!(delivered.values[0].value.0, b64(TOKEN1));
+    for ns in ["harmony-fleet-secrets", "harmony-fleet"] {
+        Api::<Secret>::namespaced(f.client.clone(), ns)
+            .delete(&secret, &DeleteParams::default())
+            .await
+            .expect("delete Secret");
     }
 }
