@@ -118,3 +118,31 @@ fn the_agent_time_outs_are_the_updaters_and_the_reboot_timer_waits_for_the_boot(
         "the watchdog's timer must start before multi-user.target: {watchdog:?}"
     );
 }
+
+/// The agent and the updater are the last the kernel's OOM killer picks (containers get `oom_score_adj` 500 from
+/// the agent, other processes 0) and keep a protected minimum of memory (docs/crds.md gives the sizing).
+#[test]
+fn the_agent_and_the_updater_go_last_to_the_oom_killer() {
+    for (path, min) in [
+        ("agent/systemd/fleet-agent.service", "32M"),
+        ("updater/systemd/fleet-updater.service", "16M"),
+    ] {
+        let text = read(path);
+        let service: BTreeSet<&str> = text
+            .split("[Service]")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{path}: no [Service]"))
+            .split("\n[")
+            .next()
+            .unwrap_or_default()
+            .lines()
+            .map(str::trim)
+            .collect();
+        assert!(service.contains("OOMScoreAdjust=-900"), "{path}");
+        assert!(
+            service.contains(format!("MemoryMin={min}").as_str()),
+            "{path}"
+        );
+    }
+    const { assert!(fleet_agent::podman::limits::CONTAINER_OOM_SCORE_ADJ > 0) };
+}
