@@ -1,9 +1,10 @@
 //! `fleet-qemu-scenarios`: whole-device scenarios on a real kernel (QEMU TCG), with real reboots and power cuts:
-//! agent upgrades (a, e), fleet tasks (taskrun, recovery, powercut; `tasks.rs`) and a workload over its memory
-//! limit (oom; `oom.rs`). Prints PASS/FAIL per scenario
+//! agent upgrades (a, e), fleet tasks (taskrun, recovery, powercut; `tasks.rs`), a workload over its memory limit
+//! (oom; `oom.rs`) and one with a device node, a group and a capability (hardware; `hardware.rs`). Prints PASS/FAIL per scenario
 //! with its time; exits 1 when one failed. Run it through `vm-tests/qemu/run`, which sets up QEMU, the disk image
 //! and nats-server first.
 
+mod hardware;
 mod oom;
 mod tasks;
 
@@ -24,11 +25,12 @@ use std::time::{Duration, Instant};
 const LIB: &str = "/usr/lib/harmony-fleet";
 const REAL_V2: &str = "/opt/fleet-test/fleet-agent-real-v2";
 
-const HELP: &str = "fleet-qemu-scenarios [a|e|oom|taskrun|recovery|powercut|watchdog]...\n\n\
+const HELP: &str = "fleet-qemu-scenarios [a|e|oom|hardware|taskrun|recovery|powercut|watchdog]...\n\n\
 Whole-device scenarios on a real kernel under QEMU (TCG), default all:\n  \
 a         v1 -> v2 commits, the new agent is ready; the guest reboots itself and v2 comes back ready\n  \
 e         power cut (kill -9 of QEMU) during `activating`; after the next boot v1 is selected and the status says so\n  \
 oom       a workload limited to 32 MiB allocates 64 MiB: reported oom-killed, the agent unharmed (cgroup v2, rootless)\n  \
+hardware  a rootless workload with /dev/ttyS0, the dialout group and NET_ADMIN runs with all three\n  \
 taskrun   device installed from the harmony-fleet-device package; kubectl create TaskRun -> apt full-upgrade that\n            \
 installs a Debian kernel package (its hook writes /run/reboot-required) -> reboot through fleetlock-server\n  \
 recovery  duplicated intent runs apt once; expired intent never starts; updater SIGKILLed mid-dpkg recovers\n  \
@@ -45,6 +47,7 @@ fn main() {
             ("a", scenario_a),
             ("e", scenario_e),
             ("oom", oom::scenario_oom),
+            ("hardware", hardware::scenario_hardware),
             ("taskrun", tasks::scenario_taskrun),
             ("recovery", tasks::scenario_recovery),
             ("powercut", tasks::scenario_powercut),
