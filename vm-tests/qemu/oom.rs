@@ -2,7 +2,8 @@
 //! as on a device; nspawn guests cannot enforce memory limits). The device installed as in scenario a is given a
 //! workload limited to 32 MiB that allocates 64 MiB and one that idles: the first is reported `oom-killed` with
 //! its limit in the error, the second runs on with `oom_score_adj` 500, and the agent keeps its process, its
-//! `OOMScoreAdjust=-900` and its `MemoryMin`.
+//! `OOMScoreAdjust=-900` and its `MemoryMin`; the same allocation under restart policy `always` is reported
+//! `crash-looping` with `restarts.oomKilled`.
 
 use fleet_rig::nats_client as nats;
 use fleet_rig::wait_for;
@@ -79,6 +80,7 @@ pub fn scenario_oom() {
     );
     hog.restart_policy = RestartPolicy::No;
     let idle = workload("idle", "sleep 100000");
+    let (hog_spec, idle_spec) = (hog.clone(), idle.clone());
     let desired = DesiredState::new(device_id(), 1, vec![hog, idle])
         .unwrap_or_else(|e| panic!("desired: {e}"));
     rig.operator.put_desired(&desired);
@@ -143,6 +145,40 @@ pub fn scenario_oom() {
             .collect::<Vec<_>>(),
         ["active", "active"]
     );
+
+    // The same allocation restarted by Podman (always): its exits are not visible, its restarts and the kernel's
+    // count are; repeated, it is crash-looping, still reported as OOM-killed.
+    let mut repeat = workload(
+        "repeat",
+        r#"x=$(busybox head -c 67108864 /dev/zero | busybox tr "\0" a); echo survived"#,
+    );
+    repeat.restart_policy = RestartPolicy::Always;
+    let desired = DesiredState::new(device_id(), 2, vec![hog_spec, idle_spec, repeat])
+        .unwrap_or_else(|e| panic!("desired: {e}"));
+    rig.operator.put_desired(&desired);
+    step("generation 2 adds the allocation under restart policy always; waiting for crash-looping");
+    let mut last = None;
+    let looping = wait_for(Duration::from_secs(300), || {
+        let raw = statuses.get(DEVICE).ok()??;
+        let s: DeviceWorkloadStatus = serde_json::from_slice(&raw).ok()?;
+        last = Some(s.clone());
+        let w = s.workloads.iter().find(|w| w.name.as_str() == "repeat")?;
+        (w.state == WorkloadState::CrashLooping && w.restarts.is_some_and(|r| r.oom_killed))
+            .then(|| w.clone())
+    });
+    let vm = &mut rig.vm;
+    let Some(looping) = looping else {
+        panic!(
+            "no crash-looping oom-killed status within 300 s; last: {last:#?}\n{}",
+            vm.unit_logs()
+        )
+    };
+    step(&format!("repeat: {:?}", looping.restarts));
+    assert_eq!(
+        looping.error.as_ref().map(|e| e.as_str()),
+        Some("oom-killed: the container exceeded its memory limit of 32 MiB")
+    );
+    assert_eq!(vm.agent_pid(), agent_pid, "the agent process is unharmed");
     let kernel = vm.sh("journalctl -k -b --no-pager | grep -ci 'killed process' || true");
     step(&format!(
         "the kernel's log names {} killed process(es)",
