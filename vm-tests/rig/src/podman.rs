@@ -57,6 +57,9 @@ impl PodmanService {
             .command()
             .args(["system", "service", "--time=0"])
             .arg(format!("unix://{}", sock.display()))
+            // Its conmon writes an `oom` marker into this working directory when a container is OOM-killed: keep
+            // it in the service's own directory, not the test's (the crate's source tree).
+            .current_dir(s.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
