@@ -90,3 +90,61 @@ fn a_desired_state_with_an_unknown_field_is_reported_and_the_workload_kept() {
         },
     );
 }
+
+/// An agent that starts on a desired state it cannot honour (a newer operator wrote it while the agent was down, or
+/// across a reboot) reports it and leaves the running containers alone: no pass runs toward an empty desired
+/// state, which would remove them.
+#[test]
+fn an_agent_started_on_a_desired_state_it_cannot_honour_removes_nothing() {
+    let rig = Rig::new(true, "");
+    let nc = rig.nc();
+    let ds = store(&nc, kv::DESIRED_STATE);
+    ds.put(DEVICE, serde_json::to_vec(&desired(1, "1")).unwrap())
+        .unwrap();
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let wl = store(&nc, kv::WORKLOAD_STATUS);
+    let running = eventually(&agent, Duration::from_secs(60), "web running", || {
+        let s: DeviceWorkloadStatus = get_json(&wl, DEVICE)?;
+        let w = s.workloads.first()?;
+        (s.generation == 1 && w.state == WorkloadState::Running).then(|| w.clone())
+    });
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+
+    let mut newer = desired(2, "2");
+    newer["futureField"] = serde_json::json!(true);
+    ds.put(DEVICE, serde_json::to_vec(&newer).unwrap()).unwrap();
+    let started = Instant::now();
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let s = eventually(&agent, Duration::from_secs(20), "desiredError", || {
+        let s: DeviceWorkloadStatus = get_json(&wl, DEVICE)?;
+        s.desired_error.is_some().then_some(s)
+    });
+    let e = s.desired_error.unwrap();
+    assert!(
+        e.as_str().contains("unknown field `futureField`"),
+        "{}",
+        e.as_str()
+    );
+    assert!(
+        e.as_str().ends_with("; keeping generation 0"),
+        "{}",
+        e.as_str()
+    );
+    // Several resync passes (2 s apart) would have run by now.
+    std::thread::sleep(Duration::from_secs(8).saturating_sub(started.elapsed()));
+    let ps = rig
+        .podman
+        .as_ref()
+        .unwrap()
+        .podman(&["ps", "--format", "{{.ID}} {{.Names}}"]);
+    let id = running.container_id.expect("container id");
+    assert!(
+        ps.lines().any(|l| id.starts_with(l.split(' ').next().unwrap_or("-"))
+            && l.ends_with("fleet-web")),
+        "the container of generation 1 still runs: {ps}\n{}",
+        agent.log_text()
+    );
+}

@@ -61,6 +61,7 @@ impl Agent {
                 log::info!("no desired state for this device (revision {})", c.revision);
                 self.desired.clear();
                 self.desired_error = None;
+                self.desired_taken = true;
                 true
             }
             Value::Put(bytes) => match serde_json::from_slice::<DesiredState>(&bytes) {
@@ -75,6 +76,7 @@ impl Agent {
                     self.generation = d.generation;
                     self.desired = d.workloads;
                     self.desired_error = None;
+                    self.desired_taken = true;
                     true
                 }
                 Ok(d) => {
@@ -99,7 +101,13 @@ impl Agent {
 
     /// Asks the workload worker for a pass toward the current desired state (`full`: compare every container,
     /// else only what changed since the last pass); its result arrives as `Event::Reconciled`.
+    /// None runs before a desired state was taken (`desired_taken`): an empty one would remove every
+    /// container.
     pub(super) fn reconcile_now(&mut self, full: bool) {
+        if !self.desired_taken {
+            log::debug!("no desired state taken since start: no pass");
+            return;
+        }
         if let Some(w) = &self.worker {
             w.request(self.desired.clone(), full);
         }

@@ -83,6 +83,9 @@ struct Agent {
     desired_rev: Option<u64>,
     /// Why the latest desired state could not be taken (the status's `desiredError`); `None` once one is.
     desired_error: Option<fleet_wire::BoundedText>,
+    /// A desired state (or its absence) was taken since start: until then no pass runs, so an agent started on a
+    /// value it cannot honour leaves the device's containers as they are instead of removing them.
+    desired_taken: bool,
     /// Which containers the OOM killer ended ([`crate::oom::OomWatch`]).
     oom: crate::oom::OomWatch,
     errors: crate::reconcile::Errors,
@@ -217,6 +220,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         generation: 0,
         desired_rev: None,
         desired_error: None,
+        desired_taken: false,
         oom: Default::default(),
         errors: crate::reconcile::Errors::new(),
         status_stale: true,
