@@ -65,7 +65,8 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
          systemctl show -p ExecStart fleet-reboot.service; grep ^Condition /etc/systemd/system/fleet-reboot.service; \
          systemctl show -p User -p Type -p NotifyAccess -p TimeoutStopUSec -p TimeoutStartUSec -p Restart \
            fleet-agent.service; \
-         systemctl show -p User -p Type -p Restart fleet-updater.service",
+         systemctl show -p User -p Type -p Restart fleet-updater.service; \
+         cat /etc/systemd/system/system.slice.d/50-harmony-fleet.conf",
     );
     for want in [
         "groups=",
@@ -98,6 +99,8 @@ fn device_setup_installs_idempotently_and_refuses_during_a_transaction() {
         "TimeoutStartUSec=4min\n",
         "Restart=on-failure\n",
         "Restart=always\n",
+        // system.slice's minimum, without which the units' MemoryMin protects nothing.
+        "[Slice]\nMemoryMin=48M",
     ] {
         assert!(facts.contains(want), "missing {want:?} in:\n{facts}");
     }
