@@ -8,7 +8,9 @@
 //! `FLEET_BENCH_HEALTH_INTERVAL` seconds);
 //! desired-state put → container running with the step breakdown from the agent's timing marks
 //! (`fleet_agent::timing`), with 10 and with 50 unchanged workloads present, against `podman run -d` of the same
-//! image and command in the same run (median of 5); and 50 workloads placed at once against fifty sequential
+//! image and command in the same run (median of 5); the same with a private image (a registry with htpasswd auth
+//! over TLS, its credentials delivered in `device-secrets`; each change pulls a new tag) against
+//! `podman run -d --authfile` (after `podman login`) of a new tag of the same image; and 50 workloads placed at once against fifty sequential
 //! `podman run -d`. Needs `FLEET_AGENT_BIN` and `FLEET_UPDATER_BIN` (release builds) and the parts of the
 //! integration tests. `FLEET_BENCH_IDLE_SECS` sets the idle window (default 60).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -18,6 +20,9 @@ use fleet_rig::nats_client as nats;
 mod common;
 use common::*;
 use fleet_agent::podman::Podman;
+use fleet_rig::registry::Registry;
+use fleet_rig::tls::TestCa;
+use fleet_wire::secrets::{DeviceSecrets, Hidden, RegistryAuth};
 use fleet_wire::{
     kv, DesiredState, DeviceId, DeviceWorkloadStatus, HealthCheck, HealthProbe, HealthState,
     HttpProbe, PortMapping, Protocol, TcpProbe, WorkloadName, WorkloadSpec,
@@ -27,6 +32,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const RUNS: usize = 5;
+/// The private registry's user and password (the bench's own; delivered to the agent in `device-secrets`).
+const PRIVATE_USER: &str = "bench";
+const PRIVATE_PASSWORD: &str = "bench-Pa55word";
+/// The private image's repository.
+const PRIVATE_REPO: &str = "bench/app";
 
 fn workload(name: &str) -> WorkloadSpec {
     let mut w = WorkloadSpec::new(WorkloadName::try_from(name).unwrap(), IMAGE).unwrap();
@@ -291,27 +301,43 @@ const STEPS: [(&str, &str); 7] = [
     ("libpod start → running", "started"),
 ];
 
-/// Per-step durations of each change (µs), in [`STEPS`] order, and the total put → started.
-fn breakdown(m: &[Mark], changes: &[Change]) -> (Vec<Vec<i64>>, Vec<i64>) {
-    let mut steps = vec![Vec::new(); STEPS.len()];
+/// The steps of a change whose image is pulled: the pull (the device-secrets read and the libpod pull with
+/// the credentials) is its own step before the create.
+const PULL_STEPS: [(&str, &str); 8] = [
+    STEPS[0],
+    STEPS[1],
+    STEPS[2],
+    STEPS[3],
+    STEPS[4],
+    (
+        "image pull (device-secrets read, libpod pull with X-Registry-Auth)",
+        "pulled",
+    ),
+    ("libpod create", "created"),
+    STEPS[6],
+];
+
+/// Per-step durations of each change (µs), in `table` order ([`STEPS`] or [`PULL_STEPS`]), and the total put →
+/// started.
+fn breakdown(m: &[Mark], changes: &[Change], table: &[(&str, &str)]) -> (Vec<Vec<i64>>, Vec<i64>) {
+    let mut steps = vec![Vec::new(); table.len()];
     let mut totals = Vec::new();
     for c in changes {
         let rev = format!("rev={}", c.rev);
         let w = format!("workload={}", c.workload);
         let bucket = format!("bucket={}", kv::DESIRED_STATE);
-        let delivered = first(m, "delivered", &bucket, c.put);
-        let at = [
-            Some(c.acked),
-            delivered,
-            first(m, "read", &rev, c.put),
-            first(m, "decoded", &rev, c.put),
-            first(m, "decided", &w, c.put),
-            first(m, "created", &w, c.put),
-            first(m, "started", &w, c.put),
-        ];
+        let at: Vec<Option<i64>> = table
+            .iter()
+            .map(|(_, step)| match *step {
+                "acked" => Some(c.acked),
+                "delivered" => first(m, step, &bucket, c.put),
+                "read" | "decoded" => first(m, step, &rev, c.put),
+                _ => first(m, step, &w, c.put),
+            })
+            .collect();
         let at: Vec<i64> = at
             .iter()
-            .zip(STEPS)
+            .zip(table)
             .map(|(t, (_, step))| {
                 t.unwrap_or_else(|| {
                     let seen: Vec<String> = m
@@ -397,6 +423,107 @@ impl Bench {
         t.elapsed().as_micros() as i64
     }
 
+    /// `podman run -d --authfile` of `image` (a tag not present: it is pulled with the credentials `podman login`
+    /// stored in `authfile`: Podman 4.3's `run` has no `--creds`); its wall time in µs.
+    fn podman_run_private(&self, name: &str, image: &str, authfile: &Path) -> i64 {
+        let p = self.rig.podman.as_ref().unwrap();
+        let authfile = authfile.to_string_lossy();
+        let t = Instant::now();
+        p.podman(&[
+            "run",
+            "-d",
+            "--authfile",
+            &authfile,
+            "--name",
+            name,
+            image,
+            "sleep",
+            "100000",
+        ]);
+        t.elapsed().as_micros() as i64
+    }
+
+    /// A registry with htpasswd auth over TLS that this Podman trusts, the credentials delivered to the agent
+    /// in `device-secrets`, and the image's layer already present (as on a device that ran an earlier version):
+    /// each measured pull, the agent's and `podman run`'s alike, fetches a new tag's manifest with credentials.
+    fn private_registry(&self) -> (TestCa, Registry, PathBuf) {
+        let ca = TestCa::new();
+        let reg = Registry::start_with_htpasswd(&ca, PRIVATE_USER, PRIVATE_PASSWORD);
+        let host = reg.host();
+        let p = self.rig.podman.as_ref().unwrap();
+        p.trust_registry(&host, ca.ca_file());
+        let nc = self.rig.nc();
+        fleet_rig::nats_client::create_buckets(&nc, &[kv::DEVICE_SECRETS]);
+        let secrets = DeviceSecrets {
+            device_id: DeviceId::try_from(DEVICE).unwrap(),
+            registries: [(
+                host.clone(),
+                RegistryAuth {
+                    username: PRIVATE_USER.into(),
+                    password: Hidden(PRIVATE_PASSWORD.into()),
+                },
+            )]
+            .into(),
+            values: Vec::new(),
+        };
+        common::store(&nc, kv::DEVICE_SECRETS)
+            .put(DEVICE, serde_json::to_vec(&secrets).unwrap())
+            .unwrap();
+        reg.push_busybox(PRIVATE_REPO, "warm");
+        let authfile = self.rig.root.path().join("bench-auth.json");
+        let authfile_arg = authfile.to_string_lossy();
+        p.podman(&[
+            "login",
+            "--authfile",
+            &authfile_arg,
+            "-u",
+            PRIVATE_USER,
+            "-p",
+            PRIVATE_PASSWORD,
+            &host,
+        ]);
+        p.podman(&[
+            "pull",
+            "--authfile",
+            &authfile_arg,
+            &format!("{host}/{PRIVATE_REPO}:warm"),
+        ]);
+        (ca, reg, authfile)
+    }
+
+    /// Five changes that each add one workload of a new tag of the private image to `ws`, each followed by a
+    /// `podman run -d --authfile` (after `podman login`) of another new tag.
+    fn private_changes(
+        &mut self,
+        agent: &Agent,
+        ws: &mut Vec<WorkloadSpec>,
+        reg: &Registry,
+        authfile: &Path,
+        tag: &str,
+    ) -> Vec<(Change, i64)> {
+        let host = reg.host();
+        let mut out = Vec::new();
+        let mut plain = Vec::new();
+        for i in 0..RUNS {
+            reg.push_busybox(PRIVATE_REPO, &format!("{tag}{i}"));
+            reg.push_busybox(PRIVATE_REPO, &format!("plain-{tag}{i}"));
+            let mut w = workload(&format!("{tag}{i}"));
+            w.image = format!("{host}/{PRIVATE_REPO}:{tag}{i}");
+            ws.push(w);
+            let c = self.put(ws);
+            self.wait_running(agent, &ws[ws.len() - 1..]);
+            settle();
+            let name = format!("plain-{tag}{i}");
+            let image = format!("{host}/{PRIVATE_REPO}:plain-{tag}{i}");
+            let p = self.podman_run_private(&name, &image, authfile);
+            plain.push(name);
+            settle();
+            out.push((c, p));
+        }
+        self.podman_rm(&plain);
+        out
+    }
+
     fn podman_rm(&self, names: &[String]) {
         let p = self.rig.podman.as_ref().unwrap();
         let mut args = vec!["rm", "-f", "-t", "0"];
@@ -468,7 +595,13 @@ fn start_updater(dir: &Path) -> (Updater, PathBuf) {
     (child, sock)
 }
 
-fn print_breakdown(title: &str, results: &[(Change, i64)], m: &[Mark]) -> (i64, i64) {
+fn print_breakdown(
+    title: &str,
+    reference: &str,
+    results: &[(Change, i64)],
+    m: &[Mark],
+    table: &[(&str, &str)],
+) -> (i64, i64) {
     let changes: Vec<Change> = results
         .iter()
         .map(|(c, _)| Change {
@@ -478,7 +611,7 @@ fn print_breakdown(title: &str, results: &[(Change, i64)], m: &[Mark]) -> (i64, 
             workload: c.workload.clone(),
         })
         .collect();
-    let (steps, totals) = breakdown(m, &changes);
+    let (steps, totals) = breakdown(m, &changes, table);
     let podman = median_us(results.iter().map(|(_, p)| *p).collect());
     let total = median_us(totals);
     println!();
@@ -486,11 +619,11 @@ fn print_breakdown(title: &str, results: &[(Change, i64)], m: &[Mark]) -> (i64, 
     println!();
     println!("| step | median |");
     println!("|---|---|");
-    for ((label, _), v) in STEPS.iter().zip(steps) {
+    for ((label, _), v) in table.iter().zip(steps) {
         println!("| {label} | {} |", ms1(median_us(v)));
     }
     println!("| **put → running (fleet-agent)** | **{}** |", ms(total));
-    println!("| `podman run -d` (same run) | {} |", ms(podman));
+    println!("| {reference} (same run) | {} |", ms(podman));
     println!(
         "| ratio (goal ≤ 1.2×) | {:.2}× |",
         total as f64 / podman as f64
@@ -586,6 +719,15 @@ fn main() {
     // One change at a time with 10 unchanged workloads present.
     let ten = b.changes(&agent, &mut ws, "a");
 
+    // The same with a private image, with 15 unchanged workloads present (the ten and the five just added).
+    let (_ca, reg, authfile) = b.private_registry();
+    let private = b.private_changes(&agent, &mut ws, &reg, &authfile, "p");
+    let private_log = agent.log_text();
+    assert!(
+        !private_log.contains(PRIVATE_PASSWORD),
+        "the registry password is in the agent's log"
+    );
+
     // Fifty at once on a device without workloads, against fifty sequential `podman run -d`.
     b.put(&[]);
     eventually(&agent, Duration::from_secs(300), "no workloads", || {
@@ -668,13 +810,24 @@ fn main() {
     );
     print_breakdown(
         "Desired-state put → container running with 10 unchanged workloads present",
+        "`podman run -d`",
         &ten,
         &m,
+        &STEPS,
     );
     print_breakdown(
         "Desired-state put → container running with 50 unchanged workloads present",
+        "`podman run -d`",
         &fifty,
         &m,
+        &STEPS,
+    );
+    print_breakdown(
+        "Desired-state put → container running of a private image (a new tag pulled from a registry with htpasswd auth over TLS, credentials from device-secrets; the layer already present) with 15 unchanged workloads present",
+        "`podman run -d --authfile` (after `podman login`) of a new tag",
+        &private,
+        &m,
+        &PULL_STEPS,
     );
     agent.sigterm();
     let _ = agent.wait_exit(Duration::from_secs(120));

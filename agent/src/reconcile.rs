@@ -544,25 +544,19 @@ pub fn reconcile(
             }
         }
     }
-    if !out.interrupted && (out.mutations > 0 || *scope == Scope::All) {
-        collect_secrets(podman, device, desired);
-    }
     Ok(out)
 }
 
-/// Removes the agent's Podman secrets that no container uses any more (after a replacement or a removal); a
-/// failure only waits for the next pass.
-fn collect_secrets(podman: &Podman, device: &DeviceId, desired: &[WorkloadSpec]) {
-    let list = || {
-        podman.list_managed().map(|l| {
-            l.into_iter()
-                .filter(|o| o.labels.get(LABEL_DEVICE).map(String::as_str) == Some(device.as_str()))
-                .map(|o| (o.id, o.labels.get(LABEL_SPEC_DIGEST).cloned()))
-                .collect()
-        })
-    };
-    if let Err(e) = podman.collect_secrets(desired, &list) {
-        log::warn!("cleaning up Podman secrets: {e}");
+/// Removes the agent's Podman secrets that no container uses any more; the worker calls it after a pass that
+/// mutated (a replacement or a removal is what leaves one unused) and after its first pass (what an earlier agent
+/// left), not on an idle resync. False when it failed (logged): the next pass tries again.
+pub fn collect_secrets(podman: &Podman, desired: &[WorkloadSpec]) -> bool {
+    match podman.collect_secrets(desired) {
+        Ok(_) => true,
+        Err(e) => {
+            log::warn!("cleaning up Podman secrets: {e}");
+            false
+        }
     }
 }
 
@@ -615,7 +609,11 @@ fn create(
     match podman.ensure_image(&spec.image, &mut |host| pass.registry(host), cancel) {
         Err(e) if e.is_cancelled() => return Applied::Abandoned,
         Err(e) => return Applied::Failed(failed(FailureReason::ImagePullFailed, &e)),
-        Ok(_) => {}
+        Ok(pulled) => {
+            if pulled {
+                crate::timing::mark("pulled", format_args!("workload={name}"));
+            }
+        }
     }
     if draining.load(Ordering::SeqCst) {
         return Applied::Abandoned;
@@ -1292,6 +1290,60 @@ mod tests {
         b.failed(&fixed, f.clone(), t1);
         b.succeeded(&fixed.name);
         assert_eq!(b.holds(&fixed, t1), None);
+    }
+
+    /// Only a failure that delivered secrets can mend waits on them; the revision it failed with is kept until
+    /// the spec fails again, runs or changes.
+    #[test]
+    fn failures_that_secrets_mend_remember_their_revision() {
+        let web = fixtures::workload("web");
+        let f = |reason, error: &str| Failed {
+            reason,
+            error: error.into(),
+            rolled_back: false,
+            spec: Some(web.digest()),
+        };
+        let unauthorized = f(
+            FailureReason::ImagePullFailed,
+            "image-pull-failed: unauthorized: registry r:5000 refused image r:5000/a:1 with the credentials delivered to this device: unauthorized: authentication required; the container of the previous spec keeps running",
+        );
+        let missing = f(
+            FailureReason::SecretMissing,
+            "secret-missing: Secret s key k version 3 not delivered yet",
+        );
+        let unknown = f(
+            FailureReason::ImagePullFailed,
+            "image r:5000/a:1 could not be pulled: manifest unknown",
+        );
+        assert!(unauthorized.waits_for_secrets() && missing.waits_for_secrets());
+        assert!(!unknown.waits_for_secrets());
+        assert!(!f(
+            FailureReason::StartFailed,
+            "image-pull-failed: unauthorized"
+        )
+        .waits_for_secrets());
+        let t0 = Instant::now();
+        let mut b = Backoff::default();
+        b.waits_for_secrets(&web.name, 4);
+        assert_eq!(
+            b.secrets_revision(&web.name),
+            None,
+            "nothing held, nothing noted"
+        );
+        b.failed(&web, missing.clone(), t0);
+        assert_eq!(b.secrets_revision(&web.name), None);
+        b.waits_for_secrets(&web.name, 4);
+        assert_eq!(b.secrets_revision(&web.name), Some(4));
+        b.failed(&web, unknown, t0);
+        assert_eq!(
+            b.secrets_revision(&web.name),
+            None,
+            "a new failure starts afresh"
+        );
+        b.failed(&web, missing, t0);
+        b.waits_for_secrets(&web.name, 5);
+        b.succeeded(&web.name);
+        assert_eq!(b.secrets_revision(&web.name), None);
     }
 
     #[test]

@@ -89,6 +89,8 @@ impl Worker {
                 // The desired state the last pass reached (no error, not interrupted).
                 let mut reached: Option<Vec<WorkloadSpec>> = None;
                 let mut backoff = Backoff::default();
+                // Unused Podman secrets are looked for after the first pass and after each that mutated.
+                let mut collect = true;
                 while let Some(job) = mine.take() {
                     let base = if job.full { None } else { reached.take() };
                     let scope = reconcile::scope(base.as_deref(), &job.desired);
@@ -108,11 +110,16 @@ impl Worker {
                         &cancel,
                     )
                     .map_err(|e| e.to_string());
-                    reached = match &r {
-                        Ok(out) if out.errors.is_empty() && !out.interrupted => Some(job.desired),
-                        _ => None,
-                    };
+                    collect |= matches!(&r, Ok(out) if out.mutations > 0);
+                    // A secret removal is a mutation: none once draining.
+                    let ended = matches!(&r, Ok(out) if !out.interrupted)
+                        && !draining.load(Ordering::SeqCst);
+                    let goal = matches!(&r, Ok(out) if out.errors.is_empty() && !out.interrupted);
                     done(r);
+                    if collect && ended {
+                        collect = !reconcile::collect_secrets(&podman, &job.desired);
+                    }
+                    reached = goal.then_some(job.desired);
                 }
             })?;
         Ok(Self {

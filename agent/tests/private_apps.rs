@@ -240,7 +240,7 @@ fn podman_secrets(rig: &Rig) -> Vec<String> {
 
 /// Secret values reach the container as an environment variable and as a file (mode 0400, owned by the use's
 /// uid); a version not delivered yet fails as `secret-missing` and touches nothing; delivered, it runs; a
-/// replacement leaves no unused Podman secret behind.
+/// replacement leaves no unused Podman secret behind, and never removes one a container still uses.
 #[test]
 fn secrets_reach_the_container_as_env_and_file() {
     let rig = rig();
@@ -325,8 +325,36 @@ fn secrets_reach_the_container_as_env_and_file() {
         || (podman_secrets(&rig) == want).then_some(()),
     );
 
+    // A new version whose container does not start: the old one runs again, and the secrets it uses stay
+    // through the clean-up of this and later passes (Podman would delete them, and it could not start again).
+    put_values("13");
+    let mut broken = with_secrets("13");
+    broken.command = vec!["/no/such/program".into()];
+    put_desired(&rig, 3, vec![broken]);
+    let failed = eventually(&agent, Duration::from_secs(30), "api start failed", || {
+        status_of(&rig, 3, "api").filter(|s| s.state == WorkloadState::Failed)
+    });
+    assert_eq!(
+        failed.failure.as_ref().map(|f| (f.reason, f.rolled_back)),
+        Some((FailureReason::StartFailed, true))
+    );
+    let restored = id_state(&rig, "api");
+    std::thread::sleep(Duration::from_secs(5));
+    let names = podman_secrets(&rig);
+    assert!(
+        want.iter().all(|n| names.contains(n)),
+        "the running container's secrets were removed: {names:?}"
+    );
+    p.podman(&["restart", "-t", "0", "fleet-api"]);
+    let again = p.podman(&["exec", "fleet-api", "sh", "-c", "echo \"$API_TOKEN\""]);
+    assert_eq!(again, TOKEN);
+    assert_eq!(
+        id_state(&rig, "api").split(' ').next(),
+        restored.split(' ').next()
+    );
+
     // Removing the workload removes its secrets.
-    put_desired(&rig, 3, vec![]);
+    put_desired(&rig, 4, vec![]);
     eventually(
         &agent,
         Duration::from_secs(20),

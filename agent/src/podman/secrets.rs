@@ -6,8 +6,9 @@
 //! Measured with Podman 4.3.1's libpod API: `POST /secrets/create?name=` takes the raw value as the body (with a
 //! non-form content type: a form body is consumed by the API's query parsing and the value arrives empty), answers
 //! 500 `secret name in use` for an existing name; `DELETE /secrets/{name}` removes a secret even while a
-//! container uses it, and that container then cannot start again (`no such secret`), so only secrets no container
-//! refers to are removed. The file driver keeps the values in `<podman root>/secrets/filedriver/secretsdata.json`
+//! container uses it, and that container then cannot start again (`no such secret`), env secrets included;
+//! inspect lists file secrets only, so each container carries the names it uses in a label and only secrets no
+//! container names are removed. The file driver keeps the values in `<podman root>/secrets/filedriver/secretsdata.json`
 //! (mode 0600); an env secret's value is visible in `podman inspect` (`Config.Env`), a file's is not.
 
 use super::api::{Podman, PodmanError};
@@ -23,8 +24,10 @@ use std::time::Duration;
 const QUICK: Duration = Duration::from_secs(30);
 /// Most unused Podman secrets removed in one pass (the rest go in the next ones).
 pub const GC_MAX_PER_PASS: usize = 16;
-/// Most containers inspected by one garbage collection to learn which secrets they use.
-pub const GC_MAX_INSPECTS: usize = 64;
+/// The container label naming the Podman secrets it uses (comma-separated): Podman 4.3's inspect lists only
+/// file secrets (`Config.Secrets`), never env ones, and a container whose secret was removed cannot start again,
+/// so the clean-up goes by this label.
+pub const LABEL_SECRETS: &str = "io.nationtech.fleet.secrets";
 
 /// One secret value ready for Podman: its Podman name and the decoded bytes. `Debug` shows no value.
 pub struct Prepared {
@@ -72,8 +75,17 @@ pub fn prepare(
 }
 
 /// Adds `spec`'s secret references to its libpod `SpecGenerator`: `secret_env` for env uses, `secrets` (mount
-/// target, uid, gid 0, mode 0400) for file uses. Names only; no value. Pure.
+/// target, uid, gid 0, mode 0400) for file uses, and their names as [`LABEL_SECRETS`]. Names only; no value. Pure.
 pub fn apply(body: &mut serde_json::Value, spec: &WorkloadSpec) {
+    if spec.secrets.is_empty() {
+        return;
+    }
+    let names: BTreeSet<String> = spec
+        .secrets
+        .iter()
+        .map(|u| u.podman_name(&spec.name))
+        .collect();
+    body["labels"][LABEL_SECRETS] = json!(names.into_iter().collect::<Vec<_>>().join(","));
     let mut env = BTreeMap::new();
     let mut files = Vec::new();
     for u in &spec.secrets {
@@ -160,32 +172,6 @@ impl Podman {
         Ok(list.into_iter().map(|e| e.spec.name).collect())
     }
 
-    /// The Podman secrets container `id` refers to (`Config.Secrets` of its inspect).
-    pub fn container_secrets(&self, id: &str) -> Result<Vec<String>, PodmanError> {
-        #[derive(Deserialize)]
-        struct Secret {
-            #[serde(rename = "Name", default)]
-            name: String,
-        }
-        #[derive(Deserialize)]
-        struct Config {
-            #[serde(rename = "Secrets", default)]
-            secrets: Option<Vec<Secret>>,
-        }
-        #[derive(Deserialize)]
-        struct Inspect {
-            #[serde(rename = "Config")]
-            config: Config,
-        }
-        let i: Inspect = self.inspect(id)?;
-        Ok(i.config
-            .secrets
-            .unwrap_or_default()
-            .into_iter()
-            .map(|s| s.name)
-            .collect())
-    }
-
     /// Removes Podman secret `name` (gone already is fine).
     pub fn remove_secret(&self, name: &str) -> Result<(), PodmanError> {
         self.call_with(
@@ -201,14 +187,9 @@ impl Podman {
     }
 
     /// Removes the agent's Podman secrets (`fleet-<workload>-<id>`) that neither a desired spec nor any managed
-    /// container (`containers` lists them: id and spec digest; asked only when there is a candidate) uses; at most [`GC_MAX_PER_PASS`]. Only containers of a spec
-    /// other than a desired one are inspected (a container of a desired spec uses that spec's names). Returns how
-    /// many it removed.
-    pub fn collect_secrets(
-        &self,
-        desired: &[WorkloadSpec],
-        containers: &dyn Fn() -> Result<Vec<(String, Option<String>)>, PodmanError>,
-    ) -> Result<usize, PodmanError> {
+    /// container ([`LABEL_SECRETS`]; listed only when there is a candidate) uses; at most [`GC_MAX_PER_PASS`].
+    /// Returns how many it removed.
+    pub fn collect_secrets(&self, desired: &[WorkloadSpec]) -> Result<usize, PodmanError> {
         let wanted: BTreeSet<String> = desired
             .iter()
             .flat_map(|w| w.secrets.iter().map(|u| u.podman_name(&w.name)))
@@ -221,25 +202,13 @@ impl Podman {
         if unused.is_empty() {
             return Ok(0);
         }
-        let digests: BTreeSet<String> = desired.iter().map(|w| w.digest().to_string()).collect();
-        let containers = containers()?;
-        let others: Vec<&String> = containers
+        let used: BTreeSet<String> = self
+            .list_managed()?
             .iter()
-            .filter(|(_, d)| d.as_ref().is_none_or(|d| !digests.contains(d)))
-            .map(|(id, _)| id)
+            .filter_map(|o| o.labels.get(LABEL_SECRETS))
+            .flat_map(|v| v.split(',').map(str::to_owned))
             .collect();
-        if others.len() > GC_MAX_INSPECTS {
-            log::debug!(
-                "secret clean-up waits: {} containers of older specs",
-                others.len()
-            );
-            return Ok(0);
-        }
-        for id in others {
-            // An unreadable container may use any of them: keep all this pass.
-            let used = self.container_secrets(id)?;
-            unused.retain(|n| !used.contains(n));
-        }
+        unused.retain(|n| !used.contains(n));
         let mut removed = 0;
         for name in unused.into_iter().take(GC_MAX_PER_PASS) {
             match self.remove_secret(&name) {
@@ -290,6 +259,9 @@ mod tests {
             w.secrets[1].podman_name(&w.name),
         );
         assert_eq!(body["secret_env"], json!({"API_TOKEN": env}));
+        let mut both = [env.clone(), file.clone()];
+        both.sort();
+        assert_eq!(body["labels"][LABEL_SECRETS], json!(both.join(",")));
         assert_eq!(
             body["secrets"],
             json!([{"Source": file, "Target": "/run/secrets/cert", "UID": 1000, "GID": 0, "Mode": 256}])
