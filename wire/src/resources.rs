@@ -68,11 +68,7 @@ pub const CAPABILITIES: &[&str] = &[
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Resources {
     /// Hard memory limit in MiB (swap included): above it the kernel kills the container (`oom-killed`).
-    #[serde(
-        default,
-        rename = "memoryMiB",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
     pub memory_mib: Option<u32>,
     /// CPU quota in thousandths of a CPU (500 = half a CPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]

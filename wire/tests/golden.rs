@@ -250,7 +250,8 @@ fn an_older_agent_refuses_real_application_fields_rather_than_dropping_them() {
     for field in ["resources", "secrets", "devices", "groups", "capabilities"] {
         let mut one = plain.clone();
         one[field] = full[field].clone();
-        let state = serde_json::json!({"deviceId": "device-1", "generation": 8, "workloads": [one]});
+        let state =
+            serde_json::json!({"deviceId": "device-1", "generation": 8, "workloads": [one]});
         let e = serde_json::from_value::<OldDesiredState>(state.clone())
             .err()
             .expect("an older agent must refuse it");
@@ -273,7 +274,10 @@ fn oom_and_desired_error_are_additive() {
         serde_json::from_str(include_str!("golden/workload-status.json")).unwrap();
     assert_eq!(old.desired_error, None);
     let v = serde_json::to_value(fixtures::workload_status_crash_looping()).unwrap();
-    assert!(v["workloads"][0]["restarts"].get("oomKilled").is_none(), "{v}");
+    assert!(
+        v["workloads"][0]["restarts"].get("oomKilled").is_none(),
+        "{v}"
+    );
 }
 
 #[test]
