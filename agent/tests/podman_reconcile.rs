@@ -277,6 +277,45 @@ fn an_unpullable_image_is_reported_in_words() {
     assert!(agent.wait_exit(Duration::from_secs(30)).success());
 }
 
+/// A host-path volume whose source leads through a symlink (one planted under a path a WorkloadPolicy allows) is
+/// not mounted: the workload fails `create-failed` naming where it leads, and the other workloads run.
+#[test]
+fn a_host_path_through_a_symlink_is_not_mounted() {
+    let rig = Rig::new(true, "");
+    let dir = tempfile::tempdir().unwrap();
+    let allowed = std::fs::canonicalize(dir.path()).unwrap();
+    std::os::unix::fs::symlink("/etc", allowed.join("data")).unwrap();
+    let mut planted = workload("reader", "1");
+    planted.volumes = vec![fleet_wire::VolumeMount {
+        source: format!("{}/data", allowed.display()),
+        target: "/data".into(),
+        read_only: true,
+    }];
+    put_desired(&rig, 1, vec![workload("db", "1"), planted]);
+    let mut agent = rig.spawn_agent();
+    agent.wait_ready();
+    let wl_status = store(&rig.nc(), kv::WORKLOAD_STATUS);
+    let s = eventually(&agent, Duration::from_secs(60), "reader failed", || {
+        let s: DeviceWorkloadStatus = get_json(&wl_status, DEVICE)?;
+        let by = |n: &str| s.workloads.iter().find(|w| w.name.as_str() == n).cloned();
+        (by("db")?.state == WorkloadState::Running && by("reader")?.state == WorkloadState::Failed)
+            .then(|| by("reader"))
+            .flatten()
+    });
+    assert_eq!(
+        s.failure.map(|f| f.reason),
+        Some(FailureReason::CreateFailed)
+    );
+    let e = s.error.expect("an error").as_str().to_owned();
+    assert!(e.contains("leads through a symlink to /etc"), "{e}");
+    assert!(
+        !containers(&rig).contains_key("fleet-reader"),
+        "no container was created"
+    );
+    agent.sigterm();
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+}
+
 /// `<PID> <container id> <state>` of `fleet-<name>`.
 fn pid_id_state(rig: &Rig, name: &str) -> String {
     rig.podman

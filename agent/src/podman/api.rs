@@ -61,6 +61,14 @@ pub enum PodmanError {
         /// Podman's reason (the registry's answer; the credentials are not in it).
         message: String,
     },
+    /// A host-path volume whose source does not resolve to itself ([`super::host_paths`]).
+    #[error("volume source {path} {why}")]
+    HostPath {
+        /// The source as the spec names it.
+        path: String,
+        /// What it resolves to, or why it does not.
+        why: String,
+    },
     /// The device's registry credentials could not be read (NATS) before a pull that may need them.
     #[error("image-pull-failed: the credentials for registry {registry} could not be read: {why}")]
     Credentials {
@@ -436,6 +444,8 @@ impl Podman {
     /// ([`Self::ensure_image`] first): a create never pulls, so nothing is touched before the image is known good.
     pub fn create(&self, device: &DeviceId, spec: &WorkloadSpec) -> Result<String, PodmanError> {
         let workload = spec.name.as_str();
+        super::host_paths::check(spec.host_paths())
+            .map_err(|(path, why)| PodmanError::HostPath { path, why })?;
         let body = create_body(device, spec);
         let out = self.call("POST", "/containers/create", Some(&body), QUICK, &[201])?;
         crate::timing::mark("created", format_args!("workload={workload}"));

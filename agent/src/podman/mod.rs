@@ -1,6 +1,7 @@
 //! Podman through the libpod REST API on its Unix socket: the HTTP client and the container operations.
 
 pub mod api;
+pub mod host_paths;
 pub mod http;
 pub mod limits;
 pub mod registry_auth;
