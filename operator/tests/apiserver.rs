@@ -38,21 +38,6 @@ impl Fleet {
         json!({"name": name, "labels": self.labels(extra)})
     }
 
-    async fn create<K>(&self, obj: serde_json::Value) -> K
-    where
-        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + serde::Serialize
-            + std::fmt::Debug,
-    {
-        let k: K = serde_json::from_value(obj).expect("object");
-        Api::<K>::all(self.client.clone())
-            .create(&PostParams::default(), &k)
-            .await
-            .expect("create")
-    }
-
     async fn device(&self, name: &str, labels: serde_json::Value) {
         let meta = self.meta(name, labels);
         self.create::<Device>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device", "metadata": meta, "spec": {}}))

@@ -10,7 +10,7 @@ use fleet_wire::{
     BoundedText, DesiredState, DeviceId, DeviceWorkloadStatus, Timestamp, WorkloadState,
     WorkloadStatus,
 };
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use std::time::Duration;
 
@@ -33,8 +33,7 @@ impl Rig {
         let f = Fleet::start(run).await;
         let group = f.name("fleet");
         let meta = json!({"name": group, "labels": f.labels(json!({}))});
-        create::<DeviceGroup>(
-            &f,
+        f.create::<DeviceGroup>(
             json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
             "metadata": meta, "spec": {"selector": {"matchLabels": {"fleet-test": f.run}}}}),
         )
@@ -47,8 +46,7 @@ impl Rig {
             .zip([json!({"canary": "true"}), json!({}), json!({})])
         {
             let meta = json!({"name": d, "labels": r.f.labels(labels)});
-            create::<Device>(
-                &r.f,
+            r.f.create::<Device>(
                 json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
                 "metadata": meta, "spec": {}}),
             )
@@ -56,8 +54,7 @@ impl Rig {
         }
         r.f.start_engine();
         let meta = json!({"name": r.dep, "labels": r.f.labels(json!({}))});
-        create::<FleetDeployment>(
-            &r.f,
+        r.f.create::<FleetDeployment>(
             json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
             "metadata": meta, "spec": {"allowedGroups": [r.group],
                 "workloads": [{"name": "web", "image": OLD}]}}),
@@ -220,21 +217,6 @@ impl Rig {
             })
             .collect()
     }
-}
-
-async fn create<K>(f: &Fleet, obj: serde_json::Value) -> K
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug,
-{
-    let k: K = serde_json::from_value(obj).expect("object");
-    Api::<K>::all(f.client.clone())
-        .create(&PostParams::default(), &k)
-        .await
-        .expect("create")
 }
 
 fn condition<'a>(

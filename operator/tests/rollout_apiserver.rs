@@ -9,7 +9,7 @@ use fleet_wire::{
     fixtures, AgentUpgradeAttempt, AgentUpgradeStatus, DeviceId, DeviceInfo, Heartbeat, Timestamp,
     UpgradePhase, Version,
 };
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use std::time::Duration;
 
@@ -30,8 +30,7 @@ impl Rig {
         let f = Fleet::start(run).await;
         let group = f.name("fleet");
         let meta = json!({"name": group, "labels": f.labels(json!({}))});
-        create::<DeviceGroup>(
-            &f,
+        f.create::<DeviceGroup>(
             json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
             "metadata": meta, "spec": {"selector": {"matchLabels": {"fleet-test": f.run}}}}),
         )
@@ -51,8 +50,7 @@ impl Rig {
     /// A device (Device object with `labels`) whose agent runs `version`, started at `started`.
     async fn device(&self, name: &str, labels: serde_json::Value) {
         let meta = json!({"name": name, "labels": self.f.labels(labels)});
-        create::<Device>(
-            &self.f,
+        self.f.create::<Device>(
             json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device", "metadata": meta, "spec": {}}),
         )
         .await;
@@ -122,7 +120,7 @@ impl Rig {
     async fn release(&self, name: &str, rollout: serde_json::Value) {
         let a = fixtures::attempt();
         let meta = json!({"name": name, "labels": self.f.labels(json!({}))});
-        create::<AgentRelease>(&self.f, json!({
+        self.f.create::<AgentRelease>(json!({
             "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "AgentRelease", "metadata": meta,
             "spec": {"allowedGroups": [self.group], "rollout": rollout,
                 "builds": [{"architecture": "arm64", "version": NEW, "artifact": a.artifact.to_string(),
@@ -176,21 +174,6 @@ impl Rig {
             .expect("stream");
         stream.info().await.expect("info").state.last_sequence
     }
-}
-
-async fn create<K>(f: &Fleet, obj: serde_json::Value) -> K
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug,
-{
-    let k: K = serde_json::from_value(obj).expect("object");
-    Api::<K>::all(f.client.clone())
-        .create(&PostParams::default(), &k)
-        .await
-        .expect("create")
 }
 
 fn condition<'a>(
@@ -516,7 +499,7 @@ async fn overlapping_releases_the_newest_wins_and_the_older_keeps_its_status() {
     let newer = r.f.name("a-new");
     let meta = json!({"name": newer, "labels": r.f.labels(json!({}))});
     let art = fixtures::attempt();
-    create::<AgentRelease>(&r.f, json!({
+    r.f.create::<AgentRelease>(json!({
         "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "AgentRelease", "metadata": meta,
         "spec": {"allowedGroups": [r.group], "targetSelector": {"matchLabels": {"site": "x"}},
             "builds": [{"architecture": "arm64", "version": "3.0.0", "artifact": art.artifact.to_string(),

@@ -171,21 +171,6 @@ impl Rig {
     }
 }
 
-async fn create<K>(f: &Fleet, obj: serde_json::Value) -> K
-where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug,
-{
-    let k: K = serde_json::from_value(obj).expect("object");
-    Api::<K>::all(f.client.clone())
-        .create(&PostParams::default(), &k)
-        .await
-        .expect("create")
-}
-
 fn value_of<'a>(s: &'a DeviceSecrets, version: &str) -> Option<&'a str> {
     s.values
         .iter()
@@ -216,8 +201,7 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
     // Devices: a canary and one more in the deployment, one outside it, one with an agent before WorkloadSpecV2.
     let group = r.f.name("fleet");
     let meta = json!({"name": group, "labels": r.f.labels(json!({}))});
-    create::<DeviceGroup>(
-        &r.f,
+    r.f.create::<DeviceGroup>(
         json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
         "metadata": meta, "spec": {"selector": {"matchLabels": {"fleet-test": r.f.run}}}}),
     )
@@ -240,8 +224,7 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
         (&old, json!({"role": "app"}), false),
     ] {
         let meta = json!({"name": d, "labels": r.f.labels(labels)});
-        create::<Device>(
-            &r.f,
+        r.f.create::<Device>(
             json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
             "metadata": meta, "spec": {}}),
         )
@@ -284,8 +267,7 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
     r.f.operators
         .push(kube_common::spawn_engine(r.f.client.clone(), opts));
     let meta = json!({"name": r.dep, "labels": r.f.labels(json!({}))});
-    create::<FleetDeployment>(
-        &r.f,
+    r.f.create::<FleetDeployment>(
         json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
         "metadata": meta, "spec": {"allowedGroups": [group], "targetSelector": {"matchLabels": {"role": "app"}},
             "imagePullSecrets": [{"name": "regcred"}],
@@ -440,8 +422,7 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
     // A version written in the CR is refused: it is the operator's to set (the webhook calls the same check).
     let bad = r.f.name("pinned");
     let meta = json!({"name": bad, "labels": r.f.labels(json!({}))});
-    create::<FleetDeployment>(
-        &r.f,
+    r.f.create::<FleetDeployment>(
         json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
         "metadata": meta, "spec": {"allowedGroups": [group],
             "workloads": [{"name": "pinned", "image": IMAGE, "secrets": [
@@ -554,8 +535,7 @@ async fn the_deployed_rbac_reads_the_secrets_namespace_only() {
         .expect("buckets");
     let dev = f.name("dev");
     let meta = json!({"name": dev, "labels": f.labels(json!({}))});
-    create::<Device>(
-        &f,
+    f.create::<Device>(
         json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
         "metadata": meta, "spec": {}}),
     )
@@ -570,16 +550,14 @@ async fn the_deployed_rbac_reads_the_secrets_namespace_only() {
         .expect("device info");
     let group = f.name("fleet");
     let meta = json!({"name": group, "labels": f.labels(json!({}))});
-    create::<DeviceGroup>(
-        &f,
+    f.create::<DeviceGroup>(
         json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceGroup",
         "metadata": meta, "spec": {"devices": [dev]}}),
     )
     .await;
     let dep = f.name("app");
     let meta = json!({"name": dep, "labels": f.labels(json!({}))});
-    create::<FleetDeployment>(
-        &f,
+    f.create::<FleetDeployment>(
         json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "FleetDeployment",
         "metadata": meta, "spec": {"allowedGroups": [group],
             "workloads": [{"name": "app", "image": IMAGE, "secrets": [

@@ -102,6 +102,23 @@ impl Drop for Fleet {
 }
 
 impl Fleet {
+    /// Creates the cluster-scoped object `obj` (JSON of kind `K`) and returns it as the API server stored it.
+    #[allow(dead_code)] // not every test binary creates typed objects
+    pub async fn create<K>(&self, obj: serde_json::Value) -> K
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug,
+    {
+        let k: K = serde_json::from_value(obj).expect("object");
+        kube::Api::<K>::all(self.client.clone())
+            .create(&kube::api::PostParams::default(), &k)
+            .await
+            .expect("create")
+    }
+
     /// The shared API server (CRDs installed), a nats-server of this test's own, no operator yet.
     pub async fn start(run: &str) -> Self {
         let client = client().await;
