@@ -329,11 +329,13 @@ impl Fleet {
         }
     }
 
-    /// Waits until the operator has written the intent for `version` to `device`.
+    /// Waits until the operator has written the intent for `version` to `device`. A write that timed out while a
+    /// node was lost is written again by a later pass, which may be the periodic one (every 60 s): 60 s was a race
+    /// (CI at 3463b11 saw the retry logged just after it), hence twice that.
     fn wait_intent(&self, device: &str, version: &str) {
         self.cluster.wait(
             &format!("the operator wrote {device}'s {version} intent"),
-            Duration::from_secs(60),
+            Duration::from_secs(120),
             || {
                 self.intent(device)
                     .is_some_and(|a| a.target_version.as_str() == version)
