@@ -89,6 +89,26 @@ fn typos() -> Vec<(&'static str, &'static str, String, &'static str)> {
             "spec: {allowedGroups: [demo], workloads: [], targetSelector: {matchExpressions: [{key: k, operator: Exists, operater: In}]}}".into(),
             "spec.targetSelector.matchExpressions[0].operater",
         ),
+        (
+            "FleetDeployment",
+            "t-dep-pull",
+            "spec: {allowedGroups: [demo], workloads: [], imagePullSecrets: [{name: regcred, nmae: x}]}".into(),
+            "spec.imagePullSecrets[0].nmae",
+        ),
+        // WorkloadPolicy
+        ("WorkloadPolicy", "t-pol-root", "spec: {groups: [demo]}\nlabels: {a: b}".into(), "labels"),
+        (
+            "WorkloadPolicy",
+            "t-pol-spec",
+            "spec: {groups: [demo], capabilitys: [NET_ADMIN]}".into(),
+            "spec.capabilitys",
+        ),
+        (
+            "WorkloadPolicy",
+            "t-pol-path",
+            "spec: {groups: [demo], hostPaths: [{path: /srv, readOnly: true, readonly: false}]}".into(),
+            "spec.hostPaths[0].readonly",
+        ),
         // inside a fleet-wire workload (open in the CRD schema, validated by fleet-wire's own type)
         (
             "FleetDeployment",
@@ -311,7 +331,7 @@ fn the_demo_cluster_refuses_typos_at_every_depth_and_taskrun_edits() {
             "{kind}: no typo tried in {missing:?} (closed objects: {closed:?})"
         );
     }
-    assert_eq!(kinds, 6, "every fleet kind");
+    assert_eq!(kinds, 7, "every fleet kind");
 
     // the issue's own messages, exactly as a person reads them
     let err = c
