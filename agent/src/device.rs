@@ -42,6 +42,21 @@ pub fn os_info(os_release: &Path) -> OsInfo {
     parse_os_release(&text)
 }
 
+/// The id the device's FleetLock client sends ([`fleet_wire::fleetlock::client_id`] of the machine id under
+/// `machine_id`), reported in device info so the Reboots page shows a holder as its device; `None` when the file
+/// is missing or holds no machine id.
+pub fn reboot_client_id(machine_id: &Path) -> Option<Id128> {
+    let text = std::fs::read(machine_id).ok()?;
+    // Read as fleet-reboot reads it (at most 64 KiB, trimmed), so both hash the same text.
+    let machine = String::from_utf8_lossy(&text[..text.len().min(64 * 1024)])
+        .trim()
+        .to_owned();
+    if machine.is_empty() {
+        return None;
+    }
+    Id128::parse_lenient(&fleet_wire::fleetlock::client_id(&machine)).ok()
+}
+
 /// The kernel's boot id, when readable.
 pub fn boot_id() -> Option<Id128> {
     let s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
@@ -121,6 +136,22 @@ pub fn capabilities(updater: &[Capability]) -> Vec<Capability> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_reboot_client_id_is_fleet_reboots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("machine-id");
+        std::fs::write(&file, "0123456789abcdef0123456789abcdef\n").expect("write");
+        assert_eq!(
+            super::reboot_client_id(&file).map(|i| i.as_str().to_owned()),
+            Some(fleet_wire::fleetlock::client_id(
+                "0123456789abcdef0123456789abcdef"
+            ))
+        );
+        std::fs::write(&file, "\n").expect("write");
+        assert_eq!(super::reboot_client_id(&file), None);
+        assert_eq!(super::reboot_client_id(&dir.path().join("absent")), None);
+    }
+
     #[test]
     fn the_unit_comes_from_the_cgroup() {
         let v2 = "0::/system.slice/fleet-agent.service\n";

@@ -45,4 +45,9 @@ impl Paths {
     pub fn os_release(&self) -> PathBuf {
         self.under("etc/os-release")
     }
+
+    /// `<root>/etc/machine-id`.
+    pub fn machine_id(&self) -> PathBuf {
+        self.under("etc/machine-id")
+    }
 }

@@ -1729,14 +1729,18 @@ fn hostile_values_are_escaped_on_every_page() {
         fetched_at: now,
         status: Ok(status),
     };
-    check("reboots", &reboots::render(Some(&view), &alerts, now), 5);
+    check(
+        "reboots",
+        &reboots::render(Some(&view), &Default::default(), &alerts, now),
+        5,
+    );
     let failed = FleetLockView {
         fetched_at: now,
         status: Err(HOSTILE.into()),
     };
     check(
         "reboots, unreadable",
-        &reboots::render(Some(&failed), &[], now),
+        &reboots::render(Some(&failed), &Default::default(), &[], now),
         1,
     );
     // Rollout pages: the object's name, its groups, a build's architecture and version, a failing device's

@@ -60,6 +60,11 @@ pub struct DeviceInfo {
     /// latest start. Absent from agents before it was added, and where systemd did not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarts: Option<u32>,
+    /// The id this device's FleetLock client (`fleet-reboot`, the updater's reboots) sends as its `client_params.id`
+    /// ([`crate::fleetlock::client_id`] of its machine id), so the operator's Reboots page can show a slot's holder
+    /// as the device it is. Absent from agents before it was added and where `/etc/machine-id` could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboot_client_id: Option<Id128>,
 }
 
 /// A liveness beat, published at a fixed interval.

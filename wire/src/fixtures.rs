@@ -300,6 +300,7 @@ pub fn device_info() -> DeviceInfo {
         boot_id: Some(Id128::try_from(BOOT).unwrap()),
         published_at: t(1),
         restarts: Some(0),
+        reboot_client_id: None,
     }
 }
 

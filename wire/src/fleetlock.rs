@@ -72,6 +72,15 @@ impl LockRequest {
     }
 }
 
+/// The id `fleet-reboot` sends for the host whose machine id (`/etc/machine-id`, trimmed) is `machine_id`: the first
+/// 16 bytes of SHA-256 of `fleet-reboot:<machine-id>`, as 32 lowercase hex digits. An app-specific id, so the machine
+/// id itself never leaves the host; the agent reports the same id in its device info.
+pub fn client_id(machine_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("fleet-reboot:{machine_id}").as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A client id must be non-empty, at most [`MAX_ID_BYTES`] long and free of control characters.
 pub fn validate_id(id: &str) -> Result<(), ValidationError> {
     let err = |why: &str| ValidationError::new("fleetlock id", why.to_owned());
@@ -395,6 +404,15 @@ pub struct AuditRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_client_id_is_the_documented_hash() {
+        // docs/fleetlock.md: printf 'fleet-reboot:%s' "$(cat /etc/machine-id)" | sha256sum | cut -c1-32
+        assert_eq!(
+            client_id("0123456789abcdef0123456789abcdef"),
+            "761c89190f176e1e42a5a939fa2a4ace"
+        );
+    }
 
     #[test]
     fn requests_validate() {

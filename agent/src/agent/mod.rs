@@ -170,6 +170,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         boot_id: crate::device::boot_id(),
         published_at: Timestamp::now(),
         restarts: crate::device::restarts(),
+        reboot_client_id: crate::device::reboot_client_id(&paths.machine_id()),
     };
     // Retried like the other dependencies: on a NATS cluster a bucket whose stream leader was just lost answers
     // "no responders" for a few seconds, and failing readiness then would roll a good upgrade back.

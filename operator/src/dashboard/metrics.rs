@@ -348,6 +348,7 @@ mod tests {
             ]),
             heartbeats: crate::kv::Mirror::new(fleet_wire::kv::DEVICE_HEARTBEAT),
             workloads: crate::kv::Mirror::new(fleet_wire::kv::WORKLOAD_STATUS),
+            info: crate::kv::Mirror::new(fleet_wire::kv::DEVICE_INFO),
             nats: RwLock::new(None),
             fleetlock: RwLock::new(Some(crate::dashboard::state::FleetLockView {
                 fetched_at: fleet_wire::Timestamp::now(),

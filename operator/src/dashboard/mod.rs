@@ -10,9 +10,11 @@
 pub mod alerts;
 pub mod auth;
 pub mod bars;
+pub mod blocking;
 pub mod device;
 pub mod events;
 pub mod fleet_counts;
+pub mod holder_devices;
 pub mod holds;
 pub mod html;
 pub mod metrics;
@@ -93,6 +95,7 @@ pub async fn run(rt: &crate::runtime::Runtime, opts: Options) -> Result<(), Stri
         releases: caches.releases.subscribe(&unheard),
         heartbeats,
         workloads: rt.workloads.clone(),
+        info: rt.info.clone(),
         nats: RwLock::new(None),
         fleetlock: RwLock::new(None),
         alerts: RwLock::new(Vec::new()),

@@ -1,10 +1,12 @@
 //! Reboots: the FleetLock server's holders per group and how long each has held its slot, and its recent grants
 //! and releases as a chart of holds and a table, read from its `/v1/status` (with a client or admin token: the
-//! status names hosts).
+//! status names hosts). Each holder is shown as the device whose own device info reports its FleetLock id, with
+//! that device's DeviceGroups, or as an unknown holder ([`super::holder_devices`]).
 
 use super::alerts::{Alert, Subject};
+use super::holder_devices::{HolderDevice, Holders};
 use super::holds::{chart, holds};
-use super::html::{age, name, page, table, text, when};
+use super::html::{age, name, page, table, text, url_part, when};
 use super::overview::some_alerts;
 use super::state::FleetLockView;
 use fleet_wire::fleetlock::{LockEventKind, ServerStatus, STATUS_PATH};
@@ -97,24 +99,29 @@ pub fn fetch(src: &FleetLockSource) -> Result<ServerStatus, String> {
 }
 
 /// The reboots page.
-pub fn render(view: Option<&FleetLockView>, alerts: &[Alert], now: Timestamp) -> String {
+pub fn render(
+    view: Option<&FleetLockView>,
+    names: &Holders,
+    alerts: &[Alert],
+    now: Timestamp,
+) -> String {
     page(
         "Reboots",
         html! {
             (some_alerts(alerts, |a| matches!(a.subject, Subject::Holder { .. } | Subject::FleetLock), now))
-            (holders(view, now))
+            (holders(view, names, now))
             @if let Some(Ok(s)) = view.map(|v| &v.status) {
                 h2 { "Recent holds" }
-                (chart(&holds(s), now))
+                (chart(&holds(s), names, now))
                 h2 { "Recent grants and releases" }
-                (recent(s, now))
+                (recent(s, names, now))
             }
         },
     )
 }
 
 /// The server's recent events, newest first, with how long each ended hold lasted.
-fn recent(s: &ServerStatus, now: Timestamp) -> Markup {
+fn recent(s: &ServerStatus, names: &Holders, now: Timestamp) -> Markup {
     let since = html! {
         "What this server made durable since it started (" (when(s.started_at, now)) "), newest first, at most "
         (fleet_wire::fleetlock::MAX_RECENT_EVENTS) ". It keeps them in memory: a restart empties the list, and "
@@ -133,7 +140,7 @@ fn recent(s: &ServerStatus, now: Timestamp) -> Markup {
             when(Some(e.at), now),
             html! { span.bad[e.kind != LockEventKind::Granted && e.kind != LockEventKind::Released] data-event=(what) { (what) } },
             text(&e.group),
-            text(&e.holder.id),
+            device(names, &e.holder.id),
             text(e.holder.hostname.as_deref().unwrap_or("—")),
             text(&e.holder.ip),
             held,
@@ -141,12 +148,12 @@ fn recent(s: &ServerStatus, now: Timestamp) -> Markup {
     });
     html! {
         p.muted { (since) }
-        (table(&["when", "what", "group", "holder", "host", "address", "held for"], rows))
+        (table(&["when", "what", "group", "device", "host (as sent)", "address", "held for"], rows))
     }
 }
 
 /// The FleetLock server's settings and its holders per group.
-fn holders(view: Option<&FleetLockView>, now: Timestamp) -> Markup {
+fn holders(view: Option<&FleetLockView>, names: &Holders, now: Timestamp) -> Markup {
     let Some(v) = view else {
         return html! {
             p.muted {
@@ -171,7 +178,7 @@ fn holders(view: Option<&FleetLockView>, now: Timestamp) -> Markup {
         };
         if g.holders.is_empty() {
             let mut row = head();
-            row.extend([text("—"), text(""), text(""), text(""), text("")]);
+            row.extend([text("—"), text(""), text(""), text(""), text(""), text("")]);
             return vec![row];
         }
         g.holders
@@ -179,7 +186,8 @@ fn holders(view: Option<&FleetLockView>, now: Timestamp) -> Markup {
             .map(|x| {
                 let mut row = head();
                 row.extend([
-                    text(&x.id),
+                    device(names, &x.id),
+                    device_groups(names.get(&x.id)),
                     text(x.hostname.as_deref().unwrap_or("—")),
                     text(&x.ip),
                     when(Some(x.taken_at), now),
@@ -209,6 +217,49 @@ fn holders(view: Option<&FleetLockView>, now: Timestamp) -> Markup {
         @for w in &s.warnings {
             p.bad { "fleetlock-server warns: " (w) }
         }
-        (table(&["group", "slots", "holder", "host", "address", "held since", "held for"], rows))
+        p.muted {
+            "A holder is the device whose own device info reports the FleetLock id it sent; an id that no device "
+            "reports, or that several report, is an unknown holder. The host is the name the holder sent."
+        }
+        (table(
+            &["group", "slots", "device", "device groups", "host (as sent)", "address", "held since", "held for"],
+            rows,
+        ))
+    }
+}
+
+/// The holder `id` as the device it is (a link to its page), or as an unknown holder; `data-holder` carries the
+/// FleetLock id and `data-device` the device (empty when unknown).
+fn device(names: &Holders, id: &str) -> Markup {
+    match names.get(id) {
+        HolderDevice::Device { id: d, .. } => html! {
+            span data-holder=(id) data-device=(d) title={ "FleetLock id " (id) } {
+                a href={ "/devices/" (url_part(d.as_str())) } { (d) }
+            }
+        },
+        HolderDevice::Unknown => html! {
+            span.bad data-holder=(id) data-device="" { "unknown holder " code { (id) } }
+        },
+        HolderDevice::Contested(claimants, n) => html! {
+            span.bad data-holder=(id) data-device="" {
+                "unknown holder " code { (id) } " (reported by " (n) " devices: "
+                @for (i, c) in claimants.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    (c)
+                }
+                @if *n > claimants.len() { ", …" }
+                ")"
+            }
+        },
+    }
+}
+
+/// The DeviceGroups of a holder's device, `—` for none or an unknown holder.
+fn device_groups(d: &HolderDevice) -> Markup {
+    match d {
+        HolderDevice::Device { groups, .. } if !groups.is_empty() => {
+            html! { span data-groups=(groups.join(",")) { (groups.join(", ")) } }
+        }
+        _ => text("—"),
     }
 }

@@ -212,10 +212,14 @@ pub async fn handle(
             };
             html(StatusCode::OK, rollouts::deployment(&d, now))
         }
-        ["reboots"] => html(
-            StatusCode::OK,
-            reboots::render(state.fleetlock().as_ref(), &state.alerts(), now),
-        ),
+        ["reboots"] => {
+            let view = state.fleetlock();
+            let names = super::holder_devices::Holders::of_view(view.as_ref(), &state);
+            html(
+                StatusCode::OK,
+                reboots::render(view.as_ref(), &names, &state.alerts(), now),
+            )
+        }
         ["metrics"] => respond(
             StatusCode::OK,
             metrics::CONTENT_TYPE,

@@ -120,6 +120,8 @@ pub struct State {
     /// `device-workload-status`, mirrored by the control loop: the workloads of a device whose Device counts some
     /// crash-looping are read here (the alerts).
     pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
+    /// `device-info`, mirrored by the control loop: the Reboots page reads each device's FleetLock client id here.
+    pub info: Arc<Mirror<fleet_wire::DeviceInfo>>,
     /// NATS, once connected.
     pub nats: RwLock<Option<Arc<Buckets>>>,
     /// `None` when no FleetLock server is configured or it was not read yet.

@@ -25,7 +25,6 @@ use fleet_wire::process_lock::{LockError, ProcessLock};
 use fleet_wire::SystemJournalPhase;
 use lock::{Identity, LockClient};
 use marker::Marker;
-use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 use system::{Paths, System};
 
@@ -80,8 +79,7 @@ pub fn identity(paths: &Paths) -> Result<Identity, String> {
     if machine.is_empty() {
         return Err(format!("{}: empty", paths.machine_id().display()));
     }
-    let digest = Sha256::digest(format!("fleet-reboot:{machine}").as_bytes());
-    let id: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let id = fleet_wire::fleetlock::client_id(&machine);
     let hostname = system::read_small(&paths.hostname())
         .ok()
         .filter(|h| fleet_wire::fleetlock::validate_hostname(h).is_ok());

@@ -40,6 +40,7 @@ pub fn device_info(id: &DeviceId, version: &Version, boot: &Id128, at: Timestamp
         boot_id: Some(boot.clone()),
         published_at: at,
         restarts: Some(0),
+        reboot_client_id: None,
     }
 }
 
