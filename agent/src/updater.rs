@@ -106,6 +106,31 @@ impl UpdaterClient {
                 path: self.path.clone(),
                 message: format!("status refused: {code:?}: {message}"),
             }),
+            Response::Diagnostics { .. } => Err(UpdaterError::Protocol {
+                path: self.path.clone(),
+                message: "answered a status request with diagnostics".into(),
+            }),
+        }
+    }
+
+    /// The sections of a diagnostics request that the updater collects (read-only; answered within 15 s).
+    pub fn diagnostics(
+        &self,
+        request: fleet_wire::diagnostics::DiagnosticsRequest,
+    ) -> Result<Vec<fleet_wire::diagnostics::Section>, UpdaterError> {
+        match self.exchange(
+            Request::Diagnostics { request },
+            SOCKET_STATUS_RESPONSE_TIMEOUT,
+        )? {
+            Response::Diagnostics { sections } => Ok(sections),
+            Response::Error { code, message } => Err(UpdaterError::Protocol {
+                path: self.path.clone(),
+                message: format!("diagnostics refused: {code:?}: {message}"),
+            }),
+            Response::Status { .. } | Response::Accepted { .. } => Err(UpdaterError::Protocol {
+                path: self.path.clone(),
+                message: "answered a diagnostics request with a status".into(),
+            }),
         }
     }
 

@@ -228,6 +228,11 @@ fn handle(
                 move || u.run_system()
             })
         }
+        // Collected by the updater's diagnostics module (being built); until then an old updater's answer.
+        Ok(Request::Diagnostics { .. }) => Response::error(
+            ErrorCode::UnknownRequest,
+            "diagnostics are not collected by this updater yet",
+        ),
     };
     answer(stream, response);
 }

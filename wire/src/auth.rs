@@ -56,8 +56,13 @@ pub enum DeviceAccess {
     Write,
 }
 
-/// Buckets the agent writes and never reads back ([`DeviceAccess::Write`]); keyed by device only.
-const WRITE_ONLY: &[&str] = &[crate::kv::DEVICE_HEARTBEAT, crate::kv::WORKLOAD_STATUS];
+/// Buckets the agent writes and never reads back ([`DeviceAccess::Write`]). A diagnostics bundle is the largest
+/// value a device writes: readable, it would be the largest answer a device could make the server send.
+const WRITE_ONLY: &[&str] = &[
+    crate::kv::DEVICE_HEARTBEAT,
+    crate::kv::WORKLOAD_STATUS,
+    crate::kv::DIAGNOSTICS_BUNDLE,
+];
 
 /// The key below a device's own in a write-only bucket that a device may direct-get: `<device-id>.probe`. A device
 /// writes exactly `<device-id>` there and the operator never writes a device bucket, so it is always absent.
@@ -69,7 +74,9 @@ pub const PROBE_KEY: &str = "probe";
 pub fn device_access(spec: &BucketSpec) -> DeviceAccess {
     match spec.key {
         KeyShape::Run | KeyShape::Group => DeviceAccess::None,
-        KeyShape::Device if spec.writer == "agent" && WRITE_ONLY.contains(&spec.name) => {
+        KeyShape::Device | KeyShape::DeviceRun
+            if spec.writer == "agent" && WRITE_ONLY.contains(&spec.name) =>
+        {
             DeviceAccess::Write
         }
         KeyShape::Device | KeyShape::DeviceRun if spec.writer == "agent" => DeviceAccess::ReadWrite,
@@ -276,6 +283,8 @@ mod tests {
             (kv::AGENT_UPGRADE_STATUS, DeviceAccess::ReadWrite),
             (kv::SYSTEM_UPGRADE_INTENT, DeviceAccess::Read),
             (kv::SYSTEM_UPGRADE_STATUS, DeviceAccess::ReadWrite),
+            (kv::DIAGNOSTICS_REQUEST, DeviceAccess::Read),
+            (kv::DIAGNOSTICS_BUNDLE, DeviceAccess::Write),
             (kv::TASK_PLANS, DeviceAccess::None),
             (kv::FLEETLOCK, DeviceAccess::None),
         ];
@@ -424,7 +433,7 @@ mod tests {
 
     #[test]
     fn a_devices_largest_write_fits_its_payload_limit() {
-        assert_eq!(device_max_write_bytes(), 96 * 1024);
+        assert_eq!(device_max_write_bytes(), 112 * 1024);
         assert!(DEVICE_MAX_PAYLOAD >= device_max_write_bytes() + 4 * 1024);
     }
 

@@ -13,7 +13,7 @@
 //!   written, and the agent reads the key.
 
 use crate::auth::{device_access, device_inbox_prefix, DeviceAccess};
-use crate::kv::{BucketSpec, KeyShape, BUCKETS, SYSTEM_UPGRADE_STATUS};
+use crate::kv::{self, BucketSpec, KeyShape, BUCKETS, SYSTEM_UPGRADE_STATUS};
 use crate::{AttemptId, DeviceId, ValidationError};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -166,6 +166,17 @@ pub fn key_device(spec: &BucketSpec, key: &str) -> Option<DeviceId> {
         KeyShape::Run | KeyShape::Group => return None,
     };
     DeviceId::try_from(id).ok()
+}
+
+/// The buckets whose key `<device-id>.<run-uid>` must exist for a device to write that key in run bucket
+/// `bucket`: the run was given to the device (its intent or request) or the device wrote it before (an intent is
+/// removed once its run is terminal). A diagnostics bundle answers only a request that is still there.
+pub fn run_given_by(bucket: &str) -> &'static [&'static str] {
+    match bucket {
+        kv::SYSTEM_UPGRADE_STATUS => &[kv::SYSTEM_UPGRADE_INTENT, kv::SYSTEM_UPGRADE_STATUS],
+        kv::DIAGNOSTICS_BUNDLE => &[kv::DIAGNOSTICS_REQUEST],
+        _ => &[],
+    }
 }
 
 /// A device write that passed [`check_put`].
@@ -335,7 +346,6 @@ impl WriteBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv;
 
     fn dev(s: &str) -> DeviceId {
         DeviceId::try_from(s).expect("device id")
@@ -486,7 +496,8 @@ mod tests {
                 kv::DESIRED_STATE,
                 kv::DEVICE_SECRETS,
                 kv::AGENT_UPGRADE_INTENT,
-                kv::SYSTEM_UPGRADE_INTENT
+                kv::SYSTEM_UPGRADE_INTENT,
+                kv::DIAGNOSTICS_REQUEST
             ]
         );
         let written: Vec<_> = written_buckets().map(|b| b.name).collect();
@@ -497,9 +508,15 @@ mod tests {
                 kv::DEVICE_HEARTBEAT,
                 kv::WORKLOAD_STATUS,
                 kv::AGENT_UPGRADE_STATUS,
-                kv::SYSTEM_UPGRADE_STATUS
+                kv::SYSTEM_UPGRADE_STATUS,
+                kv::DIAGNOSTICS_BUNDLE
             ]
         );
+        assert_eq!(
+            run_given_by(kv::DIAGNOSTICS_BUNDLE),
+            [kv::DIAGNOSTICS_REQUEST]
+        );
+        assert!(run_given_by(kv::DEVICE_INFO).is_empty());
         let spec = kv::bucket(kv::SYSTEM_UPGRADE_INTENT).expect("bucket");
         assert_eq!(
             key_device(spec, "dev-a.0a5b3c1e-8f2d-4b7a-9c6e-1d2f3a4b5c6d").map(|d| d.to_string()),

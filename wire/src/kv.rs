@@ -22,6 +22,12 @@ pub const AGENT_UPGRADE_STATUS: &str = "agent-upgrade-status";
 pub const SYSTEM_UPGRADE_INTENT: &str = "system-upgrade-intent";
 /// System-upgrade status, key `<device-id>.<run-uid>`; written by the agent; kept for bounded diagnostics.
 pub const SYSTEM_UPGRADE_STATUS: &str = "system-upgrade-status";
+/// Diagnostics requests ([`crate::diagnostics::DiagnosticsRequest`]), key `<device-id>.<request-uid>`; written
+/// by the operator, removed once answered or withdrawn.
+pub const DIAGNOSTICS_REQUEST: &str = "diagnostics-request";
+/// Diagnostics bundles ([`crate::diagnostics::DiagnosticsBundle`]), key `<device-id>.<request-uid>`; written by
+/// the agent for a request it was given; kept a day (the operator copies each into its `DeviceDiagnostics`).
+pub const DIAGNOSTICS_BUNDLE: &str = "diagnostics-bundle";
 /// Frozen task-run target plans, key `<run-uid>`; created atomically by the operator.
 pub const TASK_PLANS: &str = "task-plans";
 /// FleetLock holders for the HA store, key `<group>`; written by fleetlock-server replicas with CAS.
@@ -186,6 +192,27 @@ pub const BUCKETS: &[BucketSpec] = &[
         max_value_bytes: 8 * KIB,
         max_age: Some(Duration::from_secs(90 * 24 * 3600)),
         bytes_per_device: share(RUNS_PER_DEVICE, 8 * KIB),
+        allow_rollup: false,
+    },
+    BucketSpec {
+        name: DIAGNOSTICS_REQUEST,
+        key: KeyShape::DeviceRun,
+        writer: "operator",
+        max_value_bytes: crate::diagnostics::MAX_REQUEST_BYTES as i32,
+        max_age: Some(Duration::from_secs(7 * 24 * 3600)),
+        bytes_per_device: share(2, crate::diagnostics::MAX_REQUEST_BYTES as i32),
+        allow_rollup: false,
+    },
+    BucketSpec {
+        name: DIAGNOSTICS_BUNDLE,
+        key: KeyShape::DeviceRun,
+        writer: "agent",
+        max_value_bytes: crate::diagnostics::MAX_BUNDLE_BYTES as i32,
+        max_age: Some(Duration::from_secs(24 * 3600)),
+        // Bundles are rare and short-lived: the share is a sixteenth of one bundle per device, so about 600
+        // bundles of the largest size fit at once at the default fleet size (a full bucket refuses the next
+        // bundle, and the request says so; it never touches another bucket).
+        bytes_per_device: (crate::diagnostics::MAX_BUNDLE_BYTES / 16) as u64,
         allow_rollup: false,
     },
     BucketSpec {

@@ -14,6 +14,7 @@ pub mod bounded;
 pub mod cli;
 pub mod device;
 pub mod device_api;
+pub mod diagnostics;
 pub mod digest;
 #[cfg(feature = "os")]
 pub mod durable;

@@ -56,15 +56,22 @@ pub enum Request {
         /// The attempt, as read from NATS by the agent.
         attempt: SystemUpgradeAttempt,
     },
+    /// Read-only: collect the items of a diagnostics request that the updater collects
+    /// ([`crate::diagnostics::Collector::Updater`]); the others are ignored. Answered with
+    /// [`Response::Diagnostics`].
+    Diagnostics {
+        /// The request, as read from NATS by the agent.
+        request: crate::diagnostics::DiagnosticsRequest,
+    },
 }
 
 impl Request {
     /// The `op` names this build understands.
-    pub const OPS: [&'static str; 3] = ["status", "upgrade", "system-upgrade"];
+    pub const OPS: [&'static str; 4] = ["status", "upgrade", "system-upgrade", "diagnostics"];
 
     /// True for requests that change state (one at a time).
     pub fn is_mutating(&self) -> bool {
-        !matches!(self, Request::Status {})
+        !matches!(self, Request::Status {} | Request::Diagnostics { .. })
     }
 }
 
@@ -91,6 +98,11 @@ pub enum Response {
     Accepted {
         /// What the updater knows.
         status: UpdaterStatus,
+    },
+    /// The sections of a [`Request::Diagnostics`], bounded as a bundle's ([`crate::diagnostics::Section::new`]).
+    Diagnostics {
+        /// One per item the updater collects, in [`crate::diagnostics::Item::ALL`]'s order.
+        sections: Vec<crate::diagnostics::Section>,
     },
     /// The request was refused or failed.
     Error {

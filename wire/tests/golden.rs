@@ -426,3 +426,49 @@ fn device_info_tolerates_newer_writers() {
     let info: DeviceInfo = serde_json::from_value(v).expect("tolerant");
     assert_eq!(info.capabilities.last(), Some(&Capability::Unknown));
 }
+
+#[test]
+fn diagnostics_shapes() {
+    use fleet_wire::diagnostics::{DiagnosticsBundle, DiagnosticsRequest, Item, Section};
+    let req = DiagnosticsRequest {
+        items: vec![Item::WorkloadLogs, Item::AgentJournal, Item::Disk],
+        workloads: vec![WorkloadName::try_from("web").unwrap()],
+        lines: 200,
+        since_seconds: Some(3600),
+        requested_at: Timestamp::from_unix_ms(1_796_000_000_000),
+    };
+    check("diagnostics-request", &req);
+    check(
+        "socket-request-diagnostics",
+        &request(Request::Diagnostics {
+            request: req.clone(),
+        }),
+    );
+    let journal = Section::new(Item::AgentJournal, None, "line 1\nline 2\nline 3\n", 2);
+    check(
+        "socket-response-diagnostics",
+        &response(Response::Diagnostics {
+            sections: vec![journal.clone()],
+        }),
+    );
+    check(
+        "diagnostics-bundle",
+        &DiagnosticsBundle {
+            device: DeviceId::try_from("device-1").unwrap(),
+            request: "0a5b3c1e-8f2d-4b7a-9c6e-1d2f3a4b5c6d".parse().unwrap(),
+            collected_at: Timestamp::from_unix_ms(1_796_000_001_000),
+            sections: vec![
+                Section::new(
+                    Item::WorkloadLogs,
+                    Some(WorkloadName::try_from("web").unwrap()),
+                    "listening on :8080\n",
+                    200,
+                ),
+                journal,
+                Section::failed(Item::Disk, None, "statvfs /var: permission denied"),
+            ],
+            redacted: 1,
+            cut: false,
+        },
+    );
+}

@@ -264,6 +264,11 @@ impl SystemRelay {
                 format!("updater refused: {code:?}: {message}"),
                 now,
             ),
+            Ok(Response::Diagnostics { .. }) => {
+                log::warn!("system upgrade run {run}: the updater answered another request; asking again later");
+                back_to_pending(self);
+                Vec::new()
+            }
             Err(e) => {
                 // The updater may have accepted it before the exchange broke: polls show the truth.
                 log::warn!("system upgrade run {run}: request failed: {e}; asking again later");

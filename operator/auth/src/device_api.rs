@@ -21,9 +21,9 @@
 use super::config::DeviceApiSettings;
 use async_nats::jetstream;
 use fleet_wire::device_api::{
-    check_put, key_device, notice_subject, noticed_buckets, refusals_subject, written_buckets,
-    DevicePut, PutRefusal, WatchRegistration, WriteBudget, WriteRefused, REFUSAL_REPORT_INTERVAL,
-    WATCH_ROOT, WATCH_TTL,
+    check_put, key_device, notice_subject, noticed_buckets, refusals_subject, run_given_by,
+    written_buckets, DevicePut, PutRefusal, WatchRegistration, WriteBudget, WriteRefused,
+    REFUSAL_REPORT_INTERVAL, WATCH_ROOT, WATCH_TTL,
 };
 use fleet_wire::log_summary::{Summaries, SUMMARY_INTERVAL};
 use fleet_wire::DeviceId;
@@ -469,7 +469,10 @@ async fn write(
         return Err(Failure::Refused(Some(put.device), PutRefusal::OverBudget));
     }
     if let Some(run) = &put.run {
-        if !run_given(fleet, &put.key()).await.map_err(Failure::Store)? {
+        if !run_given(fleet, put.bucket.name, &put.key())
+            .await
+            .map_err(Failure::Store)?
+        {
             return Err(Failure::Refused(
                 Some(put.device.clone()),
                 PutRefusal::UnknownRun {
@@ -495,13 +498,10 @@ async fn write(
     Ok(ack.stream)
 }
 
-/// Whether run key `key` (`<device>.<run>`) may be written: the device was given the run (its intent exists) or
-/// wrote its status before (an intent is removed once its run is terminal).
-async fn run_given(fleet: &Fleet, key: &str) -> Result<bool, String> {
-    for bucket in [
-        fleet_wire::kv::SYSTEM_UPGRADE_INTENT,
-        fleet_wire::kv::SYSTEM_UPGRADE_STATUS,
-    ] {
+/// Whether run key `key` (`<device>.<run>`) of `bucket` may be written: it is in one of the buckets
+/// [`run_given_by`] names (the device was given the run, or wrote its status before).
+async fn run_given(fleet: &Fleet, bucket: &str, key: &str) -> Result<bool, String> {
+    for &bucket in run_given_by(bucket) {
         let found = tokio::time::timeout(JS_TIMEOUT, async {
             let store = fleet
                 .js

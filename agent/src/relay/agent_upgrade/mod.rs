@@ -246,6 +246,10 @@ impl Relay {
                 vec![Effect::Publish(Box::new(s))]
             }
             Err(error) => vec![Effect::Recheck { attempt: id, error }],
+            Ok(Response::Diagnostics { .. }) => vec![Effect::Recheck {
+                attempt: id,
+                error: "the updater answered another request".into(),
+            }],
         }
     }
 
