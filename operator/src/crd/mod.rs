@@ -84,7 +84,8 @@ pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
     printcolumn = r#"{"name":"CrashLoop","type":"string","jsonPath":".status.crashLooping"}"#,
     printcolumn = r#"{"name":"AgentRestarts","type":"integer","priority":1,"jsonPath":".status.agentRestarts.count"}"#,
     printcolumn = r#"{"name":"Refused","type":"integer","jsonPath":".status.writesRefused.count"}"#,
-    printcolumn = r#"{"name":"Hold","type":"string","jsonPath":".metadata.annotations.fleet\\.nationtech\\.io/hold-workloads"}"#
+    printcolumn = r#"{"name":"Hold","type":"string","jsonPath":".metadata.annotations.fleet\\.nationtech\\.io/hold-workloads"}"#,
+    printcolumn = r#"{"name":"Waiting","type":"string","priority":1,"jsonPath":".status.blocking[0].message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceSpec {
@@ -157,6 +158,13 @@ pub struct DeviceStatus {
     /// `workloads.crashLooping`), or `agent-and-workloads`; absent when nothing is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crash_looping: Option<CrashLooping>,
+    /// Why the device does not have a change yet: one reason per FleetDeployment rollout or AgentRelease it is
+    /// not updated to, as that rollout's planner decided it (at most 16; docs/crds.md, "Why a device is not updated").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocking: Vec<crate::deployments::blocking::Blocking>,
+    /// How many more reasons than `blocking` lists; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking_more: Option<u32>,
 }
 
 /// A device agent's restarts.

@@ -360,6 +360,7 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
         &format!("Device {n}"),
         html! {
             (some_alerts(alerts, |a| matches!(&a.subject, super::alerts::Subject::Device(x) | super::alerts::Subject::Workload { device: x, .. } if x == n), now))
+            (super::blocking::section(&s, now))
             @for e in &kv.errors {
                 p.bad { "Could not read: " (e) }
             }

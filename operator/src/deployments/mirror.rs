@@ -156,6 +156,9 @@ pub fn device_status(
             })
         }),
         crash_looping: None,
+        // The pass sets these from the rollouts' decisions (plan.rs), not from a report: kept as they are here.
+        blocking: current.map(|c| c.blocking.clone()).unwrap_or_default(),
+        blocking_more: current.and_then(|c| c.blocking_more),
     };
     next.crash_looping = CrashLooping::of(
         next.agent_restarts

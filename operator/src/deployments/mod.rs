@@ -3,6 +3,7 @@
 //! releases, staged rollouts, spec validation, the WorkloadPolicy check ([`policy`]), workload health and the
 //! Device status mirrored from NATS — and its writes to the Kubernetes API ([`report`], [`device_writes`]).
 
+pub mod blocking;
 pub mod capability;
 pub mod device_writes;
 pub mod engine;
@@ -14,6 +15,8 @@ pub mod policy;
 pub mod release;
 pub mod report;
 pub mod rollout;
+#[cfg(test)]
+mod rollout_reasons;
 pub mod rollout_workloads;
 pub mod secrets;
 pub mod validate;

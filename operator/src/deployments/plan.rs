@@ -3,6 +3,7 @@
 //! write, the statuses to write and the Devices to create — which `engine` then carries out (the only I/O).
 //! Table-tested without NATS or Kubernetes.
 
+use super::blocking::{self, Blocking};
 use super::health;
 use super::mirror::{self, Reported};
 use super::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
@@ -209,6 +210,9 @@ pub struct Plan {
     /// Each device's `device-secrets` key where it changes (`None`: delete it), written before the desired states
     /// that need it ([`super::secrets::deliveries`]).
     pub device_secrets: BTreeMap<DeviceId, Option<DeviceSecrets>>,
+    /// Each device's reasons for the changes it does not have yet, as the rollouts decided them (blocking.rs),
+    /// deployments first, then releases; written into its `status.blocking`.
+    pub blocking: BTreeMap<DeviceId, Vec<Blocking>>,
 }
 
 /// "1 device", "3 devices".
@@ -438,6 +442,20 @@ fn stage(
     }
     let kept_halt = held_halt(&mut outcome, holds, old);
     outcome.status.retry = token.map(str::to_owned);
+    let change = blocking::change("FleetDeployment", &d.name_any());
+    let names: Vec<&str> = workloads.iter().map(|w| w.name.as_str()).collect();
+    for (dev, wait) in &outcome.waits {
+        let reason = blocking::reason(
+            &change,
+            *wait,
+            || blocking::halt_why(outcome.halt.as_ref(), kept_halt.as_ref()),
+            || {
+                let report = s.workloads.get(dev.as_str()).map(Arc::as_ref);
+                blocking::workload_failure(report, &names, incapable.get(dev))
+            },
+        );
+        plan.blocking.entry(dev.clone()).or_default().push(reason);
+    }
     let released: BTreeSet<&DeviceId> = outcome.release.iter().collect();
     // Devices held back mostly keep one and the same previous spec: one shared list each, so that placement
     // shares it too (it shares lists by their objects' addresses).
@@ -1007,6 +1025,21 @@ fn release(
     let mut outcome = rollout::plan(&in_rollout, &policy, now);
     let kept_halt = held_halt(&mut outcome, holds, old);
     outcome.status.retry = token.map(str::to_owned);
+    let change = blocking::change("AgentRelease", name);
+    for (dev, wait) in &outcome.waits {
+        let reason = blocking::reason(
+            &change,
+            *wait,
+            || blocking::halt_why(outcome.halt.as_ref(), kept_halt.as_ref()),
+            || {
+                // The status of the device's current attempt, as the planner judged it failed.
+                let attempt = s.intents.get(dev.as_str()).map(|a| a.attempt_id);
+                let status = s.upgrades.get(dev.as_str()).map(Arc::as_ref);
+                blocking::upgrade_failure(status.filter(|st| st.attempt_id == attempt))
+            },
+        );
+        plan.blocking.entry(dev.clone()).or_default().push(reason);
+    }
     for t in &in_rollout {
         if rollout::standing(t.observed, &policy, now) == rollout::Standing::Soaking {
             plan.heartbeat_watch.insert(t.id.clone());
@@ -1164,10 +1197,24 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
         if reported == Reported::default() {
             continue;
         }
-        if let Some(next) =
-            mirror::device_status(d.status.as_ref(), &reported, s.liveness.watched_since, now)
-        {
-            plan.device_statuses.push((id, next));
+        // The rollouts' reasons replace the listed ones; the rest is mirrored from what the device reported.
+        let (listed, more) = blocking::listed(
+            DeviceId::try_from(id.as_str())
+                .ok()
+                .and_then(|dev| plan.blocking.get(&dev).cloned())
+                .unwrap_or_default(),
+        );
+        let old = d.status.clone().unwrap_or_default();
+        let base = DeviceStatus {
+            blocking: listed,
+            blocking_more: more,
+            ..old.clone()
+        };
+        let current = (d.status.is_some() || base != old).then_some(&base);
+        match mirror::device_status(current, &reported, s.liveness.watched_since, now) {
+            Some(next) => plan.device_statuses.push((id, next)),
+            None if base != old => plan.device_statuses.push((id, base)),
+            None => {}
         }
     }
 }
@@ -1706,6 +1753,18 @@ mod tests {
                 .cloned();
             (r, halted.expect("Halted wanted"))
         };
+        // What each device's status.blocking gets: `device=kind`.
+        let waiting = |p: &Plan| -> Vec<String> {
+            p.blocking
+                .iter()
+                .flat_map(|(d, bs)| bs.iter().map(move |b| (d, b)))
+                .map(|(d, b)| {
+                    assert_eq!(b.change, "FleetDeployment/web");
+                    let kind = serde_json::to_value(b.kind).expect("kind");
+                    format!("{d}={}", kind.as_str().unwrap_or_default())
+                })
+                .collect()
+        };
         let mut s = base();
         s.devices = vec![
             device("d1", json!({"canary": "true"})),
@@ -1716,6 +1775,10 @@ mod tests {
         s.desired = shared([key("d1", 1, &old), key("d2", 1, &old), key("d3", 1, &old)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
+        assert_eq!(
+            waiting(&p),
+            ["d2=waitingForCanaries", "d3=waitingForCanaries"]
+        );
         let (r, halted) = rollout_of(&p);
         assert_eq!((r.phase, r.pending), (RolloutPhase::Progressing, 3));
         assert!(!halted.ok);
@@ -1727,6 +1790,15 @@ mod tests {
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
         assert_eq!(rollout_of(&p).0.phase, RolloutPhase::Soaking);
+        assert_eq!(waiting(&p), ["d2=soaking", "d3=soaking"]);
+        let soak_end = Timestamp::from_unix_ms(now.unix_ms() + 30_000).to_string();
+        assert_eq!(
+            p.blocking[&DeviceId::try_from("d2").expect("id")][0].until,
+            Some(soak_end)
+        );
+        // The device that reported gets the reason in its status (the others reported nothing: left alone).
+        let d2_status = p.device_statuses.iter().find(|(n, _)| n == "d2");
+        assert_eq!(d2_status, None, "d2 reported nothing yet");
         // its next report (the same workloads, a later time) ends the soak: it must wake the loop
         assert_eq!(
             p.heartbeat_watch
@@ -1741,11 +1813,34 @@ mod tests {
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:2", "d3=nginx:1"]);
         assert_eq!(rollout_of(&p).0.healthy, 1);
+        assert_eq!(waiting(&p), ["d3=maxUnavailable"]);
+        // d3 reports: its status carries the reason, and a pass that decides the same writes nothing new.
+        s.workloads = shared([
+            report("d1", 2, WorkloadState::Running, 60),
+            report("d3", 1, WorkloadState::Running, 600),
+        ]);
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        let (_, d3) = p
+            .device_statuses
+            .iter()
+            .find(|(n, _)| n == "d3")
+            .expect("d3's status");
+        assert_eq!(
+            d3.blocking.iter().map(|b| b.message.as_str()).collect::<Vec<_>>(),
+            ["FleetDeployment/web waits: maxUnavailable reached, 1 of 1 devices updating or soaking"]
+        );
+        let mut again = s.clone();
+        let mut d3_obj = (*again.devices[2]).clone();
+        d3_obj.status = Some(d3.clone());
+        again.devices[2] = Arc::new(d3_obj);
+        let p = plan(&again, now, &mut AttemptId::new_random);
+        assert!(p.device_statuses.iter().all(|(n, _)| n != "d3"));
 
         // the canary's workload failed: halted, the rest keep the old spec
         s.workloads = shared([report("d1", 2, WorkloadState::Failed, 0)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
+        assert_eq!(waiting(&p), ["d1=failed", "d2=halted", "d3=halted"]);
         let (r, halted) = rollout_of(&p);
         assert_eq!((r.phase, r.failed), (RolloutPhase::Halted, 1));
         assert!(halted.ok && halted.reason == "CanaryFailed", "{halted:?}");
@@ -1759,6 +1854,7 @@ mod tests {
         s.workloads = shared([report("d1", 2, WorkloadState::Running, 600)]);
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
+        assert_eq!(waiting(&p), ["d2=halted", "d3=halted"]);
         let (r, halted) = rollout_of(&p);
         assert_eq!(r.phase, RolloutPhase::Halted);
         assert!(halted.ok && halted.message.contains("d1"), "{halted:?}");
@@ -1781,6 +1877,14 @@ mod tests {
         assert_eq!(
             (r.phase, r.updating, r.retry.as_deref()),
             (RolloutPhase::Progressing, 1, Some("1"))
+        );
+        assert_eq!(
+            waiting(&p),
+            [
+                "d1=updating",
+                "d2=waitingForCanaries",
+                "d3=waitingForCanaries"
+            ]
         );
         assert!(!halted.ok);
 

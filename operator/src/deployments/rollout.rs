@@ -270,6 +270,68 @@ pub struct Outcome {
     /// Updating devices in one phase for longer than its bound plus [`STALL_SLACK`] (a few, `dev-1 (preparing
     /// for 12m)`), and their number.
     pub stalled: (Vec<String>, u32),
+    /// Every device this pass leaves short of the change, by device id, with why ([`Wait`]): the decision
+    /// itself, which a Device's `status.blocking` copies (blocking.rs). Released, soaking and healthy devices are
+    /// not in it.
+    pub waits: Vec<(DeviceId, Wait)>,
+}
+
+/// How an updating device is stuck (the planner's stall rule, [`stall`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    /// In `phase` since `since` (the device's clock), longer than the phase's bound plus [`STALL_SLACK`].
+    Phase {
+        /// The phase.
+        phase: UpgradePhase,
+        /// When it entered it.
+        since: Timestamp,
+    },
+    /// No heartbeat since `since` for longer than the heartbeat timeout plus [`STALL_SLACK`].
+    Silent {
+        /// Its latest heartbeat (the device's clock).
+        since: Timestamp,
+    },
+}
+
+/// Why one pass leaves a device short of the change: decided where [`plan`] decides not to release it (or finds
+/// it given and not there yet), so what a Device shows is the rule's own decision, not a second reading of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Pending while the rollout is halted (a halt found now, or one that holds: [`hold`]).
+    Halted,
+    /// Pending (not a canary) while `waiting` of the `canaries` canaries are not yet updated.
+    Canaries {
+        /// Canaries not yet updated (pending, updating; failed ones halt instead).
+        waiting: u32,
+        /// Canaries in the rollout.
+        canaries: u32,
+    },
+    /// Pending (not a canary) while every canary is updated and some still soak: not before `until` (the latest
+    /// canary soak's end; a canary counts as soaked once it reports a heartbeat at or after it).
+    CanariesSoaking {
+        /// The end of the latest canary soak.
+        until: Timestamp,
+    },
+    /// Pending: `busy` of the `max` devices maxUnavailable allows are updating or soaking (after this pass's
+    /// releases).
+    MaxUnavailable {
+        /// Non-canary devices updating or soaking, this pass's releases included.
+        busy: u32,
+        /// maxUnavailable, resolved (at least 1).
+        max: u32,
+    },
+    /// Pending in a staged rollout and silent for longer than the heartbeat timeout: the change waits until it is
+    /// heard from.
+    Offline {
+        /// Its latest heartbeat (the device's clock).
+        since: Timestamp,
+    },
+    /// Given the change and not there yet: the phase it reported and since when, once it reported one.
+    Updating(Option<(UpgradePhase, Timestamp)>),
+    /// Given the change and stuck ([`Stall`]).
+    Stalled(Stall),
+    /// Failed ([`Failure`]): not given the change again until a retry or a new spec.
+    Failed(Failure),
 }
 
 /// The phase's wire name (`preparing`, `rolling-back`, …), as status, events and alerts show it.
@@ -292,23 +354,32 @@ fn is_silent(t: &Target, policy: &Policy, now: Timestamp) -> bool {
         .is_some_and(|h| now.since(h) > policy.heartbeat_timeout)
 }
 
-/// `dev (preparing for 12m)` when the device's phase outlasted its bound, or `dev (silent for 4m)` when an
-/// updating device has sent no heartbeat for longer than the heartbeat timeout plus [`STALL_SLACK`].
-fn stall(t: &Target, policy: &Policy, now: Timestamp) -> Option<String> {
+/// How an updating device is stuck: its phase outlasted its bound, or it has sent no heartbeat for longer than the
+/// heartbeat timeout plus [`STALL_SLACK`].
+fn stall(t: &Target, policy: &Policy, now: Timestamp) -> Option<Stall> {
     let Observed::Updating(phase) = t.observed else {
         return None;
     };
-    let id = &t.id;
     if let Some((phase, since)) = phase.filter(|(p, since)| is_stalled(*p, *since, now)) {
-        let word = phase_word(phase);
-        return Some(format!(
-            "{id} ({word} for {}m)",
-            now.since(since).as_secs() / 60
-        ));
+        return Some(Stall::Phase { phase, since });
     }
     let heard = t.last_heartbeat?;
     (now.since(heard) > policy.heartbeat_timeout + STALL_SLACK)
-        .then(|| format!("{id} (silent for {}m)", now.since(heard).as_secs() / 60))
+        .then_some(Stall::Silent { since: heard })
+}
+
+/// `dev (preparing for 12m)` or `dev (silent for 4m)`, as the `Progressing` message names a stalled device.
+fn describe_stall(id: &DeviceId, s: Stall, now: Timestamp) -> String {
+    match s {
+        Stall::Phase { phase, since } => format!(
+            "{id} ({} for {}m)",
+            phase_word(phase),
+            now.since(since).as_secs() / 60
+        ),
+        Stall::Silent { since } => {
+            format!("{id} (silent for {}m)", now.since(since).as_secs() / 60)
+        }
+    }
 }
 
 /// Where a device stands now.
@@ -504,10 +575,68 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
         if let Some(s) = stall(t, policy, now) {
             stalled.1 += 1;
             if stalled.0.len() < HALT_EXAMPLES {
-                stalled.0.push(s);
+                stalled.0.push(describe_stall(&t.id, s, now));
             }
         }
     }
+    // Why each device not released stays short of the change, from the same gates that held it back above.
+    let canaries_waiting = standings
+        .iter()
+        .filter(|(t, s)| is_canary(t) && matches!(s, Standing::Pending | Standing::Updating))
+        .count() as u32;
+    let canary_soak_until = standings
+        .iter()
+        .filter(|(t, s)| is_canary(t) && *s == Standing::Soaking)
+        .filter_map(|(t, _)| match t.observed {
+            Observed::Committed { at, .. } => Some(at.plus(policy.soak)),
+            _ => None,
+        })
+        .max();
+    let gate = if halt.is_some() {
+        Wait::Halted
+    } else if !canaries_healthy {
+        match (canaries_waiting, canary_soak_until) {
+            (0, Some(until)) => Wait::CanariesSoaking { until },
+            _ => Wait::Canaries {
+                waiting: canaries_waiting,
+                canaries: standings.iter().filter(|(t, _)| is_canary(t)).count() as u32,
+            },
+        }
+    } else {
+        let max = policy.max_unavailable.of(total).max(1) as u32;
+        let busy = in_flight_of(false).count() + release.len();
+        Wait::MaxUnavailable {
+            busy: busy as u32,
+            max,
+        }
+    };
+    // A set: a rollout without a section releases every device at once.
+    let released: std::collections::BTreeSet<&DeviceId> = release.iter().collect();
+    let waits = standings
+        .iter()
+        .filter(|(t, _)| !released.contains(&t.id))
+        .filter_map(|(t, s)| {
+            let wait = match s {
+                Standing::Soaking | Standing::Healthy => return None,
+                Standing::Failed(f) => Wait::Failed(*f),
+                Standing::Updating => match stall(t, policy, now) {
+                    Some(st) => Wait::Stalled(st),
+                    None => match t.observed {
+                        Observed::Updating(p) => Wait::Updating(p),
+                        _ => Wait::Updating(None),
+                    },
+                },
+                Standing::Pending if halt.is_some() => Wait::Halted,
+                Standing::Pending => match t.last_heartbeat {
+                    Some(since) if policy.staged && is_silent(t, policy, now) => {
+                        Wait::Offline { since }
+                    }
+                    _ => gate,
+                },
+            };
+            Some((t.id.clone(), wait))
+        })
+        .collect();
     status.stalled = stalled.1;
     status.phase = if halt.is_some() {
         RolloutPhase::Halted
@@ -529,6 +658,7 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
         halt,
         in_flight,
         stalled,
+        waits,
     }
 }
 
@@ -571,7 +701,23 @@ pub fn hold(outcome: &mut Outcome, holds: bool) -> bool {
     if !holds || outcome.halt.is_some() {
         return false;
     }
-    outcome.release.clear();
+    // Whoever this pass would have given the change, or held back for a gate, now waits for the halt.
+    let released = std::mem::take(&mut outcome.release);
+    for (_, w) in &mut outcome.waits {
+        if matches!(
+            w,
+            Wait::Canaries { .. }
+                | Wait::CanariesSoaking { .. }
+                | Wait::MaxUnavailable { .. }
+                | Wait::Offline { .. }
+        ) {
+            *w = Wait::Halted;
+        }
+    }
+    outcome
+        .waits
+        .extend(released.into_iter().map(|id| (id, Wait::Halted)));
+    outcome.waits.sort_by(|a, b| a.0.cmp(&b.0));
     outcome.status.next.clear();
     outcome.status.phase = RolloutPhase::Halted;
     true
