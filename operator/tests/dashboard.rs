@@ -751,7 +751,13 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     )
     .unwrap();
     let fl = ServerProcess::start(&fleet_vm_tests::builds::fleetlock_server(), &fl_cfg).unwrap();
-    // A reboot history: pi-done took the slot and gave it back a second later; then pi-silent took it.
+    // A reboot history: pi-done (an id no device reports) took the slot and gave it back a second later; then
+    // pi-rolled took it with the id its agent reports in its device info (as fleet-reboot derives it).
+    let rolled_rid = fleet_wire::fleetlock::client_id("0123456789abcdef0123456789abcdef");
+    let mut info = fixtures::device_info();
+    info.device_id = rolled.clone();
+    info.reboot_client_id = Some(fleet_wire::Id128::try_from(rolled_rid.clone()).unwrap());
+    f.put(layout::DEVICE_INFO, rolled.as_str(), &info).await;
     let mut c = fl.conn().unwrap();
     assert_eq!(c.fleetlock(true, "pi-done", "default").unwrap().status, 200);
     std::thread::sleep(Duration::from_millis(1100));
@@ -763,7 +769,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     assert_eq!(
         fl.conn()
             .unwrap()
-            .fleetlock(true, silent.as_str(), "default")
+            .fleetlock(true, &rolled_rid, "default")
             .unwrap()
             .status,
         200
@@ -1067,14 +1073,21 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         (
             "/reboots".into(),
             vec![
-                silent.to_string(),
                 "1 of 1 used".into(),
                 "data-alert=\"FleetLockSlotHeldTooLong\"".into(),
                 // This server runs without client authentication, and says so.
                 "client authentication <span class=\"bad\">off</span>".into(),
                 "fleetlock-server warns: client authentication is off".into(),
-                // The history: pi-done's grant and release, pi-silent's grant, its hold still running.
-                format!("data-hold=\"default/{silent}\" data-end=\"held\""),
+                // The holder as the device it is (a link to its page) with its DeviceGroup; pi-done as unknown.
+                format!("data-holder=\"{rolled_rid}\" data-device=\"{rolled}\""),
+                format!("<a href=\"/devices/{rolled}\">{rolled}</a>"),
+                format!("data-groups=\"{group}\""),
+                "data-holder=\"pi-done\" data-device=\"\"".into(),
+                "unknown holder <code>pi-done</code>".into(),
+                // The history: pi-done's grant and release, pi-rolled's grant, its hold still running.
+                format!("data-hold=\"default/{rolled_rid}\" data-end=\"held\""),
+                format!("{rolled} · default · held for "),
+                "unknown holder pi-done · default · released after 1s".into(),
                 "data-hold=\"default/pi-done\" data-end=\"released\"".into(),
                 "data-event=\"released\"".into(),
             ],
@@ -1149,6 +1162,27 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         };
         assert!(dom.contains(&want), "{want:?} missing:\n{dom}");
     }
+    // Since when the device holds its slot: the server's taken_at, in the holders table.
+    let held = server.groups.iter().flat_map(|g| &g.holders).next();
+    let held = held.expect("a holder");
+    assert_eq!(held.id, rolled_rid);
+    assert!(
+        dom.contains(&format!("<time datetime=\"{}\">", held.taken_at)),
+        "held since {} missing:\n{dom}",
+        held.taken_at
+    );
+    // Every bar is readable: at least the least width, the 1-s hold beside the minutes-long one included.
+    let widths: Vec<u64> = dom
+        .split("data-bar=\"hold\"")
+        .skip(1)
+        .filter_map(|r| r.split("width=\"").nth(1)?.split('"').next()?.parse().ok())
+        .collect();
+    assert_eq!(widths.len(), 2, "{dom}");
+    assert!(
+        widths.iter().all(|w| *w >= holds::MIN_BAR),
+        "bars {widths:?} narrower than {}:\n{dom}",
+        holds::MIN_BAR
+    );
 
     // The device pages' timelines: one mark per transition of the Device's status as the API server holds it
     // (the same before and after the page is loaded), with its phase, in order.
