@@ -6,6 +6,7 @@
 //! artifacts, the agent-upgrade status) are the fleet-wire types themselves, published in the CRD schema as objects
 //! with `x-kubernetes-preserve-unknown-fields`; the operator validates them with fleet-wire's own constructors.
 
+pub mod diagnostics;
 pub mod policy;
 pub mod tasks;
 
@@ -574,6 +575,7 @@ pub fn all_crds(
         tasks::TaskRun::crd(),
         tasks::TaskSchedule::crd(),
         policy::WorkloadPolicy::crd(),
+        diagnostics::DeviceDiagnostics::crd(),
     ];
     // Unknown spec fields reach the admission webhook, which refuses them (crate::schema), instead of being pruned.
     crds.iter_mut().for_each(crate::schema::keep_unknown_fields);
