@@ -164,6 +164,30 @@ pub fn reader<R: Read + Send + 'static>(mut r: R, max: usize) -> thread::JoinHan
     })
 }
 
+/// Reads `r` to its end on a thread, keeping its last `max` bytes (for output whose newest part matters, such as a
+/// log printed oldest first).
+pub fn tail_reader<R: Read + Send + 'static>(mut r: R, max: usize) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    kept.extend_from_slice(&buf[..n]);
+                    // Dropping the front only once it is twice the bound keeps the copying linear.
+                    if kept.len() > max.saturating_mul(2).max(8192) {
+                        kept.drain(..kept.len() - max);
+                    }
+                }
+            }
+        }
+        let excess = kept.len().saturating_sub(max);
+        kept.drain(..excess);
+        kept
+    })
+}
+
 /// Kills the process group `pid` (SIGKILL).
 pub fn kill_group(pid: u32) {
     if let Ok(pid) = libc::pid_t::try_from(pid) {
@@ -180,6 +204,24 @@ pub fn run_bounded(
     bound: Duration,
     max_output: usize,
 ) -> Result<Finished, ChildError> {
+    run(cmd, bound, max_output, false)
+}
+
+/// As [`run_bounded`], but keeps the last `max_output` bytes of standard output instead of the first.
+pub fn run_bounded_tail(
+    cmd: &mut Command,
+    bound: Duration,
+    max_output: usize,
+) -> Result<Finished, ChildError> {
+    run(cmd, bound, max_output, true)
+}
+
+fn run(
+    cmd: &mut Command,
+    bound: Duration,
+    max_output: usize,
+    keep_tail: bool,
+) -> Result<Finished, ChildError> {
     let program = cmd.get_program().to_string_lossy().into_owned();
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -190,7 +232,13 @@ pub fn run_bounded(
         source,
     })?;
     let pid = child.id();
-    let out = child.stdout.take().map(|s| reader(s, max_output));
+    let out = child.stdout.take().map(|s| {
+        if keep_tail {
+            tail_reader(s, max_output)
+        } else {
+            reader(s, max_output)
+        }
+    });
     let err = child.stderr.take().map(|s| reader(s, max_output));
     let watchdog = Watchdog::start(pid, bound);
     let waited = child.wait();
@@ -247,5 +295,13 @@ mod tests {
         )
         .expect("runs");
         assert_eq!(big.stdout.len(), 10);
+        // The tail variant keeps the newest bytes, across many reads.
+        let tail = run_bounded_tail(
+            Command::new("sh").args(["-c", "seq 1 100000"]),
+            Duration::from_secs(10),
+            13,
+        )
+        .expect("runs");
+        assert_eq!(tail.stdout, b"99999\n100000\n");
     }
 }

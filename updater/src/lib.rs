@@ -13,6 +13,7 @@ pub mod child;
 /// The command line of every program: the tree's one parser, in fleet-wire.
 pub use fleet_wire::cli;
 pub mod config;
+pub mod diagnostics;
 pub mod durable;
 pub mod fault;
 pub mod fetch_runner;

@@ -1,6 +1,6 @@
 //! The updater's Unix socket server: bounded handlers, a request-read deadline, peer credentials checked, status
 //! always answered (idle or slow peers cannot hold every handler: a new connection evicts the oldest one that has
-//! not sent its request yet), mutating requests handed to the transaction.
+//! not sent its request yet), mutating requests handed to the transaction, diagnostics to [`crate::diagnostics`].
 
 use crate::agent_upgrade::transaction::{Accepted, Refused, Updater};
 use crate::durable;
@@ -228,11 +228,8 @@ fn handle(
                 move || u.run_system()
             })
         }
-        // Collected by the updater's diagnostics module (being built); until then an old updater's answer.
-        Ok(Request::Diagnostics { .. }) => Response::error(
-            ErrorCode::UnknownRequest,
-            "diagnostics are not collected by this updater yet",
-        ),
+        // Read-only: never the mutating lock, so it is answered during an upgrade too.
+        Ok(Request::Diagnostics { request }) => crate::diagnostics::answer(updater, &request),
     };
     answer(stream, response);
 }

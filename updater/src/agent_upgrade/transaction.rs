@@ -296,6 +296,11 @@ impl Updater {
         &self.inner.paths
     }
 
+    /// The agent's systemd unit (from the configuration).
+    pub fn agent_unit(&self) -> &UnitName {
+        &self.inner.unit
+    }
+
     /// What the updater knows; never waits for a transaction step.
     pub fn status(&self) -> UpdaterStatus {
         let st = self.state();
