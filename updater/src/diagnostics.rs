@@ -15,7 +15,7 @@ use fleet_wire::{ErrorCode, Response, Timestamp, UnitName, UpdaterStatus};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{mpsc, Mutex, TryLockError};
+use std::sync::{mpsc, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -37,16 +37,14 @@ pub const WATCHDOG_UNIT: &str = "fleet-boot-watchdog.service";
 /// Lines of the watchdog's journal in this boot (one run per boot: a handful of lines).
 const WATCHDOG_LINES: u32 = 20;
 
-/// One request at a time: each runs up to three commands, and a peer must not multiply them by the handlers.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
 /// Answers a `diagnostics` request: `invalid` out of bounds, `busy` while another is being collected, else one
 /// section per updater item. Never takes the mutating lock, so it is answered during an upgrade too.
 pub fn answer(updater: &Updater, request: &DiagnosticsRequest) -> Response {
     if let Err(e) = request.validate() {
         return Response::error(ErrorCode::Invalid, format!("diagnostics request: {e}"));
     }
-    let _one = match ONE_AT_A_TIME.try_lock() {
+    // One request at a time: each runs up to four commands, which a peer must not multiply by the handlers.
+    let _one = match updater.diagnostics_lock().try_lock() {
         Ok(g) => g,
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
         Err(TryLockError::WouldBlock) => {

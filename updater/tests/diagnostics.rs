@@ -229,9 +229,9 @@ fn every_updater_item_is_collected_from_this_host() {
 }
 
 #[test]
-fn an_out_of_bounds_request_is_invalid() {
+fn an_out_of_bounds_request_is_invalid_and_one_runs_at_a_time() {
     let dev = Device::new();
-    let (_u, sock) = start(&dev, fetcher_for(b"x"));
+    let (u, sock) = start(&dev, fetcher_for(b"x"));
     let refused = |r: Response| match r {
         Response::Error { code, message } => (code, message.as_str().to_owned()),
         other => panic!("not refused: {other:?}"),
@@ -260,6 +260,24 @@ fn an_out_of_bounds_request_is_invalid() {
         let (code, _) = refused(exchange(&sock, format!("{bad}\n").as_bytes()));
         assert_eq!(code, ErrorCode::Invalid, "{bad}");
     }
+    // While one is collected (its lock held here), another is told to come back; status is still answered.
+    let held = u.diagnostics_lock().lock().expect("lock");
+    assert_eq!(
+        refused(exchange(&sock, &diagnostics_line(ask(10)))),
+        (
+            ErrorCode::Busy,
+            "another diagnostics request is being collected; try again".to_owned()
+        )
+    );
+    assert!(matches!(
+        exchange(&sock, b"{\"protocol\":1,\"request\":{\"op\":\"status\"}}\n"),
+        Response::Status { .. }
+    ));
+    drop(held);
+    assert_eq!(
+        sections(exchange(&sock, &diagnostics_line(ask(10)))).len(),
+        5
+    );
 }
 
 #[test]

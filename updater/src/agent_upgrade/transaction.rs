@@ -86,6 +86,8 @@ struct Inner {
     state: Mutex<State>,
     /// Held while a mutating request is being accepted: one at a time.
     mutating: Mutex<()>,
+    /// Held while a diagnostics request is collected (`crate::diagnostics`): one at a time, apart from the above.
+    diagnostics: Mutex<()>,
     system: SystemUpgrades,
     boot_id: Option<Id128>,
     invocation_id: Option<Id128>,
@@ -263,6 +265,7 @@ impl Updater {
                     ..State::default()
                 }),
                 mutating: Mutex::new(()),
+                diagnostics: Mutex::new(()),
                 system,
                 boot_id: read_boot_id(),
                 invocation_id: std::env::var("INVOCATION_ID")
@@ -299,6 +302,11 @@ impl Updater {
     /// The agent's systemd unit (from the configuration).
     pub fn agent_unit(&self) -> &UnitName {
         &self.inner.unit
+    }
+
+    /// The lock that keeps diagnostics requests one at a time (never the mutating one).
+    pub fn diagnostics_lock(&self) -> &Mutex<()> {
+        &self.inner.diagnostics
     }
 
     /// What the updater knows; never waits for a transaction step.
