@@ -349,8 +349,10 @@ fn bounded(message: String) -> String {
 }
 
 /// A device's reasons as its status holds them: at most [`MAX_BLOCKING`], and how many more.
-pub fn listed(mut all: Vec<Blocking>) -> (Vec<Blocking>, Option<u32>) {
+pub fn listed(all: &[Blocking]) -> (&[Blocking], Option<u32>) {
     let more = all.len().saturating_sub(MAX_BLOCKING);
-    all.truncate(MAX_BLOCKING);
-    (all, (more > 0).then_some(more as u32))
+    (
+        &all[..all.len().min(MAX_BLOCKING)],
+        (more > 0).then_some(more as u32),
+    )
 }

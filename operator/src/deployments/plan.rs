@@ -1197,25 +1197,33 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
         if reported == Reported::default() {
             continue;
         }
-        // The rollouts' reasons replace the listed ones; the rest is mirrored from what the device reported.
-        let (listed, more) = blocking::listed(
-            DeviceId::try_from(id.as_str())
-                .ok()
-                .and_then(|dev| plan.blocking.get(&dev).cloned())
-                .unwrap_or_default(),
-        );
-        let old = d.status.clone().unwrap_or_default();
-        let base = DeviceStatus {
-            blocking: listed,
-            blocking_more: more,
-            ..old.clone()
+        // The rollouts' reasons replace the listed ones; the rest is mirrored from what the device reported. The
+        // status is copied only when its reasons change (a pass looks at every Device).
+        let mine = DeviceId::try_from(id.as_str())
+            .ok()
+            .and_then(|dev| plan.blocking.get(&dev))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let (shown, more) = blocking::listed(mine);
+        let same = match &d.status {
+            Some(st) => st.blocking[..] == *shown && st.blocking_more == more,
+            None => shown.is_empty(),
         };
-        let current = (d.status.is_some() || base != old).then_some(&base);
-        match mirror::device_status(current, &reported, s.liveness.watched_since, now) {
-            Some(next) => plan.device_statuses.push((id, next)),
-            None if base != old => plan.device_statuses.push((id, base)),
-            None => {}
+        if same {
+            if let Some(next) =
+                mirror::device_status(d.status.as_ref(), &reported, s.liveness.watched_since, now)
+            {
+                plan.device_statuses.push((id, next));
+            }
+            continue;
         }
+        let base = DeviceStatus {
+            blocking: shown.to_vec(),
+            blocking_more: more,
+            ..d.status.clone().unwrap_or_default()
+        };
+        let next = mirror::device_status(Some(&base), &reported, s.liveness.watched_since, now);
+        plan.device_statuses.push((id, next.unwrap_or(base)));
     }
 }
 

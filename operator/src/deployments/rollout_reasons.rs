@@ -448,9 +448,11 @@ fn each_reason_reads_exactly() {
 #[test]
 fn the_list_and_its_messages_are_bounded() {
     let one = said(Wait::Halted, blocking::upgrade_failure(None));
-    let (listed, more) = blocking::listed(vec![one.clone(); blocking::MAX_BLOCKING + 3]);
+    let many = vec![one.clone(); blocking::MAX_BLOCKING + 3];
+    let (listed, more) = blocking::listed(&many);
     assert_eq!((listed.len(), more), (blocking::MAX_BLOCKING, Some(3)));
-    let (listed, more) = blocking::listed(vec![one; 2]);
+    let two = vec![one; 2];
+    let (listed, more) = blocking::listed(&two);
     assert_eq!((listed.len(), more), (2, None));
     let long = upgrade(
         UpgradePhase::Failed,
