@@ -1,6 +1,7 @@
 //! A diagnostics request over the updater's real socket, collected by the host's real `journalctl` and
 //! `systemctl` (issue 51): a section for each updater item, saying exactly what this host has; an out-of-bounds
-//! request answered `invalid`; and an answer, with the running transaction in it, while an upgrade prepares.
+//! request answered `invalid`, a second one meanwhile `busy`; an answer, with the running transaction in it, while
+//! an upgrade prepares; and the installed daemon reading the agent's unit from its configuration, logging no text.
 
 mod common;
 
@@ -334,4 +335,84 @@ fn diagnostics_are_answered_while_an_upgrade_prepares() {
         "{busy:?}"
     );
     gate.open();
+}
+
+/// Kills the daemon when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The `fleet-updater` binary as installed: the agent's unit comes from its configuration, and one log line per
+/// request names the items and bytes, never the text.
+#[test]
+fn the_daemon_reads_the_configured_agent_unit_and_logs_no_text() {
+    require_agent_user();
+    let dev = Device::new();
+    let cfg = dev.dir.path().join("updater.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "root = \"{}\"\nagent_unit = \"edge-agent.service\"\n",
+            dev.dir.path().display()
+        ),
+    )
+    .expect("config");
+    let notify_path = dev.dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("bind");
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let log = dev.dir.path().join("updater.log");
+    let _daemon = Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fleet-updater"))
+            .args(["--config", cfg.to_str().expect("utf8")])
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn"),
+    );
+    let mut buf = [0u8; 256];
+    if let Err(e) = notify.recv(&mut buf) {
+        panic!(
+            "no READY=1 within 30 s ({e}):\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    let got = sections(exchange(
+        &dev.paths.socket(),
+        &diagnostics_line(DiagnosticsRequest {
+            items: vec![Item::AgentJournal, Item::UpdaterState],
+            since_seconds: Some(600),
+            ..ask(5)
+        }),
+    ));
+    assert_journal(
+        section(&got, Item::AgentJournal),
+        "edge-agent.service",
+        " in the last 600 s",
+    );
+    let state = &section(&got, Item::UpdaterState).text;
+    let text = std::fs::read_to_string(&log).expect("log");
+    let line: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("diagnostics:"))
+        .collect();
+    assert_eq!(line.len(), 1, "{text}");
+    let bytes = got.iter().map(|s| s.text.len()).sum::<usize>();
+    assert!(
+        line[0].contains(&format!(
+            "diagnostics: agentJournal, updaterState ({bytes} bytes of text, 5 lines asked) in "
+        )),
+        "{text}"
+    );
+    for s in &got {
+        assert!(!text.contains(&s.text), "{} logged:\n{text}", s.item.name());
+    }
+    assert!(state.starts_with("fleet-updater "), "{state}");
 }
