@@ -131,7 +131,6 @@ pub struct DiagnosticsSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
     /// The text, newest lines last (at most 32 KiB).
-    #[serde(default)]
     pub text: String,
     /// Older lines were left out to stay within the bounds.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
