@@ -150,10 +150,13 @@ fn ask_as(
 #[test]
 fn no_header_on_a_devices_write_changes_another_devices_keys() {
     let f = Fleet::start();
-    // dev-a was given one run, so its run keys can be written at all.
-    f.kv(kv::SYSTEM_UPGRADE_INTENT)
-        .put(&format!("dev-a.{RUN_A}"), b"{}")
-        .expect("intent");
+    // dev-a was given one run (a system upgrade's intent, a diagnostics request), so its run keys can be written
+    // at all.
+    for given in [kv::SYSTEM_UPGRADE_INTENT, kv::DIAGNOSTICS_REQUEST] {
+        f.kv(given)
+            .put(&format!("dev-a.{RUN_A}"), b"{}")
+            .expect("run given");
+    }
     let before = f.bystander();
     let a = f.attacker();
     let bystander_subject = |bucket: &str| format!("$KV.{bucket}.dev-c");
@@ -313,7 +316,7 @@ fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
         .map(|b| fleet_wire::auth::direct_get_subject(b.name, &own(b)))
         .collect();
     let writes: Vec<String> = fleet_wire::device_api::written_buckets().map(own).collect();
-    assert!(gets.len() >= 6 && writes.len() == 5, "{gets:?} {writes:?}");
+    assert!(gets.len() >= 6 && writes.len() == 6, "{gets:?} {writes:?}");
     let targets = [
         "$KV.device-desired-state.dev-b".to_owned(),
         "$KV.agent-upgrade-intent.dev-b".to_owned(),
