@@ -644,6 +644,13 @@ impl Device {
         ));
     }
 
+    /// `podman <args>` as the fleet-agent user (rootless: the agent's own Podman): success and output.
+    pub fn podman(&self, args: &str) -> (bool, String) {
+        self.guest.try_sh(&format!(
+            "cd /tmp && runuser -u fleet-agent -- env XDG_RUNTIME_DIR=/run/user/$(id -u fleet-agent) podman {args}"
+        ))
+    }
+
     /// The libpod inspect document of a container of the fleet-agent user, if it exists.
     pub fn container(&self, name: &str) -> Option<serde_json::Value> {
         let (ok, out) = self.guest.try_sh(&format!(

@@ -309,6 +309,54 @@ impl LocalFleet {
     }
 }
 
+/// The namespace the operator reads Secrets from: its `--secrets-namespace`, by default `harmony-fleet-secrets`
+/// (never its own: docs/secrets.md, operator/deploy/rbac.yaml).
+pub const SECRETS_NS: &str = "harmony-fleet-secrets";
+
+impl LocalFleet {
+    /// `kubectl create secret <args> -n` [`SECRETS_NS`] `--dry-run=client -o yaml | kubectl apply -f -`: how a
+    /// person creates or changes a Secret in one command.
+    pub fn apply_secret(&self, args: &[&str]) {
+        let mut all = vec!["create", "secret"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-n", SECRETS_NS, "--dry-run=client", "-o", "yaml"]);
+        let yaml = self.cluster.kubectl(&all);
+        self.cluster
+            .try_with_stdin(&["apply", "-f", "-"], &yaml)
+            .unwrap_or_else(|e| panic!("kubectl apply of the Secret: {e}"));
+    }
+
+    /// `status.workloads` of the FleetDeployment `name` once `running` devices run it and none failed.
+    pub fn running_on(&self, name: &str, running: u64) -> Option<serde_json::Value> {
+        let d = self.cluster.get_json(&["fdep", name])?;
+        let w = d["status"]["workloads"].clone();
+        (w["running"] == running && w["failed"] == 0).then_some(w)
+    }
+}
+
+/// Standard base64 (padded) of `bytes`: how a Secret's `data` and a dockerconfigjson's `auth` carry values (to
+/// look for a secret in that form too).
+pub fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// A DeviceGroup `name` whose members are the Devices with every label of `match_labels` (none: every Device,
 /// said explicitly with `selectAll`, since an empty selector selects nothing).
 pub fn group_yaml(name: &str, match_labels: &[(&str, &str)]) -> String {

@@ -27,7 +27,7 @@ use fleet_rig::nats_client as nats;
 use fleet_rig::registry::Registry;
 use fleet_vm_tests::fleet::{Device, TEST_IMAGE};
 use fleet_vm_tests::local_fleet::{
-    group_yaml, kv_entry, reported_workload, LocalFleet, API_VERSION,
+    base64, group_yaml, kv_entry, reported_workload, LocalFleet, API_VERSION, SECRETS_NS,
 };
 use fleet_wire::{kv, FailureReason, WorkloadState};
 use std::time::{Duration, Instant};
@@ -38,9 +38,6 @@ const TARGETED: [&str; 2] = ["app-1", "app-2"];
 const OUTSIDE: &str = "app-3";
 /// The group of the targeted devices.
 const GROUP: &str = "apps";
-/// The namespace the operator reads Secrets from: its `--secrets-namespace`, by default `harmony-fleet-secrets`
-/// (never its own: docs/secrets.md, operator/deploy/rbac.yaml).
-const SECRETS_NS: &str = "harmony-fleet-secrets";
 /// The registry user and its passwords: the first, the rotated one, and one the registry never had. Long and
 /// distinctive so that a search of the logs for them cannot match by chance.
 const REGISTRY_USER: &str = "fleet-puller";
@@ -62,20 +59,10 @@ fn logs(fleet: &LocalFleet) -> String {
         )
 }
 
-/// `podman <args>` as the fleet-agent user in `device` (rootless: the agent's own Podman): success and output.
-fn podman(device: &Device, args: &str) -> (bool, String) {
-    device.guest.try_sh(&format!(
-        "cd /tmp && runuser -u fleet-agent -- env XDG_RUNTIME_DIR=/run/user/$(id -u fleet-agent) podman {args}"
-    ))
-}
-
 /// `sh -c <script>` inside the container `fleet-<workload>` on `device` (`podman exec`): its output; fails the
 /// test when it fails. The test images link only a few busybox applets (`sh`, `cat`, `echo`, `ls`, `sleep`).
 fn in_container(device: &Device, workload: &str, script: &str) -> String {
-    let (ok, out) = podman(
-        device,
-        &format!("exec fleet-{workload} sh -c '{script}' 2>&1"),
-    );
+    let (ok, out) = device.podman(&format!("exec fleet-{workload} sh -c '{script}' 2>&1"));
     assert!(
         ok,
         "{}: `{script}` in fleet-{workload} failed: {out}",
@@ -94,13 +81,6 @@ fn deployment(name: &str, image: &str, extra: &str, spec_extra: &str) -> String 
     )
 }
 
-/// `status.workloads` of the deployment `name` once `running` devices run it and none failed.
-fn running_on(fleet: &LocalFleet, name: &str, running: u64) -> Option<serde_json::Value> {
-    let d = fleet.cluster.get_json(&["fdep", name])?;
-    let w = d["status"]["workloads"].clone();
-    (w["running"] == running && w["failed"] == 0).then_some(w)
-}
-
 /// The container `fleet-<workload>` on `device`: (container id, image, running).
 fn container(device: &Device, workload: &str) -> Option<(String, String, bool)> {
     let c = device.container(&format!("fleet-{workload}"))?;
@@ -111,31 +91,15 @@ fn container(device: &Device, workload: &str) -> Option<(String, String, bool)> 
     ))
 }
 
-/// `kubectl create secret <args> --dry-run=client -o yaml | kubectl apply -f -`: how a person creates or changes
-/// a Secret in one command.
-fn apply_secret(fleet: &LocalFleet, args: &[&str]) {
-    let mut all = vec!["create", "secret"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["-n", SECRETS_NS, "--dry-run=client", "-o", "yaml"]);
-    let yaml = fleet.cluster.kubectl(&all);
-    fleet
-        .cluster
-        .try_with_stdin(&["apply", "-f", "-"], &yaml)
-        .unwrap_or_else(|e| panic!("kubectl apply of the Secret: {e}"));
-}
-
 /// The dockerconfigjson Secret `regcred` for `registry` with `password`, created or changed in one command.
 fn regcred(fleet: &LocalFleet, registry: &str, password: &str) {
-    apply_secret(
-        fleet,
-        &[
-            "docker-registry",
-            "regcred",
-            &format!("--docker-server={registry}"),
-            &format!("--docker-username={REGISTRY_USER}"),
-            &format!("--docker-password={password}"),
-        ],
-    );
+    fleet.apply_secret(&[
+        "docker-registry",
+        "regcred",
+        &format!("--docker-server={registry}"),
+        &format!("--docker-username={REGISTRY_USER}"),
+        &format!("--docker-password={password}"),
+    ]);
 }
 
 /// Waits until every targeted device's `device-secrets` key holds `password` for `registry` (read as the services'
@@ -179,28 +143,6 @@ fn page(fleet: &LocalFleet, path: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Standard base64 (padded) of `bytes`: how a Secret's `data` and a dockerconfigjson's `auth` carry values.
-fn base64(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn private_images_secrets_and_hardware_reach_only_the_targeted_devices() {
     let started = Instant::now();
@@ -226,7 +168,9 @@ fn private_images_secrets_and_hardware_reach_only_the_targeted_devices() {
     let image = |tag: &str| format!("{host}/apps/busybox:{tag}");
     registry.push_busybox("apps/busybox", "1");
     // Without credentials a device is refused by the registry, after TLS succeeded with the trusted CA.
-    let (ok, out) = podman(fleet.device(OUTSIDE), &format!("pull {} 2>&1", image("1")));
+    let (ok, out) = fleet
+        .device(OUTSIDE)
+        .podman(&format!("pull {} 2>&1", image("1")));
     assert!(
         !ok && (out.contains("unauthorized") || out.contains("authentication required")),
         "an anonymous pull from the private registry: {out}"
@@ -256,7 +200,7 @@ fn private_images_secrets_and_hardware_reach_only_the_targeted_devices() {
     fleet.cluster.wait(
         "app running on the two targeted devices (kubectl get fdep)",
         STEP_TIMEOUT,
-        || running_on(&fleet, "app", 2),
+        || fleet.running_on("app", 2),
     );
     let row = fleet.cluster.kubectl(&["get", "fdep", "app"]);
     eprintln!("kubectl get fdep app:\n{row}");
@@ -292,7 +236,9 @@ fn private_images_secrets_and_hardware_reach_only_the_targeted_devices() {
         fleet.device(OUTSIDE).container("fleet-app").is_none(),
         "{OUTSIDE} runs fleet-app"
     );
-    let (_, images) = podman(fleet.device(OUTSIDE), "images --format '{{.Repository}}'");
+    let (_, images) = fleet
+        .device(OUTSIDE)
+        .podman("images --format '{{.Repository}}'");
     assert!(!images.contains(&host), "{OUTSIDE} pulled: {images}");
     eprintln!(
         "step 2 (pulled with a dockerconfigjson Secret on the targeted devices only) done at {:?}",
@@ -311,7 +257,7 @@ fn private_images_secrets_and_hardware_reach_only_the_targeted_devices() {
         "app:2 pulled with the rotated password and running on both",
         STEP_TIMEOUT,
         || {
-            running_on(&fleet, "app", 2)?;
+            fleet.running_on("app", 2)?;
             TARGETED
                 .iter()
                 .all(|d| {
@@ -383,14 +329,11 @@ fn private_images_secrets_and_hardware_reach_only_the_targeted_devices() {
     );
 
     // 4. An application secret as an environment variable and as a read-only file.
-    apply_secret(
-        &fleet,
-        &[
-            "generic",
-            "api",
-            &format!("--from-literal=token={API_TOKEN}"),
-        ],
-    );
+    fleet.apply_secret(&[
+        "generic",
+        "api",
+        &format!("--from-literal=token={API_TOKEN}"),
+    ]);
     let uses = format!(
         "      secrets:\n        - {{secret: api, key: token, env: API_TOKEN}}\n        \
          - {{secret: api, key: token, file: {TOKEN_FILE}}}\n"
@@ -401,7 +344,7 @@ fn private_images_secrets_and_hardware_reach_only_the_targeted_devices() {
     fleet.cluster.wait(
         "api running on the two targeted devices",
         STEP_TIMEOUT,
-        || running_on(&fleet, "api", 2),
+        || fleet.running_on("api", 2),
     );
     for d in TARGETED {
         let dev = fleet.device(d);
@@ -542,7 +485,7 @@ fn hardware_under_a_policy(fleet: &LocalFleet) {
     fleet.cluster.wait(
         "serial running on the two targeted devices",
         STEP_TIMEOUT,
-        || running_on(fleet, "serial", 2),
+        || fleet.running_on("serial", 2),
     );
     for d in TARGETED {
         let dev = fleet.device(d);

@@ -1,0 +1,395 @@
+//! Diagnostics of a device as a person asks for them (issue 51, docs/diagnostics.md), every part real: `kubectl`
+//! → kube-apiserver (RBAC) → the `fleet-operator` binary → nats-server over TLS with the auth callout → two nspawn
+//! Debian devices installed with device setup (the real agent and updater, rootless Podman). One boot, then in
+//! order:
+//!
+//! 1. A workload that prints a known line and a Secret value given to it as an environment variable, and exits
+//!    (Podman restarts it). `kubectl create` of a `DeviceDiagnostics` for its device → Complete within 10 s; the
+//!    bundle holds the known line (`workloadLogs`), the agent's journal (`agentJournal`, with a line the agent
+//!    logs), the container (`containers`) and `/` (`disk`); the Secret value is nowhere in the object, only
+//!    `[redacted]`, and the bundle counts it. Read with the kubectl one-liner of docs/diagnostics.md.
+//! 2. A user without RBAC rights on `devicediagnostics` is refused (Forbidden); one bound to a role that grants
+//!    them may ask.
+//! 3. A workload that logs 100 MiB: the bundle stays within its bound (112 KiB of JSON) and says it was cut; the
+//!    newest lines are the ones kept.
+//! 4. A device that is offline (its NATS link cut since the start, so that the operator's 90 s judgement has
+//!    passed by now): its request waits (`Waiting`, the message naming the device and "offline"), and completes
+//!    when the device is back.
+
+use fleet_vm_tests::fleet::TEST_IMAGE;
+use fleet_vm_tests::local_fleet::{base64, group_yaml, LocalFleet, API_VERSION};
+use std::time::{Duration, Instant};
+
+/// The device that runs the workloads.
+const DEVICE: &str = "diag-1";
+/// The device that goes offline.
+const OFFLINE: &str = "diag-2";
+/// The group of [`DEVICE`].
+const GROUP: &str = "diag";
+/// The line the workload `hello` prints.
+const KNOWN_LINE: &str = "hello-from-the-workload 7f3a9c";
+/// The Secret value `hello` is given as `API_TOKEN` and prints (28 characters: shorter than a token-like run,
+/// so only the redaction of the device's own Secret values can catch it).
+const API_TOKEN: &str = "tok-Dg7Wq2Lm9Xr4Pz8Kv3Bn6Hs";
+/// What a redacted string becomes (docs/diagnostics.md, "Redaction").
+const REDACTED: &str = "[redacted]";
+/// A line the agent logs once it has its desired state (agent/src/agent/desired.rs).
+const AGENT_LINE: &str = "desired state generation";
+/// The last line of the 100 MiB workload, printed after the flood.
+const FLOOD_DONE: &str = "flood-done 51c2e8";
+/// The bundle's bound (fleet-wire's `MAX_BUNDLE_BYTES`).
+const BUNDLE_BOUND: usize = fleet_wire::diagnostics::MAX_BUNDLE_BYTES;
+/// What the issue asks: a bundle within 10 s of `kubectl create`.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+/// A deployment's pull-free start on two loaded cores, well within this.
+const STEP_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A FleetDeployment `name` on [`GROUP`] with one workload `name` running `sh -c <script>` under
+/// `restartPolicy: always`, with `extra` workload fields (already indented).
+fn deployment(name: &str, script: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: {API_VERSION}\nkind: FleetDeployment\nmetadata:\n  name: {name}\nspec:\n  \
+         allowedGroups: [{GROUP}]\n  targetSelector: {{}}\n  workloads:\n    - name: {name}\n      \
+         image: {TEST_IMAGE}\n      command: [sh, -c, '{script}']\n      restartPolicy: always\n{extra}"
+    )
+}
+
+/// A `DeviceDiagnostics` `name` for `device`, with `extra` spec fields (already indented).
+fn diagnostics(name: &str, device: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: {API_VERSION}\nkind: DeviceDiagnostics\nmetadata:\n  name: {name}\nspec:\n  \
+         device: {device}\n{extra}"
+    )
+}
+
+/// The DeviceDiagnostics `name` as `kubectl get fdiag <name> -o json` shows it.
+fn fdiag(fleet: &LocalFleet, name: &str) -> Option<serde_json::Value> {
+    fleet.cluster.get_json(&["fdiag", name])
+}
+
+/// `status.phase` of the DeviceDiagnostics `name` ("" before the operator set one).
+fn phase(fleet: &LocalFleet, name: &str) -> String {
+    fdiag(fleet, name)
+        .and_then(|o| o["status"]["phase"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Waits up to `within` for the DeviceDiagnostics `name` to be Complete; the object.
+fn complete(fleet: &LocalFleet, name: &str, within: Duration) -> serde_json::Value {
+    let o = fleet.cluster.wait(
+        &format!("DeviceDiagnostics {name} Complete"),
+        within,
+        || {
+            let o = fdiag(fleet, name)?;
+            matches!(o["status"]["phase"].as_str(), Some("Complete" | "Failed")).then_some(o)
+        },
+    );
+    assert_eq!(
+        o["status"]["phase"], "Complete",
+        "DeviceDiagnostics {name}: {:#}",
+        o["status"]
+    );
+    o
+}
+
+/// The sections of a DeviceDiagnostics' bundle with `item` (and `workload`, when given).
+fn sections<'a>(
+    o: &'a serde_json::Value,
+    item: &str,
+    workload: Option<&str>,
+) -> Vec<&'a serde_json::Value> {
+    o["status"]["bundle"]["sections"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|s| s["item"] == item)
+                .filter(|s| workload.is_none_or(|w| s["workload"] == w))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The text of the one section with `item` (and `workload`); fails the test when there is none or it failed.
+fn text(o: &serde_json::Value, item: &str, workload: Option<&str>) -> String {
+    let found = sections(o, item, workload);
+    let s = found.first().unwrap_or_else(|| {
+        panic!(
+            "no {item} {workload:?} section in the bundle: {:#}",
+            o["status"]["bundle"]
+        )
+    });
+    assert!(
+        s["error"].is_null(),
+        "the {item} {workload:?} section failed: {}",
+        s["error"]
+    );
+    s["text"].as_str().unwrap_or_default().to_string()
+}
+
+/// The kubectl one-liner of docs/diagnostics.md that prints a request's bundle, section after section.
+fn read_bundle_as_a_person(fleet: &LocalFleet, name: &str) -> String {
+    fleet.cluster.kubectl(&[
+        "get",
+        "fdiag",
+        name,
+        "-o",
+        "jsonpath={range .status.bundle.sections[*]}== {.item} {.workload}{\"\\n\"}{.text}{\"\\n\"}{end}",
+    ])
+}
+
+#[test]
+fn a_person_reads_a_devices_diagnostics_with_kubectl() {
+    let started = Instant::now();
+    let fleet = LocalFleet::start(&[DEVICE, OFFLINE]);
+    eprintln!("two devices set up in {:?}", started.elapsed());
+    // The offline device: online first (judged so by the operator), then its NATS link cut, so that the
+    // operator's judgement (90 s without a heartbeat) has passed when step 4 comes.
+    fleet.cluster.wait(
+        &format!("{OFFLINE} Online"),
+        Duration::from_secs(120),
+        || {
+            let c = fleet.cluster.condition(&["fdev", OFFLINE], "Online")?;
+            (c.status == "True").then_some(())
+        },
+    );
+    fleet.device(OFFLINE).nats_link.set_connected(false);
+    let cut_at = Instant::now();
+    fleet
+        .cluster
+        .kubectl(&["label", "fdev", DEVICE, "role=diag"]);
+    fleet.cluster.apply(&group_yaml(GROUP, &[("role", "diag")]));
+
+    // 1. A workload that prints a known line and a Secret value, and exits (restarted by Podman).
+    fleet.apply_secret(&[
+        "generic",
+        "api",
+        &format!("--from-literal=token={API_TOKEN}"),
+    ]);
+    let hello = deployment(
+        "hello",
+        &format!("echo {KNOWN_LINE}; echo \"the api token is $API_TOKEN\"; sleep 30; exit 0"),
+        "      secrets:\n        - {secret: api, key: token, env: API_TOKEN}\n",
+    );
+    fleet.cluster.apply(&hello);
+    let device = fleet.device(DEVICE);
+    fleet.cluster.wait(
+        "hello printed its line on the device (podman logs)",
+        STEP_TIMEOUT,
+        || {
+            let (ok, out) = device.podman("logs fleet-hello 2>&1");
+            (ok && out.contains(KNOWN_LINE) && out.contains(API_TOKEN)).then_some(())
+        },
+    );
+    eprintln!("step 1: hello running at {:?}", started.elapsed());
+    fleet.cluster.create(&diagnostics("hello-now", DEVICE, ""));
+    let asked = Instant::now();
+    let o = complete(&fleet, "hello-now", ANSWER_WITHIN);
+    eprintln!(
+        "step 1: Complete {:?} after kubectl create: {}",
+        asked.elapsed(),
+        o["status"]["message"]
+    );
+    let logs = text(&o, "workloadLogs", Some("hello"));
+    assert!(
+        logs.contains(KNOWN_LINE),
+        "the workload's known line is not in its workloadLogs section:\n{logs}"
+    );
+    assert!(
+        logs.contains(&format!("the api token is {REDACTED}")),
+        "the Secret value was not replaced by {REDACTED} in the workload's logs:\n{logs}"
+    );
+    let journal = text(&o, "agentJournal", None);
+    assert!(
+        journal.contains(AGENT_LINE),
+        "the agent's journal section has no {AGENT_LINE:?}:\n{journal}"
+    );
+    let containers = text(&o, "containers", None);
+    assert!(
+        containers.contains("fleet-hello"),
+        "the containers section does not list fleet-hello:\n{containers}"
+    );
+    let disk = text(&o, "disk", None);
+    assert!(
+        disk.lines().any(|l| l.split_whitespace().any(|w| w == "/")),
+        "the disk section has no row for /:\n{disk}"
+    );
+    let redacted = o["status"]["bundle"]["redacted"].as_u64().unwrap_or(0);
+    assert!(redacted >= 1, "bundle.redacted is {redacted}");
+    let yaml = fleet
+        .cluster
+        .kubectl(&["get", "fdiag", "hello-now", "-o", "yaml"]);
+    assert!(
+        !yaml.contains(API_TOKEN) && !yaml.contains(&base64(API_TOKEN.as_bytes())),
+        "the Secret value appears in kubectl get fdiag hello-now -o yaml"
+    );
+    assert!(yaml.contains(REDACTED));
+    let printed = read_bundle_as_a_person(&fleet, "hello-now");
+    assert!(
+        printed.contains(KNOWN_LINE) && !printed.contains(API_TOKEN),
+        "the docs' one-liner printed:\n{printed}"
+    );
+    eprintln!(
+        "step 1 (bundle with the known line, the agent's journal, containers, disk; the Secret redacted {redacted}x) done at {:?}",
+        started.elapsed()
+    );
+
+    // 2. RBAC: a user without rights is refused; one bound to a role that grants them may ask.
+    let refused = fleet
+        .cluster
+        .try_with_stdin(
+            &["--as=mallory", "create", "-f", "-"],
+            &diagnostics("by-mallory", DEVICE, ""),
+        )
+        .expect_err("a user without RBAC rights created a DeviceDiagnostics");
+    assert!(
+        refused.contains("Forbidden") && refused.contains("mallory"),
+        "refused, but not by RBAC: {refused}"
+    );
+    assert!(fdiag(&fleet, "by-mallory").is_none(), "by-mallory exists");
+    fleet.cluster.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: diagnostics-requester\n\
+         rules:\n  - apiGroups: [fleet.nationtech.io]\n    resources: [devicediagnostics]\n    \
+         verbs: [create, get, list, watch]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: support-diagnostics\n\
+         roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: diagnostics-requester\n\
+         subjects:\n  - apiGroup: rbac.authorization.k8s.io\n    kind: User\n    name: support\n",
+    );
+    fleet.cluster.wait(
+        "a user bound to diagnostics-requester may create a DeviceDiagnostics",
+        Duration::from_secs(30),
+        || {
+            fleet
+                .cluster
+                .try_with_stdin(
+                    &["--as=support", "create", "-f", "-"],
+                    &diagnostics("by-support", DEVICE, "  items: [disk]\n"),
+                )
+                .ok()
+        },
+    );
+    let o = complete(&fleet, "by-support", ANSWER_WITHIN);
+    assert_eq!(
+        sections(&o, "disk", None).len(),
+        o["status"]["bundle"]["sections"]
+            .as_array()
+            .map_or(0, Vec::len),
+        "by-support asked for disk only: {:#}",
+        o["status"]["bundle"]
+    );
+    eprintln!(
+        "step 2 (mallory Forbidden, support allowed) done at {:?}",
+        started.elapsed()
+    );
+
+    // 3. 100 MiB of log: the bundle stays within its bound and says what it cut.
+    fleet.cluster.apply(&deployment(
+        "flood",
+        &format!(
+            "busybox yes \"flood line: the same words again and again\" | busybox head -c 104857600; \
+             echo {FLOOD_DONE}; exec sleep 100000"
+        ),
+        "",
+    ));
+    fleet.cluster.wait(
+        "flood logged 100 MiB (its last line in podman logs)",
+        STEP_TIMEOUT,
+        || {
+            let (ok, out) = device.podman("logs --tail 1 fleet-flood 2>&1");
+            (ok && out.contains(FLOOD_DONE)).then_some(())
+        },
+    );
+    eprintln!("step 3: flood logged 100 MiB at {:?}", started.elapsed());
+    fleet
+        .cluster
+        .create(&diagnostics("flood-now", DEVICE, "  lines: 2000\n"));
+    let o = complete(&fleet, "flood-now", ANSWER_WITHIN);
+    let bundle = serde_json::to_vec(&o["status"]["bundle"]).expect("json");
+    eprintln!(
+        "step 3: the bundle is {} bytes of JSON (bound {BUNDLE_BOUND})",
+        bundle.len()
+    );
+    assert!(
+        bundle.len() <= BUNDLE_BOUND,
+        "the bundle is {} bytes of JSON, over its bound of {BUNDLE_BOUND}",
+        bundle.len()
+    );
+    let flood = sections(&o, "workloadLogs", Some("flood"));
+    let flood = flood.first().unwrap_or_else(|| {
+        panic!(
+            "no workloadLogs section for flood: {:#}",
+            o["status"]["bundle"]
+        )
+    });
+    assert_eq!(
+        flood["cut"], true,
+        "the flood's section does not say it was cut"
+    );
+    let kept = flood["text"].as_str().unwrap_or_default();
+    assert!(
+        kept.contains(FLOOD_DONE),
+        "the flood's newest line was not kept: …{}",
+        &kept[kept.len().saturating_sub(300)..]
+    );
+    eprintln!(
+        "step 3 (100 MiB of log → {} bytes, cut) done at {:?}",
+        bundle.len(),
+        started.elapsed()
+    );
+    fleet.cluster.kubectl(&["delete", "fdep", "flood"]);
+
+    // 4. An offline device: the request waits, and says so; the device comes back and answers.
+    fleet.cluster.wait(
+        &format!("{OFFLINE} judged offline (Online=False)"),
+        Duration::from_secs(180),
+        || {
+            let c = fleet.cluster.condition(&["fdev", OFFLINE], "Online")?;
+            (c.status == "False").then_some(())
+        },
+    );
+    eprintln!(
+        "step 4: {OFFLINE} offline {:?} after its link was cut",
+        cut_at.elapsed()
+    );
+    fleet
+        .cluster
+        .create(&diagnostics("offline-now", OFFLINE, ""));
+    let message = fleet
+        .cluster
+        .wait("offline-now Waiting", Duration::from_secs(30), || {
+            let o = fdiag(&fleet, "offline-now")?;
+            (o["status"]["phase"] == "Waiting").then(|| {
+                o["status"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+        });
+    eprintln!("step 4: Waiting: {message}");
+    assert!(
+        message.contains(OFFLINE) && message.contains("offline"),
+        "the Waiting message does not name the device and say it is offline: {message}"
+    );
+    let row = fleet
+        .cluster
+        .kubectl(&["get", "fdiag", "offline-now", "-o", "wide"]);
+    eprintln!("kubectl get fdiag offline-now -o wide:\n{row}");
+    assert!(row.contains("Waiting"), "{row}");
+    fleet.device(OFFLINE).nats_link.set_connected(true);
+    let back = Instant::now();
+    let o = complete(&fleet, "offline-now", Duration::from_secs(120));
+    eprintln!(
+        "step 4: Complete {:?} after the device's link came back",
+        back.elapsed()
+    );
+    let journal = text(&o, "agentJournal", None);
+    assert!(!journal.is_empty(), "{OFFLINE}'s agent journal is empty");
+    assert_eq!(
+        phase(&fleet, "hello-now"),
+        "Complete",
+        "a finished request changed"
+    );
+    eprintln!(
+        "step 4 (offline: Waiting, then Complete) done at {:?}",
+        started.elapsed()
+    );
+}
