@@ -6,6 +6,7 @@ pub mod agent;
 pub mod config;
 pub mod device;
 pub mod device_secrets;
+pub mod diagnostics;
 pub mod health;
 pub mod health_probe;
 pub mod health_worker;

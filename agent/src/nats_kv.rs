@@ -594,7 +594,7 @@ fn random_bytes(bytes: &mut [u8]) {
 }
 
 /// Reads the token file (bounded, trimmed, non-empty). The token is never logged.
-fn read_token(path: &std::path::Path) -> io::Result<String> {
+pub(crate) fn read_token(path: &std::path::Path) -> io::Result<String> {
     let text = fleet_wire::bounded::read_text(path, TOKEN_MAX_BYTES).map_err(|e| {
         let kind = match &e {
             fleet_wire::bounded::ReadError::Io { source, .. } => source.kind(),

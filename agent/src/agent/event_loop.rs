@@ -66,6 +66,9 @@ impl Agent {
                 move |k, c| tx.send(Event::SystemIntent(k, c)).is_ok(),
             )
             .map_err(|e| fail("watch", e))?;
+        if !self.stopping() {
+            self.start_diagnostics(&stop);
+        }
         let now = Instant::now();
         let mut next_beat = now + self.cfg.heartbeat_interval;
         let mut next_status = now + self.cfg.status_interval;
@@ -123,6 +126,7 @@ impl Agent {
                     self.apply_relay(effects);
                 }
                 Ok(Event::SystemIntent(k, c)) => self.on_system_intent(&k, c),
+                Ok(Event::Diagnostics(k, c)) => self.on_diagnostics_request(&k, c),
                 Ok(Event::SystemAnswer(id, r)) => {
                     let effects = self.system.on_answer(id, *r, Timestamp::now());
                     self.apply_system(effects);
@@ -156,6 +160,10 @@ impl Agent {
                         let effects = self.relay.on_intent_reread(&c, Timestamp::now());
                         self.apply_relay(effects);
                     }
+                }
+                if !self.stopping() {
+                    self.start_diagnostics(&stop);
+                    self.reread_diagnostics();
                 }
             }
             if now >= next_poll && !self.stopping() {

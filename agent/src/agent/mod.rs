@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod desired;
+mod diagnostics;
 mod drain;
 mod event_loop;
 mod health;
@@ -61,6 +62,8 @@ enum Event {
     Reconciled(Box<PassResult>),
     /// The health worker's findings changed.
     Health(crate::health::Findings),
+    /// A change of `diagnostics-request/<key>`.
+    Diagnostics(String, Change),
 }
 
 struct Agent {
@@ -100,6 +103,8 @@ struct Agent {
     /// Intents whose published status could not be read yet; read again on the next updater poll.
     system_unread: Vec<(String, Change)>,
     beat: u64,
+    /// Diagnostics requests: their buckets, the worker, which were answered.
+    diagnostics: diagnostics::Diagnostics,
     draining: Arc<AtomicBool>,
     tx: mpsc::Sender<Event>,
 }
@@ -203,6 +208,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
     }
     let bindings = Bindings::load(&paths.bindings_file()).map_err(|e| fail("state", e))?;
 
+    let cfg_device = cfg.device_id.clone();
     let relay = Relay::new(cfg.device_id.clone(), arch, bindings);
     let system = SystemRelay::new(cfg.device_id.clone());
     let mut agent = Agent {
@@ -230,6 +236,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         system,
         system_unread: Vec::new(),
         beat: 0,
+        diagnostics: diagnostics::Diagnostics::new(cfg_device.clone()),
         draining,
         tx,
     };

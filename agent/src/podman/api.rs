@@ -17,9 +17,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// API version prefix; Podman 4.x serves it.
-const API: &str = "/v4.0.0/libpod";
+pub(super) const API: &str = "/v4.0.0/libpod";
 /// Time-out of quick calls (list, inspect, create, start, remove).
-const QUICK: Duration = Duration::from_secs(30);
+pub(super) const QUICK: Duration = Duration::from_secs(30);
 /// A container started more than this after its creation may have been restarted: its count is asked for.
 const RESTART_SLACK_SECS: i64 = 5;
 /// Time-out of an image pull.
@@ -252,7 +252,7 @@ impl Podman {
         &self.socket
     }
 
-    fn call(
+    pub(super) fn call(
         &self,
         method: &str,
         path: &str,
@@ -334,21 +334,30 @@ impl Podman {
         ])
     }
 
-    /// Containers matching every label filter (`key=value`; Podman ANDs them), managed ones only.
-    fn list(&self, labels: &[String]) -> Result<Vec<Observed>, PodmanError> {
+    /// The list entries of the containers matching every label filter (`key=value`; Podman ANDs them), decoded
+    /// into the part the caller names.
+    pub(super) fn list_entries<T: serde::de::DeserializeOwned>(
+        &self,
+        labels: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<T>, PodmanError> {
         let filters = json!({ "label": labels }).to_string();
         let body = self.call(
             "GET",
             &format!("/containers/json?all=true&filters={}", enc(&filters)),
             None,
-            QUICK,
+            timeout,
             &[200],
         )?;
-        let list: Vec<ListEntry> =
-            serde_json::from_slice(&body).map_err(|e| PodmanError::Decode {
-                call: "list containers".into(),
-                message: e.to_string(),
-            })?;
+        serde_json::from_slice(&body).map_err(|e| PodmanError::Decode {
+            call: "list containers".into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Containers matching every label filter (`key=value`; Podman ANDs them), managed ones only.
+    fn list(&self, labels: &[String]) -> Result<Vec<Observed>, PodmanError> {
+        let list: Vec<ListEntry> = self.list_entries(labels, QUICK)?;
         Ok(list
             .into_iter()
             .map(|e| Observed {

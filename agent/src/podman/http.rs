@@ -78,27 +78,7 @@ pub fn request_with(
     cancel: &dyn Fn() -> bool,
 ) -> Result<Response, HttpError> {
     let deadline = Instant::now() + timeout;
-    let mut stream = UnixStream::connect(socket)?;
-    stream.set_write_timeout(Some(timeout.min(Duration::from_secs(10))))?;
-    let mut head = format!(
-        "{method} {path_and_query} HTTP/1.1\r\nHost: d\r\nConnection: close\r\nUser-Agent: fleet-agent\r\n"
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    let body = body.map(|(kind, b)| {
-        head.push_str(&format!(
-            "Content-Type: {kind}\r\nContent-Length: {}\r\n",
-            b.len()
-        ));
-        b
-    });
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    if let Some(b) = body {
-        stream.write_all(b)?;
-    }
-    stream.flush()?;
+    let mut stream = send(socket, method, path_and_query, body, headers, timeout)?;
     let mut raw = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     loop {
@@ -137,14 +117,54 @@ pub fn request_with(
     parse_response(&raw)
 }
 
-/// Parses a complete `Connection: close` response.
-pub fn parse_response(raw: &[u8]) -> Result<Response, HttpError> {
+/// Connects and sends one request (`Connection: close`); the caller reads the answer from the stream.
+pub fn send(
+    socket: &Path,
+    method: &str,
+    path_and_query: &str,
+    body: Option<(&str, &[u8])>,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<UnixStream, HttpError> {
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_write_timeout(Some(timeout.min(Duration::from_secs(10))))?;
+    let mut head = format!(
+        "{method} {path_and_query} HTTP/1.1\r\nHost: d\r\nConnection: close\r\nUser-Agent: fleet-agent\r\n"
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    let body = body.map(|(kind, b)| {
+        head.push_str(&format!(
+            "Content-Type: {kind}\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+        b
+    });
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    if let Some(b) = body {
+        stream.write_all(b)?;
+    }
+    stream.flush()?;
+    Ok(stream)
+}
+
+/// A response's status line and the headers that say how its body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    /// HTTP status code.
+    pub status: u16,
+    /// `Transfer-Encoding: chunked`.
+    pub chunked: bool,
+    /// `Content-Length`, if given.
+    pub length: Option<usize>,
+}
+
+/// Parses the head of a response (the bytes before its blank line).
+pub fn parse_head(head: &[u8]) -> Result<Head, HttpError> {
     let bad = |m: &str| HttpError::Malformed(m.to_owned());
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no end of headers"))?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| bad("headers are not UTF-8"))?;
+    let head = std::str::from_utf8(head).map_err(|_| bad("headers are not UTF-8"))?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or("");
     let status: u16 = status_line
@@ -166,6 +186,25 @@ pub fn parse_response(raw: &[u8]) -> Result<Response, HttpError> {
             length = Some(v.parse().map_err(|_| bad("bad content-length"))?);
         }
     }
+    Ok(Head {
+        status,
+        chunked,
+        length,
+    })
+}
+
+/// Parses a complete `Connection: close` response.
+pub fn parse_response(raw: &[u8]) -> Result<Response, HttpError> {
+    let bad = |m: &str| HttpError::Malformed(m.to_owned());
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no end of headers"))?;
+    let Head {
+        status,
+        chunked,
+        length,
+    } = parse_head(&raw[..end])?;
     let rest = &raw[end + 4..];
     let body = if chunked {
         dechunk(rest)?
