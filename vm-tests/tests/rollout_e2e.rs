@@ -18,6 +18,10 @@
 //!    given the change, the deployment halts naming it with a Warning event, the others are never given it; the
 //!    fix (a good spec) rolls out from the canary, every device runs it and the error is gone.
 //!
+//! In scenarios 1 and 2 every Device's `status.blocking` (the `kubectl get fdev -o wide` column Waiting) is read
+//! every second and each reason a device showed must be, in order, the one the step calls for, word for word
+//! ([`Expect`]).
+//!
 //! A device whose updater stops mid-download: `stall_e2e.rs` (it waits out the 10-min bound).
 
 use fleet_rig::nats_client as nats;
@@ -26,6 +30,7 @@ use fleet_vm_tests::local_fleet::{
     group_yaml, kv_entry, release_yaml, reported_workload, LocalFleet, REAL_V3,
 };
 use fleet_wire::{kv, AgentUpgradeAttempt, AgentUpgradeStatus, Timestamp, UpgradePhase};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 const CANARY: &str = "roll-1";
@@ -106,6 +111,133 @@ fn upgrade(fleet: &LocalFleet, id: &str) -> Option<AgentUpgradeStatus> {
     fleet.view(id)?.upgrade
 }
 
+/// What the halted devices' reason says after the why.
+const RESUME: &str =
+    "no device gets it until a person acts; to resume, change its spec (a new generation) or set \
+                      the annotation fleet.nationtech.io/retry=<new value> on it";
+
+/// One device's `status.blocking` as (kind, message) pairs.
+type Reasons = Vec<(String, String)>;
+
+/// Every Device's reasons as `kubectl get fdev -o json` shows them now (one read for all).
+fn reasons(fleet: &LocalFleet) -> BTreeMap<String, Reasons> {
+    let Some(list) = fleet.cluster.get_json(&["fdev"]) else {
+        return BTreeMap::new();
+    };
+    let mut out = BTreeMap::new();
+    for d in list["items"].as_array().into_iter().flatten() {
+        let name = d["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let rs = d["status"]["blocking"].as_array().into_iter().flatten();
+        let rs = rs
+            .map(|b| {
+                let s = |k: &str| b[k].as_str().unwrap_or_default().to_owned();
+                (s("kind"), s("message"))
+            })
+            .collect();
+        out.insert(name, rs);
+    }
+    out
+}
+
+/// What each device showed, each change of its reasons kept once, in order: what a person polling
+/// `kubectl get fdev -o wide` saw.
+#[derive(Default)]
+struct Seen(BTreeMap<String, Vec<Reasons>>);
+
+impl Seen {
+    fn look(&mut self, fleet: &LocalFleet) {
+        for (d, now) in reasons(fleet) {
+            let shown = self.0.entry(d.clone()).or_default();
+            if shown.last() != Some(&now) {
+                eprintln!("{d} blocking: {now:?}");
+                shown.push(now);
+            }
+        }
+    }
+
+    /// Checks a device's shown reasons against the steps in order: each shown value must be the step it is at or
+    /// a later one, and every required step must have been shown.
+    fn check(&self, device: &str, steps: &[Expect]) {
+        let shown = self.0.get(device).cloned().unwrap_or_default();
+        let mut at = 0;
+        let mut hit = vec![false; steps.len()];
+        for rs in &shown {
+            match (at..steps.len()).find(|i| steps[*i].matches(rs)) {
+                Some(i) => {
+                    at = i;
+                    hit[i] = true;
+                }
+                None => panic!(
+                    "{device} showed {rs:?}, not the step it was at or a later one ({:?}); all it showed: {shown:#?}",
+                    &steps[at..].iter().map(|s| &s.what).collect::<Vec<_>>()
+                ),
+            }
+        }
+        for (i, step) in steps.iter().enumerate() {
+            assert!(
+                hit[i] || !step.required,
+                "{device} never showed {:?}; it showed: {shown:#?}",
+                step.what
+            );
+        }
+    }
+}
+
+/// One step of a device's reasons: nothing, or exactly one reason of `kind` whose message is `message` (or starts
+/// with it, for the phase an updating device reports, or the error of a failed download).
+struct Expect {
+    what: String,
+    kind: Option<&'static str>,
+    message: String,
+    prefix: bool,
+    required: bool,
+}
+
+impl Expect {
+    fn none(required: bool) -> Self {
+        Self {
+            what: "no reason".into(),
+            kind: None,
+            message: String::new(),
+            prefix: false,
+            required,
+        }
+    }
+    fn exactly(kind: &'static str, message: String, required: bool) -> Self {
+        Self {
+            what: format!("{kind}: {message}"),
+            kind: Some(kind),
+            message,
+            prefix: false,
+            required,
+        }
+    }
+    fn starting(kind: &'static str, message: String, required: bool) -> Self {
+        Self {
+            prefix: true,
+            what: format!("{kind}: {message}…"),
+            ..Self::exactly(kind, message, required)
+        }
+    }
+    fn matches(&self, rs: &Reasons) -> bool {
+        match (self.kind, rs.as_slice()) {
+            (None, []) => true,
+            (Some(kind), [(k, m)]) => {
+                k == kind
+                    && if self.prefix {
+                        m.starts_with(&self.message)
+                    } else {
+                        *m == self.message
+                    }
+            }
+            _ => false,
+        }
+    }
+}
+
 fn logs(fleet: &LocalFleet) -> String {
     fleet.device_logs()
         + &format!(
@@ -129,10 +261,12 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
     // 1. The latent bug: the canary commits, dies during its soak, and the release halts naming it.
     let (url, sha) = fleet.publish_script("fleet-agent-v3-latent", &latent_bug());
     cluster.apply(&staged(release_yaml("latent", "lab", V3, &url, &sha), 120));
+    let mut seen = Seen::default();
     let committed = cluster.wait(
         "the canary committed the latent bug",
         UPGRADE_TIMEOUT,
         || {
+            seen.look(&fleet);
             upgrade(&fleet, CANARY).filter(|u| {
                 u.phase == UpgradePhase::Complete
                     && u.target_version.as_ref().map(|v| v.as_str()) == Some(V3)
@@ -140,11 +274,79 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         },
     );
     let halted = cluster.wait("the release halted", Duration::from_secs(120), || {
+        seen.look(&fleet);
         fleet
             .cluster
             .condition(&["frel", "latent"], "Halted")
             .filter(|c| c.status == "True")
     });
+    // Every device's reason, step by step: the others wait for the canary, then for its soak until its commit
+    // plus 120 s, then for the halt it caused; the canary shows its own failure.
+    let halted_others = format!(
+        "AgentRelease/latent is halted (a canary failed: {CANARY} (agent restarted during its soak)): {RESUME}"
+    );
+    cluster.wait(
+        "the Devices showing the halt",
+        Duration::from_secs(60),
+        || {
+            seen.look(&fleet);
+            let now = reasons(&fleet);
+            OTHERS
+                .iter()
+                .all(|d| {
+                    now.get(*d)
+                        .is_some_and(|r| r.len() == 1 && r[0].0 == "halted")
+                })
+                .then_some(())
+        },
+    );
+    let until = committed.phase_changed_at.plus(Duration::from_secs(120));
+    for d in OTHERS {
+        seen.check(
+            d,
+            &[
+                Expect::none(false),
+                Expect::exactly(
+                    "waitingForCanaries",
+                    "AgentRelease/latent waits for the canaries: 1 of 1 not updated yet".into(),
+                    false,
+                ),
+                Expect::exactly(
+                    "soaking",
+                    format!("AgentRelease/latent waits for the canaries' soak, until {until} at the earliest"),
+                    true,
+                ),
+                Expect::exactly("halted", halted_others.clone(), true),
+            ],
+        );
+    }
+    seen.check(
+        CANARY,
+        &[
+            Expect::none(false),
+            Expect::starting("updating", "AgentRelease/latent is on its way: ".into(), false),
+            Expect::none(false),
+            Expect::exactly(
+                "soakFailed",
+                "AgentRelease/latent runs on the device and restarted during its soak: publish a fixed spec".into(),
+                true,
+            ),
+        ],
+    );
+    // The column a person reads: `kubectl get fdev -o wide`, Waiting, the first reason.
+    let wide = cluster.kubectl(&["get", "fdev", "-o", "wide"]);
+    assert!(
+        wide.lines().next().unwrap_or_default().contains("WAITING"),
+        "{wide}"
+    );
+    let line = wide
+        .lines()
+        .find(|l| l.starts_with(OTHERS[0]))
+        .unwrap_or_default();
+    assert!(
+        line.contains("AgentRelease/latent is halted (a canary failed"),
+        "{wide}"
+    );
     assert_eq!(
         halted.reason,
         "CanaryFailed",
@@ -194,6 +396,12 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         started.elapsed()
     );
     cluster.kubectl(&["delete", "frel", "latent"]);
+    // Its reasons go with it.
+    cluster.wait(
+        "no reason left on any Device once the release is deleted",
+        Duration::from_secs(60),
+        || reasons(&fleet).values().all(Vec::is_empty).then_some(()),
+    );
 
     // 2. A good 2.0.0 whose artifact is missing at first: the canary's download fails and the release halts.
     let v2 = builds::agent(V2);
@@ -202,14 +410,28 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         release_yaml("good", "lab", V2, &url, sha.as_ref()),
         SOAK_SECS,
     ));
+    let mut seen = Seen::default();
     let halted = cluster.wait(
         "the release halted on the failed download",
         UPGRADE_TIMEOUT,
         || {
+            seen.look(&fleet);
             fleet
                 .cluster
                 .condition(&["frel", "good"], "Halted")
                 .filter(|c| c.status == "True")
+        },
+    );
+    cluster.wait(
+        "the Devices showing the failed download and the halt",
+        Duration::from_secs(60),
+        || {
+            seen.look(&fleet);
+            let now = reasons(&fleet);
+            let kind = |d: &str| now.get(d).and_then(|r| r.first()).map(|r| r.0.clone());
+            (kind(CANARY).as_deref() == Some("downloadFailed")
+                && OTHERS.iter().all(|d| kind(d).as_deref() == Some("halted")))
+            .then_some(())
         },
     );
     assert_eq!(halted.reason, "CanaryFailed", "{halted:?}");
@@ -263,6 +485,7 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
             rollout(&fleet, "good"),
             logs(&fleet)
         );
+        seen.look(&fleet);
         let Some(c) = rollout(&fleet, "good") else {
             std::thread::sleep(Duration::from_secs(1));
             continue;
@@ -298,6 +521,88 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+    // Once complete, no Device lists a reason.
+    cluster.wait(
+        "no reason left on any Device",
+        Duration::from_secs(60),
+        || {
+            seen.look(&fleet);
+            reasons(&fleet).values().all(Vec::is_empty).then_some(())
+        },
+    );
+    // Each device's reasons through it all, word for word: the halt on the canary's failed download, then after
+    // the retry the canaries, their soak (until the canary's commit plus the soak), one slot of maxUnavailable,
+    // the device's own update, and nothing once it has the release.
+    let canary_commit = upgrade(&fleet, CANARY).expect("status").phase_changed_at;
+    let until = canary_commit.plus(Duration::from_secs(SOAK_SECS));
+    let halted_others = format!(
+        "AgentRelease/good is halted (a canary failed: {CANARY} (attempt failed)): {RESUME}"
+    );
+    let waits = |d: &str| {
+        let mut steps = vec![
+            Expect::none(false),
+            Expect::exactly(
+                "waitingForCanaries",
+                "AgentRelease/good waits for the canaries: 1 of 1 not updated yet".into(),
+                false,
+            ),
+            Expect::exactly("halted", halted_others.clone(), true),
+            Expect::exactly(
+                "waitingForCanaries",
+                "AgentRelease/good waits for the canaries: 1 of 1 not updated yet".into(),
+                false,
+            ),
+            Expect::exactly(
+                "soaking",
+                format!(
+                    "AgentRelease/good waits for the canaries' soak, until {until} at the earliest"
+                ),
+                true,
+            ),
+        ];
+        if d == OTHERS[1] {
+            steps.push(Expect::exactly(
+                "maxUnavailable",
+                "AgentRelease/good waits: maxUnavailable reached, 1 of 1 devices updating or soaking".into(),
+                true,
+            ));
+        }
+        // Given it (released: no reason), updating, then nothing (it has it; checked above for the end).
+        steps.push(Expect::none(false));
+        steps.push(Expect::starting(
+            "updating",
+            "AgentRelease/good is on its way: ".into(),
+            false,
+        ));
+        steps.push(Expect::none(false));
+        steps
+    };
+    for d in OTHERS {
+        seen.check(d, &waits(d));
+    }
+    seen.check(
+        CANARY,
+        &[
+            Expect::none(false),
+            Expect::starting(
+                "updating",
+                "AgentRelease/good is on its way: ".into(),
+                false,
+            ),
+            Expect::starting(
+                "downloadFailed",
+                "AgentRelease/good download failed with download-failed: ".into(),
+                true,
+            ),
+            Expect::none(false),
+            Expect::starting(
+                "updating",
+                "AgentRelease/good is on its way: ".into(),
+                false,
+            ),
+            Expect::none(false),
+        ],
+    );
     assert!(killed, "the operator was never killed mid-rollout");
     assert_eq!(
         most_in_flight, 1,
@@ -486,6 +791,29 @@ fn bad_image_never_takes_a_workload_down(fleet: &LocalFleet) {
         "{:#}",
         halted.0["status"]
     );
+    // The Devices say why: the canary's pull failure with its error, the others the halt.
+    let pull = format!("FleetDeployment/web download failed with web: image-pull-failed: image {bad} could not be pulled");
+    let halted_others = format!(
+        "FleetDeployment/web is halted (a canary failed: {CANARY} (attempt failed)): {RESUME}"
+    );
+    let mut seen = Seen::default();
+    cluster.wait(
+        "the Devices showing the failed pull and the halt",
+        Duration::from_secs(60),
+        || {
+            seen.look(fleet);
+            let now = reasons(fleet);
+            let one = |d: &str| now.get(d).filter(|r| r.len() == 1).map(|r| r[0].clone());
+            (one(CANARY).is_some_and(|(k, m)| {
+                k == "downloadFailed"
+                    && m.starts_with(&pull)
+                    && m.ends_with("fleet.nationtech.io/retry=<new value> on it to retry")
+            }) && OTHERS
+                .iter()
+                .all(|d| one(d).is_some_and(|(k, m)| k == "halted" && m == halted_others)))
+            .then_some(())
+        },
+    );
     let warnings = cluster.wait("a Warning event about web", Duration::from_secs(30), || {
         Some(cluster.warnings("FleetDeployment", "web"))
             .filter(|w| w.iter().any(|m| m.contains(CANARY)))
@@ -511,6 +839,11 @@ fn bad_image_never_takes_a_workload_down(fleet: &LocalFleet) {
     assert!(
         w["latestError"].is_null() || w["latestError"] == "",
         "the error stayed after the fix: {w:#}"
+    );
+    cluster.wait(
+        "no reason left on any Device after the fix",
+        Duration::from_secs(60),
+        || reasons(fleet).values().all(Vec::is_empty).then_some(()),
     );
     for d in &ids {
         let (_, image, running) = container(fleet, d).expect("fleet-web");

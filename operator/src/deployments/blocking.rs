@@ -16,8 +16,10 @@ use std::time::Duration;
 
 /// Most reasons a Device lists (`blockingMore` counts the rest).
 pub const MAX_BLOCKING: usize = 16;
-/// Longest message, in characters (a device's error text is cut to fit, ending in `…`).
+/// Longest message, in characters (cut to fit, ending in `…`; only a very long change name needs it).
 pub const MAX_MESSAGE_CHARS: usize = 400;
+/// Longest part of a message a device's report gives (its reason and error), so that what to do always shows.
+pub const MAX_REPORTED_CHARS: usize = 160;
 
 /// What kind of reason holds a change back from a device (stable names: scripts and alerts may match them).
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
@@ -144,7 +146,7 @@ pub fn upgrade_failure(status: Option<&AgentUpgradeStatus>) -> Reported {
     };
     Reported {
         kind,
-        what,
+        what: cut(what, MAX_REPORTED_CHARS),
         since: Some(s.phase_changed_at),
     }
 }
@@ -195,7 +197,7 @@ pub fn workload_failure(
         } else {
             BlockingKind::Failed
         },
-        what,
+        what: cut(what, MAX_REPORTED_CHARS),
         since: report.map(|r| r.at),
     }
 }
@@ -332,18 +334,18 @@ pub fn reason(
     Blocking {
         kind,
         change: change.to_owned(),
-        message: bounded(message),
+        message: cut(message, MAX_MESSAGE_CHARS),
         since,
         until,
     }
 }
 
-/// `message` cut to [`MAX_MESSAGE_CHARS`] (ending in `…`).
-fn bounded(message: String) -> String {
-    if message.chars().count() <= MAX_MESSAGE_CHARS {
-        return message;
+/// `text` cut to `max` characters (ending in `…`).
+fn cut(text: String, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text;
     }
-    let mut m: String = message.chars().take(MAX_MESSAGE_CHARS - 1).collect();
+    let mut m: String = text.chars().take(max - 1).collect();
     m.push('…');
     m
 }

@@ -463,6 +463,26 @@ fn the_list_and_its_messages_are_bounded() {
         Wait::Failed(Failure::Attempt),
         blocking::upgrade_failure(Some(&long)),
     );
+    // The device's error is cut, what to do is not.
+    let kept = format!(
+        "download-failed: {}…",
+        "x".repeat(blocking::MAX_REPORTED_CHARS - 18)
+    );
+    assert_eq!(
+        got.message,
+        format!(
+            "AgentRelease/fleet-agent download failed with {kept}; set the annotation \
+             fleet.nationtech.io/retry=<new value> on it to retry"
+        )
+    );
+    // A change whose name is very long: the whole message is cut.
+    let long_name = format!("AgentRelease/{}", "n".repeat(500));
+    let got = blocking::reason(
+        &long_name,
+        Wait::Halted,
+        || "why".into(),
+        || blocking::upgrade_failure(None),
+    );
     assert_eq!(got.message.chars().count(), blocking::MAX_MESSAGE_CHARS);
     assert!(got.message.ends_with('…'));
 }
