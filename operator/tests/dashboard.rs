@@ -1112,6 +1112,63 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         "device pages checked"
     );
 
+    // "Why isn't it updating?" at the top of a device page: every reason of the Device's `status.blocking` as the API
+    // server holds it while the page loads (the rollouts above hold changes back from pi-stuck: a release halted by
+    // its canary, a deployment soaking on its canary), with its kind, change and sentence.
+    let devices = Api::<Device>::all(f.client.clone());
+    let blocking_of = || async {
+        devices
+            .get(stuck.as_str())
+            .await
+            .ok()
+            .and_then(|d| d.status)
+            .map(|s| s.blocking)
+            .unwrap_or_default()
+    };
+    eventually("pi-stuck's blocking reasons", || async {
+        let b = blocking_of().await;
+        (!b.is_empty()).then_some(())
+    })
+    .await;
+    let (dom, reasons) = loop {
+        let before = blocking_of().await;
+        let url = format!("{authed}/devices/{stuck}");
+        let dom = tokio::task::spawn_blocking(move || browse(&url, &["--dump-dom"]))
+            .await
+            .unwrap();
+        if blocking_of().await == before {
+            break (dom, before);
+        }
+    };
+    let escaped = |t: &str| {
+        t.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let top = dom.find("id=\"blocking\"");
+    assert!(
+        top.is_some() && top < dom.find("id=\"upgrade-timeline\""),
+        "{stuck}: no blocking section above the upgrade timeline:\n{dom}"
+    );
+    for b in &reasons {
+        let kind = serde_json::to_value(b.kind).unwrap();
+        for want in [
+            format!("data-blocking=\"{}\"", kind.as_str().unwrap()),
+            format!("<code>{}</code>", escaped(&b.change)),
+            escaped(&b.message),
+        ] {
+            assert!(
+                dom.contains(&want),
+                "{stuck}'s page does not show its blocking reason {b:?}: {want:?} missing from the DOM:\n{dom}"
+            );
+        }
+    }
+    eprintln!(
+        "{stuck}'s page shows its {} blocking reasons: {:?}",
+        reasons.len(),
+        reasons.iter().map(|b| &b.message).collect::<Vec<_>>()
+    );
+
     // The Reboots page's history is the FleetLock server's, as the test reads it itself: one row per recent event,
     // newest first, and one bar per hold with how it ended and how long it lasted.
     use fleet_operator::dashboard::{holds, reboots};
