@@ -249,6 +249,19 @@ impl Cluster {
         &self.dashboard_token
     }
 
+    /// A dashboard page as a person's browser gets it (with the token); `None` unless it answers 2xx.
+    pub fn dashboard_page(&self, path: &str) -> Option<String> {
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "10", "-H"])
+            .arg(format!("Authorization: Bearer {}", self.dashboard_token))
+            .arg(format!("{}{path}", self.dashboard_url))
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Where the operator serves the admission webhook (`https://127.0.0.1:<port>`).
     pub fn webhook_url(&self) -> &str {
         &self.webhook_url

@@ -99,16 +99,7 @@ impl<'a> Demo<'a> {
         if let Some(pid) = fleetlock.pid() {
             record.add(pid, "fleetlock-server");
         }
-        let lock_token = dir.join("fleetlock-token");
-        std::fs::write(&lock_token, fleetlock.token())
-            .map_err(|e| Stop::Failed(format!("write {}: {e}", lock_token.display())))?;
-        fleet.cluster.kill_operator_and_restart_with(&[
-            "--dashboard-fleetlock-url",
-            &format!("http://127.0.0.1:{}", fleetlock.port()),
-            "--dashboard-fleetlock-token-file",
-            &lock_token.to_string_lossy(),
-        ]);
-        fleet.cluster.wait_webhooks_ready();
+        fleetlock.show_on_dashboard(&fleet.cluster);
         if let Some(pid) = fleet.cluster.operator_pid() {
             record.add(pid, "fleet-operator");
         }
@@ -725,7 +716,32 @@ impl<'a> Demo<'a> {
         if run.status.phase != Some(fleet_wire::TaskRunPhase::Complete) {
             return Err(Stop::Failed(format!("TaskRun {TASK} ended {run:?}")));
         }
-        Ok(())
+        self.reboots_page()
+    }
+
+    /// What the dashboard's Reboots page shows of step 6's reboots (the operator reads fleetlock-server every
+    /// 15 s): each release as the device it is, with bars that can be seen.
+    fn reboots_page(&self) -> Result<(), Stop> {
+        let cluster = &self.fleet.cluster;
+        let mut last = String::from("no answer from the dashboard");
+        let shown = fleet_rig::wait_for(Duration::from_secs(60), || {
+            let page = cluster.dashboard_page("/reboots")?;
+            let checked = crate::reboots_page::check_released(&page, &DEVICES);
+            last = format!("{checked:?}");
+            checked.ok()
+        });
+        match shown {
+            Some(s) => {
+                println!(
+                    "   The dashboard's Reboots page ({}/reboots): {s}",
+                    cluster.dashboard_url()
+                );
+                Ok(())
+            }
+            None => Err(Stop::Failed(format!(
+                "the dashboard's Reboots page within 60 s: {last}"
+            ))),
+        }
     }
 
     /// Whether the device booted again since the demo started (its boot id changed).

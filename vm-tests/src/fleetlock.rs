@@ -114,6 +114,23 @@ impl FleetLockServer {
         crate::tasks::fleetlock_client_config(self.port, &self.token)
     }
 
+    /// Gives `cluster`'s operator this server for its dashboard's Reboots page and FleetLock alerts
+    /// (`--dashboard-fleetlock-url` and a file with the client token, as docs/dashboard.md has it): the operator is
+    /// started again with them, and this waits until its webhook answers again. Returns the operator's new PID.
+    pub fn show_on_dashboard(&self, cluster: &crate::cluster::Cluster) -> u32 {
+        let token = self.dir.path().join("dashboard-client-token");
+        std::fs::write(&token, &self.token)
+            .unwrap_or_else(|e| panic!("write {}: {e}", token.display()));
+        let pid = cluster.kill_operator_and_restart_with(&[
+            "--dashboard-fleetlock-url",
+            &format!("http://127.0.0.1:{}", self.port),
+            "--dashboard-fleetlock-token-file",
+            &token.to_string_lossy(),
+        ]);
+        cluster.wait_webhooks_ready();
+        pid
+    }
+
     /// The server's log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("fleetlock.log")).unwrap_or_default()

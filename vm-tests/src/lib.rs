@@ -16,6 +16,7 @@ pub mod local_fleet;
 pub mod packages;
 pub mod qemu;
 pub mod qemu_tasks;
+pub mod reboots_page;
 pub mod runner;
 pub mod scene;
 pub mod sim;

@@ -3,10 +3,13 @@
 //! device setup (one labelled `canary=true`), each with a local apt repository whose upgrade wants a reboot, and
 //! a real `fleetlock-server`. The canary upgrades and reboots first, then the other; `kubectl get ftr` shows the
 //! run Complete; each device has the new package, rebooted once through FleetLock (never both at once), and its
-//! status in NATS is terminal with the first heartbeat after completion recorded.
+//! status in NATS is terminal with the first heartbeat after completion recorded. The operator's dashboard reads
+//! the FleetLock server, as the demo's does: its Reboots page shows each hold as the device it is, with bars that
+//! can be seen.
 
 use fleet_vm_tests::fleetlock::FleetLockServer;
 use fleet_vm_tests::local_fleet::{group_yaml, taskrun_yaml, LocalFleet};
+use fleet_vm_tests::reboots_page;
 use fleet_vm_tests::tasks::{installed, ready_for_reboot_upgrade, HolderWatch, Tasks, REBOOT_PKG};
 use fleet_wire::{SystemUpgradePhase as P, TaskRunPhase};
 use std::time::Duration;
@@ -27,6 +30,7 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
         .collect();
     let boots: Vec<String> = fleet.devices.iter().map(|d| d.guest.boot_id()).collect();
     let cluster = &fleet.cluster;
+    lock.show_on_dashboard(cluster);
     cluster.kubectl(&["label", "fdev", CANARY, "canary=true"]);
     cluster.kubectl(&["label", "fdev", "--all", "site=lab"]);
     cluster.apply(&group_yaml("lab", &[("site", "lab")]));
@@ -95,5 +99,15 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
     assert_eq!(order.len(), 2, "one reboot each, in turn: {order:?}");
     assert_ne!(order[0], order[1]);
     assert_eq!(lock.holders(), 0, "{}", lock.log());
+    // The Reboots page (the operator reads the server every 15 s): both releases shown as their devices.
+    let mut last = String::from("no answer from the dashboard");
+    let shown = fleet_rig::wait_for(Duration::from_secs(60), || {
+        let page = cluster.dashboard_page("/reboots")?;
+        let checked = reboots_page::check_released(&page, &[CANARY, OTHER]);
+        last = format!("{checked:?}\n{page}");
+        checked.ok()
+    });
+    let shown = shown.unwrap_or_else(|| panic!("the Reboots page within 60 s: {last}"));
+    eprintln!("Reboots page: {shown}");
     fleet.assert_no_secrets_in_logs();
 }
