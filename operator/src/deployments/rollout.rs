@@ -10,6 +10,9 @@
 //! crash-looping, or more than `maxFailures` failed devices among the rest halt the rollout: no further device
 //! gets the change. Devices already updated keep what they have. A halt holds ([`hold`]) until a person changes
 //! the spec or sets the retry annotation to a new value, whatever the failed devices do meanwhile.
+//!
+//! Each pass also says, per device it leaves short of the change, why ([`Wait`], in [`Outcome::waits`]): the gate
+//! that held it back, where the rule decided it. A Device's `status.blocking` copies it (blocking.rs).
 
 use crate::crd::{PlacementStatus, RolloutPhase, RolloutSpec, RolloutStatus};
 use fleet_wire::{DeviceId, Timestamp, UpgradePhase};
