@@ -219,6 +219,19 @@ pub struct HealthLog {
 /// Most characters of a check's output kept for an error text.
 const HEALTH_OUTPUT_CHARS: usize = 200;
 
+/// A call Podman refused with `status`, with its own reason (`message` of its JSON answer, else the body's start).
+pub(super) fn status_error(method: &str, path: &str, status: u16, body: &[u8]) -> PodmanError {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(512).collect());
+    PodmanError::Status {
+        call: format!("{method} {}", path.split('?').next().unwrap_or(path)),
+        status,
+        message,
+    }
+}
+
 /// A libpod API client bound to one socket.
 #[derive(Debug, Clone)]
 pub struct Podman {
@@ -302,15 +315,7 @@ impl Podman {
         if ok.contains(&r.status) {
             return Ok(r.body);
         }
-        let message = serde_json::from_slice::<serde_json::Value>(&r.body)
-            .ok()
-            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&r.body).chars().take(512).collect());
-        Err(PodmanError::Status {
-            call: format!("{method} {}", path.split('?').next().unwrap_or(path)),
-            status: r.status,
-            message,
-        })
+        Err(status_error(method, path, r.status, &r.body))
     }
 
     /// `GET /_ping`: Podman answers.

@@ -3,7 +3,7 @@
 //! so a workload that logged 100 MiB costs the agent a few dozen KiB. The body is de-chunked and its multiplexed
 //! frames (`[stream, 0, 0, 0, size u32 BE]` + payload; a TTY container's log is raw) decoded as it arrives.
 
-use super::api::{enc, Podman, PodmanError, API};
+use super::api::{enc, status_error, Podman, PodmanError, API};
 use super::http::{self, HttpError};
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -65,15 +65,12 @@ impl Podman {
             let _ = (&mut src)
                 .take((HEAD_MAX - body.len().min(HEAD_MAX)) as u64)
                 .read_to_end(&mut body);
-            let message = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
-                .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(512).collect());
-            return Err(PodmanError::Status {
-                call: "GET /containers/logs".into(),
-                status: head.status,
-                message,
-            });
+            return Err(status_error(
+                "GET",
+                "/containers/{id}/logs",
+                head.status,
+                &body,
+            ));
         }
         let mut chained = std::io::Cursor::new(rest).chain(src);
         read_log_body(&mut chained, head.chunked, LOG_READ_MAX, LOG_KEEP_MAX).map_err(|e| {
