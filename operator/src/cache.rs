@@ -7,6 +7,7 @@
 //! the operator never writes it), and every controller refuses to act on such an object even when no webhook
 //! refused it (the webhook missing, bypassed or failing open).
 
+use crate::crd::diagnostics::DeviceDiagnostics;
 use crate::crd::policy::WorkloadPolicy;
 use crate::crd::tasks::{TaskRun, TaskSchedule};
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
@@ -151,6 +152,8 @@ pub struct Caches {
     pub schedules: Shared<TaskSchedule>,
     /// WorkloadPolicies (the deployments controller and the admission webhook).
     pub policies: Shared<WorkloadPolicy>,
+    /// DeviceDiagnostics (the diagnostics controller and the dashboard).
+    pub diagnostics: Shared<DeviceDiagnostics>,
 }
 
 impl Caches {
@@ -164,6 +167,7 @@ impl Caches {
             runs: Shared::watch(client, selector),
             schedules: Shared::watch(client, selector),
             policies: Shared::watch(client, selector),
+            diagnostics: Shared::watch(client, selector),
         }
     }
 }

@@ -7,6 +7,7 @@
 // dashboard.
 pub mod dashboard;
 pub mod deployments;
+pub mod diagnostics;
 pub mod tasks;
 // Shared by them: caches, conditions, every CRD, KV, the one NATS link, metrics, the admission webhook.
 pub mod cache;

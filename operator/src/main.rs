@@ -314,6 +314,12 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
+            r = fleet_operator::diagnostics::controller::run_with(&rt) => {
+                if let Err(e) = r {
+                    log::error!("diagnostics: {e}");
+                }
+                ExitCode::FAILURE
+            }
             _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
         }
     })

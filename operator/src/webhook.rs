@@ -75,6 +75,11 @@ pub fn fields_review(request: &Value, policies: Option<&[Arc<WorkloadPolicy>]>) 
         format!("{kind} {name:?}: {problem}")
     } else if let Some(problem) = policy_problems(kind, request, object, policies) {
         format!("{kind} {name:?}: {problem}")
+    } else if let Some(problem) = (kind == "DeviceDiagnostics")
+        .then(|| crate::diagnostics::admission::problem(request))
+        .flatten()
+    {
+        format!("{kind} {name:?}: {problem}")
     } else {
         return answer(uid, None);
     };

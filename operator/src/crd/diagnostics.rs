@@ -56,6 +56,12 @@ fn ttl_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
+/// A string with no default in the schema: the 1.20 API server takes an empty string in a CRD (a default, a
+/// value) for null and refuses it, so empty texts are left out instead.
+fn plain_string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string"})
+}
+
 /// Asks device `device` for diagnostics once. The spec cannot change after creation (admission webhook): the
 /// object's UID names the one request written to the device.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -130,7 +136,9 @@ pub struct DiagnosticsSection {
     /// The workload, for `workloadLogs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
-    /// The text, newest lines last (at most 32 KiB).
+    /// The text, newest lines last (at most 32 KiB); absent when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(schema_with = "plain_string")]
     pub text: String,
     /// Older lines were left out to stay within the bounds.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -171,7 +179,7 @@ impl From<fleet_wire::diagnostics::DiagnosticsBundle> for DiagnosticsBundleStatu
                     workload: s.workload.map(|w| w.as_str().to_owned()),
                     text: s.text,
                     cut: s.cut,
-                    error: s.error,
+                    error: s.error.filter(|e| !e.is_empty()),
                 })
                 .collect(),
         }

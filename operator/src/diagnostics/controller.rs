@@ -1,0 +1,419 @@
+//! The DeviceDiagnostics controller: writes each new object's request for its device, keeps its phase current
+//! from the Device's `Online` condition (a device that comes back moves Waiting → Pending), copies the device's
+//! bundle into status as soon as the bundle watch sees it, deletes the request key once finished, deletes finished
+//! objects `ttlSecondsAfterFinished` later, and sweeps request keys whose object is gone. Woken by the object and
+//! Device caches and by the bundle watch; a periodic pass ([`RESYNC`]) covers expiries and TTLs.
+
+use super::bundles::{self, Arrived};
+use super::phase::{self, Answer, DeviceState};
+use super::request;
+use crate::crd::diagnostics::{
+    DeviceDiagnostics, DeviceDiagnosticsStatus, DiagnosticsBundleStatus, DiagnosticsPhase,
+};
+use crate::crd::Device;
+use crate::nats_link::{Kept, Link};
+use crate::runtime::Runtime;
+use async_nats::jetstream::kv::{CreateErrorKind, Store};
+use fleet_wire::diagnostics::DiagnosticsBundle;
+use fleet_wire::kv::{DIAGNOSTICS_BUNDLE, DIAGNOSTICS_REQUEST};
+use fleet_wire::log_summary::Summaries;
+use fleet_wire::text::for_log;
+use fleet_wire::Timestamp;
+use kube::runtime::reflector::{ObjectRef, Store as Cache};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// The longest sleep between passes.
+pub const RESYNC: Duration = Duration::from_secs(30);
+/// Most API and KV writes of one pass; the next pass follows at once with the rest.
+pub const MAX_WRITES_PER_PASS: usize = 100;
+/// Longest status message, in characters.
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// What this replica wrote last for an object, so that a pass that runs before the cache has seen its own write
+/// does not undo it.
+#[derive(Clone)]
+struct Shown {
+    phase: DiagnosticsPhase,
+    message: String,
+    completed_at: Option<Timestamp>,
+}
+
+struct State {
+    arrived: Arc<Arrived>,
+    /// Request UIDs whose request key this replica created (or found).
+    written: HashSet<String>,
+    /// Finished request UIDs whose request key this replica deleted.
+    cleared: HashSet<String>,
+    shown: HashMap<String, Shown>,
+    unknown: Summaries,
+    last_sweep: Option<Instant>,
+}
+
+/// Runs the controller on the operator's runtime until the process ends.
+pub async fn run_with(rt: &Runtime) -> Result<(), String> {
+    let notify = Arc::new(Notify::new());
+    let objects = rt.caches.diagnostics.subscribe(&notify);
+    let devices = rt.caches.devices.subscribe(&notify);
+    rt.caches
+        .diagnostics
+        .ready()
+        .await
+        .map_err(|e| format!("DeviceDiagnostics cache: {e}"))?;
+    rt.caches
+        .devices
+        .ready()
+        .await
+        .map_err(|e| format!("Device cache: {e}"))?;
+    let mut st = State {
+        arrived: Arc::default(),
+        written: HashSet::new(),
+        cleared: HashSet::new(),
+        shown: HashMap::new(),
+        unknown: Summaries::new(
+            "diagnostics-bundle: ignoring the bundle of an unknown request",
+            Duration::from_secs(60),
+        ),
+        last_sweep: None,
+    };
+    let mut link: Option<Link> = None;
+    loop {
+        let arrived = st.arrived.clone();
+        let n = notify.clone();
+        let kept = Link::keep(&mut link, &rt.nats, "diagnostics", || async {
+            let mut l = Link::open(&rt.nats).await?;
+            let store = l.store(DIAGNOSTICS_BUNDLE)?.clone();
+            l.spawn(bundles::watch(store, arrived, n));
+            Ok(l)
+        })
+        .await;
+        if matches!(kept, Kept::Opened) {
+            // A new connection: what this replica believed written is checked again (creates are idempotent).
+            st.written.clear();
+            st.cleared.clear();
+        }
+        let wait = match &link {
+            Some(l) => pass(rt, l, &objects, &devices, &mut st).await,
+            None => Duration::from_secs(2),
+        };
+        tokio::select! {
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> String {
+    Timestamp::from_unix_ms(t.0.as_millisecond().max(0) as u64).to_string()
+}
+
+/// The device's liveness as its Device says.
+fn device_state(devices: &Cache<Device>, name: &str) -> DeviceState {
+    let Some(d) = devices.get(&ObjectRef::new(name)) else {
+        return DeviceState::Missing;
+    };
+    let online = d.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == crate::conditions::ONLINE)
+    });
+    match online {
+        Some(c) if c.status == "True" => DeviceState::Online,
+        Some(c) if c.status == "False" => DeviceState::Offline(ts(&c.last_transition_time)),
+        _ => DeviceState::Unjudged,
+    }
+}
+
+fn bounded(s: String) -> String {
+    if s.chars().count() <= MAX_MESSAGE_CHARS {
+        return s;
+    }
+    let mut out: String = s.chars().take(MAX_MESSAGE_CHARS - 1).collect();
+    out.push('…');
+    out
+}
+
+/// Reads the bundle at `key` for `obj`: `None` when there is none (or it could not be read: noted again).
+async fn read_bundle(
+    bundles: &Store,
+    st: &State,
+    obj: &DeviceDiagnostics,
+    key: &str,
+) -> Option<Answer> {
+    let (device, uid, _) = request::key(obj)?;
+    match bundles.get(key).await {
+        Ok(None) => None,
+        Ok(Some(bytes)) => Some(match DiagnosticsBundle::parse(&bytes, &device, &uid) {
+            Ok(b) => Answer::Bundle(Box::new(DiagnosticsBundleStatus::from(b))),
+            // Device text: shown escaped.
+            Err(e) => Answer::Invalid(for_log(&e.to_string())),
+        }),
+        Err(e) => {
+            log::warn!("diagnostics: read {DIAGNOSTICS_BUNDLE}/{key}: {e}; retried");
+            st.arrived.note(key.to_owned());
+            None
+        }
+    }
+}
+
+async fn pass(
+    rt: &Runtime,
+    link: &Link,
+    objects: &Cache<DeviceDiagnostics>,
+    devices: &Cache<Device>,
+    st: &mut State,
+) -> Duration {
+    let (Ok(requests), Ok(bundles)) = (
+        link.store(DIAGNOSTICS_REQUEST),
+        link.store(DIAGNOSTICS_BUNDLE),
+    ) else {
+        return Duration::from_secs(2);
+    };
+    let now = Timestamp::now();
+    let mut objs = objects.state();
+    objs.sort_by_key(|o| crate::crd::tasks::created_at(o.as_ref()));
+    let by_uid: HashMap<String, Arc<DeviceDiagnostics>> = objs
+        .iter()
+        .filter_map(|o| Some((o.metadata.uid.clone()?, o.clone())))
+        .collect();
+    st.shown.retain(|uid, _| by_uid.contains_key(uid));
+    st.written.retain(|uid| by_uid.contains_key(uid));
+    st.cleared.retain(|uid| by_uid.contains_key(uid));
+    let phase_of = |st: &State, o: &DeviceDiagnostics| -> Option<DiagnosticsPhase> {
+        let uid = o.metadata.uid.as_deref().unwrap_or_default();
+        st.shown
+            .get(uid)
+            .map(|s| s.phase)
+            .or_else(|| o.status.as_ref().and_then(|s| s.phase))
+    };
+
+    // The bundles that arrived, for the open requests they answer.
+    let (keys, dropped) = st.arrived.take();
+    let mut answers: HashMap<String, Answer> = HashMap::new();
+    let mut to_read: Vec<(Arc<DeviceDiagnostics>, String)> = vec![];
+    for key in keys {
+        let known = fleet_wire::kv::parse_run_key(&key)
+            .ok()
+            .and_then(|(device, uid)| {
+                by_uid
+                    .get(&uid.to_string())
+                    .filter(|o| o.spec.device == device.as_str())
+            });
+        match known {
+            None => {
+                if let Some(line) = st.unknown.record("any", &key, Instant::now()) {
+                    log::warn!("{line}");
+                }
+            }
+            Some(o) if phase_of(st, o).is_some_and(DiagnosticsPhase::finished) => {}
+            Some(o) => to_read.push((o.clone(), key)),
+        }
+    }
+    if dropped {
+        // Too many keys arrived to note them all: every open request looks for its bundle.
+        for o in &objs {
+            if !phase_of(st, o).is_some_and(DiagnosticsPhase::finished) {
+                if let Some((_, _, key)) = request::key(o) {
+                    to_read.push((o.clone(), key));
+                }
+            }
+        }
+    }
+    for (o, key) in to_read {
+        if let Some(a) = read_bundle(bundles, st, &o, &key).await {
+            answers.insert(o.metadata.uid.clone().unwrap_or_default(), a);
+        }
+    }
+
+    let api = kube::Api::<DeviceDiagnostics>::all(rt.client.clone());
+    let mut writes = 0;
+    let mut wait = RESYNC;
+    for o in &objs {
+        if writes >= MAX_WRITES_PER_PASS {
+            return Duration::ZERO;
+        }
+        let Some(uid) = o.metadata.uid.clone() else {
+            continue;
+        };
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let key = request::key(o).map(|k| k.2);
+        let current = phase_of(st, o);
+        if current.is_some_and(DiagnosticsPhase::finished) {
+            // The request key goes as soon as the request finished (a device can then write no bundle for it).
+            if let Some(key) = key.as_ref().filter(|_| !st.cleared.contains(&uid)) {
+                match requests.delete(key).await {
+                    Ok(()) => {
+                        st.cleared.insert(uid.clone());
+                    }
+                    Err(e) => log::warn!("diagnostics: delete {DIAGNOSTICS_REQUEST}/{key}: {e}"),
+                }
+                writes += 1;
+            }
+            let completed = st
+                .shown
+                .get(&uid)
+                .and_then(|s| s.completed_at)
+                .or_else(|| {
+                    o.status
+                        .as_ref()
+                        .and_then(|s| s.completed_at.as_deref())
+                        .and_then(|t| t.parse().ok())
+                })
+                .unwrap_or(now);
+            let due = completed.plus(Duration::from_secs(o.spec.ttl_seconds_after_finished));
+            if now >= due {
+                let dp = kube::api::DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: Some(uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&name, &dp).await {
+                    Ok(_) => log::info!("diagnostics: deleted {name}: finished {completed}, ttlSecondsAfterFinished passed"),
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                    Err(e) => log::warn!("diagnostics: delete {name}: {e}"),
+                }
+                writes += 1;
+            } else {
+                wait = wait.min(due.since(now).max(Duration::from_millis(100)));
+            }
+            continue;
+        }
+
+        let created = crate::crd::tasks::created_at(o.as_ref());
+        let refusal = crate::schema::refusal(o.as_ref());
+        let req = request::of(&o.spec, created);
+        let spec_error = refusal.or_else(|| req.as_ref().err().cloned());
+        let mut write_error = None;
+        if let (Ok(r), Some(key), None) = (&req, &key, &spec_error) {
+            if !st.written.contains(&uid) {
+                let bytes = serde_json::to_vec(r).unwrap_or_default();
+                writes += 1;
+                match requests.create(key, bytes.into()).await {
+                    Ok(_) => {
+                        log::info!("diagnostics: {name}: wrote {DIAGNOSTICS_REQUEST}/{key}");
+                        st.written.insert(uid.clone());
+                    }
+                    Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
+                        st.written.insert(uid.clone());
+                    }
+                    Err(e)
+                        if link.client.connection_state()
+                            == async_nats::connection::State::Connected =>
+                    {
+                        write_error = Some(e.to_string());
+                    }
+                    Err(e) => {
+                        // The connection went: not the request's fault, tried again on the next link.
+                        log::warn!("diagnostics: {name}: write {DIAGNOSTICS_REQUEST}/{key}: {e}");
+                        continue;
+                    }
+                }
+            }
+        }
+        let answer = answers.remove(&uid).unwrap_or(Answer::None);
+        let expires = created.plus(phase::EXPIRES_AFTER);
+        let expires_at = expires.to_string();
+        let facts = phase::Facts {
+            device: &o.spec.device,
+            current,
+            spec_error: spec_error.as_deref(),
+            write_error: write_error.as_deref(),
+            device_state: device_state(devices, &o.spec.device),
+            answer: &answer,
+            expires_at: &expires_at,
+            expired: now >= expires,
+        };
+        let judged = phase::judge(&facts);
+        let had_answer = !matches!(answer, Answer::None);
+        let Some((next, message)) = judged else {
+            continue;
+        };
+        let message = bounded(message);
+        if !next.finished() {
+            wait = wait.min(expires.since(now).max(Duration::from_millis(100)));
+        }
+        let same = st
+            .shown
+            .get(&uid)
+            .map(|s| (s.phase, s.message.as_str()))
+            .or_else(|| {
+                let s = o.status.as_ref()?;
+                Some((s.phase?, s.message.as_deref()?))
+            })
+            == Some((next, message.as_str()));
+        if same {
+            continue;
+        }
+        let completed_at = next.finished().then_some(now);
+        let status = DeviceDiagnosticsStatus {
+            phase: Some(next),
+            message: Some(message.clone()),
+            requested_at: Some(
+                o.status
+                    .as_ref()
+                    .and_then(|s| s.requested_at.clone())
+                    .unwrap_or_else(|| created.to_string()),
+            ),
+            completed_at: completed_at.map(|t| t.to_string()),
+            bundle: match answer {
+                Answer::Bundle(b) => Some(*b),
+                _ => None,
+            },
+        };
+        writes += 1;
+        let patch = serde_json::json!({ "status": status });
+        match api
+            .patch_status(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                log::info!("diagnostics: {name}: {next:?}: {}", for_log(&message));
+                st.shown.insert(
+                    uid.clone(),
+                    Shown {
+                        phase: next,
+                        message,
+                        completed_at,
+                    },
+                );
+                if next.finished() {
+                    if let Some(key) = &key {
+                        if requests.delete(key).await.is_ok() {
+                            st.cleared.insert(uid.clone());
+                        }
+                    }
+                    wait = Duration::ZERO;
+                }
+            }
+            Err(e) => {
+                log::warn!("diagnostics: {name}: status: {e}");
+                if had_answer {
+                    // Read again on the next pass.
+                    if let Some(key) = &key {
+                        st.arrived.note(key.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    if st
+        .last_sweep
+        .is_none_or(|t| t.elapsed() >= super::sweep::EVERY)
+    {
+        st.last_sweep = Some(Instant::now());
+        let known: HashSet<String> = by_uid.keys().cloned().collect();
+        if let Err(e) = super::sweep::run(&rt.client, requests, &known).await {
+            log::warn!("diagnostics: sweep: {e}");
+        }
+    }
+    wait
+}

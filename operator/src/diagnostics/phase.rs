@@ -1,0 +1,316 @@
+//! A request's phase, decided from what the operator knows (pure; the table test below is the specification):
+//! the device's liveness, whether the request could be written, the device's answer, the 7-day expiry. A finished
+//! request (Complete, Failed) never changes again.
+
+use crate::crd::diagnostics::{DiagnosticsBundleStatus, DiagnosticsPhase};
+
+/// How long a request waits for its device: the `diagnostics-request` bucket's age limit, after which the
+/// device could not read it any more.
+pub const EXPIRES_AFTER: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// What the operator knows of the device, from its Device object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceState {
+    /// No Device of that name.
+    Missing,
+    /// `Online=True`.
+    Online,
+    /// `Online=False` since then (the condition's `lastTransitionTime`).
+    Offline(String),
+    /// Not judged yet (no `Online` condition).
+    Unjudged,
+}
+
+/// The device's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// None yet.
+    None,
+    /// A bundle that answers this request.
+    Bundle(Box<DiagnosticsBundleStatus>),
+    /// A bundle at this request's key that does not parse or answers another request (why).
+    Invalid(String),
+}
+
+/// Everything [`judge`] decides from.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    /// The object's device (for messages).
+    pub device: &'a str,
+    /// The phase the object has now.
+    pub current: Option<DiagnosticsPhase>,
+    /// Why the spec is not a valid request.
+    pub spec_error: Option<&'a str>,
+    /// Why NATS refused to store the request.
+    pub write_error: Option<&'a str>,
+    /// The device.
+    pub device_state: DeviceState,
+    /// The device's answer.
+    pub answer: &'a Answer,
+    /// When the request expires (RFC 3339).
+    pub expires_at: &'a str,
+    /// It has.
+    pub expired: bool,
+}
+
+/// The phase and message to show; `None`: the request finished, nothing changes.
+pub fn judge(f: &Facts) -> Option<(DiagnosticsPhase, String)> {
+    use DiagnosticsPhase::*;
+    if f.current.is_some_and(DiagnosticsPhase::finished) {
+        return None;
+    }
+    let d = f.device;
+    Some(if let Some(e) = f.spec_error {
+        (Failed, format!("invalid request: {e}"))
+    } else if let Answer::Bundle(b) = f.answer {
+        (
+            Complete,
+            format!(
+                "device {d} answered with {} sections, collected at {}{}",
+                b.sections.len(),
+                b.collected_at,
+                if b.cut { " (some were cut to fit)" } else { "" }
+            ),
+        )
+    } else if let Answer::Invalid(why) = f.answer {
+        (
+            Failed,
+            format!("device {d} answered with a bundle that does not answer this request: {why}"),
+        )
+    } else if let Some(e) = f.write_error {
+        (
+            Failed,
+            format!("NATS refused the request for device {d}: {e}"),
+        )
+    } else if f.device_state == DeviceState::Missing {
+        (Failed, format!("no Device {d}"))
+    } else if f.expired {
+        (
+            Failed,
+            format!("expired: device {d} did not answer by {}", f.expires_at),
+        )
+    } else if let DeviceState::Offline(since) = &f.device_state {
+        (
+            Waiting,
+            format!(
+                "device {d} has been offline since {since}; the request waits for it until {}",
+                f.expires_at
+            ),
+        )
+    } else if f.device_state == DeviceState::Online {
+        (
+            Pending,
+            format!("written for device {d}, which is online; waiting for its answer"),
+        )
+    } else {
+        (
+            Pending,
+            format!(
+                "written for device {d} (its liveness is not judged yet); waiting for its answer"
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DiagnosticsPhase::*;
+
+    /// (current, spec error, write error, device, answer, expired, expected phase, words in the message)
+    type Row<'a> = (
+        Option<DiagnosticsPhase>,
+        Option<&'a str>,
+        Option<&'a str>,
+        DeviceState,
+        &'a Answer,
+        bool,
+        Option<DiagnosticsPhase>,
+        &'a str,
+    );
+
+    #[test]
+    fn phase_table() {
+        let bundle = Answer::Bundle(Box::new(DiagnosticsBundleStatus {
+            collected_at: "2026-12-07T10:00:00Z".into(),
+            sections: vec![],
+            ..Default::default()
+        }));
+        let invalid = Answer::Invalid("answers d.x".into());
+        let none = Answer::None;
+        let off = DeviceState::Offline("2026-12-07T09:00:00Z".into());
+        // (current, spec error, write error, device, answer, expired) -> phase, words in the message
+        let rows: Vec<Row> = vec![
+            (
+                None,
+                None,
+                None,
+                DeviceState::Online,
+                &none,
+                false,
+                Some(Pending),
+                "which is online",
+            ),
+            (
+                None,
+                None,
+                None,
+                DeviceState::Unjudged,
+                &none,
+                false,
+                Some(Pending),
+                "not judged yet",
+            ),
+            (
+                None,
+                None,
+                None,
+                off.clone(),
+                &none,
+                false,
+                Some(Waiting),
+                "offline since 2026-12-07T09:00:00Z; the request waits for it until 2026-12-14",
+            ),
+            (
+                Some(Waiting),
+                None,
+                None,
+                DeviceState::Online,
+                &none,
+                false,
+                Some(Pending),
+                "online",
+            ),
+            (
+                Some(Pending),
+                None,
+                None,
+                off.clone(),
+                &none,
+                false,
+                Some(Waiting),
+                "offline",
+            ),
+            (
+                Some(Pending),
+                None,
+                None,
+                DeviceState::Online,
+                &bundle,
+                false,
+                Some(Complete),
+                "0 sections",
+            ),
+            (
+                Some(Waiting),
+                None,
+                None,
+                off.clone(),
+                &bundle,
+                false,
+                Some(Complete),
+                "answered",
+            ),
+            (
+                Some(Pending),
+                None,
+                None,
+                DeviceState::Online,
+                &invalid,
+                false,
+                Some(Failed),
+                "does not answer",
+            ),
+            (
+                None,
+                Some("spec.lines: 0"),
+                None,
+                DeviceState::Online,
+                &none,
+                false,
+                Some(Failed),
+                "invalid request",
+            ),
+            (
+                None,
+                None,
+                Some("maximum bytes exceeded"),
+                DeviceState::Online,
+                &none,
+                false,
+                Some(Failed),
+                "NATS refused",
+            ),
+            (
+                None,
+                None,
+                None,
+                DeviceState::Missing,
+                &none,
+                false,
+                Some(Failed),
+                "no Device dev-1",
+            ),
+            (
+                Some(Waiting),
+                None,
+                None,
+                off.clone(),
+                &none,
+                true,
+                Some(Failed),
+                "expired",
+            ),
+            (
+                Some(Pending),
+                None,
+                None,
+                DeviceState::Online,
+                &none,
+                true,
+                Some(Failed),
+                "expired",
+            ),
+            // Finished requests never change.
+            (
+                Some(Complete),
+                None,
+                None,
+                DeviceState::Missing,
+                &invalid,
+                true,
+                None,
+                "",
+            ),
+            (
+                Some(Failed),
+                None,
+                None,
+                DeviceState::Online,
+                &bundle,
+                false,
+                None,
+                "",
+            ),
+        ];
+        for (i, (current, spec_error, write_error, device_state, answer, expired, phase, words)) in
+            rows.into_iter().enumerate()
+        {
+            let f = Facts {
+                device: "dev-1",
+                current,
+                spec_error,
+                write_error,
+                device_state,
+                answer,
+                expires_at: "2026-12-14T09:00:00Z",
+                expired,
+            };
+            let got = judge(&f);
+            assert_eq!(got.as_ref().map(|g| g.0), phase, "row {i}");
+            if let Some((_, m)) = got {
+                assert!(m.contains(words), "row {i}: {m}");
+            }
+        }
+    }
+}

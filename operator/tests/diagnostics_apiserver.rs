@@ -1,0 +1,366 @@
+//! DeviceDiagnostics through the real diagnostics controller, a real kube-apiserver + etcd, the operator's real
+//! admission webhook and a real nats-server: a request becomes `diagnostics-request/<device>.<uid>`, a bundle
+//! written to `diagnostics-bundle` lands in status (Complete) and the request key goes; an offline device's
+//! request waits and says so, then completes when the device is back; a bundle that answers another request fails
+//! the request, one for an unknown request is ignored; a finished request is deleted after its TTL; the spec is
+//! immutable; who may ask is RBAC (a user without `fleet-diagnostics-requester` gets 403).
+//!
+//! The device is played by writing its bundle into NATS as the services' user (the agent's path through fleet-auth
+//! is tested end to end in vm-tests), and its liveness by writing the Device's `Online` condition as the
+//! deployments controller does.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fleet_operator::crd::diagnostics::{DeviceDiagnostics, DiagnosticsPhase};
+use fleet_operator::crd::Device;
+use fleet_wire::diagnostics::{DiagnosticsBundle, DiagnosticsRequest, Item, Section};
+use fleet_wire::{AttemptId, DeviceId, Timestamp};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+mod kube_common;
+use kube_common::{eventually, kubectl, Fleet};
+
+/// A test's fleet with the diagnostics controller running on an operator runtime of its own, and the webhook
+/// registered (and answering) for its objects.
+struct World {
+    f: Fleet,
+    _webhook: kube_common::Webhook,
+}
+
+impl World {
+    async fn start(run: &str) -> Self {
+        let mut f = Fleet::start(run).await;
+        fleet_operator::kv::ensure_buckets(&f.js, &Default::default())
+            .await
+            .expect("buckets");
+        let rt = fleet_operator::runtime::Runtime::new(
+            f.client.clone(),
+            &Some(format!("fleet-test={}", f.run)),
+            &f.nats.url(),
+            Default::default(),
+        );
+        f.operators.push(tokio::spawn(async move {
+            let r = fleet_operator::diagnostics::controller::run_with(&rt).await;
+            panic!("the diagnostics controller ended: {r:?}");
+        }));
+        let webhook = f.webhook().await;
+        let w = Self {
+            f,
+            _webhook: webhook,
+        };
+        // The API server loads the webhook configuration asynchronously: wait for its first refusal (a typo).
+        let probe = w.f.name("probe");
+        eventually("the webhook refuses a typo", || async {
+            // Raw JSON through kubectl: a typed create would drop the typo before sending it.
+            let o = json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceDiagnostics",
+                "metadata": {"name": probe, "labels": w.f.labels(json!({}))},
+                "spec": {"device": "dev-x", "linez": 5}});
+            let (ok, _, err) = kubectl(&["create", "-f", "-"], &o.to_string());
+            if ok {
+                // Not refused yet: the object went in with its typo; remove it and try again.
+                let _ = kubectl(&["delete", "fdiag", &probe], "");
+                return None;
+            }
+            err.contains("spec.linez").then_some(())
+        })
+        .await;
+        w
+    }
+
+    fn api(&self) -> Api<DeviceDiagnostics> {
+        Api::all(self.f.client.clone())
+    }
+
+    /// A Device named `base` (made unique), `online` or offline since an hour ago.
+    async fn device(&self, base: &str, online: bool) -> String {
+        let name = self.f.name(base);
+        self.f
+            .create::<Device>(
+                json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+                "metadata": {"name": name, "labels": self.f.labels(json!({}))}, "spec": {}}),
+            )
+            .await;
+        self.set_online(&name, online).await;
+        name
+    }
+
+    /// Writes the Device's `Online` condition as the deployments controller does.
+    async fn set_online(&self, device: &str, online: bool) {
+        let (status, reason, at) = if online {
+            ("True", "Heartbeating", Timestamp::now())
+        } else {
+            (
+                "False",
+                "Silent",
+                Timestamp::from_unix_ms(Timestamp::now().unix_ms() - 3_600_000),
+            )
+        };
+        let patch = json!({"status": {"conditions": [{"type": "Online", "status": status, "reason": reason,
+            "message": "set by the test", "lastTransitionTime": at.to_string()}]}});
+        Api::<Device>::all(self.f.client.clone())
+            .patch_status(device, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("Device status");
+    }
+
+    /// Creates a DeviceDiagnostics named `base` (made unique) with `spec`; returns its name and request key.
+    async fn ask(&self, base: &str, spec: serde_json::Value) -> (String, String) {
+        let name = self.f.name(base);
+        let o: DeviceDiagnostics = self
+            .f
+            .create(
+                json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceDiagnostics",
+                "metadata": {"name": name, "labels": self.f.labels(json!({}))}, "spec": spec}),
+            )
+            .await;
+        let key = format!("{}.{}", o.spec.device, o.metadata.uid.unwrap());
+        (name, key)
+    }
+
+    /// Waits until `name` is in `phase`; returns its message.
+    async fn phase(&self, name: &str, phase: DiagnosticsPhase) -> DeviceDiagnostics {
+        eventually(&format!("{name} {phase:?}"), || async {
+            let o = self.api().get(name).await.ok()?;
+            (o.status.as_ref()?.phase? == phase).then_some(o)
+        })
+        .await
+    }
+
+    async fn request(&self, key: &str) -> Option<DiagnosticsRequest> {
+        let store = self
+            .f
+            .js
+            .get_key_value(fleet_wire::kv::DIAGNOSTICS_REQUEST)
+            .await
+            .unwrap();
+        let bytes = store.get(key).await.unwrap()?;
+        Some(DiagnosticsRequest::parse(&bytes).expect("a valid request"))
+    }
+
+    /// Writes `bundle` at `key` as the device's answer.
+    async fn answer(&self, key: &str, bundle: &mut DiagnosticsBundle) {
+        self.f
+            .js
+            .get_key_value(fleet_wire::kv::DIAGNOSTICS_BUNDLE)
+            .await
+            .unwrap()
+            .put(key, bundle.to_bounded_json().into())
+            .await
+            .expect("bundle");
+    }
+}
+
+fn bundle(device: &str, request: &str, text: &str) -> DiagnosticsBundle {
+    DiagnosticsBundle {
+        device: DeviceId::try_from(device).unwrap(),
+        request: AttemptId::try_from(request).unwrap(),
+        collected_at: Timestamp::now(),
+        sections: vec![
+            Section::new(Item::Disk, None, text, 10),
+            Section::failed(Item::Memory, None, "not collected here"),
+        ],
+        redacted: 1,
+        cut: false,
+    }
+}
+
+fn uid_of(key: &str) -> &str {
+    key.split_once('.').unwrap().1
+}
+
+/// Create → Pending with the request in KV; the bundle → Complete with its sections, the request key gone; the
+/// spec cannot change; a request for a Device that does not exist fails and is deleted after its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_answered_and_its_spec_is_immutable() {
+    let w = World::start("diag-answer").await;
+    let dev = w.device("dev", true).await;
+    let (name, key) = w
+        .ask(
+            "ask",
+            json!({"device": dev, "items": ["disk", "memory"], "lines": 10}),
+        )
+        .await;
+    let o = w.phase(&name, DiagnosticsPhase::Pending).await;
+    let status = o.status.unwrap();
+    assert!(status.message.unwrap().contains("online"));
+    assert!(status.requested_at.is_some());
+    let r = eventually("the request in KV", || w.request(&key)).await;
+    assert_eq!((r.items, r.lines), (vec![Item::Disk, Item::Memory], 10));
+
+    // The spec is immutable (the webhook); metadata may change.
+    let e = w
+        .api()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"lines": 11}})),
+        )
+        .await
+        .expect_err("a spec change is refused");
+    assert!(
+        matches!(&e, kube::Error::Api(s) if s.message.contains("immutable")),
+        "{e}"
+    );
+    w.api()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {"note": "x"}}})),
+        )
+        .await
+        .expect("an annotation may change");
+
+    w.answer(&key, &mut bundle(&dev, uid_of(&key), "/ 10G 4G free\n<b>&"))
+        .await;
+    let o = w.phase(&name, DiagnosticsPhase::Complete).await;
+    let status = o.status.unwrap();
+    assert!(status.completed_at.is_some());
+    let b = status.bundle.expect("the bundle in status");
+    assert_eq!(b.redacted, 1);
+    assert_eq!(b.sections.len(), 2);
+    assert_eq!(
+        (b.sections[0].item.as_str(), b.sections[0].text.as_str()),
+        ("disk", "/ 10G 4G free\n<b>&")
+    );
+    assert_eq!(b.sections[1].error.as_deref(), Some("not collected here"));
+    eventually("the request key gone", || async {
+        w.request(&key).await.is_none().then_some(())
+    })
+    .await;
+
+    // No such Device: Failed at once, deleted ttlSecondsAfterFinished (1 s) later.
+    let (gone, _) = w
+        .ask(
+            "nodev",
+            json!({"device": w.f.name("missing"), "ttlSecondsAfterFinished": 1}),
+        )
+        .await;
+    let o = w.phase(&gone, DiagnosticsPhase::Failed).await;
+    assert!(o.status.unwrap().message.unwrap().contains("no Device"));
+    eventually("the finished request deleted after its TTL", || async {
+        matches!(w.api().get(&gone).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
+    })
+    .await;
+    // The answered one (TTL a day by default) stays.
+    assert!(w.api().get(&name).await.is_ok());
+}
+
+/// An offline device's request waits and says until when; the device comes back → Pending → its bundle → Complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_device_is_waited_for() {
+    let w = World::start("diag-offline").await;
+    let dev = w.device("dev", false).await;
+    let (name, key) = w.ask("ask", json!({"device": dev})).await;
+    let o = w.phase(&name, DiagnosticsPhase::Waiting).await;
+    let m = o.status.unwrap().message.unwrap();
+    assert!(
+        m.contains(&format!("device {dev} has been offline since"))
+            && m.contains("the request waits for it until"),
+        "{m}"
+    );
+    // Written all the same: the device reads it when it is back.
+    eventually("the request in KV", || w.request(&key)).await;
+    w.set_online(&dev, true).await;
+    w.phase(&name, DiagnosticsPhase::Pending).await;
+    w.answer(&key, &mut bundle(&dev, uid_of(&key), "back"))
+        .await;
+    let o = w.phase(&name, DiagnosticsPhase::Complete).await;
+    assert_eq!(o.status.unwrap().bundle.unwrap().sections[0].text, "back");
+}
+
+/// A bundle at a request's key that answers another request fails that request (Failed, saying so); a bundle at
+/// the key of a request nobody made is ignored (the other request stays Pending).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_for_another_request_does_not_complete_one() {
+    let w = World::start("diag-wrong").await;
+    let dev = w.device("dev", true).await;
+    let (a, key_a) = w.ask("a", json!({"device": dev})).await;
+    let (b, key_b) = w.ask("b", json!({"device": dev})).await;
+    w.phase(&a, DiagnosticsPhase::Pending).await;
+    w.phase(&b, DiagnosticsPhase::Pending).await;
+    let stranger = AttemptId::new_random().to_string();
+    // A request nobody made: ignored.
+    w.answer(
+        &format!("{dev}.{stranger}"),
+        &mut bundle(&dev, &stranger, "x"),
+    )
+    .await;
+    // At a's key, a bundle that says it answers b: a fails.
+    w.answer(&key_a, &mut bundle(&dev, uid_of(&key_b), "x"))
+        .await;
+    let o = w.phase(&a, DiagnosticsPhase::Failed).await;
+    let s = o.status.unwrap();
+    assert!(
+        s.message.unwrap().contains("does not answer this request"),
+        "a"
+    );
+    assert!(s.bundle.is_none());
+    let o = w.api().get(&b).await.unwrap();
+    assert_eq!(
+        o.status.unwrap().phase,
+        Some(DiagnosticsPhase::Pending),
+        "b is untouched"
+    );
+    eventually("a's request key gone", || async {
+        w.request(&key_a).await.is_none().then_some(())
+    })
+    .await;
+    assert!(w.request(&key_b).await.is_some());
+}
+
+/// Who may ask is RBAC: a user without `fleet-diagnostics-requester` (docs/diagnostics.md) gets 403 on create; with
+/// it, create and get succeed (reading a bundle is `get`) and delete is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asking_needs_the_requester_role() {
+    let f = Fleet::start("diag-rbac").await;
+    let doc = std::fs::read_to_string(fleet_rig::workspace_root().join("docs/diagnostics.md"))
+        .expect("docs/diagnostics.md");
+    let role = doc
+        .split("```")
+        .find(|b| {
+            b.contains("name: fleet-diagnostics-requester") && b.contains("kind: ClusterRole")
+        })
+        .expect("the role example in docs/diagnostics.md");
+    let role = role.trim_start_matches("yaml").trim_start_matches("sh");
+    let yaml = role
+        .split_once("<<'EOF'\n")
+        .map_or(role, |(_, y)| y)
+        .split("\nEOF")
+        .next()
+        .unwrap();
+    let (ok, _, err) = kubectl(&["apply", "-f", "-"], yaml);
+    assert!(ok, "kubectl apply the role: {err}");
+    let alice = f.name("alice");
+    let nobody = f.name("nobody");
+    let (ok, _, err) = kubectl(
+        &[
+            "create",
+            "clusterrolebinding",
+            &f.name("alice-asks"),
+            "--clusterrole=fleet-diagnostics-requester",
+            &format!("--user={alice}"),
+        ],
+        "",
+    );
+    assert!(ok, "bind: {err}");
+    let obj = |n: &str| {
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceDiagnostics",
+            "metadata": {"name": f.name(n)}, "spec": {"device": "dev-1"}})
+        .to_string()
+    };
+    let (ok, _, err) = kubectl(&["--as", &nobody, "create", "-f", "-"], &obj("by-nobody"));
+    assert!(!ok && err.contains("forbidden"), "{err}");
+    // RBAC is loaded asynchronously too: the binding may take a moment to apply.
+    let made = f.name("by-alice");
+    eventually("alice may ask", || async {
+        let (ok, _, _) = kubectl(&["--as", &alice, "create", "-f", "-"], &obj("by-alice"));
+        ok.then_some(())
+    })
+    .await;
+    let (ok, out, err) = kubectl(&["--as", &alice, "get", "fdiag", &made, "-o", "name"], "");
+    assert!(ok && out.contains(&made), "{err}");
+    let (ok, _, err) = kubectl(&["--as", &alice, "delete", "fdiag", &made], "");
+    assert!(!ok && err.contains("forbidden"), "{err}");
+    let (ok, _, err) = kubectl(&["delete", "fdiag", &made], "");
+    assert!(ok, "{err}");
+}
