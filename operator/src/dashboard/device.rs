@@ -106,12 +106,18 @@ pub struct DeviceKv {
     pub runs: Vec<(String, String, Option<SystemUpgradeStatus>)>,
     /// Reads that failed.
     pub errors: Vec<String>,
+    /// The device's newest DeviceDiagnostics ([`super::diagnostics::select`]).
+    pub diagnostics: Vec<Arc<crate::crd::diagnostics::DeviceDiagnostics>>,
 }
 
 /// Reads the device page's keys: heartbeat, workload status and the status key of each of the newest
 /// [`RUNS_ON_DEVICE_PAGE`] runs.
 pub async fn read(state: &State, device: &DeviceId, runs: &[Arc<TaskRun>]) -> DeviceKv {
-    let mut out = DeviceKv::default();
+    let diagnostics = super::diagnostics::select(&state.diagnostics.state(), device.as_str());
+    let mut out = DeviceKv {
+        diagnostics,
+        ..Default::default()
+    };
     let b = match state.buckets() {
         Ok(b) => b,
         Err(e) => {
@@ -375,6 +381,7 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
             } @else {
                 (table(&["run", "phase", "reason", "accepted", "completed", "error"], results))
             }
+            (super::diagnostics::section(&kv.diagnostics, now))
         },
     )
 }

@@ -316,6 +316,7 @@ mod tests {
         let state = State {
             devices: store(devices),
             groups: store(vec![]),
+            diagnostics: store(vec![]),
             runs: store(vec![json!({
                 "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
                 "metadata": {"name": "nightly", "namespace": "ops"},

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod bars;
 pub mod blocking;
 pub mod device;
+pub mod diagnostics;
 pub mod events;
 pub mod fleet_counts;
 pub mod holder_devices;
@@ -93,6 +94,7 @@ pub async fn run(rt: &crate::runtime::Runtime, opts: Options) -> Result<(), Stri
         runs: caches.runs.subscribe(&notify),
         deployments: caches.deployments.subscribe(&unheard),
         releases: caches.releases.subscribe(&unheard),
+        diagnostics: caches.diagnostics.subscribe(&unheard),
         heartbeats,
         workloads: rt.workloads.clone(),
         info: rt.info.clone(),
@@ -201,7 +203,7 @@ async fn watch_alerts(
                 _ => None,
             })
             .collect();
-        let next = alerts::evaluate(
+        let mut next = alerts::evaluate(
             devices.iter().map(|d| {
                 let s = d.status.as_ref();
                 DeviceFacts {
@@ -233,6 +235,7 @@ async fn watch_alerts(
             &state.thresholds,
             now,
         );
+        holder_devices::name_in_alerts(&mut next, fl.as_ref(), &state);
         for a in alerts::appeared(&before, &next) {
             if !a.kind.publishes_event() {
                 log::warn!("alert: {}: {}: {}", a.kind.title(), a.subject, a.detail);

@@ -114,6 +114,8 @@ pub struct State {
     pub deployments: reflector::Store<FleetDeployment>,
     /// AgentRelease objects (cluster-scoped).
     pub releases: reflector::Store<AgentRelease>,
+    /// DeviceDiagnostics (the device page lists a device's newest).
+    pub diagnostics: reflector::Store<crate::crd::diagnostics::DeviceDiagnostics>,
     /// `device-heartbeat`, mirrored by the control loop: liveness is read here, not from the Device's
     /// `lastHeartbeat` (written only at a slow refresh: [`crate::deployments::mirror::HEARTBEAT_REFRESH`]).
     pub heartbeats: Arc<Mirror<Heartbeat>>,
