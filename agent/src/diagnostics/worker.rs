@@ -153,6 +153,7 @@ fn collect_all(
     let wants = |c: Collector| items.iter().any(|i| i.collector() == c);
     let mut agent_done = !wants(Collector::Agent);
     let mut updater_done = !wants(Collector::Updater);
+    let mut updater: Option<Result<Vec<Section>, String>> = None;
     if !agent_done {
         let (tx, r, p, d) = (
             tx.clone(),
@@ -170,7 +171,10 @@ fn collect_all(
             });
         match spawned {
             Ok(h) => helpers.push(h),
-            Err(e) => log::warn!("diagnostics: starting a collector: {e}"),
+            Err(e) => {
+                log::warn!("diagnostics: starting a collector: {e}");
+                agent_done = true;
+            }
         }
     }
     if !updater_done {
@@ -182,13 +186,15 @@ fn collect_all(
             });
         match spawned {
             Ok(h) => helpers.push(h),
-            Err(e) => log::warn!("diagnostics: asking the updater: {e}"),
+            Err(e) => {
+                updater = Some(Err(format!("no thread to ask it: {e}")));
+                updater_done = true;
+            }
         }
     }
     drop(tx);
     let mut planned: Option<Vec<WorkloadName>> = None;
     let mut got: Vec<Raw> = Vec::new();
-    let mut updater: Option<Result<Vec<Section>, String>> = None;
     while !(agent_done && updater_done) {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {

@@ -54,14 +54,15 @@ fn time(unix_secs: i64) -> String {
 }
 
 impl Podman {
-    /// Every container carrying fleet's managed label, with its one-line description; each call bounded by
-    /// `timeout`.
+    /// Every container carrying fleet's managed label, with its one-line description; the list bounded by
+    /// `timeout`, and no restart count asked for after it (`restarts=?`).
     pub fn fleet_containers(&self, timeout: Duration) -> Result<Vec<FleetContainer>, PodmanError> {
         #[derive(Deserialize)]
         struct Restarts {
             #[serde(rename = "RestartCount", default)]
             restart_count: u32,
         }
+        let until = std::time::Instant::now() + timeout;
         let entries: Vec<Entry> = self.list_entries(&[format!("{LABEL_MANAGED}=true")], timeout)?;
         let mut out = Vec::new();
         for e in entries {
@@ -71,12 +72,13 @@ impl Podman {
                 continue;
             }
             let name = e.names.into_iter().next().unwrap_or_default();
-            // Podman 4.3's list has no restart count: inspect says it.
+            // Podman 4.3's list has no restart count: inspect says it, while the time given lasts.
             let restarts = match e.restarts {
                 Some(n) => n.to_string(),
-                None => self
+                None if std::time::Instant::now() < until => self
                     .inspect::<Restarts>(&e.id)
                     .map_or("?".into(), |r| r.restart_count.to_string()),
+                None => "?".into(),
             };
             let exit = if e.exited || e.state == "exited" {
                 e.exit_code.to_string()
