@@ -224,6 +224,23 @@ fn a_request_is_answered_with_the_workloads_line_redacted() {
     assert!(flood.cut, "{:?}", flood.error);
     assert!(flood.text.len() <= MAX_SECTION_BYTES && flood.text.contains("xxxx"));
     assert!(second.sections[1].text.contains(KNOWN_LINE));
+    // A request this agent cannot read is answered with one section saying why.
+    let bad = AttemptId::new_random();
+    store(&rig.nc(), kv::DIAGNOSTICS_REQUEST)
+        .put(
+            &kv::run_key(&device(), &bad),
+            br#"{"lines":0,"requestedAt":"2026-12-07T10:00:00.000Z"}"#,
+        )
+        .expect("put request");
+    let third = eventually(&agent, Duration::from_secs(60), "the third bundle", || {
+        bundle(&rig, &bad)
+    });
+    assert_eq!(third.sections.len(), 1, "{third:?}");
+    let why = third.sections[0].error.as_deref().unwrap_or("");
+    assert!(
+        why.starts_with("the request could not be read:") && why.contains("lines"),
+        "{why}"
+    );
     let log = agent.log_text();
     assert_eq!(
         log.matches("diagnostics requests are not answered").count(),
@@ -232,7 +249,7 @@ fn a_request_is_answered_with_the_workloads_line_redacted() {
     );
     assert_eq!(
         log.matches("bundle of").count(),
-        2,
+        3,
         "one line per request: {log}"
     );
     for leak in [KNOWN_LINE, SECRET_VALUE, "MemTotal"] {
