@@ -1075,6 +1075,8 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
             vec![
                 "1 of 1 used".into(),
                 "data-alert=\"FleetLockSlotHeldTooLong\"".into(),
+                // The alert names the device that holds the slot.
+                format!("held for longer than 2s; device {rolled}"),
                 // This server runs without client authentication, and says so.
                 "client authentication <span class=\"bad\">off</span>".into(),
                 "fleetlock-server warns: client authentication is off".into(),

@@ -5,6 +5,7 @@
 //! report claims it. An id no device reports is shown as an unknown holder, and an id that two or more devices
 //! report (one copied another's from `/v1/status`) names none of them: the page never picks one.
 
+use super::alerts::{Alert, Subject};
 use super::state::{FleetLockView, State};
 use crate::crd::{Device, DeviceGroup};
 use crate::deployments::placement::{resolve_group, Labels};
@@ -129,6 +130,15 @@ impl Holders {
         self.by_id.get(id).unwrap_or(&HolderDevice::Unknown)
     }
 
+    /// What the operator knows of holder `id`, for an alert's detail: `device <id>`, or why it names none.
+    pub fn said(&self, id: &str) -> String {
+        match self.get(id) {
+            HolderDevice::Device { id, .. } => format!("device {id}"),
+            HolderDevice::Unknown => "no device reports this id".into(),
+            HolderDevice::Contested(_, n) => format!("{n} devices report this id"),
+        }
+    }
+
     /// A short name for `id` in a chart label: the device id, or `unknown holder <id>`.
     pub fn label(&self, id: &str) -> String {
         match self.get(id) {
@@ -137,6 +147,26 @@ impl Holders {
             HolderDevice::Contested(_, n) => {
                 format!("unknown holder {id} (claimed by {n} devices)")
             }
+        }
+    }
+}
+
+/// Adds to each `FleetLockSlotHeldTooLong` alert's detail the device that holds the slot (or that none is known), so
+/// its page and Kubernetes event say which device to check. The subject stays the FleetLock id: a device info that
+/// changes while the slot is held starts no second alert.
+pub fn name_in_alerts(alerts: &mut [Alert], view: Option<&FleetLockView>, state: &State) {
+    if !alerts
+        .iter()
+        .any(|a| matches!(a.subject, Subject::Holder { .. }))
+    {
+        return;
+    }
+    let names = Holders::of_view(view, state);
+    for a in alerts {
+        if let Subject::Holder { id, .. } = &a.subject {
+            let said = names.said(id);
+            a.detail.push_str("; ");
+            a.detail.push_str(&said);
         }
     }
 }
@@ -208,6 +238,14 @@ mod tests {
         assert_eq!(
             h.label(B),
             format!("unknown holder {B} (claimed by 2 devices)")
+        );
+        assert_eq!(
+            (h.said(A), h.said(B), h.said(C)),
+            (
+                "device pi-1".to_owned(),
+                "2 devices report this id".to_owned(),
+                "no device reports this id".to_owned()
+            )
         );
     }
 }

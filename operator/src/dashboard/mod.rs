@@ -203,7 +203,7 @@ async fn watch_alerts(
                 _ => None,
             })
             .collect();
-        let next = alerts::evaluate(
+        let mut next = alerts::evaluate(
             devices.iter().map(|d| {
                 let s = d.status.as_ref();
                 DeviceFacts {
@@ -235,6 +235,7 @@ async fn watch_alerts(
             &state.thresholds,
             now,
         );
+        holder_devices::name_in_alerts(&mut next, fl.as_ref(), &state);
         for a in alerts::appeared(&before, &next) {
             if !a.kind.publishes_event() {
                 log::warn!("alert: {}: {}: {}", a.kind.title(), a.subject, a.detail);
