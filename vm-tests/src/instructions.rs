@@ -1,6 +1,7 @@
 //! The commands the product tells a person to run, read from where it tells them: spans in backticks or single
-//! quotes and the lines of fenced code blocks (docs, alert texts, status messages, maintainer scripts), whose first
-//! word is one of the commands asked for. The tests run each where the person is told to run it (on the device:
+//! quotes and the lines of fenced code blocks (a line ending in `<<'EOF'` together with its here-document; docs,
+//! alert texts, status messages, maintainer scripts), whose first word is one of the commands asked for. The tests
+//! run each where the person is told to run it (on the device:
 //! `tests/package.rs`; in the cluster: `tests/demo_guardrails.rs`).
 
 /// Every command in the files `sources` (paths in the workspace) whose first word is one of `commands`, after a
@@ -24,9 +25,21 @@ pub fn printed<S: AsRef<str>>(sources: &[S], commands: &[&str]) -> Vec<(String, 
             }
         }
         let mut fenced = false;
-        for line in text.lines() {
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
             if line.trim_start().starts_with("```") {
                 fenced = !fenced;
+            } else if fenced && line.trim_end().ends_with("<<'EOF'") {
+                // A here-document: the command with its lines up to `EOF`, run as one.
+                let mut command = line.trim().to_owned();
+                for body in lines.by_ref() {
+                    command.push('\n');
+                    command.push_str(body);
+                    if body.trim() == "EOF" {
+                        break;
+                    }
+                }
+                spans.push(command);
             } else if fenced {
                 spans.push(line.split('#').next().unwrap_or_default().trim().to_owned());
             }
@@ -37,11 +50,17 @@ pub fn printed<S: AsRef<str>>(sources: &[S], commands: &[&str]) -> Vec<(String, 
                 .trim_start_matches("sudo ")
                 .trim_start_matches("env ")
                 .to_string();
-            let span = span
+            // The command line is normalised; a here-document's lines stay as written.
+            let (first, heredoc) = span.split_once('\n').unwrap_or((&span, ""));
+            let mut span = first
                 .split_whitespace()
                 .skip_while(|w| w.contains('=') && !w.starts_with('-'))
                 .collect::<Vec<_>>()
                 .join(" ");
+            if !heredoc.is_empty() {
+                span.push('\n');
+                span.push_str(heredoc);
+            }
             if span
                 .split_whitespace()
                 .next()
@@ -76,4 +95,25 @@ pub fn files(dir: &str, ext: &str) -> Vec<String> {
     }
     out.sort();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    /// A here-document in a fenced block is one command with its lines; docs/diagnostics.md's examples are found so.
+    #[test]
+    fn a_here_document_is_one_command() {
+        let found = super::printed(&["docs/diagnostics.md"], &["kubectl"]);
+        let apply: Vec<&String> = found
+            .iter()
+            .map(|(_, c)| c)
+            .filter(|c| c.starts_with("kubectl apply -f - <<'EOF'\n"))
+            .collect();
+        assert_eq!(apply.len(), 2, "{found:#?}");
+        assert!(apply
+            .iter()
+            .all(|c| c.ends_with("\nEOF") && c.contains("\nkind: ")));
+        assert!(found
+            .iter()
+            .any(|(_, c)| c.starts_with("kubectl get fdiag demo-1-disk -o jsonpath=")));
+    }
 }

@@ -2,7 +2,8 @@
 //! (and every local-fleet test) sets its cluster up by, with the admission webhooks registered as
 //! `operator/deploy/webhook.yaml` has them. Driven with kubectl, as a person would: a typo is refused at every depth
 //! of every fleet kind (each closed object of each kind's published schema is covered, read back from the
-//! cluster), inside the fleet-wire parts too, nothing refused is stored, and a TaskRun's spec cannot be edited;
+//! cluster), inside the fleet-wire parts too, nothing refused is stored, and neither a TaskRun's nor a
+//! DeviceDiagnostics' spec can be edited;
 //! and the dashboard `scripts/demo --keep` points a person to answers with its token only.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -95,6 +96,9 @@ fn typos() -> Vec<(&'static str, &'static str, String, &'static str)> {
             "spec: {allowedGroups: [demo], workloads: [], imagePullSecrets: [{name: regcred, nmae: x}]}".into(),
             "spec.imagePullSecrets[0].nmae",
         ),
+        // DeviceDiagnostics
+        ("DeviceDiagnostics", "t-diag-root", "spec: {device: demo-1}\nlabels: {a: b}".into(), "labels"),
+        ("DeviceDiagnostics", "t-diag-spec", "spec: {device: demo-1, linez: 5}".into(), "spec.linez"),
         // WorkloadPolicy
         ("WorkloadPolicy", "t-pol-root", "spec: {groups: [demo]}\nlabels: {a: b}".into(), "labels"),
         (
@@ -331,7 +335,7 @@ fn the_demo_cluster_refuses_typos_at_every_depth_and_taskrun_edits() {
             "{kind}: no typo tried in {missing:?} (closed objects: {closed:?})"
         );
     }
-    assert_eq!(kinds, 7, "every fleet kind");
+    assert_eq!(kinds, 8, "every fleet kind");
 
     // the issue's own messages, exactly as a person reads them
     let err = c
@@ -377,6 +381,29 @@ fn the_demo_cluster_refuses_typos_at_every_depth_and_taskrun_edits() {
         .expect("run");
     assert_eq!(run["spec"]["allowedGroups"], serde_json::json!(["demo"]));
     c.kubectl(&["label", "ftr", "upgrade", "-n", "default", "note=x"]);
+
+    // nor a DeviceDiagnostics' (its UID names the one request written to the device); its labels can
+    c.create(&document(
+        "DeviceDiagnostics",
+        "ask-once",
+        "spec: {device: demo-1, lines: 10}",
+    ));
+    let err = c
+        .try_kubectl(&[
+            "patch",
+            "fdiag",
+            "ask-once",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"lines":20}}"#,
+        ])
+        .expect_err("spec edit refused");
+    assert!(
+        err.contains("DeviceDiagnostics \"ask-once\": spec is immutable"),
+        "{err}"
+    );
+    c.kubectl(&["label", "fdiag", "ask-once", "note=x"]);
 
     // the dashboard `scripts/demo --keep` prints: served by the demo's operator, with its token only
     let addr = c
@@ -608,7 +635,12 @@ fn every_printed_kubectl_command_runs_and_the_readme_examples_work_on_the_demo()
         } else {
             printed.replace("<name>", "printed-name")
         };
-        if command.contains('<') && !command.contains("<<<") {
+        // `<<<` and a here-document (`<<'EOF'`) are not placeholders.
+        let first_line = command.lines().next().unwrap_or_default();
+        if first_line.contains('<')
+            && !first_line.contains("<<<")
+            && !first_line.ends_with("<<'EOF'")
+        {
             bad.push(format!(
                 "{src}: `{printed}`: a placeholder this test does not fill"
             ));
