@@ -123,7 +123,8 @@ pub fn nats_reachable(error: Option<&str>) -> Want {
     }
 }
 
-fn bounded(s: &str, max: usize) -> String {
+/// `s` shortened to `max` characters, ending in `…` when cut.
+pub fn bounded(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         s.to_owned()
     } else {

@@ -4,10 +4,10 @@ use std::process::ExitCode;
 
 const HELP: &str = "\
 fleet-operator: Harmony Fleet's Kubernetes operator. Watches Device, DeviceGroup, FleetDeployment,
-AgentRelease, TaskRun and TaskSchedule objects (fleet.nationtech.io/v1alpha1), creates TaskRuns on
-schedule, writes each device's desired state, agent-upgrade intents, task-run plans and system-upgrade
-intents into NATS JetStream KV (creating the buckets), and mirrors device reports into Device and
-TaskRun status.
+AgentRelease, TaskRun, TaskSchedule and DeviceDiagnostics objects (fleet.nationtech.io/v1alpha1), creates
+TaskRuns on schedule, writes each device's desired state, agent-upgrade intents, task-run plans,
+system-upgrade intents and diagnostics requests into NATS JetStream KV (creating the buckets), and mirrors
+device reports into Device, TaskRun and DeviceDiagnostics status.
 
 Usage: fleet-operator [--nats-url URL] [NATS TLS] [--webhook-listen ADDR --webhook-cert FILE --webhook-key FILE]
                       [--dashboard-listen ADDR --dashboard-token-file FILE [dashboard options]]

@@ -126,15 +126,6 @@ fn device_state(devices: &Cache<Device>, name: &str) -> DeviceState {
     }
 }
 
-fn bounded(s: String) -> String {
-    if s.chars().count() <= MAX_MESSAGE_CHARS {
-        return s;
-    }
-    let mut out: String = s.chars().take(MAX_MESSAGE_CHARS - 1).collect();
-    out.push('…');
-    out
-}
-
 /// Reads the bundle at `key` for `obj`: `None` when there is none (or it could not be read: noted again).
 async fn read_bundle(
     bundles: &Store,
@@ -332,7 +323,7 @@ async fn pass(
         let Some((next, message)) = judged else {
             continue;
         };
-        let message = bounded(message);
+        let message = crate::conditions::bounded(&message, MAX_MESSAGE_CHARS);
         if !next.finished() {
             wait = wait.min(expires.since(now).max(Duration::from_millis(100)));
         }
