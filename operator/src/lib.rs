@@ -9,7 +9,9 @@ pub mod dashboard;
 pub mod deployments;
 pub mod diagnostics;
 pub mod tasks;
-// Shared by them: caches, conditions, every CRD, KV, the one NATS link, metrics, the admission webhook.
+// Shared by them: caches, conditions, every CRD, KV, the one NATS link, metrics, the admission webhook, a Device's
+// blocking reasons and the TaskRun controller's, handed to the Device writer.
+pub mod blocking;
 pub mod cache;
 pub mod conditions;
 pub mod crd;
@@ -24,4 +26,5 @@ pub mod refusals;
 pub mod runtime;
 pub mod schema;
 pub mod secrets_source;
+pub mod task_reasons;
 pub mod webhook;

@@ -31,6 +31,9 @@ pub struct Runtime {
     /// The workload-status mirror: the deployments controller keeps it current, the alerts read crash-looping
     /// workloads from it.
     pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
+    /// The TaskRun controller publishes each device's reasons here; the deployments controller, the one writer of
+    /// Device status, lists them in `status.blocking` ([`crate::task_reasons`]).
+    pub task_reasons: Arc<crate::task_reasons::TaskReasons>,
 }
 
 impl Runtime {
@@ -51,6 +54,7 @@ impl Runtime {
             workloads: workload_mirror(heartbeat_watch.clone()),
             heartbeat_watch,
             info: Mirror::new(layout::DEVICE_INFO),
+            task_reasons: Arc::default(),
         }
     }
 }

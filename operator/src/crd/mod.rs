@@ -159,10 +159,11 @@ pub struct DeviceStatus {
     /// `workloads.crashLooping`), or `agent-and-workloads`; absent when nothing is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crash_looping: Option<CrashLooping>,
-    /// Why the device does not have a change yet: one reason per FleetDeployment rollout or AgentRelease it is
-    /// not updated to, as that rollout's planner decided it (at most 16; docs/crds.md, "Why a device is not updated").
+    /// Why the device does not have a change yet: one reason per FleetDeployment rollout, AgentRelease or running
+    /// TaskRun it is not updated to, as that change's planner decided it (at most 16; docs/crds.md, "Why a device is
+    /// not updated").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub blocking: Vec<crate::deployments::blocking::Blocking>,
+    pub blocking: Vec<crate::blocking::Blocking>,
     /// How many more reasons than `blocking` lists; absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocking_more: Option<u32>,

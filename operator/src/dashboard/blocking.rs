@@ -1,10 +1,10 @@
 //! The device page's answer to "why isn't it updating?", at its top: the Device's `status.blocking` (one reason per
-//! change the device does not have yet, as the rollout planner decided it: deployments/blocking.rs), each with its
-//! change, kind, sentence and time, and how many more the status did not list.
+//! change the device does not have yet, as its planner decided it: deployments/blocking.rs, tasks/blocking.rs), each
+//! with its change, kind, sentence and time, and how many more the status did not list.
 
 use super::html::{parse_time, when};
+use crate::blocking::BlockingKind;
 use crate::crd::DeviceStatus;
-use crate::deployments::blocking::BlockingKind;
 use fleet_wire::Timestamp;
 use maud::{html, Markup};
 
@@ -36,7 +36,7 @@ pub fn section(s: &DeviceStatus, now: Timestamp) -> Markup {
         section #blocking {
             h2 { "Why it is not updated" }
             @if s.blocking.is_empty() {
-                p.muted { "No rollout holds a change back from this device." }
+                p.muted { "No rollout or running TaskRun holds a change back from this device." }
             } @else {
                 table {
                     thead { tr { th { "change" } th { "reason" } th { "why" } th { "since" } th { "until" } } }
@@ -69,13 +69,16 @@ pub fn section(s: &DeviceStatus, now: Timestamp) -> Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deployments::blocking::Blocking;
+    use crate::blocking::Blocking;
 
     #[test]
     fn reasons_show_with_their_kind_and_sentence() {
         let now = Timestamp::from_unix_ms(1_800_000_000_000);
         let none = section(&DeviceStatus::default(), now).into_string();
-        assert!(none.contains("No rollout holds a change back"), "{none}");
+        assert!(
+            none.contains("No rollout or running TaskRun holds a change back"),
+            "{none}"
+        );
         let s = DeviceStatus {
             blocking: vec![
                 Blocking {

@@ -222,6 +222,7 @@ pub async fn run_with(
         heartbeat_watch: watch,
         device_writes,
         refusals: Arc::default(),
+        task_reasons: rt.task_reasons.clone(),
         secrets: crate::secrets_source::SecretSource::new(
             client.clone(),
             opts.secrets_namespace
@@ -271,7 +272,11 @@ pub async fn run_with(
         tokio::select! {
             _ = urgent.notified() => {}
             _ = async {
-                notify.notified().await;
+                // A change of the TaskRun controller's reasons is paced like any change a device makes.
+                tokio::select! {
+                    _ = notify.notified() => {}
+                    _ = engine.task_reasons.changed.notified() => {}
+                }
                 tokio::time::sleep_until(pace_until).await;
             } => {}
             _ = tokio::time::sleep(wait) => {}
@@ -491,6 +496,8 @@ struct Engine {
     heartbeat_watch: HeartbeatWatch,
     device_writes: Arc<DeviceWrites>,
     refusals: Arc<crate::refusals::Refusals>,
+    /// The TaskRun controller's reasons, listed in each Device's `status.blocking` by this controller's writer.
+    task_reasons: Arc<crate::task_reasons::TaskReasons>,
     /// The Secrets the deployments name, and what wakes the loop when one changes (a person's change).
     secrets: Arc<crate::secrets_source::SecretSource>,
     urgent: Arc<Notify>,
@@ -576,6 +583,7 @@ impl Engine {
             desired: self.mirrors.desired.values(),
             intents: self.mirrors.intent.values(),
             device_secrets: self.mirrors.secrets.values(),
+            task_reasons: self.task_reasons.snapshot(),
             // Read by the pass itself (an API read: not in this in-memory snapshot).
             secrets: BTreeMap::new(),
             secrets_namespace: String::new(),

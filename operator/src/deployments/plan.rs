@@ -72,6 +72,8 @@ pub struct Snapshot {
     pub secrets_namespace: String,
     /// `device-secrets` (what this or another replica wrote).
     pub device_secrets: BTreeMap<String, Arc<DeviceSecrets>>,
+    /// The TaskRun controller's reasons by Device name, listed after the rollouts' ([`crate::task_reasons`]).
+    pub task_reasons: Arc<crate::task_reasons::ByDevice>,
 }
 
 /// What a pass judges liveness from (a Device's `Online` condition).
@@ -1197,14 +1199,24 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
         if reported == Reported::default() {
             continue;
         }
-        // The rollouts' reasons replace the listed ones; the rest is mirrored from what the device reported. The
+        // The rollouts' reasons, then the TaskRun controller's (published to this one writer of Device status:
+        // crate::task_reasons), replace the listed ones; the rest is mirrored from what the device reported. The
         // status is copied only when its reasons change (a pass looks at every Device).
         let mine = DeviceId::try_from(id.as_str())
             .ok()
             .and_then(|dev| plan.blocking.get(&dev))
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (shown, more) = blocking::listed(mine);
+        let (shown, more) = match s.task_reasons.get(&id) {
+            None => {
+                let (shown, more) = blocking::listed(mine);
+                (std::borrow::Cow::Borrowed(shown), more)
+            }
+            Some(tasks) => {
+                let (all, more) = crate::task_reasons::merged(mine, Some(tasks));
+                (std::borrow::Cow::Owned(all), more)
+            }
+        };
         let same = match &d.status {
             Some(st) => st.blocking[..] == *shown && st.blocking_more == more,
             None => shown.is_empty(),
@@ -1989,5 +2001,59 @@ mod tests {
         let placed = &p.desired[&DeviceId::try_from("d1").expect("id")];
         assert_eq!(placed[0].devices, ["/dev/ttyS0"]);
         assert_eq!(placed[0].capabilities, ["NET_ADMIN"]);
+    }
+
+    /// The TaskRun controller's reasons (crate::task_reasons) reach a Device's status.blocking through this one
+    /// writer, after the rollouts' own; a pass that decides the same list writes nothing, and the list goes once the
+    /// run gives the device nothing more.
+    #[test]
+    fn task_reasons_are_listed_by_the_one_device_writer() {
+        use crate::blocking::{Blocking, BlockingKind};
+        let now = Timestamp::now();
+        let mut s = base();
+        let mut report = fixtures::workload_status();
+        report.device_id = DeviceId::try_from("d1").expect("id");
+        s.workloads = shared([("d1".to_owned(), report)]);
+        let waiting = Blocking {
+            kind: BlockingKind::WaitingForCanaries,
+            change: "TaskRun/fleet/upgrade-1".into(),
+            message:
+                "TaskRun/fleet/upgrade-1 waits for its canaries: 1 of 1 have not succeeded yet"
+                    .into(),
+            since: None,
+            until: None,
+        };
+        let mut tasks = crate::task_reasons::ByDevice::new();
+        tasks.insert(
+            "d1".into(),
+            crate::task_reasons::Listed {
+                shown: vec![waiting.clone()],
+                more: 0,
+            },
+        );
+        s.task_reasons = Arc::new(tasks);
+        let written = |p: &Plan, name: &str| {
+            p.device_statuses
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, st)| st.clone())
+        };
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        let d1 = written(&p, "d1").expect("d1's status");
+        assert_eq!(d1.blocking, std::slice::from_ref(&waiting));
+        assert_eq!(d1.blocking_more, None);
+        // d2 reported nothing: left alone
+        assert_eq!(written(&p, "d2"), None);
+        // the cache shows it: the same list again writes nothing
+        let mut shown = (*s.devices[0]).clone();
+        shown.status = Some(d1.clone());
+        s.devices[0] = Arc::new(shown);
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(written(&p, "d1"), None);
+        // the run ended: the entry goes
+        s.task_reasons = Arc::default();
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        let d1 = written(&p, "d1").expect("d1's status without the reason");
+        assert!(d1.blocking.is_empty(), "{:?}", d1.blocking);
     }
 }

@@ -9,6 +9,7 @@
 //! writes are guarded by resourceVersion. A restarted operator resumes from the plan and the keys: a device whose
 //! intent was ever written (the key exists or was removed) or that reported is never released again.
 
+use super::blocking;
 use super::intents;
 use super::pass::{self, Finalizer, PlanStep, Report, Step};
 use super::planning::{self, Groups};
@@ -25,6 +26,7 @@ use crate::deployments::report;
 use crate::kv::{self, Mirror, NatsError};
 use crate::nats_link::{Kept, Link};
 use crate::runtime::Runtime;
+use crate::task_reasons::TaskReasons;
 use fleet_wire::kv as layout;
 use fleet_wire::{
     AttemptId, BoundedText, Capability, DeviceId, DeviceInfo, TaskPlan, TaskRunPhase,
@@ -126,6 +128,8 @@ pub async fn run_with(
         cleaned: HashSet::new(),
         retries: HashMap::new(),
         stalls: HashMap::new(),
+        reasons: HashMap::new(),
+        published: rt.task_reasons.clone(),
         accept_timeout: opts.accept_timeout,
     };
     let mut link: Option<Link> = None;
@@ -190,6 +194,10 @@ struct Controller {
     retries: HashMap<AttemptId, (u32, Timestamp)>,
     /// Running runs' stalled devices, judged from their views (a run absent here was not judged yet).
     stalls: HashMap<AttemptId, RunStalls>,
+    /// Running runs' reasons by device, from their latest step ([`blocking`]), keyed by the run's change name.
+    reasons: HashMap<AttemptId, (String, Vec<(DeviceId, crate::blocking::Blocking)>)>,
+    /// Where they are published for the Device writer ([`crate::task_reasons`]).
+    published: Arc<TaskReasons>,
     /// See [`Options::accept_timeout`].
     accept_timeout: Duration,
 }
@@ -275,8 +283,24 @@ impl Controller {
         self.cleaned.retain(|k| seen.contains(k));
         self.retries.retain(|k, _| seen.contains(k));
         self.stalls.retain(|k, _| seen.contains(k));
+        self.reasons.retain(|k, _| seen.contains(k));
+        self.publish();
         self.mark_devices(&runs).await;
         wake
+    }
+
+    /// Hands every running run's reasons to the Device writer, runs in the order of their change names (so that
+    /// an unchanged fleet publishes the same list, which writes nothing).
+    fn publish(&self) {
+        let mut runs: Vec<&(String, Vec<(DeviceId, crate::blocking::Blocking)>)> =
+            self.reasons.values().collect();
+        runs.sort_by(|a, b| a.0.cmp(&b.0));
+        let all = runs
+            .into_iter()
+            .flat_map(|(_, r)| r.iter().map(|(d, b)| (d.to_string(), b.clone())));
+        if self.published.publish(all) {
+            log::debug!("task runs: devices' reasons changed");
+        }
     }
 
     /// Sets each Device's `status.stalled` for the TaskRun intents it has not accepted (the earliest, when several
@@ -406,6 +430,8 @@ impl Controller {
         let step = pass::decide(&facts);
         if !matches!(step, Step::Status(_) | Step::Advance) {
             self.stalls.remove(&uid);
+            // Ended, or deleted: it gives no device anything more.
+            self.reasons.remove(&uid);
         }
         match step {
             Step::Idle => None,
@@ -726,6 +752,25 @@ impl Controller {
             }
         };
         let step = pass::advance(plan, state, &authorized, view.live_intents(), now);
+        // Why each device without a success waits, as this step decided, for its Device's status.blocking.
+        let change = blocking::change(&run.namespace().unwrap_or_default(), &run.name_any());
+        let timeout = self.accept_timeout;
+        let reasons = step
+            .waits
+            .iter()
+            .map(|(d, w)| {
+                let b = blocking::reason(&change, w, || {
+                    let status = view.device(d, &uid).1;
+                    blocking::Given {
+                        status,
+                        seen: view.intent_seen(d, &uid),
+                        now,
+                        timeout,
+                    }
+                });
+                (d.clone(), b)
+            })
+            .collect();
         let stalls = stall::stalls(
             plan.targets(),
             |d| view.intent_seen(d, &uid),
@@ -745,6 +790,7 @@ impl Controller {
         if let Some(e) = errors.into_iter().next() {
             report.status.latest_error = Some(BoundedText::lossy(e));
         }
+        self.reasons.insert(uid, (change, reasons));
         self.stalls.insert(
             uid,
             RunStalls {

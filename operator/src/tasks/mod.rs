@@ -4,6 +4,7 @@
 //! A product folder: it takes placement, KV helpers, CRD types and conditions from the operator's shared modules
 //! and nothing from `engine.rs` or another product folder.
 
+pub mod blocking;
 pub mod controller;
 pub mod fault;
 pub mod intents;

@@ -346,6 +346,8 @@ pub struct Advance {
     pub release: Vec<DeviceId>,
     /// Intent keys to remove: those of devices with a result (their statuses stay).
     pub remove: Vec<String>,
+    /// Why each device without a success waits, as this step decided ([`progress::Wait`]).
+    pub waits: progress::Waits,
 }
 
 /// The status of a running run whose view is not read yet: the counts already reported stand.
@@ -378,6 +380,7 @@ fn start(plan: &TaskPlan) -> Advance {
         },
         release: vec![],
         remove: vec![],
+        waits: vec![],
     }
 }
 
@@ -391,7 +394,8 @@ pub fn advance(
     now: Timestamp,
 ) -> Advance {
     let mut a = start(plan);
-    let (counts, decision, latest) = progress::step(plan, &state, authorized, now);
+    let (counts, decision, latest, waits) = progress::step(plan, &state, authorized, now);
+    a.waits = waits;
     // Terminal devices' intents are removed; their statuses stay.
     a.remove = live_intents
         .into_iter()

@@ -114,6 +114,33 @@ pub enum Decision {
     },
 }
 
+/// Why a planned device has no result yet, as the same step decided it (what its Device's `status.blocking` shows
+/// for the run: [`super::blocking`]). A device with a success has none; a run that ends has none for any device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wait {
+    /// Not a canary, not released: `waiting` of the `canaries` canaries have not succeeded yet.
+    Canaries {
+        /// Canaries without a success.
+        waiting: u32,
+        /// Canaries in the plan.
+        canaries: u32,
+    },
+    /// Due for release and held: authorization cannot be re-checked (the message says why); retried each pass.
+    Held(String),
+    /// Its intent is written (this pass or before); no result yet.
+    Given,
+    /// Its result is a failure; the run goes on with the other devices.
+    Failed {
+        /// When it failed.
+        at: Timestamp,
+        /// Why.
+        error: String,
+    },
+}
+
+/// Each planned device without a success, and why ([`Wait`]), in plan order.
+pub type Waits = Vec<(DeviceId, Wait)>;
+
 fn fail(reason: TaskRunReason, error: String) -> Decision {
     Decision::Finish {
         phase: TaskRunPhase::Failed,
@@ -126,13 +153,14 @@ fn fail(reason: TaskRunReason, error: String) -> Decision {
 /// (`Err`: unknown) and the time. Canaries are released first and must all succeed before the others are released;
 /// a failed or timed-out canary ends the run with `CanaryFailed`; a planned device no longer authorized when it is
 /// due for release ends it with `TargetRevoked` (no other device is substituted). Returns the counts, the
-/// decision and the latest device error.
+/// decision, the latest device error and why each device without a success waits ([`Wait`]: none once the run
+/// ends).
 pub fn step(
     plan: &TaskPlan,
     state: impl Fn(&DeviceId) -> DeviceState,
     authorized: &Result<BTreeSet<DeviceId>, String>,
     now: Timestamp,
-) -> (Counts, Decision, Option<String>) {
+) -> (Counts, Decision, Option<String>, Waits) {
     let mut counts = Counts {
         targets: (plan.canaries.len() + plan.others.len()) as u32,
         ..Default::default()
@@ -143,9 +171,23 @@ pub fn step(
     let mut unreleased_canaries = Vec::new();
     let mut unreleased_others = Vec::new();
     let mut all_terminal = true;
+    // Devices without a success, for their waits.
+    let mut open = Vec::new();
     for (i, d) in plan.targets().enumerate() {
         let canary = i < plan.canaries.len();
         let s = state(d);
+        if s.outcome != Outcome::Succeeded {
+            let failure = match &s.outcome {
+                Outcome::Failed { at, error } => Some((*at, error.clone())),
+                _ => None,
+            };
+            open.push(Open {
+                device: d.clone(),
+                canary,
+                released: s.released,
+                failure,
+            });
+        }
         match &s.outcome {
             Outcome::Succeeded => counts.succeeded += 1,
             Outcome::Failed { at, error } => {
@@ -230,7 +272,52 @@ pub fn step(
     } else {
         Decision::Wait
     };
-    (counts, decision, latest)
+    let waits = waits(open, &decision, plan.canaries.len() as u32, canaries_done);
+    (counts, decision, latest, waits)
+}
+
+/// A planned device without a success, as [`step`] saw it.
+struct Open {
+    device: DeviceId,
+    canary: bool,
+    released: bool,
+    /// When and why it failed, if it did.
+    failure: Option<(Timestamp, String)>,
+}
+
+/// Why each open device waits, from the step's `decision`.
+fn waits(open: Vec<Open>, decision: &Decision, canaries: u32, canaries_done: bool) -> Waits {
+    if matches!(decision, Decision::Finish { .. }) {
+        return vec![];
+    }
+    let waiting = open.iter().filter(|o| o.canary).count() as u32;
+    let due: BTreeSet<&DeviceId> = match decision {
+        Decision::Release(v) => v.iter().collect(),
+        _ => BTreeSet::new(),
+    };
+    open.into_iter()
+        .map(|o| {
+            let Open {
+                device: d,
+                canary,
+                released,
+                failure,
+            } = o;
+            let w = match (failure, released, decision) {
+                (Some((at, error)), ..) => Wait::Failed { at, error },
+                (None, true, _) => Wait::Given,
+                (None, false, _) if due.contains(&d) => Wait::Given,
+                // Others wait for the canaries whatever holds the canaries.
+                (None, false, _) if !canary && !canaries_done => {
+                    Wait::Canaries { waiting, canaries }
+                }
+                (None, false, Decision::Retry(why)) => Wait::Held(why.clone()),
+                // Not reached: an unreleased device past the canaries is due, so released or held.
+                (None, false, _) => Wait::Given,
+            };
+            (d, w)
+        })
+        .collect()
 }
 
 /// Releases `due` if every one of them is authorized now; otherwise the run fails with `TargetRevoked`.
@@ -361,7 +448,7 @@ mod tests {
         let auth = auth
             .map(|a| a.iter().map(|s| id(s)).collect())
             .map_err(str::to_owned);
-        let (c, d, _) = step(
+        let (c, d, _, _) = step(
             &plan,
             |d| {
                 let (released, outcome) = map.get(d).cloned().unwrap_or(NEW);
@@ -528,7 +615,7 @@ mod tests {
     #[test]
     fn latest_error_is_the_newest_failure() {
         let plan = fixtures::task_plan();
-        let (_, d, latest) = step(
+        let (_, d, latest, _) = step(
             &plan,
             |d| DeviceState {
                 released: true,
