@@ -30,14 +30,20 @@ struct World {
 impl World {
     async fn start(run: &str) -> Self {
         let mut f = Fleet::start(run).await;
-        fleet_operator::kv::ensure_buckets(&f.js, &Default::default())
+        // Buckets sized for a small fleet: JetStream reserves every bucket's byte limit on the disk, and the
+        // default 10,000 devices would reserve about 3 GB per test.
+        let nats = fleet_operator::kv::NatsSettings {
+            buckets: fleet_operator::kv::Buckets::new(None, Some(100)).unwrap(),
+            ..Default::default()
+        };
+        fleet_operator::kv::ensure_buckets(&f.js, &nats.buckets)
             .await
             .expect("buckets");
         let rt = fleet_operator::runtime::Runtime::new(
             f.client.clone(),
             &Some(format!("fleet-test={}", f.run)),
             &f.nats.url(),
-            Default::default(),
+            nats,
         );
         f.operators.push(tokio::spawn(async move {
             let r = fleet_operator::diagnostics::controller::run_with(&rt).await;
@@ -363,4 +369,41 @@ async fn asking_needs_the_requester_role() {
     assert!(!ok && err.contains("forbidden"), "{err}");
     let (ok, _, err) = kubectl(&["delete", "fdiag", &made], "");
     assert!(ok, "{err}");
+}
+
+/// The sweep deletes a request key whose DeviceDiagnostics is gone (no object in the cluster has its UID) and keeps
+/// the key of an object that exists, even one its cache does not know (another operator's label selector).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_deletes_requests_whose_object_is_gone() {
+    let w = World::start("diag-sweep").await;
+    let dev = w.device("dev", true).await;
+    let (name, key) = w.ask("kept", json!({"device": dev})).await;
+    w.phase(&name, DiagnosticsPhase::Pending).await;
+    let store =
+        w.f.js
+            .get_key_value(fleet_wire::kv::DIAGNOSTICS_REQUEST)
+            .await
+            .unwrap();
+    let orphan = format!("{dev}.{}", AttemptId::new_random());
+    let request = DiagnosticsRequest {
+        items: vec![],
+        workloads: vec![],
+        lines: 5,
+        since_seconds: None,
+        requested_at: Timestamp::now(),
+    };
+    store
+        .put(&orphan, serde_json::to_vec(&request).unwrap().into())
+        .await
+        .unwrap();
+    // Known to no cache here: the object's UID is found by the sweep's own list.
+    let deleted = fleet_operator::diagnostics::sweep::run(&w.f.client, &store, &Default::default())
+        .await
+        .expect("sweep");
+    assert_eq!(deleted, 1);
+    assert!(w.request(&orphan).await.is_none(), "the orphan is gone");
+    assert!(
+        w.request(&key).await.is_some(),
+        "the object's request stays"
+    );
 }
