@@ -11,7 +11,7 @@
 use super::progress::Wait;
 use super::stall::{self, Accept};
 use crate::blocking::{cut, Blocking, BlockingKind, MAX_MESSAGE_CHARS, MAX_REPORTED_CHARS};
-use fleet_wire::{SystemUpgradePhase, SystemUpgradeStatus, Timestamp};
+use fleet_wire::{DeviceId, SystemUpgradePhase, SystemUpgradeStatus, Timestamp};
 use std::time::Duration;
 
 /// A run as `status.blocking[].change` names it: `TaskRun/<namespace>/<name>` (runs are namespaced).
@@ -82,6 +82,33 @@ pub fn reason(change: &str, wait: &Wait, given: impl FnOnce() -> Given) -> Block
     }
 }
 
+/// A run whose spec the operator refuses to act on (unknown fields, or not the spec it froze: `InvalidSpec`) releases
+/// nothing more: each device of `entries` not given the run yet (waiting for the canaries, or held) is held by the
+/// spec instead, until it is fixed. The devices given the run keep their entries.
+pub fn spec_held(change: &str, problem: &str, entries: &mut [(DeviceId, Blocking)]) {
+    for (_, b) in entries.iter_mut() {
+        if matches!(
+            b.kind,
+            BlockingKind::WaitingForCanaries | BlockingKind::Halted
+        ) {
+            *b = Blocking {
+                kind: BlockingKind::Halted,
+                change: change.to_owned(),
+                message: cut(
+                    format!(
+                        "{change} is held, nothing more is released: the operator does not act on its spec ({}); \
+                         restore the spec it froze (a TaskRun's spec cannot change: create a new TaskRun instead)",
+                        cut(problem.to_owned(), MAX_REPORTED_CHARS)
+                    ),
+                    MAX_MESSAGE_CHARS,
+                ),
+                since: None,
+                until: None,
+            };
+        }
+    }
+}
+
 fn given_reason(change: &str, g: Given) -> (BlockingKind, String, Option<String>) {
     if let Some(s) = &g.status {
         // The phase it is in since it entered it (its latest transition; its acceptance before any).
@@ -138,8 +165,8 @@ mod tests {
     use super::*;
     use crate::tasks::progress::{self, DeviceState, Outcome};
     use fleet_wire::{
-        fixtures, AttemptId, BoundedText, DeviceId, SystemUpgradeReason, TaskOperation, TaskPlan,
-        Transition, Transitions,
+        fixtures, AttemptId, BoundedText, SystemUpgradeReason, TaskOperation, TaskPlan, Transition,
+        Transitions,
     };
     use std::collections::{BTreeMap, BTreeSet};
 
@@ -424,6 +451,46 @@ mod tests {
             }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// A refused spec holds the devices not given the run yet; a device given it keeps its entry.
+    #[test]
+    fn a_refused_spec_holds_the_devices_not_given_the_run() {
+        let r = change("fleet", "upgrade-1");
+        let given = || Given {
+            status: None,
+            seen: stall::Seen {
+                live: true,
+                written: None,
+                reported: false,
+            },
+            now: t(20),
+            timeout: TIMEOUT,
+        };
+        let mut entries = vec![
+            (id("c1"), reason(&r, &progress::Wait::Given, given)),
+            (
+                id("o1"),
+                reason(
+                    &r,
+                    &progress::Wait::Canaries {
+                        waiting: 1,
+                        canaries: 1,
+                    },
+                    given,
+                ),
+            ),
+        ];
+        let c1 = entries[0].1.clone();
+        spec_held(&r, "spec.extra: unknown field", &mut entries);
+        assert_eq!(entries[0].1, c1);
+        assert_eq!(entries[1].1.kind, BlockingKind::Halted);
+        assert_eq!(
+            entries[1].1.message,
+            "TaskRun/fleet/upgrade-1 is held, nothing more is released: the operator does not act on its spec \
+             (spec.extra: unknown field); restore the spec it froze (a TaskRun's spec cannot change: create a new \
+             TaskRun instead)"
+        );
     }
 
     /// Every part a device reports is cut, so that what to do always shows, and the message stays bounded.

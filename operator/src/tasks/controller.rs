@@ -466,6 +466,13 @@ impl Controller {
                 (!clean || !removed).then(|| Timestamp::now().plus(pass::CLEANUP_RETRY))
             }
             Step::Status(report) => {
+                // Refused spec: nothing more is released, so the devices not given the run yet say so; those given
+                // it keep their last entry (no NATS: every entry stays as last judged).
+                if let (Some(problem), Some((change, entries))) =
+                    (&facts.spec_problem, self.reasons.get_mut(&uid))
+                {
+                    blocking::spec_held(change, problem, entries);
+                }
                 self.write(
                     run,
                     report.status,
