@@ -235,7 +235,7 @@ async fn a_request_is_answered_and_its_spec_is_immutable() {
     .await;
 
     // No such Device: Failed at once, deleted ttlSecondsAfterFinished (1 s) later.
-    let (gone, _) = w
+    let (gone, gone_key) = w
         .ask(
             "nodev",
             json!({"device": w.f.name("missing"), "ttlSecondsAfterFinished": 1}),
@@ -243,6 +243,10 @@ async fn a_request_is_answered_and_its_spec_is_immutable() {
         .await;
     let o = w.phase(&gone, DiagnosticsPhase::Failed).await;
     assert!(o.status.unwrap().message.unwrap().contains("no Device"));
+    assert!(
+        w.request(&gone_key).await.is_none(),
+        "nothing written for it"
+    );
     eventually("the finished request deleted after its TTL", || async {
         matches!(w.api().get(&gone).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
     })

@@ -279,8 +279,10 @@ async fn pass(
         let req = request::of(&o.spec, created);
         let spec_error = refusal.or_else(|| req.as_ref().err().cloned());
         let mut write_error = None;
+        let device = device_state(devices, &o.spec.device);
+        // Nothing is written for a device without a Device (the request fails at once).
         if let (Ok(r), Some(key), None) = (&req, &key, &spec_error) {
-            if !st.written.contains(&uid) {
+            if !st.written.contains(&uid) && device != DeviceState::Missing {
                 let bytes = serde_json::to_vec(r).unwrap_or_default();
                 writes += 1;
                 match requests.create(key, bytes.into()).await {
@@ -313,7 +315,7 @@ async fn pass(
             current,
             spec_error: spec_error.as_deref(),
             write_error: write_error.as_deref(),
-            device_state: device_state(devices, &o.spec.device),
+            device_state: device,
             answer: &answer,
             expires_at: &expires_at,
             expired: now >= expires,
