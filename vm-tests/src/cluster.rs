@@ -401,6 +401,30 @@ impl Cluster {
         serde_json::from_str(&out).ok()
     }
 
+    /// Every Device's `status.blocking` as (kind, message) pairs, as `kubectl get fdev -o json` shows them now (one
+    /// read for all; empty when the read failed).
+    pub fn blocking(&self) -> std::collections::BTreeMap<String, Vec<(String, String)>> {
+        let Some(list) = self.get_json(&["fdev"]) else {
+            return Default::default();
+        };
+        let mut out = std::collections::BTreeMap::new();
+        for d in list["items"].as_array().into_iter().flatten() {
+            let name = d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let rs = d["status"]["blocking"].as_array().into_iter().flatten();
+            let rs = rs
+                .map(|b| {
+                    let s = |k: &str| b[k].as_str().unwrap_or_default().to_owned();
+                    (s("kind"), s("message"))
+                })
+                .collect();
+            out.insert(name, rs);
+        }
+        out
+    }
+
     /// The condition `type_` of the object `what` (e.g. `["frel", "good"]`) as a person reads it in
     /// `kubectl describe`; `None` while the object or the condition is missing.
     pub fn condition(&self, what: &[&str], type_: &str) -> Option<Condition> {

@@ -121,25 +121,7 @@ type Reasons = Vec<(String, String)>;
 
 /// Every Device's reasons as `kubectl get fdev -o json` shows them now (one read for all).
 fn reasons(fleet: &LocalFleet) -> BTreeMap<String, Reasons> {
-    let Some(list) = fleet.cluster.get_json(&["fdev"]) else {
-        return BTreeMap::new();
-    };
-    let mut out = BTreeMap::new();
-    for d in list["items"].as_array().into_iter().flatten() {
-        let name = d["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let rs = d["status"]["blocking"].as_array().into_iter().flatten();
-        let rs = rs
-            .map(|b| {
-                let s = |k: &str| b[k].as_str().unwrap_or_default().to_owned();
-                (s("kind"), s("message"))
-            })
-            .collect();
-        out.insert(name, rs);
-    }
-    out
+    fleet.cluster.blocking()
 }
 
 /// What each device showed, each change of its reasons kept once, in order: what a person polling

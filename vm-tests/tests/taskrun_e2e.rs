@@ -5,19 +5,49 @@
 //! run Complete; each device has the new package, rebooted once through FleetLock (never both at once), and its
 //! status in NATS is terminal with the first heartbeat after completion recorded. The operator's dashboard reads
 //! the FleetLock server, as the demo's does: its Reboots page shows each hold as the device it is, with bars that
-//! can be seen.
+//! can be seen. Every Device's `status.blocking` is read at each poll: the other device shows that the run waits for
+//! its canary (also in `kubectl get fdev -o wide`'s Waiting column) until the canary succeeded, then that it is on
+//! its way, and neither shows anything once the run is Complete.
 
 use fleet_vm_tests::fleetlock::FleetLockServer;
 use fleet_vm_tests::local_fleet::{group_yaml, taskrun_yaml, LocalFleet};
 use fleet_vm_tests::reboots_page;
 use fleet_vm_tests::tasks::{installed, ready_for_reboot_upgrade, HolderWatch, Tasks, REBOOT_PKG};
 use fleet_wire::{SystemUpgradePhase as P, TaskRunPhase};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 const CANARY: &str = "task-1";
 const OTHER: &str = "task-2";
 /// Both devices upgrade and reboot one after the other on a loaded 2-core machine well within this.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+/// The run as a Device's `status.blocking[].change` and messages name it.
+const CHANGE: &str = "TaskRun/default/upgrade";
+
+/// What each device's `status.blocking` showed, each change kept once, in order.
+#[derive(Default)]
+struct Shown(BTreeMap<String, Vec<Vec<(String, String)>>>);
+
+impl Shown {
+    fn look(&mut self, cluster: &fleet_vm_tests::cluster::Cluster) {
+        for (d, now) in cluster.blocking() {
+            let shown = self.0.entry(d.clone()).or_default();
+            if shown.last() != Some(&now) {
+                eprintln!("{d} blocking: {now:?}");
+                shown.push(now);
+            }
+        }
+    }
+
+    fn of(&self, device: &str) -> Vec<Vec<(String, String)>> {
+        self.0.get(device).cloned().unwrap_or_default()
+    }
+}
+
+/// Exactly one entry, of `kind`, whose message starts with `message`.
+fn one(rs: &[(String, String)], kind: &str, message: &str) -> bool {
+    matches!(rs, [(k, m)] if k == kind && m.starts_with(message))
+}
 
 #[test]
 fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
@@ -37,9 +67,32 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
 
     let holders = HolderWatch::start(&lock);
     cluster.create(&taskrun_yaml("upgrade", "lab", 3600));
+    let waits_for_canary =
+        format!("{CHANGE} waits for its canaries: 1 of 1 have not succeeded yet");
+    let mut shown = Shown::default();
+    // The Waiting column, read while the other device waits for the canary.
+    let mut column: Option<String> = None;
     let run = cluster.wait("TaskRun upgrade terminal", RUN_TIMEOUT, || {
+        shown.look(cluster);
+        let now = shown.of(OTHER).last().cloned().unwrap_or_default();
+        if column.is_none() && one(&now, "waitingForCanaries", &waits_for_canary) {
+            let wide = cluster.kubectl(&["get", "fdev", OTHER, "-o", "wide"]);
+            column = wide.contains(&waits_for_canary).then_some(wide);
+        }
         fleet.taskrun("upgrade").filter(|r| r.terminal())
     });
+    // Once Complete, the run gives no device anything more: both lists empty (the Device writer's next pass).
+    cluster.wait(
+        "no device lists the run once it is Complete",
+        Duration::from_secs(60),
+        || {
+            shown.look(cluster);
+            [CANARY, OTHER]
+                .iter()
+                .all(|d| shown.of(d).last().is_some_and(Vec::is_empty))
+                .then_some(())
+        },
+    );
     let (max, order) = holders.stop();
     let logs = || fleet.device_logs() + &format!("\n--- fleetlock-server ---\n{}", lock.log());
     let st = &run.status;
@@ -95,6 +148,32 @@ fn kubectl_create_taskrun_upgrades_the_canary_then_the_rest() {
         statuses[1].accepted_at >= canary_done,
         "{OTHER} started before the canary succeeded: {statuses:#?}"
     );
+    // status.blocking at each step, as the task planner decided: the other device waited for the canary (shown
+    // before it was given the run), then was on its way; the canary never waited for anyone; nothing at the end.
+    let other = shown.of(OTHER);
+    let waited = other
+        .iter()
+        .position(|rs| one(rs, "waitingForCanaries", &waits_for_canary))
+        .unwrap_or_else(|| panic!("{OTHER} never showed that it waits for the canary: {other:#?}"));
+    // On its way: given, accepted, upgrading, rebooting, or succeeded and its first heartbeat not recorded yet.
+    let on_its_way = format!("{CHANGE} ");
+    for (i, rs) in other.iter().enumerate() {
+        let ok = rs.is_empty()
+            || (i <= waited && one(rs, "waitingForCanaries", &waits_for_canary))
+            || (i > waited && one(rs, "updating", &on_its_way));
+        assert!(ok, "{OTHER} showed {rs:?} at step {i}: {other:#?}");
+    }
+    let canary = shown.of(CANARY);
+    for rs in &canary {
+        assert!(
+            rs.is_empty() || one(rs, "updating", &on_its_way),
+            "{CANARY} showed {rs:?}: {canary:#?}"
+        );
+    }
+    let column = column.unwrap_or_else(|| {
+        panic!("kubectl get fdev -o wide never showed {waits_for_canary:?} while {OTHER} waited")
+    });
+    eprintln!("kubectl get fdev {OTHER} -o wide while it waited:\n{column}");
     assert_eq!(max, 1, "two holders at once: {order:?}");
     assert_eq!(order.len(), 2, "one reboot each, in turn: {order:?}");
     assert_ne!(order[0], order[1]);
