@@ -411,3 +411,32 @@ async fn the_sweep_deletes_requests_whose_object_is_gone() {
         "the object's request stays"
     );
 }
+
+/// More requests than one pass writes for (`MAX_WRITES_PER_PASS`): every one is written, and every bundle, all
+/// arriving at once, completes its request (none is lost between passes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_requests_than_a_pass_writes_all_complete() {
+    let w = World::start("diag-many").await;
+    let dev = w.device("dev", true).await;
+    let n = fleet_operator::diagnostics::controller::MAX_WRITES_PER_PASS + 10;
+    let mut asked = vec![];
+    for i in 0..n {
+        asked.push(
+            w.ask(
+                &format!("many-{i}"),
+                json!({"device": dev, "items": ["disk"]}),
+            )
+            .await,
+        );
+    }
+    for (_, key) in &asked {
+        eventually("every request in KV", || w.request(key)).await;
+    }
+    for (_, key) in &asked {
+        w.answer(key, &mut bundle(&dev, uid_of(key), key)).await;
+    }
+    for (name, key) in &asked {
+        let o = w.phase(name, DiagnosticsPhase::Complete).await;
+        assert_eq!(&o.status.unwrap().bundle.unwrap().sections[0].text, key);
+    }
+}

@@ -223,6 +223,12 @@ async fn pass(
     let mut wait = RESYNC;
     for o in &objs {
         if writes >= MAX_WRITES_PER_PASS {
+            // The bundles read for the objects not reached are read again by the next pass, at once.
+            for uid in answers.keys() {
+                if let Some(key) = by_uid.get(uid).and_then(|o| request::key(o)) {
+                    st.arrived.note(key.2);
+                }
+            }
             return Duration::ZERO;
         }
         let Some(uid) = o.metadata.uid.clone() else {
