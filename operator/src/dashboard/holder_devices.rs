@@ -145,7 +145,7 @@ impl Holders {
             HolderDevice::Device { id, .. } => id.as_str().to_owned(),
             HolderDevice::Unknown => format!("unknown holder {id}"),
             HolderDevice::Contested(_, n) => {
-                format!("unknown holder {id} (claimed by {n} devices)")
+                format!("unknown holder {id} (reported by {n} devices)")
             }
         }
     }
@@ -237,7 +237,7 @@ mod tests {
         assert_eq!(h.label(C), format!("unknown holder {C}"));
         assert_eq!(
             h.label(B),
-            format!("unknown holder {B} (claimed by 2 devices)")
+            format!("unknown holder {B} (reported by 2 devices)")
         );
         assert_eq!(
             (h.said(A), h.said(B), h.said(C)),
