@@ -1737,7 +1737,16 @@ fn hostile_values_are_escaped_on_every_page() {
         workloads: Some(ws),
         runs: vec![("ns".into(), "run-1".into(), Some(sys.clone()))],
         errors: vec![HOSTILE.into()],
-        diagnostics: vec![],
+        // A device's diagnostics: the request's message, a section's text and its error, all from the device.
+        diagnostics: vec![Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceDiagnostics",
+                "metadata": {"name": "ask"}, "spec": {"device": "pi-1"},
+                "status": {"phase": "Complete", "message": HOSTILE, "bundle": {"collectedAt": "2026-12-07T10:00:00Z",
+                    "sections": [{"item": "disk", "text": HOSTILE, "error": HOSTILE}]}}
+            }))
+            .unwrap(),
+        )],
     };
     let alerts = vec![
         Alert {
@@ -1761,7 +1770,7 @@ fn hostile_values_are_escaped_on_every_page() {
     check(
         "device",
         &device::render(&dev_with_upgrade, &kv, &alerts, now),
-        6,
+        9,
     );
     // Overview and alerts list: each alert's detail, the holder's id in its subject.
     let devices = vec![Arc::new(dev.clone())];
