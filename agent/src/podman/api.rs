@@ -24,6 +24,9 @@ pub(super) const QUICK: Duration = Duration::from_secs(30);
 const RESTART_SLACK_SECS: i64 = 5;
 /// Time-out of an image pull.
 const PULL: Duration = Duration::from_secs(5 * 60);
+/// Largest log file of one workload's container (Podman's `k8s-file` driver truncates it there): what a
+/// diagnostics bundle reads its newest lines from.
+pub const CONTAINER_LOG_MAX_BYTES: i64 = 8 * 1024 * 1024;
 
 /// A Podman failure.
 #[derive(Debug, thiserror::Error)]
@@ -697,6 +700,10 @@ pub fn create_body(device: &DeviceId, spec: &WorkloadSpec) -> serde_json::Value 
         "mounts": mounts,
         "volumes": volumes,
         "restart_policy": spec.restart_policy.podman_name(),
+        // A file of the agent's own user, bounded: with Podman's default on Debian (journald) the entries of a
+        // system user's containers go to the system journal, which the agent's user cannot read, and every
+        // diagnostics request's workload logs failed ("initial journal cursor: failed to get cursor").
+        "log_configuration": {"driver": "k8s-file", "size": CONTAINER_LOG_MAX_BYTES},
     });
     if !spec.command.is_empty() {
         body["command"] = json!(spec.command);
@@ -792,6 +799,7 @@ mod tests {
         assert_eq!(b["volumes"][0]["Name"], "web-data");
         assert_eq!(b["portmappings"][0]["host_port"], 8080);
         assert_eq!(b["restart_policy"], "always");
+        assert_eq!(b["log_configuration"]["driver"], "k8s-file");
         assert_eq!(enc("a b/c"), "a%20b%2Fc");
         assert!(b.get("healthconfig").is_none(), "no health check");
     }
