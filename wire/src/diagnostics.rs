@@ -29,6 +29,17 @@ pub const MAX_REQUEST_BYTES: usize = 4 * 1024;
 /// Largest error text of a section, in characters.
 pub const MAX_ERROR_CHARS: usize = 512;
 
+/// How many requests may be open (written, not yet answered and copied) at once across the fleet, for buckets
+/// made for `fleet_size` devices: as many bundles of the largest size as the `diagnostics-bundle` bucket holds.
+/// A device's share of that bucket is a 32nd of a bundle (bundles are rare), so it is the operator that
+/// keeps the bucket from filling: it opens at most this many requests (the others wait, saying so) and deletes a
+/// bundle once it has copied it.
+pub fn max_open_requests(fleet_size: u64) -> u64 {
+    let spec = crate::kv::bucket(crate::kv::DIAGNOSTICS_BUNDLE).expect("the bundle bucket");
+    let per_bundle = MAX_BUNDLE_BYTES as u64 + 1024; // and the message's overhead
+    (crate::kv::max_bytes(spec, fleet_size) as u64 / per_bundle).max(1)
+}
+
 /// What a request may ask for. Which process collects it is fixed ([`Item::collector`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -200,7 +200,8 @@ pub const BUCKETS: &[BucketSpec] = &[
         writer: "operator",
         max_value_bytes: crate::diagnostics::MAX_REQUEST_BYTES as i32,
         max_age: Some(Duration::from_secs(7 * 24 * 3600)),
-        bytes_per_device: share(2, crate::diagnostics::MAX_REQUEST_BYTES as i32),
+        // Only open requests are written (at most diagnostics::max_open_requests at once): the 8 MiB floor.
+        bytes_per_device: 512,
         allow_rollup: false,
     },
     BucketSpec {
@@ -209,10 +210,10 @@ pub const BUCKETS: &[BucketSpec] = &[
         writer: "agent",
         max_value_bytes: crate::diagnostics::MAX_BUNDLE_BYTES as i32,
         max_age: Some(Duration::from_secs(24 * 3600)),
-        // Bundles are rare and short-lived: the share is a sixteenth of one bundle per device, so about 600
-        // bundles of the largest size fit at once at the default fleet size (a full bucket refuses the next
-        // bundle, and the request says so; it never touches another bucket).
-        bytes_per_device: (crate::diagnostics::MAX_BUNDLE_BYTES / 16) as u64,
+        // Bundles are rare and short-lived: the share is a 32nd of one bundle per device, about 300 bundles of
+        // the largest size at the default fleet size; the operator opens at most that many requests at once
+        // (diagnostics::max_open_requests) and deletes each bundle once it has copied it.
+        bytes_per_device: (crate::diagnostics::MAX_BUNDLE_BYTES / 32) as u64,
         allow_rollup: false,
     },
     BucketSpec {
