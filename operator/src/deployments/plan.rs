@@ -73,7 +73,7 @@ pub struct Snapshot {
     /// `device-secrets` (what this or another replica wrote).
     pub device_secrets: BTreeMap<String, Arc<DeviceSecrets>>,
     /// The TaskRun controller's reasons by Device name, listed after the rollouts' ([`crate::task_reasons`]).
-    pub task_reasons: Arc<crate::task_reasons::ByDevice>,
+    pub task_reasons: Arc<crate::task_reasons::Published>,
 }
 
 /// What a pass judges liveness from (a Device's `Online` condition).
@@ -1207,13 +1207,14 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
             .and_then(|dev| plan.blocking.get(&dev))
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let (shown, more) = match s.task_reasons.get(&id) {
+        let current = d.status.as_ref().map_or(&[][..], |st| &st.blocking[..]);
+        let (shown, more) = match s.task_reasons.of(&id, current) {
             None => {
                 let (shown, more) = blocking::listed(mine);
                 (std::borrow::Cow::Borrowed(shown), more)
             }
             Some(tasks) => {
-                let (all, more) = crate::task_reasons::merged(mine, Some(tasks));
+                let (all, more) = crate::task_reasons::merged(mine, Some(&tasks));
                 (std::borrow::Cow::Owned(all), more)
             }
         };
@@ -2023,6 +2024,13 @@ mod tests {
             since: None,
             until: None,
         };
+        // Published, with no run left unjudged.
+        let published = |devices| {
+            Arc::new(crate::task_reasons::Published {
+                devices,
+                kept: crate::task_reasons::Kept::Changes(Default::default()),
+            })
+        };
         let mut tasks = crate::task_reasons::ByDevice::new();
         tasks.insert(
             "d1".into(),
@@ -2031,7 +2039,7 @@ mod tests {
                 more: 0,
             },
         );
-        s.task_reasons = Arc::new(tasks);
+        s.task_reasons = published(tasks);
         let written = |p: &Plan, name: &str| {
             p.device_statuses
                 .iter()
@@ -2051,7 +2059,7 @@ mod tests {
         let p = plan(&s, now, &mut AttemptId::new_random);
         assert_eq!(written(&p, "d1"), None);
         // the run ended: the entry goes
-        s.task_reasons = Arc::default();
+        s.task_reasons = published(Default::default());
         let p = plan(&s, now, &mut AttemptId::new_random);
         let d1 = written(&p, "d1").expect("d1's status without the reason");
         assert!(d1.blocking.is_empty(), "{:?}", d1.blocking);

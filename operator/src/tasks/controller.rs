@@ -284,21 +284,37 @@ impl Controller {
         self.retries.retain(|k, _| seen.contains(k));
         self.stalls.retain(|k, _| seen.contains(k));
         self.reasons.retain(|k, _| seen.contains(k));
-        self.publish();
+        self.publish(&runs);
         self.mark_devices(&runs).await;
         wake
     }
 
     /// Hands every running run's reasons to the Device writer, runs in the order of their change names (so that
-    /// an unchanged fleet publishes the same list, which writes nothing).
-    fn publish(&self) {
+    /// an unchanged fleet publishes the same list, which writes nothing), and names the running runs not judged yet
+    /// (their entries stay as the Devices show them).
+    fn publish(&self, runs: &[Arc<TaskRun>]) {
+        let unjudged = runs
+            .iter()
+            .filter(|r| {
+                let uid = AttemptId::try_from(r.uid().unwrap_or_default().as_str()).ok();
+                let done = uid.and_then(|u| self.finished.get(&u)).is_some();
+                let judged = uid.is_some_and(|u| self.reasons.contains_key(&u));
+                !done
+                    && !judged
+                    && r.metadata.deletion_timestamp.is_none()
+                    && r.status
+                        .as_ref()
+                        .is_some_and(|s| s.run.phase == Some(TaskRunPhase::Running))
+            })
+            .map(|r| blocking::change(&r.namespace().unwrap_or_default(), &r.name_any()))
+            .collect();
         let mut runs: Vec<&(String, Vec<(DeviceId, crate::blocking::Blocking)>)> =
             self.reasons.values().collect();
         runs.sort_by(|a, b| a.0.cmp(&b.0));
         let all = runs
             .into_iter()
             .flat_map(|(_, r)| r.iter().map(|(d, b)| (d.to_string(), b.clone())));
-        if self.published.publish(all) {
+        if self.published.publish(all, unjudged) {
             log::debug!("task runs: devices' reasons changed");
         }
     }
