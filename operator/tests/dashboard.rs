@@ -33,6 +33,8 @@ use kube_common::{eventually, Fleet, API};
 const TOKEN: &str = "dashboard-test-token-0123456789";
 /// An env value of a placed workload: it must never appear on a page.
 const SECRET: &str = "s3cr3t-never-rendered";
+/// A line of a device's diagnostics bundle: the device page shows it.
+const BUNDLE_LINE: &str = "cache: connection to upstream refused, retrying in 5 s";
 
 /// Debian's Chromium, or a loud failure that says how to install it.
 fn chromium() -> PathBuf {
@@ -1171,6 +1173,89 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         reasons.iter().map(|b| &b.message).collect::<Vec<_>>()
     );
 
+    // The device page's diagnostics: a person's DeviceDiagnostics for pi-stuck, answered by its device (the test
+    // writes the bundle where the agent writes it, diagnostics-bundle/<device>.<request uid>, once the operator has
+    // written the request), shows the request and the bundle's sections, the device's line among them.
+    use fleet_operator::crd::diagnostics::{DeviceDiagnostics, DiagnosticsPhase};
+    use fleet_wire::diagnostics::{DiagnosticsBundle, Item, Section};
+    let diagnostics = Api::<DeviceDiagnostics>::all(f.client.clone());
+    let diag_name = f.name("why-stuck");
+    let asked: DeviceDiagnostics = serde_json::from_value(json!({
+        "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "DeviceDiagnostics",
+        "metadata": {"name": diag_name, "labels": f.labels(json!({}))},
+        "spec": {"device": stuck.as_str(), "items": ["workloadLogs", "disk"], "lines": 50}
+    }))
+    .unwrap();
+    let asked = diagnostics
+        .create(&PostParams::default(), &asked)
+        .await
+        .unwrap();
+    let request = AttemptId::try_from(asked.metadata.uid.as_deref().unwrap()).unwrap();
+    let diag_key = layout::run_key(&stuck, &request);
+    let requests: kv::Store =
+        f.js.get_key_value(layout::DIAGNOSTICS_REQUEST)
+            .await
+            .unwrap();
+    eventually("the diagnostics request written for pi-stuck", || async {
+        requests.get(&diag_key).await.ok().flatten()
+    })
+    .await;
+    let mut bundle = DiagnosticsBundle {
+        device: stuck.clone(),
+        request,
+        collected_at: Timestamp::now(),
+        sections: vec![
+            Section::new(
+                Item::WorkloadLogs,
+                Some(fleet_wire::WorkloadName::try_from("cache").unwrap()),
+                &format!(
+                    "2026-12-07T10:00:01Z cache starting\n2026-12-07T10:00:02Z {BUNDLE_LINE}\n\
+                     2026-12-07T10:00:03Z the api token is [redacted]\n"
+                ),
+                50,
+            ),
+            Section::new(
+                Item::Disk,
+                None,
+                "/ size=29.4 GiB used=7.9 GiB free=20.0 GiB use=29%\n/var size=29.4 GiB used=7.9 GiB free=20.0 GiB use=29%",
+                50,
+            ),
+        ],
+        redacted: 1,
+        cut: false,
+    };
+    let bundles: kv::Store =
+        f.js.get_key_value(layout::DIAGNOSTICS_BUNDLE)
+            .await
+            .unwrap();
+    bundles
+        .put(&diag_key, bundle.to_bounded_json().into())
+        .await
+        .unwrap();
+    eventually("the DeviceDiagnostics Complete", || async {
+        let s = diagnostics.get(&diag_name).await.ok()?.status?;
+        (s.phase == Some(DiagnosticsPhase::Complete)).then_some(())
+    })
+    .await;
+    let url = format!("{authed}/devices/{stuck}");
+    let dom = tokio::task::spawn_blocking(move || browse(&url, &["--dump-dom"]))
+        .await
+        .unwrap();
+    for want in [
+        "id=\"diagnostics\"".to_string(),
+        diag_name.clone(),
+        "Complete".into(),
+        "data-section=\"workloadLogs\"".into(),
+        "data-section=\"disk\"".into(),
+        BUNDLE_LINE.into(),
+        "1 strings redacted".into(),
+    ] {
+        assert!(
+            dom.contains(&want),
+            "{stuck}'s page does not show its diagnostics: {want:?} missing from the DOM:\n{dom}"
+        );
+    }
+
     // The Reboots page's history is the FleetLock server's, as the test reads it itself: one row per recent event,
     // newest first, and one bar per hold with how it ended and how long it lasted.
     use fleet_operator::dashboard::{holds, reboots};
@@ -1468,7 +1553,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     );
     tokio::task::spawn_blocking(move || {
         screenshot(&a, "/", "overview", (1280, 1900), &shots);
-        screenshot(&a, &stuck_path, "device", (1280, 1300), &shots);
+        screenshot(&a, &stuck_path, "device", (1280, 1900), &shots);
         screenshot(&a, &run_path, "run", (1280, 1000), &shots);
         screenshot(&a, "/reboots", "reboots", (1280, 1000), &shots);
         screenshot(&a, &release_path, "release", (1280, 1500), &shots);
