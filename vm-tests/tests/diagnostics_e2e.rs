@@ -54,14 +54,6 @@ fn deployment(name: &str, script: &str, extra: &str) -> String {
     )
 }
 
-/// A `DeviceDiagnostics` `name` for `device`, with `extra` spec fields (already indented).
-fn diagnostics(name: &str, device: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: {API_VERSION}\nkind: DeviceDiagnostics\nmetadata:\n  name: {name}\nspec:\n  \
-         device: {device}\n{extra}"
-    )
-}
-
 /// The DeviceDiagnostics `name` as `kubectl get fdiag <name> -o json` shows it.
 fn fdiag(fleet: &LocalFleet, name: &str) -> Option<serde_json::Value> {
     fleet.cluster.get_json(&["fdiag", name])
@@ -126,15 +118,98 @@ fn text(o: &serde_json::Value, item: &str, workload: Option<&str>) -> String {
     s["text"].as_str().unwrap_or_default().to_string()
 }
 
-/// The kubectl one-liner of docs/diagnostics.md that prints a request's bundle, section after section.
-fn read_bundle_as_a_person(fleet: &LocalFleet, name: &str) -> String {
-    fleet.cluster.kubectl(&[
-        "get",
-        "fdiag",
-        name,
-        "-o",
-        "jsonpath={range .status.bundle.sections[*]}== {.item} {.workload}{\"\\n\"}{.text}{\"\\n\"}{end}",
-    ])
+/// Waits up to [`STEP_TIMEOUT`] until the container `fleet-<workload>` on [`DEVICE`] has the file `marker` (its
+/// script touches it once it has printed what the step reads back); fails with the device's logs. Returns the
+/// container's log driver (`podman inspect`), for the record.
+fn wait_marker(fleet: &LocalFleet, workload: &str, marker: &str) -> String {
+    let d = fleet.device(DEVICE);
+    let seen = fleet_rig::wait_for(STEP_TIMEOUT, || {
+        let (ok, _) = d.podman(&format!("exec fleet-{workload} ls {marker} 2>&1"));
+        if !ok {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        ok.then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "fleet-{workload} on {DEVICE} has no {marker} after {STEP_TIMEOUT:?}:\n{}",
+        d.logs()
+    );
+    d.podman(&format!(
+        "inspect --format '{{{{.HostConfig.LogConfig.Type}}}}' fleet-{workload}"
+    ))
+    .1
+    .trim()
+    .to_string()
+}
+
+/// docs/diagnostics.md, as a person reads it.
+fn docs() -> String {
+    let path = fleet_rig::workspace_root().join("docs/diagnostics.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The YAML of the docs' `kubectl apply -f - <<'EOF'` example that holds `marker`.
+fn docs_yaml(marker: &str) -> String {
+    docs()
+        .split("<<'EOF'\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("\nEOF").map(|(yaml, _)| yaml.to_string()))
+        .find(|yaml| yaml.contains(marker))
+        .unwrap_or_else(|| {
+            panic!("docs/diagnostics.md has no kubectl apply example with {marker:?}")
+        })
+}
+
+/// The docs' example request (`kubectl apply -f -`) for `device` under `name`, with its spec's fields after
+/// `device` replaced by `extra` (already indented; none: the docs' own).
+fn docs_request(name: &str, device: &str, extra: Option<&str>) -> String {
+    let yaml = docs_yaml("kind: DeviceDiagnostics");
+    let (head, spec) = yaml
+        .split_once("spec:\n")
+        .unwrap_or_else(|| panic!("no spec in the docs' request:\n{yaml}"));
+    let example_name = head
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("name: "))
+        .unwrap_or_else(|| panic!("no name in the docs' request:\n{yaml}"));
+    let head = head.replace(&format!("name: {example_name}"), &format!("name: {name}"));
+    let fields = match extra {
+        Some(e) => e.to_string(),
+        None => spec
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("device:"))
+            .map(|l| format!("{l}\n"))
+            .collect(),
+    };
+    format!("{head}spec:\n  device: {device}\n{fields}")
+}
+
+/// `kubectl apply -f -` of a request, as docs/diagnostics.md shows it.
+fn ask(fleet: &LocalFleet, yaml: &str) {
+    fleet
+        .cluster
+        .try_with_stdin(&["apply", "-f", "-"], yaml)
+        .unwrap_or_else(|e| panic!("kubectl apply of a DeviceDiagnostics: {e}\n{yaml}"));
+}
+
+/// The kubectl one-liner of docs/diagnostics.md that prints a request's bundle, section after section, run for the
+/// request `name`: its output.
+fn read_bundle_as_the_docs_say(fleet: &LocalFleet, name: &str) -> String {
+    let docs = docs();
+    let line = docs
+        .lines()
+        .find(|l| l.starts_with("kubectl get fdiag ") && l.contains("jsonpath="))
+        .unwrap_or_else(|| panic!("docs/diagnostics.md prints no kubectl one-liner for a bundle"));
+    // `kubectl get fdiag <example> -o jsonpath='<template>'`: the words, the quoted template one of them.
+    let q = line.find('\'').expect("a quoted template");
+    let mut args: Vec<String> = line[..q].split_whitespace().map(str::to_string).collect();
+    let flag = args.pop().expect("jsonpath=");
+    let template = &line[q + 1..line.rfind('\'').expect("closing quote")];
+    args.push(format!("{flag}{template}"));
+    assert_eq!(args[..3], ["kubectl", "get", "fdiag"], "{line}");
+    args[3] = name.to_string();
+    let args: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+    fleet.cluster.kubectl(&args)
 }
 
 #[test]
@@ -167,21 +242,19 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
     ]);
     let hello = deployment(
         "hello",
-        &format!("echo {KNOWN_LINE}; echo \"the api token is $API_TOKEN\"; sleep 30; exit 0"),
+        &format!(
+            "echo {KNOWN_LINE}; echo \"the api token is $API_TOKEN\"; : >/dev/shm/printed; sleep 30; exit 0"
+        ),
         "      secrets:\n        - {secret: api, key: token, env: API_TOKEN}\n",
     );
     fleet.cluster.apply(&hello);
-    let device = fleet.device(DEVICE);
-    fleet.cluster.wait(
-        "hello printed its line on the device (podman logs)",
-        STEP_TIMEOUT,
-        || {
-            let (ok, out) = device.podman("logs fleet-hello 2>&1");
-            (ok && out.contains(KNOWN_LINE) && out.contains(API_TOKEN)).then_some(())
-        },
-    );
+    let driver = wait_marker(&fleet, "hello", "/dev/shm/printed");
+    eprintln!("step 1: hello printed its lines (its log driver: {driver})");
     eprintln!("step 1: hello running at {:?}", started.elapsed());
-    fleet.cluster.create(&diagnostics("hello-now", DEVICE, ""));
+    // Created with `kubectl create` (as the issue says a person does), every item.
+    fleet
+        .cluster
+        .create(&docs_request("hello-now", DEVICE, Some("")));
     let asked = Instant::now();
     let o = complete(&fleet, "hello-now", ANSWER_WITHIN);
     eprintln!(
@@ -223,7 +296,11 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         "the Secret value appears in kubectl get fdiag hello-now -o yaml"
     );
     assert!(yaml.contains(REDACTED));
-    let printed = read_bundle_as_a_person(&fleet, "hello-now");
+    let printed = read_bundle_as_the_docs_say(&fleet, "hello-now");
+    eprintln!(
+        "the docs' one-liner prints {} lines",
+        printed.lines().count()
+    );
     assert!(
         printed.contains(KNOWN_LINE) && !printed.contains(API_TOKEN),
         "the docs' one-liner printed:\n{printed}"
@@ -238,7 +315,7 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         .cluster
         .try_with_stdin(
             &["--as=mallory", "create", "-f", "-"],
-            &diagnostics("by-mallory", DEVICE, ""),
+            &docs_request("by-mallory", DEVICE, None),
         )
         .expect_err("a user without RBAC rights created a DeviceDiagnostics");
     assert!(
@@ -246,14 +323,21 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         "refused, but not by RBAC: {refused}"
     );
     assert!(fdiag(&fleet, "by-mallory").is_none(), "by-mallory exists");
-    fleet.cluster.apply(
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: diagnostics-requester\n\
-         rules:\n  - apiGroups: [fleet.nationtech.io]\n    resources: [devicediagnostics]\n    \
-         verbs: [create, get, list, watch]\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: support-diagnostics\n\
-         roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: diagnostics-requester\n\
-         subjects:\n  - apiGroup: rbac.authorization.k8s.io\n    kind: User\n    name: support\n",
-    );
+    // The role docs/diagnostics.md gives, bound to one user with a ClusterRoleBinding as it says.
+    let role = docs_yaml("kind: ClusterRole");
+    let role_name = role
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("name: "))
+        .unwrap_or_else(|| panic!("no name in the docs' role:\n{role}"))
+        .to_string();
+    fleet.cluster.apply(&role);
+    fleet.cluster.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "support-diagnostics",
+        &format!("--clusterrole={role_name}"),
+        "--user=support",
+    ]);
     fleet.cluster.wait(
         "a user bound to diagnostics-requester may create a DeviceDiagnostics",
         Duration::from_secs(30),
@@ -262,7 +346,7 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
                 .cluster
                 .try_with_stdin(
                     &["--as=support", "create", "-f", "-"],
-                    &diagnostics("by-support", DEVICE, "  items: [disk]\n"),
+                    &docs_request("by-support", DEVICE, Some("  items: [disk]\n")),
                 )
                 .ok()
         },
@@ -286,22 +370,16 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         "flood",
         &format!(
             "busybox yes \"flood line: the same words again and again\" | busybox head -c 104857600; \
-             echo {FLOOD_DONE}; exec sleep 100000"
+             echo {FLOOD_DONE}; : >/dev/shm/flood-done; exec sleep 100000"
         ),
         "",
     ));
-    fleet.cluster.wait(
-        "flood logged 100 MiB (its last line in podman logs)",
-        STEP_TIMEOUT,
-        || {
-            let (ok, out) = device.podman("logs --tail 1 fleet-flood 2>&1");
-            (ok && out.contains(FLOOD_DONE)).then_some(())
-        },
-    );
+    wait_marker(&fleet, "flood", "/dev/shm/flood-done");
     eprintln!("step 3: flood logged 100 MiB at {:?}", started.elapsed());
-    fleet
-        .cluster
-        .create(&diagnostics("flood-now", DEVICE, "  lines: 2000\n"));
+    ask(
+        &fleet,
+        &docs_request("flood-now", DEVICE, Some("  lines: 2000\n")),
+    );
     let o = complete(&fleet, "flood-now", ANSWER_WITHIN);
     let bundle = serde_json::to_vec(&o["status"]["bundle"]).expect("json");
     eprintln!(
@@ -350,9 +428,7 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         "step 4: {OFFLINE} offline {:?} after its link was cut",
         cut_at.elapsed()
     );
-    fleet
-        .cluster
-        .create(&diagnostics("offline-now", OFFLINE, ""));
+    ask(&fleet, &docs_request("offline-now", OFFLINE, None));
     let message = fleet
         .cluster
         .wait("offline-now Waiting", Duration::from_secs(30), || {
@@ -381,8 +457,24 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         "step 4: Complete {:?} after the device's link came back",
         back.elapsed()
     );
-    let journal = text(&o, "agentJournal", None);
-    assert!(!journal.is_empty(), "{OFFLINE}'s agent journal is empty");
+    // For the record: when the agent got back in (its reconnect backoff grows to 60 s while offline) and when it
+    // answered.
+    let journal = fleet
+        .device(OFFLINE)
+        .guest
+        .journal("fleet-agent.service", 400);
+    for l in journal.lines().filter(|l| {
+        ["connected to NATS", "reconnected", "diagnostics request"]
+            .iter()
+            .any(|w| l.contains(w))
+    }) {
+        eprintln!("  {OFFLINE}: {l}");
+    }
+    let disk = text(&o, "disk", None);
+    assert!(
+        disk.lines().any(|l| l.split_whitespace().any(|w| w == "/")),
+        "{OFFLINE}'s disk section has no row for /:\n{disk}"
+    );
     assert_eq!(
         phase(&fleet, "hello-now"),
         "Complete",
