@@ -3,7 +3,10 @@
 //! written to `diagnostics-bundle` lands in status (Complete) and the request key goes; an offline device's
 //! request waits and says so, then completes when the device is back; a bundle that answers another request fails
 //! the request, one for an unknown request is ignored; a finished request is deleted after its TTL; the spec is
-//! immutable; who may ask is RBAC (a user without `fleet-diagnostics-requester` gets 403).
+//! immutable; who may ask is RBAC (a user without `fleet-diagnostics-requester` gets 403). A device has one open
+//! request at a time (a later one waits, naming the open one, and is written once that finishes); at most
+//! `max_open_requests` are open across the fleet (the others queued); a bundle key is deleted once copied into
+//! status, and the sweep deletes request and bundle keys whose object is gone.
 //!
 //! The device is played by writing its bundle into NATS as the services' user (the agent's path through fleet-auth
 //! is tested end to end in vm-tests), and its liveness by writing the Device's `Online` condition as the
@@ -39,16 +42,7 @@ impl World {
         fleet_operator::kv::ensure_buckets(&f.js, &nats.buckets)
             .await
             .expect("buckets");
-        let rt = fleet_operator::runtime::Runtime::new(
-            f.client.clone(),
-            &Some(format!("fleet-test={}", f.run)),
-            &f.nats.url(),
-            nats,
-        );
-        f.operators.push(tokio::spawn(async move {
-            let r = fleet_operator::diagnostics::controller::run_with(&rt).await;
-            panic!("the diagnostics controller ended: {r:?}");
-        }));
+        spawn_controller(&mut f);
         let webhook = f.webhook().await;
         let w = Self {
             f,
@@ -71,6 +65,13 @@ impl World {
         })
         .await;
         w
+    }
+
+    /// Stops the diagnostics controller (as an operator that stopped: what it knew is lost).
+    fn stop_controller(&mut self) {
+        for o in self.f.operators.drain(..) {
+            o.abort();
+        }
     }
 
     fn api(&self) -> Api<DeviceDiagnostics> {
@@ -132,6 +133,22 @@ impl World {
         .await
     }
 
+    /// The bundle at `key`, as bytes.
+    async fn bundle_bytes(&self, key: &str) -> Option<Vec<u8>> {
+        let store = self
+            .f
+            .js
+            .get_key_value(fleet_wire::kv::DIAGNOSTICS_BUNDLE)
+            .await
+            .unwrap();
+        store.get(key).await.unwrap().map(|b| b.to_vec())
+    }
+
+    /// `name`'s status message.
+    async fn message(&self, name: &str) -> Option<String> {
+        self.api().get(name).await.ok()?.status?.message
+    }
+
     async fn request(&self, key: &str) -> Option<DiagnosticsRequest> {
         let store = self
             .f
@@ -154,6 +171,26 @@ impl World {
             .await
             .expect("bundle");
     }
+}
+
+/// Starts the diagnostics controller on an operator runtime of its own (its own caches and NATS link), with buckets
+/// sized for 100 devices (JetStream reserves every bucket's byte limit on the disk, and the default 10,000 devices
+/// would reserve about 3 GB per test).
+fn spawn_controller(f: &mut Fleet) {
+    let nats = fleet_operator::kv::NatsSettings {
+        buckets: fleet_operator::kv::Buckets::new(None, Some(100)).unwrap(),
+        ..Default::default()
+    };
+    let rt = fleet_operator::runtime::Runtime::new(
+        f.client.clone(),
+        &Some(format!("fleet-test={}", f.run)),
+        &f.nats.url(),
+        nats,
+    );
+    f.operators.push(tokio::spawn(async move {
+        let r = fleet_operator::diagnostics::controller::run_with(&rt).await;
+        panic!("the diagnostics controller ended: {r:?}");
+    }));
 }
 
 fn bundle(device: &str, request: &str, text: &str) -> DiagnosticsBundle {
@@ -279,7 +316,8 @@ async fn an_offline_device_is_waited_for() {
 }
 
 /// A bundle at a request's key that answers another request fails that request (Failed, saying so); a bundle at
-/// the key of a request nobody made is ignored (the other request stays Pending).
+/// the key of a request nobody made is ignored (the other request stays Pending, queued behind the first, and is
+/// written once the first failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bundle_for_another_request_does_not_complete_one() {
     let w = World::start("diag-wrong").await;
@@ -315,7 +353,8 @@ async fn a_bundle_for_another_request_does_not_complete_one() {
         w.request(&key_a).await.is_none().then_some(())
     })
     .await;
-    assert!(w.request(&key_b).await.is_some());
+    // b waited for a (one open request per device) and is written once a finished.
+    eventually("b's request written", || w.request(&key_b)).await;
 }
 
 /// Who may ask is RBAC: a user without `fleet-diagnostics-requester` (docs/diagnostics.md) gets 403 on create; with
@@ -401,42 +440,191 @@ async fn the_sweep_deletes_requests_whose_object_is_gone() {
         .await
         .unwrap();
     // Known to no cache here: the object's UID is found by the sweep's own list.
-    let deleted = fleet_operator::diagnostics::sweep::run(&w.f.client, &store, &Default::default())
-        .await
-        .expect("sweep");
-    assert_eq!(deleted, 1);
+    let bundles =
+        w.f.js
+            .get_key_value(fleet_wire::kv::DIAGNOSTICS_BUNDLE)
+            .await
+            .unwrap();
+    let orphan_bundle = format!("{dev}.{}", AttemptId::new_random());
+    w.answer(
+        &orphan_bundle,
+        &mut bundle(&dev, uid_of(&orphan_bundle), "orphan"),
+    )
+    .await;
+    let deleted = fleet_operator::diagnostics::sweep::run(
+        &w.f.client,
+        &[&store, &bundles],
+        &Default::default(),
+    )
+    .await
+    .expect("sweep");
+    assert_eq!(deleted, 2);
     assert!(w.request(&orphan).await.is_none(), "the orphan is gone");
+    assert!(
+        w.bundle_bytes(&orphan_bundle).await.is_none(),
+        "the orphan bundle is gone"
+    );
     assert!(
         w.request(&key).await.is_some(),
         "the object's request stays"
     );
 }
 
-/// More requests than one pass writes for (`MAX_WRITES_PER_PASS`): every one is written, and every bundle, all
-/// arriving at once, completes its request (none is lost between passes).
+/// One open request per device: a second request for the same device is not written while the first is open, and
+/// says it waits for it; once the first is answered (Complete, its bundle key deleted), the second is written and
+/// answered in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn more_requests_than_a_pass_writes_all_complete() {
-    let w = World::start("diag-many").await;
+async fn a_device_has_one_open_request_at_a_time() {
+    let w = World::start("diag-one").await;
     let dev = w.device("dev", true).await;
+    // Names in creation order also when both are created within one second (the queue's order: creation, then
+    // name).
+    let (first, key1) = w.ask("a-first", json!({"device": dev})).await;
+    let (second, key2) = w.ask("b-second", json!({"device": dev})).await;
+    eventually("the first request in KV", || w.request(&key1)).await;
+    let want = format!(
+        "queued: waits for request {first}, which is open for device {dev} (a device answers one request at a \
+         time); written for device {dev} once that changes"
+    );
+    eventually("the second says it waits for the first", || async {
+        (w.message(&second).await? == want).then_some(())
+    })
+    .await;
+    let o = w.api().get(&second).await.unwrap();
+    assert_eq!(o.status.unwrap().phase, Some(DiagnosticsPhase::Pending));
+    assert!(
+        w.request(&key2).await.is_none(),
+        "the second is not written while the first is open"
+    );
+    let m = w.message(&first).await.unwrap();
+    assert!(m.starts_with(&format!("written for device {dev}")), "{m}");
+
+    w.answer(&key1, &mut bundle(&dev, uid_of(&key1), "one"))
+        .await;
+    let o = w.phase(&first, DiagnosticsPhase::Complete).await;
+    assert_eq!(o.status.unwrap().bundle.unwrap().sections[0].text, "one");
+    eventually("the first's bundle key deleted once copied", || async {
+        w.bundle_bytes(&key1).await.is_none().then_some(())
+    })
+    .await;
+    eventually("the first's request key deleted", || async {
+        w.request(&key1).await.is_none().then_some(())
+    })
+    .await;
+    eventually("the second written", || w.request(&key2)).await;
+    eventually("the second says it is written", || async {
+        w.message(&second)
+            .await?
+            .starts_with(&format!("written for device {dev}"))
+            .then_some(())
+    })
+    .await;
+    w.answer(&key2, &mut bundle(&dev, uid_of(&key2), "two"))
+        .await;
+    let o = w.phase(&second, DiagnosticsPhase::Complete).await;
+    assert_eq!(o.status.unwrap().bundle.unwrap().sections[0].text, "two");
+    eventually("the second's bundle key deleted", || async {
+        w.bundle_bytes(&key2).await.is_none().then_some(())
+    })
+    .await;
+}
+
+/// An operator that starts counts the request keys that exist as open, whoever wrote them: with its request B's key
+/// already in KV (written by another replica, or by this operator before it restarted) and an older request A of
+/// the same device not written, the operator that starts does not write A (the device would read only the newer
+/// key) but says A waits for B; once B is answered, A is written and answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_that_starts_counts_the_keys_that_exist() {
+    let mut w = World::start("diag-restart").await;
+    w.stop_controller();
+    let dev = w.device("dev", true).await;
+    let (a, key_a) = w.ask("a-older", json!({"device": dev})).await;
+    let (b, key_b) = w.ask("b-newer", json!({"device": dev})).await;
+    let request = DiagnosticsRequest {
+        items: vec![],
+        workloads: vec![],
+        lines: 200,
+        since_seconds: None,
+        requested_at: Timestamp::now(),
+    };
+    w.f.js
+        .get_key_value(fleet_wire::kv::DIAGNOSTICS_REQUEST)
+        .await
+        .unwrap()
+        .put(&key_b, serde_json::to_vec(&request).unwrap().into())
+        .await
+        .unwrap();
+    spawn_controller(&mut w.f);
+    let want = format!("queued: waits for request {b}, which is open for device {dev}");
+    eventually("the older one waits for the open one", || async {
+        w.message(&a).await?.starts_with(&want).then_some(())
+    })
+    .await;
+    assert!(w.request(&key_a).await.is_none(), "a is not written");
+    w.answer(&key_b, &mut bundle(&dev, uid_of(&key_b), "b"))
+        .await;
+    w.phase(&b, DiagnosticsPhase::Complete).await;
+    eventually("a written once b finished", || w.request(&key_a)).await;
+    w.answer(&key_a, &mut bundle(&dev, uid_of(&key_a), "a"))
+        .await;
+    let o = w.phase(&a, DiagnosticsPhase::Complete).await;
+    assert_eq!(o.status.unwrap().bundle.unwrap().sections[0].text, "a");
+}
+
+/// The fleet-wide cap: with buckets for 100 devices, `max_open_requests(100)` (72: the bundle bucket's 8 MiB floor
+/// holds 72 bundles of 112 KiB) requests are open at once. More requests than that, and than one pass writes for
+/// (`MAX_WRITES_PER_PASS`), each for its own device: the oldest 72 are written, the others say they are queued;
+/// every bundle of the written ones, all arriving at once, completes its request (none is lost between passes) and
+/// is deleted, the queued ones are written in turn, and every one ends Complete with its own text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_requests_than_the_fleet_cap_are_queued_and_all_complete() {
+    let w = World::start("diag-many").await;
+    let cap = fleet_wire::diagnostics::max_open_requests(100) as usize;
+    assert_eq!(cap, 72);
     let n = fleet_operator::diagnostics::controller::MAX_WRITES_PER_PASS + 10;
+    assert!(n > cap);
     let mut asked = vec![];
     for i in 0..n {
-        asked.push(
-            w.ask(
-                &format!("many-{i}"),
+        // Zero-padded names: creation order, also within one second.
+        let dev = w.device(&format!("dev-{i:03}"), true).await;
+        let (name, key) = w
+            .ask(
+                &format!("many-{i:03}"),
                 json!({"device": dev, "items": ["disk"]}),
             )
-            .await,
-        );
+            .await;
+        asked.push((dev, name, key));
     }
-    for (_, key) in &asked {
-        eventually("every request in KV", || w.request(key)).await;
+    let (open, queued) = asked.split_at(cap);
+    for (_, _, key) in open {
+        eventually("the oldest requests in KV", || w.request(key)).await;
     }
-    for (_, key) in &asked {
-        w.answer(key, &mut bundle(&dev, uid_of(key), key)).await;
+    let want = format!("queued: {cap} requests are open across the fleet (at most {cap})");
+    for (_, name, key) in queued {
+        eventually("the others queued", || async {
+            w.message(name).await?.starts_with(&want).then_some(())
+        })
+        .await;
+        assert!(w.request(key).await.is_none(), "{name} is not written");
     }
-    for (name, key) in &asked {
+    for (dev, _, key) in open {
+        w.answer(key, &mut bundle(dev, uid_of(key), key)).await;
+    }
+    for (dev, _, key) in queued {
+        eventually("the queued requests written once others finish", || {
+            w.request(key)
+        })
+        .await;
+        w.answer(key, &mut bundle(dev, uid_of(key), key)).await;
+    }
+    for (_, name, key) in &asked {
         let o = w.phase(name, DiagnosticsPhase::Complete).await;
         assert_eq!(&o.status.unwrap().bundle.unwrap().sections[0].text, key);
+    }
+    for (_, _, key) in &asked {
+        eventually("every bundle key deleted", || async {
+            w.bundle_bytes(key).await.is_none().then_some(())
+        })
+        .await;
     }
 }

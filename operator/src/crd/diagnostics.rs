@@ -109,7 +109,9 @@ pub struct DeviceDiagnosticsSpec {
 /// Where a request is.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum DiagnosticsPhase {
-    /// Written for the device, which is online (or not judged yet): waiting for its answer.
+    /// Written for the device, which is online (or not judged yet): waiting for its answer. Or queued, not
+    /// written yet: another request of the device is open, or the fleet's limit of open requests is reached
+    /// (`message` says which).
     Pending,
     /// The device is offline: the request waits for it (up to 7 days).
     Waiting,

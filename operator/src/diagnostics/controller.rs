@@ -1,11 +1,14 @@
-//! The DeviceDiagnostics controller: writes each new object's request for its device, keeps its phase current
-//! from the Device's `Online` condition (a device that comes back moves Waiting → Pending), copies the device's
-//! bundle into status as soon as the bundle watch sees it, deletes the request key once finished, deletes finished
-//! objects `ttlSecondsAfterFinished` later, and sweeps request keys whose object is gone. Woken by the object and
-//! Device caches and by the bundle watch; a periodic pass ([`RESYNC`]) covers expiries and TTLs.
+//! The DeviceDiagnostics controller: writes each new object's request for its device when the queue lets it (one
+//! open request per device, at most `max_open_requests` across the fleet: [`super::queue`]), keeps its phase
+//! current from the Device's `Online` condition (a device that comes back moves Waiting → Pending), copies the
+//! device's bundle into status as soon as the bundle watch sees it, deletes the request key and the bundle key once
+//! finished, deletes finished objects `ttlSecondsAfterFinished` later, and sweeps request and bundle keys whose
+//! object is gone. Woken by the object and Device caches and by the bundle watch; a periodic pass ([`RESYNC`])
+//! covers expiries and TTLs.
 
 use super::bundles::{self, Arrived};
 use super::phase::{self, Answer, DeviceState};
+use super::queue::{self, Candidate, Decision};
 use super::request;
 use crate::crd::diagnostics::{
     DeviceDiagnostics, DeviceDiagnosticsStatus, DiagnosticsBundleStatus, DiagnosticsPhase,
@@ -43,10 +46,13 @@ struct Shown {
 
 struct State {
     arrived: Arc<Arrived>,
-    /// Request UIDs whose request key this replica created (or found).
+    /// Request UIDs whose request key exists as far as this replica knows: listed after each new NATS link
+    /// (`listed`), then its own creates (`AlreadyExists` too) and deletes. The queue counts them open.
     written: HashSet<String>,
-    /// Finished request UIDs whose request key this replica deleted.
-    cleared: HashSet<String>,
+    /// `written` was listed from the bucket on the current link.
+    listed: bool,
+    /// At most this many requests are open across the fleet.
+    max_open: usize,
     shown: HashMap<String, Shown>,
     unknown: Summaries,
     last_sweep: Option<Instant>,
@@ -70,7 +76,11 @@ pub async fn run_with(rt: &Runtime) -> Result<(), String> {
     let mut st = State {
         arrived: Arc::default(),
         written: HashSet::new(),
-        cleared: HashSet::new(),
+        listed: false,
+        max_open: usize::try_from(fleet_wire::diagnostics::max_open_requests(
+            rt.nats.buckets().fleet_size(),
+        ))
+        .unwrap_or(usize::MAX),
         shown: HashMap::new(),
         unknown: Summaries::new(
             "diagnostics-bundle: ignoring the bundle of an unknown request",
@@ -90,9 +100,8 @@ pub async fn run_with(rt: &Runtime) -> Result<(), String> {
         })
         .await;
         if matches!(kept, Kept::Opened) {
-            // A new connection: what this replica believed written is checked again (creates are idempotent).
-            st.written.clear();
-            st.cleared.clear();
+            // A new connection: which request keys exist is listed again before anything more is written.
+            st.listed = false;
         }
         let wait = match &link {
             Some(l) => pass(rt, l, &objects, &devices, &mut st).await,
@@ -149,6 +158,16 @@ async fn read_bundle(
     }
 }
 
+/// Deletes the bundle at `key` (copied into status, or not wanted: its request finished): the bucket holds only
+/// `max_open_requests` bundles. A failure is logged; the bundle watch notes the key again on the next link, and
+/// the bucket's age limit removes it at last.
+async fn delete_bundle(bundles: &Store, key: &str) {
+    match bundles.delete(key).await {
+        Ok(()) => log::debug!("diagnostics: deleted {DIAGNOSTICS_BUNDLE}/{key}"),
+        Err(e) => log::warn!("diagnostics: delete {DIAGNOSTICS_BUNDLE}/{key}: {e}"),
+    }
+}
+
 async fn pass(
     rt: &Runtime,
     link: &Link,
@@ -162,28 +181,47 @@ async fn pass(
     ) else {
         return Duration::from_secs(2);
     };
+    if !st.listed {
+        match super::sweep::keys(requests).await {
+            Ok(keys) => {
+                st.written = keys.into_iter().map(|(_, uid)| uid).collect();
+                st.listed = true;
+            }
+            Err(e) => {
+                log::warn!("diagnostics: {e}; retried");
+                return Duration::from_secs(2);
+            }
+        }
+    }
     let now = Timestamp::now();
     let mut objs = objects.state();
-    objs.sort_by_key(|o| crate::crd::tasks::created_at(o.as_ref()));
+    // Creation order (seconds), then name: the queue's order, the same on every replica.
+    objs.sort_by(|a, b| {
+        (crate::crd::tasks::created_at(a.as_ref()), &a.metadata.name)
+            .cmp(&(crate::crd::tasks::created_at(b.as_ref()), &b.metadata.name))
+    });
     let by_uid: HashMap<String, Arc<DeviceDiagnostics>> = objs
         .iter()
         .filter_map(|o| Some((o.metadata.uid.clone()?, o.clone())))
         .collect();
     st.shown.retain(|uid, _| by_uid.contains_key(uid));
     st.written.retain(|uid| by_uid.contains_key(uid));
-    st.cleared.retain(|uid| by_uid.contains_key(uid));
     let phase_of = |st: &State, o: &DeviceDiagnostics| -> Option<DiagnosticsPhase> {
         let uid = o.metadata.uid.as_deref().unwrap_or_default();
-        st.shown
-            .get(uid)
-            .map(|s| s.phase)
-            .or_else(|| o.status.as_ref().and_then(|s| s.phase))
+        let cached = o.status.as_ref().and_then(|s| s.phase);
+        // Finished in the cache: by this replica or another (which may have deleted the bundle this one did not
+        // read), and a finished request never changes again.
+        if cached.is_some_and(DiagnosticsPhase::finished) {
+            return cached;
+        }
+        st.shown.get(uid).map(|s| s.phase).or(cached)
     };
 
     // The bundles that arrived, for the open requests they answer.
     let (keys, dropped) = st.arrived.take();
     let mut answers: HashMap<String, Answer> = HashMap::new();
     let mut to_read: Vec<(Arc<DeviceDiagnostics>, String)> = vec![];
+    let mut not_wanted: Vec<String> = vec![];
     for key in keys {
         let known = fleet_wire::kv::parse_run_key(&key)
             .ok()
@@ -198,7 +236,11 @@ async fn pass(
                     log::warn!("{line}");
                 }
             }
-            Some(o) if phase_of(st, o).is_some_and(DiagnosticsPhase::finished) => {}
+            // A bundle of a finished request: copied already (one left by a failed delete, found again when the
+            // watch starts over) or too late.
+            Some(o) if phase_of(st, o).is_some_and(DiagnosticsPhase::finished) => {
+                not_wanted.push(key)
+            }
             Some(o) => to_read.push((o.clone(), key)),
         }
     }
@@ -217,6 +259,42 @@ async fn pass(
             answers.insert(o.metadata.uid.clone().unwrap_or_default(), a);
         }
     }
+    for key in &not_wanted {
+        delete_bundle(bundles, key).await;
+    }
+
+    // Which unfinished requests may be written now (the others wait, saying why).
+    let mut candidates = vec![];
+    let mut candidate_uids = vec![];
+    for o in &objs {
+        let Some(uid) = o.metadata.uid.as_deref() else {
+            continue;
+        };
+        if phase_of(st, o).is_some_and(DiagnosticsPhase::finished) || request::key(o).is_none() {
+            continue;
+        }
+        let created = crate::crd::tasks::created_at(o.as_ref());
+        if crate::schema::refusal(o.as_ref()).is_some()
+            || request::of(&o.spec, created).is_err()
+            || device_state(devices, &o.spec.device) == DeviceState::Missing
+        {
+            continue; // It fails in this pass.
+        }
+        let open = st.written.contains(uid);
+        if !open && (answers.contains_key(uid) || now >= created.plus(phase::EXPIRES_AFTER)) {
+            continue; // It finishes in this pass.
+        }
+        candidates.push(Candidate {
+            name: o.metadata.name.as_deref().unwrap_or_default(),
+            device: &o.spec.device,
+            open,
+        });
+        candidate_uids.push(uid.to_owned());
+    }
+    let mut decisions: HashMap<String, Decision> = candidate_uids
+        .into_iter()
+        .zip(queue::decide(&candidates, st.max_open))
+        .collect();
 
     let api = kube::Api::<DeviceDiagnostics>::all(rt.client.clone());
     let mut writes = 0;
@@ -239,10 +317,10 @@ async fn pass(
         let current = phase_of(st, o);
         if current.is_some_and(DiagnosticsPhase::finished) {
             // The request key goes as soon as the request finished (a device can then write no bundle for it).
-            if let Some(key) = key.as_ref().filter(|_| !st.cleared.contains(&uid)) {
+            if let Some(key) = key.as_ref().filter(|_| st.written.contains(&uid)) {
                 match requests.delete(key).await {
                     Ok(()) => {
-                        st.cleared.insert(uid.clone());
+                        st.written.remove(&uid);
                     }
                     Err(e) => log::warn!("diagnostics: delete {DIAGNOSTICS_REQUEST}/{key}: {e}"),
                 }
@@ -286,9 +364,14 @@ async fn pass(
         let spec_error = refusal.or_else(|| req.as_ref().err().cloned());
         let mut write_error = None;
         let device = device_state(devices, &o.spec.device);
-        // Nothing is written for a device without a Device (the request fails at once).
+        let decision = decisions.remove(&uid);
+        let queued = match &decision {
+            Some(Decision::Queued(q)) => Some(q),
+            _ => None,
+        };
+        // Written only when the queue lets it: never for a device without a Device (the request fails at once).
         if let (Ok(r), Some(key), None) = (&req, &key, &spec_error) {
-            if !st.written.contains(&uid) && device != DeviceState::Missing {
+            if decision == Some(Decision::Write) {
                 let bytes = serde_json::to_vec(r).unwrap_or_default();
                 writes += 1;
                 match requests.create(key, bytes.into()).await {
@@ -325,6 +408,7 @@ async fn pass(
             answer: &answer,
             expires_at: &expires_at,
             expired: now >= expires,
+            queued,
         };
         let judged = phase::judge(&facts);
         let had_answer = !matches!(answer, Answer::None);
@@ -385,10 +469,23 @@ async fn pass(
                 );
                 if next.finished() {
                     if let Some(key) = &key {
-                        if requests.delete(key).await.is_ok() {
-                            st.cleared.insert(uid.clone());
+                        // Whether or not this replica knew it open: another may have written it.
+                        writes += 1;
+                        match requests.delete(key).await {
+                            Ok(()) => {
+                                st.written.remove(&uid);
+                            }
+                            Err(e) => {
+                                log::warn!("diagnostics: delete {DIAGNOSTICS_REQUEST}/{key}: {e}")
+                            }
+                        }
+                        if had_answer {
+                            // Copied into status (or not wanted): its space in the bucket is freed at once.
+                            writes += 1;
+                            delete_bundle(bundles, key).await;
                         }
                     }
+                    // The next pass writes the requests that waited for this one.
                     wait = Duration::ZERO;
                 }
             }
@@ -410,7 +507,7 @@ async fn pass(
     {
         st.last_sweep = Some(Instant::now());
         let known: HashSet<String> = by_uid.keys().cloned().collect();
-        if let Err(e) = super::sweep::run(&rt.client, requests, &known).await {
+        if let Err(e) = super::sweep::run(&rt.client, &[requests, bundles], &known).await {
             log::warn!("diagnostics: sweep: {e}");
         }
     }

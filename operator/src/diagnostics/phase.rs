@@ -1,7 +1,8 @@
 //! A request's phase, decided from what the operator knows (pure; the table test below is the specification):
-//! the device's liveness, whether the request could be written, the device's answer, the 7-day expiry. A finished
-//! request (Complete, Failed) never changes again.
+//! the device's liveness, whether the request could be written, whether it waits in the queue ([`super::queue`]),
+//! the device's answer, the 7-day expiry. A finished request (Complete, Failed) never changes again.
 
+use super::queue::Queued;
 use crate::crd::diagnostics::{DiagnosticsBundleStatus, DiagnosticsPhase};
 
 /// How long a request waits for its device: the `diagnostics-request` bucket's age limit, after which the
@@ -51,6 +52,21 @@ pub struct Facts<'a> {
     pub expires_at: &'a str,
     /// It has.
     pub expired: bool,
+    /// Not written: it waits for another request of its device, or for the fleet's open requests
+    /// ([`super::queue::decide`]).
+    pub queued: Option<&'a Queued>,
+}
+
+/// Why a queued request is not written, for its message.
+fn queue_reason(d: &str, q: &Queued) -> String {
+    match q {
+        Queued::Device { earlier } => format!(
+            "waits for request {earlier}, which is open for device {d} (a device answers one request at a time)"
+        ),
+        Queued::Fleet { open, max } => {
+            format!("{open} requests are open across the fleet (at most {max})")
+        }
+    }
 }
 
 /// The phase and message to show; `None`: the request finished, nothing changes.
@@ -84,10 +100,27 @@ pub fn judge(f: &Facts) -> Option<(DiagnosticsPhase, String)> {
         )
     } else if f.device_state == DeviceState::Missing {
         (Failed, format!("no Device {d}"))
+    } else if let (true, Some(q)) = (f.expired, f.queued) {
+        (
+            Failed,
+            format!(
+                "expired: still queued by {}, never written for device {d}: {}",
+                f.expires_at,
+                queue_reason(d, q)
+            ),
+        )
     } else if f.expired {
         (
             Failed,
             format!("expired: device {d} did not answer by {}", f.expires_at),
+        )
+    } else if let Some(q) = f.queued {
+        (
+            Pending,
+            format!(
+                "queued: {}; written for device {d} once that changes",
+                queue_reason(d, q)
+            ),
         )
     } else if let DeviceState::Offline(since) = &f.device_state {
         (
@@ -305,6 +338,132 @@ mod tests {
                 answer,
                 expires_at: "2026-12-14T09:00:00Z",
                 expired,
+                queued: None,
+            };
+            let got = judge(&f);
+            assert_eq!(got.as_ref().map(|g| g.0), phase, "row {i}");
+            if let Some((_, m)) = got {
+                assert!(m.contains(words), "row {i}: {m}");
+            }
+        }
+    }
+
+    /// (current, device, answer, expired, queued, expected phase, words in the message)
+    type QueuedRow<'a> = (
+        Option<DiagnosticsPhase>,
+        DeviceState,
+        &'a Answer,
+        bool,
+        &'a Queued,
+        Option<DiagnosticsPhase>,
+        &'a str,
+    );
+
+    #[test]
+    fn queued_table() {
+        let by_device = Queued::Device {
+            earlier: "first".into(),
+        };
+        let by_fleet = Queued::Fleet { open: 72, max: 72 };
+        let bundle = Answer::Bundle(Box::default());
+        let none = Answer::None;
+        let off = DeviceState::Offline("2026-12-07T09:00:00Z".into());
+        // (current, device, answer, expired, queued) -> phase, exact message
+        let rows: Vec<QueuedRow> = vec![
+            (
+                None,
+                DeviceState::Online,
+                &none,
+                false,
+                &by_device,
+                Some(Pending),
+                "queued: waits for request first, which is open for device dev-1 (a device answers one request at \
+                 a time); written for device dev-1 once that changes",
+            ),
+            (
+                Some(Pending),
+                DeviceState::Online,
+                &none,
+                false,
+                &by_fleet,
+                Some(Pending),
+                "queued: 72 requests are open across the fleet (at most 72); written for device dev-1 once that \
+                 changes",
+            ),
+            // Queued is Pending whatever the device's liveness: nothing is written for it yet.
+            (
+                Some(Waiting),
+                off.clone(),
+                &none,
+                false,
+                &by_fleet,
+                Some(Pending),
+                "queued: 72 requests are open",
+            ),
+            (
+                None,
+                DeviceState::Unjudged,
+                &none,
+                false,
+                &by_device,
+                Some(Pending),
+                "queued: waits for request first",
+            ),
+            // Seven days in the queue: Failed, saying it was never written.
+            (
+                Some(Pending),
+                DeviceState::Online,
+                &none,
+                true,
+                &by_fleet,
+                Some(Failed),
+                "expired: still queued by 2026-12-14T09:00:00Z, never written for device dev-1: 72 requests are \
+                 open across the fleet (at most 72)",
+            ),
+            // A missing Device fails before the queue is told.
+            (
+                None,
+                DeviceState::Missing,
+                &none,
+                false,
+                &by_device,
+                Some(Failed),
+                "no Device dev-1",
+            ),
+            // An answer completes it (the controller queues no answered request; the decision holds anyway).
+            (
+                Some(Pending),
+                DeviceState::Online,
+                &bundle,
+                false,
+                &by_device,
+                Some(Complete),
+                "answered",
+            ),
+            // Finished: nothing changes.
+            (
+                Some(Complete),
+                DeviceState::Online,
+                &none,
+                false,
+                &by_device,
+                None,
+                "",
+            ),
+        ];
+        for (i, (current, device_state, answer, expired, queued, phase, words)) in
+            rows.into_iter().enumerate()
+        {
+            let f = Facts {
+                device: "dev-1",
+                current,
+                spec_error: None,
+                write_error: None,
+                device_state,
+                answer,
+                expires_at: "2026-12-14T09:00:00Z",
+                expired,
+                queued: Some(queued),
             };
             let got = judge(&f);
             assert_eq!(got.as_ref().map(|g| g.0), phase, "row {i}");
