@@ -305,6 +305,35 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         printed.contains(KNOWN_LINE) && !printed.contains(API_TOKEN),
         "the docs' one-liner printed:\n{printed}"
     );
+    // The device's page on the dashboard shows the bundle, the value redacted there too.
+    let page = fleet.cluster.wait(
+        "the dashboard's device page shows hello-now's bundle",
+        Duration::from_secs(30),
+        || {
+            fleet
+                .cluster
+                .dashboard_page(&format!("/devices/{DEVICE}"))
+                .filter(|p| p.contains(KNOWN_LINE))
+        },
+    );
+    assert!(
+        !page.contains(API_TOKEN) && page.contains(REDACTED),
+        "the dashboard's page of {DEVICE} shows the Secret value, or not as {REDACTED}"
+    );
+    // Answered: the operator deleted the request (docs/diagnostics.md, "Phases"), so no further bundle is taken.
+    let uid = o["metadata"]["uid"].as_str().expect("uid").to_string();
+    let requests = fleet_rig::nats_client::jetstream::new(fleet.nats.connect())
+        .key_value(fleet_wire::kv::DIAGNOSTICS_REQUEST)
+        .expect("the diagnostics-request bucket");
+    fleet.cluster.wait(
+        "hello-now's request key deleted once answered",
+        Duration::from_secs(30),
+        || {
+            // Its latest revision a delete or purge marker: it was written, then removed.
+            let e = requests.entry(&format!("{DEVICE}.{uid}")).ok()??;
+            (e.operation != fleet_rig::nats_client::kv::Operation::Put).then_some(())
+        },
+    );
     eprintln!(
         "step 1 (bundle with the known line, the agent's journal, containers, disk; the Secret redacted {redacted}x) done at {:?}",
         started.elapsed()
@@ -484,4 +513,14 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         "step 4 (offline: Waiting, then Complete) done at {:?}",
         started.elapsed()
     );
+
+    // The value the workload printed never reached a log off its container: the operator's, fleet-auth's,
+    // nats-server's, any device journal (the agent logs one line per request, never a section's text).
+    fleet.assert_no_secrets_in_logs_with(&[
+        ("the api Secret's value".to_string(), API_TOKEN.to_string()),
+        (
+            "the api Secret's value in base64".to_string(),
+            base64(API_TOKEN.as_bytes()),
+        ),
+    ]);
 }
