@@ -262,6 +262,41 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         asked.elapsed(),
         o["status"]["message"]
     );
+    // Every item of the menu, collected on a device set up as the docs say: none failed.
+    let all = o["status"]["bundle"]["sections"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for sec in &all {
+        eprintln!(
+            "  section {} {}: {} bytes{}{}",
+            sec["item"].as_str().unwrap_or_default(),
+            sec["workload"].as_str().unwrap_or_default(),
+            sec["text"].as_str().map_or(0, str::len),
+            if sec["cut"] == true { ", cut" } else { "" },
+            sec["error"]
+                .as_str()
+                .map(|e| format!(", error: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    let items: std::collections::BTreeSet<&str> =
+        all.iter().filter_map(|s| s["item"].as_str()).collect();
+    let menu: std::collections::BTreeSet<&str> = fleet_wire::diagnostics::Item::ALL
+        .iter()
+        .map(|i| i.name())
+        .collect();
+    assert_eq!(items, menu, "the bundle's items are not the whole menu");
+    let failed: Vec<String> = all
+        .iter()
+        .filter(|s| !s["error"].is_null())
+        .map(|s| format!("{} {}: {}", s["item"], s["workload"], s["error"]))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "sections failed on a healthy device:\n{}",
+        failed.join("\n")
+    );
     let logs = text(&o, "workloadLogs", Some("hello"));
     assert!(
         logs.contains(KNOWN_LINE),
