@@ -292,6 +292,31 @@ async fn a_request_is_answered_and_its_spec_is_immutable() {
     assert!(w.api().get(&name).await.is_ok());
 }
 
+/// A request whose Device the operator has not seen yet (its Device cache may lag behind its DeviceDiagnostics
+/// cache, or the Device is created just after the request) waits `MISSING_GRACE` (10 s) for it before it fails with
+/// `no Device`: the Device created then, the request is written and answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_created_just_after_its_request_is_waited_for() {
+    let w = World::start("diag-late").await;
+    let dev = w.f.name("late");
+    let (name, key) = w.ask("ask", json!({"device": dev})).await;
+    let want = format!("no Device {dev} seen yet; the request fails if none appears within 10 s");
+    eventually("the request waits for its Device", || async {
+        w.message(&name).await?.starts_with(&want).then_some(())
+    })
+    .await;
+    assert!(
+        w.request(&key).await.is_none(),
+        "nothing written for it yet"
+    );
+    assert_eq!(w.device("late", true).await, dev);
+    eventually("the request in KV", || w.request(&key)).await;
+    w.answer(&key, &mut bundle(&dev, uid_of(&key), "late"))
+        .await;
+    let o = w.phase(&name, DiagnosticsPhase::Complete).await;
+    assert_eq!(o.status.unwrap().bundle.unwrap().sections[0].text, "late");
+}
+
 /// An offline device's request waits and says until when; the device comes back → Pending → its bundle → Complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offline_device_is_waited_for() {

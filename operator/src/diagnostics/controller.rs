@@ -118,10 +118,19 @@ fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> String {
     Timestamp::from_unix_ms(t.0.as_millisecond().max(0) as u64).to_string()
 }
 
-/// The device's liveness as its Device says.
-fn device_state(devices: &Cache<Device>, name: &str) -> DeviceState {
+/// The device's liveness as its Device says, for a request created at `created`.
+fn device_state(
+    devices: &Cache<Device>,
+    name: &str,
+    created: Timestamp,
+    now: Timestamp,
+) -> DeviceState {
     let Some(d) = devices.get(&ObjectRef::new(name)) else {
-        return DeviceState::Missing;
+        return if now < created.plus(phase::MISSING_GRACE) {
+            DeviceState::NotSeenYet
+        } else {
+            DeviceState::Missing
+        };
     };
     let online = d.status.as_ref().and_then(|s| {
         s.conditions
@@ -276,7 +285,10 @@ async fn pass(
         let created = crate::crd::tasks::created_at(o.as_ref());
         if crate::schema::refusal(o.as_ref()).is_some()
             || request::of(&o.spec, created).is_err()
-            || device_state(devices, &o.spec.device) == DeviceState::Missing
+            || matches!(
+                device_state(devices, &o.spec.device, created, now),
+                DeviceState::Missing | DeviceState::NotSeenYet
+            )
         {
             continue; // It fails in this pass.
         }
@@ -363,7 +375,11 @@ async fn pass(
         let req = request::of(&o.spec, created);
         let spec_error = refusal.or_else(|| req.as_ref().err().cloned());
         let mut write_error = None;
-        let device = device_state(devices, &o.spec.device);
+        let device = device_state(devices, &o.spec.device, created, now);
+        if device == DeviceState::NotSeenYet {
+            let due = created.plus(phase::MISSING_GRACE);
+            wait = wait.min(due.since(now).max(Duration::from_millis(100)));
+        }
         let decision = decisions.remove(&uid);
         let queued = match &decision {
             Some(Decision::Queued(q)) => Some(q),

@@ -9,11 +9,17 @@ use crate::crd::diagnostics::{DiagnosticsBundleStatus, DiagnosticsPhase};
 /// device could not read it any more.
 pub const EXPIRES_AFTER: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
+/// How long a request for a Device the operator has not seen waits for it before it fails with `no Device`.
+pub const MISSING_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the operator knows of the device, from its Device object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceState {
     /// No Device of that name.
     Missing,
+    /// No Device of that name in the cache yet, and the request is younger than [`MISSING_GRACE`]: the Device
+    /// cache may lag behind the request's (a Device created just before its request).
+    NotSeenYet,
     /// `Online=True`.
     Online,
     /// `Online=False` since then (the condition's `lastTransitionTime`).
@@ -100,6 +106,14 @@ pub fn judge(f: &Facts) -> Option<(DiagnosticsPhase, String)> {
         )
     } else if f.device_state == DeviceState::Missing {
         (Failed, format!("no Device {d}"))
+    } else if f.device_state == DeviceState::NotSeenYet {
+        (
+            Pending,
+            format!(
+                "no Device {d} seen yet; the request fails if none appears within {} s of its creation",
+                MISSING_GRACE.as_secs()
+            ),
+        )
     } else if let (true, Some(q)) = (f.expired, f.queued) {
         (
             Failed,
@@ -283,6 +297,16 @@ mod tests {
                 false,
                 Some(Failed),
                 "no Device dev-1",
+            ),
+            (
+                None,
+                None,
+                None,
+                DeviceState::NotSeenYet,
+                &none,
+                false,
+                Some(Pending),
+                "no Device dev-1 seen yet; the request fails if none appears within 10 s",
             ),
             (
                 Some(Waiting),
