@@ -10,8 +10,8 @@
 //!    `[redacted]`, and the bundle counts it. Read with the kubectl one-liner of docs/diagnostics.md.
 //! 2. A user without RBAC rights on `devicediagnostics` is refused (Forbidden); one bound to a role that grants
 //!    them may ask.
-//! 3. A workload that logs 100 MiB: the bundle stays within its bound (112 KiB of JSON) and says it was cut; the
-//!    newest lines are the ones kept.
+//! 3. A workload that logs 100 MiB (and three that log 1 MiB each): the bundle stays within its bound (112 KiB of
+//!    JSON) and says it was cut, and so does the flood's section; the newest lines are the ones kept.
 //! 4. A device that is offline (its NATS link cut since the start, so that the operator's 90 s judgement has
 //!    passed by now): its request waits (`Waiting`, the message naming the device and "offline"), and completes
 //!    when the device is back.
@@ -37,6 +37,8 @@ const REDACTED: &str = "[redacted]";
 const AGENT_LINE: &str = "desired state generation";
 /// The last line of the 100 MiB workload, printed after the flood.
 const FLOOD_DONE: &str = "flood-done 51c2e8";
+/// How many workloads log 1 MiB beside the 100 MiB one.
+const CHATTY: usize = 3;
 /// The bundle's bound (fleet-wire's `MAX_BUNDLE_BYTES`).
 const BUNDLE_BOUND: usize = fleet_wire::diagnostics::MAX_BUNDLE_BYTES;
 /// What the issue asks: a bundle within 10 s of `kubectl create`.
@@ -429,7 +431,8 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         started.elapsed()
     );
 
-    // 3. 100 MiB of log: the bundle stays within its bound and says what it cut.
+    // 3. 100 MiB of log: the bundle stays within its bound and says what it cut. Three more workloads log 1 MiB
+    // each, so that their sections (32 KiB each at most) and the flood's take the whole bundle over its bound too.
     fleet.cluster.apply(&deployment(
         "flood",
         &format!(
@@ -438,8 +441,24 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         ),
         "",
     ));
+    for i in 1..=CHATTY {
+        fleet.cluster.apply(&deployment(
+            &format!("chatty-{i}"),
+            &format!(
+                "busybox yes \"chatty {i}: a line of ordinary words\" | busybox head -c 1048576; \
+                 : >/dev/shm/done; exec sleep 100000"
+            ),
+            "",
+        ));
+    }
     wait_marker(&fleet, "flood", "/dev/shm/flood-done");
-    eprintln!("step 3: flood logged 100 MiB at {:?}", started.elapsed());
+    for i in 1..=CHATTY {
+        wait_marker(&fleet, &format!("chatty-{i}"), "/dev/shm/done");
+    }
+    eprintln!(
+        "step 3: flood logged 100 MiB and {CHATTY} others 1 MiB each at {:?}",
+        started.elapsed()
+    );
     ask(
         &fleet,
         &docs_request("flood-now", DEVICE, Some("  lines: 2000\n")),
@@ -454,6 +473,17 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         bundle.len() <= BUNDLE_BOUND,
         "the bundle is {} bytes of JSON, over its bound of {BUNDLE_BOUND}",
         bundle.len()
+    );
+    assert_eq!(
+        o["status"]["bundle"]["cut"],
+        true,
+        "the bundle of {} workloads' logs of 32 KiB each does not say it was cut to fit",
+        CHATTY + 1
+    );
+    let message = o["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cut"),
+        "kubectl get fdiag flood-now -o wide does not say the bundle was cut: {message}"
     );
     let flood = sections(&o, "workloadLogs", Some("flood"));
     let flood = flood.first().unwrap_or_else(|| {
@@ -478,6 +508,11 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         started.elapsed()
     );
     fleet.cluster.kubectl(&["delete", "fdep", "flood"]);
+    for i in 1..=CHATTY {
+        fleet
+            .cluster
+            .kubectl(&["delete", "fdep", &format!("chatty-{i}")]);
+    }
 
     // 4. An offline device: the request waits, and says so; the device comes back and answers.
     fleet.cluster.wait(
