@@ -426,8 +426,49 @@ fn a_person_reads_a_devices_diagnostics_with_kubectl() {
         "by-support asked for disk only: {:#}",
         o["status"]["bundle"]
     );
+    // What may be asked is the menu, never a command, a path or a shell: an item outside the menu and a workload
+    // "name" that is a path are refused when created; a workload the device does not have gets a section saying so.
+    for (name, fields, refusal) in [
+        ("a-shell", "  items: [shell]\n", "items"),
+        (
+            "a-path",
+            "  items: [workloadLogs]\n  workloads: [\"../../etc/shadow\"]\n",
+            "spec.workloads[0]",
+        ),
+    ] {
+        let refused = fleet
+            .cluster
+            .try_with_stdin(
+                &["--as=support", "create", "-f", "-"],
+                &docs_request(name, DEVICE, Some(fields)),
+            )
+            .expect_err("a request outside the menu was created");
+        eprintln!("step 2: {name} refused: {}", refused.trim());
+        assert!(
+            refused.contains(refusal) && fdiag(&fleet, name).is_none(),
+            "{name}: not refused naming {refusal}: {refused}"
+        );
+    }
+    ask(
+        &fleet,
+        &docs_request(
+            "no-such-app",
+            DEVICE,
+            Some("  items: [workloadLogs]\n  workloads: [no-such-app]\n"),
+        ),
+    );
+    let o = complete(&fleet, "no-such-app", ANSWER_WITHIN);
+    let missing = sections(&o, "workloadLogs", Some("no-such-app"));
+    assert!(
+        missing.len() == 1
+            && missing[0]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no such workload")),
+        "a workload the device does not have: {:#}",
+        o["status"]["bundle"]
+    );
     eprintln!(
-        "step 2 (mallory Forbidden, support allowed) done at {:?}",
+        "step 2 (mallory Forbidden, support allowed; outside the menu refused) done at {:?}",
         started.elapsed()
     );
 
