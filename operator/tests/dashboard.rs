@@ -1248,7 +1248,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
         "data-section=\"workloadLogs\"".into(),
         "data-section=\"disk\"".into(),
         BUNDLE_LINE.into(),
-        "1 strings redacted".into(),
+        ", 1 string redacted".into(),
     ] {
         assert!(
             dom.contains(&want),

@@ -61,7 +61,7 @@ pub fn section(list: &[Arc<DeviceDiagnostics>], now: Timestamp) -> Markup {
                     h3 {
                         "Bundle of " (o.metadata.name.as_deref().unwrap_or_default())
                         ", collected " (when(parse_time(&b.collected_at), now))
-                        @if b.redacted > 0 { ", " (b.redacted) " strings redacted" }
+                        @if b.redacted > 0 { ", " (b.redacted) @if b.redacted == 1 { " string redacted" } @else { " strings redacted" } }
                         @if b.cut { ", cut to fit" }
                     }
                     @for s in &b.sections {
