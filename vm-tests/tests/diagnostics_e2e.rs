@@ -1,20 +1,23 @@
 //! Diagnostics of a device as a person asks for them (issue 51, docs/diagnostics.md), every part real: `kubectl`
 //! → kube-apiserver (RBAC) → the `fleet-operator` binary → nats-server over TLS with the auth callout → two nspawn
-//! Debian devices installed with device setup (the real agent and updater, rootless Podman). One boot, then in
-//! order:
+//! Debian devices installed with device setup (the real agent and updater, rootless Podman). Requests are the docs'
+//! `kubectl apply` example and bundles are read with the docs' one-liner. One boot, then in order:
 //!
 //! 1. A workload that prints a known line and a Secret value given to it as an environment variable, and exits
-//!    (Podman restarts it). `kubectl create` of a `DeviceDiagnostics` for its device → Complete within 10 s; the
-//!    bundle holds the known line (`workloadLogs`), the agent's journal (`agentJournal`, with a line the agent
-//!    logs), the container (`containers`) and `/` (`disk`); the Secret value is nowhere in the object, only
-//!    `[redacted]`, and the bundle counts it. Read with the kubectl one-liner of docs/diagnostics.md.
-//! 2. A user without RBAC rights on `devicediagnostics` is refused (Forbidden); one bound to a role that grants
-//!    them may ask.
+//!    (Podman restarts it). `kubectl create` of a `DeviceDiagnostics` for its device → Complete within 10 s with
+//!    every item of the menu, none failed: the known line (`workloadLogs`), the agent's journal (`agentJournal`,
+//!    with a line the agent logs), the container (`containers`), `/` (`disk`); the Secret value is nowhere in the
+//!    object nor on the device's dashboard page, only `[redacted]`, and the bundle counts it; the request key is
+//!    deleted once answered.
+//! 2. A user without RBAC rights on `devicediagnostics` is refused (Forbidden); one bound to the docs' role may ask,
+//!    but only from the menu: an item outside it and a workload "name" that is a path are refused, a workload the
+//!    device does not have is answered with a section saying so.
 //! 3. A workload that logs 100 MiB (and three that log 1 MiB each): the bundle stays within its bound (112 KiB of
 //!    JSON) and says it was cut, and so does the flood's section; the newest lines are the ones kept.
 //! 4. A device that is offline (its NATS link cut since the start, so that the operator's 90 s judgement has
 //!    passed by now): its request waits (`Waiting`, the message naming the device and "offline"), and completes
-//!    when the device is back.
+//!    when the device is back. Then no log of the run (operator, fleet-auth, nats-server, device journals) holds
+//!    the Secret value.
 
 use fleet_vm_tests::fleet::TEST_IMAGE;
 use fleet_vm_tests::local_fleet::{base64, group_yaml, LocalFleet, API_VERSION};
