@@ -233,7 +233,7 @@ pub enum PutRefusal {
         limit: usize,
     },
     /// A status for a run the device was not given.
-    #[error("no intent for run {run} of this device: a device writes the status of runs it was given only")]
+    #[error("no intent for run {run} of this device: a device writes only for runs and requests it was given (a system-upgrade intent, a diagnostics request)")]
     UnknownRun {
         /// The run.
         run: String,

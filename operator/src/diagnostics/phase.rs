@@ -85,13 +85,18 @@ pub fn judge(f: &Facts) -> Option<(DiagnosticsPhase, String)> {
     Some(if let Some(e) = f.spec_error {
         (Failed, format!("invalid request: {e}"))
     } else if let Answer::Bundle(b) = f.answer {
+        // A section is cut for its own bound (lines, 32 KiB) as well as for the bundle's: count them.
+        let cut = b.sections.iter().filter(|s| s.cut).count();
         (
             Complete,
             format!(
                 "device {d} answered with {} sections, collected at {}{}",
                 b.sections.len(),
                 b.collected_at,
-                if b.cut { " (some were cut to fit)" } else { "" }
+                match cut {
+                    0 => String::new(),
+                    n => format!(" ({n} cut to their bounds: their oldest lines left out)"),
+                }
             ),
         )
     } else if let Answer::Invalid(why) = f.answer {
@@ -175,6 +180,40 @@ mod tests {
         Option<DiagnosticsPhase>,
         &'a str,
     );
+
+    #[test]
+    fn a_complete_message_counts_the_sections_cut_to_their_own_bound() {
+        let section = |cut| crate::crd::diagnostics::DiagnosticsSection {
+            item: "workloadLogs".into(),
+            workload: None,
+            text: "x".into(),
+            cut,
+            error: None,
+        };
+        // The bundle itself was not cut: one section was, for its own 32 KiB.
+        let answer = Answer::Bundle(Box::new(DiagnosticsBundleStatus {
+            collected_at: "2026-12-07T10:00:00Z".into(),
+            sections: vec![section(true), section(false)],
+            ..Default::default()
+        }));
+        let f = Facts {
+            device: "d",
+            current: None,
+            spec_error: None,
+            write_error: None,
+            device_state: DeviceState::Online,
+            answer: &answer,
+            expires_at: "later",
+            expired: false,
+            queued: None,
+        };
+        let (phase, message) = judge(&f).expect("judged");
+        assert_eq!(phase, DiagnosticsPhase::Complete);
+        assert!(
+            message.ends_with("(1 cut to their bounds: their oldest lines left out)"),
+            "{message}"
+        );
+    }
 
     #[test]
     fn phase_table() {
