@@ -1,4 +1,4 @@
-//! Diagnostics on request against a real nats-server and real rootless Podman (issue 51): the agent, started
+//! Diagnostics on request against a real nats-server and real rootless Podman: the agent, started
 //! before the diagnostics buckets exist (an older operator), says so once and answers once they do; a workload
 //! that prints a known line and a delivered Secret value and exits is asked for, and the bundle written to
 //! `diagnostics-bundle/<device>.<request-uid>` holds the line, the value as `[redacted]`, the `containers`,

@@ -1,4 +1,4 @@
-//! Diagnostics between devices (issue 51, docs/diagnostics.md): a device with its own valid token, against a real
+//! Diagnostics between devices (docs/diagnostics.md): a device with its own valid token, against a real
 //! nats-server with the fleet-auth callout and device API and the buckets the operator creates, can neither read
 //! another device's diagnostics (its requests or its bundles) nor answer a request addressed to another, and cannot
 //! read its own bundle either (the `diagnostics-bundle` bucket is write-only to devices: a readable bundle would be

@@ -1,4 +1,4 @@
-//! The updater's items of a diagnostics request (issue 51, `docs/diagnostics.md`): the agent's and the updater's
+//! The updater's items of a diagnostics request (`docs/diagnostics.md`): the agent's and the updater's
 //! journals, the failed units, the boot watchdog's verdict and the diagnostics files kept before reboots, and the
 //! updater's journal state. Read-only and a fixed menu: the programs and their arguments are compiled in, every
 //! path is derived from the updater's root, and of the request only `lines` and `sinceSeconds` (numbers, validated)

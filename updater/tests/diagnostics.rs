@@ -1,5 +1,5 @@
 //! A diagnostics request over the updater's real socket, collected by the host's real `journalctl` and
-//! `systemctl` (issue 51): a section for each updater item, saying exactly what this host has; an out-of-bounds
+//! `systemctl`: a section for each updater item, saying exactly what this host has; an out-of-bounds
 //! request answered `invalid`, a second one meanwhile `busy`; an answer, with the running transaction in it, while
 //! an upgrade prepares; and the installed daemon reading the agent's unit from its configuration, logging no text.
 

@@ -1,4 +1,4 @@
-//! Real applications as a person runs them (issue 50), every part real: `kubectl` → kube-apiserver + etcd → the
+//! Real applications as a person runs them (docs/crds.md), every part real: `kubectl` → kube-apiserver + etcd → the
 //! `fleet-operator` binary (its admission webhook, its dashboard) → nats-server over TLS with the auth callout →
 //! three nspawn Debian devices installed with device setup, two in the group `apps` the deployments target and
 //! one outside it; a private registry (Debian's `docker-registry` with htpasswd authentication, TLS with a

@@ -1,4 +1,4 @@
-//! Diagnostics of a device as a person asks for them (issue 51, docs/diagnostics.md), every part real: `kubectl`
+//! Diagnostics of a device as a person asks for them (docs/diagnostics.md), every part real: `kubectl`
 //! → kube-apiserver (RBAC) → the `fleet-operator` binary → nats-server over TLS with the auth callout → two nspawn
 //! Debian devices installed with device setup (the real agent and updater, rootless Podman). Requests are the docs'
 //! `kubectl apply` example and bundles are read with the docs' one-liner. One boot, then in order:

@@ -111,7 +111,7 @@ pub fn workload(name: &str) -> WorkloadSpec {
 }
 
 /// `workload(name)` as a real application: limits, a Secret key as env and as a file, a serial device, a group
-/// and an added capability (issue 50's fields, `version` as the operator sets it).
+/// and an added capability (the fields real applications added to the spec, `version` as the operator sets it).
 pub fn workload_app(name: &str) -> WorkloadSpec {
     let mut w = workload(name);
     w.resources = Some(crate::Resources {
