@@ -116,4 +116,27 @@ mod tests {
             .iter()
             .any(|(_, c)| c.starts_with("kubectl get fdiag demo-1-disk -o jsonpath=")));
     }
+
+    /// The example Prometheus rules print their device commands in backticks, so the tests that run every printed
+    /// command (`tests/package.rs` on the device, `tests/demo_guardrails.rs` in the cluster) run theirs too.
+    #[test]
+    fn the_rules_file_prints_its_commands() {
+        let rules = ["docs/dashboard/prometheus-rules.yaml"];
+        let device = super::printed(&rules, &["fleet-device-setup", "journalctl", "systemctl"]);
+        let device: Vec<&str> = device.iter().map(|(_, c)| c.as_str()).collect();
+        assert_eq!(
+            device,
+            [
+                "fleet-device-setup --repair-rollback-failed",
+                "journalctl -u fleet-agent",
+                "journalctl -u fleet-updater",
+                "systemctl status fleet-updater",
+            ]
+        );
+        let cluster = super::printed(&rules, &["kubectl"]);
+        assert_eq!(
+            cluster,
+            [(rules[0].to_owned(), "kubectl get fdev".to_owned())]
+        );
+    }
 }

@@ -503,10 +503,11 @@ fn deleting_a_task_schedule_deletes_its_runs_and_a_deleted_namespace_empties() {
     });
 }
 
-/// Where the product tells a person what to run in the cluster: the docs, the README and the operator's texts
-/// (alerts, status and event messages, `--help`).
+/// Where the product tells a person what to run in the cluster: the docs, the example alerting rules, the README and
+/// the operator's texts (alerts, status and event messages, `--help`).
 fn cluster_sources() -> Vec<String> {
     let mut s = instructions::files("docs", ".md");
+    s.push("docs/dashboard/prometheus-rules.yaml".into());
     s.push("README.md".into());
     s.extend(instructions::files("operator/src", ".rs"));
     s

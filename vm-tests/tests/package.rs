@@ -480,9 +480,11 @@ fn diff(a: &str, b: &str) -> String {
     out
 }
 
-/// Where the product tells a person what to run on a device: alert texts, docs, the maintainer scripts' messages.
-const INSTRUCTION_SOURCES: [&str; 12] = [
+/// Where the product tells a person what to run on a device: alert texts, the example alerting rules, docs, the
+/// maintainer scripts' messages.
+const INSTRUCTION_SOURCES: [&str; 13] = [
     "operator/src/dashboard/alerts.rs",
+    "docs/dashboard/prometheus-rules.yaml",
     "docs/dashboard.md",
     "docs/device-setup.md",
     "docs/packages.md",

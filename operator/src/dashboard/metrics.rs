@@ -506,7 +506,7 @@ mod tests {
                         continue;
                     }
                     let end = v[i + 1..]
-                        .find([' ', '.', ',', ';', ')'])
+                        .find([' ', '.', ',', ';', ')', '`'])
                         .map_or(v.len(), |e| i + 1 + e);
                     let command = &v[start..end];
                     assert!(
