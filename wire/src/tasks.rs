@@ -151,3 +151,20 @@ pub struct SystemUpgradeStatus {
     /// The most recent transitions, oldest first, at most 16.
     pub transitions: Transitions<Transition<SystemUpgradePhase>>,
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::fixtures::{system_attempt, t};
+
+    /// The one expiry rule the agent's relay and the updater's acceptance share: an attempt still starts the second
+    /// before its deadline and never at or after it.
+    #[test]
+    fn an_attempt_expires_at_its_deadline() {
+        let a = system_attempt();
+        assert_eq!(a.expires_at, t(21600));
+        assert!(!a.has_expired(t(0)));
+        assert!(!a.has_expired(t(21599)));
+        assert!(a.has_expired(t(21600)));
+        assert!(a.has_expired(t(21601)));
+    }
+}
