@@ -82,7 +82,7 @@ struct Inner {
     next_id: AtomicU64,
     /// Whether a reconnection thread is running.
     reconnecting: AtomicBool,
-    /// Increases on every reconnect, so watches re-create their consumers.
+    /// Increases on every reconnect, so watches subscribe again on the new connection.
     reconnects: AtomicU64,
     /// The subscriptions that watch threads block on, by watch id: [`Nats::wake_watches`] unsubscribes them,
     /// which ends their blocking read (on a reconnect, or when the watches stop).
