@@ -274,6 +274,43 @@ fn staged_sources_and_health() {
     assert_eq!(run_once(&cfg, &h.script, opts).unwrap(), Outcome::Rebooting);
 }
 
+/// `/var/lib/fleet-updater/reboot-required` (written by a person or another tool, not by the product) asks for a
+/// reboot as Debian's flag does, and is deleted once the host is healthy after that reboot, so it asks only once.
+#[test]
+fn the_fleet_updater_flag_asks_for_one_reboot() {
+    let h = host();
+    let srv = responder();
+    std::fs::remove_file(h.root.path().join("run/reboot-required")).unwrap();
+    let flag = h.root.path().join("var/lib/fleet-updater/reboot-required");
+    std::fs::create_dir_all(flag.parent().unwrap()).unwrap();
+    std::fs::write(&flag, "").unwrap();
+    let cfg = config(h.root.path(), srv.addr, "");
+    assert_eq!(
+        run_once(&cfg, &h.script, RunOptions::default()).unwrap(),
+        Outcome::Rebooting
+    );
+    assert!(h.script.called("systemctl reboot"));
+    assert!(
+        flag.exists(),
+        "kept until the host is healthy after the reboot"
+    );
+    std::fs::write(
+        h.root.path().join("proc/sys/kernel/random/boot_id"),
+        "boot-b\n",
+    )
+    .unwrap();
+    assert_eq!(
+        run_once(&cfg, &h.script, RunOptions::default()).unwrap(),
+        Outcome::Released
+    );
+    assert!(srv.holder.lock().unwrap().is_none());
+    assert!(!flag.exists(), "deleted after the reboot");
+    not_now(
+        run_once(&cfg, &h.script, RunOptions::default()).unwrap(),
+        "nothing staged",
+    );
+}
+
 #[test]
 fn dependencies_against_real_listeners() {
     let h = host();

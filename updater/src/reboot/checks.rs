@@ -12,8 +12,8 @@ pub fn staged(sys: &dyn System, paths: &Paths) -> Result<String, String> {
     if paths.reboot_required().exists() {
         return Ok("/run/reboot-required exists".into());
     }
-    if paths.system_upgrade_done().exists() {
-        return Ok("a system upgrade finished and wants a reboot".into());
+    if paths.reboot_flag().exists() {
+        return Ok("/var/lib/fleet-updater/reboot-required exists".into());
     }
     match sys.run("bootc", &["status", "--json"], COMMAND_TIMEOUT) {
         Ok(out) if out.code == Some(0) => {

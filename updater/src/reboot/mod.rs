@@ -282,7 +282,7 @@ fn finish_upgrade_reboot(
             if let Err(e) = wait_healthy(cfg, sys, paths) {
                 return not_now(format!("after the reboot: {e}"));
             }
-            let _ = std::fs::remove_file(paths.system_upgrade_done());
+            let _ = std::fs::remove_file(paths.reboot_flag());
             // A marker of this boot belongs to a later reboot another run asked for: left alone.
             log::info!(
                 "healthy after the upgrade's reboot; no slot of an earlier boot to give back{}",
@@ -312,7 +312,7 @@ fn after_reboot(
         return not_now(format!("after the reboot: could not release the lock: {e}"));
     }
     marker::remove(&paths.marker())?;
-    let _ = std::fs::remove_file(paths.system_upgrade_done());
+    let _ = std::fs::remove_file(paths.reboot_flag());
     log::info!("healthy after the reboot: lock released");
     Ok(Outcome::Released)
 }

@@ -108,8 +108,9 @@ impl Paths {
         self.p("run/reboot-required")
     }
     /// A flag asking for a reboot that nothing in the product writes (a person or another tool may); deleted once
-    /// the host is healthy after the reboot.
-    pub fn system_upgrade_done(&self) -> PathBuf {
+    /// the host is healthy after the reboot. A system upgrade needs none: its journal records the reboot it needs
+    /// and `--upgrade-step` skips the "something staged" check.
+    pub fn reboot_flag(&self) -> PathBuf {
         self.p("var/lib/fleet-updater/reboot-required")
     }
     /// Present while logins are refused (the host is still booting or shutting down).
