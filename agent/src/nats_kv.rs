@@ -781,7 +781,8 @@ impl Buckets {
         })
     }
 
-    /// What a watch needs: a subscription to `key`'s subject and a direct get (what the probe checks).
+    /// What a watch needs: a subscription where [`Self::watch`] listens for `key` (its subject, or with the device
+    /// API this connection's watch inbox) and a direct get (what the probe checks).
     pub fn probe_watch(&self, bucket: &str, key: &str) -> io::Result<()> {
         self.check(bucket)?;
         let (subject, _) = self.nats.watch_subjects(bucket, key)?;

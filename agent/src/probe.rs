@@ -1,8 +1,9 @@
 //! `fleet-agent --self-test`: the candidate probe of the seed. It parses the real configuration, reaches Podman
-//! when enabled, authenticates to NATS, opens the required buckets, reads the per-device keys, subscribes to its
-//! desired-state key's subject as the live watch does and reads the key (a plain subscription and a direct get: no
-//! JetStream consumer), checks the updater socket and reads and checks the desired state. No loops, no normal status
-//! or heartbeat, no workload mutation, no process lock (the live agent holds it). Bounded to 4 minutes.
+//! when enabled, authenticates to NATS, opens the required buckets, reads the per-device keys, subscribes where the
+//! live watch listens for its desired-state key (the key's subject, or with a device token its watch inbox) and reads
+//! the key (a plain subscription and a direct get: no JetStream consumer), checks the updater socket and reads and
+//! checks the desired state. No loops, no normal status or heartbeat, no workload mutation, no process lock (the
+//! live agent holds it). Bounded to 4 minutes.
 
 use crate::config::Config;
 use crate::nats_kv::{Nats, Value};
