@@ -75,6 +75,190 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// One device's `status.blocking` as (kind, message) pairs, as [`crate::cluster::Cluster::blocking`] reads them.
+type Reasons = [(String, String)];
+
+/// `shows(device, reasons)` of a [`Step`].
+type Shows<'s> = Box<dyn Fn(&str, &Reasons) -> bool + 's>;
+
+/// What a Device with no `status.blocking` entry shows in the Waiting column.
+const NOTHING: &str = "<none>";
+
+/// What a halted release's other devices say after the why.
+const RESUME: &str = "no device gets it until a person acts; to resume, change its spec (a new generation) or set the annotation fleet.nationtech.io/retry=<new value> on it";
+
+/// How a step of a [`Walk`] must be seen.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Seen {
+    /// A step the fleet may pass through.
+    Maybe,
+    /// Every device must show it at some read; printed as each showed it first (a step too short for one read
+    /// of all Devices to be sure to catch it: the canary's agent update takes under a second).
+    Each,
+    /// One read must find every device showing it; printed as that read found them.
+    Together,
+}
+
+/// One step of a staged rollout as every Device's `status.blocking` shows it: `shows(device, reasons)` holds when
+/// `reasons` is exactly what `device` shows at this step.
+struct Step<'s> {
+    what: String,
+    seen: Seen,
+    shows: Shows<'s>,
+}
+
+impl<'s> Step<'s> {
+    fn new(what: &str, seen: Seen, shows: impl Fn(&str, &Reasons) -> bool + 's) -> Self {
+        Self {
+            what: what.into(),
+            seen,
+            shows: Box::new(shows),
+        }
+    }
+}
+
+/// Exactly one entry, of `kind`, whose message `message` accepts.
+fn one(rs: &Reasons, kind: &str, message: impl Fn(&str) -> bool) -> bool {
+    matches!(rs, [(k, m)] if k == kind && message(m))
+}
+
+/// Every change of one device's reasons, in order.
+type History = Vec<Vec<(String, String)>>;
+
+/// One device in a [`Walk`]: the step it is at, every change of its reasons, and what it first showed at each step.
+#[derive(Debug, Default)]
+struct Track {
+    at: usize,
+    history: History,
+    first: BTreeMap<usize, Vec<(String, String)>>,
+}
+
+/// A staged rollout walked step by step: each device's reasons, read at every poll, must be the step it is at or a
+/// later one; each step that is not [`Seen::Maybe`] is printed once seen (the Waiting column).
+struct Walk<'s> {
+    steps: Vec<Step<'s>>,
+    at: BTreeMap<String, Track>,
+    printed: Vec<bool>,
+}
+
+/// A table to print: what it shows, then (device, the Waiting column).
+type Shown = (String, Vec<(String, String)>);
+
+/// The Waiting column of one device: its first reason's message, or what kubectl shows for none.
+fn column(rs: Option<&Vec<(String, String)>>) -> String {
+    rs.and_then(|rs| rs.first())
+        .map(|r| r.1.clone())
+        .unwrap_or_else(|| NOTHING.into())
+}
+
+impl<'s> Walk<'s> {
+    fn new(steps: Vec<Step<'s>>) -> Self {
+        let printed = vec![false; steps.len()];
+        Self {
+            steps,
+            at: BTreeMap::new(),
+            printed,
+        }
+    }
+
+    /// Checks `now` (every Device's reasons, one read) against the steps; returns the tables due now, in order
+    /// (each marked printed).
+    fn look(
+        &mut self,
+        now: &BTreeMap<String, Vec<(String, String)>>,
+    ) -> Result<Vec<Shown>, String> {
+        let none = vec![];
+        let mut from = 0;
+        for id in DEVICES {
+            let rs = now.get(id).unwrap_or(&none);
+            let Track {
+                at,
+                history: seen,
+                first,
+            } = self.at.entry(id.to_string()).or_default();
+            if seen.last() != Some(rs) {
+                seen.push(rs.clone());
+            }
+            match (*at..self.steps.len()).find(|i| (self.steps[*i].shows)(id, rs)) {
+                Some(i) => {
+                    *at = i;
+                    first.entry(i).or_insert_with(|| rs.clone());
+                }
+                None => {
+                    return Err(format!(
+                        "{id}'s status.blocking is {rs:?}: not what the step it was at ({}) or a later one implies; \
+                         all it showed: {seen:?}",
+                        self.steps[*at].what
+                    ))
+                }
+            }
+            from = from.max(*at);
+        }
+        // The first step from the latest any device is at that every device shows in this read.
+        let every = (from..self.steps.len()).find(|i| {
+            DEVICES
+                .iter()
+                .all(|id| (self.steps[*i].shows)(id, now.get(*id).unwrap_or(&none)))
+        });
+        let mut due = vec![];
+        // In order: a step this read finds on every device is printed from it; an `Each` step every device showed
+        // once the fleet is past it, as each first showed it; a step every device went past unseen is an error.
+        let behind = DEVICES
+            .iter()
+            .map(|id| self.at.get(*id).map_or(0, |t| t.at))
+            .min()
+            .unwrap_or(0);
+        for i in 0..self.steps.len() {
+            if self.printed[i] || self.steps[i].seen == Seen::Maybe {
+                continue;
+            }
+            let each = DEVICES
+                .iter()
+                .map(|id| {
+                    let first = self.at.get(*id)?.first.get(&i)?;
+                    Some(((*id).to_owned(), column(Some(first))))
+                })
+                .collect::<Option<Vec<_>>>();
+            let later = every.is_some_and(|e| e > i);
+            if every == Some(i) {
+                let rows = DEVICES
+                    .iter()
+                    .map(|id| (id.to_string(), column(now.get(*id))));
+                due.push((self.steps[i].what.clone(), rows.collect()));
+            } else if let (Seen::Each, Some(rows), true) =
+                (self.steps[i].seen, each, later || i < behind)
+            {
+                due.push((self.steps[i].what.clone(), rows));
+            } else if i < behind {
+                return Err(format!(
+                    "every device went past {:?}, not seen on {}: {:?}",
+                    self.steps[i].what,
+                    if self.steps[i].seen == Seen::Each {
+                        "each device"
+                    } else {
+                        "every device at once"
+                    },
+                    self.at
+                ));
+            } else {
+                break; // no later step is printed before this one
+            }
+            self.printed[i] = true;
+        }
+        Ok(due)
+    }
+
+    /// The steps to print not printed yet.
+    fn missing(&self) -> Vec<&str> {
+        self.steps
+            .iter()
+            .zip(&self.printed)
+            .filter(|(s, p)| s.seen != Seen::Maybe && !**p)
+            .map(|(s, _)| s.what.as_str())
+            .collect()
+    }
+}
+
 impl<'a> Demo<'a> {
     /// Brings up the fleet (every part the real binary), recording each process in `record`.
     pub fn start(dir: &Path, record: &Record, stop: &'a AtomicBool) -> Result<Self, Stop> {
@@ -297,6 +481,67 @@ impl<'a> Demo<'a> {
         }
     }
 
+    /// Reads every Device's `status.blocking` once and checks it against `walk`; prints each step's Waiting column
+    /// once it was seen.
+    fn look(&self, walk: &mut Walk) -> Result<(), Stop> {
+        let now = self.fleet.cluster.blocking();
+        if now.is_empty() {
+            return Ok(()); // the read failed; the next poll reads again
+        }
+        let due = walk.look(&now).map_err(|e| {
+            Stop::Failed(format!(
+                "the Waiting column: {e}\n--- fleet-operator log ---\n{}",
+                self.fleet.cluster.operator_log(30)
+            ))
+        })?;
+        for (what, rows) in due {
+            println!("\n   {what}:");
+            let rows: Vec<Vec<String>> = rows.into_iter().map(|(d, w)| vec![d, w]).collect();
+            table(&["device", "Waiting (kubectl get fdev -o wide)"], &rows);
+        }
+        Ok(())
+    }
+
+    /// Looks about every 50 ms (a read takes longer) until every device is at step `step` of `walk` or later, or
+    /// it was printed: for steps shorter than a second.
+    fn closely(&self, walk: &mut Walk, step: usize) -> Result<(), Stop> {
+        let t = Instant::now();
+        loop {
+            self.check()?;
+            self.look(walk)?;
+            if walk.printed[step]
+                || DEVICES
+                    .iter()
+                    .all(|id| walk.at.get(*id).is_some_and(|d| d.at >= step))
+            {
+                return Ok(());
+            }
+            if t.elapsed() > UPGRADE_TIMEOUT {
+                return Err(Stop::Failed(format!(
+                    "every Device at {:?}: not within {UPGRADE_TIMEOUT:?}; what each showed: {:?}",
+                    walk.steps[step].what, walk.at
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Looks at every poll until every printed step of `walk` was seen.
+    fn walked(&self, walk: &mut Walk, timeout: Duration) -> Result<(), Stop> {
+        self.wait(
+            &format!("every Device showing {:?}", walk.missing()),
+            timeout,
+            || match self.look(walk) {
+                Err(e) => Some(Err(e)),
+                Ok(()) => walk.missing().is_empty().then_some(Ok(())),
+            },
+        )
+        .map_err(|e| match e {
+            Stop::Failed(m) => Stop::Failed(format!("{m}\nwhat each Device showed: {:?}", walk.at)),
+            e => e,
+        })?
+    }
+
     /// The devices register themselves; one is labelled the canary.
     pub fn registered(&self) -> Result<(), Stop> {
         step(
@@ -515,16 +760,109 @@ impl<'a> Demo<'a> {
         let staged = |yaml: String| {
             format!("{yaml}  rollout:\n    soakSeconds: 30\n    maxUnavailable: 1\n")
         };
+        // What each Device's status.blocking must be at each step (docs/crds.md, "Why a device is not updated").
+        let change = "AgentRelease/fleet-agent";
+        let canary = DEVICES[0];
+        let updating = |rs: &Reasons| {
+            one(rs, "updating", |m| {
+                m.starts_with(&format!("{change} is on its way: "))
+            })
+        };
+        // The halted canary: its failure as this pass judged it (restarted during its soak, or crash-looping once
+        // it restarted 3 times), or nothing on a pass between two starts that finds it past its soak and beating
+        // (the halt holds all the same).
+        let caught = |rs: &Reasons| {
+            rs.is_empty()
+                || one(rs, "soakFailed", |m| {
+                    m == format!("{change} runs on the device and restarted during its soak: publish a fixed spec")
+                })
+                || one(rs, "crashLooping", |m| {
+                    m == format!(
+                        "{change} runs on the device and keeps restarting: publish a fixed spec"
+                    )
+                })
+        };
+        let halted_other = |rs: &Reasons| {
+            one(rs, "halted", |m| {
+                [
+                    format!(": {canary} (agent restarted during its soak)"),
+                    format!(": {canary} (crash-looping)"),
+                    String::new(), // a held halt's message, on a later pass
+                ]
+                .iter()
+                .any(|why| m == format!("{change} is halted (a canary failed{why}): {RESUME}"))
+            })
+        };
+        // The canary's commit of the release, plus its soak: when the others may follow at the earliest.
+        let committed = std::cell::Cell::new(None);
+        let soak_until = || {
+            if committed.get().is_none() {
+                committed.set(
+                    self.fleet
+                        .view(canary)
+                        .and_then(|v| v.upgrade)
+                        .filter(|u| {
+                            u.phase == fleet_wire::UpgradePhase::Complete
+                                && u.target_version.as_ref().map(|v| v.as_str()) == Some(V3)
+                        })
+                        .map(|u| u.phase_changed_at.plus(Duration::from_secs(30))),
+                );
+            }
+            committed.get()
+        };
+        let mut walk = Walk::new(vec![
+            Step::new("before", Seen::Maybe, |_, rs| rs.is_empty()),
+            Step::new(
+                &format!("Waiting (the column `kubectl get fdev -o wide` adds), while the canary {canary} is given {V3}: the others wait for it"),
+                Seen::Each,
+                |id, rs| {
+                    if id == canary {
+                        updating(rs)
+                    } else {
+                        one(rs, "waitingForCanaries", |m| {
+                            m == format!("{change} waits for the canaries: 1 of 1 not updated yet")
+                        })
+                    }
+                },
+            ),
+            Step::new(
+                &format!("{canary} committed {V3} and soaks for 30 s: the others wait for its soak"),
+                Seen::Together,
+                |id, rs| {
+                    if id == canary {
+                        rs.is_empty()
+                    } else {
+                        one(rs, "soaking", |m| {
+                            m.starts_with(&format!("{change} waits for the canaries' soak, until "))
+                                && soak_until().is_some_and(|u| {
+                                    m == format!("{change} waits for the canaries' soak, until {u} at the earliest")
+                                })
+                        })
+                    }
+                },
+            ),
+            Step::new(
+                &format!("{canary} restarted during its soak: the release halted, the others say how to resume"),
+                Seen::Together,
+                |id, rs| if id == canary { caught(rs) } else { halted_other(rs) },
+            ),
+        ]);
         self.apply(
             "release",
             &staged(release_yaml("fleet-agent", "demo", V3, &url, &sha)),
         )?;
+        // The canary's update takes under a second: read closely until it soaks.
+        self.closely(&mut walk, 2)?;
         let halted = self.wait("the release halted", UPGRADE_TIMEOUT, || {
+            if let Err(e) = self.look(&mut walk) {
+                return Some(Err(e));
+            }
             self.fleet
                 .cluster
                 .condition(&["frel", "fleet-agent"], "Halted")
                 .filter(|c| c.status == "True")
-        })?;
+                .map(Ok)
+        })??;
         println!(
             "\n   {:.1} s after `kubectl apply`: Halted ({}): {}",
             t.elapsed().as_secs_f64(),
@@ -533,9 +871,17 @@ impl<'a> Demo<'a> {
         );
         self.kubectl(&["get", "frel"])?;
         self.kubectl(&["get", "fdev"])?;
-        // Past the canary's soak window the halt still holds: only a person lifts it.
-        std::thread::sleep(Duration::from_secs(30));
-        self.check()?;
+        self.walked(&mut walk, Duration::from_secs(60))?;
+        // Past the canary's soak window the halt still holds: only a person lifts it. Every Device still says so
+        // at every read (the walk's last step allows nothing else).
+        let held = Instant::now();
+        self.wait("30 s more", Duration::from_secs(60), || {
+            if let Err(e) = self.look(&mut walk) {
+                return Some(Err(e));
+            }
+            (held.elapsed() >= Duration::from_secs(30)).then_some(Ok(()))
+        })??;
+        drop(walk);
         let phase = self
             .fleet
             .cluster
@@ -561,16 +907,46 @@ impl<'a> Demo<'a> {
         }
         println!("\n   The fix: the release back to {V2} (a changed spec lifts the halt); the canary leaves the loop.");
         let (url, sha) = self.fleet.publish_agent(V2);
+        let mut walk = Walk::new(vec![
+            Step::new("halted", Seen::Maybe, |id, rs| {
+                if id == canary {
+                    caught(rs)
+                } else {
+                    halted_other(rs)
+                }
+            }),
+            Step::new(
+                &format!("{canary} is given {V2}; the others run it already and wait for nothing"),
+                Seen::Each,
+                |id, rs| {
+                    if id == canary {
+                        updating(rs)
+                    } else {
+                        rs.is_empty()
+                    }
+                },
+            ),
+            Step::new(
+                &format!("every device runs {V2}: nothing waits"),
+                Seen::Together,
+                |_, rs| rs.is_empty(),
+            ),
+        ]);
         self.apply(
             "release",
             &staged(release_yaml("fleet-agent", "demo", V2, &url, &sha)),
         )?;
+        self.closely(&mut walk, 2)?;
         self.wait("every Device reports v2 again", UPGRADE_TIMEOUT, || {
+            if let Err(e) = self.look(&mut walk) {
+                return Some(Err(e));
+            }
             let v = self.fleet.views();
             v.iter()
                 .all(|v| v.agent_version.as_deref() == Some(V2))
-                .then_some(())
-        })?;
+                .then_some(Ok(()))
+        })??;
+        self.walked(&mut walk, Duration::from_secs(60))?;
         self.kubectl(&["get", "frel"])?;
 
         println!("\n   A container that exits every 5 s under restartPolicy: always:");
@@ -622,8 +998,38 @@ impl<'a> Demo<'a> {
         let tasks = Tasks::new(&self.fleet.nats);
         let secs = |at: u64| at.saturating_sub(start.unix_ms()) as f64 / 1000.0;
         let mut seen = BTreeSet::new();
+        // What each Device's status.blocking must be at each step (docs/crds.md, "TaskRuns").
+        let change = format!("TaskRun/default/{TASK}");
+        let canary = DEVICES[0];
+        let on_its_way =
+            |rs: &Reasons| one(rs, "updating", |m| m.starts_with(&format!("{change} ")));
+        let mut walk = Walk::new(vec![
+            Step::new("before", Seen::Maybe, |_, rs| rs.is_empty()),
+            Step::new(
+                &format!("Waiting (the column `kubectl get fdev -o wide` adds), while the canary {canary} upgrades: the others wait for it"),
+                Seen::Together,
+                |id, rs| {
+                    if id == canary {
+                        on_its_way(rs)
+                    } else {
+                        one(rs, "waitingForCanaries", |m| {
+                            m == format!("{change} waits for its canaries: 1 of 1 have not succeeded yet")
+                        })
+                    }
+                },
+            ),
+            Step::new(
+                &format!("{canary} succeeded: the others are on their way"),
+                Seen::Together,
+                |id, rs| if id == canary { rs.is_empty() } else { on_its_way(rs) },
+            ),
+            Step::new(&format!("TaskRun {TASK} complete: nothing waits"), Seen::Together, |_, rs| {
+                rs.is_empty()
+            }),
+        ]);
         let run = loop {
             self.check()?;
+            self.look(&mut walk)?;
             let run = self.fleet.taskrun(TASK).unwrap_or_default();
             let st = &run.status;
             let mut batch = vec![];
@@ -667,6 +1073,8 @@ impl<'a> Demo<'a> {
             std::thread::sleep(TIMELINE_POLL);
         };
         let (max, order) = watch.stop();
+        // Once Complete, the run gives no device anything more (the Device writer's next pass).
+        self.walked(&mut walk, Duration::from_secs(60))?;
         println!(
             "   TaskRun {} {:.1} s after `kubectl create`",
             run.phase(),
@@ -846,5 +1254,164 @@ impl<'a> Demo<'a> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Read<'r> = &'r [(&'r str, &'r str)];
+
+    fn read(rows: &[(&str, Read)]) -> BTreeMap<String, Vec<(String, String)>> {
+        rows.iter()
+            .map(|(d, rs)| {
+                let rs = rs.iter().map(|(k, m)| (k.to_string(), m.to_string()));
+                (d.to_string(), rs.collect())
+            })
+            .collect()
+    }
+
+    fn walk(first: Seen) -> Walk<'static> {
+        Walk::new(vec![
+            Step::new("before", Seen::Maybe, |_, rs| rs.is_empty()),
+            Step::new("the canary updates", first, |id, rs| {
+                if id == DEVICES[0] {
+                    one(rs, "updating", |m| m.starts_with("R is on its way"))
+                } else {
+                    one(rs, "waitingForCanaries", |m| m == "R waits")
+                }
+            }),
+            Step::new("done", Seen::Together, |_, rs| rs.is_empty()),
+        ])
+    }
+
+    const NONE: Read = &[];
+    const UP: Read = &[("updating", "R is on its way: preparing")];
+    const WAITS: Read = &[("waitingForCanaries", "R waits")];
+
+    fn titles(due: Result<Vec<Shown>, String>) -> Vec<String> {
+        due.unwrap().into_iter().map(|t| t.0).collect()
+    }
+
+    #[test]
+    fn a_step_seen_together_is_printed_from_that_read() {
+        let mut w = walk(Seen::Together);
+        let [a, b, c] = DEVICES;
+        assert_eq!(
+            w.look(&read(&[(a, NONE), (b, NONE), (c, NONE)])),
+            Ok(vec![])
+        );
+        // Written one Device at a time: no step is every device's yet.
+        assert_eq!(w.look(&read(&[(a, UP), (b, WAITS), (c, NONE)])), Ok(vec![]));
+        let due = w.look(&read(&[(a, UP), (b, WAITS), (c, WAITS)])).unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].0, "the canary updates");
+        assert_eq!(
+            due[0].1[0],
+            ("demo-1".into(), "R is on its way: preparing".into())
+        );
+        assert_eq!(due[0].1[2], ("demo-3".into(), "R waits".into()));
+        assert_eq!(
+            w.look(&read(&[(a, UP), (b, WAITS), (c, WAITS)])),
+            Ok(vec![])
+        );
+        assert_eq!(w.missing(), ["done"]);
+        assert_eq!(
+            w.look(&read(&[(a, NONE), (b, WAITS), (c, WAITS)])),
+            Ok(vec![])
+        );
+        let due = w.look(&read(&[(a, NONE), (b, NONE), (c, NONE)])).unwrap();
+        assert_eq!(due[0].1[0], ("demo-1".into(), NOTHING.into()));
+        assert!(w.missing().is_empty());
+    }
+
+    #[test]
+    fn a_short_step_is_printed_as_each_device_first_showed_it() {
+        let [a, b, c] = DEVICES;
+        let mut w = walk(Seen::Each);
+        assert_eq!(w.look(&read(&[(a, UP), (b, WAITS), (c, NONE)])), Ok(vec![]));
+        let due = w.look(&read(&[(a, NONE), (b, WAITS), (c, WAITS)])).unwrap();
+        assert!(due.is_empty(), "{due:?}");
+        assert_eq!(
+            titles(w.look(&read(&[(a, NONE), (b, NONE), (c, NONE)]))),
+            ["the canary updates", "done"]
+        );
+        // As Together, the same reads fail: no read caught every device at that step.
+        let mut w = walk(Seen::Together);
+        assert_eq!(w.look(&read(&[(a, UP), (b, WAITS), (c, NONE)])), Ok(vec![]));
+        assert_eq!(
+            w.look(&read(&[(a, NONE), (b, WAITS), (c, WAITS)])),
+            Ok(vec![])
+        );
+        assert!(w.look(&read(&[(a, NONE), (b, NONE), (c, NONE)])).is_err());
+    }
+
+    #[test]
+    fn an_each_step_is_printed_when_one_read_finds_every_device_at_a_later_step() {
+        let [a, b, c] = DEVICES;
+        let halted: Read = &[("halted", "R is halted")];
+        let mut w = Walk::new(vec![
+            Step::new("halted", Seen::Maybe, |id, rs| {
+                id == DEVICES[0] && rs.is_empty() || one(rs, "halted", |_| true)
+            }),
+            Step::new("the canary updates", Seen::Each, |id, rs| {
+                if id == DEVICES[0] {
+                    one(rs, "updating", |_| true)
+                } else {
+                    rs.is_empty()
+                }
+            }),
+            Step::new("done", Seen::Together, |_, rs| rs.is_empty()),
+        ]);
+        assert_eq!(
+            w.look(&read(&[(a, NONE), (b, halted), (c, halted)])),
+            Ok(vec![])
+        );
+        assert_eq!(
+            w.look(&read(&[(a, NONE), (b, NONE), (c, NONE)])),
+            Ok(vec![])
+        );
+        assert_eq!(
+            w.look(&read(&[(a, UP), (b, NONE), (c, NONE)]))
+                .map(|d| d.len()),
+            Ok(1)
+        );
+        assert_eq!(
+            titles(w.look(&read(&[(a, NONE), (b, NONE), (c, NONE)]))),
+            ["done"]
+        );
+    }
+
+    #[test]
+    fn a_walk_refuses_a_step_back_or_a_reason_no_step_has() {
+        let [a, b, c] = DEVICES;
+        let mut w = walk(Seen::Together);
+        assert_eq!(
+            w.look(&read(&[(a, UP), (b, WAITS), (c, WAITS)]))
+                .map(|d| d.len()),
+            Ok(1)
+        );
+        assert_eq!(
+            w.look(&read(&[(a, NONE), (b, NONE), (c, NONE)]))
+                .map(|d| d.len()),
+            Ok(1)
+        );
+        let back = w.look(&read(&[(a, NONE), (b, WAITS), (c, NONE)]));
+        assert!(
+            back.as_ref().is_err_and(|e| e.starts_with("demo-2")),
+            "{back:?}"
+        );
+        let mut w = walk(Seen::Together);
+        let halted: Read = &[("halted", "R is halted")];
+        let other = w.look(&read(&[(a, NONE), (b, halted), (c, NONE)]));
+        assert!(
+            other.as_ref().is_err_and(|e| e.contains("halted")),
+            "{other:?}"
+        );
+        // Two entries where one is due is not that step either.
+        let mut w = walk(Seen::Together);
+        let two: Read = &[("waitingForCanaries", "R waits"), ("halted", "S")];
+        assert!(w.look(&read(&[(a, UP), (b, two), (c, WAITS)])).is_err());
     }
 }
