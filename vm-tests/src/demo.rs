@@ -1023,13 +1023,12 @@ impl<'a> Demo<'a> {
                 Seen::Together,
                 |id, rs| if id == canary { rs.is_empty() } else { on_its_way(rs) },
             ),
-            Step::new(&format!("TaskRun {TASK} complete: nothing waits"), Seen::Together, |_, rs| {
+            Step::new("every device succeeded and was counted: nothing waits", Seen::Together, |_, rs| {
                 rs.is_empty()
             }),
         ]);
         let run = loop {
             self.check()?;
-            self.look(&mut walk)?;
             let run = self.fleet.taskrun(TASK).unwrap_or_default();
             let st = &run.status;
             let mut batch = vec![];
@@ -1061,6 +1060,8 @@ impl<'a> Demo<'a> {
             for (at, who, what) in batch {
                 println!("   {:>6.1}s  {who:<8} {what}", secs(at));
             }
+            // After the timeline's lines of this read: the Waiting column is read after them.
+            self.look(&mut walk)?;
             if run.terminal() {
                 break run;
             }
