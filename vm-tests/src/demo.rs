@@ -1,6 +1,8 @@
 //! The demo's story (`scripts/demo`): a local fleet of three Debian devices driven by the real operator, told
 //! with the kubectl commands a person would type. Every table is read back from the cluster (kubectl) and from
-//! the devices themselves (Podman, the active symlink, the boot id), never echoed from what was asked for.
+//! the devices themselves (Podman, the active symlink, the boot id), never echoed from what was asked for. In the
+//! staged rollouts and the TaskRun every Device's `status.blocking` is read at each poll and must be what the state
+//! the fleet is in implies (`Walk`); the Waiting column (`kubectl get fdev -o wide`) is printed once per state.
 
 use crate::builds::{V1, V2, V3};
 use crate::demo_state::{self, Record};
