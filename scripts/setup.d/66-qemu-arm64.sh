@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # QEMU for the arm64 real-kernel device (vm-tests/arm64-vm/run): qemu-system-aarch64 (Debian's qemu-system-arm)
 # from bookworm-backports, to match the machine's qemu-utils 10 as 65-qemu.sh does, with a PRIVATE apt
-# configuration under $FLEET_CACHE/qemu-arm64/apt (/etc/apt is left alone); fdisk, dosfstools and mtools for the
+# configuration under $FLEET_CACHE/qemu-arm64/apt (/etc/apt is left alone), and ipxe-qemu (the virtio-net option
+# ROM QEMU loads); fdisk, dosfstools and mtools for the
 # disk. Then a bootable Raspberry Pi-style disk image, cached under $FLEET_CACHE/qemu-arm64/<recipe>/, from the arm64
 # nspawn tree (vm-tests/arm64/build-tree) plus Debian's linux-image-arm64, initramfs-tools, raspi-firmware (its
 # kernel hooks fill /boot/firmware as on Debian's own Raspberry Pi images), busybox-static (the test image), socat
@@ -29,7 +30,15 @@ if [ ${#host_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${host_pkgs[@]}" >/dev/null
 fi
 
-if ! command -v qemu-system-aarch64 >/dev/null || ! command -v qemu-img >/dev/null; then
+# ipxe-qemu: QEMU loads the virtio-net device's option ROM (efi-virtio.rom) from it at start-up, even for a
+# -kernel boot, and fails without it. qemu-system-arm only recommends it (not installed with
+# --no-install-recommends); 65-qemu.sh's qemu-system-x86 depends on it, so a machine where vm-tests/qemu/run ran
+# first has it by chance.
+missing=0
+for p in qemu-system-arm qemu-utils ipxe-qemu; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing=1
+done
+if [ "$missing" = 1 ] || ! command -v qemu-system-aarch64 >/dev/null || ! command -v qemu-img >/dev/null; then
   apt_dir=$cache/qemu-arm64/apt
   mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
   key=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -48,7 +57,7 @@ SRC
   # which the qemu-user arm64 tests use). -kernel/-initrd boots need no UEFI firmware (qemu-efi-aarch64).
   DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends \
     qemu-system-arm/bookworm-backports qemu-system-common/bookworm-backports \
-    qemu-system-data/bookworm-backports qemu-utils/bookworm-backports >/dev/null
+    qemu-system-data/bookworm-backports qemu-utils/bookworm-backports ipxe-qemu >/dev/null
 fi
 qemu-system-aarch64 --version | head -1
 
