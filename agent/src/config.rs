@@ -248,6 +248,27 @@ fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// A device's NATS password user is its own: named as its `device_id` and never one of the fleet's services
+/// users ([`fleet_wire::auth::SERVICE_USERS`]), whose password bypasses the auth callout and every per-device bound
+/// (docs/agent-config.md). Refused at start with the setting named and the documented way in.
+fn password_user(user: &str, device_id: &DeviceId) -> Result<(), ConfigError> {
+    const WAY: &str = "a device authenticates with its own identity: set `token_file = \"/etc/harmony-fleet/nats-token\"` \
+        (its Zitadel token, kept fresh by fleet-token; docs/auth.md, \"Enrolling a device\") and remove `user` and `password`";
+    if fleet_wire::auth::SERVICE_USERS.contains(&user) {
+        return Err(invalid(
+            "nats.user",
+            format!("\"{user}\" is a services user of the fleet's NATS server, whose password bypasses every per-device bound; {WAY}"),
+        ));
+    }
+    if user != device_id.as_str() {
+        return Err(invalid(
+            "nats.user",
+            format!("\"{user}\" is not this device's own user (a password user must be named as device_id \"{device_id}\"); {WAY}"),
+        ));
+    }
+    Ok(())
+}
+
 fn secs(
     key: &'static str,
     v: Option<u64>,
@@ -346,6 +367,7 @@ impl Config {
         let auth = match (n.user, n.password, n.token, n.token_file) {
             (None, None, None, None) => NatsAuth::None,
             (Some(user), Some(password), None, None) if !user.is_empty() => {
+                password_user(&user, &device_id)?;
                 NatsAuth::UserPassword { user, password }
             }
             (None, None, Some(t), None) if !t.expose().is_empty() => NatsAuth::Token(t),
@@ -583,9 +605,37 @@ mod tests {
     }
 
     #[test]
+    fn a_services_user_or_another_devices_user_is_refused() {
+        for user in fleet_wire::auth::SERVICE_USERS {
+            let e = Config::parse(&format!("{MIN}user = \"{user}\"\npassword = \"pw\"\n"))
+                .expect_err(user)
+                .to_string();
+            assert!(
+                e.contains("`nats.user`")
+                    && e.contains("services user")
+                    && e.contains("token_file"),
+                "{user}: {e}"
+            );
+        }
+        let e = Config::parse(&format!("{MIN}user = \"device-2\"\npassword = \"pw\"\n"))
+            .expect_err("another device's user")
+            .to_string();
+        assert!(
+            e.contains("not this device's own user") && e.contains("token_file"),
+            "{e}"
+        );
+        // Its own user is accepted (a server with a password user per device, no callout).
+        let c = Config::parse(&format!("{MIN}user = \"device-1\"\npassword = \"pw\"\n"))
+            .expect("its own user");
+        assert!(matches!(c.nats.auth, NatsAuth::UserPassword { .. }));
+    }
+
+    #[test]
     fn secrets_are_not_printed() {
-        let c = Config::parse(&format!("{MIN}user = \"agent\"\npassword = \"hunter2\"\n"))
-            .expect("valid");
+        let c = Config::parse(&format!(
+            "{MIN}user = \"device-1\"\npassword = \"hunter2\"\n"
+        ))
+        .expect("valid");
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2") && shown.contains("<redacted>"));
     }

@@ -1,6 +1,7 @@
 //! The real agent binary against configurations it was not written for: a file with keys of a newer release
 //! still starts it (one warning per key: a rolled-back agent must read the configuration its successor left), and
-//! the wait for buckets that do not exist is bounded by `nats.bucket_wait_secs` (then exit 1, systemd restarts).
+//! the wait for buckets that do not exist is bounded by `nats.bucket_wait_secs` (then exit 1, systemd restarts);
+//! a services user name (a password that bypasses the auth callout) stops it at start.
 #![allow(deprecated, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -65,4 +66,33 @@ fn the_wait_for_missing_buckets_is_bounded() {
         took < Duration::from_secs(10),
         "exited after {took:?}:\n{log}"
     );
+}
+
+#[test]
+fn a_services_user_name_is_refused_at_start() {
+    // The demo's services user with its password, as a newcomer copies it into agent.toml: the agent stops at
+    // start, naming the setting and the documented way (token_file), before any connection.
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "device_id = \"{DEVICE}\"\nroot = \"{}\"\n[nats]\nurls = [\"nats://127.0.0.1:9\"]\nuser = \"admin\"\n\
+             password = \"services-password-1\"\n[podman]\nenabled = false\n",
+            root.path().display(),
+        ),
+    )
+    .unwrap();
+    let mut agent = Agent::spawn(&config, root.path());
+    let exit = agent.wait_exit(Duration::from_secs(30));
+    let log = agent.log_text();
+    assert!(!exit.success(), "{log}");
+    assert!(
+        log.contains("`nats.user`")
+            && log.contains("\"admin\" is a services user")
+            && log.contains("token_file"),
+        "the refusal does not say why:\n{log}"
+    );
+    assert!(!log.contains("services-password-1"), "{log}");
+    assert!(!log.contains("ready (READY=1"), "{log}");
 }

@@ -13,6 +13,20 @@ pub const DEVICE_INBOX_ROOT: &str = "_INBOX.device";
 /// refresher (`fleet-token`) writes.
 pub const NATS_TOKEN_MAX_BYTES: usize = 16 * 1024;
 
+/// The NATS user names of the fleet's services (nats-server's `auth_callout.auth_users` in docs/auth.md, plus
+/// `admin`, the services' user of the test rig and the demo): users that log in by password and bypass the auth
+/// callout, so every per-device bound. A device never uses one; the agent refuses to start with one
+/// (docs/agent-config.md).
+pub const SERVICE_USERS: [&str; 7] = [
+    "admin",
+    "fleet-auth",
+    "fleet-operator",
+    "fleetlock",
+    "fleet-device-api",
+    "fleet-device-kv",
+    "fleet-auth-system",
+];
+
 /// Subscriptions one device connection may hold: the devices' account `limits { max_subscriptions }` in
 /// nats-server's configuration (docs/auth.md), which the server applies to every connection fleet-auth places
 /// there. An agent holds a few (its watch inbox and one per request in flight). Each subscription on one subject
