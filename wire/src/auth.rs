@@ -74,6 +74,7 @@ pub enum DeviceAccess {
 /// value a device writes: readable, it would be the largest answer a device could make the server send.
 const WRITE_ONLY: &[&str] = &[
     crate::kv::DEVICE_HEARTBEAT,
+    crate::kv::DEVICE_USAGE,
     crate::kv::WORKLOAD_STATUS,
     crate::kv::DIAGNOSTICS_BUNDLE,
 ];
@@ -290,6 +291,7 @@ mod tests {
         let table = [
             (kv::DEVICE_INFO, DeviceAccess::ReadWrite),
             (kv::DEVICE_HEARTBEAT, DeviceAccess::Write),
+            (kv::DEVICE_USAGE, DeviceAccess::Write),
             (kv::DESIRED_STATE, DeviceAccess::Read),
             (kv::DEVICE_SECRETS, DeviceAccess::Read),
             (kv::WORKLOAD_STATUS, DeviceAccess::Write),

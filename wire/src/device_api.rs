@@ -506,6 +506,7 @@ mod tests {
             [
                 kv::DEVICE_INFO,
                 kv::DEVICE_HEARTBEAT,
+                kv::DEVICE_USAGE,
                 kv::WORKLOAD_STATUS,
                 kv::AGENT_UPGRADE_STATUS,
                 kv::SYSTEM_UPGRADE_STATUS,

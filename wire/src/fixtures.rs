@@ -314,6 +314,33 @@ pub fn heartbeat() -> Heartbeat {
     }
 }
 
+pub fn device_usage() -> DeviceUsage {
+    use crate::usage::{FilesystemRole, FilesystemUsage, MemoryUsage};
+    const GIB: u64 = 1 << 30;
+    let fs = |role, size_bytes, available_bytes| FilesystemUsage {
+        role,
+        size_bytes,
+        available_bytes,
+    };
+    DeviceUsage::new(
+        device(),
+        t(95),
+        vec![
+            fs(FilesystemRole::Root, 30 * GIB, 3 * GIB / 2),
+            fs(FilesystemRole::AgentState, 30 * GIB, 3 * GIB / 2),
+            fs(FilesystemRole::Containers, 30 * GIB, 3 * GIB / 2),
+        ],
+        MemoryUsage {
+            total_bytes: 4 * GIB,
+            available_bytes: 3 * GIB,
+            pressure_some_avg10_centi: Some(12),
+        },
+        37,
+        4,
+    )
+    .unwrap()
+}
+
 pub fn system_attempt() -> SystemUpgradeAttempt {
     SystemUpgradeAttempt {
         run_uid: AttemptId::try_from(RUN).unwrap(),

@@ -8,6 +8,9 @@ use std::time::Duration;
 pub const DEVICE_INFO: &str = "device-info";
 /// Heartbeats, key `<device-id>`; written by the agent.
 pub const DEVICE_HEARTBEAT: &str = "device-heartbeat";
+/// Disk, memory and load ([`crate::usage::DeviceUsage`]), key `<device-id>`; written by the agent at start and
+/// when they changed enough.
+pub const DEVICE_USAGE: &str = "device-usage";
 /// Desired Podman workloads, key `<device-id>`; written by the operator.
 pub const DESIRED_STATE: &str = "device-desired-state";
 /// Registry credentials and secret values per device ([`crate::DeviceSecrets`]), written by the operator.
@@ -132,6 +135,15 @@ pub const BUCKETS: &[BucketSpec] = &[
         allow_rollup: false,
     },
     BucketSpec {
+        name: DEVICE_USAGE,
+        key: KeyShape::Device,
+        writer: "agent",
+        max_value_bytes: 2 * KIB,
+        max_age: None,
+        bytes_per_device: share(1, 2 * KIB),
+        allow_rollup: false,
+    },
+    BucketSpec {
         name: DESIRED_STATE,
         key: KeyShape::Device,
         writer: "operator",
@@ -236,7 +248,8 @@ pub const BUCKETS: &[BucketSpec] = &[
     },
 ];
 
-/// Buckets the agent must be able to open before it is ready.
+/// Buckets the agent must be able to open before it is ready. Not [`DEVICE_USAGE`]: an agent newer than its
+/// operator (or than its nats-server's configuration) must start without it.
 pub const AGENT_REQUIRED_BUCKETS: &[&str] = &[
     DEVICE_INFO,
     DEVICE_HEARTBEAT,

@@ -46,6 +46,7 @@ pub mod time;
 #[cfg(feature = "tls")]
 pub mod tls_problem;
 pub mod upgrade;
+pub mod usage;
 pub mod workload;
 
 pub use artifact::{Artifact, HttpsUrl, OciReference};
@@ -70,6 +71,7 @@ pub use tasks::{
 pub use text::{BoundedText, Transitions};
 pub use time::Timestamp;
 pub use upgrade::{AgentUpgradeAttempt, ByteLimit};
+pub use usage::{DeviceUsage, FilesystemRole, FilesystemUsage, MemoryUsage};
 pub use workload::{
     DesiredState, DeviceWorkloadStatus, FailureReason, PortMapping, Protocol, RestartPolicy,
     Restarts, VolumeMount, WorkloadFailure, WorkloadName, WorkloadSpec, WorkloadState,

@@ -195,6 +195,7 @@ fn task_shapes() {
 fn device_and_workload_shapes() {
     check("device-info", &fixtures::device_info());
     check("heartbeat", &fixtures::heartbeat());
+    check("device-usage", &fixtures::device_usage());
     check("desired-state", &fixtures::desired_state());
     check("workload-status", &fixtures::workload_status());
     check(
