@@ -28,7 +28,8 @@ Usage: fleet-reboot [--config PATH] [--check | --after-boot | --upgrade-step]
 Every run but --check holds one lock (/run/fleet-reboot/run.lock) for its whole run; when another run holds
 it the timer's run and --after-boot say \"not now\" after 1 s, --upgrade-step after waiting up to 60 s.
 
-Exit status (--check: 0 when the config is valid and the server answers and accepts the token, else 1):
+Exit status (--check: 0 when the config is valid and the server answers: it accepted the token, or with
+no token configured it needs none; else 1):
 0 when the run finished (rebooting, released, or \"not now\" with a logged reason);
 1 when something needs an operator (bad config or files, a failed reboot command).";
 
