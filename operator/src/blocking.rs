@@ -27,6 +27,9 @@ pub enum BlockingKind {
     MaxUnavailable,
     /// Silent for longer than the rollout's heartbeat timeout: the change waits until it is heard from.
     Offline,
+    /// One of its filesystems has less free space than the floor (fleet-wire's `FREE_SPACE_FLOOR_BYTES`): the
+    /// change waits until the device reports room (not failed, holds no maxUnavailable slot).
+    NotEnoughSpace,
     /// Given the change and on its way (`since`: the phase it reported).
     Updating,
     /// Given the change and stuck in a phase beyond its bound, or silent, since `since`.

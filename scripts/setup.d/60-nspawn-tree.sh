@@ -3,7 +3,7 @@
 # $FLEET_CACHE/nspawn/. systemd + rootless Podman for the fleet-agent user inside the guest (../shared test-rig.md).
 # Idempotent: the tree is built in a temp dir and renamed into place only when complete; a stamp names its recipe.
 set -euo pipefail
-cache=${FLEET_CACHE:?FLEET_CACHE must be set (scripts/setup sets it)}/nspawn
+cache=${FLEET_CACHE:?FLEET_CACHE must be set (set by scripts/setup)}/nspawn
 recipe=bookworm-v3
 tree=$cache/$recipe
 if [ -f "$tree/etc/fleet-test-tree" ] && [ "$(cat "$tree/etc/fleet-test-tree")" = "$recipe" ]; then

@@ -10,7 +10,7 @@
 # the kernel package it depends on, downloaded with the image's own apt sources, for the task scenarios' local
 # repository. Idempotent: built in a temp dir, renamed into place when complete.
 set -euo pipefail
-cache=${FLEET_CACHE:?FLEET_CACHE must be set (scripts/setup sets it)}
+cache=${FLEET_CACHE:?FLEET_CACHE must be set (set by scripts/setup)}
 here=$(cd "$(dirname "$0")" && pwd)
 # Only vm-tests/qemu/run needs this (a few minutes and ~400 MB on a fresh machine): it sets FLEET_SETUP_QEMU=1.
 if [ "${FLEET_SETUP_QEMU:-0}" != 1 ]; then

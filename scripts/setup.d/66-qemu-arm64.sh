@@ -13,7 +13,7 @@
 # qemu-user while the image is built); vm-tests/arm64-vm/run does that. Idempotent: built in a temp dir, renamed
 # into place when complete.
 set -euo pipefail
-cache=${FLEET_CACHE:?FLEET_CACHE must be set (scripts/setup sets it)}
+cache=${FLEET_CACHE:?FLEET_CACHE must be set (set by scripts/setup)}
 # Only vm-tests/arm64-vm/run needs this (minutes under emulation, ~1.5 GB): it sets FLEET_SETUP_QEMU_ARM64=1.
 if [ "${FLEET_SETUP_QEMU_ARM64:-0}" != 1 ]; then
   echo "skipped: the arm64 VM is set up by vm-tests/arm64-vm/run (or FLEET_SETUP_QEMU_ARM64=1 scripts/setup qemu-arm64)"

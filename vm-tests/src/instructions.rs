@@ -136,7 +136,10 @@ mod tests {
         let cluster = super::printed(&rules, &["kubectl"]);
         assert_eq!(
             cluster,
-            [(rules[0].to_owned(), "kubectl get fdev".to_owned())]
+            [
+                (rules[0].to_owned(), "kubectl get fdev".to_owned()),
+                (rules[0].to_owned(), "kubectl get fdev -o wide".to_owned())
+            ]
         );
     }
 }

@@ -704,3 +704,119 @@ fn every_printed_kubectl_command_runs_and_the_readme_examples_work_on_the_demo()
         "{run:#}"
     );
 }
+
+/// The set-up script, spelt in two pieces so that this file's own mentions are not read as instructions.
+const SETUP: &str = concat!("scripts", "/setup");
+
+/// How docs name a part in prose (setup part, then the name in backticks), spelt so as not to match here.
+const PART_MARK: &str = concat!("setup part ", "`");
+
+/// The parts of the set-up script: each `scripts/setup.d/NN-<part>.sh`.
+fn setup_parts() -> BTreeSet<String> {
+    instructions::files(&format!("{SETUP}.d"), ".sh")
+        .iter()
+        .filter_map(|f| {
+            let name = f.rsplit('/').next()?.strip_suffix(".sh")?;
+            Some(name.split_once('-')?.1.to_string())
+        })
+        .collect()
+}
+
+/// The part names a text tells a person to give the set-up script: the words after `scripts/setup ` (the first
+/// one always; then as long as they are parts, as in `scripts/setup nats apt cross`), and `setup part \`X\``.
+fn named_parts(text: &str, parts: &BTreeSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices(SETUP) {
+        let Some(rest) = text[i + SETUP.len()..].strip_prefix(' ') else {
+            continue;
+        };
+        for (n, word) in rest.split_whitespace().enumerate() {
+            let bare = word.trim_end_matches(['`', ')', ',', '.', ';', ':', '"', '\'']);
+            let name_shaped = !bare.is_empty()
+                && bare
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !bare.starts_with('-');
+            if !name_shaped || (n > 0 && !parts.contains(bare)) {
+                break;
+            }
+            out.push(bare.to_string());
+            if bare.len() != word.len() {
+                break;
+            }
+        }
+    }
+    for (i, _) in text.match_indices(PART_MARK) {
+        let rest = &text[i + PART_MARK.len()..];
+        if let Some((name, _)) = rest.split_once('`') {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// Every `scripts/setup <part>` a doc, script, message or test tells a person to run names a real part, and the
+/// script refuses an unknown one (exit 2) with the list of parts.
+#[test]
+fn every_setup_part_named_anywhere_exists_and_an_unknown_one_is_refused() {
+    let parts = setup_parts();
+    assert!(
+        parts.contains("package") && parts.contains("qemu-arm64"),
+        "{parts:?}"
+    );
+    let mut sources = vec!["README.md".to_string()];
+    for dir in [
+        "docs", "scripts", "vm-tests", "agent", "updater", "operator", "wire",
+    ] {
+        sources.extend(instructions::files(dir, ""));
+    }
+    let root = fleet_rig::util::workspace_root();
+    let (mut bad, mut seen) = (Vec::new(), 0);
+    for src in &sources {
+        let Ok(text) = std::fs::read_to_string(root.join(src)) else {
+            continue;
+        };
+        for name in named_parts(&text, &parts) {
+            seen += 1;
+            if !parts.contains(&name) {
+                bad.push(format!("{src}: {SETUP} {name}"));
+            }
+        }
+    }
+    assert!(
+        seen > 10,
+        "found only {seen} part names: the scan is broken"
+    );
+    assert!(
+        bad.is_empty(),
+        "part names that do not exist (the parts: {parts:?}):\n{}",
+        bad.join("\n")
+    );
+    assert_eq!(
+        named_parts(&format!("run {SETUP} lintian (or)"), &parts),
+        ["lintian"],
+        "the scan reads a message's part"
+    );
+
+    let script = root.join(SETUP);
+    let out = std::process::Command::new(&script)
+        .arg("nosuchpart")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no part named 'nosuchpart'"), "{err}");
+    for p in &parts {
+        assert!(err.contains(p.as_str()), "{p} missing from: {err}");
+    }
+    let list = std::process::Command::new(&script)
+        .arg("--list")
+        .output()
+        .unwrap();
+    assert!(list.status.success());
+    let listed: BTreeSet<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(listed, parts);
+}

@@ -86,7 +86,9 @@ pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
     printcolumn = r#"{"name":"AgentRestarts","type":"integer","priority":1,"jsonPath":".status.agentRestarts.count"}"#,
     printcolumn = r#"{"name":"Refused","type":"integer","jsonPath":".status.writesRefused.count"}"#,
     printcolumn = r#"{"name":"Hold","type":"string","jsonPath":".metadata.annotations.fleet\\.nationtech\\.io/hold-workloads"}"#,
-    printcolumn = r#"{"name":"Waiting","type":"string","priority":1,"jsonPath":".status.blocking[0].message"}"#
+    printcolumn = r#"{"name":"Waiting","type":"string","priority":1,"jsonPath":".status.blocking[0].message"}"#,
+    printcolumn = r#"{"name":"Disk","type":"string","priority":1,"jsonPath":".status.usage.disk"}"#,
+    printcolumn = r#"{"name":"Mem","type":"string","priority":1,"jsonPath":".status.usage.memory"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceSpec {
@@ -177,6 +179,60 @@ pub struct AgentRestarts {
     pub count: u32,
     /// When the running agent started (`device-info`'s `publishedAt`, the device's clock; RFC 3339, UTC).
     pub since: String,
+    /// Disk, memory and load as the device last reported them (`device-usage`), rounded so that small changes
+    /// write nothing ([`crate::deployments::usage`]); absent until it reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageStatus>,
+}
+
+/// A device's usage as its Device shows it (docs/crds.md, "Device: resources"). Percentages are rewritten when
+/// they move by a whole point (memory: 5 points) from what is shown, sizes by 10 %, the load by half or by 1, and
+/// everything at once when `diskFull` or `memoryPressure` changes.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageStatus {
+    /// The fullest filesystem for the `Disk` column: `96% containers, 40 MiB free`.
+    pub disk: String,
+    /// The fullest filesystem's used percent (as `df` rounds: up; blocks reserved for root count as used).
+    pub disk_used_percent: u32,
+    /// Its role: `root`, `agentState` or `containers`.
+    pub disk_role: String,
+    /// True while some filesystem is at or above 90 % used (fleet-wire's `DISK_ALERT_PERCENT`): the dashboard
+    /// alerts `DeviceDiskFull`.
+    #[serde(default)]
+    pub disk_full: bool,
+    /// Every filesystem reported, by role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filesystems: Vec<FilesystemStatus>,
+    /// Memory for the `Mem` column: `40% available` or `3% available, pressure 12%`.
+    pub memory: String,
+    /// `MemAvailable` in percent of `MemTotal`.
+    pub memory_available_percent: u32,
+    /// `/proc/pressure/memory` `some avg10`, in percent; absent where the kernel has PSI off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_pressure_percent: Option<u32>,
+    /// True while memory is under pressure (pressure at or above 10 %, or less than 5 % available: fleet-wire's
+    /// `MemoryUsage::under_pressure`): the dashboard alerts `DeviceMemoryPressure`.
+    #[serde(default)]
+    pub memory_pressure: bool,
+    /// The 1-minute load average, e.g. `0.42`.
+    pub load1m: String,
+    /// Online CPUs.
+    pub cpus: u32,
+}
+
+/// One filesystem of a device.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FilesystemStatus {
+    /// `root`, `agentState`, `containers` (or `unknown`: a role this operator does not know).
+    pub role: String,
+    /// Used percent (as `df` rounds: up).
+    pub used_percent: u32,
+    /// Bytes available to unprivileged users, to two significant digits.
+    pub available_bytes: u64,
+    /// Size in bytes, to two significant digits.
+    pub size_bytes: u64,
     /// True while the agent counts as crash-looping by fleet-wire's rule, judged on the operator's pass: at least 3
     /// restarts, the latest start (`since`) within 10 minutes.
     #[serde(default)]

@@ -28,6 +28,10 @@ pub enum AlertKind {
     /// fleet-auth refused writes of a device recently (over its share, too large, not its key): a broken or
     /// compromised device.
     WritesRefused,
+    /// A filesystem of a device is at or above 90 % used (its Device's `status.usage.diskFull`).
+    DiskFull,
+    /// A device's memory is under pressure (its Device's `status.usage.memoryPressure`).
+    MemoryPressure,
     /// A TaskRun failed because a canary failed (the rest were never released).
     CanaryFailed,
     /// A TaskRun failed for another reason.
@@ -40,7 +44,7 @@ pub enum AlertKind {
 
 impl AlertKind {
     /// Every kind, in display order.
-    pub const ALL: [AlertKind; 11] = [
+    pub const ALL: [AlertKind; 13] = [
         Self::RollbackFailed,
         Self::DeviceSilent,
         Self::DeviceStalled,
@@ -48,6 +52,8 @@ impl AlertKind {
         Self::WorkloadCrashLooping,
         Self::WorkloadUnhealthy,
         Self::WritesRefused,
+        Self::DiskFull,
+        Self::MemoryPressure,
         Self::CanaryFailed,
         Self::RunFailed,
         Self::SlotHeldTooLong,
@@ -70,6 +76,8 @@ impl AlertKind {
             Self::WorkloadCrashLooping => "WorkloadCrashLooping",
             Self::WorkloadUnhealthy => "WorkloadUnhealthy",
             Self::WritesRefused => "DeviceWritesRefused",
+            Self::DiskFull => "DeviceDiskFull",
+            Self::MemoryPressure => "DeviceMemoryPressure",
             Self::CanaryFailed => "TaskRunCanaryFailed",
             Self::RunFailed => "TaskRunFailed",
             Self::SlotHeldTooLong => "FleetLockSlotHeldTooLong",
@@ -87,6 +95,8 @@ impl AlertKind {
             Self::WorkloadCrashLooping => "Workload crash-looping",
             Self::WorkloadUnhealthy => "Workload unhealthy",
             Self::WritesRefused => "Device writes refused",
+            Self::DiskFull => "Device disk full",
+            Self::MemoryPressure => "Device memory pressure",
             Self::CanaryFailed => "Task run stopped: a canary failed",
             Self::RunFailed => "Task run failed",
             Self::SlotHeldTooLong => "FleetLock slot held too long",
@@ -128,6 +138,17 @@ impl AlertKind {
                 "The agent never writes this much or outside its own keys: read `journalctl -u fleet-agent` \
                  on the device and `kubectl describe device <name>` (its WritesRefused events); a device that \
                  keeps flooding may be compromised: revoke its token (docs/auth.md)."
+            }
+            Self::DiskFull => {
+                "Free space on the device: `podman image prune -a` as the agent's user removes images no \
+                 workload uses, `journalctl --vacuum-size=100M` trims the journal; `df -h` shows what is full. \
+                 Below 256 MiB free on its containers or agent-state filesystem a staged rollout gives it no \
+                 change (docs/crds.md, Device: resources)."
+            }
+            Self::MemoryPressure => {
+                "Tasks on the device wait for memory: `systemctl status` and `podman stats` on it show what \
+                 uses it; lower a workload's memory limit or move workloads off the device (docs/crds.md, \
+                 Device: resources)."
             }
             Self::CanaryFailed => {
                 "Open the run's page for the canary's error and apt output; fix the cause and create a new \
@@ -261,6 +282,8 @@ pub struct DeviceFacts<'a> {
     pub looping_workloads: Vec<(String, Option<fleet_wire::Restarts>)>,
     /// Its workloads reported running but `unhealthy` (from the workload-status mirror), with their error.
     pub unhealthy_workloads: Vec<(String, String)>,
+    /// Its `status.usage` (disk and memory verdicts, decided by the operator from its `device-usage`).
+    pub usage: Option<&'a crate::crd::UsageStatus>,
 }
 
 /// `restarted N times, last exit code C`.
@@ -400,6 +423,44 @@ pub fn evaluate<'a>(
                         .map(|b| format!(" in {b}"))
                         .unwrap_or_default(),
                     for_log(&w.reason)
+                ),
+            });
+        }
+        if let Some(u) = d.usage.filter(|u| u.disk_full) {
+            let full: Vec<String> = u
+                .filesystems
+                .iter()
+                .filter(|f| f.used_percent >= u32::from(fleet_wire::usage::DISK_ALERT_PERCENT))
+                .map(|f| {
+                    format!(
+                        "{} {}% used, {} free",
+                        f.role,
+                        f.used_percent,
+                        crate::deployments::usage::size(f.available_bytes)
+                    )
+                })
+                .collect();
+            out.push(Alert {
+                kind: AlertKind::DiskFull,
+                subject: Subject::Device(d.name.to_owned()),
+                since: None,
+                detail: format!(
+                    "{} (alert at {}%)",
+                    full.join("; "),
+                    fleet_wire::usage::DISK_ALERT_PERCENT
+                ),
+            });
+        }
+        if let Some(u) = d.usage.filter(|u| u.memory_pressure) {
+            out.push(Alert {
+                kind: AlertKind::MemoryPressure,
+                subject: Subject::Device(d.name.to_owned()),
+                since: None,
+                detail: format!(
+                    "{} (alert at pressure {}% or under {}% available)",
+                    u.memory,
+                    fleet_wire::usage::MEMORY_PRESSURE_SOME_AVG10_ALERT_CENTI / 100,
+                    fleet_wire::usage::MEMORY_AVAILABLE_ALERT_PERCENT
                 ),
             });
         }
@@ -668,6 +729,7 @@ mod tests {
                     agent_restarts: None,
                     looping_workloads: Vec::new(),
                     unhealthy_workloads: Vec::new(),
+                    usage: None,
                 })
                 .chain(refusals.iter().map(|(n, last)| DeviceFacts {
                     name: n,
@@ -679,6 +741,7 @@ mod tests {
                     agent_restarts: None,
                     looping_workloads: Vec::new(),
                     unhealthy_workloads: Vec::new(),
+                    usage: None,
                 }))
                 .chain([DeviceFacts {
                     name: "untaken",
@@ -690,6 +753,7 @@ mod tests {
                     agent_restarts: None,
                     looping_workloads: Vec::new(),
                     unhealthy_workloads: Vec::new(),
+                    usage: None,
                 }])
                 .chain(restarted.iter().map(|(n, a, w)| DeviceFacts {
                     name: n,
@@ -708,6 +772,7 @@ mod tests {
                     } else {
                         Vec::new()
                     },
+                    usage: None,
                 }))
                 .chain(unjudged.iter().map(|(n, before)| DeviceFacts {
                     name: n,
@@ -722,6 +787,7 @@ mod tests {
                     agent_restarts: None,
                     looping_workloads: Vec::new(),
                     unhealthy_workloads: Vec::new(),
+                    usage: None,
                 })),
             runs.iter().map(|(n, s)| RunFacts {
                 namespace: "ops",
@@ -811,5 +877,77 @@ mod tests {
         assert_eq!(alerts[2].since, Some(at(100_000 - 700)), "kept as it was");
         let fewer: Vec<Alert> = alerts[1..].to_vec();
         assert_eq!(appeared(&fewer, &alerts), vec![&alerts[0]]);
+    }
+
+    /// A full disk and memory pressure, as the Device's status.usage says, are alerts with what is full; a
+    /// device below the thresholds has none.
+    #[test]
+    fn usage_verdicts_become_alerts() {
+        let now = at(100_000);
+        let fs = |role: &str, used, free| crate::crd::FilesystemStatus {
+            role: role.into(),
+            used_percent: used,
+            available_bytes: free,
+            size_bytes: 1 << 30,
+        };
+        let full = crate::crd::UsageStatus {
+            disk_full: true,
+            filesystems: vec![fs("containers", 96, 41 << 20), fs("root", 25, 6 << 30)],
+            memory: "3% available, pressure 12%".into(),
+            memory_pressure: true,
+            ..Default::default()
+        };
+        let calm = crate::crd::UsageStatus {
+            filesystems: vec![fs("containers", 89, 110 << 20)],
+            memory: "40% available".into(),
+            ..Default::default()
+        };
+        let facts = |name, usage| DeviceFacts {
+            name,
+            upgrade: None,
+            heartbeat: crate::liveness::Facts {
+                watched_since: None,
+                beat: None,
+                recorded: None,
+                offset_secs: None,
+            },
+            silent_before: None,
+            writes_refused: None,
+            stalled: None,
+            agent_restarts: None,
+            looping_workloads: Vec::new(),
+            unhealthy_workloads: Vec::new(),
+            usage,
+        };
+        let alerts = evaluate(
+            [
+                facts("full", Some(&full)),
+                facts("calm", Some(&calm)),
+                facts("unknown", None),
+            ],
+            [],
+            None,
+            &Thresholds::default(),
+            now,
+        );
+        let got: Vec<(AlertKind, String, &str)> = alerts
+            .iter()
+            .map(|a| (a.kind, a.subject.to_string(), a.detail.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    AlertKind::DiskFull,
+                    "device full".into(),
+                    "containers 96% used, 41 MiB free (alert at 90%)"
+                ),
+                (
+                    AlertKind::MemoryPressure,
+                    "device full".into(),
+                    "3% available, pressure 12% (alert at pressure 10% or under 5% available)"
+                ),
+            ]
+        );
     }
 }

@@ -200,6 +200,45 @@ pub fn agent_restarts(a: Option<&crate::crd::AgentRestarts>, now: Timestamp) -> 
     }
 }
 
+/// Each filesystem the device reports (`status.usage`), fullest first; one at or above the alert threshold in red
+/// (`data-disk-full`), with the free-space floor a staged rollout holds it to.
+pub fn disk(u: Option<&crate::crd::UsageStatus>) -> Markup {
+    let Some(u) = u else {
+        return text("not reported");
+    };
+    let alert = u32::from(fleet_wire::usage::DISK_ALERT_PERCENT);
+    let mut fs: Vec<&crate::crd::FilesystemStatus> = u.filesystems.iter().collect();
+    fs.sort_by(|a, b| b.used_percent.cmp(&a.used_percent));
+    html! {
+        @for (i, f) in fs.iter().enumerate() {
+            @if i > 0 { "; " }
+            @let words = format!(
+                "{} {}% used, {} free of {}",
+                f.role,
+                f.used_percent,
+                crate::deployments::usage::size(f.available_bytes),
+                crate::deployments::usage::size(f.size_bytes)
+            );
+            @if f.used_percent >= alert {
+                b.bad data-disk-full=(f.role) { (words) }
+            } @else {
+                (words)
+            }
+        }
+    }
+}
+
+/// Memory as the Device shows it, in red under pressure (`data-memory-pressure`).
+pub fn memory(u: Option<&crate::crd::UsageStatus>) -> Markup {
+    match u {
+        None => text("not reported"),
+        Some(u) if u.memory_pressure => html! {
+            b.bad data-memory-pressure="" { (u.memory) ": under pressure" }
+        },
+        Some(u) => text(&u.memory),
+    }
+}
+
 /// The agent-upgrade transitions as timeline marks; failed and rolled-back phases are the bad ones.
 pub fn upgrade_marks(transitions: &[Transition<UpgradePhase>]) -> Vec<timeline::Mark> {
     transitions
@@ -256,6 +295,17 @@ pub fn render(d: &Device, kv: &DeviceKv, alerts: &[Alert], now: Timestamp) -> St
         (
             "agent restarts",
             agent_restarts(s.agent_restarts.as_ref(), now),
+        ),
+        ("disk", disk(s.usage.as_ref())),
+        ("memory", memory(s.usage.as_ref())),
+        (
+            "load (1 min)",
+            text(
+                s.usage
+                    .as_ref()
+                    .map(|u| format!("{} on {} CPUs", u.load1m, u.cpus))
+                    .unwrap_or_else(|| "—".into()),
+            ),
         ),
     ]);
     let workloads = match &kv.workloads {
@@ -468,5 +518,33 @@ mod tests {
             ),
             "{page}"
         );
+    }
+
+    /// The device page shows each filesystem, memory and load from status.usage; a full filesystem and memory
+    /// pressure in red.
+    #[test]
+    fn usage_shows_with_what_is_full() {
+        let now = Timestamp::now();
+        let d: Device = serde_json::from_value(serde_json::json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": {"name": "pi-7"}, "spec": {},
+            "status": {"usage": {
+                "disk": "96% containers, 41 MiB free", "diskUsedPercent": 96, "diskRole": "containers",
+                "diskFull": true, "memory": "3% available", "memoryAvailablePercent": 3, "memoryPressure": true,
+                "load1m": "0.42", "cpus": 4,
+                "filesystems": [
+                    {"role": "root", "usedPercent": 25, "availableBytes": 6442450944u64, "sizeBytes": 8589934592u64},
+                    {"role": "containers", "usedPercent": 96, "availableBytes": 42991616, "sizeBytes": 1073741824}
+                ]
+            }}
+        }))
+        .expect("device");
+        let page = render(&d, &DeviceKv::default(), &[], now);
+        assert!(
+            page.contains(r#"<b class="bad" data-disk-full="containers">containers 96% used, 41 MiB free of 1.0 GiB</b>; root 25% used, 6.0 GiB free of 8.0 GiB"#),
+            "{page}"
+        );
+        assert!(page.contains(r#"data-memory-pressure="">3% available: under pressure"#), "{page}");
+        assert!(page.contains("0.42 on 4 CPUs"), "{page}");
     }
 }

@@ -222,6 +222,7 @@ async fn watch_alerts(
                     agent_restarts: s.and_then(|s| s.agent_restarts.as_ref()),
                     looping_workloads: state.looping_workloads(d),
                     unhealthy_workloads: state.unhealthy_workloads(d),
+                    usage: s.and_then(|s| s.usage.as_ref()),
                 }
             }),
             runs.iter().filter_map(|r| {

@@ -181,6 +181,19 @@ pub fn render(
     for d in devices {
         *phases.entry(phase_name(d)).or_insert(0usize) += 1;
     }
+    // Devices whose Device shows a full disk or memory pressure (status.usage, decided by the operator).
+    let usage = |f: fn(&crate::crd::UsageStatus) -> bool| {
+        devices
+            .iter()
+            .filter(|d| {
+                d.status
+                    .as_ref()
+                    .and_then(|s| s.usage.as_ref())
+                    .is_some_and(f)
+            })
+            .count()
+    };
+    let (disk_full, memory_pressure) = (usage(|u| u.disk_full), usage(|u| u.memory_pressure));
     let mut gs: Vec<_> = o.groups.iter().collect();
     gs.sort_by_key(|g| g.metadata.name.clone());
     let groups_table = table(
@@ -253,6 +266,13 @@ pub fn render(
             (marked("workloads", fleet_workloads_bar(&workloads)))
             p.muted {
                 "Summed over the " (workloads.devices) " devices that report workloads (each Device's status)."
+            }
+            h2 { "Resources" }
+            p #resources {
+                span #disk-full-count { (disk_full) } " devices with a filesystem at or above "
+                (fleet_wire::usage::DISK_ALERT_PERCENT) " % used, "
+                span #memory-pressure-count { (memory_pressure) } " under memory pressure"
+                " (each is an alert above; the device page shows its disk, memory and load)."
             }
             h2 { "Rollouts not complete" }
             @if rollouts.is_empty() {

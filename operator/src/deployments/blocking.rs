@@ -207,6 +207,19 @@ pub fn reason(
             at(since),
             None,
         ),
+        Wait::LowSpace(low) => (
+            BlockingKind::NotEnoughSpace,
+            format!(
+                "{change} waits for free space: {} free on {}, needs {} MiB; free space on the device (its \
+                 status.usage shows each filesystem)",
+                super::usage::size(low.available_bytes),
+                low.role,
+                // The floor exactly (a whole number of MiB), not cut to two digits.
+                low.floor_bytes >> 20
+            ),
+            None,
+            None,
+        ),
         Wait::Updating(Some((phase, since))) => (
             BlockingKind::Updating,
             format!("{change} is on its way: {} since {since}", rollout::phase_word(phase)),

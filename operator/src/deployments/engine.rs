@@ -87,6 +87,8 @@ pub struct Mirrors {
     pub intent: Arc<Mirror<AgentUpgradeAttempt>>,
     /// `device-workload-status`.
     pub workloads: Arc<Mirror<DeviceWorkloadStatus>>,
+    /// `device-usage` ([`usage_mirror`]).
+    pub usage: Arc<Mirror<fleet_wire::DeviceUsage>>,
     /// `device-secrets` (what this or another replica wrote): a device held back by a staged rollout keeps the
     /// value it has ([`super::secrets::deliveries`]).
     pub secrets: Arc<Mirror<DeviceSecrets>>,
@@ -136,6 +138,15 @@ pub fn workload_mirror(watch: HeartbeatWatch) -> Arc<Mirror<DeviceWorkloadStatus
 
 impl Mirrors {
     /// The mirrors, `heartbeat` (made by [`heartbeat_mirror`]) and `workloads` (made by [`workload_mirror`]) shared
+/// The `device-usage` mirror, whose watch wakes the loop only for a report that changes what a Device shows or
+/// whether a rollout may give the device a change ([`super::usage::wakes`]); the rest are recorded quietly.
+pub fn usage_mirror() -> Arc<Mirror<fleet_wire::DeviceUsage>> {
+    Mirror::waking_when(
+        layout::DEVICE_USAGE,
+        Box::new(|_key, old, new| super::usage::wakes(old, new)),
+    )
+}
+
     /// with the dashboard and `info` with the TaskRun controller (all kept current by this controller's watches).
     pub fn new(
         heartbeat: Arc<Mirror<Heartbeat>>,
@@ -152,6 +163,7 @@ impl Mirrors {
             secrets: Mirror::new(layout::DEVICE_SECRETS),
         }
     }
+            usage: usage_mirror(),
 }
 
 impl Mirrors {
@@ -175,6 +187,7 @@ async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result
 /// Runs the deployments controller on the operator's [`Runtime`] until the task is dropped or aborted: its caches
 /// and NATS connection, and the heartbeat and device-info mirrors it shares (the dashboard reads liveness from the
 /// heartbeats, the TaskRun controller capabilities from the device info); this controller's watches keep them
+    link.watch(&m.usage, notify)?;
 /// current. Run alone (tests), it takes a runtime of its own.
 pub async fn run_with(
     rt: &Runtime,
@@ -601,6 +614,7 @@ impl Engine {
     async fn pass(&self, link: Option<&Link>, nats_error: Option<String>) -> Option<Duration> {
         let started = std::time::Instant::now();
         let mut snapshot = self.snapshot();
+            usage: self.mirrors.usage.values(),
         // The Secrets the deployments name, read now (the data of only those: secrets_source.rs).
         let names = snapshot
             .deployments

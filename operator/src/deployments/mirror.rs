@@ -1,5 +1,5 @@
 //! Device status mirrored from NATS KV (`device-info`, `device-heartbeat`, `agent-upgrade-status`,
-//! `device-workload-status`), as a pure function. A heartbeat alone is written at most once per
+//! `device-workload-status`, `device-usage`), as a pure function. A heartbeat alone is written at most once per
 //! [`HEARTBEAT_REFRESH`]: liveness is read from the heartbeat mirror (the dashboard, alerts, rollouts), so the API
 //! server carries writes that follow change, not N devices / 30 s for ever (Kubernetes moved node heartbeats out
 //! of NodeStatus for the same reason, KEP-589).
@@ -26,6 +26,8 @@ pub struct Reported {
     pub upgrade: Option<Arc<AgentUpgradeStatus>>,
     /// From `device-workload-status`.
     pub workloads: Option<Arc<DeviceWorkloadStatus>>,
+    /// From `device-usage`.
+    pub usage: Option<Arc<fleet_wire::DeviceUsage>>,
     /// fleet-auth's reports of refused writes ([`crate::refusals`]).
     pub refused: Option<crate::refusals::Record>,
     /// The heartbeat with when NATS stored it (set with `heartbeat`), for [`crate::liveness`].
@@ -159,6 +161,11 @@ pub fn device_status(
         // The pass sets these from the rollouts' decisions (plan.rs), not from a report: kept as they are here.
         blocking: current.map(|c| c.blocking.clone()).unwrap_or_default(),
         blocking_more: current.and_then(|c| c.blocking_more),
+        // Rounded in steps from what is shown now, so that small changes write nothing (usage.rs).
+        usage: r
+            .usage
+            .as_deref()
+            .map(|u| crate::deployments::usage::shown(current.and_then(|c| c.usage.as_ref()), u)),
     };
     next.crash_looping = CrashLooping::of(
         next.agent_restarts
@@ -225,6 +232,7 @@ mod tests {
             heartbeat: Some(Arc::new(hb.clone())),
             upgrade: Some(Arc::new(fixtures::failed_status())),
             workloads: None,
+            usage: None,
             refused: None,
             beat: None,
         };

@@ -19,4 +19,5 @@ pub mod rollout;
 mod rollout_reasons;
 pub mod rollout_workloads;
 pub mod secrets;
+pub mod usage;
 pub mod validate;

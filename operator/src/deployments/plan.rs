@@ -55,6 +55,8 @@ pub struct Snapshot {
     pub upgrades: BTreeMap<String, Arc<AgentUpgradeStatus>>,
     /// `device-workload-status`.
     pub workloads: BTreeMap<String, Arc<DeviceWorkloadStatus>>,
+    /// `device-usage`: a staged rollout gives no change to a device below the free-space floor (usage.rs).
+    pub usage: BTreeMap<String, Arc<fleet_wire::DeviceUsage>>,
     /// `device-desired-state` (what this or another replica wrote).
     pub desired: BTreeMap<String, Arc<DesiredState>>,
     /// `agent-upgrade-intent`.
@@ -447,6 +449,7 @@ fn stage(
     let change = blocking::change("FleetDeployment", &d.name_any());
     let names: Vec<&str> = workloads.iter().map(|w| w.name.as_str()).collect();
     for (dev, wait) in &outcome.waits {
+            low_space: super::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
         let reason = blocking::reason(
             &change,
             *wait,
@@ -1037,6 +1040,7 @@ fn release(
                 // The status of the device's current attempt, as the planner judged it failed.
                 let attempt = s.intents.get(dev.as_str()).map(|a| a.attempt_id);
                 let status = s.upgrades.get(dev.as_str()).map(Arc::as_ref);
+            low_space: super::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
                 blocking::upgrade_failure(status.filter(|st| st.attempt_id == attempt))
             },
         );
@@ -1224,6 +1228,7 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
         };
         if same {
             if let Some(next) =
+            usage: s.usage.get(&id).cloned(),
                 mirror::device_status(d.status.as_ref(), &reported, s.liveness.watched_since, now)
             {
                 plan.device_statuses.push((id, next));

@@ -221,6 +221,20 @@ pub struct Target {
     /// device silent for longer than `heartbeatTimeoutSeconds`, and names an updating one silent that long plus
     /// [`STALL_SLACK`] as stalled.
     pub last_heartbeat: Option<Timestamp>,
+    /// Set when the device's latest usage report has a filesystem with less than the free-space floor available
+    /// ([`crate::deployments::usage::low_space`]): a staged rollout gives it the change only once it has room.
+    pub low_space: Option<LowSpace>,
+}
+
+/// A device short of free space: the filesystem with the least available, what it has and what the floor asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LowSpace {
+    /// The filesystem's role as the agent names it (`root`, `agentState`, `containers`).
+    pub role: &'static str,
+    /// Bytes available on it (the device's latest report).
+    pub available_bytes: u64,
+    /// The floor: [`fleet_wire::usage::FREE_SPACE_FLOOR_BYTES`].
+    pub floor_bytes: u64,
 }
 
 /// Why a rollout halted.
@@ -329,6 +343,9 @@ pub enum Wait {
         /// Its latest heartbeat (the device's clock).
         since: Timestamp,
     },
+    /// Pending in a staged rollout with less free space than the floor on one of its filesystems: the change
+    /// waits until the device reports room. Not failed, and it holds no maxUnavailable slot.
+    LowSpace(LowSpace),
     /// Given the change and not there yet: the phase it reported and since when, once it reported one.
     Updating(Option<(UpgradePhase, Timestamp)>),
     /// Given the change and stuck ([`Stall`]).
@@ -516,14 +533,15 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
     };
     // A staged rollout gives the change only to devices that are heard from: a silent one may be mid-way
     // through anything, and would hold a maxUnavailable slot it cannot use. It waits, pending, and is given the
-    // change on a pass after it is heard from again.
+    // change on a pass after it is heard from again. So does a device without the free-space floor: a new image
+    // or agent would fill it, and the change could fail half-way (it gets the change once it reports room).
     let pending_of = |canary: bool| {
         standings
             .iter()
             .filter(move |(t, s)| {
                 is_canary(t) == canary
                     && *s == Standing::Pending
-                    && !(policy.staged && is_silent(t, policy, now))
+                    && !(policy.staged && (is_silent(t, policy, now) || t.low_space.is_some()))
             })
             .map(|(t, _)| t.id.clone())
     };
@@ -630,10 +648,11 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
                     },
                 },
                 Standing::Pending if halt.is_some() => Wait::Halted,
-                Standing::Pending => match t.last_heartbeat {
-                    Some(since) if policy.staged && is_silent(t, policy, now) => {
+                Standing::Pending => match (t.last_heartbeat, t.low_space) {
+                    (Some(since), _) if policy.staged && is_silent(t, policy, now) => {
                         Wait::Offline { since }
                     }
+                    (_, Some(low)) if policy.staged => Wait::LowSpace(low),
                     _ => gate,
                 },
             };
@@ -713,6 +732,7 @@ pub fn hold(outcome: &mut Outcome, holds: bool) -> bool {
                 | Wait::CanariesSoaking { .. }
                 | Wait::MaxUnavailable { .. }
                 | Wait::Offline { .. }
+                | Wait::LowSpace(_)
         ) {
             *w = Wait::Halted;
         }
@@ -749,6 +769,7 @@ mod tests {
                 canary: *canary,
                 observed: *observed,
                 last_heartbeat: None,
+                low_space: None,
             })
             .collect()
     }
@@ -1569,6 +1590,87 @@ mod tests {
         // No rollout section: everyone is given the change at once, silent or not.
         let out = plan(&devices, &Policy::ALL_AT_ONCE, t(410));
         assert_eq!(out.release.len(), 2);
+    }
+
+    /// Free space in a staged rollout: a pending device short of the floor is passed over without failing and
+    /// without holding a maxUnavailable slot (the next device takes it), shows why, and is given the change once it
+    /// reports room; a halt names it halted like everyone else; without a rollout section it changes nothing.
+    #[test]
+    fn devices_short_of_space_wait_without_a_slot() {
+        let p = policy(300, n(1), n(0));
+        let low = LowSpace {
+            role: "containers",
+            available_bytes: 120 << 20,
+            floor_bytes: 256 << 20,
+        };
+        let soaked = committed(100, Some(90), Some(400));
+        let mut devices = targets(&[
+            ("a", true, soaked),
+            ("b", false, Observed::Pending),
+            ("c", false, Observed::Pending),
+        ]);
+        devices[1].low_space = Some(low);
+        let out = plan(&devices, &p, t(410));
+        let released: Vec<&str> = out.release.iter().map(DeviceId::as_str).collect();
+        assert_eq!(released, ["c"], "b is short of space: c takes the one slot");
+        assert_eq!((out.status.pending, out.status.failed), (2, 0));
+        assert!(out.status.next.is_empty(), "{:?}", out.status.next);
+        let waits: Vec<(&str, Wait)> = out.waits.iter().map(|(d, w)| (d.as_str(), *w)).collect();
+        assert_eq!(waits, [("b", Wait::LowSpace(low))]);
+        assert_eq!(out.status.phase, RolloutPhase::Progressing);
+        // c updated and healthy: b still waits, and the rollout is not complete while it does.
+        devices[2].observed = Observed::Current;
+        let out = plan(&devices, &p, t(420));
+        assert!(out.release.is_empty());
+        assert_eq!(out.status.phase, RolloutPhase::Progressing);
+        // Room again: b gets the change.
+        devices[1].low_space = None;
+        let out = plan(&devices, &p, t(430));
+        let released: Vec<&str> = out.release.iter().map(DeviceId::as_str).collect();
+        assert_eq!(released, ["b"]);
+        // A canary short of space holds the rest at the canary stage (it is not failed: no halt).
+        let mut canary_low = targets(&[
+            ("a", true, Observed::Pending),
+            ("b", false, Observed::Pending),
+        ]);
+        canary_low[0].low_space = Some(low);
+        let out = plan(&canary_low, &p, t(10));
+        assert!(out.release.is_empty() && out.halt.is_none());
+        let waits: Vec<(&str, Wait)> = out.waits.iter().map(|(d, w)| (d.as_str(), *w)).collect();
+        assert_eq!(
+            waits,
+            [
+                ("a", Wait::LowSpace(low)),
+                (
+                    "b",
+                    Wait::Canaries {
+                        waiting: 1,
+                        canaries: 1
+                    }
+                )
+            ]
+        );
+        // A held halt: it waits for the halt like everyone else.
+        let mut halted = plan(&devices_low(&low), &p, t(410));
+        assert!(hold(&mut halted, true));
+        assert!(
+            halted.waits.iter().all(|(_, w)| *w == Wait::Halted),
+            "{:?}",
+            halted.waits
+        );
+        // No rollout section: everyone is given the change at once.
+        let out = plan(&devices_low(&low), &Policy::ALL_AT_ONCE, t(410));
+        assert_eq!(out.release.len(), 2);
+    }
+
+    fn devices_low(low: &LowSpace) -> Vec<Target> {
+        let mut d = targets(&[
+            ("a", true, committed(100, Some(90), Some(400))),
+            ("b", false, Observed::Pending),
+            ("c", false, Observed::Pending),
+        ]);
+        d[1].low_space = Some(*low);
+        d
     }
 
     /// A halt is retryable only when an attempt failed: a soak failure (a crash loop, a restart, silence) is not

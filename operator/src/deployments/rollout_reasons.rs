@@ -45,6 +45,7 @@ impl Fleet {
             canary,
             observed,
             last_heartbeat: Some(t(beat)),
+            low_space: None,
         };
         vec![
             row("a", true, self.a, self.beat),
@@ -361,6 +362,14 @@ fn each_reason_reads_exactly() {
             BlockingKind::Offline,
             format!("AgentRelease/fleet-agent waits until the device is heard from: offline since {} (its last heartbeat)", t(0)),
             since(0),
+            None,
+        ),
+        (
+            Wait::LowSpace(rollout::LowSpace { role: "containers", available_bytes: 120 << 20, floor_bytes: 256 << 20 }),
+            none(),
+            BlockingKind::NotEnoughSpace,
+            "AgentRelease/fleet-agent waits for free space: 120 MiB free on containers, needs 256 MiB; free space on the device (its status.usage shows each filesystem)".into(),
+            None,
             None,
         ),
         (

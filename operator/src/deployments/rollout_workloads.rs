@@ -330,12 +330,14 @@ mod tests {
                     canary: true,
                     observed: canary,
                     last_heartbeat: Some(t(100)),
+                    low_space: None,
                 },
                 Target {
                     id: DeviceId::try_from("b").expect("id"),
                     canary: false,
                     observed: observe(&news, None, None),
                     last_heartbeat: Some(t(100)),
+                    low_space: None,
                 },
             ]
         };
@@ -405,6 +407,7 @@ mod tests {
                     canary: *id == "a",
                     observed,
                     last_heartbeat: None,
+                    low_space: None,
                 })
                 .collect()
         };
