@@ -6,6 +6,7 @@
 
 use crate::builds::{V1, V2, V3};
 use crate::demo_state::{self, Record};
+use crate::fleet::Device;
 use crate::fleetlock::FleetLockServer;
 use crate::local_fleet::{
     crash_looping_deployment_yaml, deployment_yaml, group_yaml, kebab, release_yaml, taskrun_yaml,
@@ -1173,6 +1174,102 @@ impl<'a> Demo<'a> {
             .unwrap_or_else(|| format!("{TASK}: -"))
     }
 
+    /// The NATS server's URL and CA (copied into the demo's directory), and the identity provider's, for a
+    /// person enrolling a device by hand (docs/auth.md).
+    fn print_nats(&self, dir: &Path) {
+        let nats = &self.fleet.nats;
+        let copy = |name: &str, pem: Option<Vec<u8>>| -> Option<PathBuf> {
+            let path = dir.join(name);
+            std::fs::write(&path, pem?).ok()?;
+            Some(path)
+        };
+        let ca = copy(
+            "nats-ca.pem",
+            nats.ca_file().and_then(|p| std::fs::read(p).ok()),
+        );
+        match ca {
+            Some(ca) => println!(
+                "   NATS: {} (CA: {}; a device names it as [nats] ca_file)",
+                nats.url(),
+                ca.display()
+            ),
+            None => println!("   NATS: {} (plain TCP: FLEET_NATS_TLS=off)", nats.url()),
+        }
+        if let (Some((issuer, _)), Some(ca)) = (
+            nats.zitadel(),
+            copy("zitadel-ca.pem", nats.zitadel_ca_pem()),
+        ) {
+            println!(
+                "   identity provider (Zitadel stand-in, project id {}): {issuer} (CA: {})",
+                callout::AUDIENCE,
+                ca.display()
+            );
+        }
+    }
+
+    /// `scripts/demo --add-device NAME`: a new device from the Debian package, enrolled with a machine user of its
+    /// own ([`crate::enrol::from_package`]), given the demo's workload image, and recorded for `--shell` and
+    /// `--stop`; returns once its Device exists.
+    fn add_device(&self, req: &demo_state::AddRequest, record: &Record) -> Result<Device, String> {
+        let name = req.name.as_str();
+        req.say(&format!(
+            "== adding {name}: a Debian device from the package, with its own identity"
+        ));
+        let debs = std::panic::catch_unwind(|| crate::packages::amd64(V1))
+            .map_err(|_| "building the package failed (the message above says why)".to_string())?;
+        req.say(&format!(
+            "built {} with scripts/package",
+            crate::packages::file_name("harmony-fleet-device")
+        ));
+        let mut say = |l: &str| req.say(l);
+        let d = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::enrol::from_package(
+                name,
+                &self.fleet.nats,
+                debs,
+                Some(&self.fleet.artifacts),
+                &mut say,
+            )
+        }))
+        .map_err(|_| "the device's set-up failed (the message above says why)".to_string())??;
+        if let Some(pid) = d.guest.wrapper_pid() {
+            record.add(pid, &demo_state::guest_name(name));
+        }
+        crate::enrol::import_demo_image(&d);
+        req.say(&format!(
+            "imported the demo's workload image {} into its agent's Podman (the image is in no registry: docs/auth.md)",
+            crate::fleet::TEST_IMAGE
+        ));
+        let t = Instant::now();
+        let seen = fleet_rig::wait_for(Duration::from_secs(120), || {
+            self.fleet.view(name).filter(|v| v.agent_version.is_some())
+        });
+        if seen.is_none() {
+            return Err(format!(
+                "no Device {name} within 120 s:\n{}\n--- fleet-operator log ---\n{}",
+                d.logs(),
+                self.fleet.cluster.operator_log(30)
+            ));
+        }
+        req.say(&format!(
+            "its Device appeared in {:.1} s:",
+            t.elapsed().as_secs_f64()
+        ));
+        let out = self
+            .fleet
+            .cluster
+            .try_kubectl(&["get", "fdev", name])
+            .unwrap_or_else(|e| e);
+        req.say(&format!("$ kubectl get fdev {name}"));
+        for l in out.lines() {
+            req.say(&format!("  {l}"));
+        }
+        req.say(&format!(
+            "put it in the demo's group: kubectl label fdev {name} site=demo; a shell: sudo scripts/demo --shell {name}"
+        ));
+        Ok(d)
+    }
+
     /// The final table, read from the cluster and the devices.
     pub fn summary(&self) -> Result<(), Stop> {
         println!("\n== the fleet now");
@@ -1215,9 +1312,10 @@ impl<'a> Demo<'a> {
         Ok(())
     }
 
-    /// `--keep`: says how to reach the fleet (kubectl, the dashboard, a shell in each device) and waits for
-    /// Ctrl-C or `scripts/demo --stop`, saying so when a part of the fleet dies meanwhile.
-    pub fn keep(&self, dir: &Path) {
+    /// `--keep`: says how to reach the fleet (kubectl, the dashboard, NATS and its CA, a shell in each device) and
+    /// waits for Ctrl-C or `scripts/demo --stop`, saying so when a part of the fleet dies meanwhile, and enrolling
+    /// the devices `scripts/demo --add-device NAME` asks for (they live until the demo stops).
+    pub fn keep(&self, dir: &Path, record: &Record) {
         println!("\n== the fleet keeps running (--keep)");
         println!(
             "   export KUBECONFIG={} PATH={}:$PATH",
@@ -1237,16 +1335,36 @@ impl<'a> Demo<'a> {
             c.dashboard_url(),
             c.dashboard_token()
         );
+        self.print_nats(dir);
         for d in &self.fleet.devices {
             println!("   a shell in {}: sudo scripts/demo --shell {}", d.id, d.id);
         }
+        println!("   Add a device with its own identity: sudo scripts/demo --add-device NAME (docs/auth.md)");
         println!("   Stop it: Ctrl-C here, or `scripts/demo --stop` from another shell.");
         let mut reported = BTreeSet::new();
         let mut checked = Instant::now();
+        let mut added: Vec<Device> = vec![];
         while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(200));
             if checked.elapsed() < Duration::from_secs(2) {
                 continue;
+            }
+            for req in demo_state::take_add_requests(dir) {
+                let taken = self
+                    .fleet
+                    .devices
+                    .iter()
+                    .chain(&added)
+                    .any(|d| d.id == req.name);
+                let outcome = if taken {
+                    Err(format!("the demo already has a device {}", req.name))
+                } else {
+                    self.add_device(&req, record).map(|d| added.push(d))
+                };
+                if let Err(why) = &outcome {
+                    req.say(&format!("!! {why}"));
+                }
+                req.finish(outcome);
             }
             checked = Instant::now();
             for (name, pid) in demo_state::dead(dir) {

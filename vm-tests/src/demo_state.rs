@@ -1,7 +1,7 @@
 //! What the demo started, recorded as it starts it (`<dir>/pids`: PID, start time, name per line), so that a run
 //! after a crash stops the leftovers by PID and starts clean, and `scripts/demo --stop` stops a kept demo.
 //! The start time (field 22 of `/proc/<pid>/stat`) guards against a PID the kernel has since given to another
-//! process.
+//! process. `scripts/demo --add-device` hands its request to the kept demo through `<dir>/requests/`.
 
 use std::fs;
 use std::io::Write;
@@ -190,6 +190,140 @@ pub fn stop(dir: &Path) -> String {
             d.pid
         ),
     }
+}
+
+/// Where `scripts/demo --add-device` leaves its requests for the kept demo, which owns every guest (their relays to
+/// NATS and the identity provider run in its process): `<name>.add` asks, `<name>.log` is the demo's narration of
+/// that device's enrolment, `<name>.done` its outcome (`ok`, or the reason it failed).
+fn requests(dir: &Path) -> PathBuf {
+    dir.join("requests")
+}
+
+/// How long `--add-device` waits for the demo to enrol the device (a package build, a boot, apt and the first
+/// token take about a minute here).
+const ADD_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Asks the demo kept running in `dir` to add device `name` and follows its narration (printed as it comes) until
+/// the outcome; an error when no demo runs, the name is taken or refused, or the enrolment failed.
+pub fn add_device(dir: &Path, name: &str) -> Result<(), String> {
+    fleet_wire::DeviceId::try_from(name).map_err(|e| format!("--add-device {name}: {e}"))?;
+    if !read(dir).iter().any(|e| e.name == DEMO && alive(e)) {
+        return Err(
+            "no demo is running: start one with `scripts/demo --keep` and add the device from another shell".into(),
+        );
+    }
+    if read(dir)
+        .iter()
+        .any(|e| e.name == guest_name(name) && alive(e))
+    {
+        return Err(format!("the demo already has a device {name}"));
+    }
+    let req = requests(dir);
+    fs::create_dir_all(&req).map_err(|e| format!("mkdir {}: {e}", req.display()))?;
+    for ext in ["log", "done"] {
+        let _ = fs::remove_file(req.join(format!("{name}.{ext}")));
+    }
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(req.join(format!("{name}.add")))
+        .map_err(|e| format!("{name} is already being added ({e})"))?;
+    let log = req.join(format!("{name}.log"));
+    let done = req.join(format!("{name}.done"));
+    let mut shown = 0;
+    let start = std::time::Instant::now();
+    loop {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        if text.len() > shown {
+            print!("{}", &text[shown..]);
+            shown = text.len();
+        }
+        if let Ok(outcome) = fs::read_to_string(&done) {
+            let text = fs::read_to_string(&log).unwrap_or_default();
+            print!("{}", text.get(shown..).unwrap_or_default());
+            return match outcome.trim() {
+                "ok" => Ok(()),
+                why => Err(format!("adding {name} failed: {why}")),
+            };
+        }
+        if !read(dir).iter().any(|e| e.name == DEMO && alive(e)) {
+            return Err("the demo stopped before it added the device".into());
+        }
+        if start.elapsed() > ADD_TIMEOUT {
+            return Err(format!(
+                "the demo did not add {name} within {ADD_TIMEOUT:?} (see its output)"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// A device an `--add-device` asked for, as the kept demo takes it: its name, and where to narrate and answer.
+pub struct AddRequest {
+    /// The device's name (already a valid device id).
+    pub name: String,
+    log: PathBuf,
+    done: PathBuf,
+}
+
+impl AddRequest {
+    /// One line of narration, for the demo's output and the asking shell.
+    pub fn say(&self, line: &str) {
+        println!("   {line}");
+        let ok = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .and_then(|mut f| writeln!(f, "   {line}"));
+        if let Err(e) = ok {
+            eprintln!("cannot write {}: {e}", self.log.display());
+        }
+    }
+
+    /// The outcome: `Ok` or the reason it failed.
+    pub fn finish(self, outcome: Result<(), String>) {
+        let text = match outcome {
+            Ok(()) => "ok".to_string(),
+            Err(why) => why,
+        };
+        if let Err(e) = fs::write(&self.done, text) {
+            eprintln!("cannot write {}: {e}", self.done.display());
+        }
+    }
+}
+
+/// The add requests waiting in `dir` (each taken once: its `.add` file is removed).
+pub fn take_add_requests(dir: &Path) -> Vec<AddRequest> {
+    let req = requests(dir);
+    let Ok(entries) = fs::read_dir(&req) else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for e in entries.flatten() {
+        let path = e.path();
+        let Some(name) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".add"))
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        if fs::remove_file(&path).is_err() {
+            continue;
+        }
+        let r = AddRequest {
+            log: req.join(format!("{name}.log")),
+            done: req.join(format!("{name}.done")),
+            name,
+        };
+        if let Err(e) = fleet_wire::DeviceId::try_from(r.name.as_str()) {
+            r.finish(Err(e.to_string()));
+            continue;
+        }
+        out.push(r);
+    }
+    out
 }
 
 #[cfg(test)]

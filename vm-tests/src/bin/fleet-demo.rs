@@ -1,6 +1,7 @@
 //! `scripts/demo`: a local fleet driven by the real operator (kubectl → kube-apiserver → fleet-operator → NATS →
 //! three nspawn Debian devices), narrated step by step (`fleet_vm_tests::demo`). Ctrl-C or SIGTERM stops it and
-//! tears everything down; `--keep` leaves the fleet running until then; `--stop` stops a kept demo.
+//! tears everything down; `--keep` leaves the fleet running until then; `--stop` stops a kept demo;
+//! `--add-device NAME` asks a kept demo to enrol one more device from the package, with its own identity.
 
 use fleet_vm_tests::demo::{Demo, Stop};
 use fleet_vm_tests::demo_state::{self, Record};
@@ -9,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 const USAGE: &str =
-    "usage: fleet-demo [--keep | --stop | --shell DEVICE]   (run it through scripts/demo)";
+    "usage: fleet-demo [--keep | --stop | --shell DEVICE | --add-device NAME]   (run it through scripts/demo)";
 
 fn main() {
     let dir = PathBuf::from(
@@ -22,6 +23,17 @@ fn main() {
             "--keep" => keep = true,
             "--stop" => {
                 println!("{}", demo_state::stop(&dir));
+                return;
+            }
+            "--add-device" => {
+                let Some(name) = args.next() else {
+                    eprintln!("{USAGE}");
+                    std::process::exit(2);
+                };
+                if let Err(e) = demo_state::add_device(&dir, &name) {
+                    eprintln!("{e}");
+                    std::process::exit(1);
+                }
                 return;
             }
             "--shell" => {
@@ -70,7 +82,7 @@ fn main() {
         demo.tasks()?;
         demo.summary()?;
         if keep {
-            demo.keep(&dir);
+            demo.keep(&dir, &record);
         }
         println!("\n== tearing down the devices, the operator, the API server, NATS, fleet-auth and fleetlock-server");
         Ok(())
