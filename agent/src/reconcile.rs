@@ -262,9 +262,10 @@ impl Swap {
 
     /// The next step after `self.step` succeeded (`ok`) or failed, or how the replacement ended. Pure.
     ///
-    /// Forward: pull, park, create, stop old, start new, remove old. A failed pull or park touched nothing; a
-    /// failed create unparks the old container (still running); a failed stop or start removes the new
-    /// container, unparks the old one and starts it again.
+    /// Forward: pull, park, create, stop old, start new, remove old. A failed pull touched nothing; a failed park
+    /// or create unparks the old container (still running: a park that failed for want of space may have renamed
+    /// it all the same); a failed stop or start removes the new container, unparks the old one and starts it
+    /// again.
     pub fn after(self, ok: bool) -> Result<Swap, Replaced> {
         use FailureReason as R;
         use Step::*;
@@ -280,7 +281,7 @@ impl Swap {
             (Pull, true) => go(Park),
             (Pull, false) => Err(Replaced::Kept(R::ImagePullFailed)),
             (Park, true) => go(Create),
-            (Park, false) => Err(Replaced::Kept(R::CreateFailed)),
+            (Park, false) => fail(Unpark, R::CreateFailed),
             (Create, true) => go(StopOld),
             (Create, false) => fail(Unpark, R::CreateFailed),
             (StopOld, true) => go(Start),
@@ -713,7 +714,7 @@ fn replace(
                 Some(id) => podman.remove(id),
                 None => Ok(()),
             },
-            Step::Unpark => podman.rename(old, &name),
+            Step::Unpark => unpark(podman, old, &name),
             Step::RestartOld if was_running => podman.start(old),
             Step::RestartOld => Ok(()),
         };
@@ -734,9 +735,37 @@ fn replace(
     })
 }
 
-/// The status a finished replacement leaves, in words: the first error, and what runs now.
+/// Gives the old container its own name back, checking Podman's answer against what it did: with no space left
+/// on its storage Podman renames the container in its database and then fails to write the storage's record,
+/// answering an error for a rename that happened (measured with Podman 4.3 on a full file system). A container
+/// that has its name (already, or after such an answer) is unparked.
+fn unpark(podman: &Podman, old: &str, name: &str) -> Result<(), PodmanError> {
+    if podman.name_of(old).is_ok_and(|n| n == name) {
+        return Ok(());
+    }
+    match podman.rename(old, name) {
+        Err(e) if podman.name_of(old).is_ok_and(|n| n == name) => {
+            log::warn!("{name}: renamed back although Podman answered: {e}");
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+/// What an error that comes from a full file system starts with in a status.
+pub const NO_SPACE: &str = "no space left on device";
+
+/// The status a finished replacement leaves, in words: the first error, and what runs now. A replacement that
+/// failed for want of space says so first, whatever step met it.
 fn ended(end: Replaced, errors: &[String], was_running: bool) -> Applied {
     let first = errors.first().map(String::as_str).unwrap_or("failed");
+    let full;
+    let first = if errors.iter().any(|e| e.contains(NO_SPACE)) && !first.starts_with(NO_SPACE) {
+        full = format!("{NO_SPACE} (Podman's storage): {first}");
+        full.as_str()
+    } else {
+        first
+    };
     let (reason, rolled_back, what) = match end {
         Replaced::Done => return Applied::Done,
         Replaced::Kept(r) => (
@@ -1114,7 +1143,7 @@ mod tests {
             (fwd(Pull), true, Ok(fwd(Park))),
             (fwd(Pull), false, Err(Replaced::Kept(R::ImagePullFailed))),
             (fwd(Park), true, Ok(fwd(Create))),
-            (fwd(Park), false, Err(Replaced::Kept(R::CreateFailed))),
+            (fwd(Park), false, Ok(back(Unpark, R::CreateFailed))),
             (fwd(Create), true, Ok(fwd(StopOld))),
             (fwd(Create), false, Ok(back(Unpark, R::CreateFailed))),
             (fwd(StopOld), true, Ok(fwd(Start))),
@@ -1196,6 +1225,12 @@ mod tests {
             ),
             // The image cannot be pulled: nothing else happens; the old container runs on, untouched.
             (&[Pull], &[Pull], Replaced::Kept(R::ImagePullFailed)),
+            // The park fails (perhaps renamed all the same, no space left): the old container gets its name back.
+            (
+                &[Park],
+                &[Pull, Park, Unpark],
+                Replaced::Kept(R::CreateFailed),
+            ),
             // Podman refuses the create: the old container (never stopped) gets its name back.
             (
                 &[Create],
@@ -1240,6 +1275,22 @@ mod tests {
             "image x could not be pulled: y; the container of the previous spec keeps running"
         );
         assert!(!f.rolled_back);
+        // A full file system is named first, whichever step met it.
+        let Applied::Failed(f) = ended(
+            Replaced::Kept(R::CreateFailed),
+            &[
+                "renaming the container: write x: no space left on device (Podman answered HTTP 500)"
+                    .into(),
+            ],
+            true,
+        ) else {
+            panic!("kept is a failure");
+        };
+        assert_eq!(
+            f.error,
+            "no space left on device (Podman's storage): renaming the container: write x: no space left on device \
+             (Podman answered HTTP 500); the container of the previous spec keeps running"
+        );
         // An old container that was not running is not started by a roll-back, and the status says so.
         let Applied::Failed(f) = ended(
             Replaced::RolledBack(R::StartFailed),

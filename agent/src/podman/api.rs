@@ -622,6 +622,17 @@ impl Podman {
         .map(|_| ())
     }
 
+    /// The container's name as Podman's own database has it. A rename that fails part-way (no space left for
+    /// its storage's record) may have changed it there all the same: the caller looks rather than assumes.
+    pub fn name_of(&self, id: &str) -> Result<String, PodmanError> {
+        #[derive(Deserialize)]
+        struct Inspect {
+            #[serde(rename = "Name")]
+            name: String,
+        }
+        self.inspect::<Inspect>(id).map(|i| i.name)
+    }
+
     /// Stops a container (grace period, then kill); already stopped or gone is fine.
     pub fn stop(&self, id: &str) -> Result<(), PodmanError> {
         let grace = self.stop_timeout.as_secs();

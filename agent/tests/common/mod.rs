@@ -134,13 +134,17 @@ pub struct Rig {
 impl Rig {
     /// NATS with buckets, the peer, and Podman (with the test image) when `with_podman`.
     pub fn new(with_podman: bool, extra_config: &str) -> Self {
+        Self::with_podman(with_podman.then(PodmanService::start), extra_config)
+    }
+
+    /// Like [`Rig::new`] with the test's own Podman service (e.g. its storage on a small file system), given the
+    /// test image here.
+    pub fn with_podman(podman: Option<PodmanService>, extra_config: &str) -> Self {
         let nats = NatsServer::start();
         create_buckets(&nats.connect());
-        let podman = with_podman.then(|| {
-            let p = PodmanService::start();
+        if let Some(p) = &podman {
             p.import_busybox(IMAGE);
-            p
-        });
+        }
         let root = tempfile::Builder::new()
             .prefix("fleet-agent-root-")
             .tempdir()

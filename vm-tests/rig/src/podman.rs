@@ -25,6 +25,8 @@ events_logger = "file"
 /// A running Podman API service with its own storage; containers are removed and the service killed on drop.
 pub struct PodmanService {
     dir: tempfile::TempDir,
+    /// Podman's `--root` (images, containers and its database): `<dir>/root` unless the test chose one.
+    root: PathBuf,
     binary: PathBuf,
     child: Option<Child>,
 }
@@ -32,6 +34,12 @@ pub struct PodmanService {
 impl PodmanService {
     /// Starts the service and waits until it answers `/_ping`. Panics (failing the test) if it cannot.
     pub fn start() -> Self {
+        Self::start_with_root(None)
+    }
+
+    /// Like [`Self::start`] with Podman's storage (`--root`: images, containers and its database) in `root`,
+    /// e.g. on a small file system a test fills; `None`: in the service's own directory.
+    pub fn start_with_root(root: Option<&Path>) -> Self {
         let binary = require_binary("podman", "FLEET_PODMAN", &[], INSTALL_HINT);
         require_binary(
             "runc",
@@ -47,8 +55,10 @@ impl PodmanService {
             .unwrap_or_else(|e| panic!("write containers.conf: {e}"));
         std::fs::create_dir_all(dir.path().join("home"))
             .unwrap_or_else(|e| panic!("HOME for podman: {e}"));
+        let root = root.map_or_else(|| dir.path().join("root"), Path::to_path_buf);
         let mut s = Self {
             dir,
+            root,
             binary,
             child: None,
         };
@@ -125,7 +135,7 @@ impl PodmanService {
         c.env("CONTAINERS_CONF", self.dir.path().join("containers.conf"))
             .env("HOME", self.home())
             .arg("--root")
-            .arg(self.dir.path().join("root"))
+            .arg(&self.root)
             .arg("--runroot")
             .arg(self.dir.path().join("runroot"))
             .args(["--storage-driver", "vfs"]);
@@ -142,7 +152,7 @@ impl PodmanService {
                 "PODMAN_OPTS",
                 format!(
                     "--root {} --runroot {} --storage-driver vfs",
-                    d.join("root").display(),
+                    self.root.display(),
                     d.join("runroot").display()
                 ),
             )
