@@ -169,16 +169,6 @@ pub struct DeviceStatus {
     /// How many more reasons than `blocking` lists; absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocking_more: Option<u32>,
-}
-
-/// A device agent's restarts.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AgentRestarts {
-    /// Automatic restarts after a failure since the unit was last started by a person, a boot or a cutover.
-    pub count: u32,
-    /// When the running agent started (`device-info`'s `publishedAt`, the device's clock; RFC 3339, UTC).
-    pub since: String,
     /// Disk, memory and load as the device last reported them (`device-usage`), rounded so that small changes
     /// write nothing ([`crate::deployments::usage`]); absent until it reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -233,6 +223,16 @@ pub struct FilesystemStatus {
     pub available_bytes: u64,
     /// Size in bytes, to two significant digits.
     pub size_bytes: u64,
+}
+
+/// A device agent's restarts.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRestarts {
+    /// Automatic restarts after a failure since the unit was last started by a person, a boot or a cutover.
+    pub count: u32,
+    /// When the running agent started (`device-info`'s `publishedAt`, the device's clock; RFC 3339, UTC).
+    pub since: String,
     /// True while the agent counts as crash-looping by fleet-wire's rule, judged on the operator's pass: at least 3
     /// restarts, the latest start (`since`) within 10 minutes.
     #[serde(default)]

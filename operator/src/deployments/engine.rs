@@ -136,8 +136,6 @@ pub fn workload_mirror(watch: HeartbeatWatch) -> Arc<Mirror<DeviceWorkloadStatus
     )
 }
 
-impl Mirrors {
-    /// The mirrors, `heartbeat` (made by [`heartbeat_mirror`]) and `workloads` (made by [`workload_mirror`]) shared
 /// The `device-usage` mirror, whose watch wakes the loop only for a report that changes what a Device shows or
 /// whether a rollout may give the device a change ([`super::usage::wakes`]); the rest are recorded quietly.
 pub fn usage_mirror() -> Arc<Mirror<fleet_wire::DeviceUsage>> {
@@ -147,6 +145,8 @@ pub fn usage_mirror() -> Arc<Mirror<fleet_wire::DeviceUsage>> {
     )
 }
 
+impl Mirrors {
+    /// The mirrors, `heartbeat` (made by [`heartbeat_mirror`]) and `workloads` (made by [`workload_mirror`]) shared
     /// with the dashboard and `info` with the TaskRun controller (all kept current by this controller's watches).
     pub fn new(
         heartbeat: Arc<Mirror<Heartbeat>>,
@@ -160,10 +160,10 @@ pub fn usage_mirror() -> Arc<Mirror<fleet_wire::DeviceUsage>> {
             desired: Mirror::new(layout::DESIRED_STATE),
             intent: Mirror::new(layout::AGENT_UPGRADE_INTENT),
             workloads,
+            usage: usage_mirror(),
             secrets: Mirror::new(layout::DEVICE_SECRETS),
         }
     }
-            usage: usage_mirror(),
 }
 
 impl Mirrors {
@@ -180,6 +180,7 @@ async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result
     link.watch(&m.desired, notify)?;
     link.watch(&m.intent, notify)?;
     link.watch(&m.workloads, notify)?;
+    link.watch(&m.usage, notify)?;
     link.watch(&m.secrets, notify)?;
     Ok(link)
 }
@@ -187,7 +188,6 @@ async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result
 /// Runs the deployments controller on the operator's [`Runtime`] until the task is dropped or aborted: its caches
 /// and NATS connection, and the heartbeat and device-info mirrors it shares (the dashboard reads liveness from the
 /// heartbeats, the TaskRun controller capabilities from the device info); this controller's watches keep them
-    link.watch(&m.usage, notify)?;
 /// current. Run alone (tests), it takes a runtime of its own.
 pub async fn run_with(
     rt: &Runtime,
@@ -593,6 +593,7 @@ impl Engine {
             heartbeats: self.mirrors.heartbeat.values(),
             upgrades: self.mirrors.upgrade.values(),
             workloads: self.mirrors.workloads.values(),
+            usage: self.mirrors.usage.values(),
             desired: self.mirrors.desired.values(),
             intents: self.mirrors.intent.values(),
             device_secrets: self.mirrors.secrets.values(),
@@ -614,7 +615,6 @@ impl Engine {
     async fn pass(&self, link: Option<&Link>, nats_error: Option<String>) -> Option<Duration> {
         let started = std::time::Instant::now();
         let mut snapshot = self.snapshot();
-            usage: self.mirrors.usage.values(),
         // The Secrets the deployments name, read now (the data of only those: secrets_source.rs).
         let names = snapshot
             .deployments

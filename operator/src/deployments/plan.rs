@@ -431,6 +431,7 @@ fn stage(
             .is_some_and(|v| v == "true");
         in_rollout.push(rollout::Target {
             last_heartbeat: s.heartbeats.get(dev.as_str()).map(|h| h.at),
+            low_space: super::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
             id: dev.clone(),
             canary,
             observed,
@@ -449,7 +450,6 @@ fn stage(
     let change = blocking::change("FleetDeployment", &d.name_any());
     let names: Vec<&str> = workloads.iter().map(|w| w.name.as_str()).collect();
     for (dev, wait) in &outcome.waits {
-            low_space: super::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
         let reason = blocking::reason(
             &change,
             *wait,
@@ -1022,6 +1022,7 @@ fn release(
             .is_some_and(|v| v == "true");
         in_rollout.push(rollout::Target {
             last_heartbeat: s.heartbeats.get(dev.as_str()).map(|h| h.at),
+            low_space: super::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
             id: dev,
             canary,
             observed,
@@ -1040,7 +1041,6 @@ fn release(
                 // The status of the device's current attempt, as the planner judged it failed.
                 let attempt = s.intents.get(dev.as_str()).map(|a| a.attempt_id);
                 let status = s.upgrades.get(dev.as_str()).map(Arc::as_ref);
-            low_space: super::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
                 blocking::upgrade_failure(status.filter(|st| st.attempt_id == attempt))
             },
         );
@@ -1196,6 +1196,7 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
             heartbeat: s.heartbeats.get(&id).cloned(),
             upgrade: s.upgrades.get(&id).cloned(),
             workloads: s.workloads.get(&id).cloned(),
+            usage: s.usage.get(&id).cloned(),
             refused: s.refused.get(&id).cloned(),
             beat: s.liveness.beats.get(&id).copied(),
         };
@@ -1228,7 +1229,6 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
         };
         if same {
             if let Some(next) =
-            usage: s.usage.get(&id).cloned(),
                 mirror::device_status(d.status.as_ref(), &reported, s.liveness.watched_since, now)
             {
                 plan.device_statuses.push((id, next));
