@@ -36,6 +36,19 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const FRESH_READS: u32 = 10;
 /// See [`FRESH_READS`].
 pub const FRESH_PAUSE: Duration = Duration::from_millis(50);
+/// Keep-alive `PING` after this long without a frame from the server. With [`MAX_PINGS_OUT`] a link that died
+/// silently (no FIN, no RST: a cut cable, a NAT that forgot the flow) is noticed within [`DEAD_LINK_BOUND`]. An
+/// idle agent's I/O thread wakes for it at most twice between two heartbeats (default 30 s), whose answers are
+/// frames too: about 0.07 wake-ups a second.
+pub const PING_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered keep-alive `PING`s after which the connection is closed and a new one made.
+pub const MAX_PINGS_OUT: u32 = 2;
+/// The longest a dead link goes unnoticed, counted from the server's last frame: the two `PING`s, then one more
+/// interval for the second's `PONG` (30 s; it was 90 s with the client's defaults).
+pub const DEAD_LINK_BOUND: Duration = Duration::from_secs(30);
+const _: () =
+    assert!(PING_INTERVAL.as_secs() * (MAX_PINGS_OUT as u64 + 1) == DEAD_LINK_BOUND.as_secs());
+
 /// The shortest pause between reconnection attempts ([`reconnect_pause`]).
 pub const RECONNECT_PAUSE_MIN: Duration = Duration::from_secs(1);
 /// The longest pause between reconnection attempts ([`reconnect_pause`]).
@@ -453,6 +466,8 @@ impl Inner {
         let mut opts = fleet_nats::Options::new(&cfg.urls.join(","));
         opts.name = this.client_name.clone();
         opts.connect_timeout = cfg.connect_timeout;
+        opts.ping_interval = PING_INTERVAL;
+        opts.max_pings_out = MAX_PINGS_OUT;
         opts.auth = match &cfg.auth {
             NatsAuth::None => fleet_nats::Auth::None,
             NatsAuth::UserPassword { user, password } => fleet_nats::Auth::UserPassword {
@@ -467,11 +482,11 @@ impl Inner {
         };
         crate::nats_tls::apply(&mut opts, &cfg.tls)?;
         let on_close = Arc::downgrade(this);
-        opts.on_closed = Some(Arc::new(move |_why: &str| {
+        opts.on_closed = Some(Arc::new(move |why: &str| {
             if let Some(inner) = on_close.upgrade() {
                 // A connection that has been replaced (or abandoned) is not reconnected.
                 if inner.current.load(Ordering::SeqCst) == id {
-                    Inner::reconnect(&inner);
+                    Inner::reconnect(&inner, why);
                 }
             }
         }));
@@ -517,11 +532,11 @@ impl Inner {
     }
 
     /// Starts the reconnection thread unless one runs: new connections until one succeeds.
-    fn reconnect(this: &Arc<Inner>) {
+    fn reconnect(this: &Arc<Inner>, why: &str) {
         if this.reconnecting.swap(true, Ordering::SeqCst) {
             return;
         }
-        log::warn!("NATS connection closed; connecting anew in 1 to 3 s");
+        log::warn!("NATS connection closed ({why}); connecting anew in 1 to 3 s");
         let weak = Arc::downgrade(this);
         let spawned = std::thread::Builder::new()
             .name("nats-reconnect".into())
