@@ -33,6 +33,7 @@ fn targets(state: impl Fn(usize) -> Observed) -> Vec<Target> {
             canary: i % 1000 == 0,
             observed: state(i),
             last_heartbeat: Some(Timestamp::now()),
+            low_space: None,
         })
         .collect()
 }

@@ -208,7 +208,7 @@ pub fn disk(u: Option<&crate::crd::UsageStatus>) -> Markup {
     };
     let alert = u32::from(fleet_wire::usage::DISK_ALERT_PERCENT);
     let mut fs: Vec<&crate::crd::FilesystemStatus> = u.filesystems.iter().collect();
-    fs.sort_by(|a, b| b.used_percent.cmp(&a.used_percent));
+    fs.sort_by_key(|f| std::cmp::Reverse(f.used_percent));
     html! {
         @for (i, f) in fs.iter().enumerate() {
             @if i > 0 { "; " }
