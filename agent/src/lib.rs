@@ -23,6 +23,7 @@ pub mod reconcile;
 pub mod relay;
 pub mod timing;
 pub mod updater;
+pub mod usage;
 pub mod workload_worker;
 
 /// The compiled version text (`FLEET_AGENT_VERSION` at build time, else the package version).

@@ -14,40 +14,9 @@ use fleet_wire::kv;
 use fleet_wire::{DesiredState, DeviceId, DeviceWorkloadStatus, WorkloadName, WorkloadSpec};
 use fleet_wire::{WorkloadState, WorkloadStatus};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-/// A tmpfs mounted for the test, unmounted (lazily, should Podman still hold it) when dropped.
-struct Tmpfs(PathBuf, #[allow(dead_code)] tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::Builder::new()
-            .prefix("fleet-enospc-")
-            .tempdir()
-            .expect("dir");
-        let at = dir.path().join("fs");
-        std::fs::create_dir(&at).expect("mkdir");
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&at)
-            .status()
-            .expect("run mount");
-        assert!(
-            st.success(),
-            "mount -t tmpfs {}: the test needs root",
-            at.display()
-        );
-        Tmpfs(at, dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 /// Writes `path` until the file system has no byte left.
 fn fill(path: &Path) {

@@ -1,4 +1,4 @@
-//! The agent's event loop: watches, timers (resync, updater poll, workload status, heartbeat) and the events
+//! The agent's event loop: watches, timers (resync, updater poll, workload status, heartbeat and usage) and the events
 //! of the other threads, each handed to the part that owns it; a signal ends it in the drain.
 
 use super::{fail, put_json, Agent, AgentError, Event};
@@ -34,6 +34,10 @@ impl Agent {
         }
         if !self.stopping() {
             self.heartbeat();
+        }
+        if !self.stopping() {
+            self.open_usage();
+            self.report_usage();
         }
         // The intent is read once now (like the desired state) and then followed by its watch.
         if !self.stopping() {
@@ -164,6 +168,7 @@ impl Agent {
                 if !self.stopping() {
                     self.start_diagnostics(&stop);
                     self.reread_diagnostics();
+                    self.open_usage();
                 }
             }
             if now >= next_poll && !self.stopping() {
@@ -184,6 +189,10 @@ impl Agent {
                 self.heartbeat();
                 if !self.stopping() {
                     self.republish_if_lost();
+                }
+                // Measured in the heartbeat's wake-up: no timer of its own.
+                if !self.stopping() {
+                    self.report_usage();
                 }
             }
         }

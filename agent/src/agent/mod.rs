@@ -28,6 +28,7 @@ mod drain;
 mod event_loop;
 mod health;
 mod upgrades;
+mod usage;
 
 /// How long start-up waits for Podman, for the updater socket, and for each of its NATS reads and writes (a
 /// cluster's stream electing a new leader) before giving up.
@@ -105,6 +106,8 @@ struct Agent {
     beat: u64,
     /// Diagnostics requests: their buckets, the worker, which were answered.
     diagnostics: diagnostics::Diagnostics,
+    /// The device's usage: its bucket, what was published.
+    usage: usage::Usage,
     draining: Arc<AtomicBool>,
     tx: mpsc::Sender<Event>,
 }
@@ -237,6 +240,7 @@ pub fn run(config_path: &Path) -> Result<(), AgentError> {
         system_unread: Vec::new(),
         beat: 0,
         diagnostics: diagnostics::Diagnostics::new(cfg_device.clone()),
+        usage: Default::default(),
         draining,
         tx,
     };

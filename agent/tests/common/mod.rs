@@ -326,3 +326,41 @@ pub fn get_json<T: serde::de::DeserializeOwned>(store: &nats::kv::Store, key: &s
         .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok())
 }
+
+/// A tmpfs mounted for the test, unmounted (lazily, should a process still hold it) when dropped.
+pub struct Tmpfs(pub PathBuf, Option<tempfile::TempDir>);
+
+impl Tmpfs {
+    /// A tmpfs of `size` (`64m`) in a directory of its own.
+    pub fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("fleet-tmpfs-")
+            .tempdir()
+            .expect("dir");
+        let mut t = Self::mount_at(&dir.path().join("fs"), size);
+        t.1 = Some(dir);
+        t
+    }
+
+    /// A tmpfs of `size` on `at` (made when missing).
+    pub fn mount_at(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).expect("mkdir");
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("run mount");
+        assert!(
+            st.success(),
+            "mount -t tmpfs {}: the test needs root",
+            at.display()
+        );
+        Tmpfs(at.to_owned(), None)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
