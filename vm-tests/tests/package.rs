@@ -5,15 +5,16 @@
 //! `fleetlock-server` installs disabled and serves once enabled; a misconfigured token refresher fails no unit;
 //! `apt remove` says what stays and leaves the agent's workload running; `apt purge` of both says what goes,
 //! keeps the agent user's Podman volume with data (and only that) and leaves no failed unit; otherwise the guest
-//! is as it was.
+//! is as it was. On another guest, a changed setting is applied by `dpkg-reconfigure`, which restarts exactly the
+//! daemon whose config changed, and purge leaves no file of the removed user's uid.
 
 use fleet_rig::nspawn::Guest;
 use fleet_rig::wait_for;
 use fleet_vm_tests::builds::V1;
 use fleet_vm_tests::device::text;
 use fleet_vm_tests::fleet::{
-    agent_config, desired_one_workload, guest_nats_url, start_nats, Operator, GUEST_TOKEN_FILE,
-    TEST_IMAGE,
+    agent_config, desired_one_workload, guest_nats_url, one_device_at_a_time, start_nats, Operator,
+    GUEST_TOKEN_FILE, TEST_IMAGE,
 };
 use fleet_vm_tests::packages::{self, apt};
 use std::process::Output;
@@ -21,10 +22,12 @@ use std::time::Duration;
 
 /// What a clean device looks like: every path with owner and mode, plus the account files' content. Left out:
 /// what the system itself changes while it runs or while apt works (logs, caches, apt and dpkg state, runtime
-/// directories, systemd's own timestamps), where the test keeps the packages, and the shadow tools' backups of
-/// the previous account files (`/etc/passwd-` …, which every user removal writes).
+/// directories, systemd's own timestamps and the per-boot private temporary directories of its `PrivateTmp=`
+/// units), where the test keeps the packages, and the shadow tools' backups of the previous account files
+/// (`/etc/passwd-` …, which every user removal writes). Kept in: `/var/tmp` (where rootless Podman of the agent
+/// user writes) and `/var/lib/systemd/linger` (the agent user's lingering).
 const SNAPSHOT: &str = r#"find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp \
-  -o -path /var/tmp -o -path /var/log -o -path /var/cache -o -path /var/lib/apt -o -path /var/lib/dpkg \
+  -o -path '/var/tmp/systemd-private-*' -o -path /var/log -o -path /var/cache -o -path /var/lib/apt -o -path /var/lib/dpkg \
   -o -path /var/lib/systemd/timers -o -path /var/lib/systemd/deb-systemd-helper-enabled -o -path /root/pkgs \
   -o -name '*-' -path '/etc/*' \) -prune -o -printf '%p %u:%g %m\n' | sort;
   md5sum /etc/passwd /etc/group /etc/shadow /etc/gshadow /etc/subuid /etc/subgid 2>&1"#;
@@ -37,6 +40,7 @@ fn assert_ok(what: &str, out: &Output) -> String {
 
 #[test]
 fn packages_install_a_working_device_and_purge_clean() {
+    let _one = one_device_at_a_time();
     let debs = packages::amd64(V1);
     let nats = start_nats();
     let operator = Operator::new(&nats);
@@ -337,6 +341,197 @@ fn packages_install_a_working_device_and_purge_clean() {
         "ps -eo user:20,comm | awk '$2 ~ /fleet/ || ($2 ~ /podman|conmon/ && $1 != \"root\")'",
     );
     assert!(ps.trim().is_empty(), "still running after purge:\n{ps}");
+    drop(link);
+}
+
+/// The guest's MainPID of `unit`; fails the test when it does not run.
+fn main_pid(guest: &Guest, unit: &str) -> String {
+    let pid = guest.systemctl(&["show", "-P", "MainPID", unit]);
+    assert!(pid != "0" && !pid.is_empty(), "{unit} does not run");
+    pid
+}
+
+/// `dpkg-reconfigure harmony-fleet-device`, the documented step after a config edit (docs/packages.md).
+fn reconfigure(guest: &Guest) -> Output {
+    guest.systemd_run(&[
+        "--service-type=exec",
+        "--setenv=DEBIAN_FRONTEND=noninteractive",
+        "dpkg-reconfigure",
+        "harmony-fleet-device",
+    ])
+}
+
+/// Changing a setting on the installed package, as docs/packages.md says: edit `updater.toml` or `agent.toml`,
+/// run `dpkg-reconfigure harmony-fleet-device`. It restarts exactly the daemon whose config changed, which then
+/// runs with the new setting; with nothing changed it restarts nothing; during an agent upgrade it refuses and
+/// restarts nothing. Before that, the directory the package makes for the admin and its message; after it,
+/// purge with a Podman command of the agent user still running: the user's lingering and every file of its uid
+/// (`podman load`'s temporary file in /var/tmp) go with it, and the guest is as it was.
+#[test]
+fn a_changed_setting_applies_through_dpkg_reconfigure() {
+    let _one = one_device_at_a_time();
+    let debs = packages::amd64(V1);
+    let nats = start_nats();
+    let operator = Operator::new(&nats);
+    let mut guest = Guest::boot();
+    let link = guest.forward(nats.port());
+    let before = guest.sh(SNAPSHOT);
+    let file = packages::file_name("harmony-fleet-device");
+    guest.install_file(&debs.join(&file), &format!("/root/pkgs/{file}"), 0o644);
+    let deb = format!("/root/pkgs/{file}");
+
+    // The package makes the directory the admin writes into, root's alone until setup; its message names every
+    // file to write there, the NATS CA too.
+    let out = assert_ok("apt install", &apt(&guest, &["install", &deb]));
+    assert!(out.contains("/etc/harmony-fleet/nats-ca.pem"), "{out}");
+    assert_eq!(
+        guest.sh("stat -c '%U:%G %a' /etc/harmony-fleet").trim(),
+        "root:root 700"
+    );
+    let token = nats.device_token("device-1");
+    if let Some(t) = &token {
+        guest.write_file(GUEST_TOKEN_FILE, t.as_bytes(), 0o600);
+    }
+    let cfg = agent_config(
+        "device-1",
+        &guest_nats_url(&guest, &nats, &link),
+        token.as_ref().map(|_| GUEST_TOKEN_FILE),
+    );
+    guest.write_file("/etc/harmony-fleet/agent.toml", cfg.as_bytes(), 0o600);
+    assert_ok("dpkg-reconfigure", &reconfigure(&guest));
+    for unit in ["fleet-updater.service", "fleet-agent.service"] {
+        guest.wait_unit(unit, "active", Duration::from_secs(120));
+    }
+    assert!(
+        wait_for(Duration::from_secs(60), || operator
+            .has_device_info()
+            .then_some(()))
+        .is_some(),
+        "no device info in NATS:\n{}",
+        guest.journal("fleet-agent.service", 40)
+    );
+    let pids = || {
+        (
+            main_pid(&guest, "fleet-agent.service"),
+            main_pid(&guest, "fleet-updater.service"),
+        )
+    };
+    let socket_group = || guest.sh("stat -c %G /run/fleet-updater/updater.sock");
+
+    // Nothing changed: nothing restarts.
+    let (agent, updater) = pids();
+    let out = assert_ok("dpkg-reconfigure (unchanged)", &reconfigure(&guest));
+    assert!(!out.contains("restarting"), "{out}");
+    assert_eq!(pids(), (agent.clone(), updater.clone()), "{out}");
+
+    // updater.toml changed (the group of the updater's socket): the updater restarts with it, the agent does not.
+    assert_eq!(socket_group().trim(), "fleet-agent");
+    guest.sh("echo 'socket_group = \"adm\"' >>/etc/harmony-fleet/updater.toml");
+    let out = assert_ok("dpkg-reconfigure (updater.toml)", &reconfigure(&guest));
+    assert!(out.contains("restarting fleet-updater"), "{out}");
+    assert!(!out.contains("restarting fleet-agent"), "{out}");
+    let (agent2, updater2) = pids();
+    assert_eq!(
+        agent2, agent,
+        "the agent restarted for the updater's config"
+    );
+    assert_ne!(updater2, updater, "the updater kept its process:\n{out}");
+    assert_eq!(
+        socket_group().trim(),
+        "adm",
+        "the new setting is not in effect"
+    );
+
+    // During an agent upgrade the step refuses and restarts nothing, whatever changed.
+    guest.sh("sed -i '/^socket_group/d' /etc/harmony-fleet/updater.toml");
+    guest.sh("printf '\\n[podman]\\nfleet_test_marker = 1\\n' >>/etc/harmony-fleet/agent.toml");
+    let journal = "/var/lib/fleet-updater/journal.json";
+    let saved = guest.try_sh(&format!("cat {journal}"));
+    guest.write_file(
+        journal,
+        br#"{"phase":"activating","previousLink":"/usr/lib/harmony-fleet/fleet-agent-v1.0.0"}"#,
+        0o600,
+    );
+    let out = reconfigure(&guest);
+    assert!(!out.status.success(), "reconfigured during an upgrade");
+    assert!(
+        text(&out).contains("an agent upgrade is in progress"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(pids(), (agent.clone(), updater2.clone()));
+    match saved {
+        (true, s) => guest.write_file(journal, s.as_bytes(), 0o600),
+        _ => {
+            guest.sh(&format!("rm -f {journal}"));
+        }
+    }
+
+    // Both changed (agent.toml gained a key, updater.toml lost one): both restart, each with its new config.
+    let out = assert_ok("dpkg-reconfigure (both)", &reconfigure(&guest));
+    assert!(
+        out.contains("restarting fleet-updater") && out.contains("restarting fleet-agent"),
+        "{out}"
+    );
+    guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(120));
+    let (agent3, updater3) = pids();
+    assert_ne!(agent3, agent, "the agent kept its process:\n{out}");
+    assert_ne!(updater3, updater2, "the updater kept its process:\n{out}");
+    assert_eq!(socket_group().trim(), "fleet-agent");
+    // The new agent read the new file: it warns about the key this release does not know, the old one never did.
+    let log = guest.sh(&format!("journalctl --no-pager _PID={agent3}"));
+    assert!(
+        log.contains("unknown key `podman.fleet_test_marker` ignored"),
+        "{log}"
+    );
+
+    // And unchanged again: nothing restarts; a reinstall neither.
+    let out = assert_ok("dpkg-reconfigure (unchanged)", &reconfigure(&guest));
+    assert!(!out.contains("restarting"), "{out}");
+    let out = assert_ok(
+        "apt reinstall",
+        &apt(&guest, &["install", "--reinstall", &deb]),
+    );
+    assert!(!out.contains("restarting"), "{out}");
+    assert_eq!(pids(), (agent3, updater3));
+
+    // Then purge: no lingering, no directory of the package, no file of the removed uid anywhere.
+    let uid = guest.sh("id -u fleet-agent").trim().to_string();
+    // A Podman command of the agent user that is still running when purge stops its manager, as an image
+    // brought by hand (`podman save … | podman load`) is: `podman load` copies standard input to a temporary file
+    // in /var/tmp first, and a stopped podman leaves that file behind, owned by the uid.
+    guest.sh(
+        "systemd-run --quiet --user -M fleet-agent@ --unit fleet-test-load sh -c 'sleep infinity | podman load'",
+    );
+    let loading = wait_for(Duration::from_secs(60), || {
+        let (_, f) = guest.try_sh(&format!("find /var/tmp -xdev -uid {uid}"));
+        (!f.trim().is_empty()).then_some(f)
+    });
+    let loading = loading.unwrap_or_else(|| panic!("podman load made no file in /var/tmp"));
+    assert!(guest
+        .sh("ls /var/lib/systemd/linger")
+        .contains("fleet-agent"));
+    let out = assert_ok(
+        "apt purge",
+        &apt(&guest, &["purge", "harmony-fleet-device"]),
+    );
+    assert!(
+        out.contains("removed what the fleet-agent user left in /var/tmp and /tmp")
+            && out.contains(loading.trim()),
+        "{out}"
+    );
+    let left = guest
+        .try_sh(&format!(
+            "find / -xdev -uid {uid} 2>/dev/null | grep -v '^/proc\\|^/sys' | head"
+        ))
+        .1;
+    assert_eq!(
+        left.trim(),
+        "",
+        "files of the removed user's uid {uid} after purge"
+    );
+    let after = guest.sh(SNAPSHOT);
+    assert_eq!(diff(&before, &after), "", "purge left the guest changed");
     drop(link);
 }
 
