@@ -33,7 +33,8 @@ pub struct NatsError {
 pub const STALL_CHECK: std::time::Duration = std::time::Duration::from_secs(15);
 
 impl NatsError {
-    fn new(op: impl Into<String>, e: impl std::fmt::Display) -> Self {
+    /// An error of the NATS operation `op`.
+    pub fn new(op: impl Into<String>, e: impl std::fmt::Display) -> Self {
         Self {
             op: op.into(),
             message: e.to_string(),

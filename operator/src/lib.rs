@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod nats_link;
 pub use fleet_kit::{nats_password, nats_tls};
 pub mod refusals;
+pub mod retire;
 pub mod runtime;
 pub mod schema;
 pub mod secrets_source;

@@ -8,7 +8,7 @@ use crate::deployments::engine::{heartbeat_mirror, workload_mirror, HeartbeatWat
 use crate::kv::{Mirror, NatsSettings};
 use crate::nats_link::NatsLink;
 use fleet_wire::kv as layout;
-use fleet_wire::{DeviceInfo, DeviceWorkloadStatus, Heartbeat};
+use fleet_wire::{DeviceInfo, DeviceRetirement, DeviceWorkloadStatus, Heartbeat};
 use kube::Client;
 use std::sync::Arc;
 
@@ -34,6 +34,10 @@ pub struct Runtime {
     /// The TaskRun controller publishes each device's reasons here; the deployments controller, the one writer of
     /// Device status, lists them in `status.blocking` ([`crate::task_reasons`]).
     pub task_reasons: Arc<crate::task_reasons::TaskReasons>,
+    /// The tombstones of retired devices (`device-retired`): the deployments controller keeps it current and
+    /// decides from it (no Device is created or placed for a retired device); the retirement controller
+    /// ([`crate::retire`]) writes and lifts them.
+    pub retired: Arc<Mirror<DeviceRetirement>>,
 }
 
 impl Runtime {
@@ -55,6 +59,7 @@ impl Runtime {
             heartbeat_watch,
             info: Mirror::new(layout::DEVICE_INFO),
             task_reasons: Arc::default(),
+            retired: Mirror::new(layout::DEVICE_RETIRED),
         }
     }
 }

@@ -883,9 +883,11 @@ async fn workload_health_shows_on_the_deployment_and_the_device() {
     );
 }
 
-/// Deleting a Device whose device runs workloads: the operator recreates it (the device still reports) with the
-/// hold annotation and without its old labels, and holds the device's desired state exactly as it was; a person
-/// labels it and removes the annotation, and placement takes over again without the workloads ever leaving.
+/// A Device removed without its retirement (the operator stopped, its finalizer removed by hand, then deleted:
+/// `kubectl delete fdev` itself retires the device, docs/device-lifecycle.md) whose device runs workloads: the
+/// operator recreates it (the device still reports) with the hold annotation and without its old labels, and holds
+/// the device's desired state exactly as it was; a person labels it and removes the annotation, and placement takes
+/// over again without the workloads ever leaving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_device_keeps_its_workloads_until_released() {
     let mut f = Fleet::new("devdel").await;
@@ -917,11 +919,30 @@ async fn a_deleted_device_keeps_its_workloads_until_released() {
     })
     .await;
     let devices: Api<Device> = Api::all(f.client.clone());
-    let old_uid = devices.get(&d1).await.expect("device").metadata.uid;
+    let finalized = eventually("the retirement finalizer on the Device", || async {
+        let d = devices.get(&d1).await.ok()?;
+        d.metadata
+            .finalizers
+            .as_ref()?
+            .contains(&fleet_operator::crd::RETIRE_FINALIZER.to_owned())
+            .then_some(d)
+    })
+    .await;
+    let old_uid = finalized.metadata.uid;
+    f.kill_operators().await;
+    devices
+        .patch(
+            &d1,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("remove the finalizer by hand");
     devices
         .delete(&d1, &Default::default())
         .await
         .expect("delete Device");
+    f.start_operator();
     // recreated, held, and a pass that saw it held has run (it wrote the mirrored status after the desired states)
     let again = eventually("Device recreated, held, status mirrored", || async {
         let d = devices.get(&d1).await.ok()?;

@@ -18,6 +18,7 @@ pub mod packages;
 pub mod qemu;
 pub mod qemu_tasks;
 pub mod reboots_page;
+pub mod retire;
 pub mod runner;
 pub mod scene;
 pub mod sim;

@@ -88,7 +88,7 @@ pub const PROBE_KEY: &str = "probe";
 /// to devices.
 pub fn device_access(spec: &BucketSpec) -> DeviceAccess {
     match spec.key {
-        KeyShape::Run | KeyShape::Group => DeviceAccess::None,
+        KeyShape::Run | KeyShape::Group | KeyShape::Tombstone => DeviceAccess::None,
         KeyShape::Device | KeyShape::DeviceRun
             if spec.writer == "agent" && WRITE_ONLY.contains(&spec.name) =>
         {
@@ -120,7 +120,7 @@ pub fn device_key_filter(spec: &BucketSpec, device: &DeviceId) -> Option<String>
     match spec.key {
         KeyShape::Device => Some(format!("$KV.{}.{device}", spec.name)),
         KeyShape::DeviceRun => Some(format!("$KV.{}.{device}.>", spec.name)),
-        KeyShape::Run | KeyShape::Group => None,
+        KeyShape::Run | KeyShape::Group | KeyShape::Tombstone => None,
     }
 }
 
@@ -303,6 +303,7 @@ mod tests {
             (kv::DIAGNOSTICS_BUNDLE, DeviceAccess::Write),
             (kv::TASK_PLANS, DeviceAccess::None),
             (kv::FLEETLOCK, DeviceAccess::None),
+            (kv::DEVICE_RETIRED, DeviceAccess::None),
         ];
         assert_eq!(table.len(), BUCKETS.len(), "every bucket has a decision");
         for (name, want) in table {

@@ -67,6 +67,23 @@ pub struct DeviceInfo {
     pub reboot_client_id: Option<Id128>,
 }
 
+/// A device's tombstone (bucket `device-retired`, key `<device-id>`), written by the operator when a person deletes
+/// the device's Device object: the device is retired. Its keys in every per-device bucket are deleted after it is
+/// written; the operator never creates a Device for it again, and fleet-auth refuses its identity at the callout
+/// and its writes at the device API, until an explicit enrolment removes it (docs/device-lifecycle.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRetirement {
+    /// The device.
+    pub device_id: DeviceId,
+    /// When the operator recorded it (the operator's clock).
+    pub retired_at: Timestamp,
+    /// The `metadata.uid` of the Device object whose deletion retired it: an enrolment is a Device created since,
+    /// with another uid, so a stale view of the deleted object can never lift the tombstone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_uid: Option<String>,
+}
+
 /// A liveness beat, published at a fixed interval.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -163,7 +163,7 @@ pub fn key_device(spec: &BucketSpec, key: &str) -> Option<DeviceId> {
     let id = match spec.key {
         KeyShape::Device => key,
         KeyShape::DeviceRun => key.split_once('.')?.0,
-        KeyShape::Run | KeyShape::Group => return None,
+        KeyShape::Run | KeyShape::Group | KeyShape::Tombstone => return None,
     };
     DeviceId::try_from(id).ok()
 }
@@ -291,7 +291,7 @@ pub fn check_put(subject: &str, len: usize) -> Result<DevicePut, PutRefusal> {
             }
             (d, Some(r))
         }
-        KeyShape::Run | KeyShape::Group => return Err(not_writable()),
+        KeyShape::Run | KeyShape::Group | KeyShape::Tombstone => return Err(not_writable()),
     };
     let limit = usize::try_from(spec.max_value_bytes).unwrap_or(0);
     if len > limit {

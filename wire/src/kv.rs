@@ -35,6 +35,10 @@ pub const DIAGNOSTICS_BUNDLE: &str = "diagnostics-bundle";
 pub const TASK_PLANS: &str = "task-plans";
 /// FleetLock holders for the HA store, key `<group>`; written by fleetlock-server replicas with CAS.
 pub const FLEETLOCK: &str = "fleetlock";
+/// Tombstones of retired devices ([`crate::device::DeviceRetirement`]), key `<device-id>`; written by the operator
+/// before it deletes the device's keys in every per-device bucket ([`per_device_buckets`]), removed only by an
+/// explicit enrolment (docs/device-lifecycle.md). fleet-auth refuses a device that has one.
+pub const DEVICE_RETIRED: &str = "device-retired";
 
 /// How a bucket's keys are formed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +51,10 @@ pub enum KeyShape {
     Run,
     /// `<group>` (FleetLock group name)
     Group,
+    /// `<device-id>` of a retired device: the tombstone bucket ([`DEVICE_RETIRED`]). Keyed like [`Self::Device`]
+    /// but not a bucket of the device's own keys: closed to devices, and never cleared when a device is retired
+    /// ([`per_device_buckets`]).
+    Tombstone,
 }
 
 impl KeyShape {
@@ -57,6 +65,7 @@ impl KeyShape {
             Self::DeviceRun => "<device-id>.<run-uid>",
             Self::Run => "<run-uid>",
             Self::Group => "<group>",
+            Self::Tombstone => "<device-id>",
         }
     }
 }
@@ -246,7 +255,26 @@ pub const BUCKETS: &[BucketSpec] = &[
         bytes_per_device: 4 * 1024,
         allow_rollup: true,
     },
+    BucketSpec {
+        name: DEVICE_RETIRED,
+        key: KeyShape::Tombstone,
+        writer: "operator",
+        max_value_bytes: KIB,
+        max_age: None,
+        // Tombstones are kept until an enrolment lifts them: room for two retirements per device of the fleet.
+        bytes_per_device: share(2, 256),
+        allow_rollup: false,
+    },
 ];
+
+/// The buckets that hold a device's own keys (`<device-id>` or `<device-id>.<run-uid>`): every one is cleared when
+/// the device is retired. Read from [`BUCKETS`] by key shape, so a bucket added to the layout is covered without
+/// a change here; the tombstone bucket ([`DEVICE_RETIRED`]) is not one of them.
+pub fn per_device_buckets() -> impl Iterator<Item = &'static BucketSpec> {
+    BUCKETS
+        .iter()
+        .filter(|b| matches!(b.key, KeyShape::Device | KeyShape::DeviceRun))
+}
 
 /// Buckets the agent must be able to open before it is ready. Not [`DEVICE_USAGE`]: an agent newer than its
 /// operator (or than its nats-server's configuration) must start without it.
@@ -303,6 +331,22 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), BUCKETS.len());
         assert!(AGENT_REQUIRED_BUCKETS.iter().all(|n| bucket(n).is_some()));
+    }
+
+    #[test]
+    fn retirement_clears_every_per_device_bucket_but_the_tombstones() {
+        let cleared: Vec<&str> = per_device_buckets().map(|b| b.name).collect();
+        assert!(!cleared.contains(&DEVICE_RETIRED));
+        for b in BUCKETS {
+            let keyed_by_device = b.key.pattern().starts_with("<device-id>");
+            assert_eq!(
+                cleared.contains(&b.name),
+                keyed_by_device && b.name != DEVICE_RETIRED,
+                "{}",
+                b.name
+            );
+        }
+        assert!(cleared.contains(&DEVICE_HEARTBEAT) && cleared.contains(&DIAGNOSTICS_BUNDLE));
     }
 
     #[test]

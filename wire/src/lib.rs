@@ -50,7 +50,7 @@ pub mod usage;
 pub mod workload;
 
 pub use artifact::{Artifact, HttpsUrl, OciReference};
-pub use device::{Capability, DeviceInfo, Heartbeat, OsInfo};
+pub use device::{Capability, DeviceInfo, DeviceRetirement, Heartbeat, OsInfo};
 pub use error::ValidationError;
 pub use fetch::{FetchFailure, FetchRequest};
 pub use health::{HealthCheck, HealthProbe, HealthState, HttpProbe, TcpProbe};

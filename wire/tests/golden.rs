@@ -194,6 +194,14 @@ fn task_shapes() {
 #[test]
 fn device_and_workload_shapes() {
     check("device-info", &fixtures::device_info());
+    check(
+        "device-retirement",
+        &DeviceRetirement {
+            device_id: fixtures::device(),
+            retired_at: Timestamp::from_unix_ms(1_800_000_000_000),
+            device_uid: Some("5f0c2a3e-8d1b-4c62-9a57-0e6f1b2c3d4e".into()),
+        },
+    );
     check("heartbeat", &fixtures::heartbeat());
     check("device-usage", &fixtures::device_usage());
     check("desired-state", &fixtures::desired_state());

@@ -82,6 +82,8 @@ pub struct Callout {
     )>,
     /// The admissions' monotonic clock starts here.
     pub started: std::time::Instant,
+    /// Retired devices ([`super::retired`]): refused whatever their token says.
+    pub retired: Arc<super::retired::Retired>,
 }
 
 /// The result of handling one request.
@@ -228,6 +230,14 @@ impl Callout {
             .await
             .map_err(|d| (None, d.to_string()))?;
         let refused = |why: String| (Some(identity.device.to_string()), why);
+        // Retired (its Device deleted): refused until a person enrols it again, whatever its token.
+        if self.retired.contains(identity.device.as_str()) {
+            return Err(refused(format!(
+                "device {} is retired (its tombstone is in {}; enrol it again to admit it: docs/device-lifecycle.md)",
+                identity.device,
+                fleet_wire::kv::DEVICE_RETIRED
+            )));
+        }
         let cooling = self
             .cooldowns
             .lock()
@@ -306,6 +316,7 @@ mod tests {
             cooldowns: Default::default(),
             admissions: None,
             started: Instant::now(),
+            retired: crate::retired::Retired::new().0,
         }
     }
 

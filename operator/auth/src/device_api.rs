@@ -86,6 +86,8 @@ struct Logs {
     failed: Summaries,
     /// Writes refused on a subject that names no valid device.
     unnamed: Summaries,
+    /// Writes and watch registrations of retired devices, refused.
+    retired: Summaries,
 }
 
 impl Logs {
@@ -95,6 +97,7 @@ impl Logs {
             dropped: Summaries::new("watch registration dropped for", SUMMARY_INTERVAL),
             failed: Summaries::new("write failed for", SUMMARY_INTERVAL),
             unnamed: Summaries::new("write refused for", SUMMARY_INTERVAL),
+            retired: Summaries::new("refused the writes of retired device", SUMMARY_INTERVAL),
         }
     }
 
@@ -104,6 +107,7 @@ impl Logs {
         lines.extend(self.dropped.due(now));
         lines.extend(self.failed.due(now));
         lines.extend(self.unnamed.due(now));
+        lines.extend(self.retired.due(now));
         lines
     }
 }
@@ -160,6 +164,7 @@ pub async fn run(
     url: &str,
     tls: &fleet_kit::nats_tls::NatsTls,
     api: DeviceApiSettings,
+    retired: Arc<super::retired::Retired>,
 ) -> Result<(), String> {
     use super::service::connect_user;
     let devices = connect_user(url, tls, &api.user, &api.password, "fleet-auth device API").await?;
@@ -236,9 +241,19 @@ pub async fn run(
     let mut writes = futures::stream::select_all(writes);
     let dispatch = {
         let (fleet, registry, devices) = (fleet.clone(), registry.clone(), devices.clone());
+        let retired = retired.clone();
         async move {
             while let Some(msg) = writes.next().await {
                 let device = subject_device_name(&msg.subject).to_owned();
+                // A retired device writes nothing, on whatever connection (one opened before its retirement too);
+                // logged, not reported to the operator (its Device is gone).
+                if retired.contains(&device) {
+                    let why = format!("device {device} is retired");
+                    registry.log(|l| &mut l.retired, &device, &why);
+                    let answer = api_error(403, &format!("device API refused the write: {why}"));
+                    answer_with(&devices, msg, answer).await;
+                    continue;
+                }
                 if !queued.take(&device) {
                     let refusal = PutRefusal::TooManyWaiting {
                         limit: DEVICE_QUEUED,
@@ -261,6 +276,11 @@ pub async fn run(
             while let Some(msg) = registrations.next().await {
                 // One line per device per interval at most, whatever a device sends, so a device cannot fill the log.
                 match WatchRegistration::parse(&msg.subject, &msg.payload) {
+                    Ok((device, _)) if retired.contains(device.as_str()) => registry.log(
+                        |l| &mut l.retired,
+                        device.as_str(),
+                        &format!("device {device} is retired (watch registration)"),
+                    ),
                     Ok((device, r)) => {
                         if registry
                             .with(&device, |s| s.inbox = Some((r.inbox, Instant::now())))

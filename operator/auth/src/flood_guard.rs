@@ -227,6 +227,7 @@ pub async fn run(
     settings: GuardSettings,
     cooldowns: Arc<Mutex<Cooldowns>>,
     admissions: Arc<Mutex<Admissions>>,
+    mut retirements: tokio::sync::mpsc::Receiver<DeviceId>,
 ) -> Result<(), String> {
     let budget = settings.budget;
     let subscribe = |subject: String| {
@@ -292,6 +293,16 @@ pub async fn run(
             }
         }
     };
+    // A device just retired: every connection it has open is cut (the callout refuses it from now on).
+    let retiring = {
+        let shared = shared.clone();
+        async move {
+            while let Some(device) = retirements.recv().await {
+                cut_retired(&shared, &device).await;
+            }
+            std::future::pending::<()>().await
+        }
+    };
     let polls = async move {
         let mut ticker = tokio::time::interval(settings.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -331,6 +342,7 @@ pub async fn run(
         }
     };
     tokio::select! {
+        () = retiring => Err("the retirements' queue ended".into()),
         () = learned => Err(format!("the {COOLDOWN_SUBJECT} subscription ended (NATS connection closed)")),
         () = opened => Err("the CONNECT events' subscription ended (NATS connection closed)".into()),
         () = ended => Err("the DISCONNECT events' subscription ended (NATS connection closed)".into()),
@@ -540,6 +552,38 @@ async fn kick(system: &async_nats::Client, server: &str, cid: u64) -> String {
         ),
         Ok(Err(e)) => format!("could not be disconnected ({e})"),
         Err(_) => "could not be disconnected (no answer)".to_owned(),
+    }
+}
+
+/// Disconnects every connection of a device that was just retired (those the events told of, and those the servers
+/// list under its name now), and logs how that went.
+async fn cut_retired(shared: &Shared, device: &DeviceId) {
+    let mut targets = shared
+        .admissions
+        .lock()
+        .map(|a| a.open_of(device))
+        .unwrap_or_default();
+    let ask = serde_json::json!({
+        "acc": shared.account, "user": device.as_str(), "limit": MAX_KICKED, "auth": true,
+    });
+    match connz(shared, ask).await {
+        Ok(conns) => targets.extend(conns.into_iter().map(|c| (c.server, c.cid))),
+        Err(e) => log::warn!("retired device {device}: listing its connections: {e}"),
+    }
+    targets.sort();
+    targets.dedup();
+    let results =
+        futures::future::join_all(targets.iter().map(|(s, cid)| kick(&shared.system, s, *cid)))
+            .await;
+    let cut = results.iter().filter(|r| *r == "disconnected").count();
+    match results.iter().find(|r| *r != "disconnected") {
+        None => log::info!(
+            "retired device {device}: {cut} open connections disconnected; the callout refuses it from now on"
+        ),
+        Some(why) => log::warn!(
+            "retired device {device}: {cut} of {} open connections disconnected, one {why}; its writes are refused",
+            targets.len()
+        ),
     }
 }
 

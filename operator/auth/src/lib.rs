@@ -9,5 +9,6 @@ pub mod flood;
 pub mod flood_guard;
 pub mod jwks;
 pub mod natsjwt;
+pub mod retired;
 pub mod service;
 pub mod token;

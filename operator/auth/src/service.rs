@@ -44,6 +44,22 @@ pub async fn run(mut settings: Settings) -> Result<(), String> {
     let cooldowns = Arc::new(Mutex::new(Cooldowns::default()));
     let admissions = Arc::new(Mutex::new(Admissions::default()));
     let (url, tls) = (settings.url.clone(), settings.tls.clone());
+    // Retired devices, watched on a connection of the buckets' account: the device API's bucket user, or (no device
+    // API: devices and buckets share one account) fleet-auth's own user.
+    let (retired, kicks) = super::retired::Retired::new();
+    let (watch_user, watch_password) = match &settings.device_api {
+        Some(api) => (api.fleet_user.clone(), api.fleet_password.clone()),
+        None => (settings.user.clone(), settings.password.clone()),
+    };
+    let watcher = connect_user(
+        &url,
+        &tls,
+        &watch_user,
+        &watch_password,
+        "fleet-auth retired devices",
+    )
+    .await?;
+    tokio::spawn(super::retired::watch(watcher, retired.clone()));
     let guard = match (settings.flood_guard.take(), &settings.device_api) {
         (Some(g), Some(api)) => {
             let system =
@@ -82,6 +98,7 @@ pub async fn run(mut settings: Settings) -> Result<(), String> {
                     g,
                     cooldowns.clone(),
                     admissions.clone(),
+                    kicks,
                 ),
             ))
         }
@@ -96,14 +113,15 @@ pub async fn run(mut settings: Settings) -> Result<(), String> {
         }
     };
     let api = settings.device_api.take();
+    let api_retired = retired.clone();
     let api = async move {
         match api {
-            Some(api) => super::device_api::run(&url, &tls, api).await,
+            Some(api) => super::device_api::run(&url, &tls, api, api_retired).await,
             None => std::future::pending().await,
         }
     };
     tokio::select! {
-        r = serve_callout(settings, cooldowns, admit) => r,
+        r = serve_callout(settings, cooldowns, admit, retired) => r,
         r = api => r,
         r = guard => r,
     }
@@ -134,6 +152,7 @@ async fn serve_callout(
     settings: Settings,
     cooldowns: Arc<Mutex<Cooldowns>>,
     admissions: Option<(super::flood::Budget, Arc<Mutex<Admissions>>)>,
+    retired: Arc<super::retired::Retired>,
 ) -> Result<(), String> {
     let jwks = Jwks::new(settings.jwks.clone())?;
     // Warm the cache; a failure is not fatal (every decision fetches again and fails closed meanwhile).
@@ -158,6 +177,8 @@ async fn serve_callout(
         .connect(fleet_kit::nats::servers(&settings.url))
         .await
         .map_err(|e| format!("NATS at {}: {}", settings.url, settings.tls.explain(&e)))?;
+    // No device is admitted before the retired ones are known.
+    retired.loaded().await;
     let mut sub = client
         .queue_subscribe(AUTH_SUBJECT, QUEUE_GROUP.into())
         .await
@@ -186,6 +207,7 @@ async fn serve_callout(
         cooldowns,
         admissions,
         started: Instant::now(),
+        retired,
     });
     let permits = Arc::new(Semaphore::new(settings.max_concurrent));
     let waiting = Arc::new(AtomicUsize::new(0));

@@ -62,6 +62,16 @@ fn string_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 /// to hand the device back to placement.
 pub const HOLD_ANNOTATION: &str = "fleet.nationtech.io/hold-workloads";
 
+/// The finalizer the operator keeps on every Device it manages (added when it creates one, and to every Device it
+/// finds without it): deleting the Device retires the device ([`crate::retire`], docs/device-lifecycle.md). The
+/// operator records the device's tombstone, deletes its keys in every per-device bucket, then removes it.
+pub const RETIRE_FINALIZER: &str = "fleet.nationtech.io/retire";
+
+/// Annotation on a Device a person creates (`"true"`) to enrol a retired device again: the operator lifts the
+/// device's tombstone for it. Only a Device created after the retirement counts (another uid than the one that was
+/// deleted), so a stale view of the deleted object never lifts it, and the operator never sets it.
+pub const ENROL_ANNOTATION: &str = "fleet.nationtech.io/enrol";
+
 /// A device of the fleet; its name is the device id. People set `metadata.labels`; the operator creates the
 /// object when a device first reports and mirrors what the device reports into `status`.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

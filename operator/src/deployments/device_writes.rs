@@ -168,8 +168,15 @@ impl DeviceWrites {
         Round { creates, statuses }
     }
 
-    /// Writes what is queued, for ever. `labels` go on the Devices it creates.
-    pub async fn run(self: Arc<Self>, client: Client, labels: BTreeMap<String, String>) {
+    /// Writes what is queued, for ever. `labels` go on the Devices it creates; none is created for a device
+    /// `retired` holds a tombstone of (checked again just before the creation: the pass may have decided from a
+    /// view older than the tombstone).
+    pub async fn run(
+        self: Arc<Self>,
+        client: Client,
+        labels: BTreeMap<String, String>,
+        retired: Arc<crate::kv::Mirror<fleet_wire::DeviceRetirement>>,
+    ) {
         loop {
             let Round { creates, statuses } = self.take();
             if creates.is_empty() && statuses.is_empty() {
@@ -177,6 +184,14 @@ impl DeviceWrites {
                 continue;
             }
             let (client, labels, this) = (&client, &labels, &self);
+            let creates = creates.into_iter().filter(|(id, _)| {
+                let gone = retired.get(id).is_some_and(|t| t.value.is_some());
+                if gone {
+                    log::info!("Device {id} not created: the device is retired");
+                    lock(&this.created).remove(id);
+                }
+                !gone
+            });
             let creates = futures::stream::iter(creates).map(|(id, hold)| async move {
                 if hold {
                     log::warn!("Device {id} is missing but the device runs workloads: recreating it with {}=true (its workloads are kept until a person labels it and removes the annotation)", crate::crd::HOLD_ANNOTATION);

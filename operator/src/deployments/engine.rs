@@ -92,6 +92,8 @@ pub struct Mirrors {
     /// `device-secrets` (what this or another replica wrote): a device held back by a staged rollout keeps the
     /// value it has ([`super::secrets::deliveries`]).
     pub secrets: Arc<Mirror<DeviceSecrets>>,
+    /// `device-retired`: the tombstones (shared with the retirement controller, [`crate::retire`]).
+    pub retired: Arc<Mirror<fleet_wire::DeviceRetirement>>,
 }
 
 /// The devices whose heartbeats and workload reports always wake the control loop (the plan's
@@ -152,6 +154,7 @@ impl Mirrors {
         heartbeat: Arc<Mirror<Heartbeat>>,
         info: Arc<Mirror<DeviceInfo>>,
         workloads: Arc<Mirror<DeviceWorkloadStatus>>,
+        retired: Arc<Mirror<fleet_wire::DeviceRetirement>>,
     ) -> Self {
         Self {
             info,
@@ -162,13 +165,17 @@ impl Mirrors {
             workloads,
             usage: usage_mirror(),
             secrets: Mirror::new(layout::DEVICE_SECRETS),
+            retired,
         }
     }
 }
 
 impl Mirrors {
     fn synced(&self) -> bool {
-        self.desired.is_synced() && self.intent.is_synced() && self.secrets.is_synced()
+        self.desired.is_synced()
+            && self.intent.is_synced()
+            && self.secrets.is_synced()
+            && self.retired.is_synced()
     }
 }
 
@@ -182,6 +189,7 @@ async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result
     link.watch(&m.workloads, notify)?;
     link.watch(&m.usage, notify)?;
     link.watch(&m.secrets, notify)?;
+    link.watch(&m.retired, notify)?;
     Ok(link)
 }
 
@@ -190,6 +198,18 @@ async fn open_link(nats: &NatsLink, m: &Mirrors, notify: &Arc<Notify>) -> Result
 /// heartbeats, the TaskRun controller capabilities from the device info); this controller's watches keep them
 /// current. Run alone (tests), it takes a runtime of its own.
 pub async fn run_with(
+    rt: &Runtime,
+    opts: Options,
+) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+    // Retirement (the Device finalizer) runs wherever the deployments controller does: it decides from the
+    // tombstones this controller's link keeps current.
+    tokio::select! {
+        r = crate::retire::run_with(rt, opts.instance.clone()) => r,
+        r = run_engine(rt, opts) => r,
+    }
+}
+
+async fn run_engine(
     rt: &Runtime,
     opts: Options,
 ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
@@ -222,6 +242,7 @@ pub async fn run_with(
     tokio::spawn(device_writes.clone().run(
         client.clone(),
         selector_labels(opts.label_selector.as_deref()),
+        rt.retired.clone(),
     ));
     let engine = Engine {
         client: client.clone(),
@@ -231,7 +252,7 @@ pub async fn run_with(
         deployments,
         releases,
         policies,
-        mirrors: Mirrors::new(heartbeats, info, workloads),
+        mirrors: Mirrors::new(heartbeats, info, workloads, rt.retired.clone()),
         heartbeat_watch: watch,
         device_writes,
         refusals: Arc::default(),
@@ -598,6 +619,7 @@ impl Engine {
             intents: self.mirrors.intent.values(),
             device_secrets: self.mirrors.secrets.values(),
             task_reasons: self.task_reasons.snapshot(),
+            retired: self.mirrors.retired.values(),
             // Read by the pass itself (an API read: not in this in-memory snapshot).
             secrets: BTreeMap::new(),
             secrets_namespace: String::new(),

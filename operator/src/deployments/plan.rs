@@ -76,6 +76,9 @@ pub struct Snapshot {
     pub device_secrets: BTreeMap<String, Arc<DeviceSecrets>>,
     /// The TaskRun controller's reasons by Device name, listed after the rollouts' ([`crate::task_reasons`]).
     pub task_reasons: Arc<crate::task_reasons::Published>,
+    /// `device-retired`: the tombstones of retired devices, by device id ([`crate::retire`]). A retired device is
+    /// in no group, deployment or release, and no Device is created for it.
+    pub retired: BTreeMap<String, Arc<fleet_wire::DeviceRetirement>>,
 }
 
 /// What a pass judges liveness from (a Device's `Online` condition).
@@ -328,6 +331,11 @@ fn fleet(s: &Snapshot, plan: &mut Plan) -> Fleet {
     let mut labels = BTreeMap::new();
     let mut held = BTreeSet::new();
     for d in &s.devices {
+        // A Device being deleted is being retired, and a retired device is gone: neither is in any group, so a
+        // rollout that had it counts it as having left, not as failed (docs/crds.md, "Rollouts").
+        if leaving(s, d) {
+            continue;
+        }
         match DeviceId::try_from(d.name_any().as_str()) {
             Ok(id) => {
                 if d.annotations().contains_key(HOLD_ANNOTATION) {
@@ -344,6 +352,16 @@ fn fleet(s: &Snapshot, plan: &mut Plan) -> Fleet {
         held,
         groups,
     }
+}
+
+/// True when Device `d` is leaving the fleet: deleted (its retirement is under way: [`crate::retire`]) or its device
+/// is retired (a tombstone; its Device is deleted again unless it enrols it).
+pub fn leaving(s: &Snapshot, d: &Device) -> bool {
+    d.metadata.deletion_timestamp.is_some()
+        || d.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| s.retired.contains_key(n))
 }
 
 /// Decides one pass at `now` (the operator's clock; rollouts compare heartbeats with it). `new_id` names new
@@ -1174,11 +1192,22 @@ fn deployment_statuses(s: &Snapshot, d: Deployed, plan: &mut Plan) {
 
 /// Devices: create the ones that reported, mirror what they report.
 fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan) {
+    let leaving_names: BTreeSet<&str> = s
+        .devices
+        .iter()
+        .filter(|d| d.metadata.deletion_timestamp.is_some())
+        .filter_map(|d| d.metadata.name.as_deref())
+        .collect();
     for id in s.info.keys() {
         let Ok(dev) = DeviceId::try_from(id.as_str()) else {
             continue;
         };
         if fleet.labels.contains_key(&dev) {
+            continue;
+        }
+        // Never for a retired device (it may still report until fleet-auth cuts it off), nor while its Device is
+        // being deleted.
+        if s.retired.contains_key(id) || leaving_names.contains(id.as_str()) {
             continue;
         }
         // Workloads already placed: the Device was deleted. Recreated without its labels it would be targeted by
@@ -1191,6 +1220,9 @@ fn devices_to_write(s: &Snapshot, fleet: &Fleet, now: Timestamp, plan: &mut Plan
     }
     for d in &s.devices {
         let id = d.name_any();
+        if leaving(s, d) {
+            continue;
+        }
         let reported = Reported {
             info: s.info.get(&id).cloned(),
             heartbeat: s.heartbeats.get(&id).cloned(),

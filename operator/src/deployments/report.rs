@@ -148,8 +148,9 @@ pub fn replace_status<S: Serialize>(status: &S) -> Result<Patch<()>, kube::Error
     Ok(Patch::Json(patch))
 }
 
-/// Creates the Device object `name` if it does not exist (a device that reported in NATS), with `labels`;
-/// `hold`: with [`crate::crd::HOLD_ANNOTATION`] (the device already has workloads placed).
+/// Creates the Device object `name` if it does not exist (a device that reported in NATS), with `labels` and the
+/// retirement finalizer ([`crate::crd::RETIRE_FINALIZER`]); `hold`: with [`crate::crd::HOLD_ANNOTATION`] (the device
+/// already has workloads placed).
 pub async fn create_device(
     client: &Client,
     name: &str,
@@ -158,6 +159,7 @@ pub async fn create_device(
 ) -> Result<(), kube::Error> {
     let api: Api<Device> = Api::all(client.clone());
     let mut device = Device::new(name, DeviceSpec::default());
+    device.metadata.finalizers = Some(vec![crate::crd::RETIRE_FINALIZER.to_owned()]);
     if !labels.is_empty() {
         device.metadata.labels = Some(labels.clone());
     }
