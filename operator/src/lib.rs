@@ -28,4 +28,5 @@ pub mod runtime;
 pub mod schema;
 pub mod secrets_source;
 pub mod task_reasons;
+pub mod validation;
 pub mod webhook;

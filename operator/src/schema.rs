@@ -79,6 +79,12 @@ pub fn mark_unknown(meta: &mut ObjectMeta, paths: &[String]) {
 /// Why the operator refuses to act on `obj` (a cached fleet object, see [`mark_unknown`]): its unknown fields, as
 /// the webhook would have named them; `None` when it has none.
 pub fn refusal<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Option<String> {
+    unknown_problem(obj)
+        .map(|m| format!("{m}; the operator acts on nothing in this object until it is fixed"))
+}
+
+/// The unknown fields the cache marked on `obj`, as one problem ([`unknown_message`]); `None` when it has none.
+pub fn unknown_problem<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Option<String> {
     let kind = K::kind(&());
     let list = obj
         .meta()
@@ -87,12 +93,7 @@ pub fn refusal<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Option<String> {
         .get(UNKNOWN_FIELDS_ANNOTATION)?;
     let paths: Vec<String> = serde_json::from_str(list).ok()?;
     let root = of(&kind)?;
-    (!paths.is_empty()).then(|| {
-        format!(
-            "{}; the operator acts on nothing in this object until it is fixed",
-            unknown_message(root, &paths)
-        )
-    })
+    (!paths.is_empty()).then(|| unknown_message(root, &paths))
 }
 
 /// The root schema of each fleet kind (`DeviceGroup` → its `openAPIV3Schema`).

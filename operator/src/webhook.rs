@@ -49,78 +49,63 @@ pub fn answer(uid: Option<&Value>, denial: Option<&str>) -> Value {
     })
 }
 
-/// The unknown-field check of one `AdmissionReview` (pure): refused when the new object has a field its kind's
-/// schema does not know, naming every such field, or an invalid fleet-wire part, or (a FleetDeployment) hardware
-/// or privileges that `policies` do not allow (`None`: the policy cache has not synced, and a deployment that needs
-/// a policy is refused, fail closed); objects of other kinds, and deletes, are allowed.
+/// The check of one `AdmissionReview` of a fleet object (pure): refused with every problem at once, each named by
+/// its full path (`FleetDeployment "d": spec.rollout.soakSeconds: …; spec.rollout.maxUnavailable: …`): fields its
+/// kind's schema does not know, values that do not decode, the kind's own rules ([`crate::validation::problems`],
+/// the same the operator applies), a changed spec of a kind whose spec is immutable (DeviceDiagnostics), and (a
+/// FleetDeployment) hardware or privileges that `policies` do not allow (`None`: the policy cache has not synced,
+/// and a deployment that needs a policy is refused, fail closed). Objects of other kinds, and deletes, are allowed.
 pub fn fields_review(request: &Value, policies: Option<&[Arc<WorkloadPolicy>]>) -> Value {
     let uid = request.pointer("/request/uid");
     let kind = request
         .pointer("/request/kind/kind")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let (Some(root), Some(object)) = (crate::schema::of(kind), request.pointer("/request/object"))
+    let (Some(_), Some(object)) = (crate::schema::of(kind), request.pointer("/request/object"))
     else {
         return answer(uid, None);
     };
+    if object.is_null() {
+        return answer(uid, None);
+    }
     let name = object
         .pointer("/metadata/name")
         .or_else(|| request.pointer("/request/name"))
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let unknown = crate::schema::unknown_fields(root, object);
-    let message = if !unknown.is_empty() {
-        crate::schema::denial(kind, name, root, &unknown)
-    } else if let Some(problem) = wire_problems(kind, object) {
-        format!("{kind} {name:?}: {problem}")
-    } else if let Some(problem) = policy_problems(kind, request, object, policies) {
-        format!("{kind} {name:?}: {problem}")
-    } else if let Some(problem) = (kind == "DeviceDiagnostics")
-        .then(|| crate::diagnostics::admission::problem(request))
-        .flatten()
-    {
-        format!("{kind} {name:?}: {problem}")
-    } else {
+    let problems = review_problems(kind, request, object, policies);
+    if problems.is_empty() {
         return answer(uid, None);
-    };
+    }
+    let message = format!("{kind} {name:?}: {}", problems.join("; "));
     log::info!("admission refused: {message}");
     answer(uid, Some(&message))
 }
 
-/// What is wrong in the parts of a spec whose shape is a fleet-wire contract (open in the CRD schema: workloads,
-/// release builds, a schedule), validated exactly as the operator validates them, so that a typo inside them is
-/// refused too instead of becoming an `InvalidSpec` condition later. `None`: valid, or not such a kind.
-fn wire_problems(kind: &str, object: &Value) -> Option<String> {
-    let spec = object.get("spec")?;
-    match kind {
-        "FleetDeployment" => {
-            let s: crate::crd::FleetDeploymentSpec = serde_json::from_value(spec.clone()).ok()?;
-            crate::deployments::validate::deployment_workloads(&s)
-                .err()
-                .map(|e| format!("spec.{e}"))
-        }
-        "AgentRelease" => {
-            let s: crate::crd::AgentReleaseSpec = serde_json::from_value(spec.clone()).ok()?;
-            crate::deployments::validate::release_builds(&s)
-                .err()
-                .map(|e| format!("spec.{e}"))
-        }
-        "TaskSchedule" => crate::tasks::schedule::Schedule::parse(spec.get("schedule")?)
-            .err()
-            .map(|e| format!("spec.{e}")),
-        "WorkloadPolicy" => {
-            let s: crate::crd::policy::WorkloadPolicySpec =
-                serde_json::from_value(spec.clone()).ok()?;
-            policy::validate(&s).err()
-        }
-        _ => None,
+/// Every problem [`fields_review`] refuses `object` for.
+fn review_problems(
+    kind: &str,
+    request: &Value,
+    object: &Value,
+    policies: Option<&[Arc<WorkloadPolicy>]>,
+) -> Vec<String> {
+    if kind == "DeviceDiagnostics" && request.pointer("/request/oldObject/spec").is_some() {
+        // The spec was checked when the object was created and cannot change since: only that is checked, so that
+        // an old object stays deletable and its metadata editable.
+        return crate::diagnostics::admission::problem(request)
+            .into_iter()
+            .collect();
     }
+    let mut problems = crate::validation::problems(kind, object);
+    problems.extend(policy_problems(kind, request, object, policies));
+    problems
 }
 
-/// Why the WorkloadPolicies do not allow a FleetDeployment's hardware and privileges (its spec already valid);
-/// `None`: allowed, nothing needs a policy, or not a FleetDeployment. An update that leaves the spec as it was is
-/// not checked again, so that a deployment a narrowed policy no longer allows can still be labelled, annotated
-/// (a retry) or have its finalizers removed; the operator holds it either way (`NotAllowed`).
+/// Why the WorkloadPolicies do not allow a FleetDeployment's hardware and privileges (checked when its every
+/// workload decodes, whatever else is wrong with it); `None`: allowed, nothing needs a policy, or not a
+/// FleetDeployment. An update that leaves the spec as it was is not checked again, so that a deployment a narrowed
+/// policy no longer allows can still be labelled, annotated (a retry) or have its finalizers removed; the operator
+/// holds it either way (`NotAllowed`).
 fn policy_problems(
     kind: &str,
     request: &Value,
@@ -134,8 +119,12 @@ fn policy_problems(
     if request.pointer("/request/oldObject/spec") == Some(spec) {
         return None;
     }
-    let s: crate::crd::FleetDeploymentSpec = serde_json::from_value(spec.clone()).ok()?;
-    let workloads = crate::deployments::validate::deployment_workloads(&s).ok()?;
+    let workloads: Vec<fleet_wire::WorkloadSpec> = spec
+        .get("workloads")?
+        .as_array()?
+        .iter()
+        .map(|w| serde_json::from_value(w.clone()).ok())
+        .collect::<Option<_>>()?;
     if !policy::needs_policy(&workloads) {
         return None;
     }
@@ -146,15 +135,19 @@ fn policy_problems(
                 .into(),
         );
     };
+    let allowed_groups: Vec<String> = spec
+        .get("allowedGroups")
+        .and_then(|g| serde_json::from_value(g.clone()).ok())
+        .unwrap_or_default();
     let views: Vec<policy::Policy> = policies.iter().map(|p| policy::Policy::of(p)).collect();
     let d = policy::Deployment {
         namespace: object
             .pointer("/metadata/namespace")
             .and_then(Value::as_str),
-        allowed_groups: &s.placement.allowed_groups,
+        allowed_groups: &allowed_groups,
         workloads: &workloads,
     };
-    policy::check(&d, &views).err().map(|e| format!("spec.{e}"))
+    policy::check(&d, &views).err()
 }
 
 /// The server's TLS configuration from PEM files (certificate chain, private key).
@@ -331,7 +324,7 @@ mod tests {
                     "FleetDeployment",
                     json!({"metadata": {"name": "d"}, "spec": {"allowedGroups": ["g"], "workloads": [{"name": "w", "imag": "x"}]}}),
                 ),
-                Some("FleetDeployment \"d\": spec.workloads[0]: "),
+                Some("FleetDeployment \"d\": spec.workloads[0].imag: unknown field `imag`, expected one of `name`, `image`"),
             ),
             // a health check: accepted when valid, refused with the field's path otherwise
             (
@@ -357,7 +350,7 @@ mod tests {
                     json!({"metadata": {"name": "d"}, "spec": {"allowedGroups": ["g"], "workloads": [{"name": "w", "image": "nginx:1",
                            "healthCheck": {"command": ["pg_isready"], "retrys": 3}}]}}),
                 ),
-                Some("FleetDeployment \"d\": spec.workloads[0]: unknown field `retrys`"),
+                Some("FleetDeployment \"d\": spec.workloads[0].healthCheck.retrys: unknown field `retrys`"),
             ),
             (
                 req(
@@ -365,7 +358,7 @@ mod tests {
                     json!({"metadata": {"name": "s"}, "spec": {"schedule": {"daily": {"at": "03:00"}, "cron": "0 3 * * *"},
                            "template": {"allowedGroups": ["g"], "deadlineSeconds": 60, "systemUpgradeV1": {}}}}),
                 ),
-                Some("TaskSchedule \"s\": spec.schedule must be exactly one of daily, weekly, yearly or cron, always UTC (there is no time-zone field); it has cron, daily"),
+                Some("TaskSchedule \"s\": spec.schedule: must be exactly one of daily, weekly, yearly or cron, always UTC (there is no time-zone field); it has cron, daily"),
             ),
             (
                 req(

@@ -41,7 +41,11 @@ pub fn alert_list(alerts: &[Alert], now: Timestamp) -> Markup {
         @for a in alerts {
             div.alert data-alert=(a.kind.as_str()) {
                 h3 { (a.kind.title()) ": " (subject_link(&a.subject)) }
-                p { "Since " (when(a.since, now)) ". " (a.detail) }
+                // "Since <time> (<age> ago): <detail>", the detail being the rest of the sentence.
+                p {
+                    @if a.since.is_some() { "Since " (when(a.since, now)) ": " }
+                    (a.detail)
+                }
                 p.muted { (a.kind.action()) }
             }
         }
@@ -364,6 +368,31 @@ mod tests {
 
     fn pairs(v: &[(&str, u64)]) -> Vec<(String, u64)> {
         v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+    }
+
+    /// An alert's box reads as one sentence: "Since <time> (<age> ago): <detail>", or the detail alone without a
+    /// time (it read "Since …. has not accepted …").
+    #[test]
+    fn an_alert_reads_as_one_sentence() {
+        let now = Timestamp::from_unix_ms(2_000_000_000_000);
+        let since = Timestamp::from_unix_ms(2_000_000_000_000 - 180_000);
+        let alert = |since| Alert {
+            kind: crate::dashboard::alerts::AlertKind::DeviceStalled,
+            subject: Subject::Device("dev-1".into()),
+            since,
+            detail: "has not accepted the system-upgrade intent of TaskRun ops/upgrade".into(),
+        };
+        let html = alert_list(&[alert(Some(since))], now).into_string();
+        assert!(
+            html.contains("ago)</span>: has not accepted the system-upgrade intent"),
+            "{html}"
+        );
+        assert!(!html.contains(". has not"), "{html}");
+        let html = alert_list(&[alert(None)], now).into_string();
+        assert!(
+            html.contains("<p>has not accepted") && !html.contains("Since"),
+            "{html}"
+        );
     }
 
     /// Every bar on the overview shows exactly the counts of the hand-built fleet (distinct numbers, so a part

@@ -96,13 +96,14 @@ fn selector_is_empty(sel: &LabelSelector) -> bool {
         && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty())
 }
 
-/// Validates group `name`'s spec into its [`Membership`], naming every problem at once.
-pub fn membership<'a>(name: &str, spec: &'a DeviceGroupSpec) -> Result<Membership<'a>, GroupError> {
+/// Every problem of a group's spec that makes it invalid (reason `InvalidSpec`), each with its full path:
+/// `selectAll` beside a selector or a list, an invalid or repeated device id; empty: valid.
+pub fn membership_problems(spec: &DeviceGroupSpec) -> Vec<String> {
     let selector = spec.selector.as_ref().filter(|s| !selector_is_empty(s));
     let mut errors = Vec::new();
     if spec.select_all && (selector.is_some() || !spec.devices.is_empty()) {
         errors.push(
-            "selectAll: true selects every device and cannot be combined with selector or devices"
+            "spec.selectAll: true selects every device and cannot be combined with selector or devices"
                 .to_owned(),
         );
     }
@@ -111,18 +112,30 @@ pub fn membership<'a>(name: &str, spec: &'a DeviceGroupSpec) -> Result<Membershi
         match DeviceId::try_from(d.as_str()) {
             Ok(id) => {
                 if !devices.insert(id) {
-                    errors.push(format!("devices[{i}]: {d:?} appears twice"));
+                    errors.push(format!("spec.devices[{i}]: {d:?} appears twice"));
                 }
             }
-            Err(e) => errors.push(format!("devices[{i}]: {e}")),
+            Err(e) => errors.push(format!("spec.devices[{i}]: {e}")),
         }
     }
+    errors
+}
+
+/// Validates group `name`'s spec into its [`Membership`], naming every problem at once ([`membership_problems`]).
+pub fn membership<'a>(name: &str, spec: &'a DeviceGroupSpec) -> Result<Membership<'a>, GroupError> {
+    let selector = spec.selector.as_ref().filter(|s| !selector_is_empty(s));
+    let errors = membership_problems(spec);
     if !errors.is_empty() {
         return Err(GroupError::InvalidSpec {
             group: name.to_owned(),
             message: errors.join("; "),
         });
     }
+    let devices: BTreeSet<DeviceId> = spec
+        .devices
+        .iter()
+        .filter_map(|d| DeviceId::try_from(d.as_str()).ok())
+        .collect();
     if let Some(sel) = selector {
         // A selector that cannot be evaluated is an error even when there are no devices to evaluate it on: an
         // empty fleet must not turn a broken group into a group of 0.
@@ -180,9 +193,14 @@ pub fn resolve_groups(
             // Fields the typed spec dropped (`selector: {matchLabel: …}` reads as "no selector"): refused, never
             // resolved into a different group.
             let members = match crate::schema::refusal(g.as_ref()) {
-                Some(message) => Err(GroupError::InvalidSpec {
+                // with every other problem of its spec, as the webhook names them
+                Some(_) => Err(GroupError::InvalidSpec {
                     group: name.clone(),
-                    message,
+                    message: crate::validation::refusal_of(
+                        g.as_ref(),
+                        crate::validation::group_spec(&g.spec),
+                    )
+                    .unwrap_or_default(),
                 }),
                 None => resolve_group(&name, &g.spec, devices),
             };

@@ -544,11 +544,9 @@ fn deployments(s: &Snapshot, fleet: &Fleet, plan: &mut Plan, now: Timestamp) -> 
         .map(|p| super::policy::Policy::of(p))
         .collect();
     for d in &s.deployments {
-        // Unknown fields (kept by the CRD, dropped by the typed spec) make the spec invalid, as the webhook says.
-        let workloads = match crate::schema::refusal(d.as_ref()) {
-            Some(m) => Err(m),
-            None => validate::deployment_workloads(&d.spec),
-        };
+        // Unknown fields (kept by the CRD, dropped by the typed spec) and every other problem make the spec
+        // invalid, all named as the webhook names them.
+        let workloads = validate::deployment(d);
         // The rollout section is checked like an AgentRelease's: out of range is an invalid spec.
         let policy = rollout::Policy::from_spec(d.spec.rollout.as_ref());
         let workloads = match (workloads, &policy) {
@@ -952,10 +950,7 @@ fn release(
     now: Timestamp,
     new_id: &mut dyn FnMut() -> AttemptId,
 ) -> ReleaseResult {
-    if let Some(m) = crate::schema::refusal(r) {
-        return Err((conditions::REASON_INVALID_SPEC, m));
-    }
-    let builds: Arc<[Build]> = validate::release_builds(&r.spec)
+    let builds: Arc<[Build]> = validate::release(r)
         .map_err(|e| (conditions::REASON_INVALID_SPEC, e))?
         .into();
     let policy = rollout::Policy::from_spec(r.spec.rollout.as_ref())
@@ -2014,7 +2009,7 @@ mod tests {
         let ready = &p.deployments[0].wants[0];
         assert_eq!(ready.reason, conditions::REASON_NOT_ALLOWED);
         assert!(
-            ready.message.starts_with("workloads[0] (serial): device /dev/ttyS0 and capability NET_ADMIN are not allowed for groups [site-a]: no WorkloadPolicy applies")
+            ready.message.starts_with("spec.workloads[0] (serial): device /dev/ttyS0 and capability NET_ADMIN are not allowed for groups [site-a]: no WorkloadPolicy applies")
                 && ready.message.ends_with("workloads already placed are kept unchanged"),
             "{}",
             ready.message

@@ -55,6 +55,16 @@ pub fn needs_policy(workloads: &[WorkloadSpec]) -> bool {
 
 /// Checks a policy's spec; `Err` names every invalid entry by its path (`spec.devices[0]: …`).
 pub fn validate(spec: &WorkloadPolicySpec) -> Result<(), String> {
+    let errors = problems(spec);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// Every problem of a policy's spec, each with its full path (`spec.capabilities[0]: …`); empty: valid.
+pub fn problems(spec: &WorkloadPolicySpec) -> Vec<String> {
     let mut errors = Vec::new();
     if spec.groups.is_empty() {
         errors.push("spec.groups: name at least one DeviceGroup (a policy applies to deployments whose every allowed group it lists)".to_owned());
@@ -94,15 +104,11 @@ pub fn validate(spec: &WorkloadPolicySpec) -> Result<(), String> {
             ));
         }
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
-    }
+    errors
 }
 
 /// Whether `policies` allow everything `d`'s workloads ask for. `Err` names, per workload, every refused item
-/// and the policies that applied (or that none did), e.g. `workloads[0] (reader): device /dev/ttyS0 and capability
+/// and the policies that applied (or that none did), e.g. `spec.workloads[0] (reader): device /dev/ttyS0 and capability
 /// NET_ADMIN are not allowed for groups [field]: no WorkloadPolicy applies`.
 pub fn check(d: &Deployment, policies: &[Policy]) -> Result<(), String> {
     let applying: Vec<&Policy> = policies.iter().filter(|p| applies(p.spec, d)).collect();
@@ -126,7 +132,7 @@ pub fn check(d: &Deployment, policies: &[Policy]) -> Result<(), String> {
         let verb = if refused.len() == 1 { "is" } else { "are" };
         let items = shown(refused.iter().map(Ask::to_string).collect(), MAX_NAMED);
         refusals.push(format!(
-            "workloads[{i}] ({}): {} {verb} not allowed for {}: {}",
+            "spec.workloads[{i}] ({}): {} {verb} not allowed for {}: {}",
             w.name.as_str(),
             and_list(&items),
             scope(d),
@@ -565,8 +571,8 @@ mod tests {
         };
         let m = check(&d, &[]).unwrap_err();
         assert!(
-            m.starts_with("workloads[1] (cam): device /dev/video0 is not allowed")
-                && m.contains("; workloads[2] (net): capability NET_RAW is not allowed"),
+            m.starts_with("spec.workloads[1] (cam): device /dev/video0 is not allowed")
+                && m.contains("; spec.workloads[2] (net): capability NET_RAW is not allowed"),
             "{m}"
         );
     }

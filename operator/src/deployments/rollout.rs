@@ -110,6 +110,11 @@ impl Policy {
         let Some(r) = spec else {
             return Ok(Policy::ALL_AT_ONCE);
         };
+        // Every problem at once, as the admission webhook names them.
+        let problems = super::validate::rollout_problems(r);
+        if !problems.is_empty() {
+            return Err(problems.join("; "));
+        }
         let soak = r.soak_seconds.unwrap_or(0);
         if soak > MAX_SECONDS {
             return Err(format!(

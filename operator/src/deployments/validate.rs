@@ -1,8 +1,11 @@
 //! Spec validation: turns the JSON kept in FleetDeployment and AgentRelease specs into fleet-wire types, or says
 //! clearly what is wrong (condition reason `InvalidSpec`). Pure.
 
-use crate::crd::{AgentReleaseSpec, FleetDeploymentSpec, ReleaseBuild};
+use crate::crd::{
+    AgentRelease, AgentReleaseSpec, FleetDeployment, FleetDeploymentSpec, ReleaseBuild, RolloutSpec,
+};
 use fleet_wire::{Architecture, Artifact, ByteLimit, Sha256Hex, Version, WorkloadSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeSet;
 
 /// Most workloads in one FleetDeployment (the per-device ceiling of fleet-wire).
@@ -23,19 +26,50 @@ pub struct Build {
     pub byte_limit: ByteLimit,
 }
 
-/// Validates a FleetDeployment's workloads: each a valid `WorkloadSpec`, names unique, at most 64. On failure
-/// the message names every invalid entry (`workloads[0]: …; workloads[2]: …`), not only the first.
+/// Validates a stored FleetDeployment as the operator acts on it: the unknown fields its cache marked and every
+/// problem of its spec ([`deployment_problems`]), all in one message (its condition `InvalidSpec`).
+pub fn deployment(d: &FleetDeployment) -> Result<Vec<WorkloadSpec>, String> {
+    match (
+        crate::schema::unknown_problem(d),
+        deployment_problems(&d.spec),
+    ) {
+        (None, r) => r.map_err(|e| e.join("; ")),
+        (Some(_), r) => {
+            Err(crate::validation::refusal_of(d, r.err().unwrap_or_default()).unwrap_or_default())
+        }
+    }
+}
+
+/// Validates a stored AgentRelease as the operator acts on it, like [`deployment`].
+pub fn release(r: &AgentRelease) -> Result<Vec<Build>, String> {
+    match (crate::schema::unknown_problem(r), release_problems(&r.spec)) {
+        (None, x) => x.map_err(|e| e.join("; ")),
+        (Some(_), x) => {
+            Err(crate::validation::refusal_of(r, x.err().unwrap_or_default()).unwrap_or_default())
+        }
+    }
+}
+
+/// Validates a FleetDeployment's spec ([`deployment_problems`]), its problems joined by `; `.
 pub fn deployment_workloads(spec: &FleetDeploymentSpec) -> Result<Vec<WorkloadSpec>, String> {
-    let mut errors = Vec::new();
+    deployment_problems(spec).map_err(|e| e.join("; "))
+}
+
+/// Validates a FleetDeployment's spec: its placement ([`crate::validation::placement`]), its workloads (each a valid
+/// `WorkloadSpec`, names unique, at most 64), its image pull Secrets' names and its rollout section
+/// ([`rollout_problems`]). On failure every problem, each with its full path (`spec.workloads[0].image: …`,
+/// `spec.rollout.soakSeconds: …`), not only the first.
+pub fn deployment_problems(spec: &FleetDeploymentSpec) -> Result<Vec<WorkloadSpec>, Vec<String>> {
+    let mut errors = crate::validation::placement(&spec.placement, "spec");
     if spec.workloads.len() > MAX_DEPLOYMENT_WORKLOADS {
         errors.push(format!(
-            "workloads: more than {MAX_DEPLOYMENT_WORKLOADS} entries"
+            "spec.workloads: more than {MAX_DEPLOYMENT_WORKLOADS} entries"
         ));
     }
     for (i, r) in spec.image_pull_secrets.iter().enumerate() {
         if !fleet_wire::secrets::dns_subdomain(&r.name) {
             errors.push(format!(
-                "imagePullSecrets[{i}].name: {:?} is not a Secret name (lowercase DNS subdomain)",
+                "spec.imagePullSecrets[{i}].name: {:?} is not a Secret name (lowercase DNS subdomain)",
                 r.name
             ));
         }
@@ -57,25 +91,73 @@ pub fn deployment_workloads(spec: &FleetDeploymentSpec) -> Result<Vec<WorkloadSp
         if !versioned.is_empty() {
             for j in versioned {
                 errors.push(format!(
-                    "workloads[{i}].secrets[{j}].version: set by the operator (the Secret's resourceVersion), not in a FleetDeployment; remove it"
+                    "spec.workloads[{i}].secrets[{j}].version: set by the operator (the Secret's resourceVersion), not in a FleetDeployment; remove it"
                 ));
             }
             continue;
         }
-        match serde_json::from_value::<WorkloadSpec>(raw.clone()) {
+        match crate::validation::typed_at::<WorkloadSpec>(raw, &format!("spec.workloads[{i}]")) {
             Ok(w) if !names.insert(w.name.as_str().to_owned()) => errors.push(format!(
-                "workloads[{i}]: name {:?} appears twice",
+                "spec.workloads[{i}]: name {:?} appears twice",
                 w.name.as_str()
             )),
             Ok(w) => out.push(w),
-            Err(e) => errors.push(format!("workloads[{i}]: {e}")),
+            Err(e) => errors.extend(e),
         }
+    }
+    if let Some(r) = &spec.rollout {
+        errors.extend(rollout_problems(r));
     }
     if errors.is_empty() {
         Ok(out)
     } else {
-        Err(errors.join("; "))
+        Err(errors)
     }
+}
+
+/// Every problem of a `rollout` section (FleetDeployment or AgentRelease), each with its full path and the range
+/// it must be in (`spec.rollout.soakSeconds: must be 0 to 86400, not 100000`); empty: valid.
+/// [`crate::deployments::rollout::Policy::from_spec`] refuses exactly these.
+pub fn rollout_problems(r: &RolloutSpec) -> Vec<String> {
+    use crate::deployments::rollout::{MAX_SECONDS, MIN_HEARTBEAT_TIMEOUT_SECS};
+    let mut out = Vec::new();
+    if let Some(soak) = r.soak_seconds.filter(|s| *s > MAX_SECONDS) {
+        out.push(format!(
+            "spec.rollout.soakSeconds: must be 0 to {MAX_SECONDS}, not {soak}"
+        ));
+    }
+    for (field, v) in [
+        ("maxUnavailable", &r.max_unavailable),
+        ("maxFailures", &r.max_failures),
+    ] {
+        let valid = match v {
+            None => true,
+            Some(IntOrString::Int(n)) => *n >= 0,
+            Some(IntOrString::String(s)) => s
+                .strip_suffix('%')
+                .and_then(|p| p.parse::<u32>().ok())
+                .is_some_and(|p| p <= 100),
+        };
+        if !valid {
+            let shown = match v {
+                Some(IntOrString::Int(n)) => n.to_string(),
+                Some(IntOrString::String(s)) => format!("{s:?}"),
+                None => String::new(),
+            };
+            out.push(format!(
+                "spec.rollout.{field}: must be a count (0 or more) or a percentage from \"0%\" to \"100%\", not {shown}"
+            ));
+        }
+    }
+    if let Some(t) = r
+        .heartbeat_timeout_seconds
+        .filter(|t| !(MIN_HEARTBEAT_TIMEOUT_SECS..=MAX_SECONDS).contains(t))
+    {
+        out.push(format!(
+            "spec.rollout.heartbeatTimeoutSeconds: must be {MIN_HEARTBEAT_TIMEOUT_SECS} to {MAX_SECONDS}, not {t}"
+        ));
+    }
+    out
 }
 
 /// The workload names a FleetDeployment's spec gives, read from the raw JSON even when the spec is invalid: what
@@ -87,10 +169,10 @@ pub fn raw_workload_names(spec: &FleetDeploymentSpec) -> BTreeSet<String> {
         .collect()
 }
 
-fn build(i: usize, b: &ReleaseBuild) -> Result<Build, String> {
+fn build(i: usize, b: &ReleaseBuild) -> Result<Build, Vec<String>> {
     let mut errors = Vec::new();
     let mut at = |what: &str, e: fleet_wire::ValidationError| {
-        errors.push(format!("builds[{i}].{what}: {e}"));
+        errors.push(format!("spec.builds[{i}].{what}: {e}"));
     };
     let architecture =
         serde_json::from_value::<Architecture>(serde_json::Value::String(b.architecture.clone()))
@@ -111,7 +193,7 @@ fn build(i: usize, b: &ReleaseBuild) -> Result<Build, String> {
         errors.insert(
             0,
             format!(
-                "builds[{i}].architecture: {:?} is not amd64 or arm64",
+                "spec.builds[{i}].architecture: {:?} is not amd64 or arm64",
                 b.architecture
             ),
         );
@@ -128,33 +210,41 @@ fn build(i: usize, b: &ReleaseBuild) -> Result<Build, String> {
                 byte_limit,
             })
         }
-        _ => Err(errors.join("; ")),
+        _ => Err(errors),
     }
 }
 
-/// Validates an AgentRelease's builds: at least one, each valid, one per architecture. On failure the message
-/// names every invalid build, not only the first.
+/// Validates an AgentRelease's spec ([`release_problems`]), its problems joined by `; `.
 pub fn release_builds(spec: &AgentReleaseSpec) -> Result<Vec<Build>, String> {
+    release_problems(spec).map_err(|e| e.join("; "))
+}
+
+/// Validates an AgentRelease's spec: its placement, its builds (at least one, each valid, one per architecture)
+/// and its rollout section. On failure every problem, each with its full path, not only the first.
+pub fn release_problems(spec: &AgentReleaseSpec) -> Result<Vec<Build>, Vec<String>> {
+    let mut errors = crate::validation::placement(&spec.placement, "spec");
     if spec.builds.is_empty() {
-        return Err("builds: at least one build is needed".into());
+        errors.push("spec.builds: at least one build is needed".into());
     }
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
-    let mut errors = Vec::new();
     for (i, b) in spec.builds.iter().enumerate() {
         match build(i, b) {
             Ok(b) if !seen.insert(b.architecture.to_string()) => errors.push(format!(
-                "builds[{i}]: architecture {} appears twice",
+                "spec.builds[{i}]: architecture {} appears twice",
                 b.architecture
             )),
             Ok(b) => out.push(b),
-            Err(e) => errors.push(e),
+            Err(e) => errors.extend(e),
         }
+    }
+    if let Some(r) = &spec.rollout {
+        errors.extend(rollout_problems(r));
     }
     if errors.is_empty() {
         Ok(out)
     } else {
-        Err(errors.join("; "))
+        Err(errors)
     }
 }
 
@@ -163,6 +253,13 @@ mod tests {
     use super::*;
     use crate::crd::Placement;
     use serde_json::json;
+
+    fn placed() -> Placement {
+        Placement {
+            allowed_groups: vec!["g".into()],
+            ..Default::default()
+        }
+    }
 
     fn rb(arch: &str, version: &str, sha: &str, limit: u64) -> ReleaseBuild {
         ReleaseBuild {
@@ -227,7 +324,7 @@ mod tests {
                     json!({"name": "c", "image": "x y"}),
                     json!({"name": "b", "image": "nginx:2"}),
                 ],
-                Err("workloads[0]: invalid workload: a: image \"Bad\" is not a valid image reference: name component \"Bad\" must be lowercase letters and digits, joined by '.', '_', '__' or '-'; workloads[2]: invalid workload: c: image \"x y\" contains whitespace; an image reference has none (e.g. nginx:1.27); workloads[3]: name \"b\" appears twice"),
+                Err("spec.workloads[0]: invalid workload: a: image \"Bad\" is not a valid image reference: name component \"Bad\" must be lowercase letters and digits, joined by '.', '_', '__' or '-'; spec.workloads[2]: invalid workload: c: image \"x y\" contains whitespace; an image reference has none (e.g. nginx:1.27); spec.workloads[3]: name \"b\" appears twice"),
             ),
         ];
         let cases = cases.into_iter().chain([
@@ -253,7 +350,7 @@ mod tests {
         ]);
         for (i, (workloads, want)) in cases.enumerate() {
             let spec = FleetDeploymentSpec {
-                placement: Placement::default(),
+                placement: placed(),
                 workloads,
                 rollout: None,
                 image_pull_secrets: vec![],
@@ -293,11 +390,11 @@ mod tests {
             (vec![rb("amd64", "../1", &sha, 10)], Err("version")),
             (
                 vec![rb("riscv", "../1", "xyz", 0)],
-                Err("builds[0].architecture: \"riscv\" is not amd64 or arm64; builds[0].version"),
+                Err("spec.builds[0].architecture: \"riscv\" is not amd64 or arm64; spec.builds[0].version"),
             ),
             (
                 vec![rb("riscv", "../1", "xyz", 0)],
-                Err("; builds[0].sha256: "),
+                Err("; spec.builds[0].sha256: "),
             ),
             (
                 vec![rb("amd64", "1.2.0", "xyz", 10), rb("arm64", "1.2.0", &sha, 0)],
@@ -306,7 +403,7 @@ mod tests {
         ];
         for (i, (builds, want)) in cases.into_iter().enumerate() {
             let spec = AgentReleaseSpec {
-                placement: Placement::default(),
+                placement: placed(),
                 builds,
                 rollout: None,
             };

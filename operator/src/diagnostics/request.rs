@@ -12,43 +12,73 @@ pub fn of(
     spec: &DeviceDiagnosticsSpec,
     requested_at: Timestamp,
 ) -> Result<DiagnosticsRequest, String> {
-    DeviceId::try_from(spec.device.as_str()).map_err(|e| format!("spec.device: {e}"))?;
-    let mut items = Vec::with_capacity(spec.items.len());
-    for (i, name) in spec.items.iter().enumerate() {
-        let item = Item::ALL
-            .into_iter()
-            .find(|it| it.name() == name)
-            .ok_or_else(|| format!("spec.items[{i}]: {name:?} is not an item"))?;
-        if items.contains(&item) {
-            return Err(format!("spec.items[{i}]: {name:?} is named twice"));
-        }
-        items.push(item);
+    let r = build(spec, requested_at);
+    let errors = problems_of(spec, &r);
+    match errors.is_empty() {
+        true => Ok(r),
+        false => Err(errors.join("; ")),
     }
-    let workloads = spec
-        .workloads
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            WorkloadName::try_from(w.as_str()).map_err(|e| format!("spec.workloads[{i}]: {e}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let r = DiagnosticsRequest {
+}
+
+/// Every problem of `spec`, each with its full path (`spec.items[1]: …`); empty: valid.
+pub fn problems(spec: &DeviceDiagnosticsSpec) -> Vec<String> {
+    problems_of(spec, &build(spec, Timestamp::now()))
+}
+
+/// The request `spec` asks for, its invalid entries left out (they are [`problems_of`]).
+fn build(spec: &DeviceDiagnosticsSpec, requested_at: Timestamp) -> DiagnosticsRequest {
+    let mut items = Vec::with_capacity(spec.items.len());
+    for name in &spec.items {
+        if let Some(item) = Item::ALL.into_iter().find(|it| it.name() == name) {
+            if !items.contains(&item) {
+                items.push(item);
+            }
+        }
+    }
+    DiagnosticsRequest {
         items,
-        workloads,
+        workloads: spec
+            .workloads
+            .iter()
+            .filter_map(|w| WorkloadName::try_from(w.as_str()).ok())
+            .collect(),
         lines: spec.lines,
         since_seconds: spec.since_seconds,
         requested_at,
-    };
-    r.validate()
-        .map_err(|e| format!("spec.{}: {}", e.field, e.reason))?;
+    }
+}
+
+fn problems_of(spec: &DeviceDiagnosticsSpec, r: &DiagnosticsRequest) -> Vec<String> {
+    let mut errors = Vec::new();
+    if let Err(e) = DeviceId::try_from(spec.device.as_str()) {
+        errors.push(format!("spec.device: {e}"));
+    }
+    let mut seen = Vec::new();
+    for (i, name) in spec.items.iter().enumerate() {
+        match Item::ALL.into_iter().find(|it| it.name() == name) {
+            None => errors.push(format!("spec.items[{i}]: {name:?} is not an item")),
+            Some(item) if seen.contains(&item) => {
+                errors.push(format!("spec.items[{i}]: {name:?} is named twice"))
+            }
+            Some(item) => seen.push(item),
+        }
+    }
+    for (i, w) in spec.workloads.iter().enumerate() {
+        if let Err(e) = WorkloadName::try_from(w.as_str()) {
+            errors.push(format!("spec.workloads[{i}]: {e}"));
+        }
+    }
+    if let Err(e) = r.validate() {
+        errors.push(format!("spec.{}: {}", e.field, e.reason));
+    }
     if spec.ttl_seconds_after_finished > crate::crd::diagnostics::MAX_TTL_SECONDS {
-        return Err(format!(
+        errors.push(format!(
             "spec.ttlSecondsAfterFinished: {} is over {} (7 days)",
             spec.ttl_seconds_after_finished,
             crate::crd::diagnostics::MAX_TTL_SECONDS
         ));
     }
-    Ok(r)
+    errors
 }
 
 /// The object's request id: its UID (a UUID, so that a deleted and re-created object of the same name is another

@@ -715,7 +715,7 @@ mod tests {
         };
         let invalid: Targeted = || {
             Err(PlanError::InvalidSpec(
-                "deadlineSeconds must be 1 to 2592000, not 0".into(),
+                "spec.deadlineSeconds: must be 1 to 2592000, not 0".into(),
             ))
         };
         let with = |old, f: &dyn Fn(&mut PlanFacts)| {
@@ -814,7 +814,7 @@ mod tests {
                 "an invalid spec: failed, never planned",
                 with(&planning_st, &|f| f.finalizer = false),
                 invalid,
-                "Report(Failed InvalidSpec error=deadlineSeconds must be 1 to 2592000, not 0)".into(),
+                "Report(Failed InvalidSpec error=spec.deadlineSeconds: must be 1 to 2592000, not 0)".into(),
                 true,
             ),
             (

@@ -43,13 +43,18 @@ pub struct Targets {
 
 /// Checks what the CRD schema also checks (an API server may predate it, or a client may skip it).
 pub fn validate(spec: &TaskRunSpec) -> Result<(), PlanError> {
-    if !(1..=MAX_DEADLINE_SECONDS).contains(&spec.deadline_seconds) {
-        return Err(PlanError::InvalidSpec(format!(
-            "deadlineSeconds must be 1 to {MAX_DEADLINE_SECONDS}, not {}",
-            spec.deadline_seconds
-        )));
+    deadline(spec.deadline_seconds)
+        .map_err(|e| PlanError::InvalidSpec(format!("spec.deadlineSeconds: {e}")))
+}
+
+/// Why `deadlineSeconds` is out of range (1 s up to [`MAX_DEADLINE_SECONDS`]).
+pub fn deadline(seconds: u64) -> Result<(), String> {
+    match (1..=MAX_DEADLINE_SECONDS).contains(&seconds) {
+        true => Ok(()),
+        false => Err(format!(
+            "must be 1 to {MAX_DEADLINE_SECONDS}, not {seconds}"
+        )),
     }
-    Ok(())
 }
 
 fn placement_error(e: PlacementError) -> PlanError {

@@ -46,7 +46,7 @@ pub struct Schedule {
 }
 
 fn hh_mm(at: &str) -> Result<(u32, u32), String> {
-    let bad = || format!("at {at:?} must be HH:MM (UTC, 00:00 to 23:59)");
+    let bad = || format!("{at:?} must be HH:MM (UTC, 00:00 to 23:59)");
     let (h, m) = at.split_once(':').ok_or_else(bad)?;
     if h.len() != 2 || m.len() != 2 {
         return Err(bad());
@@ -70,46 +70,71 @@ const DAYS: [&str; 7] = [
 
 impl Schedule {
     /// Validates a schedule as written in a TaskSchedule spec (`{daily: {at}}`, `{weekly: {day, at}}`,
-    /// `{yearly: {month, day, at}}` or `{cron: "…"}`).
+    /// `{yearly: {month, day, at}}` or `{cron: "…"}`); the error names the field by its full path
+    /// (`spec.schedule.daily.at: …`), as [`check`](Self::check) finds it.
     pub fn parse(value: &serde_json::Value) -> Result<Self, String> {
+        Self::check(value).map_err(|(rel, why)| {
+            format!("{}: {why}", crate::validation::join("spec.schedule", &rel))
+        })
+    }
+
+    /// [`parse`](Self::parse), the error as the path below the schedule (`daily.at`; empty: the schedule itself)
+    /// and why.
+    pub fn check(value: &serde_json::Value) -> Result<Self, (String, String)> {
         // Checked here, not left to serde: its message for this ("invalid value: map, expected map with a single
         // key") speaks of the parser, not of the schedule.
-        const FORMS: &str = "schedule must be exactly one of daily, weekly, yearly or cron, always UTC (there is no time-zone field)";
+        const FORMS: &str = "must be exactly one of daily, weekly, yearly or cron, always UTC (there is no time-zone field)";
+        let whole = |why: String| (String::new(), why);
         match value.as_object() {
             Some(m) if m.len() == 1 => {}
-            Some(m) if m.is_empty() => return Err(format!("{FORMS}; it is empty")),
+            Some(m) if m.is_empty() => return Err(whole(format!("{FORMS}; it is empty"))),
             Some(m) => {
                 let keys: Vec<&str> = m.keys().map(String::as_str).collect();
-                return Err(format!("{FORMS}; it has {}", keys.join(", ")));
+                return Err(whole(format!("{FORMS}; it has {}", keys.join(", "))));
             }
-            None => return Err(format!("{FORMS}; it is {value}")),
+            None => return Err(whole(format!("{FORMS}; it is {value}"))),
         }
-        let form: Form = serde_json::from_value(value.clone()).map_err(|e| {
-            format!("schedule must be exactly one of daily, weekly, yearly or cron, always UTC (there is no time-zone field): {e}")
+        let form: Form = crate::validation::typed(value).map_err(|(rel, why)| {
+            match why.starts_with("unknown field") {
+                true => (
+                    rel,
+                    format!("{why} (a schedule is always UTC: there is no time-zone field)"),
+                ),
+                false => (rel, why),
+            }
         })?;
+        let at = |form: &'static str| move |e: String| (format!("{form}.at"), e);
         let expression = match &form {
-            Form::Daily { at } => {
-                let (h, m) = hh_mm(at)?;
+            Form::Daily { at: t } => {
+                let (h, m) = hh_mm(t).map_err(at("daily"))?;
                 format!("{m} {h} * * *")
             }
-            Form::Weekly { day, at } => {
-                let (h, m) = hh_mm(at)?;
+            Form::Weekly { day, at: t } => {
+                let (h, m) = hh_mm(t).map_err(at("weekly"))?;
                 let d = DAYS
                     .iter()
                     .position(|d| d.eq_ignore_ascii_case(day))
-                    .ok_or_else(|| format!("weekly day {day:?} must be Monday … Sunday"))?;
+                    .ok_or_else(|| {
+                        (
+                            "weekly.day".to_owned(),
+                            format!("{day:?} must be Monday … Sunday"),
+                        )
+                    })?;
                 format!("{m} {h} * * {d}")
             }
-            Form::Yearly { month, day, at } => {
-                let (h, m) = hh_mm(at)?;
+            Form::Yearly { month, day, at: t } => {
+                let (h, m) = hh_mm(t).map_err(at("yearly"))?;
                 let days_in = match month {
                     1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
                     4 | 6 | 9 | 11 => 30,
                     2 => 29,
-                    _ => return Err(format!("yearly month {month} must be 1 to 12")),
+                    _ => return Err(("yearly.month".into(), format!("{month} must be 1 to 12"))),
                 };
                 if !(1..=days_in).contains(day) {
-                    return Err(format!("yearly day {day} does not exist in month {month}"));
+                    return Err((
+                        "yearly.day".into(),
+                        format!("{day} does not exist in month {month}"),
+                    ));
                 }
                 format!("{m} {h} {day} {month} *")
             }
@@ -120,7 +145,16 @@ impl Schedule {
             .year(Year::Disallowed)
             .build()
             .parse(&expression)
-            .map_err(|e| format!("cron {expression:?}: {e} (five fields: minute hour day-of-month month day-of-week, UTC)"))?;
+            .map_err(|e| {
+                let rel = match form {
+                    Form::Cron(_) => "cron",
+                    _ => "",
+                };
+                (
+                    rel.to_owned(),
+                    format!("{expression:?}: {e} (five fields: minute hour day-of-month month day-of-week, UTC)"),
+                )
+            })?;
         Ok(Self { cron, expression })
     }
 

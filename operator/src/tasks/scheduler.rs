@@ -131,7 +131,8 @@ async fn reconcile(
     let mut events = vec![];
     // A run's name is the schedule's and a tick's: it must stay a valid object name.
     // Unknown fields (`suspended: true` for `suspend`) make the spec invalid: nothing is scheduled from it.
-    let parsed = match crate::schema::refusal(s) {
+    // Every problem at once (the template's too), as the webhook names them.
+    let parsed = match crate::validation::refusal_of(s, crate::validation::schedule_spec(&s.spec)) {
         Some(m) => Err(m),
         None => Schedule::parse(&s.spec.schedule),
     };
