@@ -1,11 +1,11 @@
 //! The operator's validating admission webhook, served over HTTPS (rustls), `operator/deploy/webhook.yaml`
 //! registers it (in a cluster, in the demo and in the tests alike). Two checks, one path each: [`FIELDS_PATH`]
-//! refuses unknown fields in every fleet object ([`crate::schema`]), invalid fleet-wire parts (workloads, release
-//! builds, a schedule: open in the CRD schema), invalid WorkloadPolicies, and FleetDeployments whose hardware and
-//! privileges no WorkloadPolicy allows ([`crate::deployments::policy`], read from the operator's own policy cache);
-//! [`crate::tasks::webhook::PATH`] refuses changes to a TaskRun's spec. The operator does not rely on it: it
-//! refuses to act on such objects by itself (`crate::cache`, [`crate::tasks::status::spec_check`], the planner's
-//! `NotAllowed`).
+//! refuses a fleet object with every problem at once, each by its full path ([`crate::validation`], the very
+//! functions the operator validates with: unknown fields, values that do not decode, the kind's own rules), and
+//! FleetDeployments whose hardware and privileges no WorkloadPolicy allows ([`crate::deployments::policy`], read
+//! from the operator's own policy cache); [`crate::tasks::webhook::PATH`] refuses changes to a TaskRun's spec. The
+//! operator does not rely on it: it refuses to act on such objects by itself, naming the same problems
+//! (`InvalidSpec`, [`crate::tasks::status::spec_check`], the planner's `NotAllowed`).
 
 use crate::cache::Shared;
 use crate::crd::policy::WorkloadPolicy;

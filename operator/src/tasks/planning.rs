@@ -41,13 +41,8 @@ pub struct Targets {
     pub others: Vec<DeviceId>,
 }
 
-/// Checks what the CRD schema also checks (an API server may predate it, or a client may skip it).
-pub fn validate(spec: &TaskRunSpec) -> Result<(), PlanError> {
-    deadline(spec.deadline_seconds)
-        .map_err(|e| PlanError::InvalidSpec(format!("spec.deadlineSeconds: {e}")))
-}
-
-/// Why `deadlineSeconds` is out of range (1 s up to [`MAX_DEADLINE_SECONDS`]).
+/// Why `deadlineSeconds` is out of range (1 s up to [`MAX_DEADLINE_SECONDS`]): the CRD schema says so too, but an
+/// API server may predate it, or a client may skip it.
 pub fn deadline(seconds: u64) -> Result<(), String> {
     match (1..=MAX_DEADLINE_SECONDS).contains(&seconds) {
         true => Ok(()),
@@ -77,7 +72,11 @@ pub fn plan_targets(
     labels: &BTreeMap<DeviceId, Labels>,
     capable: impl Fn(&DeviceId) -> bool,
 ) -> Result<Targets, PlanError> {
-    validate(spec)?;
+    // Every problem of the spec at once, as the admission webhook names them.
+    let problems = crate::validation::run_spec(spec, "spec");
+    if !problems.is_empty() {
+        return Err(PlanError::InvalidSpec(problems.join("; ")));
+    }
     let placed = placement::place(
         &spec.placement.allowed_groups,
         &spec.placement.target_selector,
@@ -222,6 +221,15 @@ mod tests {
             });
             assert_eq!(got, want, "case {i}");
         }
+        // every problem at once, each by its path, as the admission webhook names them
+        assert_eq!(
+            plan_targets(&spec(&[], &[], 0), &groups, &devices, capable),
+            Err(PlanError::InvalidSpec(
+                "spec.allowedGroups: must name at least one DeviceGroup; spec.deadlineSeconds: must be 1 to \
+                 2592000, not 0"
+                    .into()
+            ))
+        );
         assert_eq!(
             authorized(&["prod".into()], &groups).map(|s| s.len()),
             Ok(4)
