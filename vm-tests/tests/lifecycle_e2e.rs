@@ -11,13 +11,19 @@
 //! 2. Placed: labelled into a DeviceGroup, a FleetDeployment's workload runs on it (Podman in the guest).
 //! 3. Upgraded: an AgentRelease to v2 for the group commits on it (the Device and `fleet-agent --version` on the
 //!    device say v2), its workload still running.
+//! 4. Retired while it soaks as the canary of a staged change of the deployment (`rollout: soakSeconds: 60`):
+//!    `kubectl delete fdev life-1` (`fleet_vm_tests::retire`). The device keeps running and reporting, yet its
+//!    Device is gone and stays gone for 2 minutes, none of its keys is left in any bucket, its token is refused
+//!    at the callout, and the rollout goes on without it: `life-2` gets the change, nothing halts.
 
+use fleet_rig::nats_client::Options;
 use fleet_rig::wait_for;
 use fleet_vm_tests::builds::{V1, V2};
 use fleet_vm_tests::enrol::{self, KEY_FILE};
 use fleet_vm_tests::fleet::GUEST_TOKEN_FILE;
 use fleet_vm_tests::local_fleet::{deployment_yaml, group_yaml, release_yaml, LocalFleet};
 use fleet_vm_tests::packages;
+use fleet_vm_tests::retire;
 use std::time::{Duration, Instant};
 
 /// The device enrolled from the package.
@@ -61,7 +67,7 @@ fn files_holding(pid1: u32, secret: &str) -> String {
 }
 
 #[test]
-fn a_device_enrolled_from_the_package_is_placed_and_upgraded() {
+fn a_device_enrolled_from_the_package_is_placed_upgraded_and_retired() {
     let mut fleet = LocalFleet::start(&[OLD]);
     let password = fleet
         .nats
@@ -162,6 +168,83 @@ fn a_device_enrolled_from_the_package_is_placed_and_upgraded() {
     eprintln!(
         "step 3: {NEW} committed {V2} in {:.1} s",
         t.elapsed().as_secs_f64()
+    );
+
+    // 4. Retired while it soaks as the canary of a staged change.
+    fleet
+        .cluster
+        .kubectl(&["label", "fdev", NEW, "canary=true"]);
+    let staged = deployment_yaml("web", GROUP, "web").replace("\"100000\"", "\"200000\"")
+        + "  rollout:\n    soakSeconds: 60\n    maxUnavailable: 1\n";
+    fleet.cluster.apply(&staged);
+    let changed = |id: &str| {
+        fleet.device(id).container("fleet-web").is_some_and(|c| {
+            c["State"]["Running"] == true && c["Config"]["Cmd"].to_string().contains("200000")
+        })
+    };
+    fleet.cluster.wait(
+        &format!("the canary {NEW} runs the change and soaks"),
+        STEP,
+        || changed(NEW).then_some(()),
+    );
+    assert!(
+        !changed(OLD),
+        "{OLD} got the change before the canary's soak ended"
+    );
+    let conn = fleet.nats.connect();
+    assert!(
+        retire::keys_left(&conn, NEW).len() > 1,
+        "{NEW} has no keys to delete before its retirement"
+    );
+    let refused = |token: &str| {
+        let ca = fleet.nats.ca_file().unwrap_or_else(|| panic!("NATS CA"));
+        Options::with_token(token)
+            .tls_required(true)
+            .add_root_certificate(ca)
+            .max_reconnects(1)
+            .connect(&fleet.nats.url())
+            .is_err()
+    };
+    let token = token.trim().to_string();
+    assert!(
+        !refused(&token),
+        "{NEW}'s token is refused before its retirement"
+    );
+    let took = retire::retire(&fleet.cluster, NEW);
+    eprintln!("step 4: {NEW} retired in {:.1} s", took.as_secs_f64());
+    retire::wait_keys_gone(&fleet.cluster, &conn, NEW);
+    assert!(
+        refused(&token),
+        "{NEW}'s token is still admitted after its retirement"
+    );
+    // The rollout goes on without it: the other device gets the change, nothing halts.
+    let t = Instant::now();
+    fleet.cluster.wait(
+        &format!("{OLD} given the change after its canary was retired"),
+        STEP,
+        || changed(OLD).then_some(()),
+    );
+    eprintln!(
+        "step 4: {OLD} has the change {:.1} s after the retirement",
+        t.elapsed().as_secs_f64()
+    );
+    let halted = fleet.cluster.condition(&["fdep", "web"], "Halted");
+    assert!(
+        halted.as_ref().is_none_or(|c| c.status != "True"),
+        "the deployment halted: {halted:?}\n{}",
+        logs(&fleet)
+    );
+    // Gone for good: 2 more minutes, with the device still running and reporting.
+    retire::stays_gone(&fleet.cluster, NEW, Duration::from_secs(120));
+    assert_eq!(retire::keys_left(&conn, NEW), Vec::<String>::new());
+    assert!(
+        fleet.device(NEW).guest.unit_state("fleet-agent.service") == "active",
+        "the retired device's agent stopped: the check above did not run against a reporting device"
+    );
+    let halted = fleet.cluster.condition(&["fdep", "web"], "Halted");
+    assert!(
+        halted.as_ref().is_none_or(|c| c.status != "True"),
+        "the deployment halted: {halted:?}"
     );
     fleet.assert_no_secrets_in_logs();
 }
