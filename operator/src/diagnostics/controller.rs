@@ -371,7 +371,10 @@ async fn pass(
         }
 
         let created = crate::crd::tasks::created_at(o.as_ref());
-        let refusal = crate::schema::refusal(o.as_ref());
+        // Unknown fields with every other problem of the spec, as the webhook names them.
+        let refusal = crate::schema::unknown_problem(o.as_ref()).and_then(|_| {
+            crate::validation::refusal_of(o.as_ref(), crate::validation::diagnostics_spec(&o.spec))
+        });
         let req = request::of(&o.spec, created);
         let spec_error = refusal.or_else(|| req.as_ref().err().cloned());
         let mut write_error = None;

@@ -136,8 +136,10 @@ const MAX_VALUE_CHARS: usize = 120;
 /// (each changed field named, with what it was and is), or a spec edited before the operator froze it (its
 /// generation is past 1). Pure.
 pub fn spec_check(run: &TaskRun) -> Result<serde_json::Value, String> {
-    if let Some(m) = crate::schema::refusal(run) {
-        return Err(m);
+    // Unknown fields with every other problem of the spec, as the webhook names them.
+    if crate::schema::unknown_problem(run).is_some() {
+        let spec = crate::validation::run_spec(&run.spec, "spec");
+        return Err(crate::validation::refusal_of(run, spec).unwrap_or_default());
     }
     let current = serde_json::to_value(&run.spec).map_err(|e| format!("spec: {e}"))?;
     const IMMUTABLE: &str = "a TaskRun's spec is immutable (its UID names one frozen plan): the operator acts on nothing in this run until the spec is as it was; or delete it and create a new TaskRun";
@@ -341,6 +343,25 @@ mod tests {
             progressing(Running, &two).message,
             "12 released devices have not accepted their intent within 2m: a (intent written x), b (intent \
              written y) and 10 more; see each Device's status.stalled"
+        );
+    }
+
+    /// A run the cache marked with an unknown field is refused naming it and every other problem of its spec, the
+    /// list the admission webhook gives.
+    #[test]
+    fn spec_check_names_unknown_fields_and_every_other_problem() {
+        let mut run: TaskRun = serde_json::from_value(serde_json::json!({
+            "apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "TaskRun",
+            "metadata": {"name": "r", "namespace": "ops", "generation": 1},
+            "spec": {"allowedGroups": [], "deadlineSeconds": 0, "systemUpgradeV1": {}}
+        }))
+        .expect("run");
+        crate::schema::mark_unknown(&mut run.metadata, &["spec.retries".to_string()]);
+        let e = spec_check(&run).expect_err("refused");
+        assert!(
+            e.starts_with("unknown field spec.retries ")
+                && e.contains("; spec.allowedGroups: must name at least one DeviceGroup; spec.deadlineSeconds: must be 1 to 2592000, not 0; the operator acts on nothing in this object until it is fixed"),
+            "{e}"
         );
     }
 }
