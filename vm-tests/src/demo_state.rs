@@ -389,6 +389,34 @@ mod tests {
     }
 
     #[test]
+    fn add_requests_are_taken_once_and_a_bad_name_is_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            add_device(dir.path(), "trial-1").err().as_deref(),
+            Some("no demo is running: start one with `scripts/demo --keep` and add the device from another shell")
+        );
+        let req = requests(dir.path());
+        fs::create_dir_all(&req).unwrap();
+        fs::write(req.join("trial-1.add"), "").unwrap();
+        fs::write(req.join("Bad_Name.add"), "").unwrap();
+        let taken = take_add_requests(dir.path());
+        let names: Vec<&str> = taken.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["trial-1"]);
+        assert!(fs::read_to_string(req.join("Bad_Name.done"))
+            .unwrap()
+            .contains("invalid device id"));
+        assert!(take_add_requests(dir.path()).is_empty(), "taken twice");
+        let r = taken.into_iter().next().unwrap();
+        r.say("step one");
+        r.finish(Ok(()));
+        assert_eq!(
+            fs::read_to_string(req.join("trial-1.log")).unwrap(),
+            "   step one\n"
+        );
+        assert_eq!(fs::read_to_string(req.join("trial-1.done")).unwrap(), "ok");
+    }
+
+    #[test]
     fn this_process_is_alive_and_a_wrong_start_time_is_not() {
         let me = std::process::id();
         let start = start_time(me).expect("own start time");
