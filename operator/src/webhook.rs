@@ -73,6 +73,9 @@ pub fn fields_review(request: &Value, policies: Option<&[Arc<WorkloadPolicy>]>) 
         .or_else(|| request.pointer("/request/name"))
         .and_then(Value::as_str)
         .unwrap_or_default();
+    if unchanged_but_metadata(request, object) {
+        return answer(uid, None);
+    }
     let problems = review_problems(kind, request, object, policies);
     if problems.is_empty() {
         return answer(uid, None);
@@ -80,6 +83,29 @@ pub fn fields_review(request: &Value, policies: Option<&[Arc<WorkloadPolicy>]>) 
     let message = format!("{kind} {name:?}: {}", problems.join("; "));
     log::info!("admission refused: {message}");
     answer(uid, Some(&message))
+}
+
+/// True for an update that changes nothing but `metadata` (labels, annotations, finalizers) and `status`: the object
+/// is as it was stored, so it is not checked again. Refusing it would change nothing about its problems (the
+/// operator names them in its condition) and would keep a finalizer from being removed, and an object stored before
+/// the webhook from being deleted.
+fn unchanged_but_metadata(request: &Value, object: &Value) -> bool {
+    let Some(old) = request
+        .pointer("/request/oldObject")
+        .and_then(Value::as_object)
+    else {
+        return false;
+    };
+    let Some(new) = object.as_object() else {
+        return false;
+    };
+    let rest = |m: &serde_json::Map<String, Value>| -> Vec<(String, Value)> {
+        m.iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    rest(old) == rest(new)
 }
 
 /// Every problem [`fields_review`] refuses `object` for.
@@ -367,6 +393,21 @@ mod tests {
                            "version": "1.2.0", "artifact": "https://example.com/a", "sha256": "xyz", "byteLimit": 10}]}}),
                 ),
                 Some("AgentRelease \"r\": spec.builds[0].sha256: "),
+            ),
+            // an update that changes only metadata (a finalizer removed) is not checked again; one that changes
+            // the spec is
+            (
+                json!({"request": {"uid": "u-1", "kind": {"kind": "FleetDeployment"}, "operation": "UPDATE",
+                    "object": {"metadata": {"name": "d"}, "spec": {"allowedGroups": [], "workloads": [], "extra": 1}},
+                    "oldObject": {"metadata": {"name": "d", "finalizers": ["x"]},
+                                  "spec": {"allowedGroups": [], "workloads": [], "extra": 1}}}}),
+                None,
+            ),
+            (
+                json!({"request": {"uid": "u-1", "kind": {"kind": "FleetDeployment"}, "operation": "UPDATE",
+                    "object": {"metadata": {"name": "d"}, "spec": {"allowedGroups": ["g"], "workloads": [], "extra": 1}},
+                    "oldObject": {"metadata": {"name": "d"}, "spec": {"allowedGroups": [], "workloads": [], "extra": 1}}}}),
+                Some("FleetDeployment \"d\": unknown field spec.extra "),
             ),
             // not ours, or nothing to check
             (
