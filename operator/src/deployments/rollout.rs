@@ -56,19 +56,16 @@ pub enum Amount {
 }
 
 impl Amount {
-    fn parse(field: &str, v: &IntOrString) -> Result<Self, String> {
+    /// A count (0 or more) or a percentage from `"0%"` to `"100%"`; `None`: neither (the problem
+    /// [`super::validate::rollout_problems`] names).
+    pub fn parse(v: &IntOrString) -> Option<Self> {
         match v {
-            IntOrString::Int(n) => u32::try_from(*n)
-                .map(Amount::Count)
-                .map_err(|_| format!("rollout.{field} must not be negative, not {n}")),
+            IntOrString::Int(n) => u32::try_from(*n).ok().map(Amount::Count),
             IntOrString::String(s) => s
                 .strip_suffix('%')
                 .and_then(|p| p.parse::<u32>().ok())
                 .filter(|p| *p <= 100)
-                .map(Amount::Percent)
-                .ok_or_else(|| {
-                    format!("rollout.{field} must be a count or a percentage from \"0%\" to \"100%\", not {s:?}")
-                }),
+                .map(Amount::Percent),
         }
     }
     /// The number of devices out of `total`.
@@ -115,29 +112,17 @@ impl Policy {
         if !problems.is_empty() {
             return Err(problems.join("; "));
         }
-        let soak = r.soak_seconds.unwrap_or(0);
-        if soak > MAX_SECONDS {
-            return Err(format!(
-                "rollout.soakSeconds must be 0 to {MAX_SECONDS}, not {soak}"
-            ));
-        }
         let timeout = r
             .heartbeat_timeout_seconds
             .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT_SECS);
-        if !(MIN_HEARTBEAT_TIMEOUT_SECS..=MAX_SECONDS).contains(&timeout) {
-            return Err(format!(
-                "rollout.heartbeatTimeoutSeconds must be {MIN_HEARTBEAT_TIMEOUT_SECS} to {MAX_SECONDS}, not {timeout}"
-            ));
-        }
-        let amount = |field, v: &Option<IntOrString>, default| match v {
-            Some(v) => Amount::parse(field, v),
-            None => Ok(default),
+        let amount = |v: &Option<IntOrString>, default| {
+            v.as_ref().and_then(Amount::parse).unwrap_or(default)
         };
         Ok(Policy {
             staged: true,
-            soak: Duration::from_secs(soak.into()),
-            max_unavailable: amount("maxUnavailable", &r.max_unavailable, Amount::Percent(100))?,
-            max_failures: amount("maxFailures", &r.max_failures, Amount::Count(0))?,
+            soak: Duration::from_secs(r.soak_seconds.unwrap_or(0).into()),
+            max_unavailable: amount(&r.max_unavailable, Amount::Percent(100)),
+            max_failures: amount(&r.max_failures, Amount::Count(0)),
             heartbeat_timeout: Duration::from_secs(timeout.into()),
         })
     }

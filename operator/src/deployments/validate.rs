@@ -130,14 +130,9 @@ pub fn rollout_problems(r: &RolloutSpec) -> Vec<String> {
         ("maxUnavailable", &r.max_unavailable),
         ("maxFailures", &r.max_failures),
     ] {
-        let valid = match v {
-            None => true,
-            Some(IntOrString::Int(n)) => *n >= 0,
-            Some(IntOrString::String(s)) => s
-                .strip_suffix('%')
-                .and_then(|p| p.parse::<u32>().ok())
-                .is_some_and(|p| p <= 100),
-        };
+        let valid = v
+            .as_ref()
+            .is_none_or(|v| crate::deployments::rollout::Amount::parse(v).is_some());
         if !valid {
             let shown = match v {
                 Some(IntOrString::Int(n)) => n.to_string(),
