@@ -27,7 +27,7 @@ pub struct Sources {
     pub proc: PathBuf,
 }
 
-/// One measurement, and what could not be measured (each failure once per role: [`Measurer`]).
+/// One measurement, and what could not be measured (the event loop logs each role's failure once).
 pub struct Measured {
     /// The usage, when memory could be read (it is not optional in the report).
     pub usage: Result<DeviceUsage, String>,
