@@ -191,7 +191,8 @@ pub struct DeviceStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageStatus {
-    /// The fullest filesystem for the `Disk` column: `96% containers, 40 MiB free`.
+    /// Every filesystem for the `Disk` column, those at or above 90 % with their free space: `root 41%,
+    /// agentState 41%, containers 96% (12 MiB free)`.
     pub disk: String,
     /// The fullest filesystem's used percent (as `df` rounds: up; blocks reserved for root count as used).
     pub disk_used_percent: u32,
@@ -201,7 +202,7 @@ pub struct UsageStatus {
     /// alerts `DeviceDiskFull`.
     #[serde(default)]
     pub disk_full: bool,
-    /// Every filesystem reported, by role.
+    /// Every filesystem reported: root, agentState, containers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub filesystems: Vec<FilesystemStatus>,
     /// Memory for the `Mem` column: `40% available` or `3% available, pressure 12%`.

@@ -5,7 +5,9 @@
 
 use super::rollout::LowSpace;
 use crate::crd::{FilesystemStatus, UsageStatus};
-use fleet_wire::usage::{DeviceUsage, FilesystemRole, FilesystemUsage, FREE_SPACE_FLOOR_BYTES};
+use fleet_wire::usage::{
+    DeviceUsage, FilesystemRole, FilesystemUsage, DISK_ALERT_PERCENT, FREE_SPACE_FLOOR_BYTES,
+};
 
 /// A shown percentage is rewritten when the measured one moves by at least this many points from it.
 pub const PERCENT_STEP: f64 = 1.0;
@@ -108,7 +110,7 @@ fn fresh(u: &DeviceUsage) -> UsageStatus {
             size_bytes: two_digits(f.size_bytes),
         })
         .collect();
-    filesystems.sort_by(|a, b| a.role.cmp(&b.role));
+    filesystems.sort_by_key(|f| rank(&f.role));
     let m = u.memory();
     finish(UsageStatus {
         filesystems,
@@ -131,33 +133,52 @@ fn load_centi(word: &str) -> Option<u32> {
     Some(whole.parse::<u32>().ok()? * 100 + frac.parse::<u32>().ok()?)
 }
 
-/// Fills the summary fields (`disk`, `diskUsedPercent`, `diskRole`, `memory`) from the others.
-fn finish(mut s: UsageStatus) -> UsageStatus {
-    // The fullest; on a tie the role a change writes to (containers, then agentState) is named.
-    let rank = |role: &str| match role {
-        "containers" => 3,
-        "agentState" => 2,
+/// The order a person reads filesystems in (and the tie-break of the fullest: the role a change writes to).
+fn rank(role: &str) -> u8 {
+    match role {
         "root" => 1,
-        _ => 0,
+        "agentState" => 2,
+        "containers" => 3,
+        _ => 4,
+    }
+}
+
+/// Fills the summary fields (`disk`, `diskUsedPercent`, `diskRole`, `memory`) from the others. `disk` names every
+/// filesystem (root, agentState, containers), those at or above the alert threshold with their free space: the
+/// fullest alone would hide a full containers filesystem behind a root just as full, or fuller.
+fn finish(mut s: UsageStatus) -> UsageStatus {
+    let alert = u32::from(DISK_ALERT_PERCENT);
+    let words: Vec<String> = s
+        .filesystems
+        .iter()
+        .map(|f| {
+            if f.used_percent >= alert {
+                format!("{} {}% ({} free)", f.role, f.used_percent, size(f.available_bytes))
+            } else {
+                format!("{} {}%", f.role, f.used_percent)
+            }
+        })
+        .collect();
+    // Not empty: a 1.20 API server takes "" for null.
+    s.disk = if words.is_empty() {
+        "no filesystem measured".into()
+    } else {
+        words.join(", ")
     };
-    if let Some(f) = s
+    // The fullest; on a tie the role a change writes to (containers, then agentState).
+    match s
         .filesystems
         .iter()
         .max_by_key(|f| (f.used_percent, rank(&f.role)))
     {
-        s.disk = format!(
-            "{}% {}, {} free",
-            f.used_percent,
-            f.role,
-            size(f.available_bytes)
-        );
-        s.disk_used_percent = f.used_percent;
-        s.disk_role = f.role.clone();
-    } else {
-        // Not empty: a 1.20 API server takes "" for null.
-        s.disk = "no filesystem measured".into();
-        s.disk_used_percent = 0;
-        s.disk_role = "none".into();
+        Some(f) => {
+            s.disk_used_percent = f.used_percent;
+            s.disk_role = f.role.clone();
+        }
+        None => {
+            s.disk_used_percent = 0;
+            s.disk_role = "none".into();
+        }
     }
     s.memory = match s.memory_pressure_percent.filter(|p| *p > 0) {
         Some(p) => format!("{}% available, pressure {p}%", s.memory_available_percent),
@@ -323,7 +344,7 @@ mod tests {
     fn a_full_disk_shows_in_the_summary_and_its_verdict() {
         // containers 96 % used (41 MiB of 1 GiB free)
         let s = shown(None, &report(41 * MIB, 400 * MIB, Some(250), 42));
-        assert_eq!(s.disk, "96% containers, 41 MiB free");
+        assert_eq!(s.disk, "root 25%, containers 96% (41 MiB free)");
         assert_eq!(
             (s.disk_used_percent, s.disk_role.as_str(), s.disk_full),
             (96, "containers", true)
@@ -336,7 +357,7 @@ mod tests {
                 .iter()
                 .map(|f| (f.role.as_str(), f.used_percent))
                 .collect::<Vec<_>>(),
-            [("containers", 96), ("root", 25)]
+            [("root", 25), ("containers", 96)]
         );
         // 3 % available: pressure, by what is left
         let s = shown(None, &report(GIB / 2, 30 * MIB, None, 0));
@@ -355,11 +376,11 @@ mod tests {
         assert_eq!(shown(Some(&first), &small), first);
         // containers used moves from 42 % to 46 %: that filesystem is shown afresh
         let filling = shown(Some(&first), &report(560 * MIB, 400 * MIB, Some(100), 50));
-        assert_eq!(filling.disk, "46% containers, 560 MiB free");
+        assert_eq!(filling.disk, "root 25%, containers 46%");
         // nearly full: 40 MiB free, then 35 MiB (less than a point, more than 10 %) is written, 34 MiB is not
         let near = shown(None, &report(40 * MIB, 400 * MIB, Some(100), 50));
         let less = shown(Some(&near), &report(35 * MIB, 400 * MIB, Some(100), 50));
-        assert_eq!(less.disk, "97% containers, 35 MiB free");
+        assert_eq!(less.disk, "root 25%, containers 97% (35 MiB free)");
         assert_eq!(
             shown(Some(&less), &report(34 * MIB, 400 * MIB, Some(100), 50)),
             less
