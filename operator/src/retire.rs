@@ -1,4 +1,4 @@
-//! Retiring a device (docs/device-lifecycle.md): the one action is deleting its Device (`kubectl delete fdev NAME`).
+//! Retiring a device (docs/device-lifecycle.md): the one action is deleting its Device (`kubectl delete fdev <name>`).
 //!
 //! The operator keeps [`RETIRE_FINALIZER`] on every Device it manages (on the Devices it creates, and added to
 //! every Device found without it), so a deleted Device stays until the operator has:
@@ -43,6 +43,11 @@ use tokio::sync::Notify;
 pub const SWEEP: Duration = Duration::from_secs(30);
 /// Changes arriving within this window are handled by one pass.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
+/// After a pass of duration `d` the next starts no sooner than `PACE × d` later: a pass looks at every Device, and
+/// a fleet whose Devices change all the time (their status writes) would otherwise spend a core on passes (the
+/// deployments controller's rule, [`crate::deployments::engine::PACE`]). At 100,000 Devices a pass takes a few
+/// milliseconds.
+pub const PACE: u32 = 2;
 /// Devices retired, enrolled or refused at once.
 pub const CONCURRENCY: usize = 16;
 /// Retired devices whose leftover keys one sweep deletes at most.
@@ -89,7 +94,10 @@ pub fn has_finalizer(d: &Device) -> bool {
 
 /// What to do with Device `d` given its device's tombstone (`None`: not retired). Pure.
 pub fn decide(d: &Device, tomb: Option<&Seen<DeviceRetirement>>) -> Step {
-    if DeviceId::try_from(d.name_any().as_str()).is_err() {
+    let Some(name) = d.metadata.name.as_deref() else {
+        return Step::Nothing;
+    };
+    if DeviceId::try_from(name).is_err() {
         // Not a device (the deployments controller names it ignored): never managed, never held.
         return Step::Nothing;
     }
@@ -115,13 +123,16 @@ pub fn decide(d: &Device, tomb: Option<&Seen<DeviceRetirement>>) -> Step {
     }
 }
 
+/// Whether a mirror of a per-device bucket holds a value for a device.
+type Holds = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// The retirement controller's state.
 struct Retirer {
     client: Client,
     recorder: Recorder,
     retired: Arc<Mirror<DeviceRetirement>>,
     /// Mirrors of per-device buckets the operator keeps anyway: a retired device's key in one is a leftover.
-    leftovers: Vec<Box<dyn Fn(&str) -> bool + Send + Sync>>,
+    leftovers: Vec<Holds>,
 }
 
 /// Runs the retirement controller on the operator's [`Runtime`] until the task is dropped (started by the
@@ -134,7 +145,8 @@ pub async fn run_with(
     let devices = rt.caches.devices.subscribe(&notify);
     rt.retired.subscribe(&notify);
     rt.caches.devices.ready().await?;
-    let (info, heartbeats, workloads) = (rt.info.clone(), rt.heartbeats.clone(), rt.workloads.clone());
+    let (info, heartbeats, workloads) =
+        (rt.info.clone(), rt.heartbeats.clone(), rt.workloads.clone());
     let this = Retirer {
         client: rt.client.clone(),
         recorder: report::recorder(rt.client.clone(), instance),
@@ -149,6 +161,7 @@ pub async fn run_with(
     let mut last_sweep = tokio::time::Instant::now();
     loop {
         let kept = Link::keep(&mut link, &rt.nats, "retirement", || Link::open(&rt.nats)).await;
+        let started = tokio::time::Instant::now();
         if let (Kept::Same | Kept::Opened, Some(l)) = (kept, link.as_ref()) {
             let sweep = last_sweep.elapsed() >= SWEEP;
             if sweep {
@@ -156,6 +169,7 @@ pub async fn run_with(
             }
             this.pass(l, &devices.state(), sweep).await;
         }
+        let pace_until = tokio::time::Instant::now() + started.elapsed() * PACE;
         let wait = if link.is_none() {
             Duration::from_secs(2)
         } else {
@@ -166,16 +180,25 @@ pub async fn run_with(
             _ = tokio::time::sleep(wait) => {}
         }
         tokio::time::sleep(DEBOUNCE).await;
+        tokio::time::sleep_until(pace_until).await;
     }
 }
 
 impl Retirer {
     async fn pass(&self, link: &Link, devices: &[Arc<Device>], sweep: bool) {
         let synced = self.retired.is_synced();
+        // Most passes find every Device managed and no device retired: nothing is looked up then.
+        let none_retired = self.retired.is_empty();
         let steps: Vec<(Arc<Device>, Step)> = devices
             .iter()
+            .filter(|d| {
+                !none_retired || d.metadata.deletion_timestamp.is_some() || !has_finalizer(d)
+            })
             .filter_map(|d| {
-                let tomb = self.retired.get(&d.name_any());
+                let tomb = match none_retired {
+                    true => None,
+                    false => self.retired.get(d.metadata.name.as_deref()?),
+                };
                 let step = decide(d, tomb.as_ref());
                 // Lifting and refusing read the tombstones: only from a mirror that has read them all.
                 let needs_sync = matches!(step, Step::Lift { .. } | Step::Refuse { .. });
@@ -212,7 +235,9 @@ impl Retirer {
                     .and_then(|s| s.value)
                     .is_some_and(|t| t.device_uid == tomb.device_uid);
                 if !recorded {
-                    write_tombstone(link, &tomb).await.map_err(|e| e.to_string())?;
+                    write_tombstone(link, &tomb)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 }
                 let removed = clear_device(link, &id).await.map_err(|e| e.to_string())?;
                 self.remove_finalizer(d).await?;
@@ -227,7 +252,9 @@ impl Retirer {
                 Ok(())
             }
             Step::Lift { revision } => {
-                let store = link.store(layout::DEVICE_RETIRED).map_err(|e| e.to_string())?;
+                let store = link
+                    .store(layout::DEVICE_RETIRED)
+                    .map_err(|e| e.to_string())?;
                 match store.delete_expect_revision(&name, Some(revision)).await {
                     Ok(()) => {
                         self.retired.record(&name, revision + 1, None);
@@ -236,7 +263,8 @@ impl Retirer {
                              Device created after it was retired); fleet-auth admits it again"
                         );
                         log::info!("{note}");
-                        self.event(d, EventType::Normal, REASON_ENROLLED, note).await;
+                        self.event(d, EventType::Normal, REASON_ENROLLED, note)
+                            .await;
                         Ok(())
                     }
                     // Lifted by another replica, or retired again meanwhile: the next pass decides from the new value.
@@ -249,7 +277,8 @@ impl Retirer {
                      create its Device with the annotation {ENROL_ANNOTATION}: \"true\" (docs/device-lifecycle.md)"
                 );
                 log::warn!("{note}");
-                self.event(d, EventType::Warning, REASON_RETIRED_REFUSED, note).await;
+                self.event(d, EventType::Warning, REASON_RETIRED_REFUSED, note)
+                    .await;
                 let api: Api<Device> = Api::all(self.client.clone());
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {
@@ -278,7 +307,9 @@ impl Retirer {
             .collect();
         for id in left {
             match clear_device(link, &id).await {
-                Ok(n) => log::info!("retired device {id}: {n} keys it wrote after its retirement deleted"),
+                Ok(n) => log::info!(
+                    "retired device {id}: {n} keys it wrote after its retirement deleted"
+                ),
                 Err(e) => log::warn!("retired device {id}: leftover keys not deleted: {e}"),
             }
         }
@@ -293,7 +324,8 @@ impl Retirer {
             secondary: None,
         };
         if let Err(e) =
-            report::publish_cluster_scoped(&self.client, &self.recorder, &ev, &d.object_ref(&())).await
+            report::publish_cluster_scoped(&self.client, &self.recorder, &ev, &d.object_ref(&()))
+                .await
         {
             log::warn!("event {reason} for Device {}: {e}", d.name_any());
         }
@@ -302,15 +334,20 @@ impl Retirer {
     /// Adds [`RETIRE_FINALIZER`] (a JSON patch tested against the finalizers seen: a change meanwhile fails it,
     /// and the next pass looks again).
     async fn add_finalizer(&self, d: &Device) -> Result<(), String> {
-        let mut ops = vec![serde_json::json!({"op": "test", "path": "/metadata/finalizers",
-            "value": d.metadata.finalizers})];
+        let mut ops = vec![
+            serde_json::json!({"op": "test", "path": "/metadata/finalizers",
+            "value": d.metadata.finalizers}),
+        ];
         ops.push(match d.finalizers().is_empty() {
             true => serde_json::json!({"op": "add", "path": "/metadata/finalizers", "value": [RETIRE_FINALIZER]}),
             false => serde_json::json!({"op": "add", "path": "/metadata/finalizers/-", "value": RETIRE_FINALIZER}),
         });
         match self.patch(d, ops).await {
             Ok(()) => {
-                log::debug!("Device {}: finalizer {RETIRE_FINALIZER} added", d.name_any());
+                log::debug!(
+                    "Device {}: finalizer {RETIRE_FINALIZER} added",
+                    d.name_any()
+                );
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 422 => Ok(()),
@@ -420,8 +457,10 @@ mod tests {
         for (k, v) in meta.as_object().into_iter().flatten() {
             m[k] = v.clone();
         }
-        serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
-            "metadata": m, "spec": {}}))
+        serde_json::from_value(
+            json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+            "metadata": m, "spec": {}}),
+        )
         .expect("device")
     }
 
@@ -445,8 +484,18 @@ mod tests {
         let deleting = json!("2026-12-07T13:00:00Z");
         let enrol = json!({ENROL_ANNOTATION: "true"});
         let rows: Vec<(&str, serde_json::Value, Option<&str>, Step)> = vec![
-            ("a new Device gets the finalizer", json!({}), None, Step::AddFinalizer),
-            ("one with it: nothing", json!({"finalizers": fin}), None, Step::Nothing),
+            (
+                "a new Device gets the finalizer",
+                json!({}),
+                None,
+                Step::AddFinalizer,
+            ),
+            (
+                "one with it: nothing",
+                json!({"finalizers": fin}),
+                None,
+                Step::Nothing,
+            ),
             (
                 "deleted with the finalizer: retired",
                 json!({"finalizers": fin, "deletionTimestamp": deleting}),
@@ -475,19 +524,25 @@ mod tests {
                 "a stale view of the retired object, annotated, never lifts it",
                 json!({"annotations": enrol, "finalizers": fin}),
                 Some("uid-2"),
-                Step::Refuse { retired_at: Timestamp::from_unix_ms(1_800_000_000_000) },
+                Step::Refuse {
+                    retired_at: Timestamp::from_unix_ms(1_800_000_000_000),
+                },
             ),
             (
                 "a Device created from reports (no annotation): deleted again",
                 json!({"finalizers": fin}),
                 Some("uid-1"),
-                Step::Refuse { retired_at: Timestamp::from_unix_ms(1_800_000_000_000) },
+                Step::Refuse {
+                    retired_at: Timestamp::from_unix_ms(1_800_000_000_000),
+                },
             ),
             (
                 "annotation false",
                 json!({"annotations": {ENROL_ANNOTATION: "false"}}),
                 Some("uid-1"),
-                Step::Refuse { retired_at: Timestamp::from_unix_ms(1_800_000_000_000) },
+                Step::Refuse {
+                    retired_at: Timestamp::from_unix_ms(1_800_000_000_000),
+                },
             ),
             (
                 "the annotation on a device that is not retired: nothing but the finalizer",

@@ -579,6 +579,22 @@ pub struct RolloutStatus {
     /// halt holds (even after the failed devices recover) until the annotation changes or the spec does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<String>,
+    /// While halted: every failed device that halted it, with why (`attemptFailed`, `restarted`, `silent`,
+    /// `crashLooping`, `unhealthy`), when they are at most 20 (none listed past that). A halt whose every cause is a
+    /// device silent during its soak that has since left the rollout (retired, deleted, or no longer in its
+    /// groups) lifts by itself (docs/crds.md, "Rollouts"); any other keeps it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub halted_by: Vec<HaltCause>,
+}
+
+/// One failed device that halted a rollout.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HaltCause {
+    /// The device.
+    pub device: String,
+    /// Why it counts as failed: `attemptFailed`, `restarted`, `silent`, `crashLooping` or `unhealthy`.
+    pub failure: String,
 }
 
 /// The desired agent version for one architecture. Plain strings here, validated into fleet-wire types by

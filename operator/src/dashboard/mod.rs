@@ -203,8 +203,12 @@ async fn watch_alerts(
                 _ => None,
             })
             .collect();
+        // A Device being deleted is being retired: gone, not silent (docs/device-lifecycle.md).
+        let staying = devices
+            .iter()
+            .filter(|d| d.metadata.deletion_timestamp.is_none());
         let mut next = alerts::evaluate(
-            devices.iter().map(|d| {
+            staying.map(|d| {
                 let s = d.status.as_ref();
                 DeviceFacts {
                     name: d.metadata.name.as_deref().unwrap_or(""),

@@ -736,6 +736,28 @@ impl Engine {
             self.device_writes.status(name, next);
         }
         crate::metrics::device_writes_waiting(self.device_writes.waiting());
+        for e in &plan.events {
+            log::info!(
+                "{} {}: {}: {}",
+                e.reference.kind.as_deref().unwrap_or_default(),
+                e.reference.name.as_deref().unwrap_or_default(),
+                e.reason,
+                e.message
+            );
+            let ev = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Normal,
+                reason: e.reason.into(),
+                note: Some(e.message.clone()),
+                action: "Rollout".into(),
+                secondary: None,
+            };
+            match report::publish_named(&self.client, &ev, &e.reference, &e.name).await {
+                // Published by another replica, or by an earlier pass.
+                Ok(()) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(err) => log::warn!("event {} for {}: {err}", e.reason, e.name),
+            }
+        }
         let errors: Vec<kube::Error> = futures::stream::iter(kube_writes)
             .buffer_unordered(KUBE_CONCURRENCY)
             .filter_map(|r| async move { r.err() })

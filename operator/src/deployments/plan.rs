@@ -220,6 +220,52 @@ pub struct Plan {
     /// Each device's reasons for the changes it does not have yet, as the rollouts decided them (blocking.rs),
     /// deployments first, then releases; written into its `status.blocking`.
     pub blocking: BTreeMap<DeviceId, Vec<Blocking>>,
+    /// Normal events to publish about fleet objects (a halt that lifted because its only causes left the rollout).
+    pub events: Vec<PlanEvent>,
+}
+
+/// A Normal event a pass decided on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanEvent {
+    /// The object it is about.
+    pub reference: k8s_openapi::api::core::v1::ObjectReference,
+    /// Its reason.
+    pub reason: &'static str,
+    /// Its message.
+    pub message: String,
+    /// The event's name: the same decision by two replicas (or two passes) is published once.
+    pub name: String,
+}
+
+/// Event reason: a halt lifted because every device that caused it fell silent during its soak and then left the
+/// rollout ([`rollout::left_silent`]).
+pub const REASON_HALT_LIFTED: &str = "HaltLifted";
+
+/// The event of a halt of `obj` lifted because `devices` left.
+fn halt_lifted<K>(obj: &K, devices: &[String]) -> PlanEvent
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    devices.hash(&mut h);
+    obj.meta().generation.hash(&mut h);
+    let name = obj.meta().name.clone().unwrap_or_default();
+    PlanEvent {
+        reference: obj.object_ref(&()),
+        reason: REASON_HALT_LIFTED,
+        message: format!(
+            "the halt is lifted: every device that caused it ({}) fell silent during its soak and has since left the \
+             rollout (retired, deleted, or no longer in its groups), which counts it as gone, not failed; the \
+             rollout goes on with the remaining devices",
+            devices
+                .iter()
+                .map(|d| format!("{d} (no heartbeat during its soak)"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        name: format!("{name}.halt-lifted.{:x}", h.finish()),
+    }
 }
 
 /// "1 device", "3 devices".
@@ -455,6 +501,18 @@ fn stage(
             observed,
         });
     }
+    // A halt whose only causes were devices silent in their soak that have since left lifts (rollout::left_silent).
+    let lifted = holds
+        .then(|| {
+            rollout::left_silent(old, &|d| {
+                DeviceId::try_from(d).is_ok_and(|id| targets.contains(&id))
+            })
+        })
+        .flatten();
+    let holds = holds && lifted.is_none();
+    if let Some(devices) = &lifted {
+        plan.events.push(halt_lifted(d, devices));
+    }
     let mut outcome = rollout::plan(&in_rollout, policy, now);
     // A soaking device's next workload report can end its soak (a report that changes nothing else is otherwise
     // recorded quietly): its reports wake the control loop.
@@ -512,6 +570,7 @@ fn held_halt(
     if !rollout::hold(outcome, holds) {
         return None;
     }
+    rollout::keep_causes(outcome, old);
     old.and_then(|o| o.conditions.iter().find(|c| c.type_ == conditions::HALTED))
         .map(|c| Want {
             type_: conditions::HALTED,
@@ -1040,6 +1099,13 @@ fn release(
             canary,
             observed,
         });
+    }
+    let lifted = holds
+        .then(|| rollout::left_silent(old, &|d| in_rollout.iter().any(|t| t.id.as_str() == d)))
+        .flatten();
+    let holds = holds && lifted.is_none();
+    if let Some(devices) = &lifted {
+        plan.events.push(halt_lifted(r, devices));
     }
     let mut outcome = rollout::plan(&in_rollout, &policy, now);
     let kept_halt = held_halt(&mut outcome, holds, old);
@@ -1961,6 +2027,197 @@ mod tests {
         );
         assert!(p.deployments[0].wants[0].message.contains("soakSeconds"));
         assert_eq!(images(&p), ["d1=nginx:2", "d2=nginx:1", "d3=nginx:1"]);
+    }
+
+    /// A device that leaves a staged deployment while it soaks (its Device deleted, its device retired, or its
+    /// label gone from the group) is dropped from the counts and the failure threshold: the rollout goes on with
+    /// the others. A halt recorded while it soaked silent lifts once it left, with an event saying why; a halt from
+    /// a real failure (a crash loop) holds when its device leaves.
+    #[test]
+    fn a_device_that_left_the_rollout_is_gone_not_failed() {
+        use fleet_wire::{WorkloadState, WorkloadStatus};
+        let staged = |status: Option<PlacementStatus>| {
+            let mut d: FleetDeployment = (*obj::<FleetDeployment>(
+                "FleetDeployment",
+                "web",
+                json!({}),
+                json!({"allowedGroups": ["site-a"], "workloads": [{"name": "web", "image": "nginx:2"}],
+                    "rollout": {"soakSeconds": 300, "maxUnavailable": 1}}),
+            ))
+            .clone();
+            d.status = status;
+            Arc::new(d)
+        };
+        let new = validate::deployment_workloads(&staged(None).spec).expect("valid");
+        let mut old = new.clone();
+        old[0].image = "nginx:1".into();
+        let key = |id: &str, generation, ws: &[WorkloadSpec]| {
+            let s = DesiredState::new(DeviceId::try_from(id).expect("id"), generation, ws.to_vec());
+            (id.to_owned(), s.expect("state"))
+        };
+        let now = Timestamp::now();
+        let ago = |secs: u64| Timestamp::from_unix_ms(now.unix_ms() - secs * 1000);
+        // Reported `at` seconds ago, running the new spec since `started` seconds ago (or crash-looping).
+        let report = |id: &str, state, started: u64, at: u64| {
+            let mut r = fixtures::workload_status();
+            r.device_id = DeviceId::try_from(id).expect("id");
+            r.generation = 2;
+            r.at = ago(at);
+            r.workloads = vec![WorkloadStatus {
+                name: new[0].name.clone(),
+                state,
+                container_id: None,
+                spec_digest: Some(new[0].digest()),
+                started_at: Some(ago(started)),
+                error: None,
+                failure: None,
+                restarts: None,
+                health: None,
+            }];
+            (id.to_owned(), r)
+        };
+        let image_of = |p: &Plan, id: &str| {
+            p.desired[&DeviceId::try_from(id).expect("id")][0]
+                .image
+                .clone()
+        };
+        let rollout_of = |p: &Plan| p.deployments[0].next.rollout.clone().expect("rollout");
+        let mut s = base();
+        let site_a = json!({"site": "a"});
+        s.devices = vec![
+            device("d1", json!({"site": "a", "canary": "true"})),
+            device("d2", site_a.clone()),
+            device("d3", site_a.clone()),
+        ];
+        s.desired = shared([key("d1", 2, &new), key("d2", 2, &new), key("d3", 1, &old)]);
+        // d1 soaked long ago; d2 took the change 120 s ago and has been silent for 100 s of its 300-s soak.
+        s.workloads = shared([
+            report("d1", WorkloadState::Running, 900, 0),
+            report("d2", WorkloadState::Running, 120, 100),
+        ]);
+        s.deployments = vec![staged(None)];
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        let r = rollout_of(&p);
+        assert_eq!((r.phase, r.failed), (RolloutPhase::Halted, 1));
+        assert_eq!(
+            r.halted_by,
+            [crate::crd::HaltCause {
+                device: "d2".into(),
+                failure: "silent".into()
+            }]
+        );
+        assert_eq!(image_of(&p, "d3"), "nginx:1");
+        let ok = conditions::nats_reachable(None);
+        let at = Time(k8s_openapi::jiff::Timestamp::now());
+        let (_, _, halted) = p.deployments[0].clone().finish(&ok, &at).expect("status");
+        s.deployments = vec![staged(Some(halted.clone()))];
+        // Still there and silent: the halt holds, no event.
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(rollout_of(&p).phase, RolloutPhase::Halted);
+        assert!(p.events.is_empty());
+
+        // It leaves, three ways: each lifts the halt (an event says why) and d3 gets the change.
+        let mut deleted = (*device("d2", site_a.clone())).clone();
+        deleted.metadata.deletion_timestamp = Some(at.clone());
+        let ways: Vec<(&str, Snapshot)> = vec![
+            ("deleted (retiring)", {
+                let mut s = s.clone();
+                s.devices[1] = Arc::new(deleted.clone());
+                s
+            }),
+            ("retired", {
+                let mut s = s.clone();
+                let tomb = fleet_wire::DeviceRetirement {
+                    device_id: DeviceId::try_from("d2").expect("id"),
+                    retired_at: now,
+                    device_uid: None,
+                };
+                s.retired = shared([("d2".to_owned(), tomb)]);
+                s
+            }),
+            ("its label removed", {
+                let mut s = s.clone();
+                s.devices[1] = device("d2", json!({}));
+                s
+            }),
+        ];
+        for (how, s) in ways {
+            let p = plan(&s, now, &mut AttemptId::new_random);
+            let r = rollout_of(&p);
+            assert_eq!(
+                (r.phase, r.failed, r.healthy, r.soaking),
+                (RolloutPhase::Progressing, 0, 1, 0),
+                "{how}"
+            );
+            assert!(r.halted_by.is_empty(), "{how}");
+            assert_eq!(
+                image_of(&p, "d3"),
+                "nginx:2",
+                "{how}: d3 is given the change"
+            );
+            assert_eq!(p.events.len(), 1, "{how}");
+            assert_eq!(p.events[0].reason, REASON_HALT_LIFTED);
+            assert!(
+                p.events[0]
+                    .message
+                    .contains("d2 (no heartbeat during its soak)"),
+                "{}",
+                p.events[0].message
+            );
+            let halted_want = p.deployments[0]
+                .wants
+                .iter()
+                .find(|w| w.type_ == conditions::HALTED)
+                .expect("Halted");
+            assert!(!halted_want.ok, "{how}: {halted_want:?}");
+            if how == "retired" || how == "deleted (retiring)" {
+                assert!(
+                    p.new_devices.is_empty() && p.device_statuses.iter().all(|(n, _)| n != "d2"),
+                    "{how}: no Device made or written for it"
+                );
+            }
+        }
+
+        // A real failure: d2 crash-loops, the rollout halts; d2 then leaves and the halt holds.
+        s.deployments = vec![staged(None)];
+        s.workloads = shared([
+            report("d1", WorkloadState::Running, 900, 0),
+            report("d2", WorkloadState::CrashLooping, 10, 0),
+        ]);
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        assert_eq!(rollout_of(&p).phase, RolloutPhase::Halted);
+        let (_, _, crashed) = p.deployments[0].clone().finish(&ok, &at).expect("status");
+        let mut gone = s.clone();
+        gone.devices[1] = Arc::new(deleted.clone());
+        gone.deployments = vec![staged(Some(crashed))];
+        let p = plan(&gone, now, &mut AttemptId::new_random);
+        let r = rollout_of(&p);
+        assert_eq!((r.phase, r.failed), (RolloutPhase::Halted, 0), "held");
+        assert_eq!(
+            r.halted_by,
+            [crate::crd::HaltCause {
+                device: "d2".into(),
+                failure: "crashLooping".into()
+            }],
+            "the kept halt keeps its causes"
+        );
+        assert!(p.events.is_empty());
+        assert_eq!(image_of(&p, "d3"), "nginx:1");
+
+        // Leaving while soaking, before any halt: not counted, no halt, d3 next.
+        s.deployments = vec![staged(None)];
+        s.workloads = shared([
+            report("d1", WorkloadState::Running, 900, 0),
+            report("d2", WorkloadState::Running, 30, 0),
+        ]);
+        s.devices[1] = Arc::new(deleted);
+        let p = plan(&s, now, &mut AttemptId::new_random);
+        let r = rollout_of(&p);
+        assert_eq!(
+            (r.phase, r.failed, r.soaking),
+            (RolloutPhase::Progressing, 0, 0)
+        );
+        assert_eq!(image_of(&p, "d3"), "nginx:2");
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub const MAX_SECONDS: u32 = 86_400;
 pub const MIN_HEARTBEAT_TIMEOUT_SECS: u32 = 10;
 /// Most devices a halt message names (the counts carry the rest).
 pub const HALT_EXAMPLES: usize = 10;
+/// Most failed devices a halted status lists as its causes (`rollout.haltedBy`); a halt with more lists none, and
+/// never lifts by itself ([`left_silent`]).
+pub const HALT_CAUSES: usize = 20;
 /// Slack on top of a phase's own bound before a device counts as stalled: one operator resync, so that a device
 /// is never called stalled only because the operator looked late.
 pub const STALL_SLACK: Duration = Duration::from_secs(60);
@@ -176,6 +179,17 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// The name a halted status records it under (`rollout.haltedBy[].failure`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Attempt => "attemptFailed",
+            Failure::Restarted => "restarted",
+            Failure::Silent => "silent",
+            Failure::CrashLooping => "crashLooping",
+            Failure::Unhealthy => "unhealthy",
+        }
+    }
+
     /// True for a failure of the attempt itself, which the retry annotation retries; the others are soak
     /// failures of a device that runs the change.
     pub fn is_attempt(self) -> bool {
@@ -261,6 +275,9 @@ pub struct Halt {
     /// True when some of the failures are of an attempt (a retry re-runs those); false when every one is a soak
     /// failure (the devices run the change and a retry does not make them healthy).
     pub retryable: bool,
+    /// Every failed device of the group that halted, with why, when they are at most [`HALT_CAUSES`] (else none):
+    /// what the status records as `haltedBy`.
+    pub causes: Vec<(DeviceId, Failure)>,
 }
 
 /// What one pass of a rollout decides.
@@ -478,7 +495,8 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
     status.updated = status.soaking + status.healthy;
     let total = targets.len();
     let is_canary = |t: &Target| policy.staged && t.canary;
-    let failed_of = |canary: bool| -> (Vec<String>, bool) {
+    type Failed = (Vec<String>, bool, Vec<(DeviceId, Failure)>);
+    let failed_of = |canary: bool| -> Failed {
         let failed: Vec<(&Target, Standing)> = standings
             .iter()
             .filter(|(t, s)| is_canary(t) == canary && matches!(s, Standing::Failed(_)))
@@ -488,11 +506,22 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
             .iter()
             .any(|(_, s)| matches!(s, Standing::Failed(f) if f.is_attempt()));
         let named = failed.iter().map(|(t, s)| describe(&t.id, *s)).collect();
-        (named, retryable)
+        let causes = if failed.len() <= HALT_CAUSES {
+            failed
+                .iter()
+                .filter_map(|(t, s)| match s {
+                    Standing::Failed(f) => Some((t.id.clone(), *f)),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (named, retryable, causes)
     };
     let halt = if policy.staged {
-        let (canaries, canaries_retryable) = failed_of(true);
-        let (rest, rest_retryable) = failed_of(false);
+        let (canaries, canaries_retryable, canary_causes) = failed_of(true);
+        let (rest, rest_retryable, rest_causes) = failed_of(false);
         let tolerated = policy.max_failures.of(total);
         if !canaries.is_empty() {
             Some(Halt {
@@ -501,6 +530,7 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
                 devices: canaries.into_iter().take(HALT_EXAMPLES).collect(),
                 tolerated: 0,
                 retryable: canaries_retryable,
+                causes: canary_causes,
             })
         } else if rest.len() > tolerated {
             Some(Halt {
@@ -509,6 +539,7 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
                 devices: rest.into_iter().take(HALT_EXAMPLES).collect(),
                 tolerated,
                 retryable: rest_retryable,
+                causes: rest_causes,
             })
         } else {
             None
@@ -650,6 +681,14 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
         })
         .collect();
     status.stalled = stalled.1;
+    status.halted_by = halt
+        .iter()
+        .flat_map(|h| &h.causes)
+        .map(|(d, f)| crate::crd::HaltCause {
+            device: d.to_string(),
+            failure: f.as_str().to_owned(),
+        })
+        .collect();
     status.phase = if halt.is_some() {
         RolloutPhase::Halted
     } else if status.pending + status.updating + status.soaking == 0 {
@@ -705,6 +744,26 @@ pub fn halt_holds(
     })
 }
 
+/// The devices whose leaving lifts the halt `old` recorded, when it does: every cause of it ([`HALT_CAUSES`] at
+/// most, all listed) is a device that fell silent during its soak and is no longer in the rollout (`present` says
+/// which device ids still are: retired, deleted and ungrouped devices are not). A device gone silent and then gone
+/// from the fleet is gone, not failed. A halt with any other cause (a failed attempt, a restart, a crash loop, an
+/// unhealthy workload) holds even when its device leaves: that would let a bad change through by removing the
+/// device that showed it.
+pub fn left_silent(
+    old: Option<&PlacementStatus>,
+    present: &dyn Fn(&str) -> bool,
+) -> Option<Vec<String>> {
+    let r = old?.rollout.as_ref()?;
+    if r.phase != RolloutPhase::Halted || r.halted_by.is_empty() {
+        return None;
+    }
+    r.halted_by
+        .iter()
+        .all(|c| c.failure == Failure::Silent.as_str() && !present(&c.device))
+        .then(|| r.halted_by.iter().map(|c| c.device.clone()).collect())
+}
+
 /// The halt rule applied to a pass: while the halt `holds` ([`halt_holds`], and no retry was asked for), a pass
 /// that found nothing failing now still releases no device and stays `Halted`, with nobody next. Returns true
 /// when the previous halt was kept this way (its condition is then kept as it was); a pass that finds failures
@@ -734,6 +793,14 @@ pub fn hold(outcome: &mut Outcome, holds: bool) -> bool {
     outcome.status.next.clear();
     outcome.status.phase = RolloutPhase::Halted;
     true
+}
+
+/// A kept halt's causes: the ones the status recorded when it halted (a pass that finds nothing failing now has
+/// none of its own).
+pub fn keep_causes(outcome: &mut Outcome, old: Option<&PlacementStatus>) {
+    if let Some(r) = old.and_then(|o| o.rollout.as_ref()) {
+        outcome.status.halted_by = r.halted_by.clone();
+    }
 }
 
 #[cfg(test)]
@@ -1661,6 +1728,151 @@ mod tests {
         ]);
         d[1].low_space = Some(*low);
         d
+    }
+
+    /// A device that leaves the rollout (retired, deleted, ungrouped) is gone, not failed: a pass over the devices
+    /// that remain counts only them, and a soaking device that left takes no maxUnavailable slot and halts nothing.
+    #[test]
+    fn a_device_that_left_is_not_counted() {
+        let p = policy(300, n(1), n(0));
+        let all = targets(&[
+            ("a", true, committed(0, Some(0), Some(400))),
+            ("b", false, committed(100, Some(100), Some(100))),
+            ("c", false, Observed::Pending),
+        ]);
+        // b soaks and has been silent for 300 s: the rollout halts on it.
+        let out = plan(&all, &p, t(400));
+        assert_eq!(out.status.phase, RolloutPhase::Halted);
+        assert_eq!(
+            out.status.halted_by,
+            [crate::crd::HaltCause {
+                device: "b".into(),
+                failure: "silent".into()
+            }]
+        );
+        // b left: c is given the change at once, nothing failed.
+        let left: Vec<Target> = all
+            .iter()
+            .filter(|t| t.id.as_str() != "b")
+            .cloned()
+            .collect();
+        let out = plan(&left, &p, t(400));
+        let released: Vec<&str> = out.release.iter().map(DeviceId::as_str).collect();
+        assert_eq!(
+            (out.status.phase, out.status.failed, released),
+            (RolloutPhase::Progressing, 0, vec!["c"])
+        );
+        assert!(out.status.halted_by.is_empty());
+    }
+
+    /// The lift rule over a recorded halt: it lifts only when every cause was silence in a soak and every such
+    /// device has left; any other cause, a device still there, or causes not all listed keep it.
+    #[test]
+    fn a_halt_lifts_only_when_every_cause_was_silent_and_left() {
+        let halted = |causes: &[(&str, &str)]| PlacementStatus {
+            observed_generation: Some(1),
+            rollout: Some(RolloutStatus {
+                phase: RolloutPhase::Halted,
+                halted_by: causes
+                    .iter()
+                    .map(|(d, f)| crate::crd::HaltCause {
+                        device: (*d).into(),
+                        failure: (*f).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let present = |ids: &'static [&'static str]| move |d: &str| ids.contains(&d);
+        type Row = (
+            &'static str,
+            PlacementStatus,
+            &'static [&'static str],
+            Option<Vec<String>>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "the silent device left",
+                halted(&[("b", "silent")]),
+                &["a", "c"],
+                Some(vec!["b".into()]),
+            ),
+            (
+                "two silent devices, both left",
+                halted(&[("b", "silent"), ("d", "silent")]),
+                &["a"],
+                Some(vec!["b".into(), "d".into()]),
+            ),
+            (
+                "the silent device is still there",
+                halted(&[("b", "silent")]),
+                &["a", "b"],
+                None,
+            ),
+            (
+                "one of two silent devices left",
+                halted(&[("b", "silent"), ("d", "silent")]),
+                &["d"],
+                None,
+            ),
+            (
+                "a crash loop that left keeps it",
+                halted(&[("b", "crashLooping")]),
+                &[],
+                None,
+            ),
+            (
+                "a failed attempt that left keeps it",
+                halted(&[("b", "attemptFailed")]),
+                &[],
+                None,
+            ),
+            (
+                "a restart in the soak that left keeps it",
+                halted(&[("b", "restarted")]),
+                &[],
+                None,
+            ),
+            (
+                "an unhealthy workload that left keeps it",
+                halted(&[("b", "unhealthy")]),
+                &[],
+                None,
+            ),
+            (
+                "silence and a real failure, both left",
+                halted(&[("b", "silent"), ("d", "unhealthy")]),
+                &[],
+                None,
+            ),
+            (
+                "causes not listed (more than 20): kept",
+                halted(&[]),
+                &[],
+                None,
+            ),
+        ];
+        for (name, old, here, want) in rows {
+            assert_eq!(left_silent(Some(&old), &present(here)), want, "{name}");
+        }
+        let mut progressing = halted(&[("b", "silent")]);
+        progressing.rollout.as_mut().unwrap().phase = RolloutPhase::Progressing;
+        assert_eq!(
+            left_silent(Some(&progressing), &|_| false),
+            None,
+            "not halted"
+        );
+        assert_eq!(left_silent(None, &|_| false), None, "no status");
+        // More failed devices than HALT_CAUSES: none recorded, so such a halt never lifts by itself.
+        let many: Vec<(String, bool, Observed)> = (0..=HALT_CAUSES)
+            .map(|i| (format!("d{i:02}"), false, Observed::Failed))
+            .collect();
+        let many: Vec<(&str, bool, Observed)> =
+            many.iter().map(|(d, c, o)| (d.as_str(), *c, *o)).collect();
+        let out = plan(&targets(&many), &policy(0, n(1), n(0)), t(10));
+        assert_eq!(out.status.phase, RolloutPhase::Halted);
+        assert!(out.status.halted_by.is_empty());
     }
 
     /// A halt is retryable only when an attempt failed: a soak failure (a crash loop, a restart, silence) is not
