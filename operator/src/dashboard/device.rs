@@ -544,7 +544,10 @@ mod tests {
             page.contains(r#"<b class="bad" data-disk-full="containers">containers 96% used, 41 MiB free of 1.0 GiB</b>; root 25% used, 6.0 GiB free of 8.0 GiB"#),
             "{page}"
         );
-        assert!(page.contains(r#"data-memory-pressure="">3% available: under pressure"#), "{page}");
+        assert!(
+            page.contains(r#"data-memory-pressure="">3% available: under pressure"#),
+            "{page}"
+        );
         assert!(page.contains("0.42 on 4 CPUs"), "{page}");
     }
 }

@@ -153,7 +153,12 @@ fn finish(mut s: UsageStatus) -> UsageStatus {
         .iter()
         .map(|f| {
             if f.used_percent >= alert {
-                format!("{} {}% ({} free)", f.role, f.used_percent, size(f.available_bytes))
+                format!(
+                    "{} {}% ({} free)",
+                    f.role,
+                    f.used_percent,
+                    size(f.available_bytes)
+                )
             } else {
                 format!("{} {}%", f.role, f.used_percent)
             }
