@@ -101,9 +101,11 @@ async fn kubectl_delete_retires_a_device_for_good_until_it_is_enrolled_again() {
     .await;
     // A Device a person made (not the operator) gets the finalizer too.
     let other = f.name("ret-2");
-    f.create::<Device>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
-        "metadata": {"name": other, "labels": f.labels(json!({}))}, "spec": {}}))
-        .await;
+    f.create::<Device>(
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+        "metadata": {"name": other, "labels": f.labels(json!({}))}, "spec": {}}),
+    )
+    .await;
     eventually("the finalizer added to a Device a person made", || async {
         let d = devices.get(&other).await.ok()?;
         d.metadata
@@ -113,7 +115,10 @@ async fn kubectl_delete_retires_a_device_for_good_until_it_is_enrolled_again() {
     })
     .await;
     // Keys in every per-device bucket, the run buckets included (two runs in one of them).
-    let runs = [fleet_wire::AttemptId::new_random(), fleet_wire::AttemptId::new_random()];
+    let runs = [
+        fleet_wire::AttemptId::new_random(),
+        fleet_wire::AttemptId::new_random(),
+    ];
     let run = |n: usize| format!("{id}.{}", runs[n]);
     for spec in layout::per_device_buckets() {
         let store = bucket(&f, spec.name).await;
@@ -159,10 +164,12 @@ async fn kubectl_delete_retires_a_device_for_good_until_it_is_enrolled_again() {
 
     // A Device created without the annotation (what a stale operator would create): deleted again, the
     // tombstone kept.
-    f.create::<Device>(json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
+    f.create::<Device>(
+        json!({"apiVersion": "fleet.nationtech.io/v1alpha1", "kind": "Device",
         "metadata": {"name": id, "labels": f.labels(json!({})), "finalizers": [RETIRE_FINALIZER]},
-        "spec": {}}))
-        .await;
+        "spec": {}}),
+    )
+    .await;
     eventually("a Device of the retired device deleted again", || async {
         devices.get(&id).await.is_err().then_some(())
     })
@@ -170,10 +177,11 @@ async fn kubectl_delete_retires_a_device_for_good_until_it_is_enrolled_again() {
     assert!(tombstone(&f, &id).await.is_some(), "still retired");
 
     // The enrolment: a Device with the annotation lifts the tombstone.
-    let enrolled: Device = serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
+    let enrolled: Device =
+        serde_json::from_value(json!({"apiVersion": "fleet.nationtech.io/v1alpha1",
         "kind": "Device", "metadata": {"name": id, "labels": f.labels(json!({"site": "b"})),
         "annotations": {ENROL_ANNOTATION: "true"}}, "spec": {}}))
-    .unwrap();
+        .unwrap();
     devices
         .create(&PostParams::default(), &enrolled)
         .await
@@ -192,12 +200,22 @@ async fn kubectl_delete_retires_a_device_for_good_until_it_is_enrolled_again() {
     })
     .await;
     assert_eq!(
-        kept.metadata.labels.unwrap().get("site").map(String::as_str),
+        kept.metadata
+            .labels
+            .unwrap()
+            .get("site")
+            .map(String::as_str),
         Some("b")
     );
     let _device = reporting(&f, &id);
     eventually("the enrolled device's report mirrored", || async {
-        devices.get(&id).await.ok()?.status?.agent_version.map(|_| ())
+        devices
+            .get(&id)
+            .await
+            .ok()?
+            .status?
+            .agent_version
+            .map(|_| ())
     })
     .await;
 }

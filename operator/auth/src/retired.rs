@@ -52,10 +52,7 @@ impl Retired {
 
     /// True when `device` is retired.
     pub fn contains(&self, device: &str) -> bool {
-        self.ids
-            .read()
-            .map(|s| s.contains(device))
-            .unwrap_or(false)
+        self.ids.read().map(|s| s.contains(device)).unwrap_or(false)
     }
 
     /// How many retired devices are known.
@@ -115,7 +112,9 @@ pub async fn watch(client: async_nats::Client, retired: std::sync::Arc<Retired>)
     let js = jetstream::new(client);
     loop {
         match watch_once(&js, &retired).await {
-            Ok(()) => log::warn!("retired devices: the watch of {DEVICE_RETIRED} ended; opening it again"),
+            Ok(()) => {
+                log::warn!("retired devices: the watch of {DEVICE_RETIRED} ended; opening it again")
+            }
             Err(e) => {
                 // Nothing to read (the operator has not made the bucket yet, JetStream unreachable): nobody is
                 // known to be retired; the callout is not held back by it.

@@ -233,6 +233,8 @@ fn snapshot(
 ) -> (BTreeMap<DeviceId, Labels>, Groups) {
     let labels: BTreeMap<DeviceId, Labels> = devices
         .iter()
+        // A Device being deleted is being retired: in no group (docs/device-lifecycle.md).
+        .filter(|d| d.metadata.deletion_timestamp.is_none())
         .filter_map(|d| {
             DeviceId::try_from(d.name_any().as_str())
                 .ok()

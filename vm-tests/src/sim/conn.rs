@@ -50,6 +50,9 @@ enum Event {
     AgentStep(usize, AttemptId, usize),
     SystemIntent(usize, String, SystemUpgradeAttempt),
     SystemDone(usize, String),
+    /// Its device info again: it is back after losing its connection (fleet-agent writes its device info again
+    /// when it finds it missing from NATS, as after the device was retired and enrolled again).
+    Info(usize),
 }
 
 struct Timed {
@@ -319,6 +322,9 @@ impl Shared {
     fn put(&self, k: usize, kind: Kind, bucket: &str, key: &str, value: &impl serde::Serialize) {
         if let Link::Own(devices) = &self.link {
             if !devices[k].online() {
+                if kind == Kind::Info {
+                    devices[k].info_written(false);
+                }
                 self.stats.offline.fetch_add(1, Ordering::Relaxed);
                 return;
             }
@@ -358,6 +364,9 @@ impl Shared {
             if let Ok(mut p) = self.pending.lock() {
                 p.remove(&n);
             }
+            if let (Link::Own(devices), Kind::Info) = (&self.link, kind) {
+                devices[k].info_written(false);
+            }
             self.stats.error(kind);
         }
     }
@@ -377,8 +386,16 @@ impl Shared {
             && serde_json::from_slice::<serde_json::Value>(&m.data)
                 .ok()
                 .is_some_and(|v| v.get("seq").is_some() && v.get("error").is_none());
+        if let (Link::Own(devices), Kind::Info) = (&self.link, kind) {
+            devices[k].info_written(ok);
+        }
         if ok {
             self.stats.acked(kind);
+            if let (Link::Own(devices), Kind::Heartbeat) = (&self.link, kind) {
+                if devices[k].take_info_missing() {
+                    self.push(Instant::now(), Event::Info(k));
+                }
+            }
             if kind == Kind::Heartbeat {
                 self.stats.heartbeat_ack.record(sent.elapsed());
                 if let Link::Own(devices) = &self.link {
@@ -391,6 +408,7 @@ impl Shared {
                             devices[k].id(),
                             after.as_millis()
                         );
+                        self.push(Instant::now(), Event::Info(k));
                     }
                 }
             }
@@ -674,8 +692,10 @@ impl Driver {
                     &s,
                 );
                 dev.agent = Some(s);
-                if phase == UpgradePhase::Complete {
-                    // The new agent starts and publishes its device info, with the new version.
+                if phase == UpgradePhase::Starting {
+                    // The new agent starts and publishes its device info, with the new version, before the
+                    // updater commits it (as fleet-agent does): an info published after the commit would be a
+                    // restart of the new agent, which fails a staged rollout's soak.
                     if let Some(v) = target {
                         dev.version = v;
                     }
@@ -707,6 +727,7 @@ impl Driver {
                         .push(now + reply::SYSTEM_RUN, Event::SystemDone(k, key));
                 }
             }
+            Event::Info(k) => self.send_info(k),
             Event::SystemDone(k, key) => {
                 let dev = &mut self.devices[k];
                 let Some(s) = dev.runs.remove(&key) else {

@@ -39,6 +39,9 @@ pub struct DeviceConn {
     live: Mutex<Option<Live>>,
     /// When it lost its connection, until a heartbeat is acknowledged on a new one.
     lost: Mutex<Option<Instant>>,
+    /// Its device info was not written (sent while away, or refused): written again after the next
+    /// acknowledged heartbeat, as fleet-agent writes its device info again when it finds it missing.
+    info_missing: std::sync::atomic::AtomicBool,
 }
 
 /// A connection that is up, and the inbox its answers and notices arrive below.
@@ -63,6 +66,7 @@ impl DeviceConn {
             tls,
             live: Mutex::new(None),
             lost: Mutex::new(None),
+            info_missing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -74,6 +78,16 @@ impl DeviceConn {
     /// A heartbeat of this device was acknowledged: how long after losing its connection, the first time since.
     pub fn heartbeat_acked(&self) -> Option<Duration> {
         self.lost.lock().ok()?.take().map(|t| t.elapsed())
+    }
+
+    /// Records whether its device info was written (`false`: not sent, or refused).
+    pub fn info_written(&self, ok: bool) {
+        self.info_missing.store(!ok, Ordering::SeqCst);
+    }
+
+    /// True once when its device info is missing (the caller writes it again).
+    pub fn take_info_missing(&self) -> bool {
+        self.info_missing.swap(false, Ordering::SeqCst)
     }
 
     /// Whether it has a connection now.

@@ -10,7 +10,10 @@
 //!   token (`DIR/<device-id>`) through the fleet-auth callout, as fleet-agent does: its writes go through the
 //!   device API to its own keys, it hears of desired states and intents through the device API's notices to its
 //!   own inbox and reads them with direct gets, and when its connection is lost it connects again by itself (at
-//!   once, then after a random 1 to 3 s, never giving up). Counter lines then also say how many devices are connected, the
+//!   once, then after a random 1 to 3 s, never giving up), writing its device info again once back (or once a
+//!   heartbeat is acknowledged after its device info was not written), as fleet-agent writes a missing device
+//!   info again. An upgraded device publishes its device info at `starting`, before it commits, as the new agent
+//!   does. Counter lines then also say how many devices are connected, the
 //!   server's admissions and refusals, failed attempts, writes skipped while away, and devices back (a heartbeat
 //!   acknowledged after a lost connection); a device back and a refused attempt are also printed, a line each. `operator/examples/auth_bench.rs
 //!   --storm-sim N` runs it for the reconnect storm. Each device costs two threads (its own and its client's I/O
