@@ -515,10 +515,11 @@ fn cluster_sources() -> Vec<String> {
 
 /// Printed commands that name a verb (and kind) in passing, acting on no object: kubectl must know them as
 /// written (`<command> --help` exits 0).
-const MENTIONS: [&str; 8] = [
+const MENTIONS: [&str; 9] = [
     "kubectl",
     "kubectl apply",
     "kubectl create",
+    "kubectl delete fdev",
     "kubectl delete ftr",
     "kubectl describe",
     "kubectl explain",
