@@ -216,6 +216,22 @@ pub fn run_bounded_tail(
     run(cmd, bound, max_output, true)
 }
 
+/// Spawns `cmd`, trying again for a moment while the program is busy being written (`ETXTBSY`): a program written
+/// just before it runs (an agent candidate before its probe) can be held open for writing by a child that another
+/// thread forked meanwhile, until that child's exec closes it — a race of fork/exec, not a fault of the program.
+fn spawn(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn run(
     cmd: &mut Command,
     bound: Duration,
@@ -227,7 +243,7 @@ fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let mut child = cmd.spawn().map_err(|source| ChildError::Spawn {
+    let mut child = spawn(cmd).map_err(|source| ChildError::Spawn {
         program: program.clone(),
         source,
     })?;
