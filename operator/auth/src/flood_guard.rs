@@ -555,9 +555,13 @@ async fn kick(system: &async_nats::Client, server: &str, cid: u64) -> String {
     }
 }
 
-/// Disconnects every connection of a device that was just retired (those the events told of, and those the servers
-/// list under its name now), and logs how that went.
-async fn cut_retired(shared: &Shared, device: &DeviceId) {
+/// Disconnects every connection of `device`: those the events told of, and those the servers list under its name
+/// now. The connections (server, cid), each kick's outcome (`disconnected` or why not) in the same order, and why
+/// the servers could not be asked, if so.
+async fn kick_all(
+    shared: &Shared,
+    device: &DeviceId,
+) -> (Vec<(String, u64)>, Vec<String>, Option<String>) {
     let mut targets = shared
         .admissions
         .lock()
@@ -566,15 +570,28 @@ async fn cut_retired(shared: &Shared, device: &DeviceId) {
     let ask = serde_json::json!({
         "acc": shared.account, "user": device.as_str(), "limit": MAX_KICKED, "auth": true,
     });
-    match connz(shared, ask).await {
-        Ok(conns) => targets.extend(conns.into_iter().map(|c| (c.server, c.cid))),
-        Err(e) => log::warn!("retired device {device}: listing its connections: {e}"),
-    }
+    let listing = match connz(shared, ask).await {
+        Ok(conns) => {
+            targets.extend(conns.into_iter().map(|c| (c.server, c.cid)));
+            None
+        }
+        Err(e) => Some(e.to_string()),
+    };
     targets.sort();
     targets.dedup();
     let results =
         futures::future::join_all(targets.iter().map(|(s, cid)| kick(&shared.system, s, *cid)))
             .await;
+    (targets, results, listing)
+}
+
+/// Disconnects every connection of a device that was just retired (those the events told of, and those the servers
+/// list under its name now), and logs how that went.
+async fn cut_retired(shared: &Shared, device: &DeviceId) {
+    let (_, results, listing) = kick_all(shared, device).await;
+    if let Some(e) = listing {
+        log::warn!("retired device {device}: listing its connections: {e}");
+    }
     let cut = results.iter().filter(|r| *r == "disconnected").count();
     match results.iter().find(|r| *r != "disconnected") {
         None => log::info!(
@@ -582,7 +599,7 @@ async fn cut_retired(shared: &Shared, device: &DeviceId) {
         ),
         Some(why) => log::warn!(
             "retired device {device}: {cut} of {} open connections disconnected, one {why}; its writes are refused",
-            targets.len()
+            results.len()
         ),
     }
 }
@@ -601,24 +618,10 @@ async fn act(shared: &Shared, flood: Flood) {
     }) else {
         return;
     };
-    // Its connections: those the events told of, and those the servers list under its name now.
-    let mut targets = shared
-        .admissions
-        .lock()
-        .map(|a| a.open_of(&device))
-        .unwrap_or_default();
-    let ask = serde_json::json!({
-        "acc": shared.account, "user": device.as_str(), "limit": MAX_KICKED, "auth": true,
-    });
-    match connz(shared, ask).await {
-        Ok(conns) => targets.extend(conns.into_iter().map(|c| (c.server, c.cid))),
-        Err(e) => log::warn!("flood guard: listing device {device}'s connections: {e}"),
+    let (targets, results, listing) = kick_all(shared, &device).await;
+    if let Some(e) = listing {
+        log::warn!("flood guard: listing device {device}'s connections: {e}");
     }
-    targets.sort();
-    targets.dedup();
-    let results =
-        futures::future::join_all(targets.iter().map(|(s, cid)| kick(&shared.system, s, *cid)))
-            .await;
     let cut = results.iter().filter(|r| *r == "disconnected").count();
     let failed: Vec<&String> = results.iter().filter(|r| *r != "disconnected").collect();
     // The report's and the log's shape stays `disconnected: <why>; …` (the operator shows it as it comes).
