@@ -296,8 +296,8 @@ async fn run_engine(
             offline_in = engine.pass(link.as_ref(), nats_error).await;
         }
         let pace_until = tokio::time::Instant::now() + paced(started.elapsed());
-        // The next pass comes when the next device goes silent for OFFLINE_AFTER (a heartbeat that changes nothing
-        // wakes no pass), within RESYNC at the latest.
+        // The next pass comes when the next device goes silent for OFFLINE_AFTER or time alone changes a
+        // rollout's decision (a heartbeat that changes nothing wakes no pass), within RESYNC at the latest.
         let wait = if link.is_none() {
             Duration::from_secs(2)
         } else {
@@ -662,6 +662,11 @@ impl Engine {
             // just past it: the device is silent for longer than OFFLINE_AFTER by then
             .map(|t| t.since(now) + Duration::from_millis(10));
         let mut plan = plan::plan(&snapshot, now, &mut AttemptId::new_random);
+        // Or sooner, when time alone changes a rollout's decision (a device becoming silent or stalled).
+        let offline_in = offline_in
+            .into_iter()
+            .chain(plan.next_change.map(|t| t.since(now)))
+            .min();
         let watch = std::mem::take(&mut plan.heartbeat_watch);
         // Also the devices whose next heartbeat changes what their Device shows (a silent one coming back, a
         // clock offset to measure): [`crate::liveness::wake_on_next_beat`].

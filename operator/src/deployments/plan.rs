@@ -214,6 +214,9 @@ pub struct Plan {
     /// Devices whose next heartbeat or workload report can change a decision (an agent release or a deployment
     /// soaking on them): of the reports that change nothing else, only theirs wake the control loop.
     pub heartbeat_watch: BTreeSet<DeviceId>,
+    /// The earliest instant at which time alone changes a rollout's decision (a device outliving its heartbeat
+    /// timeout or becoming stalled: [`rollout::next_change`]): the control loop passes again then.
+    pub next_change: Option<Timestamp>,
     /// Each device's `device-secrets` key where it changes (`None`: delete it), written before the desired states
     /// that need it ([`super::secrets::deliveries`]).
     pub device_secrets: BTreeMap<DeviceId, Option<DeviceSecrets>>,
@@ -222,6 +225,13 @@ pub struct Plan {
     pub blocking: BTreeMap<DeviceId, Vec<Blocking>>,
     /// Normal events to publish about fleet objects (a halt that lifted because its only causes left the rollout).
     pub events: Vec<PlanEvent>,
+}
+
+impl Plan {
+    /// Keeps the earlier of the plan's next time-driven change and `at`.
+    fn wake_at(&mut self, at: Option<Timestamp>) {
+        self.next_change = self.next_change.into_iter().chain(at).min();
+    }
 }
 
 /// A Normal event a pass decided on.
@@ -514,6 +524,7 @@ fn stage(
         plan.events.push(halt_lifted(d, devices));
     }
     let mut outcome = rollout::plan(&in_rollout, policy, now);
+    plan.wake_at(outcome.next_change);
     // A soaking device's next workload report can end its soak (a report that changes nothing else is otherwise
     // recorded quietly): its reports wake the control loop.
     for t in &in_rollout {
@@ -1108,6 +1119,7 @@ fn release(
         plan.events.push(halt_lifted(r, devices));
     }
     let mut outcome = rollout::plan(&in_rollout, &policy, now);
+    plan.wake_at(outcome.next_change);
     let kept_halt = held_halt(&mut outcome, holds, old);
     outcome.status.retry = token.map(str::to_owned);
     let change = blocking::change("AgentRelease", name);

@@ -298,6 +298,9 @@ pub struct Outcome {
     /// itself, which a Device's `status.blocking` copies (blocking.rs). Released, soaking and healthy devices are
     /// not in it.
     pub waits: Vec<(DeviceId, Wait)>,
+    /// The next instant at which time alone changes what this rollout decides ([`next_change`]): the control
+    /// loop's next pass comes then, not a resync later.
+    pub next_change: Option<Timestamp>,
 }
 
 /// How an updating device is stuck (the planner's stall rule, [`stall`]).
@@ -710,7 +713,45 @@ pub fn plan(targets: &[Target], policy: &Policy, now: Timestamp) -> Outcome {
         in_flight,
         stalled,
         waits,
+        next_change: next_change(targets, policy, now),
     }
+}
+
+/// The earliest instant after `now` at which time alone, with no report, changes a device's standing or wait:
+/// a heartbeat or a commit outliving the heartbeat timeout (a soaking device fails, a pending one waits as
+/// offline), an updating device becoming stalled (its phase's bound or its silence, plus [`STALL_SLACK`]).
+/// Just past each bound, as the rules compare with `>`. Everything else changes with a report, which wakes the
+/// loop by itself.
+pub fn next_change(targets: &[Target], policy: &Policy, now: Timestamp) -> Option<Timestamp> {
+    const PAST: Duration = Duration::from_millis(10);
+    let mut at = Vec::new();
+    for t in targets {
+        if let Some(h) = t.last_heartbeat.filter(|_| policy.staged) {
+            at.push(h.plus(policy.heartbeat_timeout + PAST));
+        }
+        match t.observed {
+            Observed::Updating(phase) => {
+                if let Some((bound, since)) =
+                    phase.and_then(|(p, since)| Some((phase_bound(p)?, since)))
+                {
+                    at.push(since.plus(bound + STALL_SLACK + PAST));
+                }
+                if let Some(h) = t.last_heartbeat {
+                    at.push(h.plus(policy.heartbeat_timeout + STALL_SLACK + PAST));
+                }
+            }
+            Observed::Committed {
+                at: c, heartbeat, ..
+            } if !policy.soak.is_zero() => {
+                at.push(c.plus(policy.heartbeat_timeout + PAST));
+                if let Some(h) = heartbeat {
+                    at.push(h.plus(policy.heartbeat_timeout + PAST));
+                }
+            }
+            _ => {}
+        }
+    }
+    at.into_iter().filter(|t| *t > now).min()
 }
 
 /// The retry annotation's value, when set and not empty.
@@ -1647,6 +1688,27 @@ mod tests {
         // No rollout section: everyone is given the change at once, silent or not.
         let out = plan(&devices, &Policy::ALL_AT_ONCE, t(410));
         assert_eq!(out.release.len(), 2);
+    }
+
+    /// Time alone makes a silent updating device stalled: the pass tells the control loop when, so that a pass
+    /// then names it (a health_e2e run named it 205 s after its last heartbeat, a resync after the 150 s bound).
+    #[test]
+    fn the_next_change_is_the_instant_a_silent_device_becomes_stalled() {
+        let p = policy(300, n(1), n(0));
+        let mut devices = targets(&[
+            ("a", true, committed(100, Some(90), Some(400))),
+            ("b", false, Observed::Updating(None)),
+        ]);
+        devices[0].last_heartbeat = Some(t(400));
+        devices[1].last_heartbeat = Some(t(395));
+        // At 480 b, heard at 395, is the next to outlive the 90 s timeout (then a at 490, whose soak is over: a
+        // cheap pass that changes nothing); after both, b's stall at 395 + 90 + 60.
+        let at = |now| plan(&devices, &p, t(now)).next_change;
+        assert_eq!(at(480), Some(t(485).plus(Duration::from_millis(10))));
+        let next = at(500).expect("b becomes stalled");
+        assert_eq!(next, t(545).plus(Duration::from_millis(10)));
+        assert_eq!(plan(&devices, &p, next).stalled.1, 1);
+        assert_eq!(at(546), None, "nothing more changes by time alone");
     }
 
     /// Free space in a staged rollout: a pending device short of the floor is passed over without failing and
