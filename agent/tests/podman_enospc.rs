@@ -1,4 +1,4 @@
-//! A spec change on a full disk (issue 54): real Podman whose storage (`--root`: images, containers, its
+//! A spec change on a full disk: real Podman whose storage (`--root`: images, containers, its
 //! database) is on a small tmpfs the test fills to the last byte. The replacement fails with `no space left on
 //! device`, and the old container keeps running under its own name at once (Podman renames a container in its
 //! database and then fails to write its storage's record, answering an error for a rename that happened: the
