@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_updater::fault::Faults;
-use fleet_updater::reboot::system::{Output, System};
+use fleet_updater::reboot::system::{CommandError, Output, System};
 use fleet_updater::reboot::{release_after_boot, run_once, Outcome, RebootConfig, RunOptions};
 use fleet_updater::system::accept::AgentSide;
 use fleet_updater::system::apt::Apt;
@@ -27,7 +27,7 @@ type RebootHook = Box<dyn Fn(&Script) + Send + Sync>;
 /// Scripted host commands: `program args` → stdout (exit 0), `Err` when absent; every call is recorded.
 #[derive(Default)]
 struct Script {
-    answers: Mutex<HashMap<String, Result<Output, String>>>,
+    answers: Mutex<HashMap<String, Output>>,
     calls: Mutex<Vec<String>>,
     /// Runs when `systemctl reboot` is called, before it answers (what else happens while the host goes down).
     on_reboot: Mutex<Option<RebootHook>>,
@@ -37,10 +37,10 @@ impl Script {
     fn set(&self, cmd: &str, stdout: &str, code: i32) {
         self.answers.lock().unwrap().insert(
             cmd.into(),
-            Ok(Output {
+            Output {
                 code: Some(code),
                 stdout: stdout.as_bytes().to_vec(),
-            }),
+            },
         );
     }
     fn called(&self, cmd: &str) -> bool {
@@ -57,7 +57,7 @@ impl Script {
 }
 
 impl System for Script {
-    fn run(&self, program: &str, args: &[&str], _t: Duration) -> Result<Output, String> {
+    fn run(&self, program: &str, args: &[&str], _t: Duration) -> Result<Output, CommandError> {
         let cmd = format!("{program} {}", args.join(" "));
         self.calls.lock().unwrap().push(cmd.clone());
         if cmd == "systemctl reboot" {
@@ -70,7 +70,7 @@ impl System for Script {
             .unwrap()
             .get(&cmd)
             .cloned()
-            .unwrap_or_else(|| Err(format!("{program}: not installed")))
+            .ok_or_else(|| CommandError::not_installed(program))
     }
 }
 
@@ -383,7 +383,9 @@ fn window_and_giving_back_an_unused_lock() {
         "outside the reboot window",
     );
     h.script.set("systemctl reboot", "", 1); // the reboot command fails
-    let e = run_once(&cfg, &h.script, at("2026-11-29T23:30:00Z")).unwrap_err();
+    let e = run_once(&cfg, &h.script, at("2026-11-29T23:30:00Z"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("systemctl reboot failed"), "{e}");
     assert!(
         srv.holder.lock().unwrap().is_some(),
@@ -525,7 +527,7 @@ impl Rebooter for InProcess {
             reboot_needed: true,
             now: None,
         };
-        run_once(&self.cfg, &*self.script, opts).map_err(StepError::Refused)
+        run_once(&self.cfg, &*self.script, opts).map_err(|e| StepError::Refused(e.to_string()))
     }
 }
 

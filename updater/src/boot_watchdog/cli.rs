@@ -27,7 +27,7 @@ pub fn main(args: Vec<String>) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let config = Cli::config_only(args, HELP, env!("CARGO_PKG_VERSION"), DEFAULT_CONFIG)
         .unwrap_or_else(|e| fail(&e));
-    let cfg = WatchdogConfig::load(&config).unwrap_or_else(|e| fail(&e));
+    let cfg = WatchdogConfig::load(&config).unwrap_or_else(|e| fail(&e.to_string()));
     match boot_watchdog::run(&cfg, &Host, fleet_wire::Timestamp::now()) {
         Ok(Outcome::CapReached(file)) => {
             eprintln!(
@@ -37,7 +37,7 @@ pub fn main(args: Vec<String>) {
             std::process::exit(1);
         }
         Ok(_) => {}
-        Err(e) => fail(&e),
+        Err(e) => fail(&e.to_string()),
     }
 }
 

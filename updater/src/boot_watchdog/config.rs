@@ -42,29 +42,52 @@ impl Default for WatchdogConfig {
     }
 }
 
+/// A config that cannot be used; the text names the key (and, from [`WatchdogConfig::load`], the file).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error(transparent)]
+    Read(#[from] crate::bounded::ReadError),
+    /// The file (named) does not parse or is not valid.
+    #[error("{}: {source}", path.display())]
+    In {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<ConfigError>,
+    },
+    /// Not TOML of this shape.
+    #[error(transparent)]
+    Toml(#[from] toml::de::Error),
+    /// A value out of its range: `key = value: why`.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl WatchdogConfig {
     /// Parses and validates TOML text.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let raw: Raw = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let invalid = ConfigError::Invalid;
+        let raw: Raw = toml::from_str(text)?;
         let mut c = Self::default();
         if let Some(r) = raw.reboot {
             c.reboot = r;
         }
         if let Some(n) = raw.max_reboots {
             if !(1..=100).contains(&n) {
-                return Err(format!("max_reboots = {n}: must be 1-100"));
+                return Err(invalid(format!("max_reboots = {n}: must be 1-100")));
             }
             c.max_reboots = n;
         }
         if let Some(h) = raw.window_hours {
             if !(1..=720).contains(&h) {
-                return Err(format!("window_hours = {h}: must be 1-720"));
+                return Err(invalid(format!("window_hours = {h}: must be 1-720")));
             }
             c.window_hours = h;
         }
         if let Some(r) = raw.root {
             if !r.is_absolute() {
-                return Err(format!("root = {}: must be absolute", r.display()));
+                return Err(invalid(format!("root = {}: must be absolute", r.display())));
             }
             c.root = r;
         }
@@ -72,15 +95,18 @@ impl WatchdogConfig {
     }
 
     /// Reads `path`; a missing file at the default path means every default.
-    pub fn load(path: &Path) -> Result<Self, String> {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = match crate::bounded::read_text(path, CONFIG_MAX_BYTES) {
             Ok(text) => text,
             Err(e) if e.is_not_found() && path == Path::new(DEFAULT_CONFIG) => {
                 return Ok(Self::default())
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         };
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        Self::parse(&text).map_err(|e| ConfigError::In {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 }
 
@@ -105,7 +131,7 @@ mod tests {
             ("reboots = 1", "unknown field"),
             ("reboot = \"yes\"", "invalid type"),
         ] {
-            let e = WatchdogConfig::parse(bad).expect_err(bad);
+            let e = WatchdogConfig::parse(bad).expect_err(bad).to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
     }

@@ -2,9 +2,10 @@
 //! durably before every reboot: what the loop cap counts.
 
 use crate::durable;
+use crate::reboot::system::FileError;
 use fleet_wire::Timestamp;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Records kept (the newest); far more than any sensible cap.
 pub const MAX_RECORDS: usize = 64;
@@ -36,37 +37,72 @@ impl History {
     }
 }
 
+/// The record could not be read or written; the text names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    /// Reading it failed (not a missing file: that is an empty record).
+    #[error(transparent)]
+    Read(#[from] crate::bounded::ReadError),
+    /// It is not a record.
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// A version this program does not know.
+    #[error("{}: unknown version {version}", path.display())]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        version: u32,
+    },
+    /// The path has no parent directory.
+    #[error("{}: no parent directory", .0.display())]
+    NoParent(PathBuf),
+    /// Writing it (or its directory) failed.
+    #[error(transparent)]
+    Write(#[from] FileError),
+    /// The record does not serialize.
+    #[error(transparent)]
+    Encode(serde_json::Error),
+}
+
 /// Reads the record; a missing file is an empty record.
-pub fn load(path: &Path) -> Result<History, String> {
+pub fn load(path: &Path) -> Result<History, HistoryError> {
     let raw = match crate::bounded::read(path, MAX_BYTES) {
         Ok(raw) => raw,
         Err(e) if e.is_not_found() => return Ok(History::default()),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
-    let file: File =
-        serde_json::from_slice(&raw).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file: File = serde_json::from_slice(&raw).map_err(|source| HistoryError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if file.version != 1 {
-        return Err(format!(
-            "{}: unknown version {}",
-            path.display(),
-            file.version
-        ));
+        return Err(HistoryError::Version {
+            path: path.to_path_buf(),
+            version: file.version,
+        });
     }
     Ok(file.history)
 }
 
 /// Writes the record durably (temporary file, fsync, rename, directory fsync).
-pub fn save(path: &Path, history: &History) -> Result<(), String> {
+pub fn save(path: &Path, history: &History) -> Result<(), HistoryError> {
     let dir = path
         .parent()
-        .ok_or_else(|| format!("{}: no parent directory", path.display()))?;
-    durable::ensure_dir(dir, 0o755).map_err(|e| format!("{}: {e}", dir.display()))?;
+        .ok_or_else(|| HistoryError::NoParent(path.to_path_buf()))?;
+    durable::ensure_dir(dir, 0o755).map_err(FileError::at(dir))?;
     let file = File {
         version: 1,
         history: history.clone(),
     };
-    let bytes = serde_json::to_vec(&file).map_err(|e| e.to_string())?;
-    durable::write_atomic(path, &bytes, 0o644).map_err(|e| format!("{}: {e}", path.display()))
+    let bytes = serde_json::to_vec(&file).map_err(HistoryError::Encode)?;
+    durable::write_atomic(path, &bytes, 0o644).map_err(FileError::at(path))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -89,10 +125,14 @@ mod tests {
         std::fs::write(&path, br#"{"version":2,"reboots":[]}"#).expect("write");
         assert!(load(&path)
             .expect_err("version")
+            .to_string()
             .contains("unknown version 2"));
         std::fs::write(&path, b"{").expect("write");
         assert!(load(&path).is_err());
         std::fs::write(&path, vec![b' '; MAX_BYTES as usize + 1]).expect("write");
-        assert!(load(&path).expect_err("size").contains("larger than"));
+        assert!(load(&path)
+            .expect_err("size")
+            .to_string()
+            .contains("larger than"));
     }
 }

@@ -8,7 +8,7 @@ pub mod decide;
 pub mod history;
 
 use crate::reboot::diag;
-use crate::reboot::system::{Paths, System};
+use crate::reboot::system::{CommandError, FileError, Paths, System};
 pub use config::WatchdogConfig;
 use decide::{Decision, Health, Observation};
 use fleet_wire::Timestamp;
@@ -79,6 +79,23 @@ pub enum Outcome {
     CapReached(PathBuf),
 }
 
+/// A run that could not do its work (diagnostics not written, the record not saved, a failed reboot command).
+#[derive(Debug, thiserror::Error)]
+pub enum WatchdogError {
+    /// The diagnostics snapshot was not written.
+    #[error(transparent)]
+    Diagnostics(#[from] FileError),
+    /// The reboot record was not saved.
+    #[error(transparent)]
+    History(#[from] history::HistoryError),
+    /// `systemctl` could not be run.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// `systemctl reboot` failed.
+    #[error("systemctl reboot failed ({0:?})")]
+    RebootFailed(Option<i32>),
+}
+
 /// Reads what the host says about its boot.
 pub fn observe(sys: &dyn System, paths: &Paths) -> Observation {
     let state = sys
@@ -101,7 +118,11 @@ pub fn observe(sys: &dyn System, paths: &Paths) -> Observation {
 }
 
 /// One run: observe, decide, write diagnostics first, then reboot or hold.
-pub fn run(cfg: &WatchdogConfig, sys: &dyn System, now: Timestamp) -> Result<Outcome, String> {
+pub fn run(
+    cfg: &WatchdogConfig,
+    sys: &dyn System,
+    now: Timestamp,
+) -> Result<Outcome, WatchdogError> {
     let paths = Paths::new(&cfg.root);
     let wpaths = WatchdogPaths::new(&cfg.root);
     let obs = observe(sys, &paths);
@@ -159,7 +180,7 @@ pub fn run(cfg: &WatchdogConfig, sys: &dyn System, now: Timestamp) -> Result<Out
             log::warn!("rebooting ({})", decision.describe(cfg));
             let out = sys.run("systemctl", &["reboot"], COMMAND_TIMEOUT)?;
             if out.code != Some(0) {
-                return Err(format!("systemctl reboot failed ({:?})", out.code));
+                return Err(WatchdogError::RebootFailed(out.code));
             }
             Ok(Outcome::Rebooting(file))
         }
@@ -181,7 +202,7 @@ mod tests {
     }
 
     impl System for Stuck {
-        fn run(&self, program: &str, args: &[&str], _t: Duration) -> Result<Output, String> {
+        fn run(&self, program: &str, args: &[&str], _t: Duration) -> Result<Output, CommandError> {
             let cmd = format!("{program} {}", args.join(" "));
             self.calls
                 .lock()
@@ -198,7 +219,7 @@ mod tests {
                     0,
                     "booted: quay.io/example/os:42\nstaged: quay.io/example/os:43\n",
                 ),
-                _ => return Err(format!("{program}: not installed")),
+                _ => return Err(CommandError::not_installed(program)),
             };
             Ok(Output {
                 code: Some(code),
@@ -330,7 +351,9 @@ mod tests {
             root: dir.path().to_path_buf(),
             ..WatchdogConfig::default()
         };
-        let e = run(&cfg, &stuck(1), Timestamp::now()).expect_err("reboot failed");
+        let e = run(&cfg, &stuck(1), Timestamp::now())
+            .expect_err("reboot failed")
+            .to_string();
         assert!(e.contains("systemctl reboot failed"), "{e}");
         // Recorded before the attempt: a reboot that happens anyway still counts.
         let h = history::load(&WatchdogPaths::new(dir.path()).history()).expect("history");

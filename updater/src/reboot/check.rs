@@ -4,13 +4,14 @@
 use super::config::RebootConfig;
 use super::lock::LockClient;
 use super::system::Paths;
+use super::RebootError;
 
 /// Checks `cfg` and the server; `Ok` is a one-line summary, `Err` says what is wrong.
-pub fn check(cfg: &RebootConfig) -> Result<String, String> {
+pub fn check(cfg: &RebootConfig) -> Result<String, RebootError> {
     let timeout = cfg.timeout()?;
     cfg.health_wait()?;
     if let Some(w) = &cfg.window {
-        super::window::Window::from_config(w)?;
+        super::window::Window::from_config(w).map_err(RebootError::Window)?;
     }
     let who = super::identity(&Paths::new(&cfg.root))?;
     let client = LockClient::from_config(cfg, timeout)?;
@@ -19,18 +20,15 @@ pub fn check(cfg: &RebootConfig) -> Result<String, String> {
         .groups
         .iter()
         .find(|g| g.name == cfg.group)
-        .ok_or_else(|| {
-            format!(
-                "the server {} has no group {:?} (its groups: {})",
-                cfg.server,
-                cfg.group,
-                status
-                    .groups
-                    .iter()
-                    .map(|g| g.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+        .ok_or_else(|| RebootError::NoGroup {
+            server: cfg.server.clone(),
+            group: cfg.group.clone(),
+            groups: status
+                .groups
+                .iter()
+                .map(|g| g.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
         })?;
     let holding = group.holders.iter().any(|h| h.id == who.id);
     Ok(format!(

@@ -62,7 +62,7 @@ pub fn main(args: Vec<String>) {
     }
     let cfg = match RebootConfig::load(&config) {
         Ok(c) => c,
-        Err(e) => fail(&e),
+        Err(e) => fail(&e.to_string()),
     };
     if check {
         match reboot::check::check(&cfg) {
@@ -96,7 +96,7 @@ pub fn main(args: Vec<String>) {
         Ok(Outcome::Rebooting) => log::info!("done: rebooting"),
         Ok(Outcome::Released) => log::info!("done: healthy after the reboot, lock released"),
         Ok(Outcome::NotNow(_)) => log::info!("done: no reboot this time"),
-        Err(e) => fail(&e),
+        Err(e) => fail(&e.to_string()),
     }
 }
 

@@ -93,57 +93,95 @@ fn utc() -> String {
     "UTC".into()
 }
 
-fn secs(v: f64, what: &str, max: f64) -> Result<Duration, String> {
+/// A config that cannot be used; the text names the key (and, from [`RebootConfig::load`], the file).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error(transparent)]
+    Read(#[from] crate::bounded::ReadError),
+    /// The file (named) does not parse or is not valid.
+    #[error("{}: {source}", path.display())]
+    In {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<ConfigError>,
+    },
+    /// Not YAML of this shape.
+    #[error(transparent)]
+    Yaml(#[from] serde_yaml_ng::Error),
+    /// A duration out of its range.
+    #[error("{what}: must be between 0 and {max} seconds")]
+    Seconds {
+        /// The key.
+        what: &'static str,
+        /// The largest value allowed.
+        max: f64,
+    },
+    /// Any other key with a value that cannot be used: `key: why`.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn secs(v: f64, what: &'static str, max: f64) -> Result<Duration, ConfigError> {
     if !(v.is_finite() && v > 0.0 && v <= max) {
-        return Err(format!("{what}: must be between 0 and {max} seconds"));
+        return Err(ConfigError::Seconds { what, max });
     }
     Ok(Duration::from_secs_f64(v))
 }
 
 impl RebootConfig {
     /// Parses and validates YAML text.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let c: RebootConfig = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let invalid = ConfigError::Invalid;
+        let c: RebootConfig = serde_yaml_ng::from_str(text)?;
         if !(c.server.starts_with("http://") || c.server.starts_with("https://")) {
-            return Err(format!("server: {:?} is not an http(s) URL", c.server));
+            return Err(invalid(format!(
+                "server: {:?} is not an http(s) URL",
+                c.server
+            )));
         }
-        fleet_wire::fleetlock::validate_group(&c.group).map_err(|e| format!("group: {e}"))?;
+        fleet_wire::fleetlock::validate_group(&c.group)
+            .map_err(|e| invalid(format!("group: {e}")))?;
         if c.ca_file.as_ref().is_some_and(|p| !p.is_absolute()) {
-            return Err("ca_file: must be an absolute path".into());
+            return Err(invalid("ca_file: must be an absolute path".into()));
         }
         c.timeout()?;
         c.health_wait()?;
         if c.require_hosts.len() > 64 {
-            return Err("require_hosts: more than 64 entries".into());
+            return Err(invalid("require_hosts: more than 64 entries".into()));
         }
         if let Some(w) = &c.window {
-            super::window::Window::from_config(w)?;
+            super::window::Window::from_config(w).map_err(invalid)?;
         }
         if let Some(r) = &c.range {
-            let n = super::deps::cidr_hosts(&r.cidr)?.len();
+            let n = super::deps::cidr_hosts(&r.cidr).map_err(invalid)?.len();
             if r.min_up as usize > n {
-                return Err(format!(
+                return Err(invalid(format!(
                     "range.min_up: {} but {} has only {n} hosts",
                     r.min_up, r.cidr
-                ));
+                )));
             }
         }
         Ok(c)
     }
 
     /// Reads and parses a config file.
-    pub fn load(path: &Path) -> Result<Self, String> {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = crate::bounded::read_text(path, MAX_CONFIG_BYTES)?;
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        Self::parse(&text).map_err(|e| ConfigError::In {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// The per-check time-out.
-    pub fn timeout(&self) -> Result<Duration, String> {
+    pub fn timeout(&self) -> Result<Duration, ConfigError> {
         secs(self.timeout, "timeout", 60.0)
     }
 
     /// How long to wait for health after a reboot.
-    pub fn health_wait(&self) -> Result<Duration, String> {
+    pub fn health_wait(&self) -> Result<Duration, ConfigError> {
         secs(self.health_wait, "health_wait", 3600.0)
     }
 }
@@ -174,7 +212,7 @@ allow_degraded: false
 "#,
         )
         .expect("parses");
-        assert_eq!(c.timeout(), Ok(Duration::from_secs(2)));
+        assert_eq!(c.timeout().ok(), Some(Duration::from_secs(2)));
         assert_eq!(c.range.map(|r| r.min_up), Some(7));
         assert_eq!(c.root, PathBuf::from("/"));
     }

@@ -2,6 +2,7 @@
 //! `min_up` hosts of a CIDR range accept TCP on a port (bounded: at most 1,024 addresses, 64 probes at once).
 
 use super::config::RangeConfig;
+use super::Reason;
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,10 +14,10 @@ pub const MAX_RANGE_HOSTS: usize = 1024;
 pub const MAX_PARALLEL: usize = 64;
 
 /// Whether something accepts TCP at `target` (`host:port`).
-pub fn tcp(target: &str, timeout: Duration) -> Result<(), String> {
+pub fn tcp(target: &str, timeout: Duration) -> Result<(), Reason> {
     let addrs: Vec<SocketAddr> = target
         .to_socket_addrs()
-        .map_err(|e| format!("{target}: {e}"))?
+        .map_err(|e| Reason(format!("{target}: {e}")))?
         .take(8)
         .collect();
     let mut last = format!("{target}: no address");
@@ -26,34 +27,37 @@ pub fn tcp(target: &str, timeout: Duration) -> Result<(), String> {
             Err(e) => last = format!("{target}: {e}"),
         }
     }
-    Err(last)
+    Err(Reason(last))
 }
 
 /// Whether `url` answers a GET with 2xx.
-pub fn http_ok(url: &str, timeout: Duration) -> Result<(), String> {
+pub fn http_ok(url: &str, timeout: Duration) -> Result<(), Reason> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .http_status_as_error(false)
         .build()
         .into();
-    let resp = agent.get(url).call().map_err(|e| format!("{url}: {e}"))?;
+    let resp = agent
+        .get(url)
+        .call()
+        .map_err(|e| Reason(format!("{url}: {e}")))?;
     let code = resp.status().as_u16();
     if (200..300).contains(&code) {
         Ok(())
     } else {
-        Err(format!("{url}: HTTP {code}"))
+        Err(Reason(format!("{url}: HTTP {code}")))
     }
 }
 
 /// Every `require_hosts` entry must pass.
-pub fn require_hosts(entries: &[String], timeout: Duration) -> Result<(), String> {
+pub fn require_hosts(entries: &[String], timeout: Duration) -> Result<(), Reason> {
     for e in entries {
         let r = if e.starts_with("http://") || e.starts_with("https://") {
             http_ok(e, timeout)
         } else {
             tcp(e, timeout)
         };
-        r.map_err(|why| format!("dependency down: {why}"))?;
+        r.map_err(|why| Reason(format!("dependency down: {why}")))?;
     }
     Ok(())
 }
@@ -104,8 +108,8 @@ pub fn cidr_hosts(cidr: &str) -> Result<Vec<IpAddr>, String> {
 }
 
 /// At least `min_up` hosts of the range accept TCP on the port; stops probing once enough answered.
-pub fn range(r: &RangeConfig, timeout: Duration) -> Result<usize, String> {
-    let hosts = Arc::new(cidr_hosts(&r.cidr)?);
+pub fn range(r: &RangeConfig, timeout: Duration) -> Result<usize, Reason> {
+    let hosts = Arc::new(cidr_hosts(&r.cidr).map_err(Reason)?);
     let next = Arc::new(AtomicUsize::new(0));
     let up = Arc::new(AtomicUsize::new(0));
     let need = r.min_up as usize;
@@ -132,10 +136,10 @@ pub fn range(r: &RangeConfig, timeout: Duration) -> Result<usize, String> {
     if n >= need {
         Ok(n)
     } else {
-        Err(format!(
+        Err(Reason(format!(
             "dependency down: only {n} of the required {need} hosts in {} answer on port {}",
             r.cidr, r.port
-        ))
+        )))
     }
 }
 

@@ -2,7 +2,7 @@
 //! ordering cycles, mounts and bootc status; the boot watchdog's snapshots (`crate::boot_watchdog`) share the
 //! common sections. Each section and the number of files kept are bounded; each file is written durably.
 
-use super::system::{Paths, System};
+use super::system::{FileError, Paths, System};
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -62,7 +62,7 @@ const COMMON: &[Section] = &[
 ];
 
 /// Writes one fleet-reboot snapshot and returns its path.
-pub fn snapshot(sys: &dyn System, paths: &Paths, reason: &str) -> Result<PathBuf, String> {
+pub fn snapshot(sys: &dyn System, paths: &Paths, reason: &str) -> Result<PathBuf, FileError> {
     let kind = Kind {
         dir: paths.diagnostics_dir(),
         prefix: "reboot",
@@ -78,7 +78,7 @@ pub fn write(
     paths: &Paths,
     kind: &Kind,
     reason: &str,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, FileError> {
     let t = Duration::from_secs(10);
     let mut out = String::new();
     let _ = writeln!(
@@ -102,14 +102,13 @@ pub fn write(
     let mounts = std::fs::read_to_string(paths.mounts()).unwrap_or_else(|e| format!("({e})"));
     let _ = writeln!(out, "== mounts\n{}", bounded(&mounts));
     let dir = &kind.dir;
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(FileError::at(dir))?;
     let path = dir.join(format!(
         "{}-{}.log",
         kind.prefix,
         fleet_wire::Timestamp::now().unix_ms()
     ));
-    crate::durable::write_atomic(&path, out.as_bytes(), 0o640)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    crate::durable::write_atomic(&path, out.as_bytes(), 0o640).map_err(FileError::at(&path))?;
     prune(dir, kind.prefix);
     Ok(path)
 }

@@ -37,24 +37,64 @@ pub struct LockClient {
 /// Largest CA file read, in bytes.
 const CA_FILE_MAX_BYTES: u64 = 1024 * 1024;
 
+/// A `ca_file` that cannot be used: names the file and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum CaFileError {
+    /// It could not be read.
+    #[error("ca_file {0}")]
+    Read(#[from] crate::bounded::ReadError),
+    /// It is not PEM.
+    #[error("ca_file {}: not PEM certificates ({source})", path.display())]
+    NotPem {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The PEM error.
+        source: rustls::pki_types::pem::Error,
+    },
+    /// It holds no certificate.
+    #[error("ca_file {}: no CERTIFICATE block in the file", .0.display())]
+    Empty(std::path::PathBuf),
+}
+
+/// A request the FleetLock server did not grant, or could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetLockError {
+    /// The client cannot be built: its CA file.
+    #[error(transparent)]
+    CaFile(#[from] CaFileError),
+    /// The request did not reach the server (with a hint when its certificate did not verify).
+    #[error("FleetLock server {base} unreachable: {source}{hint}")]
+    Unreachable {
+        /// The server's base URL.
+        base: String,
+        /// The transport error.
+        source: ureq::Error,
+        /// What to do about a certificate that did not verify (empty otherwise).
+        hint: &'static str,
+    },
+    /// The server answered, but not with what was asked for: `path: why`.
+    #[error("{0}")]
+    Answer(String),
+}
+
 /// The CA certificates of a PEM file; `Err` names the file and what is wrong.
-pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = crate::bounded::read(path, CA_FILE_MAX_BYTES).map_err(|e| format!("ca_file {e}"))?;
+pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaFileError> {
+    let pem = crate::bounded::read(path, CA_FILE_MAX_BYTES)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("ca_file {}: not PEM certificates ({e})", path.display()))?;
+        .map_err(|source| CaFileError::NotPem {
+            path: path.to_path_buf(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(format!(
-            "ca_file {}: no CERTIFICATE block in the file",
-            path.display()
-        ));
+        return Err(CaFileError::Empty(path.to_path_buf()));
     }
     Ok(certs)
 }
 
 /// Says why a request did not reach the server, with a hint when the server's certificate did not verify (chosen
 /// by the error's type, [`fleet_wire::tls_problem`], not by its text).
-fn unreachable(base: &str, e: ureq::Error) -> String {
+fn unreachable(base: &str, e: ureq::Error) -> FleetLockError {
     use fleet_wire::tls_problem::{classify, find, TlsProblem as P};
     let problem = match &e {
         ureq::Error::Rustls(r) => classify(r),
@@ -71,7 +111,11 @@ fn unreachable(base: &str, e: ureq::Error) -> String {
         Some(P::NotTls) => " (the server does not speak HTTPS: is `server` an http:// URL?)",
         Some(P::ClientCertRequired) | None => "",
     };
-    format!("FleetLock server {base} unreachable: {e}{hint}")
+    FleetLockError::Unreachable {
+        base: base.to_string(),
+        source: e,
+        hint,
+    }
 }
 
 impl LockClient {
@@ -83,7 +127,7 @@ impl LockClient {
         token: Option<String>,
         timeout: Duration,
         ca_file: Option<&Path>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, FleetLockError> {
         let extra = match ca_file {
             Some(p) => read_ca_file(p)?,
             None => Vec::new(),
@@ -114,7 +158,7 @@ impl LockClient {
     }
 
     /// The client `cfg` describes (server, group, token, CA file) with the per-request `timeout`.
-    pub fn from_config(cfg: &RebootConfig, timeout: Duration) -> Result<Self, String> {
+    pub fn from_config(cfg: &RebootConfig, timeout: Duration) -> Result<Self, FleetLockError> {
         Self::new(
             &cfg.server,
             &cfg.group,
@@ -124,7 +168,7 @@ impl LockClient {
         )
     }
 
-    fn post(&self, path: &str, who: &Identity) -> Result<(), String> {
+    fn post(&self, path: &str, who: &Identity) -> Result<(), FleetLockError> {
         let body = serde_json::to_vec(&LockRequest {
             client_params: ClientParams {
                 id: who.id.clone(),
@@ -132,7 +176,7 @@ impl LockClient {
                 hostname: who.hostname.clone(),
             },
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| FleetLockError::Answer(e.to_string()))?;
         let url = format!("{}{path}", self.base);
         let mut req = self
             .agent
@@ -155,20 +199,22 @@ impl LockClient {
             .limit(64 * 1024)
             .read_to_string()
             .unwrap_or_default();
-        match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(e) => Err(format!("{}: {} ({})", path, e.kind.as_str(), e.value)),
-            Err(_) => Err(format!("{path}: HTTP {code}")),
-        }
+        Err(FleetLockError::Answer(
+            match serde_json::from_str::<ErrorBody>(&text) {
+                Ok(e) => format!("{}: {} ({})", path, e.kind.as_str(), e.value),
+                Err(_) => format!("{path}: HTTP {code}"),
+            },
+        ))
     }
 
     /// Asks for a slot.
-    pub fn pre_reboot(&self, who: &Identity) -> Result<(), String> {
+    pub fn pre_reboot(&self, who: &Identity) -> Result<(), FleetLockError> {
         self.post(PRE_REBOOT_PATH, who)
     }
 
     /// Reads `GET /v1/status` with this client's credentials: reaches the server and proves the token without
     /// taking or giving back a slot.
-    pub fn status(&self) -> Result<ServerStatus, String> {
+    pub fn status(&self) -> Result<ServerStatus, FleetLockError> {
         let url = format!("{}{STATUS_PATH}", self.base);
         let mut req = self.agent.get(&url);
         if let Some(t) = &self.token {
@@ -181,26 +227,30 @@ impl LockClient {
             .with_config()
             .limit(STATUS_MAX_BYTES)
             .read_to_string()
-            .map_err(|e| format!("{STATUS_PATH}: HTTP {code}, body unreadable: {e}"))?;
+            .map_err(|e| {
+                FleetLockError::Answer(format!("{STATUS_PATH}: HTTP {code}, body unreadable: {e}"))
+            })?;
         if code != 200 {
-            return Err(match serde_json::from_str::<ErrorBody>(&text) {
-                Ok(e) => format!("{STATUS_PATH}: {} ({})", e.kind.as_str(), e.value),
-                Err(_) => format!(
-                    "{STATUS_PATH}: HTTP {code} (is {} a FleetLock server?)",
-                    self.base
-                ),
-            });
+            return Err(FleetLockError::Answer(
+                match serde_json::from_str::<ErrorBody>(&text) {
+                    Ok(e) => format!("{STATUS_PATH}: {} ({})", e.kind.as_str(), e.value),
+                    Err(_) => format!(
+                        "{STATUS_PATH}: HTTP {code} (is {} a FleetLock server?)",
+                        self.base
+                    ),
+                },
+            ));
         }
         serde_json::from_str(&text).map_err(|e| {
-            format!(
+            FleetLockError::Answer(format!(
                 "{STATUS_PATH}: not a FleetLock status document ({e}); is {} a FleetLock server?",
                 self.base
-            )
+            ))
         })
     }
 
     /// Gives the slot back.
-    pub fn steady_state(&self, who: &Identity) -> Result<(), String> {
+    pub fn steady_state(&self, who: &Identity) -> Result<(), FleetLockError> {
         self.post(STEADY_STATE_PATH, who)
     }
 }

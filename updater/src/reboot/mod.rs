@@ -19,14 +19,15 @@ pub mod marker;
 pub mod system;
 pub mod window;
 
-use crate::system::journal::SystemJournal;
-pub use config::RebootConfig;
+use crate::system::journal::{SystemJournal, SystemJournalError};
+pub use config::{ConfigError, RebootConfig};
 use fleet_wire::process_lock::{LockError, ProcessLock};
 use fleet_wire::SystemJournalPhase;
-use lock::{Identity, LockClient};
-use marker::Marker;
+use lock::{FleetLockError, Identity, LockClient};
+use marker::{Marker, MarkerError};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use system::{Paths, System};
+use system::{CommandError, FileError, Paths, System};
 
 /// How often health is polled while waiting after a reboot.
 pub const HEALTH_POLL: Duration = Duration::from_secs(5);
@@ -61,6 +62,59 @@ pub enum Outcome {
     Released,
 }
 
+/// Why a reboot is not for now (a check said no): logged and reported as the run's [`Outcome::NotNow`], never
+/// a failure of the run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Reason(pub String);
+
+/// Something an operator must fix (bad files, a reboot command that failed): the run ends with it.
+#[derive(Debug, thiserror::Error)]
+pub enum RebootError {
+    /// The config.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A file of the host (boot id, machine id).
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// The machine id is empty.
+    #[error("{}: empty", .0.display())]
+    EmptyMachineId(PathBuf),
+    /// The reboot window in the config.
+    #[error("{0}")]
+    Window(String),
+    /// The FleetLock client or server.
+    #[error(transparent)]
+    FleetLock(#[from] FleetLockError),
+    /// `--check`: the server has no such group.
+    #[error("the server {server} has no group {group:?} (its groups: {groups})")]
+    NoGroup {
+        /// The configured server.
+        server: String,
+        /// The configured group.
+        group: String,
+        /// The groups it has, comma-separated.
+        groups: String,
+    },
+    /// The reboot marker.
+    #[error(transparent)]
+    Marker(#[from] MarkerError),
+    /// The run lock.
+    #[error("{0}")]
+    RunLock(LockError),
+    /// The system-upgrade journal.
+    #[error(transparent)]
+    Journal(#[from] SystemJournalError),
+    /// A command that could not be run.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// `systemctl reboot` failed.
+    #[error(
+        "systemctl reboot failed with {0:?}; the lock stays held and the next run tries again"
+    )]
+    RebootFailed(Option<i32>),
+}
+
 /// Options of one run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RunOptions {
@@ -74,10 +128,10 @@ pub struct RunOptions {
 
 /// The client's identity: an app-specific id derived from the machine id (the raw machine id never leaves the
 /// host), and the hostname.
-pub fn identity(paths: &Paths) -> Result<Identity, String> {
+pub fn identity(paths: &Paths) -> Result<Identity, RebootError> {
     let machine = system::read_small(&paths.machine_id())?;
     if machine.is_empty() {
-        return Err(format!("{}: empty", paths.machine_id().display()));
+        return Err(RebootError::EmptyMachineId(paths.machine_id()));
     }
     let id = fleet_wire::fleetlock::client_id(&machine);
     let hostname = system::read_small(&paths.hostname())
@@ -86,13 +140,13 @@ pub fn identity(paths: &Paths) -> Result<Identity, String> {
     Ok(Identity { id, hostname })
 }
 
-fn not_now(reason: String) -> Result<Outcome, String> {
+fn not_now(reason: String) -> Result<Outcome, RebootError> {
     log::info!("not now: {reason}");
     Ok(Outcome::NotNow(reason))
 }
 
 /// Takes the run lock, waiting up to `wait`. `Ok(Err(reason))`: another run holds it ("not now").
-fn run_lock(paths: &Paths, wait: Duration) -> Result<Result<ProcessLock, String>, String> {
+fn run_lock(paths: &Paths, wait: Duration) -> Result<Result<ProcessLock, Reason>, RebootError> {
     let path = paths.run_lock();
     let deadline = Instant::now() + wait;
     loop {
@@ -103,12 +157,12 @@ fn run_lock(paths: &Paths, wait: Duration) -> Result<Result<ProcessLock, String>
             ),
             Err(LockError::Held { .. }) => {
                 let who = "another fleet-reboot run (the timer's, --after-boot or --upgrade-step)";
-                return Ok(Err(format!(
+                return Ok(Err(Reason(format!(
                     "{who} holds {} (waited {wait:?}); it is doing this work",
                     path.display()
-                )));
+                ))));
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(RebootError::RunLock(e)),
         }
     }
 }
@@ -116,15 +170,19 @@ fn run_lock(paths: &Paths, wait: Duration) -> Result<Result<ProcessLock, String>
 /// Whether the system upgrade's reboot happened, from its journal: `Some(true)` when the journal is in
 /// `rebooting` with a boot id other than this boot's, `Some(false)` with this boot's, `None` when there is no
 /// such journal or it predates the boot id (the marker decides then, as before).
-fn upgrade_rebooted(paths: &Paths, boot_id: &str) -> Result<Option<bool>, String> {
-    let journal = SystemJournal::load(&paths.system_journal()).map_err(|e| e.to_string())?;
+fn upgrade_rebooted(paths: &Paths, boot_id: &str) -> Result<Option<bool>, RebootError> {
+    let journal = SystemJournal::load(&paths.system_journal())?;
     Ok(journal
         .filter(|j| j.phase == SystemJournalPhase::Rebooting)
         .and_then(|j| j.rebooted_since(boot_id)))
 }
 
 /// One run of the chain. `Err` is for things an operator must fix (bad files, a reboot command that failed).
-pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Result<Outcome, String> {
+pub fn run_once(
+    cfg: &RebootConfig,
+    sys: &dyn System,
+    opts: RunOptions,
+) -> Result<Outcome, RebootError> {
     let paths = Paths::new(&cfg.root);
     let wait = if opts.reboot_needed {
         UPGRADE_STEP_LOCK_WAIT
@@ -133,7 +191,7 @@ pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Resul
     };
     let _lock = match run_lock(&paths, wait)? {
         Ok(l) => l,
-        Err(reason) => return not_now(reason),
+        Err(Reason(reason)) => return not_now(reason),
     };
     let timeout = cfg.timeout()?;
     let who = identity(&paths)?;
@@ -162,7 +220,7 @@ pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Resul
     }
 
     let verdict = checks_before_lock(cfg, sys, &paths, timeout, opts);
-    if let Err(reason) = verdict {
+    if let Err(Reason(reason)) = verdict {
         if existing.is_some() {
             // We hold the lock from an earlier try in this boot but will not reboot now: give it back.
             match client.steady_state(&who) {
@@ -197,10 +255,7 @@ pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Resul
     log::info!("rebooting");
     let out = sys.run("systemctl", &["reboot"], checks::COMMAND_TIMEOUT)?;
     if out.code != Some(0) {
-        return Err(format!(
-            "systemctl reboot failed with {:?}; the lock stays held and the next run tries again",
-            out.code
-        ));
+        return Err(RebootError::RebootFailed(out.code));
     }
     Ok(Outcome::Rebooting)
 }
@@ -208,11 +263,11 @@ pub fn run_once(cfg: &RebootConfig, sys: &dyn System, opts: RunOptions) -> Resul
 /// Right after a boot (`fleet-reboot --after-boot`, from `fleet-reboot-release.service`): when the marker names
 /// another boot, the coordinated reboot happened, so wait for health and give the slot back at once, as the
 /// timer's next run would minutes later; an unhealthy host keeps its slot. Without such a marker, nothing.
-pub fn release_after_boot(cfg: &RebootConfig, sys: &dyn System) -> Result<Outcome, String> {
+pub fn release_after_boot(cfg: &RebootConfig, sys: &dyn System) -> Result<Outcome, RebootError> {
     let paths = Paths::new(&cfg.root);
     let _lock = match run_lock(&paths, AFTER_BOOT_LOCK_WAIT)? {
         Ok(l) => l,
-        Err(reason) => return not_now(reason),
+        Err(Reason(reason)) => return not_now(reason),
     };
     let boot_id = system::read_small(&paths.boot_id())?;
     match marker::read(&paths.marker())? {
@@ -231,10 +286,11 @@ fn checks_before_lock(
     paths: &Paths,
     timeout: Duration,
     opts: RunOptions,
-) -> Result<(), String> {
+) -> Result<(), Reason> {
     if let Some(w) = &cfg.window {
-        let w = window::Window::from_config(w)?;
-        w.check(opts.now.unwrap_or_else(jiff::Timestamp::now))?;
+        let w = window::Window::from_config(w).map_err(Reason)?;
+        w.check(opts.now.unwrap_or_else(jiff::Timestamp::now))
+            .map_err(Reason)?;
     }
     if !opts.reboot_needed {
         let what = checks::staged(sys, paths)?;
@@ -250,8 +306,9 @@ fn checks_before_lock(
 }
 
 /// Waits up to `health_wait` until the host is healthy; `Err` says why it is not.
-fn wait_healthy(cfg: &RebootConfig, sys: &dyn System, paths: &Paths) -> Result<(), String> {
-    let deadline = Instant::now() + cfg.health_wait()?;
+fn wait_healthy(cfg: &RebootConfig, sys: &dyn System, paths: &Paths) -> Result<(), Reason> {
+    let health_wait = cfg.health_wait().map_err(|e| Reason(e.to_string()))?;
+    let deadline = Instant::now() + health_wait;
     loop {
         match checks::healthy(sys, paths, cfg.allow_degraded) {
             Ok(()) => return Ok(()),
@@ -274,7 +331,7 @@ fn finish_upgrade_reboot(
     who: &Identity,
     existing: Option<&Marker>,
     boot_id: &str,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, RebootError> {
     log::info!("the system upgrade's reboot happened (its journal names another boot)");
     match existing {
         Some(m) if m.boot_id != boot_id => after_reboot(cfg, sys, paths, client, who),
@@ -303,7 +360,7 @@ fn after_reboot(
     paths: &Paths,
     client: &LockClient,
     who: &Identity,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, RebootError> {
     log::info!("the reboot happened (new boot id); waiting until healthy to release the lock");
     if let Err(e) = wait_healthy(cfg, sys, paths) {
         return not_now(format!("after the reboot: {e}; the lock stays held"));

@@ -25,10 +25,52 @@ impl Output {
     }
 }
 
+/// A command that could not be run (not installed, or waiting for it failed): says `program: why`.
+#[derive(Debug, thiserror::Error)]
+#[error("{program}: {source}")]
+pub struct CommandError {
+    /// The program.
+    pub program: String,
+    /// Why it did not run.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl CommandError {
+    /// `program` is not there (scripted hosts in tests say so for commands they do not answer).
+    pub fn not_installed(program: &str) -> Self {
+        Self {
+            program: program.to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not installed"),
+        }
+    }
+}
+
+/// A file the client reads or writes that could not be: says `path: why`.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct FileError {
+    /// The file (or directory).
+    pub path: PathBuf,
+    /// What went wrong.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl FileError {
+    /// An adapter for `map_err`: the error names `path`.
+    pub fn at(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Self {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 /// Runs host commands.
 pub trait System {
     /// Runs `program args…` with a time-out. `Err` if it could not be started (e.g. not installed).
-    fn run(&self, program: &str, args: &[&str], timeout: Duration) -> Result<Output, String>;
+    fn run(&self, program: &str, args: &[&str], timeout: Duration) -> Result<Output, CommandError>;
 }
 
 /// The real host.
@@ -36,14 +78,18 @@ pub trait System {
 pub struct Host;
 
 impl System for Host {
-    fn run(&self, program: &str, args: &[&str], timeout: Duration) -> Result<Output, String> {
+    fn run(&self, program: &str, args: &[&str], timeout: Duration) -> Result<Output, CommandError> {
+        let failed = |source| CommandError {
+            program: program.to_string(),
+            source,
+        };
         let mut child = Command::new(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("{program}: {e}"))?;
+            .map_err(failed)?;
         let stdout = child.stdout.take();
         let reader = std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -65,7 +111,7 @@ impl System for Host {
                     log::warn!("{program}: no exit within {timeout:?}, killed");
                     break None;
                 }
-                Err(e) => return Err(format!("{program}: {e}")),
+                Err(e) => return Err(failed(e)),
             }
         };
         let stdout = reader.join().unwrap_or_default();
@@ -140,10 +186,10 @@ impl Paths {
 }
 
 /// Reads a small text file, trimmed (at most 64 KiB).
-pub fn read_small(path: &Path) -> Result<String, String> {
+pub fn read_small(path: &Path) -> Result<String, FileError> {
     let mut s = String::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(64 * 1024).read_to_string(&mut s))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(FileError::at(path))?;
     Ok(s.trim().to_string())
 }
