@@ -115,8 +115,12 @@ fn an_agent_started_on_a_desired_state_it_cannot_honour_removes_nothing() {
     let mut newer = desired(2, "2");
     newer["futureField"] = serde_json::json!(true);
     ds.put(DEVICE, serde_json::to_vec(&newer).unwrap()).unwrap();
-    let started = Instant::now();
-    let mut agent = rig.spawn_agent();
+    // Each resync's refusal to run a pass without a taken desired state is logged (below: three of them).
+    let mut agent = Agent::spawn_logging(
+        &rig.config,
+        rig.root.path(),
+        "info,fleet_agent::agent::desired=debug",
+    );
     agent.wait_ready();
     let s = eventually(&agent, Duration::from_secs(20), "desiredError", || {
         let s: DeviceWorkloadStatus = get_json(&wl, DEVICE)?;
@@ -133,8 +137,17 @@ fn an_agent_started_on_a_desired_state_it_cannot_honour_removes_nothing() {
         "{}",
         e.as_str()
     );
-    // Several resync passes (2 s apart) would have run by now.
-    std::thread::sleep(Duration::from_secs(8).saturating_sub(started.elapsed()));
+    // Several resyncs (2 s apart) came and ran no pass (a pass toward nothing would remove the container).
+    eventually(
+        &agent,
+        Duration::from_secs(30),
+        "three resyncs without a pass",
+        || {
+            let log = agent.log_text();
+            let refused = log.matches("no desired state taken since start: no pass");
+            (refused.count() >= 3).then_some(())
+        },
+    );
     let ps = rig
         .podman
         .as_ref()

@@ -64,6 +64,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, stop: Arc<AtomicBool>) {
         loop {
             if stop.load(Ordering::SeqCst) {
                 // Silent: keep the sockets, forward nothing, until the test ends.
+                // why: holds the link dead (sockets open, nothing through) until the test ends; waits for nothing
                 std::thread::sleep(Duration::from_secs(3600));
                 return;
             }

@@ -201,6 +201,7 @@ fn reconciles_desired_state_and_survives_restart_and_nats_outage() {
 
     // NATS down for 30 s: the agent keeps running, touches nothing, and reconnects.
     rig.nats.stop();
+    // why: the outage's length is the scenario (30 s without NATS: nothing exits, nothing is touched)
     std::thread::sleep(Duration::from_secs(30));
     assert!(
         agent.child.try_wait().expect("try_wait").is_none(),
@@ -332,6 +333,22 @@ fn pid_id_state(rig: &Rig, name: &str) -> String {
 }
 
 /// The status of workload `name` in the device's published workload status of `generation`.
+/// `RUST_LOG` that logs each pass's judgement of a failed spec (`<name>: the failed spec waits for its retry`).
+const PASS_LOG: &str = "info,fleet_agent::reconcile=debug";
+
+/// Waits until `passes` more reconcile passes (resyncs) than now have judged `name`'s failed spec and left it
+/// alone: the event that shows a pass ran and did not act, instead of a fixed wait. Needs [`PASS_LOG`].
+fn held_through_passes(agent: &Agent, name: &str, passes: usize) {
+    let line = format!("{name}: the failed spec waits for its retry");
+    let now = agent.log_text().matches(&line).count();
+    eventually(
+        agent,
+        Duration::from_secs(30),
+        &format!("{passes} more passes leaving the failed {name} alone"),
+        || (agent.log_text().matches(&line).count() >= now + passes).then_some(()),
+    );
+}
+
 fn status_of(store: &nats::kv::Store, generation: u64, name: &str) -> Option<WorkloadStatus> {
     let s: DeviceWorkloadStatus = get_json(store, DEVICE)?;
     if s.generation != generation {
@@ -347,7 +364,7 @@ fn status_of(store: &nats::kv::Store, generation: u64, name: &str) -> Option<Wor
 fn a_bad_image_never_takes_the_running_workload_down() {
     let rig = Rig::new(true, "");
     put_desired(&rig, 1, vec![workload("app", "1")]);
-    let mut agent = rig.spawn_agent();
+    let mut agent = Agent::spawn_logging(&rig.config, rig.root.path(), PASS_LOG);
     agent.wait_ready();
     let wl = store(&rig.nc(), kv::WORKLOAD_STATUS);
     eventually(&agent, Duration::from_secs(60), "app running", || {
@@ -385,7 +402,7 @@ fn a_bad_image_never_takes_the_running_workload_down() {
     assert!(!f.rolled_back);
 
     // Resync passes (every 2 s) leave the running container alone and keep reporting the failure.
-    std::thread::sleep(Duration::from_secs(5));
+    held_through_passes(&agent, "app", 2);
     assert_eq!(pid_id_state(&rig, "app"), before);
     let again = status_of(&wl, 2, "app").expect("status");
     assert_eq!((again.state, again.error), (WorkloadState::Failed, s.error));
@@ -426,7 +443,7 @@ fn a_bad_image_never_takes_the_running_workload_down() {
 fn a_new_container_that_does_not_start_gives_way_to_the_previous_spec() {
     let rig = Rig::new(true, "");
     put_desired(&rig, 1, vec![workload("app", "1")]);
-    let mut agent = rig.spawn_agent();
+    let mut agent = Agent::spawn_logging(&rig.config, rig.root.path(), PASS_LOG);
     agent.wait_ready();
     let wl = store(&rig.nc(), kv::WORKLOAD_STATUS);
     eventually(&agent, Duration::from_secs(60), "app running", || {
@@ -463,7 +480,7 @@ fn a_new_container_that_does_not_start_gives_way_to_the_previous_spec() {
         "{e}"
     );
     // Resyncs (every 2 s) do not stop and restart it again for the same failed spec.
-    std::thread::sleep(Duration::from_secs(5));
+    held_through_passes(&agent, "app", 2);
     assert_eq!(pid_id_state(&rig, "app"), now);
     agent.sigterm();
     assert!(agent.wait_exit(Duration::from_secs(30)).success());
@@ -475,24 +492,33 @@ fn a_new_container_that_does_not_start_gives_way_to_the_previous_spec() {
 struct SilentRegistry {
     addr: std::net::SocketAddr,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Connections accepted so far (a pull from it is under way once one is).
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl SilentRegistry {
     fn start() -> Self {
-        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.set_nonblocking(true).unwrap();
         let addr = l.local_addr().unwrap();
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let s = stop.clone();
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let a = accepted.clone();
         let thread = std::thread::spawn(move || {
             let mut held = Vec::new();
             let end = Instant::now() + Duration::from_secs(300);
             while !s.load(Ordering::SeqCst) && Instant::now() < end {
-                match l.accept() {
+                let got = l.accept();
+                if got.is_ok() {
+                    a.fetch_add(1, Ordering::SeqCst);
+                }
+                match got {
                     Ok((c, _)) if held.len() < 64 => held.push(c),
                     Ok(_) => {}
+                    // why: the listener is non-blocking; a pause between accepts
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
             }
@@ -500,6 +526,7 @@ impl SilentRegistry {
         Self {
             addr,
             stop,
+            accepted,
             thread: Some(thread),
         }
     }
@@ -533,7 +560,12 @@ fn a_fix_does_not_wait_behind_a_slow_pull_of_the_bad_image() {
     slow.image = format!("{}/app:v2", registry.addr);
     put_desired(&rig, 2, vec![slow]);
     // The pull is under way (Podman connected to the registry and waits).
-    std::thread::sleep(Duration::from_secs(3));
+    eventually(
+        &agent,
+        Duration::from_secs(30),
+        "a pull from the silent registry",
+        || (registry.accepted.load(std::sync::atomic::Ordering::SeqCst) > 0).then_some(()),
+    );
     assert_eq!(
         pid_id_state(&rig, "app"),
         before,

@@ -260,7 +260,12 @@ fn secrets_reach_the_container_as_env_and_file() {
     };
     put_values("11");
     put_desired(&rig, 1, vec![with_secrets("11")]);
-    let mut agent = rig.spawn_agent();
+    // The reconcile passes' judgement of a failed spec is logged (below: passes that left it alone).
+    let mut agent = Agent::spawn_logging(
+        &rig.config,
+        rig.root.path(),
+        "info,fleet_agent::reconcile=debug",
+    );
     agent.wait_ready();
     eventually(&agent, Duration::from_secs(60), "api running", || {
         (status_of(&rig, 1, "api")?.state == WorkloadState::Running).then_some(())
@@ -339,7 +344,12 @@ fn secrets_reach_the_container_as_env_and_file() {
         Some((FailureReason::StartFailed, true))
     );
     let restored = id_state(&rig, "api");
-    std::thread::sleep(Duration::from_secs(5));
+    // Two more passes (resyncs, each after the failed pass and its clean-up of unused secrets) left it alone.
+    let held = "api: the failed spec waits for its retry";
+    let seen = agent.log_text().matches(held).count();
+    eventually(&agent, Duration::from_secs(30), "two more passes", || {
+        (agent.log_text().matches(held).count() >= seen + 2).then_some(())
+    });
     let names = podman_secrets(&rig);
     assert!(
         want.iter().all(|n| names.contains(n)),

@@ -295,6 +295,7 @@ fn an_unreachable_updater_keeps_the_attempt_pending_and_gets_it_later() {
     );
     let s: AgentUpgradeStatus = get_json(&statuses, DEVICE).expect("status");
     assert_ne!(s.phase, UpgradePhase::Failed, "{s:?}");
+    // why: "sent once" has no later event to wait for (an accepted attempt ends the relay's sending); a window
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         back.mutating_requests().len(),

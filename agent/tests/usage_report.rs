@@ -95,6 +95,7 @@ fn a_filling_disk_reaches_nats_within_the_bound() {
     );
     // Not again while nothing changes: a value written again differs in what it shows, not only in its time (on a
     // shared host the root filesystem, memory or load may really change meanwhile).
+    // why: "not again within the minimum interval" is the property: the window is the interval plus 2 s
     std::thread::sleep(PUBLISH_MIN_INTERVAL + Duration::from_secs(2));
     let shown = |u: &DeviceUsage| {
         let mut v = serde_json::to_value(u).expect("json");

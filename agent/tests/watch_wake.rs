@@ -54,8 +54,19 @@ fn a_change_after_a_nats_restart_is_delivered_by_the_watch_alone() {
     // NATS is away long enough for the client library's one reconnect to fail, so the agent makes a new
     // connection; once heartbeats flow again, a change must arrive without any re-read.
     rig.nats.stop();
-    std::thread::sleep(Duration::from_secs(5));
+    eventually(
+        &agent,
+        Duration::from_secs(60),
+        "the agent giving up the library's reconnect for a new connection",
+        || agent.log_text().contains("connecting anew").then_some(()),
+    );
     rig.nats.start_again();
+    eventually(&agent, Duration::from_secs(60), "a new connection", || {
+        agent
+            .log_text()
+            .contains("reconnected to NATS (new connection)")
+            .then_some(())
+    });
     let hb = store(&rig.nc(), kv::DEVICE_HEARTBEAT);
     let before: Heartbeat = eventually(&agent, Duration::from_secs(60), "a heartbeat", || {
         get_json(&hb, DEVICE)
