@@ -10,7 +10,7 @@
 use async_nats::jetstream;
 use fleet_operator::crd::{Device, DeviceSpec, DeviceStatus};
 use fleet_operator::deployments::engine::{current_workloads, write_desired, WRITE_CONCURRENCY};
-use fleet_operator::deployments::placement::{self, DeploymentInput, Labels};
+use fleet_operator::fleet::placement::{self, DeploymentInput, Labels};
 use fleet_operator::kv::{self, Mirror};
 use fleet_wire::{fixtures, DesiredState, DeviceId, WorkloadSpec};
 use futures::StreamExt;

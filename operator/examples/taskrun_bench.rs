@@ -7,7 +7,7 @@
 
 use fleet_operator::crd::tasks::TaskRunSpec;
 use fleet_operator::crd::Placement;
-use fleet_operator::deployments::placement::{self, Labels};
+use fleet_operator::fleet::placement::{self, Labels};
 use fleet_operator::kv::{self, Mirror};
 use fleet_operator::tasks::intents::{self, INTENT_CONCURRENCY};
 use fleet_operator::tasks::{planning, store};

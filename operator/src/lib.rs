@@ -9,13 +9,15 @@ pub mod dashboard;
 pub mod deployments;
 pub mod diagnostics;
 pub mod tasks;
-// Shared by them: caches, conditions, every CRD, KV, the one NATS link, metrics, the admission webhook, a Device's
-// blocking reasons and the TaskRun controller's, handed to the Device writer.
+// Shared by them: the fleet's rules and writes (`fleet`: placement, rollouts, reports …), caches, conditions, every
+// CRD, KV, the one NATS link, metrics, the admission webhook, a Device's blocking reasons and the TaskRun
+// controller's, handed to the Device writer.
 pub mod blocking;
 pub mod cache;
 pub mod conditions;
 pub mod crd;
 pub mod deploy;
+pub mod fleet;
 pub mod kv;
 pub mod liveness;
 pub mod memory;

@@ -246,7 +246,7 @@ pub fn placement(p: &Placement, base: &str) -> Problems {
         out.push(format!(
             "{}: {}",
             join(base, "targetSelector.matchExpressions"),
-            crate::deployments::placement::SelectorError::ExpressionsUnsupported
+            crate::fleet::placement::SelectorError::ExpressionsUnsupported
         ));
     }
     out
@@ -268,7 +268,7 @@ pub fn release_spec(s: &AgentReleaseSpec) -> Problems {
 
 /// A DeviceGroup's spec: its device ids, and no `selectAll` beside a list or labels.
 pub fn group_spec(s: &DeviceGroupSpec) -> Problems {
-    let mut out = crate::deployments::placement::membership_problems(s);
+    let mut out = crate::fleet::placement::membership_problems(s);
     if s.selector
         .as_ref()
         .and_then(|sel| sel.match_expressions.as_ref())
@@ -276,7 +276,7 @@ pub fn group_spec(s: &DeviceGroupSpec) -> Problems {
     {
         out.push(format!(
             "spec.selector.matchExpressions: {}",
-            crate::deployments::placement::SelectorError::ExpressionsUnsupported
+            crate::fleet::placement::SelectorError::ExpressionsUnsupported
         ));
     }
     out

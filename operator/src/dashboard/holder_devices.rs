@@ -8,7 +8,7 @@
 use super::alerts::{Alert, Subject};
 use super::state::{FleetLockView, State};
 use crate::crd::{Device, DeviceGroup};
-use crate::deployments::placement::{resolve_group, Labels};
+use crate::fleet::placement::{resolve_group, Labels};
 use crate::kv::Mirror;
 use fleet_wire::{DeviceId, DeviceInfo};
 use kube::runtime::reflector;

@@ -9,11 +9,11 @@
 //! write it once, and Kubernetes status writes are idempotent merge patches.
 
 use super::device_writes::DeviceWrites;
-use super::placement::DeploymentInput;
 use super::plan::{self, NewDevice, Plan, Snapshot};
 use super::report;
 use crate::conditions;
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
+use crate::fleet::placement::DeploymentInput;
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
 use crate::nats_link::{Kept, Link, NatsLink};
 use crate::runtime::Runtime;

@@ -9,7 +9,6 @@ pub mod device_writes;
 pub mod engine;
 pub mod health;
 pub mod mirror;
-pub mod placement;
 pub mod plan;
 pub mod policy;
 pub mod release;

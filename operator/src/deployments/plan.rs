@@ -6,7 +6,6 @@
 use super::blocking::{self, Blocking};
 use super::health;
 use super::mirror::{self, Reported};
-use super::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
 use super::release::{self, IntentDecision, ReleaseCounts};
 use super::rollout;
 use super::validate::{self, Build};
@@ -16,6 +15,7 @@ use crate::crd::{
     AgentRelease, Device, DeviceGroup, DeviceGroupStatus, DeviceStatus, FleetDeployment,
     PlacementStatus, RolloutPhase, WorkloadHealth, HOLD_ANNOTATION,
 };
+use crate::fleet::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
 use fleet_wire::secrets::RegistryAuth;
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,

@@ -1,9 +1,9 @@
 //! Planning a TaskRun, as pure functions: which devices the run freezes (the placement rule of
-//! [`crate::deployments::placement::place`] AND the `AptFullUpgradeV1` capability), which of them are canaries, and which devices
+//! [`crate::fleet::placement::place`] AND the `AptFullUpgradeV1` capability), which of them are canaries, and which devices
 //! are authorized right now (re-checked before every release). No I/O; table-tested.
 
 use crate::crd::tasks::{TaskRunSpec, MAX_DEADLINE_SECONDS};
-use crate::deployments::placement::{self, GroupError, Labels, PlacementError};
+use crate::fleet::placement::{self, GroupError, Labels, PlacementError};
 use fleet_wire::taskrun::MAX_PLAN_TARGETS;
 use fleet_wire::DeviceId;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -129,7 +129,7 @@ pub fn authorized(
 mod tests {
     use super::*;
     use crate::crd::Placement;
-    use crate::deployments::placement::SelectorError;
+    use crate::fleet::placement::SelectorError;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     fn id(s: &str) -> DeviceId {

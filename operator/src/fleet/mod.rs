@@ -1,0 +1,5 @@
+//! What more than one product folder (deployments, tasks, dashboard) needs, moved out of them so that none imports
+//! another: the fleet's rules as pure functions and the writes every controller makes.
+
+/// Label selectors, group membership, which devices an object targets and each device's desired workloads.
+pub mod placement;
