@@ -41,16 +41,37 @@ impl std::fmt::Debug for MachineKey {
     }
 }
 
-fn valid_id(what: &str, id: &str) -> Result<(), String> {
+/// A key file that cannot be used, or an assertion that cannot be signed. The text never quotes the key.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// Not Zitadel's key JSON.
+    #[error("not a Zitadel key file (keyId, key, userId): {0}")]
+    NotKeyFile(serde_json::Error),
+    /// `keyId` or `userId` is not an id.
+    #[error("{0}: must be 1-{max} letters, digits, '-' or '_'", max = MAX_ID_CHARS)]
+    BadId(&'static str),
+    /// `key` is not PEM.
+    #[error("key: not a PEM private key")]
+    NotPem,
+    /// `key` is PEM but not RSA.
+    #[error("key: not an RSA key")]
+    NotRsa,
+    /// `key` is an RSA key `ring` refuses.
+    #[error("key: not a usable RSA key ({0})")]
+    Unusable(ring::error::KeyRejected),
+    /// Signing failed.
+    #[error("cannot sign the assertion")]
+    Sign,
+}
+
+fn valid_id(what: &'static str, id: &str) -> Result<(), KeyError> {
     if id.is_empty()
         || id.len() > MAX_ID_CHARS
         || !id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     {
-        return Err(format!(
-            "{what}: must be 1-{MAX_ID_CHARS} letters, digits, '-' or '_'"
-        ));
+        return Err(KeyError::BadId(what));
     }
     Ok(())
 }
@@ -58,19 +79,17 @@ fn valid_id(what: &str, id: &str) -> Result<(), String> {
 impl MachineKey {
     /// Parses Zitadel's key JSON: an RSA key (PKCS#1 or PKCS#8 PEM) with its key id and user id. Errors never
     /// quote the key.
-    pub fn parse(json: &[u8]) -> Result<Self, String> {
-        let f: KeyFile = serde_json::from_slice(json)
-            .map_err(|e| format!("not a Zitadel key file (keyId, key, userId): {e}"))?;
+    pub fn parse(json: &[u8]) -> Result<Self, KeyError> {
+        let f: KeyFile = serde_json::from_slice(json).map_err(KeyError::NotKeyFile)?;
         valid_id("keyId", &f.key_id)?;
         valid_id("userId", &f.user_id)?;
-        let der = PrivateKeyDer::from_pem_slice(f.key.as_bytes())
-            .map_err(|_| "key: not a PEM private key".to_string())?;
+        let der = PrivateKeyDer::from_pem_slice(f.key.as_bytes()).map_err(|_| KeyError::NotPem)?;
         let pair = match &der {
             PrivateKeyDer::Pkcs1(k) => RsaKeyPair::from_der(k.secret_pkcs1_der()),
             PrivateKeyDer::Pkcs8(k) => RsaKeyPair::from_pkcs8(k.secret_pkcs8_der()),
-            _ => return Err("key: not an RSA key".into()),
+            _ => return Err(KeyError::NotRsa),
         }
-        .map_err(|e| format!("key: not a usable RSA key ({e})"))?;
+        .map_err(KeyError::Unusable)?;
         Ok(Self {
             key_id: f.key_id,
             user_id: f.user_id,
@@ -84,7 +103,7 @@ impl MachineKey {
     }
 
     /// The signed assertion for `audience` (the issuer URL), issued at `now` (Unix seconds).
-    pub fn assertion(&self, audience: &str, now: u64) -> Result<String, String> {
+    pub fn assertion(&self, audience: &str, now: u64) -> Result<String, KeyError> {
         let header = serde_json::json!({"alg": "RS256", "typ": "JWT", "kid": self.key_id});
         let claims = serde_json::json!({
             "iss": self.user_id, "sub": self.user_id, "aud": audience,
@@ -103,7 +122,7 @@ impl MachineKey {
                 input.as_bytes(),
                 &mut sig,
             )
-            .map_err(|_| "cannot sign the assertion".to_string())?;
+            .map_err(|_| KeyError::Sign)?;
         Ok(format!("{input}.{}", URL_SAFE_NO_PAD.encode(sig)))
     }
 
@@ -170,15 +189,20 @@ mod tests {
         bad["keyId"] = serde_json::json!("k 1");
         assert!(MachineKey::parse(bad.to_string().as_bytes())
             .expect_err("id")
+            .to_string()
             .contains("keyId"));
         let mut bad = good.clone();
         let pem = bad["key"].as_str().expect("pem").replace('M', "A");
         bad["key"] = serde_json::json!(pem);
-        let e = MachineKey::parse(bad.to_string().as_bytes()).expect_err("key");
+        let e = MachineKey::parse(bad.to_string().as_bytes())
+            .expect_err("key")
+            .to_string();
         assert!(e.starts_with("key:") && !e.contains("AAA"), "{e}");
         let mut bad = good;
         bad["key"] = serde_json::json!("secret-but-not-pem");
-        let e = MachineKey::parse(bad.to_string().as_bytes()).expect_err("pem");
+        let e = MachineKey::parse(bad.to_string().as_bytes())
+            .expect_err("pem")
+            .to_string();
         assert!(!e.contains("secret-but-not-pem"), "{e}");
     }
 }

@@ -28,7 +28,7 @@ pub fn main(args: Vec<String>) {
         token::config::DEFAULT_CONFIG,
     )
     .unwrap_or_else(|e| fail(&e));
-    let cfg = TokenConfig::load(&config).unwrap_or_else(|e| fail(&e));
+    let cfg = TokenConfig::load(&config).unwrap_or_else(|e| fail(&e.to_string()));
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

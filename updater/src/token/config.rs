@@ -44,22 +44,45 @@ fn default_root() -> PathBuf {
     PathBuf::from("/")
 }
 
+/// A config that cannot be used; the text names the key (and, from [`TokenConfig::load`], the file).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error(transparent)]
+    Read(#[from] crate::bounded::ReadError),
+    /// The file (named) does not parse or is not valid.
+    #[error("{}: {source}", path.display())]
+    In {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<ConfigError>,
+    },
+    /// Not YAML of this shape.
+    #[error(transparent)]
+    Yaml(#[from] serde_yaml_ng::Error),
+    /// A value that cannot be used: `key: why`.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl TokenConfig {
     /// Parses and validates YAML text.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let c: TokenConfig = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let invalid = ConfigError::Invalid;
+        let c: TokenConfig = serde_yaml_ng::from_str(text)?;
         let host = c
             .issuer
             .strip_prefix("https://")
-            .ok_or_else(|| format!("issuer: {:?} is not an https:// URL", c.issuer))?;
+            .ok_or_else(|| invalid(format!("issuer: {:?} is not an https:// URL", c.issuer)))?;
         if host.is_empty()
             || host.contains(['?', '#', '@'])
             || host.chars().any(char::is_whitespace)
         {
-            return Err(format!(
+            return Err(invalid(format!(
                 "issuer: {:?} is not a plain https:// URL",
                 c.issuer
-            ));
+            )));
         }
         if c.project_id.is_empty()
             || c.project_id.len() > MAX_PROJECT_ID_CHARS
@@ -68,24 +91,27 @@ impl TokenConfig {
                 .chars()
                 .all(|ch| ch.is_ascii_alphanumeric() || ch == '-')
         {
-            return Err(format!(
+            return Err(invalid(format!(
                 "project_id: {:?} must be 1-{MAX_PROJECT_ID_CHARS} letters, digits or '-'",
                 c.project_id
-            ));
+            )));
         }
         if !(1..=120).contains(&c.timeout_secs) {
-            return Err("timeout_secs: must be between 1 and 120".into());
+            return Err(invalid("timeout_secs: must be between 1 and 120".into()));
         }
         if !c.root.is_absolute() {
-            return Err("root: must be an absolute path".into());
+            return Err(invalid("root: must be an absolute path".into()));
         }
         Ok(c)
     }
 
     /// Reads and parses a config file.
-    pub fn load(path: &Path) -> Result<Self, String> {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = crate::bounded::read_text(path, MAX_CONFIG_BYTES)?;
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        Self::parse(&text).map_err(|e| ConfigError::In {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// The token endpoint, `<issuer>/oauth/v2/token`.
@@ -169,7 +195,7 @@ mod tests {
                 "unknown field",
             ),
         ] {
-            let e = TokenConfig::parse(text).expect_err(text);
+            let e = TokenConfig::parse(text).expect_err(text).to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
     }

@@ -43,6 +43,65 @@ struct Answer {
     error_description: Option<String>,
 }
 
+/// The endpoint did not issue a token; the text names the endpoint (or the CA file), never a token.
+#[derive(Debug, thiserror::Error)]
+pub enum GrantError {
+    /// The HTTPS client cannot be built: the CA file, or no trusted roots at all.
+    #[error("{0}")]
+    Trust(String),
+    /// The request did not reach the endpoint.
+    #[error("token endpoint {endpoint} unreachable: {source}")]
+    Unreachable {
+        /// The token endpoint.
+        endpoint: String,
+        /// The transport error.
+        source: ureq::Error,
+    },
+    /// The answer could not be read.
+    #[error("token endpoint {endpoint}: HTTP {code}, answer not read: {source}")]
+    Unread {
+        /// The token endpoint.
+        endpoint: String,
+        /// The HTTP status.
+        code: u16,
+        /// The read error.
+        source: ureq::Error,
+    },
+    /// The endpoint answered without a usable token.
+    #[error("token endpoint {endpoint}: {source}")]
+    Refused {
+        /// The token endpoint.
+        endpoint: String,
+        /// What its answer said.
+        source: AnswerError,
+    },
+}
+
+/// An answer of the token endpoint that holds no usable token (its `error`, bounded and printable).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    /// Not 200: `HTTP <code>` and the endpoint's `error: error_description` when it said.
+    #[error("HTTP {code}{said}")]
+    Status {
+        /// The HTTP status.
+        code: u16,
+        /// `: error[: description]`, or empty.
+        said: String,
+    },
+    /// 200 but not JSON of a token response.
+    #[error("HTTP 200 but the answer is not a token response (JSON)")]
+    NotJson,
+    /// 200 without `access_token`.
+    #[error("HTTP 200 but the answer has no access_token")]
+    NoToken,
+    /// The token's length is outside 1..=NATS_TOKEN_MAX_BYTES.
+    #[error("the access_token is empty or longer than {max} bytes", max = NATS_TOKEN_MAX_BYTES)]
+    BadLength,
+    /// The token has characters a token file cannot carry.
+    #[error("the access_token has whitespace or non-ASCII characters")]
+    BadCharacters,
+}
+
 /// Asks `endpoint` for a token with `assertion` and `scope`, trusting the system roots and `ca_file`.
 pub fn request(
     endpoint: &str,
@@ -50,7 +109,7 @@ pub fn request(
     scope: &str,
     ca_file: Option<&Path>,
     timeout: Duration,
-) -> Result<Issued, String> {
+) -> Result<Issued, GrantError> {
     let agent = agent(ca_file, timeout)?;
     let mut resp = agent
         .post(endpoint)
@@ -60,45 +119,50 @@ pub fn request(
             ("scope", scope),
             ("assertion", assertion),
         ])
-        .map_err(|e| format!("token endpoint {endpoint} unreachable: {e}"))?;
+        .map_err(|source| GrantError::Unreachable {
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
     let code = resp.status().as_u16();
     let text = resp
         .body_mut()
         .with_config()
         .limit(RESPONSE_MAX_BYTES)
         .read_to_string()
-        .map_err(|e| format!("token endpoint {endpoint}: HTTP {code}, answer not read: {e}"))?;
-    parse_answer(code, &text).map_err(|e| format!("token endpoint {endpoint}: {e}"))
+        .map_err(|source| GrantError::Unread {
+            endpoint: endpoint.to_string(),
+            code,
+            source,
+        })?;
+    parse_answer(code, &text).map_err(|source| GrantError::Refused {
+        endpoint: endpoint.to_string(),
+        source,
+    })
 }
 
 /// Interprets the endpoint's answer: a token on 200, else the endpoint's error. Pure.
-pub fn parse_answer(code: u16, text: &str) -> Result<Issued, String> {
+pub fn parse_answer(code: u16, text: &str) -> Result<Issued, AnswerError> {
     let answer: Option<Answer> = serde_json::from_str(text).ok();
     if code != 200 {
-        return Err(
-            match answer.and_then(|a| a.error.map(|e| (e, a.error_description))) {
-                Some((error, description)) => format!(
-                    "HTTP {code}: {}{}",
-                    printable(&error),
-                    description
-                        .map(|d| format!(": {}", printable(&d)))
-                        .unwrap_or_default()
-                ),
-                None => format!("HTTP {code}"),
-            },
-        );
+        let said = match answer.and_then(|a| a.error.map(|e| (e, a.error_description))) {
+            Some((error, description)) => format!(
+                ": {}{}",
+                printable(&error),
+                description
+                    .map(|d| format!(": {}", printable(&d)))
+                    .unwrap_or_default()
+            ),
+            None => String::new(),
+        };
+        return Err(AnswerError::Status { code, said });
     }
-    let answer = answer.ok_or("HTTP 200 but the answer is not a token response (JSON)")?;
-    let token = answer
-        .access_token
-        .ok_or("HTTP 200 but the answer has no access_token")?;
+    let answer = answer.ok_or(AnswerError::NotJson)?;
+    let token = answer.access_token.ok_or(AnswerError::NoToken)?;
     if token.is_empty() || token.len() > NATS_TOKEN_MAX_BYTES {
-        return Err(format!(
-            "the access_token is empty or longer than {NATS_TOKEN_MAX_BYTES} bytes"
-        ));
+        return Err(AnswerError::BadLength);
     }
     if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("the access_token has whitespace or non-ASCII characters".into());
+        return Err(AnswerError::BadCharacters);
     }
     Ok(Issued {
         token,
@@ -114,7 +178,7 @@ fn printable(s: &str) -> String {
         .collect()
 }
 
-fn agent(ca_file: Option<&Path>, timeout: Duration) -> Result<ureq::Agent, String> {
+fn agent(ca_file: Option<&Path>, timeout: Duration) -> Result<ureq::Agent, GrantError> {
     let native = rustls_native_certs::load_native_certs();
     let mut roots: Vec<Certificate<'static>> = native
         .certs
@@ -122,14 +186,17 @@ fn agent(ca_file: Option<&Path>, timeout: Duration) -> Result<ureq::Agent, Strin
         .map(|c| Certificate::from_der(c.as_ref()).to_owned())
         .collect();
     if let Some(path) = ca_file {
-        let pem = crate::fetch_helper::read_ca_bundle(path).map_err(|e| format!("ca_file: {e}"))?;
+        let pem = crate::fetch_helper::read_ca_bundle(path)
+            .map_err(|e| GrantError::Trust(format!("ca_file: {e}")))?;
         for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-            let c = c.map_err(|e| format!("ca_file {}: {e}", path.display()))?;
+            let c = c.map_err(|e| GrantError::Trust(format!("ca_file {}: {e}", path.display())))?;
             roots.push(Certificate::from_der(c.as_ref()).to_owned());
         }
     }
     if roots.is_empty() {
-        return Err("no trusted roots (system store empty and no ca_file)".into());
+        return Err(GrantError::Trust(
+            "no trusted roots (system store empty and no ca_file)".into(),
+        ));
     }
     let tls = TlsConfig::builder()
         .provider(TlsProvider::Rustls)
@@ -171,7 +238,7 @@ mod tests {
             (200, r#"{"access_token":""}"#, "empty"),
             (200, r#"{"access_token":"a b"}"#, "whitespace"),
         ] {
-            let e = parse_answer(code, body).expect_err(body);
+            let e = parse_answer(code, body).expect_err(body).to_string();
             assert!(e.contains(want), "{body}: {e}");
         }
         let long = format!(

@@ -20,14 +20,43 @@ pub struct Refreshed {
     pub expires_in: Option<u64>,
 }
 
+/// A refresh that wrote no token (the old one stays): the key, the endpoint or the token file.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The machine key file could not be read.
+    #[error(transparent)]
+    ReadKey(#[from] crate::bounded::ReadError),
+    /// The machine key file (named) cannot be used.
+    #[error("{}: {source}", path.display())]
+    Key {
+        /// The key file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        source: assertion::KeyError,
+    },
+    /// The assertion could not be signed.
+    #[error(transparent)]
+    Sign(assertion::KeyError),
+    /// The token endpoint issued no token.
+    #[error(transparent)]
+    Grant(#[from] grant::GrantError),
+    /// The token file could not be replaced.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+}
+
 /// Reads the machine key, asks the token endpoint for a token and writes it to the token file. `now` is the
 /// current Unix time in seconds.
-pub fn refresh(cfg: &TokenConfig, now: u64) -> Result<Refreshed, String> {
+pub fn refresh(cfg: &TokenConfig, now: u64) -> Result<Refreshed, TokenError> {
     let key_path = cfg.key_file();
     let key_json = crate::bounded::read(&key_path, KEY_FILE_MAX_BYTES)?;
-    let key = assertion::MachineKey::parse(&key_json)
-        .map_err(|e| format!("{}: {e}", key_path.display()))?;
-    let jwt = key.assertion(cfg.audience(), now)?;
+    let key = assertion::MachineKey::parse(&key_json).map_err(|source| TokenError::Key {
+        path: key_path.clone(),
+        source,
+    })?;
+    let jwt = key
+        .assertion(cfg.audience(), now)
+        .map_err(TokenError::Sign)?;
     let issued = grant::request(
         &cfg.token_endpoint(),
         &jwt,

@@ -5,25 +5,58 @@
 use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The user the token file belongs to when there is none yet (the agent reads it).
 pub const AGENT_USER: &str = "fleet-agent";
 
+/// The token file could not be replaced (the old one, if any, stays); the text names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// There is no token file and the user it would belong to is unknown.
+    #[error("{} does not exist and its owner cannot be found: {source}", path.display())]
+    NoOwner {
+        /// The token file.
+        path: PathBuf,
+        /// The lookup error.
+        source: crate::users::LookupError,
+    },
+    /// The token file's owner cannot be read.
+    #[error("{}: {source}", path.display())]
+    Stat {
+        /// The token file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Writing the new file failed.
+    #[error("write {}: {source}", path.display())]
+    Write {
+        /// The token file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
 /// Replaces `path` with `token` (and a newline), as described above.
-pub fn write_token(path: &Path, token: &str) -> Result<(), String> {
+pub fn write_token(path: &Path, token: &str) -> Result<(), StoreError> {
     let (uid, gid) = match fs::metadata(path) {
         Ok(m) => (m.uid(), m.gid()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let u = crate::users::user_by_name(AGENT_USER).map_err(|e| {
-                format!(
-                    "{} does not exist and its owner cannot be found: {e}",
-                    path.display()
-                )
-            })?;
+            let u =
+                crate::users::user_by_name(AGENT_USER).map_err(|source| StoreError::NoOwner {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
             (u.uid, u.gid)
         }
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(source) => {
+            return Err(StoreError::Stat {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
     };
     let mut bytes = token.as_bytes().to_vec();
     bytes.push(b'\n');
@@ -38,7 +71,10 @@ pub fn write_token(path: &Path, token: &str) -> Result<(), String> {
                 let _ = fs::remove_file(&tmp);
             })
     })();
-    result.map_err(|e| format!("write {}: {e}", path.display()))
+    result.map_err(|source| StoreError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
