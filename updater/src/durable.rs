@@ -8,6 +8,45 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
+/// A transition history that breaks a rule of [`check_history`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HistoryError {
+    /// The newest transition is not the current phase and reason.
+    #[error("the last transition does not match phase and reason")]
+    LastMismatch,
+    /// A complete history does not start at the first phase (named).
+    #[error("the first transition is not {0}")]
+    First(String),
+    /// A step the machine does not allow (phases named).
+    #[error("illegal transition {from} -> {to}")]
+    Illegal {
+        /// The phase left.
+        from: String,
+        /// The phase entered.
+        to: String,
+    },
+    /// A step goes back in time.
+    #[error("transitions are not in time order")]
+    TimeOrder,
+}
+
+/// A state file that cannot be used: the text follows the file's name ("journal X is larger than …").
+#[derive(Debug, thiserror::Error)]
+pub enum ValidatedError {
+    /// Larger than its bound.
+    #[error("is larger than {0} bytes")]
+    TooLarge(u64),
+    /// Not JSON of its shape.
+    #[error("does not parse: {0}")]
+    Parse(serde_json::Error),
+    /// Parsed, but its own check failed.
+    #[error("is not valid: {0}")]
+    Invalid(String),
+    /// It could not be read.
+    #[error("cannot be read: {0}")]
+    Read(io::Error),
+}
+
 /// Checks a journal's transition history (oldest first): the last entry is the current `phase` and `reason`, the
 /// first is `first` unless older entries were dropped (the history holds the newest 16), every step is `legal`
 /// and none goes back in time. Shared by the agent-upgrade and system-upgrade journals.
@@ -17,27 +56,30 @@ pub fn check_history<T, P, R>(
     current: (P, &Option<R>),
     first: P,
     legal: impl Fn(P, P) -> bool,
-) -> Result<(), String>
+) -> Result<(), HistoryError>
 where
     P: Copy + PartialEq + std::fmt::Debug,
     R: PartialEq,
 {
     match steps.last().map(&parts) {
         Some((phase, _, reason)) if phase == current.0 && reason == current.1 => {}
-        _ => return Err("the last transition does not match phase and reason".into()),
+        _ => return Err(HistoryError::LastMismatch),
     }
     if steps.len() < fleet_wire::limits::MAX_TRANSITIONS
         && steps.first().map(|s| parts(s).0) != Some(first)
     {
-        return Err(format!("the first transition is not {first:?}"));
+        return Err(HistoryError::First(format!("{first:?}")));
     }
     for w in steps.windows(2) {
         let ((from, at0, _), (to, at1, _)) = (parts(&w[0]), parts(&w[1]));
         if !legal(from, to) {
-            return Err(format!("illegal transition {from:?} -> {to:?}"));
+            return Err(HistoryError::Illegal {
+                from: format!("{from:?}"),
+                to: format!("{to:?}"),
+            });
         }
         if at1 < at0 {
-            return Err("transitions are not in time order".into());
+            return Err(HistoryError::TimeOrder);
         }
     }
     Ok(())
@@ -52,33 +94,33 @@ pub trait Validated: serde::de::DeserializeOwned {
 }
 
 /// Parses and checks `bytes`; the error says why, for a message that names the file.
-pub fn parse_validated<T: Validated>(bytes: &[u8]) -> Result<T, String> {
+pub fn parse_validated<T: Validated>(bytes: &[u8]) -> Result<T, ValidatedError> {
     if bytes.len() as u64 > T::MAX_BYTES {
-        return Err(format!("is larger than {} bytes", T::MAX_BYTES));
+        return Err(ValidatedError::TooLarge(T::MAX_BYTES));
     }
-    let v: T = serde_json::from_slice(bytes).map_err(|e| format!("does not parse: {e}"))?;
-    v.check().map_err(|e| format!("is not valid: {e}"))?;
+    let v: T = serde_json::from_slice(bytes).map_err(ValidatedError::Parse)?;
+    v.check().map_err(ValidatedError::Invalid)?;
     Ok(v)
 }
 
 /// Reads, parses and checks the file at `path`; `Ok(None)` when it does not exist.
-pub fn load_validated<T: Validated>(path: &Path) -> Result<Option<T>, String> {
+pub fn load_validated<T: Validated>(path: &Path) -> Result<Option<T>, ValidatedError> {
     use std::io::Read;
     let mut bytes = Vec::new();
     match File::open(path).and_then(|f| f.take(T::MAX_BYTES + 1).read_to_end(&mut bytes)) {
         Ok(_) => parse_validated(&bytes).map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot be read: {e}")),
+        Err(e) => Err(ValidatedError::Read(e)),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::check_history;
+    use super::{check_history, HistoryError};
     use fleet_wire::fixtures::t;
     use fleet_wire::JournalPhase::{self, *};
 
-    fn check(steps: &[(JournalPhase, u64)], current: JournalPhase) -> Result<(), String> {
+    fn check(steps: &[(JournalPhase, u64)], current: JournalPhase) -> Result<(), HistoryError> {
         let steps: Vec<(JournalPhase, fleet_wire::Timestamp, Option<()>)> =
             steps.iter().map(|(p, s)| (*p, t(*s), None)).collect();
         check_history(
@@ -108,7 +150,7 @@ mod tests {
             ),
             (&[][..], Preparing, "last"),
         ] {
-            let e = check(steps, current).expect_err(why);
+            let e = check(steps, current).expect_err(why).to_string();
             assert!(e.contains(why), "{e}");
         }
     }

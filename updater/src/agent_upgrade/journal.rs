@@ -82,7 +82,33 @@ pub struct Journal {
 )]
 pub struct JournalError {
     path: String,
-    why: String,
+    why: durable::ValidatedError,
+}
+
+/// What is wrong in a journal that parses (its own check, [`Journal::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalInvalid {
+    /// Another format.
+    #[error("has format {0}; this updater reads format {JOURNAL_FORMAT}")]
+    Format(u32),
+    /// The attempt is not the one its digest names.
+    #[error("attemptDigest does not match the attempt's canonical digest")]
+    Digest,
+    /// A link (named) is empty, too long or has control characters.
+    #[error("{0} must be 1 to {LINK_MAX_BYTES} bytes without control characters")]
+    Link(&'static str),
+    /// The target link is not the target version's binary (the suffix it must end in).
+    #[error("targetLink does not end in {0}")]
+    TargetLink(String),
+    /// The transition history.
+    #[error(transparent)]
+    History(#[from] durable::HistoryError),
+    /// `startingAt` before the cutover.
+    #[error("startingAt is set before the cutover began")]
+    StartingAt,
+    /// Too many earlier attempts.
+    #[error("more than {MAX_EARLIER_ATTEMPTS} earlier attempts")]
+    TooManyEarlier,
 }
 
 /// Writing the journal failed.
@@ -93,11 +119,9 @@ pub struct JournalWriteError {
     source: std::io::Error,
 }
 
-fn check_link(name: &str, link: &str) -> Result<(), String> {
+fn check_link(name: &'static str, link: &str) -> Result<(), JournalInvalid> {
     if link.is_empty() || link.len() > LINK_MAX_BYTES || link.chars().any(|c| c.is_control()) {
-        return Err(format!(
-            "{name} must be 1 to {LINK_MAX_BYTES} bytes without control characters"
-        ));
+        return Err(JournalInvalid::Link(name));
     }
     Ok(())
 }
@@ -167,21 +191,18 @@ impl Journal {
     }
 
     /// Checks everything deserialization cannot: format, digest binding, links, transition history.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), JournalInvalid> {
         if self.format != JOURNAL_FORMAT {
-            return Err(format!(
-                "has format {}; this updater reads format {JOURNAL_FORMAT}",
-                self.format
-            ));
+            return Err(JournalInvalid::Format(self.format));
         }
         if self.attempt.digest() != self.attempt_digest {
-            return Err("attemptDigest does not match the attempt's canonical digest".into());
+            return Err(JournalInvalid::Digest);
         }
         check_link("previousLink", &self.previous_link)?;
         check_link("targetLink", &self.target_link)?;
         let suffix = format!("/fleet-agent-v{}", self.attempt.target_version);
         if !self.target_link.ends_with(&suffix) {
-            return Err(format!("targetLink does not end in {suffix}"));
+            return Err(JournalInvalid::TargetLink(suffix));
         }
         durable::check_history(
             self.transitions.as_slice(),
@@ -192,11 +213,11 @@ impl Journal {
         )?;
         if let Some(at) = self.starting_at {
             if self.phase == JournalPhase::Preparing || at < self.started_at {
-                return Err("startingAt is set before the cutover began".into());
+                return Err(JournalInvalid::StartingAt);
             }
         }
         if self.earlier_attempts.len() > MAX_EARLIER_ATTEMPTS {
-            return Err(format!("more than {MAX_EARLIER_ATTEMPTS} earlier attempts"));
+            return Err(JournalInvalid::TooManyEarlier);
         }
         Ok(())
     }
@@ -302,7 +323,7 @@ impl Journal {
 impl durable::Validated for Journal {
     const MAX_BYTES: u64 = JOURNAL_MAX_BYTES;
     fn check(&self) -> Result<(), String> {
-        self.validate()
+        self.validate().map_err(|e| e.to_string())
     }
 }
 

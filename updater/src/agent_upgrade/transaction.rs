@@ -531,7 +531,7 @@ impl Updater {
         let id = attempt.attempt_id;
         let mut j = Journal::begin(attempt, previous, target, earlier, Timestamp::now());
         j.detail = Some(BoundedText::lossy("accepted"));
-        j.validate().map_err(internal)?;
+        j.validate().map_err(|e| internal(e.to_string()))?;
         j.store(&paths.journal())
             .map_err(|e| internal(e.to_string()))?;
         log::info!("attempt {id}: accepted, journal preparing");

@@ -87,7 +87,24 @@ pub struct SystemJournal {
 )]
 pub struct SystemJournalError {
     path: String,
-    why: String,
+    why: durable::ValidatedError,
+}
+
+/// What is wrong in a system-upgrade journal that parses (its own check, [`SystemJournal::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SystemJournalInvalid {
+    /// Another format.
+    #[error("has format {0}; this updater reads format {FORMAT}")]
+    Format(u32),
+    /// The transition history.
+    #[error(transparent)]
+    History(#[from] durable::HistoryError),
+    /// Too many earlier runs.
+    #[error("more than {MAX_EARLIER} earlier runs")]
+    TooManyEarlier,
+    /// The boot id is empty or too long.
+    #[error("has an empty boot id or one longer than {MAX_BOOT_ID_BYTES} bytes")]
+    BootId,
 }
 
 impl SystemJournal {
@@ -165,12 +182,9 @@ impl SystemJournal {
     }
 
     /// Checks what deserialization cannot: format, transition history.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SystemJournalInvalid> {
         if self.format != FORMAT {
-            return Err(format!(
-                "has format {}; this updater reads format {FORMAT}",
-                self.format
-            ));
+            return Err(SystemJournalInvalid::Format(self.format));
         }
         durable::check_history(
             self.transitions.as_slice(),
@@ -180,16 +194,14 @@ impl SystemJournal {
             SystemJournalPhase::can_move_to,
         )?;
         if self.earlier.len() > MAX_EARLIER {
-            return Err(format!("more than {MAX_EARLIER} earlier runs"));
+            return Err(SystemJournalInvalid::TooManyEarlier);
         }
         if self
             .reboot_boot_id
             .as_ref()
             .is_some_and(|b| b.is_empty() || b.len() > MAX_BOOT_ID_BYTES)
         {
-            return Err(format!(
-                "has an empty boot id or one longer than {MAX_BOOT_ID_BYTES} bytes"
-            ));
+            return Err(SystemJournalInvalid::BootId);
         }
         Ok(())
     }
@@ -261,7 +273,7 @@ impl SystemJournal {
 impl durable::Validated for SystemJournal {
     const MAX_BYTES: u64 = MAX_BYTES;
     fn check(&self) -> Result<(), String> {
-        self.validate()
+        self.validate().map_err(|e| e.to_string())
     }
 }
 
