@@ -22,22 +22,62 @@ fn machine(arch: Architecture) -> u16 {
     }
 }
 
+/// Why a header is not an executable for this device: a short printable sentence that follows the file's name
+/// (it never quotes the bytes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// Not ELF at all (a script, an archive, a blob).
+    #[error("is not an ELF executable (a script or another file format is never run)")]
+    NotElf,
+    /// ELF, but not 64-bit little-endian.
+    #[error("is not a 64-bit little-endian ELF executable")]
+    NotLittle64,
+    /// ELF of a type other than an executable (a shared object, a core file…).
+    #[error("is an ELF file of type {0}, not an executable")]
+    NotExecutable(u16),
+    /// An executable for another architecture.
+    #[error("is built for {built}, this device is {device}")]
+    OtherArchitecture {
+        /// What it is built for (`amd64`, `arm64` or `ELF machine N`).
+        built: String,
+        /// This device's architecture.
+        device: Architecture,
+    },
+}
+
+/// The candidate cannot be run here; the text names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum CandidateError {
+    /// Its header could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// The candidate.
+        path: std::path::PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// It is not an executable for this device.
+    #[error("the candidate {} {why}", path.display())]
+    Refused {
+        /// The candidate.
+        path: std::path::PathBuf,
+        /// Why.
+        why: HeaderError,
+    },
+}
+
 /// Checks an ELF header: 64-bit, little-endian, an executable or position-independent executable, for `arch`.
 /// The error is a short printable sentence (it never quotes the bytes).
-pub fn check_header(header: &[u8], arch: Architecture) -> Result<(), String> {
+pub fn check_header(header: &[u8], arch: Architecture) -> Result<(), HeaderError> {
     if header.len() < HEADER_BYTES || header[..4] != *b"\x7fELF" {
-        return Err(
-            "is not an ELF executable (a script or another file format is never run)".into(),
-        );
+        return Err(HeaderError::NotElf);
     }
     if header[4] != 2 || header[5] != 1 {
-        return Err("is not a 64-bit little-endian ELF executable".into());
+        return Err(HeaderError::NotLittle64);
     }
     let e_type = u16::from_le_bytes([header[16], header[17]]);
     if e_type != ET_EXEC && e_type != ET_DYN {
-        return Err(format!(
-            "is an ELF file of type {e_type}, not an executable"
-        ));
+        return Err(HeaderError::NotExecutable(e_type));
     }
     let e_machine = u16::from_le_bytes([header[18], header[19]]);
     if e_machine != machine(arch) {
@@ -46,18 +86,27 @@ pub fn check_header(header: &[u8], arch: Architecture) -> Result<(), String> {
             EM_AARCH64 => "arm64".to_owned(),
             m => format!("ELF machine {m}"),
         };
-        return Err(format!("is built for {what}, this device is {arch}"));
+        return Err(HeaderError::OtherArchitecture {
+            built: what,
+            device: arch,
+        });
     }
     Ok(())
 }
 
 /// Checks the file at `path` for `arch`; the error names the file.
-pub fn check_file(path: &Path, arch: Architecture) -> Result<(), String> {
+pub fn check_file(path: &Path, arch: Architecture) -> Result<(), CandidateError> {
     let mut header = Vec::with_capacity(HEADER_BYTES);
     std::fs::File::open(path)
         .and_then(|f| f.take(HEADER_BYTES as u64).read_to_end(&mut header))
-        .map_err(|e| format!("reading {}: {e}", path.display()))?;
-    check_header(&header, arch).map_err(|why| format!("the candidate {} {why}", path.display()))
+        .map_err(|source| CandidateError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    check_header(&header, arch).map_err(|why| CandidateError::Refused {
+        path: path.to_path_buf(),
+        why,
+    })
 }
 
 #[cfg(test)]
@@ -107,8 +156,8 @@ mod tests {
             match (check_header(&h, arch), want) {
                 (Ok(()), None) => {}
                 (Err(e), Some(w)) => {
-                    assert!(e.contains(w), "{e}");
-                    assert!(e.chars().all(|c| !c.is_control()), "{e:?}");
+                    assert!(e.to_string().contains(w), "{e}");
+                    assert!(e.to_string().chars().all(|c| !c.is_control()), "{e:?}");
                 }
                 (got, want) => panic!("{h:?} on {arch}: got {got:?}, want {want:?}"),
             }

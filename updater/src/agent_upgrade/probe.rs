@@ -65,7 +65,7 @@ impl Prober {
         }
         let arch = Architecture::current()
             .ok_or_else(|| failed("this device's architecture is not supported".into()))?;
-        elf::check_file(candidate, arch).map_err(failed)
+        elf::check_file(candidate, arch).map_err(|e| failed(e.to_string()))
     }
 
     fn command(candidate: &Path, user: &UserIds) -> Command {
