@@ -4,7 +4,8 @@
 //! construction. Canonical digests, KV bucket and key names, the updater socket protocol and the limits table
 //! live here too. This crate does no I/O beyond reading and writing frames on a caller's reader or writer, except
 //! the OS primitives every process must share behind the `os` feature ([`durable`], [`notify`],
-//! [`process_lock`], [`bounded`] reads of small files, the [`cli`] parser).
+//! [`process_lock`], [`bounded`] reads of small files, the [`cli`] parser, and `window::Window::resolve`'s
+//! reading of the system time zone database).
 
 pub mod artifact;
 pub mod auth;
@@ -47,6 +48,7 @@ pub mod time;
 pub mod tls_problem;
 pub mod upgrade;
 pub mod usage;
+pub mod window;
 pub mod workload;
 
 pub use artifact::{Artifact, HttpsUrl, OciReference};

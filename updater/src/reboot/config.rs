@@ -49,19 +49,20 @@ pub struct RebootConfig {
     pub root: PathBuf,
 }
 
-/// A weekly window in a time zone.
+/// A weekly window in a time zone: the shared maintenance window ([`fleet_wire::window`]) in the config's YAML
+/// keys; [`super::window::Window::from_config`] validates it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowConfig {
     /// IANA time zone, e.g. `Europe/Vienna` (default `UTC`).
     #[serde(default = "utc")]
     pub timezone: String,
-    /// Days the window starts on: `mon` … `sun` (default every day).
+    /// Days the window starts on: `mon` … `sun` or `monday` … `sunday` (default every day).
     #[serde(default)]
     pub days: Vec<String>,
     /// Start, `HH:MM` local time.
     pub start: String,
-    /// End, `HH:MM` local time; before `start` means the window crosses midnight.
+    /// End, `HH:MM` local time; before `start` means the window crosses midnight; equal to `start` is refused.
     pub end: String,
 }
 
@@ -226,6 +227,7 @@ allow_degraded: false
             "server: http://x\nwindow: {timezone: Mars/Base, start: '02:00', end: '03:00'}",
             "server: http://x\nwindow: {start: '25:00', end: '03:00'}",
             "server: http://x\nwindow: {days: [someday], start: '01:00', end: '03:00'}",
+            "server: http://x\nwindow: {start: '03:00', end: '03:00'}",
             "server: http://x\nrange: {cidr: 10.0.0.0/8, port: 22, min_up: 1}",
             "server: http://x\nrange: {cidr: 10.0.0.0/30, port: 22, min_up: 3}",
             "server: http://x\nunknown: 1",
