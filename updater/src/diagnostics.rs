@@ -79,6 +79,37 @@ pub fn answer(updater: &Updater, request: &DiagnosticsRequest) -> Response {
     Response::Diagnostics { sections }
 }
 
+/// Why one section was not collected: its text is the section's `error` in the answer to the agent.
+#[derive(Debug, thiserror::Error)]
+enum SectionError {
+    /// The command could not be run, or ran past its bound.
+    #[error(transparent)]
+    Child(#[from] child::ChildError),
+    /// The command ran and failed: `<program> <args> failed (<status>): <stderr tail>`.
+    #[error("{command} failed ({status}): {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// How it ended.
+        status: std::process::ExitStatus,
+        /// The end of its standard error.
+        stderr: String,
+    },
+    /// An item the agent collects.
+    #[error("collected by the agent, not the updater")]
+    AgentItem,
+}
+
+impl SectionError {
+    fn failed(program: &str, args: &[String], f: &child::Finished) -> Self {
+        Self::Failed {
+            command: format!("{program} {}", args.join(" ")),
+            status: f.status,
+            stderr: f.stderr_tail(),
+        }
+    }
+}
+
 /// Where the updater's items come from: its root, the agent's unit, the two programs and the bounds.
 #[derive(Debug, Clone)]
 pub struct Sources {
@@ -192,20 +223,19 @@ impl Sources {
             Item::BootDiagnostics => Ok(self.boot_diagnostics(lines)),
             Item::UpdaterState => Ok(render_state(state)),
             Item::WorkloadLogs | Item::Containers | Item::Disk | Item::Memory => {
-                Err("collected by the agent, not the updater".to_owned())
+                Err(SectionError::AgentItem)
             }
         };
         match text {
             Ok(t) => Section::new(item, None, &printable(&t), lines),
-            Err(e) => Section::failed(item, None, e),
+            Err(e) => Section::failed(item, None, e.to_string()),
         }
     }
 
-    fn run(&self, program: &Path, args: &[String]) -> Result<child::Finished, String> {
+    fn run(&self, program: &Path, args: &[String]) -> Result<child::Finished, child::ChildError> {
         let mut cmd = Command::new(program);
         cmd.args(args);
         child::run_bounded_tail(&mut cmd, self.command_timeout, OUTPUT_MAX_BYTES)
-            .map_err(|e| e.to_string())
     }
 
     /// The newest `lines` lines of `unit`'s journal (the system manager's: the agent's unit is a system unit
@@ -216,16 +246,11 @@ impl Sources {
         lines: u32,
         since: Option<u64>,
         this_boot: bool,
-    ) -> Result<String, String> {
+    ) -> Result<String, SectionError> {
         let args = journal_args(unit, lines, since, this_boot);
         let f = self.run(&self.journalctl, &args)?;
         if !f.status.success() {
-            return Err(format!(
-                "journalctl {} failed ({}): {}",
-                args.join(" "),
-                f.status,
-                f.stderr_tail()
-            ));
+            return Err(SectionError::failed("journalctl", &args, &f));
         }
         let out = String::from_utf8_lossy(&f.stdout);
         let body = out.trim_end();
@@ -247,7 +272,7 @@ impl Sources {
         Ok(none)
     }
 
-    fn failed_units(&self) -> Result<String, String> {
+    fn failed_units(&self) -> Result<String, SectionError> {
         let args: Vec<String> = [
             "list-units",
             "--state=failed",
@@ -259,12 +284,7 @@ impl Sources {
         .into();
         let f = self.run(&self.systemctl, &args)?;
         if !f.status.success() {
-            return Err(format!(
-                "systemctl {} failed ({}): {}",
-                args.join(" "),
-                f.status,
-                f.stderr_tail()
-            ));
+            return Err(SectionError::failed("systemctl", &args, &f));
         }
         let out = String::from_utf8_lossy(&f.stdout);
         Ok(match out.trim_end() {
@@ -346,7 +366,7 @@ impl Sources {
         );
         match self.journal(WATCHDOG_UNIT, WATCHDOG_LINES, None, true) {
             Ok(t) => out.push_str(&t),
-            Err(e) => out.push_str(&e),
+            Err(e) => out.push_str(&e.to_string()),
         }
         out
     }
