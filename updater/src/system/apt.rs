@@ -242,7 +242,7 @@ impl Apt {
     }
 
     /// Runs `step` for run `run` (named in every log line), within its bound. `Err` only when it could not start.
-    pub fn run(&self, step: Step, run: &str) -> Result<Outcome, String> {
+    pub fn run(&self, step: Step, run: &str) -> Result<Outcome, crate::child::ChildError> {
         let program = self.program(step);
         log::info!("run {run}: running {}", step.command_line());
         let mut cmd = Command::new(&program);
@@ -256,7 +256,10 @@ impl Apt {
             .process_group(0);
         let mut child = cmd
             .spawn()
-            .map_err(|e| format!("could not start {}: {e}", program.display()))?;
+            .map_err(|source| crate::child::ChildError::Spawn {
+                program: program.display().to_string(),
+                source,
+            })?;
         let (tx, rx) = mpsc::channel();
         let readers: Vec<_> = [
             child.stdout.take().map(|s| read_lines(s, tx.clone())),

@@ -335,7 +335,7 @@ impl SystemUpgrades {
                 Err(e) => {
                     self.transition(
                         Event::AptFailed(SystemUpgradeReason::AptFailed),
-                        Some(e),
+                        Some(e.to_string()),
                         None,
                     )?;
                     return Ok(());
