@@ -37,11 +37,25 @@ pub enum Choice {
     Version,
 }
 
+/// A command line that names no tool (`fleet-tools` says so, then its help, and exits 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    /// Not even `argv[0]`.
+    #[error("no program name")]
+    NoProgramName,
+    /// The first argument is not a tool's name.
+    #[error("{0:?} is not one of its tools")]
+    Unknown(String),
+    /// `fleet-tools` alone.
+    #[error("name a tool")]
+    NoTool,
+}
+
 /// What to run for a command line: the tool named by the program's own name (`argv[0]`), else the one its
 /// first argument names, with the arguments after that name.
-pub fn select(mut args: Vec<String>) -> Result<Choice, String> {
+pub fn select(mut args: Vec<String>) -> Result<Choice, SelectError> {
     if args.is_empty() {
-        return Err("no program name".into());
+        return Err(SelectError::NoProgramName);
     }
     let me = args.remove(0);
     let by_name = |n: &str| TOOLS.iter().find(|(name, _)| *name == n).map(|t| t.1);
@@ -58,9 +72,9 @@ pub fn select(mut args: Vec<String>) -> Result<Choice, String> {
             Some(tool) => Ok(Choice::Tool(tool, args.split_off(1))),
             None if n == "--help" || n == "-h" => Ok(Choice::Help),
             None if n == "--version" || n == "-V" => Ok(Choice::Version),
-            None => Err(format!("{n:?} is not one of its tools")),
+            None => Err(SelectError::Unknown(n.to_string())),
         },
-        None => Err("name a tool".into()),
+        None => Err(SelectError::NoTool),
     }
 }
 
@@ -82,7 +96,9 @@ mod tests {
     use super::*;
 
     fn picked(args: &[&str]) -> Result<(usize, Vec<String>), String> {
-        let Choice::Tool(tool, rest) = select(args.iter().map(|s| s.to_string()).collect())? else {
+        let Choice::Tool(tool, rest) =
+            select(args.iter().map(|s| s.to_string()).collect()).map_err(|e| e.to_string())?
+        else {
             return Err(String::new());
         };
         let i = TOOLS
