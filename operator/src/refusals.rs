@@ -468,9 +468,7 @@ async fn publish(
         secondary: None,
     };
     let name = format!("{device}.writes-refused.{w}");
-    match crate::deployments::report::publish_named(&r.client, &ev, &obj.object_ref(&()), &name)
-        .await
-    {
+    match crate::fleet::report::publish_named(&r.client, &ev, &obj.object_ref(&()), &name).await {
         Ok(()) => r.refusals.mark(device, w),
         // Another replica published this window's event.
         Err(kube::Error::Api(s)) if s.code == 409 => r.refusals.mark(device, w),

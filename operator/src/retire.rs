@@ -24,7 +24,7 @@
 //! tombstone and delete the same keys; the finalizer patch is tested, so only one removes it.
 
 use crate::crd::{Device, ENROL_ANNOTATION, RETIRE_FINALIZER};
-use crate::deployments::report;
+use crate::fleet::report;
 use crate::kv::{Mirror, NatsError, Seen};
 use crate::nats_link::{Kept, Link};
 use crate::runtime::Runtime;

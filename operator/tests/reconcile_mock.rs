@@ -7,7 +7,7 @@ use fleet_operator::conditions::{self, Want};
 use fleet_operator::crd::{
     Device, DeviceStatus, FleetDeployment, FleetDeploymentSpec, Placement, PlacementStatus,
 };
-use fleet_operator::deployments::report;
+use fleet_operator::fleet::report;
 use http::{Method, Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::client::Body;

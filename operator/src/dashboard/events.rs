@@ -84,10 +84,9 @@ pub async fn publish(
     };
     let reference = reference(a, pod, devices, runs);
     let published = match &a.subject {
-        // cluster-scoped: recorded so that `kubectl describe` finds it (see crate::deployments::report)
+        // cluster-scoped: recorded so that `kubectl describe` finds it (see crate::fleet::report)
         Subject::Device(_) | Subject::Workload { .. } => {
-            crate::deployments::report::publish_cluster_scoped(client, recorder, &ev, &reference)
-                .await
+            crate::fleet::report::publish_cluster_scoped(client, recorder, &ev, &reference).await
         }
         _ => recorder.publish(&ev, &reference).await,
     };

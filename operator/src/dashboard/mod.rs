@@ -155,7 +155,7 @@ async fn watch_alerts(
     notify: Arc<Notify>,
     ready: impl std::future::Future<Output = bool>,
 ) {
-    let recorder = crate::deployments::report::recorder(client.clone(), opts.instance.clone());
+    let recorder = crate::fleet::report::recorder(client.clone(), opts.instance.clone());
     // Alerts are evaluated only once the caches hold the whole fleet: a partial view would miss alerts now and
     // raise them again (a second event) a moment later.
     if !ready.await {

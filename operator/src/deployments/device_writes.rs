@@ -11,9 +11,9 @@
 //! from that status ([`DeviceWrites::overlay`]) until the cache holds the object at that version or later; a
 //! Device it created is not created again for [`CREATE_ECHO`].
 
-use super::report;
 use crate::crd::Device;
 use crate::crd::DeviceStatus;
+use crate::fleet::report;
 use futures::StreamExt;
 use kube::Client;
 use kube::ResourceExt;

@@ -10,10 +10,10 @@
 
 use super::device_writes::DeviceWrites;
 use super::plan::{self, NewDevice, Plan, Snapshot};
-use super::report;
 use crate::conditions;
 use crate::crd::{AgentRelease, Device, DeviceGroup, FleetDeployment};
 use crate::fleet::placement::DeploymentInput;
+use crate::fleet::report;
 use crate::kv::{self, CasOutcome, Mirror, NatsError};
 use crate::nats_link::{Kept, Link, NatsLink};
 use crate::runtime::Runtime;

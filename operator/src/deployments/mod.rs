@@ -12,7 +12,6 @@ pub mod mirror;
 pub mod plan;
 pub mod policy;
 pub mod release;
-pub mod report;
 pub mod rollout;
 #[cfg(test)]
 mod rollout_reasons;

@@ -3,3 +3,5 @@
 
 /// Label selectors, group membership, which devices an object targets and each device's desired workloads.
 pub mod placement;
+/// Writes to the Kubernetes API every controller makes: status patches, Warning events, Device creation.
+pub mod report;

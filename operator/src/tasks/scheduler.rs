@@ -9,7 +9,7 @@ use super::schedule::{self, Decision, Schedule};
 use crate::cache::Caches;
 use crate::conditions::{self, Want};
 use crate::crd::tasks::{created_at, TaskRun, TaskSchedule, TaskScheduleStatus};
-use crate::deployments::report;
+use crate::fleet::report;
 use fleet_wire::{TaskRunPhase, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -4,7 +4,7 @@
 
 use crate::conditions::{self, Want};
 use crate::crd::tasks::{TaskRun, TaskRunCrStatus};
-use crate::deployments::report::MANAGER;
+use crate::fleet::report::MANAGER;
 use fleet_wire::{TaskRunPhase, TaskRunReason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -217,7 +217,7 @@ pub async fn write(
             "metadata": {"resourceVersion": run.resource_version()},
             // Only the differences, with `null` for what the new status lacks: nothing stale stays behind.
             // (An absent status is `null`, not a default one, so the first write carries every field.)
-            "status": crate::deployments::report::merge_diff(
+            "status": crate::fleet::report::merge_diff(
                 &serde_json::to_value(&run.status).map_err(kube::Error::SerdeError)?,
                 &serde_json::to_value(next).map_err(kube::Error::SerdeError)?,
             ),
