@@ -40,6 +40,7 @@ fn settled_consumers(cluster: &NatsCluster) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut last = consumers(cluster);
     loop {
+        // why: "stopped changing" is judged over a 0.5 s step (no event says the servers' scans are over)
         std::thread::sleep(Duration::from_millis(500));
         let now = consumers(cluster);
         if now == last || Instant::now() > deadline {
