@@ -9,7 +9,7 @@
 
 use fleet_operator::crd::{Device, DeviceGroup, FleetDeployment, RolloutSpec};
 use fleet_operator::deployments::plan::{self, Snapshot};
-use fleet_operator::deployments::rollout::{self, Observed, Policy, Target};
+use fleet_operator::fleet::rollout::{self, Observed, Policy, Target};
 use fleet_wire::{
     AttemptId, DesiredState, DeviceId, DeviceWorkloadStatus, Timestamp, WorkloadSpec,
     WorkloadState, WorkloadStatus,

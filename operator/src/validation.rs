@@ -254,14 +254,14 @@ pub fn placement(p: &Placement, base: &str) -> Problems {
 
 /// A FleetDeployment's spec: placement, workloads, image pull secrets and rollout.
 pub fn deployment_spec(s: &FleetDeploymentSpec) -> Problems {
-    crate::deployments::validate::deployment_problems(s)
+    crate::fleet::validate::deployment_problems(s)
         .err()
         .unwrap_or_default()
 }
 
 /// An AgentRelease's spec: placement, builds and rollout.
 pub fn release_spec(s: &AgentReleaseSpec) -> Problems {
-    crate::deployments::validate::release_problems(s)
+    crate::fleet::validate::release_problems(s)
         .err()
         .unwrap_or_default()
 }

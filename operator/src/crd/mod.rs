@@ -140,7 +140,7 @@ pub struct DeviceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<WorkloadHealth>,
     /// Set while the device's agent upgrade has stayed in one phase longer than that phase's bound allows
-    /// ([`crate::deployments::rollout::phase_bound`] plus [`crate::deployments::rollout::STALL_SLACK`]): the phase it is stuck in and since
+    /// ([`crate::fleet::rollout::phase_bound`] plus [`crate::fleet::rollout::STALL_SLACK`]): the phase it is stuck in and since
     /// when (the device's own `phaseChangedAt`); or, with no stalled agent upgrade, while a running TaskRun's
     /// intent for it has gone unaccepted for longer than the accept timeout (phase `not-accepted`, `taskRun`
     /// naming the run, set by the TaskRun controller: [`crate::tasks::stall`]); absent otherwise.
@@ -415,7 +415,7 @@ pub struct FleetDeploymentSpec {
     #[serde(flatten)]
     pub placement: Placement,
     /// The workloads, each a fleet-wire `WorkloadSpec`, unique by name across every deployment on a device.
-    /// Kept as JSON here and validated by [`crate::deployments::validate`], so that one invalid object gets an `InvalidSpec`
+    /// Kept as JSON here and validated by [`crate::fleet::validate`], so that one invalid object gets an `InvalidSpec`
     /// condition instead of breaking the watch of every FleetDeployment.
     #[schemars(schema_with = "wire_object_list")]
     pub workloads: Vec<serde_json::Value>,
@@ -465,7 +465,7 @@ pub struct PlacementStatus {
     /// docs/crds.md, "Two releases, one device"); absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded: Option<u32>,
-    /// Where the rollout stands ([`crate::deployments::rollout`]): on an AgentRelease counted over the devices it owns, on a
+    /// Where the rollout stands ([`crate::fleet::rollout`]): on an AgentRelease counted over the devices it owns, on a
     /// FleetDeployment (only with a `rollout` section) over its targeted devices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
@@ -598,7 +598,7 @@ pub struct HaltCause {
 }
 
 /// The desired agent version for one architecture. Plain strings here, validated into fleet-wire types by
-/// [`crate::deployments::validate`] (an invalid build gets an `InvalidSpec` condition).
+/// [`crate::fleet::validate`] (an invalid build gets an `InvalidSpec` condition).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReleaseBuild {

@@ -339,10 +339,10 @@ pub fn evaluate<'a>(
         }
         if let Some(u) = d
             .upgrade
-            .filter(|u| crate::deployments::rollout::is_stalled(u.phase, u.phase_changed_at, now))
+            .filter(|u| crate::fleet::rollout::is_stalled(u.phase, u.phase_changed_at, now))
         {
-            let phase = crate::deployments::rollout::phase_word(u.phase);
-            let bound = crate::deployments::rollout::phase_bound(u.phase).unwrap_or_default();
+            let phase = crate::fleet::rollout::phase_word(u.phase);
+            let bound = crate::fleet::rollout::phase_bound(u.phase).unwrap_or_default();
             out.push(Alert {
                 kind: AlertKind::DeviceStalled,
                 subject: Subject::Device(d.name.to_owned()),

@@ -71,7 +71,7 @@ pub fn phase_name(d: &Device) -> String {
     d.status
         .as_ref()
         .and_then(|s| s.agent_upgrade.as_ref())
-        .map(|u| crate::deployments::rollout::phase_word(u.phase))
+        .map(|u| crate::fleet::rollout::phase_word(u.phase))
         .unwrap_or_else(|| "none".into())
 }
 

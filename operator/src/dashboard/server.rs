@@ -194,7 +194,7 @@ pub async fn handle(
             let upgrade_of = |id: &DeviceId| {
                 let d = state.devices.get(&ObjectRef::new(id.as_str()))?;
                 let u = d.status.as_ref()?.agent_upgrade.as_ref()?;
-                let phase = crate::deployments::rollout::phase_word(u.phase);
+                let phase = crate::fleet::rollout::phase_word(u.phase);
                 Some(match u.reason {
                     Some(reason) => format!("{phase}: {}", super::html::name(&reason)),
                     None => phase,

@@ -4,8 +4,8 @@
 //! reported about it (the failed attempt's reason and error); nothing is judged a second time. Pure; table-tested
 //! in `rollout_reasons.rs`.
 
-use super::rollout::{self, Failure, Stall, Wait};
 use crate::conditions::Want;
+use crate::fleet::rollout::{self, Failure, Stall, Wait};
 use fleet_wire::{
     AgentUpgradeStatus, DeviceWorkloadStatus, FailureReason, Timestamp, UpgradePhase,
     UpgradeReason, WorkloadState,

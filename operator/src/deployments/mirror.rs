@@ -120,13 +120,13 @@ pub fn device_status(
             .upgrade
             .as_ref()
             .and_then(|u| {
-                crate::deployments::rollout::is_stalled(u.phase, u.phase_changed_at, now).then(
-                    || Stalled {
-                        phase: crate::deployments::rollout::phase_word(u.phase),
+                crate::fleet::rollout::is_stalled(u.phase, u.phase_changed_at, now).then(|| {
+                    Stalled {
+                        phase: crate::fleet::rollout::phase_word(u.phase),
                         since: u.phase_changed_at.to_string(),
                         task_run: None,
-                    },
-                )
+                    }
+                })
             })
             // A TaskRun's stall is the TaskRun controller's to set and clear: kept as it is (an agent upgrade's
             // stall, the more urgent, replaces it).

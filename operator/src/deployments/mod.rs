@@ -12,10 +12,8 @@ pub mod mirror;
 pub mod plan;
 pub mod policy;
 pub mod release;
-pub mod rollout;
 #[cfg(test)]
 mod rollout_reasons;
 pub mod rollout_workloads;
 pub mod secrets;
 pub mod usage;
-pub mod validate;

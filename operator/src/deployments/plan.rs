@@ -7,8 +7,6 @@ use super::blocking::{self, Blocking};
 use super::health;
 use super::mirror::{self, Reported};
 use super::release::{self, IntentDecision, ReleaseCounts};
-use super::rollout;
-use super::validate::{self, Build};
 use super::{capability, secrets};
 use crate::conditions::{self, Want};
 use crate::crd::{
@@ -16,6 +14,8 @@ use crate::crd::{
     PlacementStatus, RolloutPhase, WorkloadHealth, HOLD_ANNOTATION,
 };
 use crate::fleet::placement::{self, DeploymentInput, GroupError, Labels, PlacementError};
+use crate::fleet::rollout;
+use crate::fleet::validate::{self, Build};
 use fleet_wire::secrets::RegistryAuth;
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, DesiredState, DeviceId, DeviceInfo,
@@ -195,7 +195,7 @@ pub struct Plan {
     /// Each device's workloads (written compare-and-set; unchanged ones are skipped).
     pub desired: BTreeMap<DeviceId, Arc<[WorkloadSpec]>>,
     /// Devices whose desired state is written again with a new generation even when unchanged: a FleetDeployment
-    /// retry gives its failed devices the spec again ([`crate::deployments::rollout::retry_requested`]).
+    /// retry gives its failed devices the spec again ([`crate::fleet::rollout::retry_requested`]).
     pub bump: BTreeSet<DeviceId>,
     /// Agent-upgrade attempts to write.
     pub intents: Vec<IntentWrite>,

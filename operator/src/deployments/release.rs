@@ -1,8 +1,8 @@
 //! Agent releases, as pure functions: which attempt (if any) a device needs, and how a release's devices are
 //! doing. The CAS write itself is in [`crate::kv`].
 
-use super::rollout::Observed;
-use super::validate::Build;
+use crate::fleet::rollout::Observed;
+use crate::fleet::validate::Build;
 use fleet_wire::{
     AgentUpgradeAttempt, AgentUpgradeStatus, AttemptId, Capability, DeviceId, DeviceInfo,
     Heartbeat, UpgradePhase,

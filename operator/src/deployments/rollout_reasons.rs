@@ -3,8 +3,8 @@
 //! ([`rollout::Wait`]) and the exact sentence its Device carries ([`blocking::reason`]).
 
 use super::blocking::{self, Blocking, BlockingKind};
-use super::rollout::{self, Failure, Observed, Policy, Stall, Target, Wait};
 use crate::crd::RolloutSpec;
+use crate::fleet::rollout::{self, Failure, Observed, Policy, Stall, Target, Wait};
 use fleet_wire::{fixtures, BoundedText, DeviceId, Timestamp, UpgradePhase, UpgradeReason};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 

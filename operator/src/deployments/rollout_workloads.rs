@@ -1,5 +1,5 @@
 //! A FleetDeployment's side of a staged rollout, as pure functions: what *updated*, *healthy* and *failed* mean
-//! for workloads, mapped into the planner's [`Observed`] (the planner itself, [`crate::deployments::rollout::plan`], is the one
+//! for workloads, mapped into the planner's [`Observed`] (the planner itself, [`crate::fleet::rollout::plan`], is the one
 //! AgentRelease uses) and what a device not given the change yet keeps. Everything is read from NATS (the device's desired-state key and its workload status) and the CR
 //! (its status and annotations), so a restarted operator finds the same position. Table-tested.
 //!
@@ -14,7 +14,7 @@
 //!   `retries` times in a row; during the soak or after, like a crash loop);
 //! - otherwise *updating*.
 
-use super::rollout::Observed;
+use crate::fleet::rollout::Observed;
 use fleet_wire::{
     DesiredState, DeviceWorkloadStatus, HealthState, Timestamp, WorkloadSpec, WorkloadState,
 };
@@ -102,7 +102,7 @@ pub fn observe(
 mod tests {
     use super::*;
     use crate::crd::{PlacementStatus, RolloutPhase, RolloutStatus};
-    use crate::deployments::rollout::{
+    use crate::fleet::rollout::{
         halt_holds, plan, retry_requested, token, Policy, Standing, Target,
     };
     use fleet_wire::{fixtures, DeviceId, WorkloadStatus};
@@ -383,7 +383,7 @@ mod tests {
                     &[(&new, WorkloadState::Running, Some(started))],
                 )),
             );
-            crate::deployments::rollout::standing(o, &p, t(now))
+            crate::fleet::rollout::standing(o, &p, t(now))
         };
         assert_eq!(seen(10, 50, 50), Standing::Soaking);
         assert_eq!(seen(10, 70, 70), Standing::Healthy, "60 s after its start");
@@ -394,7 +394,7 @@ mod tests {
         );
         assert_eq!(
             seen(10, 50, 50 + 91),
-            Standing::Failed(crate::deployments::rollout::Failure::Silent),
+            Standing::Failed(crate::fleet::rollout::Failure::Silent),
             "no report for longer than the heartbeat timeout"
         );
         // three devices, one canary, maxUnavailable 1: the planner releases the canary, then one at a time
@@ -424,7 +424,7 @@ mod tests {
             )
         };
         let p1 = Policy {
-            max_unavailable: crate::deployments::rollout::Amount::Count(1),
+            max_unavailable: crate::fleet::rollout::Amount::Count(1),
             ..p
         };
         let first = plan(&targets([pending(), pending(), pending()]), &p1, t(0));

@@ -3,8 +3,8 @@
 //! shown values move in steps ([`shown`]) so that a few bytes or a busy second never rewrite a status, and only a
 //! change of what is shown wakes the control loop ([`wakes`]): 100,000 devices cost writes only as they fill up.
 
-use super::rollout::LowSpace;
 use crate::crd::{FilesystemStatus, UsageStatus};
+use crate::fleet::rollout::LowSpace;
 use fleet_wire::usage::{
     DeviceUsage, FilesystemRole, FilesystemUsage, DISK_ALERT_PERCENT, FREE_SPACE_FLOOR_BYTES,
 };

@@ -5,3 +5,7 @@
 pub mod placement;
 /// Writes to the Kubernetes API every controller makes: status patches, Warning events, Device creation.
 pub mod report;
+/// Staged rollouts: which devices get a change now, the rollout's phase and counts, and why it halted.
+pub mod rollout;
+/// Spec validation: the JSON of FleetDeployment and AgentRelease specs into fleet-wire types, or what is wrong.
+pub mod validate;

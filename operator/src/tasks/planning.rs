@@ -9,8 +9,7 @@ use fleet_wire::DeviceId;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The label that makes a device a canary (value `true`).
-pub const CANARY_LABEL: &str = "canary";
+pub use crate::fleet::rollout::CANARY_LABEL;
 
 /// Groups resolved from the DeviceGroup objects, as placement reads them.
 pub type Groups = BTreeMap<String, Result<BTreeSet<DeviceId>, GroupError>>;

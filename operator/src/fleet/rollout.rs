@@ -19,7 +19,8 @@ use fleet_wire::{DeviceId, Timestamp, UpgradePhase};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::time::Duration;
 
-pub use crate::tasks::planning::CANARY_LABEL;
+/// The label that makes a device a canary (value `true`).
+pub const CANARY_LABEL: &str = "canary";
 
 /// Default `heartbeatTimeoutSeconds`: three of the agent's default 30 s heartbeats.
 pub const DEFAULT_HEARTBEAT_TIMEOUT_SECS: u32 = 90;

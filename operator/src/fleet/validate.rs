@@ -117,9 +117,9 @@ pub fn deployment_problems(spec: &FleetDeploymentSpec) -> Result<Vec<WorkloadSpe
 
 /// Every problem of a `rollout` section (FleetDeployment or AgentRelease), each with its full path and the range
 /// it must be in (`spec.rollout.soakSeconds: must be 0 to 86400, not 100000`); empty: valid.
-/// [`crate::deployments::rollout::Policy::from_spec`] refuses exactly these.
+/// [`crate::fleet::rollout::Policy::from_spec`] refuses exactly these.
 pub fn rollout_problems(r: &RolloutSpec) -> Vec<String> {
-    use crate::deployments::rollout::{MAX_SECONDS, MIN_HEARTBEAT_TIMEOUT_SECS};
+    use crate::fleet::rollout::{MAX_SECONDS, MIN_HEARTBEAT_TIMEOUT_SECS};
     let mut out = Vec::new();
     if let Some(soak) = r.soak_seconds.filter(|s| *s > MAX_SECONDS) {
         out.push(format!(
@@ -132,7 +132,7 @@ pub fn rollout_problems(r: &RolloutSpec) -> Vec<String> {
     ] {
         let valid = v
             .as_ref()
-            .is_none_or(|v| crate::deployments::rollout::Amount::parse(v).is_some());
+            .is_none_or(|v| crate::fleet::rollout::Amount::parse(v).is_some());
         if !valid {
             let shown = match v {
                 Some(IntOrString::Int(n)) => n.to_string(),
