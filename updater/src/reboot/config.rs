@@ -119,6 +119,9 @@ pub enum ConfigError {
         /// The largest value allowed.
         max: f64,
     },
+    /// `range.cidr`.
+    #[error(transparent)]
+    Cidr(#[from] super::deps::CidrError),
     /// Any other key with a value that cannot be used: `key: why`.
     #[error("{0}")]
     Invalid(String),
@@ -156,7 +159,7 @@ impl RebootConfig {
             super::window::Window::from_config(w).map_err(invalid)?;
         }
         if let Some(r) = &c.range {
-            let n = super::deps::cidr_hosts(&r.cidr).map_err(invalid)?.len();
+            let n = super::deps::cidr_hosts(&r.cidr)?.len();
             if r.min_up as usize > n {
                 return Err(invalid(format!(
                     "range.min_up: {} but {} has only {n} hosts",

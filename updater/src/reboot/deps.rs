@@ -62,26 +62,51 @@ pub fn require_hosts(entries: &[String], timeout: Duration) -> Result<(), Reason
     Ok(())
 }
 
+/// A `range.cidr` that is not a usable range; the text names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    /// No `/`.
+    #[error("range.cidr: {0:?} is not ADDRESS/PREFIX")]
+    NotCidr(String),
+    /// The part before `/`.
+    #[error("range.cidr: {0:?} is not an IP address")]
+    NotAddress(String),
+    /// The part after `/`.
+    #[error("range.cidr: {0:?} is not a prefix length")]
+    NotPrefix(String),
+    /// A prefix longer than the address.
+    #[error("range.cidr: /{len} is longer than {bits} bits")]
+    PrefixTooLong {
+        /// The prefix length.
+        len: u32,
+        /// The address's bits.
+        bits: u32,
+    },
+    /// More than [`MAX_RANGE_HOSTS`] addresses.
+    #[error(
+        "range.cidr: {0} has more than {MAX_RANGE_HOSTS} addresses (use /22 or longer for IPv4)"
+    )]
+    TooLarge(String),
+}
+
 /// The host addresses of a CIDR (IPv4 without network and broadcast for prefixes up to /30).
-pub fn cidr_hosts(cidr: &str) -> Result<Vec<IpAddr>, String> {
+pub fn cidr_hosts(cidr: &str) -> Result<Vec<IpAddr>, CidrError> {
     let (addr, len) = cidr
         .split_once('/')
-        .ok_or_else(|| format!("range.cidr: {cidr:?} is not ADDRESS/PREFIX"))?;
+        .ok_or_else(|| CidrError::NotCidr(cidr.to_string()))?;
     let ip: IpAddr = addr
         .parse()
-        .map_err(|_| format!("range.cidr: {addr:?} is not an IP address"))?;
+        .map_err(|_| CidrError::NotAddress(addr.to_string()))?;
     let len: u32 = len
         .parse()
-        .map_err(|_| format!("range.cidr: {len:?} is not a prefix length"))?;
+        .map_err(|_| CidrError::NotPrefix(len.to_string()))?;
     let bits = if ip.is_ipv4() { 32 } else { 128 };
     if len > bits {
-        return Err(format!("range.cidr: /{len} is longer than {bits} bits"));
+        return Err(CidrError::PrefixTooLong { len, bits });
     }
     let host_bits = bits - len;
     if host_bits > 10 {
-        return Err(format!(
-            "range.cidr: {cidr} has more than {MAX_RANGE_HOSTS} addresses (use /22 or longer for IPv4)"
-        ));
+        return Err(CidrError::TooLarge(cidr.to_string()));
     }
     let count = 1u128 << host_bits;
     let out: Vec<IpAddr> = match ip {
@@ -109,7 +134,7 @@ pub fn cidr_hosts(cidr: &str) -> Result<Vec<IpAddr>, String> {
 
 /// At least `min_up` hosts of the range accept TCP on the port; stops probing once enough answered.
 pub fn range(r: &RangeConfig, timeout: Duration) -> Result<usize, Reason> {
-    let hosts = Arc::new(cidr_hosts(&r.cidr).map_err(Reason)?);
+    let hosts = Arc::new(cidr_hosts(&r.cidr).map_err(|e| Reason(e.to_string()))?);
     let next = Arc::new(AtomicUsize::new(0));
     let up = Arc::new(AtomicUsize::new(0));
     let need = r.min_up as usize;
