@@ -180,7 +180,7 @@ pub struct DeviceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocking_more: Option<u32>,
     /// Disk, memory and load as the device last reported them (`device-usage`), rounded so that small changes
-    /// write nothing ([`crate::deployments::usage`]); absent until it reports.
+    /// write nothing ([`crate::fleet::usage`]); absent until it reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageStatus>,
 }

@@ -436,7 +436,7 @@ pub fn evaluate<'a>(
                         "{} {}% used, {} free",
                         f.role,
                         f.used_percent,
-                        crate::deployments::usage::size(f.available_bytes)
+                        crate::fleet::usage::size(f.available_bytes)
                     )
                 })
                 .collect();

@@ -216,8 +216,8 @@ pub fn disk(u: Option<&crate::crd::UsageStatus>) -> Markup {
                 "{} {}% used, {} free of {}",
                 f.role,
                 f.used_percent,
-                crate::deployments::usage::size(f.available_bytes),
-                crate::deployments::usage::size(f.size_bytes)
+                crate::fleet::usage::size(f.available_bytes),
+                crate::fleet::usage::size(f.size_bytes)
             );
             @if f.used_percent >= alert {
                 b.bad data-disk-full=(f.role) { (words) }

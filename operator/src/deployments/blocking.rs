@@ -212,7 +212,7 @@ pub fn reason(
             format!(
                 "{change} waits for free space: {} free on {}, needs {} MiB; free space on the device (its \
                  status.usage shows each filesystem)",
-                super::usage::size(low.available_bytes),
+                crate::fleet::usage::size(low.available_bytes),
                 low.role,
                 // The floor exactly (a whole number of MiB), not cut to two digits.
                 low.floor_bytes >> 20

@@ -139,11 +139,11 @@ pub fn workload_mirror(watch: HeartbeatWatch) -> Arc<Mirror<DeviceWorkloadStatus
 }
 
 /// The `device-usage` mirror, whose watch wakes the loop only for a report that changes what a Device shows or
-/// whether a rollout may give the device a change ([`super::usage::wakes`]); the rest are recorded quietly.
+/// whether a rollout may give the device a change ([`crate::fleet::usage::wakes`]); the rest are recorded quietly.
 pub fn usage_mirror() -> Arc<Mirror<fleet_wire::DeviceUsage>> {
     Mirror::waking_when(
         layout::DEVICE_USAGE,
-        Box::new(|_key, old, new| super::usage::wakes(old, new)),
+        Box::new(|_key, old, new| crate::fleet::usage::wakes(old, new)),
     )
 }
 

@@ -165,7 +165,7 @@ pub fn device_status(
         usage: r
             .usage
             .as_deref()
-            .map(|u| crate::deployments::usage::shown(current.and_then(|c| c.usage.as_ref()), u)),
+            .map(|u| crate::fleet::usage::shown(current.and_then(|c| c.usage.as_ref()), u)),
     };
     next.crash_looping = CrashLooping::of(
         next.agent_restarts

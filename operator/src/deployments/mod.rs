@@ -16,4 +16,3 @@ pub mod release;
 mod rollout_reasons;
 pub mod rollout_workloads;
 pub mod secrets;
-pub mod usage;

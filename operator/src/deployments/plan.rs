@@ -505,7 +505,7 @@ fn stage(
             .is_some_and(|v| v == "true");
         in_rollout.push(rollout::Target {
             last_heartbeat: s.heartbeats.get(dev.as_str()).map(|h| h.at),
-            low_space: super::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
+            low_space: crate::fleet::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
             id: dev.clone(),
             canary,
             observed,
@@ -1105,7 +1105,7 @@ fn release(
             .is_some_and(|v| v == "true");
         in_rollout.push(rollout::Target {
             last_heartbeat: s.heartbeats.get(dev.as_str()).map(|h| h.at),
-            low_space: super::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
+            low_space: crate::fleet::usage::low_space(s.usage.get(dev.as_str()).map(Arc::as_ref)),
             id: dev,
             canary,
             observed,

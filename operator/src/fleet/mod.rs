@@ -7,5 +7,7 @@ pub mod placement;
 pub mod report;
 /// Staged rollouts: which devices get a change now, the rollout's phase and counts, and why it halted.
 pub mod rollout;
+/// A device's usage as its Device shows it (in steps) and as a staged rollout reads it (the free-space floor).
+pub mod usage;
 /// Spec validation: the JSON of FleetDeployment and AgentRelease specs into fleet-wire types, or what is wrong.
 pub mod validate;

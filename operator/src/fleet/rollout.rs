@@ -227,7 +227,7 @@ pub struct Target {
     /// [`STALL_SLACK`] as stalled.
     pub last_heartbeat: Option<Timestamp>,
     /// Set when the device's latest usage report has a filesystem with less than the free-space floor available
-    /// ([`crate::deployments::usage::low_space`]): a staged rollout gives it the change only once it has room.
+    /// ([`crate::fleet::usage::low_space`]): a staged rollout gives it the change only once it has room.
     pub low_space: Option<LowSpace>,
 }
 
