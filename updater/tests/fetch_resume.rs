@@ -223,8 +223,10 @@ fn a_link_that_drops_at_random_offsets_completes_across_an_updater_restart() {
         .expect("spawn the child updater");
     let until = Instant::now() + Duration::from_secs(60);
     while scene.held() < cuts[0] && Instant::now() < until {
+        // why: pacing of the bounded poll for the held bytes
         std::thread::sleep(Duration::from_millis(20));
     }
+    // why: no event shows the child parked on the dropped connection (not mid-write); a margin before the kill
     std::thread::sleep(Duration::from_millis(200));
     child.kill().expect("SIGKILL the child updater");
     child.wait().expect("reap");

@@ -326,6 +326,7 @@ fn timer_and_upgrade_step_racing_never_release_a_slot_under_a_rebooting_device()
                 if got.is_ok_and(|a| a.status == 200) {
                     return Some(start.elapsed());
                 }
+                // why: pacing of the bounded poll
                 std::thread::sleep(Duration::from_millis(20));
             }
             None

@@ -77,6 +77,7 @@ fn run_second(cfg: &Path) -> (Option<i32>, String) {
             let _ = child.wait();
             break None;
         }
+        // why: pacing of the bounded poll
         std::thread::sleep(Duration::from_millis(50));
     };
     let mut err = String::new();

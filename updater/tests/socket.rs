@@ -189,6 +189,7 @@ fn a_stalled_half_line_times_out_at_ten_seconds_while_others_are_served() {
     }
     assert!(started.elapsed() < Duration::from_secs(9));
     // Trickling bytes does not extend the deadline.
+    // why: the trickle's timing is the scenario (a byte 2 s later, still inside the 10 s), no wait for an event
     std::thread::sleep(Duration::from_secs(2));
     let _ = slow.write_all(b"e");
     let r = read_response(&slow);
@@ -320,6 +321,7 @@ fn status_is_answered_while_an_upgrade_prepares() {
             break;
         }
         assert!(Instant::now() < deadline, "still {:?}", s.phase);
+        // why: pacing of the bounded poll
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(dev.active(), TARGET);

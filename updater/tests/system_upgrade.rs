@@ -89,6 +89,7 @@ fn wait_terminal(sock: &Path) -> SystemUpgradeStatus {
             return s;
         }
         assert!(Instant::now() < deadline, "not terminal: {s:#?}");
+        // why: pacing of the bounded poll
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -237,6 +238,7 @@ fn status_answers_while_apt_runs_and_one_transaction_runs_at_a_time() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !apt.calls().iter().any(|c| c.ends_with("full-upgrade")) {
         assert!(Instant::now() < deadline, "full-upgrade never started");
+        // why: pacing of the bounded poll
         std::thread::sleep(Duration::from_millis(10));
     }
     let t0 = Instant::now();
@@ -331,6 +333,7 @@ fn a_reboot_goes_through_the_coordinated_client() {
             break;
         }
         assert!(Instant::now() < deadline, "{s:#?}");
+        // why: pacing of the bounded poll
         std::thread::sleep(Duration::from_millis(10));
     }
     // "After the boot": a new updater over the same root resumes and the client releases the lock.
