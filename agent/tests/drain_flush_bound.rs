@@ -34,6 +34,7 @@ fn the_drain_flush_keeps_its_bound_against_a_silent_server() {
         .contains(") T ")
     {
         assert!(Instant::now() < stopped, "nats-server did not stop");
+        // why: pacing of the bounded wait for the server to stop
         std::thread::sleep(Duration::from_millis(10));
     }
     let t = Instant::now();

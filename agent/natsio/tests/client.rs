@@ -63,6 +63,7 @@ fn a_silent_server_is_detected_and_a_flush_keeps_its_bound() {
         .contains(") T ")
     {
         assert!(Instant::now() < stopped, "nats-server did not stop");
+        // why: pacing of the bounded wait for the server to stop
         std::thread::sleep(Duration::from_millis(10));
     }
     let t = Instant::now();

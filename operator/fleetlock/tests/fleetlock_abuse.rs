@@ -275,6 +275,7 @@ fn one_host_cannot_take_the_connections_of_others() {
             "idle connections still open after {:?}",
             opened.elapsed()
         );
+        // why: pacing of the bounded poll for the idle connections closed
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!(

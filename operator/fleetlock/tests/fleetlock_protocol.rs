@@ -474,6 +474,7 @@ mod cases {
         let deadline = Instant::now() + Duration::from_secs(15);
         while c.fleetlock(true, "b", "default").unwrap().status != 200 {
             assert!(Instant::now() < deadline, "config not reloaded");
+            // why: pacing of the bounded poll for the reload
             std::thread::sleep(Duration::from_millis(100));
         }
         // An invalid file keeps the last good config and says so in status and metrics.
@@ -492,6 +493,7 @@ mod cases {
                 break;
             }
             assert!(Instant::now() < deadline, "invalid config not reported");
+            // why: pacing of the bounded poll for the report
             std::thread::sleep(Duration::from_millis(100));
         }
         let m = c.request("GET", "/metrics", &[], b"").unwrap().text();
@@ -592,6 +594,7 @@ fn https_certificate_rotation_without_restart() {
             "rotated certificate not served:\n{}",
             s.log()
         );
+        // why: pacing of the bounded poll for the rotated certificate
         std::thread::sleep(Duration::from_millis(100));
     };
     // Same process, same state: the holder taken before the rotation is still there.
@@ -609,6 +612,7 @@ fn https_certificate_rotation_without_restart() {
             "broken certificate not reported:\n{}",
             s.log()
         );
+        // why: pacing of the bounded poll for the report
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(s.log().contains("server.crt"), "{}", s.log());
@@ -738,6 +742,7 @@ fn reconfigure(path: &Path, yaml: &str, mut probe: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !probe() {
         assert!(Instant::now() < deadline, "config not reloaded: {yaml}");
+        // why: pacing of the bounded poll for the reload
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -848,6 +853,7 @@ fn grants_and_releases_are_logged_in_commit_order() {
                     let id = format!("host-{n}");
                     for _ in 0..ROUNDS {
                         while c.fleetlock(true, &id, "one").unwrap().status != 200 {
+                            // why: a brief back-off before asking for the slot again (the race is the test)
                             std::thread::sleep(Duration::from_millis(2));
                         }
                         assert_eq!(c.fleetlock(false, &id, "one").unwrap().status, 200);

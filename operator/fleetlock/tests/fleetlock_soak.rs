@@ -213,6 +213,7 @@ fn soak_lock_release_pairs_all_answered_with_flat_consumers() {
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
                 peak.fetch_max(consumers(&cluster), Ordering::Relaxed);
+                // why: sampling period of the consumer-count watch
                 std::thread::sleep(Duration::from_millis(200));
             }
         })
