@@ -284,6 +284,7 @@ async fn device_status_follows_nats() {
         .await
         .expect("put heartbeat");
     // a beat that carries a new agent version is a change: written at once (the routine one before it is not)
+    // why: no event marks the routine beat judged and not written; a window before the next beat (not coalesced)
     tokio::time::sleep(Duration::from_secs(3)).await;
     hb.at = hb.at.plus(Duration::from_secs(30));
     hb.agent_version = Version::try_from("1.3.0").unwrap();
@@ -518,6 +519,7 @@ async fn two_operators_write_each_attempt_once() {
             )
             .await
             .expect("nudge");
+        // why: spaces the nudges so each is its own pass (the stream sequence below counts the writes)
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     // Every write to the bucket takes one stream sequence number: N means each attempt was written once.

@@ -88,6 +88,7 @@ fn browse(url: &str, extra: &[&str]) -> String {
             let _ = child.wait();
             panic!("chromium did not finish {url} within 90 s");
         }
+        // why: pacing of the bounded wait for chromium
         std::thread::sleep(Duration::from_millis(50));
     }
     reader.join().unwrap()
@@ -327,6 +328,7 @@ where
             return (dom, after);
         }
         last = Some((before, after));
+        // why: pacing between two page loads (each a chromium run) until the status holds still
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("{path}: the status changed during every load: {last:#?}")
@@ -479,6 +481,7 @@ async fn load_with_view(
             return (body, after);
         }
         last = Some((before, after));
+        // why: pacing between two page loads (each a chromium run) until the status holds still
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("{path}: the fleet changed during every load: {last:#?}")
@@ -762,6 +765,7 @@ async fn dashboard_pages_alerts_and_metrics_in_a_real_browser() {
     f.put(layout::DEVICE_INFO, rolled.as_str(), &info).await;
     let mut c = fl.conn().unwrap();
     assert_eq!(c.fleetlock(true, "pi-done", "default").unwrap().status, 200);
+    // why: the reboot history's scenario: pi-done held the slot for a second before it gave it back
     std::thread::sleep(Duration::from_millis(1100));
     let mut c = fl.conn().unwrap();
     assert_eq!(

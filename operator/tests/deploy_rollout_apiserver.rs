@@ -181,6 +181,7 @@ impl Rig {
                     }
                     last = Some(s);
                 }
+                // why: pacing of the bounded poll
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
@@ -256,6 +257,7 @@ async fn a_spec_change_goes_to_the_canary_then_one_at_a_time_across_an_operator_
     r.report(&c, WorkloadState::Running, Some(t1)).await;
     r.wait_rollout(RolloutPhase::Soaking, (1, 0, 2, 0)).await;
     assert_eq!(r.columns(&COLUMNS), ["Soaking", "1", "0", "2", "0"]);
+    // why: no event marks a pass that gave nobody the change during the soak; a few passes is the window
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         r.image(&d1).await.as_deref(),
@@ -285,6 +287,7 @@ async fn a_spec_change_goes_to_the_canary_then_one_at_a_time_across_an_operator_
     // the operator dies mid-rollout; a new one takes over from what NATS and the CR say
     r.f.kill_operators().await;
     r.f.start_engine();
+    // why: no event marks the new operator's passes that gave d2 nothing; its first passes are the window
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         r.image(&d2).await.as_deref(),
@@ -375,6 +378,7 @@ async fn a_failed_canary_halts_the_others_keep_the_old_spec_and_a_retry_resumes(
         ])
         .get();
     assert!(halts >= 1, "halt metric: {halts}");
+    // why: no event marks a pass of a halted rollout that changed nothing; a few passes is the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(r.image(&d1).await.as_deref(), Some(OLD));
     assert_eq!(r.image(&d2).await.as_deref(), Some(OLD));
@@ -382,6 +386,7 @@ async fn a_failed_canary_halts_the_others_keep_the_old_spec_and_a_retry_resumes(
     // the canary recovers on its own (the registry came back): the halt holds until a person says so
     r.report(&c, WorkloadState::Running, Some(Timestamp::now()))
         .await;
+    // why: no event marks a pass that kept the halt after the recovery; a few passes is the window
     tokio::time::sleep(Duration::from_secs(3)).await;
     let st = r.status().await.expect("status");
     assert_eq!(
@@ -419,6 +424,7 @@ async fn a_failed_canary_halts_the_others_keep_the_old_spec_and_a_retry_resumes(
         .await;
     r.wait_rollout(RolloutPhase::Soaking, (1, 0, 2, 0)).await;
     // one retry per value: the key is not written again
+    // why: no event marks a pass that wrote no second retry; a few passes is the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         r.desired(&c).await.map(|d| d.generation),
@@ -448,6 +454,7 @@ async fn a_failed_canary_halts_the_others_keep_the_old_spec_and_a_retry_resumes(
     })
     .await;
     assert!(condition(&st, "Ready").message.contains("maxUnavailable"));
+    // why: no event marks a pass that acted on nothing for an invalid spec; a few passes is the window
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(r.image(&c).await.as_deref(), Some(NEW));
     assert_eq!(r.image(&d1).await.as_deref(), Some(OLD));

@@ -155,6 +155,7 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
                     beat(&store, id, sequence).await;
                 }
                 beat_behind(&store, &skewed, sequence, SKEW).await;
+                // why: the simulated devices' beat period, not a wait
                 tokio::time::sleep(BEAT).await;
             }
         })
@@ -167,6 +168,7 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
     let mut second_started = None;
     for n in 1..=2 {
         let op = operator(&f, dir.path(), &format!("operator-{n}.log"));
+        // why: the scenario: each operator runs RUN before it is killed
         tokio::time::sleep(RUN).await;
         drop(op);
         second_started.get_or_insert_with(Timestamp::now);
@@ -185,10 +187,12 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
             "no DeviceSilent event for {quiet} within {} s of its last heartbeat",
             (SILENT_AFTER + Duration::from_secs(30)).as_secs()
         );
+        // why: pacing of the bounded poll for the event
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let alerted_after = silenced.elapsed();
     // The third operator keeps judging a while longer: still no alarm for a device that beats.
+    // why: 'no false alarm' has no event: 5 s more of the third operator's judging is the window
     tokio::time::sleep(Duration::from_secs(5)).await;
     let mut false_alarms = Vec::new();
     for id in &live {
@@ -278,6 +282,7 @@ async fn restarts_raise_no_false_silence_and_a_silenced_device_is_still_alerted(
             "{quiet} not Online=False within 105 s of its last heartbeat: {:?}",
             d.status
         );
+        // why: pacing of the poll for Online=False (bounded by the deadline above)
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let offline_after = silenced.elapsed();
@@ -442,6 +447,7 @@ async fn crash_loops_show_on_the_device_and_raise_one_event_each() {
     // The devices go on reporting the same (the agent republishes its workload status on a timer): no second
     // event.
     for _ in 0..4 {
+        // why: the simulated agent's republish period (4 s, four times): the repeats are the scenario
         tokio::time::sleep(Duration::from_secs(4)).await;
         statuses.put(host.as_str(), report().into()).await.unwrap();
         beat(&heartbeats, &agent, 2).await;

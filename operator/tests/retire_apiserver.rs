@@ -37,6 +37,7 @@ fn reporting(f: &Fleet, id: &str) -> tokio::task::JoinHandle<()> {
             }
             beat.sequence += 1;
             beat.at = fleet_wire::Timestamp::now();
+            // why: the simulated device's beat period (one write a second), not a wait
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     })
@@ -152,6 +153,7 @@ async fn kubectl_delete_retires_a_device_for_good_until_it_is_enrolled_again() {
     // The device keeps reporting: no Device for it for 20 s (the 2-minute check with the callout on is
     // vm-tests' retire_e2e).
     for _ in 0..20 {
+        // why: 'no Device for 20 s while it reports' is the property: the window is the assertion, each second
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(devices.get(&id).await.is_err(), "the Device is back");
     }

@@ -157,6 +157,7 @@ impl Rig {
                     }
                     last = Some(s);
                 }
+                // why: pacing of the bounded poll
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
@@ -244,6 +245,7 @@ async fn canary_soak_then_one_at_a_time_across_an_operator_kill() {
         kubectl_columns(&rel, &["PHASE", "UPDATED", "HEALTHY", "PENDING"]),
         ["Soaking", "1", "0", "2"]
     );
+    // why: no event marks a pass that released nothing during the soak; a few passes is the window
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         r.intent(&d1).await.is_none() && r.intent(&d2).await.is_none(),
@@ -263,6 +265,7 @@ async fn canary_soak_then_one_at_a_time_across_an_operator_kill() {
     // the operator dies mid-rollout; a new one takes over from what NATS says
     r.f.kill_operators().await;
     r.f.start_engine();
+    // why: no event marks the new operator's passes that released nothing; its first passes are the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         r.intent(&d2).await.is_none(),
@@ -416,6 +419,7 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
         kubectl_columns(&rel, &["PHASE", "FAILED", "PENDING"]),
         ["Halted", "1", "2"]
     );
+    // why: no event marks a pass of a halted rollout that released nothing; a few passes is the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         r.intent(&d1).await.is_none() && r.intent(&d2).await.is_none(),
@@ -461,10 +465,12 @@ async fn a_canary_that_restarts_in_its_soak_halts_and_a_retry_annotation_retries
     })
     .await;
     assert_eq!(retried.target_version, first.target_version);
+    // why: lets the operator's passes after the retry run first (no event marks them)
     tokio::time::sleep(Duration::from_secs(2)).await;
     // one new attempt per value: the retried one is kept, even when it fails again
     r.status(&retried, UpgradePhase::Failed, Timestamp::now())
         .await;
+    // why: no event marks a pass that made no second attempt; a few passes is the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         r.intent(&c2).await.map(|a| a.attempt_id),
@@ -495,6 +501,7 @@ async fn overlapping_releases_the_newest_wins_and_the_older_keeps_its_status() {
     r.release(&older, serde_json::Value::Null).await;
     eventually("the older release's attempt on b", || r.intent(&b)).await;
     // creation timestamps have one-second resolution
+    // why: creation timestamps have one-second resolution: the newer release must be a second younger
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let newer = r.f.name("a-new");
     let meta = json!({"name": newer, "labels": r.f.labels(json!({}))});

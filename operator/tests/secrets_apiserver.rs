@@ -380,6 +380,7 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
         None,
         "v1's value goes with the spec that named it"
     );
+    // why: no event marks a pass that gave d1 nothing before the canary ran; a few passes is the window
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         r.version(&d1).await.as_deref(),
@@ -415,6 +416,7 @@ async fn secrets_reach_only_targeted_devices_rotate_and_go() {
         .expect("delete Secret");
     let m = r.wait_ready("SecretMissing", "does not exist").await;
     assert!(m.contains(&format!("Secret {}/api", r.ns)), "{m}");
+    // why: no event marks a pass that changed nothing after the Secret went; a few passes is the window
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(r.desired(&can).await.unwrap(), before.0);
     assert_eq!(r.device_secrets(&can).await.unwrap(), before.1);

@@ -303,6 +303,7 @@ async fn canaries_first_then_the_rest_complete() {
         (created.0.as_millisecond() / 1000 + 21600) as u64,
         "expiresAt = creation + deadlineSeconds"
     );
+    // why: no event marks a pass that released nothing; a few of the operator's passes is the window
     tokio::time::sleep(Duration::from_millis(800)).await;
     for d in [&o1, &o2, &old, &outside] {
         assert!(
@@ -425,6 +426,7 @@ async fn canary_failure_stops_the_rest() {
             .then_some(())
     })
     .await;
+    // why: no event marks a pass that released nothing after the failure; a few passes is the window
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
         f.intent(&o1, &run).await.is_none(),
@@ -436,6 +438,7 @@ async fn canary_failure_stops_the_rest() {
     );
     // a late success of the failed canary changes nothing
     f.succeed(&c2, &run).await;
+    // why: no event marks the late success judged and ignored; a few passes is the window
     tokio::time::sleep(Duration::from_millis(800)).await;
     let s = f.runs().get("upgrade").await.unwrap().status.unwrap().run;
     assert_eq!(
@@ -534,6 +537,7 @@ async fn device_that_never_accepts_its_intent_is_stalled() {
     // A fresh operator judges from NATS: the same device, the same write time.
     f.kill_operators().await;
     f.start_operator_accepting_within(timeout);
+    // why: the fresh operator's judgement has no event when it keeps the same value; its first passes are the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     let again = device_stall(mute.clone()).await.expect("still stalled");
     assert_eq!(again.since, on_device.since, "the intent's time is NATS's");
@@ -579,6 +583,7 @@ async fn deleting_a_running_run_removes_its_intents() {
         f.intent(&c1, &run).await.is_none().then_some(())
     })
     .await;
+    // why: no event marks a pass that wrote nothing after the delete; a few passes is the window
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(f.intent(&o1, &run).await.is_none(), "nothing more released");
     assert!(
@@ -647,6 +652,7 @@ async fn deleting_a_run_with_no_operator_cancels_it_once_one_starts() {
         f.runs().get_opt("nothing").await.unwrap().is_none(),
         "a run without the finalizer goes at once"
     );
+    // why: no event marks the finalizer kept and nothing released; a few passes is the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held = f.runs().get("upgrade").await.expect("still there");
     assert!(held.metadata.deletion_timestamp.is_some());
@@ -675,6 +681,7 @@ async fn deleting_a_run_with_no_operator_cancels_it_once_one_starts() {
         .await
         .unwrap();
     assert!(status.is_some(), "the canary's result stays");
+    // why: no event marks a pass that wrote nothing; a few passes is the window
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
         f.intent(&o1, &run).await.is_none() && f.intent(&c1, &run).await.is_none(),
@@ -700,6 +707,7 @@ async fn missing_canary_times_out_and_late_success_stays_failed() {
     assert!(s.latest_error.unwrap().to_string().contains("deadline"));
     assert!(f.intent(&o, &run).await.is_none());
     f.succeed(&c, &run).await;
+    // why: no event marks the late success judged and ignored; a few passes is the window
     tokio::time::sleep(Duration::from_millis(800)).await;
     let s = f.runs().get("upgrade").await.unwrap().status.unwrap().run;
     assert_eq!((s.phase, s.succeeded), (Some(TaskRunPhase::Failed), 0));
@@ -744,6 +752,7 @@ async fn revoked_target_fails_the_run() {
     // o1 leaves the group after planning; a new member joins (it must not be substituted)
     f.relabel(&o, json!({"member": "elsewhere"})).await;
     let newcomer = f.device("n1", json!({"member": "prod"}), true).await;
+    // why: no status shows the operator saw the relabel and the newcomer (watch cache); a moment before success
     tokio::time::sleep(Duration::from_millis(500)).await;
     f.succeed(&c, &run).await;
     let s = f.phase("upgrade", TaskRunPhase::Failed).await;
@@ -835,6 +844,7 @@ async fn operator_processes_share_one_plan_and_resume_after_sigkill() {
     f.phase("upgrade", TaskRunPhase::Running).await;
     let plans = f.bucket(layout::TASK_PLANS).await;
     let manifest = plans.entry(plan_manifest_key(&run)).await.unwrap().unwrap();
+    // why: no event marks a pass that wrote no second plan or intent; the window before counting the streams
     tokio::time::sleep(Duration::from_secs(1)).await;
     // one chunk and one manifest in the plan bucket; the canary's intent written once
     let (messages, _) = f.stream_state(layout::TASK_PLANS).await;
@@ -1269,6 +1279,7 @@ async fn task_schedule_ticks_skips_catches_up_and_suspends() {
         (owned().await.len() == 2).then_some(())
     })
     .await;
+    // why: 'exactly one catch-up run' has no later event; a few scheduler passes is the window
     tokio::time::sleep(Duration::from_millis(800)).await;
     let runs = owned().await;
     assert_eq!(runs.len(), 2, "exactly one catch-up run: {runs:?}");
@@ -1287,6 +1298,7 @@ async fn task_schedule_ticks_skips_catches_up_and_suspends() {
         )
         .await
         .unwrap();
+    // why: no status shows the scheduler saw the suspend (its watch cache); a moment before the clock moves
     tokio::time::sleep(Duration::from_millis(500)).await;
     to_next_tick().await;
     eventually("skipped while suspended", || async {
@@ -1310,12 +1322,14 @@ async fn task_schedule_ticks_skips_catches_up_and_suspends() {
         )
         .await
         .unwrap();
+    // why: no status shows the scheduler saw the resume (its watch cache); a moment before the clock moves
     tokio::time::sleep(Duration::from_millis(500)).await;
     to_next_tick().await;
     eventually("the next run", || async {
         (owned().await.len() == 3).then_some(())
     })
     .await;
+    // why: 'one run for the tick' has no later event; a few passes of both schedulers is the window
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(
         owned().await.len(),
@@ -1464,6 +1478,7 @@ async fn without_the_webhook_unknown_fields_and_spec_edits_stop_the_run() {
         format!("spec changed after the run froze it: spec.allowedGroups (was [\"{group}\"], now [\"{group}\",\"production\"]); a TaskRun's spec is immutable (its UID names one frozen plan): the operator acts on nothing in this run until the spec is as it was; or delete it and create a new TaskRun")
     );
     f.succeed(&c, &run).await;
+    // why: no event marks a pass that released nothing for the changed spec; a few passes is the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         f.intent(&o, &run).await.is_none(),
@@ -1540,6 +1555,7 @@ async fn without_the_webhook_a_mistyped_schedule_creates_no_run() {
     );
     // five ticks later: still no run
     clock.fetch_add(5 * 60_000, Ordering::SeqCst);
+    // why: no event marks a scheduler pass that created nothing for an invalid spec; a few passes is the window
     tokio::time::sleep(Duration::from_secs(2)).await;
     let runs = f.runs().list(&Default::default()).await.unwrap().items;
     assert!(runs.is_empty(), "runs created: {runs:?}");
