@@ -227,6 +227,7 @@ fn private_images_secrets_and_hardware_reach_only_the_targeted_devices() {
         );
     }
     // A few passes later the third device still has neither credentials nor container.
+    // why: no event marks an operator pass that left a device out; a few passes' window is the assertion
     std::thread::sleep(Duration::from_secs(5));
     assert!(
         secrets.entry(OUTSIDE).ok().flatten().is_none(),

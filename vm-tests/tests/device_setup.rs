@@ -486,6 +486,7 @@ fn a_device_set_up_from_the_docs_before_its_buckets_exist() {
     assert!(log.contains("done: no reboot this time"), "{log}");
 
     // A healthy agent without desired state logs no ERROR over half a minute (a key without a value is normal).
+    // why: "no ERROR over half a minute" is the property: the window since the agent was ready is the assertion
     std::thread::sleep(Duration::from_secs(31).saturating_sub(ready.elapsed()));
     let log = guest.sh("journalctl -b -o cat -u fleet-agent.service");
     assert!(!log.contains("ERROR"), "{log}");

@@ -131,6 +131,7 @@ fn wait_marker(fleet: &LocalFleet, workload: &str, marker: &str) -> String {
     let seen = fleet_rig::wait_for(STEP_TIMEOUT, || {
         let (ok, _) = d.podman(&format!("exec fleet-{workload} ls {marker} 2>&1"));
         if !ok {
+            // why: pacing of the poll (each look is a podman exec in the guest)
             std::thread::sleep(Duration::from_millis(500));
         }
         ok.then_some(())

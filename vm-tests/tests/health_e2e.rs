@@ -210,6 +210,7 @@ fn crash_looping_container(fleet: &LocalFleet) {
         !halted.message.contains("To retry the failed attempts"),
         "{halted:?}"
     );
+    // why: no event marks a pass that gave the others nothing; a few seconds after the halt is the window
     std::thread::sleep(Duration::from_secs(5));
     others_keep_the_previous_spec(&desired, "loop", "exit 3");
     cluster.kubectl(&["delete", "fdep", "loop"]);
@@ -376,6 +377,7 @@ fn operator_restarts_raise_no_false_alarms(fleet: &LocalFleet) {
         kv_entry(&heartbeats, frozen).expect("a heartbeat before the freeze");
     for _ in 0..3 {
         cluster.kill_operator_and_restart_with(&["--alert-silent-after", "60s"]);
+        // why: the scenario's pacing: each operator judges for 20 s before the next restart, none past 60 s alone
         std::thread::sleep(Duration::from_secs(20));
     }
     let alerted = cluster.wait(
@@ -390,6 +392,7 @@ fn operator_restarts_raise_no_false_alarms(fleet: &LocalFleet) {
         "alerted {after:?} after its last heartbeat (threshold 60 s)"
     );
     // Every live device was watched past the threshold by the last operator: not one false alarm.
+    // why: "no false alarm" has no event; 20 s more of the last operator's judging is the window
     std::thread::sleep(Duration::from_secs(20));
     for (d, n) in live.iter().zip(before) {
         assert_eq!(
@@ -493,6 +496,7 @@ fn http_check_fails_after_the_update(fleet: &LocalFleet) {
             })
         },
     );
+    // why: no event marks a pass that gave the others nothing; 10 s after the halt's event is the window
     std::thread::sleep(Duration::from_secs(10));
     others_keep_the_previous_spec(&desired, "site", "healthz");
     // The canary keeps the change: its container runs the new spec (not restored to the old one).
@@ -557,6 +561,7 @@ fn crash_looping_agent_stays_halted(fleet: &LocalFleet) {
             );
         }
         passes += 1;
+        // why: pacing of the watch over the soak window plus 5 minutes (the window is the assertion)
         std::thread::sleep(Duration::from_secs(5));
     }
     eprintln!("halted through {passes} checks over the soak window plus 5 minutes");

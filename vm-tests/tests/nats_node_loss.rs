@@ -221,6 +221,7 @@ impl Fleet {
         // While it is down, the slot stays held: another member is refused.
         let other = format!("{holder}-other");
         assert_ne!(self.lock(true, &other), 200, "a second holder got the slot");
+        // why: the node's downtime is the scenario (DOWN), not a wait for anything
         std::thread::sleep(DOWN);
         self.nats.restart(victim);
         for spec in kv::BUCKETS {

@@ -43,7 +43,8 @@ fn g_offline_device_upgrades_straight_to_the_current_target() {
         Duration::from_secs(60),
         || (intent_version()? == V3).then_some(()),
     );
-    std::thread::sleep(Duration::from_secs(2)); // offline for a while (the relay refuses meanwhile)
+    // why: the offline stretch's length is the scenario (the relay refuses meanwhile)
+    std::thread::sleep(Duration::from_secs(2));
     device.nats_link.set_connected(true);
 
     let view = cluster.wait("Device committed v3", Duration::from_secs(300), || {

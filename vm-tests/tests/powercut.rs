@@ -371,6 +371,7 @@ impl Rig {
             );
         }
         let boot_before = d.guest.boot_id();
+        // why: the cut's moment is the plan's (a chosen delay after the intent), not a wait for an event
         std::thread::sleep(Duration::from_millis(plan.delay_ms));
         if let Some(s) = inspect::updater_status(d)
             .ok()
@@ -393,6 +394,7 @@ impl Rig {
             g.power_on_nowait();
             let booting = wait_for(Duration::from_secs(30), || g.pid1());
             assert!(booting.is_some(), "round {n}: no PID 1 after power-on");
+            // why: the flicker's length is the plan's (power back for ms, then cut again)
             std::thread::sleep(Duration::from_millis(ms));
             self.scene.device.guest.power_cut();
             at_cut = self.journal_at_cut(n, &attempt);

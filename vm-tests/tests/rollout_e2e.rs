@@ -360,6 +360,7 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         "kubectl describe frel:\n{described}"
     );
     // Nobody else was given it, then or a few passes later.
+    // why: no event marks an operator pass that gave nobody the release; a few passes' window is the assertion
     std::thread::sleep(Duration::from_secs(5));
     for d in OTHERS {
         assert!(
@@ -469,6 +470,7 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         );
         seen.look(&fleet);
         let Some(c) = rollout(&fleet, "good") else {
+            // why: pacing of the watch (each look runs kubectl)
             std::thread::sleep(Duration::from_secs(1));
             continue;
         };
@@ -501,6 +503,7 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
         if c.0 == "Complete" {
             break;
         }
+        // why: pacing of the watch (each look runs kubectl)
         std::thread::sleep(Duration::from_secs(1));
     }
     // Once complete, no Device lists a reason.
@@ -802,6 +805,7 @@ fn bad_image_never_takes_a_workload_down(fleet: &LocalFleet) {
     });
     eprintln!("events: {warnings:?}");
     // A few passes later the others were never given it and run what they ran.
+    // why: no event marks an operator pass that gave nobody the image; a few passes' window is the assertion
     std::thread::sleep(Duration::from_secs(5));
     for (i, d) in OTHERS.iter().enumerate() {
         assert_eq!(

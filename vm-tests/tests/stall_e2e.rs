@@ -73,6 +73,7 @@ fn an_updater_stopped_mid_download_is_stalled_after_the_phase_bound() {
         if let Some(s) = view.stalled {
             break (s, Timestamp::now());
         }
+        // why: pacing: watched every 5 s as a person would (the bound's check allows one step)
         std::thread::sleep(Duration::from_secs(5));
     };
     let (s, seen) = stalled;

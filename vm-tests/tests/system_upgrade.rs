@@ -92,6 +92,7 @@ fn system_upgrade_on_a_debian_device() {
     guest.wait_unit("fleet-updater.service", "active", Duration::from_secs(60));
     guest.wait_unit("fleet-agent.service", "active", Duration::from_secs(120));
     tasks.put_intent(&a);
+    // why: "apt never runs again" has no event in the guest; 8 s after the restarted units took the intent
     std::thread::sleep(Duration::from_secs(8));
     assert_eq!(
         apt_history_runs(guest),
@@ -173,6 +174,7 @@ fn system_upgrade_on_a_debian_device() {
     );
     let history = apt_history_runs(guest);
     tasks.put_intent(&k);
+    // why: "apt ran not again" has no event in the guest; 5 s after the intent is the window
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(
         apt_history_runs(guest),
