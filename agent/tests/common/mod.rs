@@ -103,6 +103,7 @@ fn serve(
                 },
                 _ => {
                     let ms = delay.load(std::sync::atomic::Ordering::SeqCst);
+                    // why: a slow updater is the scenario: answers after the test's upgrade_delay_ms (0 unless set)
                     std::thread::sleep(Duration::from_millis(ms));
                     Response::Accepted {
                         status: s.lock().unwrap().clone(),
