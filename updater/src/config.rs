@@ -1,8 +1,10 @@
 //! The updater's configuration file (TOML, typed, validated; keys this release does not know are ignored with a
 //! warning each, so a file written for a newer release, by its device setup, still starts this one).
 
+use fleet_wire::fetch::MAX_BYTES_PER_SEC_FLOOR;
 use fleet_wire::{DeviceId, UnitName};
 use serde::Deserialize;
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 
 /// Where the configuration lives by default.
@@ -20,6 +22,8 @@ struct RawConfig {
     agent_user: Option<String>,
     socket_group: Option<String>,
     system_reboot_retry_secs: Option<u64>,
+    /// Read as any value so that a string or a fraction gets a message saying what is expected.
+    download_max_bytes_per_sec: Option<toml::Value>,
     /// Keys this release does not know (collected, warned about, otherwise ignored).
     #[serde(flatten)]
     unknown: toml::Table,
@@ -43,6 +47,9 @@ pub struct Config {
     pub socket_group: String,
     /// Time between coordinated-reboot runs while a system upgrade waits for its reboot.
     pub system_reboot_retry: std::time::Duration,
+    /// Bandwidth cap of the agent-artifact download (the `fleet-fetch` helper's reads of the artifact's body), in
+    /// bytes per second; `None` (the key absent or 0): no cap. At least [`MAX_BYTES_PER_SEC_FLOOR`].
+    pub download_max_bytes_per_sec: Option<NonZeroU64>,
     /// Keys of the file this release does not know, ignored; [`Config::load`] logs one warning for each.
     pub ignored_keys: Vec<String>,
 }
@@ -58,6 +65,7 @@ impl Default for Config {
             agent_user: "fleet-agent".into(),
             socket_group: "fleet-agent".into(),
             system_reboot_retry: crate::system::upgrade::REBOOT_RETRY,
+            download_max_bytes_per_sec: None,
             ignored_keys: Vec::new(),
         }
     }
@@ -78,6 +86,25 @@ fn account_name_ok(s: &str) -> bool {
             .next()
             .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+/// `download_max_bytes_per_sec`: a whole number of bytes per second, 0 for no cap, else at least the floor.
+fn max_bytes_per_sec(v: &toml::Value) -> Result<Option<NonZeroU64>, String> {
+    const KEY: &str = "download_max_bytes_per_sec";
+    let expected = format!(
+        "a whole number of bytes per second: 0 for no cap, else at least {MAX_BYTES_PER_SEC_FLOOR} (1 KiB/s); 262144 is 256 KiB/s"
+    );
+    let n = match v {
+        toml::Value::Integer(n) => *n,
+        other => return Err(format!("{KEY} {other} is not {expected}")),
+    };
+    let n = u64::try_from(n).map_err(|_| format!("{KEY} {n} is not {expected}"))?;
+    if n != 0 && n < MAX_BYTES_PER_SEC_FLOOR {
+        return Err(format!(
+            "{KEY} {n} is below the floor of {MAX_BYTES_PER_SEC_FLOOR} bytes per second (the unit is bytes per second, not kbit/s or KiB/s); {expected}"
+        ));
+    }
+    Ok(NonZeroU64::new(n))
 }
 
 impl Config {
@@ -128,6 +155,9 @@ impl Config {
                 )));
             }
             c.system_reboot_retry = std::time::Duration::from_secs(secs);
+        }
+        if let Some(v) = raw.download_max_bytes_per_sec {
+            c.download_max_bytes_per_sec = max_bytes_per_sec(&v).map_err(fail)?;
         }
         for (key, value, slot) in [
             ("agent_user", raw.agent_user, &mut c.agent_user),
@@ -223,5 +253,43 @@ mod tests {
         // A known key with a wrong type is still an error, with the key named.
         let e = Config::parse("socket_group = 5", "/etc/u.toml").expect_err("type");
         assert!(e.to_string().contains("socket_group"), "{e}");
+    }
+
+    #[test]
+    fn download_cap_is_bytes_per_second_with_a_floor() {
+        let cap = |text: &str| {
+            Config::parse(text, "t").map(|c| c.download_max_bytes_per_sec.map(NonZeroU64::get))
+        };
+        assert_eq!(cap("").expect("absent"), None);
+        assert_eq!(cap("download_max_bytes_per_sec = 0").expect("zero"), None);
+        assert_eq!(
+            cap("download_max_bytes_per_sec = 262144").expect("256 KiB/s"),
+            Some(262_144)
+        );
+        assert_eq!(
+            cap("download_max_bytes_per_sec = 1024").expect("the floor"),
+            Some(1024)
+        );
+        for (bad, says) in [
+            (
+                "download_max_bytes_per_sec = 256",
+                "below the floor of 1024",
+            ),
+            ("download_max_bytes_per_sec = -5", "is not a whole number"),
+            (
+                "download_max_bytes_per_sec = 2.5e5",
+                "is not a whole number",
+            ),
+            (
+                "download_max_bytes_per_sec = \"256 KiB\"",
+                "is not a whole number",
+            ),
+        ] {
+            let e = cap(bad).expect_err(bad).to_string();
+            assert!(
+                e.contains(says) && e.contains("download_max_bytes_per_sec"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

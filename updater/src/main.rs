@@ -16,7 +16,8 @@ Usage:
   fleet-updater --help            this text
 
 Configuration keys (TOML, all optional): root, device_id, extra_ca_file, agent_unit, agent_user, socket_group,
-system_reboot_retry_secs.
+system_reboot_retry_secs, download_max_bytes_per_sec (the agent-artifact download's cap in bytes per second, 0
+for none).
 Logging: RUST_LOG (default info). See docs/updater.md.";
 
 fn main() {

@@ -27,11 +27,14 @@ pub fn run(config_path: &Path) -> Result<(), String> {
     log::info!("holding {}", lock.path().display());
     let allowed_gid = users::group_gid(&cfg.socket_group).map_err(|e| e.to_string())?;
     let deps = Deps {
-        fetcher: Box::new(fetch_runner::production(
-            beside_me("fleet-fetch", "agent-upgrade downloads")?,
-            &cfg.agent_user,
-            cfg.extra_ca_file.as_deref(),
-        )?),
+        fetcher: Box::new(
+            fetch_runner::production(
+                beside_me("fleet-fetch", "agent-upgrade downloads")?,
+                &cfg.agent_user,
+                cfg.extra_ca_file.as_deref(),
+            )?
+            .with_max_bytes_per_sec(cfg.download_max_bytes_per_sec),
+        ),
         services: Arc::new(Systemctl::default()),
         prober: Prober::new(cfg.agent_user.clone(), PROBE_TIMEOUT),
         faults: Faults::from_env(),

@@ -28,6 +28,9 @@ pub const FETCH_REQUEST_MAX_BYTES: usize =
     CA_BUNDLE_MAX_BYTES + CA_BUNDLE_MAX_BYTES / 8 + 64 * 1024;
 /// Largest failure line the updater reads from the helper's stderr, in bytes.
 pub const FETCH_FAILURE_MAX_BYTES: usize = 8 * 1024;
+/// Lowest bandwidth cap accepted, in bytes per second (1 KiB/s): below it a cap is taken for a mistake (kbit/s or
+/// KiB/s written where bytes/s are meant) rather than slept through.
+pub const MAX_BYTES_PER_SEC_FLOOR: u64 = 1024;
 
 /// What to download: exactly the parts of an attempt the network side needs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +55,11 @@ pub struct FetchRequest {
     /// waits longer than this nor than `HTTPS_REQUEST_TIMEOUT`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_left_ms: Option<u64>,
+    /// Protocol 2: the bandwidth cap of the artifact body, in bytes per second (the updater's
+    /// `download_max_bytes_per_sec`), at least [`MAX_BYTES_PER_SEC_FLOOR`]; absent: no cap. A helper that predates
+    /// the cap refuses the key (an unknown field), so only an updater and helper of one package send and serve it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes_per_sec: Option<u64>,
 }
 
 /// What identifies one version of an artifact's content at its server, so that bytes of one response are
@@ -156,6 +164,7 @@ impl FetchRequest {
             extra_roots_pem,
             resume: None,
             time_left_ms: None,
+            max_bytes_per_sec: None,
         }
     }
 
@@ -173,9 +182,16 @@ impl FetchRequest {
                 r.protocol
             )));
         }
-        if r.protocol == FETCH_PROTOCOL_V1 && (r.resume.is_some() || r.time_left_ms.is_some()) {
+        if r.protocol == FETCH_PROTOCOL_V1
+            && (r.resume.is_some() || r.time_left_ms.is_some() || r.max_bytes_per_sec.is_some())
+        {
             return Err(err(format!(
-                "resume and timeLeftMs need protocol {FETCH_PROTOCOL}"
+                "resume, timeLeftMs and maxBytesPerSec need protocol {FETCH_PROTOCOL}"
+            )));
+        }
+        if let Some(cap) = r.max_bytes_per_sec.filter(|c| *c < MAX_BYTES_PER_SEC_FLOOR) {
+            return Err(err(format!(
+                "maxBytesPerSec {cap} is below the floor of {MAX_BYTES_PER_SEC_FLOOR} bytes per second"
             )));
         }
         if let Some(p) = &r.resume {
@@ -294,6 +310,26 @@ mod tests {
             validators: Validators::default(),
         });
         assert!(FetchRequest::parse(&serde_json::to_vec(&r).expect("json")).is_err());
+        let mut v1 = request();
+        v1.protocol = FETCH_PROTOCOL_V1;
+        v1.max_bytes_per_sec = Some(MAX_BYTES_PER_SEC_FLOOR);
+        assert!(FetchRequest::parse(&serde_json::to_vec(&v1).expect("json")).is_err());
+    }
+
+    #[test]
+    fn the_bandwidth_cap_has_a_floor() {
+        let mut r = request();
+        for (cap, ok) in [
+            (MAX_BYTES_PER_SEC_FLOOR, true),
+            (256 * 1024, true),
+            (u64::MAX, true),
+            (MAX_BYTES_PER_SEC_FLOOR - 1, false),
+            (0, false),
+        ] {
+            r.max_bytes_per_sec = Some(cap);
+            let parsed = FetchRequest::parse(&serde_json::to_vec(&r).expect("json"));
+            assert_eq!(parsed.is_ok(), ok, "{cap}: {parsed:?}");
+        }
     }
 
     #[test]

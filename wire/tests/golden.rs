@@ -136,6 +136,7 @@ fn fetch_helper_shapes() {
     let mut resume = FetchRequest::new(a.artifact, a.sha256, a.byte_limit, None);
     resume.resume = Some(point.clone());
     resume.time_left_ms = Some(240_000);
+    resume.max_bytes_per_sec = Some(262_144);
     check("fetch-request-resume", &resume);
     check("fetch-start", &point);
     check(

@@ -1,7 +1,9 @@
 //! The HTTPS client every fetch uses: ureq + rustls (ring), system roots plus extra roots, redirects never
 //! followed by the library, a connect time-out and one deadline for the whole fetch.
 
+use super::rate::Capped;
 use super::{FetchConfig, FetchError};
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ureq::tls::{Certificate, RootCerts, TlsConfig, TlsProvider};
@@ -12,6 +14,7 @@ pub(crate) struct Client {
     agent: Agent,
     deadline: Instant,
     request_timeout: Duration,
+    max_bytes_per_sec: Option<NonZeroU64>,
 }
 
 /// An HTTP response whose body has not been read yet.
@@ -58,7 +61,13 @@ impl Client {
             agent: Agent::new_with_config(config),
             deadline: Instant::now() + cfg.request_timeout,
             request_timeout: cfg.request_timeout,
+            max_bytes_per_sec: cfg.max_bytes_per_sec,
         })
+    }
+
+    /// The artifact's body to stream, under the fetch's bandwidth cap (if any) from now.
+    pub(crate) fn artifact_body(&self, resp: Response) -> Capped<impl std::io::Read> {
+        Capped::new(resp.into_body().into_reader(), self.max_bytes_per_sec)
     }
 
     /// GET `url` with optional `Accept`, bearer token and `extra` headers (a range), bounded by what is left of

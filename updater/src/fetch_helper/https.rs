@@ -30,7 +30,7 @@ pub(crate) fn fetch(
         begin(out, &start, &write_err)?;
     }
     stream(
-        resp.into_body().into_reader(),
+        client.artifact_body(resp),
         out,
         limit.saturating_sub(start.offset),
         (start.offset == 0).then_some(expected),

@@ -11,6 +11,7 @@ mod error;
 mod https;
 mod oci;
 mod range;
+pub mod rate;
 mod serve;
 
 pub use download::{stream_to_temp, ReadErrorMap, Streamed};
@@ -25,6 +26,7 @@ use fleet_wire::{AgentUpgradeAttempt, Artifact, Sha256Hex};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use std::io::Write;
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -37,6 +39,8 @@ pub struct FetchConfig {
     pub connect_timeout: Duration,
     /// Bound on the whole fetch: every request of it, headers and body.
     pub request_timeout: Duration,
+    /// Bandwidth cap of the artifact's body, in bytes per second ([`rate`]); `None`: no cap.
+    pub max_bytes_per_sec: Option<NonZeroU64>,
 }
 
 impl Default for FetchConfig {
@@ -45,6 +49,7 @@ impl Default for FetchConfig {
             extra_roots: Vec::new(),
             connect_timeout: HTTPS_CONNECT_TIMEOUT,
             request_timeout: HTTPS_REQUEST_TIMEOUT,
+            max_bytes_per_sec: None,
         }
     }
 }

@@ -101,7 +101,7 @@ pub(crate) fn fetch(
         begin(out, &start, &write_err)?;
     }
     let fetched = stream(
-        resp.into_body().into_reader(),
+        client.artifact_body(resp),
         out,
         limit.saturating_sub(start.offset),
         (start.offset == 0).then_some(&layer.digest),

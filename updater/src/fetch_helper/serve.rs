@@ -58,6 +58,7 @@ fn serve_request(
     if let Some(ms) = req.time_left_ms {
         cfg.request_timeout = cfg.request_timeout.min(Duration::from_millis(ms));
     }
+    cfg.max_bytes_per_sec = req.max_bytes_per_sec.and_then(std::num::NonZeroU64::new);
     if let Some(pem) = &req.extra_roots_pem {
         cfg = cfg.with_ca_pem(pem, "from the updater's extra_ca_file")?;
     }

@@ -14,6 +14,7 @@ use fleet_wire::{
 };
 use partial::Partial;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::num::NonZeroU64;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -75,6 +76,7 @@ pub struct HelperFetcher {
     margin: Duration,
     retry: Retry,
     resume: bool,
+    max_bytes_per_sec: Option<NonZeroU64>,
 }
 
 /// Time a helper has, past the fetch's deadline, to report and exit before it is killed.
@@ -161,6 +163,7 @@ pub fn production(
         margin: HELPER_MARGIN,
         retry: Retry::default(),
         resume: true,
+        max_bytes_per_sec: None,
     })
 }
 
@@ -195,6 +198,13 @@ impl HelperFetcher {
     /// what resuming saves).
     pub fn with_resume(mut self, resume: bool) -> Self {
         self.resume = resume;
+        self
+    }
+
+    /// The same fetcher with a bandwidth cap on the artifact's body, in bytes per second (the configuration's
+    /// `download_max_bytes_per_sec`; `None`: no cap); the helper applies it to every try.
+    pub fn with_max_bytes_per_sec(mut self, cap: Option<NonZeroU64>) -> Self {
+        self.max_bytes_per_sec = cap;
         self
     }
 
@@ -242,6 +252,7 @@ impl HelperFetcher {
         );
         request.resume = partial.resume_point().filter(|_| self.resume);
         request.time_left_ms = Some(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
+        request.max_bytes_per_sec = self.max_bytes_per_sec.map(NonZeroU64::get);
         let mut line = match serde_json::to_vec(&request) {
             Ok(l) => l,
             Err(e) => {
@@ -396,6 +407,12 @@ impl Fetcher for HelperFetcher {
             attempt.effective_byte_limit(),
         )
         .map_err(|e| DownloadError::from(&e))?;
+        if let Some(cap) = self.max_bytes_per_sec {
+            log::info!(
+                "attempt {id}: downloading at most {cap} bytes/s (download_max_bytes_per_sec), {} bytes held",
+                partial.len()
+            );
+        }
         let mut tries = 0u32;
         let mut count = TryCount::default();
         // The most bytes ever held: a server that ignores Range sends the same bytes from zero again, which
