@@ -9,26 +9,15 @@
 
 use fleet_rig::callout::{FleetNats, NatsAuth, NatsTransport};
 use fleet_rig::nats_client::buckets::create_buckets;
-use fleet_rig::NatsServer;
+use fleet_rig::{eventually, NatsServer};
 use fleet_wire::{
     fixtures, AgentUpgradeStatus, Architecture, DeviceId, DeviceInfo, DeviceWorkloadStatus,
     SystemUpgradePhase, SystemUpgradeStatus, Timestamp, UpgradePhase, WorkloadState,
 };
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "{what}: not within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+/// How long each wait of these tests may take.
+const WAIT: Duration = Duration::from_secs(60);
 
 struct Sim(std::process::Child);
 impl Drop for Sim {
@@ -73,14 +62,14 @@ fn simulated_devices_write_what_the_agent_writes() {
     );
     for i in 0..4 {
         let id = format!("sim-{i:06}");
-        let got: DeviceInfo = eventually("device info", || {
+        let got: DeviceInfo = eventually("device info", WAIT, || {
             info.get(&id)
                 .unwrap()
                 .map(|v| serde_json::from_slice(&v).unwrap())
         });
         assert_eq!(got.device_id.as_str(), id);
         assert_eq!(got.agent_version.as_str(), "1.0.0");
-        eventually("a heartbeat", || beats.get(&id).unwrap());
+        eventually("a heartbeat", WAIT, || beats.get(&id).unwrap());
     }
 
     // A desired state → a workload status of its generation.
@@ -91,7 +80,7 @@ fn simulated_devices_write_what_the_agent_writes() {
         .put(dev1.as_str(), serde_json::to_vec(&desired).unwrap())
         .unwrap();
     let statuses = kv(fleet_wire::kv::WORKLOAD_STATUS);
-    let ws: DeviceWorkloadStatus = eventually("workload status", || {
+    let ws: DeviceWorkloadStatus = eventually("workload status", WAIT, || {
         let v = statuses.get(dev1.as_str()).unwrap()?;
         let s: DeviceWorkloadStatus = serde_json::from_slice(&v).unwrap();
         (s.generation == desired.generation).then_some(s)
@@ -110,7 +99,7 @@ fn simulated_devices_write_what_the_agent_writes() {
         a.device_id = DeviceId::try_from(dev).unwrap();
         a.architecture = Architecture::Amd64;
         intents.put(dev, serde_json::to_vec(&a).unwrap()).unwrap();
-        let s: AgentUpgradeStatus = eventually("a terminal agent-upgrade status", || {
+        let s: AgentUpgradeStatus = eventually("a terminal agent-upgrade status", WAIT, || {
             let s: AgentUpgradeStatus =
                 serde_json::from_slice(&upgrades.get(dev).unwrap()?).unwrap();
             s.phase.is_terminal().then_some(s)
@@ -119,7 +108,7 @@ fn simulated_devices_write_what_the_agent_writes() {
         assert_eq!(s.attempt_id, Some(a.attempt_id));
         assert_eq!(s.transitions.phases()[0], UpgradePhase::Preparing);
         if end == UpgradePhase::Complete {
-            eventually("device info at the new version", || {
+            eventually("device info at the new version", WAIT, || {
                 let i: DeviceInfo = serde_json::from_slice(&info.get(dev).unwrap()?).unwrap();
                 (i.agent_version == a.target_version).then_some(())
             });
@@ -135,10 +124,11 @@ fn simulated_devices_write_what_the_agent_writes() {
         .put(&key, serde_json::to_vec(&run).unwrap())
         .unwrap();
     let runs = kv(fleet_wire::kv::SYSTEM_UPGRADE_STATUS);
-    let s: SystemUpgradeStatus = eventually("succeeded, with the first heartbeat after it", || {
-        let s: SystemUpgradeStatus = serde_json::from_slice(&runs.get(&key).unwrap()?).unwrap();
-        s.first_heartbeat_after_completion.is_some().then_some(s)
-    });
+    let s: SystemUpgradeStatus =
+        eventually("succeeded, with the first heartbeat after it", WAIT, || {
+            let s: SystemUpgradeStatus = serde_json::from_slice(&runs.get(&key).unwrap()?).unwrap();
+            s.first_heartbeat_after_completion.is_some().then_some(s)
+        });
     assert_eq!(s.phase, SystemUpgradePhase::Succeeded);
     assert_eq!(
         s.transitions.phases(),
@@ -218,14 +208,16 @@ fn simulated_devices_connect_with_their_own_tokens_through_fleet_auth() {
     };
     for i in 0..n {
         let id = format!("sim-{i:06}");
-        let got: DeviceInfo = eventually("device info", || {
+        let got: DeviceInfo = eventually("device info", WAIT, || {
             info.get(&id)
                 .unwrap()
                 .map(|v| serde_json::from_slice(&v).unwrap())
         });
         assert_eq!(got.device_id.as_str(), id);
-        eventually("a first workload status", || statuses.get(&id).unwrap());
-        let h = eventually("a heartbeat", || heartbeat(&id));
+        eventually("a first workload status", WAIT, || {
+            statuses.get(&id).unwrap()
+        });
+        let h = eventually("a heartbeat", WAIT, || heartbeat(&id));
         assert_eq!(h.device_id.as_str(), id);
         assert!(
             fleet.admitted(&id),
@@ -244,6 +236,7 @@ fn simulated_devices_connect_with_their_own_tokens_through_fleet_auth() {
         .unwrap();
     eventually(
         "a workload status of the desired state's generation",
+        WAIT,
         || {
             let v = statuses.get(dev1.as_str()).ok()??;
             let s: DeviceWorkloadStatus = serde_json::from_slice(&v).unwrap();
@@ -260,7 +253,7 @@ fn simulated_devices_connect_with_their_own_tokens_through_fleet_auth() {
     fleet.restart_server();
     for (i, seq) in before.iter().enumerate() {
         let id = format!("sim-{i:06}");
-        eventually("a heartbeat after the restart", || {
+        eventually("a heartbeat after the restart", WAIT, || {
             heartbeat(&id).filter(|h| h.sequence > *seq && h.at.unix_ms() > restarted.unix_ms())
         });
     }

@@ -304,19 +304,15 @@ impl Drop for Agent {
     }
 }
 
-/// Polls `f` up to `timeout`, failing with `what` (and the agent log) on time-out.
+/// Polls `f` up to `timeout` (the rig's one wait), failing with `what` (and the agent log) on time-out.
 pub fn eventually<T>(
     agent: &Agent,
     timeout: Duration,
     what: &str,
-    f: impl FnMut() -> Option<T>,
+    mut f: impl FnMut() -> Option<T>,
 ) -> T {
-    wait_for(timeout, f).unwrap_or_else(|| {
-        panic!(
-            "{what} within {timeout:?}; agent log:\n{}",
-            agent.log_text()
-        )
-    })
+    fleet_rig::wait::poll(timeout, || f().ok_or(fleet_rig::wait::Nothing))
+        .unwrap_or_else(|t| panic!("{}; agent log:\n{}", t.message(what), agent.log_text()))
 }
 
 /// Reads and parses a KV JSON value.

@@ -59,23 +59,14 @@ pub async fn install_crds(client: &Client) {
     }
 }
 
-/// Polls `f` every 100 ms until it returns `Some`; fails the test after [`DEADLINE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+/// Polls `f` until it returns `Some`; fails the test after [`DEADLINE`] (the rig's one wait,
+/// [`fleet_rig::eventually_async`]).
+pub async fn eventually<T, F, Fut>(what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    fleet_rig::eventually_async(what, DEADLINE, f).await
 }
 
 /// One test's world: the API client, its own nats-server, the operators it started (aborted on drop) and `run`,

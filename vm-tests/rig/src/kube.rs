@@ -6,7 +6,8 @@
 //! server kept in a `static` for a whole test binary does not outlive it.
 
 use crate::tls::TestCa;
-use crate::util::{free_port, kill_and_remove_when_gone, require_binary, wait_for, workspace_root};
+use crate::util::{free_port, kill_and_remove_when_gone, require_binary, workspace_root};
+use crate::wait::wait_for;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

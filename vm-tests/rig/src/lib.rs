@@ -15,8 +15,10 @@ pub mod registry;
 pub mod tls;
 pub mod token;
 pub mod util;
+pub mod wait;
 pub mod zitadel;
 
 pub use nats::NatsServer;
 pub use nats_cluster::NatsCluster;
-pub use util::{free_port, kill_when_gone, random_hex, require_binary, wait_for, workspace_root};
+pub use util::{free_port, kill_when_gone, random_hex, require_binary, workspace_root};
+pub use wait::{eventually, eventually_async, eventually_seen, wait_for};

@@ -3,7 +3,8 @@
 
 use crate::nats_client;
 use crate::tls::{ServerCert, TestCa};
-use crate::util::{free_port, require_binary, wait_for, workspace_root};
+use crate::util::{free_port, require_binary, workspace_root};
+use crate::wait::wait_for;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,8 @@
 //! clients each node serves (its monitoring endpoint's `/connz`).
 
 use crate::nats_client::{self, Connection};
-use crate::util::{free_port, kill_when_gone, wait_for};
+use crate::util::{free_port, kill_when_gone};
+use crate::wait::wait_for;
 use crate::NatsServer;
 use std::net::TcpStream;
 use std::path::PathBuf;

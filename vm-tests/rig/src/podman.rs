@@ -2,7 +2,8 @@
 //! `--root/--runroot` (vfs storage, no mounts left behind) and the sandbox settings of test-rig.md through
 //! `CONTAINERS_CONF`. Test images are built with `podman import` of a static-busybox tarball (no registry).
 
-use crate::util::{require_binary, wait_for};
+use crate::util::require_binary;
+use crate::wait::wait_for;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

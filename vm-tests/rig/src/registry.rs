@@ -7,7 +7,8 @@
 
 use crate::tls::TestCa;
 use crate::token::{TokenServer, TOKEN_ISSUER, TOKEN_SERVICE};
-use crate::util::{free_port, require_binary, wait_for};
+use crate::util::{free_port, require_binary};
+use crate::wait::wait_for;
 use sha2::{Digest, Sha256};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

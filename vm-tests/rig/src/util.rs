@@ -1,8 +1,8 @@
-//! Small helpers shared by the part launchers: locating binaries, free ports, waiting with a deadline.
+//! Small helpers shared by the part launchers: locating binaries, free ports, processes (waiting is `wait.rs`).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The repository root (this crate lives at `vm-tests/rig`).
 pub fn workspace_root() -> PathBuf {
@@ -204,20 +204,6 @@ pub fn kill_and_remove_when_gone(pids: &[u32], dir: &std::path::Path) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn();
-}
-
-/// Polls `check` every 20 ms until it returns `Some` or `timeout` passes.
-pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Established TCP connections of process `pid` to port `port` on any address: its socket inodes

@@ -17,7 +17,8 @@ pub use cleanup::sweep_stale;
 pub use forward::{Forward, ForwardHandle};
 pub use tree::{cached_tree, TREE_RECIPE};
 
-use crate::util::{require_binary, wait_for};
+use crate::util::require_binary;
+use crate::wait::wait_for;
 use cleanup::{remove_cgroup, sigkill};
 use netns::{bind_in_netns, setup_network};
 use std::fs;
