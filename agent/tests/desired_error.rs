@@ -115,7 +115,7 @@ fn an_agent_started_on_a_desired_state_it_cannot_honour_removes_nothing() {
     let mut newer = desired(2, "2");
     newer["futureField"] = serde_json::json!(true);
     ds.put(DEVICE, serde_json::to_vec(&newer).unwrap()).unwrap();
-    // Each resync's refusal to run a pass without a taken desired state is logged (below: three of them).
+    // Each refusal to run a pass without a taken desired state is logged (below: at the start and three resyncs).
     let mut agent = Agent::spawn_logging(
         &rig.config,
         rig.root.path(),
@@ -137,15 +137,15 @@ fn an_agent_started_on_a_desired_state_it_cannot_honour_removes_nothing() {
         "{}",
         e.as_str()
     );
-    // Several resyncs (2 s apart) came and ran no pass (a pass toward nothing would remove the container).
+    // Three resyncs (2 s apart) came and ran no pass (a pass toward nothing would remove the container).
     eventually(
         &agent,
         Duration::from_secs(30),
-        "three resyncs without a pass",
+        "four refusals (the start and three resyncs) without a pass",
         || {
             let log = agent.log_text();
             let refused = log.matches("no desired state taken since start: no pass");
-            (refused.count() >= 3).then_some(())
+            (refused.count() >= 4).then_some(())
         },
     );
     let ps = rig
