@@ -14,7 +14,7 @@
 //! `fleet-sim` built beside this example: `cargo build --release -p fleet-vm-tests --bin fleet-sim`)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/auth_common/mod.rs"]
+#[path = "../auth/tests/auth_common/mod.rs"]
 mod auth_common;
 
 #[path = "auth_bench/storm_sim.rs"]

@@ -11,6 +11,7 @@
 //! uses device ids of its own.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../auth/tests/auth_common/mod.rs"]
 mod auth_common;
 mod kube_common;
 

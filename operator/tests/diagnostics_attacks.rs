@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_rig::nats_client as nats;
+#[path = "../auth/tests/auth_common/mod.rs"]
 mod auth_common;
 
 use auth_common::*;

@@ -5,6 +5,7 @@
 //! other device, writing normally, shows nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../auth/tests/auth_common/mod.rs"]
 mod auth_common;
 mod kube_common;
 

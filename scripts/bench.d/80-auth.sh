@@ -75,12 +75,12 @@ $(goal "flood guard: its cost in nats-server (% of a core)" "$(number "${c[7]}")
   esac
 done
 echo
-# The attacks of one device's token (operator/tests/auth_availability.rs, release build, the guard at its defaults): what one
+# The attacks of one device's token (operator/auth/tests/auth_availability.rs, release build, the guard at its defaults): what one
 # device's token costs the server and the victims, each row against the bound its test asserts.
 echo "| attack (one device's token) | measured | value | result |"
 echo "|---|---|---|---|"
-cargo test --release --locked -p fleet-operator --test auth_availability --no-run >&2
-rows=$(FLEET_AUTH_BIN=$target/release/fleet-auth cargo test --release --locked -p fleet-operator \
+cargo test --release --locked -p fleet-auth --test auth_availability --no-run >&2
+rows=$(FLEET_AUTH_BIN=$target/release/fleet-auth cargo test --release --locked -p fleet-auth \
   --test auth_availability -- --test-threads=1 --nocapture 2>/dev/null | grep -o 'bench-row|.*' || true)
 n=0
 while IFS='|' read -r _ attack what value op limit shown; do

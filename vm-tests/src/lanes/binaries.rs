@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// One test executable and how cargo would run it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TestBinary {
-    /// `<package>/<kind>/<target>`, e.g. `fleet-operator/test/auth_attacks`, `fleet-wire/lib/fleet_wire`.
+    /// `<package>/<kind>/<target>`, e.g. `fleet-auth/test/auth_attacks`, `fleet-wire/lib/fleet_wire`.
     pub name: String,
     /// The executable.
     pub exe: PathBuf,

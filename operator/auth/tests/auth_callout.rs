@@ -185,27 +185,18 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
     // This stack encrypts callout requests and answers with xkeys.
     let stack = Stack::start(&ca, &_jwks.url(), true);
 
-    // The operator's own credentials (an auth_users user) create the buckets, as fleet-operator does.
+    // The operator's own credentials (an auth_users user) create the buckets: the real `fleet-operator buckets`.
+    make_buckets(&stack.admin_url(), None);
+    // Without valid credentials the callout refuses the operator, and its error does not show the password.
+    let (ok, text) = operator_buckets(&stack.admin_url().replace("admin:", "nobody:"), None);
+    assert!(!ok, "an unknown user made buckets: {text}");
+    assert!(!text.contains(&stack.admin_password), "{text}");
+    // fleetlock-server's NATS store connects with its own user too (here the same auth_users entry).
     let rt = tokio::runtime::Runtime::new().expect("rt");
     rt.block_on(async {
-        let (_client, js) = fleet_operator::kv::connect(&stack.admin_url(), &Default::default())
-            .await
-            .expect("operator connects with its own credentials");
-        fleet_operator::kv::ensure_buckets(&js, &Default::default())
-            .await
-            .expect("buckets");
-        // fleetlock-server's NATS store connects with its own user too (here the same auth_users entry).
         fleetlock_server::store::nats::NatsStore::open(&stack.admin_url(), None)
             .await
             .expect("fleetlock store connects with its own credentials");
-        // Without valid credentials the callout refuses it, and the error does not show the password.
-        let e = fleet_operator::kv::connect(
-            &stack.admin_url().replace("admin:", "nobody:"),
-            &Default::default(),
-        )
-        .await
-        .expect_err("unknown user");
-        assert!(!format!("{e:?}").contains(&stack.admin_password), "{e:?}");
     });
     let admin = stack.admin();
 
@@ -406,6 +397,7 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
             .expect("get");
     }
     a.conn.flush().expect("flush");
+    // why: that JetStream's answers never land on B's keys is a non-event: a second for them to arrive if they could.
     std::thread::sleep(Duration::from_secs(1));
     let js = nats::jetstream::new(admin.clone());
     assert_eq!(
@@ -436,6 +428,7 @@ fn a_device_runs_with_its_token_and_cannot_reach_another_device() {
     }
 
     // While B works (heartbeats every second), A hears only its own agent's traffic.
+    // why: a listening window (four of B's heartbeats) that must bring nothing of B's.
     std::thread::sleep(Duration::from_secs(4));
     let mut seen = 0;
     for sub in &subs {
@@ -669,6 +662,7 @@ fn a_device_coming_back_after_a_server_restart_is_admitted_at_its_first_attempt(
     drop(expect_allowed(&stack, &token, "dev-back"));
     for round in 1..=2 {
         stack.nats.start_again_after(Duration::from_secs(2));
+        // why: the claim is a bound: a device's session is admitted at most 0.5 s after the server is back.
         std::thread::sleep(Duration::from_millis(500));
         let d = connect_device(&stack.nats.url(), &token).unwrap_or_else(|e| {
             panic!(
@@ -728,9 +722,9 @@ fn services_refuse_a_placeholder_password_at_start() {
     auth.arg("--config").arg(&stack.auth_config);
     check("fleet-auth", auth, "$FLEET_AUTH_PASSWORD");
 
-    let operator = env!("CARGO_BIN_EXE_fleet-operator");
+    let operator = fleet_vm_tests::builds::operator();
     for args in [&[][..], &["buckets"][..]] {
-        let mut op = std::process::Command::new(operator);
+        let mut op = std::process::Command::new(&operator);
         op.args(args)
             .env(
                 "FLEET_NATS_URL",
@@ -743,7 +737,7 @@ fn services_refuse_a_placeholder_password_at_start() {
             "$OPERATOR_PASSWORD",
         );
     }
-    let mut op = std::process::Command::new(operator);
+    let mut op = std::process::Command::new(&operator);
     op.args([
         "buckets",
         "--nats-url",

@@ -39,15 +39,7 @@ impl Fleet {
         let ec = SignKey::ec("ec-1");
         let jwks = Jwks::start(&ca, &[&ec]);
         let stack = Stack::start(&ca, &jwks.url(), false);
-        let rt = tokio::runtime::Runtime::new().expect("rt");
-        rt.block_on(async {
-            let (_c, js) = fleet_operator::kv::connect(&stack.admin_url(), &Default::default())
-                .await
-                .expect("admin connects");
-            fleet_operator::kv::ensure_buckets(&js, &Default::default())
-                .await
-                .expect("buckets");
-        });
+        make_buckets(&stack.admin_url(), None);
         let admin = stack.admin();
         let f = Self {
             stack,
@@ -697,6 +689,7 @@ fn a_device_holding_too_many_subscriptions_is_cut_off_alone() {
             "connection {c}: the server refuses past {limit}"
         );
         conns.push(s);
+        // why: pacing, not a proof: the connections come one after another, as a device opens them.
         std::thread::sleep(Duration::from_millis(500));
     }
     let logs = || f.stack.auth_log_text();

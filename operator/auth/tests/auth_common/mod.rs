@@ -132,12 +132,44 @@ impl Jwks {
     }
 }
 
-/// The fleet-auth binary: `FLEET_AUTH_BIN` when set (the benchmark uses a release build), else a debug build of
-/// the `fleet-auth` crate, rebuilt when its sources changed (fleet-vm-tests' builds).
+/// The fleet-auth binary: `FLEET_AUTH_BIN` when set (the benchmark uses a release build), else the one Cargo built
+/// for this crate's tests (`cargo test -p fleet-auth`), else (this module in the operator's tests and examples) a
+/// debug build of the `fleet-auth` crate, rebuilt when its sources changed (fleet-vm-tests' builds).
 pub fn fleet_auth_bin() -> PathBuf {
     std::env::var_os("FLEET_AUTH_BIN")
         .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO_BIN_EXE_fleet-auth").map(PathBuf::from))
         .unwrap_or_else(fleet_vm_tests::builds::fleet_auth)
+}
+
+/// Runs the real `fleet-operator buckets` (fleet-vm-tests' build of it) against `url` (credentials in it), trusting
+/// `ca` when given: the KV layout's buckets made as a fleet makes them, with the operator's limits (largest value,
+/// byte limits, no rollup headers), which the attacks here run into. Its exit status and output.
+pub fn operator_buckets(url: &str, ca: Option<&Path>) -> (bool, String) {
+    let mut cmd = Command::new(fleet_vm_tests::builds::operator());
+    match ca {
+        Some(ca) => cmd.env("FLEET_NATS_CA_FILE", ca),
+        None => cmd.env_remove("FLEET_NATS_CA_FILE"),
+    };
+    let out = cmd
+        .arg("buckets")
+        .env("FLEET_NATS_URL", url)
+        .env_remove("FLEET_KV_REPLICAS")
+        .env_remove("FLEET_SIZE")
+        .output()
+        .unwrap_or_else(|e| panic!("run fleet-operator buckets: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// [`operator_buckets`], failing the test when it fails.
+pub fn make_buckets(url: &str, ca: Option<&Path>) {
+    let (ok, text) = operator_buckets(url, ca);
+    assert!(ok, "fleet-operator buckets failed: {text}");
 }
 
 /// nats-server with `auth_callout`, fleet-auth and an admin user (both in `auth_users`).
