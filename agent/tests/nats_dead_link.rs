@@ -1,4 +1,4 @@
-//! A link to NATS that dies silently (issue 54: an outage was noticed only after about 85 s): the agent talks to
+//! A link to NATS that dies silently (an outage was noticed only after about 85 s): the agent talks to
 //! nats-server through a TCP relay that, at a moment the test chooses, stops forwarding in both directions
 //! without closing anything, as a cut cable or a NAT that forgot the flow does. The agent notices within
 //! `nats_kv::DEAD_LINK_BOUND` (30 s: a PING after 15 s of silence, closed when it is not answered 15 s later), connects anew

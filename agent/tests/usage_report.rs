@@ -1,4 +1,4 @@
-//! The device's usage in `device-usage/<device>` (issue 54): published at start with the three filesystems the
+//! The device's usage in `device-usage/<device>`: published at start with the three filesystems the
 //! agent derives (the root prefix, its state directory, Podman's storage as real Podman names it), memory and
 //! load; a state directory filled to 97 % reaches NATS within `PUBLISH_MIN_INTERVAL` plus a heartbeat; and an
 //! agent whose operator has not made the bucket starts, says so once, and reports once the bucket exists.
