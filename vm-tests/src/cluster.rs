@@ -11,7 +11,7 @@ use fleet_rig::workspace_root;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long one kubectl call may take (an apiserver on two busy cores answers in well under a second).
 const KUBECTL_TIMEOUT: &str = "30s";
@@ -467,19 +467,14 @@ impl Cluster {
         timeout: Duration,
         mut check: impl FnMut() -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = check() {
-                return v;
-            }
-            if Instant::now() >= deadline {
+        fleet_rig::wait::poll_every(timeout, POLL, || check().ok_or(fleet_rig::wait::Nothing))
+            .unwrap_or_else(|t| {
                 panic!(
-                    "{what}: not within {timeout:?}.\n--- fleet-operator log ---\n{}",
+                    "{}.\n--- fleet-operator log ---\n{}",
+                    t.message(what),
                     self.operator_log(40)
-                );
-            }
-            std::thread::sleep(POLL);
-        }
+                )
+            })
     }
 }
 

@@ -455,13 +455,15 @@ impl<'a> Demo<'a> {
         timeout: Duration,
         mut check: impl FnMut() -> Option<T>,
     ) -> Result<T, Stop> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check()?;
-            if let Some(v) = check() {
-                return Ok(v);
-            }
-            if Instant::now() >= deadline {
+        // A stop (the flag) ends the wait at once, as a value of the check.
+        let waited =
+            fleet_rig::wait::poll_every(timeout, crate::cluster::POLL, || match self.check() {
+                Err(stop) => Ok(Err(stop)),
+                Ok(()) => check().map(Ok).ok_or(fleet_rig::wait::Nothing),
+            });
+        match waited {
+            Ok(v) => v,
+            Err(t) => {
                 let devices: Vec<String> = self
                     .fleet
                     .devices
@@ -474,13 +476,13 @@ impl<'a> Demo<'a> {
                         )
                     })
                     .collect();
-                return Err(Stop::Failed(format!(
-                    "{what}: not within {timeout:?}\n--- fleet-operator log ---\n{}\n{}",
+                Err(Stop::Failed(format!(
+                    "{}\n--- fleet-operator log ---\n{}\n{}",
+                    t.message(what),
                     self.fleet.cluster.operator_log(30),
                     devices.join("\n")
-                )));
+                )))
             }
-            std::thread::sleep(crate::cluster::POLL);
         }
     }
 

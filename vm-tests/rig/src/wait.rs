@@ -7,7 +7,8 @@ use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
 /// The pause between two checks: short enough that a wait ends within a few ms of what it waits for, long enough
-/// that a check (a KV read, an API request) costs the 2 shared cores little.
+/// that a check (a KV read, an API request) costs the 2 shared cores little. A check that starts a process
+/// (kubectl) waits longer between tries: [`poll_every`].
 pub const PAUSE: Duration = Duration::from_millis(20);
 
 /// One wait's clock: its deadline and the checks made so far.
@@ -15,15 +16,22 @@ pub const PAUSE: Duration = Duration::from_millis(20);
 pub struct Poll {
     start: Instant,
     timeout: Duration,
+    every: Duration,
     checks: u32,
 }
 
 impl Poll {
-    /// A wait of at most `timeout` from now.
+    /// A wait of at most `timeout` from now, a check every [`PAUSE`].
     pub fn new(timeout: Duration) -> Self {
+        Self::every(timeout, PAUSE)
+    }
+
+    /// A wait of at most `timeout` from now, a check every `every`.
+    pub fn every(timeout: Duration, every: Duration) -> Self {
         Self {
             start: Instant::now(),
             timeout,
+            every,
             checks: 0,
         }
     }
@@ -37,7 +45,7 @@ impl Poll {
             return None;
         }
         // The last check falls on the deadline, not a pause after it.
-        Some(PAUSE.min(left))
+        Some(self.every.min(left))
     }
 
     /// The wait's failure: how long it took and how many checks it made, with the last value seen.
@@ -45,6 +53,7 @@ impl Poll {
         TimedOut {
             waited: self.start.elapsed(),
             checks: self.checks,
+            every: self.every,
             last,
         }
     }
@@ -57,6 +66,8 @@ pub struct TimedOut<S> {
     pub waited: Duration,
     /// How many checks it made.
     pub checks: u32,
+    /// The pause between two of them.
+    pub every: Duration,
     /// What the last check saw.
     pub last: S,
 }
@@ -65,8 +76,8 @@ impl<S: Debug> TimedOut<S> {
     /// `<what>: not within <waited> (<n> checks); last seen: <last>`.
     pub fn message(&self, what: &str) -> String {
         format!(
-            "{what}: not within {:.1?} ({} checks, one every {PAUSE:?}); last seen: {:?}",
-            self.waited, self.checks, self.last
+            "{what}: not within {:.1?} ({} checks, one every {:?}); last seen: {:?}",
+            self.waited, self.checks, self.every, self.last
         )
     }
 }
@@ -79,9 +90,18 @@ pub struct Nothing;
 /// its value, or how the wait went and the last `Err` seen.
 pub fn poll<T, S>(
     timeout: Duration,
+    check: impl FnMut() -> Result<T, S>,
+) -> Result<T, TimedOut<S>> {
+    poll_every(timeout, PAUSE, check)
+}
+
+/// [`poll`] with a check every `every` (a check that starts a process: kubectl).
+pub fn poll_every<T, S>(
+    timeout: Duration,
+    every: Duration,
     mut check: impl FnMut() -> Result<T, S>,
 ) -> Result<T, TimedOut<S>> {
-    let mut p = Poll::new(timeout);
+    let mut p = Poll::every(timeout, every);
     loop {
         match check() {
             Ok(v) => return Ok(v),
