@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 const DEVICE: &str = "stall-1";
 /// The `preparing` bound (download 5 min + probe 4 min) plus the operator's one-resync slack: the earliest a
-/// device may be called stalled (operator/src/deployments/rollout.rs, docs/crds.md).
+/// device may be called stalled (operator/src/fleet/rollout.rs, docs/crds.md).
 const STALL_AFTER: Duration = Duration::from_secs(9 * 60 + 60);
 /// After that moment, the most the operator may take to say so: it checks stalls on every pass, at least once a
 /// minute, plus a status write.

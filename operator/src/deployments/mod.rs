@@ -1,7 +1,8 @@
 //! The deployments-and-releases controller: the control loop ([`engine`]) over Devices, DeviceGroups,
-//! FleetDeployments and AgentReleases and the NATS buckets; its pure parts — placement, the pass's [`plan`], agent
-//! releases, staged rollouts, spec validation, the WorkloadPolicy check ([`policy`]), workload health and the
-//! Device status mirrored from NATS — and its writes to the Kubernetes API ([`report`], [`device_writes`]).
+//! FleetDeployments and AgentReleases and the NATS buckets; its pure parts — the pass's [`plan`], agent releases,
+//! the WorkloadPolicy check ([`policy`]), workload health and the Device status mirrored from NATS — and its Device
+//! writes ([`device_writes`]). Placement, staged rollouts, spec validation, usage and the writes to the Kubernetes
+//! API that the other product folders share are in [`crate::fleet`].
 
 pub mod blocking;
 pub mod capability;
