@@ -117,7 +117,7 @@ pub struct State {
     /// DeviceDiagnostics (the device page lists a device's newest).
     pub diagnostics: reflector::Store<crate::crd::diagnostics::DeviceDiagnostics>,
     /// `device-heartbeat`, mirrored by the control loop: liveness is read here, not from the Device's
-    /// `lastHeartbeat` (written only at a slow refresh: [`crate::deployments::mirror::HEARTBEAT_REFRESH`]).
+    /// `lastHeartbeat` (written only at a slow refresh: the deployments controller's `mirror::HEARTBEAT_REFRESH`).
     pub heartbeats: Arc<Mirror<Heartbeat>>,
     /// `device-workload-status`, mirrored by the control loop: the workloads of a device whose Device counts some
     /// crash-looping are read here (the alerts).

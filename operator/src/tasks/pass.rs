@@ -1,4 +1,4 @@
-//! One TaskRun's pass as pure decisions, the way [`crate::deployments::plan`] is the deployments controller's: [`decide`] says
+//! One TaskRun's pass as pure decisions, the way the deployments controller's `plan` is its own: [`decide`] says
 //! what a pass does with a run (nothing, remove its leftover intents, drop the finalizer, write a status, or
 //! advance it), [`plan_step`] how an advancing run gets its frozen plan, and [`advance`] what a running run's KV
 //! view calls for (its status, the intents to write and to remove). [`super::controller`] gathers the inputs and
