@@ -484,6 +484,7 @@ fn over_tls_no_header_on_a_devices_write_changes_another_devices_keys() {
             ));
         }
     }
+    // why: a write that did nothing shows no event; the window outlasts any schedule or TTL the writes could set
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         before,

@@ -192,6 +192,7 @@ fn no_header_on_a_devices_write_changes_another_devices_keys() {
     let mut spent = 0;
     for spec in fleet_wire::device_api::written_buckets() {
         if spent + header_sets.len() > burst {
+            // why: pacing to the device API's write budget (the refill time of one set), not a wait for an event
             std::thread::sleep(Duration::from_millis(
                 (1000 * header_sets.len() / rate) as u64 + 200,
             ));
@@ -228,6 +229,7 @@ fn no_header_on_a_devices_write_changes_another_devices_keys() {
         }
     }
     // Schedules and TTLs would act later: wait past them.
+    // why: a write that did nothing shows no event; the window outlasts any schedule or TTL the writes could set
     std::thread::sleep(Duration::from_secs(3));
     let after = f.bystander();
     assert_eq!(
@@ -366,6 +368,7 @@ fn answers_aimed_at_another_device_reach_nothing_for_60_seconds() {
         // Each burst paced to RATE, never catching up after a stall (a catch-up burst could pass the budget).
         let due = Duration::from_secs_f64((sent - sent_before) as f64 / RATE);
         if let Some(ahead) = due.checked_sub(burst_start.elapsed()) {
+            // why: pacing the attack to RATE is the scenario
             std::thread::sleep(ahead);
         }
         // Every 5 s the victim's desired state changes; it must notice each within 5 s.

@@ -205,6 +205,7 @@ impl Victim {
         // Quiet again after the attack: the quiet value is measured on both sides of it, so that what the
         // machine's other work does to the round trips weighs on both values alike.
         self.attack.store(false, Ordering::SeqCst);
+        // why: the quiet measurement window after the attack is the measurement itself
         std::thread::sleep(QUIET);
         self.stop.store(true, Ordering::SeqCst);
         for t in std::mem::take(&mut self.tasks) {
@@ -621,6 +622,7 @@ fn twenty_connections_of_one_device_are_summed_and_cut_off_together() {
     let admitted = conns.len();
     // Connections admitted at the same moment as others may go over the cap for an instant (the server's CONNECT
     // events tell fleet-auth of them): those still open a second later count.
+    // why: a connection not closed is a non-event: the CONNECT events get a second to reach fleet-auth
     std::thread::sleep(Duration::from_secs(1));
     let held_open = conns
         .iter()
@@ -714,8 +716,9 @@ fn a_new_connection_at_the_cap_displaces_the_oldest() {
     let art = attacker_rt();
     let (conns, refused) = open(w, &art, &d, 4, 1);
     assert_eq!((conns.len(), refused), (4, 0), "four connections admitted");
-    // why: that none of the four is closed is a non-event: given the server's CONNECT events a second to reach
+    // That none of the four is closed is a non-event: the server's CONNECT events get a second to reach
     // fleet-auth and be judged.
+    // why: a non-event (no connection closed) has nothing to wait for
     std::thread::sleep(Duration::from_secs(1));
     let closed = |c: &Held| c.1.load(Ordering::SeqCst);
     assert!(

@@ -556,6 +556,7 @@ fn fleet_auth_admits_exactly_the_sessions_nats_server_keeps() {
         }
     }
     // Sessions the server ends at once (an overflowing timer) are gone after a few seconds.
+    // why: the sessions that must stay are checked after the window in which a wrong expiry would end them
     std::thread::sleep(Duration::from_secs(3));
     for (device, lo, hi, s) in &sessions {
         if !s.alive() {
