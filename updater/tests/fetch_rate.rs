@@ -10,11 +10,8 @@ mod common;
 
 use common::*;
 use fleet_rig::https::{HttpsServer, Reply};
-use fleet_rig::tls::TestCa;
 use fleet_updater::fetch_runner::{production, Fetcher, HelperFetcher, Retry};
 use std::num::NonZeroU64;
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,30 +19,8 @@ use std::time::{Duration, Instant};
 const SIZE: usize = 2 << 20;
 const CAP: u64 = 512 * 1024;
 
-/// A dir the agent user can reach (the helper's copy lives there) and the root-only download dir.
-struct Scene {
-    dir: tempfile::TempDir,
-    downloads: PathBuf,
-    ca: TestCa,
-}
-
+// The scene (dirs and CA): common::Scene.
 impl Scene {
-    fn new() -> Self {
-        require_agent_user();
-        let dir = tempfile::tempdir().expect("tmp");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        let downloads = dir.path().join("partial");
-        std::fs::create_dir(&downloads).expect("mkdir");
-        std::fs::set_permissions(&downloads, std::fs::Permissions::from_mode(0o700))
-            .expect("chmod");
-        Self {
-            downloads,
-            ca: TestCa::new(),
-            dir,
-        }
-    }
-
     fn fetcher(&self, cap: Option<u64>) -> HelperFetcher {
         production(
             fetch_helper_in(self.dir.path()),

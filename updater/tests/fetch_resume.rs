@@ -15,8 +15,7 @@ use fleet_rig::tls::TestCa;
 use fleet_updater::fetch_runner::{production, Fetcher, HelperFetcher, Retry};
 use fleet_wire::artifact::{OCI_AGENT_ARTIFACT_TYPE, OCI_AGENT_LAYER_MEDIA_TYPE};
 use fleet_wire::AgentUpgradeAttempt;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,30 +67,8 @@ fn quick() -> Retry {
     }
 }
 
-/// A dir the agent user can reach (the helper's copy lives there) and the root-only download dir.
-struct Scene {
-    dir: tempfile::TempDir,
-    downloads: PathBuf,
-    ca: TestCa,
-}
-
+// The scene (dirs and CA): common::Scene.
 impl Scene {
-    fn new() -> Self {
-        require_agent_user();
-        let dir = tempfile::tempdir().expect("tmp");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        let downloads = dir.path().join("partial");
-        std::fs::create_dir(&downloads).expect("mkdir");
-        std::fs::set_permissions(&downloads, std::fs::Permissions::from_mode(0o700))
-            .expect("chmod");
-        Self {
-            downloads,
-            ca: TestCa::new(),
-            dir,
-        }
-    }
-
     fn fetcher(&self) -> HelperFetcher {
         production(
             fetch_helper_in(self.dir.path()),

@@ -9,11 +9,8 @@ mod common;
 
 use common::*;
 use fleet_rig::https::{HttpsServer, Reply, Request};
-use fleet_rig::tls::TestCa;
 use fleet_updater::fetch_runner::{production, Fetcher, HelperFetcher, Retry};
 use fleet_wire::{AgentUpgradeAttempt, UpgradeReason};
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,29 +24,8 @@ fn quick() -> Retry {
     }
 }
 
-struct Scene {
-    dir: tempfile::TempDir,
-    downloads: PathBuf,
-    ca: TestCa,
-}
-
+// The scene (dirs and CA): common::Scene.
 impl Scene {
-    fn new() -> Self {
-        require_agent_user();
-        let dir = tempfile::tempdir().expect("tmp");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        let downloads = dir.path().join("partial");
-        std::fs::create_dir(&downloads).expect("mkdir");
-        std::fs::set_permissions(&downloads, std::fs::Permissions::from_mode(0o700))
-            .expect("chmod");
-        Self {
-            downloads,
-            ca: TestCa::new(),
-            dir,
-        }
-    }
-
     fn fetcher(&self) -> HelperFetcher {
         production(
             fetch_helper_in(self.dir.path()),

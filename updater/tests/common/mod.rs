@@ -381,3 +381,29 @@ impl FakeApt {
             .collect()
     }
 }
+
+/// The fetch tests' scene: a dir the agent user can reach (the helper's copy lives there), the root-only download
+/// dir inside it, and the test CA the artifact servers use.
+pub struct Scene {
+    pub dir: tempfile::TempDir,
+    pub downloads: PathBuf,
+    pub ca: fleet_rig::tls::TestCa,
+}
+
+impl Scene {
+    pub fn new() -> Self {
+        require_agent_user();
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let downloads = dir.path().join("partial");
+        std::fs::create_dir(&downloads).expect("mkdir");
+        std::fs::set_permissions(&downloads, std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        Self {
+            downloads,
+            ca: fleet_rig::tls::TestCa::new(),
+            dir,
+        }
+    }
+}
