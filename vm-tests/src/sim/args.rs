@@ -9,7 +9,8 @@ pub struct Args {
     /// How many devices.
     pub devices: usize,
     /// How many NATS connections they share (devices `i` with `i % connections == c` use connection `c`); with
-    /// [`Self::token_dir`], how many driver threads they share (each device then has a connection of its own).
+    /// [`Self::token_dir`], how many groups they form, each with a driver thread and one I/O thread for all its
+    /// devices' connections (each device then has a connection of its own).
     pub connections: usize,
     /// Each device's token in `<dir>/<device-id>` (read at every connection, as the agent reads its token file):
     /// one connection per device through the fleet-auth callout, writes through its device API.

@@ -6,10 +6,11 @@
 //!   upgrade included);
 //! - three **watches** subscribe to `$KV.<bucket>.>` of the buckets the operator writes for devices (every KV put
 //!   is published on its key's subject, which is what the agent's plain-NATS watch listens to), keep the messages
-//!   for this connection's devices, and queue them for the driver; with a connection per device, each device's
-//!   own thread does this through fleet-auth's device API instead;
+//!   for this connection's devices, and queue them for the driver; with a connection per device, the group's
+//!   one **I/O** thread ([`crate::sim::device_io`]) serves every device connection of the group instead, through
+//!   fleet-auth's device API;
 //! - the **acks** thread matches JetStream's acknowledgements to the writes in flight (with a connection per
-//!   device, each device's thread matches its own, and this thread only times out those never answered).
+//!   device, the I/O thread matches them, and this thread only times out those never answered).
 //!
 //! A write is a request on the key's subject `$KV.<bucket>.<key>` (what the agent sends: JetStream, or with a
 //! device token fleet-auth's device API, answers it). Bounded: writes in flight ([`crate::sim::args::Args::max_in_flight`],
@@ -17,7 +18,8 @@
 //! subscription's queue (the client drops and counts beyond it).
 
 use crate::sim::args::Args;
-use crate::sim::device_conn::{self, DeviceConn};
+use crate::sim::device_conn::DeviceConn;
+use crate::sim::device_io;
 use crate::sim::fleet::{device_id, fails, index_of};
 use crate::sim::reply;
 use crate::sim::schedule::Schedule;
@@ -190,12 +192,13 @@ pub(crate) fn tls(args: &Args) -> io::Result<Option<fleet_nats::TlsOptions>> {
 }
 
 /// Connects connection `c` of `args.connections`, serving the devices `i` in `args.first..args.first +
-/// args.devices` with `i % connections == c`, and starts its threads. With `--token-dir`, starts instead a thread
-/// per device that connects it with its own token (and again whenever its connection is lost).
+/// args.devices` with `i % connections == c`, and starts its threads. With `--token-dir`, starts instead one I/O
+/// thread for these devices, which connects each with its own token (and again whenever its connection is lost).
 pub fn start(args: &Args, c: usize, stats: Arc<Stats>, stop: Arc<AtomicBool>) -> io::Result<Conn> {
     let indices: Vec<usize> = (args.first..args.first + args.devices)
         .filter(|i| i % args.connections == c)
         .collect();
+    let mut worker = None;
     let link = match &args.token_dir {
         None => {
             let client = fleet_nats::connect(&options(args, c)?)?;
@@ -203,18 +206,14 @@ pub fn start(args: &Args, c: usize, stats: Arc<Stats>, stop: Arc<AtomicBool>) ->
             Link::Shared { client, reply_base }
         }
         Some(dir) => {
-            let tls = tls(args)?;
+            let w = device_io::Worker::new(&args.nats_url, tls(args)?.as_ref(), stop.clone())?;
+            let mailbox = w.mailbox();
+            worker = Some(w);
             Link::Own(
                 indices
                     .iter()
-                    .map(|&i| {
-                        Arc::new(DeviceConn::new(
-                            device_id(i),
-                            &args.nats_url,
-                            dir,
-                            tls.clone(),
-                        ))
-                    })
+                    .enumerate()
+                    .map(|(k, &i)| Arc::new(DeviceConn::new(device_id(i), k, dir, mailbox.clone())))
                     .collect(),
             )
         }
@@ -263,9 +262,11 @@ pub fn start(args: &Args, c: usize, stats: Arc<Stats>, stop: Arc<AtomicBool>) ->
             })?);
         }
         Link::Own(devices) => {
-            for (k, d) in devices.iter().enumerate() {
-                let (sh, d) = (shared.clone(), d.clone());
-                threads.push(device_conn::spawn(d, k, sh)?);
+            if let Some(mut w) = worker {
+                for d in devices {
+                    w.add(d.clone(), shared.clone());
+                }
+                threads.push(spawn(&format!("sim-io-{c}"), move || w.run())?);
             }
             let sh = shared.clone();
             threads.push(spawn(&format!("sim-acks-{c}"), move || acks(&sh, None))?);

@@ -16,17 +16,21 @@
 //!   does. Counter lines then also say how many devices are connected, the
 //!   server's admissions and refusals, failed attempts, writes skipped while away, and devices back (a heartbeat
 //!   acknowledged after a lost connection); a device back and a refused attempt are also printed, a line each. `operator/examples/auth_bench.rs
-//!   --storm-sim N` runs it for the reconnect storm. Each device costs two threads (its own and its client's I/O
-//!   thread) and three file descriptors: meant for thousands of devices, not the 100,000 of the shared mode.
+//!   --storm-sim N` runs it for the reconnect storm. The device connections are event-driven
+//!   ([`device_io`]): `--connections K` groups, each with one I/O thread that owns all its devices' sockets
+//!   (epoll, rustls sessions driven by hand, the agent's NATS parser, a timer heap), besides its driver and acks
+//!   threads; a device costs one file descriptor and no thread (the soft limit of open files is raised to the
+//!   hard one).
 //!
 //! One concern per file: [`args`] (flags), [`fleet`] (device ids, which devices fail), [`schedule`] (when each
 //! device's next write is due), [`reply`] (the values a device writes), [`stats`] (counters and latencies),
-//! [`conn`] (one NATS connection, or one group of devices, and its driver), [`device_conn`] (one device's own
-//! connection through the callout), [`run`] (start, print counters, stop).
+//! [`conn`] (one NATS connection, or one group of devices, and its driver), [`device_conn`] (what the driver
+//! sees of one device's own connection through the callout), [`device_io`] (those connections' I/O), [`run`] (start, print counters, stop).
 
 pub mod args;
 pub mod conn;
 pub mod device_conn;
+pub mod device_io;
 pub mod fleet;
 pub mod reply;
 pub mod run;

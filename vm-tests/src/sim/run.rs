@@ -18,6 +18,13 @@ pub fn run(args: &Args) -> Result<(), String> {
         signal_hook::flag::register(sig, stop.clone())
             .map_err(|e| format!("signal handler: {e}"))?;
     }
+    if args.token_dir.is_some() {
+        // A device costs a file descriptor.
+        let limit = crate::sim::device_io::raise_fd_limit();
+        if limit < args.devices as u64 + 64 {
+            println!("fleet-sim: open files limited to {limit}, fewer than the devices need");
+        }
+    }
     let stats = Arc::new(Stats::default());
     let started = Instant::now();
     let mut conns = Vec::with_capacity(args.connections);
@@ -33,7 +40,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let over = match args.token_dir {
         None => format!("over {} connections", args.connections),
         Some(_) => format!(
-            "each on a connection of its own through the auth callout, driven by {} threads",
+            "each on a connection of its own through the auth callout, on {} I/O threads",
             args.connections
         ),
     };
