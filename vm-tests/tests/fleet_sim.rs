@@ -281,3 +281,121 @@ fn simulated_devices_connect_with_their_own_tokens_through_fleet_auth() {
     let acked: u64 = field(last, "acked").parse().unwrap();
     assert!(acked >= 3 * n as u64, "{last}");
 }
+
+/// The `--token-dir` mode at a small fleet's size: 50 devices on two I/O threads, each on its own TLS connection
+/// (as the rig's switch says) with its own token through the real fleet-auth: every device admitted, its device
+/// info, first workload status and first heartbeat written through the device API and acknowledged, and a
+/// desired state to every device heard of through its notice and answered with a workload status of its
+/// generation.
+#[test]
+fn fifty_devices_on_their_own_connections_through_fleet_auth() {
+    let mut fleet = FleetNats::start_with(
+        NatsAuth::Callout,
+        NatsTransport::from_env(),
+        fleet_vm_tests::builds::fleet_auth,
+    );
+    let conn = fleet.connect();
+    let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
+    create_buckets(&conn, &names);
+    let tokens = tempfile::tempdir().unwrap();
+    let n = 50;
+    let ids: Vec<String> = (0..n).map(|i| format!("sim-{i:06}")).collect();
+    for id in &ids {
+        let token = fleet.device_token(id).expect("a token with the callout on");
+        std::fs::write(tokens.path().join(id), token.as_bytes()).unwrap();
+    }
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-sim"));
+    cmd.args(["--devices", &n.to_string(), "--connections", "2"])
+        .args(["--nats-url", &fleet.url()])
+        .arg("--token-dir")
+        .arg(tokens.path())
+        // One heartbeat and one workload status per device at start; the next ones an hour later at the earliest
+        // (spread over the interval), so the counters below are those of the start.
+        .args(["--heartbeat-secs", "3600", "--status-secs", "3600"]);
+    if let Some(ca) = fleet.ca_file() {
+        cmd.arg("--ca-file").arg(ca);
+    }
+    let mut sim = Sim(cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fleet-sim"));
+    let js = fleet_rig::nats_client::jetstream::new(conn.clone());
+    let kv = |b: &str| js.key_value(b).unwrap();
+    let (info, beats, statuses) = (
+        kv(fleet_wire::kv::DEVICE_INFO),
+        kv(fleet_wire::kv::DEVICE_HEARTBEAT),
+        kv(fleet_wire::kv::WORKLOAD_STATUS),
+    );
+    for id in &ids {
+        eventually("device info", WAIT, || info.get(id).unwrap());
+        eventually("a first workload status", WAIT, || {
+            statuses.get(id).unwrap()
+        });
+        let h: fleet_wire::Heartbeat = eventually("a heartbeat", WAIT, || {
+            beats
+                .get(id)
+                .unwrap()
+                .map(|v| serde_json::from_slice(&v).unwrap())
+        });
+        assert_eq!(h.device_id.as_str(), id);
+    }
+    let logs = fleet.auth_logs();
+    for id in &ids {
+        assert!(
+            logs.contains(&format!(" as device {id}")),
+            "fleet-auth admitted no connection as {id}:\n{logs}"
+        );
+    }
+
+    // A desired state to every device → a workload status of its generation from each.
+    let desired_kv = kv(fleet_wire::kv::DESIRED_STATE);
+    let mut desired = fixtures::desired_state();
+    for id in &ids {
+        desired.device_id = DeviceId::try_from(id.as_str()).unwrap();
+        desired_kv
+            .put(id, serde_json::to_vec(&desired).unwrap())
+            .unwrap();
+    }
+    for id in &ids {
+        eventually(
+            "a workload status of the desired state's generation",
+            WAIT,
+            || {
+                let v = statuses.get(id).ok()??;
+                let s: DeviceWorkloadStatus = serde_json::from_slice(&v).unwrap();
+                (s.generation == desired.generation).then_some(())
+            },
+        );
+    }
+
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &sim.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let text = std::io::read_to_string(sim.0.stdout.take().unwrap()).unwrap();
+    let status = sim.0.wait().unwrap();
+    assert!(status.success(), "fleet-sim exited with {status}:\n{text}");
+    let last = text
+        .lines()
+        .rfind(|l| l.starts_with("fleet-sim t="))
+        .unwrap_or("");
+    assert_eq!(field(last, "connected"), format!("{n}/{n}"), "{last}");
+    assert_eq!(field(last, "connects"), n.to_string(), "{last}");
+    assert_eq!(field(last, "refused"), "0", "{last}");
+    assert_eq!(field(last, "errors"), "0", "{last}");
+    assert_eq!(field(last, "bad"), "0", "{last}");
+    // sent/acked/errors: every device's info and first heartbeat acknowledged; its first workload status and
+    // its answer to the desired state too.
+    assert_eq!(field(last, "info"), format!("{n}/{n}/0"), "{last}");
+    let hb: Vec<u64> = field(last, "hb")
+        .split('/')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(hb[1] >= n as u64 && hb[2] == 0, "{last}");
+    let wl: Vec<u64> = field(last, "wl")
+        .split('/')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(wl[1] >= 2 * n as u64 && wl[2] == 0, "{last}");
+}
