@@ -289,7 +289,7 @@ fn simulated_devices_connect_with_their_own_tokens_through_fleet_auth() {
 /// generation.
 #[test]
 fn fifty_devices_on_their_own_connections_through_fleet_auth() {
-    let mut fleet = FleetNats::start_with(
+    let fleet = FleetNats::start_with(
         NatsAuth::Callout,
         NatsTransport::from_env(),
         fleet_vm_tests::builds::fleet_auth,
