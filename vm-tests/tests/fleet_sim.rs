@@ -399,3 +399,112 @@ fn fifty_devices_on_their_own_connections_through_fleet_auth() {
         .collect();
     assert!(wl[1] >= 2 * n as u64 && wl[2] == 0, "{last}");
 }
+
+/// A /proc/<pid>/status field's number (`VmRSS:` in KiB, `Threads:`).
+fn proc_status(pid: u32, name: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds a process has used (user and system, from /proc/<pid>/stat).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+/// What one simulated device of the `--token-dir` mode costs: `FLEET_SIM_COST_DEVICES` devices (1,000 by
+/// default) on two I/O threads, each on its own connection (TLS as the rig's switch says) through the real
+/// fleet-auth, heartbeat and workload status every 30 s. Prints the time until all are admitted and subscribed,
+/// then, 20 s later, fleet-sim's memory, file descriptors and threads, nats-server's memory, fleet-auth's memory and
+/// CPU. A measurement, not a check: `cargo test -p fleet-vm-tests --release --test fleet_sim -- --ignored
+/// --nocapture cost`.
+#[test]
+#[ignore = "a measurement: thousands of connections"]
+fn cost_of_a_device_on_its_own_connection() {
+    let n: usize = std::env::var("FLEET_SIM_COST_DEVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let fleet = FleetNats::start_with(
+        NatsAuth::Callout,
+        NatsTransport::from_env(),
+        fleet_vm_tests::builds::fleet_auth,
+    );
+    let conn = fleet.connect();
+    let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
+    create_buckets(&conn, &names);
+    let tokens = tempfile::tempdir().unwrap();
+    for i in 0..n {
+        let id = format!("sim-{i:06}");
+        let token = fleet
+            .device_token(&id)
+            .expect("a token with the callout on");
+        std::fs::write(tokens.path().join(&id), token.as_bytes()).unwrap();
+    }
+    let (auth, server) = (fleet.auth_pid().unwrap(), fleet.pid().unwrap());
+    let (auth_cpu0, server_rss0) = (cpu_secs(auth), proc_status(server, "VmRSS:"));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-sim"));
+    cmd.args(["--devices", &n.to_string(), "--connections", "2"])
+        .args(["--nats-url", &fleet.url()])
+        .arg("--token-dir")
+        .arg(tokens.path())
+        .args(["--heartbeat-secs", "30", "--status-secs", "30"]);
+    if let Some(ca) = fleet.ca_file() {
+        cmd.arg("--ca-file").arg(ca);
+    }
+    let started = std::time::Instant::now();
+    let mut sim = Sim(cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fleet-sim"));
+    let pid = sim.0.id();
+    let out = std::io::BufReader::new(sim.0.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(out).map_while(Result::ok) {
+            if l.starts_with("fleet-sim all connected") || l.starts_with("fleet-sim t=") {
+                let _ = tx.send(l);
+            }
+        }
+    });
+    let deadline = started + Duration::from_secs(600);
+    let mut last = String::new();
+    let admitted = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.starts_with("fleet-sim all connected") => {
+                break field(&l, "after_ms").to_owned()
+            }
+            Ok(l) => last = l,
+            Err(_) => panic!("not all {n} devices connected within 600 s; last: {last}"),
+        }
+    };
+    let auth_cpu_admission = cpu_secs(auth) - auth_cpu0;
+    let auth_cpu1 = cpu_secs(auth);
+    std::thread::sleep(Duration::from_secs(20));
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    let rss = proc_status(pid, "VmRSS:");
+    println!(
+        "fleet-sim cost devices={n} all_admitted_ms={admitted} sim_rss_mib={:.1} sim_rss_kib_per_device={:.1} \
+         sim_fds={fds} sim_threads={} nats_rss_mib={:.1} nats_rss_kib_per_device={:.1} auth_rss_mib={:.1} \
+         auth_cpu_s_admission={auth_cpu_admission:.1} auth_cpu_pct_steady={:.1}",
+        rss as f64 / 1024.0,
+        rss as f64 / n as f64,
+        proc_status(pid, "Threads:"),
+        proc_status(server, "VmRSS:") as f64 / 1024.0,
+        (proc_status(server, "VmRSS:").saturating_sub(server_rss0)) as f64 / n as f64,
+        proc_status(auth, "VmRSS:") as f64 / 1024.0,
+        (cpu_secs(auth) - auth_cpu1) / 20.0 * 100.0,
+    );
+    let _ = rx.try_iter().last().map(|l| println!("{l}"));
+}

@@ -15,7 +15,7 @@
 //!   info again. An upgraded device publishes its device info at `starting`, before it commits, as the new agent
 //!   does. Counter lines then also say how many devices are connected, the
 //!   server's admissions and refusals, failed attempts, writes skipped while away, and devices back (a heartbeat
-//!   acknowledged after a lost connection); a device back and a refused attempt are also printed, a line each. `operator/examples/auth_bench.rs
+//!   acknowledged after a lost connection); a device back and a refused attempt are also printed, a line each, and once every device is connected, how long that took (`fleet-sim all connected after_ms=`). `operator/examples/auth_bench.rs
 //!   --storm-sim N` runs it for the reconnect storm. The device connections are event-driven
 //!   ([`device_io`]): `--connections K` groups, each with one I/O thread that owns all its devices' sockets
 //!   (epoll, rustls sessions driven by hand, the agent's NATS parser, a timer heap), besides its driver and acks

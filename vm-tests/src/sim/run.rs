@@ -67,6 +67,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     };
     let mut next = Instant::now() + REPORT_EVERY;
     let mut ended = None;
+    let mut all_connected = false;
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(200));
         if let Some((c, why)) = conns
@@ -79,6 +80,17 @@ pub fn run(args: &Args) -> Result<(), String> {
         }
         if args.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
+        }
+        if args.token_dir.is_some() && !all_connected {
+            let connected: usize = conns.iter().map(conn::Conn::connected).sum();
+            if connected == args.devices {
+                all_connected = true;
+                // Once: how long the whole fleet took to be admitted and subscribed (within 200 ms).
+                println!(
+                    "fleet-sim all connected after_ms={}",
+                    started.elapsed().as_millis()
+                );
+            }
         }
         if Instant::now() >= next {
             next += REPORT_EVERY;
