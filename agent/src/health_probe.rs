@@ -42,6 +42,57 @@ fn connect(host_port: u16, deadline: Instant, timeout: Duration) -> Result<TcpSt
     })
 }
 
+/// Starts a connection to `addr` without waiting for it: the stream (non-blocking) and whether it is made already.
+fn start_connect(addr: SocketAddr) -> std::io::Result<(TcpStream, bool)> {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(v4) = addr else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not an IPv4 address",
+        ));
+    };
+    // SAFETY: socket(2) with constant arguments; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket just made and owned by nothing else: the stream owns (and closes) it from here.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: v4.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*v4.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_in>())
+        .unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `sin` is a valid sockaddr_in of `len` bytes for the whole call, and `fd` an open socket.
+    let r = unsafe {
+        libc::connect(
+            stream.as_raw_fd(),
+            std::ptr::addr_of!(sin).cast::<libc::sockaddr>(),
+            len,
+        )
+    };
+    if r == 0 {
+        return Ok((stream, true));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        // Under way (an interrupted connect goes on too): `poll` says when it is made, `SO_ERROR` whether.
+        Some(libc::EINPROGRESS) | Some(libc::EINTR) => Ok((stream, false)),
+        _ => Err(e),
+    }
+}
+
 /// A TCP connection to `127.0.0.1:host_port` is accepted within `timeout`.
 pub fn tcp(host_port: u16, timeout: Duration) -> Result<(), String> {
     connect(host_port, Instant::now() + timeout, timeout).map(drop)
@@ -70,10 +121,14 @@ pub struct Probe {
     pub timeout: Duration,
 }
 
-/// An HTTP probe waiting for its answer.
+/// A probe waiting for its connection (both kinds) or its answer (HTTP).
 struct Waiting {
     at: usize,
     stream: TcpStream,
+    /// The connection is not made yet (a TCP probe is done once it is).
+    connecting: bool,
+    /// `127.0.0.1:<port>`.
+    addr: SocketAddr,
     request: Vec<u8>,
     sent: usize,
     answer: Vec<u8>,
@@ -82,40 +137,46 @@ struct Waiting {
     timeout: Duration,
 }
 
-/// Runs `probes` at once in this thread, each bounded by its own timeout: the connections are made one after
-/// another (on the loopback a connection is accepted or refused at once), then every request is sent, the thread
-/// sleeps [`BATCH_SETTLE`] once, and every answer is read without blocking, with one `poll` over all the sockets
-/// for those still missing. A batch therefore costs about the wake-ups of one probe, not one per probe. The results
-/// are in `probes`' order.
+/// Runs `probes` at once in this thread, each bounded by its own timeout: every connection is started without
+/// waiting for it (a connection the loopback has not made yet is waited for with the others, in one `poll`), every
+/// request is sent, the thread sleeps [`BATCH_SETTLE`] once, and every answer is read without blocking, with one
+/// `poll` over all the sockets for those still missing. A batch therefore costs about the wake-ups of one probe,
+/// not one per probe (nor one per connection: waiting for each in turn cost the health thread up to one wake-up
+/// per probe). The results are in `probes`' order.
 pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
     let mut out: Vec<Option<Result<(), String>>> = vec![None; probes.len()];
     let mut waiting = Vec::new();
     for (at, p) in probes.iter().enumerate() {
         let deadline = Instant::now() + p.timeout;
-        let stream = match connect(p.host_port, deadline, p.timeout) {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, p.host_port));
+        let (stream, connected) = match start_connect(addr) {
             Ok(s) => s,
             Err(e) => {
-                out[at] = Some(Err(e));
+                out[at] = Some(Err(format!("connecting to {addr}: {e}")));
                 continue;
             }
         };
-        let Some(path) = &p.path else {
+        if connected && p.path.is_none() {
             out[at] = Some(Ok(()));
             continue;
-        };
-        let what = format!("GET {path} on port {}", p.host_port);
-        if let Err(e) = stream.set_nonblocking(true) {
-            out[at] = Some(Err(format!("{what}: {e}")));
-            continue;
         }
+        let what = match &p.path {
+            Some(path) => format!("GET {path} on port {}", p.host_port),
+            None => format!("connecting to {addr}"),
+        };
         waiting.push(Waiting {
             at,
             stream,
-            request: format!(
-                "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nUser-Agent: fleet-agent-health\r\nAccept: */*\r\nConnection: close\r\n\r\n",
-                p.host_port
-            )
-            .into_bytes(),
+            connecting: !connected,
+            addr,
+            request: p
+                .path
+                .as_ref()
+                .map(|path| format!(
+                    "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nUser-Agent: fleet-agent-health\r\nAccept: */*\r\nConnection: close\r\n\r\n",
+                    p.host_port
+                ).into_bytes())
+                .unwrap_or_default(),
             sent: 0,
             answer: Vec::with_capacity(256),
             deadline,
@@ -128,8 +189,14 @@ pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
         let now = Instant::now();
         waiting.retain_mut(|w| {
             let done = progress(w).or_else(|| {
-                (now >= w.deadline)
-                    .then(|| Err(format!("{}: no answer within {}", w.what, secs(w.timeout))))
+                (now >= w.deadline).then(|| {
+                    let what = if w.connecting {
+                        format!("connecting to {}", w.addr)
+                    } else {
+                        w.what.clone()
+                    };
+                    Err(format!("{what}: no answer within {}", secs(w.timeout)))
+                })
             });
             match done {
                 Some(r) => {
@@ -142,7 +209,11 @@ pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
         let Some(first) = waiting.iter().map(|w| w.deadline).min() else {
             break;
         };
-        if !settled && waiting.iter().all(|w| w.sent == w.request.len()) {
+        if !settled
+            && waiting
+                .iter()
+                .all(|w| !w.connecting && w.sent == w.request.len())
+        {
             settled = true;
             std::thread::sleep(BATCH_SETTLE.min(first.saturating_duration_since(Instant::now())));
             continue;
@@ -151,7 +222,7 @@ pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
             .iter()
             .map(|w| libc::pollfd {
                 fd: w.stream.as_raw_fd(),
-                events: if w.sent < w.request.len() {
+                events: if w.connecting || w.sent < w.request.len() {
                     libc::POLLOUT
                 } else {
                     libc::POLLIN
@@ -180,9 +251,22 @@ pub fn batch(probes: &[Probe]) -> Vec<Result<(), String>> {
 }
 
 /// Sends what is left of the request and reads what has come of the answer, without blocking; the result once
-/// the status line is in (or the connection failed or ended).
+/// the status line is in (or the connection failed or ended). A TCP probe's result once its connection is made.
 fn progress(w: &mut Waiting) -> Option<Result<(), String>> {
     use std::io::ErrorKind::{Interrupted, WouldBlock};
+    if w.connecting {
+        match w.stream.take_error() {
+            Ok(None) => {}
+            Ok(Some(e)) | Err(e) => return Some(Err(format!("connecting to {}: {e}", w.addr))),
+        }
+        if w.stream.peer_addr().is_err() {
+            return None;
+        }
+        w.connecting = false;
+        if w.request.is_empty() {
+            return Some(Ok(()));
+        }
+    }
     while w.sent < w.request.len() {
         match w.stream.write(&w.request[w.sent..]) {
             Ok(0) => return Some(Err(format!("{}: the connection closed", w.what))),

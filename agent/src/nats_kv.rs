@@ -281,6 +281,106 @@ impl Nats {
         })
     }
 
+    /// Runs `ops` as one batch of requests ([`Self::requests`]: all sent, then every answer awaited within
+    /// [`PUT_TIMEOUT`]); the results in `ops`' order. Unlike [`Buckets::batch`], a get or put may name any bucket
+    /// (one opened by another [`Buckets`]); an [`Op::Open`] probes a bucket as [`Self::open_buckets`] does
+    /// ([`Self::opened`] makes the [`Buckets`]).
+    pub fn batch(&self, ops: &[Op]) -> Vec<io::Result<Done>> {
+        let device = &self.inner.cfg.device_id;
+        let probe = |bucket: &str| {
+            fleet_wire::kv::bucket(bucket)
+                .and_then(|spec| device_read_filter(spec, device))
+                .map(|filter| direct_get_subject(bucket, &filter))
+        };
+        let mut reqs: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut at: Vec<Option<usize>> = Vec::new();
+        for op in ops {
+            let subject = match op {
+                Op::Get { bucket, key } => Some(get_subject(bucket, key)),
+                Op::Put { bucket, key, .. } => Some(format!("$KV.{bucket}.{key}")),
+                Op::Open { bucket } => probe(bucket),
+            };
+            at.push(subject.map(|subject| {
+                let body = match op {
+                    Op::Put { value, .. } => value.clone(),
+                    _ => Vec::new(),
+                };
+                reqs.push((subject, body));
+                reqs.len() - 1
+            }));
+        }
+        let timeout = PUT_TIMEOUT.max(REQUEST_TIMEOUT);
+        let mut got: Vec<Option<io::Result<fleet_nats::Message>>> = self
+            .requests(&reqs, timeout)
+            .into_iter()
+            .map(Some)
+            .collect();
+        ops.iter()
+            .zip(at)
+            .map(|(op, i)| {
+                let Some(m) = i.and_then(|i| got.get_mut(i)).and_then(Option::take) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "not a bucket keyed by device in the KV layout",
+                    ));
+                };
+                match op {
+                    Op::Get { bucket, key } => m
+                        .and_then(|m| read_answer(bucket, key, m))
+                        .map(|(k, c)| Done::Got(k, c)),
+                    Op::Put { bucket, key, .. } => {
+                        m.and_then(|m| put_answer(bucket, key, &m)).map(Done::Put)
+                    }
+                    Op::Open { .. } => m.and_then(|m| match status(&m).as_deref() {
+                        None | Some("404") => Ok(Done::Opened),
+                        Some(code) => Err(io::Error::other(format!(
+                            "direct get answered {code} {}",
+                            description(&m)
+                        ))),
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// The buckets `names` from the results of their [`Op::Open`]s in a [`Self::batch`] (in the same order): all
+    /// opened, or the first that is not, as [`Self::open_buckets`] says it.
+    pub fn opened(
+        &self,
+        names: &[&str],
+        results: impl IntoIterator<Item = io::Result<Done>>,
+    ) -> Result<Buckets, NatsError> {
+        let mut opened = BTreeSet::new();
+        let mut results = results.into_iter();
+        for name in names {
+            match results.next() {
+                Some(Ok(Done::Opened)) => {
+                    opened.insert((*name).to_owned());
+                }
+                // "No responders": no stream serves the bucket's direct gets, the bucket does not exist.
+                Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(NatsError::BucketMissing {
+                        bucket: (*name).to_owned(),
+                    })
+                }
+                other => {
+                    let message = match other {
+                        Some(Err(e)) => e.to_string(),
+                        _ => "not probed".to_owned(),
+                    };
+                    return Err(NatsError::Bucket {
+                        bucket: (*name).to_owned(),
+                        message,
+                    });
+                }
+            }
+        }
+        Ok(Buckets {
+            nats: self.clone(),
+            opened,
+        })
+    }
+
     /// Flushes pending writes to the server and waits for its acknowledgement (a PONG), all within `timeout`.
     pub fn flush(&self, timeout: Duration) -> io::Result<()> {
         self.conn()?.flush(timeout)
@@ -380,6 +480,41 @@ impl Nats {
             }
             r => r,
         };
+        Self::answered(subject, timeout, got)
+    }
+
+    /// Several requests at once on the shared reply subscription: all are published, then every answer is waited
+    /// for within one `timeout`, so the requests of one tick cost the connection's thread and the caller about
+    /// the wake-ups of one (the server's answers come back together) instead of one round trip each. The results
+    /// are in `reqs`' order, each as [`Self::request`] gives it.
+    fn requests(
+        &self,
+        reqs: &[(String, Vec<u8>)],
+        timeout: Duration,
+    ) -> Vec<io::Result<fleet_nats::Message>> {
+        if reqs.is_empty() {
+            return Vec::new();
+        }
+        let mut got = self.requests_once(reqs, timeout);
+        // The shared reply subscription belonged to a connection that has closed: once more on the current.
+        if got
+            .iter()
+            .any(|r| matches!(r, Err(e) if e.kind() == io::ErrorKind::ConnectionReset))
+        {
+            got = self.requests_once(reqs, timeout);
+        }
+        got.into_iter()
+            .zip(reqs)
+            .map(|(r, (subject, _))| Self::answered(subject, timeout, r))
+            .collect()
+    }
+
+    /// A request's answer as the caller sees it: a time-out says what was asked, "no responders" is `NotFound`.
+    fn answered(
+        subject: &str,
+        timeout: Duration,
+        got: io::Result<fleet_nats::Message>,
+    ) -> io::Result<fleet_nats::Message> {
         let msg = got.map_err(|e| {
             if e.kind() == io::ErrorKind::TimedOut {
                 io::Error::new(
@@ -399,6 +534,81 @@ impl Nats {
             ));
         }
         Ok(msg)
+    }
+
+    /// [`Self::requests`] on the shared reply subscription once; every result `ConnectionReset` when that
+    /// subscription's connection has closed (it is dropped, as in [`Self::request_once`]).
+    fn requests_once(
+        &self,
+        reqs: &[(String, Vec<u8>)],
+        timeout: Duration,
+    ) -> Vec<io::Result<fleet_nats::Message>> {
+        let all = |kind: io::ErrorKind, why: &str| -> Vec<io::Result<fleet_nats::Message>> {
+            reqs.iter()
+                .map(|_| Err(io::Error::new(kind, why.to_owned())))
+                .collect()
+        };
+        let Ok(mut slot) = self.inner.replies.lock() else {
+            return all(io::ErrorKind::Other, "NATS reply lock poisoned");
+        };
+        let epoch = self.reconnect_count();
+        if slot.as_ref().is_some_and(|r| r.epoch != epoch) {
+            *slot = None;
+        }
+        let r = match slot.as_mut() {
+            Some(r) => r,
+            None => {
+                let made = self.conn().and_then(|conn| {
+                    let base = Self::reply_subject(&self.inbox);
+                    let sub = conn.subscribe(&format!("{base}.*"))?;
+                    Ok((conn, sub, base))
+                });
+                match made {
+                    Ok((conn, sub, base)) => slot.insert(Replies {
+                        conn,
+                        sub,
+                        base,
+                        next: 0,
+                        epoch,
+                    }),
+                    Err(e) => return all(e.kind(), &e.to_string()),
+                }
+            }
+        };
+        let mut waiting: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, (subject, body)) in reqs.iter().enumerate() {
+            r.next += 1;
+            let reply = format!("{}.{}", r.base, r.next);
+            if let Err(e) = r.conn.publish_request(subject, &reply, body) {
+                *slot = None;
+                return all(io::ErrorKind::ConnectionReset, &e.to_string());
+            }
+            waiting.insert(reply, i);
+        }
+        let mut out: Vec<Option<io::Result<fleet_nats::Message>>> =
+            reqs.iter().map(|_| None).collect();
+        let deadline = Instant::now() + timeout;
+        while !waiting.is_empty() {
+            match r
+                .sub
+                .next_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(m) => {
+                    // Else a late answer to an earlier request that timed out.
+                    if let Some(i) = waiting.remove(&m.subject) {
+                        out[i] = Some(Ok(m));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => break,
+                Err(e) => {
+                    *slot = None;
+                    return all(io::ErrorKind::ConnectionReset, &e.to_string());
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(io::Error::new(io::ErrorKind::TimedOut, "no answer"))))
+            .collect()
     }
 
     /// One request on the shared reply subscription (made here on first use). `ConnectionReset`: that
@@ -675,6 +885,102 @@ fn api_result(data: &[u8]) -> io::Result<serde_json::Value> {
     Ok(v)
 }
 
+/// The subject of a direct get of `bucket`/`key`.
+fn get_subject(bucket: &str, key: &str) -> String {
+    direct_get_subject(bucket, &format!("$KV.{bucket}.{key}"))
+}
+
+/// A direct get's answer: the key read (its `Nats-Subject`) and its value, absent on a 404.
+fn read_answer(bucket: &str, key: &str, msg: fleet_nats::Message) -> io::Result<(String, Change)> {
+    match status(&msg).as_deref() {
+        None => {}
+        Some("404") => {
+            return Ok((
+                key.to_owned(),
+                Change {
+                    revision: 0,
+                    value: Value::Absent,
+                },
+            ))
+        }
+        Some(code) => {
+            let why = description(&msg);
+            return Err(io::Error::other(format!(
+                "direct get {bucket}/{key}: status {code} {why}"
+            )));
+        }
+    }
+    let revision = header(&msg, "Nats-Sequence")
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("direct get {bucket}/{key}: no Nats-Sequence header"),
+            )
+        })?;
+    let read = header(&msg, "Nats-Subject")
+        .and_then(|s| {
+            s.trim()
+                .strip_prefix(&format!("$KV.{bucket}."))
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| key.to_owned());
+    let value = match header(&msg, "KV-Operation").as_deref() {
+        Some("DEL") | Some("PURGE") => Value::Absent,
+        _ => Value::Put(msg.data),
+    };
+    Ok((read, Change { revision, value }))
+}
+
+/// A put's acknowledgement: the revision written.
+fn put_answer(bucket: &str, key: &str, msg: &fleet_nats::Message) -> io::Result<u64> {
+    let ack = api_result(&msg.data)?;
+    ack.get("seq").and_then(|s| s.as_u64()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("put {bucket}/{key}: acknowledgement without seq"),
+        )
+    })
+}
+
+/// One request of a [`Buckets::batch`].
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// [`Buckets::get`] of `bucket`/`key`.
+    Get {
+        /// The bucket.
+        bucket: String,
+        /// The key.
+        key: String,
+    },
+    /// [`Buckets::put`] of `value` at `bucket`/`key`.
+    Put {
+        /// The bucket.
+        bucket: String,
+        /// The key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Whether `bucket` exists, probed as [`Nats::open_buckets`] does (see [`Nats::opened`]).
+    Open {
+        /// The bucket.
+        bucket: String,
+    },
+}
+
+/// What one [`Op`] of a [`Buckets::batch`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Done {
+    /// A get's key read (for a filter such as `<device-id>.>`, the newest matching key, as
+    /// [`Buckets::get_keyed`] says) and value.
+    Got(String, Change),
+    /// A put's revision.
+    Put(u64),
+    /// The bucket exists.
+    Opened,
+}
+
 /// The opened buckets.
 #[derive(Clone)]
 pub struct Buckets {
@@ -724,48 +1030,23 @@ impl Buckets {
     }
 
     fn read_keyed(&self, bucket: &str, key: &str) -> io::Result<(String, Change)> {
-        let subject = format!("$KV.{bucket}.{key}");
         let msg = self
             .nats
-            .request(&direct_get_subject(bucket, &subject), b"", REQUEST_TIMEOUT)?;
-        match status(&msg).as_deref() {
-            None => {}
-            Some("404") => {
-                return Ok((
-                    key.to_owned(),
-                    Change {
-                        revision: 0,
-                        value: Value::Absent,
-                    },
-                ))
-            }
-            Some(code) => {
-                let why = description(&msg);
-                return Err(io::Error::other(format!(
-                    "direct get {bucket}/{key}: status {code} {why}"
-                )));
-            }
-        }
-        let revision = header(&msg, "Nats-Sequence")
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("direct get {bucket}/{key}: no Nats-Sequence header"),
-                )
-            })?;
-        let read = header(&msg, "Nats-Subject")
-            .and_then(|s| {
-                s.trim()
-                    .strip_prefix(&format!("$KV.{bucket}."))
-                    .map(str::to_owned)
-            })
-            .unwrap_or_else(|| key.to_owned());
-        let value = match header(&msg, "KV-Operation").as_deref() {
-            Some("DEL") | Some("PURGE") => Value::Absent,
-            _ => Value::Put(msg.data),
+            .request(&get_subject(bucket, key), b"", REQUEST_TIMEOUT)?;
+        read_answer(bucket, key, msg)
+    }
+
+    /// Runs `ops` as one batch of requests ([`Nats::requests`]: all sent, then every answer awaited within
+    /// [`PUT_TIMEOUT`]), each as [`Self::get`] or [`Self::put`] would; the results in `ops`' order.
+    pub fn batch(&self, ops: &[Op]) -> Vec<io::Result<Done>> {
+        let unopened = |op: &&Op| match op {
+            Op::Get { bucket, .. } | Op::Put { bucket, .. } => self.check(bucket).is_err(),
+            Op::Open { .. } => false,
         };
-        Ok((read, Change { revision, value }))
+        if let Some(Op::Get { bucket, .. } | Op::Put { bucket, .. }) = ops.iter().find(unopened) {
+            return ops.iter().map(|_| Err(store_missing(bucket))).collect();
+        }
+        self.nats.batch(ops)
     }
 
     /// Reads `key` after a notice that it was written: again (up to [`FRESH_READS`] times, [`FRESH_PAUSE`] apart)
@@ -789,13 +1070,7 @@ impl Buckets {
         let msg = self
             .nats
             .request(&format!("$KV.{bucket}.{key}"), value, PUT_TIMEOUT)?;
-        let ack = api_result(&msg.data)?;
-        ack.get("seq").and_then(|s| s.as_u64()).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("put {bucket}/{key}: acknowledgement without seq"),
-            )
-        })
+        put_answer(bucket, key, &msg)
     }
 
     /// What a watch needs: a subscription where [`Self::watch`] listens for `key` (its subject, or with the device

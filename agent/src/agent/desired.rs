@@ -138,14 +138,23 @@ impl Agent {
     /// Publishes the workload status; true when a workload is unsettled (restarted since the last one and not
     /// reported crash-looping yet), so the caller publishes again after [`reconcile::UNSETTLED_STATUS_INTERVAL`].
     pub(super) fn publish_status(&mut self) -> bool {
-        let Some(p) = self.podman.clone() else {
+        let Some((s, unsettled)) = self.status_now() else {
             return false;
         };
+        let written = put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s);
+        self.status_written(&s, written);
+        unsettled
+    }
+
+    /// The workload status as Podman shows it now, and whether a workload is unsettled (see
+    /// [`Self::publish_status`]); `None` without Podman or when it could not be listed (logged).
+    pub(super) fn status_now(&mut self) -> Option<(DeviceWorkloadStatus, bool)> {
+        let p = self.podman.clone()?;
         let mut observed = match p.list_managed() {
             Ok(o) => o,
             Err(e) => {
                 log::warn!("workload status: {e}");
-                return false;
+                return None;
             }
         };
         p.count_restarts(&mut observed);
@@ -160,14 +169,22 @@ impl Agent {
             desired_error: self.desired_error.clone(),
         };
         let unsettled = reconcile::unsettled(&self.published_restarts, &s.workloads);
-        match put_json(&self.kv, kv::WORKLOAD_STATUS, &self.key, &s) {
+        Some((s, unsettled))
+    }
+
+    /// Takes the outcome of writing status `s`.
+    pub(super) fn status_written(
+        &mut self,
+        s: &DeviceWorkloadStatus,
+        written: std::io::Result<u64>,
+    ) {
+        match written {
             Ok(_) => {
                 self.status_stale = false;
                 self.published_restarts = reconcile::restart_counts(&s.workloads);
             }
             Err(e) => log::warn!("publishing workload status: {e}"),
         }
-        unsettled
     }
 }
 

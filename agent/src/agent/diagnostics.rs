@@ -5,7 +5,10 @@
 use super::{Agent, Event};
 use crate::diagnostics::worker::{Context, Worker};
 use crate::diagnostics::Answering;
-use crate::nats_kv::{Buckets, Change};
+use crate::nats_kv::{Buckets, Change, NatsError};
+
+/// The buckets diagnostics need, both (the request and the bundle).
+pub(super) const DIAGNOSTICS_BUCKETS: [&str; 2] = [kv::DIAGNOSTICS_REQUEST, kv::DIAGNOSTICS_BUNDLE];
 use fleet_wire::kv;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -34,10 +37,25 @@ impl Agent {
         if self.diagnostics.running.is_some() {
             return;
         }
-        let kv = match self
-            .nats
-            .open_buckets(&[kv::DIAGNOSTICS_REQUEST, kv::DIAGNOSTICS_BUNDLE])
-        {
+        let opened = self.nats.open_buckets(&DIAGNOSTICS_BUCKETS);
+        self.diagnostics_opened(opened, stop);
+    }
+
+    /// Whether diagnostics requests are answered (their buckets exist and the worker runs).
+    pub(super) fn diagnostics_running(&self) -> bool {
+        self.diagnostics.running.is_some()
+    }
+
+    /// Starts answering diagnostics requests with the buckets opened (or says once why not).
+    pub(super) fn diagnostics_opened(
+        &mut self,
+        opened: Result<Buckets, NatsError>,
+        stop: &Arc<AtomicBool>,
+    ) {
+        if self.diagnostics.running.is_some() {
+            return;
+        }
+        let kv = match opened {
             Ok(kv) => kv,
             Err(e) => {
                 if !self.diagnostics.missing_logged {

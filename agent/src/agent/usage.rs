@@ -33,7 +33,21 @@ impl Agent {
         if self.usage.kv.is_some() {
             return;
         }
-        match self.nats.open_buckets(&[kv::DEVICE_USAGE]) {
+        let opened = self.nats.open_buckets(&[kv::DEVICE_USAGE]);
+        self.usage_opened(opened);
+    }
+
+    /// Whether the `device-usage` bucket is still to be looked for.
+    pub(super) fn usage_unopened(&self) -> bool {
+        self.usage.kv.is_none()
+    }
+
+    /// Takes the `device-usage` bucket when it was opened (or says once why not).
+    pub(super) fn usage_opened(&mut self, opened: Result<Buckets, crate::nats_kv::NatsError>) {
+        if self.usage.kv.is_some() {
+            return;
+        }
+        match opened {
             Ok(b) => {
                 if self.usage.missing_logged {
                     log::info!(

@@ -113,8 +113,34 @@ pub fn request_with(
             return Err(HttpError::TooLarge);
         }
         raw.extend_from_slice(&buf[..n]);
+        // A whole answer by its own framing is not waited on for Podman's close: the close often comes as a
+        // separate wake-up of this thread.
+        if complete(&raw) {
+            break;
+        }
     }
     parse_response(&raw)
+}
+
+/// Whether `raw` holds a whole response by its framing: the head and `Content-Length` bytes of body, or a chunked
+/// body up to its last (zero-size) chunk. A response framed by the connection's close alone is never complete
+/// before the close.
+fn complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let Ok(head) = parse_head(&raw[..end]) else {
+        // Malformed: read to the close and let `parse_response` say why.
+        return false;
+    };
+    let rest = &raw[end + 4..];
+    if head.chunked {
+        dechunk(rest).is_ok()
+    } else if let Some(n) = head.length {
+        rest.len() >= n
+    } else {
+        false
+    }
 }
 
 /// Connects and sends one request (`Connection: close`); the caller reads the answer from the stream.
@@ -258,5 +284,25 @@ mod tests {
         assert_eq!((r.status, r.body.as_slice()), (201, &b"abcde"[..]));
         assert!(parse_response(b"garbage").is_err());
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nab").is_err());
+    }
+
+    #[test]
+    fn a_response_is_complete_by_its_framing() {
+        let whole = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        assert!(complete(whole));
+        for cut in 0..whole.len() {
+            assert!(!complete(&whole[..cut]), "{cut}");
+        }
+        let chunked: &[u8] =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+        assert!(complete(chunked));
+        // Before its zero-size chunk's line is whole, it is not.
+        let last = chunked.len() - 2;
+        for cut in 0..last {
+            assert!(!complete(&chunked[..cut]), "{cut}");
+        }
+        // Framed by the close alone: never complete before it.
+        assert!(!complete(b"HTTP/1.0 200 OK\r\n\r\nanything"));
+        assert!(!complete(b"garbage\r\n\r\n"));
     }
 }
