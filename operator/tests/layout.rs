@@ -1,4 +1,4 @@
-//! The operator's source layout, as a pure file scan (issue 53): no product folder (deployments, tasks, dashboard,
+//! The operator's source layout, as a pure file scan: no product folder (deployments, tasks, dashboard,
 //! diagnostics) imports another — what two of them need lives beside them (`fleet/`, `cache`, `conditions`, `kv` …)
 //! — the shared `fleet/` imports no product folder, no file in `operator/src` is over 1,000 lines, and `main` is
 //! thin. Comment lines are not imports and are not read.

@@ -1,5 +1,5 @@
 //! The one maintenance-window type: days of the week, a start and an end time of day, and an IANA time zone. The
-//! reboot client (`fleet-reboot`'s `window`) uses it; it is meant for the download and apply windows of issue 55
+//! reboot client (`fleet-reboot`'s `window`) uses it; it is meant for per-group download and apply windows
 //! too, which are not built yet.
 //!
 //! [`WindowSpec`] is the wire form (`{"days": ["mon", "fri"], "start": "22:00", "end": "04:00",
