@@ -423,9 +423,9 @@ fn cpu_secs(pid: u32) -> f64 {
 /// What one simulated device of the `--token-dir` mode costs: `FLEET_SIM_COST_DEVICES` devices (1,000 by
 /// default) on two I/O threads, each on its own connection (TLS as the rig's switch says) through the real
 /// fleet-auth, heartbeat and workload status every 30 s. Prints the time until all are admitted and subscribed,
-/// then, 20 s later, fleet-sim's memory, file descriptors and threads, nats-server's memory, fleet-auth's memory and
-/// CPU. A measurement, not a check: `cargo test -p fleet-vm-tests --release --test fleet_sim -- --ignored
-/// --nocapture cost`.
+/// then, 20 s later, fleet-sim's memory, file descriptors, threads and CPU over those 20 s, nats-server's memory,
+/// fleet-auth's memory and CPU. A measurement, not a check: `cargo test -p fleet-vm-tests --test fleet_sim -- --ignored --nocapture
+/// cost` (`FLEET_AUTH_BIN`, `FLEET_SIM_BIN`: release builds to measure instead).
 #[test]
 #[ignore = "a measurement: thousands of connections"]
 fn cost_of_a_device_on_its_own_connection() {
@@ -433,11 +433,12 @@ fn cost_of_a_device_on_its_own_connection() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
-    let fleet = FleetNats::start_with(
-        NatsAuth::Callout,
-        NatsTransport::from_env(),
-        fleet_vm_tests::builds::fleet_auth,
-    );
+    // `FLEET_AUTH_BIN`, `FLEET_SIM_BIN`: other builds (a release build) of fleet-auth and fleet-sim.
+    let fleet = FleetNats::start_with(NatsAuth::Callout, NatsTransport::from_env(), || {
+        std::env::var_os("FLEET_AUTH_BIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(fleet_vm_tests::builds::fleet_auth)
+    });
     let conn = fleet.connect();
     let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
     create_buckets(&conn, &names);
@@ -451,7 +452,9 @@ fn cost_of_a_device_on_its_own_connection() {
     }
     let (auth, server) = (fleet.auth_pid().unwrap(), fleet.pid().unwrap());
     let (auth_cpu0, server_rss0) = (cpu_secs(auth), proc_status(server, "VmRSS:"));
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-sim"));
+    let sim_bin =
+        std::env::var_os("FLEET_SIM_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fleet-sim").into());
+    let mut cmd = std::process::Command::new(sim_bin);
     cmd.args(["--devices", &n.to_string(), "--connections", "2"])
         .args(["--nats-url", &fleet.url()])
         .arg("--token-dir")
@@ -488,7 +491,7 @@ fn cost_of_a_device_on_its_own_connection() {
         }
     };
     let auth_cpu_admission = cpu_secs(auth) - auth_cpu0;
-    let auth_cpu1 = cpu_secs(auth);
+    let (auth_cpu1, sim_cpu1) = (cpu_secs(auth), cpu_secs(pid));
     std::thread::sleep(Duration::from_secs(20));
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
@@ -497,7 +500,7 @@ fn cost_of_a_device_on_its_own_connection() {
     println!(
         "fleet-sim cost devices={n} all_admitted_ms={admitted} sim_rss_mib={:.1} sim_rss_kib_per_device={:.1} \
          sim_fds={fds} sim_threads={} nats_rss_mib={:.1} nats_rss_kib_per_device={:.1} auth_rss_mib={:.1} \
-         auth_cpu_s_admission={auth_cpu_admission:.1} auth_cpu_pct_steady={:.1}",
+         auth_cpu_s_admission={auth_cpu_admission:.1} auth_cpu_pct_steady={:.1} sim_cpu_pct_steady={:.1}",
         rss as f64 / 1024.0,
         rss as f64 / n as f64,
         proc_status(pid, "Threads:"),
@@ -505,6 +508,7 @@ fn cost_of_a_device_on_its_own_connection() {
         (proc_status(server, "VmRSS:").saturating_sub(server_rss0)) as f64 / n as f64,
         proc_status(auth, "VmRSS:") as f64 / 1024.0,
         (cpu_secs(auth) - auth_cpu1) / 20.0 * 100.0,
+        (cpu_secs(pid) - sim_cpu1) / 20.0 * 100.0,
     );
     let _ = rx.try_iter().last().map(|l| println!("{l}"));
 }
