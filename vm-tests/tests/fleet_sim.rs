@@ -492,6 +492,7 @@ fn cost_of_a_device_on_its_own_connection() {
     };
     let auth_cpu_admission = cpu_secs(auth) - auth_cpu0;
     let (auth_cpu1, sim_cpu1) = (cpu_secs(auth), cpu_secs(pid));
+    // why: the steady-state window whose CPU and memory the measurement reads (the window is the measurement)
     std::thread::sleep(Duration::from_secs(20));
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
