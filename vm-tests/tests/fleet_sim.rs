@@ -153,6 +153,37 @@ fn simulated_devices_write_what_the_agent_writes() {
 }
 
 /// The value of `name=` on a counter line.
+/// A token for each of `n` devices (`sim-000000` …) in a new dir, as an enrolled device holds its own, and the
+/// command that runs them with `bin` (fleet-sim), each on its own connection through the callout (TLS when the
+/// fleet has a CA), with a heartbeat and a workload status every `interval_secs`.
+fn token_sim(
+    fleet: &FleetNats,
+    bin: impl AsRef<std::ffi::OsStr>,
+    n: usize,
+    interval_secs: u64,
+) -> (tempfile::TempDir, std::process::Command) {
+    let tokens = tempfile::tempdir().unwrap();
+    for i in 0..n {
+        let id = format!("sim-{i:06}");
+        let token = fleet
+            .device_token(&id)
+            .expect("a token with the callout on");
+        std::fs::write(tokens.path().join(&id), token.as_bytes()).unwrap();
+    }
+    // The URL carries no credentials: a device can only get in with its token.
+    let interval = interval_secs.to_string();
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(["--devices", &n.to_string(), "--connections", "2"])
+        .args(["--nats-url", &fleet.url()])
+        .arg("--token-dir")
+        .arg(tokens.path())
+        .args(["--heartbeat-secs", &interval, "--status-secs", &interval]);
+    if let Some(ca) = fleet.ca_file() {
+        cmd.arg("--ca-file").arg(ca);
+    }
+    (tokens, cmd)
+}
+
 fn field<'a>(line: &'a str, name: &str) -> &'a str {
     line.split_whitespace()
         .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
@@ -170,25 +201,8 @@ fn simulated_devices_connect_with_their_own_tokens_through_fleet_auth() {
     let conn = fleet.connect();
     let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
     create_buckets(&conn, &names);
-    let tokens = tempfile::tempdir().unwrap();
     let n = 3;
-    for i in 0..n {
-        let id = format!("sim-{i:06}");
-        let token = fleet
-            .device_token(&id)
-            .expect("a token with the callout on");
-        std::fs::write(tokens.path().join(&id), token.as_bytes()).unwrap();
-    }
-    // The URL carries no credentials: a device can only get in with its token.
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-sim"));
-    cmd.args(["--devices", &n.to_string(), "--connections", "2"])
-        .args(["--nats-url", &fleet.url()])
-        .arg("--token-dir")
-        .arg(tokens.path())
-        .args(["--heartbeat-secs", "1", "--status-secs", "1"]);
-    if let Some(ca) = fleet.ca_file() {
-        cmd.arg("--ca-file").arg(ca);
-    }
+    let (_tokens, mut cmd) = token_sim(&fleet, env!("CARGO_BIN_EXE_fleet-sim"), n, 1);
     let mut sim = Sim(cmd
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -297,24 +311,11 @@ fn fifty_devices_on_their_own_connections_through_fleet_auth() {
     let conn = fleet.connect();
     let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
     create_buckets(&conn, &names);
-    let tokens = tempfile::tempdir().unwrap();
     let n = 50;
     let ids: Vec<String> = (0..n).map(|i| format!("sim-{i:06}")).collect();
-    for id in &ids {
-        let token = fleet.device_token(id).expect("a token with the callout on");
-        std::fs::write(tokens.path().join(id), token.as_bytes()).unwrap();
-    }
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fleet-sim"));
-    cmd.args(["--devices", &n.to_string(), "--connections", "2"])
-        .args(["--nats-url", &fleet.url()])
-        .arg("--token-dir")
-        .arg(tokens.path())
-        // One heartbeat and one workload status per device at start; the next ones an hour later at the earliest
-        // (spread over the interval), so the counters below are those of the start.
-        .args(["--heartbeat-secs", "3600", "--status-secs", "3600"]);
-    if let Some(ca) = fleet.ca_file() {
-        cmd.arg("--ca-file").arg(ca);
-    }
+    // One heartbeat and one workload status per device at start; the next ones an hour later at the earliest
+    // (spread over the interval), so the counters below are those of the start.
+    let (_tokens, mut cmd) = token_sim(&fleet, env!("CARGO_BIN_EXE_fleet-sim"), n, 3600);
     let mut sim = Sim(cmd
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -442,27 +443,11 @@ fn cost_of_a_device_on_its_own_connection() {
     let conn = fleet.connect();
     let names: Vec<&str> = fleet_wire::kv::BUCKETS.iter().map(|b| b.name).collect();
     create_buckets(&conn, &names);
-    let tokens = tempfile::tempdir().unwrap();
-    for i in 0..n {
-        let id = format!("sim-{i:06}");
-        let token = fleet
-            .device_token(&id)
-            .expect("a token with the callout on");
-        std::fs::write(tokens.path().join(&id), token.as_bytes()).unwrap();
-    }
-    let (auth, server) = (fleet.auth_pid().unwrap(), fleet.pid().unwrap());
-    let (auth_cpu0, server_rss0) = (cpu_secs(auth), proc_status(server, "VmRSS:"));
     let sim_bin =
         std::env::var_os("FLEET_SIM_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fleet-sim").into());
-    let mut cmd = std::process::Command::new(sim_bin);
-    cmd.args(["--devices", &n.to_string(), "--connections", "2"])
-        .args(["--nats-url", &fleet.url()])
-        .arg("--token-dir")
-        .arg(tokens.path())
-        .args(["--heartbeat-secs", "30", "--status-secs", "30"]);
-    if let Some(ca) = fleet.ca_file() {
-        cmd.arg("--ca-file").arg(ca);
-    }
+    let (_tokens, mut cmd) = token_sim(&fleet, sim_bin, n, 30);
+    let (auth, server) = (fleet.auth_pid().unwrap(), fleet.pid().unwrap());
+    let (auth_cpu0, server_rss0) = (cpu_secs(auth), proc_status(server, "VmRSS:"));
     let started = std::time::Instant::now();
     let mut sim = Sim(cmd
         .stdout(std::process::Stdio::piped())
