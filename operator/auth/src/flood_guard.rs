@@ -392,6 +392,28 @@ async fn connected(shared: &Shared, e: Event) {
         return;
     };
     let (server, cid) = (e.server.id, e.client.id);
+    // Admitted by the callout just before the device's cool-down began (the verdict's cut listed its connections a
+    // moment before this one existed): it is cut now, as the cool-down says.
+    let cooling = shared
+        .cooldowns
+        .lock()
+        .ok()
+        .and_then(|c| c.cooling(&device, unix_now()));
+    if let Some(cooling) = cooling {
+        let system = shared.system.clone();
+        // In a task of its own, as the displaced ones below: the events keep flowing meanwhile.
+        tokio::spawn(async move {
+            let kicked = kick(&system, &server, cid).await;
+            let until = humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_secs(cooling.until),
+            );
+            log::warn!(
+                "flood guard: device {device} (cid {cid} on server {server}) {kicked}: connected while it cools \
+                 down (refused until {until})"
+            );
+        });
+        return;
+    }
     if let Ok(mut t) = shared.tracker.lock() {
         t.connected(&server, cid, &device);
     }
