@@ -94,7 +94,7 @@ fn rollout(fleet: &LocalFleet, name: &str) -> Option<Counts> {
     ))
 }
 
-/// The `kubectl get frel` row as a person reads it: NAME DEVICES PHASE UPDATED HEALTHY PENDING FAILED …
+/// The `kubectl get frel` row as a person reads it: NAME DEVICES PHASE UPDATING UPDATED HEALTHY PENDING FAILED …
 fn row(fleet: &LocalFleet, name: &str) -> Vec<String> {
     let table = fleet.cluster.kubectl(&["get", "frel", name]);
     table
@@ -495,8 +495,8 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
             killed = true;
         }
         let r = row(&fleet, "good");
-        // NAME DEVICES PHASE UPDATED HEALTHY PENDING FAILED: keep each change
-        if rows.last().map(|l| &l[..7.min(l.len())]) != Some(&r[..7.min(r.len())]) {
+        // NAME DEVICES PHASE UPDATING UPDATED HEALTHY PENDING FAILED: keep each change
+        if rows.last().map(|l| &l[..8.min(l.len())]) != Some(&r[..8.min(r.len())]) {
             eprintln!("kubectl get frel good: {}", r.join(" "));
             rows.push(r);
         }
@@ -595,15 +595,15 @@ fn staged_rollouts_halt_on_a_latent_bug_retry_and_go_one_at_a_time() {
     );
     let last = rows.last().expect("rows");
     assert_eq!(
-        last.get(1..7).map(|s| s.join(" ")),
-        Some("3 Complete 3 3 0 0".to_string()),
+        last.get(1..8).map(|s| s.join(" ")),
+        Some("3 Complete 0 3 3 0 0".to_string()),
         "kubectl get frel: {rows:?}"
     );
     // Each step was visible: one, two, then three devices updated.
     for updated in ["1", "2", "3"] {
         assert!(
             rows.iter()
-                .any(|r| r.get(3).map(String::as_str) == Some(updated)),
+                .any(|r| r.get(4).map(String::as_str) == Some(updated)),
             "no row with {updated} updated: {rows:?}"
         );
     }
