@@ -20,6 +20,21 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(60);
 
 struct Sim(std::process::Child);
+impl Sim {
+    /// SIGTERM, as a service manager stops it: it must exit with success. Everything it printed.
+    fn stop(&mut self) -> String {
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let text = std::io::read_to_string(self.0.stdout.take().unwrap()).unwrap();
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "fleet-sim exited with {status}:\n{text}");
+        text
+    }
+}
+
 impl Drop for Sim {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -136,15 +151,7 @@ fn simulated_devices_write_what_the_agent_writes() {
     );
 
     // SIGTERM: it stops, printing its counters with no error.
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &sim.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let out = sim.0.stdout.take().unwrap();
-    let text = std::io::read_to_string(out).unwrap();
-    let status = sim.0.wait().unwrap();
-    assert!(status.success(), "fleet-sim exited with {status}:\n{text}");
+    let text = sim.stop();
     let last = text.lines().last().unwrap_or("");
     assert!(
         last.contains(" errors=0 ") && last.contains(" bad=0 "),
@@ -152,7 +159,6 @@ fn simulated_devices_write_what_the_agent_writes() {
     );
 }
 
-/// The value of `name=` on a counter line.
 /// A token for each of `n` devices (`sim-000000` …) in a new dir, as an enrolled device holds its own, and the
 /// command that runs them with `bin` (fleet-sim), each on its own connection through the callout (TLS when the
 /// fleet has a CA), with a heartbeat and a workload status every `interval_secs`.
@@ -184,6 +190,7 @@ fn token_sim(
     (tokens, cmd)
 }
 
+/// The value of `name=` on a counter line.
 fn field<'a>(line: &'a str, name: &str) -> &'a str {
     line.split_whitespace()
         .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
@@ -272,14 +279,7 @@ fn simulated_devices_connect_with_their_own_tokens_through_fleet_auth() {
         });
     }
 
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &sim.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let text = std::io::read_to_string(sim.0.stdout.take().unwrap()).unwrap();
-    let status = sim.0.wait().unwrap();
-    assert!(status.success(), "fleet-sim exited with {status}:\n{text}");
+    let text = sim.stop();
     let last = text
         .lines()
         .rfind(|l| l.starts_with("fleet-sim t="))
@@ -369,14 +369,7 @@ fn fifty_devices_on_their_own_connections_through_fleet_auth() {
         );
     }
 
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &sim.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let text = std::io::read_to_string(sim.0.stdout.take().unwrap()).unwrap();
-    let status = sim.0.wait().unwrap();
-    assert!(status.success(), "fleet-sim exited with {status}:\n{text}");
+    let text = sim.stop();
     let last = text
         .lines()
         .rfind(|l| l.starts_with("fleet-sim t="))
